@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvrouter needs to build, test and benchmark.
+# Idempotent: does nothing (and needs no network) when everything is present.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config clang libclang-rt-dev
+  libxxhash-dev libyajl-dev liburcu-dev libcmocka-dev
+  python3
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing: ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq </dev/null
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null

@@ -1,0 +1,11 @@
+/*
+ * apps.h: the kvrouter subcommands. Each is a thin composition of the lower layers and
+ * returns a process exit code (0 success, 1 runtime failure, 2 usage error).
+ */
+#ifndef KVR_APPS_H
+#define KVR_APPS_H
+
+int kvr_cmd_hash(int argc, char **argv);
+int kvr_cmd_bench(int argc, char **argv);
+
+#endif

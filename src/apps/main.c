@@ -1,0 +1,52 @@
+/*
+ * main.c: the kvrouter binary; dispatches to a subcommand.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "apps/apps.h"
+
+#define KVR_VERSION "0.1.0"
+
+typedef struct subcommand {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} subcommand_t;
+
+static const subcommand_t SUBCOMMANDS[] = {
+    {"hash", kvr_cmd_hash, "block and sequence hashes of JSON-lines prompts (engine parity)"},
+    {"bench", kvr_cmd_bench, "benchmarks of the hot paths: hash, index, ingest, all"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: kvrouter <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof SUBCOMMANDS / sizeof SUBCOMMANDS[0]; i++)
+        fprintf(out, "  %-8s %s\n", SUBCOMMANDS[i].name, SUBCOMMANDS[i].summary);
+    fprintf(out, "\n'kvrouter <command> --help' describes a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("kvrouter %s\n", KVR_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof SUBCOMMANDS / sizeof SUBCOMMANDS[0]; i++) {
+        if (strcmp(argv[1], SUBCOMMANDS[i].name) == 0)
+            return SUBCOMMANDS[i].run(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "kvrouter: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
