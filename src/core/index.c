@@ -1,0 +1,1959 @@
+/*
+ * index.c: the prefix index. For a prompt's sequence hashes it answers, per worker rank, how
+ * many leading blocks the rank holds on the device tier and how far its host and disk tiers
+ * extend that prefix.
+ *
+ * Shape. A node is one distinct prefix (a path of local block hashes from the root), keyed by
+ * its router sequence hash (seq = chain(parent.seq, lbh)), so a lookup resolves every position
+ * of the prompt with an independent hash probe: the probes of a 512-block prompt run in
+ * parallel in the memory system instead of as 512 dependent pointer chases. A probe is
+ * accepted only if the node's parent is the node found one position earlier, so the answer is
+ * exact for the path, not just for the hash.
+ *
+ *   node table T1  seq -> node             (shared with readers)
+ *   node           seq, lbh, canonical ext, parent, child list, holders[], rc
+ *   holder         (worker slot u16, tier bits, REACH, OWN_EXT)   4 bytes, 4 inline per node
+ *   ext table T2   node.ext -> node        (writer only; a pair whose engine hash differs from
+ *   overrides T3   (slot, ext) <-> node     the node's canonical one is kept in T3)
+ *
+ * Invariants (checked by kvr_index_verify):
+ *   - node.seq = lbh at depth 1, chain(parent.seq, lbh) below; every live node is in T1 under
+ *     its seq, in T2 under its ext, and in its parent's child list;
+ *   - a non-root node has a holder or a child (empty leaves are freed at once);
+ *   - per worker slot, engine hashes and held nodes are a bijection (T2/T3 lookups);
+ *   - REACH(s, n) <=> s holds n on the device tier and (n is at depth 1 or REACH(s, parent));
+ *     node.rc = number of REACH holders. Hence along any path the REACH sets only shrink,
+ *     and a lookup compares counts instead of sets except where a worker drops out;
+ *   - pairs <= max_pairs and nodes <= max_pairs after every apply.
+ *
+ * Memory: the index owns everything. Nodes live in fixed 64K-node chunks that never move, so
+ * a reader never sees a node relocated. With KVR_SYNC_RCU, node slots, holder arrays and old
+ * tables freed by the writer wait in limbo until an RCU grace period has passed.
+ *
+ * Threads: one writer thread calls everything except kvr_index_lookup, which any number of
+ * reader threads may call concurrently (RCU: wait-free; RWLOCK: shared lock).
+ *
+ * Cost: lookup O(n + sum of holders at the positions where a worker drops out); store O(1)
+ * amortized per block plus O(children) when a worker's device reach changes at an interior
+ * node; Cleared / remove-worker O(nodes).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <urcu/urcu-memb.h>
+
+#include "kvrouter.h"
+
+/* ---------------------------------------------------------------------------------------- */
+/* Holders */
+
+enum { HF_REACH = 0x1, HF_OWN_EXT = 0x2 };
+#define TIER_DEVICE_BIT (1u << KVR_TIER_DEVICE)
+#define TIER_LOWER_BITS (0xFu & ~TIER_DEVICE_BIT)
+#define INLINE_HOLDERS 4
+
+typedef uint32_t holder_t; /* slot | tiers << 16 | flags << 24 */
+
+static inline uint32_t h_slot(holder_t h) { return h & 0xFFFFu; }
+static inline unsigned h_tiers(holder_t h) { return (h >> 16) & 0xFFu; }
+static inline unsigned h_flags(holder_t h) { return h >> 24; }
+static inline holder_t h_make(uint32_t slot, unsigned tiers, unsigned flags)
+{
+    return slot | (tiers << 16) | (flags << 24);
+}
+
+typedef struct hblock {
+    uint32_t cap;
+    uint32_t pad;
+    _Atomic holder_t h[];
+} hblock_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Nodes */
+
+#define NODE_CHUNK_BITS 16
+#define NODE_CHUNK (1u << NODE_CHUNK_BITS)
+#define MAX_CHUNKS (1u << 16)
+#define ROOT 0u
+#define NIL 0u /* child-list terminator (the root is never a child) */
+
+typedef struct node {
+    _Atomic uint64_t seq;
+    uint64_t lbh;
+    uint64_t ext;
+    _Atomic uint32_t parent;
+    uint32_t first_child, next_sib, prev_sib;
+    _Atomic uint16_t n_holders;
+    _Atomic uint16_t rc;
+    _Atomic uint8_t used;   /* CLOCK reference bit, set by lookups and stores */
+    _Atomic uint8_t is_ovf; /* holders live in ovf (never reverts while the node lives) */
+    uint8_t live;
+    uint8_t pad;
+    _Atomic holder_t inl[INLINE_HOLDERS];
+    _Atomic(hblock_t *) ovf;
+} node_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Node tables (T1: by seq, shared; T2: by ext, writer only). Linear probing over u32 node
+ * indices with tombstones, so a concurrent reader never misses an entry that stays. */
+
+#define SLOT_EMPTY 0u
+#define SLOT_TOMB UINT32_MAX
+
+typedef struct ntab {
+    uint32_t mask;
+    uint32_t live, tomb;
+    uint32_t pad;
+    _Atomic uint32_t slots[];
+} ntab_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Override tables (T3): (slot, key) -> value, writer only, backward-shift deletion. */
+
+typedef struct oent {
+    uint64_t key;
+    uint64_t val;
+    uint32_t slot; /* worker slot + 1; 0 = empty */
+    uint32_t pad;
+} oent_t;
+
+typedef struct otab {
+    oent_t *e;
+    size_t mask, live;
+} otab_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Worker slots */
+
+typedef struct wslot {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+    uint8_t live;
+    uint8_t limbo;
+    _Atomic uint32_t n_lower; /* pairs with a lower-tier bit; read by lookups */
+    uint64_t n_pairs;
+    uint64_t n_orphan; /* device pairs without REACH */
+} wslot_t;
+
+/* growable vectors (writer only) */
+typedef struct u32vec {
+    uint32_t *v;
+    size_t n, cap;
+} u32vec_t;
+typedef struct ptrvec {
+    void **v;
+    size_t n, cap;
+} ptrvec_t;
+
+struct kvr_index {
+    kvr_index_config_t cfg;
+    uint32_t max_workers;
+    size_t max_pairs;
+
+    node_t *chunks[MAX_CHUNKS];
+    uint32_t n_chunks;
+    uint32_t n_alloc; /* node indices [0, n_alloc) have been handed out */
+    u32vec_t free_nodes;
+
+    _Atomic(ntab_t *) t1; /* seq -> node */
+    ntab_t *t2;           /* ext -> node */
+    otab_t by_ext;        /* (slot, ext) -> node, pairs with OWN_EXT */
+    otab_t by_node;       /* (slot, node) -> ext, pairs with OWN_EXT */
+
+    wslot_t *slots;
+    _Atomic uint32_t slots_hw; /* slots [0, hw) have been used */
+    u32vec_t free_slots;
+    u32vec_t limbo_slots;
+
+    /* RCU limbo: freed by the writer, reclaimed after a grace period */
+    u32vec_t limbo_nodes;
+    ptrvec_t limbo_ptrs;
+
+    pthread_rwlock_t lock; /* KVR_SYNC_RWLOCK */
+
+    uint32_t clock_hand;
+    _Atomic uint64_t lower_pairs; /* pairs with any lower-tier bit */
+    kvr_index_stats_t st;
+    size_t bytes_ovf; /* holder arrays */
+    size_t bytes_ovr; /* override tables */
+
+    /* writer scratch */
+    u32vec_t stack;
+    u32vec_t tmp_nodes;
+    uint64_t *sort_buf;
+    size_t sort_cap;
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* Small helpers */
+
+static inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= UINT64_C(0xff51afd7ed558ccd);
+    x ^= x >> 33;
+    x *= UINT64_C(0xc4ceb9fe1a85ec53);
+    x ^= x >> 33;
+    return x;
+}
+
+static int vec_push(u32vec_t *v, uint32_t x)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 64;
+        uint32_t *nv = realloc(v->v, cap * sizeof *nv);
+        if (nv == NULL)
+            return KVR_ENOMEM;
+        v->v = nv;
+        v->cap = cap;
+    }
+    v->v[v->n++] = x;
+    return KVR_OK;
+}
+
+static int pvec_push(ptrvec_t *v, void *x)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 16;
+        void **nv = realloc(v->v, cap * sizeof *nv);
+        if (nv == NULL)
+            return KVR_ENOMEM;
+        v->v = nv;
+        v->cap = cap;
+    }
+    v->v[v->n++] = x;
+    return KVR_OK;
+}
+
+static inline node_t *N(const kvr_index_t *ix, uint32_t i)
+{
+    return &ix->chunks[i >> NODE_CHUNK_BITS][i & (NODE_CHUNK - 1)];
+}
+
+/* Frees p now (no concurrent readers possible) or after the next grace period. */
+static void retire_ptr(kvr_index_t *ix, void *p)
+{
+    if (p == NULL)
+        return;
+    if (ix->cfg.sync != KVR_SYNC_RCU || pvec_push(&ix->limbo_ptrs, p) != KVR_OK) {
+        if (ix->cfg.sync == KVR_SYNC_RCU)
+            urcu_memb_synchronize_rcu(); /* out of memory for the limbo list: wait now */
+        free(p);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Node tables */
+
+static ntab_t *ntab_new(uint32_t cap)
+{
+    ntab_t *t = calloc(1, sizeof *t + (size_t)cap * sizeof(uint32_t));
+    if (t != NULL)
+        t->mask = cap - 1;
+    return t;
+}
+
+static inline size_t ntab_bytes(const ntab_t *t)
+{
+    return sizeof *t + ((size_t)t->mask + 1) * sizeof(uint32_t);
+}
+
+static inline uint64_t t1_key(const kvr_index_t *ix, uint32_t n)
+{
+    return atomic_load_explicit(&N(ix, n)->seq, memory_order_relaxed);
+}
+
+static inline uint64_t t2_key(const kvr_index_t *ix, uint32_t n) { return N(ix, n)->ext; }
+
+static void ntab_put(ntab_t *t, uint64_t key, uint32_t n)
+{
+    size_t i = mix64(key) & t->mask;
+    for (;;) {
+        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (s == SLOT_EMPTY || s == SLOT_TOMB) {
+            if (s == SLOT_TOMB)
+                t->tomb--;
+            atomic_store_explicit(&t->slots[i], n, memory_order_release);
+            t->live++;
+            return;
+        }
+        i = (i + 1) & t->mask;
+    }
+}
+
+static void ntab_del(ntab_t *t, uint64_t key, uint32_t n)
+{
+    size_t i = mix64(key) & t->mask;
+    for (;;) {
+        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (s == n) {
+            atomic_store_explicit(&t->slots[i], SLOT_TOMB, memory_order_release);
+            t->live--;
+            t->tomb++;
+            return;
+        }
+        if (s == SLOT_EMPTY)
+            return; /* not present: verify() reports the inconsistency */
+        i = (i + 1) & t->mask;
+    }
+}
+
+typedef uint64_t (*ntab_key_fn)(const kvr_index_t *, uint32_t);
+
+/* A table sized for `want` live entries at load <= 1/2, filled from old. */
+static ntab_t *ntab_rebuilt(const kvr_index_t *ix, const ntab_t *old, size_t want,
+                            ntab_key_fn key)
+{
+    size_t cap = 1024;
+    while (cap < want * 2)
+        cap *= 2;
+    if (cap > (size_t)1 << 32)
+        return NULL;
+    ntab_t *t = ntab_new((uint32_t)cap);
+    if (t == NULL)
+        return NULL;
+    for (size_t i = 0; i <= old->mask; i++) {
+        uint32_t s = atomic_load_explicit(&old->slots[i], memory_order_relaxed);
+        if (s != SLOT_EMPTY && s != SLOT_TOMB)
+            ntab_put(t, key(ix, s), s);
+    }
+    return t;
+}
+
+/* Makes room for `extra` more entries (grows at load 3/4 counting tombstones, cleans when
+ * tombstones dominate, shrinks when nearly empty). */
+static int ntab_reserve(kvr_index_t *ix, ntab_t **slot_or_null, _Atomic(ntab_t *) *shared,
+                        size_t extra, ntab_key_fn key)
+{
+    ntab_t *t = shared ? atomic_load_explicit(shared, memory_order_relaxed) : *slot_or_null;
+    size_t cap = (size_t)t->mask + 1;
+    size_t fill = (size_t)t->live + t->tomb + extra;
+    bool too_full = fill * 4 > cap * 3;
+    bool too_empty = cap > 1024 && ((size_t)t->live + extra) * 16 < cap;
+    if (!too_full && !too_empty)
+        return KVR_OK;
+    ntab_t *nt = ntab_rebuilt(ix, t, (size_t)t->live + extra, key);
+    if (nt == NULL)
+        return KVR_ENOMEM;
+    ix->st.bytes += ntab_bytes(nt);
+    ix->st.bytes -= ntab_bytes(t);
+    if (shared) {
+        atomic_store_explicit(shared, nt, memory_order_release);
+        retire_ptr(ix, t);
+    } else {
+        *slot_or_null = nt;
+        free(t);
+    }
+    return KVR_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Override tables */
+
+static inline size_t otab_hash(uint32_t slot, uint64_t key)
+{
+    return mix64(key ^ ((uint64_t)slot * UINT64_C(0x9E3779B97F4A7C15)));
+}
+
+static oent_t *otab_find(const otab_t *t, uint32_t slot, uint64_t key)
+{
+    if (t->e == NULL)
+        return NULL;
+    for (size_t i = otab_hash(slot, key) & t->mask;; i = (i + 1) & t->mask) {
+        oent_t *e = &t->e[i];
+        if (e->slot == 0)
+            return NULL;
+        if (e->slot == slot + 1 && e->key == key)
+            return e;
+    }
+}
+
+static int otab_grow(size_t *bytes, otab_t *t)
+{
+    size_t cap = t->e ? (t->mask + 1) * 2 : 64;
+    oent_t *ne = calloc(cap, sizeof *ne);
+    if (ne == NULL)
+        return KVR_ENOMEM;
+    if (t->e != NULL) {
+        for (size_t i = 0; i <= t->mask; i++) {
+            oent_t *e = &t->e[i];
+            if (e->slot == 0)
+                continue;
+            size_t j = otab_hash(e->slot - 1, e->key) & (cap - 1);
+            while (ne[j].slot != 0)
+                j = (j + 1) & (cap - 1);
+            ne[j] = *e;
+        }
+        *bytes -= (t->mask + 1) * sizeof *ne;
+        free(t->e);
+    }
+    *bytes += cap * sizeof *ne;
+    t->e = ne;
+    t->mask = cap - 1;
+    return KVR_OK;
+}
+
+static int otab_put(size_t *bytes, otab_t *t, uint32_t slot, uint64_t key, uint64_t val)
+{
+    if (t->e == NULL || (t->live + 1) * 4 > (t->mask + 1) * 3) {
+        int rc = otab_grow(bytes, t);
+        if (rc != KVR_OK)
+            return rc;
+    }
+    size_t i = otab_hash(slot, key) & t->mask;
+    while (t->e[i].slot != 0 && !(t->e[i].slot == slot + 1 && t->e[i].key == key))
+        i = (i + 1) & t->mask;
+    if (t->e[i].slot == 0)
+        t->live++;
+    t->e[i] = (oent_t){.key = key, .val = val, .slot = slot + 1};
+    return KVR_OK;
+}
+
+static void otab_del(otab_t *t, uint32_t slot, uint64_t key)
+{
+    oent_t *e = otab_find(t, slot, key);
+    if (e == NULL)
+        return;
+    size_t i = (size_t)(e - t->e);
+    t->e[i].slot = 0;
+    t->live--;
+    /* backward shift: pull later entries of the cluster into the hole when allowed */
+    for (size_t j = (i + 1) & t->mask; t->e[j].slot != 0; j = (j + 1) & t->mask) {
+        size_t home = otab_hash(t->e[j].slot - 1, t->e[j].key) & t->mask;
+        bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
+        if (movable) {
+            t->e[i] = t->e[j];
+            t->e[j].slot = 0;
+            i = j;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Holder arrays */
+
+typedef struct hview {
+    _Atomic holder_t *h;
+    uint32_t n;
+} hview_t;
+
+/* Reader view: bounded by the array actually read, so a torn read is never out of bounds. */
+static inline hview_t holders_read(const node_t *nd)
+{
+    hview_t v;
+    uint32_t n = atomic_load_explicit(&nd->n_holders, memory_order_acquire);
+    if (atomic_load_explicit(&nd->is_ovf, memory_order_acquire)) {
+        hblock_t *b = atomic_load_explicit(&nd->ovf, memory_order_acquire);
+        v.h = b->h;
+        v.n = n < b->cap ? n : b->cap;
+    } else {
+        v.h = (_Atomic holder_t *)nd->inl;
+        v.n = n < INLINE_HOLDERS ? n : INLINE_HOLDERS;
+    }
+    return v;
+}
+
+static inline _Atomic holder_t *holders_w(node_t *nd)
+{
+    if (atomic_load_explicit(&nd->is_ovf, memory_order_relaxed))
+        return atomic_load_explicit(&nd->ovf, memory_order_relaxed)->h;
+    return nd->inl;
+}
+
+static inline uint32_t holders_cap(const node_t *nd)
+{
+    if (atomic_load_explicit(&nd->is_ovf, memory_order_relaxed))
+        return atomic_load_explicit(&nd->ovf, memory_order_relaxed)->cap;
+    return INLINE_HOLDERS;
+}
+
+static inline uint32_t n_holders(const node_t *nd)
+{
+    return atomic_load_explicit(&nd->n_holders, memory_order_relaxed);
+}
+
+static inline holder_t hget(_Atomic holder_t *h, uint32_t i)
+{
+    return atomic_load_explicit(&h[i], memory_order_relaxed);
+}
+
+static inline void hset(_Atomic holder_t *h, uint32_t i, holder_t v)
+{
+    atomic_store_explicit(&h[i], v, memory_order_relaxed);
+}
+
+/* Index of slot's holder in nd, or -1. */
+static long holder_find(node_t *nd, uint32_t slot)
+{
+    _Atomic holder_t *h = holders_w(nd);
+    uint32_t n = n_holders(nd);
+    for (uint32_t i = 0; i < n; i++)
+        if (h_slot(hget(h, i)) == slot)
+            return (long)i;
+    return -1;
+}
+
+static int holder_add(kvr_index_t *ix, node_t *nd, holder_t hv)
+{
+    uint32_t n = n_holders(nd);
+    if (n == UINT16_MAX)
+        return KVR_EFULL;
+    if (n == holders_cap(nd)) {
+        uint32_t cap = n * 2 > UINT16_MAX ? UINT16_MAX : n * 2;
+        hblock_t *b = malloc(sizeof *b + (size_t)cap * sizeof(holder_t));
+        if (b == NULL)
+            return KVR_ENOMEM;
+        b->cap = cap;
+        b->pad = 0;
+        _Atomic holder_t *old = holders_w(nd);
+        for (uint32_t i = 0; i < n; i++)
+            atomic_init(&b->h[i], hget(old, i));
+        bool was_ovf = atomic_load_explicit(&nd->is_ovf, memory_order_relaxed);
+        hblock_t *ob = was_ovf ? atomic_load_explicit(&nd->ovf, memory_order_relaxed) : NULL;
+        atomic_store_explicit(&nd->ovf, b, memory_order_release);
+        atomic_store_explicit(&nd->is_ovf, 1, memory_order_release);
+        ix->bytes_ovf += sizeof *b + (size_t)cap * sizeof(holder_t);
+        if (ob != NULL) {
+            ix->bytes_ovf -= sizeof *ob + (size_t)ob->cap * sizeof(holder_t);
+            retire_ptr(ix, ob);
+        }
+    }
+    hset(holders_w(nd), n, hv);
+    atomic_store_explicit(&nd->n_holders, (uint16_t)(n + 1), memory_order_release);
+    return KVR_OK;
+}
+
+static void holder_remove_at(node_t *nd, uint32_t i)
+{
+    _Atomic holder_t *h = holders_w(nd);
+    uint32_t n = n_holders(nd);
+    if (i != n - 1)
+        hset(h, i, hget(h, n - 1));
+    atomic_store_explicit(&nd->n_holders, (uint16_t)(n - 1), memory_order_release);
+}
+
+static inline void rc_add(node_t *nd, int d)
+{
+    uint16_t v = atomic_load_explicit(&nd->rc, memory_order_relaxed);
+    atomic_store_explicit(&nd->rc, (uint16_t)(v + d), memory_order_release);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Worker slots */
+
+static long slot_find(const kvr_index_t *ix, kvr_worker_t w)
+{
+    uint32_t hw = atomic_load_explicit(&ix->slots_hw, memory_order_relaxed);
+    for (uint32_t s = 0; s < hw; s++) {
+        const wslot_t *ws = &ix->slots[s];
+        if (ws->live && ws->worker_id == w.worker_id && ws->dp_rank == w.dp_rank)
+            return (long)s;
+    }
+    return -1;
+}
+
+static long slot_get(kvr_index_t *ix, kvr_worker_t w)
+{
+    long s = slot_find(ix, w);
+    if (s >= 0)
+        return s;
+    uint32_t ns;
+    if (ix->free_slots.n > 0) {
+        ns = ix->free_slots.v[--ix->free_slots.n];
+    } else {
+        uint32_t hw = atomic_load_explicit(&ix->slots_hw, memory_order_relaxed);
+        if (hw >= ix->max_workers)
+            return KVR_EFULL;
+        ns = hw;
+    }
+    wslot_t *ws = &ix->slots[ns];
+    ws->worker_id = w.worker_id;
+    ws->dp_rank = w.dp_rank;
+    ws->n_pairs = 0;
+    ws->n_orphan = 0;
+    atomic_store_explicit(&ws->n_lower, 0, memory_order_relaxed);
+    ws->limbo = 0;
+    ws->live = 1;
+    if (ns >= atomic_load_explicit(&ix->slots_hw, memory_order_relaxed))
+        atomic_store_explicit(&ix->slots_hw, ns + 1, memory_order_release);
+    ix->st.workers++;
+    return (long)ns;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Node allocation, linking, freeing */
+
+static int node_reserve(kvr_index_t *ix, size_t extra)
+{
+    size_t avail = ix->free_nodes.n + ((size_t)ix->n_chunks * NODE_CHUNK - ix->n_alloc);
+    while (avail < extra) {
+        if (ix->n_chunks == MAX_CHUNKS)
+            return KVR_EFULL;
+        node_t *c = calloc(NODE_CHUNK, sizeof *c);
+        if (c == NULL)
+            return KVR_ENOMEM;
+        ix->chunks[ix->n_chunks++] = c;
+        ix->st.bytes += (size_t)NODE_CHUNK * sizeof *c;
+        avail += NODE_CHUNK;
+    }
+    return KVR_OK;
+}
+
+static uint32_t node_alloc(kvr_index_t *ix)
+{
+    if (ix->free_nodes.n > 0)
+        return ix->free_nodes.v[--ix->free_nodes.n];
+    return ix->n_alloc++;
+}
+
+static void link_child(kvr_index_t *ix, uint32_t parent, uint32_t child)
+{
+    node_t *p = N(ix, parent), *c = N(ix, child);
+    c->prev_sib = NIL;
+    c->next_sib = p->first_child;
+    if (p->first_child != NIL)
+        N(ix, p->first_child)->prev_sib = child;
+    p->first_child = child;
+}
+
+static void unlink_child(kvr_index_t *ix, uint32_t child)
+{
+    node_t *c = N(ix, child);
+    node_t *p = N(ix, atomic_load_explicit(&c->parent, memory_order_relaxed));
+    if (c->prev_sib != NIL)
+        N(ix, c->prev_sib)->next_sib = c->next_sib;
+    else
+        p->first_child = c->next_sib;
+    if (c->next_sib != NIL)
+        N(ix, c->next_sib)->prev_sib = c->prev_sib;
+    c->next_sib = c->prev_sib = NIL;
+}
+
+/* Creates the node for (parent, lbh) with canonical engine hash ext. Room was reserved. */
+static uint32_t node_create(kvr_index_t *ix, uint32_t parent, uint64_t seq, uint64_t lbh,
+                            uint64_t ext)
+{
+    uint32_t n = node_alloc(ix);
+    node_t *nd = N(ix, n);
+    atomic_store_explicit(&nd->seq, seq, memory_order_relaxed);
+    nd->lbh = lbh;
+    nd->ext = ext;
+    atomic_store_explicit(&nd->parent, parent, memory_order_relaxed);
+    nd->first_child = NIL;
+    atomic_store_explicit(&nd->n_holders, 0, memory_order_relaxed);
+    atomic_store_explicit(&nd->rc, 0, memory_order_relaxed);
+    atomic_store_explicit(&nd->used, 1, memory_order_relaxed);
+    atomic_store_explicit(&nd->is_ovf, 0, memory_order_relaxed);
+    atomic_store_explicit(&nd->ovf, NULL, memory_order_relaxed);
+    nd->live = 1;
+    link_child(ix, parent, n);
+    ntab_put(atomic_load_explicit(&ix->t1, memory_order_relaxed), seq, n); /* publishes */
+    ntab_put(ix->t2, ext, n);
+    ix->st.nodes++;
+    return n;
+}
+
+static void node_free(kvr_index_t *ix, uint32_t n)
+{
+    node_t *nd = N(ix, n);
+    ntab_del(atomic_load_explicit(&ix->t1, memory_order_relaxed), t1_key(ix, n), n);
+    ntab_del(ix->t2, nd->ext, n);
+    unlink_child(ix, n);
+    if (atomic_load_explicit(&nd->is_ovf, memory_order_relaxed)) {
+        hblock_t *b = atomic_load_explicit(&nd->ovf, memory_order_relaxed);
+        ix->bytes_ovf -= sizeof *b + (size_t)b->cap * sizeof(holder_t);
+        retire_ptr(ix, b);
+    }
+    nd->live = 0;
+    ix->st.nodes--;
+    if (ix->cfg.sync == KVR_SYNC_RCU) {
+        if (vec_push(&ix->limbo_nodes, n) == KVR_OK)
+            return;
+        urcu_memb_synchronize_rcu();
+    }
+    atomic_store_explicit(&nd->is_ovf, 0, memory_order_relaxed);
+    if (vec_push(&ix->free_nodes, n) != KVR_OK) {
+        /* cannot happen: free_nodes never holds more than the allocated nodes, but if the
+         * push fails the slot is merely leaked until the index is freed */
+    }
+}
+
+/* Frees n and its ancestors while they hold nothing and have no children. */
+static void node_try_free(kvr_index_t *ix, uint32_t n)
+{
+    while (n != ROOT) {
+        node_t *nd = N(ix, n);
+        if (n_holders(nd) != 0 || nd->first_child != NIL)
+            return;
+        uint32_t p = atomic_load_explicit(&nd->parent, memory_order_relaxed);
+        node_free(ix, n);
+        n = p;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Pairs: (slot, node) with tier bits and an engine hash */
+
+static uint64_t pair_ext(const kvr_index_t *ix, uint32_t slot, uint32_t n, holder_t h)
+{
+    if (h_flags(h) & HF_OWN_EXT) {
+        oent_t *e = otab_find(&ix->by_node, slot, n);
+        return e ? e->val : 0;
+    }
+    return N(ix, n)->ext;
+}
+
+/* The node slot holds under engine hash ext, or NIL. */
+static uint32_t pair_by_ext(const kvr_index_t *ix, uint32_t slot, uint64_t ext)
+{
+    const ntab_t *t = ix->t2;
+    for (size_t i = mix64(ext) & t->mask;; i = (i + 1) & t->mask) {
+        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (s == SLOT_EMPTY)
+            break;
+        if (s == SLOT_TOMB || N(ix, s)->ext != ext)
+            continue;
+        long hi = holder_find(N(ix, s), slot);
+        if (hi >= 0 && !(h_flags(hget(holders_w(N(ix, s)), (uint32_t)hi)) & HF_OWN_EXT))
+            return s;
+    }
+    oent_t *e = otab_find(&ix->by_ext, slot, ext);
+    return e ? (uint32_t)e->val : NIL;
+}
+
+static bool parent_reach(kvr_index_t *ix, uint32_t n, uint32_t slot)
+{
+    uint32_t p = atomic_load_explicit(&N(ix, n)->parent, memory_order_relaxed);
+    if (p == ROOT)
+        return true;
+    long hi = holder_find(N(ix, p), slot);
+    return hi >= 0 && (h_flags(hget(holders_w(N(ix, p)), (uint32_t)hi)) & HF_REACH);
+}
+
+/* Sets or clears REACH for slot on n's descendants after n's REACH changed to `on`. */
+static void reach_cascade(kvr_index_t *ix, uint32_t n, uint32_t slot, bool on)
+{
+    wslot_t *ws = &ix->slots[slot];
+    if (on && ws->n_orphan == 0)
+        return;
+    ix->stack.n = 0;
+    if (vec_push(&ix->stack, n) != KVR_OK)
+        return;
+    while (ix->stack.n > 0) {
+        uint32_t cur = ix->stack.v[--ix->stack.n];
+        for (uint32_t c = N(ix, cur)->first_child; c != NIL; c = N(ix, c)->next_sib) {
+            node_t *cn = N(ix, c);
+            long hi = holder_find(cn, slot);
+            if (hi < 0)
+                continue;
+            _Atomic holder_t *h = holders_w(cn);
+            holder_t hv = hget(h, (uint32_t)hi);
+            if (!(h_tiers(hv) & TIER_DEVICE_BIT) || (bool)(h_flags(hv) & HF_REACH) == on)
+                continue;
+            hset(h, (uint32_t)hi, h_make(slot, h_tiers(hv), h_flags(hv) ^ HF_REACH));
+            rc_add(cn, on ? 1 : -1);
+            if (on)
+                ws->n_orphan--;
+            else
+                ws->n_orphan++;
+            if (vec_push(&ix->stack, c) != KVR_OK)
+                return;
+        }
+    }
+}
+
+static void lower_add(kvr_index_t *ix, uint32_t slot, int d)
+{
+    _Atomic uint32_t *nl = &ix->slots[slot].n_lower;
+    atomic_store_explicit(nl, atomic_load_explicit(nl, memory_order_relaxed) + (uint32_t)d,
+                          memory_order_relaxed);
+    atomic_store_explicit(&ix->lower_pairs,
+                          atomic_load_explicit(&ix->lower_pairs, memory_order_relaxed) +
+                              (uint64_t)(int64_t)d,
+                          memory_order_relaxed);
+}
+
+/* Changes the tier bits of the holder at hi of node n to `tiers` (non-zero), maintaining
+ * REACH, rc, and the per-slot counters. */
+static void pair_set_tiers(kvr_index_t *ix, uint32_t n, uint32_t hi, unsigned tiers)
+{
+    node_t *nd = N(ix, n);
+    _Atomic holder_t *h = holders_w(nd);
+    holder_t hv = hget(h, hi);
+    uint32_t slot = h_slot(hv);
+    unsigned old = h_tiers(hv), flags = h_flags(hv);
+    wslot_t *ws = &ix->slots[slot];
+    bool had_lower = old & TIER_LOWER_BITS, has_lower = tiers & TIER_LOWER_BITS;
+    if (had_lower != has_lower)
+        lower_add(ix, slot, has_lower ? 1 : -1);
+    bool had_dev = old & TIER_DEVICE_BIT, has_dev = tiers & TIER_DEVICE_BIT;
+    if (had_dev == has_dev) {
+        hset(h, hi, h_make(slot, tiers, flags));
+        return;
+    }
+    if (has_dev) {
+        bool reach = parent_reach(ix, n, slot);
+        hset(h, hi, h_make(slot, tiers, reach ? flags | HF_REACH : flags));
+        if (reach) {
+            rc_add(nd, 1);
+            reach_cascade(ix, n, slot, true);
+        } else {
+            ws->n_orphan++;
+        }
+    } else {
+        hset(h, hi, h_make(slot, tiers, flags & ~(unsigned)HF_REACH));
+        if (flags & HF_REACH) {
+            rc_add(nd, -1);
+            reach_cascade(ix, n, slot, false);
+        } else {
+            ws->n_orphan--;
+        }
+    }
+}
+
+/* Removes the pair at holder index hi of n entirely; frees n (and emptied ancestors) when it
+ * no longer serves any purpose unless keep_node. */
+static void pair_drop(kvr_index_t *ix, uint32_t n, uint32_t hi, bool try_free)
+{
+    node_t *nd = N(ix, n);
+    holder_t hv = hget(holders_w(nd), hi);
+    uint32_t slot = h_slot(hv);
+    if (h_tiers(hv) & TIER_LOWER_BITS)
+        lower_add(ix, slot, -1);
+    if (h_tiers(hv) & TIER_DEVICE_BIT) {
+        if (h_flags(hv) & HF_REACH) {
+            rc_add(nd, -1);
+            /* descendants lose reach; hv is still in place while cascading */
+            reach_cascade(ix, n, slot, false);
+        } else {
+            ix->slots[slot].n_orphan--;
+        }
+    }
+    if (h_flags(hv) & HF_OWN_EXT) {
+        oent_t *e = otab_find(&ix->by_node, slot, n);
+        if (e != NULL) {
+            uint64_t ext = e->val;
+            otab_del(&ix->by_node, slot, n);
+            otab_del(&ix->by_ext, slot, ext);
+        }
+    }
+    holder_remove_at(nd, hi);
+    ix->slots[slot].n_pairs--;
+    ix->st.pairs--;
+    if (try_free)
+        node_try_free(ix, n);
+}
+
+/* Gives the pair (slot, n) the engine hash ext (the pair exists at holder index hi). */
+static int pair_set_ext(kvr_index_t *ix, uint32_t n, uint32_t hi, uint64_t ext)
+{
+    node_t *nd = N(ix, n);
+    _Atomic holder_t *h = holders_w(nd);
+    holder_t hv = hget(h, hi);
+    uint32_t slot = h_slot(hv);
+    if (h_flags(hv) & HF_OWN_EXT) {
+        oent_t *e = otab_find(&ix->by_node, slot, n);
+        if (e != NULL) {
+            otab_del(&ix->by_ext, slot, e->val);
+            otab_del(&ix->by_node, slot, n);
+        }
+    }
+    unsigned flags = h_flags(hv) & ~(unsigned)HF_OWN_EXT;
+    if (ext != nd->ext) {
+        int rc = otab_put(&ix->bytes_ovr, &ix->by_node, slot, n, ext);
+        if (rc == KVR_OK)
+            rc = otab_put(&ix->bytes_ovr, &ix->by_ext, slot, ext, n);
+        if (rc != KVR_OK)
+            return rc;
+        flags |= HF_OWN_EXT;
+    }
+    hset(h, hi, h_make(slot, h_tiers(hv), flags));
+    return KVR_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Eviction: CLOCK over leaves. A node's reference bit is set when a lookup matches it or a
+ * store touches it; the hand clears it once (second chance) and evicts unreferenced leaves. */
+
+static void evict_node(kvr_index_t *ix, uint32_t n)
+{
+    node_t *nd = N(ix, n);
+    ix->st.evicted_nodes++;
+    while (n_holders(nd) > 0) {
+        uint32_t i = n_holders(nd) - 1;
+        holder_t hv = hget(holders_w(nd), i);
+        if (ix->cfg.on_evict != NULL) {
+            const wslot_t *ws = &ix->slots[h_slot(hv)];
+            kvr_worker_t w = {ws->worker_id, ws->dp_rank};
+            ix->cfg.on_evict(ix->cfg.on_evict_ud, w, pair_ext(ix, h_slot(hv), n, hv),
+                             h_tiers(hv));
+        }
+        ix->st.evicted_pairs++;
+        pair_drop(ix, n, i, false);
+    }
+    node_try_free(ix, n);
+}
+
+static void evict_to_budget(kvr_index_t *ix)
+{
+    size_t steps = 0, limit = (size_t)ix->n_alloc * 3 + 16;
+    while ((ix->st.pairs > ix->max_pairs || ix->st.nodes > ix->max_pairs) && steps++ < limit) {
+        if (ix->clock_hand == 0 || ix->clock_hand >= ix->n_alloc)
+            ix->clock_hand = 1;
+        uint32_t n = ix->clock_hand++;
+        node_t *nd = N(ix, n);
+        if (!nd->live || nd->first_child != NIL)
+            continue;
+        if (atomic_load_explicit(&nd->used, memory_order_relaxed)) {
+            atomic_store_explicit(&nd->used, 0, memory_order_relaxed);
+            continue;
+        }
+        evict_node(ix, n);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* RCU / locking */
+
+static pthread_once_t reader_key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t reader_key;
+static _Thread_local bool reader_registered;
+
+static void reader_key_destroy(void *p)
+{
+    (void)p;
+    if (reader_registered) {
+        urcu_memb_unregister_thread();
+        reader_registered = false;
+    }
+}
+
+static void reader_key_make(void) { (void)pthread_key_create(&reader_key, reader_key_destroy); }
+
+void kvr_index_reader_register(void)
+{
+    if (reader_registered)
+        return;
+    (void)pthread_once(&reader_key_once, reader_key_make);
+    urcu_memb_register_thread();
+    reader_registered = true;
+    (void)pthread_setspecific(reader_key, &reader_registered); /* unregisters at thread exit */
+}
+
+void kvr_index_reader_unregister(void)
+{
+    if (!reader_registered)
+        return;
+    urcu_memb_unregister_thread();
+    reader_registered = false;
+    (void)pthread_setspecific(reader_key, NULL);
+}
+
+void kvr_index_reclaim(kvr_index_t *ix)
+{
+    if (ix->limbo_nodes.n == 0 && ix->limbo_ptrs.n == 0 && ix->limbo_slots.n == 0)
+        return;
+    if (ix->cfg.sync == KVR_SYNC_RCU)
+        urcu_memb_synchronize_rcu();
+    for (size_t i = 0; i < ix->limbo_ptrs.n; i++)
+        free(ix->limbo_ptrs.v[i]);
+    ix->limbo_ptrs.n = 0;
+    for (size_t i = 0; i < ix->limbo_nodes.n; i++) {
+        uint32_t n = ix->limbo_nodes.v[i];
+        atomic_store_explicit(&N(ix, n)->is_ovf, 0, memory_order_relaxed);
+        (void)vec_push(&ix->free_nodes, n);
+    }
+    ix->limbo_nodes.n = 0;
+    for (size_t i = 0; i < ix->limbo_slots.n; i++) {
+        ix->slots[ix->limbo_slots.v[i]].limbo = 0;
+        (void)vec_push(&ix->free_slots, ix->limbo_slots.v[i]);
+    }
+    ix->limbo_slots.n = 0;
+}
+
+static void reclaim_if_due(kvr_index_t *ix)
+{
+    if (ix->limbo_nodes.n >= 8192 || ix->limbo_ptrs.n >= 1024 || ix->limbo_slots.n > 0)
+        kvr_index_reclaim(ix);
+}
+
+static void wlock(kvr_index_t *ix)
+{
+    if (ix->cfg.sync == KVR_SYNC_RWLOCK)
+        (void)pthread_rwlock_wrlock(&ix->lock);
+}
+
+static void wunlock(kvr_index_t *ix)
+{
+    if (ix->cfg.sync == KVR_SYNC_RWLOCK)
+        (void)pthread_rwlock_unlock(&ix->lock);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Create / free */
+
+kvr_index_t *kvr_index_new(const kvr_index_config_t *cfg, int *status)
+{
+    int dummy;
+    if (status == NULL)
+        status = &dummy;
+    kvr_index_config_t c = cfg ? *cfg : (kvr_index_config_t){0};
+    if (c.sync != KVR_SYNC_RCU && c.sync != KVR_SYNC_RWLOCK && c.sync != KVR_SYNC_NONE) {
+        *status = KVR_EINVAL;
+        return NULL;
+    }
+    if (c.max_workers > KVR_INDEX_MAX_WORKERS) {
+        *status = KVR_ERANGE;
+        return NULL;
+    }
+    kvr_index_t *ix = calloc(1, sizeof *ix);
+    if (ix == NULL) {
+        *status = KVR_ENOMEM;
+        return NULL;
+    }
+    ix->cfg = c;
+    ix->max_workers = c.max_workers ? c.max_workers : KVR_INDEX_DEFAULT_MAX_WORKERS;
+    ix->max_pairs = c.max_pairs ? c.max_pairs : KVR_INDEX_DEFAULT_MAX_PAIRS;
+    ix->st.max_pairs = ix->max_pairs;
+    ix->slots = calloc(ix->max_workers, sizeof *ix->slots);
+    ntab_t *t1 = ntab_new(1024);
+    ix->t2 = ntab_new(1024);
+    if (ix->slots == NULL || t1 == NULL || ix->t2 == NULL || node_reserve(ix, 1) != KVR_OK ||
+        pthread_rwlock_init(&ix->lock, NULL) != 0) {
+        free(t1);
+        atomic_store(&ix->t1, NULL);
+        kvr_index_free(ix);
+        *status = KVR_ENOMEM;
+        return NULL;
+    }
+    atomic_store(&ix->t1, t1);
+    ix->st.bytes += sizeof *ix + ix->max_workers * sizeof *ix->slots + ntab_bytes(t1) +
+                    ntab_bytes(ix->t2);
+    /* node 0 is the root: never in a table, never freed */
+    uint32_t root = node_alloc(ix);
+    N(ix, root)->live = 1;
+    *status = KVR_OK;
+    return ix;
+}
+
+void kvr_index_free(kvr_index_t *ix)
+{
+    if (ix == NULL)
+        return;
+    if (ix->cfg.sync == KVR_SYNC_RCU && (ix->limbo_ptrs.n > 0))
+        urcu_memb_synchronize_rcu();
+    for (size_t i = 0; i < ix->limbo_ptrs.n; i++)
+        free(ix->limbo_ptrs.v[i]);
+    for (uint32_t i = 0; i < ix->n_alloc; i++) {
+        node_t *nd = N(ix, i);
+        if (atomic_load_explicit(&nd->is_ovf, memory_order_relaxed))
+            free(atomic_load_explicit(&nd->ovf, memory_order_relaxed));
+    }
+    for (uint32_t c = 0; c < ix->n_chunks; c++)
+        free(ix->chunks[c]);
+    free(atomic_load(&ix->t1));
+    free(ix->t2);
+    free(ix->by_ext.e);
+    free(ix->by_node.e);
+    free(ix->slots);
+    free(ix->free_nodes.v);
+    free(ix->free_slots.v);
+    free(ix->limbo_slots.v);
+    free(ix->limbo_nodes.v);
+    free(ix->limbo_ptrs.v);
+    free(ix->stack.v);
+    free(ix->tmp_nodes.v);
+    free(ix->sort_buf);
+    pthread_rwlock_destroy(&ix->lock);
+    free(ix);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Apply: Stored */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* True when an engine hash repeats within the event or equals the parent's. */
+static int has_repeated_ext(kvr_index_t *ix, const kvr_event_t *ev, bool *repeated)
+{
+    size_t n = ev->n_blocks;
+    *repeated = false;
+    if (n <= 16) {
+        for (size_t i = 0; i < n; i++) {
+            if (ev->has_parent && ev->blocks[i].ext == ev->parent_ext)
+                *repeated = true;
+            for (size_t j = i + 1; j < n; j++)
+                if (ev->blocks[i].ext == ev->blocks[j].ext)
+                    *repeated = true;
+        }
+        return KVR_OK;
+    }
+    if (ix->sort_cap < n + 1) {
+        uint64_t *b = realloc(ix->sort_buf, (n + 1) * sizeof *b);
+        if (b == NULL)
+            return KVR_ENOMEM;
+        ix->sort_buf = b;
+        ix->sort_cap = n + 1;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        ix->sort_buf[m++] = ev->blocks[i].ext;
+    if (ev->has_parent)
+        ix->sort_buf[m++] = ev->parent_ext;
+    qsort(ix->sort_buf, m, sizeof *ix->sort_buf, cmp_u64);
+    for (size_t i = 1; i < m; i++)
+        if (ix->sort_buf[i] == ix->sort_buf[i - 1])
+            *repeated = true;
+    return KVR_OK;
+}
+
+/* The child of parent for lbh, or NIL. */
+static uint32_t child_by_seq(const kvr_index_t *ix, uint32_t parent, uint64_t seq)
+{
+    const ntab_t *t = atomic_load_explicit(&ix->t1, memory_order_relaxed);
+    for (size_t i = mix64(seq) & t->mask;; i = (i + 1) & t->mask) {
+        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (s == SLOT_EMPTY)
+            return NIL;
+        if (s != SLOT_TOMB && t1_key(ix, s) == seq &&
+            atomic_load_explicit(&N(ix, s)->parent, memory_order_relaxed) == parent)
+            return s;
+    }
+}
+
+/* Stores one block for slot under parent; returns the node via *out. */
+static int store_block(kvr_index_t *ix, uint32_t slot, uint32_t parent, const kvr_block_t *b,
+                       unsigned tier_bit, uint32_t *out)
+{
+    uint64_t seq = parent == ROOT ? b->lbh : kvr_hash_chain_next(N(ix, parent)->seq, b->lbh);
+    uint32_t n = child_by_seq(ix, parent, seq);
+
+    /* the engine hash may already name another prefix of this worker: it moves here */
+    uint32_t prev = pair_by_ext(ix, slot, b->ext);
+    if (prev != NIL && prev != n) {
+        ix->st.warn_ext_rebound++;
+        long phi = holder_find(N(ix, prev), slot);
+        /* keep prev alive while we may still link under it (it can be our parent) */
+        pair_drop(ix, prev, (uint32_t)phi, prev != parent);
+        n = child_by_seq(ix, parent, seq); /* dropping prev may have freed an empty n */
+    }
+    if (n == NIL)
+        n = node_create(ix, parent, seq, b->lbh, b->ext);
+    node_t *nd = N(ix, n);
+    atomic_store_explicit(&nd->used, 1, memory_order_relaxed);
+
+    long hi = holder_find(nd, slot);
+    if (hi < 0) {
+        int rc = holder_add(ix, nd, h_make(slot, 0, 0));
+        if (rc != KVR_OK)
+            return rc;
+        hi = (long)n_holders(nd) - 1;
+        ix->slots[slot].n_pairs++;
+        ix->st.pairs++;
+        rc = pair_set_ext(ix, n, (uint32_t)hi, b->ext);
+        if (rc != KVR_OK)
+            return rc;
+    } else {
+        holder_t hv = hget(holders_w(nd), (uint32_t)hi);
+        if (pair_ext(ix, slot, n, hv) != b->ext) {
+            ix->st.warn_ext_rebound++;
+            int rc = pair_set_ext(ix, n, (uint32_t)hi, b->ext);
+            if (rc != KVR_OK)
+                return rc;
+        } else if (h_tiers(hv) & tier_bit) {
+            ix->st.warn_duplicate_store++;
+        }
+    }
+    holder_t hv = hget(holders_w(nd), (uint32_t)hi);
+    if (!(h_tiers(hv) & tier_bit))
+        pair_set_tiers(ix, n, (uint32_t)hi, h_tiers(hv) | tier_bit);
+    *out = n;
+    return KVR_OK;
+}
+
+static int apply_stored(kvr_index_t *ix, const kvr_event_t *ev)
+{
+    if (ev->n_blocks == 0)
+        return KVR_OK;
+    if (ev->blocks == NULL)
+        return KVR_EINVAL;
+    bool repeated;
+    int rc = has_repeated_ext(ix, ev, &repeated);
+    if (rc != KVR_OK)
+        return rc;
+    if (repeated) {
+        ix->st.err_invalid_sequence++;
+        return KVR_EBLOCKSEQ;
+    }
+    long found = slot_find(ix, ev->worker);
+    uint32_t parent = ROOT;
+    if (ev->has_parent) {
+        parent = found >= 0 ? pair_by_ext(ix, (uint32_t)found, ev->parent_ext) : NIL;
+        if (parent == NIL) {
+            ix->st.err_parent_not_found++;
+            return KVR_EPARENT;
+        }
+    }
+    /* reserve everything that can fail before mutating */
+    if ((rc = node_reserve(ix, ev->n_blocks)) != KVR_OK ||
+        (rc = ntab_reserve(ix, NULL, &ix->t1, ev->n_blocks, t1_key)) != KVR_OK ||
+        (rc = ntab_reserve(ix, &ix->t2, NULL, ev->n_blocks, t2_key)) != KVR_OK) {
+        ix->st.err_capacity++;
+        return rc;
+    }
+    long slot = found >= 0 ? found : slot_get(ix, ev->worker);
+    if (slot < 0) {
+        ix->st.err_capacity++;
+        return (int)slot;
+    }
+    unsigned tier_bit = 1u << ev->tier;
+    for (size_t i = 0; i < ev->n_blocks; i++) {
+        rc = store_block(ix, (uint32_t)slot, parent, &ev->blocks[i], tier_bit, &parent);
+        if (rc != KVR_OK) {
+            ix->st.err_capacity++;
+            return rc; /* only on allocation failure of a holder array or override entry */
+        }
+    }
+    ix->st.events_stored++;
+    ix->st.blocks_stored += ev->n_blocks;
+    return KVR_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Apply: Removed, Cleared, remove worker */
+
+static int apply_removed(kvr_index_t *ix, const kvr_event_t *ev)
+{
+    if (ev->n_removed > 0 && ev->removed == NULL)
+        return KVR_EINVAL;
+    long slot = slot_find(ix, ev->worker);
+    unsigned tier_bit = 1u << ev->tier;
+    for (size_t i = 0; i < ev->n_removed; i++) {
+        uint32_t n = slot >= 0 ? pair_by_ext(ix, (uint32_t)slot, ev->removed[i]) : NIL;
+        long hi = n != NIL ? holder_find(N(ix, n), (uint32_t)slot) : -1;
+        holder_t hv = hi >= 0 ? hget(holders_w(N(ix, n)), (uint32_t)hi) : 0;
+        if (hi < 0 || !(h_tiers(hv) & tier_bit)) {
+            ix->st.err_block_not_found++;
+            continue;
+        }
+        unsigned tiers = h_tiers(hv) & ~tier_bit;
+        if (tiers == 0)
+            pair_drop(ix, n, (uint32_t)hi, true);
+        else
+            pair_set_tiers(ix, n, (uint32_t)hi, tiers);
+        ix->st.blocks_removed++;
+    }
+    ix->st.events_removed++;
+    return KVR_OK;
+}
+
+/* Drops every pair of slot: O(nodes). */
+static void drop_slot_pairs(kvr_index_t *ix, uint32_t slot)
+{
+    ix->tmp_nodes.n = 0;
+    for (uint32_t n = 1; n < ix->n_alloc && ix->slots[slot].n_pairs > 0; n++) {
+        node_t *nd = N(ix, n);
+        if (!nd->live)
+            continue;
+        long hi = holder_find(nd, slot);
+        if (hi < 0)
+            continue;
+        /* no cascade needed: every pair of this slot goes, so fix counters directly */
+        holder_t hv = hget(holders_w(nd), (uint32_t)hi);
+        if (h_flags(hv) & HF_REACH) {
+            rc_add(nd, -1);
+            hset(holders_w(nd), (uint32_t)hi,
+                 h_make(slot, h_tiers(hv), h_flags(hv) & ~(unsigned)HF_REACH));
+            ix->slots[slot].n_orphan++;
+        }
+        pair_drop(ix, n, (uint32_t)hi, false);
+        (void)vec_push(&ix->tmp_nodes, n);
+    }
+    for (size_t i = 0; i < ix->tmp_nodes.n; i++) {
+        uint32_t n = ix->tmp_nodes.v[i];
+        if (N(ix, n)->live)
+            node_try_free(ix, n);
+    }
+}
+
+static int apply_cleared(kvr_index_t *ix, const kvr_event_t *ev)
+{
+    long slot = slot_find(ix, ev->worker);
+    if (slot >= 0)
+        drop_slot_pairs(ix, (uint32_t)slot);
+    ix->st.events_cleared++;
+    return KVR_OK;
+}
+
+int kvr_index_apply(kvr_index_t *ix, const kvr_event_t *ev)
+{
+    if (ix == NULL || ev == NULL || (unsigned)ev->tier >= KVR_N_TIERS)
+        return KVR_EINVAL;
+    int rc;
+    wlock(ix);
+    switch (ev->kind) {
+    case KVR_EV_STORED:
+        rc = apply_stored(ix, ev);
+        break;
+    case KVR_EV_REMOVED:
+        rc = apply_removed(ix, ev);
+        break;
+    case KVR_EV_CLEARED:
+        rc = apply_cleared(ix, ev);
+        break;
+    default:
+        rc = KVR_EINVAL;
+        break;
+    }
+    evict_to_budget(ix);
+    reclaim_if_due(ix);
+    wunlock(ix);
+    return rc;
+}
+
+int kvr_index_remove_worker(kvr_index_t *ix, uint64_t worker_id)
+{
+    if (ix == NULL)
+        return KVR_EINVAL;
+    wlock(ix);
+    bool any = false;
+    uint32_t hw = atomic_load_explicit(&ix->slots_hw, memory_order_relaxed);
+    for (uint32_t s = 0; s < hw; s++) {
+        wslot_t *ws = &ix->slots[s];
+        if (!ws->live || ws->worker_id != worker_id)
+            continue;
+        any = true;
+        drop_slot_pairs(ix, s);
+        ws->live = 0;
+        ix->st.workers--;
+        ix->st.workers_removed++;
+        if (ix->cfg.sync == KVR_SYNC_RCU) {
+            ws->limbo = 1;
+            (void)vec_push(&ix->limbo_slots, s);
+        } else {
+            (void)vec_push(&ix->free_slots, s);
+        }
+    }
+    reclaim_if_due(ix);
+    wunlock(ix);
+    return any ? KVR_OK : KVR_ENOWORKER;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Lookup (readers) */
+
+static int lookup_reserve(kvr_lookup_t *lk, size_t slots, size_t n)
+{
+    if (lk->cap_slots < slots) {
+        size_t words = (slots + 63) / 64;
+        uint64_t *a = calloc(words, sizeof *a);
+        uint64_t *d = calloc(words, sizeof *d);
+        uint32_t *dep = calloc(slots, sizeof *dep);
+        kvr_match_t *m = malloc(slots * sizeof *m);
+        if (a == NULL || d == NULL || dep == NULL || m == NULL) {
+            free(a);
+            free(d);
+            free(dep);
+            free(m);
+            return KVR_ENOMEM;
+        }
+        free(lk->active);
+        free(lk->dropped);
+        free(lk->depth);
+        free(lk->matches);
+        lk->active = a;
+        lk->dropped = d;
+        lk->depth = dep;
+        lk->matches = m;
+        lk->cap_slots = slots;
+        lk->cap_matches = slots;
+    }
+    if (lk->cap_chain < n) {
+        size_t cap = lk->cap_chain ? lk->cap_chain : 64;
+        while (cap < n)
+            cap *= 2;
+        uint32_t *c = realloc(lk->chain, cap * sizeof *c);
+        if (c == NULL)
+            return KVR_ENOMEM;
+        lk->chain = c;
+        lk->cap_chain = cap;
+    }
+    return KVR_OK;
+}
+
+void kvr_lookup_init(kvr_lookup_t *lk) { memset(lk, 0, sizeof *lk); }
+
+void kvr_lookup_deinit(kvr_lookup_t *lk)
+{
+    if (lk == NULL)
+        return;
+    free(lk->matches);
+    free(lk->active);
+    free(lk->dropped);
+    free(lk->depth);
+    free(lk->chain);
+    memset(lk, 0, sizeof *lk);
+}
+
+#define PREFETCH_SLOT 16
+#define PREFETCH_NODE 8
+
+/* The node for position i (seq) under parent, or NIL. */
+static inline uint32_t probe(const kvr_index_t *ix, const ntab_t *t, uint64_t seq,
+                             uint32_t parent)
+{
+    for (size_t i = mix64(seq) & t->mask;; i = (i + 1) & t->mask) {
+        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_acquire);
+        if (s == SLOT_EMPTY)
+            return NIL;
+        if (s == SLOT_TOMB)
+            continue;
+        const node_t *nd = N(ix, s);
+        if (atomic_load_explicit(&nd->seq, memory_order_relaxed) == seq &&
+            atomic_load_explicit(&nd->parent, memory_order_relaxed) == parent)
+            return s;
+    }
+}
+
+/* Resolves positions [0, n) into lk->chain until the first miss; returns the chain length.
+ * Stops early once `stop_when_alone` and the active set is known to be empty is not needed:
+ * the caller bounds n. Probes are pipelined: slots are prefetched PREFETCH_SLOT positions
+ * ahead and nodes PREFETCH_NODE ahead. */
+static size_t resolve_chain(const kvr_index_t *ix, const ntab_t *t, const uint64_t *seq,
+                            size_t n, uint32_t *chain)
+{
+    uint32_t parent = ROOT;
+    for (size_t i = 0; i < n; i++) {
+        if (i + PREFETCH_SLOT < n)
+            __builtin_prefetch(&t->slots[mix64(seq[i + PREFETCH_SLOT]) & t->mask]);
+        if (i + PREFETCH_NODE < n) {
+            uint32_t s = atomic_load_explicit(&t->slots[mix64(seq[i + PREFETCH_NODE]) & t->mask],
+                                              memory_order_acquire);
+            if (s != SLOT_EMPTY && s != SLOT_TOMB)
+                __builtin_prefetch(N(ix, s));
+        }
+        uint32_t nd = probe(ix, t, seq[i], parent);
+        if (nd == NIL)
+            return i;
+        chain[i] = nd;
+        parent = nd;
+    }
+    return n;
+}
+
+static inline bool bit_test(const uint64_t *b, uint32_t i) { return b[i >> 6] >> (i & 63) & 1; }
+static inline void bit_set(uint64_t *b, uint32_t i) { b[i >> 6] |= UINT64_C(1) << (i & 63); }
+static inline void bit_clear(uint64_t *b, uint32_t i)
+{
+    b[i >> 6] &= ~(UINT64_C(1) << (i & 63));
+}
+
+static void touch(kvr_lookup_t *lk, const kvr_index_t *ix, uint32_t slot)
+{
+    if (bit_test(lk->dropped, slot))
+        return;
+    bit_set(lk->dropped, slot);
+    kvr_match_t *m = &lk->matches[lk->n_matches++];
+    m->worker.worker_id = ix->slots[slot].worker_id;
+    m->worker.dp_rank = ix->slots[slot].dp_rank;
+    m->device_blocks = lk->depth[slot];
+    m->host_blocks = m->disk_blocks = 0;
+}
+
+/* Device walk over chain[0, len): per slot, the depth at which it drops out. The active set
+ * is a bitset; depth[] doubles as a per-level stamp (i + 1) for active slots, and holds the
+ * final depth once a slot dropped out. A level is inspected only when its REACH count differs
+ * from the active count (REACH sets only shrink along a path). */
+static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uint32_t max_slot)
+{
+    uint32_t n_active = 0, words = (max_slot + 63) / 64;
+    size_t i = 0;
+    for (; i < len && (i == 0 || n_active > 0); i++) {
+        const node_t *nd = N(ix, lk->chain[i]);
+        uint32_t rc = atomic_load_explicit(&nd->rc, memory_order_acquire);
+        if (i > 0 && rc == n_active)
+            continue;
+        hview_t v = holders_read(nd);
+        uint32_t stamp = (uint32_t)i + 1, kept = 0;
+        for (uint32_t k = 0; k < v.n; k++) {
+            holder_t h = atomic_load_explicit(&v.h[k], memory_order_relaxed);
+            uint32_t s = h_slot(h);
+            if (!(h_flags(h) & HF_REACH) || s >= max_slot)
+                continue;
+            if (i == 0 && !bit_test(lk->active, s)) {
+                bit_set(lk->active, s);
+                lk->depth[s] = stamp;
+                kept++;
+            } else if (i > 0 && bit_test(lk->active, s) && lk->depth[s] != stamp) {
+                lk->depth[s] = stamp;
+                kept++;
+            }
+        }
+        if (i > 0 && kept < n_active) {
+            for (uint32_t w = 0; w < words; w++) {
+                uint64_t bits = lk->active[w];
+                while (bits) {
+                    uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
+                    bits &= bits - 1;
+                    if (lk->depth[s] != stamp) {
+                        bit_clear(lk->active, s);
+                        lk->depth[s] = (uint32_t)i; /* held positions 0 .. i-1 */
+                        touch(lk, ix, s);
+                    }
+                }
+            }
+        }
+        n_active = kept;
+    }
+    /* survivors hold every position walked */
+    for (uint32_t w = 0; w < words; w++) {
+        uint64_t bits = lk->active[w];
+        while (bits) {
+            uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
+            bits &= bits - 1;
+            lk->depth[s] = (uint32_t)i;
+            touch(lk, ix, s);
+        }
+        lk->active[w] = 0;
+    }
+    for (size_t m = 0; m < lk->n_matches; m++)
+        if (lk->matches[m].device_blocks > lk->max_depth)
+            lk->max_depth = lk->matches[m].device_blocks;
+}
+
+/* Holder of slot in nd (reader side), or 0 with *found = false. */
+static holder_t reader_holder(const node_t *nd, uint32_t slot, bool *found)
+{
+    hview_t v = holders_read(nd);
+    for (uint32_t k = 0; k < v.n; k++) {
+        holder_t h = atomic_load_explicit(&v.h[k], memory_order_relaxed);
+        if (h_slot(h) == slot) {
+            *found = true;
+            return h;
+        }
+    }
+    *found = false;
+    return 0;
+}
+
+static uint32_t tier_run(const kvr_index_t *ix, const kvr_lookup_t *lk, size_t from,
+                         size_t len, uint32_t slot, unsigned bits)
+{
+    size_t j = from;
+    while (j < len) {
+        bool found;
+        holder_t h = reader_holder(N(ix, lk->chain[j]), slot, &found);
+        if (!found || !(h_tiers(h) & bits))
+            break;
+        j++;
+    }
+    return (uint32_t)(j - from);
+}
+
+/* Lower tiers: per slot with lower-tier pairs, the host run after its device prefix, then
+ * the disk/external run after that. */
+static void lower_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uint32_t max_slot)
+{
+    const unsigned host = 1u << KVR_TIER_HOST;
+    const unsigned disk = (1u << KVR_TIER_DISK) | (1u << KVR_TIER_EXTERNAL);
+    for (uint32_t s = 0; s < max_slot; s++) {
+        if (atomic_load_explicit(&ix->slots[s].n_lower, memory_order_relaxed) == 0)
+            continue;
+        size_t start = bit_test(lk->dropped, s) ? lk->depth[s] : 0;
+        uint32_t h = tier_run(ix, lk, start, len, s, host);
+        uint32_t d = tier_run(ix, lk, start + h, len, s, disk);
+        if (h + d == 0)
+            continue;
+        if (!bit_test(lk->dropped, s)) {
+            lk->depth[s] = 0;
+            touch(lk, ix, s);
+        }
+        for (size_t m = 0; m < lk->n_matches; m++) {
+            if (lk->matches[m].worker.worker_id == ix->slots[s].worker_id &&
+                lk->matches[m].worker.dp_rank == ix->slots[s].dp_rank) {
+                lk->matches[m].host_blocks = h;
+                lk->matches[m].disk_blocks = d;
+                break;
+            }
+        }
+    }
+}
+
+static void mark_used(const kvr_index_t *ix, const kvr_lookup_t *lk)
+{
+    for (uint32_t i = 0; i < lk->max_depth; i++) {
+        node_t *nd = N(ix, lk->chain[i]);
+        if (!atomic_load_explicit(&nd->used, memory_order_relaxed))
+            atomic_store_explicit(&nd->used, 1, memory_order_relaxed);
+    }
+}
+
+static void lookup_locked(kvr_index_t *ix, const uint64_t *seq, size_t n, kvr_lookup_t *lk)
+{
+    const ntab_t *t = atomic_load_explicit(&ix->t1, memory_order_acquire);
+    uint32_t max_slot = atomic_load_explicit(&ix->slots_hw, memory_order_acquire);
+    if (max_slot > lk->cap_slots)
+        max_slot = (uint32_t)lk->cap_slots;
+    bool lower = atomic_load_explicit(&ix->lower_pairs, memory_order_relaxed) > 0;
+    size_t len = resolve_chain(ix, t, seq, n, lk->chain);
+    device_walk(ix, lk, len, max_slot);
+    if (lower)
+        lower_walk(ix, lk, len, max_slot);
+    mark_used(ix, lk);
+    /* reset scratch for the next lookup */
+    for (uint32_t w = 0; w < (max_slot + 63) / 64; w++)
+        lk->dropped[w] = 0;
+}
+
+int kvr_index_lookup(kvr_index_t *ix, const uint64_t *seq, size_t n, kvr_lookup_t *lk)
+{
+    if (ix == NULL || lk == NULL || (seq == NULL && n > 0))
+        return KVR_EINVAL;
+    int rc = lookup_reserve(lk, ix->max_workers, n);
+    if (rc != KVR_OK)
+        return rc;
+    lk->n_matches = 0;
+    lk->max_depth = 0;
+    if (n == 0)
+        return KVR_OK;
+    switch (ix->cfg.sync) {
+    case KVR_SYNC_RCU:
+        kvr_index_reader_register();
+        urcu_memb_read_lock();
+        lookup_locked(ix, seq, n, lk);
+        urcu_memb_read_unlock();
+        break;
+    case KVR_SYNC_RWLOCK:
+        (void)pthread_rwlock_rdlock(&ix->lock);
+        lookup_locked(ix, seq, n, lk);
+        (void)pthread_rwlock_unlock(&ix->lock);
+        break;
+    default:
+        lookup_locked(ix, seq, n, lk);
+        break;
+    }
+    return KVR_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Queries, stats */
+
+unsigned kvr_index_holds(const kvr_index_t *ix, kvr_worker_t worker, uint64_t ext)
+{
+    long slot = slot_find(ix, worker);
+    if (slot < 0)
+        return 0;
+    uint32_t n = pair_by_ext(ix, (uint32_t)slot, ext);
+    if (n == NIL)
+        return 0;
+    node_t *nd = N(ix, n);
+    long hi = holder_find(nd, (uint32_t)slot);
+    return hi < 0 ? 0 : h_tiers(hget(holders_w(nd), (uint32_t)hi));
+}
+
+size_t kvr_index_worker_pairs(const kvr_index_t *ix, kvr_worker_t worker)
+{
+    long slot = slot_find(ix, worker);
+    return slot < 0 ? 0 : (size_t)ix->slots[slot].n_pairs;
+}
+
+void kvr_index_stats(const kvr_index_t *ix, kvr_index_stats_t *out)
+{
+    *out = ix->st;
+    out->bytes = ix->st.bytes + ix->bytes_ovf + ix->bytes_ovr +
+                 (ix->free_nodes.cap + ix->limbo_nodes.cap) * sizeof(uint32_t);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Dump: depth-first, parents before children, one single-block Stored event per pair and
+ * tier. A worker holding a node whose parent it does not hold (a hole left by a mid-chain
+ * removal) gets temporary ancestors stored under fresh engine hashes and removed at the end,
+ * so the replay reproduces the hole. */
+
+typedef struct dump_ctx {
+    kvr_index_t *ix;
+    kvr_dump_fn fn;
+    void *ud;
+    otab_t temp;     /* (slot, node) -> temporary ext */
+    otab_t temp_ext; /* (slot, temporary ext) -> node */
+    size_t bytes;
+    u32vec_t temp_n; /* temp pairs in creation order: slot, node */
+    uint64_t next_id;
+} dump_ctx_t;
+
+static int dump_emit_store(dump_ctx_t *d, uint32_t slot, unsigned tier, bool has_parent,
+                           uint64_t parent_ext, uint64_t ext, uint64_t lbh)
+{
+    const wslot_t *ws = &d->ix->slots[slot];
+    kvr_block_t b = {.ext = ext, .lbh = lbh};
+    kvr_event_t ev = {.kind = KVR_EV_STORED,
+                      .worker = {ws->worker_id, ws->dp_rank},
+                      .tier = (kvr_tier_t)tier,
+                      .event_id = d->next_id++,
+                      .has_parent = has_parent,
+                      .parent_ext = parent_ext,
+                      .blocks = &b,
+                      .n_blocks = 1};
+    return d->fn(d->ud, &ev);
+}
+
+/* The engine hash under which slot's copy of node n can serve as a parent in the replay,
+ * creating temporary ancestors as needed. */
+static int dump_parent_ext(dump_ctx_t *d, uint32_t slot, uint32_t n, uint64_t *ext);
+
+static int dump_temp(dump_ctx_t *d, uint32_t slot, uint32_t n, uint64_t *ext)
+{
+    oent_t *e = otab_find(&d->temp, slot, n);
+    if (e != NULL) {
+        *ext = e->val;
+        return 0;
+    }
+    /* a fresh hash this worker does not use */
+    uint64_t cand = mix64(N(d->ix, n)->seq ^ UINT64_C(0x5bd1e9955bd1e995));
+    while (pair_by_ext(d->ix, slot, cand) != NIL || otab_find(&d->temp_ext, slot, cand) != NULL)
+        cand = mix64(cand + 1);
+    uint32_t p = atomic_load_explicit(&N(d->ix, n)->parent, memory_order_relaxed);
+    uint64_t pext = 0;
+    int rc = p == ROOT ? 0 : dump_parent_ext(d, slot, p, &pext);
+    if (rc != 0)
+        return rc;
+    rc = dump_emit_store(d, slot, KVR_TIER_DEVICE, p != ROOT, pext, cand, N(d->ix, n)->lbh);
+    if (rc != 0)
+        return rc;
+    /* remember it both ways: by node, and by hash (so later candidates avoid it) */
+    if (otab_put(&d->bytes, &d->temp, slot, n, cand) != KVR_OK ||
+        otab_put(&d->bytes, &d->temp_ext, slot, cand, n) != KVR_OK ||
+        vec_push(&d->temp_n, slot) != KVR_OK || vec_push(&d->temp_n, n) != KVR_OK)
+        return KVR_ENOMEM;
+    *ext = cand;
+    return 0;
+}
+
+static int dump_parent_ext(dump_ctx_t *d, uint32_t slot, uint32_t n, uint64_t *ext)
+{
+    long hi = holder_find(N(d->ix, n), slot);
+    if (hi >= 0) {
+        *ext = pair_ext(d->ix, slot, n, hget(holders_w(N(d->ix, n)), (uint32_t)hi));
+        return 0;
+    }
+    return dump_temp(d, slot, n, ext);
+}
+
+static int dump_node(dump_ctx_t *d, uint32_t n)
+{
+    node_t *nd = N(d->ix, n);
+    uint32_t p = atomic_load_explicit(&nd->parent, memory_order_relaxed);
+    for (uint32_t k = 0; k < n_holders(nd); k++) {
+        holder_t hv = hget(holders_w(nd), k);
+        uint32_t slot = h_slot(hv);
+        uint64_t pext = 0;
+        int rc = p == ROOT ? 0 : dump_parent_ext(d, slot, p, &pext);
+        if (rc != 0)
+            return rc;
+        uint64_t ext = pair_ext(d->ix, slot, n, hv);
+        for (unsigned t = 0; t < KVR_N_TIERS; t++) {
+            if (!(h_tiers(hv) & (1u << t)))
+                continue;
+            rc = dump_emit_store(d, slot, t, p != ROOT, pext, ext, nd->lbh);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static int dump_remove_temps(dump_ctx_t *d)
+{
+    for (size_t i = 0; i + 1 < d->temp_n.n; i += 2) {
+        uint32_t slot = d->temp_n.v[i], n = d->temp_n.v[i + 1];
+        oent_t *e = otab_find(&d->temp, slot, n);
+        uint64_t ext = e ? e->val : 0;
+        const wslot_t *ws = &d->ix->slots[slot];
+        kvr_event_t ev = {.kind = KVR_EV_REMOVED,
+                          .worker = {ws->worker_id, ws->dp_rank},
+                          .tier = KVR_TIER_DEVICE,
+                          .event_id = d->next_id++,
+                          .removed = &ext,
+                          .n_removed = 1};
+        int rc = d->fn(d->ud, &ev);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+int kvr_index_dump(kvr_index_t *ix, kvr_dump_fn fn, void *ud)
+{
+    if (ix == NULL || fn == NULL)
+        return KVR_EINVAL;
+    dump_ctx_t d = {.ix = ix, .fn = fn, .ud = ud};
+    u32vec_t stack = {0};
+    int rc = 0;
+    for (uint32_t c = N(ix, ROOT)->first_child; c != NIL && rc == 0; c = N(ix, c)->next_sib)
+        if (vec_push(&stack, c) != KVR_OK)
+            rc = KVR_ENOMEM;
+    while (rc == 0 && stack.n > 0) {
+        uint32_t n = stack.v[--stack.n];
+        rc = dump_node(&d, n);
+        for (uint32_t c = N(ix, n)->first_child; c != NIL && rc == 0; c = N(ix, c)->next_sib)
+            if (vec_push(&stack, c) != KVR_OK)
+                rc = KVR_ENOMEM;
+    }
+    if (rc == 0)
+        rc = dump_remove_temps(&d);
+    free(stack.v);
+    free(d.temp.e);
+    free(d.temp_ext.e);
+    free(d.temp_n.v);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Verify */
+
+#define FAIL(...)                                                                          \
+    do {                                                                                   \
+        if (msg != NULL && msg_len > 0)                                                    \
+            snprintf(msg, msg_len, __VA_ARGS__);                                           \
+        return KVR_EINVAL;                                                                 \
+    } while (0)
+
+static bool ntab_has(const ntab_t *t, uint64_t key, uint32_t n)
+{
+    for (size_t i = mix64(key) & t->mask;; i = (i + 1) & t->mask) {
+        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (s == n)
+            return true;
+        if (s == SLOT_EMPTY)
+            return false;
+    }
+}
+
+static int verify_node(const kvr_index_t *ix, uint32_t n, uint64_t *pairs, uint64_t *slot_pairs,
+                       uint64_t *slot_lower, uint64_t *slot_orphan, uint64_t *own, char *msg,
+                       size_t msg_len)
+{
+    const node_t *nd = N(ix, n);
+    uint32_t p = atomic_load_explicit(&nd->parent, memory_order_relaxed);
+    if (p >= ix->n_alloc || !N(ix, p)->live)
+        FAIL("node %u: parent %u not live", n, p);
+    uint64_t want = p == ROOT ? nd->lbh : kvr_hash_chain_next(N(ix, p)->seq, nd->lbh);
+    if (nd->seq != want)
+        FAIL("node %u: seq does not chain from its parent", n);
+    if (!ntab_has(atomic_load_explicit(&ix->t1, memory_order_relaxed), nd->seq, n))
+        FAIL("node %u: missing from the seq table", n);
+    if (!ntab_has(ix->t2, nd->ext, n))
+        FAIL("node %u: missing from the ext table", n);
+    bool linked = false;
+    for (uint32_t c = N(ix, p)->first_child; c != NIL; c = N(ix, c)->next_sib)
+        if (c == n)
+            linked = true;
+    if (!linked)
+        FAIL("node %u: not in its parent's child list", n);
+    uint32_t nh = n_holders(nd);
+    if (nh == 0 && nd->first_child == NIL)
+        FAIL("node %u: empty leaf", n);
+    if (nh > holders_cap(nd))
+        FAIL("node %u: %u holders over capacity", n, nh);
+    uint32_t rc = 0;
+    _Atomic holder_t *h = holders_w((node_t *)nd);
+    for (uint32_t k = 0; k < nh; k++) {
+        holder_t hv = hget(h, k);
+        uint32_t s = h_slot(hv);
+        if (s >= ix->max_workers || !ix->slots[s].live)
+            FAIL("node %u: holder slot %u not live", n, s);
+        if (h_tiers(hv) == 0 || h_tiers(hv) > 0xF)
+            FAIL("node %u: holder %u has tier bits 0x%x", n, s, h_tiers(hv));
+        for (uint32_t j = k + 1; j < nh; j++)
+            if (h_slot(hget(h, j)) == s)
+                FAIL("node %u: slot %u held twice", n, s);
+        bool dev = h_tiers(hv) & TIER_DEVICE_BIT;
+        bool want_reach = dev && parent_reach((kvr_index_t *)ix, n, s);
+        if (want_reach != (bool)(h_flags(hv) & HF_REACH))
+            FAIL("node %u: slot %u REACH is %d, should be %d", n, s,
+                 (int)(bool)(h_flags(hv) & HF_REACH), (int)want_reach);
+        rc += want_reach;
+        if (dev && !want_reach)
+            slot_orphan[s]++;
+        if (h_tiers(hv) & TIER_LOWER_BITS)
+            slot_lower[s]++;
+        slot_pairs[s]++;
+        (*pairs)++;
+        uint64_t ext = pair_ext(ix, s, n, hv);
+        if (h_flags(hv) & HF_OWN_EXT) {
+            (*own)++;
+            oent_t *e = otab_find(&ix->by_node, s, n);
+            if (e == NULL || ext == nd->ext)
+                FAIL("node %u: slot %u override entry missing or redundant", n, s);
+        }
+        if (pair_by_ext(ix, s, ext) != n)
+            FAIL("node %u: slot %u engine hash does not lead back to it", n, s);
+    }
+    if (rc != atomic_load_explicit(&nd->rc, memory_order_relaxed))
+        FAIL("node %u: rc %u, counted %u", n, (unsigned)nd->rc, rc);
+    for (uint32_t c = nd->first_child; c != NIL; c = N(ix, c)->next_sib)
+        if (!N(ix, c)->live || atomic_load_explicit(&N(ix, c)->parent, memory_order_relaxed) != n)
+            FAIL("node %u: child %u not live or not pointing back", n, c);
+    return KVR_OK;
+}
+
+int kvr_index_verify(const kvr_index_t *ix, char *msg, size_t msg_len)
+{
+    if (ix == NULL)
+        FAIL("index is NULL");
+    uint32_t hw = atomic_load_explicit(&ix->slots_hw, memory_order_relaxed);
+    uint64_t *cnt = calloc((size_t)hw * 3 + 1, sizeof *cnt);
+    if (cnt == NULL)
+        FAIL("out of memory");
+    uint64_t pairs = 0, nodes = 0, own = 0, lower = 0;
+    int rc = KVR_OK;
+    for (uint32_t n = 1; n < ix->n_alloc && rc == KVR_OK; n++) {
+        if (!N(ix, n)->live)
+            continue;
+        nodes++;
+        rc = verify_node(ix, n, &pairs, cnt, cnt + hw, cnt + 2 * (size_t)hw, &own, msg, msg_len);
+    }
+    for (uint32_t s = 0; s < hw && rc == KVR_OK; s++) {
+        const wslot_t *ws = &ix->slots[s];
+        if (!ws->live && cnt[s] != 0)
+            rc = KVR_EINVAL;
+        else if (ws->live && (ws->n_pairs != cnt[s] || ws->n_lower != cnt[hw + s] ||
+                              ws->n_orphan != cnt[2 * (size_t)hw + s]))
+            rc = KVR_EINVAL;
+        if (rc != KVR_OK && msg != NULL && msg_len > 0)
+            snprintf(msg, msg_len, "slot %u: counters pairs %llu/%llu lower %u/%llu orphan %llu/%llu",
+                     s, (unsigned long long)ws->n_pairs, (unsigned long long)cnt[s], ws->n_lower,
+                     (unsigned long long)cnt[hw + s], (unsigned long long)ws->n_orphan,
+                     (unsigned long long)cnt[2 * (size_t)hw + s]);
+        lower += cnt[hw + s];
+    }
+    free(cnt);
+    if (rc != KVR_OK)
+        return rc;
+    if (pairs != ix->st.pairs)
+        FAIL("pairs: counted %llu, recorded %llu", (unsigned long long)pairs,
+             (unsigned long long)ix->st.pairs);
+    if (nodes != ix->st.nodes)
+        FAIL("nodes: counted %llu, recorded %llu", (unsigned long long)nodes,
+             (unsigned long long)ix->st.nodes);
+    if (lower != atomic_load_explicit(&ix->lower_pairs, memory_order_relaxed))
+        FAIL("lower-tier pairs: counted %llu", (unsigned long long)lower);
+    if (own != ix->by_node.live || own != ix->by_ext.live)
+        FAIL("overrides: %llu pairs, tables %zu / %zu", (unsigned long long)own,
+             ix->by_node.live, ix->by_ext.live);
+    const ntab_t *t1 = atomic_load_explicit(&ix->t1, memory_order_relaxed);
+    if (t1->live != nodes || ix->t2->live != nodes)
+        FAIL("tables: %u / %u entries for %llu nodes", t1->live, ix->t2->live,
+             (unsigned long long)nodes);
+    if (pairs > ix->max_pairs)
+        FAIL("budget: %llu pairs over %zu", (unsigned long long)pairs, ix->max_pairs);
+    return KVR_OK;
+}
