@@ -54,7 +54,7 @@
 enum { HF_REACH = 0x1, HF_OWN_EXT = 0x2 };
 #define TIER_DEVICE_BIT (1u << KVR_TIER_DEVICE)
 #define TIER_LOWER_BITS (0xFu & ~TIER_DEVICE_BIT)
-#define INLINE_HOLDERS 4
+#define INLINE_HOLDERS 5
 
 typedef uint32_t holder_t; /* slot | tiers << 16 | flags << 24 */
 
@@ -89,10 +89,10 @@ typedef struct node {
     uint32_t first_child, next_sib, prev_sib;
     _Atomic uint16_t n_holders;
     _Atomic uint16_t rc;
-    _Atomic uint8_t used;   /* CLOCK reference bit, set by lookups and stores */
+    _Atomic uint32_t tick;  /* last use (index ticks), set by lookups and stores */
     _Atomic uint8_t is_ovf; /* holders live in ovf (never reverts while the node lives) */
     uint8_t live;
-    uint8_t pad;
+    uint16_t pad;
     _Atomic holder_t inl[INLINE_HOLDERS];
     _Atomic(hblock_t *) ovf;
 } node_t;
@@ -175,7 +175,13 @@ struct kvr_index {
 
     pthread_rwlock_t lock; /* KVR_SYNC_RWLOCK */
 
-    uint32_t clock_hand;
+    /* eviction: leaves in the order they became leaves, each with the tick it was queued at;
+     * entries of nodes that stopped being leaves, or were used since, are skipped or requeued */
+    struct lq_ent {
+        uint32_t node, tick;
+    } *lq;
+    size_t lq_head, lq_len, lq_cap;
+    _Atomic uint32_t tick; /* advanced after every apply */
     _Atomic uint64_t lower_pairs; /* pairs with any lower-tier bit */
     kvr_index_stats_t st;
     size_t bytes_ovf; /* holder arrays */
@@ -610,6 +616,8 @@ static uint32_t node_alloc(kvr_index_t *ix)
     return ix->n_alloc++;
 }
 
+static int lq_push(kvr_index_t *ix, uint32_t n);
+
 static void link_child(kvr_index_t *ix, uint32_t parent, uint32_t child)
 {
     node_t *p = N(ix, parent), *c = N(ix, child);
@@ -631,6 +639,8 @@ static void unlink_child(kvr_index_t *ix, uint32_t child)
     if (c->next_sib != NIL)
         N(ix, c->next_sib)->prev_sib = c->prev_sib;
     c->next_sib = c->prev_sib = NIL;
+    if (p->first_child == NIL && p != N(ix, ROOT))
+        (void)lq_push(ix, atomic_load_explicit(&c->parent, memory_order_relaxed));
 }
 
 /* Creates the node for (parent, lbh) with canonical engine hash ext. Room was reserved. */
@@ -646,7 +656,8 @@ static uint32_t node_create(kvr_index_t *ix, uint32_t parent, uint64_t seq, uint
     nd->first_child = NIL;
     atomic_store_explicit(&nd->n_holders, 0, memory_order_relaxed);
     atomic_store_explicit(&nd->rc, 0, memory_order_relaxed);
-    atomic_store_explicit(&nd->used, 1, memory_order_relaxed);
+    atomic_store_explicit(&nd->tick, atomic_load_explicit(&ix->tick, memory_order_relaxed),
+                          memory_order_relaxed);
     atomic_store_explicit(&nd->is_ovf, 0, memory_order_relaxed);
     atomic_store_explicit(&nd->ovf, NULL, memory_order_relaxed);
     nd->live = 1;
@@ -898,21 +909,61 @@ static void evict_node(kvr_index_t *ix, uint32_t n)
     node_try_free(ix, n);
 }
 
+static int lq_push(kvr_index_t *ix, uint32_t n)
+{
+    if (ix->lq_len == ix->lq_cap) {
+        size_t cap = ix->lq_cap ? ix->lq_cap * 2 : 1024;
+        struct lq_ent *q = malloc(cap * sizeof *q);
+        if (q == NULL)
+            return KVR_ENOMEM;
+        for (size_t i = 0; i < ix->lq_len; i++)
+            q[i] = ix->lq[(ix->lq_head + i) % ix->lq_cap];
+        free(ix->lq);
+        ix->st.bytes += (cap - ix->lq_cap) * sizeof *q;
+        ix->lq = q;
+        ix->lq_cap = cap;
+        ix->lq_head = 0;
+    }
+    uint32_t t = atomic_load_explicit(&ix->tick, memory_order_relaxed);
+    ix->lq[(ix->lq_head + ix->lq_len++) % ix->lq_cap] = (struct lq_ent){n, t};
+    return KVR_OK;
+}
+
+static bool is_leaf(const kvr_index_t *ix, uint32_t n)
+{
+    const node_t *nd = N(ix, n);
+    return n != ROOT && nd->live && nd->first_child == NIL;
+}
+
+/* Drops queue entries of nodes that are no longer leaves, when they dominate the queue. */
+static void lq_compact(kvr_index_t *ix)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < ix->lq_len; i++) {
+        struct lq_ent e = ix->lq[(ix->lq_head + i) % ix->lq_cap];
+        if (is_leaf(ix, e.node))
+            ix->lq[(ix->lq_head + kept++) % ix->lq_cap] = e;
+    }
+    ix->lq_len = kept;
+}
+
+/* Evicts least-recently-used leaves until within budget: the oldest queued leaf goes unless a
+ * lookup or store used it after it was queued, in which case it is queued again. */
 static void evict_to_budget(kvr_index_t *ix)
 {
-    size_t steps = 0, limit = (size_t)ix->n_alloc * 3 + 16;
-    while ((ix->st.pairs > ix->max_pairs || ix->st.nodes > ix->max_pairs) && steps++ < limit) {
-        if (ix->clock_hand == 0 || ix->clock_hand >= ix->n_alloc)
-            ix->clock_hand = 1;
-        uint32_t n = ix->clock_hand++;
-        node_t *nd = N(ix, n);
-        if (!nd->live || nd->first_child != NIL)
-            continue;
-        if (atomic_load_explicit(&nd->used, memory_order_relaxed)) {
-            atomic_store_explicit(&nd->used, 0, memory_order_relaxed);
+    size_t requeued = 0;
+    while ((ix->st.pairs > ix->max_pairs || ix->st.nodes > ix->max_pairs) && ix->lq_len > 0) {
+        struct lq_ent e = ix->lq[ix->lq_head];
+        ix->lq_head = (ix->lq_head + 1) % ix->lq_cap;
+        ix->lq_len--;
+        if (!is_leaf(ix, e.node))
+            continue; /* stale: it has children now, or it is gone */
+        uint32_t used = atomic_load_explicit(&N(ix, e.node)->tick, memory_order_relaxed);
+        if ((int32_t)(used - e.tick) > 0 && requeued++ < ix->lq_len + 1) {
+            (void)lq_push(ix, e.node);
             continue;
         }
-        evict_node(ix, n);
+        evict_node(ix, e.node);
     }
 }
 
@@ -1068,6 +1119,7 @@ void kvr_index_free(kvr_index_t *ix)
     free(ix->stack.v);
     free(ix->tmp_nodes.v);
     free(ix->sort_buf);
+    free(ix->lq);
     pthread_rwlock_destroy(&ix->lock);
     free(ix);
 }
@@ -1148,7 +1200,8 @@ static int store_block(kvr_index_t *ix, uint32_t slot, uint32_t parent, const kv
     if (n == NIL)
         n = node_create(ix, parent, seq, b->lbh, b->ext);
     node_t *nd = N(ix, n);
-    atomic_store_explicit(&nd->used, 1, memory_order_relaxed);
+    atomic_store_explicit(&nd->tick, atomic_load_explicit(&ix->tick, memory_order_relaxed),
+                          memory_order_relaxed);
 
     long hi = holder_find(nd, slot);
     if (hi < 0) {
@@ -1215,6 +1268,7 @@ static int apply_stored(kvr_index_t *ix, const kvr_event_t *ev)
         return (int)slot;
     }
     unsigned tier_bit = 1u << ev->tier;
+    uint64_t nodes_before = ix->st.nodes + ix->st.evicted_nodes;
     for (size_t i = 0; i < ev->n_blocks; i++) {
         rc = store_block(ix, (uint32_t)slot, parent, &ev->blocks[i], tier_bit, &parent);
         if (rc != KVR_OK) {
@@ -1222,6 +1276,9 @@ static int apply_stored(kvr_index_t *ix, const kvr_event_t *ev)
             return rc; /* only on allocation failure of a holder array or override entry */
         }
     }
+    /* a created chain ends in a new leaf (the nodes before it are its ancestors) */
+    if (ix->st.nodes + ix->st.evicted_nodes != nodes_before && is_leaf(ix, parent))
+        (void)lq_push(ix, parent);
     ix->st.events_stored++;
     ix->st.blocks_stored += ev->n_blocks;
     return KVR_OK;
@@ -1314,6 +1371,10 @@ int kvr_index_apply(kvr_index_t *ix, const kvr_event_t *ev)
         break;
     }
     evict_to_budget(ix);
+    if (ix->lq_len > 2 * ix->st.nodes + 1024)
+        lq_compact(ix);
+    atomic_store_explicit(&ix->tick, atomic_load_explicit(&ix->tick, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
     reclaim_if_due(ix);
     wunlock(ix);
     return rc;
@@ -1587,12 +1648,21 @@ static void lower_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uint
     }
 }
 
+/* Stamps the matched nodes with the current tick (a store only when it changes, so a hot
+ * prefix does not bounce its cache lines between readers). */
 static void mark_used(const kvr_index_t *ix, const kvr_lookup_t *lk)
 {
-    for (uint32_t i = 0; i < lk->max_depth; i++) {
+    uint32_t now = atomic_load_explicit(&ix->tick, memory_order_relaxed);
+    uint32_t end = lk->max_depth;
+    for (size_t m = 0; m < lk->n_matches; m++) {
+        const kvr_match_t *mt = &lk->matches[m];
+        uint32_t e = mt->device_blocks + mt->host_blocks + mt->disk_blocks;
+        end = e > end ? e : end;
+    }
+    for (uint32_t i = 0; i < end; i++) {
         node_t *nd = N(ix, lk->chain[i]);
-        if (!atomic_load_explicit(&nd->used, memory_order_relaxed))
-            atomic_store_explicit(&nd->used, 1, memory_order_relaxed);
+        if (atomic_load_explicit(&nd->tick, memory_order_relaxed) != now)
+            atomic_store_explicit(&nd->tick, now, memory_order_relaxed);
     }
 }
 
@@ -1905,6 +1975,27 @@ static int verify_node(const kvr_index_t *ix, uint32_t n, uint64_t *pairs, uint6
     return KVR_OK;
 }
 
+/* Every leaf is queued for eviction at least once (else the budget could not be kept). */
+static int verify_leaf_queue(const kvr_index_t *ix, char *msg, size_t msg_len)
+{
+    uint8_t *queued = calloc(ix->n_alloc ? ix->n_alloc : 1, 1);
+    if (queued == NULL)
+        FAIL("out of memory");
+    for (size_t i = 0; i < ix->lq_len; i++) {
+        uint32_t n = ix->lq[(ix->lq_head + i) % ix->lq_cap].node;
+        if (n < ix->n_alloc)
+            queued[n] = 1;
+    }
+    uint32_t missing = 0;
+    for (uint32_t n = 1; n < ix->n_alloc; n++)
+        if (is_leaf(ix, n) && !queued[n] && missing == 0)
+            missing = n;
+    free(queued);
+    if (missing != 0)
+        FAIL("leaf %u is not queued for eviction", missing);
+    return KVR_OK;
+}
+
 int kvr_index_verify(const kvr_index_t *ix, char *msg, size_t msg_len)
 {
     if (ix == NULL)
@@ -1955,5 +2046,5 @@ int kvr_index_verify(const kvr_index_t *ix, char *msg, size_t msg_len)
              (unsigned long long)nodes);
     if (pairs > ix->max_pairs)
         FAIL("budget: %llu pairs over %zu", (unsigned long long)pairs, ix->max_pairs);
-    return KVR_OK;
+    return verify_leaf_queue(ix, msg, msg_len);
 }

@@ -52,7 +52,10 @@ static const kvr_worker_t WORKERS[N_WORKERS] = {
     {11, 0}, {11, 1}, {22, 0}, {33, 0}, {33, 1}, {44, 0},
 };
 
-static model_t *g_model; /* for the eviction callback */
+/* coverage of the run, so the test fails if it stops exercising a behaviour */
+static struct {
+    unsigned long evicted, rebound, parent_missing, invalid, dup, lookups_hit, lower_hits, holes;
+} cov;
 
 static uint64_t rnd(model_t *m)
 {
@@ -312,6 +315,11 @@ static void check_lookup(model_t *m, kvr_index_t *ix, kvr_lookup_t *lk, unsigned
     kvr_hash_chain(lbh, (size_t)d, seq);
     int rc = kvr_index_lookup(ix, seq, (size_t)d, lk);
     CHECK(m, rc == KVR_OK, "lookup rc %s", kvr_status_name(rc));
+    if (lk->n_matches > 0)
+        cov.lookups_hit++;
+    for (size_t k = 0; k < lk->n_matches; k++)
+        if (lk->matches[k].host_blocks + lk->matches[k].disk_blocks > 0)
+            cov.lower_hits++;
     for (int wi = 0; wi < N_WORKERS; wi++) {
         uint32_t want[3];
         expect_for(m, wi, pos, d, want);
@@ -384,7 +392,6 @@ static int run_seed(unsigned long seed, int steps, kvr_index_sync_t sync)
         memset(m->w[i].ext_to_path, 0xFF, sizeof m->w[i].ext_to_path);
     m->seed = seed;
     m->rng = seed * 7919 + 1;
-    g_model = m;
     /* half the seeds run under a small budget so eviction is exercised */
     size_t budget = (seed % 2 == 0) ? 30 + below(m, 200) : 1 << 20;
     kvr_index_config_t cfg = {
@@ -414,6 +421,13 @@ static int run_seed(unsigned long seed, int steps, kvr_index_sync_t sync)
         if (!m->failed && m->step % 500 == 499)
             check_dump(m, &lk);
     }
+    kvr_index_stats_t fin;
+    kvr_index_stats(m->ix, &fin);
+    cov.evicted += fin.evicted_pairs;
+    cov.rebound += fin.warn_ext_rebound;
+    cov.parent_missing += fin.err_parent_not_found;
+    cov.invalid += fin.err_invalid_sequence;
+    cov.dup += fin.warn_duplicate_store;
     int failed = m->failed;
     if (failed)
         fprintf(stderr, "model test FAILED: seed %lu step %lu sync %d: %s\n", seed, m->step - 1,
@@ -443,6 +457,17 @@ static void test_model_random(void **state)
     for (int s = 1; s <= seeds; s++)
         failures += run_seed((unsigned long)s, 3000, s % 3 == 0 ? KVR_SYNC_RCU : KVR_SYNC_NONE);
     assert_int_equal(failures, 0);
+    printf("coverage: evicted %lu rebound %lu parent_missing %lu invalid %lu dup %lu "
+           "lookups_hit %lu lower_hits %lu\n",
+           cov.evicted, cov.rebound, cov.parent_missing, cov.invalid, cov.dup, cov.lookups_hit,
+           cov.lower_hits);
+    assert_true(cov.evicted > 100);
+    assert_true(cov.rebound > 10);
+    assert_true(cov.parent_missing > 10);
+    assert_true(cov.invalid > 10);
+    assert_true(cov.dup > 10);
+    assert_true(cov.lookups_hit > 1000);
+    assert_true(cov.lower_hits > 100);
 }
 
 int main(void)

@@ -1,0 +1,401 @@
+/*
+ * approx.c: approximate mode (no KV events). The router records each routing decision in a
+ * prefix index as if the chosen worker had cached the prompt (engine hash := router sequence
+ * hash), and forgets it after a TTL, or earlier when the recorded size passes max_tree_size
+ * (then it prunes down to prune_target_ratio * max_tree_size).
+ *
+ * Invariants: `timers` holds exactly the (worker, seq) pairs recorded and not yet removed,
+ * each with its current expiry; every valid heap entry matches its timer (same expiry);
+ * stale heap entries (refreshed or removed timers) are skipped when popped, and the heap is
+ * rebuilt from the timers when stale entries outnumber live ones four to one.
+ * Pop order: earliest expiry first; ties by larger position first (deepest blocks go first,
+ * so shared prefixes outlive their extensions), then by hash and worker.
+ *
+ * Memory: timers and heap are bounded by max_tree_size (plus the stale allowance).
+ * Threads: the index's writer thread.
+ * Cost: record O(n log size); expire and prune O(removed log size).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvrouter.h"
+
+typedef struct timer {
+    uint64_t seq;
+    uint64_t worker_id;
+    uint64_t expiry_ms;
+    uint32_t dp_rank;
+    uint32_t pos;
+    uint8_t used;
+} timer_t_;
+
+typedef struct hent {
+    uint64_t expiry_ms;
+    uint64_t seq;
+    uint64_t worker_id;
+    uint32_t dp_rank;
+    uint32_t pos;
+} hent_t;
+
+struct kvr_approx {
+    kvr_index_t *ix;
+    kvr_approx_config_t cfg;
+    timer_t_ *t;
+    size_t mask, live;
+    hent_t *heap;
+    size_t n_heap, cap_heap;
+    kvr_block_t *blocks;
+    size_t cap_blocks;
+};
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= UINT64_C(0xff51afd7ed558ccd);
+    x ^= x >> 33;
+    x *= UINT64_C(0xc4ceb9fe1a85ec53);
+    x ^= x >> 33;
+    return x;
+}
+
+static size_t thash(uint64_t seq, uint64_t wid, uint32_t rank)
+{
+    return mix(seq ^ mix(wid * 31 + rank));
+}
+
+int kvr_approx_config_validate(const kvr_approx_config_t *cfg, const char **field)
+{
+    const char *dummy;
+    if (field == NULL)
+        field = &dummy;
+    *field = NULL;
+    if (cfg == NULL)
+        return KVR_OK;
+    /* NaN fails both comparisons */
+    if (cfg->prune_target_ratio != 0 && !(cfg->prune_target_ratio > 0 && cfg->prune_target_ratio <= 1)) {
+        *field = "router_prune_target_ratio";
+        return KVR_EINVAL;
+    }
+    if (cfg->ttl_ms > UINT64_C(1) << 52) {
+        *field = "router_ttl_secs";
+        return KVR_EINVAL;
+    }
+    if (cfg->max_tree_size > ((size_t)1 << 40)) {
+        *field = "router_max_tree_size";
+        return KVR_EINVAL;
+    }
+    return KVR_OK;
+}
+
+/* ---- timers: open addressing, backward-shift deletion ---- */
+
+static timer_t_ *tfind(const kvr_approx_t *ap, uint64_t seq, kvr_worker_t w)
+{
+    for (size_t i = thash(seq, w.worker_id, w.dp_rank) & ap->mask;; i = (i + 1) & ap->mask) {
+        timer_t_ *e = &ap->t[i];
+        if (!e->used)
+            return NULL;
+        if (e->seq == seq && e->worker_id == w.worker_id && e->dp_rank == w.dp_rank)
+            return e;
+    }
+}
+
+static int tgrow(kvr_approx_t *ap)
+{
+    size_t cap = (ap->mask + 1) * 2;
+    timer_t_ *nt = calloc(cap, sizeof *nt);
+    if (nt == NULL)
+        return KVR_ENOMEM;
+    for (size_t i = 0; i <= ap->mask; i++) {
+        timer_t_ *e = &ap->t[i];
+        if (!e->used)
+            continue;
+        size_t j = thash(e->seq, e->worker_id, e->dp_rank) & (cap - 1);
+        while (nt[j].used)
+            j = (j + 1) & (cap - 1);
+        nt[j] = *e;
+    }
+    free(ap->t);
+    ap->t = nt;
+    ap->mask = cap - 1;
+    return KVR_OK;
+}
+
+/* The timer for (seq, w), created unused-expiry if absent; NULL on allocation failure. */
+static timer_t_ *tget(kvr_approx_t *ap, uint64_t seq, kvr_worker_t w, bool *created)
+{
+    *created = false;
+    timer_t_ *e = tfind(ap, seq, w);
+    if (e != NULL)
+        return e;
+    if ((ap->live + 1) * 4 > (ap->mask + 1) * 3 && tgrow(ap) != KVR_OK)
+        return NULL;
+    size_t i = thash(seq, w.worker_id, w.dp_rank) & ap->mask;
+    while (ap->t[i].used)
+        i = (i + 1) & ap->mask;
+    ap->t[i] = (timer_t_){.seq = seq, .worker_id = w.worker_id, .dp_rank = w.dp_rank, .used = 1};
+    ap->live++;
+    *created = true;
+    return &ap->t[i];
+}
+
+static void tdel(kvr_approx_t *ap, timer_t_ *e)
+{
+    size_t i = (size_t)(e - ap->t);
+    ap->t[i].used = 0;
+    ap->live--;
+    for (size_t j = (i + 1) & ap->mask; ap->t[j].used; j = (j + 1) & ap->mask) {
+        size_t home = thash(ap->t[j].seq, ap->t[j].worker_id, ap->t[j].dp_rank) & ap->mask;
+        bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
+        if (movable) {
+            ap->t[i] = ap->t[j];
+            ap->t[j].used = 0;
+            i = j;
+        }
+    }
+}
+
+/* ---- heap ---- */
+
+static bool before(const hent_t *a, const hent_t *b)
+{
+    if (a->expiry_ms != b->expiry_ms)
+        return a->expiry_ms < b->expiry_ms;
+    if (a->pos != b->pos)
+        return a->pos > b->pos;
+    if (a->seq != b->seq)
+        return a->seq < b->seq;
+    if (a->worker_id != b->worker_id)
+        return a->worker_id < b->worker_id;
+    return a->dp_rank < b->dp_rank;
+}
+
+static void sift_up(hent_t *h, size_t i)
+{
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!before(&h[i], &h[p]))
+            break;
+        hent_t tmp = h[i];
+        h[i] = h[p];
+        h[p] = tmp;
+        i = p;
+    }
+}
+
+static void sift_down(hent_t *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && before(&h[l], &h[m]))
+            m = l;
+        if (r < n && before(&h[r], &h[m]))
+            m = r;
+        if (m == i)
+            return;
+        hent_t tmp = h[i];
+        h[i] = h[m];
+        h[m] = tmp;
+        i = m;
+    }
+}
+
+static void heap_rebuild(kvr_approx_t *ap)
+{
+    ap->n_heap = 0;
+    for (size_t i = 0; i <= ap->mask; i++) {
+        const timer_t_ *e = &ap->t[i];
+        if (e->used)
+            ap->heap[ap->n_heap++] = (hent_t){e->expiry_ms, e->seq, e->worker_id, e->dp_rank, e->pos};
+    }
+    for (size_t i = ap->n_heap / 2; i-- > 0;)
+        sift_down(ap->heap, ap->n_heap, i);
+}
+
+static int heap_push(kvr_approx_t *ap, hent_t e)
+{
+    if (ap->n_heap > 4 * ap->live + 1024)
+        heap_rebuild(ap); /* drop stale entries; live ones are re-created from timers */
+    if (ap->n_heap == ap->cap_heap) {
+        size_t cap = ap->cap_heap ? ap->cap_heap * 2 : 1024;
+        hent_t *nh = realloc(ap->heap, cap * sizeof *nh);
+        if (nh == NULL)
+            return KVR_ENOMEM;
+        ap->heap = nh;
+        ap->cap_heap = cap;
+    }
+    ap->heap[ap->n_heap] = e;
+    sift_up(ap->heap, ap->n_heap++);
+    return KVR_OK;
+}
+
+static hent_t heap_pop(kvr_approx_t *ap)
+{
+    hent_t top = ap->heap[0];
+    ap->heap[0] = ap->heap[--ap->n_heap];
+    sift_down(ap->heap, ap->n_heap, 0);
+    return top;
+}
+
+/* ---- public ---- */
+
+kvr_approx_t *kvr_approx_new(kvr_index_t *ix, const kvr_approx_config_t *cfg, int *status)
+{
+    int dummy;
+    if (status == NULL)
+        status = &dummy;
+    if (ix == NULL || kvr_approx_config_validate(cfg, NULL) != KVR_OK) {
+        *status = KVR_EINVAL;
+        return NULL;
+    }
+    kvr_approx_t *ap = calloc(1, sizeof *ap);
+    if (ap == NULL) {
+        *status = KVR_ENOMEM;
+        return NULL;
+    }
+    ap->ix = ix;
+    ap->cfg = cfg ? *cfg : (kvr_approx_config_t){0};
+    if (ap->cfg.ttl_ms == 0)
+        ap->cfg.ttl_ms = 120000;
+    if (ap->cfg.max_tree_size == 0)
+        ap->cfg.max_tree_size = (size_t)1 << 20;
+    if (ap->cfg.prune_target_ratio == 0)
+        ap->cfg.prune_target_ratio = 0.8;
+    kvr_index_stats_t st;
+    kvr_index_stats(ix, &st);
+    if (st.max_pairs < ap->cfg.max_tree_size) {
+        /* the index would evict behind the tracker's back */
+        free(ap);
+        *status = KVR_ERANGE;
+        return NULL;
+    }
+    ap->t = calloc(1024, sizeof *ap->t);
+    if (ap->t == NULL) {
+        free(ap);
+        *status = KVR_ENOMEM;
+        return NULL;
+    }
+    ap->mask = 1023;
+    *status = KVR_OK;
+    return ap;
+}
+
+void kvr_approx_free(kvr_approx_t *ap)
+{
+    if (ap == NULL)
+        return;
+    free(ap->t);
+    free(ap->heap);
+    free(ap->blocks);
+    free(ap);
+}
+
+static void remove_one(kvr_approx_t *ap, timer_t_ *e)
+{
+    uint64_t ext = e->seq;
+    kvr_event_t ev = {.kind = KVR_EV_REMOVED,
+                      .worker = {e->worker_id, e->dp_rank},
+                      .tier = KVR_TIER_DEVICE,
+                      .removed = &ext,
+                      .n_removed = 1};
+    (void)kvr_index_apply(ap->ix, &ev);
+    tdel(ap, e);
+}
+
+/* Pops heap entries while `more` says so; removes the valid ones. Returns removals. */
+static size_t pop_while(kvr_approx_t *ap, uint64_t now_ms, size_t target)
+{
+    size_t removed = 0;
+    while (ap->n_heap > 0) {
+        const hent_t *top = &ap->heap[0];
+        bool by_time = top->expiry_ms <= now_ms;
+        bool by_size = ap->live > target;
+        if (!by_time && !by_size)
+            break;
+        hent_t h = heap_pop(ap);
+        kvr_worker_t w = {h.worker_id, h.dp_rank};
+        timer_t_ *e = tfind(ap, h.seq, w);
+        if (e == NULL || e->expiry_ms != h.expiry_ms)
+            continue; /* stale */
+        remove_one(ap, e);
+        removed++;
+    }
+    return removed;
+}
+
+int kvr_approx_record(kvr_approx_t *ap, kvr_worker_t worker, const uint64_t *lbh,
+                      const uint64_t *seq, size_t n, uint64_t now_ms)
+{
+    if (ap == NULL || (n > 0 && (lbh == NULL || seq == NULL)))
+        return KVR_EINVAL;
+    size_t max = ap->cfg.max_tree_size;
+    if (n > max)
+        n = max; /* the prefix is what can be reused */
+    if (n == 0)
+        return KVR_OK;
+    if (ap->cap_blocks < n) {
+        kvr_block_t *b = realloc(ap->blocks, n * sizeof *b);
+        if (b == NULL)
+            return KVR_ENOMEM;
+        ap->blocks = b;
+        ap->cap_blocks = n;
+    }
+    /* make room first, so neither the tracker nor the index ever holds more than max */
+    if (ap->live + n > max) {
+        size_t target = (size_t)((double)max * ap->cfg.prune_target_ratio);
+        if (target > max - n)
+            target = max - n;
+        (void)pop_while(ap, 0, target);
+    }
+    for (size_t i = 0; i < n; i++)
+        ap->blocks[i] = (kvr_block_t){.ext = seq[i], .lbh = lbh[i]};
+    kvr_event_t ev = {.kind = KVR_EV_STORED,
+                      .worker = worker,
+                      .tier = KVR_TIER_DEVICE,
+                      .blocks = ap->blocks,
+                      .n_blocks = n};
+    int rc = kvr_index_apply(ap->ix, &ev);
+    if (rc != KVR_OK)
+        return rc;
+    uint64_t expiry = now_ms + ap->cfg.ttl_ms;
+    for (size_t i = 0; i < n; i++) {
+        bool created;
+        timer_t_ *e = tget(ap, seq[i], worker, &created);
+        if (e == NULL)
+            return KVR_ENOMEM;
+        e->expiry_ms = expiry;
+        e->pos = (uint32_t)i;
+        rc = heap_push(ap, (hent_t){expiry, seq[i], worker.worker_id, worker.dp_rank, (uint32_t)i});
+        if (rc != KVR_OK)
+            return rc;
+    }
+    return KVR_OK;
+}
+
+size_t kvr_approx_expire(kvr_approx_t *ap, uint64_t now_ms)
+{
+    return ap == NULL ? 0 : pop_while(ap, now_ms, SIZE_MAX);
+}
+
+uint64_t kvr_approx_next_expiry(const kvr_approx_t *ap)
+{
+    /* the top may be stale, which only makes the caller wake early */
+    return (ap == NULL || ap->n_heap == 0) ? UINT64_MAX : ap->heap[0].expiry_ms;
+}
+
+size_t kvr_approx_size(const kvr_approx_t *ap) { return ap == NULL ? 0 : ap->live; }
+
+int kvr_approx_remove_worker(kvr_approx_t *ap, uint64_t worker_id)
+{
+    if (ap == NULL)
+        return KVR_EINVAL;
+    for (size_t i = 0; i <= ap->mask;) {
+        timer_t_ *e = &ap->t[i];
+        if (e->used && e->worker_id == worker_id)
+            tdel(ap, e); /* an entry may have shifted into i: look at i again */
+        else
+            i++;
+    }
+    heap_rebuild(ap);
+    return kvr_index_remove_worker(ap->ix, worker_id);
+}
