@@ -1,0 +1,164 @@
+/*
+ * test_approx.c: approximate mode: routing decisions become overlap, expire after the TTL,
+ * and the recorded size is pruned (deepest blocks of the oldest decisions first).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include <cmocka.h>
+
+#include "kvrouter.h"
+
+typedef struct prompt {
+    uint64_t lbh[32], seq[32];
+    size_t n;
+} prompt_t;
+
+static prompt_t mk(uint64_t base, size_t n)
+{
+    prompt_t p = {.n = n};
+    for (size_t i = 0; i < n; i++)
+        p.lbh[i] = base * 1000 + i;
+    kvr_hash_chain(p.lbh, n, p.seq);
+    return p;
+}
+
+static uint32_t dev(kvr_index_t *ix, const prompt_t *p, kvr_worker_t w)
+{
+    kvr_lookup_t lk;
+    kvr_lookup_init(&lk);
+    assert_int_equal(kvr_index_lookup(ix, p->seq, p->n, &lk), KVR_OK);
+    uint32_t d = 0;
+    for (size_t i = 0; i < lk.n_matches; i++)
+        if (lk.matches[i].worker.worker_id == w.worker_id &&
+            lk.matches[i].worker.dp_rank == w.dp_rank)
+            d = lk.matches[i].device_blocks;
+    kvr_lookup_deinit(&lk);
+    return d;
+}
+
+static kvr_index_t *mkindex(void)
+{
+    kvr_index_config_t cfg = {.sync = KVR_SYNC_NONE};
+    int st;
+    kvr_index_t *ix = kvr_index_new(&cfg, &st);
+    assert_non_null(ix);
+    return ix;
+}
+
+static void test_decisions_expire_after_ttl(void **s)
+{
+    (void)s;
+    kvr_index_t *ix = mkindex();
+    kvr_approx_config_t cfg = {.ttl_ms = 1000};
+    int st;
+    kvr_approx_t *ap = kvr_approx_new(ix, &cfg, &st);
+    assert_non_null(ap);
+    kvr_worker_t w = {7, 0};
+    prompt_t p = mk(1, 8);
+    assert_int_equal(kvr_approx_record(ap, w, p.lbh, p.seq, p.n, 10000), KVR_OK);
+    assert_int_equal(dev(ix, &p, w), 8);
+    assert_int_equal(kvr_approx_size(ap), 8);
+    assert_int_equal(kvr_approx_next_expiry(ap), 11000);
+    assert_int_equal(kvr_approx_expire(ap, 10999), 0);
+    assert_int_equal(dev(ix, &p, w), 8);
+    /* a second decision sharing the first 4 blocks refreshes them */
+    prompt_t q = mk(1, 4);
+    assert_int_equal(kvr_approx_record(ap, w, q.lbh, q.seq, q.n, 10500), KVR_OK);
+    assert_int_equal(kvr_approx_expire(ap, 11000), 4);
+    assert_int_equal(dev(ix, &p, w), 4);
+    assert_int_equal(kvr_approx_expire(ap, 11500), 4);
+    assert_int_equal(dev(ix, &p, w), 0);
+    assert_int_equal(kvr_approx_size(ap), 0);
+    kvr_index_stats_t xs;
+    kvr_index_stats(ix, &xs);
+    assert_int_equal(xs.pairs, 0);
+    assert_int_equal(xs.err_block_not_found, 0);
+    kvr_approx_free(ap);
+    kvr_index_free(ix);
+}
+
+static void test_size_pruning_keeps_prefixes(void **s)
+{
+    (void)s;
+    kvr_index_t *ix = mkindex();
+    kvr_approx_config_t cfg = {.ttl_ms = 60000, .max_tree_size = 20, .prune_target_ratio = 0.5};
+    int st;
+    kvr_approx_t *ap = kvr_approx_new(ix, &cfg, &st);
+    assert_non_null(ap);
+    kvr_worker_t w = {1, 0};
+    prompt_t a = mk(1, 10), b = mk(2, 10), c = mk(3, 6);
+    assert_int_equal(kvr_approx_record(ap, w, a.lbh, a.seq, a.n, 1000), KVR_OK);
+    assert_int_equal(kvr_approx_record(ap, w, b.lbh, b.seq, b.n, 2000), KVR_OK);
+    assert_int_equal(kvr_approx_size(ap), 20);
+    /* 6 more blocks: prune first, to min(10, 20 - 6) = 10 entries: all of a goes */
+    assert_int_equal(kvr_approx_record(ap, w, c.lbh, c.seq, c.n, 3000), KVR_OK);
+    assert_true(kvr_approx_size(ap) <= 20);
+    assert_int_equal(dev(ix, &a, w), 0);
+    assert_int_equal(dev(ix, &b, w), 10);
+    assert_int_equal(dev(ix, &c, w), 6);
+    kvr_index_stats_t xs;
+    kvr_index_stats(ix, &xs);
+    assert_int_equal(xs.pairs, kvr_approx_size(ap));
+    /* with equal expiries the deepest blocks go first: b keeps a prefix */
+    prompt_t d = mk(4, 12);
+    assert_int_equal(kvr_approx_record(ap, w, d.lbh, d.seq, d.n, 3000), KVR_OK);
+    assert_true(kvr_approx_size(ap) <= 20);
+    uint32_t kept_b = dev(ix, &b, w);
+    assert_true(kept_b < 10);
+    kvr_approx_free(ap);
+    kvr_index_free(ix);
+}
+
+static void test_remove_worker_and_validation(void **s)
+{
+    (void)s;
+    kvr_index_t *ix = mkindex();
+    int st;
+    kvr_approx_t *ap = kvr_approx_new(ix, NULL, &st);
+    assert_non_null(ap);
+    prompt_t p = mk(1, 5);
+    assert_int_equal(kvr_approx_record(ap, (kvr_worker_t){1, 0}, p.lbh, p.seq, p.n, 0), KVR_OK);
+    assert_int_equal(kvr_approx_record(ap, (kvr_worker_t){2, 0}, p.lbh, p.seq, p.n, 0), KVR_OK);
+    assert_int_equal(kvr_approx_remove_worker(ap, 1), KVR_OK);
+    assert_int_equal(kvr_approx_size(ap), 5);
+    assert_int_equal(dev(ix, &p, (kvr_worker_t){1, 0}), 0);
+    assert_int_equal(dev(ix, &p, (kvr_worker_t){2, 0}), 5);
+    assert_int_equal(kvr_approx_expire(ap, 120000), 5);
+    kvr_approx_free(ap);
+
+    const char *field = NULL;
+    kvr_approx_config_t bad = {.prune_target_ratio = NAN};
+    assert_int_equal(kvr_approx_config_validate(&bad, &field), KVR_EINVAL);
+    assert_string_equal(field, "router_prune_target_ratio");
+    bad.prune_target_ratio = 1.5;
+    assert_int_equal(kvr_approx_config_validate(&bad, &field), KVR_EINVAL);
+    bad.prune_target_ratio = -0.1;
+    assert_int_equal(kvr_approx_config_validate(&bad, &field), KVR_EINVAL);
+    assert_null(kvr_approx_new(ix, &bad, &st));
+    assert_int_equal(st, KVR_EINVAL);
+    /* an index smaller than the tracker's size would evict behind its back */
+    kvr_index_config_t small = {.sync = KVR_SYNC_NONE, .max_pairs = 100};
+    kvr_index_t *ix2 = kvr_index_new(&small, &st);
+    kvr_approx_config_t big = {.max_tree_size = 1000};
+    assert_null(kvr_approx_new(ix2, &big, &st));
+    assert_int_equal(st, KVR_ERANGE);
+    kvr_index_free(ix2);
+    kvr_index_free(ix);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decisions_expire_after_ttl),
+        cmocka_unit_test(test_size_pruning_keeps_prefixes),
+        cmocka_unit_test(test_remove_worker_and_validation),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
