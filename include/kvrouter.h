@@ -94,7 +94,8 @@ size_t kvr_hash_n_blocks(size_t n_tokens, uint32_t block_size, bool is_eagle);
 
 /* Local block hashes of tokens[0..n_tokens) into lbh_out (capacity cap).
  * Returns the number of blocks (>= 0), or KVR_EINVAL (block_size 0, NULL with n > 0,
- * mm entries unsorted or out of range), or KVR_ETOOBIG when cap is too small.
+ * mm entries not strictly ascending by block), or KVR_ETOOBIG when cap is too small.
+ * mm entries past the last complete block are ignored (that block is never hashed).
  * opts may be NULL (no salt, no mm, no Eagle). */
 long kvr_hash_blocks(const uint32_t *tokens, size_t n_tokens, uint32_t block_size,
                      const kvr_hash_opts_t *opts, uint64_t *lbh_out, size_t cap);

@@ -81,10 +81,20 @@ static void update_u64(XXH3_state_t *st, uint64_t v)
     XXH3_64bits_update(st, b, sizeof b);
 }
 
-/* Appends the block's mm hashes in ascending order (duplicates kept) without allocating:
- * repeatedly emits the smallest value above the last one emitted, with its multiplicity. */
+/* Appends the block's mm hashes in ascending order (duplicates kept) without allocating.
+ * Already-sorted input (the usual case; the JSON decoder sorts) is streamed as is in O(n);
+ * otherwise this repeatedly emits the smallest value above the last one emitted, with its
+ * multiplicity: O(n * distinct values). */
 static void update_mm_sorted(XXH3_state_t *st, const uint64_t *h, size_t n)
 {
+    size_t sorted = 1;
+    while (sorted < n && h[sorted - 1] <= h[sorted])
+        sorted++;
+    if (sorted >= n) {
+        for (size_t i = 0; i < n; i++)
+            update_u64(st, h[i]);
+        return;
+    }
     bool have_last = false;
     uint64_t last = 0;
     for (size_t emitted = 0; emitted < n;) {

@@ -1101,7 +1101,8 @@ void kvr_index_free(kvr_index_t *ix)
         free(ix->limbo_ptrs.v[i]);
     for (uint32_t i = 0; i < ix->n_alloc; i++) {
         node_t *nd = N(ix, i);
-        if (atomic_load_explicit(&nd->is_ovf, memory_order_relaxed))
+        /* a freed node's holder array is in limbo_ptrs already */
+        if (nd->live && atomic_load_explicit(&nd->is_ovf, memory_order_relaxed))
             free(atomic_load_explicit(&nd->ovf, memory_order_relaxed));
     }
     for (uint32_t c = 0; c < ix->n_chunks; c++)

@@ -1,0 +1,825 @@
+/*
+ * hash_req.c: the hash request decoder (see hash_req.h for the format and the contract).
+ *
+ * Invariants: a parse either succeeds with every output consistent (tokens within
+ * limits.max_tokens, opts.mm strictly ascending by block, each entry's hashes ascending) or
+ * fails with r->err naming the first problem; the callbacks stop yajl at the first problem.
+ * Memory: the decoder owns tok_buf, mm_buf, mmh_buf, the name buffers and an arena for yajl.
+ * Each grows geometrically up to the limits and is reused; the arena is reset per line and
+ * merged into one chunk when a line needed more, so steady-state parsing allocates nothing.
+ * Threads: none of its own; a decoder belongs to one thread at a time.
+ * Cost: O(line bytes) for yajl and the callbacks, O(m log m) to sort m mm entries/hashes
+ * (in place, heap sort, skipped when already in order).
+ */
+#include "wire/hash_req.h"
+
+#include <stdalign.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <yajl/yajl_parse.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Arena for yajl: bump allocation, free is a no-op, reset per line. Each block carries its
+ * size so realloc can copy (or grow in place when it is the last block of the chunk). */
+
+#define ARENA_ALIGN (alignof(max_align_t))
+#define ARENA_MIN_CHUNK ((size_t)16 << 10)
+
+typedef struct arena_chunk {
+    struct arena_chunk *prev;
+    size_t cap;   /* payload bytes after the header */
+    size_t used;
+} arena_chunk_t;
+
+typedef struct kvr_hash_req_arena {
+    arena_chunk_t *cur;
+} arena_t;
+
+static size_t align_up(size_t n)
+{
+    return (n + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1);
+}
+
+#define CHUNK_HDR align_up(sizeof(arena_chunk_t))
+#define BLOCK_HDR align_up(sizeof(size_t))
+
+static unsigned char *chunk_data(arena_chunk_t *c)
+{
+    return (unsigned char *)c + CHUNK_HDR;
+}
+
+static arena_chunk_t *chunk_new(size_t cap, arena_chunk_t *prev)
+{
+    if (cap > SIZE_MAX - CHUNK_HDR)
+        return NULL;
+    arena_chunk_t *c = malloc(CHUNK_HDR + cap);
+    if (c == NULL)
+        return NULL;
+    c->prev = prev;
+    c->cap = cap;
+    c->used = 0;
+    return c;
+}
+
+static void *arena_malloc(void *ctx, size_t sz)
+{
+    arena_t *a = ctx;
+    if (sz > SIZE_MAX / 2)
+        return NULL;
+    size_t need = BLOCK_HDR + align_up(sz);
+    arena_chunk_t *c = a->cur;
+    if (c == NULL || c->cap - c->used < need) {
+        size_t cap = ARENA_MIN_CHUNK;
+        if (c != NULL && c->cap > cap / 2)
+            cap = c->cap * 2;
+        if (cap < need)
+            cap = need;
+        c = chunk_new(cap, a->cur);
+        if (c == NULL)
+            return NULL;
+        a->cur = c;
+    }
+    unsigned char *p = chunk_data(c) + c->used;
+    memcpy(p, &sz, sizeof sz);
+    c->used += need;
+    return p + BLOCK_HDR;
+}
+
+static void *arena_realloc(void *ctx, void *ptr, size_t sz)
+{
+    arena_t *a = ctx;
+    if (ptr == NULL)
+        return arena_malloc(ctx, sz);
+    unsigned char *blk = (unsigned char *)ptr - BLOCK_HDR;
+    size_t old;
+    memcpy(&old, blk, sizeof old);
+    if (sz <= old)
+        return ptr;
+    arena_chunk_t *c = a->cur;
+    if (sz <= SIZE_MAX / 2 && blk + BLOCK_HDR + align_up(old) == chunk_data(c) + c->used) {
+        size_t grow = align_up(sz) - align_up(old);
+        if (c->cap - c->used >= grow) {  /* the last block: grow in place */
+            c->used += grow;
+            memcpy(blk, &sz, sizeof sz);
+            return ptr;
+        }
+    }
+    void *p = arena_malloc(ctx, sz);
+    if (p != NULL)
+        memcpy(p, ptr, old);
+    return p;
+}
+
+static void arena_free(void *ctx, void *ptr)
+{
+    (void)ctx;
+    (void)ptr;
+}
+
+/* Empties the arena; if the last line needed several chunks, replaces them with one. */
+static void arena_reset(arena_t *a)
+{
+    arena_chunk_t *c = a->cur;
+    if (c == NULL)
+        return;
+    if (c->prev == NULL) {
+        c->used = 0;
+        return;
+    }
+    size_t total = 0;
+    while (c != NULL) {
+        arena_chunk_t *prev = c->prev;
+        total += c->cap;
+        free(c);
+        c = prev;
+    }
+    a->cur = chunk_new(total, NULL);  /* NULL is fine: the next malloc starts afresh */
+}
+
+static void arena_destroy(arena_t *a)
+{
+    if (a == NULL)
+        return;
+    arena_chunk_t *c = a->cur;
+    while (c != NULL) {
+        arena_chunk_t *prev = c->prev;
+        free(c);
+        c = prev;
+    }
+    free(a);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Decoder state. */
+
+enum state {
+    S_START,     /* before the top-level value */
+    S_TOP_KEY,   /* in the top-level object, expecting a key or its end */
+    S_VALUE,     /* expecting the value of r->field */
+    S_TOKENS,    /* in the tokens array */
+    S_MM_KEY,    /* in block_mm_hashes, expecting a key or its end */
+    S_MM_VALUE,  /* expecting the array of the current mm entry */
+    S_MM_ARRAY,  /* in the array of the current mm entry */
+    S_SKIP,      /* inside a container of an unknown key; skip_depth levels deep */
+    S_DONE,      /* after the top-level object */
+};
+
+enum field {
+    F_TOKENS,
+    F_BLOCK_SIZE,
+    F_LORA_NAME,
+    F_CACHE_NAMESPACE,
+    F_IS_EAGLE,
+    F_BLOCK_MM_HASHES,
+    F_N_KNOWN,
+    F_UNKNOWN = F_N_KNOWN,
+};
+
+static const char *const FIELD_NAMES[F_N_KNOWN] = {
+    "tokens", "block_size", "lora_name", "cache_namespace", "is_eagle", "block_mm_hashes",
+};
+
+static int fail(kvr_hash_req_t *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Records the first error; returns 0 so callbacks can `return fail(...)` to stop yajl. */
+static int fail(kvr_hash_req_t *r, int status, const char *fmt, ...)
+{
+    if (r->status != KVR_OK)
+        return 0;
+    r->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, sizeof r->err, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+/* Grows *buf (elements of size elem) to hold at least need elements; doubles, from 64. */
+static int grow(void **buf, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return KVR_OK;
+    size_t n = *cap < 64 ? 64 : *cap;
+    while (n < need)
+        n = n > SIZE_MAX / 2 ? need : n * 2;
+    if (n > SIZE_MAX / elem)
+        return KVR_ENOMEM;
+    void *p = realloc(*buf, n * elem);
+    if (p == NULL)
+        return KVR_ENOMEM;
+    *buf = p;
+    *cap = n;
+    return KVR_OK;
+}
+
+/* Reads JSON number text as an integer. yajl has checked the grammar, so the text is
+ * -?digits[.digits][e[+-]digits]. Returns false for fractions, exponents and magnitudes
+ * above UINT64_MAX. "-0" is 0. */
+static bool parse_int(const char *s, size_t n, uint64_t *mag, bool *neg)
+{
+    size_t i = 0;
+    *neg = false;
+    if (i < n && s[i] == '-') {
+        *neg = true;
+        i++;
+    }
+    if (i == n)
+        return false;
+    uint64_t v = 0;
+    for (; i < n; i++) {
+        unsigned d = (unsigned)(s[i] - '0');
+        if (d > 9)
+            return false;
+        if (v > (UINT64_MAX - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    if (v == 0)
+        *neg = false;
+    *mag = v;
+    return true;
+}
+
+/* An unsigned integer in [0, max], or false. */
+static bool parse_uint(const char *s, size_t n, uint64_t max, uint64_t *out)
+{
+    bool neg;
+    return parse_int(s, n, out, &neg) && !neg && *out <= max;
+}
+
+/* Copies up to 40 bytes of a user string for an error message, replacing bytes that would
+ * need escaping in JSON (and non-ASCII) with '?'. */
+static void printable(char *dst, size_t dst_len, const unsigned char *s, size_t n)
+{
+    size_t max = dst_len - 1, j = 0;
+    bool cut = n > 40;
+    if (cut)
+        n = 37;
+    for (size_t i = 0; i < n && j < max; i++)
+        dst[j++] = (s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\') ? (char)s[i] : '?';
+    for (int k = 0; cut && k < 3 && j < max; k++)
+        dst[j++] = '.';
+    dst[j] = '\0';
+}
+
+static int copy_name(kvr_hash_req_t *r, char **buf, size_t *cap, const unsigned char *s,
+                     size_t n, const char **out, size_t *out_len)
+{
+    if (grow((void **)buf, cap, n + 1, 1) != KVR_OK)
+        return fail(r, KVR_ENOMEM, "%s: out of memory", FIELD_NAMES[r->field]);
+    memcpy(*buf, s, n);
+    (*buf)[n] = '\0';
+    *out = *buf;
+    *out_len = n;
+    return 1;
+}
+
+/* After a value of the top-level object. */
+static int value_done(kvr_hash_req_t *r)
+{
+    r->state = S_TOP_KEY;
+    return 1;
+}
+
+/* A value of the wrong type where the current state expects something specific. */
+static int unexpected(kvr_hash_req_t *r)
+{
+    const kvr_hash_req_t *q = r;
+    switch (q->state) {
+    case S_START:
+        return fail(r, KVR_EPARSE, "expected a JSON object");
+    case S_VALUE:
+        switch (q->field) {
+        case F_TOKENS:
+            return fail(r, KVR_EPARSE, "tokens: must be an array of integers");
+        case F_BLOCK_SIZE:
+            return fail(r, KVR_EPARSE, "block_size: not an integer");
+        case F_LORA_NAME:
+        case F_CACHE_NAMESPACE:
+            return fail(r, KVR_EPARSE, "%s: must be a string or null", FIELD_NAMES[q->field]);
+        case F_IS_EAGLE:
+            return fail(r, KVR_EPARSE, "is_eagle: must be true, false or null");
+        case F_BLOCK_MM_HASHES:
+            return fail(r, KVR_EPARSE, "block_mm_hashes: must be an object or null");
+        default:
+            break;
+        }
+        break;
+    case S_TOKENS:
+        return fail(r, KVR_EPARSE, "tokens[%zu]: not an integer in [0, 4294967295]", q->n_tokens);
+    case S_MM_VALUE:
+        return fail(r, KVR_EPARSE, "block_mm_hashes['%u']: must be an array of integers or null",
+                    (unsigned)q->mm_buf[q->n_mm - 1].block);
+    case S_MM_ARRAY:
+        return fail(r, KVR_EPARSE,
+                    "block_mm_hashes['%u'][%zu]: not an integer in [0, 18446744073709551615]",
+                    (unsigned)q->mm_buf[q->n_mm - 1].block, q->mm_buf[q->n_mm - 1].n_hashes);
+    default:
+        break;
+    }
+    return fail(r, KVR_EPARSE, "internal: unexpected value in state %d", q->state);
+}
+
+/* A scalar value (null, boolean, number or string) where an unknown key's value is being
+ * skipped or ignored. Returns -1 when the current state does not skip. */
+static int skip_scalar(kvr_hash_req_t *r)
+{
+    if (r->state == S_SKIP)
+        return 1;
+    if (r->state == S_VALUE && r->field == F_UNKNOWN)
+        return value_done(r);
+    return -1;
+}
+
+static int on_null(void *ctx)
+{
+    kvr_hash_req_t *r = ctx;
+    int s = skip_scalar(r);
+    if (s >= 0)
+        return s;
+    if (r->state == S_VALUE) {
+        switch (r->field) {
+        case F_LORA_NAME:
+            r->opts.lora_name = NULL;
+            r->opts.lora_name_len = 0;
+            return value_done(r);
+        case F_CACHE_NAMESPACE:
+            r->opts.cache_namespace = NULL;
+            r->opts.cache_namespace_len = 0;
+            return value_done(r);
+        case F_IS_EAGLE:
+            r->opts.is_eagle = false;
+            return value_done(r);
+        case F_BLOCK_MM_HASHES:
+            return value_done(r);
+        case F_BLOCK_SIZE:
+            return fail(r, KVR_EPARSE, "block_size: missing (null)");
+        case F_TOKENS:
+            return fail(r, KVR_EPARSE, "tokens: missing (null)");
+        default:
+            break;
+        }
+    }
+    if (r->state == S_MM_VALUE) {
+        r->state = S_MM_KEY;  /* no hashes for this block */
+        return 1;
+    }
+    return unexpected(r);
+}
+
+static int on_boolean(void *ctx, int v)
+{
+    kvr_hash_req_t *r = ctx;
+    int s = skip_scalar(r);
+    if (s >= 0)
+        return s;
+    if (r->state == S_VALUE && r->field == F_IS_EAGLE) {
+        r->opts.is_eagle = v != 0;
+        return value_done(r);
+    }
+    return unexpected(r);
+}
+
+static int on_number(void *ctx, const char *s, size_t n)
+{
+    kvr_hash_req_t *r = ctx;
+    int sk = skip_scalar(r);
+    if (sk >= 0)
+        return sk;
+    uint64_t v;
+    switch (r->state) {
+    case S_TOKENS:
+        if (!parse_uint(s, n, UINT32_MAX, &v))
+            return fail(r, KVR_ERANGE, "tokens[%zu]: not an integer in [0, 4294967295]",
+                        r->n_tokens);
+        if (r->n_tokens >= r->limits.max_tokens)
+            return fail(r, KVR_ETOOBIG, "tokens: more than %zu tokens", r->limits.max_tokens);
+        if (r->n_tokens == r->tok_cap &&
+            grow((void **)&r->tok_buf, &r->tok_cap, r->n_tokens + 1, sizeof *r->tok_buf) != KVR_OK)
+            return fail(r, KVR_ENOMEM, "tokens: out of memory");
+        r->tok_buf[r->n_tokens++] = (uint32_t)v;
+        return 1;
+    case S_MM_ARRAY: {
+        kvr_block_mm_t *e = &r->mm_buf[r->n_mm - 1];
+        if (!parse_uint(s, n, UINT64_MAX, &v))
+            return fail(r, KVR_ERANGE,
+                        "block_mm_hashes['%u'][%zu]: not an integer in [0, 18446744073709551615]",
+                        (unsigned)e->block, e->n_hashes);
+        if (r->n_mmh >= r->limits.max_mm_hashes)
+            return fail(r, KVR_ETOOBIG, "block_mm_hashes: more than %zu hashes in total",
+                        r->limits.max_mm_hashes);
+        if (r->n_mmh == r->mmh_cap &&
+            grow((void **)&r->mmh_buf, &r->mmh_cap, r->n_mmh + 1, sizeof *r->mmh_buf) != KVR_OK)
+            return fail(r, KVR_ENOMEM, "block_mm_hashes: out of memory");
+        r->mmh_buf[r->n_mmh++] = v;
+        e->n_hashes++;
+        return 1;
+    }
+    case S_VALUE:
+        if (r->field == F_BLOCK_SIZE) {
+            bool neg;
+            if (!parse_int(s, n, &v, &neg)) {
+                /* a fraction or exponent, or a magnitude beyond u64 */
+                bool integral = memchr(s, '.', n) == NULL && memchr(s, 'e', n) == NULL &&
+                                memchr(s, 'E', n) == NULL;
+                if (!integral)
+                    return fail(r, KVR_EPARSE, "block_size: not an integer");
+                neg = s[0] == '-';
+                v = UINT64_MAX;
+            }
+            if (neg || v == 0)
+                return fail(r, KVR_ERANGE, "block_size: must be >= 1");
+            if (v > KVR_HASH_REQ_MAX_BLOCK_SIZE)
+                return fail(r, KVR_ERANGE, "block_size: must be <= %u",
+                            (unsigned)KVR_HASH_REQ_MAX_BLOCK_SIZE);
+            r->block_size = (uint32_t)v;
+            return value_done(r);
+        }
+        break;
+    default:
+        break;
+    }
+    return unexpected(r);
+}
+
+static int on_string(void *ctx, const unsigned char *s, size_t n)
+{
+    kvr_hash_req_t *r = ctx;
+    int sk = skip_scalar(r);
+    if (sk >= 0)
+        return sk;
+    if (r->state == S_VALUE && r->field == F_LORA_NAME) {
+        if (!copy_name(r, &r->lora_buf, &r->lora_cap, s, n, &r->opts.lora_name,
+                       &r->opts.lora_name_len))
+            return 0;
+        return value_done(r);
+    }
+    if (r->state == S_VALUE && r->field == F_CACHE_NAMESPACE) {
+        if (!copy_name(r, &r->ns_buf, &r->ns_cap, s, n, &r->opts.cache_namespace,
+                       &r->opts.cache_namespace_len))
+            return 0;
+        return value_done(r);
+    }
+    return unexpected(r);
+}
+
+static int on_start_map(void *ctx)
+{
+    kvr_hash_req_t *r = ctx;
+    switch (r->state) {
+    case S_START:
+        r->state = S_TOP_KEY;
+        return 1;
+    case S_SKIP:
+        r->skip_depth++;
+        return 1;
+    case S_VALUE:
+        if (r->field == F_UNKNOWN) {
+            r->state = S_SKIP;
+            r->skip_depth = 1;
+            return 1;
+        }
+        if (r->field == F_BLOCK_MM_HASHES) {
+            r->state = S_MM_KEY;
+            return 1;
+        }
+        break;
+    default:
+        break;
+    }
+    return unexpected(r);
+}
+
+static int on_start_array(void *ctx)
+{
+    kvr_hash_req_t *r = ctx;
+    switch (r->state) {
+    case S_SKIP:
+        r->skip_depth++;
+        return 1;
+    case S_VALUE:
+        if (r->field == F_UNKNOWN) {
+            r->state = S_SKIP;
+            r->skip_depth = 1;
+            return 1;
+        }
+        if (r->field == F_TOKENS) {
+            r->state = S_TOKENS;
+            return 1;
+        }
+        break;
+    case S_MM_VALUE:
+        r->state = S_MM_ARRAY;
+        return 1;
+    default:
+        break;
+    }
+    return unexpected(r);
+}
+
+/* Closes a container: yajl guarantees map/array pairing, so only the state matters. */
+static int on_end(void *ctx)
+{
+    kvr_hash_req_t *r = ctx;
+    switch (r->state) {
+    case S_SKIP:
+        if (--r->skip_depth == 0)
+            r->state = S_TOP_KEY;
+        return 1;
+    case S_TOP_KEY:
+        r->state = S_DONE;
+        return 1;
+    case S_TOKENS:
+    case S_MM_KEY:
+        r->state = S_TOP_KEY;
+        return 1;
+    case S_MM_ARRAY:
+        r->state = S_MM_KEY;
+        return 1;
+    default:
+        return fail(r, KVR_EPARSE, "internal: unexpected end in state %d", r->state);
+    }
+}
+
+/* A block_mm_hashes key: "0" or [1-9][0-9]* up to UINT32_MAX. */
+static bool parse_block_index(const unsigned char *s, size_t n, uint32_t *out)
+{
+    if (n == 0 || n > 10 || (n > 1 && s[0] == '0'))
+        return false;
+    uint64_t v;
+    if (!parse_uint((const char *)s, n, UINT32_MAX, &v))
+        return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+static int on_map_key(void *ctx, const unsigned char *s, size_t n)
+{
+    kvr_hash_req_t *r = ctx;
+    if (r->state == S_SKIP)
+        return 1;
+    if (r->state == S_TOP_KEY) {
+        r->field = F_UNKNOWN;
+        for (int f = 0; f < F_N_KNOWN; f++) {
+            if (strlen(FIELD_NAMES[f]) == n && memcmp(FIELD_NAMES[f], s, n) == 0) {
+                if (r->seen & (1u << f))
+                    return fail(r, KVR_EPARSE, "%s: duplicate key", FIELD_NAMES[f]);
+                r->seen |= 1u << f;
+                r->field = f;
+                break;
+            }
+        }
+        r->state = S_VALUE;
+        return 1;
+    }
+    if (r->state == S_MM_KEY) {
+        uint32_t block;
+        if (!parse_block_index(s, n, &block)) {
+            char shown[48];
+            printable(shown, sizeof shown, s, n);
+            return fail(r, KVR_EPARSE, "block_mm_hashes: key '%s' is not a block index", shown);
+        }
+        if (r->n_mm >= r->limits.max_mm_blocks)
+            return fail(r, KVR_ETOOBIG, "block_mm_hashes: more than %zu entries",
+                        r->limits.max_mm_blocks);
+        if (r->n_mm == r->mm_cap &&
+            grow((void **)&r->mm_buf, &r->mm_cap, r->n_mm + 1, sizeof *r->mm_buf) != KVR_OK)
+            return fail(r, KVR_ENOMEM, "block_mm_hashes: out of memory");
+        /* hashes is set when the parse ends (mmh_buf may move until then); each entry's
+         * hashes follow the previous entry's in mmh_buf */
+        r->mm_buf[r->n_mm++] = (kvr_block_mm_t){.block = block, .hashes = NULL, .n_hashes = 0};
+        r->state = S_MM_VALUE;
+        return 1;
+    }
+    return fail(r, KVR_EPARSE, "internal: unexpected key in state %d", r->state);
+}
+
+static const yajl_callbacks CALLBACKS = {
+    .yajl_null = on_null,
+    .yajl_boolean = on_boolean,
+    .yajl_integer = NULL,
+    .yajl_double = NULL,
+    .yajl_number = on_number,
+    .yajl_string = on_string,
+    .yajl_start_map = on_start_map,
+    .yajl_map_key = on_map_key,
+    .yajl_end_map = on_end,
+    .yajl_start_array = on_start_array,
+    .yajl_end_array = on_end,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* In-place heap sorts (no allocation, O(n log n) worst case); callers skip sorted input. */
+
+static void sift_u64(uint64_t *a, size_t root, size_t n)
+{
+    for (;;) {
+        size_t child = 2 * root + 1;
+        if (child >= n)
+            return;
+        if (child + 1 < n && a[child + 1] > a[child])
+            child++;
+        if (a[root] >= a[child])
+            return;
+        uint64_t t = a[root];
+        a[root] = a[child];
+        a[child] = t;
+        root = child;
+    }
+}
+
+static void sort_u64(uint64_t *a, size_t n)
+{
+    size_t i = 1;
+    while (i < n && a[i - 1] <= a[i])
+        i++;
+    if (i >= n)
+        return;
+    for (size_t k = n / 2; k-- > 0;)
+        sift_u64(a, k, n);
+    for (size_t end = n; end-- > 1;) {
+        uint64_t t = a[0];
+        a[0] = a[end];
+        a[end] = t;
+        sift_u64(a, 0, end);
+    }
+}
+
+static void sift_mm(kvr_block_mm_t *a, size_t root, size_t n)
+{
+    for (;;) {
+        size_t child = 2 * root + 1;
+        if (child >= n)
+            return;
+        if (child + 1 < n && a[child + 1].block > a[child].block)
+            child++;
+        if (a[root].block >= a[child].block)
+            return;
+        kvr_block_mm_t t = a[root];
+        a[root] = a[child];
+        a[child] = t;
+        root = child;
+    }
+}
+
+static void sort_mm(kvr_block_mm_t *a, size_t n)
+{
+    size_t i = 1;
+    while (i < n && a[i - 1].block <= a[i].block)
+        i++;
+    if (i >= n)
+        return;
+    for (size_t k = n / 2; k-- > 0;)
+        sift_mm(a, k, n);
+    for (size_t end = n; end-- > 1;) {
+        kvr_block_mm_t t = a[0];
+        a[0] = a[end];
+        a[end] = t;
+        sift_mm(a, 0, end);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+void kvr_hash_req_init(kvr_hash_req_t *r)
+{
+    memset(r, 0, sizeof *r);
+    r->limits.max_tokens = KVR_HASH_REQ_MAX_TOKENS;
+    r->limits.max_mm_blocks = KVR_HASH_REQ_MAX_MM_BLOCKS;
+    r->limits.max_mm_hashes = KVR_HASH_REQ_MAX_MM_HASHES;
+}
+
+void kvr_hash_req_deinit(kvr_hash_req_t *r)
+{
+    if (r == NULL)
+        return;
+    free(r->tok_buf);
+    free(r->mm_buf);
+    free(r->mmh_buf);
+    free(r->lora_buf);
+    free(r->ns_buf);
+    arena_destroy(r->arena);
+    kvr_hash_req_limits_t limits = r->limits;
+    kvr_hash_req_init(r);
+    r->limits = limits;
+}
+
+static void reset_outputs(kvr_hash_req_t *r)
+{
+    r->tokens = NULL;
+    r->n_tokens = 0;
+    r->block_size = 0;
+    memset(&r->opts, 0, sizeof r->opts);
+    r->err[0] = '\0';
+    r->n_mm = 0;
+    r->n_mmh = 0;
+    r->state = S_START;
+    r->field = F_UNKNOWN;
+    r->skip_depth = 0;
+    r->seen = 0;
+    r->status = KVR_OK;
+}
+
+/* yajl's message, on one line: "lexical error: invalid char in json text." */
+static void yajl_message(kvr_hash_req_t *r, yajl_handle h, size_t at)
+{
+    unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
+    const char *m = msg != NULL ? (const char *)msg : "unknown error";
+    size_t n = strlen(m);
+    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
+        n--;
+    char shown[160];
+    if (n >= sizeof shown)
+        n = sizeof shown - 1;
+    for (size_t i = 0; i < n; i++)
+        shown[i] = (m[i] == '\n' || m[i] == '"' || m[i] == '\\') ? ' ' : m[i];
+    shown[n] = '\0';
+    fail(r, KVR_EPARSE, "invalid JSON at byte %zu: %s", at, shown);
+    if (msg != NULL)
+        yajl_free_error(h, msg);
+}
+
+/* Checks the whole request once yajl is done and fixes up the mm pointers. */
+static int finish(kvr_hash_req_t *r)
+{
+    if (r->state != S_DONE)
+        return fail(r, KVR_EPARSE, "internal: parse ended in state %d", r->state), r->status;
+    if (!(r->seen & (1u << F_TOKENS)))
+        return fail(r, KVR_EPARSE, "tokens: missing"), r->status;
+    if (!(r->seen & (1u << F_BLOCK_SIZE)))
+        return fail(r, KVR_EPARSE, "block_size: missing"), r->status;
+
+    size_t off = 0;
+    for (size_t i = 0; i < r->n_mm; i++) {
+        kvr_block_mm_t *e = &r->mm_buf[i];
+        if (e->n_hashes == 0)
+            continue;
+        e->hashes = r->mmh_buf + off;
+        sort_u64(r->mmh_buf + off, e->n_hashes);
+        off += e->n_hashes;
+    }
+    sort_mm(r->mm_buf, r->n_mm);
+    for (size_t i = 1; i < r->n_mm; i++) {
+        if (r->mm_buf[i].block == r->mm_buf[i - 1].block)
+            return fail(r, KVR_EPARSE, "block_mm_hashes: duplicate block index %u",
+                        (unsigned)r->mm_buf[i].block), r->status;
+    }
+
+    r->tokens = r->n_tokens > 0 ? r->tok_buf : NULL;
+    r->opts.mm = r->n_mm > 0 ? r->mm_buf : NULL;
+    r->opts.n_mm = r->n_mm;
+    return KVR_OK;
+}
+
+int kvr_hash_req_parse(kvr_hash_req_t *r, const char *line, size_t len)
+{
+    reset_outputs(r);
+    if (line == NULL && len > 0)
+        return fail(r, KVR_EINVAL, "no input"), r->status;
+
+    if (r->arena == NULL) {
+        r->arena = calloc(1, sizeof(arena_t));
+        if (r->arena == NULL)
+            return fail(r, KVR_ENOMEM, "out of memory"), r->status;
+    }
+    arena_reset(r->arena);
+    yajl_alloc_funcs afs = {arena_malloc, arena_realloc, arena_free, r->arena};
+    yajl_handle h = yajl_alloc(&CALLBACKS, &afs, r);
+    if (h == NULL)
+        return fail(r, KVR_ENOMEM, "out of memory"), r->status;
+
+    yajl_status st = yajl_parse(h, (const unsigned char *)line, len);
+    size_t at = len;
+    if (st == yajl_status_ok) {
+        st = yajl_complete_parse(h);
+    } else if (st == yajl_status_error) {
+        at = yajl_get_bytes_consumed(h);
+    }
+    if (st == yajl_status_error && r->status == KVR_OK) {
+        bool empty = r->state == S_START;
+        for (size_t i = 0; empty && i < len; i++)
+            empty = line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n';
+        if (empty)
+            fail(r, KVR_EPARSE, "empty input");
+        else
+            yajl_message(r, h, at);
+    }
+    yajl_free(h);
+
+    if (r->status == KVR_OK && st != yajl_status_ok)
+        fail(r, KVR_EPARSE, "invalid JSON");  /* client_canceled always sets status first */
+    if (r->status == KVR_OK)
+        finish(r);
+    if (r->status != KVR_OK) {
+        r->tokens = NULL;
+        r->n_tokens = 0;
+        memset(&r->opts, 0, sizeof r->opts);
+        return r->status;
+    }
+    return KVR_OK;
+}
