@@ -100,6 +100,13 @@ size_t kvr_hash_n_blocks(size_t n_tokens, uint32_t block_size, bool is_eagle);
 long kvr_hash_blocks(const uint32_t *tokens, size_t n_tokens, uint32_t block_size,
                      const kvr_hash_opts_t *opts, uint64_t *lbh_out, size_t cap);
 
+/* Both at once: local block hashes into lbh_out and sequence hashes into seq_out (each of
+ * capacity cap), in one interleaved pass; what the router calls per request. Same returns
+ * as kvr_hash_blocks. */
+long kvr_hash_prompt(const uint32_t *tokens, size_t n_tokens, uint32_t block_size,
+                     const kvr_hash_opts_t *opts, uint64_t *lbh_out, uint64_t *seq_out,
+                     size_t cap);
+
 /* Chained sequence hashes of lbh[0..n) into seq_out[0..n) (may alias lbh). */
 void kvr_hash_chain(const uint64_t *lbh, size_t n, uint64_t *seq_out);
 

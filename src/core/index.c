@@ -37,6 +37,7 @@
  * amortized per block plus O(children) when a worker's device reach changes at an interior
  * node; Cleared / remove-worker O(nodes).
  */
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np: writers must not starve */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -98,18 +99,22 @@ typedef struct node {
 } node_t;
 
 /* ---------------------------------------------------------------------------------------- */
-/* Node tables (T1: by seq, shared; T2: by ext, writer only). Linear probing over u32 node
- * indices with tombstones, so a concurrent reader never misses an entry that stays. */
+/* Node tables (T1: by seq, shared; T2: by ext, writer only). Linear probing with tombstones,
+ * so a concurrent reader never misses an entry that stays. A slot is (tag << 32 | node): the
+ * tag (high half of the key's hash) rejects most mismatches without touching the node. */
 
-#define SLOT_EMPTY 0u
-#define SLOT_TOMB UINT32_MAX
+#define SLOT_EMPTY UINT64_C(0)
+#define NODE_TOMB UINT32_MAX
 
 typedef struct ntab {
     uint32_t mask;
     uint32_t live, tomb;
     uint32_t pad;
-    _Atomic uint32_t slots[];
+    _Atomic uint64_t slots[];
 } ntab_t;
+
+static inline uint32_t s_node(uint64_t s) { return (uint32_t)s; }
+static inline uint32_t s_tag(uint64_t s) { return (uint32_t)(s >> 32); }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Override tables (T3): (slot, key) -> value, writer only, backward-shift deletion. */
@@ -191,6 +196,8 @@ struct kvr_index {
     u32vec_t stack;
     u32vec_t tmp_nodes;
     uint64_t *sort_buf;
+    uint64_t *seq_buf; /* sequence hashes of the blocks of the event being applied */
+    size_t seq_cap;
     size_t sort_cap;
 };
 
@@ -257,7 +264,7 @@ static void retire_ptr(kvr_index_t *ix, void *p)
 
 static ntab_t *ntab_new(uint32_t cap)
 {
-    ntab_t *t = calloc(1, sizeof *t + (size_t)cap * sizeof(uint32_t));
+    ntab_t *t = calloc(1, sizeof *t + (size_t)cap * sizeof(uint64_t));
     if (t != NULL)
         t->mask = cap - 1;
     return t;
@@ -265,7 +272,7 @@ static ntab_t *ntab_new(uint32_t cap)
 
 static inline size_t ntab_bytes(const ntab_t *t)
 {
-    return sizeof *t + ((size_t)t->mask + 1) * sizeof(uint32_t);
+    return sizeof *t + ((size_t)t->mask + 1) * sizeof(uint64_t);
 }
 
 static inline uint64_t t1_key(const kvr_index_t *ix, uint32_t n)
@@ -277,34 +284,32 @@ static inline uint64_t t2_key(const kvr_index_t *ix, uint32_t n) { return N(ix, 
 
 static void ntab_put(ntab_t *t, uint64_t key, uint32_t n)
 {
-    size_t i = mix64(key) & t->mask;
-    for (;;) {
-        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
-        if (s == SLOT_EMPTY || s == SLOT_TOMB) {
-            if (s == SLOT_TOMB)
+    uint64_t h = mix64(key);
+    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+        uint64_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (s == SLOT_EMPTY || s_node(s) == NODE_TOMB) {
+            if (s != SLOT_EMPTY)
                 t->tomb--;
-            atomic_store_explicit(&t->slots[i], n, memory_order_release);
+            atomic_store_explicit(&t->slots[i], (h & ~UINT64_C(0xFFFFFFFF)) | n,
+                                  memory_order_release);
             t->live++;
             return;
         }
-        i = (i + 1) & t->mask;
     }
 }
 
 static void ntab_del(ntab_t *t, uint64_t key, uint32_t n)
 {
-    size_t i = mix64(key) & t->mask;
-    for (;;) {
-        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
-        if (s == n) {
-            atomic_store_explicit(&t->slots[i], SLOT_TOMB, memory_order_release);
+    for (size_t i = mix64(key) & t->mask;; i = (i + 1) & t->mask) {
+        uint64_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (s_node(s) == n) {
+            atomic_store_explicit(&t->slots[i], NODE_TOMB, memory_order_release);
             t->live--;
             t->tomb++;
             return;
         }
         if (s == SLOT_EMPTY)
             return; /* not present: verify() reports the inconsistency */
-        i = (i + 1) & t->mask;
     }
 }
 
@@ -323,9 +328,9 @@ static ntab_t *ntab_rebuilt(const kvr_index_t *ix, const ntab_t *old, size_t wan
     if (t == NULL)
         return NULL;
     for (size_t i = 0; i <= old->mask; i++) {
-        uint32_t s = atomic_load_explicit(&old->slots[i], memory_order_relaxed);
-        if (s != SLOT_EMPTY && s != SLOT_TOMB)
-            ntab_put(t, key(ix, s), s);
+        uint64_t s = atomic_load_explicit(&old->slots[i], memory_order_relaxed);
+        if (s != SLOT_EMPTY && s_node(s) != NODE_TOMB)
+            ntab_put(t, key(ix, s_node(s)), s_node(s));
     }
     return t;
 }
@@ -338,7 +343,7 @@ static int ntab_reserve(kvr_index_t *ix, ntab_t **slot_or_null, _Atomic(ntab_t *
     ntab_t *t = shared ? atomic_load_explicit(shared, memory_order_relaxed) : *slot_or_null;
     size_t cap = (size_t)t->mask + 1;
     size_t fill = (size_t)t->live + t->tomb + extra;
-    bool too_full = fill * 4 > cap * 3;
+    bool too_full = fill * 4 > cap * 3 || (size_t)t->tomb * 4 > cap;
     bool too_empty = cap > 1024 && ((size_t)t->live + extra) * 16 < cap;
     if (!too_full && !too_empty)
         return KVR_OK;
@@ -562,16 +567,37 @@ static long slot_find(const kvr_index_t *ix, kvr_worker_t w)
     return -1;
 }
 
+static void kvr_index_reclaim_(kvr_index_t *ix);
+
 static long slot_get(kvr_index_t *ix, kvr_worker_t w)
 {
     long s = slot_find(ix, w);
     if (s >= 0)
         return s;
+    /* a worker coming back before its old slot left limbo gets that slot again, so a reader
+     * that saw its old pairs and sees its new ones still counts it once */
+    for (size_t i = 0; i < ix->limbo_slots.n; i++) {
+        wslot_t *old = &ix->slots[ix->limbo_slots.v[i]];
+        if (old->worker_id == w.worker_id && old->dp_rank == w.dp_rank) {
+            uint32_t os = ix->limbo_slots.v[i];
+            ix->limbo_slots.v[i] = ix->limbo_slots.v[--ix->limbo_slots.n];
+            old->limbo = 0;
+            old->live = 1;
+            old->n_pairs = old->n_orphan = 0;
+            atomic_store_explicit(&old->n_lower, 0, memory_order_relaxed);
+            ix->st.workers++;
+            return (long)os;
+        }
+    }
     uint32_t ns;
     if (ix->free_slots.n > 0) {
         ns = ix->free_slots.v[--ix->free_slots.n];
     } else {
         uint32_t hw = atomic_load_explicit(&ix->slots_hw, memory_order_relaxed);
+        if (hw >= ix->max_workers && ix->limbo_slots.n > 0) {
+            kvr_index_reclaim_(ix); /* slots of removed workers become reusable */
+            return slot_get(ix, w);
+        }
         if (hw >= ix->max_workers)
             return KVR_EFULL;
         ns = hw;
@@ -722,11 +748,13 @@ static uint64_t pair_ext(const kvr_index_t *ix, uint32_t slot, uint32_t n, holde
 static uint32_t pair_by_ext(const kvr_index_t *ix, uint32_t slot, uint64_t ext)
 {
     const ntab_t *t = ix->t2;
-    for (size_t i = mix64(ext) & t->mask;; i = (i + 1) & t->mask) {
-        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
-        if (s == SLOT_EMPTY)
+    uint64_t h = mix64(ext);
+    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+        uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (sl == SLOT_EMPTY)
             break;
-        if (s == SLOT_TOMB || N(ix, s)->ext != ext)
+        uint32_t s = s_node(sl);
+        if (s == NODE_TOMB || s_tag(sl) != (uint32_t)(h >> 32) || N(ix, s)->ext != ext)
             continue;
         long hi = holder_find(N(ix, s), slot);
         if (hi >= 0 && !(h_flags(hget(holders_w(N(ix, s)), (uint32_t)hi)) & HF_OWN_EXT))
@@ -1026,9 +1054,11 @@ void kvr_index_reclaim(kvr_index_t *ix)
     ix->limbo_slots.n = 0;
 }
 
+static void kvr_index_reclaim_(kvr_index_t *ix) { kvr_index_reclaim(ix); }
+
 static void reclaim_if_due(kvr_index_t *ix)
 {
-    if (ix->limbo_nodes.n >= 8192 || ix->limbo_ptrs.n >= 1024 || ix->limbo_slots.n > 0)
+    if (ix->limbo_nodes.n >= 8192 || ix->limbo_ptrs.n >= 1024 || ix->limbo_slots.n >= 64)
         kvr_index_reclaim(ix);
 }
 
@@ -1073,8 +1103,16 @@ kvr_index_t *kvr_index_new(const kvr_index_config_t *cfg, int *status)
     ix->slots = calloc(ix->max_workers, sizeof *ix->slots);
     ntab_t *t1 = ntab_new(1024);
     ix->t2 = ntab_new(1024);
+    pthread_rwlockattr_t attr;
+    bool lock_ok = pthread_rwlockattr_init(&attr) == 0;
+    if (lock_ok) {
+        (void)pthread_rwlockattr_setkind_np(&attr,
+                                            PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+        lock_ok = pthread_rwlock_init(&ix->lock, &attr) == 0;
+        pthread_rwlockattr_destroy(&attr);
+    }
     if (ix->slots == NULL || t1 == NULL || ix->t2 == NULL || node_reserve(ix, 1) != KVR_OK ||
-        pthread_rwlock_init(&ix->lock, NULL) != 0) {
+        !lock_ok) {
         free(t1);
         atomic_store(&ix->t1, NULL);
         kvr_index_free(ix);
@@ -1120,6 +1158,7 @@ void kvr_index_free(kvr_index_t *ix)
     free(ix->stack.v);
     free(ix->tmp_nodes.v);
     free(ix->sort_buf);
+    free(ix->seq_buf);
     free(ix->lq);
     pthread_rwlock_destroy(&ix->lock);
     free(ix);
@@ -1172,11 +1211,13 @@ static int has_repeated_ext(kvr_index_t *ix, const kvr_event_t *ev, bool *repeat
 static uint32_t child_by_seq(const kvr_index_t *ix, uint32_t parent, uint64_t seq)
 {
     const ntab_t *t = atomic_load_explicit(&ix->t1, memory_order_relaxed);
-    for (size_t i = mix64(seq) & t->mask;; i = (i + 1) & t->mask) {
-        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
-        if (s == SLOT_EMPTY)
+    uint64_t h = mix64(seq);
+    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+        uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (sl == SLOT_EMPTY)
             return NIL;
-        if (s != SLOT_TOMB && t1_key(ix, s) == seq &&
+        uint32_t s = s_node(sl);
+        if (s != NODE_TOMB && s_tag(sl) == (uint32_t)(h >> 32) && t1_key(ix, s) == seq &&
             atomic_load_explicit(&N(ix, s)->parent, memory_order_relaxed) == parent)
             return s;
     }
@@ -1184,9 +1225,8 @@ static uint32_t child_by_seq(const kvr_index_t *ix, uint32_t parent, uint64_t se
 
 /* Stores one block for slot under parent; returns the node via *out. */
 static int store_block(kvr_index_t *ix, uint32_t slot, uint32_t parent, const kvr_block_t *b,
-                       unsigned tier_bit, uint32_t *out)
+                       uint64_t seq, unsigned tier_bit, uint32_t *out)
 {
-    uint64_t seq = parent == ROOT ? b->lbh : kvr_hash_chain_next(N(ix, parent)->seq, b->lbh);
     uint32_t n = child_by_seq(ix, parent, seq);
 
     /* the engine hash may already name another prefix of this worker: it moves here */
@@ -1233,6 +1273,54 @@ static int store_block(kvr_index_t *ix, uint32_t slot, uint32_t parent, const kv
     return KVR_OK;
 }
 
+static int seq_reserve(kvr_index_t *ix, size_t n)
+{
+    if (ix->seq_cap >= n)
+        return KVR_OK;
+    size_t cap = ix->seq_cap ? ix->seq_cap : 64;
+    while (cap < n)
+        cap *= 2;
+    uint64_t *b = realloc(ix->seq_buf, cap * sizeof *b);
+    if (b == NULL)
+        return KVR_ENOMEM;
+    ix->seq_buf = b;
+    ix->seq_cap = cap;
+    return KVR_OK;
+}
+
+/* The home slot's cache line and the next: a probe that misses runs to an empty slot, which
+ * at our load factors is nearly always within those two lines. */
+static inline void prefetch_slots(const ntab_t *t, uint64_t key)
+{
+    size_t i = mix64(key) & t->mask;
+    __builtin_prefetch(&t->slots[i]);
+    __builtin_prefetch(&t->slots[(i + 8) & t->mask]);
+}
+
+static void prefetch_ext(const kvr_index_t *ix, uint32_t slot, uint64_t ext)
+{
+    prefetch_slots(ix->t2, ext);
+    if (ix->by_ext.e != NULL)
+        __builtin_prefetch(&ix->by_ext.e[otab_hash(slot, ext) & ix->by_ext.mask]);
+}
+
+/* Computes the chain's sequence hashes into seq_buf and prefetches every table slot the
+ * event will probe, so the misses overlap instead of following one another. */
+static void prefetch_chain(kvr_index_t *ix, const kvr_event_t *ev, uint32_t parent)
+{
+    const ntab_t *t1 = atomic_load_explicit(&ix->t1, memory_order_relaxed);
+    uint64_t prev = parent == ROOT ? 0 : N(ix, parent)->seq;
+    long slot = slot_find(ix, ev->worker);
+    for (size_t i = 0; i < ev->n_blocks; i++) {
+        const kvr_block_t *b = &ev->blocks[i];
+        uint64_t seq = (i == 0 && parent == ROOT) ? b->lbh : kvr_hash_chain_next(prev, b->lbh);
+        ix->seq_buf[i] = seq;
+        prev = seq;
+        prefetch_slots(t1, seq);
+        prefetch_ext(ix, slot < 0 ? 0 : (uint32_t)slot, b->ext);
+    }
+}
+
 static int apply_stored(kvr_index_t *ix, const kvr_event_t *ev)
 {
     if (ev->n_blocks == 0)
@@ -1257,7 +1345,8 @@ static int apply_stored(kvr_index_t *ix, const kvr_event_t *ev)
         }
     }
     /* reserve everything that can fail before mutating */
-    if ((rc = node_reserve(ix, ev->n_blocks)) != KVR_OK ||
+    if ((rc = seq_reserve(ix, ev->n_blocks)) != KVR_OK ||
+        (rc = node_reserve(ix, ev->n_blocks)) != KVR_OK ||
         (rc = ntab_reserve(ix, NULL, &ix->t1, ev->n_blocks, t1_key)) != KVR_OK ||
         (rc = ntab_reserve(ix, &ix->t2, NULL, ev->n_blocks, t2_key)) != KVR_OK) {
         ix->st.err_capacity++;
@@ -1270,8 +1359,10 @@ static int apply_stored(kvr_index_t *ix, const kvr_event_t *ev)
     }
     unsigned tier_bit = 1u << ev->tier;
     uint64_t nodes_before = ix->st.nodes + ix->st.evicted_nodes;
+    prefetch_chain(ix, ev, parent);
     for (size_t i = 0; i < ev->n_blocks; i++) {
-        rc = store_block(ix, (uint32_t)slot, parent, &ev->blocks[i], tier_bit, &parent);
+        rc = store_block(ix, (uint32_t)slot, parent, &ev->blocks[i], ix->seq_buf[i], tier_bit,
+                         &parent);
         if (rc != KVR_OK) {
             ix->st.err_capacity++;
             return rc; /* only on allocation failure of a holder array or override entry */
@@ -1294,6 +1385,8 @@ static int apply_removed(kvr_index_t *ix, const kvr_event_t *ev)
         return KVR_EINVAL;
     long slot = slot_find(ix, ev->worker);
     unsigned tier_bit = 1u << ev->tier;
+    for (size_t i = 0; slot >= 0 && i < ev->n_removed; i++)
+        prefetch_ext(ix, (uint32_t)slot, ev->removed[i]);
     for (size_t i = 0; i < ev->n_removed; i++) {
         uint32_t n = slot >= 0 ? pair_by_ext(ix, (uint32_t)slot, ev->removed[i]) : NIL;
         long hi = n != NIL ? holder_find(N(ix, n), (uint32_t)slot) : -1;
@@ -1472,11 +1565,13 @@ void kvr_lookup_deinit(kvr_lookup_t *lk)
 static inline uint32_t probe(const kvr_index_t *ix, const ntab_t *t, uint64_t seq,
                              uint32_t parent)
 {
-    for (size_t i = mix64(seq) & t->mask;; i = (i + 1) & t->mask) {
-        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_acquire);
-        if (s == SLOT_EMPTY)
+    uint64_t h = mix64(seq);
+    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+        uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_acquire);
+        if (sl == SLOT_EMPTY)
             return NIL;
-        if (s == SLOT_TOMB)
+        uint32_t s = s_node(sl);
+        if (s == NODE_TOMB || s_tag(sl) != (uint32_t)(h >> 32))
             continue;
         const node_t *nd = N(ix, s);
         if (atomic_load_explicit(&nd->seq, memory_order_relaxed) == seq &&
@@ -1497,10 +1592,10 @@ static size_t resolve_chain(const kvr_index_t *ix, const ntab_t *t, const uint64
         if (i + PREFETCH_SLOT < n)
             __builtin_prefetch(&t->slots[mix64(seq[i + PREFETCH_SLOT]) & t->mask]);
         if (i + PREFETCH_NODE < n) {
-            uint32_t s = atomic_load_explicit(&t->slots[mix64(seq[i + PREFETCH_NODE]) & t->mask],
+            uint64_t s = atomic_load_explicit(&t->slots[mix64(seq[i + PREFETCH_NODE]) & t->mask],
                                               memory_order_acquire);
-            if (s != SLOT_EMPTY && s != SLOT_TOMB)
-                __builtin_prefetch(N(ix, s));
+            if (s != SLOT_EMPTY && s_node(s) != NODE_TOMB)
+                __builtin_prefetch(N(ix, s_node(s)));
         }
         uint32_t nd = probe(ix, t, seq[i], parent);
         if (nd == NIL)
@@ -1899,10 +1994,11 @@ int kvr_index_dump(kvr_index_t *ix, kvr_dump_fn fn, void *ud)
 
 static bool ntab_has(const ntab_t *t, uint64_t key, uint32_t n)
 {
-    for (size_t i = mix64(key) & t->mask;; i = (i + 1) & t->mask) {
-        uint32_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
-        if (s == n)
-            return true;
+    uint64_t h = mix64(key);
+    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+        uint64_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (s_node(s) == n)
+            return s_tag(s) == (uint32_t)(h >> 32);
         if (s == SLOT_EMPTY)
             return false;
     }

@@ -84,7 +84,7 @@ static void *writer(void *arg)
                 ext[k] = sh->churn_seq[c][rnd(&rng) % CHURN_DEPTH];
             kvr_event_t ev = {.kind = KVR_EV_REMOVED, .worker = w, .removed = ext, .n_removed = 4};
             (void)kvr_index_apply(sh->ix, &ev);
-        } else if (r < 97) {
+        } else if (r < 99) {
             kvr_event_t ev = {.kind = KVR_EV_CLEARED, .worker = w};
             (void)kvr_index_apply(sh->ix, &ev);
         } else {
@@ -202,7 +202,7 @@ static void run(kvr_index_sync_t sync, unsigned long ops, size_t budget)
 static unsigned long ops(void)
 {
     const char *s = getenv("KVR_TEST_SCALE");
-    return (s != NULL && strcmp(s, "asan") == 0) ? 40000 : 150000;
+    return (s != NULL && strcmp(s, "asan") == 0) ? 30000 : 100000;
 }
 
 static void test_rcu(void **s)
