@@ -195,10 +195,14 @@ struct kvr_index {
     /* writer scratch */
     u32vec_t stack;
     u32vec_t tmp_nodes;
-    uint64_t *sort_buf;
+    struct seen {
+        uint64_t key;
+        uint64_t gen; /* 64-bit: never wraps */
+    } *seen;          /* engine hashes of the event being validated */
+    size_t seen_cap;
+    uint64_t seen_gen;
     uint64_t *seq_buf; /* sequence hashes of the blocks of the event being applied */
     size_t seq_cap;
-    size_t sort_cap;
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -298,14 +302,30 @@ static void ntab_put(ntab_t *t, uint64_t key, uint32_t n)
     }
 }
 
+/* Deletes n. When the next slot is empty no probe sequence runs through this one, so it
+ * becomes empty rather than a tombstone, and so do the tombstones right before it: safe for
+ * concurrent readers too, since no live entry is reached through those slots. */
 static void ntab_del(ntab_t *t, uint64_t key, uint32_t n)
 {
     for (size_t i = mix64(key) & t->mask;; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (s_node(s) == n) {
-            atomic_store_explicit(&t->slots[i], NODE_TOMB, memory_order_release);
             t->live--;
-            t->tomb++;
+            uint64_t next = atomic_load_explicit(&t->slots[(i + 1) & t->mask],
+                                                 memory_order_relaxed);
+            if (next != SLOT_EMPTY) {
+                atomic_store_explicit(&t->slots[i], NODE_TOMB, memory_order_release);
+                t->tomb++;
+                return;
+            }
+            atomic_store_explicit(&t->slots[i], SLOT_EMPTY, memory_order_release);
+            for (size_t j = (i - 1) & t->mask;; j = (j - 1) & t->mask) {
+                uint64_t p = atomic_load_explicit(&t->slots[j], memory_order_relaxed);
+                if (p == SLOT_EMPTY || s_node(p) != NODE_TOMB)
+                    break;
+                atomic_store_explicit(&t->slots[j], SLOT_EMPTY, memory_order_release);
+                t->tomb--;
+            }
             return;
         }
         if (s == SLOT_EMPTY)
@@ -343,7 +363,7 @@ static int ntab_reserve(kvr_index_t *ix, ntab_t **slot_or_null, _Atomic(ntab_t *
     ntab_t *t = shared ? atomic_load_explicit(shared, memory_order_relaxed) : *slot_or_null;
     size_t cap = (size_t)t->mask + 1;
     size_t fill = (size_t)t->live + t->tomb + extra;
-    bool too_full = fill * 4 > cap * 3 || (size_t)t->tomb * 4 > cap;
+    bool too_full = fill * 8 > cap * 5 || (size_t)t->tomb * 4 > cap;
     bool too_empty = cap > 1024 && ((size_t)t->live + extra) * 16 < cap;
     if (!too_full && !too_empty)
         return KVR_OK;
@@ -1157,7 +1177,7 @@ void kvr_index_free(kvr_index_t *ix)
     free(ix->limbo_ptrs.v);
     free(ix->stack.v);
     free(ix->tmp_nodes.v);
-    free(ix->sort_buf);
+    free(ix->seen);
     free(ix->seq_buf);
     free(ix->lq);
     pthread_rwlock_destroy(&ix->lock);
@@ -1166,12 +1186,6 @@ void kvr_index_free(kvr_index_t *ix)
 
 /* ---------------------------------------------------------------------------------------- */
 /* Apply: Stored */
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
 
 /* True when an engine hash repeats within the event or equals the parent's. */
 static int has_repeated_ext(kvr_index_t *ix, const kvr_event_t *ev, bool *repeated)
@@ -1188,22 +1202,36 @@ static int has_repeated_ext(kvr_index_t *ix, const kvr_event_t *ev, bool *repeat
         }
         return KVR_OK;
     }
-    if (ix->sort_cap < n + 1) {
-        uint64_t *b = realloc(ix->sort_buf, (n + 1) * sizeof *b);
-        if (b == NULL)
+    /* a set stamped with a generation, so it is never cleared between events */
+    size_t cap = 64;
+    while (cap < 2 * (n + 1))
+        cap *= 2;
+    if (ix->seen_cap < cap) {
+        struct seen *e = calloc(cap, sizeof *e);
+        if (e == NULL)
             return KVR_ENOMEM;
-        ix->sort_buf = b;
-        ix->sort_cap = n + 1;
+        free(ix->seen);
+        ix->seen = e;
+        ix->seen_cap = cap;
+        ix->seen_gen = 0;
     }
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++)
-        ix->sort_buf[m++] = ev->blocks[i].ext;
-    if (ev->has_parent)
-        ix->sort_buf[m++] = ev->parent_ext;
-    qsort(ix->sort_buf, m, sizeof *ix->sort_buf, cmp_u64);
-    for (size_t i = 1; i < m; i++)
-        if (ix->sort_buf[i] == ix->sort_buf[i - 1])
-            *repeated = true;
+    ix->seen_gen++;
+    size_t mask = ix->seen_cap - 1;
+    for (size_t i = 0; i <= n && !*repeated; i++) {
+        if (i == n && !ev->has_parent)
+            break;
+        uint64_t key = i < n ? ev->blocks[i].ext : ev->parent_ext;
+        for (size_t j = mix64(key) & mask;; j = (j + 1) & mask) {
+            if (ix->seen[j].gen != ix->seen_gen) {
+                ix->seen[j] = (struct seen){key, ix->seen_gen};
+                break;
+            }
+            if (ix->seen[j].key == key) {
+                *repeated = true;
+                break;
+            }
+        }
+    }
     return KVR_OK;
 }
 
