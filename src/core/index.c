@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/mman.h>
 #include <urcu/urcu-memb.h>
 
 #include "kvrouter.h"
@@ -246,6 +247,25 @@ static int pvec_push(ptrvec_t *v, void *x)
     return KVR_OK;
 }
 
+/* Zeroed memory; large blocks are 2 MiB aligned and marked for transparent huge pages, since
+ * the index's tables and node chunks are read at random and would otherwise miss the TLB on
+ * nearly every access. Released with free(). */
+#define HUGE_PAGE ((size_t)2 << 20)
+static void *big_calloc(size_t bytes)
+{
+    if (bytes < HUGE_PAGE)
+        return calloc(1, bytes);
+    size_t rounded = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_PAGE, rounded) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, rounded, MADV_HUGEPAGE); /* a hint: failure only costs speed */
+#endif
+    memset(p, 0, bytes);
+    return p;
+}
+
 static inline node_t *N(const kvr_index_t *ix, uint32_t i)
 {
     return &ix->chunks[i >> NODE_CHUNK_BITS][i & (NODE_CHUNK - 1)];
@@ -268,7 +288,7 @@ static void retire_ptr(kvr_index_t *ix, void *p)
 
 static ntab_t *ntab_new(uint32_t cap)
 {
-    ntab_t *t = calloc(1, sizeof *t + (size_t)cap * sizeof(uint64_t));
+    ntab_t *t = big_calloc(sizeof *t + (size_t)cap * sizeof(uint64_t));
     if (t != NULL)
         t->mask = cap - 1;
     return t;
@@ -645,7 +665,7 @@ static int node_reserve(kvr_index_t *ix, size_t extra)
     while (avail < extra) {
         if (ix->n_chunks == MAX_CHUNKS)
             return KVR_EFULL;
-        node_t *c = calloc(NODE_CHUNK, sizeof *c);
+        node_t *c = big_calloc((size_t)NODE_CHUNK * sizeof *c);
         if (c == NULL)
             return KVR_ENOMEM;
         ix->chunks[ix->n_chunks++] = c;
@@ -1238,6 +1258,8 @@ static int has_repeated_ext(kvr_index_t *ix, const kvr_event_t *ev, bool *repeat
 /* The child of parent for lbh, or NIL. */
 static uint32_t child_by_seq(const kvr_index_t *ix, uint32_t parent, uint64_t seq)
 {
+    if (N(ix, parent)->first_child == NIL)
+        return NIL; /* a leaf has no child to find: most blocks of a new chain end here */
     const ntab_t *t = atomic_load_explicit(&ix->t1, memory_order_relaxed);
     uint64_t h = mix64(seq);
     for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
@@ -1345,6 +1367,8 @@ static void prefetch_chain(kvr_index_t *ix, const kvr_event_t *ev, uint32_t pare
         ix->seq_buf[i] = seq;
         prev = seq;
         prefetch_slots(t1, seq);
+        if (i < ix->free_nodes.n)
+            __builtin_prefetch(N(ix, ix->free_nodes.v[ix->free_nodes.n - 1 - i]), 1);
         prefetch_ext(ix, slot < 0 ? 0 : (uint32_t)slot, b->ext);
     }
 }
@@ -1407,14 +1431,53 @@ static int apply_stored(kvr_index_t *ix, const kvr_event_t *ev)
 /* ---------------------------------------------------------------------------------------- */
 /* Apply: Removed, Cleared, remove worker */
 
+/* Prefetches the nodes whose ext-table tags match, without reading them. */
+static void prefetch_ext_nodes(const kvr_index_t *ix, uint64_t ext)
+{
+    const ntab_t *t = ix->t2;
+    uint64_t h = mix64(ext);
+    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+        uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (sl == SLOT_EMPTY)
+            return;
+        if (s_node(sl) != NODE_TOMB && s_tag(sl) == (uint32_t)(h >> 32))
+            __builtin_prefetch(N(ix, s_node(sl)));
+    }
+}
+
+/* A removal touches its table slots, its node, then the node's seq slot, parent and siblings
+ * (when the node goes). Each stage is prefetched for the whole batch before the next one reads,
+ * so a batch costs a few overlapped memory round trips instead of several per block. */
+static void prefetch_removals(kvr_index_t *ix, uint32_t slot, const kvr_event_t *ev)
+{
+    size_t n = ev->n_removed;
+    for (size_t i = 0; i < n; i++)
+        prefetch_ext(ix, slot, ev->removed[i]);
+    for (size_t i = 0; i < n; i++)
+        prefetch_ext_nodes(ix, ev->removed[i]);
+    const ntab_t *t1 = atomic_load_explicit(&ix->t1, memory_order_relaxed);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t nd = pair_by_ext(ix, slot, ev->removed[i]);
+        if (nd == NIL)
+            continue;
+        const node_t *x = N(ix, nd);
+        prefetch_slots(t1, x->seq);
+        __builtin_prefetch(N(ix, atomic_load_explicit(&x->parent, memory_order_relaxed)));
+        if (x->prev_sib != NIL)
+            __builtin_prefetch(N(ix, x->prev_sib));
+        if (x->next_sib != NIL)
+            __builtin_prefetch(N(ix, x->next_sib));
+    }
+}
+
 static int apply_removed(kvr_index_t *ix, const kvr_event_t *ev)
 {
     if (ev->n_removed > 0 && ev->removed == NULL)
         return KVR_EINVAL;
     long slot = slot_find(ix, ev->worker);
     unsigned tier_bit = 1u << ev->tier;
-    for (size_t i = 0; slot >= 0 && i < ev->n_removed; i++)
-        prefetch_ext(ix, (uint32_t)slot, ev->removed[i]);
+    if (slot >= 0)
+        prefetch_removals(ix, (uint32_t)slot, ev);
     for (size_t i = 0; i < ev->n_removed; i++) {
         uint32_t n = slot >= 0 ? pair_by_ext(ix, (uint32_t)slot, ev->removed[i]) : NIL;
         long hi = n != NIL ? holder_find(N(ix, n), (uint32_t)slot) : -1;
