@@ -441,7 +441,7 @@ static int run_seed(unsigned long seed, int steps, kvr_index_sync_t sync)
 static int scale(void)
 {
     const char *s = getenv("KVR_TEST_SCALE");
-    return (s != NULL && strcmp(s, "asan") == 0) ? 1 : 4;
+    return (s != NULL && strcmp(s, "asan") == 0) ? 3 : 20;
 }
 
 static void test_model_random(void **state)
