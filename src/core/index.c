@@ -247,22 +247,22 @@ static int pvec_push(ptrvec_t *v, void *x)
     return KVR_OK;
 }
 
-/* Zeroed memory; large blocks are 2 MiB aligned and marked for transparent huge pages, since
- * the index's tables and node chunks are read at random and would otherwise miss the TLB on
- * nearly every access. Released with free(). */
-#define HUGE_PAGE ((size_t)2 << 20)
+/* Zeroed memory. Large blocks come from calloc (fresh mmap'd pages: zero-filled lazily, so a
+ * small index does not pay for a whole node chunk), and their 2 MiB-aligned interior is marked
+ * for transparent huge pages: the tables and node chunks are read at random and would otherwise
+ * miss the TLB on nearly every access. Released with free(). */
+#define HUGE_PAGE ((uintptr_t)2 << 20)
 static void *big_calloc(size_t bytes)
 {
-    if (bytes < HUGE_PAGE)
-        return calloc(1, bytes);
-    size_t rounded = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    void *p = NULL;
-    if (posix_memalign(&p, HUGE_PAGE, rounded) != 0)
-        return NULL;
+    void *p = calloc(1, bytes);
 #ifdef MADV_HUGEPAGE
-    (void)madvise(p, rounded, MADV_HUGEPAGE); /* a hint: failure only costs speed */
+    if (p != NULL && bytes >= 2 * HUGE_PAGE) {
+        uintptr_t lo = ((uintptr_t)p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+        uintptr_t hi = ((uintptr_t)p + bytes) & ~(HUGE_PAGE - 1);
+        if (hi > lo)
+            (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* a hint: failure costs speed */
+    }
 #endif
-    memset(p, 0, bytes);
     return p;
 }
 
