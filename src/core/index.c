@@ -219,6 +219,22 @@ static inline uint64_t mix64(uint64_t x)
     return x;
 }
 
+/* Grows *buf (elements of elem bytes) to hold at least need, doubling from 64. */
+static int grow_buf(void **buf, size_t *cap, size_t need, size_t elem)
+{
+    if (*cap >= need)
+        return KVR_OK;
+    size_t c = *cap ? *cap : 64;
+    while (c < need)
+        c *= 2;
+    void *b = realloc(*buf, c * elem);
+    if (b == NULL)
+        return KVR_ENOMEM;
+    *buf = b;
+    *cap = c;
+    return KVR_OK;
+}
+
 static int vec_push(u32vec_t *v, uint32_t x)
 {
     if (v->n == v->cap) {
@@ -1325,17 +1341,7 @@ static int store_block(kvr_index_t *ix, uint32_t slot, uint32_t parent, const kv
 
 static int seq_reserve(kvr_index_t *ix, size_t n)
 {
-    if (ix->seq_cap >= n)
-        return KVR_OK;
-    size_t cap = ix->seq_cap ? ix->seq_cap : 64;
-    while (cap < n)
-        cap *= 2;
-    uint64_t *b = realloc(ix->seq_buf, cap * sizeof *b);
-    if (b == NULL)
-        return KVR_ENOMEM;
-    ix->seq_buf = b;
-    ix->seq_cap = cap;
-    return KVR_OK;
+    return grow_buf((void **)&ix->seq_buf, &ix->seq_cap, n, sizeof *ix->seq_buf);
 }
 
 /* The home slot's cache line and the next: a probe that misses runs to an empty slot, which
@@ -1622,17 +1628,7 @@ static int lookup_reserve(kvr_lookup_t *lk, size_t slots, size_t n)
         lk->cap_slots = slots;
         lk->cap_matches = slots;
     }
-    if (lk->cap_chain < n) {
-        size_t cap = lk->cap_chain ? lk->cap_chain : 64;
-        while (cap < n)
-            cap *= 2;
-        uint32_t *c = realloc(lk->chain, cap * sizeof *c);
-        if (c == NULL)
-            return KVR_ENOMEM;
-        lk->chain = c;
-        lk->cap_chain = cap;
-    }
-    return KVR_OK;
+    return grow_buf((void **)&lk->chain, &lk->cap_chain, n, sizeof *lk->chain);
 }
 
 void kvr_lookup_init(kvr_lookup_t *lk) { memset(lk, 0, sizeof *lk); }
