@@ -43,7 +43,12 @@ extern "C" {
     X(KVR_ENOWORKER, -9, "unknown worker")                                               \
     X(KVR_EIO, -10, "input/output error")                                                \
     X(KVR_ETOOBIG, -11, "input too large")                                               \
-    X(KVR_EEXIST, -12, "already exists")
+    X(KVR_EEXIST, -12, "already exists")                                                 \
+    X(KVR_ENOTFOUND, -13, "not found")                                                   \
+    X(KVR_EBUSY, -14, "every eligible worker is busy")                                   \
+    X(KVR_ENOTALLOWED, -15, "worker not allowed by the request's filters")               \
+    X(KVR_EQUEUEFULL, -16, "queue limit reached")                                        \
+    X(KVR_EMISMATCH, -17, "block size mismatch")
 
 enum kvr_status {
 #define KVR_STATUS_ENUM(name, value, text) name = value,
@@ -306,6 +311,18 @@ uint64_t kvr_approx_next_expiry(const kvr_approx_t *ap);
 size_t kvr_approx_size(const kvr_approx_t *ap);
 /* Drops every entry of worker_id (all ranks) from the tracker and the index. */
 int kvr_approx_remove_worker(kvr_approx_t *ap, uint64_t worker_id);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Load tracker (core/load.c).                                                                 */
+/* [section owned by the load tracker] */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Selector and queue (core/select.c, core/queue.c).                                           */
+/* [section owned by the selector and queue] */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Router configuration (core/config.c).                                                       */
+/* [section owned by the configuration] */
 
 #ifdef __cplusplus
 }
