@@ -1,0 +1,467 @@
+/*
+ * config.c: the router configuration table (see config.h).
+ *
+ * One static table describes every field: its name, type, offset, range and default text.
+ * Defaults are applied by parsing that text through the same setter as user input, so the
+ * table is the single source of truth for names, defaults, ranges and help.
+ * Invariants: a kvr_router_config_t that went through kvr_config_defaults and any number of
+ * successful kvr_config_set calls holds only values inside each field's range; a failed set
+ * changes nothing.
+ * Memory: no allocation. Threads: any (pure functions on the caller's struct).
+ * Cost: O(fields) per set (a linear scan of ~40 names).
+ */
+#include "core/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvrouter.h"
+
+typedef enum ftype {
+    T_U32,
+    T_U64,
+    T_F64,
+    T_OPT_F64,
+    T_BOOL,
+    T_ENUM,
+    T_STR,
+} ftype_t;
+
+typedef struct field {
+    const char *name;
+    ftype_t type;
+    size_t off;
+    double min, max;       /* numbers: inclusive bounds, unless min_open */
+    bool min_open;         /* min is exclusive (e.g. > 0) */
+    const char *const *choices; /* T_ENUM: NULL-terminated names, index = value */
+    size_t str_cap;        /* T_STR: buffer size */
+    const char *def;       /* default, as text ("unset" for optional fields) */
+    const char *help;
+} field_t;
+
+#define OFF(f) offsetof(kvr_router_config_t, f)
+#define U32MAX 4294967295.0
+#define U64MAX 18446744073709551615.0
+
+static const char *const MODES[] = {"kv", "round-robin", "random", "least-loaded", "approx", NULL};
+static const char *const QPOL[] = {"fcfs", "wspt", "lcfs", NULL};
+static const char *const SPOL[] = {"default", "lmetric", NULL};
+
+static const field_t FIELDS[] = {
+    {"block_size", T_U32, OFF(block_size), 1, 65536, false, NULL, 0, "16",
+     "tokens per KV block; must equal the engines' block size (vLLM --block-size, SGLang --page-size)"},
+    {"index_max_pairs", T_U64, OFF(index_max_pairs), 1024, 1e12, false, NULL, 0, "16777216",
+     "budget of (worker, block) pairs in the prefix index; least-recently-used leaves are evicted beyond it"},
+    {"max_workers", T_U32, OFF(max_workers), 1, 65535, false, NULL, 0, "4096",
+     "worker rank slots (worker id x dp rank)"},
+    {"router_mode", T_ENUM, OFF(router_mode), 0, 0, false, MODES, 0, "kv",
+     "kv | round-robin | random | least-loaded | approx (approx: no KV events, routing decisions with a TTL)"},
+    {"use_kv_events", T_BOOL, OFF(use_kv_events), 0, 0, false, NULL, 0, "true",
+     "subscribe to the engines' KV events; false = approximate mode"},
+    {"overlap_score_credit", T_F64, OFF(overlap_score_credit), 0, 1e9, false, NULL, 0, "1.0",
+     "credit per cached device block against the prefill cost; 0 = pure load balancing"},
+    {"overlap_score_credit_decay", T_F64, OFF(overlap_score_credit_decay), 0, 1e9, false, NULL, 0,
+     "0.0", "decay of the device credit for workers above the least prefill load"},
+    {"prefill_load_scale", T_F64, OFF(prefill_load_scale), 0, 1e9, false, NULL, 0, "1.0",
+     "weight of the adjusted prefill blocks in the cost"},
+    {"decode_active_request_weight", T_F64, OFF(decode_active_request_weight), 0, 1e9, false, NULL,
+     0, "0.0", "cost per active request"},
+    {"host_cache_hit_weight", T_F64, OFF(host_cache_hit_weight), 0, 1, false, NULL, 0, "0.75",
+     "credit per block cached in host memory, in [0, 1]"},
+    {"disk_cache_hit_weight", T_F64, OFF(disk_cache_hit_weight), 0, 1, false, NULL, 0, "0.25",
+     "credit per block cached on disk or external storage, in [0, 1]"},
+    {"router_temperature", T_F64, OFF(router_temperature), 0, 1e9, false, NULL, 0, "0.0",
+     "softmax temperature; 0 = pick the cheapest worker (random among ties)"},
+    {"router_selection_policy", T_ENUM, OFF(router_selection_policy), 0, 0, false, SPOL, 0,
+     "default", "default | lmetric"},
+    {"router_track_active_blocks", T_BOOL, OFF(router_track_active_blocks), 0, 0, false, NULL, 0,
+     "true", "track the prompt blocks of in-flight requests per worker"},
+    {"router_track_output_blocks", T_BOOL, OFF(router_track_output_blocks), 0, 0, false, NULL, 0,
+     "false", "also track output blocks as they are generated (needs router_track_active_blocks)"},
+    {"router_assume_kv_reuse", T_BOOL, OFF(router_assume_kv_reuse), 0, 0, false, NULL, 0, "true",
+     "shared prompt blocks of in-flight requests count once per worker"},
+    {"router_track_prefill_tokens", T_BOOL, OFF(router_track_prefill_tokens), 0, 0, false, NULL, 0,
+     "true", "count prompt tokens as load until the first token"},
+    {"router_request_expiry_ms", T_U64, OFF(router_request_expiry_ms), 1000, 1e12, false, NULL, 0,
+     "300000", "in-flight requests older than this are freed (a backstop for lost frees)"},
+    {"router_max_requests", T_U64, OFF(router_max_requests), 1, 1e9, false, NULL, 0, "1048576",
+     "in-flight requests tracked at most; beyond it new requests are rejected"},
+    {"router_ttl_secs", T_F64, OFF(router_ttl_secs), 0, 1e9, true, NULL, 0, "120.0",
+     "approximate mode: how long a routing decision counts as cached"},
+    {"router_max_tree_size", T_U64, OFF(router_max_tree_size), 1, 1e12, false, NULL, 0, "1048576",
+     "approximate mode: blocks recorded before pruning"},
+    {"router_prune_target_ratio", T_F64, OFF(router_prune_target_ratio), 0, 1, true, NULL, 0, "0.8",
+     "approximate mode: prune down to this fraction of router_max_tree_size, in (0, 1]"},
+    {"router_queue_threshold", T_OPT_F64, OFF(router_queue_threshold), 0, 1e9, false, NULL, 0,
+     "unset", "queue requests while every worker's prefill tokens exceed this fraction of its batch; unset = no queue"},
+    {"router_queue_policy", T_ENUM, OFF(router_queue_policy), 0, 0, false, QPOL, 0, "fcfs",
+     "fcfs | wspt | lcfs"},
+    {"router_queue_max_requests", T_U64, OFF(router_queue_max_requests), 1, 1e9, false, NULL, 0,
+     "4096", "queued requests at most; beyond it requests are rejected with 429"},
+    {"router_queue_max_isl_tokens", T_U64, OFF(router_queue_max_isl_tokens), 1, 1e15, false, NULL,
+     0, "67108864", "queued prompt tokens at most; beyond it requests are rejected with 429"},
+    {"router_queue_timeout_ms", T_U64, OFF(router_queue_timeout_ms), 1, 1e9, false, NULL, 0,
+     "30000", "a queued request waits at most this long"},
+    {"active_prefill_tokens_threshold", T_OPT_F64, OFF(active_prefill_tokens_threshold), 0, 1e15,
+     false, NULL, 0, "unset", "a worker rank is busy above this many prefill tokens"},
+    {"active_prefill_tokens_threshold_frac", T_OPT_F64, OFF(active_prefill_tokens_threshold_frac),
+     0, 1e9, false, NULL, 0, "unset", "busy above this fraction of max_num_batched_tokens"},
+    {"active_decode_blocks_threshold", T_OPT_F64, OFF(active_decode_blocks_threshold), 0, 1, false,
+     NULL, 0, "unset", "busy above this fraction of the worker's KV blocks in use, in [0, 1]"},
+    {"http_port", T_U32, OFF(http_port), 1, 65535, false, NULL, 0, "8080", "HTTP port"},
+    {"bind", T_STR, OFF(bind), 0, 0, false, NULL, sizeof(((kvr_router_config_t *)0)->bind),
+     "127.0.0.1", "address to listen on"},
+    {"health_interval_ms", T_U64, OFF(health_interval_ms), 10, 1e9, false, NULL, 0, "2000",
+     "how often workers with a url are probed on /health"},
+    {"health_failures", T_U32, OFF(health_failures), 1, 1000, false, NULL, 0, "3",
+     "consecutive failed probes before a worker is fenced"},
+    {"seed", T_U64, OFF(seed), 0, U64MAX, false, NULL, 0, "0",
+     "seed for random tie-breaks and sampling; 0 = from the clock"},
+};
+#define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
+
+static void seterr(char *err, size_t len, const char *fmt, ...)
+{
+    if (err == NULL || len == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+}
+
+/* Canonical form of a name: leading dashes and a KVR_ prefix dropped, lower case, '-' -> '_'.
+ * Returns false when it does not fit. */
+static bool canonical(const char *name, char *out, size_t cap)
+{
+    while (*name == '-')
+        name++;
+    if (strncmp(name, "KVR_", 4) == 0 || strncmp(name, "kvr_", 4) == 0)
+        name += 4;
+    size_t n = strlen(name);
+    if (n == 0 || n >= cap)
+        return false;
+    for (size_t i = 0; i <= n; i++) {
+        char c = name[i];
+        out[i] = c == '-' ? '_' : (char)tolower((unsigned char)c);
+    }
+    return true;
+}
+
+static const field_t *lookup(const char *name)
+{
+    char key[96];
+    if (!canonical(name, key, sizeof key))
+        return NULL;
+    for (size_t i = 0; i < N_FIELDS; i++)
+        if (strcmp(FIELDS[i].name, key) == 0)
+            return &FIELDS[i];
+    return NULL;
+}
+
+bool kvr_config_has(const char *name) { return lookup(name) != NULL; }
+
+static void range_text(const field_t *f, char *buf, size_t len)
+{
+    if (f->max >= 1e9)
+        snprintf(buf, len, "%s %g", f->min_open ? ">" : ">=", f->min);
+    else
+        snprintf(buf, len, "in %s%g, %g]", f->min_open ? "(" : "[", f->min, f->max);
+}
+
+static bool in_range(const field_t *f, double v)
+{
+    if (f->min_open ? !(v > f->min) : !(v >= f->min))
+        return false;
+    return v <= f->max;
+}
+
+static int parse_f64(const field_t *f, const char *v, double *out, char *err, size_t len)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    char r[64];
+    range_text(f, r, sizeof r);
+    if (end == v || *end != '\0' || errno == ERANGE || !isfinite(d) || !in_range(f, d)) {
+        seterr(err, len, "%s: must be a finite number %s, got '%s'", f->name, r, v);
+        return KVR_EINVAL;
+    }
+    *out = d;
+    return KVR_OK;
+}
+
+static int parse_uint(const field_t *f, const char *v, uint64_t *out, char *err, size_t len)
+{
+    char r[64];
+    range_text(f, r, sizeof r);
+    const char *p = v;
+    while (isspace((unsigned char)*p))
+        p++;
+    char *end;
+    errno = 0;
+    unsigned long long x = (*p == '-' || *p == '+') ? 0 : strtoull(p, &end, 10);
+    if (*p == '-' || *p == '+' || end == p || *end != '\0' || errno == ERANGE ||
+        !in_range(f, (double)x)) {
+        seterr(err, len, "%s: must be a whole number %s, got '%s'", f->name, r, v);
+        return KVR_EINVAL;
+    }
+    *out = (uint64_t)x;
+    return KVR_OK;
+}
+
+static int parse_bool(const field_t *f, const char *v, bool *out, char *err, size_t len)
+{
+    static const char *const yes[] = {"true", "1", "yes", "on"};
+    static const char *const no[] = {"false", "0", "no", "off"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcmp(v, yes[i]) == 0) {
+            *out = true;
+            return KVR_OK;
+        }
+        if (strcmp(v, no[i]) == 0) {
+            *out = false;
+            return KVR_OK;
+        }
+    }
+    seterr(err, len, "%s: must be true or false, got '%s'", f->name, v);
+    return KVR_EINVAL;
+}
+
+static int parse_enum(const field_t *f, const char *v, int *out, char *err, size_t len)
+{
+    char list[160] = "";
+    for (int i = 0; f->choices[i] != NULL; i++) {
+        if (strcmp(v, f->choices[i]) == 0) {
+            *out = i;
+            return KVR_OK;
+        }
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", f->choices[i]);
+    }
+    seterr(err, len, "%s: must be one of %s, got '%s'", f->name, list, v);
+    return KVR_EINVAL;
+}
+
+static int set_field(kvr_router_config_t *cfg, const field_t *f, const char *v, char *err,
+                     size_t len)
+{
+    char *base = (char *)cfg + f->off;
+    int rc = KVR_OK;
+    switch (f->type) {
+    case T_U32:
+    case T_U64: {
+        uint64_t x;
+        rc = parse_uint(f, v, &x, err, len);
+        if (rc == KVR_OK && f->type == T_U32)
+            *(uint32_t *)(void *)base = (uint32_t)x;
+        else if (rc == KVR_OK)
+            *(uint64_t *)(void *)base = x;
+        break;
+    }
+    case T_F64:
+        rc = parse_f64(f, v, (double *)(void *)base, err, len);
+        break;
+    case T_OPT_F64: {
+        kvr_opt_f64_t *o = (kvr_opt_f64_t *)(void *)base;
+        if (*v == '\0' || strcmp(v, "unset") == 0 || strcmp(v, "none") == 0) {
+            o->set = false;
+            o->v = 0;
+            break;
+        }
+        double d;
+        rc = parse_f64(f, v, &d, err, len);
+        if (rc == KVR_OK) {
+            o->set = true;
+            o->v = d;
+        }
+        break;
+    }
+    case T_BOOL:
+        rc = parse_bool(f, v, (bool *)(void *)base, err, len);
+        break;
+    case T_ENUM: {
+        int e;
+        rc = parse_enum(f, v, &e, err, len);
+        if (rc == KVR_OK)
+            memcpy(base, &e, sizeof e); /* the enums are int-sized (asserted below) */
+        break;
+    }
+    case T_STR:
+        if (strlen(v) >= f->str_cap) {
+            seterr(err, len, "%s: longer than %zu bytes", f->name, f->str_cap - 1);
+            rc = KVR_EINVAL;
+        } else {
+            memcpy(base, v, strlen(v) + 1);
+        }
+        break;
+    }
+    return rc;
+}
+
+_Static_assert(sizeof(kvr_router_mode_t) == sizeof(int) &&
+                   sizeof(kvr_queue_policy_t) == sizeof(int) &&
+                   sizeof(kvr_selection_policy_t) == sizeof(int),
+               "enum fields are stored as int");
+
+void kvr_config_defaults(kvr_router_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    for (size_t i = 0; i < N_FIELDS; i++)
+        (void)set_field(cfg, &FIELDS[i], FIELDS[i].def, NULL, 0);
+}
+
+int kvr_config_set(kvr_router_config_t *cfg, const char *name, const char *value, char *err,
+                   size_t err_len)
+{
+    if (cfg == NULL || name == NULL || value == NULL) {
+        seterr(err, err_len, "config: missing name or value");
+        return KVR_EINVAL;
+    }
+    const field_t *f = lookup(name);
+    if (f == NULL) {
+        seterr(err, err_len, "unknown setting '%s'", name);
+        return KVR_ENOTFOUND;
+    }
+    return set_field(cfg, f, value, err, err_len);
+}
+
+int kvr_config_from_env(kvr_router_config_t *cfg, char *const *envp, char *err, size_t err_len)
+{
+    for (size_t i = 0; envp != NULL && envp[i] != NULL; i++) {
+        const char *kv = envp[i];
+        if (strncmp(kv, "KVR_", 4) != 0)
+            continue;
+        const char *eq = strchr(kv, '=');
+        char name[96];
+        size_t n = eq ? (size_t)(eq - kv) : strlen(kv);
+        if (eq == NULL || n >= sizeof name) {
+            seterr(err, err_len, "environment: malformed %.40s", kv);
+            return KVR_EINVAL;
+        }
+        memcpy(name, kv, n);
+        name[n] = '\0';
+        if (strncmp(name, "KVR_TEST_", 9) == 0)
+            continue; /* the test suite's own knobs */
+        char e[200];
+        int rc = kvr_config_set(cfg, name, eq + 1, e, sizeof e);
+        if (rc != KVR_OK) {
+            seterr(err, err_len, "environment %s: %s", name, e);
+            return rc;
+        }
+    }
+    return KVR_OK;
+}
+
+static const char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    char *end = s + strlen(s);
+    while (end > s && isspace((unsigned char)end[-1]))
+        *--end = '\0';
+    return s;
+}
+
+/* Parses one line into cfg; line is modified. */
+static int config_line(kvr_router_config_t *cfg, char *line, size_t lineno, char *err,
+                       size_t err_len)
+{
+    char *hash = strchr(line, '#');
+    if (hash != NULL)
+        *hash = '\0';
+    const char *s = trim(line);
+    if (*s == '\0')
+        return KVR_OK;
+    char *eq = strchr((char *)s, '=');
+    if (eq == NULL) {
+        seterr(err, err_len, "line %zu: expected 'name = value'", lineno);
+        return KVR_EINVAL;
+    }
+    *eq = '\0';
+    const char *name = trim((char *)s);
+    char *value = (char *)trim(eq + 1);
+    size_t vl = strlen(value);
+    if (vl >= 2 && value[0] == '"' && value[vl - 1] == '"') {
+        value[vl - 1] = '\0';
+        value++;
+    }
+    char e[200];
+    int rc = kvr_config_set(cfg, name, value, e, sizeof e);
+    if (rc != KVR_OK)
+        seterr(err, err_len, "line %zu: %s", lineno, e);
+    return rc;
+}
+
+int kvr_config_from_text(kvr_router_config_t *cfg, const char *text, size_t len, char *err,
+                         size_t err_len)
+{
+    char line[1024];
+    size_t lineno = 0, i = 0;
+    while (i < len) {
+        size_t start = i;
+        while (i < len && text[i] != '\n')
+            i++;
+        size_t n = i - start;
+        lineno++;
+        if (i < len)
+            i++; /* the newline */
+        if (n >= sizeof line) {
+            seterr(err, err_len, "line %zu: longer than %zu bytes", lineno, sizeof line - 1);
+            return KVR_EINVAL;
+        }
+        if (memchr(text + start, '\0', n) != NULL) {
+            seterr(err, err_len, "line %zu: contains a NUL byte", lineno);
+            return KVR_EINVAL;
+        }
+        memcpy(line, text + start, n);
+        line[n] = '\0';
+        int rc = config_line(cfg, line, lineno, err, err_len);
+        if (rc != KVR_OK)
+            return rc;
+    }
+    return KVR_OK;
+}
+
+int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_len)
+{
+    if (cfg->router_track_output_blocks && !cfg->router_track_active_blocks) {
+        seterr(err, err_len,
+               "router_track_output_blocks: requires router_track_active_blocks = true");
+        return KVR_EINVAL;
+    }
+    if (cfg->router_max_tree_size > cfg->index_max_pairs) {
+        seterr(err, err_len, "router_max_tree_size: %llu exceeds index_max_pairs %llu",
+               (unsigned long long)cfg->router_max_tree_size,
+               (unsigned long long)cfg->index_max_pairs);
+        return KVR_EINVAL;
+    }
+    if (cfg->bind[0] == '\0') {
+        seterr(err, err_len, "bind: must not be empty");
+        return KVR_EINVAL;
+    }
+    return KVR_OK;
+}
+
+size_t kvr_config_help(char *out, size_t out_len)
+{
+    size_t used = 0;
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const field_t *f = &FIELDS[i];
+        char flag[96];
+        size_t n = strlen(f->name);
+        for (size_t k = 0; k <= n; k++)
+            flag[k] = f->name[k] == '_' ? '-' : f->name[k];
+        int w = snprintf(out ? out + (used < out_len ? used : out_len) : NULL,
+                         used < out_len ? out_len - used : 0, "  --%-38s %s (default %s)\n",
+                         flag, f->help, f->def);
+        if (w > 0)
+            used += (size_t)w;
+    }
+    return used;
+}

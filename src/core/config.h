@@ -1,0 +1,115 @@
+/*
+ * config.h: the router's configuration (reference section 6, plus kvrouter's own bounds),
+ * one table of fields with types, defaults and ranges, settable by name from the command line
+ * (--router-temperature 0.5), the environment (KVR_ROUTER_TEMPERATURE=0.5) and a config file
+ * of `name = value` lines. Every value is validated when set and the whole struct again before
+ * start-up (cross-field rules); an error names the field and the problem.
+ */
+#ifndef KVR_CONFIG_H
+#define KVR_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kvr_router_mode {
+    KVR_MODE_KV = 0,
+    KVR_MODE_ROUND_ROBIN,
+    KVR_MODE_RANDOM,
+    KVR_MODE_LEAST_LOADED,
+    KVR_MODE_APPROX,
+} kvr_router_mode_t;
+
+typedef enum kvr_queue_policy {
+    KVR_QUEUE_FCFS = 0,
+    KVR_QUEUE_WSPT,
+    KVR_QUEUE_LCFS,
+} kvr_queue_policy_t;
+
+typedef enum kvr_selection_policy {
+    KVR_SELECT_DEFAULT = 0,
+    KVR_SELECT_LMETRIC,
+} kvr_selection_policy_t;
+
+/* An optional number: `set` false means "unset" (the feature is off). */
+typedef struct kvr_opt_f64 {
+    bool set;
+    double v;
+} kvr_opt_f64_t;
+
+typedef struct kvr_router_config {
+    /* hashing and index */
+    uint32_t block_size;          /* tokens per KV block; must equal the engines' */
+    uint64_t index_max_pairs;     /* budget of (worker, block) pairs in the prefix index */
+    uint32_t max_workers;         /* worker rank slots */
+    kvr_router_mode_t router_mode;
+    bool use_kv_events;           /* false = approximate mode */
+    /* cost function (5.4) */
+    double overlap_score_credit;
+    double overlap_score_credit_decay;
+    double prefill_load_scale;
+    double decode_active_request_weight;
+    double host_cache_hit_weight;
+    double disk_cache_hit_weight;
+    double router_temperature;
+    kvr_selection_policy_t router_selection_policy;
+    /* load tracking (4) */
+    bool router_track_active_blocks;
+    bool router_track_output_blocks;
+    bool router_assume_kv_reuse;
+    bool router_track_prefill_tokens;
+    uint64_t router_request_expiry_ms;
+    uint64_t router_max_requests;
+    /* approximate mode (3.7) */
+    double router_ttl_secs;
+    uint64_t router_max_tree_size;
+    double router_prune_target_ratio;
+    /* queue (5.7) and busy thresholds (5.8) */
+    kvr_opt_f64_t router_queue_threshold;
+    kvr_queue_policy_t router_queue_policy;
+    uint64_t router_queue_max_requests;
+    uint64_t router_queue_max_isl_tokens;
+    uint64_t router_queue_timeout_ms;
+    kvr_opt_f64_t active_prefill_tokens_threshold;
+    kvr_opt_f64_t active_prefill_tokens_threshold_frac;
+    kvr_opt_f64_t active_decode_blocks_threshold;
+    /* serving */
+    uint32_t http_port;
+    char bind[64];
+    uint64_t health_interval_ms;
+    uint32_t health_failures;     /* consecutive failed probes before a worker is fenced */
+    uint64_t seed;                /* random tie-breaks and sampling; 0 = from the clock */
+} kvr_router_config_t;
+
+/* Fills every field with its default. */
+void kvr_config_defaults(kvr_router_config_t *cfg);
+
+/* Sets one field from text. name may be the field name (router_temperature), the flag form
+ * (router-temperature, with or without leading dashes) or the environment form
+ * (KVR_ROUTER_TEMPERATURE). Returns KVR_OK, KVR_ENOTFOUND (unknown name) or KVR_EINVAL (bad
+ * value); err receives "router_temperature: must be a finite number >= 0, got 'nan'". The
+ * field is unchanged on error. value "unset" (or "") clears an optional field. */
+int kvr_config_set(kvr_router_config_t *cfg, const char *name, const char *value, char *err,
+                   size_t err_len);
+
+/* Applies every KVR_* variable of envp (NULL-terminated "NAME=value" strings) that names a
+ * field. Unknown KVR_* names are errors, so a typo is not silently ignored. */
+int kvr_config_from_env(kvr_router_config_t *cfg, char *const *envp, char *err, size_t err_len);
+
+/* Applies a config file's text: one `name = value` per line, '#' comments, blank lines.
+ * err names the line number and the field. */
+int kvr_config_from_text(kvr_router_config_t *cfg, const char *text, size_t len, char *err,
+                         size_t err_len);
+
+/* Cross-field rules, run before start-up (e.g. router_track_output_blocks requires
+ * router_track_active_blocks). */
+int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_len);
+
+/* Help text for every field: name, default, meaning; one per line into out. Returns the
+ * length it needs (like snprintf). */
+size_t kvr_config_help(char *out, size_t out_len);
+
+/* True when name (any accepted form) is a config field. */
+bool kvr_config_has(const char *name);
+
+#endif

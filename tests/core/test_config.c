@@ -1,0 +1,195 @@
+/*
+ * test_config.c: the router configuration: defaults match the reference, every way of setting a
+ * value (flag, environment, file) reaches the same field, and bad values are refused with the
+ * field named and nothing changed (S23).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/config.h"
+#include "kvrouter.h"
+
+static void test_defaults_match_reference(void **s)
+{
+    (void)s;
+    kvr_router_config_t c;
+    kvr_config_defaults(&c);
+    assert_int_equal(c.block_size, 16);
+    assert_true(c.overlap_score_credit == 1.0);
+    assert_true(c.prefill_load_scale == 1.0);
+    assert_true(c.host_cache_hit_weight == 0.75);
+    assert_true(c.disk_cache_hit_weight == 0.25);
+    assert_true(c.router_temperature == 0.0);
+    assert_true(c.use_kv_events);
+    assert_true(c.router_track_active_blocks);
+    assert_false(c.router_track_output_blocks);
+    assert_true(c.router_assume_kv_reuse);
+    assert_true(c.router_track_prefill_tokens);
+    assert_true(c.router_ttl_secs == 120.0);
+    assert_int_equal(c.router_max_tree_size, 1048576);
+    assert_true(c.router_prune_target_ratio == 0.8);
+    assert_false(c.router_queue_threshold.set);
+    assert_int_equal(c.router_queue_policy, KVR_QUEUE_FCFS);
+    assert_int_equal(c.router_mode, KVR_MODE_KV);
+    assert_int_equal(c.http_port, 8080);
+    assert_string_equal(c.bind, "127.0.0.1");
+    char err[256];
+    assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK);
+}
+
+static void test_every_name_form_reaches_the_field(void **s)
+{
+    (void)s;
+    kvr_router_config_t c;
+    kvr_config_defaults(&c);
+    char err[256];
+    assert_int_equal(kvr_config_set(&c, "router_temperature", "0.5", err, sizeof err), KVR_OK);
+    assert_true(c.router_temperature == 0.5);
+    assert_int_equal(kvr_config_set(&c, "--router-temperature", "0.25", err, sizeof err), KVR_OK);
+    assert_true(c.router_temperature == 0.25);
+    assert_int_equal(kvr_config_set(&c, "KVR_ROUTER_TEMPERATURE", "2", err, sizeof err), KVR_OK);
+    assert_true(c.router_temperature == 2.0);
+    assert_int_equal(kvr_config_set(&c, "router-mode", "round-robin", err, sizeof err), KVR_OK);
+    assert_int_equal(c.router_mode, KVR_MODE_ROUND_ROBIN);
+    assert_int_equal(kvr_config_set(&c, "router_queue_threshold", "1.5", err, sizeof err), KVR_OK);
+    assert_true(c.router_queue_threshold.set && c.router_queue_threshold.v == 1.5);
+    assert_int_equal(kvr_config_set(&c, "router_queue_threshold", "unset", err, sizeof err), KVR_OK);
+    assert_false(c.router_queue_threshold.set);
+    assert_int_equal(kvr_config_set(&c, "use_kv_events", "off", err, sizeof err), KVR_OK);
+    assert_false(c.use_kv_events);
+    assert_int_equal(kvr_config_set(&c, "bind", "0.0.0.0", err, sizeof err), KVR_OK);
+    assert_string_equal(c.bind, "0.0.0.0");
+    assert_true(kvr_config_has("--block-size"));
+    assert_false(kvr_config_has("--no-such-thing"));
+}
+
+/* A bad value is refused, names the field, and leaves the old value. */
+static void refuse(const char *name, const char *value, const char *want_in_err)
+{
+    kvr_router_config_t c, before;
+    kvr_config_defaults(&c);
+    before = c;
+    char err[256] = "";
+    int rc = kvr_config_set(&c, name, value, err, sizeof err);
+    if (rc == KVR_OK)
+        fail_msg("%s = '%s' was accepted", name, value);
+    if (strstr(err, want_in_err) == NULL)
+        fail_msg("%s = '%s': error '%s' does not mention '%s'", name, value, err, want_in_err);
+    assert_memory_equal(&c, &before, sizeof c);
+}
+
+static void test_bad_values_named_and_refused(void **s)
+{
+    (void)s;
+    refuse("block_size", "0", "block_size");
+    refuse("block_size", "-16", "block_size");
+    refuse("block_size", "16x", "block_size");
+    refuse("block_size", "4294967296", "block_size");
+    refuse("router_temperature", "nan", "router_temperature: must be a finite number");
+    refuse("router_temperature", "inf", "router_temperature");
+    refuse("router_temperature", "-0.1", "router_temperature");
+    refuse("overlap_score_credit", "NaN", "overlap_score_credit");
+    refuse("host_cache_hit_weight", "1.5", "host_cache_hit_weight");
+    refuse("router_prune_target_ratio", "0", "router_prune_target_ratio");
+    refuse("router_ttl_secs", "0", "router_ttl_secs");
+    refuse("router_mode", "fastest", "router_mode: must be one of kv, round-robin");
+    refuse("use_kv_events", "maybe", "use_kv_events: must be true or false");
+    refuse("http_port", "70000", "http_port");
+    refuse("active_decode_blocks_threshold", "2", "active_decode_blocks_threshold");
+    refuse("router_queue_threshold", "-1", "router_queue_threshold");
+    refuse("no_such_field", "1", "unknown setting 'no_such_field'");
+    char longbind[100];
+    memset(longbind, 'a', sizeof longbind - 1);
+    longbind[sizeof longbind - 1] = '\0';
+    refuse("bind", longbind, "bind: longer than");
+}
+
+static void test_cross_field_rules(void **s)
+{
+    (void)s;
+    kvr_router_config_t c;
+    kvr_config_defaults(&c);
+    char err[256];
+    assert_int_equal(kvr_config_set(&c, "router_track_active_blocks", "false", err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_config_set(&c, "router_track_output_blocks", "true", err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "router_track_output_blocks"));
+    kvr_config_defaults(&c);
+    assert_int_equal(kvr_config_set(&c, "index_max_pairs", "2048", err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "router_max_tree_size"));
+}
+
+static void test_environment(void **s)
+{
+    (void)s;
+    kvr_router_config_t c;
+    kvr_config_defaults(&c);
+    char err[256];
+    char *good[] = {"PATH=/usr/bin", "KVR_BLOCK_SIZE=64", "KVR_ROUTER_QUEUE_POLICY=wspt",
+                    "KVR_TEST_SCALE=asan", NULL};
+    assert_int_equal(kvr_config_from_env(&c, good, err, sizeof err), KVR_OK);
+    assert_int_equal(c.block_size, 64);
+    assert_int_equal(c.router_queue_policy, KVR_QUEUE_WSPT);
+    char *typo[] = {"KVR_BLOCK_SIZ=64", NULL};
+    assert_int_equal(kvr_config_from_env(&c, typo, err, sizeof err), KVR_ENOTFOUND);
+    assert_non_null(strstr(err, "KVR_BLOCK_SIZ"));
+    char *bad[] = {"KVR_ROUTER_TEMPERATURE=nan", NULL};
+    assert_int_equal(kvr_config_from_env(&c, bad, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "router_temperature"));
+}
+
+static void test_config_file(void **s)
+{
+    (void)s;
+    kvr_router_config_t c;
+    kvr_config_defaults(&c);
+    char err[256];
+    const char *text = "# kvrouter.conf\n\nblock_size = 32\n  router-temperature=0.7  # hot\n"
+                       "bind = \"0.0.0.0\"\r\nrouter_queue_threshold = 2\n";
+    assert_int_equal(kvr_config_from_text(&c, text, strlen(text), err, sizeof err), KVR_OK);
+    assert_int_equal(c.block_size, 32);
+    assert_true(c.router_temperature == 0.7);
+    assert_string_equal(c.bind, "0.0.0.0");
+    assert_true(c.router_queue_threshold.set);
+    const char *bad = "block_size = 32\nrouter_temperature = -1\n";
+    assert_int_equal(kvr_config_from_text(&c, bad, strlen(bad), err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "line 2: router_temperature"));
+    const char *noeq = "block_size 32\n";
+    assert_int_equal(kvr_config_from_text(&c, noeq, strlen(noeq), err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "line 1: expected 'name = value'"));
+}
+
+static void test_help_lists_every_field(void **s)
+{
+    (void)s;
+    size_t need = kvr_config_help(NULL, 0);
+    char *buf = malloc(need + 1);
+    assert_non_null(buf);
+    assert_int_equal(kvr_config_help(buf, need + 1), need);
+    assert_non_null(strstr(buf, "--router-temperature"));
+    assert_non_null(strstr(buf, "--block-size"));
+    assert_non_null(strstr(buf, "(default 0.75)"));
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults_match_reference),
+        cmocka_unit_test(test_every_name_form_reaches_the_field),
+        cmocka_unit_test(test_bad_values_named_and_refused),
+        cmocka_unit_test(test_cross_field_rules),
+        cmocka_unit_test(test_environment),
+        cmocka_unit_test(test_config_file),
+        cmocka_unit_test(test_help_lists_every_field),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
