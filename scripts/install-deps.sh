@@ -6,7 +6,8 @@ set -euo pipefail
 PKGS=(
   build-essential cmake pkg-config clang libclang-rt-dev
   libxxhash-dev libyajl-dev liburcu-dev libcmocka-dev
-  python3
+  libmsgpack-dev libzmq3-dev libevent-dev
+  python3 python3-msgpack python3-zmq
 )
 
 missing=()
