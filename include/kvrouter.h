@@ -315,10 +315,414 @@ int kvr_approx_remove_worker(kvr_approx_t *ap, uint64_t worker_id);
 /* ------------------------------------------------------------------------------------------ */
 /* Load tracker (core/load.c).                                                                 */
 /* [section owned by the load tracker] */
+/*
+ * In-flight requests per worker rank and the load they put on it (reference 4.2 to 4.5): the
+ * prompt blocks they hold (refcounted per worker, so a shared prefix counts once), the output
+ * blocks they grew, the prefill tokens not yet answered by a first token, and their number.
+ * The router projects, for an incoming request, each candidate's load if it were chosen.
+ *
+ * One thread (the event loop) owns a tracker; nothing here locks. Time is passed in
+ * (milliseconds, any monotonic origin); randomness (hashes for output blocks, and for prompt
+ * blocks with assume_kv_reuse off) comes from cfg.seed, so runs are reproducible.
+ *
+ * Request ids are byte strings of 1..KVR_LOAD_MAX_ID_BYTES bytes (copied; not NUL-terminated).
+ * Lifecycle policy: a duplicate live id is rejected (KVR_EEXIST, counted, nothing changes: S24);
+ * first_token / output_block / free_request on an unknown or already freed id return
+ * KVR_ENOTFOUND, change nothing and are counted (S25); each request is released exactly once,
+ * by free_request, by expiry, or by remove_worker, whichever comes first.
+ */
+#define KVR_LOAD_MAX_ID_BYTES 256u
+#define KVR_LOAD_DEFAULT_BLOCK_SIZE 16u
+#define KVR_LOAD_DEFAULT_EXPIRY_MS 300000u         /* 5 min backstop (S12), see load.c */
+#define KVR_LOAD_DEFAULT_CHECK_INTERVAL_MS 60000u  /* sweep at most once a minute from add */
+#define KVR_LOAD_DEFAULT_MAX_REQUESTS 65536u
+#define KVR_LOAD_MAX_REQUESTS (1u << 24)
+#define KVR_LOAD_MAX_EXPIRY_MS (UINT64_C(1) << 52)
+
+typedef struct kvr_load_config {
+    uint32_t block_size;        /* tokens per block, > 0: a request has <= isl / block_size hashes */
+    bool track_active_blocks;   /* default true; false: prompt hashes are ignored (prefill pools) */
+    bool track_output_blocks;   /* default false; requires track_active_blocks */
+    bool assume_kv_reuse;       /* default true; false: prompt blocks get random hashes (no dedup) */
+    bool track_prefill_tokens;  /* default true; false: prefill tokens are not counted */
+    uint64_t expiry_ms;         /* 1..KVR_LOAD_MAX_EXPIRY_MS: requests this old are stale */
+    uint64_t check_interval_ms; /* <= expiry_ms: add() sweeps stale requests at most this often */
+    uint32_t max_requests;      /* 1..KVR_LOAD_MAX_REQUESTS live requests; past it add() fails */
+    uint64_t seed;              /* random hashes and the request-id hash seed */
+} kvr_load_config_t;
+
+/* Fills cfg with the defaults above (track_active_blocks, assume_kv_reuse and
+ * track_prefill_tokens on, track_output_blocks off, seed 0). */
+void kvr_load_config_init(kvr_load_config_t *cfg);
+/* KVR_OK, or KVR_EINVAL with the offending field's name in *field (when field is non-NULL):
+ * "block_size", "track_output_blocks", "expiry_ms", "check_interval_ms", "max_requests". */
+int kvr_load_config_validate(const kvr_load_config_t *cfg, const char **field);
+
+typedef struct kvr_load kvr_load_t;
+
+/* cfg NULL = defaults. Returns NULL and sets *status (KVR_EINVAL, KVR_ENOMEM) on failure. */
+kvr_load_t *kvr_load_new(const kvr_load_config_t *cfg, int *status);
+void kvr_load_free(kvr_load_t *lt);
+
+/* A request being admitted on a worker. Borrowed for the call. */
+typedef struct kvr_load_request {
+    const char *id;
+    size_t id_len;
+    kvr_worker_t worker;
+    const uint64_t *seq;            /* the prompt's sequence hashes; NULL/0 when not tracked */
+    size_t n_seq;
+    uint64_t isl_tokens;            /* prompt length in tokens */
+    uint64_t cached_tokens;         /* cached on this worker: prefill = isl - min(cached, isl) */
+    bool has_expected_output_tokens;
+    uint32_t expected_output_tokens;
+} kvr_load_request_t;
+
+/* Admits a request. May first free stale requests (at most every check_interval_ms).
+ * KVR_OK; KVR_EINVAL (empty or too long id, seq NULL with n_seq > 0, n_seq > isl/block_size;
+ * nothing counted); KVR_ETOOBIG (n_seq >= 2^31); KVR_EEXIST (live id: counted, state untouched); KVR_EFULL (max_requests
+ * live: counted); KVR_ENOMEM. On any error nothing changes. */
+int kvr_load_add(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms);
+/* The first output token: the request's prefill tokens leave its worker's load. Repeats are
+ * KVR_OK no-ops. KVR_ENOTFOUND (counted) for an unknown id. */
+int kvr_load_first_token(kvr_load_t *lt, const char *id, size_t id_len, uint64_t now_ms);
+/* One more output block (with track_output_blocks; otherwise a KVR_OK no-op). decay_fraction:
+ * NAN = absent; else in [0, 1] (KVR_ERANGE otherwise) and every block held by this request
+ * alone, this one included, then weighs decay_fraction (4.3). KVR_ENOTFOUND (counted). */
+int kvr_load_output_block(kvr_load_t *lt, const char *id, size_t id_len, double decay_fraction,
+                          uint64_t now_ms);
+/* Releases everything the request holds. KVR_ENOTFOUND (counted, a no-op) if unknown. */
+int kvr_load_free_request(kvr_load_t *lt, const char *id, size_t id_len, uint64_t now_ms);
+/* Frees requests added expiry_ms or more before now_ms (counted). Returns how many. */
+size_t kvr_load_expire(kvr_load_t *lt, uint64_t now_ms);
+/* When the oldest live request becomes stale (UINT64_MAX when none): a timer for expire(). */
+uint64_t kvr_load_next_expiry(const kvr_load_t *lt);
+/* Drops every request of every rank of worker_id (counted). *n_dropped (may be NULL) = how
+ * many. KVR_ENOWORKER (a no-op) when no rank of it has a request. */
+int kvr_load_remove_worker(kvr_load_t *lt, uint64_t worker_id, size_t *n_dropped);
+
+/* A worker rank's current load; all zero for a rank with no request. */
+typedef struct kvr_load_snapshot {
+    uint64_t active_blocks;          /* round(sum of block weights) */
+    uint64_t active_prefill_tokens;
+    uint64_t unique_blocks;          /* distinct blocks held, whatever their weight */
+    uint32_t active_requests;
+} kvr_load_snapshot_t;
+void kvr_load_snapshot(const kvr_load_t *lt, kvr_worker_t worker, kvr_load_snapshot_t *out);
+
+/* An incoming request, as projected. seq must be chained sequence hashes (kvr_hash_prompt):
+ * the overlap is then found by binary search (see load.c). Ignored without track_active_blocks. */
+typedef struct kvr_load_query {
+    const uint64_t *seq;
+    size_t n_seq;
+    uint64_t isl_tokens;
+} kvr_load_query_t;
+
+/* One candidate: the caller fills worker and cached_tokens; the tracker fills the rest. */
+typedef struct kvr_load_projection {
+    kvr_worker_t worker;                /* in */
+    uint64_t cached_tokens;             /* in: the query's cached tokens on this worker (5.2) */
+    uint64_t potential_prefill_tokens;  /* active_prefill_tokens + isl - min(cached, isl) */
+    uint64_t potential_decode_blocks;   /* active_blocks + n_seq - overlap_blocks */
+    uint64_t active_prefill_tokens;
+    uint64_t active_blocks;
+    uint64_t overlap_blocks;            /* leading query blocks already active on the worker */
+    uint32_t active_requests;
+} kvr_load_projection_t;
+
+/* Projects the query onto each of p[0..n) (no allocation; O(log n_seq) probes per worker).
+ * KVR_OK, or KVR_EINVAL (NULL arguments) with nothing written. */
+int kvr_load_project(const kvr_load_t *lt, const kvr_load_query_t *q, kvr_load_projection_t *p,
+                     size_t n);
+/* The same for one worker. */
+int kvr_load_project_one(const kvr_load_t *lt, const kvr_load_query_t *q,
+                         kvr_load_projection_t *p);
+
+/* What the tracker holds for one live request. */
+typedef struct kvr_load_request_info {
+    kvr_worker_t worker;
+    uint64_t started_ms;        /* max(now at add, start of the previous live request) */
+    uint64_t prefill_tokens;    /* counted on the worker; 0 after the first token */
+    uint32_t n_prompt_blocks;
+    uint32_t n_output_blocks;
+    bool has_expected_output_tokens;
+    uint32_t expected_output_tokens;
+} kvr_load_request_info_t;
+/* KVR_OK or KVR_ENOTFOUND (not counted: a query). */
+int kvr_load_request_info(const kvr_load_t *lt, const char *id, size_t id_len,
+                          kvr_load_request_info_t *out);
+
+/* Counters; monotonic unless marked as a gauge. */
+typedef struct kvr_load_stats {
+    uint64_t adds, frees, first_tokens, output_blocks;
+    uint64_t duplicates;       /* adds rejected: the id is live */
+    uint64_t full;             /* adds rejected: max_requests live */
+    uint64_t unknown_frees;    /* free_request of an unknown id */
+    uint64_t unknown_marks;    /* first_token / output_block of an unknown id */
+    uint64_t expired;          /* requests freed by expiry */
+    uint64_t workers_removed;  /* worker ranks dropped by remove_worker */
+    uint64_t requests_dropped; /* requests freed by remove_worker */
+    uint64_t live_requests;    /* gauge */
+    uint64_t unique_blocks;    /* gauge: (worker rank, block) pairs held */
+    uint64_t workers;          /* gauge: worker ranks with a live request */
+    uint64_t active_prefill_tokens; /* gauge: over all workers */
+    uint64_t bytes;            /* gauge: memory owned by the tracker */
+    uint64_t max_requests;     /* the cap */
+} kvr_load_stats_t;
+void kvr_load_stats(const kvr_load_t *lt, kvr_load_stats_t *out);
+
+/* Checks every invariant (recomputes all loads from the live requests). KVR_OK, or KVR_EINVAL
+ * with a description in msg (may be NULL), or KVR_ENOMEM. O(everything held); for tests. */
+int kvr_load_verify(const kvr_load_t *lt, char *msg, size_t msg_len);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Selector and queue (core/select.c, core/queue.c).                                           */
 /* [section owned by the selector and queue] */
+
+/*
+ * Randomness is the caller's: a splitmix64 state seeded by the caller, so every pick is
+ * reproducible from a seed. One state per thread; any value is a valid state.
+ */
+typedef struct kvr_rng {
+    uint64_t state;
+} kvr_rng_t;
+
+void kvr_rng_seed(kvr_rng_t *rng, uint64_t seed);
+uint64_t kvr_rng_next(kvr_rng_t *rng);
+/* Uniform in [0, 1), 53 bits. */
+double kvr_rng_uniform(kvr_rng_t *rng);
+/* Uniform in [0, n), unbiased; 0 when n is 0. */
+uint64_t kvr_rng_below(kvr_rng_t *rng, uint64_t n);
+
+/* -- Selector (core/select.c), reference 5.2-5.5 and 5.8. ---------------------------------- */
+
+typedef enum kvr_select_policy {
+    KVR_SELECT_POLICY_DEFAULT = 0, /* prefill_load_scale * adjusted prefill + decode (+ requests) */
+    KVR_SELECT_POLICY_LMETRIC = 1, /* adjusted prefill * (decode + 1) */
+} kvr_select_policy_t;
+
+/* Every knob of the cost function, with the reference defaults (kvr_select_config_default).
+ * Validation (kvr_select_config_validate) names the first bad field. */
+typedef struct kvr_select_config {
+    double overlap_score_credit;         /* 1.0; finite >= 0 (values above 1 are allowed) */
+    double overlap_score_credit_decay;   /* 0.0; finite >= 0 */
+    double prefill_load_scale;           /* 1.0; finite >= 0 */
+    double decode_active_request_weight; /* 0.0; finite >= 0 */
+    double host_cache_hit_weight;        /* 0.75; [0, 1] */
+    double disk_cache_hit_weight;        /* 0.25; [0, 1] (disk and external tiers) */
+    double shared_cache_multiplier;      /* 0.0; [0, 1] */
+    double temperature;                  /* 0.0 (router_temperature); finite >= 0 */
+    kvr_select_policy_t policy;          /* router_selection_policy */
+    bool decode_pool;                    /* workers are a decode pool (5.4 special case) */
+} kvr_select_config_t;
+
+/* Per-request override (reference 5.6): each field applies only when its has_ flag is set.
+ * overlap_score_weight is the deprecated spelling: non-zero sets prefill_load_scale, zero sets
+ * both prefill_load_scale and overlap_score_credit to 0; it takes precedence. assume_kv_reuse
+ * and track_prefill_tokens also change what the load tracker books, so the router resolves them
+ * itself (into kvr_select_request_t.track_prefill_tokens). */
+typedef struct kvr_select_override {
+    bool has_overlap_score_credit, has_prefill_load_scale, has_temperature;
+    bool has_shared_cache_multiplier, has_overlap_score_weight;
+    double overlap_score_credit, prefill_load_scale, temperature;
+    double shared_cache_multiplier, overlap_score_weight;
+} kvr_select_override_t;
+
+/* A preferred taint and its weight (any finite value; negative weights repel). */
+typedef struct kvr_taint_weight {
+    const char *taint;
+    double weight;
+} kvr_taint_weight_t;
+
+/* One (worker_id, dp_rank) the router may pick, with the numbers it gathered for this prompt. */
+typedef struct kvr_select_candidate {
+    kvr_worker_t worker;
+    uint32_t device_blocks;            /* leading prompt blocks cached on the device */
+    uint32_t host_blocks;              /* further blocks in host memory (extension) */
+    uint32_t disk_blocks;              /* further blocks on disk or external storage */
+    uint32_t shared_blocks;            /* shared-pool hits at positions >= device_blocks */
+    uint64_t active_prefill_tokens;    /* tracker: prefill tokens in flight now */
+    uint64_t potential_prefill_tokens; /* tracker: active + this prompt's uncached tokens (4.5) */
+    uint64_t potential_decode_blocks;  /* tracker: active blocks + this prompt's new ones */
+    uint32_t active_requests;
+    const char *const *taints;         /* the worker's taints */
+    size_t n_taints;
+    bool has_load;                     /* false: the tracker knows nothing (loads read as 0) */
+    bool fenced;                       /* dead or deregistered: never picked */
+    bool busy;                         /* over a busy threshold (kvr_busy): never picked */
+} kvr_select_candidate_t;
+
+typedef struct kvr_select_request {
+    uint64_t isl_tokens;               /* prompt length; 0 is allowed (load-based pick) */
+    uint64_t request_blocks;           /* 0 = ceil(isl_tokens / block_size) */
+    uint32_t block_size;               /* > 0 */
+    bool track_prefill_tokens;         /* router_track_prefill_tokens after the override */
+    bool has_pinned;                   /* pinned: that rank or an error, never another */
+    kvr_worker_t pinned;
+    bool has_preferred;                /* preferred (session affinity): that rank if eligible */
+    kvr_worker_t preferred;
+    bool has_allowed;                  /* false: every worker id is allowed */
+    const uint64_t *allowed_ids;       /* ascending (repeats allowed) */
+    size_t n_allowed;
+    const char *const *required_taints;/* a worker must carry all of them */
+    size_t n_required;
+    const kvr_taint_weight_t *preferred_taints;
+    size_t n_preferred;
+    const kvr_select_override_t *ovr;  /* NULL = none */
+    const kvr_select_candidate_t *cands;
+    size_t n_cands;
+} kvr_select_request_t;
+
+/* Why a candidate was (not) eligible, in the order the filters are applied. */
+typedef enum kvr_select_why {
+    KVR_SELECT_ELIGIBLE = 0,
+    KVR_SELECT_FENCED = 1,        /* dead or deregistered */
+    KVR_SELECT_NOT_ALLOWED = 2,   /* not in allowed_ids */
+    KVR_SELECT_MISSING_TAINT = 3, /* lacks a required taint */
+    KVR_SELECT_BUSY = 4,          /* eligible but for load */
+    KVR_SELECT_NOT_PINNED = 5,    /* eligible, but another rank is pinned or preferred */
+} kvr_select_why_t;
+
+const char *kvr_select_why_name(kvr_select_why_t why);
+
+/* Per-candidate breakdown of a decision (every term is computed, eligible or not). */
+typedef struct kvr_select_explain {
+    kvr_select_why_t why;
+    double effective_overlap_blocks; /* device + host_w * host + disk_w * disk */
+    uint64_t cached_tokens;          /* round(effective_overlap_blocks * block_size) */
+    double raw_prefill_blocks;       /* prefill tokens (tracker + prompt) / block_size */
+    double decay;                    /* device-credit decay in (0, 1] */
+    double overlap_credit_blocks;
+    double adjusted_prefill_blocks;  /* max(raw - credit, 0) */
+    double prefill_cost;             /* prefill_load_scale * adjusted (default policy) */
+    double decode_cost_blocks;
+    double active_request_cost;
+    double logit;                    /* unbiased cost */
+    double preferred_weight;         /* sum of preferred-taint weights the worker carries */
+    double bias;                     /* tanh(preferred_weight) */
+    double cost;                     /* logit * exp(-bias): what the pick compares */
+    double probability;              /* of being picked by this call */
+} kvr_select_explain_t;
+
+typedef struct kvr_select_result {
+    size_t index;                    /* into cands; SIZE_MAX when nothing was picked */
+    kvr_worker_t worker;
+    double cost;                     /* biased cost; the unbiased logit for pinned/preferred */
+    double effective_overlap_blocks;
+    uint64_t cached_tokens;
+    uint64_t request_blocks;
+    size_t n_eligible;               /* candidates passing every filter */
+    size_t n_busy;                   /* candidates excluded only for load */
+    const char *field;               /* KVR_EINVAL: the offending field */
+} kvr_select_result_t;
+
+void kvr_select_config_default(kvr_select_config_t *cfg);
+/* KVR_OK, or KVR_EINVAL naming the field (NaN, Inf, negative, out of range) in *field. */
+int kvr_select_config_validate(const kvr_select_config_t *cfg, const char **field);
+int kvr_select_override_validate(const kvr_select_override_t *ovr, const char **field);
+/* out = base with ovr applied (ovr may be NULL); both validated, out only written on KVR_OK. */
+int kvr_select_config_merge(const kvr_select_config_t *base, const kvr_select_override_t *ovr,
+                            kvr_select_config_t *out, const char **field);
+
+/* Picks a candidate. cfg NULL = defaults; explain NULL or req->n_cands entries (caller-owned).
+ * Returns KVR_OK; KVR_ENOTALLOWED (pinned rank outside allowed_ids or missing a required
+ * taint); KVR_ENOWORKER (nothing eligible even ignoring load; pinned rank absent or fenced);
+ * KVR_EBUSY (something would be eligible but for load; or the pinned rank is busy);
+ * KVR_EINVAL (out->field names it). No allocation; O(n_cands) for bounded taint lists. */
+int kvr_select(const kvr_select_config_t *cfg, const kvr_select_request_t *req, kvr_rng_t *rng,
+               kvr_select_result_t *out, kvr_select_explain_t *explain);
+
+/* Busy test of one rank (reference 5.8; with prefill_frac = router_queue_threshold it is
+ * 5.7's "busy for queueing"). A rank is busy if ANY set threshold is exceeded. */
+#define KVR_DEFAULT_MAX_BATCHED_TOKENS 10000000u
+
+typedef struct kvr_busy_thresholds {
+    bool has_prefill_tokens;    /* active_prefill_tokens_threshold (absolute) */
+    uint64_t prefill_tokens;
+    bool has_prefill_frac;      /* active_prefill_tokens_threshold_frac: finite >= 0 */
+    double prefill_frac;        /* of max_num_batched_tokens */
+    bool has_decode_frac;       /* active_decode_blocks_threshold: finite >= 0 */
+    double decode_frac;         /* of total_kv_blocks */
+} kvr_busy_thresholds_t;
+
+typedef struct kvr_busy_load {
+    uint64_t active_prefill_tokens;
+    uint64_t max_num_batched_tokens; /* 0 = unknown: KVR_DEFAULT_MAX_BATCHED_TOKENS */
+    uint64_t used_blocks;            /* worker-published kv_used_blocks or tracked decode blocks */
+    uint64_t total_kv_blocks;        /* 0 = unknown: the decode test is skipped */
+} kvr_busy_load_t;
+
+int kvr_busy_thresholds_validate(const kvr_busy_thresholds_t *t, const char **field);
+bool kvr_busy(const kvr_busy_thresholds_t *t, const kvr_busy_load_t *load);
+
+/* -- Queue (core/queue.c), reference 5.7. -------------------------------------------------- */
+
+typedef enum kvr_queue_order {
+    KVR_QUEUE_ORDER_FCFS = 0, /* max(priority_jump, 0) - arrival_offset_secs */
+    KVR_QUEUE_ORDER_WSPT = 1, /* (1 + max(priority_jump, 0)) / cost_tokens */
+    KVR_QUEUE_ORDER_LCFS = 2, /* max(priority_jump, 0) + arrival_offset_secs */
+} kvr_queue_order_t;
+
+#define KVR_QUEUE_MAX_CAPACITY ((size_t)1 << 20)
+
+typedef struct kvr_queue_config {
+    size_t capacity;                 /* max queued requests, memory fixed at creation; [2, 2^20] */
+    uint64_t max_pending_isl_tokens; /* 0 = unlimited */
+    kvr_queue_order_t order;       /* router_queue_policy */
+} kvr_queue_config_t;
+
+/* What the caller queues (copied in). */
+typedef struct kvr_queue_item {
+    uint64_t isl_tokens;
+    uint64_t cost_tokens;     /* wspt: uncached tokens on the best eligible worker (0 reads 1) */
+    double priority_jump;     /* finite; seconds of head start (fcfs, lcfs), weight (wspt) */
+    uint32_t strict_priority; /* higher tiers always dispatch first */
+    uint64_t timeout_ms;      /* queue deadline = enqueue time + timeout; 0 = none */
+    void *user;               /* opaque, returned as given */
+} kvr_queue_item_t;
+
+/* Names one queued request; stale handles (dispatched, expired, removed) are detected. Never 0. */
+typedef uint64_t kvr_queue_handle_t;
+
+typedef struct kvr_queue_entry {
+    kvr_queue_item_t item;
+    kvr_queue_handle_t handle;
+    uint64_t seq;            /* enqueue order */
+    uint64_t enqueued_ms;
+    uint64_t deadline_ms;    /* UINT64_MAX = none */
+    double score;            /* policy_score */
+} kvr_queue_entry_t;
+
+typedef struct kvr_queue_stats {
+    uint64_t pending;            /* gauge */
+    uint64_t pending_isl_tokens; /* gauge */
+    uint64_t enqueued, dispatched, rejected, expired, cancelled;
+} kvr_queue_stats_t;
+
+typedef struct kvr_queue kvr_queue_t;
+
+int kvr_queue_config_validate(const kvr_queue_config_t *cfg, const char **field);
+/* NULL and *status = KVR_EINVAL / KVR_ENOMEM on failure. */
+kvr_queue_t *kvr_queue_new(const kvr_queue_config_t *cfg, int *status);
+void kvr_queue_free(kvr_queue_t *q);
+/* Runtime limits (e.g. per-worker limits times discovered workers): max_requests in
+ * [1, capacity] (0 = capacity), max_pending_isl_tokens 0 = unlimited. KVR_ERANGE otherwise. */
+int kvr_queue_set_limits(kvr_queue_t *q, size_t max_requests, uint64_t max_pending_isl_tokens);
+/* KVR_OK (handle may be NULL); KVR_EQUEUEFULL (counted in rejected) when max_requests are
+ * queued or the pending ISL tokens already reach their limit (the crossing request is accepted);
+ * KVR_EINVAL (priority_jump not finite). */
+int kvr_queue_push(kvr_queue_t *q, const kvr_queue_item_t *item, uint64_t now_ms,
+                   kvr_queue_handle_t *handle);
+/* The best entry: higher (strict_priority, score), then earlier seq. KVR_ENOTFOUND if empty. */
+int kvr_queue_peek(const kvr_queue_t *q, kvr_queue_entry_t *out);
+int kvr_queue_pop(kvr_queue_t *q, kvr_queue_entry_t *out);              /* counts dispatched */
+int kvr_queue_remove(kvr_queue_t *q, kvr_queue_handle_t h, kvr_queue_entry_t *out); /* cancelled */
+/* Pops one entry whose deadline is <= now_ms (earliest first); KVR_ENOTFOUND when none. */
+int kvr_queue_expire(kvr_queue_t *q, uint64_t now_ms, kvr_queue_entry_t *out);
+uint64_t kvr_queue_next_deadline(const kvr_queue_t *q); /* UINT64_MAX when none */
+size_t kvr_queue_len(const kvr_queue_t *q);
+void kvr_queue_stats(const kvr_queue_t *q, kvr_queue_stats_t *out);
+/* Checks both heaps, handles, free list, gauges and counters; KVR_EINVAL with msg otherwise. */
+int kvr_queue_verify(const kvr_queue_t *q, char *msg, size_t msg_len);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Router configuration (core/config.c).                                                       */

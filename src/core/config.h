@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvrouter.h"
+
 typedef enum kvr_router_mode {
     KVR_MODE_KV = 0,
     KVR_MODE_ROUND_ROBIN,
@@ -19,17 +21,6 @@ typedef enum kvr_router_mode {
     KVR_MODE_LEAST_LOADED,
     KVR_MODE_APPROX,
 } kvr_router_mode_t;
-
-typedef enum kvr_queue_policy {
-    KVR_QUEUE_FCFS = 0,
-    KVR_QUEUE_WSPT,
-    KVR_QUEUE_LCFS,
-} kvr_queue_policy_t;
-
-typedef enum kvr_selection_policy {
-    KVR_SELECT_DEFAULT = 0,
-    KVR_SELECT_LMETRIC,
-} kvr_selection_policy_t;
 
 /* An optional number: `set` false means "unset" (the feature is off). */
 typedef struct kvr_opt_f64 {
@@ -52,7 +43,7 @@ typedef struct kvr_router_config {
     double host_cache_hit_weight;
     double disk_cache_hit_weight;
     double router_temperature;
-    kvr_selection_policy_t router_selection_policy;
+    kvr_select_policy_t router_selection_policy;
     /* load tracking (4) */
     bool router_track_active_blocks;
     bool router_track_output_blocks;
@@ -66,7 +57,7 @@ typedef struct kvr_router_config {
     double router_prune_target_ratio;
     /* queue (5.7) and busy thresholds (5.8) */
     kvr_opt_f64_t router_queue_threshold;
-    kvr_queue_policy_t router_queue_policy;
+    kvr_queue_order_t router_queue_policy;
     uint64_t router_queue_max_requests;
     uint64_t router_queue_max_isl_tokens;
     uint64_t router_queue_timeout_ms;

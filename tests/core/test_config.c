@@ -36,7 +36,7 @@ static void test_defaults_match_reference(void **s)
     assert_int_equal(c.router_max_tree_size, 1048576);
     assert_true(c.router_prune_target_ratio == 0.8);
     assert_false(c.router_queue_threshold.set);
-    assert_int_equal(c.router_queue_policy, KVR_QUEUE_FCFS);
+    assert_int_equal(c.router_queue_policy, KVR_QUEUE_ORDER_FCFS);
     assert_int_equal(c.router_mode, KVR_MODE_KV);
     assert_int_equal(c.http_port, 8080);
     assert_string_equal(c.bind, "127.0.0.1");
@@ -137,7 +137,7 @@ static void test_environment(void **s)
                     "KVR_TEST_SCALE=asan", NULL};
     assert_int_equal(kvr_config_from_env(&c, good, err, sizeof err), KVR_OK);
     assert_int_equal(c.block_size, 64);
-    assert_int_equal(c.router_queue_policy, KVR_QUEUE_WSPT);
+    assert_int_equal(c.router_queue_policy, KVR_QUEUE_ORDER_WSPT);
     char *typo[] = {"KVR_BLOCK_SIZ=64", NULL};
     assert_int_equal(kvr_config_from_env(&c, typo, err, sizeof err), KVR_ENOTFOUND);
     assert_non_null(strstr(err, "KVR_BLOCK_SIZ"));
