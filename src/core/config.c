@@ -91,6 +91,8 @@ static const field_t FIELDS[] = {
      "300000", "in-flight requests older than this are freed (a backstop for lost frees)"},
     {"router_max_requests", T_U64, OFF(router_max_requests), 1, 1e9, false, NULL, 0, "1048576",
      "in-flight requests tracked at most; beyond it new requests are rejected"},
+    {"router_max_prompt_tokens", T_U64, OFF(router_max_prompt_tokens), 1, 1e9, false, NULL, 0,
+     "2097152", "prompts longer than this many tokens are refused before hashing"},
     {"router_ttl_secs", T_F64, OFF(router_ttl_secs), 0, 1e9, true, NULL, 0, "120.0",
      "approximate mode: how long a routing decision counts as cached"},
     {"router_max_tree_size", T_U64, OFF(router_max_tree_size), 1, 1e12, false, NULL, 0, "1048576",

@@ -51,6 +51,7 @@ typedef struct kvr_router_config {
     bool router_track_prefill_tokens;
     uint64_t router_request_expiry_ms;
     uint64_t router_max_requests;
+    uint64_t router_max_prompt_tokens; /* longer prompts are refused before hashing (S21) */
     /* approximate mode (3.7) */
     double router_ttl_secs;
     uint64_t router_max_tree_size;

@@ -1,0 +1,903 @@
+/*
+ * router.c: the routing decision (see router.h).
+ *
+ * Invariants: the rank table (cands, rank_widx, rmap) lists exactly the ranks
+ * [dp_start, dp_start + dp_size) of every registered worker, in registration order, and is
+ * rebuilt whenever the registry changes; per-request fields of cands are rewritten by every
+ * route before use. The load tracker holds requests only for registered workers (removal
+ * frees them).
+ * Time: decisions take now_ms from the caller; the monotonic clock is read only to report where
+ * a decision's time went (kvr_route_timing_t), never to decide.
+ * Memory: the registry and rank table grow with workers; the hashing and lookup scratch grows
+ * to the largest prompt seen (bounded by router_max_prompt_tokens). No allocation per route
+ * once warm.
+ */
+#include "core/router.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct wentry {
+    kvr_worker_spec_t spec;
+    const char *taint_ptrs[KVR_MAX_TAINTS];
+    bool fenced;
+    kvr_rank_status_t *rs; /* dp_size entries */
+} wentry_t;
+
+struct kvr_router {
+    kvr_router_config_t cfg;
+    kvr_index_t *ix;
+    kvr_approx_t *approx;
+    kvr_load_t *load;
+    kvr_select_config_t sel;
+    kvr_busy_thresholds_t busy, queue_busy;
+    kvr_rng_t rng;
+
+    wentry_t *w;
+    size_t n_w, cap_w;
+
+    kvr_select_candidate_t *cands;
+    kvr_load_projection_t *proj;
+    uint32_t *rank_widx;
+    size_t n_ranks, cap_ranks;
+    uint32_t *rmap; /* (worker_id, rank) -> cand index + 1; 0 = empty */
+    size_t rmap_mask;
+
+    uint64_t *lbh, *seq;
+    size_t cap_blocks;
+    kvr_lookup_t lk;
+    uint64_t next_id;
+    uint64_t rr;
+    kvr_router_stats_t st;
+};
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+const char *kvr_rank_state_name(kvr_rank_state_t s)
+{
+    static const char *const names[] = {"no_events", "exact", "recovering", "degraded", "error"};
+    return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "unknown";
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Worker specs */
+
+static int spec_err(char *err, size_t len, const char *fmt, const char *a, const char *b)
+{
+    if (err != NULL && len > 0)
+        snprintf(err, len, fmt, a, b);
+    return KVR_EINVAL;
+}
+
+static int parse_u64(const char *v, uint64_t *out)
+{
+    if (*v == '\0' || *v == '-' || *v == '+')
+        return -1;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end != '\0')
+        return -1;
+    *out = (uint64_t)x;
+    return 0;
+}
+
+static int set_str(char *dst, size_t cap, const char *v, const char *key, char *err, size_t len)
+{
+    if (strlen(v) >= cap)
+        return spec_err(err, len, "worker %s: longer than the limit ('%.40s')", key, v);
+    memcpy(dst, v, strlen(v) + 1);
+    return KVR_OK;
+}
+
+static int set_taints(kvr_worker_spec_t *w, const char *v, char *err, size_t len)
+{
+    w->n_taints = 0;
+    while (*v != '\0') {
+        const char *semi = strchr(v, ';');
+        size_t n = semi ? (size_t)(semi - v) : strlen(v);
+        if (n == 0 || n >= KVR_TAINT_BYTES || w->n_taints == KVR_MAX_TAINTS)
+            return spec_err(err, len, "worker taints: at most 8 non-empty taints of < 64 bytes%s%s",
+                            "", "");
+        memcpy(w->taints[w->n_taints], v, n);
+        w->taints[w->n_taints++][n] = '\0';
+        v += n + (semi ? 1 : 0);
+    }
+    return KVR_OK;
+}
+
+static int spec_kv(kvr_worker_spec_t *w, const char *key, const char *v, bool *has_id, char *err,
+                   size_t len)
+{
+    uint64_t x;
+    if (strcmp(key, "id") == 0 || strcmp(key, "worker_id") == 0) {
+        if (parse_u64(v, &w->worker_id) != 0)
+            return spec_err(err, len, "worker id: not an unsigned integer ('%s')%s", v, "");
+        *has_id = true;
+        return KVR_OK;
+    }
+    if (strcmp(key, "url") == 0)
+        return set_str(w->url, sizeof w->url, v, key, err, len);
+    if (strcmp(key, "events") == 0)
+        return set_str(w->events, sizeof w->events, v, key, err, len);
+    if (strcmp(key, "replay") == 0)
+        return set_str(w->replay, sizeof w->replay, v, key, err, len);
+    if (strcmp(key, "taints") == 0)
+        return set_taints(w, v, err, len);
+    bool num = parse_u64(v, &x) == 0;
+    if (strcmp(key, "dp_size") == 0 && num && x <= UINT32_MAX)
+        w->dp_size = (uint32_t)x;
+    else if (strcmp(key, "dp_start") == 0 && num && x <= UINT32_MAX)
+        w->dp_start = (uint32_t)x;
+    else if (strcmp(key, "max_num_batched_tokens") == 0 && num)
+        w->max_num_batched_tokens = x;
+    else if (strcmp(key, "total_kv_blocks") == 0 && num)
+        w->total_kv_blocks = x;
+    else if (strcmp(key, "dp_size") == 0 || strcmp(key, "dp_start") == 0 ||
+             strcmp(key, "max_num_batched_tokens") == 0 || strcmp(key, "total_kv_blocks") == 0)
+        return spec_err(err, len, "worker %s: not an unsigned integer ('%s')", key, v);
+    else
+        return spec_err(err, len, "worker: unknown key '%s'%s", key, "");
+    return KVR_OK;
+}
+
+int kvr_worker_spec_parse(const char *text, kvr_worker_spec_t *out, char *err, size_t err_len)
+{
+    memset(out, 0, sizeof *out);
+    out->dp_size = 1;
+    char buf[2048];
+    if (text == NULL || strlen(text) >= sizeof buf)
+        return spec_err(err, err_len, "worker: description missing or too long%s%s", "", "");
+    memcpy(buf, text, strlen(text) + 1);
+    bool has_id = false;
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item != NULL;
+         item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        if (eq == NULL)
+            return spec_err(err, err_len, "worker: expected key=value, got '%s'%s", item, "");
+        *eq = '\0';
+        int rc = spec_kv(out, item, eq + 1, &has_id, err, err_len);
+        if (rc != KVR_OK)
+            return rc;
+    }
+    if (!has_id)
+        return spec_err(err, err_len, "worker: id is required (id=<unsigned integer>)%s%s", "", "");
+    return kvr_worker_spec_validate(out, err, err_len);
+}
+
+int kvr_worker_spec_validate(const kvr_worker_spec_t *w, char *err, size_t err_len)
+{
+    if (w->dp_size == 0 || w->dp_size > KVR_MAX_DP_SIZE)
+        return spec_err(err, err_len, "worker dp_size: must be in [1, 256]%s%s", "", "");
+    if ((uint64_t)w->dp_start + w->dp_size > UINT32_MAX)
+        return spec_err(err, err_len, "worker dp_start: dp_start + dp_size overflows%s%s", "", "");
+    if (w->url[0] != '\0' && strncmp(w->url, "http://", 7) != 0)
+        return spec_err(err, err_len, "worker url: must start with http:// ('%s')%s", w->url, "");
+    if (w->replay[0] != '\0' && w->events[0] == '\0')
+        return spec_err(err, err_len, "worker replay: needs events too%s%s", "", "");
+    return KVR_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Rank table */
+
+static size_t rmap_slot(uint64_t id, uint32_t rank, size_t mask)
+{
+    uint64_t x = id * UINT64_C(0x9E3779B97F4A7C15) ^ ((uint64_t)rank << 32 | rank);
+    x ^= x >> 31;
+    return (size_t)(x * UINT64_C(0xBF58476D1CE4E5B9) >> 17) & mask;
+}
+
+static long rank_index(const kvr_router_t *r, kvr_worker_t w)
+{
+    if (r->rmap == NULL)
+        return -1;
+    for (size_t i = rmap_slot(w.worker_id, w.dp_rank, r->rmap_mask);; i = (i + 1) & r->rmap_mask) {
+        uint32_t v = r->rmap[i];
+        if (v == 0)
+            return -1;
+        const kvr_select_candidate_t *c = &r->cands[v - 1];
+        if (c->worker.worker_id == w.worker_id && c->worker.dp_rank == w.dp_rank)
+            return (long)v - 1;
+    }
+}
+
+static int rebuild_ranks(kvr_router_t *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_w; i++)
+        n += r->w[i].spec.dp_size;
+    if (n > r->cap_ranks) {
+        size_t cap = n * 2;
+        kvr_select_candidate_t *c = realloc(r->cands, cap * sizeof *c);
+        if (c != NULL)
+            r->cands = c;
+        kvr_load_projection_t *p = realloc(r->proj, cap * sizeof *p);
+        if (p != NULL)
+            r->proj = p;
+        uint32_t *wi = realloc(r->rank_widx, cap * sizeof *wi);
+        if (wi != NULL)
+            r->rank_widx = wi;
+        if (c == NULL || p == NULL || wi == NULL)
+            return KVR_ENOMEM;
+        r->cap_ranks = cap;
+    }
+    size_t mcap = 64;
+    while (mcap < 2 * n)
+        mcap *= 2;
+    uint32_t *map = calloc(mcap, sizeof *map);
+    if (map == NULL)
+        return KVR_ENOMEM;
+    free(r->rmap);
+    r->rmap = map;
+    r->rmap_mask = mcap - 1;
+    size_t k = 0;
+    for (size_t i = 0; i < r->n_w; i++) {
+        wentry_t *we = &r->w[i];
+        for (uint32_t d = 0; d < we->spec.dp_size; d++, k++) {
+            kvr_select_candidate_t *c = &r->cands[k];
+            memset(c, 0, sizeof *c);
+            c->worker = (kvr_worker_t){we->spec.worker_id, we->spec.dp_start + d};
+            c->taints = we->taint_ptrs;
+            c->n_taints = we->spec.n_taints;
+            r->rank_widx[k] = (uint32_t)i;
+            size_t s = rmap_slot(c->worker.worker_id, c->worker.dp_rank, r->rmap_mask);
+            while (r->rmap[s] != 0)
+                s = (s + 1) & r->rmap_mask;
+            r->rmap[s] = (uint32_t)k + 1;
+        }
+    }
+    r->n_ranks = n;
+    return KVR_OK;
+}
+
+static long worker_pos(const kvr_router_t *r, uint64_t id)
+{
+    for (size_t i = 0; i < r->n_w; i++)
+        if (r->w[i].spec.worker_id == id)
+            return (long)i;
+    return -1;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Creation */
+
+static int setup_select(kvr_router_t *r, char *err, size_t err_len)
+{
+    const kvr_router_config_t *c = &r->cfg;
+    kvr_select_config_default(&r->sel);
+    r->sel.overlap_score_credit = c->overlap_score_credit;
+    r->sel.overlap_score_credit_decay = c->overlap_score_credit_decay;
+    r->sel.prefill_load_scale = c->prefill_load_scale;
+    r->sel.decode_active_request_weight = c->decode_active_request_weight;
+    r->sel.host_cache_hit_weight = c->host_cache_hit_weight;
+    r->sel.disk_cache_hit_weight = c->disk_cache_hit_weight;
+    r->sel.temperature = c->router_temperature;
+    r->sel.policy = c->router_selection_policy;
+    const char *field = NULL;
+    if (kvr_select_config_validate(&r->sel, &field) != KVR_OK) {
+        snprintf(err, err_len, "%s: invalid", field ? field : "selector");
+        return KVR_EINVAL;
+    }
+    r->busy = (kvr_busy_thresholds_t){
+        .has_prefill_tokens = c->active_prefill_tokens_threshold.set,
+        .prefill_tokens = (uint64_t)c->active_prefill_tokens_threshold.v,
+        .has_prefill_frac = c->active_prefill_tokens_threshold_frac.set,
+        .prefill_frac = c->active_prefill_tokens_threshold_frac.v,
+        .has_decode_frac = c->active_decode_blocks_threshold.set,
+        .decode_frac = c->active_decode_blocks_threshold.v,
+    };
+    r->queue_busy = (kvr_busy_thresholds_t){
+        .has_prefill_frac = c->router_queue_threshold.set,
+        .prefill_frac = c->router_queue_threshold.v,
+    };
+    return KVR_OK;
+}
+
+static int setup_load(kvr_router_t *r, char *err, size_t err_len)
+{
+    const kvr_router_config_t *c = &r->cfg;
+    kvr_load_config_t lc;
+    kvr_load_config_init(&lc);
+    lc.block_size = c->block_size;
+    lc.track_active_blocks = c->router_track_active_blocks;
+    lc.track_output_blocks = c->router_track_output_blocks;
+    lc.assume_kv_reuse = c->router_assume_kv_reuse;
+    lc.track_prefill_tokens = c->router_track_prefill_tokens;
+    lc.expiry_ms = c->router_request_expiry_ms;
+    if (lc.check_interval_ms > lc.expiry_ms)
+        lc.check_interval_ms = lc.expiry_ms;
+    lc.max_requests = (uint32_t)(c->router_max_requests > KVR_LOAD_MAX_REQUESTS
+                                     ? KVR_LOAD_MAX_REQUESTS
+                                     : c->router_max_requests);
+    lc.seed = c->seed;
+    const char *field = NULL;
+    int st;
+    if (kvr_load_config_validate(&lc, &field) != KVR_OK ||
+        (r->load = kvr_load_new(&lc, &st)) == NULL) {
+        snprintf(err, err_len, "load tracker: %s", field ? field : "out of memory");
+        return KVR_EINVAL;
+    }
+    return KVR_OK;
+}
+
+kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, int *status,
+                             char *err, size_t err_len)
+{
+    int dummy;
+    char ebuf[8];
+    if (status == NULL)
+        status = &dummy;
+    if (err == NULL) {
+        err = ebuf;
+        err_len = sizeof ebuf;
+    }
+    if (cfg == NULL || kvr_config_validate(cfg, err, err_len) != KVR_OK) {
+        *status = KVR_EINVAL;
+        return NULL;
+    }
+    bool needs_index = cfg->router_mode == KVR_MODE_KV || cfg->router_mode == KVR_MODE_APPROX;
+    if (needs_index && ix == NULL) {
+        snprintf(err, err_len, "router_mode: needs a prefix index");
+        *status = KVR_EINVAL;
+        return NULL;
+    }
+    kvr_router_t *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        *status = KVR_ENOMEM;
+        return NULL;
+    }
+    r->cfg = *cfg;
+    r->ix = ix;
+    kvr_rng_seed(&r->rng, cfg->seed ? cfg->seed : mono_ns());
+    kvr_lookup_init(&r->lk);
+    int rc = setup_select(r, err, err_len);
+    if (rc == KVR_OK)
+        rc = setup_load(r, err, err_len);
+    if (rc == KVR_OK && cfg->router_mode == KVR_MODE_APPROX) {
+        kvr_approx_config_t ac = {.ttl_ms = (uint64_t)(cfg->router_ttl_secs * 1000.0),
+                                  .max_tree_size = cfg->router_max_tree_size,
+                                  .prune_target_ratio = cfg->router_prune_target_ratio};
+        int st;
+        r->approx = kvr_approx_new(ix, &ac, &st);
+        if (r->approx == NULL) {
+            snprintf(err, err_len, "router_max_tree_size: the index budget is smaller");
+            rc = st;
+        }
+    }
+    if (rc == KVR_OK)
+        rc = rebuild_ranks(r);
+    if (rc != KVR_OK) {
+        kvr_router_free(r);
+        *status = rc;
+        return NULL;
+    }
+    *status = KVR_OK;
+    return r;
+}
+
+void kvr_router_free(kvr_router_t *r)
+{
+    if (r == NULL)
+        return;
+    for (size_t i = 0; i < r->n_w; i++)
+        free(r->w[i].rs);
+    free(r->w);
+    free(r->cands);
+    free(r->proj);
+    free(r->rank_widx);
+    free(r->rmap);
+    free(r->lbh);
+    free(r->seq);
+    kvr_lookup_deinit(&r->lk);
+    kvr_approx_free(r->approx);
+    kvr_load_free(r->load);
+    free(r);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Registry */
+
+static void fix_taint_ptrs(wentry_t *we)
+{
+    for (size_t t = 0; t < we->spec.n_taints; t++)
+        we->taint_ptrs[t] = we->spec.taints[t];
+}
+
+int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err, size_t err_len)
+{
+    char ebuf[8];
+    if (err == NULL) {
+        err = ebuf;
+        err_len = sizeof ebuf;
+    }
+    int rc = kvr_worker_spec_validate(w, err, err_len);
+    if (rc != KVR_OK)
+        return rc;
+    if (worker_pos(r, w->worker_id) >= 0) {
+        snprintf(err, err_len, "worker %llu already registered", (unsigned long long)w->worker_id);
+        return KVR_EEXIST;
+    }
+    if (r->n_ranks + w->dp_size > r->cfg.max_workers) {
+        snprintf(err, err_len, "max_workers: %u ranks already registered", r->cfg.max_workers);
+        return KVR_EFULL;
+    }
+    if (r->n_w == r->cap_w) {
+        size_t cap = r->cap_w ? r->cap_w * 2 : 16;
+        wentry_t *nw = realloc(r->w, cap * sizeof *nw);
+        if (nw == NULL)
+            return KVR_ENOMEM;
+        r->w = nw;
+        r->cap_w = cap;
+        for (size_t i = 0; i < r->n_w; i++)
+            fix_taint_ptrs(&r->w[i]); /* the specs moved */
+    }
+    wentry_t *we = &r->w[r->n_w];
+    memset(we, 0, sizeof *we);
+    we->spec = *w;
+    we->rs = calloc(w->dp_size, sizeof *we->rs);
+    if (we->rs == NULL)
+        return KVR_ENOMEM;
+    fix_taint_ptrs(we);
+    r->n_w++;
+    rc = rebuild_ranks(r);
+    if (rc != KVR_OK) {
+        free(we->rs);
+        r->n_w--;
+    }
+    return rc;
+}
+
+int kvr_router_remove_worker(kvr_router_t *r, uint64_t worker_id)
+{
+    long i = worker_pos(r, worker_id);
+    if (i < 0)
+        return KVR_ENOTFOUND;
+    free(r->w[i].rs);
+    memmove(&r->w[i], &r->w[i + 1], (r->n_w - (size_t)i - 1) * sizeof *r->w);
+    r->n_w--;
+    for (size_t k = (size_t)i; k < r->n_w; k++)
+        fix_taint_ptrs(&r->w[k]);
+    size_t dropped = 0;
+    (void)kvr_load_remove_worker(r->load, worker_id, &dropped);
+    if (r->approx != NULL)
+        (void)kvr_approx_remove_worker(r->approx, worker_id);
+    return rebuild_ranks(r);
+}
+
+const kvr_worker_spec_t *kvr_router_worker(const kvr_router_t *r, uint64_t worker_id)
+{
+    long i = worker_pos(r, worker_id);
+    return i < 0 ? NULL : &r->w[i].spec;
+}
+
+size_t kvr_router_worker_ids(const kvr_router_t *r, uint64_t *ids, size_t cap)
+{
+    for (size_t i = 0; i < r->n_w && i < cap; i++)
+        ids[i] = r->w[i].spec.worker_id;
+    return r->n_w;
+}
+
+int kvr_router_set_fenced(kvr_router_t *r, uint64_t worker_id, bool fenced)
+{
+    long i = worker_pos(r, worker_id);
+    if (i < 0)
+        return KVR_ENOTFOUND;
+    r->w[i].fenced = fenced;
+    return KVR_OK;
+}
+
+bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id)
+{
+    long i = worker_pos(r, worker_id);
+    return i >= 0 && r->w[i].fenced;
+}
+
+static kvr_rank_status_t *rank_status(const kvr_router_t *r, kvr_worker_t w)
+{
+    long i = worker_pos(r, w.worker_id);
+    if (i < 0)
+        return NULL;
+    const wentry_t *we = &r->w[i];
+    if (w.dp_rank < we->spec.dp_start || w.dp_rank - we->spec.dp_start >= we->spec.dp_size)
+        return NULL;
+    return &we->rs[w.dp_rank - we->spec.dp_start];
+}
+
+int kvr_router_set_rank_status(kvr_router_t *r, kvr_worker_t w, const kvr_rank_status_t *st)
+{
+    kvr_rank_status_t *rs = rank_status(r, w);
+    if (rs == NULL)
+        return KVR_ENOTFOUND;
+    *rs = *st;
+    return KVR_OK;
+}
+
+int kvr_router_rank_status(const kvr_router_t *r, kvr_worker_t w, kvr_rank_status_t *out)
+{
+    const kvr_rank_status_t *rs = rank_status(r, w);
+    if (rs == NULL)
+        return KVR_ENOTFOUND;
+    *out = *rs;
+    return KVR_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Per-request work */
+
+/* Hashes the prompt into r->lbh / r->seq; returns the block count or a status. */
+static long hash_prompt(kvr_router_t *r, const kvr_route_req_t *q)
+{
+    if (q->n_tokens > 0 && q->tokens == NULL)
+        return KVR_EINVAL;
+    size_t n = kvr_hash_n_blocks(q->n_tokens, r->cfg.block_size, false);
+    if (n > r->cap_blocks) {
+        size_t cap = n < 64 ? 64 : n;
+        uint64_t *a = realloc(r->lbh, cap * sizeof *a);
+        if (a != NULL)
+            r->lbh = a;
+        uint64_t *b = realloc(r->seq, cap * sizeof *b);
+        if (b != NULL)
+            r->seq = b;
+        if (a == NULL || b == NULL)
+            return KVR_ENOMEM;
+        r->cap_blocks = cap;
+    }
+    kvr_hash_opts_t o = {.lora_name = q->lora_name,
+                         .lora_name_len = q->lora_name_len,
+                         .cache_namespace = q->cache_namespace,
+                         .cache_namespace_len = q->cache_namespace_len};
+    return kvr_hash_prompt(q->tokens, q->n_tokens, r->cfg.block_size, &o, r->lbh, r->seq,
+                           r->cap_blocks);
+}
+
+/* Looks the prompt up and writes each rank's tiers into cands. */
+static int fill_overlap(kvr_router_t *r, size_t n_blocks)
+{
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        kvr_select_candidate_t *c = &r->cands[i];
+        c->device_blocks = c->host_blocks = c->disk_blocks = c->shared_blocks = 0;
+        c->fenced = r->w[r->rank_widx[i]].fenced;
+    }
+    if (r->ix == NULL || n_blocks == 0 || r->cfg.router_mode == KVR_MODE_ROUND_ROBIN ||
+        r->cfg.router_mode == KVR_MODE_RANDOM || r->cfg.router_mode == KVR_MODE_LEAST_LOADED)
+        return KVR_OK;
+    int rc = kvr_index_lookup(r->ix, r->seq, n_blocks, &r->lk);
+    if (rc != KVR_OK)
+        return rc;
+    for (size_t m = 0; m < r->lk.n_matches; m++) {
+        const kvr_match_t *mt = &r->lk.matches[m];
+        long k = rank_index(r, mt->worker);
+        if (k < 0)
+            continue; /* a rank the registry no longer has */
+        r->cands[k].device_blocks = mt->device_blocks;
+        r->cands[k].host_blocks = mt->host_blocks;
+        r->cands[k].disk_blocks = mt->disk_blocks;
+    }
+    return KVR_OK;
+}
+
+static uint64_t cached_tokens_of(const kvr_router_t *r, const kvr_select_candidate_t *c)
+{
+    double eff = c->device_blocks + r->sel.host_cache_hit_weight * c->host_blocks +
+                 r->sel.disk_cache_hit_weight * c->disk_blocks;
+    return (uint64_t)llround(eff * r->cfg.block_size);
+}
+
+/* Projects every rank's load with this prompt and marks busy ranks. */
+static int fill_loads(kvr_router_t *r, size_t n_blocks, uint64_t isl)
+{
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        r->proj[i].worker = r->cands[i].worker;
+        r->proj[i].cached_tokens = cached_tokens_of(r, &r->cands[i]);
+    }
+    kvr_load_query_t q = {.seq = r->cfg.router_track_active_blocks ? r->seq : NULL,
+                          .n_seq = r->cfg.router_track_active_blocks ? n_blocks : 0,
+                          .isl_tokens = isl};
+    int rc = kvr_load_project(r->load, &q, r->proj, r->n_ranks);
+    if (rc != KVR_OK)
+        return rc;
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        kvr_select_candidate_t *c = &r->cands[i];
+        const kvr_load_projection_t *p = &r->proj[i];
+        const kvr_worker_spec_t *s = &r->w[r->rank_widx[i]].spec;
+        c->active_prefill_tokens = p->active_prefill_tokens;
+        c->potential_prefill_tokens = p->potential_prefill_tokens;
+        c->potential_decode_blocks = p->potential_decode_blocks;
+        c->active_requests = p->active_requests;
+        c->has_load = true;
+        kvr_busy_load_t bl = {.active_prefill_tokens = p->active_prefill_tokens,
+                              .max_num_batched_tokens = s->max_num_batched_tokens,
+                              .used_blocks = p->active_blocks,
+                              .total_kv_blocks = s->total_kv_blocks};
+        c->busy = kvr_busy(&r->busy, &bl) || kvr_busy(&r->queue_busy, &bl);
+    }
+    return KVR_OK;
+}
+
+static bool sorted_contains(const uint64_t *a, size_t n, uint64_t x)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (a[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && a[lo] == x;
+}
+
+static bool has_taints(const kvr_select_candidate_t *c, const kvr_route_req_t *q)
+{
+    for (size_t i = 0; i < q->n_required; i++) {
+        bool found = false;
+        for (size_t t = 0; t < c->n_taints && !found; t++)
+            found = strcmp(c->taints[t], q->required_taints[i]) == 0;
+        if (!found)
+            return false;
+    }
+    return true;
+}
+
+/* round-robin / random / least-loaded: no cache awareness, same filters. */
+static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, kvr_select_result_t *out)
+{
+    size_t n_ok = 0, n_busy = 0, best = SIZE_MAX, nth = 0;
+    uint64_t target = r->cfg.router_mode == KVR_MODE_RANDOM ? kvr_rng_next(&r->rng) : r->rr;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < r->n_ranks; i++) {
+            const kvr_select_candidate_t *c = &r->cands[i];
+            bool ok = !c->fenced && has_taints(c, q) &&
+                      (!q->has_allowed || sorted_contains(q->allowed_ids, q->n_allowed,
+                                                          c->worker.worker_id)) &&
+                      (!q->has_pinned || (c->worker.worker_id == q->pinned.worker_id &&
+                                          c->worker.dp_rank == q->pinned.dp_rank));
+            if (!ok)
+                continue;
+            if (c->busy) {
+                n_busy += pass == 0;
+                continue;
+            }
+            if (pass == 0) {
+                n_ok++;
+                if (r->cfg.router_mode == KVR_MODE_LEAST_LOADED &&
+                    (best == SIZE_MAX || c->potential_prefill_tokens + c->active_requests <
+                                             r->cands[best].potential_prefill_tokens +
+                                                 r->cands[best].active_requests))
+                    best = i;
+            } else if (nth++ == target % n_ok) {
+                best = i;
+                break;
+            }
+        }
+        if (n_ok == 0 || r->cfg.router_mode == KVR_MODE_LEAST_LOADED)
+            break;
+    }
+    out->n_eligible = n_ok;
+    out->n_busy = n_busy;
+    if (best == SIZE_MAX)
+        return n_busy > 0 ? KVR_EBUSY : KVR_ENOWORKER;
+    r->rr++;
+    out->index = best;
+    out->worker = r->cands[best].worker;
+    out->cached_tokens = 0;
+    out->effective_overlap_blocks = 0;
+    return KVR_OK;
+}
+
+static int decide(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks,
+                  kvr_select_result_t *out)
+{
+    if (r->cfg.router_mode != KVR_MODE_KV && r->cfg.router_mode != KVR_MODE_APPROX)
+        return pick_simple(r, q, out);
+    kvr_select_request_t sr = {
+        .isl_tokens = q->n_tokens,
+        .request_blocks = 0,
+        .block_size = r->cfg.block_size,
+        .track_prefill_tokens =
+            q->has_track_prefill_tokens ? q->track_prefill_tokens : r->cfg.router_track_prefill_tokens,
+        .has_pinned = q->has_pinned,
+        .pinned = q->pinned,
+        .has_allowed = q->has_allowed,
+        .allowed_ids = q->allowed_ids,
+        .n_allowed = q->n_allowed,
+        .required_taints = q->required_taints,
+        .n_required = q->n_required,
+        .preferred_taints = q->preferred_taints,
+        .n_preferred = q->n_preferred,
+        .ovr = q->ovr,
+        .cands = r->cands,
+        .n_cands = r->n_ranks,
+    };
+    (void)n_blocks;
+    return kvr_select(&r->sel, &sr, &r->rng, out, NULL);
+}
+
+static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint64_t now_ms,
+                kvr_route_res_t *res)
+{
+    size_t id_len = q->request_id_len;
+    if (q->request_id != NULL) {
+        if (id_len == 0 || id_len > KVR_LOAD_MAX_ID_BYTES) {
+            res->error_field = "request_id: must be 1 to 256 bytes";
+            return KVR_EINVAL;
+        }
+        memcpy(res->request_id, q->request_id, id_len);
+        res->request_id[id_len] = '\0';
+    } else {
+        id_len = (size_t)snprintf(res->request_id, sizeof res->request_id, "kvr-%016llx",
+                                  (unsigned long long)++r->next_id);
+    }
+    if (!q->update_state)
+        return KVR_OK;
+    kvr_load_request_t lr = {.id = res->request_id,
+                             .id_len = id_len,
+                             .worker = res->worker,
+                             .seq = r->cfg.router_track_active_blocks ? r->seq : NULL,
+                             .n_seq = r->cfg.router_track_active_blocks ? n_blocks : 0,
+                             .isl_tokens = q->n_tokens,
+                             .cached_tokens = res->cached_tokens,
+                             .has_expected_output_tokens = q->has_expected_output_tokens,
+                             .expected_output_tokens = q->expected_output_tokens};
+    int rc = kvr_load_add(r->load, &lr, now_ms);
+    if (rc == KVR_OK && r->approx != NULL && n_blocks > 0)
+        rc = kvr_approx_record(r->approx, res->worker, r->lbh, r->seq, n_blocks, now_ms);
+    return rc;
+}
+
+static void count_reject(kvr_router_t *r, int rc)
+{
+    switch (rc) {
+    case KVR_EBUSY:
+        r->st.rejected_busy++;
+        break;
+    case KVR_ENOWORKER:
+    case KVR_ENOTALLOWED:
+        r->st.rejected_noworker++;
+        break;
+    case KVR_EEXIST:
+        r->st.rejected_duplicate++;
+        break;
+    case KVR_EFULL:
+        r->st.rejected_full++;
+        break;
+    case KVR_ETOOBIG:
+        r->st.rejected_too_big++;
+        break;
+    default:
+        r->st.rejected_invalid++;
+        break;
+    }
+}
+
+int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
+                     kvr_route_res_t *res)
+{
+    memset(res, 0, sizeof *res);
+    uint64_t t0 = mono_ns();
+    int rc = KVR_OK;
+    if (q->n_tokens > r->cfg.router_max_prompt_tokens) {
+        res->error_field = "tokens: longer than router_max_prompt_tokens";
+        rc = KVR_ETOOBIG;
+    }
+    long n_blocks = rc == KVR_OK ? hash_prompt(r, q) : 0;
+    if (n_blocks < 0)
+        rc = (int)n_blocks;
+    uint64_t t1 = mono_ns();
+    if (rc == KVR_OK)
+        rc = fill_overlap(r, (size_t)n_blocks);
+    uint64_t t2 = mono_ns();
+    if (rc == KVR_OK)
+        rc = fill_loads(r, (size_t)n_blocks, q->n_tokens);
+    kvr_select_result_t sel = {0};
+    if (rc == KVR_OK) {
+        rc = decide(r, q, (size_t)n_blocks, &sel);
+        if (rc == KVR_EINVAL)
+            res->error_field = sel.field;
+    }
+    uint64_t t3 = mono_ns();
+    if (rc == KVR_OK) {
+        const kvr_select_candidate_t *c = &r->cands[sel.index];
+        res->worker = sel.worker;
+        res->device_blocks = c->device_blocks;
+        res->cached_tokens = sel.cached_tokens;
+        res->overlap_blocks = (uint32_t)llround(sel.effective_overlap_blocks);
+        if (r->cfg.router_mode != KVR_MODE_KV && r->cfg.router_mode != KVR_MODE_APPROX)
+            res->cached_tokens = 0;
+        rc = book(r, q, (size_t)n_blocks, now_ms, res);
+    }
+    res->timing = (kvr_route_timing_t){t1 - t0, t2 - t1, t3 - t2, mono_ns() - t0};
+    r->st.hash_ns += res->timing.hash_ns;
+    r->st.lookup_ns += res->timing.lookup_ns;
+    r->st.select_ns += res->timing.select_ns;
+    if (rc == KVR_OK)
+        r->st.routed++;
+    else
+        count_reject(r, rc);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Lifecycle, upkeep, introspection */
+
+int kvr_router_first_token(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms)
+{
+    return kvr_load_first_token(r->load, id, id_len, now_ms);
+}
+
+int kvr_router_output_block(kvr_router_t *r, const char *id, size_t id_len, double decay_fraction,
+                            uint64_t now_ms)
+{
+    return kvr_load_output_block(r->load, id, id_len, decay_fraction, now_ms);
+}
+
+int kvr_router_free_request(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms)
+{
+    return kvr_load_free_request(r->load, id, id_len, now_ms);
+}
+
+void kvr_router_tick(kvr_router_t *r, uint64_t now_ms)
+{
+    (void)kvr_load_expire(r->load, now_ms);
+    if (r->approx != NULL)
+        (void)kvr_approx_expire(r->approx, now_ms);
+}
+
+size_t kvr_router_n_ranks(const kvr_router_t *r) { return r->n_ranks; }
+
+int kvr_router_query(kvr_router_t *r, const kvr_route_req_t *q, kvr_rank_score_t *out,
+                     size_t cap, size_t *n)
+{
+    *n = 0;
+    if (q->n_tokens > r->cfg.router_max_prompt_tokens)
+        return KVR_ETOOBIG;
+    long n_blocks = hash_prompt(r, q);
+    if (n_blocks < 0)
+        return (int)n_blocks;
+    enum kvr_router_mode saved = r->cfg.router_mode;
+    if (saved != KVR_MODE_APPROX)
+        r->cfg.router_mode = KVR_MODE_KV; /* a query always reads the index */
+    int rc = fill_overlap(r, (size_t)n_blocks);
+    r->cfg.router_mode = saved;
+    if (rc != KVR_OK)
+        return rc;
+    r->st.queries++;
+    for (size_t i = 0; i < r->n_ranks && i < cap; i++) {
+        const kvr_select_candidate_t *c = &r->cands[i];
+        out[i] = (kvr_rank_score_t){c->worker, c->device_blocks, c->host_blocks, c->disk_blocks,
+                                    cached_tokens_of(r, c)};
+    }
+    *n = r->n_ranks < cap ? r->n_ranks : cap;
+    return KVR_OK;
+}
+
+int kvr_router_loads(kvr_router_t *r, const kvr_route_req_t *q, kvr_load_projection_t *out,
+                     size_t cap, size_t *n)
+{
+    *n = 0;
+    if (q->n_tokens > r->cfg.router_max_prompt_tokens)
+        return KVR_ETOOBIG;
+    long n_blocks = hash_prompt(r, q);
+    if (n_blocks < 0)
+        return (int)n_blocks;
+    int rc = fill_overlap(r, (size_t)n_blocks);
+    if (rc == KVR_OK)
+        rc = fill_loads(r, (size_t)n_blocks, q->n_tokens);
+    if (rc != KVR_OK)
+        return rc;
+    *n = r->n_ranks < cap ? r->n_ranks : cap;
+    memcpy(out, r->proj, *n * sizeof *out);
+    return KVR_OK;
+}
+
+void kvr_router_stats(const kvr_router_t *r, kvr_router_stats_t *out) { *out = r->st; }
+const kvr_load_t *kvr_router_load(const kvr_router_t *r) { return r->load; }
+const kvr_router_config_t *kvr_router_config(const kvr_router_t *r) { return &r->cfg; }

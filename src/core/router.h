@@ -1,0 +1,170 @@
+/*
+ * router.h: the routing decision, composed from the core modules: the worker registry, block
+ * hashing, the prefix index (read side), the load tracker, the selector and, in approximate
+ * mode, the routing-decision recorder. No I/O, no threads of its own: `kvrouter serve` calls
+ * it from its HTTP thread; a simulator can call it in virtual time.
+ *
+ * Ownership: the router borrows the index (created and written by the caller's ingest thread;
+ * in approximate mode the router's thread is the index's only writer) and owns everything else.
+ * Threads: one thread calls every function. Hot path (kvr_router_route): no allocation once
+ * its scratch has grown to the largest prompt and the worker count.
+ * Cost of a route: O(prompt blocks) hashing and lookup, O(ranks) candidates and selection.
+ */
+#ifndef KVR_ROUTER_H
+#define KVR_ROUTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/config.h"
+#include "kvrouter.h"
+
+#define KVR_MAX_TAINTS 8
+#define KVR_TAINT_BYTES 64
+#define KVR_ADDR_BYTES 256
+#define KVR_MAX_DP_SIZE 256
+
+/* A worker as operators describe it (command line or POST /v1/workers). */
+typedef struct kvr_worker_spec {
+    uint64_t worker_id;
+    char url[KVR_ADDR_BYTES];    /* OpenAI-compatible base URL, probed on /health; "" = none */
+    char events[KVR_ADDR_BYTES]; /* ZMQ PUB address; "" = no KV events from this worker */
+    char replay[KVR_ADDR_BYTES]; /* ZMQ ROUTER replay address; "" = none */
+    uint32_t dp_size;            /* data-parallel ranks, >= 1 */
+    uint32_t dp_start;           /* first rank */
+    char taints[KVR_MAX_TAINTS][KVR_TAINT_BYTES];
+    size_t n_taints;
+    uint64_t max_num_batched_tokens; /* 0 = unknown */
+    uint64_t total_kv_blocks;        /* 0 = unknown */
+} kvr_worker_spec_t;
+
+/* Parses "id=7,url=http://h:8001,events=tcp://h:5557,replay=tcp://h:5558,dp_size=2,
+ * taints=a;b" (only id required). err names the key and problem. */
+int kvr_worker_spec_parse(const char *text, kvr_worker_spec_t *out, char *err, size_t err_len);
+/* Range and consistency checks (dp_size, lengths); err names the field. */
+int kvr_worker_spec_validate(const kvr_worker_spec_t *w, char *err, size_t err_len);
+
+/* What the index knows of one rank, as the ingest side reports it. */
+typedef enum kvr_rank_state {
+    KVR_RANK_NO_EVENTS = 0, /* no KV events received (or none configured) */
+    KVR_RANK_EXACT,         /* every batch applied in order */
+    KVR_RANK_RECOVERING,    /* replaying a gap */
+    KVR_RANK_DEGRADED,      /* state was dropped; partial knowledge */
+    KVR_RANK_ERROR,         /* events unusable (block size mismatch): never a silent 0 overlap */
+} kvr_rank_state_t;
+
+const char *kvr_rank_state_name(kvr_rank_state_t s);
+
+typedef struct kvr_rank_status {
+    kvr_rank_state_t state;
+    bool started;
+    uint64_t last_seq;
+    uint64_t batches, replayed, gaps, gaps_lost, restarts, undecodable, duplicates;
+    uint64_t events_applied, events_rejected, blocks_stored, blocks_removed;
+    uint64_t block_size_mismatches;
+    uint32_t engine_block_size; /* the last mismatching size seen; 0 = none */
+} kvr_rank_status_t;
+
+typedef struct kvr_router kvr_router_t;
+
+/* cfg is copied; ix is borrowed (may be NULL only in round-robin/random/least-loaded modes). */
+kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, int *status,
+                             char *err, size_t err_len);
+void kvr_router_free(kvr_router_t *r);
+
+int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err, size_t err_len);
+/* Forgets the worker and frees its in-flight requests. KVR_ENOTFOUND if unknown. */
+int kvr_router_remove_worker(kvr_router_t *r, uint64_t worker_id);
+const kvr_worker_spec_t *kvr_router_worker(const kvr_router_t *r, uint64_t worker_id);
+/* Worker ids in registration order; returns the count (fills at most cap). */
+size_t kvr_router_worker_ids(const kvr_router_t *r, uint64_t *ids, size_t cap);
+/* Health: fenced workers are never picked. */
+int kvr_router_set_fenced(kvr_router_t *r, uint64_t worker_id, bool fenced);
+bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id);
+int kvr_router_set_rank_status(kvr_router_t *r, kvr_worker_t w, const kvr_rank_status_t *st);
+int kvr_router_rank_status(const kvr_router_t *r, kvr_worker_t w, kvr_rank_status_t *out);
+
+/* One routing request (the decoded body of POST /v1/route). Borrowed for the call. */
+typedef struct kvr_route_req {
+    const uint32_t *tokens;
+    size_t n_tokens;
+    const char *request_id; /* NULL = the router names it */
+    size_t request_id_len;
+    bool update_state;      /* false: only look (no booking) */
+    const char *lora_name;
+    size_t lora_name_len;
+    const char *cache_namespace;
+    size_t cache_namespace_len;
+    bool has_allowed;
+    const uint64_t *allowed_ids;
+    size_t n_allowed;
+    bool has_pinned;
+    kvr_worker_t pinned;
+    double priority_jump;
+    bool has_expected_output_tokens;
+    uint32_t expected_output_tokens;
+    const char *const *required_taints;
+    size_t n_required;
+    const kvr_taint_weight_t *preferred_taints;
+    size_t n_preferred;
+    const kvr_select_override_t *ovr;
+    bool has_assume_kv_reuse, assume_kv_reuse;
+    bool has_track_prefill_tokens, track_prefill_tokens;
+} kvr_route_req_t;
+
+/* Where each part of the decision's time went (for /metrics). */
+typedef struct kvr_route_timing {
+    uint64_t hash_ns, lookup_ns, select_ns, total_ns;
+} kvr_route_timing_t;
+
+typedef struct kvr_route_res {
+    char request_id[KVR_LOAD_MAX_ID_BYTES + 1];
+    kvr_worker_t worker;
+    uint32_t overlap_blocks;      /* round(effective overlap blocks) */
+    uint64_t cached_tokens;
+    uint32_t device_blocks;
+    kvr_route_timing_t timing;
+    const char *error_field;      /* KVR_EINVAL: what was wrong */
+} kvr_route_res_t;
+
+/* Decides (and, with update_state, books) a worker. Returns KVR_OK; KVR_EINVAL (bad request,
+ * res->error_field says why); KVR_ETOOBIG (prompt over router_max_prompt_tokens);
+ * KVR_ENOWORKER (no worker can serve: 503); KVR_EBUSY (every eligible rank is busy: queue
+ * or 429); KVR_ENOTALLOWED (pinned worker outside the filters); KVR_EEXIST (request id
+ * already in flight); KVR_EFULL (too many requests in flight). */
+int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *req, uint64_t now_ms,
+                     kvr_route_res_t *res);
+
+/* Request lifecycle. KVR_ENOTFOUND for unknown ids (counted, harmless). */
+int kvr_router_first_token(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms);
+int kvr_router_output_block(kvr_router_t *r, const char *id, size_t id_len, double decay_fraction,
+                            uint64_t now_ms);
+int kvr_router_free_request(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms);
+/* Periodic upkeep: expires stale requests and (approximate mode) stale decisions. */
+void kvr_router_tick(kvr_router_t *r, uint64_t now_ms);
+
+/* Per rank: what the index says of a prompt (POST /v1/query), every known rank listed. */
+typedef struct kvr_rank_score {
+    kvr_worker_t worker;
+    uint32_t device_blocks, host_blocks, disk_blocks;
+    uint64_t cached_tokens;
+} kvr_rank_score_t;
+
+/* Scores (and loads) cover every registered rank; out arrays hold kvr_router_n_ranks(). */
+size_t kvr_router_n_ranks(const kvr_router_t *r);
+int kvr_router_query(kvr_router_t *r, const kvr_route_req_t *req, kvr_rank_score_t *out,
+                     size_t cap, size_t *n);
+int kvr_router_loads(kvr_router_t *r, const kvr_route_req_t *req, kvr_load_projection_t *out,
+                     size_t cap, size_t *n);
+
+typedef struct kvr_router_stats {
+    uint64_t routed, rejected_busy, rejected_noworker, rejected_invalid, rejected_duplicate;
+    uint64_t rejected_full, rejected_too_big, queries;
+    uint64_t hash_ns, lookup_ns, select_ns; /* totals */
+} kvr_router_stats_t;
+void kvr_router_stats(const kvr_router_t *r, kvr_router_stats_t *out);
+const kvr_load_t *kvr_router_load(const kvr_router_t *r);
+const kvr_router_config_t *kvr_router_config(const kvr_router_t *r);
+
+#endif

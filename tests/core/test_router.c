@@ -1,0 +1,288 @@
+/*
+ * test_router.c: the routing decision end to end in one process: worker specs, the cache-aware
+ * pick (the worker holding the prefix wins; load breaks ties; load outweighs a small overlap),
+ * booking and freeing, busy ranks, filters, approximate mode learning from its own decisions,
+ * the non-KV modes, and /v1/query's every-rank listing.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/router.h"
+
+#define BS 16
+
+typedef struct fx {
+    kvr_index_t *ix;
+    kvr_router_t *r;
+    kvr_router_config_t cfg;
+} fx_t;
+
+static uint32_t toks[4096];
+
+static void prompt(uint32_t base, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        toks[i] = base * 100000u + (uint32_t)i;
+}
+
+static void make(fx_t *f, const char *mode)
+{
+    kvr_config_defaults(&f->cfg);
+    char err[200];
+    assert_int_equal(kvr_config_set(&f->cfg, "seed", "42", err, sizeof err), KVR_OK);
+    if (mode != NULL)
+        assert_int_equal(kvr_config_set(&f->cfg, "router_mode", mode, err, sizeof err), KVR_OK);
+    kvr_index_config_t ic = {.sync = KVR_SYNC_NONE};
+    int st;
+    f->ix = kvr_index_new(&ic, &st);
+    assert_non_null(f->ix);
+    f->r = kvr_router_new(&f->cfg, f->ix, &st, err, sizeof err);
+    if (f->r == NULL)
+        fail_msg("router: %s", err);
+    for (uint64_t id = 1; id <= 3; id++) {
+        kvr_worker_spec_t w;
+        char text[64];
+        snprintf(text, sizeof text, "id=%llu", (unsigned long long)id);
+        assert_int_equal(kvr_worker_spec_parse(text, &w, err, sizeof err), KVR_OK);
+        assert_int_equal(kvr_router_add_worker(f->r, &w, err, sizeof err), KVR_OK);
+    }
+}
+
+static void unmake(fx_t *f)
+{
+    kvr_router_free(f->r);
+    kvr_index_free(f->ix);
+}
+
+/* The engine of worker id reports it holds the first n_blocks of the current prompt. */
+static void engine_stores(fx_t *f, uint64_t id, size_t n_blocks)
+{
+    uint64_t lbh[256], seq[256];
+    long n = kvr_hash_prompt(toks, n_blocks * BS, BS, NULL, lbh, seq, 256);
+    assert_int_equal(n, (long)n_blocks);
+    kvr_block_t b[256];
+    for (size_t i = 0; i < n_blocks; i++)
+        b[i] = (kvr_block_t){.ext = seq[i] ^ id, .lbh = lbh[i]};
+    kvr_event_t ev = {.kind = KVR_EV_STORED, .worker = {id, 0}, .blocks = b, .n_blocks = n_blocks};
+    assert_int_equal(kvr_index_apply(f->ix, &ev), KVR_OK);
+}
+
+static int route(fx_t *f, size_t n_tokens, bool update, kvr_route_res_t *res)
+{
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = n_tokens, .update_state = update};
+    return kvr_router_route(f->r, &q, 1000, res);
+}
+
+static void test_worker_spec_parsing(void **s)
+{
+    (void)s;
+    kvr_worker_spec_t w;
+    char err[200];
+    assert_int_equal(kvr_worker_spec_parse("id=7,url=http://127.0.0.1:8001,events=tcp://127.0.0.1:5557,"
+                                           "replay=tcp://127.0.0.1:5558,dp_size=2,taints=gpu;zone-a",
+                                           &w, err, sizeof err),
+                     KVR_OK);
+    assert_int_equal(w.worker_id, 7);
+    assert_string_equal(w.events, "tcp://127.0.0.1:5557");
+    assert_int_equal(w.dp_size, 2);
+    assert_int_equal(w.n_taints, 2);
+    assert_string_equal(w.taints[1], "zone-a");
+    assert_int_equal(kvr_worker_spec_parse("url=http://x", &w, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "id is required"));
+    assert_int_equal(kvr_worker_spec_parse("id=-3", &w, err, sizeof err), KVR_EINVAL);
+    assert_int_equal(kvr_worker_spec_parse("id=3,dp_size=0", &w, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "dp_size"));
+    assert_int_equal(kvr_worker_spec_parse("id=3,colour=blue", &w, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "unknown key 'colour'"));
+    assert_int_equal(kvr_worker_spec_parse("id=3,url=ftp://x", &w, err, sizeof err), KVR_EINVAL);
+}
+
+static void test_prefix_holder_wins(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL);
+    prompt(1, 1024);
+    engine_stores(&f, 2, 64); /* worker 2 holds the whole 1K-token prompt */
+    engine_stores(&f, 3, 8);
+    kvr_route_res_t res;
+    assert_int_equal(route(&f, 1024, false, &res), KVR_OK);
+    assert_int_equal(res.worker.worker_id, 2);
+    assert_int_equal(res.overlap_blocks, 64);
+    assert_int_equal(res.cached_tokens, 1024);
+    /* an unrelated prompt: no overlap anywhere, all idle: any of the three */
+    prompt(9, 1024);
+    assert_int_equal(route(&f, 1024, false, &res), KVR_OK);
+    assert_int_equal(res.overlap_blocks, 0);
+    unmake(&f);
+}
+
+static void test_booking_spreads_load_and_free_releases(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL);
+    uint64_t seen[4] = {0};
+    kvr_route_res_t res;
+    /* three different cold prompts, booked: each lands on a different idle worker */
+    for (uint32_t p = 0; p < 3; p++) {
+        prompt(100 + p, 512);
+        assert_int_equal(route(&f, 512, true, &res), KVR_OK);
+        seen[res.worker.worker_id]++;
+        kvr_load_snapshot_t snap;
+        kvr_load_snapshot(kvr_router_load(f.r), res.worker, &snap);
+        assert_int_equal(snap.active_prefill_tokens, 512);
+    }
+    assert_int_equal(seen[1], 1);
+    assert_int_equal(seen[2], 1);
+    assert_int_equal(seen[3], 1);
+    assert_int_equal(kvr_router_free_request(f.r, res.request_id, strlen(res.request_id), 2000),
+                     KVR_OK);
+    assert_int_equal(kvr_router_free_request(f.r, res.request_id, strlen(res.request_id), 2000),
+                     KVR_ENOTFOUND);
+    kvr_load_snapshot_t snap;
+    kvr_load_snapshot(kvr_router_load(f.r), res.worker, &snap);
+    assert_int_equal(snap.active_requests, 0);
+    /* a caller-named duplicate in flight is refused */
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 64, .update_state = true,
+                         .request_id = "abc", .request_id_len = 3};
+    assert_int_equal(kvr_router_route(f.r, &q, 3000, &res), KVR_OK);
+    assert_string_equal(res.request_id, "abc");
+    assert_int_equal(kvr_router_route(f.r, &q, 3000, &res), KVR_EEXIST);
+    kvr_router_stats_t st;
+    kvr_router_stats(f.r, &st);
+    assert_int_equal(st.rejected_duplicate, 1);
+    unmake(&f);
+}
+
+static void test_busy_and_filters(void **s)
+{
+    (void)s;
+    fx_t f;
+    kvr_config_defaults(&f.cfg);
+    make(&f, NULL);
+    kvr_router_free(f.r);
+    char err[200];
+    assert_int_equal(kvr_config_set(&f.cfg, "active_prefill_tokens_threshold", "1000", err, sizeof err),
+                     KVR_OK);
+    int st;
+    f.r = kvr_router_new(&f.cfg, f.ix, &st, err, sizeof err);
+    assert_non_null(f.r);
+    kvr_worker_spec_t w;
+    assert_int_equal(kvr_worker_spec_parse("id=1,taints=gpu", &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_worker_spec_parse("id=2", &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_EEXIST);
+    kvr_route_res_t res;
+    prompt(5, 2048);
+    /* two 2K-token prompts make both workers busy (> 1000 prefill tokens) */
+    assert_int_equal(route(&f, 2048, true, &res), KVR_OK);
+    prompt(6, 2048);
+    assert_int_equal(route(&f, 2048, true, &res), KVR_OK);
+    prompt(7, 64);
+    assert_int_equal(route(&f, 64, true, &res), KVR_EBUSY);
+    /* required taint: only worker 1 qualifies */
+    const char *req_t[] = {"gpu"};
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 64, .required_taints = req_t, .n_required = 1};
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_EBUSY);
+    const char *no_t[] = {"tpu"};
+    q.required_taints = no_t;
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_ENOWORKER);
+    /* fencing both: nothing can serve */
+    kvr_router_set_fenced(f.r, 1, true);
+    kvr_router_set_fenced(f.r, 2, true);
+    assert_int_equal(route(&f, 64, false, &res), KVR_ENOWORKER);
+    /* too long */
+    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 3000000};
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_ETOOBIG);
+    unmake(&f);
+}
+
+static void test_approx_mode_learns_from_decisions(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, "approx");
+    prompt(3, 800);
+    kvr_route_res_t a, b;
+    assert_int_equal(route(&f, 800, true, &a), KVR_OK);
+    kvr_router_free_request(f.r, a.request_id, strlen(a.request_id), 1500);
+    /* the same prompt again: its blocks are now recorded on the first worker */
+    assert_int_equal(route(&f, 800, false, &b), KVR_OK);
+    assert_int_equal(b.worker.worker_id, a.worker.worker_id);
+    assert_int_equal(b.overlap_blocks, 50);
+    /* after the TTL (120 s) the decision is forgotten */
+    kvr_router_tick(f.r, 1000 + 121000);
+    kvr_rank_score_t sc[8];
+    size_t n;
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 800};
+    assert_int_equal(kvr_router_query(f.r, &q, sc, 8, &n), KVR_OK);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(sc[i].device_blocks, 0);
+    unmake(&f);
+}
+
+static void test_round_robin_cycles(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, "round-robin");
+    kvr_route_res_t res;
+    uint64_t order[6];
+    prompt(1, 64);
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(route(&f, 64, false, &res), KVR_OK);
+        order[i] = res.worker.worker_id;
+    }
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(order[i], order[i + 3]);
+    assert_true(order[0] != order[1] && order[1] != order[2] && order[0] != order[2]);
+    unmake(&f);
+}
+
+static void test_query_lists_every_rank(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL);
+    prompt(4, 160);
+    engine_stores(&f, 3, 10);
+    kvr_rank_score_t sc[8];
+    size_t n;
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 160};
+    assert_int_equal(kvr_router_query(f.r, &q, sc, 8, &n), KVR_OK);
+    assert_int_equal(n, 3);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t want = sc[i].worker.worker_id == 3 ? 10 : 0;
+        assert_int_equal(sc[i].device_blocks, want);
+        assert_int_equal(sc[i].cached_tokens, want * BS);
+    }
+    /* removing a worker drops it from the listing */
+    assert_int_equal(kvr_router_remove_worker(f.r, 3), KVR_OK);
+    assert_int_equal(kvr_router_query(f.r, &q, sc, 8, &n), KVR_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(kvr_router_remove_worker(f.r, 3), KVR_ENOTFOUND);
+    unmake(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_worker_spec_parsing),
+        cmocka_unit_test(test_prefix_holder_wins),
+        cmocka_unit_test(test_booking_spreads_load_and_free_releases),
+        cmocka_unit_test(test_busy_and_filters),
+        cmocka_unit_test(test_approx_mode_learns_from_decisions),
+        cmocka_unit_test(test_round_robin_cycles),
+        cmocka_unit_test(test_query_lists_every_rank),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
