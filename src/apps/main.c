@@ -15,6 +15,7 @@ typedef struct subcommand {
 } subcommand_t;
 
 static const subcommand_t SUBCOMMANDS[] = {
+    {"serve", kvr_cmd_serve, "the router daemon: HTTP API, KV events from engines over ZeroMQ"},
     {"hash", kvr_cmd_hash, "block and sequence hashes of JSON-lines prompts (engine parity)"},
     {"bench", kvr_cmd_bench, "benchmarks of the hot paths: hash, index, ingest, all"},
 };

@@ -64,6 +64,7 @@ typedef struct kvr_rank_status {
     uint64_t events_applied, events_rejected, blocks_stored, blocks_removed;
     uint64_t block_size_mismatches;
     uint32_t engine_block_size; /* the last mismatching size seen; 0 = none */
+    uint64_t index_blocks;      /* blocks the index holds for this rank (any tier) */
 } kvr_rank_status_t;
 
 typedef struct kvr_router kvr_router_t;

@@ -29,6 +29,7 @@ typedef struct rank {
     void *dealer;
     char replay_addr[256];
     kvr_seqtrack_t cur;
+    uint64_t last_hash; /* of the last batch handed over: tells a repeat from a restart */
     kvr_zmq_rank_info_t info;
 } rank_t;
 
@@ -254,6 +255,7 @@ static int call_batch(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const void
     int rc = l->h.on_batch(l->h.ud, &b);
     if (rc == KVR_EPARSE)
         return rc;
+    r->last_hash = kvr_xxh3(p, n, 0);
     l->st.batches++;
     r->info.batches++;
     if (replayed) {
@@ -400,6 +402,9 @@ static void handle_live(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const vo
 {
     uint64_t from = 0;
     kvr_seq_verdict_t v = kvr_seq_observe(&r->cur, seq, &from);
+    /* the last number again with other bytes: a new process that has sent one batch so far */
+    if (v == KVR_SEQ_DUPLICATE && kvr_xxh3(p, n, 0) != r->last_hash)
+        v = KVR_SEQ_RESTART;
     if (v == KVR_SEQ_DUPLICATE) {
         l->st.duplicates++;
         r->info.duplicates++;

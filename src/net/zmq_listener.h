@@ -10,7 +10,9 @@
  *     or a batch that stays undecodable after one replay: the caller is told to drop that
  *     rank's state (on_reset) and the rank is marked degraded until a publisher starts over
  *     from batch 0, which makes it exact again;
- *   - malformed messages (not 3 frames, seq not 8 bytes) are counted and skipped.
+ *   - malformed messages (not 3 frames, seq not 8 bytes) are counted and skipped;
+ *   - the last applied number arriving again is a duplicate if its bytes are the same, and a
+ *     publisher restart (that has sent one batch so far) if they differ.
  * Everything dropped or doubtful is counted (kvr_zmq_stats_t, per-rank counters).
  *
  * Threads: one thread owns a listener (the ingest thread): add, remove and poll are called on

@@ -102,6 +102,7 @@ static void test_bad_values_named_and_refused(void **s)
     refuse("router_mode", "fastest", "router_mode: must be one of kv, round-robin");
     refuse("use_kv_events", "maybe", "use_kv_events: must be true or false");
     refuse("http_port", "70000", "http_port");
+    refuse("http_port", "-1", "http_port");
     refuse("active_decode_blocks_threshold", "2", "active_decode_blocks_threshold");
     refuse("router_queue_threshold", "-1", "router_queue_threshold");
     refuse("no_such_field", "1", "unknown setting 'no_such_field'");

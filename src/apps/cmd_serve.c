@@ -1,0 +1,298 @@
+/*
+ * cmd_serve.c: `kvrouter serve`, the router daemon. Reads the configuration (defaults, then
+ * --config FILE, then KVR_* environment variables, then flags; the later wins), validates it
+ * (a bad value stops start-up naming the field), then wires the parts together: the prefix
+ * index, the ingest thread (KV events over ZeroMQ), the router core and the HTTP API on one
+ * event loop. SIGINT / SIGTERM stop it cleanly.
+ */
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apps/apps.h"
+#include "core/config.h"
+#include "core/router.h"
+#include "net/api_server.h"
+#include "net/ingest.h"
+#include "net/log.h"
+
+extern char **environ;
+
+#define MAX_CLI_WORKERS 1024
+
+typedef struct serve_args {
+    kvr_router_config_t cfg;
+    kvr_worker_spec_t *workers;
+    size_t n_workers;
+    const char *config_file;
+    kvr_log_level_t log_level;
+} serve_args_t;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvrouter serve [--worker SPEC]... [--config FILE] [--SETTING VALUE]...\n\n"
+            "  --worker SPEC   id=7,url=http://127.0.0.1:8001,events=tcp://127.0.0.1:5557,\n"
+            "                  replay=tcp://127.0.0.1:5558,dp_size=1,taints=a;b (only id is "
+            "required; repeatable)\n"
+            "  --config FILE   `setting = value` lines\n"
+            "  --log-level L   debug | info | warn | error (default info)\n\n"
+            "Every setting is also read from KVR_<SETTING> (e.g. KVR_BLOCK_SIZE=64). Settings:\n");
+    size_t need = kvr_config_help(NULL, 0);
+    char *help = malloc(need + 1);
+    if (help != NULL) {
+        kvr_config_help(help, need + 1);
+        fputs(help, out);
+        free(help);
+    }
+}
+
+static int read_file(const char *path, char **text, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return KVR_EIO;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf != NULL && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            if (cap >= ((size_t)1 << 24))
+                break;
+            char *nb = realloc(buf, cap * 2);
+            if (nb == NULL) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf == NULL)
+        return KVR_ENOMEM;
+    *text = buf;
+    *len = n;
+    return KVR_OK;
+}
+
+/* Value of a flag given as "--name value" or "--name=value"; advances *i. */
+static const char *flag_value(int argc, char **argv, int *i, const char *arg, const char **name,
+                              char *namebuf, size_t cap)
+{
+    const char *eq = strchr(arg, '=');
+    if (eq != NULL) {
+        size_t n = (size_t)(eq - arg);
+        if (n >= cap)
+            n = cap - 1;
+        memcpy(namebuf, arg, n);
+        namebuf[n] = '\0';
+        *name = namebuf;
+        return eq + 1;
+    }
+    *name = arg;
+    if (*i + 1 >= argc)
+        return NULL;
+    return argv[++*i];
+}
+
+static int parse_args(int argc, char **argv, serve_args_t *a)
+{
+    char err[300];
+    kvr_config_defaults(&a->cfg);
+    a->log_level = KVR_LOG_INFO;
+    for (int i = 1; i < argc; i++) /* the config file goes first, whatever its position */
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            a->config_file = argv[i + 1];
+        else if (strncmp(argv[i], "--config=", 9) == 0)
+            a->config_file = argv[i] + 9;
+    if (a->config_file != NULL) {
+        char *text;
+        size_t len;
+        if (read_file(a->config_file, &text, &len) != KVR_OK) {
+            fprintf(stderr, "kvrouter serve: cannot read config file '%s'\n", a->config_file);
+            return 2;
+        }
+        int rc = kvr_config_from_text(&a->cfg, text, len, err, sizeof err);
+        free(text);
+        if (rc != KVR_OK) {
+            fprintf(stderr, "kvrouter serve: %s: %s\n", a->config_file, err);
+            return 2;
+        }
+    }
+    if (kvr_config_from_env(&a->cfg, environ, err, sizeof err) != KVR_OK) {
+        fprintf(stderr, "kvrouter serve: %s\n", err);
+        return 2;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *name;
+        char namebuf[96];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        }
+        if (strncmp(arg, "--", 2) != 0) {
+            fprintf(stderr, "kvrouter serve: unexpected argument '%s'\n", arg);
+            return 2;
+        }
+        const char *v = flag_value(argc, argv, &i, arg, &name, namebuf, sizeof namebuf);
+        if (v == NULL) {
+            fprintf(stderr, "kvrouter serve: %s needs a value\n", arg);
+            return 2;
+        }
+        if (strcmp(name, "--config") == 0)
+            continue;
+        if (strcmp(name, "--log-level") == 0) {
+            static const char *const lv[] = {"debug", "info", "warn", "error"};
+            int k = 0;
+            while (k < 4 && strcmp(v, lv[k]) != 0)
+                k++;
+            if (k == 4) {
+                fprintf(stderr, "kvrouter serve: --log-level: must be debug, info, warn or error\n");
+                return 2;
+            }
+            a->log_level = (kvr_log_level_t)k;
+            continue;
+        }
+        if (strcmp(name, "--worker") == 0) {
+            if (a->n_workers == MAX_CLI_WORKERS) {
+                fprintf(stderr, "kvrouter serve: more than %d --worker flags\n", MAX_CLI_WORKERS);
+                return 2;
+            }
+            if (kvr_worker_spec_parse(v, &a->workers[a->n_workers], err, sizeof err) != KVR_OK) {
+                fprintf(stderr, "kvrouter serve: --worker %s: %s\n", v, err);
+                return 2;
+            }
+            a->n_workers++;
+            continue;
+        }
+        int rc = kvr_config_set(&a->cfg, name, v, err, sizeof err);
+        if (rc != KVR_OK) {
+            fprintf(stderr, "kvrouter serve: %s\n", err);
+            return 2;
+        }
+    }
+    if (kvr_config_validate(&a->cfg, err, sizeof err) != KVR_OK) {
+        fprintf(stderr, "kvrouter serve: %s\n", err);
+        return 2;
+    }
+    return 0;
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    kvr_log(KVR_LOG_INFO, "signal %d: shutting down", (int)sig);
+    event_base_loopexit(arg, NULL);
+}
+
+typedef struct daemon_parts {
+    struct event_base *base;
+    kvr_index_t *ix;
+    kvr_ingest_t *g;
+    kvr_router_t *r;
+    kvr_api_server_t *api;
+    struct event *sigint, *sigterm;
+} daemon_parts_t;
+
+static void teardown(daemon_parts_t *d)
+{
+    if (d->sigint)
+        event_free(d->sigint);
+    if (d->sigterm)
+        event_free(d->sigterm);
+    kvr_api_server_free(d->api);
+    kvr_ingest_free(d->g);
+    kvr_router_free(d->r);
+    kvr_index_free(d->ix);
+    if (d->base)
+        event_base_free(d->base);
+}
+
+static int build(daemon_parts_t *d, const serve_args_t *a)
+{
+    const kvr_router_config_t *c = &a->cfg;
+    char err[300] = "";
+    int st = KVR_OK;
+    evthread_use_pthreads();
+    d->base = event_base_new();
+    if (d->base == NULL)
+        return KVR_ENOMEM;
+    bool kv = c->router_mode == KVR_MODE_KV, approx = c->router_mode == KVR_MODE_APPROX;
+    if (kv || approx) {
+        kvr_index_config_t ic = {.max_pairs = c->index_max_pairs,
+                                 .max_workers = c->max_workers,
+                                 .sync = approx ? KVR_SYNC_NONE : KVR_SYNC_RCU};
+        if ((d->ix = kvr_index_new(&ic, &st)) == NULL) {
+            fprintf(stderr, "kvrouter serve: index: %s\n", kvr_strerror(st));
+            return st;
+        }
+    }
+    if (kv && c->use_kv_events) {
+        kvr_ingest_config_t gc = {.block_size = c->block_size, .max_ranks = c->max_workers};
+        if ((d->g = kvr_ingest_new(d->ix, &gc, &st)) == NULL) {
+            fprintf(stderr, "kvrouter serve: ingest: %s\n", kvr_strerror(st));
+            return st;
+        }
+    }
+    if ((d->r = kvr_router_new(c, d->ix, &st, err, sizeof err)) == NULL) {
+        fprintf(stderr, "kvrouter serve: %s\n", err);
+        return st;
+    }
+    if ((d->api = kvr_api_server_new(d->base, d->r, d->g, c, &st, err, sizeof err)) == NULL) {
+        fprintf(stderr, "kvrouter serve: %s\n", err);
+        return st;
+    }
+    for (size_t i = 0; i < a->n_workers; i++) {
+        if ((st = kvr_api_server_add_worker(d->api, &a->workers[i], err, sizeof err)) != KVR_OK) {
+            fprintf(stderr, "kvrouter serve: --worker id=%llu: %s\n",
+                    (unsigned long long)a->workers[i].worker_id, err);
+            return st;
+        }
+    }
+    if (d->g != NULL && (st = kvr_ingest_start(d->g)) != KVR_OK)
+        return st;
+    d->sigint = evsignal_new(d->base, SIGINT, on_signal, d->base);
+    d->sigterm = evsignal_new(d->base, SIGTERM, on_signal, d->base);
+    if (d->sigint == NULL || d->sigterm == NULL || event_add(d->sigint, NULL) != 0 ||
+        event_add(d->sigterm, NULL) != 0)
+        return KVR_ENOMEM;
+    return KVR_OK;
+}
+
+int kvr_cmd_serve(int argc, char **argv)
+{
+    serve_args_t a = {0};
+    a.workers = calloc(MAX_CLI_WORKERS, sizeof *a.workers);
+    if (a.workers == NULL)
+        return 1;
+    int rc = parse_args(argc, argv, &a);
+    if (rc != 0) {
+        free(a.workers);
+        return rc;
+    }
+    kvr_log_set_level(a.log_level);
+    signal(SIGPIPE, SIG_IGN);
+    daemon_parts_t d = {0};
+    int st = build(&d, &a);
+    if (st == KVR_OK) {
+        kvr_log(KVR_LOG_INFO, "kvrouter serving on http://%s:%u (block size %u, mode %s, %zu workers)",
+                a.cfg.bind, kvr_api_server_port(d.api), a.cfg.block_size,
+                a.cfg.router_mode == KVR_MODE_KV       ? "kv"
+                : a.cfg.router_mode == KVR_MODE_APPROX ? "approx"
+                                                       : "load-only",
+                a.n_workers);
+        /* a line scripts can wait for */
+        printf("listening %s:%u\n", a.cfg.bind, kvr_api_server_port(d.api));
+        fflush(stdout);
+        event_base_dispatch(d.base);
+    }
+    teardown(&d);
+    free(a.workers);
+    return st == KVR_OK ? 0 : 1;
+}

@@ -1,0 +1,1474 @@
+/*
+ * api_server.c: see api_server.h.
+ *
+ * Invariants: every evhttp request gets exactly one reply, except a queued one whose client
+ * went away (its connection's close callback removes it from the queue and frees it; nothing
+ * touches the request afterwards). A queued request owns copies of its tokens and strings.
+ * Threads: everything here runs on the HTTP thread; the ingest thread is reached only through
+ * kvr_ingest_* (synchronous commands and snapshots).
+ * Cost: a route is one JSON decode (tokens streamed), one decision (core/router.c) and one
+ * small JSON reply; no allocation once warm, but for queued requests.
+ */
+#include "net/api_server.h"
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/log.h"
+#include "wire/api_json.h"
+#include "wire/json_writer.h"
+#include "wire/prom.h"
+
+#define MAX_BODY_BYTES ((size_t)64 << 20)
+#define MAX_PROBES 4096
+
+typedef struct probe {
+    kvr_api_server_t *s;
+    uint64_t worker_id;
+    struct evhttp_connection *conn;
+    bool in_flight;
+    bool dead; /* its worker was removed; kept until the server goes (a late callback) */
+    uint32_t failures;
+} probe_t;
+
+typedef struct pending {
+    kvr_api_server_t *s;
+    struct evhttp_request *req;
+    kvr_queue_handle_t handle;
+    bool tagged;             /* came from POST /router (reply shape differs) */
+    kvr_route_req_t q;
+    uint32_t *tokens;
+    char *strings;           /* request id, lora name, namespace, taints: copies */
+    const char **required;
+    kvr_taint_weight_t *preferred;
+    uint64_t *allowed;
+    kvr_select_override_t ovr;
+} pending_t;
+
+struct kvr_api_server {
+    struct event_base *base;
+    struct evhttp *http;
+    struct event *tick;
+    kvr_router_t *r;
+    kvr_ingest_t *g;
+    kvr_router_config_t cfg;
+    uint16_t port;
+    kvr_api_decoder_t *dec;
+    kvr_json_writer_t w;
+    kvr_prom_t prom;
+    struct evbuffer *out;
+    kvr_queue_t *queue;
+    probe_t **probes; /* live probes, then dead ones from n_probes to n_all */
+    size_t n_probes, n_all;
+    uint64_t last_probe_ms;
+    kvr_hist_t h_hash, h_lookup, h_select, h_total;
+    uint64_t routes_with_overlap;
+    uint64_t http_requests, http_errors_4xx, http_errors_5xx;
+    kvr_rank_score_t *scores;
+    kvr_load_projection_t *loads;
+    size_t cap_ranks;
+    kvr_ratelimit_t rl_health;
+};
+
+static const double MS_BUCKETS[] = {0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                    1,     2.5,   5,    10,    25,   50,  100};
+#define N_MS_BUCKETS (sizeof MS_BUCKETS / sizeof MS_BUCKETS[0])
+
+/* ---------------------------------------------------------------------------------------- */
+/* Replies */
+
+static void reply_text(kvr_api_server_t *s, struct evhttp_request *req, int code,
+                       const char *ctype, const char *data, size_t len)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", ctype);
+    evbuffer_add(s->out, data, len);
+    if (code >= 500)
+        s->http_errors_5xx++;
+    else if (code >= 400)
+        s->http_errors_4xx++;
+    evhttp_send_reply(req, code, NULL, s->out);
+}
+
+static void reply_writer(kvr_api_server_t *s, struct evhttp_request *req, int code)
+{
+    const char *data;
+    size_t len;
+    if (kvr_json_writer_finish(&s->w, &data, &len) != KVR_OK) {
+        static const char oom[] = "{\"error\":{\"message\":\"response too large\","
+                                  "\"type\":\"internal_error\",\"code\":500}}";
+        reply_text(s, req, 500, "application/json", oom, sizeof oom - 1);
+        return;
+    }
+    reply_text(s, req, code, "application/json", data, len);
+}
+
+static void reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code,
+                        const char *type, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code,
+                        const char *type, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    kvr_json_writer_reset(&s->w);
+    kvr_json_error(&s->w, msg, type, code);
+    reply_writer(s, req, code);
+}
+
+/* The HTTP answer for a router status. */
+static void reply_status(kvr_api_server_t *s, struct evhttp_request *req, int rc,
+                         const char *detail)
+{
+    switch (rc) {
+    case KVR_ENOWORKER:
+        reply_error(s, req, 503, "service_unavailable", "no worker can serve this request%s%s",
+                    detail ? ": " : "", detail ? detail : "");
+        break;
+    case KVR_ENOTALLOWED:
+        reply_error(s, req, 503, "service_unavailable",
+                    "the pinned worker is outside the request's filters");
+        break;
+    case KVR_EBUSY:
+        reply_error(s, req, 429, "rate_limit_exceeded", "every eligible worker is busy");
+        break;
+    case KVR_EQUEUEFULL:
+        reply_error(s, req, 429, "rate_limit_exceeded", "the request queue is full");
+        break;
+    case KVR_EEXIST:
+        reply_error(s, req, 409, "invalid_request_error", "request_id is already in flight");
+        break;
+    case KVR_EFULL:
+        reply_error(s, req, 429, "rate_limit_exceeded", "too many requests in flight");
+        break;
+    case KVR_ETOOBIG:
+        reply_error(s, req, 413, "invalid_request_error",
+                    "prompt longer than router_max_prompt_tokens (%llu tokens)",
+                    (unsigned long long)s->cfg.router_max_prompt_tokens);
+        break;
+    case KVR_ENOTFOUND:
+        reply_error(s, req, 404, "not_found_error", "%s", detail ? detail : "not found");
+        break;
+    case KVR_EINVAL:
+    case KVR_EPARSE:
+    case KVR_ERANGE:
+        reply_error(s, req, 400, "invalid_request_error", "%s", detail ? detail : kvr_strerror(rc));
+        break;
+    default:
+        reply_error(s, req, 500, "internal_error", "%s", kvr_strerror(rc));
+        break;
+    }
+}
+
+/* The body as one contiguous string (NUL not required by the decoders). */
+static const char *body_of(struct evhttp_request *req, size_t *len)
+{
+    struct evbuffer *b = evhttp_request_get_input_buffer(req);
+    *len = evbuffer_get_length(b);
+    if (*len == 0)
+        return "";
+    return (const char *)evbuffer_pullup(b, -1);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Routing */
+
+static void route_req_from_api(kvr_route_req_t *q, const kvr_api_route_t *a)
+{
+    *q = (kvr_route_req_t){
+        .tokens = a->tokens,
+        .n_tokens = a->n_tokens,
+        .request_id = a->has_request_id ? a->request_id : NULL,
+        .request_id_len = a->has_request_id ? strlen(a->request_id) : 0,
+        .update_state = a->update_state,
+        .lora_name = a->lora_name,
+        .lora_name_len = a->lora_name_len,
+        .cache_namespace = a->cache_namespace,
+        .cache_namespace_len = a->cache_namespace_len,
+        .has_allowed = a->has_allowed,
+        .allowed_ids = a->allowed_ids,
+        .n_allowed = a->n_allowed,
+        .has_pinned = a->has_pinned,
+        .pinned = a->pinned,
+        .priority_jump = a->priority_jump,
+        .has_expected_output_tokens = a->has_expected_output_tokens,
+        .expected_output_tokens = a->expected_output_tokens,
+        .required_taints = a->required_taints,
+        .n_required = a->n_required,
+        .preferred_taints = a->preferred_taints,
+        .n_preferred = a->n_preferred,
+        .ovr = a->has_override ? &a->ovr : NULL,
+        .has_assume_kv_reuse = a->has_assume_kv_reuse,
+        .assume_kv_reuse = a->assume_kv_reuse,
+        .has_track_prefill_tokens = a->has_track_prefill_tokens,
+        .track_prefill_tokens = a->track_prefill_tokens,
+    };
+}
+
+static void observe(kvr_api_server_t *s, const kvr_route_res_t *res)
+{
+    kvr_hist_observe(&s->h_hash, (double)res->timing.hash_ns / 1e6);
+    kvr_hist_observe(&s->h_lookup, (double)res->timing.lookup_ns / 1e6);
+    kvr_hist_observe(&s->h_select, (double)res->timing.select_ns / 1e6);
+    kvr_hist_observe(&s->h_total, (double)res->timing.total_ns / 1e6);
+    if (res->overlap_blocks > 0)
+        s->routes_with_overlap++;
+}
+
+static void reply_routed(kvr_api_server_t *s, struct evhttp_request *req,
+                         const kvr_route_res_t *res, bool tagged)
+{
+    kvr_json_writer_t *w = &s->w;
+    kvr_json_writer_reset(w);
+    kvr_json_begin_object(w);
+    if (tagged) {
+        kvr_json_key(w, "method");
+        kvr_json_string(w, "new");
+    }
+    kvr_json_key(w, "request_id");
+    kvr_json_string(w, res->request_id);
+    kvr_json_key(w, "worker_id");
+    kvr_json_u64(w, res->worker.worker_id);
+    kvr_json_key(w, "dp_rank");
+    kvr_json_u64(w, res->worker.dp_rank);
+    kvr_json_key(w, "overlap_blocks");
+    kvr_json_u64(w, res->overlap_blocks);
+    kvr_json_key(w, "cached_tokens");
+    kvr_json_u64(w, res->cached_tokens);
+    kvr_json_end_object(w);
+    reply_writer(s, req, 200);
+}
+
+static bool queue_enabled(const kvr_api_server_t *s) { return s->queue != NULL; }
+
+static void pending_free(pending_t *p)
+{
+    if (p == NULL)
+        return;
+    free(p->tokens);
+    free(p->strings);
+    free(p->required);
+    free(p->preferred);
+    free(p->allowed);
+    free(p);
+}
+
+static void on_queued_close(struct evhttp_connection *conn, void *arg)
+{
+    (void)conn;
+    pending_t *p = arg;
+    kvr_queue_entry_t e;
+    if (kvr_queue_remove(p->s->queue, p->handle, &e) == KVR_OK)
+        pending_free(p);
+}
+
+static char *copy_str(char **cursor, const char *src, size_t len)
+{
+    char *dst = *cursor;
+    memcpy(dst, src, len);
+    dst[len] = '\0';
+    *cursor += len + 1;
+    return dst;
+}
+
+/* Copies a route request so it outlives the decoder's buffers. */
+static pending_t *pending_new(kvr_api_server_t *s, struct evhttp_request *req,
+                              const kvr_route_req_t *q, bool tagged)
+{
+    pending_t *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    p->s = s;
+    p->req = req;
+    p->tagged = tagged;
+    p->q = *q;
+    size_t strbytes = q->request_id_len + q->lora_name_len + q->cache_namespace_len + 3;
+    for (size_t i = 0; i < q->n_required; i++)
+        strbytes += strlen(q->required_taints[i]) + 1;
+    for (size_t i = 0; i < q->n_preferred; i++)
+        strbytes += strlen(q->preferred_taints[i].taint) + 1;
+    p->tokens = malloc((q->n_tokens ? q->n_tokens : 1) * sizeof *p->tokens);
+    p->strings = malloc(strbytes);
+    p->required = calloc(q->n_required + 1, sizeof *p->required);
+    p->preferred = calloc(q->n_preferred + 1, sizeof *p->preferred);
+    p->allowed = malloc((q->n_allowed + 1) * sizeof *p->allowed);
+    if (p->tokens == NULL || p->strings == NULL || p->required == NULL || p->preferred == NULL ||
+        p->allowed == NULL) {
+        pending_free(p);
+        return NULL;
+    }
+    if (q->n_tokens)
+        memcpy(p->tokens, q->tokens, q->n_tokens * sizeof *p->tokens);
+    p->q.tokens = p->tokens;
+    char *c = p->strings;
+    if (q->request_id)
+        p->q.request_id = copy_str(&c, q->request_id, q->request_id_len);
+    if (q->lora_name)
+        p->q.lora_name = copy_str(&c, q->lora_name, q->lora_name_len);
+    if (q->cache_namespace)
+        p->q.cache_namespace = copy_str(&c, q->cache_namespace, q->cache_namespace_len);
+    for (size_t i = 0; i < q->n_required; i++)
+        p->required[i] = copy_str(&c, q->required_taints[i], strlen(q->required_taints[i]));
+    p->q.required_taints = p->required;
+    for (size_t i = 0; i < q->n_preferred; i++) {
+        p->preferred[i].weight = q->preferred_taints[i].weight;
+        p->preferred[i].taint =
+            copy_str(&c, q->preferred_taints[i].taint, strlen(q->preferred_taints[i].taint));
+    }
+    p->q.preferred_taints = p->preferred;
+    if (q->n_allowed)
+        memcpy(p->allowed, q->allowed_ids, q->n_allowed * sizeof *p->allowed);
+    p->q.allowed_ids = p->allowed;
+    if (q->ovr != NULL) {
+        p->ovr = *q->ovr;
+        p->q.ovr = &p->ovr;
+    }
+    return p;
+}
+
+static int enqueue(kvr_api_server_t *s, struct evhttp_request *req, const kvr_route_req_t *q,
+                   bool tagged, uint32_t strict_priority)
+{
+    pending_t *p = pending_new(s, req, q, tagged);
+    if (p == NULL)
+        return KVR_ENOMEM;
+    kvr_queue_item_t it = {.isl_tokens = q->n_tokens,
+                           .cost_tokens = q->n_tokens,
+                           .priority_jump = q->priority_jump,
+                           .strict_priority = strict_priority,
+                           .timeout_ms = s->cfg.router_queue_timeout_ms,
+                           .user = p};
+    int rc = kvr_queue_push(s->queue, &it, kvr_now_ms(), &p->handle);
+    if (rc != KVR_OK) {
+        pending_free(p);
+        return rc;
+    }
+    evhttp_connection_set_closecb(evhttp_request_get_connection(req), on_queued_close, p);
+    return KVR_OK;
+}
+
+/* Routes (or queues) a decoded request and replies unless it was queued. */
+static void route_and_reply(kvr_api_server_t *s, struct evhttp_request *req,
+                            const kvr_route_req_t *q, bool tagged, uint32_t strict_priority)
+{
+    kvr_route_res_t res;
+    /* arrivals do not overtake a backlog */
+    int rc = queue_enabled(s) && kvr_queue_len(s->queue) > 0 && q->update_state
+                 ? KVR_EBUSY
+                 : kvr_router_route(s->r, q, kvr_now_ms(), &res);
+    if (rc == KVR_OK) {
+        observe(s, &res);
+        reply_routed(s, req, &res, tagged);
+        return;
+    }
+    if (rc == KVR_EBUSY && queue_enabled(s) && q->update_state) {
+        rc = enqueue(s, req, q, tagged, strict_priority);
+        if (rc == KVR_OK)
+            return;
+    }
+    reply_status(s, req, rc, rc == KVR_EINVAL ? res.error_field : NULL);
+}
+
+/* Dispatches queued requests while the head can be placed. */
+static void dispatch_queue(kvr_api_server_t *s)
+{
+    if (!queue_enabled(s))
+        return;
+    kvr_queue_entry_t e;
+    while (kvr_queue_peek(s->queue, &e) == KVR_OK) {
+        pending_t *p = e.item.user;
+        kvr_route_res_t res;
+        int rc = kvr_router_route(s->r, &p->q, kvr_now_ms(), &res);
+        if (rc == KVR_EBUSY)
+            return; /* still busy: wait for the next change */
+        (void)kvr_queue_pop(s->queue, &e);
+        evhttp_connection_set_closecb(evhttp_request_get_connection(p->req), NULL, NULL);
+        if (rc == KVR_OK) {
+            observe(s, &res);
+            reply_routed(s, p->req, &res, p->tagged);
+        } else {
+            reply_status(s, p->req, rc, rc == KVR_EINVAL ? res.error_field : NULL);
+        }
+        pending_free(p);
+    }
+}
+
+static void expire_queue(kvr_api_server_t *s)
+{
+    if (!queue_enabled(s))
+        return;
+    kvr_queue_entry_t e;
+    while (kvr_queue_expire(s->queue, kvr_now_ms(), &e) == KVR_OK) {
+        pending_t *p = e.item.user;
+        evhttp_connection_set_closecb(evhttp_request_get_connection(p->req), NULL, NULL);
+        reply_error(s, p->req, 429, "rate_limit_exceeded",
+                    "queued longer than router_queue_timeout_ms (%llu ms)",
+                    (unsigned long long)s->cfg.router_queue_timeout_ms);
+        pending_free(p);
+    }
+}
+
+static void h_route(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    size_t len;
+    const char *body = body_of(req, &len);
+    kvr_api_route_t a;
+    int rc = kvr_api_decode_route(s->dec, body, len, &a);
+    if (rc != KVR_OK) {
+        reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+        return;
+    }
+    kvr_route_req_t q;
+    route_req_from_api(&q, &a);
+    route_and_reply(s, req, &q, false, 0);
+}
+
+/* POST /v1/requests/{id}/first_token|output_block, DELETE /v1/requests/{id} */
+static void h_request(kvr_api_server_t *s, struct evhttp_request *req, const char *rest,
+                      enum evhttp_cmd_type method)
+{
+    const char *slash = strchr(rest, '/');
+    size_t id_len = slash ? (size_t)(slash - rest) : strlen(rest);
+    char id[KVR_API_MAX_REQUEST_ID_BYTES * 3 + 1];
+    if (id_len == 0 || id_len >= sizeof id) {
+        reply_error(s, req, 400, "invalid_request_error", "request id: 1 to 256 bytes");
+        return;
+    }
+    memcpy(id, rest, id_len);
+    id[id_len] = '\0';
+    char *decoded = evhttp_uridecode(id, 0, &id_len);
+    if (decoded == NULL) {
+        reply_error(s, req, 400, "invalid_request_error", "request id: bad percent-encoding");
+        return;
+    }
+    const char *action = slash ? slash + 1 : "";
+    uint64_t now = kvr_now_ms();
+    int rc;
+    if (method == EVHTTP_REQ_DELETE && *action == '\0') {
+        rc = kvr_router_free_request(s->r, decoded, id_len, now);
+    } else if (method == EVHTTP_REQ_POST && strcmp(action, "first_token") == 0) {
+        rc = kvr_router_first_token(s->r, decoded, id_len, now);
+    } else if (method == EVHTTP_REQ_POST && strcmp(action, "output_block") == 0) {
+        size_t len;
+        const char *body = body_of(req, &len);
+        kvr_api_output_block_t ob;
+        rc = kvr_api_decode_output_block(s->dec, body, len, &ob);
+        if (rc != KVR_OK) {
+            free(decoded);
+            reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+            return;
+        }
+        rc = kvr_router_output_block(s->r, decoded, id_len,
+                                     ob.has_decay_fraction ? ob.decay_fraction : NAN, now);
+    } else {
+        free(decoded);
+        reply_error(s, req, 404, "not_found_error", "no such endpoint");
+        return;
+    }
+    free(decoded);
+    if (rc == KVR_ENOTFOUND) {
+        reply_error(s, req, 404, "not_found_error", "unknown request id");
+        return;
+    }
+    if (rc != KVR_OK) {
+        reply_status(s, req, rc, NULL);
+        return;
+    }
+    kvr_json_writer_reset(&s->w);
+    kvr_json_begin_object(&s->w);
+    kvr_json_key(&s->w, "ok");
+    kvr_json_bool(&s->w, true);
+    kvr_json_end_object(&s->w);
+    reply_writer(s, req, 200);
+    dispatch_queue(s); /* load went down */
+}
+
+static int ensure_rank_bufs(kvr_api_server_t *s)
+{
+    size_t n = kvr_router_n_ranks(s->r);
+    if (n <= s->cap_ranks)
+        return KVR_OK;
+    size_t cap = n * 2;
+    kvr_rank_score_t *sc = realloc(s->scores, cap * sizeof *sc);
+    if (sc != NULL)
+        s->scores = sc;
+    kvr_load_projection_t *lp = realloc(s->loads, cap * sizeof *lp);
+    if (lp != NULL)
+        s->loads = lp;
+    if (sc == NULL || lp == NULL)
+        return KVR_ENOMEM;
+    s->cap_ranks = cap;
+    return KVR_OK;
+}
+
+static void query_req(kvr_route_req_t *q, const kvr_api_query_t *a)
+{
+    *q = (kvr_route_req_t){.tokens = a->tokens,
+                           .n_tokens = a->n_tokens,
+                           .lora_name = a->lora_name,
+                           .lora_name_len = a->lora_name_len,
+                           .cache_namespace = a->cache_namespace,
+                           .cache_namespace_len = a->cache_namespace_len};
+}
+
+static void h_query(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    size_t len, n = 0;
+    const char *body = body_of(req, &len);
+    kvr_api_query_t a;
+    int rc = kvr_api_decode_query(s->dec, body, len, &a);
+    if (rc != KVR_OK) {
+        reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+        return;
+    }
+    kvr_route_req_t q;
+    query_req(&q, &a);
+    if ((rc = ensure_rank_bufs(s)) == KVR_OK)
+        rc = kvr_router_query(s->r, &q, s->scores, s->cap_ranks, &n);
+    if (rc != KVR_OK) {
+        reply_status(s, req, rc, NULL);
+        return;
+    }
+    kvr_json_writer_t *w = &s->w;
+    kvr_json_writer_reset(w);
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "block_size");
+    kvr_json_u64(w, s->cfg.block_size);
+    kvr_json_key(w, "scores");
+    kvr_json_begin_array(w);
+    for (size_t i = 0; i < n; i++) {
+        const kvr_rank_score_t *sc = &s->scores[i];
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "worker_id");
+        kvr_json_u64(w, sc->worker.worker_id);
+        kvr_json_key(w, "dp_rank");
+        kvr_json_u64(w, sc->worker.dp_rank);
+        kvr_json_key(w, "device_blocks");
+        kvr_json_u64(w, sc->device_blocks);
+        kvr_json_key(w, "host_blocks");
+        kvr_json_u64(w, sc->host_blocks);
+        kvr_json_key(w, "disk_blocks");
+        kvr_json_u64(w, sc->disk_blocks);
+        kvr_json_key(w, "cached_tokens");
+        kvr_json_u64(w, sc->cached_tokens);
+        kvr_json_end_object(w);
+    }
+    kvr_json_end_array(w);
+    kvr_json_end_object(w);
+    reply_writer(s, req, 200);
+}
+
+static void write_loads(kvr_json_writer_t *w, const kvr_load_projection_t *lp, size_t n)
+{
+    kvr_json_begin_array(w);
+    for (size_t i = 0; i < n; i++) {
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "worker_id");
+        kvr_json_u64(w, lp[i].worker.worker_id);
+        kvr_json_key(w, "dp_rank");
+        kvr_json_u64(w, lp[i].worker.dp_rank);
+        kvr_json_key(w, "potential_prefill_tokens");
+        kvr_json_u64(w, lp[i].potential_prefill_tokens);
+        kvr_json_key(w, "potential_decode_blocks");
+        kvr_json_u64(w, lp[i].potential_decode_blocks);
+        kvr_json_key(w, "active_requests");
+        kvr_json_u64(w, lp[i].active_requests);
+        kvr_json_end_object(w);
+    }
+    kvr_json_end_array(w);
+}
+
+static void h_loads(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    size_t len, n = 0;
+    const char *body = body_of(req, &len);
+    kvr_api_query_t a;
+    int rc = kvr_api_decode_loads(s->dec, body, len, &a);
+    if (rc != KVR_OK) {
+        reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+        return;
+    }
+    kvr_route_req_t q;
+    query_req(&q, &a);
+    if ((rc = ensure_rank_bufs(s)) == KVR_OK)
+        rc = kvr_router_loads(s->r, &q, s->loads, s->cap_ranks, &n);
+    if (rc != KVR_OK) {
+        reply_status(s, req, rc, NULL);
+        return;
+    }
+    kvr_json_writer_reset(&s->w);
+    kvr_json_begin_object(&s->w);
+    kvr_json_key(&s->w, "loads");
+    write_loads(&s->w, s->loads, n);
+    kvr_json_end_object(&s->w);
+    reply_writer(s, req, 200);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Workers */
+
+static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
+{
+    kvr_json_writer_t *w = &s->w;
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "worker_id");
+    kvr_json_u64(w, sp->worker_id);
+    kvr_json_key(w, "url");
+    kvr_json_string(w, sp->url);
+    kvr_json_key(w, "events");
+    kvr_json_string(w, sp->events);
+    kvr_json_key(w, "replay");
+    kvr_json_string(w, sp->replay);
+    kvr_json_key(w, "dp_size");
+    kvr_json_u64(w, sp->dp_size);
+    kvr_json_key(w, "dp_start");
+    kvr_json_u64(w, sp->dp_start);
+    kvr_json_key(w, "fenced");
+    kvr_json_bool(w, kvr_router_fenced(s->r, sp->worker_id));
+    kvr_json_key(w, "taints");
+    kvr_json_begin_array(w);
+    for (size_t t = 0; t < sp->n_taints; t++)
+        kvr_json_string(w, sp->taints[t]);
+    kvr_json_end_array(w);
+    kvr_json_key(w, "ranks");
+    kvr_json_begin_array(w);
+    for (uint32_t d = 0; d < sp->dp_size; d++) {
+        kvr_worker_t wk = {sp->worker_id, sp->dp_start + d};
+        kvr_rank_status_t st = {0};
+        (void)kvr_router_rank_status(s->r, wk, &st);
+        kvr_load_snapshot_t ls;
+        kvr_load_snapshot(kvr_router_load(s->r), wk, &ls);
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "dp_rank");
+        kvr_json_u64(w, wk.dp_rank);
+        kvr_json_key(w, "index_state");
+        kvr_json_string(w, sp->events[0] ? kvr_rank_state_name(st.state) : "no_events");
+        kvr_json_key(w, "index_blocks");
+        kvr_json_u64(w, st.index_blocks);
+        kvr_json_key(w, "last_seq");
+        if (st.started)
+            kvr_json_u64(w, st.last_seq);
+        else
+            kvr_json_null(w);
+        kvr_json_key(w, "batches");
+        kvr_json_u64(w, st.batches);
+        kvr_json_key(w, "events_applied");
+        kvr_json_u64(w, st.events_applied);
+        kvr_json_key(w, "events_rejected");
+        kvr_json_u64(w, st.events_rejected);
+        kvr_json_key(w, "gaps");
+        kvr_json_u64(w, st.gaps);
+        kvr_json_key(w, "gaps_lost");
+        kvr_json_u64(w, st.gaps_lost);
+        kvr_json_key(w, "replayed");
+        kvr_json_u64(w, st.replayed);
+        kvr_json_key(w, "restarts");
+        kvr_json_u64(w, st.restarts);
+        kvr_json_key(w, "undecodable");
+        kvr_json_u64(w, st.undecodable);
+        kvr_json_key(w, "block_size_mismatches");
+        kvr_json_u64(w, st.block_size_mismatches);
+        if (st.engine_block_size) {
+            kvr_json_key(w, "engine_block_size");
+            kvr_json_u64(w, st.engine_block_size);
+        }
+        kvr_json_key(w, "active_requests");
+        kvr_json_u64(w, ls.active_requests);
+        kvr_json_key(w, "active_prefill_tokens");
+        kvr_json_u64(w, ls.active_prefill_tokens);
+        kvr_json_key(w, "active_blocks");
+        kvr_json_u64(w, ls.active_blocks);
+        kvr_json_end_object(w);
+    }
+    kvr_json_end_array(w);
+    kvr_json_end_object(w);
+}
+
+static void h_workers_get(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    uint64_t ids[4096];
+    size_t n = kvr_router_worker_ids(s->r, ids, 4096);
+    kvr_json_writer_reset(&s->w);
+    kvr_json_begin_object(&s->w);
+    kvr_json_key(&s->w, "block_size");
+    kvr_json_u64(&s->w, s->cfg.block_size);
+    kvr_json_key(&s->w, "workers");
+    kvr_json_begin_array(&s->w);
+    for (size_t i = 0; i < n && i < 4096; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
+        if (sp != NULL)
+            write_worker(s, sp);
+    }
+    kvr_json_end_array(&s->w);
+    kvr_json_end_object(&s->w);
+    reply_writer(s, req, 200);
+}
+
+static int copy_field(char *dst, size_t cap, const char *src, size_t len, const char *name,
+                      char *err, size_t err_len)
+{
+    if (src == NULL)
+        return KVR_OK;
+    if (len >= cap) {
+        snprintf(err, err_len, "%s: longer than %zu bytes", name, cap - 1);
+        return KVR_EINVAL;
+    }
+    memcpy(dst, src, len);
+    dst[len] = '\0';
+    return KVR_OK;
+}
+
+static int spec_from_api(kvr_worker_spec_t *sp, const kvr_api_worker_t *a, char *err, size_t len)
+{
+    memset(sp, 0, sizeof *sp);
+    sp->worker_id = a->worker_id;
+    sp->dp_size = a->dp_size;
+    sp->dp_start = a->dp_start;
+    sp->max_num_batched_tokens = a->has_max_num_batched_tokens ? a->max_num_batched_tokens : 0;
+    sp->total_kv_blocks = a->has_total_kv_blocks ? a->total_kv_blocks : 0;
+    if (a->n_taints > KVR_MAX_TAINTS) {
+        snprintf(err, len, "taints: at most %d", KVR_MAX_TAINTS);
+        return KVR_EINVAL;
+    }
+    for (size_t t = 0; t < a->n_taints; t++) {
+        int rc = copy_field(sp->taints[t], KVR_TAINT_BYTES, a->taints[t], strlen(a->taints[t]),
+                            "taints", err, len);
+        if (rc != KVR_OK)
+            return rc;
+    }
+    sp->n_taints = a->n_taints;
+    int rc = copy_field(sp->url, sizeof sp->url, a->url, a->url_len, "url", err, len);
+    if (rc == KVR_OK)
+        rc = copy_field(sp->events, sizeof sp->events, a->events, a->events_len, "events", err, len);
+    if (rc == KVR_OK)
+        rc = copy_field(sp->replay, sizeof sp->replay, a->replay, a->replay_len, "replay", err, len);
+    return rc;
+}
+
+static void h_workers_post(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    size_t len;
+    const char *body = body_of(req, &len);
+    kvr_api_worker_t a;
+    int rc = kvr_api_decode_worker(s->dec, body, len, &a);
+    if (rc != KVR_OK) {
+        reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+        return;
+    }
+    kvr_worker_spec_t sp;
+    char err[256] = "";
+    rc = spec_from_api(&sp, &a, err, sizeof err);
+    if (rc == KVR_OK)
+        rc = kvr_api_server_add_worker(s, &sp, err, sizeof err);
+    if (rc == KVR_EEXIST) {
+        reply_error(s, req, 409, "invalid_request_error", "%s", err);
+        return;
+    }
+    if (rc != KVR_OK) {
+        reply_status(s, req, rc == KVR_EFULL ? KVR_EINVAL : rc, err);
+        return;
+    }
+    kvr_json_writer_reset(&s->w);
+    write_worker(s, &sp);
+    reply_writer(s, req, 201);
+}
+
+static void remove_probe(kvr_api_server_t *s, uint64_t id)
+{
+    for (size_t i = 0; i < s->n_probes; i++) {
+        probe_t *pr = s->probes[i];
+        if (pr->worker_id != id)
+            continue;
+        if (pr->conn != NULL)
+            evhttp_connection_free(pr->conn); /* cancels an in-flight probe */
+        pr->conn = NULL;
+        pr->dead = true;
+        /* move it past the live ones */
+        s->probes[i] = s->probes[s->n_probes - 1];
+        s->probes[--s->n_probes] = pr;
+        return;
+    }
+}
+
+static void h_workers_delete(kvr_api_server_t *s, struct evhttp_request *req, const char *idtext)
+{
+    char *end;
+    unsigned long long id = strtoull(idtext, &end, 10);
+    if (*idtext == '\0' || *end != '\0' || *idtext == '-') {
+        reply_error(s, req, 400, "invalid_request_error", "worker id: not an unsigned integer");
+        return;
+    }
+    if (kvr_router_remove_worker(s->r, id) != KVR_OK) {
+        reply_error(s, req, 404, "not_found_error", "unknown worker %llu", id);
+        return;
+    }
+    if (s->g != NULL)
+        (void)kvr_ingest_remove_worker(s->g, id);
+    remove_probe(s, id);
+    kvr_log(KVR_LOG_INFO, "worker %llu removed", id);
+    kvr_json_writer_reset(&s->w);
+    kvr_json_begin_object(&s->w);
+    kvr_json_key(&s->w, "removed");
+    kvr_json_u64(&s->w, id);
+    kvr_json_end_object(&s->w);
+    reply_writer(s, req, 200);
+    dispatch_queue(s);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Dump, health, metrics */
+
+typedef struct dump_ctx {
+    kvr_json_writer_t *w;
+} dump_ctx_t;
+
+static int dump_event(void *ud, const kvr_event_t *ev)
+{
+    kvr_json_writer_t *w = ((dump_ctx_t *)ud)->w;
+    static const char *const tiers[] = {"device", "host_pinned", "disk", "external"};
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "worker_id");
+    kvr_json_u64(w, ev->worker.worker_id);
+    kvr_json_key(w, "dp_rank");
+    kvr_json_u64(w, ev->worker.dp_rank);
+    kvr_json_key(w, "storage_tier");
+    kvr_json_string(w, tiers[ev->tier & 3]);
+    kvr_json_key(w, "event_id");
+    kvr_json_u64(w, ev->event_id);
+    if (ev->kind == KVR_EV_STORED) {
+        kvr_json_key(w, "stored");
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "parent_hash");
+        if (ev->has_parent)
+            kvr_json_u64(w, ev->parent_ext);
+        else
+            kvr_json_null(w);
+        kvr_json_key(w, "blocks");
+        kvr_json_begin_array(w);
+        for (size_t i = 0; i < ev->n_blocks; i++) {
+            kvr_json_begin_object(w);
+            kvr_json_key(w, "block_hash");
+            kvr_json_u64(w, ev->blocks[i].ext);
+            kvr_json_key(w, "tokens_hash");
+            kvr_json_u64(w, ev->blocks[i].lbh);
+            kvr_json_end_object(w);
+        }
+        kvr_json_end_array(w);
+        kvr_json_end_object(w);
+    } else {
+        kvr_json_key(w, "removed");
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "block_hashes");
+        kvr_json_begin_array(w);
+        for (size_t i = 0; i < ev->n_removed; i++)
+            kvr_json_u64(w, ev->removed[i]);
+        kvr_json_end_array(w);
+        kvr_json_end_object(w);
+    }
+    kvr_json_end_object(w);
+    return kvr_json_writer_status(w) == KVR_OK ? 0 : 1;
+}
+
+static void h_dump(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    if (s->g == NULL) {
+        reply_error(s, req, 404, "not_found_error",
+                    "no KV-event index in this router mode");
+        return;
+    }
+    kvr_json_writer_reset(&s->w);
+    kvr_json_begin_object(&s->w);
+    kvr_json_key(&s->w, "block_size");
+    kvr_json_u64(&s->w, s->cfg.block_size);
+    kvr_json_key(&s->w, "events");
+    kvr_json_begin_array(&s->w);
+    dump_ctx_t d = {&s->w};
+    int rc = kvr_ingest_dump(s->g, dump_event, &d);
+    kvr_json_end_array(&s->w);
+    kvr_json_end_object(&s->w);
+    if (rc != KVR_OK) {
+        reply_error(s, req, 500, "internal_error", "dump failed: %s", kvr_strerror(rc));
+        return;
+    }
+    reply_writer(s, req, 200);
+}
+
+static void h_health(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    reply_text(s, req, 200, "text/plain", "OK\n", 3);
+}
+
+/* Ready when at least one worker is registered and not fenced. */
+static void h_ready(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    uint64_t ids[4096];
+    size_t n = kvr_router_worker_ids(s->r, ids, 4096), up = 0;
+    for (size_t i = 0; i < n && i < 4096; i++)
+        up += !kvr_router_fenced(s->r, ids[i]);
+    if (up == 0) {
+        reply_error(s, req, 503, "service_unavailable", "no healthy worker registered");
+        return;
+    }
+    reply_text(s, req, 200, "text/plain", "ready\n", 6);
+}
+
+static void counter(kvr_prom_t *p, const char *name, const char *help, double v)
+{
+    kvr_prom_family(p, name, "counter", help);
+    kvr_prom_sample(p, name, NULL, 0, v);
+}
+
+static void gauge(kvr_prom_t *p, const char *name, const char *help, double v)
+{
+    kvr_prom_family(p, name, "gauge", help);
+    kvr_prom_sample(p, name, NULL, 0, v);
+}
+
+static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
+{
+    kvr_router_stats_t rs;
+    kvr_router_stats(s->r, &rs);
+    kvr_prom_family(p, "kvr_routes_total", "counter", "Routing decisions by result.");
+    static const char *const names[] = {"ok", "busy", "no_worker", "invalid", "duplicate_id",
+                                        "full", "too_long"};
+    double v[] = {(double)rs.routed, (double)rs.rejected_busy, (double)rs.rejected_noworker,
+                  (double)rs.rejected_invalid, (double)rs.rejected_duplicate,
+                  (double)rs.rejected_full, (double)rs.rejected_too_big};
+    for (size_t i = 0; i < 7; i++) {
+        kvr_prom_label_t l = {"result", names[i]};
+        kvr_prom_sample(p, "kvr_routes_total", &l, 1, v[i]);
+    }
+    counter(p, "kvr_routes_with_overlap_total",
+            "Routing decisions whose chosen worker held part of the prompt (stuck at 0 while "
+            "events flow means the hashes do not match the engines').",
+            (double)s->routes_with_overlap);
+    counter(p, "kvr_queries_total", "POST /v1/query calls.", (double)rs.queries);
+    kvr_prom_family(p, "kvr_router_overhead_ms", "histogram",
+                    "Time of a routing decision by stage, milliseconds.");
+    kvr_prom_label_t st[4] = {{"stage", "hashing"}, {"stage", "lookup"}, {"stage", "selection"},
+                              {"stage", "total"}};
+    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[0], 1, &s->h_hash);
+    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[1], 1, &s->h_lookup);
+    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[2], 1, &s->h_select);
+    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[3], 1, &s->h_total);
+    kvr_load_stats_t ls;
+    kvr_load_stats(kvr_router_load(s->r), &ls);
+    gauge(p, "kvr_requests_in_flight", "Requests the load tracker holds.", (double)ls.live_requests);
+    counter(p, "kvr_requests_expired_total", "In-flight requests freed by expiry (lost frees).",
+            (double)ls.expired);
+    counter(p, "kvr_requests_unknown_total",
+            "first_token / output_block / free calls for unknown request ids.",
+            (double)(ls.unknown_frees + ls.unknown_marks));
+    if (s->queue != NULL) {
+        kvr_queue_stats_t qs;
+        kvr_queue_stats(s->queue, &qs);
+        gauge(p, "kvr_queue_pending", "Requests waiting for a worker.", (double)qs.pending);
+        gauge(p, "kvr_queue_pending_isl_tokens", "Prompt tokens waiting.", (double)qs.pending_isl_tokens);
+        counter(p, "kvr_queue_rejected_total", "Requests refused because the queue was full.",
+                (double)qs.rejected);
+        counter(p, "kvr_queue_expired_total", "Requests that waited past the queue timeout.",
+                (double)qs.expired);
+        counter(p, "kvr_queue_cancelled_total", "Queued requests whose client went away.",
+                (double)qs.cancelled);
+    }
+    counter(p, "kvr_http_errors_total", "HTTP replies with status >= 400.",
+            (double)(s->http_errors_4xx + s->http_errors_5xx));
+}
+
+static void metrics_ingest(kvr_api_server_t *s, kvr_prom_t *p)
+{
+    kvr_ingest_stats_t g;
+    kvr_ingest_stats(s->g, &g);
+    counter(p, "kvr_kv_batches_total", "KV-event batches handed to the decoder.", (double)g.zmq.batches);
+    counter(p, "kvr_kv_events_applied_total", "Events applied to the index.", (double)g.events_applied);
+    kvr_prom_family(p, "kvr_kv_events_dropped_total", "counter", "Events not applied, by cause.");
+    struct {
+        const char *cause;
+        uint64_t v;
+    } drops[] = {{"rejected_by_index", g.events_rejected},
+                 {"block_size_mismatch", g.block_size_mismatch},
+                 {"decode_error", g.decode.event_errors},
+                 {"unknown_tag", g.decode.events_ignored},
+                 {"remote_locality", g.decode.events_remote},
+                 {"short_token_ids", g.decode.convert_short_tokens}};
+    for (size_t i = 0; i < sizeof drops / sizeof drops[0]; i++) {
+        kvr_prom_label_t l = {"cause", drops[i].cause};
+        kvr_prom_sample(p, "kvr_kv_events_dropped_total", &l, 1, (double)drops[i].v);
+    }
+    counter(p, "kvr_kv_batch_decode_errors_total",
+            "Batches that could not be framed (treated as gaps; the rank's state is dropped "
+            "if a replayed copy is no better).",
+            (double)g.zmq.undecodable);
+    counter(p, "kvr_kv_gaps_total", "Sequence gaps seen.", (double)g.zmq.gaps);
+    counter(p, "kvr_kv_gaps_lost_total", "Gaps the replay could not fill (state dropped).",
+            (double)g.zmq.gaps_lost);
+    counter(p, "kvr_kv_replayed_batches_total", "Batches recovered from replay sockets.",
+            (double)g.zmq.replayed);
+    counter(p, "kvr_kv_replay_timeouts_total", "Replay requests that got no answer.",
+            (double)g.zmq.replay_timeouts);
+    counter(p, "kvr_kv_publisher_restarts_total", "Publisher restarts seen.", (double)g.zmq.restarts);
+    counter(p, "kvr_kv_duplicate_batches_total", "Batches dropped as already applied.",
+            (double)g.zmq.duplicates);
+    counter(p, "kvr_kv_bad_messages_total", "Messages without 3 frames or an 8-byte seq.",
+            (double)g.zmq.bad_frames);
+    counter(p, "kvr_kv_state_resets_total", "Rank states dropped.", (double)g.resets);
+    gauge(p, "kvr_index_pairs", "(worker, block) pairs in the prefix index.", (double)g.index.pairs);
+    gauge(p, "kvr_index_max_pairs", "The index budget.", (double)g.index.max_pairs);
+    gauge(p, "kvr_index_nodes", "Distinct prefixes in the index.", (double)g.index.nodes);
+    gauge(p, "kvr_index_bytes", "Memory of the index.", (double)g.index.bytes);
+    counter(p, "kvr_index_evicted_pairs_total", "Pairs evicted to stay within the budget.",
+            (double)g.index.evicted_pairs);
+    kvr_prom_family(p, "kvr_index_errors_total", "counter", "Index mutations refused or skipped.");
+    struct {
+        const char *kind;
+        uint64_t v;
+    } errs[] = {{"parent_not_found", g.index.err_parent_not_found},
+                {"invalid_sequence", g.index.err_invalid_sequence},
+                {"block_not_found", g.index.err_block_not_found},
+                {"capacity", g.index.err_capacity},
+                {"duplicate_store", g.index.warn_duplicate_store},
+                {"hash_rebound", g.index.warn_ext_rebound}};
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+        kvr_prom_label_t l = {"kind", errs[i].kind};
+        kvr_prom_sample(p, "kvr_index_errors_total", &l, 1, (double)errs[i].v);
+    }
+}
+
+static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
+{
+    static const char *const fams[][2] = {
+        {"kvr_worker_index_blocks", "Blocks the index holds for the rank."},
+        {"kvr_worker_active_requests", "Requests in flight on the rank."},
+        {"kvr_worker_active_prefill_tokens", "Prompt tokens not yet past the first token."},
+        {"kvr_worker_active_blocks", "KV blocks the rank's requests hold (deduplicated)."},
+        {"kvr_worker_fenced", "1 when the worker failed its health checks."},
+        {"kvr_worker_index_state", "1 for the rank's current index state."},
+        {"kvr_worker_block_size_mismatches_total", "Events refused for their block size."},
+    };
+    uint64_t ids[4096];
+    size_t n = kvr_router_worker_ids(s->r, ids, 4096);
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
+        kvr_prom_family(p, fams[f][0], f == 6 ? "counter" : "gauge", fams[f][1]);
+        for (size_t i = 0; i < n && i < 4096; i++) {
+            const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
+            for (uint32_t d = 0; sp != NULL && d < sp->dp_size; d++) {
+                kvr_worker_t wk = {sp->worker_id, sp->dp_start + d};
+                char wid[24], rk[12];
+                snprintf(wid, sizeof wid, "%llu", (unsigned long long)wk.worker_id);
+                snprintf(rk, sizeof rk, "%u", wk.dp_rank);
+                kvr_rank_status_t st = {0};
+                (void)kvr_router_rank_status(s->r, wk, &st);
+                kvr_load_snapshot_t ls;
+                kvr_load_snapshot(kvr_router_load(s->r), wk, &ls);
+                kvr_prom_label_t l[3] = {{"worker_id", wid}, {"dp_rank", rk},
+                                         {"state", sp->events[0] ? kvr_rank_state_name(st.state)
+                                                                 : "no_events"}};
+                double v[] = {(double)st.index_blocks, ls.active_requests,
+                              (double)ls.active_prefill_tokens, (double)ls.active_blocks,
+                              kvr_router_fenced(s->r, wk.worker_id) ? 1 : 0, 1,
+                              (double)st.block_size_mismatches};
+                kvr_prom_sample(p, fams[f][0], l, f == 5 ? 3 : 2, v[f]);
+            }
+        }
+    }
+}
+
+static void h_metrics(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    kvr_prom_reset(&s->prom);
+    metrics_router(s, &s->prom);
+    if (s->g != NULL)
+        metrics_ingest(s, &s->prom);
+    metrics_workers(s, &s->prom);
+    reply_text(s, req, 200, "text/plain; version=0.0.4", s->prom.buf ? s->prom.buf : "",
+               s->prom.len);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* POST /router: the reference's tagged requests */
+
+static void h_router(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    size_t len, n = 0;
+    const char *body = body_of(req, &len);
+    kvr_api_router_t a;
+    int rc = kvr_api_decode_router(s->dec, body, len, &a);
+    if (rc != KVR_OK) {
+        reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+        return;
+    }
+    kvr_route_req_t q = {.tokens = a.tokens,
+                         .n_tokens = a.n_tokens,
+                         .update_state = true,
+                         .lora_name = a.lora_name,
+                         .lora_name_len = a.lora_name_len,
+                         .cache_namespace = a.cache_namespace,
+                         .cache_namespace_len = a.cache_namespace_len,
+                         .priority_jump = a.priority_jump,
+                         .required_taints = a.required_taints,
+                         .n_required = a.n_required,
+                         .preferred_taints = a.preferred_taints,
+                         .n_preferred = a.n_preferred,
+                         .request_id = a.has_request_id ? a.request_id : NULL,
+                         .request_id_len = a.has_request_id ? strlen(a.request_id) : 0};
+    kvr_json_writer_t *w = &s->w;
+    switch (a.method) {
+    case KVR_API_ROUTER_NEW:
+        route_and_reply(s, req, &q, true, a.strict_priority);
+        return;
+    case KVR_API_ROUTER_POTENTIAL_LOADS:
+        if ((rc = ensure_rank_bufs(s)) == KVR_OK)
+            rc = kvr_router_loads(s->r, &q, s->loads, s->cap_ranks, &n);
+        if (rc != KVR_OK) {
+            reply_status(s, req, rc, NULL);
+            return;
+        }
+        kvr_json_writer_reset(w);
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "method");
+        kvr_json_string(w, "potential_loads");
+        kvr_json_key(w, "loads");
+        write_loads(w, s->loads, n);
+        if (s->queue != NULL) {
+            kvr_queue_stats_t qs;
+            kvr_queue_stats(s->queue, &qs);
+            kvr_json_key(w, "pending_count");
+            kvr_json_u64(w, qs.pending);
+            kvr_json_key(w, "pending_isl_tokens");
+            kvr_json_u64(w, qs.pending_isl_tokens);
+        }
+        kvr_json_end_object(w);
+        reply_writer(s, req, 200);
+        return;
+    case KVR_API_ROUTER_MARK_PREFILL:
+    case KVR_API_ROUTER_MARK_FREE: {
+        bool prefill = a.method == KVR_API_ROUTER_MARK_PREFILL;
+        size_t idl = a.has_request_id ? strlen(a.request_id) : 0;
+        rc = prefill ? kvr_router_first_token(s->r, a.request_id, idl, kvr_now_ms())
+                     : kvr_router_free_request(s->r, a.request_id, idl, kvr_now_ms());
+        kvr_json_writer_reset(w);
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "method");
+        kvr_json_string(w, prefill ? "prefill_marked" : "free_marked");
+        kvr_json_key(w, "success");
+        kvr_json_bool(w, rc == KVR_OK);
+        kvr_json_end_object(w);
+        reply_writer(s, req, 200);
+        dispatch_queue(s);
+        return;
+    }
+    }
+    reply_error(s, req, 400, "invalid_request_error", "unknown method");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Dispatch */
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+    kvr_api_server_t *s = arg;
+    s->http_requests++;
+    enum evhttp_cmd_type m = evhttp_request_get_command(req);
+    const char *uri = evhttp_request_get_uri(req);
+    const struct evhttp_uri *parsed = evhttp_request_get_evhttp_uri(req);
+    const char *path = parsed ? evhttp_uri_get_path(parsed) : uri;
+    if (path == NULL)
+        path = "/";
+    bool get = m == EVHTTP_REQ_GET, post = m == EVHTTP_REQ_POST, del = m == EVHTTP_REQ_DELETE;
+    if (post && strcmp(path, "/v1/route") == 0)
+        h_route(s, req);
+    else if (strncmp(path, "/v1/requests/", 13) == 0 && (post || del))
+        h_request(s, req, path + 13, m);
+    else if (post && strcmp(path, "/v1/query") == 0)
+        h_query(s, req);
+    else if (post && strcmp(path, "/v1/loads") == 0)
+        h_loads(s, req);
+    else if (get && strcmp(path, "/v1/workers") == 0)
+        h_workers_get(s, req);
+    else if (post && strcmp(path, "/v1/workers") == 0)
+        h_workers_post(s, req);
+    else if (del && strncmp(path, "/v1/workers/", 12) == 0)
+        h_workers_delete(s, req, path + 12);
+    else if (get && strcmp(path, "/v1/dump") == 0)
+        h_dump(s, req);
+    else if (get && strcmp(path, "/health") == 0)
+        h_health(s, req);
+    else if (get && strcmp(path, "/ready") == 0)
+        h_ready(s, req);
+    else if (get && strcmp(path, "/metrics") == 0)
+        h_metrics(s, req);
+    else if (post && strcmp(path, "/router") == 0)
+        h_router(s, req);
+    else
+        reply_error(s, req, 404, "not_found_error", "no endpoint %s %s",
+                    get ? "GET" : post ? "POST" : del ? "DELETE" : "?", path);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Health probes */
+
+static void probe_result(probe_t *pr, bool ok)
+{
+    kvr_api_server_t *s = pr->s;
+    bool fenced = kvr_router_fenced(s->r, pr->worker_id);
+    if (ok) {
+        pr->failures = 0;
+        if (fenced) {
+            kvr_router_set_fenced(s->r, pr->worker_id, false);
+            kvr_log(KVR_LOG_INFO, "worker %llu healthy again: readmitted",
+                    (unsigned long long)pr->worker_id);
+            dispatch_queue(s);
+        }
+        return;
+    }
+    pr->failures++;
+    if (!fenced && pr->failures >= s->cfg.health_failures) {
+        kvr_router_set_fenced(s->r, pr->worker_id, true);
+        if (s->g != NULL)
+            (void)kvr_ingest_drop_state(s->g, pr->worker_id);
+        kvr_log(KVR_LOG_WARN, "worker %llu failed %u health checks: fenced, index state dropped",
+                (unsigned long long)pr->worker_id, pr->failures);
+    }
+}
+
+static void on_probe_done(struct evhttp_request *req, void *arg)
+{
+    probe_t *pr = arg;
+    pr->in_flight = false;
+    if (pr->dead)
+        return;
+    int code = req ? evhttp_request_get_response_code(req) : 0;
+    probe_result(pr, code == 200);
+}
+
+static void probe_one(probe_t *pr)
+{
+    kvr_api_server_t *s = pr->s;
+    const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pr->worker_id);
+    if (sp == NULL || sp->url[0] == '\0' || pr->in_flight)
+        return;
+    if (pr->conn == NULL) {
+        struct evhttp_uri *u = evhttp_uri_parse(sp->url);
+        if (u == NULL || evhttp_uri_get_host(u) == NULL) {
+            if (u)
+                evhttp_uri_free(u);
+            probe_result(pr, false);
+            return;
+        }
+        int port = evhttp_uri_get_port(u);
+        pr->conn = evhttp_connection_base_new(s->base, NULL, evhttp_uri_get_host(u),
+                                              (unsigned short)(port > 0 ? port : 80));
+        evhttp_uri_free(u);
+        if (pr->conn == NULL)
+            return;
+        int secs = (int)(s->cfg.health_interval_ms / 1000);
+        evhttp_connection_set_timeout(pr->conn, secs > 0 ? secs : 1);
+    }
+    struct evhttp_request *req = evhttp_request_new(on_probe_done, pr);
+    if (req == NULL)
+        return;
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", "kvrouter");
+    char path[KVR_ADDR_BYTES + 16];
+    const char *base = strchr(sp->url + 7, '/');
+    snprintf(path, sizeof path, "%s/health", base ? base : "");
+    size_t pl = strlen(path);
+    if (pl >= 8 && strcmp(path + pl - 8, "//health") == 0)
+        memmove(path + pl - 8, "/health", 8);
+    pr->in_flight = true;
+    if (evhttp_make_request(pr->conn, req, EVHTTP_REQ_GET, path) != 0) {
+        pr->in_flight = false;
+        probe_result(pr, false);
+    }
+}
+
+static void probe_all(kvr_api_server_t *s)
+{
+    for (size_t i = 0; i < s->n_probes; i++)
+        probe_one(s->probes[i]);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Periodic work */
+
+static void sync_rank_status(kvr_api_server_t *s)
+{
+    if (s->g == NULL)
+        return;
+    uint64_t ids[4096];
+    size_t n = kvr_router_worker_ids(s->r, ids, 4096);
+    for (size_t i = 0; i < n && i < 4096; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
+        for (uint32_t d = 0; sp != NULL && d < sp->dp_size; d++) {
+            kvr_worker_t wk = {sp->worker_id, sp->dp_start + d};
+            kvr_rank_status_t st;
+            if (kvr_ingest_rank_status(s->g, wk, &st) == KVR_OK)
+                (void)kvr_router_set_rank_status(s->r, wk, &st);
+        }
+    }
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    kvr_api_server_t *s = arg;
+    uint64_t now = kvr_now_ms();
+    kvr_router_tick(s->r, now);
+    sync_rank_status(s);
+    expire_queue(s);
+    dispatch_queue(s);
+    if (now - s->last_probe_ms >= s->cfg.health_interval_ms) {
+        s->last_probe_ms = now;
+        probe_all(s);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Creation */
+
+kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, kvr_ingest_t *g,
+                                     const kvr_router_config_t *cfg, int *status, char *err,
+                                     size_t err_len)
+{
+    kvr_api_server_t *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        *status = KVR_ENOMEM;
+        return NULL;
+    }
+    s->base = base;
+    s->r = r;
+    s->g = g;
+    s->cfg = *cfg;
+    s->rl_health = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    kvr_json_writer_init(&s->w);
+    kvr_prom_init(&s->prom);
+    kvr_hist_init(&s->h_hash, MS_BUCKETS, N_MS_BUCKETS);
+    kvr_hist_init(&s->h_lookup, MS_BUCKETS, N_MS_BUCKETS);
+    kvr_hist_init(&s->h_select, MS_BUCKETS, N_MS_BUCKETS);
+    kvr_hist_init(&s->h_total, MS_BUCKETS, N_MS_BUCKETS);
+    kvr_api_options_t ao = {.max_tokens = cfg->router_max_prompt_tokens < KVR_API_MAX_TOKENS
+                                              ? cfg->router_max_prompt_tokens
+                                              : KVR_API_MAX_TOKENS};
+    s->dec = kvr_api_decoder_new(&ao);
+    s->out = evbuffer_new();
+    s->http = evhttp_new(base);
+    s->probes = calloc(MAX_PROBES, sizeof *s->probes);
+    if (cfg->router_queue_threshold.set) {
+        kvr_queue_config_t qc = {.capacity = cfg->router_queue_max_requests,
+                                 .max_pending_isl_tokens = cfg->router_queue_max_isl_tokens,
+                                 .order = cfg->router_queue_policy};
+        s->queue = kvr_queue_new(&qc, status);
+        if (s->queue == NULL) {
+            snprintf(err, err_len, "router_queue_max_requests: must be in [2, 1048576]");
+            kvr_api_server_free(s);
+            return NULL;
+        }
+    }
+    if (s->dec == NULL || s->out == NULL || s->http == NULL || s->probes == NULL) {
+        snprintf(err, err_len, "out of memory");
+        kvr_api_server_free(s);
+        *status = KVR_ENOMEM;
+        return NULL;
+    }
+    evhttp_set_max_body_size(s->http, MAX_BODY_BYTES);
+    evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE);
+    evhttp_set_gencb(s->http, on_request, s);
+    struct evhttp_bound_socket *bs =
+        evhttp_bind_socket_with_handle(s->http, cfg->bind, (uint16_t)cfg->http_port);
+    if (bs == NULL) {
+        snprintf(err, err_len, "http_port: cannot listen on %s:%u (in use, or a bad address)",
+                 cfg->bind, cfg->http_port);
+        kvr_api_server_free(s);
+        *status = KVR_EIO;
+        return NULL;
+    }
+    struct sockaddr_storage ss;
+    ev_socklen_t sl = sizeof ss;
+    if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0)
+        s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    s->tick = event_new(base, -1, EV_PERSIST, on_tick, s);
+    struct timeval tv = {0, 100000};
+    if (s->tick == NULL || event_add(s->tick, &tv) != 0) {
+        kvr_api_server_free(s);
+        *status = KVR_ENOMEM;
+        return NULL;
+    }
+    *status = KVR_OK;
+    return s;
+}
+
+void kvr_api_server_free(kvr_api_server_t *s)
+{
+    if (s == NULL)
+        return;
+    if (s->tick)
+        event_free(s->tick);
+    for (size_t i = 0; s->probes != NULL && i < s->n_all; i++) {
+        if (s->probes[i]->conn != NULL)
+            evhttp_connection_free(s->probes[i]->conn);
+        free(s->probes[i]);
+    }
+    if (s->queue != NULL) {
+        kvr_queue_entry_t e;
+        while (kvr_queue_pop(s->queue, &e) == KVR_OK)
+            pending_free(e.item.user);
+        kvr_queue_free(s->queue);
+    }
+    if (s->http)
+        evhttp_free(s->http);
+    if (s->out)
+        evbuffer_free(s->out);
+    kvr_api_decoder_free(s->dec);
+    kvr_json_writer_deinit(&s->w);
+    kvr_prom_deinit(&s->prom);
+    free(s->probes);
+    free(s->scores);
+    free(s->loads);
+    free(s);
+}
+
+uint16_t kvr_api_server_port(const kvr_api_server_t *s) { return s->port; }
+
+int kvr_api_server_add_worker(kvr_api_server_t *s, const kvr_worker_spec_t *w, char *err,
+                              size_t err_len)
+{
+    int rc = kvr_router_add_worker(s->r, w, err, err_len);
+    if (rc != KVR_OK)
+        return rc;
+    if (s->g != NULL && w->events[0] != '\0' && s->cfg.use_kv_events &&
+        s->cfg.router_mode == KVR_MODE_KV) {
+        rc = kvr_ingest_subscribe(s->g, w, err, err_len);
+        if (rc != KVR_OK) {
+            (void)kvr_router_remove_worker(s->r, w->worker_id);
+            return rc;
+        }
+    }
+    if (w->url[0] != '\0' && s->n_all < MAX_PROBES) {
+        probe_t *pr = calloc(1, sizeof *pr);
+        if (pr != NULL) {
+            pr->s = s;
+            pr->worker_id = w->worker_id;
+            /* keep live probes first: the first dead one moves to the end */
+            s->probes[s->n_all++] = s->probes[s->n_probes];
+            s->probes[s->n_probes++] = pr;
+        }
+    }
+    kvr_log(KVR_LOG_INFO, "worker %llu registered (ranks %u..%u%s%s%s%s)",
+            (unsigned long long)w->worker_id, w->dp_start, w->dp_start + w->dp_size - 1,
+            w->events[0] ? ", events " : "", w->events, w->url[0] ? ", url " : "", w->url);
+    dispatch_queue(s);
+    return KVR_OK;
+}

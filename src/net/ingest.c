@@ -1,0 +1,498 @@
+/*
+ * ingest.c: see ingest.h.
+ *
+ * Invariants: only the ingest thread touches the listener, the decoder and the index's write
+ * side; `ranks` (its private per-rank counters) likewise. Other threads see `snap` (a copy
+ * under snap_mu) and hand over one command at a time (cmd_mu serialises callers; mu + cv carry
+ * the command and its completion).
+ * Cost per batch: decode O(bytes), convert O(tokens) (one XXH3 per block), apply O(blocks).
+ */
+#include "net/ingest.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/log.h"
+
+typedef struct rank_acc {
+    kvr_worker_t w;
+    uint64_t events_applied, events_rejected, blocks_stored, blocks_removed;
+    uint64_t mismatches;
+    uint32_t engine_block_size;
+    bool error;   /* block size mismatch: sticky until the rank is reset */
+    bool dropped; /* its state was dropped while the stream went on: partial */
+} rank_acc_t;
+
+typedef enum cmd_kind { CMD_NONE = 0, CMD_SUBSCRIBE, CMD_REMOVE, CMD_DROP, CMD_DUMP } cmd_kind_t;
+
+typedef struct cmd {
+    cmd_kind_t kind;
+    const kvr_worker_spec_t *spec;
+    uint64_t worker_id;
+    kvr_dump_fn fn;
+    void *ud;
+    char *err;
+    size_t err_len;
+    int rc;
+    bool done;
+} cmd_t;
+
+typedef struct snap_rank {
+    kvr_worker_t w;
+    kvr_rank_status_t st;
+} snap_rank_t;
+
+struct kvr_ingest {
+    kvr_index_t *ix;
+    kvr_ingest_config_t cfg;
+    kvr_zmq_listener_t *l;
+    kvr_kv_events_t dec;
+    rank_acc_t *ranks;
+    size_t n_ranks;
+    kvr_ingest_stats_t acc; /* events_applied etc.; the rest is filled at snapshot time */
+    kvr_ratelimit_t rl_mismatch, rl_reject, rl_decode, rl_reset;
+
+    pthread_t thread;
+    bool started;
+    volatile int stop;
+
+    pthread_mutex_t cmd_mu, mu;
+    pthread_cond_t cv;
+    cmd_t *cmd;
+
+    pthread_mutex_t snap_mu;
+    snap_rank_t *snap;
+    size_t n_snap;
+    kvr_ingest_stats_t snap_stats;
+};
+
+/* ---- per-rank accounting (ingest thread) ---- */
+
+static rank_acc_t *acc_find(kvr_ingest_t *g, kvr_worker_t w)
+{
+    for (size_t i = 0; i < g->n_ranks; i++)
+        if (g->ranks[i].w.worker_id == w.worker_id && g->ranks[i].w.dp_rank == w.dp_rank)
+            return &g->ranks[i];
+    return NULL;
+}
+
+static void acc_reset(rank_acc_t *a)
+{
+    a->error = false;
+    a->dropped = false;
+    a->engine_block_size = 0;
+}
+
+/* ---- listener callbacks (ingest thread) ---- */
+
+static void apply_one(kvr_ingest_t *g, rank_acc_t *a, const kvr_event_t *ev)
+{
+    int rc = kvr_index_apply(g->ix, ev);
+    if (rc == KVR_OK) {
+        g->acc.events_applied++;
+        if (a != NULL) {
+            a->events_applied++;
+            a->blocks_stored += ev->kind == KVR_EV_STORED ? ev->n_blocks : 0;
+            a->blocks_removed += ev->kind == KVR_EV_REMOVED ? ev->n_removed : 0;
+        }
+        return;
+    }
+    g->acc.events_rejected++;
+    if (a != NULL)
+        a->events_rejected++;
+    kvr_log_limited(&g->rl_reject, KVR_LOG_WARN,
+                    "worker %llu rank %u: event %llu rejected by the index: %s",
+                    (unsigned long long)ev->worker.worker_id, ev->worker.dp_rank,
+                    (unsigned long long)ev->event_id, kvr_strerror(rc));
+}
+
+static int on_batch(void *ud, const kvr_zmq_batch_t *b)
+{
+    kvr_ingest_t *g = ud;
+    if (kvr_kv_events_decode(&g->dec, b->payload, b->len) != KVR_OK) {
+        kvr_log_limited(&g->rl_decode, KVR_LOG_WARN, "worker %llu rank %u: batch %llu: %s",
+                        (unsigned long long)b->worker_id, b->dp_rank,
+                        (unsigned long long)b->seq, g->dec.err);
+        return KVR_EPARSE;
+    }
+    rank_acc_t *a = acc_find(g, (kvr_worker_t){b->worker_id, b->dp_rank});
+    kvr_kv_target_t t = {.worker = {b->worker_id, b->dp_rank},
+                         .block_size = g->cfg.block_size,
+                         .event_id = b->seq};
+    for (size_t i = 0; i < g->dec.n_events; i++) {
+        kvr_event_t ev;
+        int rc = kvr_kv_events_convert(&g->dec, i, &t, &ev);
+        if (rc == 1) {
+            apply_one(g, a, &ev);
+        } else if (rc == 0) {
+            continue; /* ignored tag or remote event: counted by the decoder */
+        } else if (rc == KVR_EMISMATCH) {
+            g->acc.block_size_mismatch++;
+            if (a != NULL) {
+                a->mismatches++;
+                a->error = true;
+                a->engine_block_size = g->dec.events[i].block_size;
+            }
+            kvr_log_limited(&g->rl_mismatch, KVR_LOG_ERROR,
+                            "worker %llu rank %u: engine block size %u != router block size %u: "
+                            "its events cannot be used (set --block-size to match)",
+                            (unsigned long long)b->worker_id, b->dp_rank,
+                            g->dec.events[i].block_size, g->cfg.block_size);
+        } else {
+            kvr_log_limited(&g->rl_decode, KVR_LOG_WARN, "worker %llu rank %u: batch %llu event %zu: %s",
+                            (unsigned long long)b->worker_id, b->dp_rank,
+                            (unsigned long long)b->seq, i,
+                            g->dec.events[i].status != KVR_OK ? g->dec.events[i].err
+                                                               : g->dec.conv_err);
+        }
+    }
+    return KVR_OK;
+}
+
+static void on_reset(void *ud, uint64_t worker_id, uint32_t dp_rank, kvr_zmq_reset_reason_t why)
+{
+    static const char *const reasons[] = {"publisher restarted", "gap older than the replay buffer",
+                                          "undecodable batch"};
+    kvr_ingest_t *g = ud;
+    kvr_event_t ev = {.kind = KVR_EV_CLEARED, .worker = {worker_id, dp_rank}};
+    (void)kvr_index_apply(g->ix, &ev);
+    g->acc.resets++;
+    rank_acc_t *a = acc_find(g, ev.worker);
+    if (a != NULL)
+        acc_reset(a);
+    kvr_log_limited(&g->rl_reset, KVR_LOG_WARN, "worker %llu rank %u: state dropped: %s",
+                    (unsigned long long)worker_id, dp_rank,
+                    (unsigned)why < 3 ? reasons[why] : "unknown");
+}
+
+/* ---- snapshots ---- */
+
+static kvr_rank_state_t state_of(const rank_acc_t *a, const kvr_zmq_rank_info_t *zi, bool subscribed)
+{
+    if (a->error)
+        return KVR_RANK_ERROR;
+    if (!subscribed)
+        return KVR_RANK_NO_EVENTS;
+    switch (zi->state) {
+    case KVR_ZMQ_EXACT:
+        return a->dropped ? KVR_RANK_DEGRADED : KVR_RANK_EXACT;
+    case KVR_ZMQ_DEGRADED:
+        return KVR_RANK_DEGRADED;
+    default:
+        return KVR_RANK_NO_EVENTS;
+    }
+}
+
+static void publish(kvr_ingest_t *g)
+{
+    pthread_mutex_lock(&g->snap_mu);
+    if (g->n_ranks > 0 && g->snap != NULL) {
+        for (size_t i = 0; i < g->n_ranks; i++) {
+            const rank_acc_t *a = &g->ranks[i];
+            kvr_zmq_rank_info_t zi = {0};
+            bool sub = kvr_zmq_listener_rank(g->l, a->w.worker_id, a->w.dp_rank, &zi) == KVR_OK;
+            kvr_rank_status_t *s = &g->snap[i].st;
+            g->snap[i].w = a->w;
+            *s = (kvr_rank_status_t){
+                .state = state_of(a, &zi, sub),
+                .started = zi.started,
+                .last_seq = zi.last_seq,
+                .batches = zi.batches,
+                .replayed = zi.replayed,
+                .gaps = zi.gaps,
+                .gaps_lost = zi.gaps_lost,
+                .restarts = zi.restarts,
+                .undecodable = zi.undecodable,
+                .duplicates = zi.duplicates,
+                .events_applied = a->events_applied,
+                .events_rejected = a->events_rejected,
+                .blocks_stored = a->blocks_stored,
+                .blocks_removed = a->blocks_removed,
+                .block_size_mismatches = a->mismatches,
+                .engine_block_size = a->engine_block_size,
+                .index_blocks = kvr_index_worker_pairs(g->ix, a->w),
+            };
+        }
+    }
+    g->n_snap = g->n_ranks;
+    g->snap_stats = g->acc;
+    kvr_zmq_listener_stats(g->l, &g->snap_stats.zmq);
+    g->snap_stats.decode = g->dec.stats;
+    kvr_index_stats(g->ix, &g->snap_stats.index);
+    pthread_mutex_unlock(&g->snap_mu);
+}
+
+/* ---- commands (ingest thread) ---- */
+
+static int do_subscribe(kvr_ingest_t *g, const kvr_worker_spec_t *w, char *err, size_t err_len)
+{
+    if (w->events[0] == '\0')
+        return KVR_OK; /* no KV events from this worker */
+    if (g->n_ranks + w->dp_size > g->cfg.max_ranks) {
+        snprintf(err, err_len, "more than %zu event sources", g->cfg.max_ranks);
+        return KVR_EFULL;
+    }
+    for (uint32_t d = 0; d < w->dp_size; d++) {
+        /* vLLM and SGLang give rank r the base port + r, for PUB and replay alike */
+        char ev[KVR_ADDR_BYTES + 16], rp[KVR_ADDR_BYTES + 16];
+        int rc = kvr_ingest_rank_address(w->events, d, ev, sizeof ev);
+        if (rc == KVR_OK && w->replay[0] != '\0')
+            rc = kvr_ingest_rank_address(w->replay, d, rp, sizeof rp);
+        if (rc != KVR_OK) {
+            snprintf(err, err_len, "events: cannot derive the address of rank %u from '%s'", d,
+                     w->events);
+            return rc;
+        }
+        kvr_zmq_endpoint_t ep = {.worker_id = w->worker_id,
+                                 .dp_rank = w->dp_start + d,
+                                 .events = ev,
+                                 .replay = w->replay[0] ? rp : NULL};
+        rc = kvr_zmq_listener_add(g->l, &ep, err, err_len);
+        if (rc != KVR_OK) {
+            for (uint32_t k = 0; k < d; k++)
+                (void)kvr_zmq_listener_remove(g->l, w->worker_id, w->dp_start + k);
+            return rc;
+        }
+    }
+    for (uint32_t d = 0; d < w->dp_size; d++) {
+        rank_acc_t *a = &g->ranks[g->n_ranks++];
+        memset(a, 0, sizeof *a);
+        a->w = (kvr_worker_t){w->worker_id, w->dp_start + d};
+    }
+    return KVR_OK;
+}
+
+static void do_remove(kvr_ingest_t *g, uint64_t worker_id, bool unsubscribe)
+{
+    (void)kvr_index_remove_worker(g->ix, worker_id);
+    for (size_t i = 0; i < g->n_ranks;) {
+        rank_acc_t *a = &g->ranks[i];
+        if (a->w.worker_id != worker_id) {
+            i++;
+            continue;
+        }
+        if (!unsubscribe) {
+            acc_reset(a);
+            a->dropped = true;
+            i++;
+            continue;
+        }
+        (void)kvr_zmq_listener_remove(g->l, a->w.worker_id, a->w.dp_rank);
+        *a = g->ranks[--g->n_ranks];
+    }
+}
+
+static void run_cmd(kvr_ingest_t *g)
+{
+    pthread_mutex_lock(&g->mu);
+    cmd_t *c = g->cmd;
+    pthread_mutex_unlock(&g->mu);
+    if (c == NULL)
+        return;
+    switch (c->kind) {
+    case CMD_SUBSCRIBE:
+        c->rc = do_subscribe(g, c->spec, c->err, c->err_len);
+        break;
+    case CMD_REMOVE:
+        do_remove(g, c->worker_id, true);
+        c->rc = KVR_OK;
+        break;
+    case CMD_DROP:
+        do_remove(g, c->worker_id, false);
+        c->rc = KVR_OK;
+        break;
+    case CMD_DUMP:
+        c->rc = kvr_index_dump(g->ix, c->fn, c->ud);
+        break;
+    default:
+        c->rc = KVR_EINVAL;
+        break;
+    }
+    publish(g);
+    pthread_mutex_lock(&g->mu);
+    c->done = true;
+    g->cmd = NULL;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void *ingest_main(void *arg)
+{
+    kvr_ingest_t *g = arg;
+    uint64_t last_pub = 0, last_reclaim = 0;
+    while (!g->stop) {
+        run_cmd(g);
+        (void)kvr_zmq_listener_poll(g->l, 10);
+        uint64_t now = kvr_now_ms();
+        if (now - last_pub >= 100) {
+            publish(g);
+            last_pub = now;
+        }
+        if (now - last_reclaim >= 1000) {
+            kvr_index_reclaim(g->ix);
+            last_reclaim = now;
+        }
+    }
+    run_cmd(g); /* never leave a caller waiting */
+    return NULL;
+}
+
+/* Sends a command and waits until the ingest thread has carried it out. */
+static int send_cmd(kvr_ingest_t *g, cmd_t *c)
+{
+    if (!g->started) {
+        /* before start (or in tests without a thread) the caller's thread runs it */
+        g->cmd = c;
+        run_cmd(g);
+        return c->rc;
+    }
+    pthread_mutex_lock(&g->cmd_mu);
+    pthread_mutex_lock(&g->mu);
+    g->cmd = c;
+    while (!c->done)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->cmd_mu);
+    return c->rc;
+}
+
+/* ---- public ---- */
+
+int kvr_ingest_rank_address(const char *base, uint32_t offset, char *out, size_t cap)
+{
+    if (offset == 0 || strncmp(base, "tcp://", 6) != 0) {
+        if (offset != 0 && (strncmp(base, "ipc://", 6) == 0 || strncmp(base, "inproc://", 9) == 0)) {
+            int n = snprintf(out, cap, "%s_dp%u", base, offset);
+            return n > 0 && (size_t)n < cap ? KVR_OK : KVR_ETOOBIG;
+        }
+        int n = snprintf(out, cap, "%s", base);
+        return offset == 0 && n > 0 && (size_t)n < cap ? KVR_OK : KVR_EINVAL;
+    }
+    const char *colon = strrchr(base, ':');
+    char *end;
+    unsigned long port = colon ? strtoul(colon + 1, &end, 10) : 0;
+    if (colon == NULL || colon < base + 6 || *end != '\0' || port == 0 || port + offset > 65535)
+        return KVR_EINVAL;
+    int n = snprintf(out, cap, "%.*s:%lu", (int)(colon - base), base, port + offset);
+    return n > 0 && (size_t)n < cap ? KVR_OK : KVR_ETOOBIG;
+}
+
+kvr_ingest_t *kvr_ingest_new(kvr_index_t *ix, const kvr_ingest_config_t *cfg, int *status)
+{
+    int dummy;
+    if (status == NULL)
+        status = &dummy;
+    kvr_ingest_t *g = calloc(1, sizeof *g);
+    if (g == NULL || ix == NULL || cfg == NULL || cfg->block_size == 0) {
+        free(g);
+        *status = g == NULL ? KVR_ENOMEM : KVR_EINVAL;
+        return NULL;
+    }
+    g->ix = ix;
+    g->cfg = *cfg;
+    if (g->cfg.max_ranks == 0)
+        g->cfg.max_ranks = 1024;
+    g->rl_mismatch = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 3);
+    g->rl_reject = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    g->rl_decode = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    g->rl_reset = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    kvr_kv_events_init(&g->dec);
+    kvr_zmq_config_t zc = {.replay_timeout_ms = cfg->replay_timeout_ms, .max_ranks = g->cfg.max_ranks};
+    kvr_zmq_handlers_t h = {.on_batch = on_batch, .on_reset = on_reset, .ud = g};
+    g->l = kvr_zmq_listener_new(&zc, &h, status);
+    g->ranks = calloc(g->cfg.max_ranks, sizeof *g->ranks);
+    g->snap = calloc(g->cfg.max_ranks, sizeof *g->snap);
+    if (g->l == NULL || g->ranks == NULL || g->snap == NULL) {
+        kvr_ingest_free(g);
+        *status = KVR_ENOMEM;
+        return NULL;
+    }
+    pthread_mutex_init(&g->cmd_mu, NULL);
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_mutex_init(&g->snap_mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    *status = KVR_OK;
+    return g;
+}
+
+int kvr_ingest_start(kvr_ingest_t *g)
+{
+    if (g->started)
+        return KVR_OK;
+    if (pthread_create(&g->thread, NULL, ingest_main, g) != 0)
+        return KVR_ENOMEM;
+    g->started = true;
+    return KVR_OK;
+}
+
+void kvr_ingest_free(kvr_ingest_t *g)
+{
+    if (g == NULL)
+        return;
+    if (g->started) {
+        g->stop = 1;
+        pthread_join(g->thread, NULL);
+        g->started = false;
+    }
+    if (g->l != NULL) {
+        kvr_zmq_listener_free(g->l);
+        pthread_mutex_destroy(&g->cmd_mu);
+        pthread_mutex_destroy(&g->mu);
+        pthread_mutex_destroy(&g->snap_mu);
+        pthread_cond_destroy(&g->cv);
+    }
+    kvr_kv_events_deinit(&g->dec);
+    free(g->ranks);
+    free(g->snap);
+    free(g);
+}
+
+int kvr_ingest_subscribe(kvr_ingest_t *g, const kvr_worker_spec_t *w, char *err, size_t err_len)
+{
+    char dummy[8];
+    cmd_t c = {.kind = CMD_SUBSCRIBE, .spec = w, .err = err ? err : dummy,
+               .err_len = err ? err_len : sizeof dummy};
+    return send_cmd(g, &c);
+}
+
+int kvr_ingest_remove_worker(kvr_ingest_t *g, uint64_t worker_id)
+{
+    cmd_t c = {.kind = CMD_REMOVE, .worker_id = worker_id};
+    return send_cmd(g, &c);
+}
+
+int kvr_ingest_drop_state(kvr_ingest_t *g, uint64_t worker_id)
+{
+    cmd_t c = {.kind = CMD_DROP, .worker_id = worker_id};
+    return send_cmd(g, &c);
+}
+
+int kvr_ingest_dump(kvr_ingest_t *g, kvr_dump_fn fn, void *ud)
+{
+    cmd_t c = {.kind = CMD_DUMP, .fn = fn, .ud = ud};
+    return send_cmd(g, &c);
+}
+
+int kvr_ingest_rank_status(kvr_ingest_t *g, kvr_worker_t w, kvr_rank_status_t *out)
+{
+    int rc = KVR_ENOTFOUND;
+    pthread_mutex_lock(&g->snap_mu);
+    for (size_t i = 0; i < g->n_snap; i++) {
+        if (g->snap[i].w.worker_id == w.worker_id && g->snap[i].w.dp_rank == w.dp_rank) {
+            *out = g->snap[i].st;
+            rc = KVR_OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g->snap_mu);
+    return rc;
+}
+
+void kvr_ingest_stats(kvr_ingest_t *g, kvr_ingest_stats_t *out)
+{
+    pthread_mutex_lock(&g->snap_mu);
+    *out = g->snap_stats;
+    pthread_mutex_unlock(&g->snap_mu);
+}

@@ -1,0 +1,65 @@
+/*
+ * ingest.h: the KV-event ingest thread of `kvrouter serve`. It owns the ZeroMQ listener, the
+ * event decoder and the write side of the prefix index: receive -> decode -> recompute block
+ * hashes -> apply, off the HTTP thread. Other threads talk to it through synchronous commands
+ * (subscribe, unsubscribe, drop a worker's state, dump) and read per-rank status snapshots
+ * (refreshed every 100 ms and after every command).
+ *
+ * Per rank it keeps: the listener's sequence state (exact / degraded), events applied and
+ * rejected, blocks stored/removed, and block-size mismatches, which put the rank in the
+ * error state (never a silent zero overlap). Everything dropped is counted and logged with a
+ * rate limit.
+ */
+#ifndef KVR_INGEST_H
+#define KVR_INGEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/router.h"
+#include "kvrouter.h"
+#include "net/zmq_listener.h"
+#include "wire/kv_events.h"
+
+typedef struct kvr_ingest kvr_ingest_t;
+
+typedef struct kvr_ingest_config {
+    uint32_t block_size;      /* the router's block size */
+    int replay_timeout_ms;    /* 0 = 2000 */
+    size_t max_ranks;         /* 0 = 1024 */
+} kvr_ingest_config_t;
+
+typedef struct kvr_ingest_stats {
+    kvr_zmq_stats_t zmq;
+    kvr_kv_stats_t decode;
+    kvr_index_stats_t index;
+    uint64_t events_applied;
+    uint64_t events_rejected;     /* the index refused them (parent unknown, repeated hash) */
+    uint64_t block_size_mismatch; /* events refused: engine block size != router's */
+    uint64_t resets;              /* rank states dropped (restart, lost gap, undecodable) */
+} kvr_ingest_stats_t;
+
+kvr_ingest_t *kvr_ingest_new(kvr_index_t *ix, const kvr_ingest_config_t *cfg, int *status);
+int kvr_ingest_start(kvr_ingest_t *g);
+/* Stops the thread (if started) and frees everything. */
+void kvr_ingest_free(kvr_ingest_t *g);
+
+/* Synchronous commands, any thread; each returns once the ingest thread has carried it out. */
+int kvr_ingest_subscribe(kvr_ingest_t *g, const kvr_worker_spec_t *w, char *err, size_t err_len);
+/* Unsubscribes every rank of the worker and drops its index state. */
+int kvr_ingest_remove_worker(kvr_ingest_t *g, uint64_t worker_id);
+/* Drops the worker's index state but stays subscribed (a fenced, unhealthy worker). */
+int kvr_ingest_drop_state(kvr_ingest_t *g, uint64_t worker_id);
+/* Runs fn over a replayable dump of the index, on the ingest thread. */
+int kvr_ingest_dump(kvr_ingest_t *g, kvr_dump_fn fn, void *ud);
+
+/* The address of data-parallel rank `offset` of a publisher whose rank 0 is at base: tcp ports
+ * go up by the offset (vLLM and SGLang), ipc/inproc names get "_dp<offset>". */
+int kvr_ingest_rank_address(const char *base, uint32_t offset, char *out, size_t cap);
+
+/* Snapshots (any thread). */
+int kvr_ingest_rank_status(kvr_ingest_t *g, kvr_worker_t w, kvr_rank_status_t *out);
+void kvr_ingest_stats(kvr_ingest_t *g, kvr_ingest_stats_t *out);
+
+#endif

@@ -1,0 +1,1716 @@
+/*
+ * api_json.c: the JSON API body decoders and encoders (see api_json.h for the contract).
+ *
+ * Structure: one table of known fields (key, dotted path for messages, enclosing object, type,
+ * range, the body kinds that know it) drives a yajl callback state machine. Values land in
+ * per-field slots (ival/dval/bval/sval indexed by field) and growable arrays; finish() checks
+ * what a kind requires and fills the caller's struct.
+ *
+ * Invariants: a decode either succeeds with every output consistent (counts within limits,
+ * strings NUL-terminated without control characters, allowed ids ascending) or fails with
+ * d->err naming the first problem and the output zeroed. The callbacks stop yajl at the first
+ * problem. The fast path (token scan + yajl on the rest) is only taken when it yields
+ * exactly what the slow path would: yajl must report the tokens array opening exactly where
+ * the scanner starts, the scanner accepts only `ws (u32 (ws , ws u32)*)? ws ]` with canonical
+ * digits, and any doubt or any error re-runs the body through yajl alone, so error messages
+ * always come from the slow path (tests and the fuzz target compare the two paths).
+ * Memory: the decoder owns tok_buf, ids_buf, str_buf, num_buf (grown geometrically, capped by
+ * the limits, reused) and an arena for yajl (one chunk, reset per body; what overflowed it is
+ * folded into a larger chunk for the next body), so steady-state decoding allocates nothing.
+ * Threads: none of its own; a decoder belongs to one thread at a time.
+ * Cost: O(body bytes); a key lookup is a scan of the ~34-entry table; allowed ids are heap
+ * sorted (O(n log n), skipped when already sorted); preferred taints are checked for
+ * duplicates in O(n^2) over at most 64 entries.
+ */
+#include "wire/api_json.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdalign.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <yajl/yajl_parse.h>
+
+#if defined(__SSE2__) && !defined(KVR_API_NO_SIMD)
+#include <emmintrin.h>
+#define KVR_API_SIMD 1
+#else
+#define KVR_API_SIMD 0
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Arena for yajl: bump allocation in one chunk; free is a no-op. Blocks that do not fit go to
+ * malloc'd overflow blocks, freed at reset, after which the chunk is regrown to hold them. */
+
+#define ARENA_ALIGN (alignof(max_align_t))
+#define ARENA_MIN ((size_t)8 << 10)
+
+typedef struct overflow {
+    struct overflow *next;
+} overflow_t;
+
+typedef struct arena {
+    unsigned char *base;
+    size_t cap, used;
+    overflow_t *extra;
+    size_t extra_bytes;
+} arena_t;
+
+static size_t align_up(size_t n)
+{
+    return (n + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1);
+}
+
+#define BLOCK_HDR align_up(sizeof(size_t))
+#define OVERFLOW_HDR align_up(sizeof(overflow_t))
+
+static void *arena_malloc(void *ctx, size_t sz)
+{
+    arena_t *a = ctx;
+    if (sz > SIZE_MAX / 4)
+        return NULL;
+    size_t need = BLOCK_HDR + align_up(sz);
+    unsigned char *blk;
+    if (a->cap - a->used >= need) {
+        blk = a->base + a->used;
+        a->used += need;
+    } else {
+        overflow_t *o = malloc(OVERFLOW_HDR + need);
+        if (o == NULL)
+            return NULL;
+        o->next = a->extra;
+        a->extra = o;
+        a->extra_bytes += need;
+        blk = (unsigned char *)o + OVERFLOW_HDR;
+    }
+    memcpy(blk, &sz, sizeof sz);
+    return blk + BLOCK_HDR;
+}
+
+static void *arena_realloc(void *ctx, void *ptr, size_t sz)
+{
+    arena_t *a = ctx;
+    if (ptr == NULL)
+        return arena_malloc(ctx, sz);
+    unsigned char *blk = (unsigned char *)ptr - BLOCK_HDR;
+    size_t old;
+    memcpy(&old, blk, sizeof old);
+    if (sz <= old)
+        return ptr;
+    if (sz <= SIZE_MAX / 4 && a->base != NULL &&
+        blk + BLOCK_HDR + align_up(old) == a->base + a->used) {
+        size_t grow = align_up(sz) - align_up(old);
+        if (a->cap - a->used >= grow) {  /* the last block of the chunk: grow in place */
+            a->used += grow;
+            memcpy(blk, &sz, sizeof sz);
+            return ptr;
+        }
+    }
+    void *p = arena_malloc(ctx, sz);
+    if (p != NULL)
+        memcpy(p, ptr, old);
+    return p;
+}
+
+static void arena_free(void *ctx, void *ptr)
+{
+    (void)ctx;
+    (void)ptr;
+}
+
+static void arena_reset(arena_t *a)
+{
+    a->used = 0;
+    if (a->extra == NULL && a->base != NULL)
+        return;
+    while (a->extra != NULL) {
+        overflow_t *next = a->extra->next;
+        free(a->extra);
+        a->extra = next;
+    }
+    size_t cap = a->cap + a->extra_bytes;
+    if (cap < ARENA_MIN)
+        cap = ARENA_MIN;
+    a->extra_bytes = 0;
+    unsigned char *p = malloc(cap);
+    if (p == NULL)
+        return;  /* keep the old chunk; overflow blocks cover the rest */
+    free(a->base);
+    a->base = p;
+    a->cap = cap;
+}
+
+static void arena_destroy(arena_t *a)
+{
+    while (a->extra != NULL) {
+        overflow_t *next = a->extra->next;
+        free(a->extra);
+        a->extra = next;
+    }
+    free(a->base);
+    memset(a, 0, sizeof *a);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The field table. */
+
+enum kind { K_ROUTE, K_OUTPUT_BLOCK, K_QUERY, K_LOADS, K_WORKER, K_ROUTER, K_N };
+#define KB(k) (1u << (k))
+#define K_TOKENS (KB(K_ROUTE) | KB(K_QUERY) | KB(K_LOADS) | KB(K_ROUTER))
+
+enum obj { O_TOP, O_PINNED, O_CONSTRAINTS, O_OVERRIDE };
+
+enum type {
+    T_TOKENS,     /* array of u32 */
+    T_IDS,        /* array of u64 */
+    T_TAINTS,     /* array of taint strings */
+    T_OBJECT,     /* a known nested object (child obj in lo) */
+    T_TAINT_MAP,  /* {"taint": weight} */
+    T_STRING,     /* length in [lo, hi]; lo == 0: "" reads as absent */
+    T_METHOD,     /* /router method name */
+    T_BOOL,
+    T_INT,        /* integer in [lo, hi] */
+    T_DOUBLE,     /* finite, range in rng */
+};
+
+enum range { R_FINITE, R_NONNEG, R_UNIT };
+
+enum field {
+    F_TOKENS, F_REQUEST_ID, F_UPDATE_STATE, F_LORA_NAME, F_CACHE_NAMESPACE, F_ALLOWED,
+    F_PINNED, F_PRIORITY_JUMP, F_EXPECTED_OUTPUT, F_CONSTRAINTS, F_OVERRIDE, F_DECAY,
+    F_WORKER_ID, F_URL, F_EVENTS, F_REPLAY, F_DP_SIZE, F_DP_START, F_TAINTS, F_MAX_BATCHED,
+    F_TOTAL_KV_BLOCKS, F_METHOD, F_STRICT_PRIORITY,
+    F_PIN_WORKER_ID, F_PIN_DP_RANK,
+    F_REQUIRED, F_PREFERRED,
+    F_OV_CREDIT, F_OV_SCALE, F_OV_TEMP, F_OV_SHARED, F_OV_WEIGHT, F_OV_ASSUME, F_OV_TRACK,
+    F_N,
+    F_UNKNOWN = F_N,
+};
+
+typedef struct field_def {
+    const char *key;
+    const char *path;   /* for messages */
+    unsigned char obj;  /* enclosing object */
+    unsigned char type;
+    unsigned char rng;  /* T_DOUBLE */
+    unsigned kinds;     /* KB() of the body kinds that know the field */
+    uint64_t lo, hi;    /* T_INT range, T_STRING length, T_OBJECT child */
+} field_def_t;
+
+#define U32MAX ((uint64_t)UINT32_MAX)
+#define ROUTE_ROUTER (KB(K_ROUTE) | KB(K_ROUTER))
+#define NAMES (KB(K_ROUTE) | KB(K_QUERY) | KB(K_LOADS) | KB(K_ROUTER))
+
+static const field_def_t FIELDS[F_N] = {
+    [F_TOKENS] = {"tokens", "tokens", O_TOP, T_TOKENS, 0, K_TOKENS, 0, 0},
+    [F_REQUEST_ID] = {"request_id", "request_id", O_TOP, T_STRING, 0, ROUTE_ROUTER, 1,
+                      KVR_API_MAX_REQUEST_ID_BYTES},
+    [F_UPDATE_STATE] = {"update_state", "update_state", O_TOP, T_BOOL, 0, KB(K_ROUTE), 0, 0},
+    [F_LORA_NAME] = {"lora_name", "lora_name", O_TOP, T_STRING, 0, NAMES, 0,
+                     KVR_API_MAX_NAME_BYTES},
+    [F_CACHE_NAMESPACE] = {"cache_namespace", "cache_namespace", O_TOP, T_STRING, 0, NAMES, 0,
+                           KVR_API_MAX_NAME_BYTES},
+    [F_ALLOWED] = {"allowed_worker_ids", "allowed_worker_ids", O_TOP, T_IDS, 0, KB(K_ROUTE), 0,
+                   0},
+    [F_PINNED] = {"pinned_worker", "pinned_worker", O_TOP, T_OBJECT, 0, KB(K_ROUTE), O_PINNED,
+                  0},
+    [F_PRIORITY_JUMP] = {"priority_jump", "priority_jump", O_TOP, T_DOUBLE, R_FINITE,
+                         ROUTE_ROUTER, 0, 0},
+    [F_EXPECTED_OUTPUT] = {"expected_output_tokens", "expected_output_tokens", O_TOP, T_INT, 0,
+                           KB(K_ROUTE), 0, U32MAX},
+    [F_CONSTRAINTS] = {"routing_constraints", "routing_constraints", O_TOP, T_OBJECT, 0,
+                       ROUTE_ROUTER, O_CONSTRAINTS, 0},
+    [F_OVERRIDE] = {"config_override", "config_override", O_TOP, T_OBJECT, 0, KB(K_ROUTE),
+                    O_OVERRIDE, 0},
+    [F_DECAY] = {"decay_fraction", "decay_fraction", O_TOP, T_DOUBLE, R_UNIT,
+                 KB(K_OUTPUT_BLOCK), 0, 0},
+    [F_WORKER_ID] = {"worker_id", "worker_id", O_TOP, T_INT, 0, KB(K_WORKER), 0, UINT64_MAX},
+    [F_URL] = {"url", "url", O_TOP, T_STRING, 0, KB(K_WORKER), 1, KVR_API_MAX_URL_BYTES},
+    [F_EVENTS] = {"events", "events", O_TOP, T_STRING, 0, KB(K_WORKER), 1,
+                  KVR_API_MAX_URL_BYTES},
+    [F_REPLAY] = {"replay", "replay", O_TOP, T_STRING, 0, KB(K_WORKER), 1,
+                  KVR_API_MAX_URL_BYTES},
+    [F_DP_SIZE] = {"dp_size", "dp_size", O_TOP, T_INT, 0, KB(K_WORKER), 1, KVR_API_MAX_DP_SIZE},
+    [F_DP_START] = {"dp_start", "dp_start", O_TOP, T_INT, 0, KB(K_WORKER), 0, U32MAX},
+    [F_TAINTS] = {"taints", "taints", O_TOP, T_TAINTS, 0, KB(K_WORKER), 0, 0},
+    [F_MAX_BATCHED] = {"max_num_batched_tokens", "max_num_batched_tokens", O_TOP, T_INT, 0,
+                       KB(K_WORKER), 1, UINT64_MAX},
+    [F_TOTAL_KV_BLOCKS] = {"total_kv_blocks", "total_kv_blocks", O_TOP, T_INT, 0, KB(K_WORKER),
+                           1, UINT64_MAX},
+    [F_METHOD] = {"method", "method", O_TOP, T_METHOD, 0, KB(K_ROUTER), 0, 0},
+    [F_STRICT_PRIORITY] = {"strict_priority", "strict_priority", O_TOP, T_INT, 0, KB(K_ROUTER),
+                           0, U32MAX},
+    [F_PIN_WORKER_ID] = {"worker_id", "pinned_worker.worker_id", O_PINNED, T_INT, 0,
+                         KB(K_ROUTE), 0, UINT64_MAX},
+    [F_PIN_DP_RANK] = {"dp_rank", "pinned_worker.dp_rank", O_PINNED, T_INT, 0, KB(K_ROUTE), 0,
+                       U32MAX},
+    [F_REQUIRED] = {"required_taints", "routing_constraints.required_taints", O_CONSTRAINTS,
+                    T_TAINTS, 0, ROUTE_ROUTER, 0, 0},
+    [F_PREFERRED] = {"preferred_taints", "routing_constraints.preferred_taints", O_CONSTRAINTS,
+                     T_TAINT_MAP, 0, ROUTE_ROUTER, 0, 0},
+    [F_OV_CREDIT] = {"overlap_score_credit", "config_override.overlap_score_credit", O_OVERRIDE,
+                     T_DOUBLE, R_NONNEG, KB(K_ROUTE), 0, 0},
+    [F_OV_SCALE] = {"prefill_load_scale", "config_override.prefill_load_scale", O_OVERRIDE,
+                    T_DOUBLE, R_NONNEG, KB(K_ROUTE), 0, 0},
+    [F_OV_TEMP] = {"router_temperature", "config_override.router_temperature", O_OVERRIDE,
+                   T_DOUBLE, R_NONNEG, KB(K_ROUTE), 0, 0},
+    [F_OV_SHARED] = {"shared_cache_multiplier", "config_override.shared_cache_multiplier",
+                     O_OVERRIDE, T_DOUBLE, R_UNIT, KB(K_ROUTE), 0, 0},
+    [F_OV_WEIGHT] = {"overlap_score_weight", "config_override.overlap_score_weight", O_OVERRIDE,
+                     T_DOUBLE, R_NONNEG, KB(K_ROUTE), 0, 0},
+    [F_OV_ASSUME] = {"assume_kv_reuse", "config_override.assume_kv_reuse", O_OVERRIDE, T_BOOL, 0,
+                     KB(K_ROUTE), 0, 0},
+    [F_OV_TRACK] = {"track_prefill_tokens", "config_override.track_prefill_tokens", O_OVERRIDE,
+                    T_BOOL, 0, KB(K_ROUTE), 0, 0},
+};
+
+static const char *const METHOD_NAMES[] = {"new", "potential_loads", "mark_prefill", "mark_free"};
+#define N_METHODS (sizeof METHOD_NAMES / sizeof METHOD_NAMES[0])
+
+const char *kvr_api_router_method_name(kvr_api_router_method_t m)
+{
+    return (unsigned)m < N_METHODS ? METHOD_NAMES[m] : "unknown";
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Decoder state. */
+
+enum state {
+    S_START,      /* before the top-level value */
+    S_KEY,        /* in known object d->obj, expecting a key or its end */
+    S_VALUE,      /* expecting the value of d->field (F_UNKNOWN: any value, ignored) */
+    S_ARRAY,      /* in the array of d->field */
+    S_PREF_KEY,   /* in preferred_taints, expecting a taint or the end */
+    S_PREF_VALUE, /* expecting the weight of the last preferred taint */
+    S_SKIP,       /* inside a container of an unknown key; skip_depth levels deep */
+    S_DONE,       /* after the top-level object */
+};
+
+typedef struct str_ref {
+    size_t off, len;  /* in str_buf, NUL-terminated */
+} str_ref_t;
+
+struct kvr_api_decoder {
+    kvr_api_options_t opts;
+    char err[256];
+
+    int kind, status;
+    int state, obj, field;
+    unsigned skip_depth;
+    uint64_t seen;      /* bit per field: key given */
+    uint64_t present;   /* bit per field: non-null value given */
+
+    uint64_t ival[F_N];
+    double dval[F_N];
+    bool bval[F_N];
+    str_ref_t sval[F_N];
+
+    uint32_t *tok_buf;
+    size_t tok_cap, n_tokens;
+    uint64_t *ids_buf;
+    size_t ids_cap, n_ids;
+    char *str_buf;
+    size_t str_cap, str_len;
+    char *num_buf;
+    size_t num_cap;
+
+    str_ref_t taint[KVR_API_MAX_TAINTS];  /* required_taints or taints (no kind has both) */
+    size_t n_taint;
+    str_ref_t pref[KVR_API_MAX_TAINTS];
+    double pref_w[KVR_API_MAX_TAINTS];
+    size_t n_pref;
+    const char *taint_ptr[KVR_API_MAX_TAINTS];
+    kvr_taint_weight_t pref_out[KVR_API_MAX_TAINTS];
+
+    kvr_api_stats_t stats;
+    arena_t arena;
+    yajl_handle yh;
+    size_t tok_open_at;  /* bytes yajl had consumed when the tokens array opened */
+};
+
+static int fail(kvr_api_decoder_t *d, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Records the first error; returns 0 so callbacks can `return fail(...)` to stop yajl. */
+static int fail(kvr_api_decoder_t *d, int status, const char *fmt, ...)
+{
+    if (d->status != KVR_OK)
+        return 0;
+    d->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->err, sizeof d->err, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+/* Grows *buf to hold need elements (need <= max): doubles from 64, never beyond max. */
+static bool grow(void **buf, size_t *cap, size_t need, size_t max, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    size_t n = *cap < 64 ? 64 : *cap;
+    while (n < need)
+        n = n > SIZE_MAX / 4 ? need : n * 2;
+    if (n > max)
+        n = max;
+    if (n < need || n > SIZE_MAX / elem)
+        return false;
+    void *p = realloc(*buf, n * elem);
+    if (p == NULL)
+        return false;
+    *buf = p;
+    *cap = n;
+    return true;
+}
+
+/* Copies up to 40 bytes of user text for a message, replacing bytes that would need escaping
+ * in JSON (and non-ASCII) with '?'. */
+static void printable(char *dst, size_t dst_len, const unsigned char *s, size_t n)
+{
+    size_t max = dst_len - 1, j = 0;
+    bool cut = n > 40;
+    if (cut)
+        n = 37;
+    for (size_t i = 0; i < n && j < max; i++)
+        dst[j++] = (s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\') ? (char)s[i] : '?';
+    for (int k = 0; cut && k < 3 && j < max; k++)
+        dst[j++] = '.';
+    dst[j] = '\0';
+}
+
+/* Reads JSON number text (grammar checked by yajl) as an integer: false for fractions,
+ * exponents and magnitudes above UINT64_MAX. "-0" is 0. */
+static bool parse_int(const char *s, size_t n, uint64_t *mag, bool *neg)
+{
+    size_t i = 0;
+    *neg = false;
+    if (i < n && s[i] == '-') {
+        *neg = true;
+        i++;
+    }
+    if (i == n)
+        return false;
+    uint64_t v = 0;
+    for (; i < n; i++) {
+        unsigned dg = (unsigned)(s[i] - '0');
+        if (dg > 9 || v > (UINT64_MAX - dg) / 10)
+            return false;
+        v = v * 10 + dg;
+    }
+    if (v == 0)
+        *neg = false;
+    *mag = v;
+    return true;
+}
+
+static bool parse_uint(const char *s, size_t n, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    bool neg;
+    return parse_int(s, n, out, &neg) && !neg && *out >= lo && *out <= hi;
+}
+
+/* Reads JSON number text as a finite double (strtod: the C numeric locale is assumed). */
+static bool parse_double(kvr_api_decoder_t *d, const char *s, size_t n, double *out)
+{
+    char local[64];
+    char *b = local;
+    if (n >= sizeof local) {
+        if (!grow((void **)&d->num_buf, &d->num_cap, n + 1, SIZE_MAX, 1)) {
+            fail(d, KVR_ENOMEM, "out of memory");
+            return false;
+        }
+        b = d->num_buf;
+    }
+    memcpy(b, s, n);
+    b[n] = '\0';
+    char *end;
+    *out = strtod(b, &end);
+    return end == b + n && isfinite(*out);
+}
+
+static bool in_range(double v, int rng)
+{
+    switch (rng) {
+    case R_NONNEG:
+        return v >= 0;
+    case R_UNIT:
+        return v >= 0 && v <= 1;
+    default:
+        return true;
+    }
+}
+
+static const char *range_text(int rng)
+{
+    switch (rng) {
+    case R_NONNEG:
+        return "must be a finite number >= 0";
+    case R_UNIT:
+        return "must be a number in [0, 1]";
+    default:
+        return "must be a finite number";
+    }
+}
+
+/* What is wrong with a string value yajl has decoded: NULL when nothing. yajl's own UTF-8
+ * check lets overlong forms, surrogates and code points above U+10FFFF through. */
+static const char *text_problem(const unsigned char *s, size_t n)
+{
+    bool ascii = true;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < 0x20 || s[i] == 0x7f)
+            return "contains a control character";
+        ascii &= s[i] < 0x80;
+    }
+    if (!ascii && !kvr_json_utf8_valid((const char *)s, n))
+        return "is not valid UTF-8";
+    return NULL;
+}
+
+/* Appends s[0..n) and a NUL to str_buf. */
+static bool store_str(kvr_api_decoder_t *d, const unsigned char *s, size_t n, str_ref_t *ref)
+{
+    if (n > SIZE_MAX / 4 ||
+        !grow((void **)&d->str_buf, &d->str_cap, d->str_len + n + 1, SIZE_MAX, 1)) {
+        fail(d, KVR_ENOMEM, "out of memory");
+        return false;
+    }
+    memcpy(d->str_buf + d->str_len, s, n);
+    d->str_buf[d->str_len + n] = '\0';
+    ref->off = d->str_len;
+    ref->len = n;
+    d->str_len += n + 1;
+    return true;
+}
+
+/* A taint (array element or preferred key): 1..128 bytes, no control characters. where is
+ * the message prefix up to the colon. Returns 1, or 0 after fail(). */
+static int check_taint(kvr_api_decoder_t *d, const char *where, const unsigned char *s, size_t n)
+{
+    char shown[48];
+    printable(shown, sizeof shown, s, n);
+    if (n == 0 || n > KVR_API_MAX_TAINT_BYTES)
+        return fail(d, KVR_EINVAL, "%s: taint '%s' must be 1 to %d bytes", where, shown,
+                    KVR_API_MAX_TAINT_BYTES);
+    const char *problem = text_problem(s, n);
+    if (problem != NULL)
+        return fail(d, KVR_EINVAL, "%s: taint '%s' %s", where, shown, problem);
+    return 1;
+}
+
+/* After a value of a known object. */
+static int value_done(kvr_api_decoder_t *d)
+{
+    d->state = S_KEY;
+    return 1;
+}
+
+/* A value of the wrong type where the current state expects something specific. */
+static int unexpected(kvr_api_decoder_t *d)
+{
+    if (d->state == S_START)
+        return fail(d, KVR_EPARSE, "expected a JSON object");
+    if (d->state == S_PREF_VALUE) {
+        const str_ref_t *p = &d->pref[d->n_pref - 1];
+        char shown[48];
+        printable(shown, sizeof shown, (const unsigned char *)d->str_buf + p->off, p->len);
+        return fail(d, KVR_EINVAL, "routing_constraints.preferred_taints['%s']: must be a finite "
+                    "number", shown);
+    }
+    if (d->field >= F_N)
+        return fail(d, KVR_EPARSE, "internal: unexpected value in state %d", d->state);
+    const field_def_t *f = &FIELDS[d->field];
+    if (d->state == S_ARRAY) {
+        switch (f->type) {
+        case T_TOKENS:
+            return fail(d, KVR_EINVAL, "%s[%zu]: not an integer in [0, 4294967295]", f->path,
+                        d->n_tokens);
+        case T_IDS:
+            return fail(d, KVR_EINVAL, "%s[%zu]: not an integer in [0, 18446744073709551615]",
+                        f->path, d->n_ids);
+        default:
+            return fail(d, KVR_EINVAL, "%s[%zu]: must be a string", f->path, d->n_taint);
+        }
+    }
+    switch (f->type) {
+    case T_TOKENS:
+        return fail(d, KVR_EINVAL, "%s: must be an array of integers", f->path);
+    case T_IDS:
+        return fail(d, KVR_EINVAL, "%s: must be an array of integers or null", f->path);
+    case T_TAINTS:
+        return fail(d, KVR_EINVAL, "%s: must be an array of strings or null", f->path);
+    case T_OBJECT:
+    case T_TAINT_MAP:
+        return fail(d, KVR_EINVAL, "%s: must be an object or null", f->path);
+    case T_STRING:
+        return fail(d, KVR_EINVAL, "%s: must be a string or null", f->path);
+    case T_METHOD:
+        return fail(d, KVR_EINVAL, "method: must be one of new, potential_loads, mark_prefill, "
+                    "mark_free");
+    case T_BOOL:
+        return fail(d, KVR_EINVAL, "%s: must be true, false or null", f->path);
+    case T_INT:
+        return fail(d, KVR_EINVAL, "%s: not an integer in [%" PRIu64 ", %" PRIu64 "]", f->path,
+                    f->lo, f->hi);
+    case T_DOUBLE:
+        return fail(d, KVR_EINVAL, "%s: %s", f->path, range_text(f->rng));
+    default:
+        return fail(d, KVR_EPARSE, "internal: unexpected value for %s", f->path);
+    }
+}
+
+/* A scalar where an unknown key's value is skipped or ignored; -1 when not skipping. */
+static int skip_scalar(kvr_api_decoder_t *d)
+{
+    if (d->state == S_SKIP)
+        return 1;
+    if (d->state == S_VALUE && d->field == F_UNKNOWN)
+        return value_done(d);
+    return -1;
+}
+
+static int obj_depth(int obj)
+{
+    return obj == O_TOP ? 1 : 2;
+}
+
+/* Enters (or goes deeper into) a skipped container, bounding the nesting. */
+static int skip_enter(kvr_api_decoder_t *d)
+{
+    unsigned base = (unsigned)obj_depth(d->obj);
+    if (d->state == S_SKIP) {
+        if (base + d->skip_depth >= KVR_API_MAX_DEPTH)
+            return fail(d, KVR_EINVAL, "nesting deeper than %d levels", KVR_API_MAX_DEPTH);
+        d->skip_depth++;
+        return 1;
+    }
+    d->state = S_SKIP;
+    d->skip_depth = 1;
+    return 1;
+}
+
+static int on_null(void *ctx)
+{
+    kvr_api_decoder_t *d = ctx;
+    int s = skip_scalar(d);
+    if (s >= 0)
+        return s;
+    if (d->state == S_VALUE)
+        return value_done(d);  /* null = absent; finish() rejects a missing required field */
+    return unexpected(d);
+}
+
+static int on_boolean(void *ctx, int v)
+{
+    kvr_api_decoder_t *d = ctx;
+    int s = skip_scalar(d);
+    if (s >= 0)
+        return s;
+    if (d->state == S_VALUE && FIELDS[d->field].type == T_BOOL) {
+        d->bval[d->field] = v != 0;
+        d->present |= (uint64_t)1 << d->field;
+        return value_done(d);
+    }
+    return unexpected(d);
+}
+
+static int on_number(void *ctx, const char *s, size_t n)
+{
+    kvr_api_decoder_t *d = ctx;
+    int sk = skip_scalar(d);
+    if (sk >= 0)
+        return sk;
+    uint64_t v;
+    double x;
+    switch (d->state) {
+    case S_ARRAY:
+        if (d->field == F_TOKENS) {
+            if (!parse_uint(s, n, 0, UINT32_MAX, &v))
+                return unexpected(d);
+            if (d->n_tokens == d->tok_cap &&
+                !grow((void **)&d->tok_buf, &d->tok_cap, d->n_tokens + 1, d->opts.max_tokens,
+                      sizeof *d->tok_buf)) {
+                if (d->n_tokens >= d->opts.max_tokens)
+                    return fail(d, KVR_ETOOBIG, "tokens: more than %zu tokens",
+                                d->opts.max_tokens);
+                return fail(d, KVR_ENOMEM, "tokens: out of memory");
+            }
+            d->tok_buf[d->n_tokens++] = (uint32_t)v;
+            return 1;
+        }
+        if (d->field == F_ALLOWED) {
+            if (!parse_uint(s, n, 0, UINT64_MAX, &v))
+                return unexpected(d);
+            if (d->n_ids == d->ids_cap &&
+                !grow((void **)&d->ids_buf, &d->ids_cap, d->n_ids + 1, d->opts.max_allowed_ids,
+                      sizeof *d->ids_buf)) {
+                if (d->n_ids >= d->opts.max_allowed_ids)
+                    return fail(d, KVR_ETOOBIG, "allowed_worker_ids: more than %zu ids",
+                                d->opts.max_allowed_ids);
+                return fail(d, KVR_ENOMEM, "allowed_worker_ids: out of memory");
+            }
+            d->ids_buf[d->n_ids++] = v;
+            return 1;
+        }
+        break;
+    case S_PREF_VALUE:
+        if (!parse_double(d, s, n, &x))
+            return unexpected(d);
+        d->pref_w[d->n_pref - 1] = x;
+        d->state = S_PREF_KEY;
+        return 1;
+    case S_VALUE: {
+        const field_def_t *f = &FIELDS[d->field];
+        if (f->type == T_INT) {
+            if (!parse_uint(s, n, f->lo, f->hi, &v))
+                return unexpected(d);
+            d->ival[d->field] = v;
+        } else if (f->type == T_DOUBLE) {
+            if (!parse_double(d, s, n, &x) || !in_range(x, f->rng))
+                return unexpected(d);
+            d->dval[d->field] = x;
+        } else {
+            break;
+        }
+        d->present |= (uint64_t)1 << d->field;
+        return value_done(d);
+    }
+    default:
+        break;
+    }
+    return unexpected(d);
+}
+
+static int on_string(void *ctx, const unsigned char *s, size_t n)
+{
+    kvr_api_decoder_t *d = ctx;
+    int sk = skip_scalar(d);
+    if (sk >= 0)
+        return sk;
+    if (d->state == S_ARRAY && FIELDS[d->field].type == T_TAINTS) {
+        char where[64];
+        snprintf(where, sizeof where, "%s[%zu]", FIELDS[d->field].path, d->n_taint);
+        if (!check_taint(d, where, s, n))
+            return 0;
+        if (d->n_taint >= KVR_API_MAX_TAINTS)
+            return fail(d, KVR_ETOOBIG, "%s: more than %d taints", FIELDS[d->field].path,
+                        KVR_API_MAX_TAINTS);
+        if (!store_str(d, s, n, &d->taint[d->n_taint]))
+            return 0;
+        d->n_taint++;
+        return 1;
+    }
+    if (d->state != S_VALUE)
+        return unexpected(d);
+    const field_def_t *f = &FIELDS[d->field];
+    if (f->type == T_STRING) {
+        if (n < f->lo || n > f->hi) {
+            if (f->lo == 0)
+                return fail(d, KVR_EINVAL, "%s: longer than %" PRIu64 " bytes", f->path, f->hi);
+            return fail(d, KVR_EINVAL, "%s: must be %" PRIu64 " to %" PRIu64 " bytes", f->path,
+                        f->lo, f->hi);
+        }
+        const char *problem = text_problem(s, n);
+        if (problem != NULL)
+            return fail(d, KVR_EINVAL, "%s: %s", f->path, problem);
+        if (n == 0)
+            return value_done(d);  /* "" names nothing: absent */
+        if (!store_str(d, s, n, &d->sval[d->field]))
+            return 0;
+        d->present |= (uint64_t)1 << d->field;
+        return value_done(d);
+    }
+    if (f->type == T_METHOD) {
+        for (size_t m = 0; m < N_METHODS; m++) {
+            if (strlen(METHOD_NAMES[m]) == n && memcmp(METHOD_NAMES[m], s, n) == 0) {
+                d->ival[d->field] = m;
+                d->present |= (uint64_t)1 << d->field;
+                return value_done(d);
+            }
+        }
+        char shown[48];
+        printable(shown, sizeof shown, s, n);
+        return fail(d, KVR_EINVAL, "method: unknown method '%s' (expected new, potential_loads, "
+                    "mark_prefill or mark_free)", shown);
+    }
+    return unexpected(d);
+}
+
+static int on_start_map(void *ctx)
+{
+    kvr_api_decoder_t *d = ctx;
+    switch (d->state) {
+    case S_START:
+        d->state = S_KEY;
+        d->obj = O_TOP;
+        return 1;
+    case S_SKIP:
+        return skip_enter(d);
+    case S_VALUE:
+        if (d->field == F_UNKNOWN)
+            return skip_enter(d);
+        if (FIELDS[d->field].type == T_OBJECT) {
+            d->present |= (uint64_t)1 << d->field;
+            d->obj = (int)FIELDS[d->field].lo;
+            d->state = S_KEY;
+            return 1;
+        }
+        if (FIELDS[d->field].type == T_TAINT_MAP) {
+            d->present |= (uint64_t)1 << d->field;
+            d->state = S_PREF_KEY;
+            return 1;
+        }
+        break;
+    default:
+        break;
+    }
+    return unexpected(d);
+}
+
+static int on_start_array(void *ctx)
+{
+    kvr_api_decoder_t *d = ctx;
+    switch (d->state) {
+    case S_SKIP:
+        return skip_enter(d);
+    case S_VALUE:
+        if (d->field == F_UNKNOWN)
+            return skip_enter(d);
+        switch (FIELDS[d->field].type) {
+        case T_TOKENS:
+            d->tok_open_at = yajl_get_bytes_consumed(d->yh);
+            /* fall through */
+        case T_IDS:
+        case T_TAINTS:
+            d->present |= (uint64_t)1 << d->field;
+            d->state = S_ARRAY;
+            return 1;
+        default:
+            break;
+        }
+        break;
+    default:
+        break;
+    }
+    return unexpected(d);
+}
+
+/* Closes a container: yajl guarantees map/array pairing, so only the state matters. */
+static int on_end(void *ctx)
+{
+    kvr_api_decoder_t *d = ctx;
+    switch (d->state) {
+    case S_SKIP:
+        if (--d->skip_depth == 0)
+            d->state = S_KEY;
+        return 1;
+    case S_KEY:
+        if (d->obj == O_TOP) {
+            d->state = S_DONE;
+            return 1;
+        }
+        d->obj = O_TOP;  /* every nested known object sits in the top level */
+        return 1;
+    case S_ARRAY:
+        return value_done(d);
+    case S_PREF_KEY:
+        d->obj = O_CONSTRAINTS;
+        return value_done(d);
+    default:
+        return fail(d, KVR_EPARSE, "internal: unexpected end in state %d", d->state);
+    }
+}
+
+static int on_map_key(void *ctx, const unsigned char *s, size_t n)
+{
+    kvr_api_decoder_t *d = ctx;
+    if (d->state == S_SKIP)
+        return 1;
+    if (d->state == S_KEY) {
+        unsigned kb = KB(d->kind);
+        d->field = F_UNKNOWN;
+        for (int f = 0; f < F_N; f++) {
+            const field_def_t *def = &FIELDS[f];
+            if (def->obj != d->obj || !(def->kinds & kb) || strlen(def->key) != n ||
+                memcmp(def->key, s, n) != 0)
+                continue;
+            if (d->seen & ((uint64_t)1 << f))
+                return fail(d, KVR_EINVAL, "%s: duplicate key", def->path);
+            d->seen |= (uint64_t)1 << f;
+            d->field = f;
+            break;
+        }
+        d->state = S_VALUE;
+        return 1;
+    }
+    if (d->state == S_PREF_KEY) {
+        const char *where = FIELDS[F_PREFERRED].path;
+        if (!check_taint(d, where, s, n))
+            return 0;
+        for (size_t i = 0; i < d->n_pref; i++) {
+            if (d->pref[i].len == n && memcmp(d->str_buf + d->pref[i].off, s, n) == 0) {
+                char shown[48];
+                printable(shown, sizeof shown, s, n);
+                return fail(d, KVR_EINVAL, "%s: duplicate taint '%s'", where, shown);
+            }
+        }
+        if (d->n_pref >= KVR_API_MAX_TAINTS)
+            return fail(d, KVR_ETOOBIG, "%s: more than %d taints", where, KVR_API_MAX_TAINTS);
+        if (!store_str(d, s, n, &d->pref[d->n_pref]))
+            return 0;
+        d->pref_w[d->n_pref++] = 0;
+        d->state = S_PREF_VALUE;
+        return 1;
+    }
+    return fail(d, KVR_EPARSE, "internal: unexpected key in state %d", d->state);
+}
+
+static const yajl_callbacks CALLBACKS = {
+    .yajl_null = on_null,
+    .yajl_boolean = on_boolean,
+    .yajl_integer = NULL,
+    .yajl_double = NULL,
+    .yajl_number = on_number,
+    .yajl_string = on_string,
+    .yajl_start_map = on_start_map,
+    .yajl_map_key = on_map_key,
+    .yajl_end_map = on_end,
+    .yajl_start_array = on_start_array,
+    .yajl_end_array = on_end,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* The fast path: a top-level tokens array of plain integers read 8 bytes at a time. */
+
+static bool is_ws(char c)
+{
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
+/* Where the value of the first literal `"tokens" ws : ws [` starts (just after the '['), or 0.
+ * Only a guess at the structure: parse_fast() has yajl confirm it. */
+static size_t find_tokens(const char *b, size_t len)
+{
+    size_t from = 0;
+    while (len - from >= 8) {
+        const char *q = memchr(b + from, '"', len - from - 7);
+        if (q == NULL)
+            return 0;
+        size_t p = (size_t)(q - b);
+        from = p + 1;
+        if (memcmp(q, "\"tokens\"", 8) != 0)
+            continue;
+        p += 8;
+        while (p < len && is_ws(b[p]))
+            p++;
+        if (p >= len || b[p] != ':')
+            continue;
+        p++;
+        while (p < len && is_ws(b[p]))
+            p++;
+        if (p < len && b[p] == '[')
+            return p + 1;
+    }
+    return 0;
+}
+
+/* A canonical decimal u32 of exactly len (1..10) digits at s, or false. */
+static bool digits_u32(const char *s, size_t len, uint32_t *out)
+{
+    if (len == 0 || len > 10 || (len > 1 && s[0] == '0'))
+        return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++)
+        v = v * 10 + (unsigned)(s[i] - '0');
+    if (v > UINT32_MAX)
+        return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+static bool push_token(kvr_api_decoder_t *d, size_t *n, uint32_t v)
+{
+    if (*n == d->tok_cap &&
+        !grow((void **)&d->tok_buf, &d->tok_cap, *n + 1, d->opts.max_tokens, sizeof *d->tok_buf))
+        return false;
+    d->tok_buf[(*n)++] = v;
+    return true;
+}
+
+#if KVR_API_SIMD
+#define SWAR_ZEROS UINT64_C(0x3030303030303030)
+
+static uint64_t load8(const char *p)
+{
+    uint64_t x;
+    memcpy(&x, p, 8);
+    return x;
+}
+
+/* v from 1..8 ASCII digits loaded little-endian in x (the digits in the low len bytes):
+ * shifted up so the number is right-aligned, then combined pairwise by multiplications. */
+static uint32_t digits8(uint64_t x, size_t len)
+{
+    uint64_t t = (x - SWAR_ZEROS) << (8 * (8 - len));
+    t = t * 10 + (t >> 8);
+    t = (((t & UINT64_C(0x000000FF000000FF)) * UINT64_C(0x000F424000000064)) +
+         (((t >> 16) & UINT64_C(0x000000FF000000FF)) * UINT64_C(0x0000271000000001))) >> 32;
+    return (uint32_t)t;
+}
+
+/* Masks of the 64 bytes at b, bit i for b[i]: a digit, ',', ' ', '0'. */
+static void window_masks(const char *b, uint64_t *digit, uint64_t *comma, uint64_t *space,
+                         uint64_t *zero)
+{
+    const __m128i c0 = _mm_set1_epi8('0'), c9 = _mm_set1_epi8(9);
+    const __m128i cc = _mm_set1_epi8(','), cs = _mm_set1_epi8(' ');
+    uint64_t dg = 0, cm = 0, sp = 0, zr = 0;
+    for (unsigned k = 0; k < 4; k++) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(b + 16 * k));
+        __m128i t = _mm_sub_epi8(x, c0);
+        __m128i is_digit = _mm_cmpeq_epi8(_mm_min_epu8(t, c9), t);  /* t <= 9 unsigned */
+        unsigned sh = 16 * k;
+        dg |= (uint64_t)(unsigned)_mm_movemask_epi8(is_digit) << sh;
+        cm |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, cc)) << sh;
+        sp |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, cs)) << sh;
+        zr |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, c0)) << sh;
+    }
+    *digit = dg;
+    *comma = cm;
+    *space = sp;
+    *zero = zr;
+}
+
+/*
+ * The bulk of an array written as `int,int,...` or `int, int, ...`, 64 bytes at a time.
+ * b[p] is the first digit of a token. In each window, masks say where tokens start and end;
+ * the window is good up to its first byte that breaks the pattern `digits ',' ' '*` (another
+ * character, a token not followed directly by ',', a ',' not right after a digit, a leading
+ * zero). Every token ending before that point is converted: its start and end come from two
+ * count-trailing-zeros, so no step waits on a load. Returns the index just after the last
+ * token read (at its ','), with *after set, or p unchanged with *after clear when it read
+ * nothing; SIZE_MAX when the array cannot be a fast-path array.
+ */
+static size_t scan_windows(kvr_api_decoder_t *d, const char *b, size_t len, size_t p, size_t *n,
+                           bool *after)
+{
+    size_t last = SIZE_MAX;
+    while (len - p >= 72) {  /* 64 bytes of window + 8 for the last token's load */
+        uint64_t digit, comma, space, zero;
+        window_masks(b + p, &digit, &comma, &space, &zero);
+        uint64_t sep = ~digit;
+        uint64_t starts = digit & ~(digit << 1);
+        uint64_t ends = sep & (digit << 1);
+        uint64_t bad = (sep & ~comma & ~space) | (ends & ~comma) | (comma & ~(digit << 1)) |
+                       (zero & starts & (digit >> 1)) | (sep & 1);
+        uint64_t good = bad == 0 ? ~(uint64_t)0 : ((uint64_t)1 << __builtin_ctzll(bad)) - 1;
+        uint64_t ve = ends & good;
+        if (ve == 0)
+            break;
+        /* room for the window's tokens: at most 32 (a digit and a ',' each) */
+        if (d->tok_cap - *n < 32 &&
+            !grow((void **)&d->tok_buf, &d->tok_cap, *n + 32, d->opts.max_tokens,
+                  sizeof *d->tok_buf))
+            break;  /* near the limit: the careful loop counts exactly */
+        uint32_t *out = d->tok_buf + *n;
+        unsigned e = 0;
+        do {
+            e = (unsigned)__builtin_ctzll(ve);
+            unsigned s = (unsigned)__builtin_ctzll(starts);
+            ve &= ve - 1;
+            starts &= starts - 1;
+            size_t tl = e - s;
+            if (tl <= 8)
+                *out++ = digits8(load8(b + p + s), tl);
+            else if (!digits_u32(b + p + s, tl, out++))
+                return SIZE_MAX;
+        } while (ve != 0);
+        *n = (size_t)(out - d->tok_buf);
+        last = p + e;
+        /* the next window starts at the next token: after the ',' and any spaces */
+        p = last + 1;
+        while (p < len && b[p] == ' ')
+            p++;
+        if (p >= len || (unsigned)((unsigned char)b[p] - '0') > 9)
+            break;
+    }
+    *after = last != SIZE_MAX;
+    return *after ? last : p;
+}
+#endif
+
+/* Reads `ws (int (ws , ws int)*)? ws ]` from b[p]; ints are canonical decimal u32. On success
+ * the tokens are in tok_buf[0..*n_out) and *close is the index of the ']'. False for anything
+ * else (the slow path then decides what it is). */
+static bool scan_tokens(kvr_api_decoder_t *d, const char *b, size_t len, size_t p, size_t *close,
+                        size_t *n_out)
+{
+    size_t n = 0;
+    while (p < len && is_ws(b[p]))
+        p++;
+    if (p < len && b[p] == ']') {
+        *close = p;
+        *n_out = 0;
+        return true;
+    }
+    for (;;) {
+        bool after = false;
+#if KVR_API_SIMD
+        while (p < len && is_ws(b[p]))
+            p++;
+        p = scan_windows(d, b, len, p, &n, &after);
+        if (p == SIZE_MAX)
+            return false;
+#endif
+        if (!after) {
+            /* one token */
+            while (p < len && is_ws(b[p]))
+                p++;
+            size_t q = p;
+            while (q < len && q - p <= 10 && (unsigned)((unsigned char)b[q] - '0') <= 9)
+                q++;
+            uint32_t v;
+            if (!digits_u32(b + p, q - p, &v) || !push_token(d, &n, v))
+                return false;
+            p = q;
+        }
+        /* after a token: ']' or ',' */
+        while (p < len && is_ws(b[p]))
+            p++;
+        if (p >= len)
+            return false;
+        if (b[p] == ']') {
+            *close = p;
+            *n_out = n;
+            return true;
+        }
+        if (b[p] != ',')
+            return false;
+        p++;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Decoding. */
+
+kvr_api_decoder_t *kvr_api_decoder_new(const kvr_api_options_t *opts)
+{
+    kvr_api_options_t o = {
+        .max_tokens = KVR_API_MAX_TOKENS,
+        .max_allowed_ids = KVR_API_MAX_ALLOWED_IDS,
+        .no_fast_path = false,
+    };
+    if (opts != NULL) {
+        o = *opts;
+        if (o.max_tokens > KVR_API_MAX_TOKENS || o.max_allowed_ids > KVR_API_MAX_ALLOWED_IDS)
+            return NULL;
+    }
+    kvr_api_decoder_t *d = calloc(1, sizeof *d);
+    if (d == NULL)
+        return NULL;
+    d->opts = o;
+    return d;
+}
+
+void kvr_api_decoder_free(kvr_api_decoder_t *d)
+{
+    if (d == NULL)
+        return;
+    free(d->tok_buf);
+    free(d->ids_buf);
+    free(d->str_buf);
+    free(d->num_buf);
+    arena_destroy(&d->arena);
+    free(d);
+}
+
+const char *kvr_api_decoder_error(const kvr_api_decoder_t *d)
+{
+    return d->err;
+}
+
+void kvr_api_decoder_stats(const kvr_api_decoder_t *d, kvr_api_stats_t *out)
+{
+    *out = d->stats;
+}
+
+static void reset(kvr_api_decoder_t *d, int kind)
+{
+    d->err[0] = '\0';
+    d->kind = kind;
+    d->status = KVR_OK;
+    d->state = S_START;
+    d->obj = O_TOP;
+    d->field = F_UNKNOWN;
+    d->skip_depth = 0;
+    d->seen = 0;
+    d->present = 0;
+    d->n_tokens = 0;
+    d->n_ids = 0;
+    d->str_len = 0;
+    d->n_taint = 0;
+    d->n_pref = 0;
+    d->tok_open_at = SIZE_MAX;
+}
+
+/* yajl's message, on one line: "lexical error: invalid char in json text." */
+static void yajl_message(kvr_api_decoder_t *d, yajl_handle h, size_t at)
+{
+    unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
+    const char *m = msg != NULL ? (const char *)msg : "unknown error";
+    size_t n = strlen(m);
+    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
+        n--;
+    char shown[160];
+    if (n >= sizeof shown)
+        n = sizeof shown - 1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)m[i];
+        shown[i] = (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') ? ' ' : (char)c;
+    }
+    shown[n] = '\0';
+    fail(d, KVR_EPARSE, "invalid JSON at byte %zu: %s", at, shown);
+    if (msg != NULL)
+        yajl_free_error(h, msg);
+}
+
+static yajl_handle start_yajl(kvr_api_decoder_t *d)
+{
+    arena_reset(&d->arena);
+    yajl_alloc_funcs afs = {arena_malloc, arena_realloc, arena_free, &d->arena};
+    d->yh = yajl_alloc(&CALLBACKS, &afs, d);
+    if (d->yh == NULL)
+        fail(d, KVR_ENOMEM, "out of memory");
+    return d->yh;
+}
+
+static void stop_yajl(kvr_api_decoder_t *d)
+{
+    if (d->yh != NULL)
+        yajl_free(d->yh);
+    d->yh = NULL;
+}
+
+/* The whole body through yajl. */
+static void parse_slow(kvr_api_decoder_t *d, const char *body, size_t len)
+{
+    yajl_handle h = start_yajl(d);
+    if (h == NULL)
+        return;
+    yajl_status st = yajl_parse(h, (const unsigned char *)body, len);
+    size_t at = len;
+    if (st == yajl_status_ok)
+        st = yajl_complete_parse(h);
+    else if (st == yajl_status_error)
+        at = yajl_get_bytes_consumed(h);
+    if (st == yajl_status_error && d->status == KVR_OK)
+        yajl_message(d, h, at);
+    stop_yajl(d);
+    if (d->status == KVR_OK && st != yajl_status_ok)
+        fail(d, KVR_EPARSE, "invalid JSON");  /* client_canceled always sets status first */
+    if (d->status == KVR_OK && d->state != S_DONE)
+        fail(d, KVR_EPARSE, "internal: parse ended in state %d", d->state);
+}
+
+/* yajl up to the tokens array, the token scan over it, yajl after it. 1 when that read the
+ * body; 0 when there is no literal "tokens" key, -1 when anything else went wrong (the caller
+ * then resets and parses slowly). */
+static int parse_fast(kvr_api_decoder_t *d, const char *body, size_t len)
+{
+    size_t open = find_tokens(body, len);
+    if (open == 0)
+        return 0;
+    yajl_handle h = start_yajl(d);
+    if (h == NULL)
+        return -1;
+    bool ok = false;
+    size_t close, n;
+    if (yajl_parse(h, (const unsigned char *)body, open) == yajl_status_ok &&
+        d->status == KVR_OK && d->state == S_ARRAY && d->field == F_TOKENS &&
+        d->tok_open_at == open && d->n_tokens == 0 && scan_tokens(d, body, len, open, &close, &n)) {
+        d->n_tokens = n;
+        ok = yajl_parse(h, (const unsigned char *)body + close, len - close) == yajl_status_ok &&
+             yajl_complete_parse(h) == yajl_status_ok && d->status == KVR_OK &&
+             d->state == S_DONE;
+    }
+    stop_yajl(d);
+    return ok ? 1 : -1;
+}
+
+/* ---- finishing: required fields and the caller's struct ---------------------------------- */
+
+static bool has(const kvr_api_decoder_t *d, int f)
+{
+    return (d->present >> f) & 1;
+}
+
+static int require(kvr_api_decoder_t *d, int f)
+{
+    if (has(d, f))
+        return KVR_OK;
+    if ((d->seen >> f) & 1)
+        fail(d, KVR_EINVAL, "%s: must not be null", FIELDS[f].path);
+    else
+        fail(d, KVR_EINVAL, "%s: missing", FIELDS[f].path);
+    return d->status;
+}
+
+static const char *str_of(const kvr_api_decoder_t *d, int f, size_t *len)
+{
+    if (!has(d, f)) {
+        *len = 0;
+        return NULL;
+    }
+    *len = d->sval[f].len;
+    return d->str_buf + d->sval[f].off;
+}
+
+static const uint32_t *tokens_of(const kvr_api_decoder_t *d)
+{
+    return d->n_tokens > 0 ? d->tok_buf : NULL;
+}
+
+static void sift_u64(uint64_t *a, size_t root, size_t n)
+{
+    for (;;) {
+        size_t child = 2 * root + 1;
+        if (child >= n)
+            return;
+        if (child + 1 < n && a[child + 1] > a[child])
+            child++;
+        if (a[root] >= a[child])
+            return;
+        uint64_t t = a[root];
+        a[root] = a[child];
+        a[child] = t;
+        root = child;
+    }
+}
+
+/* In-place heap sort (no allocation, O(n log n)); skipped for sorted input. */
+static void sort_u64(uint64_t *a, size_t n)
+{
+    size_t i = 1;
+    while (i < n && a[i - 1] <= a[i])
+        i++;
+    if (i >= n)
+        return;
+    for (size_t k = n / 2; k-- > 0;)
+        sift_u64(a, k, n);
+    for (size_t e = n; e-- > 1;) {
+        uint64_t t = a[0];
+        a[0] = a[e];
+        a[e] = t;
+        sift_u64(a, 0, e);
+    }
+}
+
+/* Pointers into str_buf for the taint lists (valid now that str_buf no longer moves). */
+static void taint_lists(kvr_api_decoder_t *d)
+{
+    for (size_t i = 0; i < d->n_taint; i++)
+        d->taint_ptr[i] = d->str_buf + d->taint[i].off;
+    for (size_t i = 0; i < d->n_pref; i++) {
+        d->pref_out[i].taint = d->str_buf + d->pref[i].off;
+        d->pref_out[i].weight = d->pref_w[i];
+    }
+}
+
+static void copy_request_id(const kvr_api_decoder_t *d, bool *has_id, char *out)
+{
+    size_t n;
+    const char *s = str_of(d, F_REQUEST_ID, &n);
+    *has_id = s != NULL;
+    memcpy(out, s != NULL ? s : "", n + 1);
+}
+
+static int finish_route(kvr_api_decoder_t *d, kvr_api_route_t *out)
+{
+    if (require(d, F_TOKENS) != KVR_OK)
+        return d->status;
+    if (has(d, F_PINNED) &&
+        (require(d, F_PIN_WORKER_ID) != KVR_OK || require(d, F_PIN_DP_RANK) != KVR_OK))
+        return d->status;
+    taint_lists(d);
+    sort_u64(d->ids_buf, d->n_ids);
+    out->tokens = tokens_of(d);
+    out->n_tokens = d->n_tokens;
+    copy_request_id(d, &out->has_request_id, out->request_id);
+    out->update_state = has(d, F_UPDATE_STATE) ? d->bval[F_UPDATE_STATE] : true;
+    out->lora_name = str_of(d, F_LORA_NAME, &out->lora_name_len);
+    out->cache_namespace = str_of(d, F_CACHE_NAMESPACE, &out->cache_namespace_len);
+    out->has_allowed = has(d, F_ALLOWED);
+    out->allowed_ids = d->n_ids > 0 ? d->ids_buf : NULL;
+    out->n_allowed = d->n_ids;
+    out->has_pinned = has(d, F_PINNED);
+    if (out->has_pinned) {
+        out->pinned.worker_id = d->ival[F_PIN_WORKER_ID];
+        out->pinned.dp_rank = (uint32_t)d->ival[F_PIN_DP_RANK];
+    }
+    out->priority_jump = has(d, F_PRIORITY_JUMP) ? d->dval[F_PRIORITY_JUMP] : 0.0;
+    out->has_expected_output_tokens = has(d, F_EXPECTED_OUTPUT);
+    out->expected_output_tokens =
+        out->has_expected_output_tokens ? (uint32_t)d->ival[F_EXPECTED_OUTPUT] : 0;
+    out->required_taints = d->n_taint > 0 ? d->taint_ptr : NULL;
+    out->n_required = d->n_taint;
+    out->preferred_taints = d->n_pref > 0 ? d->pref_out : NULL;
+    out->n_preferred = d->n_pref;
+    out->has_override = has(d, F_OVERRIDE);
+    kvr_select_override_t *o = &out->ovr;
+#define OVR(flag, val, f)               \
+    do {                                \
+        o->flag = has(d, f);            \
+        o->val = o->flag ? d->dval[f] : 0; \
+    } while (0)
+    OVR(has_overlap_score_credit, overlap_score_credit, F_OV_CREDIT);
+    OVR(has_prefill_load_scale, prefill_load_scale, F_OV_SCALE);
+    OVR(has_temperature, temperature, F_OV_TEMP);
+    OVR(has_shared_cache_multiplier, shared_cache_multiplier, F_OV_SHARED);
+    OVR(has_overlap_score_weight, overlap_score_weight, F_OV_WEIGHT);
+#undef OVR
+    out->has_assume_kv_reuse = has(d, F_OV_ASSUME);
+    out->assume_kv_reuse = out->has_assume_kv_reuse && d->bval[F_OV_ASSUME];
+    out->has_track_prefill_tokens = has(d, F_OV_TRACK);
+    out->track_prefill_tokens = out->has_track_prefill_tokens && d->bval[F_OV_TRACK];
+    return KVR_OK;
+}
+
+static int finish_output_block(kvr_api_decoder_t *d, kvr_api_output_block_t *out)
+{
+    out->has_decay_fraction = has(d, F_DECAY);
+    out->decay_fraction = out->has_decay_fraction ? d->dval[F_DECAY] : 0.0;
+    return KVR_OK;
+}
+
+static int finish_query(kvr_api_decoder_t *d, kvr_api_query_t *out)
+{
+    if (require(d, F_TOKENS) != KVR_OK)
+        return d->status;
+    out->tokens = tokens_of(d);
+    out->n_tokens = d->n_tokens;
+    out->lora_name = str_of(d, F_LORA_NAME, &out->lora_name_len);
+    out->cache_namespace = str_of(d, F_CACHE_NAMESPACE, &out->cache_namespace_len);
+    return KVR_OK;
+}
+
+static int finish_worker(kvr_api_decoder_t *d, kvr_api_worker_t *out)
+{
+    if (require(d, F_WORKER_ID) != KVR_OK)
+        return d->status;
+    uint64_t size = has(d, F_DP_SIZE) ? d->ival[F_DP_SIZE] : 1;
+    uint64_t start = has(d, F_DP_START) ? d->ival[F_DP_START] : 0;
+    if (start + size - 1 > UINT32_MAX)
+        return fail(d, KVR_EINVAL, "dp_start: dp_start + dp_size must be <= 4294967296"),
+               d->status;
+    taint_lists(d);
+    out->worker_id = d->ival[F_WORKER_ID];
+    out->url = str_of(d, F_URL, &out->url_len);
+    out->events = str_of(d, F_EVENTS, &out->events_len);
+    out->replay = str_of(d, F_REPLAY, &out->replay_len);
+    out->dp_size = (uint32_t)size;
+    out->dp_start = (uint32_t)start;
+    out->taints = d->n_taint > 0 ? d->taint_ptr : NULL;
+    out->n_taints = d->n_taint;
+    out->has_max_num_batched_tokens = has(d, F_MAX_BATCHED);
+    out->max_num_batched_tokens = has(d, F_MAX_BATCHED) ? d->ival[F_MAX_BATCHED] : 0;
+    out->has_total_kv_blocks = has(d, F_TOTAL_KV_BLOCKS);
+    out->total_kv_blocks = has(d, F_TOTAL_KV_BLOCKS) ? d->ival[F_TOTAL_KV_BLOCKS] : 0;
+    return KVR_OK;
+}
+
+static int finish_router(kvr_api_decoder_t *d, kvr_api_router_t *out)
+{
+    if (require(d, F_METHOD) != KVR_OK)
+        return d->status;
+    kvr_api_router_method_t m = (kvr_api_router_method_t)d->ival[F_METHOD];
+    bool with_tokens = m == KVR_API_ROUTER_NEW || m == KVR_API_ROUTER_POTENTIAL_LOADS;
+    if (with_tokens ? require(d, F_TOKENS) != KVR_OK : require(d, F_REQUEST_ID) != KVR_OK)
+        return d->status;
+    out->method = m;
+    if (with_tokens) {
+        out->tokens = tokens_of(d);
+        out->n_tokens = d->n_tokens;
+        out->lora_name = str_of(d, F_LORA_NAME, &out->lora_name_len);
+        out->cache_namespace = str_of(d, F_CACHE_NAMESPACE, &out->cache_namespace_len);
+    }
+    if (m != KVR_API_ROUTER_POTENTIAL_LOADS)
+        copy_request_id(d, &out->has_request_id, out->request_id);
+    if (m == KVR_API_ROUTER_NEW) {
+        taint_lists(d);
+        out->priority_jump = has(d, F_PRIORITY_JUMP) ? d->dval[F_PRIORITY_JUMP] : 0.0;
+        out->strict_priority = has(d, F_STRICT_PRIORITY) ? (uint32_t)d->ival[F_STRICT_PRIORITY] : 0;
+        out->required_taints = d->n_taint > 0 ? d->taint_ptr : NULL;
+        out->n_required = d->n_taint;
+        out->preferred_taints = d->n_pref > 0 ? d->pref_out : NULL;
+        out->n_preferred = d->n_pref;
+    }
+    return KVR_OK;
+}
+
+static bool blank(const char *body, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (!is_ws(body[i]))
+            return false;
+    return true;
+}
+
+/* Parses body as kind; KVR_OK when the decoder's slots hold a well-formed body. */
+static int parse(kvr_api_decoder_t *d, int kind, const char *body, size_t len)
+{
+    reset(d, kind);
+    if (body == NULL && len > 0)
+        return fail(d, KVR_EINVAL, "no body"), d->status;
+    if (blank(body, len)) {
+        if (kind == K_OUTPUT_BLOCK)
+            return KVR_OK;
+        return fail(d, KVR_EPARSE, "empty body"), d->status;
+    }
+    if (!d->opts.no_fast_path && (FIELDS[F_TOKENS].kinds & KB(kind))) {
+        int tried = parse_fast(d, body, len);
+        if (tried > 0) {
+            d->stats.fast_path++;
+            return KVR_OK;
+        }
+        d->stats.fallbacks += tried < 0;
+    }
+    reset(d, kind);
+    parse_slow(d, body, len);
+    return d->status;
+}
+
+#define DECODE(kind, finisher)                               \
+    do {                                                     \
+        memset(out, 0, sizeof *out);                         \
+        d->stats.bodies++;                                   \
+        int st_ = parse(d, kind, body, len);                 \
+        if (st_ == KVR_OK)                                   \
+            st_ = finisher(d, out);                          \
+        if (st_ != KVR_OK) {                                 \
+            memset(out, 0, sizeof *out);                     \
+            d->stats.errors++;                               \
+        }                                                    \
+        return st_;                                          \
+    } while (0)
+
+int kvr_api_decode_route(kvr_api_decoder_t *d, const char *body, size_t len,
+                         kvr_api_route_t *out)
+{
+    DECODE(K_ROUTE, finish_route);
+}
+
+int kvr_api_decode_output_block(kvr_api_decoder_t *d, const char *body, size_t len,
+                                kvr_api_output_block_t *out)
+{
+    DECODE(K_OUTPUT_BLOCK, finish_output_block);
+}
+
+int kvr_api_decode_query(kvr_api_decoder_t *d, const char *body, size_t len,
+                         kvr_api_query_t *out)
+{
+    DECODE(K_QUERY, finish_query);
+}
+
+int kvr_api_decode_loads(kvr_api_decoder_t *d, const char *body, size_t len,
+                         kvr_api_query_t *out)
+{
+    DECODE(K_LOADS, finish_query);
+}
+
+int kvr_api_decode_worker(kvr_api_decoder_t *d, const char *body, size_t len,
+                          kvr_api_worker_t *out)
+{
+    DECODE(K_WORKER, finish_worker);
+}
+
+int kvr_api_decode_router(kvr_api_decoder_t *d, const char *body, size_t len,
+                          kvr_api_router_t *out)
+{
+    DECODE(K_ROUTER, finish_router);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Encoders. */
+
+static void key_u64(kvr_json_writer_t *w, const char *k, uint64_t v)
+{
+    kvr_json_key(w, k);
+    kvr_json_u64(w, v);
+}
+
+static void key_double(kvr_json_writer_t *w, const char *k, double v)
+{
+    kvr_json_key(w, k);
+    kvr_json_double(w, v);
+}
+
+static void key_str(kvr_json_writer_t *w, const char *k, const char *s, size_t n)
+{
+    if (s == NULL)
+        return;
+    kvr_json_key(w, k);
+    kvr_json_string_n(w, s, n);
+}
+
+static void tokens_array(kvr_json_writer_t *w, const uint32_t *tokens, size_t n)
+{
+    kvr_json_key(w, "tokens");
+    kvr_json_begin_array(w);
+    for (size_t i = 0; i < n; i++)
+        kvr_json_u64(w, tokens[i]);
+    kvr_json_end_array(w);
+}
+
+static void string_array(kvr_json_writer_t *w, const char *k, const char *const *s, size_t n)
+{
+    kvr_json_key(w, k);
+    kvr_json_begin_array(w);
+    for (size_t i = 0; i < n; i++)
+        kvr_json_string(w, s[i]);
+    kvr_json_end_array(w);
+}
+
+static void constraints(kvr_json_writer_t *w, const char *const *req, size_t n_req,
+                        const kvr_taint_weight_t *pref, size_t n_pref)
+{
+    if (n_req == 0 && n_pref == 0)
+        return;
+    kvr_json_key(w, "routing_constraints");
+    kvr_json_begin_object(w);
+    if (n_req > 0)
+        string_array(w, "required_taints", req, n_req);
+    if (n_pref > 0) {
+        kvr_json_key(w, "preferred_taints");
+        kvr_json_begin_object(w);
+        for (size_t i = 0; i < n_pref; i++)
+            key_double(w, pref[i].taint, pref[i].weight);
+        kvr_json_end_object(w);
+    }
+    kvr_json_end_object(w);
+}
+
+int kvr_api_encode_route(kvr_json_writer_t *w, const kvr_api_route_t *r)
+{
+    kvr_json_begin_object(w);
+    tokens_array(w, r->tokens, r->n_tokens);
+    if (r->has_request_id)
+        key_str(w, "request_id", r->request_id, strlen(r->request_id));
+    kvr_json_key(w, "update_state");
+    kvr_json_bool(w, r->update_state);
+    key_str(w, "lora_name", r->lora_name, r->lora_name_len);
+    key_str(w, "cache_namespace", r->cache_namespace, r->cache_namespace_len);
+    if (r->has_allowed) {
+        kvr_json_key(w, "allowed_worker_ids");
+        kvr_json_begin_array(w);
+        for (size_t i = 0; i < r->n_allowed; i++)
+            kvr_json_u64(w, r->allowed_ids[i]);
+        kvr_json_end_array(w);
+    }
+    if (r->has_pinned) {
+        kvr_json_key(w, "pinned_worker");
+        kvr_json_begin_object(w);
+        key_u64(w, "worker_id", r->pinned.worker_id);
+        key_u64(w, "dp_rank", r->pinned.dp_rank);
+        kvr_json_end_object(w);
+    }
+    key_double(w, "priority_jump", r->priority_jump);
+    if (r->has_expected_output_tokens)
+        key_u64(w, "expected_output_tokens", r->expected_output_tokens);
+    constraints(w, r->required_taints, r->n_required, r->preferred_taints, r->n_preferred);
+    if (r->has_override) {
+        const kvr_select_override_t *o = &r->ovr;
+        kvr_json_key(w, "config_override");
+        kvr_json_begin_object(w);
+        if (o->has_overlap_score_credit)
+            key_double(w, "overlap_score_credit", o->overlap_score_credit);
+        if (o->has_prefill_load_scale)
+            key_double(w, "prefill_load_scale", o->prefill_load_scale);
+        if (o->has_temperature)
+            key_double(w, "router_temperature", o->temperature);
+        if (o->has_shared_cache_multiplier)
+            key_double(w, "shared_cache_multiplier", o->shared_cache_multiplier);
+        if (o->has_overlap_score_weight)
+            key_double(w, "overlap_score_weight", o->overlap_score_weight);
+        if (r->has_assume_kv_reuse) {
+            kvr_json_key(w, "assume_kv_reuse");
+            kvr_json_bool(w, r->assume_kv_reuse);
+        }
+        if (r->has_track_prefill_tokens) {
+            kvr_json_key(w, "track_prefill_tokens");
+            kvr_json_bool(w, r->track_prefill_tokens);
+        }
+        kvr_json_end_object(w);
+    }
+    return kvr_json_end_object(w);
+}
+
+int kvr_api_encode_output_block(kvr_json_writer_t *w, const kvr_api_output_block_t *r)
+{
+    kvr_json_begin_object(w);
+    if (r->has_decay_fraction)
+        key_double(w, "decay_fraction", r->decay_fraction);
+    return kvr_json_end_object(w);
+}
+
+int kvr_api_encode_query(kvr_json_writer_t *w, const kvr_api_query_t *r)
+{
+    kvr_json_begin_object(w);
+    tokens_array(w, r->tokens, r->n_tokens);
+    key_str(w, "lora_name", r->lora_name, r->lora_name_len);
+    key_str(w, "cache_namespace", r->cache_namespace, r->cache_namespace_len);
+    return kvr_json_end_object(w);
+}
+
+int kvr_api_encode_worker(kvr_json_writer_t *w, const kvr_api_worker_t *r)
+{
+    kvr_json_begin_object(w);
+    key_u64(w, "worker_id", r->worker_id);
+    key_str(w, "url", r->url, r->url_len);
+    key_str(w, "events", r->events, r->events_len);
+    key_str(w, "replay", r->replay, r->replay_len);
+    key_u64(w, "dp_size", r->dp_size);
+    key_u64(w, "dp_start", r->dp_start);
+    if (r->n_taints > 0)
+        string_array(w, "taints", r->taints, r->n_taints);
+    if (r->has_max_num_batched_tokens)
+        key_u64(w, "max_num_batched_tokens", r->max_num_batched_tokens);
+    if (r->has_total_kv_blocks)
+        key_u64(w, "total_kv_blocks", r->total_kv_blocks);
+    return kvr_json_end_object(w);
+}
+
+int kvr_api_encode_router(kvr_json_writer_t *w, const kvr_api_router_t *r)
+{
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "method");
+    kvr_json_string(w, kvr_api_router_method_name(r->method));
+    if (r->method == KVR_API_ROUTER_NEW || r->method == KVR_API_ROUTER_POTENTIAL_LOADS) {
+        tokens_array(w, r->tokens, r->n_tokens);
+        key_str(w, "lora_name", r->lora_name, r->lora_name_len);
+        key_str(w, "cache_namespace", r->cache_namespace, r->cache_namespace_len);
+    }
+    if (r->method != KVR_API_ROUTER_POTENTIAL_LOADS && r->has_request_id)
+        key_str(w, "request_id", r->request_id, strlen(r->request_id));
+    if (r->method == KVR_API_ROUTER_NEW) {
+        key_double(w, "priority_jump", r->priority_jump);
+        key_u64(w, "strict_priority", r->strict_priority);
+        constraints(w, r->required_taints, r->n_required, r->preferred_taints, r->n_preferred);
+    }
+    return kvr_json_end_object(w);
+}
+
+int kvr_api_encode_route_response(kvr_json_writer_t *w, const kvr_api_route_response_t *r)
+{
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "request_id");
+    kvr_json_string(w, r->request_id);
+    key_u64(w, "worker_id", r->worker.worker_id);
+    key_u64(w, "dp_rank", r->worker.dp_rank);
+    key_u64(w, "overlap_blocks", r->overlap_blocks);
+    key_u64(w, "cached_tokens", r->cached_tokens);
+    return kvr_json_end_object(w);
+}

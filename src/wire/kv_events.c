@@ -1,0 +1,1422 @@
+/*
+ * kv_events.c: the KV-event batch decoder and converter (see kv_events.h for the formats and
+ * the contract).
+ *
+ * Why a cursor and not msgpack-c's object tree: msgpack-c (libmsgpack-dev 4.0) spends about
+ * 8 ns per value building its tree (140-150 ns per 16-token block, over the whole ingest
+ * budget on its own) and reserves every container's declared size before reading it (a 6-byte
+ * payload "dd 0f ff ff ff .." maps 8 GiB), so it would need a validating pre-pass anyway. This
+ * file reads the bytes once with a bounds-checked cursor instead; msgpack-c stays the
+ * independent oracle of the tests and the fuzz target.
+ *
+ * Invariants: the cursor never reads outside [p, p + n); every declared length or element
+ * count is checked against the bytes left before use (an element takes at least one byte), so
+ * no buffer grows beyond a constant times the payload. Each event is decoded whole or not at
+ * all: on an event error the buffers roll back to where the event started, the cursor skips the
+ * event's bytes (a framing check), and the event keeps only its status and message. Framing
+ * errors (truncation, byte 0xc1, trailing bytes) are always batch errors.
+ * Memory: the decoder owns events, offs, tok_buf, hash_buf, str_buf (names and messages) and
+ * the conversion scratch; all grow geometrically and are reused. Outputs refer to buffers by
+ * offset while decoding (buffers may move) and become pointers when the batch is done.
+ * Threads: none of its own; a decoder belongs to one thread at a time.
+ * Cost: O(payload bytes), no recursion (skipping keeps a 33-entry stack of values still to
+ * skip per level); one-byte headers, 9-byte hashes and token ids take inline fast paths.
+ * Conversion: one kvr_hash_blocks() per event.
+ */
+#include "wire/kv_events.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NONE SIZE_MAX  /* an absent offset */
+
+struct kvr_kv_offs {
+    size_t hash, tok, lora, salt, err;
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* The msgpack cursor. */
+
+enum mp_type {
+    T_NIL, T_BOOL, T_UINT, T_NEG, T_FLOAT, T_STR, T_BIN, T_ARRAY, T_MAP, T_EXT,
+};
+
+/* Why a value could not be framed. */
+enum frame_why {
+    W_END,    /* the payload ends where a value should start */
+    W_BAD,    /* byte 0xc1 (never used by msgpack) */
+    W_LEN,    /* a string/binary/extension/number runs past the end */
+    W_COUNT,  /* a container declares more elements than bytes left */
+    W_DEEP,   /* a container nested deeper than MAX_DEPTH */
+};
+
+/* msgpack-c refuses to open a 33rd nested container; so do we, so that both agree on what
+ * valid msgpack is. The fixed structure (batch, events, event, field, pair) is 5 deep. */
+#define MAX_DEPTH 32
+
+typedef struct rd {
+    const uint8_t *p;
+    size_t n, pos;
+    int why;   /* after a framing failure */
+} rd_t;
+
+/* One value's header. */
+typedef struct mp {
+    enum mp_type type;
+    size_t size;          /* bytes to the next value: the whole value, or a container's header */
+    uint64_t u;           /* ints: two's complement bits; str/bin/ext: length; containers: count */
+    double f;             /* T_FLOAT */
+    const uint8_t *data;  /* str/bin payload */
+} mp_t;
+
+/* Return codes of the readers. */
+#define R_OK 0
+#define R_EV (-1)     /* the event is invalid; its message is recorded */
+#define R_FRAME (-2)  /* the payload cannot be framed at r->pos (r->why says why) */
+
+static inline uint16_t be16(const uint8_t *p)
+{
+    return (uint16_t)((unsigned)p[0] << 8 | p[1]);
+}
+
+static inline uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline uint64_t be64(const uint8_t *p)
+{
+    return (uint64_t)be32(p) << 32 | be32(p + 4);
+}
+
+static int frame(rd_t *r, int why)
+{
+    r->why = why;
+    return R_FRAME;
+}
+
+/* Reads the header of the value at r->pos without consuming it. Checks that the whole value
+ * (or a container's header) is inside the payload and that a container's elements could be.
+ * peek() inlines the one-byte headers (small ints, nil, short arrays, maps and strings: most
+ * of an event) and leaves the rest to peek_slow(). */
+static __attribute__((noinline)) int peek_slow(rd_t *r, mp_t *v)
+{
+    size_t left = r->n - r->pos;
+    if (left == 0)
+        return frame(r, W_END);
+    const uint8_t *p = r->p + r->pos;
+    uint8_t b = p[0];
+    size_t hdr = 1, len = 0;   /* header bytes; trailing bytes for str/bin/ext/numbers */
+    v->u = 0;
+    if (b <= 0x7f) {
+        v->type = T_UINT;
+        v->u = b;
+    } else if (b <= 0x8f) {
+        v->type = T_MAP;
+        v->u = b & 0x0fu;
+    } else if (b <= 0x9f) {
+        v->type = T_ARRAY;
+        v->u = b & 0x0fu;
+    } else if (b <= 0xbf) {
+        v->type = T_STR;
+        v->u = b & 0x1fu;
+        len = (size_t)v->u;
+    } else if (b >= 0xe0) {
+        v->type = T_NEG;
+        v->u = (uint64_t)((int64_t)b - 256);
+    } else {
+        static const uint8_t hdr_of[0x20] = {
+            /* c0 nil, c1 bad, c2 c3 bool, c4 c5 c6 bin, c7 c8 c9 ext, ca cb float */
+            1, 1, 1, 1, 2, 3, 5, 3, 4, 6, 1, 1,
+            /* cc..cf uint, d0..d3 int */
+            1, 1, 1, 1, 1, 1, 1, 1,
+            /* d4..d8 fixext (tag byte), d9 da db str, dc dd array, de df map */
+            2, 2, 2, 2, 2, 2, 3, 5, 3, 5, 3, 5,
+        };
+        if (b == 0xc1)
+            return frame(r, W_BAD);
+        hdr = hdr_of[b - 0xc0];
+        if (left < hdr)
+            return frame(r, W_LEN);
+        switch (b) {
+        case 0xc0: v->type = T_NIL; break;
+        case 0xc2: case 0xc3: v->type = T_BOOL; v->u = b & 1u; break;
+        case 0xc4: v->type = T_BIN; len = p[1]; break;
+        case 0xc5: v->type = T_BIN; len = be16(p + 1); break;
+        case 0xc6: v->type = T_BIN; len = be32(p + 1); break;
+        case 0xc7: v->type = T_EXT; len = p[1]; break;
+        case 0xc8: v->type = T_EXT; len = be16(p + 1); break;
+        case 0xc9: v->type = T_EXT; len = be32(p + 1); break;
+        case 0xca: v->type = T_FLOAT; len = 4; break;
+        case 0xcb: v->type = T_FLOAT; len = 8; break;
+        case 0xcc: v->type = T_UINT; len = 1; break;
+        case 0xcd: v->type = T_UINT; len = 2; break;
+        case 0xce: v->type = T_UINT; len = 4; break;
+        case 0xcf: v->type = T_UINT; len = 8; break;
+        case 0xd0: v->type = T_NEG; len = 1; break;
+        case 0xd1: v->type = T_NEG; len = 2; break;
+        case 0xd2: v->type = T_NEG; len = 4; break;
+        case 0xd3: v->type = T_NEG; len = 8; break;
+        case 0xd4: v->type = T_EXT; len = 1; break;
+        case 0xd5: v->type = T_EXT; len = 2; break;
+        case 0xd6: v->type = T_EXT; len = 4; break;
+        case 0xd7: v->type = T_EXT; len = 8; break;
+        case 0xd8: v->type = T_EXT; len = 16; break;
+        case 0xd9: v->type = T_STR; len = p[1]; break;
+        case 0xda: v->type = T_STR; len = be16(p + 1); break;
+        case 0xdb: v->type = T_STR; len = be32(p + 1); break;
+        case 0xdc: v->type = T_ARRAY; v->u = be16(p + 1); break;
+        case 0xdd: v->type = T_ARRAY; v->u = be32(p + 1); break;
+        case 0xde: v->type = T_MAP; v->u = be16(p + 1); break;
+        case 0xdf: v->type = T_MAP; v->u = be32(p + 1); break;
+        default: break;
+        }
+    }
+    if (len > left - hdr)
+        return frame(r, W_LEN);
+    const uint8_t *q = p + hdr;
+    switch (v->type) {
+    case T_UINT:
+        if (len == 1) v->u = q[0];
+        else if (len == 2) v->u = be16(q);
+        else if (len == 4) v->u = be32(q);
+        else if (len == 8) v->u = be64(q);
+        break;
+    case T_NEG:
+        /* sign-extend to two's complement bits (negative fixint: already done) */
+        if (len == 1) v->u = (uint64_t)((int64_t)(q[0] ^ 0x80u) - 0x80);
+        else if (len == 2) v->u = (uint64_t)((int64_t)(be16(q) ^ 0x8000u) - 0x8000);
+        else if (len == 4) v->u = (uint64_t)((int64_t)(be32(q) ^ 0x80000000u) - 0x80000000);
+        else if (len == 8) v->u = be64(q);
+        if (v->u >> 63 == 0)
+            v->type = T_UINT;  /* a signed encoding of a non-negative value */
+        break;
+    case T_FLOAT:
+        if (len == 4) {
+            uint32_t w = be32(q);
+            float f;
+            memcpy(&f, &w, sizeof f);
+            v->f = f;
+        } else {
+            uint64_t w = be64(q);
+            memcpy(&v->f, &w, sizeof v->f);
+        }
+        break;
+    case T_STR:
+    case T_BIN:
+    case T_EXT:
+        v->u = len;
+        v->data = q;
+        break;
+    case T_ARRAY:
+    case T_MAP:
+        /* each element takes at least one byte */
+        if (v->u > (left - hdr) / (v->type == T_MAP ? 2 : 1))
+            return frame(r, W_COUNT);
+        break;
+    default:
+        break;
+    }
+    v->size = hdr + len;
+    return R_OK;
+}
+
+static inline int peek(rd_t *r, mp_t *v)
+{
+    size_t left = r->n - r->pos;
+    if (left > 0) {
+        uint8_t b = r->p[r->pos];
+        v->size = 1;
+        if (b <= 0x7f) {
+            v->type = T_UINT;
+            v->u = b;
+            return R_OK;
+        }
+        if (b == 0xc0) {
+            v->type = T_NIL;
+            v->u = 0;
+            return R_OK;
+        }
+        if (b >= 0x80 && b <= 0x9f) {  /* each element takes at least one byte */
+            v->type = b >= 0x90 ? T_ARRAY : T_MAP;
+            v->u = b & 0x0fu;
+            if (v->u * (b >= 0x90 ? 1 : 2) <= left - 1)
+                return R_OK;
+        } else if (b >= 0xa0 && b <= 0xbf) {
+            v->type = T_STR;
+            v->u = b & 0x1fu;
+            v->data = r->p + r->pos + 1;
+            v->size = 1 + (size_t)v->u;
+            if (v->u <= left - 1)
+                return R_OK;
+        }
+    }
+    return peek_slow(r, v);
+}
+
+/* Skips count values (with everything nested in them) where `open` containers are open
+ * around them. left[] holds the values still to skip per level: no recursion. */
+static int skip(rd_t *r, uint64_t count, unsigned open)
+{
+    uint64_t left[MAX_DEPTH + 1];
+    unsigned top = 0;
+    left[0] = count;
+    for (;;) {
+        while (left[top] == 0) {
+            if (top == 0)
+                return R_OK;
+            top--;
+        }
+        mp_t v;
+        if (peek(r, &v) != R_OK)
+            return R_FRAME;
+        bool container = v.type == T_ARRAY || v.type == T_MAP;
+        if (container && open + top >= MAX_DEPTH)
+            return frame(r, W_DEEP);
+        r->pos += v.size;
+        left[top]--;
+        if (container && v.u > 0)  /* peek bounded v.u by the bytes left */
+            left[++top] = v.type == T_MAP ? 2 * v.u : v.u;
+    }
+}
+
+/* Containers open around the values at each level of a batch. */
+#define OPEN_BATCH 1   /* inside the batch array or map */
+#define OPEN_EVENT 3   /* inside an event (batch, events, event) */
+
+static const char *tname(enum mp_type t)
+{
+    switch (t) {
+    case T_NIL: return "nil";
+    case T_BOOL: return "a boolean";
+    case T_UINT: return "an integer";
+    case T_NEG: return "a negative integer";
+    case T_FLOAT: return "a float";
+    case T_STR: return "a string";
+    case T_BIN: return "binary";
+    case T_ARRAY: return "an array";
+    case T_MAP: return "a map";
+    case T_EXT: return "an extension";
+    }
+    return "?";
+}
+
+static int64_t as_i64(uint64_t u)
+{
+    int64_t s;
+    memcpy(&s, &u, sizeof s);
+    return s;
+}
+
+/* "an integer" for types, the value itself for integers. */
+static const char *vdesc(const mp_t *v, char *buf, size_t len)
+{
+    if (v->type == T_UINT)
+        snprintf(buf, len, "%" PRIu64, v->u);
+    else if (v->type == T_NEG)
+        snprintf(buf, len, "%" PRId64, as_i64(v->u));
+    else
+        return tname(v->type);
+    return buf;
+}
+
+static bool str_eq(const mp_t *v, const char *s, size_t len)
+{
+    return v->type == T_STR && v->u == len && memcmp(v->data, s, len) == 0;
+}
+
+static bool str_ieq_n(const uint8_t *a, size_t alen, const char *b, size_t blen)
+{
+    if (alen != blen)
+        return false;
+    for (size_t i = 0; i < alen; i++) {
+        unsigned c = a[i];
+        if (c >= 'a' && c <= 'z')
+            c -= 'a' - 'A';
+        if (c != (unsigned char)b[i])
+            return false;
+    }
+    return true;
+}
+
+#define STR_EQ(v, lit) str_eq((v), (lit), sizeof(lit) - 1)
+#define str_ieq(a, alen, lit) str_ieq_n((a), (alen), (lit), sizeof(lit) - 1)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Buffers and messages. */
+
+/* Grows *buf (elements of size elem) to hold at least need elements; doubles, from 64. */
+static int grow(void **buf, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return KVR_OK;
+    size_t n = *cap < 64 ? 64 : *cap;
+    while (n < need)
+        n = n > SIZE_MAX / 2 ? need : n * 2;
+    if (n > SIZE_MAX / elem)
+        return KVR_ENOMEM;
+    void *p = realloc(*buf, n * elem);
+    if (p == NULL)
+        return KVR_ENOMEM;
+    *buf = p;
+    *cap = n;
+    return KVR_OK;
+}
+
+/* The state of one decode. */
+typedef struct dctx {
+    kvr_kv_events_t *d;
+    rd_t r;
+    size_t ev;            /* index of the event being decoded */
+    int ev_status;        /* its first error */
+    char ev_msg[200];
+} dctx_t;
+
+static int ev_fail(dctx_t *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Records the event's first error ("events[i]" then fmt); returns R_EV. */
+static int ev_fail(dctx_t *c, int status, const char *fmt, ...)
+{
+    if (c->ev_status != KVR_OK)
+        return R_EV;
+    c->ev_status = status;
+    int k = snprintf(c->ev_msg, sizeof c->ev_msg, "events[%zu]", c->ev);
+    if (k < 0 || (size_t)k >= sizeof c->ev_msg)
+        k = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->ev_msg + k, sizeof c->ev_msg - (size_t)k, fmt, ap);
+    va_end(ap);
+    return R_EV;
+}
+
+static int batch_fail(kvr_kv_events_t *d, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int batch_fail(kvr_kv_events_t *d, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->err, sizeof d->err, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* The batch error for a framing failure at c->r.pos, inside `where`. */
+static int frame_fail(dctx_t *c, const char *where)
+{
+    const rd_t *r = &c->r;
+    switch (r->why) {
+    case W_BAD:
+        return batch_fail(c->d, KVR_EPARSE, "invalid msgpack: byte 0xc1 at offset %zu (in %s)",
+                          r->pos, where);
+    case W_LEN:
+        return batch_fail(c->d, KVR_EPARSE,
+                          "truncated: the value at offset %zu (in %s) runs past the end of the "
+                          "%zu-byte payload", r->pos, where, r->n);
+    case W_DEEP:
+        return batch_fail(c->d, KVR_EPARSE, "too deep: the container at offset %zu (in %s) "
+                          "is nested deeper than %d levels", r->pos, where, MAX_DEPTH);
+    case W_COUNT:
+        return batch_fail(c->d, KVR_EPARSE,
+                          "truncated: %s needs more values than the %zu bytes left after "
+                          "offset %zu", where, r->n - r->pos, r->pos);
+    default:
+        return batch_fail(c->d, KVR_EPARSE,
+                          "truncated: the payload ends (%zu bytes) inside %s", r->n, where);
+    }
+}
+
+/* Appends a string (NUL-terminated) to str_buf; its offset goes to *off. */
+static int push_str(kvr_kv_events_t *d, const void *s, size_t len, size_t *off)
+{
+    if (grow((void **)&d->str_buf, &d->str_cap, d->n_str + len + 1, 1) != KVR_OK)
+        return KVR_ENOMEM;
+    memcpy(d->str_buf + d->n_str, s, len);
+    d->str_buf[d->n_str + len] = '\0';
+    *off = d->n_str;
+    d->n_str += len + 1;
+    return KVR_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fields. Each reads one value at the cursor: R_OK (consumed), R_EV (recorded) or R_FRAME. */
+
+static int want(dctx_t *c, mp_t *v)
+{
+    return peek(&c->r, v) == R_OK ? R_OK : R_FRAME;
+}
+
+static int rd_hash_value(dctx_t *c, const char *name, size_t k, bool indexed, uint64_t *out)
+{
+    const rd_t *r = &c->r;
+    if (r->n - r->pos >= 9 && (r->p[r->pos] == 0xcf || r->p[r->pos] == 0xd3)) {
+        *out = be64(r->p + r->pos + 1);  /* u64 or i64: the same bits */
+        c->r.pos += 9;
+        return R_OK;
+    }
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type == T_UINT || v.type == T_NEG) {
+        *out = v.u;
+    } else if (v.type == T_BIN && v.u > 0) {
+        size_t n = (size_t)v.u, from = n > 8 ? n - 8 : 0;
+        uint64_t h = 0;
+        for (size_t i = from; i < n; i++)
+            h = h << 8 | v.data[i];
+        *out = h;
+    } else if (indexed) {
+        return ev_fail(c, KVR_EPARSE, ".%s[%zu]: expected an integer or non-empty binary, "
+                       "found %s", name, k, tname(v.type));
+    } else {
+        return ev_fail(c, KVR_EPARSE, ".%s: expected an integer, non-empty binary or nil, "
+                       "found %s", name, tname(v.type));
+    }
+    c->r.pos += v.size;
+    return R_OK;
+}
+
+static int f_hashes(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
+{
+    kvr_kv_events_t *d = c->d;
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type != T_ARRAY)
+        return ev_fail(c, KVR_EPARSE, ".block_hashes: expected an array, found %s",
+                       tname(v.type));
+    size_t n = (size_t)v.u;
+    if (n > d->limits.max_hashes)
+        return ev_fail(c, KVR_ETOOBIG, ".block_hashes: %zu hashes exceed the limit of %zu "
+                       "(max_hashes)", n, d->limits.max_hashes);
+    c->r.pos += v.size;
+    if (grow((void **)&d->hash_buf, &d->hash_cap, d->n_hash + n, sizeof *d->hash_buf) != KVR_OK)
+        return ev_fail(c, KVR_ENOMEM, ".block_hashes: out of memory");
+    uint64_t *out = d->hash_buf + d->n_hash;
+    for (size_t k = 0; k < n; k++) {
+        int rc = rd_hash_value(c, "block_hashes", k, true, &out[k]);
+        if (rc != R_OK)
+            return rc;
+    }
+    o->hash = d->n_hash;
+    d->n_hash += n;
+    ev->n_hashes = n;
+    return R_OK;
+}
+
+static int f_parent(dctx_t *c, kvr_kv_event_t *ev)
+{
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type == T_NIL) {
+        c->r.pos += v.size;
+        ev->has_parent = false;
+        return R_OK;
+    }
+    int rc = rd_hash_value(c, "parent_block_hash", 0, false, &ev->parent);
+    ev->has_parent = rc == R_OK;
+    return rc;
+}
+
+/* A token id: an integer in [0, 2^32). */
+static int rd_token(dctx_t *c, const char *what, size_t k, uint32_t *out)
+{
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    char num[24];
+    if (v.type == T_UINT && v.u <= UINT32_MAX) {
+        *out = (uint32_t)v.u;
+        c->r.pos += v.size;
+        return R_OK;
+    }
+    if (v.type == T_UINT || v.type == T_NEG)
+        return ev_fail(c, KVR_ERANGE, ".token_ids[%zu]%s: %s is not in [0, 4294967295]", k,
+                       what, vdesc(&v, num, sizeof num));
+    return ev_fail(c, KVR_EPARSE, ".token_ids[%zu]%s: expected an integer, found %s", k, what,
+                   tname(v.type));
+}
+
+/* EAGLE pairs [[t0, t1], [t1, t2], ...]: the first of each pair, then the last second. */
+static int eagle_pairs(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, size_t n)
+{
+    kvr_kv_events_t *d = c->d;
+    if (n + 1 > d->limits.max_tokens)
+        return ev_fail(c, KVR_ETOOBIG, ".token_ids: %zu tokens exceed the limit of %zu "
+                       "(max_tokens)", n + 1, d->limits.max_tokens);
+    if (grow((void **)&d->tok_buf, &d->tok_cap, d->n_tok + n + 1, sizeof *d->tok_buf) != KVR_OK)
+        return ev_fail(c, KVR_ENOMEM, ".token_ids: out of memory");
+    uint32_t *out = d->tok_buf + d->n_tok;
+    for (size_t k = 0; k < n; k++) {
+        mp_t v;
+        if (want(c, &v) != R_OK)
+            return R_FRAME;
+        if (v.type != T_ARRAY || v.u != 2)
+            return ev_fail(c, KVR_EPARSE, ".token_ids[%zu]: expected an [a, b] pair like "
+                           "token_ids[0], found %s%s", k, tname(v.type),
+                           v.type == T_ARRAY ? " of another length" : "");
+        c->r.pos += v.size;
+        int rc = rd_token(c, "[0]", k, &out[k]);
+        if (rc == R_OK)
+            rc = rd_token(c, "[1]", k, &out[n]);
+        if (rc != R_OK)
+            return rc;
+    }
+    o->tok = d->n_tok;
+    d->n_tok += n + 1;
+    ev->n_tokens = n + 1;
+    ev->is_eagle = true;
+    return R_OK;
+}
+
+static int f_tokens(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
+{
+    kvr_kv_events_t *d = c->d;
+    rd_t *r = &c->r;
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type != T_ARRAY)
+        return ev_fail(c, KVR_EPARSE, ".token_ids: expected an array, found %s", tname(v.type));
+    size_t n = (size_t)v.u;
+    r->pos += v.size;
+    if (n == 0) {
+        ev->n_tokens = 0;
+        return R_OK;
+    }
+    uint8_t first = r->p[r->pos];  /* in bounds: peek saw n >= 1 bytes left */
+    if ((first >= 0x90 && first <= 0x9f) || first == 0xdc || first == 0xdd)
+        return eagle_pairs(c, ev, o, n);
+    if (n > d->limits.max_tokens)
+        return ev_fail(c, KVR_ETOOBIG, ".token_ids: %zu tokens exceed the limit of %zu "
+                       "(max_tokens)", n, d->limits.max_tokens);
+    if (grow((void **)&d->tok_buf, &d->tok_cap, d->n_tok + n, sizeof *d->tok_buf) != KVR_OK)
+        return ev_fail(c, KVR_ENOMEM, ".token_ids: out of memory");
+    uint32_t *out = d->tok_buf + d->n_tok;
+    const uint8_t *p = r->p;
+    size_t pos = r->pos, end = r->n;
+    for (size_t k = 0; k < n; k++) {
+        /* the encodings msgspec and msgpack-python use for token ids, inline */
+        uint8_t b = pos < end ? p[pos] : 0xc1;
+        if (b < 0x80) {
+            out[k] = b;
+            pos += 1;
+        } else if (b == 0xcd && end - pos >= 3) {
+            out[k] = be16(p + pos + 1);
+            pos += 3;
+        } else if (b == 0xce && end - pos >= 5) {
+            out[k] = be32(p + pos + 1);
+            pos += 5;
+        } else if (b == 0xcc && end - pos >= 2) {
+            out[k] = p[pos + 1];
+            pos += 2;
+        } else {
+            r->pos = pos;
+            int rc = rd_token(c, "", k, &out[k]);
+            if (rc != R_OK)
+                return rc;
+            pos = r->pos;
+        }
+    }
+    r->pos = pos;
+    o->tok = d->n_tok;
+    d->n_tok += n;
+    ev->n_tokens = n;
+    return R_OK;
+}
+
+/* An unsigned integer in [lo, hi], or nil when nil_ok. */
+static int f_u32(dctx_t *c, const char *name, uint32_t lo, uint32_t hi, bool nil_ok,
+                 bool *has, uint32_t *out)
+{
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type == T_NIL && nil_ok) {
+        *has = false;
+        c->r.pos += v.size;
+        return R_OK;
+    }
+    char num[24];
+    if (v.type == T_UINT && v.u >= lo && v.u <= hi) {
+        *has = true;
+        *out = (uint32_t)v.u;
+        c->r.pos += v.size;
+        return R_OK;
+    }
+    return ev_fail(c, v.type == T_UINT || v.type == T_NEG ? KVR_ERANGE : KVR_EPARSE,
+                   ".%s: expected an integer in [%" PRIu32 ", %" PRIu32 "]%s, found %s", name,
+                   lo, hi, nil_ok ? " or nil" : "", vdesc(&v, num, sizeof num));
+}
+
+/* group_idx at its vLLM position: Dynamo reads the positional tail by type (some producers
+ * put block_mm_infos first), so a value that is not an integer or nil is skipped there. */
+static int f_group_positional(dctx_t *c, kvr_kv_event_t *ev)
+{
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type != T_UINT && v.type != T_NEG && v.type != T_NIL)
+        return skip(&c->r, 1, OPEN_EVENT);
+    return f_u32(c, "group_idx", 0, UINT32_MAX, true, &ev->has_group_idx, &ev->group_idx);
+}
+
+/* A string or nil; "" counts as none. On success *off is NONE or the copy's offset. */
+static int f_name(dctx_t *c, const char *name, size_t *off, size_t *len)
+{
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type == T_NIL || (v.type == T_STR && v.u == 0)) {
+        *off = NONE;
+        *len = 0;
+    } else if (v.type == T_STR) {
+        if (push_str(c->d, v.data, (size_t)v.u, off) != KVR_OK)
+            return ev_fail(c, KVR_ENOMEM, ".%s: out of memory", name);
+        *len = (size_t)v.u;
+    } else {
+        return ev_fail(c, KVR_EPARSE, ".%s: expected a string or nil, found %s", name,
+                       tname(v.type));
+    }
+    c->r.pos += v.size;
+    return R_OK;
+}
+
+static int f_medium(dctx_t *c, kvr_kv_event_t *ev)
+{
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type == T_NIL) {
+        ev->tier = KVR_TIER_DEVICE;
+    } else if (v.type == T_STR) {
+        bool known;
+        ev->tier = kvr_kv_tier_from_medium((const char *)v.data, (size_t)v.u, &known);
+        ev->unknown_medium = !known;
+    } else {
+        return ev_fail(c, KVR_EPARSE, ".medium: expected a string or nil, found %s",
+                       tname(v.type));
+    }
+    c->r.pos += v.size;
+    return R_OK;
+}
+
+/* locality: nil or LOCAL keep the event; REMOTE drops it; another string drops it when
+ * strict, else it is ignored (an ambiguous position, see f_event_array). */
+static int f_locality(dctx_t *c, kvr_kv_event_t *ev, bool strict)
+{
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type == T_STR) {
+        if (str_ieq(v.data, (size_t)v.u, "REMOTE"))
+            ev->remote = true;
+        else if (!str_ieq(v.data, (size_t)v.u, "LOCAL"))
+            ev->remote = strict;
+    } else if (v.type != T_NIL) {
+        if (strict)
+            return ev_fail(c, KVR_EPARSE, ".locality: expected a string or nil, found %s",
+                           tname(v.type));
+        return skip(&c->r, 1, OPEN_EVENT);  /* whatever it is, all of it */
+    }
+    c->r.pos += v.size;
+    return R_OK;
+}
+
+static int f_bool(dctx_t *c, const char *name, bool *out)
+{
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type == T_BOOL)
+        *out = v.u != 0;
+    else if (v.type != T_NIL)
+        return ev_fail(c, KVR_EPARSE, ".%s: expected a boolean or nil, found %s", name,
+                       tname(v.type));
+    c->r.pos += v.size;
+    return R_OK;
+}
+
+/* SGLang's BlockStoredMetadata: {"cache_salt": str, "session_id": ...}, other keys ignored. */
+static int f_metadata(dctx_t *c, const char *name, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
+{
+    mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type == T_NIL) {
+        c->r.pos += v.size;
+        return R_OK;
+    }
+    if (v.type != T_MAP)
+        return ev_fail(c, KVR_EPARSE, ".%s: expected a map or nil, found %s", name,
+                       tname(v.type));
+    c->r.pos += v.size;
+    for (uint64_t k = 0; k < v.u; k++) {
+        mp_t key;
+        if (want(c, &key) != R_OK)
+            return R_FRAME;
+        if (STR_EQ(&key, "cache_salt")) {
+            c->r.pos += key.size;
+            char fname[48];
+            snprintf(fname, sizeof fname, "%s.cache_salt", name);
+            int rc = f_name(c, fname, &o->salt, &ev->cache_salt_len);
+            if (rc != R_OK)
+                return rc;
+        } else if (skip(&c->r, 2, OPEN_EVENT + 1) != R_OK) {
+            return R_FRAME;
+        }
+    }
+    return R_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Events. */
+
+static kvr_kv_kind_t tag_kind(const mp_t *v)
+{
+    if (STR_EQ(v, "BlockStored"))
+        return KVR_KV_STORED;
+    if (STR_EQ(v, "BlockRemoved"))
+        return KVR_KV_REMOVED;
+    if (STR_EQ(v, "AllBlocksCleared"))
+        return KVR_KV_CLEARED;
+    return KVR_KV_IGNORED;
+}
+
+/* Positional: [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+ * lora_name | SGLang metadata, extra_keys, group_idx, kv_cache_spec_kind,
+ * kv_cache_spec_sliding_window, locality, ...] and [tag, block_hashes, medium, group_idx,
+ * locality?, ...]. BlockRemoved's position 4 is locality in vLLM's declaration but
+ * kv_cache_spec_kind in Dynamo's reading: only "REMOTE" drops the event there. */
+static int event_array(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, const mp_t *hdr)
+{
+    size_t n = (size_t)hdr->u;
+    if (n == 0)
+        return ev_fail(c, KVR_EPARSE, ": empty array (no tag)");
+    c->r.pos += hdr->size;
+    mp_t tag;
+    if (want(c, &tag) != R_OK)
+        return R_FRAME;
+    if (tag.type != T_STR)
+        return ev_fail(c, KVR_EPARSE, "[0] (tag): expected a string, found %s",
+                       tname(tag.type));
+    ev->kind = tag_kind(&tag);
+    c->r.pos += tag.size;
+    if (ev->kind == KVR_KV_STORED && n < 5)
+        return ev_fail(c, KVR_EPARSE, ": BlockStored array of %zu elements, need at least 5 "
+                       "(tag, block_hashes, parent_block_hash, token_ids, block_size)", n);
+    if (ev->kind == KVR_KV_REMOVED && n < 2)
+        return ev_fail(c, KVR_EPARSE, ": BlockRemoved array of 1 element, need at least 2 "
+                       "(tag, block_hashes)");
+    if (ev->kind == KVR_KV_CLEARED || ev->kind == KVR_KV_IGNORED)
+        return skip(&c->r, n - 1, OPEN_EVENT);
+    bool has = false;
+    for (size_t j = 1; j < n; j++) {
+        int rc;
+        if (ev->kind == KVR_KV_STORED) {
+            switch (j) {
+            case 1: rc = f_hashes(c, ev, o); break;
+            case 2: rc = f_parent(c, ev); break;
+            case 3: rc = f_tokens(c, ev, o); break;
+            case 4:
+                rc = f_u32(c, "block_size", 1, UINT32_MAX, false, &has, &ev->block_size);
+                break;
+            case 6: rc = f_medium(c, ev); break;
+            case 7: {
+                mp_t v;
+                if (want(c, &v) != R_OK)
+                    return R_FRAME;
+                if (v.type == T_MAP)
+                    rc = f_metadata(c, "metadata", ev, o);
+                else
+                    rc = f_name(c, "lora_name", &o->lora, &ev->lora_name_len);
+                break;
+            }
+            case 9: rc = f_group_positional(c, ev); break;
+            case 12: rc = f_locality(c, ev, true); break;
+            default: rc = skip(&c->r, 1, OPEN_EVENT); break;
+            }
+        } else {
+            switch (j) {
+            case 1: rc = f_hashes(c, ev, o); break;
+            case 2: rc = f_medium(c, ev); break;
+            case 3: rc = f_group_positional(c, ev); break;
+            case 4: rc = f_locality(c, ev, false); break;
+            default: rc = skip(&c->r, 1, OPEN_EVENT); break;
+            }
+        }
+        if (rc != R_OK)
+            return rc;
+    }
+    return R_OK;
+}
+
+enum key {
+    K_TYPE, K_HASHES, K_PARENT, K_TOKENS, K_BLOCK_SIZE, K_MEDIUM, K_LORA_NAME, K_GROUP_IDX,
+    K_LOCALITY, K_CACHE_SALT, K_IS_EAGLE, K_METADATA, K_OTHER,
+};
+
+static const char *const KEY_NAMES[K_OTHER] = {
+    "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "medium",
+    "lora_name", "group_idx", "locality", "cache_salt", "is_eagle", "metadata",
+};
+static const uint8_t KEY_LENS[K_OTHER] = {4, 12, 17, 9, 10, 6, 9, 9, 8, 10, 8, 8};
+
+static enum key event_key(const mp_t *k)
+{
+    if (k->type != T_STR)
+        return K_OTHER;
+    for (int i = 0; i < K_OTHER; i++) {
+        if (k->u == KEY_LENS[i] && memcmp(k->data, KEY_NAMES[i], KEY_LENS[i]) == 0)
+            return (enum key)i;
+    }
+    return K_OTHER;
+}
+
+/* Map: {"type": tag, field: value, ...}, keys in any order (msgspec writes "type" first; if
+ * it is elsewhere one extra pass finds it, so fields are read knowing the event's kind). */
+static int event_map(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, const mp_t *hdr)
+{
+    size_t n = (size_t)hdr->u;
+    c->r.pos += hdr->size;
+    size_t start = c->r.pos;
+    bool found = false;
+    for (size_t j = 0; j < n && !found; j++) {
+        mp_t k, v;
+        if (want(c, &k) != R_OK)
+            return R_FRAME;
+        if (STR_EQ(&k, "type")) {
+            c->r.pos += k.size;
+            if (want(c, &v) != R_OK)
+                return R_FRAME;
+            if (v.type != T_STR)
+                return ev_fail(c, KVR_EPARSE, ".type: expected a string, found %s",
+                               tname(v.type));
+            ev->kind = tag_kind(&v);
+            found = true;
+        } else if (skip(&c->r, 2, OPEN_EVENT) != R_OK) {
+            return R_FRAME;
+        }
+    }
+    if (!found)
+        return ev_fail(c, KVR_EPARSE, ": map without a \"type\" key");
+    c->r.pos = start;
+    if (ev->kind == KVR_KV_CLEARED || ev->kind == KVR_KV_IGNORED)  /* no fields to read */
+        return skip(&c->r, 2 * (uint64_t)n, OPEN_EVENT);
+
+    unsigned seen = 0;
+    for (size_t j = 0; j < n; j++) {
+        mp_t k;
+        if (want(c, &k) != R_OK)
+            return R_FRAME;
+        if (k.type != T_STR) {  /* not a field name: skip the key (maybe a container) and value */
+            if (skip(&c->r, 2, OPEN_EVENT) != R_OK)
+                return R_FRAME;
+            continue;
+        }
+        enum key key = event_key(&k);
+        c->r.pos += k.size;
+        if (key != K_OTHER) {
+            if (seen & (1u << key))
+                return ev_fail(c, KVR_EPARSE, ": duplicate key \"%s\"", KEY_NAMES[key]);
+            seen |= 1u << key;
+        }
+        int rc;
+        bool stored = ev->kind == KVR_KV_STORED, removed = ev->kind == KVR_KV_REMOVED;
+        bool has = false;
+        switch (key) {
+        case K_HASHES:
+            rc = stored || removed ? f_hashes(c, ev, o) : skip(&c->r, 1, OPEN_EVENT);
+            break;
+        case K_PARENT:
+            rc = stored ? f_parent(c, ev) : skip(&c->r, 1, OPEN_EVENT);
+            break;
+        case K_TOKENS:
+            rc = stored ? f_tokens(c, ev, o) : skip(&c->r, 1, OPEN_EVENT);
+            break;
+        case K_BLOCK_SIZE:
+            rc = stored ? f_u32(c, "block_size", 1, UINT32_MAX, false, &has, &ev->block_size)
+                        : skip(&c->r, 1, OPEN_EVENT);
+            break;
+        case K_MEDIUM:
+            rc = stored || removed ? f_medium(c, ev) : skip(&c->r, 1, OPEN_EVENT);
+            break;
+        case K_LORA_NAME:
+            rc = stored ? f_name(c, "lora_name", &o->lora, &ev->lora_name_len)
+                        : skip(&c->r, 1, OPEN_EVENT);
+            break;
+        case K_GROUP_IDX:
+            rc = stored || removed ? f_u32(c, "group_idx", 0, UINT32_MAX, true,
+                                           &ev->has_group_idx, &ev->group_idx)
+                                   : skip(&c->r, 1, OPEN_EVENT);
+            break;
+        case K_LOCALITY:
+            rc = stored || removed ? f_locality(c, ev, true) : skip(&c->r, 1, OPEN_EVENT);
+            break;
+        case K_CACHE_SALT:
+            rc = stored ? f_name(c, "cache_salt", &o->salt, &ev->cache_salt_len)
+                        : skip(&c->r, 1, OPEN_EVENT);
+            break;
+        case K_IS_EAGLE: {
+            bool eagle = false;
+            rc = stored ? f_bool(c, "is_eagle", &eagle) : skip(&c->r, 1, OPEN_EVENT);
+            ev->is_eagle |= eagle;
+            break;
+        }
+        case K_METADATA:
+            rc = stored ? f_metadata(c, "metadata", ev, o) : skip(&c->r, 1, OPEN_EVENT);
+            break;
+        default:  /* K_TYPE (read above) and unknown keys */
+            rc = skip(&c->r, 1, OPEN_EVENT);
+            break;
+        }
+        if (rc != R_OK)
+            return rc;
+    }
+    static const enum key required_stored[] = {K_HASHES, K_TOKENS, K_BLOCK_SIZE};
+    if (ev->kind == KVR_KV_STORED) {
+        for (size_t i = 0; i < sizeof required_stored / sizeof *required_stored; i++) {
+            if (!(seen & (1u << required_stored[i])))
+                return ev_fail(c, KVR_EPARSE, ": BlockStored without \"%s\"",
+                               KEY_NAMES[required_stored[i]]);
+        }
+    }
+    if (ev->kind == KVR_KV_REMOVED && !(seen & (1u << K_HASHES)))
+        return ev_fail(c, KVR_EPARSE, ": BlockRemoved without \"block_hashes\"");
+    return R_OK;
+}
+
+static void event_reset(kvr_kv_event_t *ev, struct kvr_kv_offs *o)
+{
+    memset(ev, 0, sizeof *ev);
+    ev->kind = KVR_KV_IGNORED;
+    ev->status = KVR_OK;
+    ev->tier = KVR_TIER_DEVICE;
+    *o = (struct kvr_kv_offs){.hash = NONE, .tok = NONE, .lora = NONE, .salt = NONE,
+                              .err = NONE};
+}
+
+/* Decodes event i at the cursor. R_OK (the event has its own status) or R_FRAME. */
+static int decode_event(dctx_t *c, size_t i)
+{
+    kvr_kv_events_t *d = c->d;
+    kvr_kv_event_t *ev = &d->events[i];
+    struct kvr_kv_offs *o = &d->offs[i];
+    event_reset(ev, o);
+    c->ev = i;
+    c->ev_status = KVR_OK;
+    size_t start = c->r.pos, tok0 = d->n_tok, hash0 = d->n_hash, str0 = d->n_str;
+
+    mp_t v;
+    int rc;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type == T_ARRAY)
+        rc = event_array(c, ev, o, &v);
+    else if (v.type == T_MAP)
+        rc = event_map(c, ev, o, &v);
+    else
+        rc = ev_fail(c, KVR_EPARSE, ": expected an array or a map, found %s", tname(v.type));
+    if (rc == R_OK)
+        return R_OK;
+
+    /* Undo the event; its bytes must still frame for the batch to go on. */
+    kvr_kv_kind_t kind = ev->kind;
+    d->n_tok = tok0;
+    d->n_hash = hash0;
+    d->n_str = str0;
+    c->r.pos = start;
+    if (skip(&c->r, 1, OPEN_EVENT - 1) != R_OK)
+        return R_FRAME;
+    if (rc == R_FRAME)  /* framed on the second look: cannot happen, but never trust it */
+        ev_fail(c, KVR_EPARSE, ": internal: framing disagreed");
+    event_reset(ev, o);
+    ev->kind = kind;
+    ev->status = c->ev_status;
+    if (push_str(d, c->ev_msg, strlen(c->ev_msg), &o->err) != KVR_OK)
+        o->err = NONE;  /* the status still says it */
+    return R_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Batches. */
+
+static int batch_ts(dctx_t *c, const char *where)
+{
+    mp_t v;
+    if (peek(&c->r, &v) != R_OK)
+        return frame_fail(c, where);
+    kvr_kv_events_t *d = c->d;
+    switch (v.type) {
+    case T_FLOAT: d->ts = v.f; d->has_ts = true; break;
+    case T_UINT: d->ts = (double)v.u; d->has_ts = true; break;
+    case T_NEG: d->ts = (double)as_i64(v.u); d->has_ts = true; break;
+    case T_NIL: break;
+    default:
+        return batch_fail(d, KVR_EPARSE, "%s: expected a number or nil, found %s", where,
+                          tname(v.type));
+    }
+    c->r.pos += v.size;
+    return KVR_OK;
+}
+
+static int batch_rank(dctx_t *c, const char *where)
+{
+    mp_t v;
+    if (peek(&c->r, &v) != R_OK)
+        return frame_fail(c, where);
+    kvr_kv_events_t *d = c->d;
+    char num[24];
+    if (v.type == T_UINT && v.u <= UINT32_MAX) {
+        d->has_dp_rank = true;
+        d->dp_rank = (uint32_t)v.u;
+    } else if (v.type != T_NIL) {
+        return batch_fail(d, v.type == T_UINT || v.type == T_NEG ? KVR_ERANGE : KVR_EPARSE,
+                          "%s: expected an integer in [0, 4294967295] or nil, found %s", where,
+                          vdesc(&v, num, sizeof num));
+    }
+    c->r.pos += v.size;
+    return KVR_OK;
+}
+
+static int batch_events(dctx_t *c, const char *where)
+{
+    kvr_kv_events_t *d = c->d;
+    mp_t v;
+    if (peek(&c->r, &v) != R_OK)
+        return frame_fail(c, where);
+    if (v.type != T_ARRAY)
+        return batch_fail(d, KVR_EPARSE, "%s: expected an array, found %s", where,
+                          tname(v.type));
+    size_t n = (size_t)v.u;
+    if (n > d->limits.max_events)
+        return batch_fail(d, KVR_ETOOBIG, "%s: %zu events exceed the limit of %zu (max_events)",
+                          where, n, d->limits.max_events);
+    c->r.pos += v.size;
+    if (n > d->ev_cap) {
+        size_t cap1 = d->ev_cap, cap2 = d->ev_cap;
+        int g1 = grow((void **)&d->events, &cap1, n, sizeof *d->events);
+        int g2 = g1 == KVR_OK ? grow((void **)&d->offs, &cap2, n, sizeof *d->offs) : g1;
+        if (g2 != KVR_OK)
+            return batch_fail(d, KVR_ENOMEM, "%s: out of memory for %zu events", where, n);
+        d->ev_cap = cap1 < cap2 ? cap1 : cap2;
+    }
+    for (size_t i = 0; i < n; i++) {
+        d->n_events = i + 1;
+        if (decode_event(c, i) != R_OK) {
+            char in[32];
+            snprintf(in, sizeof in, "events[%zu]", i);
+            return frame_fail(c, in);
+        }
+    }
+    return KVR_OK;
+}
+
+static int batch_array(dctx_t *c, const mp_t *hdr)
+{
+    size_t n = (size_t)hdr->u;
+    if (n < 2)
+        return batch_fail(c->d, KVR_EPARSE, "batch: array of %zu element%s, expected [ts, "
+                          "events] or [ts, events, dp_rank]", n, n == 1 ? "" : "s");
+    c->r.pos += hdr->size;
+    int rc = batch_ts(c, "batch[0] (ts)");
+    if (rc == KVR_OK)
+        rc = batch_events(c, "batch[1] (events)");
+    if (rc == KVR_OK && n >= 3)
+        rc = batch_rank(c, "batch[2] (dp_rank)");
+    if (rc == KVR_OK && n > 3 && skip(&c->r, n - 3, OPEN_BATCH) != R_OK)
+        rc = frame_fail(c, "batch[3...]");
+    return rc;
+}
+
+/* Defensive: {ts, events, data_parallel_rank | attn_dp_rank | dp_rank}. */
+static int batch_map(dctx_t *c, const mp_t *hdr)
+{
+    c->r.pos += hdr->size;
+    bool seen_ts = false, seen_events = false, seen_rank = false;
+    for (uint64_t j = 0; j < hdr->u; j++) {
+        mp_t k;
+        if (peek(&c->r, &k) != R_OK)
+            return frame_fail(c, "batch");
+        bool *seen = NULL;
+        int which = 0;
+        if (STR_EQ(&k, "ts")) {
+            seen = &seen_ts;
+            which = 1;
+        } else if (STR_EQ(&k, "events")) {
+            seen = &seen_events;
+            which = 2;
+        } else if (STR_EQ(&k, "data_parallel_rank") || STR_EQ(&k, "attn_dp_rank") ||
+                   STR_EQ(&k, "dp_rank")) {
+            seen = &seen_rank;
+            which = 3;
+        }
+        if (seen == NULL) {
+            if (skip(&c->r, 2, OPEN_BATCH) != R_OK)
+                return frame_fail(c, "batch");
+            continue;
+        }
+        if (*seen)
+            return batch_fail(c->d, KVR_EPARSE, "batch: duplicate key \"%.*s\"", (int)k.u,
+                              (const char *)k.data);
+        *seen = true;
+        c->r.pos += k.size;
+        int rc = which == 1 ? batch_ts(c, "batch.ts")
+                 : which == 2 ? batch_events(c, "batch.events")
+                              : batch_rank(c, "batch.dp_rank");
+        if (rc != KVR_OK)
+            return rc;
+    }
+    if (!seen_events)
+        return batch_fail(c->d, KVR_EPARSE, "batch: map without an \"events\" key");
+    return KVR_OK;
+}
+
+/* Turns offsets into pointers and tallies the batch. */
+static void finish(kvr_kv_events_t *d)
+{
+    static const char empty[] = "";
+    memset(&d->counts, 0, sizeof d->counts);
+    for (size_t i = 0; i < d->n_events; i++) {
+        kvr_kv_event_t *ev = &d->events[i];
+        const struct kvr_kv_offs *o = &d->offs[i];
+        ev->hashes = o->hash != NONE && ev->n_hashes > 0 ? d->hash_buf + o->hash : NULL;
+        ev->tokens = o->tok != NONE && ev->n_tokens > 0 ? d->tok_buf + o->tok : NULL;
+        ev->lora_name = o->lora != NONE ? d->str_buf + o->lora : NULL;
+        if (ev->lora_name == NULL)
+            ev->lora_name_len = 0;
+        ev->cache_salt = o->salt != NONE ? d->str_buf + o->salt : NULL;
+        if (ev->cache_salt == NULL)
+            ev->cache_salt_len = 0;
+        ev->err = o->err != NONE ? d->str_buf + o->err : empty;
+        if (ev->status != KVR_OK)
+            d->counts.errors++;
+        else if (ev->kind == KVR_KV_IGNORED)
+            d->counts.ignored++;
+        if (ev->remote)
+            d->counts.remote++;
+        if (ev->unknown_medium)
+            d->counts.unknown_medium++;
+    }
+    d->stats.events += d->n_events;
+    d->stats.event_errors += d->counts.errors;
+    d->stats.events_ignored += d->counts.ignored;
+    d->stats.events_remote += d->counts.remote;
+    d->stats.warn_unknown_medium += d->counts.unknown_medium;
+}
+
+void kvr_kv_events_init(kvr_kv_events_t *d)
+{
+    memset(d, 0, sizeof *d);
+    d->limits.max_payload_bytes = KVR_KV_MAX_PAYLOAD_BYTES;
+    d->limits.max_events = KVR_KV_MAX_EVENTS;
+    d->limits.max_tokens = KVR_KV_MAX_TOKENS;
+    d->limits.max_hashes = KVR_KV_MAX_HASHES;
+}
+
+void kvr_kv_events_deinit(kvr_kv_events_t *d)
+{
+    if (d == NULL)
+        return;
+    free(d->events);
+    free(d->offs);
+    free(d->tok_buf);
+    free(d->hash_buf);
+    free(d->str_buf);
+    free(d->blk_buf);
+    free(d->lbh_buf);
+    kvr_kv_limits_t limits = d->limits;
+    kvr_kv_stats_t stats = d->stats;
+    kvr_kv_events_init(d);
+    d->limits = limits;
+    d->stats = stats;
+}
+
+int kvr_kv_events_decode(kvr_kv_events_t *d, const void *payload, size_t len)
+{
+    d->ts = 0;
+    d->has_ts = false;
+    d->has_dp_rank = false;
+    d->dp_rank = 0;
+    d->n_events = 0;
+    memset(&d->counts, 0, sizeof d->counts);
+    d->err[0] = '\0';
+    d->conv_err[0] = '\0';
+    d->n_tok = d->n_hash = d->n_str = 0;
+    d->stats.batches++;
+
+    int rc;
+    if (payload == NULL && len > 0) {
+        rc = batch_fail(d, KVR_EINVAL, "no payload");
+    } else if (len == 0) {
+        rc = batch_fail(d, KVR_EPARSE, "empty payload");
+    } else if (len > d->limits.max_payload_bytes) {
+        rc = batch_fail(d, KVR_ETOOBIG, "payload of %zu bytes exceeds the limit of %zu "
+                        "(max_payload_bytes)", len, d->limits.max_payload_bytes);
+    } else {
+        dctx_t c = {.d = d, .r = {.p = payload, .n = len, .pos = 0}};
+        mp_t v;
+        if (peek(&c.r, &v) != R_OK)
+            rc = frame_fail(&c, "batch");
+        else if (v.type == T_ARRAY)
+            rc = batch_array(&c, &v);
+        else if (v.type == T_MAP)
+            rc = batch_map(&c, &v);
+        else
+            rc = batch_fail(d, KVR_EPARSE, "batch: expected an array [ts, events, dp_rank] or "
+                            "a map, found %s", tname(v.type));
+        if (rc == KVR_OK && c.r.pos != len)
+            rc = batch_fail(d, KVR_EPARSE, "trailing bytes: %zu after the batch, from offset "
+                            "%zu", len - c.r.pos, c.r.pos);
+    }
+    if (rc != KVR_OK) {
+        d->stats.batch_errors++;
+        d->ts = 0;
+        d->has_ts = false;
+        d->has_dp_rank = false;
+        d->dp_rank = 0;
+        d->n_events = 0;
+        return rc;
+    }
+    finish(d);
+    return KVR_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Conversion. */
+
+static int conv_fail(kvr_kv_events_t *d, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int conv_fail(kvr_kv_events_t *d, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->conv_err, sizeof d->conv_err, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int kvr_kv_events_convert(kvr_kv_events_t *d, size_t i, const kvr_kv_target_t *t,
+                          kvr_event_t *out)
+{
+    if (d == NULL)
+        return KVR_EINVAL;
+    d->conv_err[0] = '\0';
+    if (t == NULL || out == NULL || i >= d->n_events)
+        return conv_fail(d, KVR_EINVAL, "events[%zu]: no such event (batch of %zu)", i,
+                         d->n_events);
+    if (t->block_size == 0)
+        return conv_fail(d, KVR_EINVAL, "router block size 0");
+    const kvr_kv_event_t *ev = &d->events[i];
+    if (ev->status != KVR_OK)
+        return conv_fail(d, ev->status, "%s", ev->err);
+    if (ev->kind == KVR_KV_IGNORED || ev->remote)
+        return 0;
+
+    memset(out, 0, sizeof *out);
+    out->worker.worker_id = t->worker.worker_id;
+    out->worker.dp_rank = d->has_dp_rank ? d->dp_rank : t->worker.dp_rank;
+    out->event_id = t->event_id;
+    out->tier = ev->tier;
+    switch (ev->kind) {
+    case KVR_KV_CLEARED:
+        out->kind = KVR_EV_CLEARED;
+        out->tier = KVR_TIER_DEVICE;
+        break;
+    case KVR_KV_REMOVED:
+        out->kind = KVR_EV_REMOVED;
+        out->removed = ev->hashes;
+        out->n_removed = ev->n_hashes;
+        break;
+    case KVR_KV_STORED: {
+        uint32_t bs = ev->block_size;
+        if (bs != t->block_size) {
+            d->stats.convert_mismatch++;
+            return conv_fail(d, KVR_EMISMATCH, "events[%zu]: block_size %" PRIu32 " differs "
+                             "from the router's %" PRIu32, i, bs, t->block_size);
+        }
+        size_t n = ev->n_hashes;
+        uint64_t need = (uint64_t)n * bs + (ev->is_eagle && n > 0 ? 1 : 0);
+        if (ev->n_tokens < need) {
+            d->stats.convert_short_tokens++;
+            return conv_fail(d, KVR_ERANGE, "events[%zu]: token_ids has %zu tokens, %zu blocks "
+                             "of %" PRIu32 "%s need %" PRIu64, i, ev->n_tokens, n, bs,
+                             ev->is_eagle ? " (Eagle)" : "", need);
+        }
+        if (ev->n_tokens > need)
+            d->stats.warn_extra_tokens++;
+        if (n > d->blk_cap) {
+            size_t cap1 = d->blk_cap, cap2 = d->blk_cap;
+            int g1 = grow((void **)&d->blk_buf, &cap1, n, sizeof *d->blk_buf);
+            int g2 = g1 == KVR_OK ? grow((void **)&d->lbh_buf, &cap2, n, sizeof *d->lbh_buf) : g1;
+            if (g2 != KVR_OK)
+                return conv_fail(d, KVR_ENOMEM, "events[%zu]: out of memory", i);
+            d->blk_cap = cap1 < cap2 ? cap1 : cap2;
+        }
+        kvr_hash_opts_t opts = {
+            .lora_name = ev->lora_name,
+            .lora_name_len = ev->lora_name_len,
+            .cache_namespace = ev->cache_salt,
+            .cache_namespace_len = ev->cache_salt_len,
+            .is_eagle = ev->is_eagle,
+        };
+        long got = kvr_hash_blocks(ev->tokens, (size_t)need, bs, &opts, d->lbh_buf, n);
+        if (got < 0 || (size_t)got != n)
+            return conv_fail(d, got < 0 ? (int)got : KVR_EINVAL, "events[%zu]: hashing gave "
+                             "%ld blocks for %zu", i, got, n);
+        for (size_t j = 0; j < n; j++)
+            d->blk_buf[j] = (kvr_block_t){.ext = ev->hashes[j], .lbh = d->lbh_buf[j]};
+        out->kind = KVR_EV_STORED;
+        out->has_parent = ev->has_parent;
+        out->parent_ext = ev->parent;
+        out->blocks = n > 0 ? d->blk_buf : NULL;
+        out->n_blocks = n;
+        break;
+    }
+    default:
+        return 0;
+    }
+    d->stats.converted++;
+    return 1;
+}
+
+kvr_tier_t kvr_kv_tier_from_medium(const char *s, size_t len, bool *known)
+{
+#define M(s, t) {s, sizeof(s) - 1, t}
+    static const struct {
+        const char *name;
+        size_t len;
+        kvr_tier_t tier;
+    } TABLE[] = {
+        M("GPU", KVR_TIER_DEVICE),        M("DEVICE", KVR_TIER_DEVICE),
+        M("CPU", KVR_TIER_HOST),          M("CPU_PINNED", KVR_TIER_HOST),
+        M("CPU_TIER1", KVR_TIER_HOST),    M("CPU_TIER2", KVR_TIER_DISK),
+        M("DISK", KVR_TIER_DISK),         M("NVME", KVR_TIER_DISK),
+        M("STORAGE", KVR_TIER_DISK),      M("FS", KVR_TIER_DISK),
+        M("OBJ", KVR_TIER_DISK),          M("EXTERNAL", KVR_TIER_EXTERNAL),
+        M("NETWORK", KVR_TIER_EXTERNAL),  M("REMOTE", KVR_TIER_EXTERNAL),
+        M("SHARED", KVR_TIER_EXTERNAL),
+    };
+#undef M
+    bool k = true;
+    kvr_tier_t tier = KVR_TIER_DEVICE;
+    if (s != NULL && len > 0) {
+        k = false;
+        for (size_t i = 0; i < sizeof TABLE / sizeof *TABLE && !k; i++) {
+            if (str_ieq_n((const uint8_t *)s, len, TABLE[i].name, TABLE[i].len)) {
+                tier = TABLE[i].tier;
+                k = true;
+            }
+        }
+    }
+    if (known != NULL)
+        *known = k;
+    return tier;
+}

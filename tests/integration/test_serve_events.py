@@ -1,0 +1,369 @@
+#!/usr/bin/python3
+"""kvrouter serve fed by real engine KV events: the test plays the engines.
+
+It binds ZeroMQ PUB + ROUTER sockets like vLLM / SGLang (Debian's python3-zmq and
+python3-msgpack; byte layouts from engine-wire-formats.md, written independently of the C
+decoder), starts `kvrouter serve` subscribed to them, and checks what /v1/query, /v1/route,
+/v1/workers, /v1/dump and /metrics say through stores, removals, clears, gaps filled by
+replay, publisher restarts, bad batches, SGLang's per-page signed hashes and a block-size
+mismatch. Usage: test_serve_events.py <path to kvrouter>.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import msgpack
+import zmq
+
+BS = 16
+KVR = sys.argv[1]
+results = {"passed": 0, "failed": 0}
+
+
+def eventually(fn, timeout=3.0):
+    """Status and metrics are snapshots refreshed every 100 ms: poll until fn() holds."""
+    end = time.time() + timeout
+    while True:
+        v = fn()
+        if v or time.time() > end:
+            return v
+        time.sleep(0.05)
+
+
+def check(name, cond, detail=""):
+    if cond:
+        results["passed"] += 1
+    else:
+        results["failed"] += 1
+        print(f"FAIL {name} {detail}", flush=True)
+
+
+class Engine:
+    """One engine rank's publisher: PUB + replay ROUTER, numbered batches, a replay buffer."""
+
+    def __init__(self, ctx):
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.bind("tcp://127.0.0.1:*")
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.bind("tcp://127.0.0.1:*")
+        self.seq = 0
+        self.kept = []
+        self.lock = threading.Lock()
+        self.stop = False
+        self.thread = threading.Thread(target=self.serve_replay, daemon=True)
+        self.thread.start()
+
+    def endpoint(self):
+        return self.pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    def replay_endpoint(self):
+        return self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    def serve_replay(self):
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        while not self.stop:
+            if not poller.poll(50):
+                continue
+            f = self.router.recv_multipart()
+            if len(f) != 3 or len(f[2]) != 8:
+                continue
+            start = struct.unpack(">Q", f[2])[0]
+            with self.lock:
+                batch = [(s, p) for s, p in self.kept if s >= start]
+            for s, p in batch:
+                self.router.send_multipart([f[0], b"", struct.pack(">Q", s), p])
+            self.router.send_multipart([f[0], b"", b"\xff" * 8, b""])
+
+    def send(self, payload, deliver=True):
+        with self.lock:
+            self.kept.append((self.seq, payload))
+        if deliver:
+            self.pub.send_multipart([b"", struct.pack(">Q", self.seq), payload])
+        self.seq += 1
+
+    def restart(self):
+        with self.lock:
+            self.kept.clear()
+        self.seq = 0
+
+    def close(self):
+        self.stop = True
+        self.thread.join()
+        self.pub.close()
+        self.router.close()
+
+
+def tokens_for(prompt, n_blocks):
+    return [(prompt * 7919 + i) % 150000 for i in range(n_blocks * BS)]
+
+
+def engine_hashes(prompt, n_blocks, salt=0):
+    # an engine's own opaque block ids (vLLM: low 64 bits of a digest)
+    return [((prompt * 1000003 + i) * 0x9E3779B97F4A7C15 + salt) % (1 << 64) for i in range(n_blocks)]
+
+
+def vllm_stored_array(hashes, parent, tokens, block_size=BS, medium="GPU"):
+    # array era, after `medium` (7 elements)
+    return ["BlockStored", hashes, parent, tokens, block_size, None, medium]
+
+
+def vllm_stored_map(hashes, parent, tokens, block_size=BS):
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+            "token_ids": tokens, "block_size": block_size, "lora_id": None, "medium": "GPU",
+            "lora_name": None}
+
+
+def vllm_removed(hashes):
+    return ["BlockRemoved", hashes, "GPU"]
+
+
+def batch(events, rank=0):
+    return msgpack.packb([time.time(), events, rank], use_bin_type=True)
+
+
+def to_signed(h):
+    return h - (1 << 64) if h >= (1 << 63) else h
+
+
+class Router:
+    def __init__(self, workers, extra=()):
+        args = [KVR, "serve", "--http-port", "0", "--block-size", str(BS), "--log-level", "warn",
+                "--health-interval-ms", "200"]
+        for w in workers:
+            args += ["--worker", w]
+        args += list(extra)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening "):
+            raise RuntimeError("router did not start: " + line + self.proc.stderr.read())
+        self.base = "http://" + line.split()[1]
+
+    def call(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                raw = r.read().decode()
+                return r.status, (json.loads(raw) if r.headers.get_content_type() == "application/json" else raw)
+        except urllib.error.HTTPError as e:
+            raw = e.read().decode()
+            return e.code, json.loads(raw) if raw.startswith("{") else raw
+
+    def device_blocks(self, tokens):
+        _, q = self.call("POST", "/v1/query", {"tokens": tokens})
+        return {(s["worker_id"], s["dp_rank"]): s["device_blocks"] for s in q["scores"]}
+
+    def wait_for(self, tokens, worker, want, timeout=5.0):
+        end = time.time() + timeout
+        got = None
+        while time.time() < end:
+            got = self.device_blocks(tokens).get((worker, 0))
+            if got == want:
+                return got
+            time.sleep(0.02)
+        return got
+
+    def metric(self, name):
+        _, text = self.call("GET", "/metrics")
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        return self.proc.returncode
+
+
+def scenario_vllm(ctx):
+    e1, e2, e3, e4 = Engine(ctx), Engine(ctx), Engine(ctx), Engine(ctx)
+    r = Router([
+        f"id=1,events={e1.endpoint()},replay={e1.replay_endpoint()}",
+        f"id=2,events={e2.endpoint()},replay={e2.replay_endpoint()}",
+        f"id=3,events={e3.endpoint()},replay={e3.replay_endpoint()}",
+        f"id=4,events={e4.endpoint()}",
+        "id=5",
+    ])
+    try:
+        time.sleep(0.5)  # SUB sockets connect; the first batch of each engine is seq 0 anyway
+        p1, h1 = tokens_for(1, 6), engine_hashes(1, 6)
+        # vLLM array era: one event, 6 blocks, root chain
+        e1.send(batch([vllm_stored_array(h1, None, p1)]))
+        check("vllm array store", r.wait_for(p1, 1, 6) == 6, r.device_blocks(p1))
+        # map era, another engine, first 4 blocks of the same prompt under different hashes
+        h2 = engine_hashes(1, 4, salt=77)
+        e2.send(batch([vllm_stored_map(h2, None, p1[: 4 * BS])]))
+        check("vllm map store", r.wait_for(p1, 2, 4) == 4, r.device_blocks(p1))
+        # SGLang: one event per page, signed hashes, parent links
+        h3 = engine_hashes(1, 3, salt=5)
+        evs = []
+        for i in range(3):
+            parent = to_signed(h3[i - 1]) if i else None
+            evs.append(["BlockStored", [to_signed(h3[i])], parent, p1[i * BS:(i + 1) * BS], BS, None, "GPU"])
+        e3.send(msgpack.packb([1.0, evs, None], use_bin_type=True))
+        check("sglang per-page store", r.wait_for(p1, 3, 3) == 3, r.device_blocks(p1))
+        scores = r.device_blocks(p1)
+        check("query lists every rank, zeros included", scores.get((5, 0)) == 0 and len(scores) == 5, scores)
+
+        # the router sends the prompt to the worker holding all of it
+        code, res = r.call("POST", "/v1/route", {"tokens": p1, "update_state": False})
+        check("route picks the prefix holder", code == 200 and res["worker_id"] == 1
+              and res["overlap_blocks"] == 6 and res["cached_tokens"] == 6 * BS, res)
+
+        # removal of the last two blocks
+        e1.send(batch([vllm_removed(h1[4:])]))
+        check("removed", r.wait_for(p1, 1, 4) == 4, r.device_blocks(p1))
+
+        # a gap: batch 2 is lost on the wire but kept for replay; batch 3 reveals it
+        e1.send(batch([vllm_stored_array(h1[4:5], h1[3], p1[4 * BS:5 * BS])]), deliver=False)
+        e1.send(batch([vllm_stored_array(h1[5:6], h1[4], p1[5 * BS:6 * BS])]))
+        check("gap replayed before the revealing batch", r.wait_for(p1, 1, 6) == 6, r.device_blocks(p1))
+        check("gap counted", eventually(lambda: r.metric("kvr_kv_gaps_total") >= 1))
+        check("replayed batch counted", eventually(lambda: r.metric("kvr_kv_replayed_batches_total") >= 1))
+
+        def rank_of(wid):
+            _, ws = r.call("GET", "/v1/workers")
+            return [w for w in ws["workers"] if w["worker_id"] == wid][0]["ranks"][0]
+        w1 = eventually(lambda: (lambda x: x if x["gaps"] >= 1 else None)(rank_of(1))) or rank_of(1)
+        check("worker 1 exact after a replayed gap", w1["index_state"] == "exact"
+              and w1["gaps"] >= 1 and w1["gaps_lost"] == 0, w1)
+
+        # a bad batch between good ones: the router cannot know what it held, so it drops
+        # the rank's state (degraded, counted); the next good batch still applies
+        e1.pub.send_multipart([b"", struct.pack(">Q", e1.seq), b"\xc1\xc1garbage"])
+        with e1.lock:
+            e1.kept.append((e1.seq, b"\xc1\xc1garbage"))
+        e1.seq += 1
+        p9, h9 = tokens_for(9, 2), engine_hashes(9, 2)
+        e1.send(batch([vllm_stored_array(h9, None, p9)]))
+        check("good batch after a bad one", r.wait_for(p9, 1, 2) == 2, r.device_blocks(p9))
+        check("undecodable batch counted",
+              eventually(lambda: r.metric("kvr_kv_batch_decode_errors_total") >= 1))
+        check("state after a bad batch is partial", r.device_blocks(p1).get((1, 0)) == 0)
+
+        # cleared
+        e2.send(batch([["AllBlocksCleared"]]))
+        check("cleared", r.wait_for(p1, 2, 0) == 0, r.device_blocks(p1))
+
+        # publisher restart: numbering starts over; old state is dropped
+        e3.restart()
+        p7, h7 = tokens_for(7, 2), engine_hashes(7, 2)
+        e3.send(batch([vllm_stored_array(h7, None, p7)]))
+        check("restart drops old state", r.wait_for(p1, 3, 0) == 0, r.device_blocks(p1))
+        check("restart keeps new state", r.wait_for(p7, 3, 2) == 2, r.device_blocks(p7))
+        check("restart counted", eventually(lambda: r.metric("kvr_kv_publisher_restarts_total") >= 1))
+
+        # block size mismatch: visible, never a silent zero
+        p8 = tokens_for(8, 4)
+        e4.send(batch([vllm_stored_array(engine_hashes(8, 2), None, p8, block_size=32)]))
+        w4 = eventually(lambda: (lambda x: x if x["index_state"] == "error" else None)(rank_of(4))) \
+            or rank_of(4)
+        check("mismatch shows as error state", w4["index_state"] == "error"
+              and w4["block_size_mismatches"] >= 1 and w4.get("engine_block_size") == 32, w4)
+        check("mismatch counted in metrics", r.metric("kvr_kv_events_dropped_total") >= 1)
+        w1 = rank_of(1)
+        check("worker 1 degraded after the bad batch", w1["index_state"] == "degraded"
+              and w1["undecodable"] >= 1, w1)
+
+        # the dump replays the index: one event per (worker, block, tier)
+        code, dump = r.call("GET", "/v1/dump")
+        pairs = r.metric("kvr_index_pairs")
+        stored = [e for e in dump["events"] if "stored" in e]
+        check("dump covers the index", code == 200 and len(stored) == pairs and pairs > 0,
+              (len(stored), pairs))
+    finally:
+        rc = r.stop()
+        check("clean shutdown", rc == 0, rc)
+        for e in (e1, e2, e3, e4):
+            e.close()
+
+
+def scenario_api():
+    r = Router(["id=1", "id=2,dp_size=2,taints=gpu"])
+    try:
+        toks = list(range(100, 100 + 64))
+        code, a = r.call("POST", "/v1/route", {"tokens": toks, "request_id": "r1"})
+        check("route books", code == 200 and a["request_id"] == "r1", a)
+        code, b = r.call("POST", "/v1/route", {"tokens": toks, "request_id": "r1"})
+        check("duplicate in-flight id refused", code == 409, (code, b))
+        code, _ = r.call("POST", "/v1/requests/r1/first_token", {})
+        check("first token", code == 200)
+        code, _ = r.call("POST", "/v1/requests/r1/output_block", {"decay_fraction": 0.5})
+        check("output block", code == 200, code)
+        code, _ = r.call("DELETE", "/v1/requests/r1")
+        check("free", code == 200)
+        code, e = r.call("DELETE", "/v1/requests/r1")
+        check("free twice is a 404", code == 404 and e["error"]["type"] == "not_found_error", e)
+        code, e = r.call("POST", "/v1/route", {"tokens": [1, -2]})
+        check("bad token names the field", code == 400 and "tokens[1]" in e["error"]["message"], e)
+        code, e = r.call("POST", "/v1/route", {"tokens": toks, "routing_constraints": {"required_taints": ["gpu"]},
+                                               "update_state": False})
+        check("required taint filters", code == 200 and e["worker_id"] == 2, e)
+        code, e = r.call("POST", "/v1/route", {"tokens": toks, "routing_constraints": {"required_taints": ["tpu"]}})
+        check("no eligible worker is a 503", code == 503, (code, e))
+        code, e = r.call("POST", "/v1/route", {"tokens": toks, "pinned_worker": {"worker_id": 2, "dp_rank": 1},
+                                               "update_state": False})
+        check("pinned worker", code == 200 and (e["worker_id"], e["dp_rank"]) == (2, 1), e)
+        code, loads = r.call("POST", "/v1/loads", {"tokens": toks})
+        check("loads lists every rank", code == 200 and len(loads["loads"]) == 3, loads)
+        code, w = r.call("POST", "/v1/workers", {"worker_id": 9, "dp_size": 1})
+        check("add worker at run time", code == 201 and w["worker_id"] == 9, (code, w))
+        code, _ = r.call("POST", "/v1/workers", {"worker_id": 9})
+        check("add worker twice is a 409", code == 409)
+        code, _ = r.call("DELETE", "/v1/workers/9")
+        check("remove worker", code == 200)
+        code, t = r.call("POST", "/router", {"method": "new", "tokens": toks})
+        check("tagged new", code == 200 and t["method"] == "new" and "worker_id" in t, t)
+        code, t = r.call("POST", "/router", {"method": "mark_free", "request_id": t.get("request_id", "")})
+        check("tagged mark_free", code == 200 and t["method"] == "free_marked" and t["success"], t)
+        code, t = r.call("POST", "/router", {"method": "potential_loads", "tokens": toks})
+        check("tagged potential_loads", code == 200 and len(t["loads"]) == 3, t)
+        code, h = r.call("GET", "/health")
+        check("health", code == 200)
+        code, h = r.call("GET", "/ready")
+        check("ready", code == 200)
+        code, e = r.call("GET", "/nope")
+        check("unknown endpoint is a 404 in the OpenAI shape", code == 404 and "error" in e, e)
+        check("metrics count routes", r.metric("kvr_routes_total") >= 5)
+    finally:
+        check("clean shutdown", r.stop() == 0)
+
+
+def scenario_bad_config():
+    for args, field in ((["--router-temperature", "nan"], "router_temperature"),
+                        (["--block-size", "0"], "block_size"),
+                        (["--worker", "url=http://x"], "id is required")):
+        p = subprocess.run([KVR, "serve", "--http-port", "0"] + args, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=20)
+        check(f"bad config {args}", p.returncode == 2 and field in p.stderr, (p.returncode, p.stderr))
+    env = dict(os.environ, KVR_HOST_CACHE_HIT_WEIGHT="7")
+    p = subprocess.run([KVR, "serve", "--http-port", "0"], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=20, env=env)
+    check("bad env var", p.returncode == 2 and "host_cache_hit_weight" in p.stderr, p.stderr)
+
+
+def main():
+    ctx = zmq.Context()
+    scenario_vllm(ctx)
+    scenario_api()
+    scenario_bad_config()
+    ctx.term()
+    print(f"{results['passed']} passed, {results['failed']} failed")
+    sys.exit(1 if results["failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()
