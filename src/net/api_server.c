@@ -154,9 +154,12 @@ static void reply_status(kvr_api_server_t *s, struct evhttp_request *req, int rc
         reply_error(s, req, 429, "rate_limit_exceeded", "too many requests in flight");
         break;
     case KVR_ETOOBIG:
-        reply_error(s, req, 413, "invalid_request_error",
-                    "prompt longer than router_max_prompt_tokens (%llu tokens)",
-                    (unsigned long long)s->cfg.router_max_prompt_tokens);
+        if (detail != NULL)
+            reply_error(s, req, 413, "invalid_request_error", "%s", detail);
+        else
+            reply_error(s, req, 413, "invalid_request_error",
+                        "prompt longer than router_max_prompt_tokens (%llu tokens)",
+                        (unsigned long long)s->cfg.router_max_prompt_tokens);
         break;
     case KVR_ENOTFOUND:
         reply_error(s, req, 404, "not_found_error", "%s", detail ? detail : "not found");
