@@ -34,6 +34,8 @@
 
 #include <yajl/yajl_parse.h>
 
+#include "core/sort.h"
+
 #if defined(__SSE2__) && !defined(KVR_API_NO_SIMD)
 #include <emmintrin.h>
 #define KVR_API_SIMD 1
@@ -1274,40 +1276,6 @@ static const uint32_t *tokens_of(const kvr_api_decoder_t *d)
     return d->n_tokens > 0 ? d->tok_buf : NULL;
 }
 
-static void sift_u64(uint64_t *a, size_t root, size_t n)
-{
-    for (;;) {
-        size_t child = 2 * root + 1;
-        if (child >= n)
-            return;
-        if (child + 1 < n && a[child + 1] > a[child])
-            child++;
-        if (a[root] >= a[child])
-            return;
-        uint64_t t = a[root];
-        a[root] = a[child];
-        a[child] = t;
-        root = child;
-    }
-}
-
-/* In-place heap sort (no allocation, O(n log n)); skipped for sorted input. */
-static void sort_u64(uint64_t *a, size_t n)
-{
-    size_t i = 1;
-    while (i < n && a[i - 1] <= a[i])
-        i++;
-    if (i >= n)
-        return;
-    for (size_t k = n / 2; k-- > 0;)
-        sift_u64(a, k, n);
-    for (size_t e = n; e-- > 1;) {
-        uint64_t t = a[0];
-        a[0] = a[e];
-        a[e] = t;
-        sift_u64(a, 0, e);
-    }
-}
 
 /* Pointers into str_buf for the taint lists (valid now that str_buf no longer moves). */
 static void taint_lists(kvr_api_decoder_t *d)
@@ -1336,7 +1304,7 @@ static int finish_route(kvr_api_decoder_t *d, kvr_api_route_t *out)
         (require(d, F_PIN_WORKER_ID) != KVR_OK || require(d, F_PIN_DP_RANK) != KVR_OK))
         return d->status;
     taint_lists(d);
-    sort_u64(d->ids_buf, d->n_ids);
+    kvr_sort_u64(d->ids_buf, d->n_ids);
     out->tokens = tokens_of(d);
     out->n_tokens = d->n_tokens;
     copy_request_id(d, &out->has_request_id, out->request_id);

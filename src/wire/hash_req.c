@@ -22,6 +22,8 @@
 
 #include <yajl/yajl_parse.h>
 
+#include "core/sort.h"
+
 /* ------------------------------------------------------------------------------------------ */
 /* Arena for yajl: bump allocation, free is a no-op, reset per line. Each block carries its
  * size so realloc can copy (or grow in place when it is the last block of the chunk). */
@@ -614,41 +616,8 @@ static const yajl_callbacks CALLBACKS = {
 };
 
 /* ------------------------------------------------------------------------------------------ */
-/* In-place heap sorts (no allocation, O(n log n) worst case); callers skip sorted input. */
 
-static void sift_u64(uint64_t *a, size_t root, size_t n)
-{
-    for (;;) {
-        size_t child = 2 * root + 1;
-        if (child >= n)
-            return;
-        if (child + 1 < n && a[child + 1] > a[child])
-            child++;
-        if (a[root] >= a[child])
-            return;
-        uint64_t t = a[root];
-        a[root] = a[child];
-        a[child] = t;
-        root = child;
-    }
-}
 
-static void sort_u64(uint64_t *a, size_t n)
-{
-    size_t i = 1;
-    while (i < n && a[i - 1] <= a[i])
-        i++;
-    if (i >= n)
-        return;
-    for (size_t k = n / 2; k-- > 0;)
-        sift_u64(a, k, n);
-    for (size_t end = n; end-- > 1;) {
-        uint64_t t = a[0];
-        a[0] = a[end];
-        a[end] = t;
-        sift_u64(a, 0, end);
-    }
-}
 
 static void sift_mm(kvr_block_mm_t *a, size_t root, size_t n)
 {
@@ -760,7 +729,7 @@ static int finish(kvr_hash_req_t *r)
         if (e->n_hashes == 0)
             continue;
         e->hashes = r->mmh_buf + off;
-        sort_u64(r->mmh_buf + off, e->n_hashes);
+        kvr_sort_u64(r->mmh_buf + off, e->n_hashes);
         off += e->n_hashes;
     }
     sort_mm(r->mm_buf, r->n_mm);
