@@ -342,6 +342,78 @@ def scenario_api():
         check("clean shutdown", r.stop() == 0)
 
 
+def scenario_queue():
+    # a worker rank is busy for queueing above 0.001 x 1M batched tokens = 1000 prefill tokens
+    r = Router(["id=1,max_num_batched_tokens=1000000"],
+               ["--router-queue-threshold", "0.001", "--router-queue-max-requests", "2",
+                "--router-queue-timeout-ms", "3000"])
+    try:
+        big = list(range(2048))
+        code, a = r.call("POST", "/v1/route", {"tokens": big, "request_id": "a"})
+        check("first request placed", code == 200, (code, a))
+        out = {}
+
+        def waiter(name, rid):
+            out[name] = r.call("POST", "/v1/route", {"tokens": list(range(5000, 5064)), "request_id": rid})
+
+        t1 = threading.Thread(target=waiter, args=("b", "b"))
+        t1.start()
+        time.sleep(0.3)
+        check("second request waits while the worker is busy", "b" not in out)
+        check("queue gauge", eventually(lambda: r.metric("kvr_queue_pending") == 1))
+        t2 = threading.Thread(target=waiter, args=("c", "c"))
+        t2.start()
+        time.sleep(0.2)
+        t3 = threading.Thread(target=waiter, args=("d", "d"))
+        t3.start()
+        t3.join(timeout=5)
+        check("past the queue limit: 429", out.get("d", (0,))[0] == 429, out.get("d"))
+        code, _ = r.call("DELETE", "/v1/requests/a")  # load drops: the queue drains in order
+        t1.join(timeout=5)
+        t2.join(timeout=5)
+        check("queued request dispatched after the free", out.get("b", (0,))[0] == 200, out.get("b"))
+        check("second queued request dispatched", out.get("c", (0,))[0] == 200, out.get("c"))
+        check("rejection counted", r.metric("kvr_queue_rejected_total") >= 1)
+    finally:
+        check("clean shutdown", r.stop() == 0)
+
+
+def scenario_health():
+    import http.server
+
+    state = {"ok": True}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if state["ok"] else 500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    r = Router([f"id=1,url={url}", "id=2"], ["--health-failures", "2"])
+
+    def fenced():
+        _, ws = r.call("GET", "/v1/workers")
+        return [w for w in ws["workers"] if w["worker_id"] == 1][0]["fenced"]
+
+    try:
+        check("healthy worker admitted", eventually(lambda: not fenced()))
+        state["ok"] = False
+        check("failing worker fenced", eventually(fenced, timeout=5))
+        code, res = r.call("POST", "/v1/route", {"tokens": list(range(64)), "update_state": False})
+        check("fenced worker never picked", code == 200 and res["worker_id"] == 2, res)
+        state["ok"] = True
+        check("recovered worker readmitted", eventually(lambda: not fenced(), timeout=5))
+    finally:
+        check("clean shutdown", r.stop() == 0)
+        srv.shutdown()
+
+
 def scenario_bad_config():
     for args, field in ((["--router-temperature", "nan"], "router_temperature"),
                         (["--block-size", "0"], "block_size"),
@@ -359,6 +431,8 @@ def main():
     ctx = zmq.Context()
     scenario_vllm(ctx)
     scenario_api()
+    scenario_queue()
+    scenario_health()
     scenario_bad_config()
     ctx.term()
     print(f"{results['passed']} passed, {results['failed']} failed")
