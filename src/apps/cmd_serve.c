@@ -220,7 +220,14 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     char err[300] = "";
     int st = KVR_OK;
     evthread_use_pthreads();
-    d->base = event_base_new();
+    /* the changelist folds the per-request enable/disable of write events into one
+     * epoll_ctl, which otherwise costs more than the routing decision itself */
+    struct event_config *ec = event_config_new();
+    if (ec != NULL)
+        event_config_set_flag(ec, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+    d->base = ec != NULL ? event_base_new_with_config(ec) : event_base_new();
+    if (ec != NULL)
+        event_config_free(ec);
     if (d->base == NULL)
         return KVR_ENOMEM;
     bool kv = c->router_mode == KVR_MODE_KV, approx = c->router_mode == KVR_MODE_APPROX;

@@ -12,6 +12,7 @@
 #include "net/api_server.h"
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -1341,6 +1342,19 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 /* ---------------------------------------------------------------------------------------- */
 /* Creation */
 
+/* Connections read and write up to 4 MiB per call: libevent's 16 KiB default turns a
+ * 128K-token prompt (about 900 KB of JSON) into dozens of loop iterations. */
+static struct bufferevent *make_bev(struct event_base *base, void *arg)
+{
+    (void)arg;
+    struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+    if (bev != NULL) {
+        bufferevent_set_max_single_read(bev, (size_t)4 << 20);
+        bufferevent_set_max_single_write(bev, (size_t)4 << 20);
+    }
+    return bev;
+}
+
 kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, kvr_ingest_t *g,
                                      const kvr_router_config_t *cfg, int *status, char *err,
                                      size_t err_len)
@@ -1388,6 +1402,7 @@ kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, k
     evhttp_set_max_body_size(s->http, MAX_BODY_BYTES);
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE);
     evhttp_set_gencb(s->http, on_request, s);
+    evhttp_set_bevcb(s->http, make_bev, NULL);
     struct evhttp_bound_socket *bs =
         evhttp_bind_socket_with_handle(s->http, cfg->bind, (uint16_t)cfg->http_port);
     if (bs == NULL) {
