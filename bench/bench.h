@@ -84,6 +84,18 @@ typedef struct kvr_bench_opts {
     kvr_bench_list_t query;  /* KVR_BENCH_Q_* */
     kvr_bench_list_t writer; /* block mutations per second; 0 = none */
     kvr_bench_list_t sync;   /* kvr_index_sync_t */
+    /* route (bench_route.c): an HTTP load generator for a running router */
+    kvr_bench_list_t clients; /* concurrent keep-alive connections */
+    const char *url;          /* the router's base URL */
+    double duration_s;        /* measured seconds per run (unless requests > 0) */
+    double warmup_s;          /* unmeasured seconds before each run */
+    uint64_t requests;        /* > 0: stop each run after this many measured responses */
+    double prefix_share;      /* fraction of each prompt taken from shared prefixes */
+    bool update_state;        /* book requests in the router, then DELETE them */
+    unsigned threads;         /* event-loop threads generating load */
+    double rate_per_s;        /* > 0: clients pace themselves to this total rate */
+    /* events (bench_events.c); rate_per_s and duration_s also apply (blocks/s, seconds) */
+    const char *publish;      /* only publish KV events at this address (vLLM-style) */
 } kvr_bench_opts_t;
 
 /* The given list, or the defaults when none was given. */
@@ -191,5 +203,11 @@ uint64_t kvr_bench_check_stats(const char *what, const kvr_index_t *ix);
 int kvr_bench_hash(const kvr_bench_opts_t *o);
 int kvr_bench_index(const kvr_bench_opts_t *o);
 int kvr_bench_ingest(const kvr_bench_opts_t *o);
+int kvr_bench_events(const kvr_bench_opts_t *o);
+int kvr_bench_route(const kvr_bench_opts_t *o);
+#define KVR_BENCH_ROUTE_THREADS 1 /* default --threads */
+#define KVR_BENCH_ROUTE_THREADS_STR "1"
+/* Whether url is one `bench route` can drive (http://host[:port][/base]); why says what not. */
+bool kvr_bench_route_url_ok(const char *url, char *why, size_t why_len);
 
 #endif

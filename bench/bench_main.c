@@ -1,6 +1,6 @@
 /*
- * bench_main.c: `kvrouter bench {hash|index|ingest|all}`: parses and validates the options
- * and runs the benchmarks (each described in its own file). Measures nothing itself.
+ * bench_main.c: `kvrouter bench {hash|index|ingest|route|all}`: parses and validates the
+ * options and runs the benchmarks (each described in its own file). Measures nothing itself.
  * Exit codes: 0 success, 1 a benchmark failed, 2 usage error (naming the option).
  */
 #include <errno.h>
@@ -13,13 +13,17 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: kvrouter bench {hash|index|ingest|all} [options]\n"
+            "usage: kvrouter bench {hash|index|ingest|route|all} [options]\n"
             "\n"
             "  hash     us per prompt: local block hashes + sequence hashes\n"
             "  index    us per prefix-index lookup, with and without a concurrent writer,\n"
             "           against the machine's floor (dependent random loads)\n"
             "  ingest   block mutations per second applied by one thread\n"
-            "  all      the three, with their default parameters\n"
+            "  route    requests/s and latency of a running router's POST /v1/route, from\n"
+            "           closed-loop keep-alive HTTP clients (needs `kvrouter serve`)\n"
+            "  events   KV events per second through `kvrouter serve`'s ingest thread, from\n"
+            "           in-process engine publishers over ZeroMQ to the index (blocks/s)\n"
+            "  all      hash, index and ingest, with their default parameters\n"
             "\n"
             "options:\n"
             "  --json            one JSON object per measured point per line\n"
@@ -36,7 +40,29 @@ static void usage(FILE *out)
             "  --query Q         index: full, partial, miss\n"
             "  --writer W        index: none, max, or a rate such as 1M/s (none,1M/s)\n"
             "  --sync S          index, ingest: rcu, rwlock, none (index: rcu + rwlock at the\n"
-            "                    key point; ingest: none,rcu)\n");
+            "                    key point; ingest: none,rcu)\n"
+            "route (a load generator; it needs a router listening at --url):\n"
+            "  --url URL         the router (http://127.0.0.1:8080)\n"
+            "  --clients N       concurrent keep-alive clients, one request each in flight;\n"
+            "                    a list gives several points (32)\n"
+            "  --tokens N        prompt tokens per request; a list (1024; e.g. 1K,128K)\n"
+            "  --duration S      measured seconds per run (10)\n"
+            "  --warmup S        unmeasured seconds before each run (2)\n"
+            "  --requests N      stop each run after N measured responses instead\n"
+            "  --prefix-share F  fraction of each prompt taken from 8 shared prefixes (0.5)\n"
+            "  --update-state B  true: the router books each request and the client DELETEs\n"
+            "                    /v1/requests/{id} after it (false)\n"
+            "  --threads N       client event-loop threads (" KVR_BENCH_ROUTE_THREADS_STR ")\n"
+            "  --rate R          pace the clients to R requests/s in all (e.g. 30K); by\n"
+            "                    default each sends its next request on the response (0)\n"
+            "  a run fails (exit 1) when more than 1%% of its requests fail\n"
+            "events (vLLM-format batches of 1-3 events, 32 blocks x 16 tokens per store):\n"
+            "  --workers N       engine publishers (4)\n"
+            "  --pairs N         index budget; half of it is held in the steady state (2M)\n"
+            "  --rate R          pace the publishers to R blocks/s in all (unpaced)\n"
+            "  --publish ADDR    only publish one engine's stream, bound at ADDR as vLLM does\n"
+            "                    (e.g. tcp://127.0.0.1:5557), for an external `kvrouter serve`\n"
+            "                    at --rate R blocks/s (unpaced) for --duration S seconds (10)\n");
 }
 
 static int usage_error(const char *opt, const char *why)
@@ -105,6 +131,27 @@ static bool parse_writer(const char *s, uint64_t *out)
     return parse_count(buf, 1000, out) && *out > 0 && *out < KVR_BENCH_WRITER_MAX;
 }
 
+/* A real number in [min, max] (no suffix). */
+static bool parse_real(const char *s, double min, double max, double *out)
+{
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || errno != 0 || !(v >= min && v <= max))
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_bool(const char *s, bool *out)
+{
+    if (strcmp(s, "true") == 0 || strcmp(s, "1") == 0)
+        return *out = true, true;
+    if (strcmp(s, "false") == 0 || strcmp(s, "0") == 0)
+        return *out = false, true;
+    return false;
+}
+
 typedef enum { P_COUNT, P_QUERY, P_SYNC, P_WRITER } ptype_t;
 
 typedef struct listopt {
@@ -126,6 +173,7 @@ static const listopt_t LISTOPTS[] = {
     {"--query", NULL, P_QUERY, 0, 0, 0, OFF(query)},
     {"--writer", NULL, P_WRITER, 0, 0, 0, OFF(writer)},
     {"--sync", NULL, P_SYNC, 0, 0, 0, OFF(sync)},
+    {"--clients", NULL, P_COUNT, 1000, 1, 4096, OFF(clients)},
 };
 
 /* Parses a comma-separated list into l (replacing it). 0 or a usage error. */
@@ -187,13 +235,106 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name, bo
     return argv[++*i];
 }
 
+/* The route-only scalar options. */
+typedef enum {
+    R_URL, R_DURATION, R_WARMUP, R_REQUESTS, R_SHARE, R_UPDATE, R_THREADS, R_RATE
+} ropt_t;
+
+static const struct {
+    const char *name, *alias;
+    ropt_t id;
+} ROUTEOPTS[] = {
+    {"--url", NULL, R_URL},
+    {"--duration", NULL, R_DURATION},
+    {"--warmup", NULL, R_WARMUP},
+    {"--requests", NULL, R_REQUESTS},
+    {"--prefix-share", "--prefix_share", R_SHARE},
+    {"--update-state", "--update_state", R_UPDATE},
+    {"--threads", NULL, R_THREADS},
+    {"--rate", NULL, R_RATE},
+};
+
+/* Validates and stores one route option's value. 0 or a usage error. */
+static int set_route_opt(ropt_t id, const char *name, const char *v, kvr_bench_opts_t *o)
+{
+    uint64_t n = 0;
+    char why[600];
+    switch (id) {
+    case R_URL:
+        if (!kvr_bench_route_url_ok(v, why, sizeof why))
+            return usage_error(name, why);
+        o->url = v;
+        return 0;
+    case R_DURATION:
+        if (!parse_real(v, 1e-3, 86400, &o->duration_s))
+            return usage_error(name, "expects seconds in (0, 86400]");
+        return 0;
+    case R_WARMUP:
+        if (!parse_real(v, 0, 3600, &o->warmup_s))
+            return usage_error(name, "expects seconds in [0, 3600]");
+        return 0;
+    case R_REQUESTS:
+        if (!parse_count(v, 1000, &n) || n < 1 || n > 1000000000000ull)
+            return usage_error(name, "expects a count >= 1 (K = 1e3, M = 1e6)");
+        o->requests = n;
+        return 0;
+    case R_SHARE:
+        if (!parse_real(v, 0, 1, &o->prefix_share))
+            return usage_error(name, "expects a fraction in [0, 1]");
+        return 0;
+    case R_UPDATE:
+        if (!parse_bool(v, &o->update_state))
+            return usage_error(name, "expects true or false");
+        return 0;
+    case R_THREADS:
+        if (!parse_count(v, 1, &n) || n < 1 || n > 64)
+            return usage_error(name, "expects an integer in 1..64");
+        o->threads = (unsigned)n;
+        return 0;
+    case R_RATE:
+        if (!parse_count(v, 1000, &n) || n > 100000000)
+            return usage_error(name, "expects requests/s (K = 1e3, M = 1e6; 0 = unpaced)");
+        o->rate_per_s = (double)n;
+        return 0;
+    }
+    return usage_error(name, "unknown option");
+}
+
+/* A route option at argv[*i]: 0, a usage error, or -1 when it is none of them. *seen keeps
+ * the first one given (other benchmarks reject it). */
+static int parse_route_opt(int argc, char **argv, int *i, kvr_bench_opts_t *o,
+                           const char **seen)
+{
+    for (size_t k = 0; k < sizeof ROUTEOPTS / sizeof ROUTEOPTS[0]; k++) {
+        bool missing = false;
+        const char *v = opt_value(argc, argv, i, ROUTEOPTS[k].name, &missing);
+        if (v == NULL && !missing && ROUTEOPTS[k].alias)
+            v = opt_value(argc, argv, i, ROUTEOPTS[k].alias, &missing);
+        if (missing)
+            return usage_error(ROUTEOPTS[k].name, "missing value");
+        if (v == NULL)
+            continue;
+        if (*seen == NULL)
+            *seen = ROUTEOPTS[k].name;
+        return set_route_opt(ROUTEOPTS[k].id, ROUTEOPTS[k].name, v, o);
+    }
+    return -1;
+}
+
 int kvr_cmd_bench(int argc, char **argv)
 {
     kvr_bench_opts_t o;
     memset(&o, 0, sizeof o);
     o.runs = 3;
     o.seed = 1;
+    o.url = "http://127.0.0.1:8080";
+    o.duration_s = 10.0;
+    o.warmup_s = 2.0;
+    o.prefix_share = 0.5;
+    o.threads = KVR_BENCH_ROUTE_THREADS;
     const char *which = NULL;
+    const char *route_opt = NULL;
+    const char *not_events = NULL; /* a route option other than --rate and --duration */
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -206,9 +347,13 @@ int kvr_cmd_bench(int argc, char **argv)
         if (a[0] != '-') {
             if (which != NULL)
                 return usage_error(a, "unexpected argument (one benchmark at a time)");
+            if (strcmp(a, "events") == 0) { /* bench_events.c */
+                which = a;
+                continue;
+            }
             if (strcmp(a, "hash") && strcmp(a, "index") && strcmp(a, "ingest") &&
-                strcmp(a, "all"))
-                return usage_error(a, "unknown benchmark (hash, index, ingest, all)");
+                strcmp(a, "route") && strcmp(a, "all"))
+                return usage_error(a, "unknown benchmark (hash, index, ingest, route, all)");
             which = a;
             continue;
         }
@@ -236,6 +381,20 @@ int kvr_cmd_bench(int argc, char **argv)
         }
         if (missing)
             return usage_error("--seed", "missing value");
+        if ((v = opt_value(argc, argv, &i, "--publish", &missing)) != NULL) {
+            o.publish = v;
+            continue;
+        }
+        if (missing)
+            return usage_error("--publish", "missing value");
+        int rrc = parse_route_opt(argc, argv, &i, &o, &route_opt);
+        if (rrc >= 0) {
+            if (rrc != 0)
+                return rrc;
+            if (strncmp(a, "--rate", 6) != 0 && strncmp(a, "--duration", 10) != 0)
+                not_events = a;
+            continue;
+        }
         const listopt_t *lo = NULL;
         for (size_t k = 0; k < sizeof LISTOPTS / sizeof LISTOPTS[0] && lo == NULL; k++) {
             v = opt_value(argc, argv, &i, LISTOPTS[k].name, &missing);
@@ -253,7 +412,24 @@ int kvr_cmd_bench(int argc, char **argv)
             return rc;
     }
     if (which == NULL)
-        return usage_error("bench", "which benchmark? (hash, index, ingest, all)");
+        return usage_error("bench", "which benchmark? (hash, index, ingest, route, all)");
+    bool route = strcmp(which, "route") == 0;
+    bool events = strcmp(which, "events") == 0;
+    if (events && (not_events || o.clients.n > 0))
+        return usage_error(not_events ? not_events : "--clients",
+                           "not an option of 'bench events'");
+    if (o.publish && !events)
+        return usage_error("--publish", "an option of 'bench events' only");
+    if (events)
+        route_opt = NULL; /* --rate and --duration also serve 'bench events' */
+    if (!route && (route_opt || o.clients.n > 0))
+        return usage_error(route_opt ? route_opt : "--clients", "an option of 'bench route' only");
+    const char *foreign = o.quick ? "--quick" : o.workers.n ? "--workers" : o.pairs.n ? "--pairs"
+                          : o.depth.n ? "--depth" : o.block_size.n ? "--block-size"
+                          : o.query.n ? "--query" : o.writer.n ? "--writer"
+                          : o.sync.n ? "--sync" : NULL;
+    if (route && foreign)
+        return usage_error(foreign, "not an option of 'bench route' (see --help)");
 
     kvr_bench_timer_overhead_ns(); /* calibrate before anything is timed */
     bool all = strcmp(which, "all") == 0;
@@ -268,5 +444,9 @@ int kvr_cmd_bench(int argc, char **argv)
         printf("\n");
     if (rc == 0 && (all || strcmp(which, "ingest") == 0))
         rc = kvr_bench_ingest(&o);
+    if (rc == 0 && route)
+        rc = kvr_bench_route(&o);
+    if (rc == 0 && events)
+        rc = kvr_bench_events(&o);
     return rc;
 }

@@ -403,7 +403,12 @@ static int ntab_reserve(kvr_index_t *ix, ntab_t **slot_or_null, _Atomic(ntab_t *
     bool too_empty = cap > 1024 && ((size_t)t->live + extra) * 16 < cap;
     if (!too_full && !too_empty)
         return KVR_OK;
-    ntab_t *nt = ntab_rebuilt(ix, t, (size_t)t->live + extra, key);
+    /* Growth sizes the table for twice its entries. A rebuild forced by tombstones (steady
+     * churn at a constant size) sizes it for three times, so the next one is further away:
+     * otherwise a table just under half full is rebuilt every few hundred thousand deletes. */
+    bool churn = ((size_t)t->live + extra) * 8 <= cap * 5 && !too_empty;
+    size_t want = (size_t)t->live + extra;
+    ntab_t *nt = ntab_rebuilt(ix, t, churn ? want + want / 2 : want, key);
     if (nt == NULL)
         return KVR_ENOMEM;
     ix->st.bytes += ntab_bytes(nt);
@@ -750,11 +755,41 @@ static uint32_t node_create(kvr_index_t *ix, uint32_t parent, uint64_t seq, uint
     return n;
 }
 
+/* Deletes n from the writer-only ext table without a tombstone: later entries of the cluster
+ * that may live earlier move back into the hole (no reader can be probing this table). */
+static void t2_del(kvr_index_t *ix, uint64_t key, uint32_t n)
+{
+    ntab_t *t = ix->t2;
+    size_t i = mix64(key) & t->mask;
+    for (;; i = (i + 1) & t->mask) {
+        uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
+        if (sl == SLOT_EMPTY)
+            return; /* not present: verify() reports the inconsistency */
+        if (s_node(sl) == n)
+            break;
+    }
+    t->live--;
+    for (size_t j = (i + 1) & t->mask;; j = (j + 1) & t->mask) {
+        uint64_t sl = atomic_load_explicit(&t->slots[j], memory_order_relaxed);
+        if (sl == SLOT_EMPTY)
+            break;
+        if (s_node(sl) == NODE_TOMB)
+            continue; /* a tombstone left by a rebuild-free era: skip over it */
+        size_t home = mix64(t2_key(ix, s_node(sl))) & t->mask;
+        bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
+        if (movable) {
+            atomic_store_explicit(&t->slots[i], sl, memory_order_relaxed);
+            i = j;
+        }
+    }
+    atomic_store_explicit(&t->slots[i], SLOT_EMPTY, memory_order_relaxed);
+}
+
 static void node_free(kvr_index_t *ix, uint32_t n)
 {
     node_t *nd = N(ix, n);
     ntab_del(atomic_load_explicit(&ix->t1, memory_order_relaxed), t1_key(ix, n), n);
-    ntab_del(ix->t2, nd->ext, n);
+    t2_del(ix, nd->ext, n);
     unlink_child(ix, n);
     if (atomic_load_explicit(&nd->is_ovf, memory_order_relaxed)) {
         hblock_t *b = atomic_load_explicit(&nd->ovf, memory_order_relaxed);
