@@ -15,8 +15,8 @@
  * digits, and any doubt or any error re-runs the body through yajl alone, so error messages
  * always come from the slow path (tests and the fuzz target compare the two paths).
  * Memory: the decoder owns tok_buf, ids_buf, str_buf, num_buf (grown geometrically, capped by
- * the limits, reused) and an arena for yajl (one chunk, reset per body; what overflowed it is
- * folded into a larger chunk for the next body), so steady-state decoding allocates nothing.
+ * the limits, reused) and a yajl arena (wire/yajl_arena.h, reset per body), so steady-state
+ * decoding allocates nothing.
  * Threads: none of its own; a decoder belongs to one thread at a time.
  * Cost: O(body bytes); a key lookup is a scan of the ~34-entry table; allowed ids are heap
  * sorted (O(n log n), skipped when already sorted); preferred taints are checked for
@@ -26,7 +26,6 @@
 
 #include <inttypes.h>
 #include <math.h>
-#include <stdalign.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +34,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "core/sort.h"
+#include "wire/yajl_arena.h"
 
 #if defined(__SSE2__) && !defined(KVR_API_NO_SIMD)
 #include <emmintrin.h>
@@ -42,119 +42,6 @@
 #else
 #define KVR_API_SIMD 0
 #endif
-
-/* ------------------------------------------------------------------------------------------ */
-/* Arena for yajl: bump allocation in one chunk; free is a no-op. Blocks that do not fit go to
- * malloc'd overflow blocks, freed at reset, after which the chunk is regrown to hold them. */
-
-#define ARENA_ALIGN (alignof(max_align_t))
-#define ARENA_MIN ((size_t)8 << 10)
-
-typedef struct overflow {
-    struct overflow *next;
-} overflow_t;
-
-typedef struct arena {
-    unsigned char *base;
-    size_t cap, used;
-    overflow_t *extra;
-    size_t extra_bytes;
-} arena_t;
-
-static size_t align_up(size_t n)
-{
-    return (n + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1);
-}
-
-#define BLOCK_HDR align_up(sizeof(size_t))
-#define OVERFLOW_HDR align_up(sizeof(overflow_t))
-
-static void *arena_malloc(void *ctx, size_t sz)
-{
-    arena_t *a = ctx;
-    if (sz > SIZE_MAX / 4)
-        return NULL;
-    size_t need = BLOCK_HDR + align_up(sz);
-    unsigned char *blk;
-    if (a->cap - a->used >= need) {
-        blk = a->base + a->used;
-        a->used += need;
-    } else {
-        overflow_t *o = malloc(OVERFLOW_HDR + need);
-        if (o == NULL)
-            return NULL;
-        o->next = a->extra;
-        a->extra = o;
-        a->extra_bytes += need;
-        blk = (unsigned char *)o + OVERFLOW_HDR;
-    }
-    memcpy(blk, &sz, sizeof sz);
-    return blk + BLOCK_HDR;
-}
-
-static void *arena_realloc(void *ctx, void *ptr, size_t sz)
-{
-    arena_t *a = ctx;
-    if (ptr == NULL)
-        return arena_malloc(ctx, sz);
-    unsigned char *blk = (unsigned char *)ptr - BLOCK_HDR;
-    size_t old;
-    memcpy(&old, blk, sizeof old);
-    if (sz <= old)
-        return ptr;
-    if (sz <= SIZE_MAX / 4 && a->base != NULL &&
-        blk + BLOCK_HDR + align_up(old) == a->base + a->used) {
-        size_t grow = align_up(sz) - align_up(old);
-        if (a->cap - a->used >= grow) {  /* the last block of the chunk: grow in place */
-            a->used += grow;
-            memcpy(blk, &sz, sizeof sz);
-            return ptr;
-        }
-    }
-    void *p = arena_malloc(ctx, sz);
-    if (p != NULL)
-        memcpy(p, ptr, old);
-    return p;
-}
-
-static void arena_free(void *ctx, void *ptr)
-{
-    (void)ctx;
-    (void)ptr;
-}
-
-static void arena_reset(arena_t *a)
-{
-    a->used = 0;
-    if (a->extra == NULL && a->base != NULL)
-        return;
-    while (a->extra != NULL) {
-        overflow_t *next = a->extra->next;
-        free(a->extra);
-        a->extra = next;
-    }
-    size_t cap = a->cap + a->extra_bytes;
-    if (cap < ARENA_MIN)
-        cap = ARENA_MIN;
-    a->extra_bytes = 0;
-    unsigned char *p = malloc(cap);
-    if (p == NULL)
-        return;  /* keep the old chunk; overflow blocks cover the rest */
-    free(a->base);
-    a->base = p;
-    a->cap = cap;
-}
-
-static void arena_destroy(arena_t *a)
-{
-    while (a->extra != NULL) {
-        overflow_t *next = a->extra->next;
-        free(a->extra);
-        a->extra = next;
-    }
-    free(a->base);
-    memset(a, 0, sizeof *a);
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* The field table. */
@@ -328,7 +215,7 @@ struct kvr_api_decoder {
     kvr_taint_weight_t pref_out[KVR_API_MAX_TAINTS];
 
     kvr_api_stats_t stats;
-    arena_t arena;
+    kvr_yajl_arena_t arena;
     yajl_handle yh;
     size_t tok_open_at;  /* bytes yajl had consumed when the tokens array opened */
 };
@@ -1115,6 +1002,7 @@ kvr_api_decoder_t *kvr_api_decoder_new(const kvr_api_options_t *opts)
     if (d == NULL)
         return NULL;
     d->opts = o;
+    kvr_yajl_arena_init(&d->arena);
     return d;
 }
 
@@ -1126,7 +1014,7 @@ void kvr_api_decoder_free(kvr_api_decoder_t *d)
     free(d->ids_buf);
     free(d->str_buf);
     free(d->num_buf);
-    arena_destroy(&d->arena);
+    kvr_yajl_arena_deinit(&d->arena);
     free(d);
 }
 
@@ -1182,8 +1070,8 @@ static void yajl_message(kvr_api_decoder_t *d, yajl_handle h, size_t at)
 
 static yajl_handle start_yajl(kvr_api_decoder_t *d)
 {
-    arena_reset(&d->arena);
-    yajl_alloc_funcs afs = {arena_malloc, arena_realloc, arena_free, &d->arena};
+    kvr_yajl_arena_reset(&d->arena);
+    yajl_alloc_funcs afs = kvr_yajl_arena_funcs(&d->arena);
     d->yh = yajl_alloc(&CALLBACKS, &afs, d);
     if (d->yh == NULL)
         fail(d, KVR_ENOMEM, "out of memory");

@@ -4,16 +4,15 @@
  * Invariants: a parse either succeeds with every output consistent (tokens within
  * limits.max_tokens, opts.mm strictly ascending by block, each entry's hashes ascending) or
  * fails with r->err naming the first problem; the callbacks stop yajl at the first problem.
- * Memory: the decoder owns tok_buf, mm_buf, mmh_buf, the name buffers and an arena for yajl.
- * Each grows geometrically up to the limits and is reused; the arena is reset per line and
- * merged into one chunk when a line needed more, so steady-state parsing allocates nothing.
+ * Memory: the decoder owns tok_buf, mm_buf, mmh_buf, the name buffers and a yajl arena
+ * (wire/yajl_arena.h, reset per line). Each grows geometrically up to the limits and is
+ * reused, so steady-state parsing allocates nothing.
  * Threads: none of its own; a decoder belongs to one thread at a time.
  * Cost: O(line bytes) for yajl and the callbacks, O(m log m) to sort m mm entries/hashes
  * (in place, heap sort, skipped when already in order).
  */
 #include "wire/hash_req.h"
 
-#include <stdalign.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -23,137 +22,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "core/sort.h"
-
-/* ------------------------------------------------------------------------------------------ */
-/* Arena for yajl: bump allocation, free is a no-op, reset per line. Each block carries its
- * size so realloc can copy (or grow in place when it is the last block of the chunk). */
-
-#define ARENA_ALIGN (alignof(max_align_t))
-#define ARENA_MIN_CHUNK ((size_t)16 << 10)
-
-typedef struct arena_chunk {
-    struct arena_chunk *prev;
-    size_t cap;   /* payload bytes after the header */
-    size_t used;
-} arena_chunk_t;
-
-typedef struct kvr_hash_req_arena {
-    arena_chunk_t *cur;
-} arena_t;
-
-static size_t align_up(size_t n)
-{
-    return (n + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1);
-}
-
-#define CHUNK_HDR align_up(sizeof(arena_chunk_t))
-#define BLOCK_HDR align_up(sizeof(size_t))
-
-static unsigned char *chunk_data(arena_chunk_t *c)
-{
-    return (unsigned char *)c + CHUNK_HDR;
-}
-
-static arena_chunk_t *chunk_new(size_t cap, arena_chunk_t *prev)
-{
-    if (cap > SIZE_MAX - CHUNK_HDR)
-        return NULL;
-    arena_chunk_t *c = malloc(CHUNK_HDR + cap);
-    if (c == NULL)
-        return NULL;
-    c->prev = prev;
-    c->cap = cap;
-    c->used = 0;
-    return c;
-}
-
-static void *arena_malloc(void *ctx, size_t sz)
-{
-    arena_t *a = ctx;
-    if (sz > SIZE_MAX / 2)
-        return NULL;
-    size_t need = BLOCK_HDR + align_up(sz);
-    arena_chunk_t *c = a->cur;
-    if (c == NULL || c->cap - c->used < need) {
-        size_t cap = ARENA_MIN_CHUNK;
-        if (c != NULL && c->cap > cap / 2)
-            cap = c->cap * 2;
-        if (cap < need)
-            cap = need;
-        c = chunk_new(cap, a->cur);
-        if (c == NULL)
-            return NULL;
-        a->cur = c;
-    }
-    unsigned char *p = chunk_data(c) + c->used;
-    memcpy(p, &sz, sizeof sz);
-    c->used += need;
-    return p + BLOCK_HDR;
-}
-
-static void *arena_realloc(void *ctx, void *ptr, size_t sz)
-{
-    arena_t *a = ctx;
-    if (ptr == NULL)
-        return arena_malloc(ctx, sz);
-    unsigned char *blk = (unsigned char *)ptr - BLOCK_HDR;
-    size_t old;
-    memcpy(&old, blk, sizeof old);
-    if (sz <= old)
-        return ptr;
-    arena_chunk_t *c = a->cur;
-    if (sz <= SIZE_MAX / 2 && blk + BLOCK_HDR + align_up(old) == chunk_data(c) + c->used) {
-        size_t grow = align_up(sz) - align_up(old);
-        if (c->cap - c->used >= grow) {  /* the last block: grow in place */
-            c->used += grow;
-            memcpy(blk, &sz, sizeof sz);
-            return ptr;
-        }
-    }
-    void *p = arena_malloc(ctx, sz);
-    if (p != NULL)
-        memcpy(p, ptr, old);
-    return p;
-}
-
-static void arena_free(void *ctx, void *ptr)
-{
-    (void)ctx;
-    (void)ptr;
-}
-
-/* Empties the arena; if the last line needed several chunks, replaces them with one. */
-static void arena_reset(arena_t *a)
-{
-    arena_chunk_t *c = a->cur;
-    if (c == NULL)
-        return;
-    if (c->prev == NULL) {
-        c->used = 0;
-        return;
-    }
-    size_t total = 0;
-    while (c != NULL) {
-        arena_chunk_t *prev = c->prev;
-        total += c->cap;
-        free(c);
-        c = prev;
-    }
-    a->cur = chunk_new(total, NULL);  /* NULL is fine: the next malloc starts afresh */
-}
-
-static void arena_destroy(arena_t *a)
-{
-    if (a == NULL)
-        return;
-    arena_chunk_t *c = a->cur;
-    while (c != NULL) {
-        arena_chunk_t *prev = c->prev;
-        free(c);
-        c = prev;
-    }
-    free(a);
-}
+#include "wire/yajl_arena.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Decoder state. */
@@ -672,7 +541,8 @@ void kvr_hash_req_deinit(kvr_hash_req_t *r)
     free(r->mmh_buf);
     free(r->lora_buf);
     free(r->ns_buf);
-    arena_destroy(r->arena);
+    kvr_yajl_arena_deinit(r->arena);
+    free(r->arena);
     kvr_hash_req_limits_t limits = r->limits;
     kvr_hash_req_init(r);
     r->limits = limits;
@@ -752,12 +622,14 @@ int kvr_hash_req_parse(kvr_hash_req_t *r, const char *line, size_t len)
         return fail(r, KVR_EINVAL, "no input"), r->status;
 
     if (r->arena == NULL) {
-        r->arena = calloc(1, sizeof(arena_t));
-        if (r->arena == NULL)
+        kvr_yajl_arena_t *a = malloc(sizeof *a);
+        if (a == NULL)
             return fail(r, KVR_ENOMEM, "out of memory"), r->status;
+        kvr_yajl_arena_init(a);
+        r->arena = a;
     }
-    arena_reset(r->arena);
-    yajl_alloc_funcs afs = {arena_malloc, arena_realloc, arena_free, r->arena};
+    kvr_yajl_arena_reset(r->arena);
+    yajl_alloc_funcs afs = kvr_yajl_arena_funcs(r->arena);
     yajl_handle h = yajl_alloc(&CALLBACKS, &afs, r);
     if (h == NULL)
         return fail(r, KVR_ENOMEM, "out of memory"), r->status;

@@ -64,7 +64,7 @@ typedef struct kvr_hash_req {
     size_t mmh_cap, n_mmh;
     char *lora_buf, *ns_buf;
     size_t lora_cap, ns_cap;
-    void *arena;            /* yajl's allocations (struct kvr_hash_req_arena) */
+    void *arena;            /* yajl's allocations (a kvr_yajl_arena_t) */
     int state, field;
     size_t skip_depth;      /* nesting inside a skipped value */
     unsigned seen;          /* bit per known top-level key */
