@@ -527,20 +527,36 @@ static void query_req(kvr_route_req_t *q, const kvr_api_query_t *a)
                            .cache_namespace_len = a->cache_namespace_len};
 }
 
-static void h_query(kvr_api_server_t *s, struct evhttp_request *req)
+typedef int (*query_decode_fn)(kvr_api_decoder_t *, const char *, size_t, kvr_api_query_t *);
+
+/* Decodes a /v1/query or /v1/loads body into q and sizes the per-rank buffers; on failure
+ * replies and returns false. */
+static bool prepare_query(kvr_api_server_t *s, struct evhttp_request *req, query_decode_fn decode,
+                          kvr_route_req_t *q)
 {
-    size_t len, n = 0;
+    size_t len;
     const char *body = body_of(req, &len);
     kvr_api_query_t a;
-    int rc = kvr_api_decode_query(s->dec, body, len, &a);
+    int rc = decode(s->dec, body, len, &a);
     if (rc != KVR_OK) {
         reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
-        return;
+        return false;
     }
+    query_req(q, &a);
+    if ((rc = ensure_rank_bufs(s)) != KVR_OK) {
+        reply_status(s, req, rc, NULL);
+        return false;
+    }
+    return true;
+}
+
+static void h_query(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    size_t n = 0;
     kvr_route_req_t q;
-    query_req(&q, &a);
-    if ((rc = ensure_rank_bufs(s)) == KVR_OK)
-        rc = kvr_router_query(s->r, &q, s->scores, s->cap_ranks, &n);
+    if (!prepare_query(s, req, kvr_api_decode_query, &q))
+        return;
+    int rc = kvr_router_query(s->r, &q, s->scores, s->cap_ranks, &n);
     if (rc != KVR_OK) {
         reply_status(s, req, rc, NULL);
         return;
@@ -596,18 +612,11 @@ static void write_loads(kvr_json_writer_t *w, const kvr_load_projection_t *lp, s
 
 static void h_loads(kvr_api_server_t *s, struct evhttp_request *req)
 {
-    size_t len, n = 0;
-    const char *body = body_of(req, &len);
-    kvr_api_query_t a;
-    int rc = kvr_api_decode_loads(s->dec, body, len, &a);
-    if (rc != KVR_OK) {
-        reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
-        return;
-    }
+    size_t n = 0;
     kvr_route_req_t q;
-    query_req(&q, &a);
-    if ((rc = ensure_rank_bufs(s)) == KVR_OK)
-        rc = kvr_router_loads(s->r, &q, s->loads, s->cap_ranks, &n);
+    if (!prepare_query(s, req, kvr_api_decode_loads, &q))
+        return;
+    int rc = kvr_router_loads(s->r, &q, s->loads, s->cap_ranks, &n);
     if (rc != KVR_OK) {
         reply_status(s, req, rc, NULL);
         return;
