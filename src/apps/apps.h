@@ -8,5 +8,6 @@
 int kvr_cmd_hash(int argc, char **argv);
 int kvr_cmd_bench(int argc, char **argv);
 int kvr_cmd_serve(int argc, char **argv);
+int kvr_cmd_mocker(int argc, char **argv);
 
 #endif

@@ -16,6 +16,8 @@ typedef struct subcommand {
 
 static const subcommand_t SUBCOMMANDS[] = {
     {"serve", kvr_cmd_serve, "the router daemon: HTTP API, KV events from engines over ZeroMQ"},
+    {"mocker", kvr_cmd_mocker,
+     "a simulated vLLM engine: KV cache, batching, timing, KV events, OpenAI HTTP"},
     {"hash", kvr_cmd_hash, "block and sequence hashes of JSON-lines prompts (engine parity)"},
     {"bench", kvr_cmd_bench, "benchmarks of the hot paths: hash, index, ingest, all"},
 };

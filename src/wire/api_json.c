@@ -34,14 +34,8 @@
 #include <yajl/yajl_parse.h>
 
 #include "core/sort.h"
+#include "wire/token_scan.h"
 #include "wire/yajl_arena.h"
-
-#if defined(__SSE2__) && !defined(KVR_API_NO_SIMD)
-#include <emmintrin.h>
-#define KVR_API_SIMD 1
-#else
-#define KVR_API_SIMD 0
-#endif
 
 /* ------------------------------------------------------------------------------------------ */
 /* The field table. */
@@ -773,214 +767,11 @@ static const yajl_callbacks CALLBACKS = {
 };
 
 /* ------------------------------------------------------------------------------------------ */
-/* The fast path: a top-level tokens array of plain integers read 8 bytes at a time. */
+/* The fast path: a top-level tokens array of plain integers, read by wire/token_scan.c. */
 
 static bool is_ws(char c)
 {
     return c == ' ' || c == '\n' || c == '\r' || c == '\t';
-}
-
-/* Where the value of the first literal `"tokens" ws : ws [` starts (just after the '['), or 0.
- * Only a guess at the structure: parse_fast() has yajl confirm it. */
-static size_t find_tokens(const char *b, size_t len)
-{
-    size_t from = 0;
-    while (len - from >= 8) {
-        const char *q = memchr(b + from, '"', len - from - 7);
-        if (q == NULL)
-            return 0;
-        size_t p = (size_t)(q - b);
-        from = p + 1;
-        if (memcmp(q, "\"tokens\"", 8) != 0)
-            continue;
-        p += 8;
-        while (p < len && is_ws(b[p]))
-            p++;
-        if (p >= len || b[p] != ':')
-            continue;
-        p++;
-        while (p < len && is_ws(b[p]))
-            p++;
-        if (p < len && b[p] == '[')
-            return p + 1;
-    }
-    return 0;
-}
-
-/* A canonical decimal u32 of exactly len (1..10) digits at s, or false. */
-static bool digits_u32(const char *s, size_t len, uint32_t *out)
-{
-    if (len == 0 || len > 10 || (len > 1 && s[0] == '0'))
-        return false;
-    uint64_t v = 0;
-    for (size_t i = 0; i < len; i++)
-        v = v * 10 + (unsigned)(s[i] - '0');
-    if (v > UINT32_MAX)
-        return false;
-    *out = (uint32_t)v;
-    return true;
-}
-
-static bool push_token(kvr_api_decoder_t *d, size_t *n, uint32_t v)
-{
-    if (*n == d->tok_cap &&
-        !grow((void **)&d->tok_buf, &d->tok_cap, *n + 1, d->opts.max_tokens, sizeof *d->tok_buf))
-        return false;
-    d->tok_buf[(*n)++] = v;
-    return true;
-}
-
-#if KVR_API_SIMD
-#define SWAR_ZEROS UINT64_C(0x3030303030303030)
-
-static uint64_t load8(const char *p)
-{
-    uint64_t x;
-    memcpy(&x, p, 8);
-    return x;
-}
-
-/* v from 1..8 ASCII digits loaded little-endian in x (the digits in the low len bytes):
- * shifted up so the number is right-aligned, then combined pairwise by multiplications. */
-static uint32_t digits8(uint64_t x, size_t len)
-{
-    uint64_t t = (x - SWAR_ZEROS) << (8 * (8 - len));
-    t = t * 10 + (t >> 8);
-    t = (((t & UINT64_C(0x000000FF000000FF)) * UINT64_C(0x000F424000000064)) +
-         (((t >> 16) & UINT64_C(0x000000FF000000FF)) * UINT64_C(0x0000271000000001))) >> 32;
-    return (uint32_t)t;
-}
-
-/* Masks of the 64 bytes at b, bit i for b[i]: a digit, ',', ' ', '0'. */
-static void window_masks(const char *b, uint64_t *digit, uint64_t *comma, uint64_t *space,
-                         uint64_t *zero)
-{
-    const __m128i c0 = _mm_set1_epi8('0'), c9 = _mm_set1_epi8(9);
-    const __m128i cc = _mm_set1_epi8(','), cs = _mm_set1_epi8(' ');
-    uint64_t dg = 0, cm = 0, sp = 0, zr = 0;
-    for (unsigned k = 0; k < 4; k++) {
-        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(b + 16 * k));
-        __m128i t = _mm_sub_epi8(x, c0);
-        __m128i is_digit = _mm_cmpeq_epi8(_mm_min_epu8(t, c9), t);  /* t <= 9 unsigned */
-        unsigned sh = 16 * k;
-        dg |= (uint64_t)(unsigned)_mm_movemask_epi8(is_digit) << sh;
-        cm |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, cc)) << sh;
-        sp |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, cs)) << sh;
-        zr |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, c0)) << sh;
-    }
-    *digit = dg;
-    *comma = cm;
-    *space = sp;
-    *zero = zr;
-}
-
-/*
- * The bulk of an array written as `int,int,...` or `int, int, ...`, 64 bytes at a time.
- * b[p] is the first digit of a token. In each window, masks say where tokens start and end;
- * the window is good up to its first byte that breaks the pattern `digits ',' ' '*` (another
- * character, a token not followed directly by ',', a ',' not right after a digit, a leading
- * zero). Every token ending before that point is converted: its start and end come from two
- * count-trailing-zeros, so no step waits on a load. Returns the index just after the last
- * token read (at its ','), with *after set, or p unchanged with *after clear when it read
- * nothing; SIZE_MAX when the array cannot be a fast-path array.
- */
-static size_t scan_windows(kvr_api_decoder_t *d, const char *b, size_t len, size_t p, size_t *n,
-                           bool *after)
-{
-    size_t last = SIZE_MAX;
-    while (len - p >= 72) {  /* 64 bytes of window + 8 for the last token's load */
-        uint64_t digit, comma, space, zero;
-        window_masks(b + p, &digit, &comma, &space, &zero);
-        uint64_t sep = ~digit;
-        uint64_t starts = digit & ~(digit << 1);
-        uint64_t ends = sep & (digit << 1);
-        uint64_t bad = (sep & ~comma & ~space) | (ends & ~comma) | (comma & ~(digit << 1)) |
-                       (zero & starts & (digit >> 1)) | (sep & 1);
-        uint64_t good = bad == 0 ? ~(uint64_t)0 : ((uint64_t)1 << __builtin_ctzll(bad)) - 1;
-        uint64_t ve = ends & good;
-        if (ve == 0)
-            break;
-        /* room for the window's tokens: at most 32 (a digit and a ',' each) */
-        if (d->tok_cap - *n < 32 &&
-            !grow((void **)&d->tok_buf, &d->tok_cap, *n + 32, d->opts.max_tokens,
-                  sizeof *d->tok_buf))
-            break;  /* near the limit: the careful loop counts exactly */
-        uint32_t *out = d->tok_buf + *n;
-        unsigned e = 0;
-        do {
-            e = (unsigned)__builtin_ctzll(ve);
-            unsigned s = (unsigned)__builtin_ctzll(starts);
-            ve &= ve - 1;
-            starts &= starts - 1;
-            size_t tl = e - s;
-            if (tl <= 8)
-                *out++ = digits8(load8(b + p + s), tl);
-            else if (!digits_u32(b + p + s, tl, out++))
-                return SIZE_MAX;
-        } while (ve != 0);
-        *n = (size_t)(out - d->tok_buf);
-        last = p + e;
-        /* the next window starts at the next token: after the ',' and any spaces */
-        p = last + 1;
-        while (p < len && b[p] == ' ')
-            p++;
-        if (p >= len || (unsigned)((unsigned char)b[p] - '0') > 9)
-            break;
-    }
-    *after = last != SIZE_MAX;
-    return *after ? last : p;
-}
-#endif
-
-/* Reads `ws (int (ws , ws int)*)? ws ]` from b[p]; ints are canonical decimal u32. On success
- * the tokens are in tok_buf[0..*n_out) and *close is the index of the ']'. False for anything
- * else (the slow path then decides what it is). */
-static bool scan_tokens(kvr_api_decoder_t *d, const char *b, size_t len, size_t p, size_t *close,
-                        size_t *n_out)
-{
-    size_t n = 0;
-    while (p < len && is_ws(b[p]))
-        p++;
-    if (p < len && b[p] == ']') {
-        *close = p;
-        *n_out = 0;
-        return true;
-    }
-    for (;;) {
-        bool after = false;
-#if KVR_API_SIMD
-        while (p < len && is_ws(b[p]))
-            p++;
-        p = scan_windows(d, b, len, p, &n, &after);
-        if (p == SIZE_MAX)
-            return false;
-#endif
-        if (!after) {
-            /* one token */
-            while (p < len && is_ws(b[p]))
-                p++;
-            size_t q = p;
-            while (q < len && q - p <= 10 && (unsigned)((unsigned char)b[q] - '0') <= 9)
-                q++;
-            uint32_t v;
-            if (!digits_u32(b + p, q - p, &v) || !push_token(d, &n, v))
-                return false;
-            p = q;
-        }
-        /* after a token: ']' or ',' */
-        while (p < len && is_ws(b[p]))
-            p++;
-        if (p >= len)
-            return false;
-        if (b[p] == ']') {
-            *close = p;
-            *n_out = n;
-            return true;
-        }
-        if (b[p] != ',')
-            return false;
-        p++;
-    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1111,7 +902,7 @@ static void parse_slow(kvr_api_decoder_t *d, const char *body, size_t len)
  * then resets and parses slowly). */
 static int parse_fast(kvr_api_decoder_t *d, const char *body, size_t len)
 {
-    size_t open = find_tokens(body, len);
+    size_t open = kvr_token_scan_find(body, len, 0, "\"tokens\"", 8);
     if (open == 0)
         return 0;
     yajl_handle h = start_yajl(d);
@@ -1121,7 +912,9 @@ static int parse_fast(kvr_api_decoder_t *d, const char *body, size_t len)
     size_t close, n;
     if (yajl_parse(h, (const unsigned char *)body, open) == yajl_status_ok &&
         d->status == KVR_OK && d->state == S_ARRAY && d->field == F_TOKENS &&
-        d->tok_open_at == open && d->n_tokens == 0 && scan_tokens(d, body, len, open, &close, &n)) {
+        d->tok_open_at == open && d->n_tokens == 0 &&
+        kvr_token_scan(body, len, open, &d->tok_buf, &d->tok_cap, d->opts.max_tokens, &close,
+                       &n)) {
         d->n_tokens = n;
         ok = yajl_parse(h, (const unsigned char *)body + close, len - close) == yajl_status_ok &&
              yajl_complete_parse(h) == yajl_status_ok && d->status == KVR_OK &&

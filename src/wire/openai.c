@@ -1,0 +1,1653 @@
+/*
+ * openai.c: the OpenAI request decoder and response encoders (see openai.h for the contract).
+ *
+ * Structure: a table of known fields (key, enclosing object, type, range, the endpoints that
+ * know it) drives a yajl callback state machine, as in wire/api_json.c, with two more levels
+ * of known objects (messages[i] and messages[i].content[j]) and a small state for the shapes
+ * of "prompt". Scalars land in per-field slots, strings in one buffer by offset (it may move
+ * while it grows), ids in growable arrays; finish() checks what the endpoint requires and
+ * fills the caller's struct with pointers into the buffers.
+ *
+ * Invariants: a decode either succeeds with every output consistent (counts within limits,
+ * strings valid UTF-8 and NUL-terminated, allowed ids ascending) or fails with d->err naming
+ * the first problem and the output zeroed. The fast path feeds yajl the body in pieces, cut
+ * where a token array ("prompt" or "token_data") seems to open; when the parser state shows
+ * yajl is exactly at the start of that array, wire/token_scan.c reads it and yajl resumes at
+ * its ']'. A scan that fails changes nothing (yajl then reads the array); an error anywhere
+ * in a body that was cut re-runs it through yajl in one piece, so error messages (byte
+ * offsets included) always come from one path.
+ * Memory: the decoder owns its buffers (grown geometrically, capped by the limits, reused)
+ * and a yajl arena (reset per body). Threads: none of its own.
+ * Cost: O(body bytes); key lookup scans the 22-entry table; at most 16 cut attempts per body
+ * (so crafted bodies full of "prompt" literals cost no more than yajl alone).
+ */
+#include "wire/openai.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <yajl/yajl_parse.h>
+
+#include "core/sort.h"
+#include "wire/token_scan.h"
+#include "wire/yajl_arena.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* The field table. */
+
+#define EB(e) (1u << (e))
+#define E_CC (EB(KVR_OAI_COMPLETIONS) | EB(KVR_OAI_CHAT))
+#define E_ALL (E_CC | EB(KVR_OAI_TOKENIZE))
+
+enum obj { O_TOP, O_STREAM_OPTIONS, O_NVEXT, O_MESSAGE, O_PART };
+
+enum type {
+    T_STRING,    /* length in [lo, hi], no control characters; lo == 0: "" reads as absent */
+    T_PROMPT,    /* string | ids | [string] | [ids] */
+    T_MESSAGES,  /* array of message objects */
+    T_TOKENS,    /* array of u32 */
+    T_IDS,       /* array of u64 */
+    T_STRINGS,   /* array of strings (extra_fields) */
+    T_OBJECT,    /* a known nested object (child obj in lo) */
+    T_BOOL,
+    T_INT,       /* integer in [lo, hi] */
+    T_DOUBLE,    /* finite */
+    T_ONE,       /* n: the integer 1 */
+    T_CONTENT,   /* string | array of parts | null */
+    T_PART_TYPE, /* "text" */
+    T_TEXT,      /* a content part's text */
+};
+
+enum field {
+    F_MODEL, F_PROMPT, F_MESSAGES, F_MAX_TOKENS, F_MAX_COMPLETION, F_STREAM, F_STREAM_OPTIONS,
+    F_N, F_NVEXT,
+    F_INCLUDE_USAGE,
+    F_TOKEN_DATA, F_BACKEND_ID, F_DP_RANK, F_LORA, F_PRIORITY, F_EXPECTED, F_ALLOWED, F_EXTRA,
+    F_ROLE, F_CONTENT,
+    F_PART_TYPE, F_PART_TEXT,
+    F_N_FIELDS,
+    F_UNKNOWN = F_N_FIELDS,
+};
+
+typedef struct field_def {
+    const char *key;
+    const char *path;   /* for messages (message and part fields get their indices) */
+    unsigned char obj;  /* enclosing object */
+    unsigned char type;
+    unsigned endpoints; /* EB() of the endpoints that know the field */
+    uint64_t lo, hi;    /* T_INT range, T_STRING length, T_OBJECT child */
+} field_def_t;
+
+#define U32MAX ((uint64_t)UINT32_MAX)
+
+static const field_def_t FIELDS[F_N_FIELDS] = {
+    [F_MODEL] = {"model", "model", O_TOP, T_STRING, E_ALL, 0, KVR_OAI_MAX_NAME_BYTES},
+    [F_PROMPT] = {"prompt", "prompt", O_TOP, T_PROMPT,
+                  EB(KVR_OAI_COMPLETIONS) | EB(KVR_OAI_TOKENIZE), 0, 0},
+    [F_MESSAGES] = {"messages", "messages", O_TOP, T_MESSAGES,
+                    EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 0, 0},
+    [F_MAX_TOKENS] = {"max_tokens", "max_tokens", O_TOP, T_INT, E_CC, 1, U32MAX},
+    [F_MAX_COMPLETION] = {"max_completion_tokens", "max_completion_tokens", O_TOP, T_INT,
+                          EB(KVR_OAI_CHAT), 1, U32MAX},
+    [F_STREAM] = {"stream", "stream", O_TOP, T_BOOL, E_CC, 0, 0},
+    [F_STREAM_OPTIONS] = {"stream_options", "stream_options", O_TOP, T_OBJECT, E_CC,
+                          O_STREAM_OPTIONS, 0},
+    [F_N] = {"n", "n", O_TOP, T_ONE, E_CC, 1, 1},
+    [F_NVEXT] = {"nvext", "nvext", O_TOP, T_OBJECT, E_CC, O_NVEXT, 0},
+    [F_INCLUDE_USAGE] = {"include_usage", "stream_options.include_usage", O_STREAM_OPTIONS,
+                         T_BOOL, E_CC, 0, 0},
+    [F_TOKEN_DATA] = {"token_data", "nvext.token_data", O_NVEXT, T_TOKENS, E_CC, 0, 0},
+    [F_BACKEND_ID] = {"backend_instance_id", "nvext.backend_instance_id", O_NVEXT, T_INT, E_CC,
+                      0, UINT64_MAX},
+    [F_DP_RANK] = {"dp_rank", "nvext.dp_rank", O_NVEXT, T_INT, E_CC, 0, U32MAX},
+    [F_LORA] = {"lora_name", "nvext.lora_name", O_NVEXT, T_STRING, E_CC, 0,
+                KVR_OAI_MAX_NAME_BYTES},
+    [F_PRIORITY] = {"priority", "nvext.priority", O_NVEXT, T_DOUBLE, E_CC, 0, 0},
+    [F_EXPECTED] = {"expected_output_tokens", "nvext.expected_output_tokens", O_NVEXT, T_INT,
+                    E_CC, 0, U32MAX},
+    [F_ALLOWED] = {"allowed_worker_ids", "nvext.allowed_worker_ids", O_NVEXT, T_IDS, E_CC, 0,
+                   0},
+    [F_EXTRA] = {"extra_fields", "nvext.extra_fields", O_NVEXT, T_STRINGS, E_CC, 0, 0},
+    [F_ROLE] = {"role", "role", O_MESSAGE, T_STRING, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 1,
+                KVR_OAI_MAX_ROLE_BYTES},
+    [F_CONTENT] = {"content", "content", O_MESSAGE, T_CONTENT,
+                   EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 0, 0},
+    [F_PART_TYPE] = {"type", "type", O_PART, T_PART_TYPE,
+                     EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 0, 0},
+    [F_PART_TEXT] = {"text", "text", O_PART, T_TEXT, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 0,
+                     0},
+};
+
+#define BIT(f) ((uint32_t)1 << (f))
+#define MESSAGE_BITS (BIT(F_ROLE) | BIT(F_CONTENT))
+#define PART_BITS (BIT(F_PART_TYPE) | BIT(F_PART_TEXT))
+
+const char *kvr_oai_endpoint_name(kvr_oai_endpoint_t e)
+{
+    switch (e) {
+    case KVR_OAI_COMPLETIONS:
+        return "completions";
+    case KVR_OAI_CHAT:
+        return "chat";
+    case KVR_OAI_TOKENIZE:
+        return "tokenize";
+    default:
+        return "unknown";
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Decoder state. */
+
+enum state {
+    S_START,      /* before the top-level value */
+    S_KEY,        /* in known object d->obj, expecting a key or its end */
+    S_VALUE,      /* expecting the value of d->field (F_UNKNOWN: any value, ignored) */
+    S_SKIP,       /* inside a container of an unknown key; skip_depth levels deep */
+    S_PROMPT_ARR, /* in prompt's array, its shape not known yet (prompt_elems elements seen) */
+    S_TOKENS,     /* in a token array: prompt's (d->field F_PROMPT) or token_data's */
+    S_IDS,        /* in allowed_worker_ids */
+    S_STRINGS,    /* in extra_fields */
+    S_MESSAGES,   /* in messages, expecting a message object or the end */
+    S_PARTS,      /* in messages[i].content, expecting a part object or the end */
+    S_DONE,       /* after the top-level object */
+};
+
+enum shape { P_NONE, P_TEXT, P_TOKENS };
+
+typedef struct str_ref {
+    size_t off, len;  /* in str_buf, NUL-terminated */
+} str_ref_t;
+
+typedef struct msg_ref {
+    str_ref_t role, content;
+} msg_ref_t;
+
+struct kvr_oai_decoder {
+    kvr_oai_options_t opts;
+    char err[256];
+
+    int endpoint, status;
+    int state, obj, field;
+    unsigned skip_depth;
+    uint32_t seen;      /* bit per field: key given (message and part bits per object) */
+    uint32_t present;   /* bit per field: non-null value given */
+
+    uint64_t ival[F_N_FIELDS];
+    double dval[F_N_FIELDS];
+    bool bval[F_N_FIELDS];
+    str_ref_t sval[F_N_FIELDS];
+
+    int prompt_shape;
+    unsigned prompt_elems;
+    bool tok_nested;    /* S_TOKENS of prompt: inside [[...]] */
+    size_t tok_open_at; /* body offset just after the '[' of the last token array opened */
+    size_t base;        /* body offset of the piece yajl is parsing */
+
+    uint32_t *ptok;     /* prompt ids */
+    size_t ptok_cap, n_ptok;
+    uint32_t *ttok;     /* nvext.token_data */
+    size_t ttok_cap, n_ttok;
+    uint64_t *ids;
+    size_t ids_cap, n_ids;
+    size_t n_extra;
+    bool want_worker_id, want_timing;
+    char *str_buf;
+    size_t str_cap, str_len;
+    char *num_buf;
+    size_t num_cap;
+
+    msg_ref_t *msgs;
+    size_t msgs_cap, n_msgs;
+    kvr_oai_message_t *msg_out;
+    size_t msg_out_cap;
+    size_t part_idx;       /* index of the current part in messages[n_msgs].content */
+    size_t content_total;  /* bytes of all contents so far */
+
+    kvr_oai_stats_t stats;
+    kvr_yajl_arena_t arena;
+    yajl_handle yh;
+};
+
+static int fail(kvr_oai_decoder_t *d, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Records the first error; returns 0 so callbacks can `return fail(...)` to stop yajl. */
+static int fail(kvr_oai_decoder_t *d, int status, const char *fmt, ...)
+{
+    if (d->status != KVR_OK)
+        return 0;
+    d->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->err, sizeof d->err, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+static bool grow(void **buf, size_t *cap, size_t need, size_t max, size_t elem)
+{
+    return kvr_token_scan_grow(buf, cap, need, max, elem);
+}
+
+/* The field's name in messages: message and part fields with their indices. */
+static const char *where(const kvr_oai_decoder_t *d, int f, char *buf, size_t n)
+{
+    switch (FIELDS[f].obj) {
+    case O_MESSAGE:
+        snprintf(buf, n, "messages[%zu].%s", d->n_msgs, FIELDS[f].key);
+        return buf;
+    case O_PART:
+        snprintf(buf, n, "messages[%zu].content[%zu].%s", d->n_msgs, d->part_idx,
+                 FIELDS[f].key);
+        return buf;
+    default:
+        return FIELDS[f].path;
+    }
+}
+
+/* Copies up to 40 bytes of user text for a message, replacing bytes that would need escaping
+ * in JSON (and non-ASCII) with '?'. */
+static void printable(char *dst, size_t dst_len, const unsigned char *s, size_t n)
+{
+    size_t max = dst_len - 1, j = 0;
+    bool cut = n > 40;
+    if (cut)
+        n = 37;
+    for (size_t i = 0; i < n && j < max; i++)
+        dst[j++] = (s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\') ? (char)s[i] : '?';
+    for (int k = 0; cut && k < 3 && j < max; k++)
+        dst[j++] = '.';
+    dst[j] = '\0';
+}
+
+/* Reads JSON number text (grammar checked by yajl) as an unsigned integer in [lo, hi]: false
+ * for fractions, exponents, negatives (but "-0" is 0) and values out of range. */
+static bool parse_uint(const char *s, size_t n, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    size_t i = 0;
+    bool neg = false;
+    if (i < n && s[i] == '-') {
+        neg = true;
+        i++;
+    }
+    if (i == n)
+        return false;
+    uint64_t v = 0;
+    for (; i < n; i++) {
+        unsigned dg = (unsigned)(s[i] - '0');
+        if (dg > 9 || v > (UINT64_MAX - dg) / 10)
+            return false;
+        v = v * 10 + dg;
+    }
+    if (neg && v != 0)
+        return false;
+    *out = v;
+    return v >= lo && v <= hi;
+}
+
+/* Reads JSON number text as a finite double (strtod: the C numeric locale is assumed). */
+static bool parse_double(kvr_oai_decoder_t *d, const char *s, size_t n, double *out)
+{
+    char local[64];
+    char *b = local;
+    if (n >= sizeof local) {
+        if (!grow((void **)&d->num_buf, &d->num_cap, n + 1, SIZE_MAX, 1)) {
+            fail(d, KVR_ENOMEM, "out of memory");
+            return false;
+        }
+        b = d->num_buf;
+    }
+    memcpy(b, s, n);
+    b[n] = '\0';
+    char *end;
+    *out = strtod(b, &end);
+    return end == b + n && isfinite(*out);
+}
+
+static bool all_ascii(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] >= 0x80)
+            return false;
+    return true;
+}
+
+/* yajl's own UTF-8 check lets overlong forms, surrogates and code points above U+10FFFF
+ * through; ours does not. */
+static bool utf8_ok(const unsigned char *s, size_t n)
+{
+    return all_ascii(s, n) || kvr_json_utf8_valid((const char *)s, n);
+}
+
+/* What is wrong with a name (model, lora_name, role): NULL when nothing. */
+static const char *name_problem(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 0x20 || s[i] == 0x7f)
+            return "contains a control character";
+    return utf8_ok(s, n) ? NULL : "is not valid UTF-8";
+}
+
+/* Appends s[0..n) to str_buf (no NUL). */
+static bool append(kvr_oai_decoder_t *d, const unsigned char *s, size_t n)
+{
+    if (n > SIZE_MAX / 4 ||
+        !grow((void **)&d->str_buf, &d->str_cap, d->str_len + n + 1, SIZE_MAX, 1)) {
+        fail(d, KVR_ENOMEM, "out of memory");
+        return false;
+    }
+    if (n > 0)
+        memcpy(d->str_buf + d->str_len, s, n);
+    d->str_len += n;
+    return true;
+}
+
+/* Appends s[0..n) and a NUL to str_buf; *ref names it. */
+static bool store_str(kvr_oai_decoder_t *d, const unsigned char *s, size_t n, str_ref_t *ref)
+{
+    size_t off = d->str_len;
+    if (!append(d, s, n) || !append(d, (const unsigned char *)"", 1))
+        return false;
+    ref->off = off;
+    ref->len = n;
+    return true;
+}
+
+static void mark(kvr_oai_decoder_t *d, int f)
+{
+    d->present |= BIT(f);
+}
+
+static bool has(const kvr_oai_decoder_t *d, int f)
+{
+    return (d->present & BIT(f)) != 0;
+}
+
+/* After a value of a known object. */
+static int value_done(kvr_oai_decoder_t *d)
+{
+    d->state = S_KEY;
+    return 1;
+}
+
+static const char *PROMPT_TYPE =
+    "prompt: must be a string, an array of token ids, or a one-element array of either";
+
+/* A value of the wrong type where the current state expects something specific. */
+static int unexpected(kvr_oai_decoder_t *d)
+{
+    char w[96];
+    switch (d->state) {
+    case S_START:
+        return fail(d, KVR_EPARSE, "expected a JSON object");
+    case S_PROMPT_ARR:
+        if (d->prompt_elems > 0)
+            return fail(d, KVR_EINVAL, "prompt: batched prompts are not supported");
+        return fail(d, KVR_EINVAL, "prompt[0]: must be a string or an array of token ids");
+    case S_TOKENS:
+        if (d->field == F_PROMPT)
+            return fail(d, KVR_EINVAL, "prompt%s[%zu]: not an integer in [0, 4294967295]",
+                        d->tok_nested ? "[0]" : "", d->n_ptok);
+        return fail(d, KVR_EINVAL, "nvext.token_data[%zu]: not an integer in [0, 4294967295]",
+                    d->n_ttok);
+    case S_IDS:
+        return fail(d, KVR_EINVAL,
+                    "nvext.allowed_worker_ids[%zu]: not an integer in [0, 18446744073709551615]",
+                    d->n_ids);
+    case S_STRINGS:
+        return fail(d, KVR_EINVAL, "nvext.extra_fields[%zu]: must be a string", d->n_extra);
+    case S_MESSAGES:
+        return fail(d, KVR_EINVAL, "messages[%zu]: must be an object", d->n_msgs);
+    case S_PARTS:
+        return fail(d, KVR_EINVAL, "messages[%zu].content[%zu]: must be an object", d->n_msgs,
+                    d->part_idx);
+    case S_VALUE:
+        break;
+    default:
+        return fail(d, KVR_EPARSE, "internal: unexpected value in state %d", d->state);
+    }
+    if (d->field >= F_N_FIELDS)
+        return fail(d, KVR_EPARSE, "internal: unexpected value for an unknown key");
+    const field_def_t *f = &FIELDS[d->field];
+    const char *p = where(d, d->field, w, sizeof w);
+    switch (f->type) {
+    case T_STRING:
+        return fail(d, KVR_EINVAL, "%s: must be a string or null", p);
+    case T_PROMPT:
+        if (d->endpoint == KVR_OAI_TOKENIZE)
+            return fail(d, KVR_EINVAL, "prompt: must be a string");
+        return fail(d, KVR_EINVAL, "%s", PROMPT_TYPE);
+    case T_MESSAGES:
+        return fail(d, KVR_EINVAL, "messages: must be an array of message objects");
+    case T_TOKENS:
+        return fail(d, KVR_EINVAL, "%s: must be an array of integers or null", p);
+    case T_IDS:
+        return fail(d, KVR_EINVAL, "%s: must be an array of integers or null", p);
+    case T_STRINGS:
+        return fail(d, KVR_EINVAL, "%s: must be an array of strings or null", p);
+    case T_OBJECT:
+        return fail(d, KVR_EINVAL, "%s: must be an object or null", p);
+    case T_BOOL:
+        return fail(d, KVR_EINVAL, "%s: must be true, false or null", p);
+    case T_INT:
+        return fail(d, KVR_EINVAL, "%s: not an integer in [%" PRIu64 ", %" PRIu64 "]", p, f->lo,
+                    f->hi);
+    case T_DOUBLE:
+        return fail(d, KVR_EINVAL, "%s: must be a finite number", p);
+    case T_ONE:
+        return fail(d, KVR_EINVAL, "%s: only 1 is supported", p);
+    case T_CONTENT:
+        return fail(d, KVR_EINVAL, "%s: must be a string, an array of content parts or null", p);
+    case T_PART_TYPE:
+    case T_TEXT:
+        return fail(d, KVR_EINVAL, "%s: must be a string or null", p);
+    default:
+        return fail(d, KVR_EPARSE, "internal: unexpected value for %s", p);
+    }
+}
+
+/* A scalar where an unknown key's value is skipped or ignored; -1 when not skipping. */
+static int skip_scalar(kvr_oai_decoder_t *d)
+{
+    if (d->state == S_SKIP)
+        return 1;
+    if (d->state == S_VALUE && d->field == F_UNKNOWN)
+        return value_done(d);
+    return -1;
+}
+
+/* Nesting of the known object the parser is in (the top-level object is 1). */
+static unsigned obj_depth(int obj)
+{
+    switch (obj) {
+    case O_TOP:
+        return 1;
+    case O_STREAM_OPTIONS:
+    case O_NVEXT:
+        return 2;
+    case O_MESSAGE:
+        return 3;
+    default:
+        return 5;  /* {"messages": [{"content": [{ */
+    }
+}
+
+/* Enters (or goes deeper into) a skipped container, bounding the nesting. */
+static int skip_enter(kvr_oai_decoder_t *d)
+{
+    if (d->state == S_SKIP) {
+        if (obj_depth(d->obj) + d->skip_depth >= KVR_OAI_MAX_DEPTH)
+            return fail(d, KVR_EINVAL, "nesting deeper than %d levels", KVR_OAI_MAX_DEPTH);
+        d->skip_depth++;
+        return 1;
+    }
+    d->state = S_SKIP;
+    d->skip_depth = 1;
+    return 1;
+}
+
+static int push_token(kvr_oai_decoder_t *d, uint64_t v)
+{
+    bool prompt = d->field == F_PROMPT;
+    uint32_t **buf = prompt ? &d->ptok : &d->ttok;
+    size_t *cap = prompt ? &d->ptok_cap : &d->ttok_cap, *n = prompt ? &d->n_ptok : &d->n_ttok;
+    if (*n == *cap && !grow((void **)buf, cap, *n + 1, d->opts.max_tokens, sizeof **buf)) {
+        if (*n >= d->opts.max_tokens)
+            return fail(d, KVR_ETOOBIG, "%s: more than %zu tokens", FIELDS[d->field].path,
+                        d->opts.max_tokens);
+        return fail(d, KVR_ENOMEM, "%s: out of memory", FIELDS[d->field].path);
+    }
+    (*buf)[(*n)++] = (uint32_t)v;
+    return 1;
+}
+
+static int on_null(void *ctx)
+{
+    kvr_oai_decoder_t *d = ctx;
+    int s = skip_scalar(d);
+    if (s >= 0)
+        return s;
+    if (d->state == S_VALUE)
+        return value_done(d);  /* null = absent; finish() rejects a missing required field */
+    return unexpected(d);
+}
+
+static int on_boolean(void *ctx, int v)
+{
+    kvr_oai_decoder_t *d = ctx;
+    int s = skip_scalar(d);
+    if (s >= 0)
+        return s;
+    if (d->state == S_VALUE && FIELDS[d->field].type == T_BOOL) {
+        d->bval[d->field] = v != 0;
+        mark(d, d->field);
+        return value_done(d);
+    }
+    return unexpected(d);
+}
+
+static int on_number(void *ctx, const char *s, size_t n)
+{
+    kvr_oai_decoder_t *d = ctx;
+    int sk = skip_scalar(d);
+    if (sk >= 0)
+        return sk;
+    uint64_t v;
+    double x;
+    switch (d->state) {
+    case S_PROMPT_ARR:
+        if (d->prompt_elems > 0)
+            break;
+        d->prompt_shape = P_TOKENS;  /* [1, 2, ...]: the array is the ids */
+        d->tok_nested = false;
+        d->state = S_TOKENS;
+        /* fall through */
+    case S_TOKENS:
+        if (!parse_uint(s, n, 0, UINT32_MAX, &v))
+            return unexpected(d);
+        return push_token(d, v);
+    case S_IDS:
+        if (!parse_uint(s, n, 0, UINT64_MAX, &v))
+            return unexpected(d);
+        if (d->n_ids == d->ids_cap &&
+            !grow((void **)&d->ids, &d->ids_cap, d->n_ids + 1, d->opts.max_allowed_ids,
+                  sizeof *d->ids)) {
+            if (d->n_ids >= d->opts.max_allowed_ids)
+                return fail(d, KVR_ETOOBIG, "nvext.allowed_worker_ids: more than %zu ids",
+                            d->opts.max_allowed_ids);
+            return fail(d, KVR_ENOMEM, "nvext.allowed_worker_ids: out of memory");
+        }
+        d->ids[d->n_ids++] = v;
+        return 1;
+    case S_VALUE: {
+        const field_def_t *f = &FIELDS[d->field];
+        if (f->type == T_INT || f->type == T_ONE) {
+            if (!parse_uint(s, n, f->lo, f->hi, &v))
+                return unexpected(d);
+            d->ival[d->field] = v;
+        } else if (f->type == T_DOUBLE) {
+            if (!parse_double(d, s, n, &x))
+                return d->status != KVR_OK ? 0 : unexpected(d);
+            d->dval[d->field] = x;
+        } else {
+            break;
+        }
+        mark(d, d->field);
+        return value_done(d);
+    }
+    default:
+        break;
+    }
+    return unexpected(d);
+}
+
+/* The prompt as a string (top level, or the one element of its array). */
+static int prompt_text(kvr_oai_decoder_t *d, const unsigned char *s, size_t n)
+{
+    if (n > d->opts.max_text_bytes)
+        return fail(d, KVR_ETOOBIG, "prompt: longer than %zu bytes", d->opts.max_text_bytes);
+    if (!utf8_ok(s, n))
+        return fail(d, KVR_EINVAL, "prompt: is not valid UTF-8");
+    if (!store_str(d, s, n, &d->sval[F_PROMPT]))
+        return 0;
+    d->prompt_shape = P_TEXT;
+    return 1;
+}
+
+/* Message content text (a string, or one part's text): checked and appended. */
+static int content_text(kvr_oai_decoder_t *d, const char *path, const unsigned char *s, size_t n)
+{
+    if (n > d->opts.max_text_bytes - d->content_total)
+        return fail(d, KVR_ETOOBIG, "messages: contents longer than %zu bytes in total",
+                    d->opts.max_text_bytes);
+    if (!utf8_ok(s, n))
+        return fail(d, KVR_EINVAL, "%s: is not valid UTF-8", path);
+    d->content_total += n;
+    return append(d, s, n) ? 1 : 0;
+}
+
+static int on_string(void *ctx, const unsigned char *s, size_t n)
+{
+    kvr_oai_decoder_t *d = ctx;
+    int sk = skip_scalar(d);
+    if (sk >= 0)
+        return sk;
+    char w[96];
+    switch (d->state) {
+    case S_PROMPT_ARR:
+        if (d->prompt_elems > 0)
+            return unexpected(d);
+        d->prompt_elems = 1;
+        return prompt_text(d, s, n);
+    case S_STRINGS:
+        if (n == 9 && memcmp(s, "worker_id", 9) == 0)
+            d->want_worker_id = true;
+        else if (n == 6 && memcmp(s, "timing", 6) == 0)
+            d->want_timing = true;
+        d->n_extra++;
+        return 1;
+    case S_VALUE:
+        break;
+    default:
+        return unexpected(d);
+    }
+    int fi = d->field;
+    const field_def_t *f = &FIELDS[fi];
+    const char *p = where(d, fi, w, sizeof w);
+    switch (f->type) {
+    case T_STRING: {
+        if (n < f->lo || n > f->hi) {
+            if (f->lo == 0)
+                return fail(d, KVR_EINVAL, "%s: longer than %" PRIu64 " bytes", p, f->hi);
+            return fail(d, KVR_EINVAL, "%s: must be %" PRIu64 " to %" PRIu64 " bytes", p, f->lo,
+                        f->hi);
+        }
+        const char *problem = name_problem(s, n);
+        if (problem != NULL)
+            return fail(d, KVR_EINVAL, "%s: %s", p, problem);
+        if (n == 0)
+            return value_done(d);  /* "" names nothing: absent */
+        if (!store_str(d, s, n, &d->sval[fi]))
+            return 0;
+        break;
+    }
+    case T_PROMPT:
+        if (!prompt_text(d, s, n))
+            return 0;
+        break;
+    case T_CONTENT: {
+        msg_ref_t *m = &d->msgs[d->n_msgs];
+        m->content.off = d->str_len;
+        if (!content_text(d, p, s, n) || !append(d, (const unsigned char *)"", 1))
+            return 0;
+        m->content.len = n;
+        break;
+    }
+    case T_PART_TYPE:
+        if (n != 4 || memcmp(s, "text", 4) != 0) {
+            char shown[48];
+            printable(shown, sizeof shown, s, n);
+            return fail(d, KVR_EINVAL, "%s: unsupported content part type '%s' (only text)", p,
+                        shown);
+        }
+        break;
+    case T_TEXT:
+        if (!content_text(d, p, s, n))
+            return 0;
+        break;
+    default:
+        return unexpected(d);
+    }
+    mark(d, fi);
+    return value_done(d);
+}
+
+/* A message object opens in messages. */
+static int message_begin(kvr_oai_decoder_t *d)
+{
+    if (d->n_msgs >= d->opts.max_messages)
+        return fail(d, KVR_ETOOBIG, "messages: more than %zu messages", d->opts.max_messages);
+    if (d->n_msgs == d->msgs_cap &&
+        !grow((void **)&d->msgs, &d->msgs_cap, d->n_msgs + 1, d->opts.max_messages,
+              sizeof *d->msgs))
+        return fail(d, KVR_ENOMEM, "messages: out of memory");
+    memset(&d->msgs[d->n_msgs], 0, sizeof d->msgs[d->n_msgs]);
+    d->seen &= ~MESSAGE_BITS;
+    d->present &= ~MESSAGE_BITS;
+    d->obj = O_MESSAGE;
+    d->state = S_KEY;
+    return 1;
+}
+
+/* "f: missing" or "f: must not be null" for a required field not given. */
+static int missing(kvr_oai_decoder_t *d, int f)
+{
+    char w[96];
+    const char *p = where(d, f, w, sizeof w);
+    if (d->seen & BIT(f))
+        return fail(d, KVR_EINVAL, "%s: must not be null", p);
+    return fail(d, KVR_EINVAL, "%s: missing", p);
+}
+
+static int message_end(kvr_oai_decoder_t *d)
+{
+    if (!has(d, F_ROLE))
+        return missing(d, F_ROLE);
+    msg_ref_t *m = &d->msgs[d->n_msgs];
+    m->role = d->sval[F_ROLE];
+    if (!has(d, F_CONTENT)) {  /* null or absent: "" */
+        m->content.off = d->str_len;
+        m->content.len = 0;
+        if (!append(d, (const unsigned char *)"", 1))
+            return 0;
+    }
+    d->n_msgs++;
+    d->obj = O_TOP;
+    d->state = S_MESSAGES;
+    return 1;
+}
+
+static int part_end(kvr_oai_decoder_t *d)
+{
+    if (!has(d, F_PART_TYPE))
+        return missing(d, F_PART_TYPE);
+    if (!has(d, F_PART_TEXT))
+        return missing(d, F_PART_TEXT);
+    d->part_idx++;
+    d->obj = O_MESSAGE;
+    d->state = S_PARTS;
+    return 1;
+}
+
+static int on_start_map(void *ctx)
+{
+    kvr_oai_decoder_t *d = ctx;
+    switch (d->state) {
+    case S_START:
+        d->state = S_KEY;
+        d->obj = O_TOP;
+        return 1;
+    case S_SKIP:
+        return skip_enter(d);
+    case S_MESSAGES:
+        return message_begin(d);
+    case S_PARTS:
+        d->seen &= ~PART_BITS;
+        d->present &= ~PART_BITS;
+        d->obj = O_PART;
+        d->state = S_KEY;
+        return 1;
+    case S_VALUE:
+        if (d->field == F_UNKNOWN)
+            return skip_enter(d);
+        if (FIELDS[d->field].type == T_OBJECT) {
+            mark(d, d->field);
+            d->obj = (int)FIELDS[d->field].lo;
+            d->state = S_KEY;
+            return 1;
+        }
+        break;
+    default:
+        break;
+    }
+    return unexpected(d);
+}
+
+static int on_start_array(void *ctx)
+{
+    kvr_oai_decoder_t *d = ctx;
+    switch (d->state) {
+    case S_SKIP:
+        return skip_enter(d);
+    case S_PROMPT_ARR:
+        if (d->prompt_elems > 0)
+            return unexpected(d);
+        d->prompt_elems = 1;
+        d->prompt_shape = P_TOKENS;
+        d->tok_nested = true;
+        d->tok_open_at = d->base + yajl_get_bytes_consumed(d->yh);
+        d->state = S_TOKENS;
+        return 1;
+    case S_VALUE:
+        break;
+    default:
+        return unexpected(d);
+    }
+    if (d->field == F_UNKNOWN)
+        return skip_enter(d);
+    switch (FIELDS[d->field].type) {
+    case T_PROMPT:
+        if (d->endpoint == KVR_OAI_TOKENIZE)
+            return unexpected(d);
+        d->prompt_elems = 0;
+        d->tok_open_at = d->base + yajl_get_bytes_consumed(d->yh);
+        d->state = S_PROMPT_ARR;
+        break;
+    case T_TOKENS:
+        d->tok_nested = false;
+        d->tok_open_at = d->base + yajl_get_bytes_consumed(d->yh);
+        d->state = S_TOKENS;
+        break;
+    case T_IDS:
+        d->state = S_IDS;
+        break;
+    case T_STRINGS:
+        d->state = S_STRINGS;
+        break;
+    case T_MESSAGES:
+        d->state = S_MESSAGES;
+        break;
+    case T_CONTENT:
+        d->msgs[d->n_msgs].content.off = d->str_len;
+        d->part_idx = 0;
+        d->state = S_PARTS;
+        break;
+    default:
+        return unexpected(d);
+    }
+    mark(d, d->field);
+    return 1;
+}
+
+/* Closes a container: yajl guarantees map/array pairing, so only the state matters. */
+static int on_end(void *ctx)
+{
+    kvr_oai_decoder_t *d = ctx;
+    switch (d->state) {
+    case S_SKIP:
+        if (--d->skip_depth == 0)
+            d->state = S_KEY;
+        return 1;
+    case S_KEY:
+        switch (d->obj) {
+        case O_TOP:
+            d->state = S_DONE;
+            return 1;
+        case O_MESSAGE:
+            return message_end(d);
+        case O_PART:
+            return part_end(d);
+        default:
+            d->obj = O_TOP;  /* stream_options and nvext sit in the top level */
+            return 1;
+        }
+    case S_PROMPT_ARR:
+        if (d->prompt_elems == 0)
+            d->prompt_shape = P_TOKENS;  /* [] */
+        return value_done(d);
+    case S_TOKENS:
+        if (d->field == F_PROMPT && d->tok_nested) {
+            d->state = S_PROMPT_ARR;
+            return 1;
+        }
+        return value_done(d);
+    case S_IDS:
+    case S_STRINGS:
+    case S_MESSAGES:
+        return value_done(d);
+    case S_PARTS: {
+        msg_ref_t *m = &d->msgs[d->n_msgs];
+        m->content.len = d->str_len - m->content.off;
+        if (!append(d, (const unsigned char *)"", 1))
+            return 0;
+        return value_done(d);
+    }
+    default:
+        return fail(d, KVR_EPARSE, "internal: unexpected end in state %d", d->state);
+    }
+}
+
+static int on_map_key(void *ctx, const unsigned char *s, size_t n)
+{
+    kvr_oai_decoder_t *d = ctx;
+    if (d->state == S_SKIP)
+        return 1;
+    if (d->state != S_KEY)
+        return fail(d, KVR_EPARSE, "internal: unexpected key in state %d", d->state);
+    unsigned eb = EB(d->endpoint);
+    d->field = F_UNKNOWN;
+    for (int f = 0; f < F_N_FIELDS; f++) {
+        const field_def_t *def = &FIELDS[f];
+        if (def->obj != d->obj || !(def->endpoints & eb) || strlen(def->key) != n ||
+            memcmp(def->key, s, n) != 0)
+            continue;
+        if (d->seen & BIT(f)) {
+            char w[96];
+            return fail(d, KVR_EINVAL, "%s: duplicate key", where(d, f, w, sizeof w));
+        }
+        d->seen |= BIT(f);
+        d->field = f;
+        break;
+    }
+    d->state = S_VALUE;
+    return 1;
+}
+
+static const yajl_callbacks CALLBACKS = {
+    .yajl_null = on_null,
+    .yajl_boolean = on_boolean,
+    .yajl_integer = NULL,
+    .yajl_double = NULL,
+    .yajl_number = on_number,
+    .yajl_string = on_string,
+    .yajl_start_map = on_start_map,
+    .yajl_map_key = on_map_key,
+    .yajl_end_map = on_end,
+    .yajl_start_array = on_start_array,
+    .yajl_end_array = on_end,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Decoding. */
+
+kvr_oai_decoder_t *kvr_oai_decoder_new(const kvr_oai_options_t *opts)
+{
+    kvr_oai_options_t o = {
+        .max_tokens = KVR_OAI_MAX_TOKENS,
+        .max_text_bytes = KVR_OAI_MAX_TEXT_BYTES,
+        .max_messages = KVR_OAI_MAX_MESSAGES,
+        .max_allowed_ids = KVR_OAI_MAX_ALLOWED_IDS,
+        .no_fast_path = false,
+    };
+    if (opts != NULL) {
+        o = *opts;
+        if (o.max_tokens > KVR_OAI_MAX_TOKENS || o.max_text_bytes > KVR_OAI_MAX_TEXT_BYTES ||
+            o.max_messages > KVR_OAI_MAX_MESSAGES ||
+            o.max_allowed_ids > KVR_OAI_MAX_ALLOWED_IDS)
+            return NULL;
+    }
+    kvr_oai_decoder_t *d = calloc(1, sizeof *d);
+    if (d == NULL)
+        return NULL;
+    d->opts = o;
+    kvr_yajl_arena_init(&d->arena);
+    return d;
+}
+
+void kvr_oai_decoder_free(kvr_oai_decoder_t *d)
+{
+    if (d == NULL)
+        return;
+    free(d->ptok);
+    free(d->ttok);
+    free(d->ids);
+    free(d->str_buf);
+    free(d->num_buf);
+    free(d->msgs);
+    free(d->msg_out);
+    kvr_yajl_arena_deinit(&d->arena);
+    free(d);
+}
+
+const char *kvr_oai_decoder_error(const kvr_oai_decoder_t *d)
+{
+    return d->err;
+}
+
+void kvr_oai_decoder_stats(const kvr_oai_decoder_t *d, kvr_oai_stats_t *out)
+{
+    *out = d->stats;
+}
+
+static void reset(kvr_oai_decoder_t *d, int endpoint)
+{
+    d->err[0] = '\0';
+    d->endpoint = endpoint;
+    d->status = KVR_OK;
+    d->state = S_START;
+    d->obj = O_TOP;
+    d->field = F_UNKNOWN;
+    d->skip_depth = 0;
+    d->seen = 0;
+    d->present = 0;
+    d->prompt_shape = P_NONE;
+    d->prompt_elems = 0;
+    d->tok_nested = false;
+    d->tok_open_at = SIZE_MAX;
+    d->base = 0;
+    d->n_ptok = 0;
+    d->n_ttok = 0;
+    d->n_ids = 0;
+    d->n_extra = 0;
+    d->want_worker_id = false;
+    d->want_timing = false;
+    d->str_len = 0;
+    d->n_msgs = 0;
+    d->part_idx = 0;
+    d->content_total = 0;
+}
+
+/* yajl's message, on one line: "lexical error: invalid char in json text." */
+static void yajl_message(kvr_oai_decoder_t *d, yajl_handle h, size_t at)
+{
+    unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
+    const char *m = msg != NULL ? (const char *)msg : "unknown error";
+    size_t n = strlen(m);
+    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
+        n--;
+    char shown[160];
+    if (n >= sizeof shown)
+        n = sizeof shown - 1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)m[i];
+        shown[i] = (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') ? ' ' : (char)c;
+    }
+    shown[n] = '\0';
+    fail(d, KVR_EPARSE, "invalid JSON at byte %zu: %s", at, shown);
+    if (msg != NULL)
+        yajl_free_error(h, msg);
+}
+
+static yajl_handle start_yajl(kvr_oai_decoder_t *d)
+{
+    kvr_yajl_arena_reset(&d->arena);
+    yajl_alloc_funcs afs = kvr_yajl_arena_funcs(&d->arena);
+    d->yh = yajl_alloc(&CALLBACKS, &afs, d);
+    if (d->yh == NULL)
+        fail(d, KVR_ENOMEM, "out of memory");
+    return d->yh;
+}
+
+static void stop_yajl(kvr_oai_decoder_t *d)
+{
+    if (d->yh != NULL)
+        yajl_free(d->yh);
+    d->yh = NULL;
+}
+
+/* body[from..to) through yajl; false on an error (d->status set, or yajl's own). */
+static bool feed(kvr_oai_decoder_t *d, const char *body, size_t from, size_t to,
+                 yajl_status *st)
+{
+    d->base = from;
+    *st = yajl_parse(d->yh, (const unsigned char *)body + from, to - from);
+    return *st == yajl_status_ok && d->status == KVR_OK;
+}
+
+/* The end of a parse: yajl's final check and the error message for the whole body. */
+static void finish_parse(kvr_oai_decoder_t *d, yajl_status st, size_t len)
+{
+    size_t at = len;
+    if (st == yajl_status_ok)
+        st = yajl_complete_parse(d->yh);
+    else if (st == yajl_status_error)
+        at = d->base + yajl_get_bytes_consumed(d->yh);
+    if (st == yajl_status_error && d->status == KVR_OK)
+        yajl_message(d, d->yh, at);
+    if (d->status == KVR_OK && st != yajl_status_ok)
+        fail(d, KVR_EPARSE, "invalid JSON");  /* client_canceled always sets status first */
+    if (d->status == KVR_OK && d->state != S_DONE)
+        fail(d, KVR_EPARSE, "internal: parse ended in state %d", d->state);
+}
+
+static bool is_ws(char c)
+{
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
+#define FAST_MAX_CUTS 16
+#define NONE SIZE_MAX
+
+/* The next candidate array of key at or after from (NONE when there is none). */
+static size_t next_candidate(const char *b, size_t len, size_t from, const char *key,
+                             size_t key_len)
+{
+    size_t open = kvr_token_scan_find(b, len, from, key, key_len);
+    return open == 0 ? NONE : open;
+}
+
+/* At a candidate prompt array opening at open (just after '['): yajl must be exactly there,
+ * in prompt's array with nothing read, or in its inner array for [[...]]. */
+static bool at_prompt_array(const kvr_oai_decoder_t *d, size_t open)
+{
+    if (d->tok_open_at != open || d->n_ptok != 0)
+        return false;
+    if (d->state == S_PROMPT_ARR)
+        return d->prompt_elems == 0;
+    return d->state == S_TOKENS && d->field == F_PROMPT && d->tok_nested;
+}
+
+static bool at_token_data(const kvr_oai_decoder_t *d, size_t open)
+{
+    return d->tok_open_at == open && d->state == S_TOKENS && d->field == F_TOKEN_DATA &&
+           d->n_ttok == 0;
+}
+
+/*
+ * Parses body. With the fast path, yajl gets the body in pieces cut where a token array seems
+ * to open; when the state confirms it, the scanner reads the array and yajl resumes at its
+ * ']'. Returns 1 when that read the body (*scanned: arrays the scanner read), -1 when a body
+ * that was cut failed (the caller re-parses it whole, for the message), 0 when it was parsed
+ * in one piece (the status is the answer).
+ */
+static int parse(kvr_oai_decoder_t *d, const char *body, size_t len, bool fast, int *scanned)
+{
+    *scanned = 0;
+    if (start_yajl(d) == NULL)
+        return 0;
+    size_t pos = 0;
+    int cuts = 0;
+    yajl_status st = yajl_status_ok;
+    bool want_prompt = fast && d->endpoint == KVR_OAI_COMPLETIONS;
+    bool want_data = fast && d->endpoint != KVR_OAI_TOKENIZE;
+    size_t c_prompt = want_prompt ? next_candidate(body, len, 0, "\"prompt\"", 8) : NONE;
+    size_t c_data = want_data ? next_candidate(body, len, 0, "\"token_data\"", 12) : NONE;
+    while (cuts < FAST_MAX_CUTS && (c_prompt != NONE || c_data != NONE)) {
+        bool is_prompt = c_prompt < c_data;
+        size_t open = is_prompt ? c_prompt : c_data;
+        if (is_prompt) {  /* [[ ... ]]: the inner array holds the ids */
+            size_t q = open;
+            while (q < len && is_ws(body[q]))
+                q++;
+            if (q < len && body[q] == '[')
+                open = q + 1;
+        }
+        cuts++;
+        if (!feed(d, body, pos, open, &st)) {
+            pos = open;
+            break;
+        }
+        pos = open;
+        size_t close, n;
+        if (is_prompt && at_prompt_array(d, open) &&
+            kvr_token_scan(body, len, open, &d->ptok, &d->ptok_cap, d->opts.max_tokens, &close,
+                           &n)) {
+            d->n_ptok = n;
+            d->prompt_shape = P_TOKENS;
+            if (d->state == S_PROMPT_ARR) {
+                d->state = S_TOKENS;
+                d->tok_nested = false;
+            }
+            pos = close;
+            ++*scanned;
+        } else if (!is_prompt && at_token_data(d, open) &&
+                   kvr_token_scan(body, len, open, &d->ttok, &d->ttok_cap, d->opts.max_tokens,
+                                  &close, &n)) {
+            d->n_ttok = n;
+            pos = close;
+            ++*scanned;
+        }
+        if (c_prompt != NONE && c_prompt <= pos)
+            c_prompt = next_candidate(body, len, pos, "\"prompt\"", 8);
+        if (c_data != NONE && c_data <= pos)
+            c_data = next_candidate(body, len, pos, "\"token_data\"", 12);
+    }
+    if (st == yajl_status_ok && d->status == KVR_OK)
+        feed(d, body, pos, len, &st);
+    finish_parse(d, st, len);
+    stop_yajl(d);
+    if (d->status != KVR_OK && cuts > 0)
+        return -1;
+    return d->status == KVR_OK && cuts > 0 ? 1 : 0;
+}
+
+static bool blank(const char *body, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (!is_ws(body[i]))
+            return false;
+    return true;
+}
+
+/* ---- finishing: what the endpoint requires, and the caller's struct ---------------------- */
+
+static const char *str_of(const kvr_oai_decoder_t *d, int f, size_t *len)
+{
+    if (!has(d, f)) {
+        *len = 0;
+        return NULL;
+    }
+    *len = d->sval[f].len;
+    return d->str_buf + d->sval[f].off;
+}
+
+/* The prompt as given (prompt or messages) into out->given_kind and its fields. */
+static void given_prompt(kvr_oai_decoder_t *d, kvr_oai_request_t *out)
+{
+    if (has(d, F_PROMPT) && d->prompt_shape == P_TEXT) {
+        out->given_kind = KVR_OAI_PROMPT_TEXT;
+        out->text = str_of(d, F_PROMPT, &out->text_len);
+    } else if (has(d, F_PROMPT) && d->prompt_shape == P_TOKENS) {
+        out->given_kind = KVR_OAI_PROMPT_TOKENS;
+        out->prompt_ids = d->n_ptok > 0 ? d->ptok : NULL;
+        out->n_prompt_ids = d->n_ptok;
+    } else if (has(d, F_MESSAGES)) {
+        out->given_kind = KVR_OAI_PROMPT_MESSAGES;
+        for (size_t i = 0; i < d->n_msgs; i++) {
+            const msg_ref_t *m = &d->msgs[i];
+            kvr_oai_message_t *o = &d->msg_out[i];
+            o->role = d->str_buf + m->role.off;
+            o->role_len = m->role.len;
+            o->content = d->str_buf + m->content.off;
+            o->content_len = m->content.len;
+        }
+        out->messages = d->n_msgs > 0 ? d->msg_out : NULL;
+        out->n_messages = d->n_msgs;
+    }
+}
+
+static int finish(kvr_oai_decoder_t *d, kvr_oai_request_t *out)
+{
+    int e = d->endpoint;
+    bool data = has(d, F_TOKEN_DATA);
+    if (e == KVR_OAI_TOKENIZE) {
+        if (has(d, F_PROMPT) && has(d, F_MESSAGES))
+            return fail(d, KVR_EINVAL, "prompt: give either prompt or messages, not both"),
+                   d->status;
+        if (!has(d, F_PROMPT) && !has(d, F_MESSAGES))
+            return missing(d, F_PROMPT), d->status;
+    } else if (!data) {
+        int req = e == KVR_OAI_CHAT ? F_MESSAGES : F_PROMPT;
+        if (!has(d, req))
+            return missing(d, req), d->status;
+    }
+    if (d->n_msgs > d->msg_out_cap &&
+        !grow((void **)&d->msg_out, &d->msg_out_cap, d->n_msgs, d->opts.max_messages,
+              sizeof *d->msg_out))
+        return fail(d, KVR_ENOMEM, "messages: out of memory"), d->status;
+    given_prompt(d, out);
+    if (data) {
+        out->prompt_kind = KVR_OAI_PROMPT_TOKENS;
+        out->tokens = d->n_ttok > 0 ? d->ttok : NULL;
+        out->n_tokens = d->n_ttok;
+    } else {
+        out->prompt_kind = (kvr_oai_prompt_kind_t)out->given_kind;
+        out->tokens = out->prompt_ids;
+        out->n_tokens = out->n_prompt_ids;
+    }
+    if (e != KVR_OAI_TOKENIZE) {  /* something to prefill */
+        bool empty = out->prompt_kind == KVR_OAI_PROMPT_TOKENS ? out->n_tokens == 0
+                     : out->prompt_kind == KVR_OAI_PROMPT_TEXT ? out->text_len == 0
+                                                               : out->n_messages == 0;
+        if (empty)
+            return fail(d, KVR_EINVAL, "%s: must not be empty",
+                        data ? "nvext.token_data" : e == KVR_OAI_CHAT ? "messages" : "prompt"),
+                   d->status;
+    }
+    out->endpoint = (kvr_oai_endpoint_t)e;
+    out->model = str_of(d, F_MODEL, &out->model_len);
+    if (has(d, F_MAX_COMPLETION)) {
+        out->has_max_tokens = true;
+        out->max_tokens = (uint32_t)d->ival[F_MAX_COMPLETION];
+    } else if (has(d, F_MAX_TOKENS)) {
+        out->has_max_tokens = true;
+        out->max_tokens = (uint32_t)d->ival[F_MAX_TOKENS];
+    }
+    out->stream = has(d, F_STREAM) && d->bval[F_STREAM];
+    out->include_usage = has(d, F_INCLUDE_USAGE) && d->bval[F_INCLUDE_USAGE];
+    out->has_nvext = has(d, F_NVEXT);
+    kvr_oai_nvext_t *x = &out->nvext;
+    x->has_token_data = data;
+    x->token_data = d->n_ttok > 0 ? d->ttok : NULL;
+    x->n_token_data = d->n_ttok;
+    x->has_backend_instance_id = has(d, F_BACKEND_ID);
+    x->backend_instance_id = has(d, F_BACKEND_ID) ? d->ival[F_BACKEND_ID] : 0;
+    x->has_dp_rank = has(d, F_DP_RANK);
+    x->dp_rank = has(d, F_DP_RANK) ? (uint32_t)d->ival[F_DP_RANK] : 0;
+    x->lora_name = str_of(d, F_LORA, &x->lora_name_len);
+    x->has_priority = has(d, F_PRIORITY);
+    x->priority = has(d, F_PRIORITY) ? d->dval[F_PRIORITY] : 0.0;
+    x->has_expected_output_tokens = has(d, F_EXPECTED);
+    x->expected_output_tokens = has(d, F_EXPECTED) ? (uint32_t)d->ival[F_EXPECTED] : 0;
+    x->has_allowed_worker_ids = has(d, F_ALLOWED);
+    kvr_sort_u64(d->ids, d->n_ids);
+    x->allowed_worker_ids = d->n_ids > 0 ? d->ids : NULL;
+    x->n_allowed_worker_ids = d->n_ids;
+    x->want_worker_id = d->want_worker_id;
+    x->want_timing = d->want_timing;
+    return KVR_OK;
+}
+
+int kvr_oai_decode(kvr_oai_decoder_t *d, kvr_oai_endpoint_t endpoint, const char *body,
+                   size_t len, kvr_oai_request_t *out)
+{
+    memset(out, 0, sizeof *out);
+    d->stats.bodies++;
+    reset(d, (int)endpoint);
+    if ((unsigned)endpoint > KVR_OAI_TOKENIZE)
+        fail(d, KVR_EINVAL, "unknown endpoint");
+    else if (body == NULL && len > 0)
+        fail(d, KVR_EINVAL, "no body");
+    else if (blank(body, len))
+        fail(d, KVR_EPARSE, "empty body");
+    else {
+        int scanned;
+        int r = parse(d, body, len, !d->opts.no_fast_path, &scanned);
+        if (r < 0) {
+            reset(d, (int)endpoint);
+            parse(d, body, len, false, &scanned);
+        } else if (scanned > 0) {
+            d->stats.fast_path++;
+        }
+        if (d->status == KVR_OK)
+            finish(d, out);
+    }
+    if (d->status != KVR_OK) {
+        memset(out, 0, sizeof *out);
+        d->stats.errors++;
+    }
+    return d->status;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Chat template. */
+
+static size_t put(char *out, size_t cap, size_t at, const char *s, size_t n)
+{
+    if (at < cap)
+        memcpy(out + at, s, cap - at < n ? cap - at : n);
+    return at + n;
+}
+
+size_t kvr_oai_render_chat(const kvr_oai_message_t *m, size_t n, char *out, size_t cap)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        at = put(out, cap, at, "<|", 2);
+        at = put(out, cap, at, m[i].role, m[i].role_len);
+        at = put(out, cap, at, "|>\n", 3);
+        at = put(out, cap, at, m[i].content, m[i].content_len);
+        at = put(out, cap, at, "\n", 1);
+    }
+    return put(out, cap, at, "<|assistant|>\n", 14);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Encoders. */
+
+static void key_u64(kvr_json_writer_t *w, const char *k, uint64_t v)
+{
+    kvr_json_key(w, k);
+    kvr_json_u64(w, v);
+}
+
+static void key_str(kvr_json_writer_t *w, const char *k, const char *s)
+{
+    kvr_json_key(w, k);
+    kvr_json_string(w, s);
+}
+
+static void key_str_n(kvr_json_writer_t *w, const char *k, const char *s, size_t n)
+{
+    kvr_json_key(w, k);
+    kvr_json_string_n(w, s != NULL ? s : "", s != NULL ? n : 0);
+}
+
+static void key_bool(kvr_json_writer_t *w, const char *k, bool v)
+{
+    kvr_json_key(w, k);
+    kvr_json_bool(w, v);
+}
+
+static void u32_array(kvr_json_writer_t *w, const char *k, const uint32_t *v, size_t n)
+{
+    kvr_json_key(w, k);
+    kvr_json_begin_array(w);
+    for (size_t i = 0; i < n; i++)
+        kvr_json_u64(w, v[i]);
+    kvr_json_end_array(w);
+}
+
+int kvr_oai_encode_request(kvr_json_writer_t *w, const kvr_oai_request_t *r)
+{
+    kvr_json_begin_object(w);
+    if (r->model != NULL)
+        key_str_n(w, "model", r->model, r->model_len);
+    switch (r->given_kind) {
+    case KVR_OAI_PROMPT_TEXT:
+        key_str_n(w, "prompt", r->text, r->text_len);
+        break;
+    case KVR_OAI_PROMPT_TOKENS:
+        u32_array(w, "prompt", r->prompt_ids, r->n_prompt_ids);
+        break;
+    case KVR_OAI_PROMPT_MESSAGES:
+        kvr_json_key(w, "messages");
+        kvr_json_begin_array(w);
+        for (size_t i = 0; i < r->n_messages; i++) {
+            kvr_json_begin_object(w);
+            key_str_n(w, "role", r->messages[i].role, r->messages[i].role_len);
+            key_str_n(w, "content", r->messages[i].content, r->messages[i].content_len);
+            kvr_json_end_object(w);
+        }
+        kvr_json_end_array(w);
+        break;
+    default:
+        break;
+    }
+    if (r->endpoint == KVR_OAI_TOKENIZE)
+        return kvr_json_end_object(w);
+    if (r->has_max_tokens)
+        key_u64(w, "max_tokens", r->max_tokens);
+    key_bool(w, "stream", r->stream);
+    if (r->include_usage) {
+        kvr_json_key(w, "stream_options");
+        kvr_json_begin_object(w);
+        key_bool(w, "include_usage", true);
+        kvr_json_end_object(w);
+    }
+    if (r->has_nvext) {
+        const kvr_oai_nvext_t *x = &r->nvext;
+        kvr_json_key(w, "nvext");
+        kvr_json_begin_object(w);
+        if (x->has_token_data)
+            u32_array(w, "token_data", x->token_data, x->n_token_data);
+        if (x->has_backend_instance_id)
+            key_u64(w, "backend_instance_id", x->backend_instance_id);
+        if (x->has_dp_rank)
+            key_u64(w, "dp_rank", x->dp_rank);
+        if (x->lora_name != NULL)
+            key_str_n(w, "lora_name", x->lora_name, x->lora_name_len);
+        if (x->has_priority) {
+            kvr_json_key(w, "priority");
+            kvr_json_double(w, x->priority);
+        }
+        if (x->has_expected_output_tokens)
+            key_u64(w, "expected_output_tokens", x->expected_output_tokens);
+        if (x->has_allowed_worker_ids) {
+            kvr_json_key(w, "allowed_worker_ids");
+            kvr_json_begin_array(w);
+            for (size_t i = 0; i < x->n_allowed_worker_ids; i++)
+                kvr_json_u64(w, x->allowed_worker_ids[i]);
+            kvr_json_end_array(w);
+        }
+        if (x->want_worker_id || x->want_timing) {
+            kvr_json_key(w, "extra_fields");
+            kvr_json_begin_array(w);
+            if (x->want_worker_id)
+                kvr_json_string(w, "worker_id");
+            if (x->want_timing)
+                kvr_json_string(w, "timing");
+            kvr_json_end_array(w);
+        }
+        kvr_json_end_object(w);
+    }
+    return kvr_json_end_object(w);
+}
+
+int kvr_oai_encode_usage(kvr_json_writer_t *w, const kvr_oai_usage_t *u)
+{
+    kvr_json_begin_object(w);
+    key_u64(w, "prompt_tokens", u->prompt_tokens);
+    key_u64(w, "completion_tokens", u->completion_tokens);
+    key_u64(w, "total_tokens", u->prompt_tokens + u->completion_tokens);
+    kvr_json_key(w, "prompt_tokens_details");
+    kvr_json_begin_object(w);
+    key_u64(w, "cached_tokens", u->cached_tokens);
+    kvr_json_end_object(w);
+    return kvr_json_end_object(w);
+}
+
+/* "id", "object", "created", "model" of every response and chunk. */
+static void head(kvr_json_writer_t *w, const kvr_oai_response_t *r, bool chunk)
+{
+    kvr_json_begin_object(w);
+    key_str(w, "id", r->id);
+    key_str(w, "object", r->chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                 : "text_completion");
+    key_u64(w, "created", r->created);
+    key_str(w, "model", r->model);
+}
+
+/* "usage" (when asked) and "nvext", then the end of the object. */
+static int tail(kvr_json_writer_t *w, const kvr_oai_response_t *r, bool usage)
+{
+    if (usage) {
+        kvr_json_key(w, "usage");
+        kvr_oai_encode_usage(w, &r->usage);
+    }
+    if (r->has_worker) {
+        const kvr_oai_worker_info_t *x = &r->worker;
+        kvr_json_key(w, "nvext");
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "worker_id");
+        kvr_json_begin_object(w);
+        key_u64(w, "prefill_worker_id", x->prefill_worker_id);
+        key_u64(w, "prefill_dp_rank", x->prefill_dp_rank);
+        key_u64(w, "decode_worker_id", x->decode_worker_id);
+        key_u64(w, "decode_dp_rank", x->decode_dp_rank);
+        kvr_json_end_object(w);
+        kvr_json_end_object(w);
+    }
+    return kvr_json_end_object(w);
+}
+
+/* "logprobs":null,"finish_reason":..} closing a choice. */
+static void choice_end(kvr_json_writer_t *w, const kvr_oai_response_t *r)
+{
+    kvr_json_key(w, "logprobs");
+    kvr_json_null(w);
+    key_str(w, "finish_reason", r->finish_reason);
+    kvr_json_end_object(w);
+}
+
+int kvr_oai_encode_response(kvr_json_writer_t *w, const kvr_oai_response_t *r)
+{
+    head(w, r, false);
+    kvr_json_key(w, "choices");
+    kvr_json_begin_array(w);
+    kvr_json_begin_object(w);
+    key_u64(w, "index", 0);
+    if (r->chat) {
+        kvr_json_key(w, "message");
+        kvr_json_begin_object(w);
+        key_str(w, "role", "assistant");
+        key_str_n(w, "content", r->text, r->text_len);
+        kvr_json_end_object(w);
+    } else {
+        key_str_n(w, "text", r->text, r->text_len);
+    }
+    choice_end(w, r);
+    kvr_json_end_array(w);
+    return tail(w, r, true);
+}
+
+int kvr_oai_encode_chunk(kvr_json_writer_t *w, const kvr_oai_response_t *r)
+{
+    head(w, r, true);
+    kvr_json_key(w, "choices");
+    kvr_json_begin_array(w);
+    kvr_json_begin_object(w);
+    key_u64(w, "index", 0);
+    if (r->chat) {
+        kvr_json_key(w, "delta");
+        kvr_json_begin_object(w);
+        if (r->first_chunk)
+            key_str(w, "role", "assistant");
+        if (r->text != NULL)
+            key_str_n(w, "content", r->text, r->text_len);
+        kvr_json_end_object(w);
+    } else {
+        key_str_n(w, "text", r->text, r->text_len);
+    }
+    choice_end(w, r);
+    kvr_json_end_array(w);
+    return tail(w, r, r->has_usage);
+}
+
+int kvr_oai_encode_usage_chunk(kvr_json_writer_t *w, const kvr_oai_response_t *r)
+{
+    head(w, r, true);
+    kvr_json_key(w, "choices");
+    kvr_json_begin_array(w);
+    kvr_json_end_array(w);
+    return tail(w, r, true);
+}
+
+int kvr_oai_encode_tokenize(kvr_json_writer_t *w, const uint32_t *tokens, size_t n,
+                            uint64_t max_model_len)
+{
+    kvr_json_begin_object(w);
+    key_u64(w, "count", n);
+    key_u64(w, "max_model_len", max_model_len);
+    u32_array(w, "tokens", tokens, n);
+    kvr_json_key(w, "token_strs");
+    kvr_json_null(w);
+    return kvr_json_end_object(w);
+}
+
+int kvr_oai_encode_models(kvr_json_writer_t *w, const kvr_oai_model_t *models, size_t n)
+{
+    kvr_json_begin_object(w);
+    key_str(w, "object", "list");
+    kvr_json_key(w, "data");
+    kvr_json_begin_array(w);
+    for (size_t i = 0; i < n; i++) {
+        const kvr_oai_model_t *m = &models[i];
+        kvr_json_begin_object(w);
+        key_str(w, "id", m->id);
+        key_str(w, "object", "model");
+        key_u64(w, "created", m->created);
+        key_str(w, "owned_by", m->owned_by);
+        if (m->max_model_len > 0)
+            key_u64(w, "max_model_len", m->max_model_len);
+        kvr_json_end_object(w);
+    }
+    kvr_json_end_array(w);
+    return kvr_json_end_object(w);
+}
+
+const char *kvr_oai_error_type(int http_status)
+{
+    switch (http_status) {
+    case 400:
+        return "BadRequestError";
+    case 404:
+        return "NotFoundError";
+    case 429:
+        return "RateLimitError";
+    case 500:
+        return "InternalServerError";
+    case 501:
+        return "NotImplementedError";
+    case 503:
+        return "ServiceUnavailableError";
+    default:
+        return http_status >= 500 ? "InternalServerError" : "BadRequestError";
+    }
+}
+
+int kvr_oai_http_status(int decode_status)
+{
+    switch (decode_status) {
+    case KVR_EPARSE:
+    case KVR_EINVAL:
+        return 400;
+    case KVR_ETOOBIG:
+        return 413;
+    default:
+        return 500;
+    }
+}
+
+int kvr_oai_encode_error(kvr_json_writer_t *w, const char *message, const char *type,
+                         int http_status)
+{
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "error");
+    kvr_json_begin_object(w);
+    key_str(w, "message", message);
+    key_str(w, "type", type != NULL ? type : kvr_oai_error_type(http_status));
+    kvr_json_key(w, "param");
+    kvr_json_null(w);
+    kvr_json_key(w, "code");
+    kvr_json_i64(w, http_status);
+    kvr_json_end_object(w);
+    return kvr_json_end_object(w);
+}
+
+void kvr_oai_make_id(char out[KVR_OAI_ID_BYTES], bool chat, uint64_t n)
+{
+    snprintf(out, KVR_OAI_ID_BYTES, "%s-%016" PRIx64, chat ? "chatcmpl" : "cmpl", n);
+}
+
+size_t kvr_oai_sse_frame(const char *json, size_t len, char *out, size_t cap)
+{
+    size_t at = put(out, cap, 0, KVR_OAI_SSE_PREFIX, 6);
+    at = put(out, cap, at, json, len);
+    return put(out, cap, at, KVR_OAI_SSE_SUFFIX, 2);
+}
