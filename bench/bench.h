@@ -74,6 +74,7 @@ typedef struct kvr_bench_list {
 
 enum { KVR_BENCH_Q_FULL = 0, KVR_BENCH_Q_PARTIAL = 1, KVR_BENCH_Q_MISS = 2 };
 #define KVR_BENCH_WRITER_MAX UINT64_MAX /* writer "max": unpaced */
+#define KVR_BENCH_MAX_MOCKER_ARGS 64
 
 typedef struct kvr_bench_opts {
     bool json;
@@ -96,6 +97,16 @@ typedef struct kvr_bench_opts {
     double rate_per_s;        /* > 0: clients pace themselves to this total rate */
     /* events (bench_events.c); rate_per_s and duration_s also apply (blocks/s, seconds) */
     const char *publish;      /* only publish KV events at this address (vLLM-style) */
+    /* mocker (bench_mocker.c); clients, tokens, duration, warmup, prefix_share, threads and
+     * url also apply */
+    bool url_set;             /* --url given: drive that mocker, spawn none */
+    uint64_t max_tokens;      /* completion tokens per request */
+    bool stream;              /* streamed (SSE) responses */
+    double speedup;           /* the spawned mocker's --speedup */
+    unsigned mocker_cpu;      /* the CPU the spawned mocker is pinned to */
+    bool speedup_set, mocker_cpu_set;
+    size_t n_mocker_args;     /* extra flags for the spawned mocker (pointers into argv) */
+    const char *mocker_args[KVR_BENCH_MAX_MOCKER_ARGS];
 } kvr_bench_opts_t;
 
 /* The given list, or the defaults when none was given. */
@@ -124,7 +135,7 @@ typedef struct kvr_bench_col {
     int prec;
 } kvr_bench_col_t;
 
-#define KVR_BENCH_MAX_COLS 24
+#define KVR_BENCH_MAX_COLS 32
 
 typedef struct kvr_bench_val {
     bool set;
@@ -205,6 +216,8 @@ int kvr_bench_index(const kvr_bench_opts_t *o);
 int kvr_bench_ingest(const kvr_bench_opts_t *o);
 int kvr_bench_events(const kvr_bench_opts_t *o);
 int kvr_bench_route(const kvr_bench_opts_t *o);
+int kvr_bench_mocker(const kvr_bench_opts_t *o);
+void kvr_bench_mocker_usage(FILE *out); /* `kvrouter bench mocker --help` */
 #define KVR_BENCH_ROUTE_THREADS 1 /* default --threads */
 #define KVR_BENCH_ROUTE_THREADS_STR "1"
 /* Whether url is one `bench route` can drive (http://host[:port][/base]); why says what not. */

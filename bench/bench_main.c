@@ -1,5 +1,6 @@
 /*
- * bench_main.c: `kvrouter bench {hash|index|ingest|route|all}`: parses and validates the
+ * bench_main.c: `kvrouter bench {hash|index|ingest|route|events|mocker|all}`: parses and
+ * validates the
  * options and runs the benchmarks (each described in its own file). Measures nothing itself.
  * Exit codes: 0 success, 1 a benchmark failed, 2 usage error (naming the option).
  */
@@ -13,7 +14,7 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: kvrouter bench {hash|index|ingest|route|all} [options]\n"
+            "usage: kvrouter bench {hash|index|ingest|route|events|mocker|all} [options]\n"
             "\n"
             "  hash     us per prompt: local block hashes + sequence hashes\n"
             "  index    us per prefix-index lookup, with and without a concurrent writer,\n"
@@ -23,6 +24,9 @@ static void usage(FILE *out)
             "           closed-loop keep-alive HTTP clients (needs `kvrouter serve`)\n"
             "  events   KV events per second through `kvrouter serve`'s ingest thread, from\n"
             "           in-process engine publishers over ZeroMQ to the index (blocks/s)\n"
+            "  mocker   requests/s one `kvrouter mocker` serves on one CPU (it spawns one,\n"
+            "           pinned, KV events on), its CPU and step lag; see\n"
+            "           'kvrouter bench mocker --help'\n"
             "  all      hash, index and ingest, with their default parameters\n"
             "\n"
             "options:\n"
@@ -264,6 +268,7 @@ static int set_route_opt(ropt_t id, const char *name, const char *v, kvr_bench_o
         if (!kvr_bench_route_url_ok(v, why, sizeof why))
             return usage_error(name, why);
         o->url = v;
+        o->url_set = true;
         return 0;
     case R_DURATION:
         if (!parse_real(v, 1e-3, 86400, &o->duration_s))
@@ -321,6 +326,55 @@ static int parse_route_opt(int argc, char **argv, int *i, kvr_bench_opts_t *o,
     return -1;
 }
 
+/* A 'bench mocker' option at argv[*i]: 0, a usage error, or -1 when it is none of them.
+ * *seen keeps the first one given (other benchmarks reject it). */
+static int parse_mocker_opt(int argc, char **argv, int *i, kvr_bench_opts_t *o,
+                            const char **seen)
+{
+    static const char *names[] = {"--max-tokens", "--stream", "--speedup", "--mocker-cpu",
+                                  "--mocker-arg"};
+    bool missing = false;
+    const char *v = NULL;
+    size_t k = 0;
+    for (; k < sizeof names / sizeof names[0] && v == NULL && !missing; k++)
+        v = opt_value(argc, argv, i, names[k], &missing);
+    if (missing)
+        return usage_error(names[k - 1], "missing value");
+    if (v == NULL)
+        return -1;
+    const char *name = names[k - 1];
+    if (*seen == NULL)
+        *seen = name;
+    uint64_t n;
+    switch (k - 1) {
+    case 0:
+        if (!parse_count(v, 1024, &n) || n < 1 || n > 1048576)
+            return usage_error(name, "expects an integer in 1..1M (K = 1024)");
+        o->max_tokens = n;
+        return 0;
+    case 1:
+        if (!parse_bool(v, &o->stream))
+            return usage_error(name, "expects true or false");
+        return 0;
+    case 2:
+        if (!parse_real(v, 1e-6, 1e9, &o->speedup))
+            return usage_error(name, "expects a number in [1e-6, 1e9]");
+        o->speedup_set = true;
+        return 0;
+    case 3:
+        if (!parse_count(v, 1, &n) || n > 1023)
+            return usage_error(name, "expects a CPU number in 0..1023");
+        o->mocker_cpu = (unsigned)n;
+        o->mocker_cpu_set = true;
+        return 0;
+    default:
+        if (o->n_mocker_args == KVR_BENCH_MAX_MOCKER_ARGS)
+            return usage_error(name, "too many mocker flags");
+        o->mocker_args[o->n_mocker_args++] = v;
+        return 0;
+    }
+}
+
 int kvr_cmd_bench(int argc, char **argv)
 {
     kvr_bench_opts_t o;
@@ -332,23 +386,40 @@ int kvr_cmd_bench(int argc, char **argv)
     o.warmup_s = 2.0;
     o.prefix_share = 0.5;
     o.threads = KVR_BENCH_ROUTE_THREADS;
+    o.max_tokens = 16;
+    o.stream = true;
+    o.speedup = 1000.0;
     const char *which = NULL;
     const char *route_opt = NULL;
     const char *not_events = NULL; /* a route option other than --rate and --duration */
+    const char *not_mocker = NULL; /* a route option 'bench mocker' does not take */
+    const char *mocker_opt = NULL; /* an option of 'bench mocker' only */
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool missing = false;
         const char *v;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
+            if (which != NULL && strcmp(which, "mocker") == 0)
+                kvr_bench_mocker_usage(stdout);
+            else
+                usage(stdout);
             return 0;
+        }
+        if (strcmp(a, "--") == 0) { /* the rest: flags for the spawned mocker */
+            for (i++; i < argc; i++) {
+                if (o.n_mocker_args == KVR_BENCH_MAX_MOCKER_ARGS)
+                    return usage_error("--", "too many mocker flags");
+                o.mocker_args[o.n_mocker_args++] = argv[i];
+            }
+            mocker_opt = "--";
+            break;
         }
         if (a[0] != '-') {
             if (which != NULL)
                 return usage_error(a, "unexpected argument (one benchmark at a time)");
-            if (strcmp(a, "events") == 0) { /* bench_events.c */
-                which = a;
+            if (strcmp(a, "events") == 0 || strcmp(a, "mocker") == 0) {
+                which = a; /* bench_events.c, bench_mocker.c */
                 continue;
             }
             if (strcmp(a, "hash") && strcmp(a, "index") && strcmp(a, "ingest") &&
@@ -387,12 +458,21 @@ int kvr_cmd_bench(int argc, char **argv)
         }
         if (missing)
             return usage_error("--publish", "missing value");
+        int mrc = parse_mocker_opt(argc, argv, &i, &o, &mocker_opt);
+        if (mrc >= 0) {
+            if (mrc != 0)
+                return mrc;
+            continue;
+        }
         int rrc = parse_route_opt(argc, argv, &i, &o, &route_opt);
         if (rrc >= 0) {
             if (rrc != 0)
                 return rrc;
             if (strncmp(a, "--rate", 6) != 0 && strncmp(a, "--duration", 10) != 0)
                 not_events = a;
+            if (strncmp(a, "--rate", 6) == 0 || strncmp(a, "--requests", 10) == 0 ||
+                strncmp(a, "--update", 8) == 0)
+                not_mocker = a;
             continue;
         }
         const listopt_t *lo = NULL;
@@ -412,9 +492,20 @@ int kvr_cmd_bench(int argc, char **argv)
             return rc;
     }
     if (which == NULL)
-        return usage_error("bench", "which benchmark? (hash, index, ingest, route, all)");
+        return usage_error("bench", "which benchmark? (hash, index, ingest, route, events, "
+                                    "mocker, all)");
     bool route = strcmp(which, "route") == 0;
     bool events = strcmp(which, "events") == 0;
+    bool mocker = strcmp(which, "mocker") == 0;
+    if (mocker_opt && !mocker)
+        return usage_error(mocker_opt, "an option of 'bench mocker' only");
+    if (mocker && not_mocker)
+        return usage_error(not_mocker, "not an option of 'bench mocker'");
+    if (mocker && o.url_set && (o.n_mocker_args || o.mocker_cpu_set || o.speedup_set))
+        return usage_error("--url", "drives a running mocker: --speedup, --mocker-cpu and "
+                                    "--mocker-arg apply only to the one the benchmark spawns");
+    if (mocker)
+        route_opt = NULL; /* --url, --duration, --warmup, --prefix-share, --threads serve both */
     if (events && (not_events || o.clients.n > 0))
         return usage_error(not_events ? not_events : "--clients",
                            "not an option of 'bench events'");
@@ -422,14 +513,15 @@ int kvr_cmd_bench(int argc, char **argv)
         return usage_error("--publish", "an option of 'bench events' only");
     if (events)
         route_opt = NULL; /* --rate and --duration also serve 'bench events' */
-    if (!route && (route_opt || o.clients.n > 0))
+    if (!route && !mocker && (route_opt || o.clients.n > 0))
         return usage_error(route_opt ? route_opt : "--clients", "an option of 'bench route' only");
     const char *foreign = o.quick ? "--quick" : o.workers.n ? "--workers" : o.pairs.n ? "--pairs"
                           : o.depth.n ? "--depth" : o.block_size.n ? "--block-size"
                           : o.query.n ? "--query" : o.writer.n ? "--writer"
                           : o.sync.n ? "--sync" : NULL;
-    if (route && foreign)
-        return usage_error(foreign, "not an option of 'bench route' (see --help)");
+    if ((route || mocker) && foreign)
+        return usage_error(foreign, route ? "not an option of 'bench route' (see --help)"
+                                          : "not an option of 'bench mocker' (see --help)");
 
     kvr_bench_timer_overhead_ns(); /* calibrate before anything is timed */
     bool all = strcmp(which, "all") == 0;
@@ -448,5 +540,7 @@ int kvr_cmd_bench(int argc, char **argv)
         rc = kvr_bench_route(&o);
     if (rc == 0 && events)
         rc = kvr_bench_events(&o);
+    if (rc == 0 && mocker)
+        rc = kvr_bench_mocker(&o);
     return rc;
 }

@@ -15,6 +15,7 @@
 #include "net/mocker_server.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <netinet/in.h>
@@ -26,6 +27,7 @@
 #include <time.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -40,6 +42,7 @@
 
 #define MAX_BODY_BYTES ((size_t)256 << 20)
 #define REPLAY_POLL_US 10000
+#define SWEEP_US 50000
 #define MOCKER_VERSION "kvrouter-mocker 0.1.0"
 
 typedef struct kvr_mocker kvr_mocker_t;
@@ -72,6 +75,7 @@ typedef struct mreq {
     uint64_t created;
     uint64_t arrival_ns;
     struct evbuffer *text; /* non-streaming: the output so far */
+    struct mreq *prev, *next; /* non-streaming: the list the disconnect sweep probes */
     char rid[KVR_OAI_ID_BYTES];
 } mreq_t;
 
@@ -91,6 +95,8 @@ struct kvr_mocker {
     uint32_t rr;            /* round-robin start for ties */
     uint64_t next_id;
     struct event *replay_tick;
+    struct event *sweep_tick;  /* probes non-streaming clients for a disconnect */
+    mreq_t *waiting_whole;     /* non-streaming requests in flight (list head) */
     kvr_oai_decoder_t *dec;
     kvr_json_writer_t w;
     struct evbuffer *out;   /* reply bodies and stream chunks */
@@ -349,6 +355,36 @@ static void mreq_detach(mreq_t *q)
 {
     evhttp_connection_set_closecb(q->conn, NULL, NULL);
     q->rk->n_live--;
+    if (q->stream)
+        return;
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        q->m->waiting_whole = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    q->prev = q->next = NULL;
+}
+
+/* libevent notices a client's close while it streams to it, but not while a non-streaming
+ * request waits for its reply: so those clients are probed (a peek that reads EOF). A
+ * client that half-closes its side after sending reads as gone too, as it does to vLLM's
+ * server. Closing the connection runs its close callback, which cancels the request. */
+static void on_sweep_tick(evutil_socket_t fd, short what, void *arg)
+{
+    kvr_mocker_t *m = arg;
+    mreq_t *next;
+    for (mreq_t *q = m->waiting_whole; q; q = next) {
+        next = q->next;
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(q->conn);
+        evutil_socket_t sfd = bev ? bufferevent_getfd(bev) : -1;
+        if (sfd < 0)
+            continue;
+        char c;
+        ssize_t n = recv(sfd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            evhttp_connection_free(q->conn);
+    }
 }
 
 static void fill_response(const mreq_t *q, kvr_oai_response_t *r)
@@ -696,6 +732,12 @@ static void h_generate(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_endp
     }
     rk->n_live++;
     evhttp_connection_set_closecb(q->conn, on_client_close, q);
+    if (!q->stream) {
+        q->next = m->waiting_whole;
+        if (q->next)
+            q->next->prev = q;
+        m->waiting_whole = q;
+    }
     if (q->stream)
         start_stream(q);
     kick(rk);
@@ -1052,6 +1094,12 @@ kvr_mocker_t *kvr_mocker_new(struct event_base *base, void *zmq_ctx,
             goto fail;
         }
     }
+    struct timeval sweep = {0, SWEEP_US};
+    m->sweep_tick = event_new(base, -1, EV_PERSIST, on_sweep_tick, m);
+    if (!m->sweep_tick || event_add(m->sweep_tick, &sweep) != 0) {
+        st = KVR_ENOMEM;
+        goto fail;
+    }
     if ((st = http_init(m, err, err_len)) != KVR_OK)
         goto fail;
     *status = KVR_OK;
@@ -1071,6 +1119,8 @@ void kvr_mocker_free(kvr_mocker_t *m)
         evhttp_free(m->http); /* closes connections: their close callbacks free requests */
     if (m->replay_tick)
         event_free(m->replay_tick);
+    if (m->sweep_tick)
+        event_free(m->sweep_tick);
     for (uint32_t r = 0; r < KVR_MOCKER_MAX_DP; r++) {
         rank_t *rk = &m->ranks[r];
         if (rk->timer)
