@@ -528,6 +528,11 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
     mreq_t *q = arg;
     (void)kvr_engine_cancel(q->rk->eng, q->id);
     q->m->requests_disconnected++;
+    /* When libevent saw the EOF itself, it detached the unfinished request from the dying
+     * connection and left it to us (libevent 2.1's evhttp_connection_incoming_fail); when the
+     * connection is freed with the request still attached (our sweep), libevent frees it. */
+    if (evhttp_request_get_connection(q->req) == NULL)
+        evhttp_request_free(q->req);
     mreq_detach(q);
     mreq_free(q);
 }
