@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -400,16 +401,19 @@ static void fill_response(const mreq_t *q, kvr_oai_response_t *r)
     }
 }
 
-static void send_sse(mreq_t *q, const char *json, size_t len)
+/* Appends one SSE event holding the writer's JSON to the chunk buffer. */
+static void add_sse(kvr_mocker_t *m)
 {
-    struct evbuffer *o = q->m->out;
-    evbuffer_drain(o, evbuffer_get_length(o));
-    evbuffer_add(o, KVR_OAI_SSE_PREFIX, sizeof KVR_OAI_SSE_PREFIX - 1);
-    evbuffer_add(o, json, len);
-    evbuffer_add(o, KVR_OAI_SSE_SUFFIX, sizeof KVR_OAI_SSE_SUFFIX - 1);
-    evhttp_send_reply_chunk(q->req, o);
+    const char *json;
+    size_t len;
+    if (kvr_json_writer_finish(&m->w, &json, &len) != KVR_OK)
+        return;
+    evbuffer_add(m->out, KVR_OAI_SSE_PREFIX, sizeof KVR_OAI_SSE_PREFIX - 1);
+    evbuffer_add(m->out, json, len);
+    evbuffer_add(m->out, KVR_OAI_SSE_SUFFIX, sizeof KVR_OAI_SSE_SUFFIX - 1);
 }
 
+/* One token's chunk; the last token's chunk, the usage chunk and [DONE] leave in one write. */
 static void stream_token(mreq_t *q, const kvr_engine_output_t *o, const char *piece, size_t plen)
 {
     kvr_mocker_t *m = q->m;
@@ -420,27 +424,23 @@ static void stream_token(mreq_t *q, const kvr_engine_output_t *o, const char *pi
     r.first_chunk = o->first;
     bool last = o->finish != KVR_ENGINE_RUNNING;
     r.finish_reason = last ? "length" : NULL;
-    const char *json;
-    size_t len;
+    evbuffer_drain(m->out, evbuffer_get_length(m->out));
     kvr_json_writer_reset(&m->w);
     kvr_oai_encode_chunk(&m->w, &r);
-    if (kvr_json_writer_finish(&m->w, &json, &len) == KVR_OK)
-        send_sse(q, json, len);
-    if (!last)
-        return;
-    if (q->include_usage) {
+    add_sse(m);
+    if (last && q->include_usage) {
         r.usage = (kvr_oai_usage_t){.prompt_tokens = o->prompt_tokens,
                                     .completion_tokens = o->n_output,
                                     .cached_tokens = o->cached_tokens};
         kvr_json_writer_reset(&m->w);
         kvr_oai_encode_usage_chunk(&m->w, &r);
-        if (kvr_json_writer_finish(&m->w, &json, &len) == KVR_OK)
-            send_sse(q, json, len);
+        add_sse(m);
     }
-    evbuffer_drain(m->out, evbuffer_get_length(m->out));
-    evbuffer_add(m->out, KVR_OAI_SSE_DONE, sizeof KVR_OAI_SSE_DONE - 1);
+    if (last)
+        evbuffer_add(m->out, KVR_OAI_SSE_DONE, sizeof KVR_OAI_SSE_DONE - 1);
     evhttp_send_reply_chunk(q->req, m->out);
-    evhttp_send_reply_end(q->req);
+    if (last)
+        evhttp_send_reply_end(q->req);
 }
 
 static void finish_whole(mreq_t *q, const kvr_engine_output_t *o)
@@ -501,6 +501,11 @@ static void on_step_done(evutil_socket_t fd, short what, void *arg)
     kick(rk);
 }
 
+/* A step due this soon runs at once (from the loop, after pending I/O) instead of through a
+ * timer: re-arming a timerfd costs more than a step of a few microseconds. The schedule
+ * carries on from the due time, not from when the step ran, so early runs do not add up. */
+#define RUN_NOW_NS 20000u
+
 static void kick(rank_t *rk)
 {
     if (rk->stepping || !kvr_engine_has_work(rk->eng))
@@ -514,10 +519,16 @@ static void kick(rank_t *rk)
     double us = s.duration_ms * 1000.0 / rk->m->cfg.speedup;
     if (us > 3.6e9)
         us = 3.6e9;
-    uint64_t ns = (uint64_t)(us * 1000.0);
-    rk->step_due_ns = mono_ns() + ns;
-    struct timeval tv = {.tv_sec = (time_t)(ns / 1000000000u),
-                         .tv_usec = (suseconds_t)((ns % 1000000000u) / 1000u)};
+    uint64_t ns = (uint64_t)(us * 1000.0), now = mono_ns();
+    uint64_t start = rk->step_due_ns > now ? rk->step_due_ns : now;
+    rk->step_due_ns = start + ns;
+    if (rk->step_due_ns <= now + RUN_NOW_NS) {
+        event_active(rk->timer, EV_TIMEOUT, 1);
+        return;
+    }
+    uint64_t wait = rk->step_due_ns - now;
+    struct timeval tv = {.tv_sec = (time_t)(wait / 1000000000u),
+                         .tv_usec = (suseconds_t)((wait % 1000000000u) / 1000u)};
     event_add(rk->timer, &tv);
 }
 
@@ -1059,6 +1070,10 @@ static int http_init(kvr_mocker_t *m, char *err, size_t err_len)
                  m->cfg.host, m->cfg.port);
         return KVR_EIO;
     }
+    /* Small SSE writes must not wait for the client's delayed ACK (Nagle): accepted
+     * sockets inherit the flag on Linux. vLLM's server sets it too. */
+    int one = 1;
+    (void)setsockopt(evhttp_bound_socket_get_fd(bs), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct sockaddr_storage ss;
     ev_socklen_t sl = sizeof ss;
     if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0)

@@ -1,0 +1,1812 @@
+/*
+ * bench_mocker.c: `kvrouter bench mocker`: how many simulated requests per second one
+ * `kvrouter mocker` process serves on one CPU, and what that costs it. The target (the issue's):
+ * one mocker sustains >= 2,000 requests/s of 1K-token prompts at --speedup 1000 on one core,
+ * so that a 2-core machine can drive 8 mockers and a router at once.
+ *
+ * Setup (unless --url names a running mocker): the benchmark binds a ZeroMQ SUB socket on
+ * tcp://127.0.0.1:P (an ephemeral port; P, P+1, ... with --data-parallel-size N among the
+ * mocker's flags) and drains it on a thread, then fork + execs /proc/self/exe as
+ *   kvrouter mocker --host 127.0.0.1 --port 0 --speedup S --log-level warn
+ *     --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq",
+ *                          "endpoint":"tcp://127.0.0.1:P"}'  [--mocker-arg ... | -- ...]
+ * so KV events are on as in production (no '*' in the endpoint: by vLLM's rule the mocker
+ * connects to the benchmark's SUB, and nothing it publishes is lost to a slow joiner). The
+ * child is pinned to --mocker-cpu (sched_setaffinity before exec; its ZeroMQ I/O thread
+ * inherits the mask, so the whole process gets one core) and dies with the benchmark
+ * (PR_SET_PDEATHSIG). The benchmark's own threads (client loops, SUB drain, ZeroMQ I/O,
+ * the monitor) are pinned to the other CPUs when there are any. The child's stdout is a pipe:
+ * its "listening HOST:PORT" line must come within 10 s, else a clear error (and the child's
+ * own message on stderr when it exited). One mocker serves all the runs of a point (clients x
+ * tokens); it is then stopped (SIGTERM, SIGKILL after 2 s) and reaped, on error paths too.
+ *
+ * Load: --clients keep-alive connections (libevent evhttp client, --threads event loops), a
+ * closed loop as in bench_route.c: each client sends its next request from the previous one's
+ * completion callback. Bodies, `{"prompt":[ids],"max_tokens":M,"stream":true,
+ * "stream_options":{"include_usage":true}}` (or `"stream":false`) with --tokens ids < 32000,
+ * are generated before timing from --seed and sent by reference: the first --prefix-share of
+ * each prompt is one of 8 shared prefixes, the rest is unique to the body, and the pool is
+ * large enough (up to 4096 bodies, 64 MB) that a body's own blocks are evicted from the
+ * default 16384-block cache before it comes round again, so the prefix cache hits about
+ * --prefix-share of the prompt (hit_rate, from /metrics, shows it). Every response is checked:
+ * status 200; streamed: the SSE events are parsed as they arrive (evhttp_request_set_chunked_cb,
+ * a byte scanner that keeps the first 2 KB of each event), each must be "data: ...", the usage
+ * event's completion_tokens must be M, and the body must end with "data: [DONE]"; non-streamed:
+ * a JSON body with "choices" and usage completion_tokens = M. Anything else is an error, counted
+ * by kind; a run with more than 1% errors fails the benchmark (exit 1), as in bench route.
+ *
+ * A run: --warmup seconds (connections open, the cache fills), then --duration seconds
+ * measured, then in-flight requests drain (not counted) so the mocker is idle between runs.
+ * Client figures cover responses completing in the window: per_s, tokens_per_s (verified
+ * completion tokens), whole-request latency p50/p99 (one CLOCK_MONOTONIC interval from just
+ * before evhttp_make_request to the completion callback). The main thread samples the mocker
+ * at the window's start and end: utime+stime from /proc/PID/stat (all its threads) ->
+ * mocker_cores = CPU seconds / wall seconds (pinned, so <= 1 by construction: at 1.0 the
+ * mocker is CPU-bound) and cpu_us_per_req = its CPU per completed request (the transferable
+ * figure: 2,000/s on a core needs <= 500 us); a GET /metrics scrape ->
+ * lag_per_s = growth of kvr_mocker_step_lag_seconds_total (summed over ranks) per second, the
+ * real time by which steps overran their modelled time (0: the simulation keeps model time;
+ * a CPU-bound mocker runs its steps back to back and lags), srv_per_s = growth of
+ * vllm:request_success_total per second (cross-checks per_s), hit_rate and steps_per_s; and
+ * the SUB's counters -> kv_batches_per_s, kv_mb_per_s (msgpack payload bytes) and kv_gaps
+ * (sequence numbers skipped: the mocker's PUB dropped at its HWM, i.e. this drain lagged).
+ * gen_cores is this process's own CPU in the window (getrusage): the generator's cost.
+ * A row per run, then the median of the runs ("median"; errors and requests are totals).
+ * target_per_s = 2000 where the issue sets it (1024 tokens, max_tokens 16, speedup 1000);
+ * target = met when the median per_s reaches it.
+ *
+ * Generator cost (2-core EPYC VM; gen_cores includes the SUB drain, ZeroMQ's I/O thread and
+ * the loopback receive path): ~60-100 us of CPU per streamed request (M = 16: 17 SSE events,
+ * each its own TCP segment and wake-up), ~30 us per non-streamed one, so one loop thread
+ * drives ~10,000 streamed or ~30,000 non-streamed requests/s, more than one mocker core
+ * serves; a warning names the generator when it passes 0.9 cores. CPU figures come from
+ * clock ticks (10 ms), so they are coarse below a few hundred requests per second.
+ * With --url the mocker's CPU, the KV figures and the pinning are not available.
+ *
+ * Measured (that VM, shared with other work, defaults: 1024 tokens, M = 16, 64 clients,
+ * --speedup 1000): streamed 1,405-1,453 requests/s, p50 44 ms, the mocker at 0.23-0.33 cores
+ * (~165-225 us of CPU a request): each streamed response stalls ~40 ms on Nagle's algorithm
+ * against the client's delayed ACK (the mocker's sockets had no TCP_NODELAY), so per_s is
+ * clients / 44 ms (16 clients: 363/s; 128: 2,740-2,900/s) and the CPU is mostly idle.
+ * Non-streamed: 11,500-16,000/s at 0.93 cores (60-80 us a request). Every run keeps <= 1 core,
+ * hit_rate 0.50, no KV gap; lag_per_s is ~0.67 whenever the mocker is CPU-bound, even at 2
+ * clients: at --speedup 1000 a step's CPU cost exceeds its modelled time (microseconds).
+ *
+ * Memory: bodies, samples and the child's bookkeeping are owned here and freed per point.
+ * Threads: main (setup, the window's samples), one per client loop (owning its clients and
+ * samples; they share only the run's atomics), the SUB drain thread (atomic counters), and
+ * ZeroMQ's I/O thread.
+ */
+#define _GNU_SOURCE /* sched_setaffinity, CPU_* macros, pipe2 */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <zmq.h>
+
+#include "bench.h"
+
+static const kvr_bench_col_t COLS[] = {
+    {"bench", KVR_BENCH_STR, 6, 0},           {"run", KVR_BENCH_STR, 6, 0},
+    {"clients", KVR_BENCH_INT, 7, 0},         {"tokens", KVR_BENCH_INT, 6, 0},
+    {"max_tokens", KVR_BENCH_INT, 10, 0},     {"stream", KVR_BENCH_STR, 6, 0},
+    {"requests", KVR_BENCH_INT, 8, 0},        {"per_s", KVR_BENCH_NUM, 6, 0},
+    {"tokens_per_s", KVR_BENCH_NUM, 12, 0},   {"p50_ms", KVR_BENCH_NUM, 7, 2},
+    {"p99_ms", KVR_BENCH_NUM, 7, 2},          {"mocker_cores", KVR_BENCH_NUM, 12, 2},
+    {"cpu_us_per_req", KVR_BENCH_NUM, 14, 0}, {"lag_per_s", KVR_BENCH_NUM, 9, 3},
+    {"srv_per_s", KVR_BENCH_NUM, 9, 0},       {"kv_batches_per_s", KVR_BENCH_NUM, 16, 0},
+    {"kv_mb_per_s", KVR_BENCH_NUM, 11, 2},    {"errors", KVR_BENCH_INT, 6, 0},
+    {"target_per_s", KVR_BENCH_NUM, 12, 0},   {"target", KVR_BENCH_STR, 6, 0},
+    {"gen_cores", KVR_BENCH_NUM, 0, 2},       {"hit_rate", KVR_BENCH_NUM, 0, 3},
+    {"steps_per_s", KVR_BENCH_NUM, 0, 0},     {"kv_gaps", KVR_BENCH_INT, 0, 0},
+    {"events_per_req", KVR_BENCH_NUM, 0, 2},  {"concurrency", KVR_BENCH_NUM, 0, 1},
+    {"error_kinds", KVR_BENCH_STR, 0, 0},     {"prefix_share", KVR_BENCH_NUM, 0, 2},
+    {"duration_s", KVR_BENCH_NUM, 0, 3},      {"speedup", KVR_BENCH_NUM, 0, 3},
+    {"mocker_cpu", KVR_BENCH_INT, 0, 0},      {"url", KVR_BENCH_STR, 0, 0},
+};
+#define N_COLS (sizeof COLS / sizeof COLS[0])
+
+#define MK_VOCAB 32000
+#define MK_N_PREFIXES 8
+#define MK_MAX_BODIES 4096                 /* the pool, shared by the clients */
+#define MK_BODY_BUDGET ((size_t)64 << 20)  /* all bodies of a point */
+#define MK_PROBE_MS 2000                   /* TCP connect probe and /metrics scrape */
+#define MK_READY_MS 10000                  /* the child's "listening" line */
+#define MK_TERM_MS 2000                    /* SIGTERM, then SIGKILL */
+#define MK_TIMEOUT_S 5                     /* per request (and connect) */
+#define MK_DRAIN_NS ((uint64_t)(MK_TIMEOUT_S + 1) * 1000000000u)
+#define MK_RETRY_MS 1                      /* pause after a connection failure */
+#define MK_TICK_MS 20
+#define MK_MAX_KINDS 32
+#define MK_FAIL_FRACTION 0.01
+#define MK_ABORT_ERRORS 1000 /* errors (and 10 x the successes) that end a run early */
+#define MK_EVENT_CAP 2048    /* bytes kept of one SSE event */
+#define MK_MAX_DP 64
+#define MK_SUB_HWM 1000000
+#define MK_TARGET_PER_S 2000.0
+
+/* Error kinds: an HTTP status (100..599), or one of these. */
+enum {
+    KIND_CONN = -100,     /* connection failure without a reason */
+    KIND_NO_DONE = -200,  /* stream without a final data: [DONE] */
+    KIND_BAD_SSE = -201,  /* an event that is not "data: ...", or data after [DONE] */
+    KIND_BAD_USAGE = -202, /* usage missing, or completion_tokens != max_tokens */
+    KIND_BAD_BODY = -203, /* non-streamed body without choices */
+    KIND_OTHER = -300,    /* kinds beyond MK_MAX_KINDS */
+    KIND_EVREQ_BASE = -1000 /* - evhttp_request_error */
+};
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+static const char *find_bytes(const char *s, size_t n, const char *pat)
+{
+    size_t m = strlen(pat);
+    for (size_t i = 0; m <= n && i <= n - m; i++)
+        if (s[i] == pat[0] && memcmp(s + i, pat, m) == 0)
+            return s + i;
+    return NULL;
+}
+
+/* The unsigned integer after `"key":` in s[0..n), or -1. */
+static int64_t find_uint(const char *s, size_t n, const char *key)
+{
+    const char *p = find_bytes(s, n, key);
+    if (p == NULL)
+        return -1;
+    p += strlen(key);
+    const char *end = s + n;
+    while (p < end && *p == ' ')
+        p++;
+    if (p >= end || *p < '0' || *p > '9')
+        return -1;
+    int64_t v = 0;
+    while (p < end && *p >= '0' && *p <= '9' && v < ((int64_t)1 << 40))
+        v = v * 10 + (*p++ - '0');
+    return v;
+}
+
+static void sleep_until(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+/* ---- the target ------------------------------------------------------------------------- */
+
+typedef struct target {
+    char host[256];     /* numeric address or name */
+    char host_hdr[300]; /* host:port */
+    char addr[64];      /* numeric address found by the probe */
+    int port;
+} target_t;
+
+static bool parse_url(const char *url, target_t *t)
+{
+    memset(t, 0, sizeof *t);
+    struct evhttp_uri *u = evhttp_uri_parse(url);
+    if (u == NULL)
+        return false;
+    const char *scheme = evhttp_uri_get_scheme(u), *host = evhttp_uri_get_host(u);
+    const char *path = evhttp_uri_get_path(u);
+    int port = evhttp_uri_get_port(u);
+    bool ok = scheme && strcasecmp(scheme, "http") == 0 && host && *host &&
+              strlen(host) < sizeof t->host && port != 0 && port <= 65535 &&
+              (path == NULL || *path == '\0' || strcmp(path, "/") == 0);
+    if (ok) {
+        t->port = port < 0 ? 80 : port;
+        size_t hl = strlen(host);
+        if (host[0] == '[' && hl > 2 && host[hl - 1] == ']')
+            snprintf(t->host, sizeof t->host, "%.*s", (int)(hl - 2), host + 1);
+        else
+            snprintf(t->host, sizeof t->host, "%s", host);
+        snprintf(t->host_hdr, sizeof t->host_hdr, "%s:%d", host, t->port);
+    }
+    evhttp_uri_free(u);
+    return ok;
+}
+
+/* A socket connected to t (numeric t->addr when known, else resolving t->host) within
+ * timeout_ms, blocking afterwards; -1 with errno-style *err. */
+static int connect_to(target_t *t, int timeout_ms, int *err)
+{
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (t->addr[0])
+        hints.ai_flags = AI_NUMERICHOST;
+    char port[16];
+    snprintf(port, sizeof port, "%d", t->port);
+    *err = EHOSTUNREACH;
+    if (getaddrinfo(t->addr[0] ? t->addr : t->host, port, &hints, &res) != 0)
+        return -1;
+    int fd = -1;
+    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            *err = errno;
+            continue;
+        }
+        int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            rc = poll(&p, 1, timeout_ms);
+            if (rc == 1) {
+                socklen_t len = sizeof *err;
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, err, &len);
+                rc = *err == 0 ? 0 : -1;
+            } else {
+                *err = rc == 0 ? ETIMEDOUT : errno;
+                rc = -1;
+            }
+        } else if (rc != 0) {
+            *err = errno;
+        }
+        if (rc == 0 && !t->addr[0] &&
+            getnameinfo(a->ai_addr, a->ai_addrlen, t->addr, sizeof t->addr, NULL, 0,
+                        NI_NUMERICHOST) != 0)
+            rc = -1;
+        if (rc != 0) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd >= 0) {
+        int fl = fcntl(fd, F_GETFL);
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+        struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
+    return fd;
+}
+
+/* ---- /metrics and /proc ------------------------------------------------------------------ */
+
+typedef struct metrics {
+    bool ok;
+    double lag_s, success, gen_tokens, prefix_q, prefix_h, published, steps;
+} metrics_t;
+
+static void metrics_line(const char *l, size_t n, metrics_t *m)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+    } WANT[] = {
+        {"kvr_mocker_step_lag_seconds_total", offsetof(metrics_t, lag_s)},
+        {"vllm:request_success_total", offsetof(metrics_t, success)},
+        {"vllm:generation_tokens_total", offsetof(metrics_t, gen_tokens)},
+        {"vllm:prefix_cache_queries_total", offsetof(metrics_t, prefix_q)},
+        {"vllm:prefix_cache_hits_total", offsetof(metrics_t, prefix_h)},
+        {"kvr_mocker_kv_event_batches_published_total", offsetof(metrics_t, published)},
+        {"kvr_mocker_steps_total", offsetof(metrics_t, steps)},
+    };
+    if (n == 0 || l[0] == '#')
+        return;
+    size_t name_len = 0;
+    while (name_len < n && l[name_len] != '{' && l[name_len] != ' ')
+        name_len++;
+    for (size_t k = 0; k < sizeof WANT / sizeof WANT[0]; k++) {
+        if (strlen(WANT[k].name) != name_len || memcmp(l, WANT[k].name, name_len) != 0)
+            continue;
+        size_t v = name_len;
+        if (v < n && l[v] == '{') { /* the value follows the labels' closing brace */
+            size_t close = n;
+            while (close > v && l[close - 1] != '}')
+                close--;
+            v = close;
+        }
+        char buf[64];
+        size_t len = n - v < sizeof buf - 1 ? n - v : sizeof buf - 1;
+        memcpy(buf, l + v, len);
+        buf[len] = '\0';
+        char *end;
+        double x = strtod(buf, &end);
+        if (end != buf && isfinite(x)) {
+            *(double *)((char *)m + WANT[k].off) += x;
+            if (k == 0)
+                m->ok = true;
+        }
+        return;
+    }
+}
+
+/* GET /metrics over a fresh HTTP/1.0 connection: the counters summed over ranks. */
+static bool scrape(target_t *t, metrics_t *m)
+{
+    memset(m, 0, sizeof *m);
+    int err;
+    int fd = connect_to(t, MK_PROBE_MS, &err);
+    if (fd < 0)
+        return false;
+    char req[400];
+    int rl = snprintf(req, sizeof req, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", t->host_hdr);
+    bool ok = write(fd, req, (size_t)rl) == rl;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    while (ok && buf) {
+        if (len + 4096 > cap) {
+            char *nb = cap < ((size_t)64 << 20) ? realloc(buf, cap * 2) : NULL;
+            if (nb == NULL) {
+                ok = false;
+                break;
+            }
+            buf = nb, cap *= 2;
+        }
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            ok = r == 0;
+            break;
+        }
+        len += (size_t)r;
+    }
+    close(fd);
+    if (!ok || buf == NULL || len < 12 || memcmp(buf, "HTTP/1.", 7) != 0 ||
+        memcmp(buf + 9, "200", 3) != 0) {
+        free(buf);
+        return false;
+    }
+    const char *body = find_bytes(buf, len, "\r\n\r\n");
+    for (const char *p = body ? body + 4 : buf + len, *end = buf + len; p < end;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        metrics_line(p, n, m);
+        p += n + 1;
+    }
+    free(buf);
+    return m->ok;
+}
+
+/* utime + stime of a process (all its threads), in seconds; NAN when unreadable. */
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NAN;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return NAN;
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    if (p == NULL)
+        return NAN;
+    /* after ')': state (3) ... utime (14), stime (15) */
+    unsigned long long ut = 0, st = 0;
+    int field = 2;
+    for (const char *q = p + 1; *q && field < 15; q++) {
+        if (*q != ' ')
+            continue;
+        field++;
+        if (field == 14)
+            ut = strtoull(q + 1, NULL, 10);
+        else if (field == 15)
+            st = strtoull(q + 1, NULL, 10);
+    }
+    if (field < 15)
+        return NAN;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu_s(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return NAN;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* ---- the KV-event SUB ------------------------------------------------------------------- */
+
+typedef struct kvsub {
+    void *ctx;
+    void *socks[MK_MAX_DP];
+    uint32_t n;
+    int port; /* rank r's publisher connects to port + r */
+    pthread_t th;
+    bool running;
+    atomic_bool stop;
+    atomic_uint_fast64_t batches, bytes, gaps;
+    uint64_t next_seq[MK_MAX_DP];
+    bool seen[MK_MAX_DP];
+} kvsub_t;
+
+static void kvsub_close(kvsub_t *s)
+{
+    if (s->running) {
+        atomic_store(&s->stop, true);
+        pthread_join(s->th, NULL);
+        s->running = false;
+    }
+    for (uint32_t i = 0; i < s->n; i++)
+        if (s->socks[i])
+            zmq_close(s->socks[i]);
+    s->n = 0;
+}
+
+static void *kvsub_main(void *arg)
+{
+    kvsub_t *s = arg;
+    zmq_pollitem_t items[MK_MAX_DP];
+    for (uint32_t i = 0; i < s->n; i++)
+        items[i] = (zmq_pollitem_t){.socket = s->socks[i], .events = ZMQ_POLLIN};
+    zmq_msg_t f;
+    zmq_msg_init(&f);
+    while (!atomic_load(&s->stop)) {
+        if (zmq_poll(items, (int)s->n, 100) <= 0)
+            continue;
+        for (uint32_t i = 0; i < s->n; i++) {
+            if (!(items[i].revents & ZMQ_POLLIN))
+                continue;
+            /* every message waiting: [topic, seq u64 BE, payload] */
+            for (int budget = 0; budget < 4096; budget++) {
+                int frame = 0, more = 1;
+                uint64_t seq = 0;
+                size_t last = 0;
+                bool has_seq = false;
+                while (more) {
+                    if (zmq_msg_recv(&f, s->socks[i], frame == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+                        more = -1;
+                        break;
+                    }
+                    last = zmq_msg_size(&f);
+                    if (frame == 1 && last == 8) {
+                        const uint8_t *b = zmq_msg_data(&f);
+                        for (int k = 0; k < 8; k++)
+                            seq = seq << 8 | b[k];
+                        has_seq = true;
+                    }
+                    more = zmq_msg_more(&f);
+                    frame++;
+                }
+                if (more < 0)
+                    break; /* nothing (more) waiting */
+                atomic_fetch_add(&s->batches, 1);
+                atomic_fetch_add(&s->bytes, last);
+                if (has_seq) {
+                    if (s->seen[i] && seq != s->next_seq[i])
+                        atomic_fetch_add(&s->gaps, 1);
+                    s->seen[i] = true;
+                    s->next_seq[i] = seq + 1;
+                }
+            }
+        }
+    }
+    zmq_msg_close(&f);
+    return NULL;
+}
+
+static void *sub_socket(void *ctx)
+{
+    void *so = zmq_socket(ctx, ZMQ_SUB);
+    if (so == NULL)
+        return NULL;
+    int linger = 0, hwm = MK_SUB_HWM;
+    zmq_setsockopt(so, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(so, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(so, ZMQ_SUBSCRIBE, "", 0);
+    return so;
+}
+
+/* Binds n SUB sockets on consecutive loopback ports and starts the drain thread. */
+static bool kvsub_open(kvsub_t *s, void *ctx, uint32_t n)
+{
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    atomic_init(&s->stop, false);
+    atomic_init(&s->batches, 0);
+    atomic_init(&s->bytes, 0);
+    atomic_init(&s->gaps, 0);
+    for (int attempt = 0; attempt < 50 && s->n < n; attempt++) {
+        kvsub_close(s);
+        void *so = sub_socket(ctx);
+        if (so == NULL || zmq_bind(so, "tcp://127.0.0.1:*") != 0) {
+            if (so)
+                zmq_close(so);
+            break;
+        }
+        char ep[128];
+        size_t len = sizeof ep;
+        zmq_getsockopt(so, ZMQ_LAST_ENDPOINT, ep, &len);
+        const char *colon = strrchr(ep, ':');
+        s->port = colon ? atoi(colon + 1) : 0;
+        s->socks[s->n++] = so;
+        while (s->port > 0 && s->n < n && s->port + (int)s->n <= 65535) {
+            char addr[64];
+            snprintf(addr, sizeof addr, "tcp://127.0.0.1:%d", s->port + (int)s->n);
+            void *so2 = sub_socket(ctx);
+            if (so2 == NULL)
+                break;
+            if (zmq_bind(so2, addr) != 0) {
+                zmq_close(so2);
+                break; /* taken: start again elsewhere */
+            }
+            s->socks[s->n++] = so2;
+        }
+    }
+    if (s->n < n) {
+        fprintf(stderr, "kvrouter bench mocker: cannot bind %u ZeroMQ SUB socket(s) on "
+                        "127.0.0.1: %s\n", n, zmq_strerror(zmq_errno()));
+        kvsub_close(s);
+        return false;
+    }
+    if (pthread_create(&s->th, NULL, kvsub_main, s) != 0) {
+        fprintf(stderr, "kvrouter bench mocker: cannot start the KV-event drain thread\n");
+        kvsub_close(s);
+        return false;
+    }
+    s->running = true;
+    return true;
+}
+
+/* ---- the child -------------------------------------------------------------------------- */
+
+typedef struct child {
+    pid_t pid;
+    int out_fd; /* its stdout */
+} child_t;
+
+static void describe_status(int status, char *buf, size_t len)
+{
+    if (WIFEXITED(status))
+        snprintf(buf, len, "exit code %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, len, "signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else
+        snprintf(buf, len, "status %d", status);
+}
+
+/* Stops and reaps the child: SIGTERM, SIGKILL after MK_TERM_MS. */
+static void child_stop(child_t *c)
+{
+    if (c->pid > 0) {
+        int status = 0;
+        pid_t r = waitpid(c->pid, &status, WNOHANG);
+        if (r == 0) {
+            kill(c->pid, SIGTERM);
+            uint64_t deadline = kvr_bench_now_ns() + (uint64_t)MK_TERM_MS * 1000000u;
+            while ((r = waitpid(c->pid, &status, WNOHANG)) == 0 &&
+                   kvr_bench_now_ns() < deadline)
+                kvr_bench_sleep_ns(5000000);
+            if (r == 0) {
+                fprintf(stderr, "kvrouter bench mocker: the mocker (pid %d) ignored SIGTERM "
+                                "for %d ms; killing it\n", (int)c->pid, MK_TERM_MS);
+                kill(c->pid, SIGKILL);
+                while (waitpid(c->pid, &status, 0) < 0 && errno == EINTR)
+                    ;
+            } else if (r == c->pid && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+                char why[96];
+                describe_status(status, why, sizeof why);
+                fprintf(stderr, "kvrouter bench mocker: the mocker ended with %s\n", why);
+            }
+        }
+        c->pid = 0;
+    }
+    if (c->out_fd >= 0)
+        close(c->out_fd);
+    c->out_fd = -1;
+}
+
+/* Whether the child is still running; if not, why into buf (and it is reaped). */
+static bool child_alive(child_t *c, char *why, size_t len)
+{
+    int status;
+    pid_t r = waitpid(c->pid, &status, WNOHANG);
+    if (r == 0)
+        return true;
+    if (r == c->pid)
+        describe_status(status, why, len);
+    else
+        snprintf(why, len, "waitpid: %s", strerror(errno));
+    c->pid = 0;
+    return false;
+}
+
+/* The mocker's argv; args[] must hold 16 + o->n_mocker_args entries. */
+static void child_argv(const kvr_bench_opts_t *o, const char *speedup, const char *kvcfg,
+                       char **args)
+{
+    size_t k = 0;
+    const char *fixed[] = {"kvrouter", "mocker", "--host", "127.0.0.1", "--port", "0",
+                           "--speedup", speedup, "--log-level", "warn", "--kv-events-config",
+                           kvcfg};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        args[k++] = (char *)fixed[i];
+    for (size_t i = 0; i < o->n_mocker_args; i++)
+        args[k++] = (char *)o->mocker_args[i];
+    args[k] = NULL;
+}
+
+/* fork + exec of the mocker pinned to cpu, publishing to kv_port; its HTTP port into
+ * *port once it printed "listening HOST:PORT". false with a message printed. */
+static bool child_start(const kvr_bench_opts_t *o, int kv_port, child_t *c, int *port)
+{
+    c->pid = 0;
+    c->out_fd = -1;
+    char speedup[64], kvcfg[256];
+    snprintf(speedup, sizeof speedup, "%.17g", o->speedup);
+    snprintf(kvcfg, sizeof kvcfg,
+             "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\","
+             "\"endpoint\":\"tcp://127.0.0.1:%d\"}", kv_port);
+    char **args = calloc(16 + o->n_mocker_args, sizeof *args);
+    int pfd[2];
+    if (args == NULL || pipe2(pfd, O_CLOEXEC) != 0) {
+        fprintf(stderr, "kvrouter bench mocker: cannot spawn the mocker: %s\n",
+                args ? strerror(errno) : "out of memory");
+        free(args);
+        return false;
+    }
+    child_argv(o, speedup, kvcfg, args);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(o->mocker_cpu, &one);
+    pid_t parent = getpid();
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) { /* async-signal-safe calls only until exec */
+        if (dup2(pfd[1], STDOUT_FILENO) < 0)
+            _exit(127);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(127);
+        if (sched_setaffinity(0, sizeof one, &one) != 0)
+            _exit(126);
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    int fork_err = errno;
+    close(pfd[1]);
+    free(args);
+    if (pid < 0) {
+        close(pfd[0]);
+        fprintf(stderr, "kvrouter bench mocker: fork: %s\n", strerror(fork_err));
+        return false;
+    }
+    c->pid = pid;
+    c->out_fd = pfd[0];
+
+    char line[512];
+    size_t len = 0;
+    uint64_t deadline = kvr_bench_now_ns() + (uint64_t)MK_READY_MS * 1000000u;
+    char why[160] = "";
+    for (;;) {
+        char *nl = memchr(line, '\n', len);
+        if (nl != NULL) {
+            *nl = '\0';
+            const char *colon = strrchr(line, ':');
+            if (strncmp(line, "listening ", 10) == 0 && colon && atoi(colon + 1) > 0) {
+                *port = atoi(colon + 1);
+                return true;
+            }
+            snprintf(why, sizeof why, "printed '%.100s' instead of 'listening HOST:PORT'",
+                     line);
+            break;
+        }
+        uint64_t now = kvr_bench_now_ns();
+        if (now >= deadline) {
+            snprintf(why, sizeof why, "did not print 'listening HOST:PORT' within %d s",
+                     MK_READY_MS / 1000);
+            break;
+        }
+        struct pollfd p = {c->out_fd, POLLIN, 0};
+        int left_ms = (int)((deadline - now) / 1000000u) + 1;
+        int rc = poll(&p, 1, left_ms < 100 ? left_ms : 100);
+        if (rc < 0 && errno != EINTR) {
+            snprintf(why, sizeof why, "poll: %s", strerror(errno));
+            break;
+        }
+        if (rc > 0) {
+            ssize_t r = read(c->out_fd, line + len, sizeof line - 1 - len);
+            if (r > 0) {
+                len += (size_t)r;
+                if (len == sizeof line - 1 && memchr(line, '\n', len) == NULL) {
+                    snprintf(why, sizeof why, "printed a line too long to be 'listening'");
+                    break;
+                }
+                continue;
+            }
+            if (r < 0 && errno == EINTR)
+                continue;
+        }
+        char st[96];
+        if (!child_alive(c, st, sizeof st)) {
+            snprintf(why, sizeof why, "exited (%s) before it was ready; its own message, if "
+                                      "any, is above", st);
+            break;
+        }
+        if (rc > 0) { /* EOF on stdout while still running */
+            snprintf(why, sizeof why, "closed its stdout before it was ready");
+            break;
+        }
+    }
+    fprintf(stderr, "kvrouter bench mocker: the mocker (/proc/self/exe mocker ..., pinned to "
+                    "CPU %u) %s\n", o->mocker_cpu, why);
+    child_stop(c);
+    return false;
+}
+
+/* ---- bodies ----------------------------------------------------------------------------- */
+
+typedef struct body {
+    char *data;
+    size_t len;
+    char len_str[24];
+} body_t;
+
+static char *put_u32(char *p, uint32_t v)
+{
+    char tmp[10];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *p++ = tmp[--n];
+    return p;
+}
+
+static bool make_body(body_t *b, const uint32_t *tok, size_t n, uint64_t max_tokens, bool stream)
+{
+    static const char head[] = "{\"prompt\":[";
+    char tail[160];
+    snprintf(tail, sizeof tail, "],\"max_tokens\":%llu,%s}", (unsigned long long)max_tokens,
+             stream ? "\"stream\":true,\"stream_options\":{\"include_usage\":true}"
+                    : "\"stream\":false");
+    size_t tl = strlen(tail);
+    b->data = malloc(sizeof head + n * 11 + tl + 1);
+    if (b->data == NULL)
+        return false;
+    char *p = b->data;
+    memcpy(p, head, sizeof head - 1);
+    p += sizeof head - 1;
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            *p++ = ',';
+        p = put_u32(p, tok[i]);
+    }
+    memcpy(p, tail, tl);
+    p += tl;
+    b->len = (size_t)(p - b->data);
+    snprintf(b->len_str, sizeof b->len_str, "%zu", b->len);
+    return true;
+}
+
+static void free_bodies(body_t *b, size_t n)
+{
+    for (size_t i = 0; b && i < n; i++)
+        free(b[i].data);
+    free(b);
+}
+
+/* The pool's size: MK_MAX_BODIES within the budget, at least one per client. */
+static size_t pool_size(uint64_t clients, uint64_t tokens)
+{
+    size_t one = (size_t)tokens * 6 + 128;
+    size_t n = MK_BODY_BUDGET / one;
+    if (n > MK_MAX_BODIES)
+        n = MK_MAX_BODIES;
+    return n < clients ? (size_t)clients : n;
+}
+
+static body_t *make_bodies(const kvr_bench_opts_t *o, uint64_t tokens, size_t n_bodies)
+{
+    size_t plen = (size_t)floor(o->prefix_share * (double)tokens + 0.5);
+    body_t *bodies = calloc(n_bodies, sizeof *bodies);
+    uint32_t *pre = malloc(((size_t)MK_N_PREFIXES * plen + 1) * sizeof *pre);
+    uint32_t *tok = malloc((size_t)tokens * sizeof *tok);
+    bool ok = bodies && pre && tok;
+    kvr_bench_rng_t rng;
+    kvr_bench_rng_seed(&rng, o->seed ^ kvr_bench_mix64(tokens ^ 0x30c4e7u));
+    for (size_t i = 0; ok && i < (size_t)MK_N_PREFIXES * plen; i++)
+        pre[i] = (uint32_t)kvr_bench_rng_below(&rng, MK_VOCAB);
+    for (size_t b = 0; ok && b < n_bodies; b++) {
+        if (plen > 0)
+            memcpy(tok, pre + kvr_bench_rng_below(&rng, MK_N_PREFIXES) * plen,
+                   plen * sizeof *tok);
+        for (size_t i = plen; i < tokens; i++)
+            tok[i] = (uint32_t)kvr_bench_rng_below(&rng, MK_VOCAB);
+        ok = make_body(&bodies[b], tok, (size_t)tokens, o->max_tokens, o->stream);
+    }
+    free(pre);
+    free(tok);
+    if (!ok) {
+        free_bodies(bodies, n_bodies);
+        return NULL;
+    }
+    return bodies;
+}
+
+/* ---- errors ----------------------------------------------------------------------------- */
+
+typedef struct err_kind {
+    int code;
+    uint64_t n;
+} err_kind_t;
+
+typedef struct errs {
+    err_kind_t k[MK_MAX_KINDS];
+    size_t n_kinds;
+    uint64_t other, total;
+} errs_t;
+
+static void errs_add(errs_t *e, int code, uint64_t n)
+{
+    e->total += n;
+    for (size_t i = 0; i < e->n_kinds; i++)
+        if (e->k[i].code == code) {
+            e->k[i].n += n;
+            return;
+        }
+    if (e->n_kinds == MK_MAX_KINDS) {
+        e->other += n;
+        return;
+    }
+    e->k[e->n_kinds++] = (err_kind_t){code, n};
+}
+
+static void errs_merge(errs_t *into, const errs_t *e)
+{
+    for (size_t k = 0; k < e->n_kinds; k++)
+        errs_add(into, e->k[k].code, e->k[k].n);
+    if (e->other)
+        errs_add(into, KIND_OTHER, e->other);
+}
+
+static const char *kind_name(int code, char *buf, size_t len)
+{
+    static const char *evreq[] = {"timeout", "eof",       "bad-header",
+                                  "buffer",  "cancelled", "too-long"};
+    if (code > 0)
+        snprintf(buf, len, "%d", code);
+    else if (code == KIND_NO_DONE)
+        snprintf(buf, len, "no-[DONE]");
+    else if (code == KIND_BAD_SSE)
+        snprintf(buf, len, "bad-sse");
+    else if (code == KIND_BAD_USAGE)
+        snprintf(buf, len, "bad-usage");
+    else if (code == KIND_BAD_BODY)
+        snprintf(buf, len, "bad-body");
+    else if (code == KIND_OTHER)
+        snprintf(buf, len, "other");
+    else if (code <= KIND_EVREQ_BASE && KIND_EVREQ_BASE - code < 6)
+        snprintf(buf, len, "%s", evreq[KIND_EVREQ_BASE - code]);
+    else
+        snprintf(buf, len, "connect");
+    return buf;
+}
+
+/* "500 x12, eof x1, bad-usage x3" */
+static void errs_format(const errs_t *e, char *buf, size_t len)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < e->n_kinds && off < len; i++) {
+        char name[32];
+        off += (size_t)snprintf(buf + off, len - off, "%s%s x%llu", i ? ", " : "",
+                                kind_name(e->k[i].code, name, sizeof name),
+                                (unsigned long long)e->k[i].n);
+    }
+    if (e->other && off < len)
+        snprintf(buf + off, len - off, "%sother x%llu", off ? ", " : "",
+                 (unsigned long long)e->other);
+}
+
+/* ---- SSE -------------------------------------------------------------------------------- */
+
+typedef struct sse {
+    char ev[MK_EVENT_CAP]; /* the current event's first bytes */
+    size_t len;            /* bytes kept (<= MK_EVENT_CAP) */
+    size_t seen;           /* bytes of the current event seen */
+    bool prev_nl;          /* the last byte was '\n' */
+    bool done;             /* data: [DONE] seen */
+    bool bad;              /* an event that is not "data: ..." or data after [DONE] */
+    uint32_t events;       /* data events, [DONE] excluded */
+    int64_t usage;         /* completion_tokens of the usage event; -1 none */
+} sse_t;
+
+static void sse_reset(sse_t *s)
+{
+    s->len = s->seen = 0;
+    s->prev_nl = s->done = s->bad = false;
+    s->events = 0;
+    s->usage = -1;
+}
+
+/* One complete event: ev[0..n) without its final "\n\n". */
+static void sse_event(sse_t *s, const char *ev, size_t n, bool truncated)
+{
+    if (s->done || n < 6 || memcmp(ev, "data: ", 6) != 0) {
+        s->bad = true;
+        return;
+    }
+    if (n == 12 && memcmp(ev + 6, "[DONE]", 6) == 0) {
+        s->done = true;
+        return;
+    }
+    s->events++;
+    if (truncated || find_bytes(ev, n, "\"usage\":{") == NULL)
+        return;
+    if (s->usage >= 0)
+        s->bad = true;
+    s->usage = find_uint(ev, n, "\"completion_tokens\":");
+}
+
+static void sse_feed(sse_t *s, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (c == '\n' && s->prev_nl) {
+            bool trunc = s->seen > s->len;
+            /* drop the first '\n' of the terminator */
+            size_t len = trunc ? s->len : s->len - 1;
+            sse_event(s, s->ev, len, trunc);
+            s->len = s->seen = 0;
+            s->prev_nl = false;
+            continue;
+        }
+        if (s->len < MK_EVENT_CAP)
+            s->ev[s->len++] = c;
+        s->seen++;
+        s->prev_nl = c == '\n';
+    }
+}
+
+/* ---- one run ---------------------------------------------------------------------------- */
+
+typedef struct run {
+    target_t *t;
+    uint64_t max_tokens;
+    bool stream;
+    uint64_t measure_start, measure_end; /* ns */
+    atomic_bool stop;
+    atomic_bool aborted;
+} run_t;
+
+typedef struct loop loop_t;
+
+typedef struct client {
+    loop_t *lp;
+    struct evhttp_connection *evcon;
+    struct event *wake; /* the pause after a connection failure */
+    const body_t *bodies;
+    size_t n_bodies, next;
+    uint64_t t0;
+    int fail; /* the last evhttp error reported for the request in flight */
+    evutil_socket_t nodelay_fd;
+    sse_t sse;
+} client_t;
+
+struct loop {
+    run_t *run;
+    struct event_base *base;
+    struct event *tick;
+    client_t *clients;
+    size_t n_clients;
+    size_t active;
+    bool stopping;
+    uint64_t stop_at;
+    double *ns; /* latencies of the window's good responses */
+    size_t n_ns, cap_ns;
+    double sum_ns;
+    uint64_t tokens, events; /* the window's verified completion tokens, SSE data events */
+    bool oom;
+    uint64_t stuck;
+    uint64_t seen_ok, seen_err;
+    errs_t errs, errs_all;
+    pthread_t th;
+    bool started;
+};
+
+static void send_req(client_t *c);
+
+static bool should_stop(loop_t *lp, uint64_t now)
+{
+    if (!lp->stopping && (now >= lp->run->measure_end || atomic_load(&lp->run->stop))) {
+        lp->stopping = true;
+        lp->stop_at = now;
+    }
+    return lp->stopping;
+}
+
+static void client_idle(client_t *c)
+{
+    loop_t *lp = c->lp;
+    if (--lp->active == 0)
+        event_base_loopexit(lp->base, NULL);
+}
+
+static void next(client_t *c, uint64_t now)
+{
+    if (should_stop(c->lp, now))
+        client_idle(c);
+    else
+        send_req(c);
+}
+
+static bool in_window(const run_t *r, uint64_t t1)
+{
+    return t1 >= r->measure_start && t1 < r->measure_end && !atomic_load(&r->stop);
+}
+
+static void count_error(client_t *c, int code, uint64_t t1)
+{
+    loop_t *lp = c->lp;
+    if (in_window(lp->run, t1))
+        errs_add(&lp->errs, code, 1);
+    errs_add(&lp->errs_all, code, 1);
+    if (++lp->seen_err >= MK_ABORT_ERRORS && lp->seen_err > 10 * lp->seen_ok) {
+        atomic_store(&lp->run->aborted, true);
+        atomic_store(&lp->run->stop, true);
+    }
+}
+
+static void record(client_t *c, uint64_t t1, uint64_t tokens, uint64_t events)
+{
+    loop_t *lp = c->lp;
+    if (!in_window(lp->run, t1))
+        return;
+    if (lp->n_ns == lp->cap_ns) {
+        size_t cap = lp->cap_ns ? 2 * lp->cap_ns : (size_t)1 << 15;
+        double *ns = realloc(lp->ns, cap * sizeof *ns);
+        if (ns == NULL) {
+            lp->oom = true;
+            atomic_store(&lp->run->stop, true);
+            return;
+        }
+        lp->ns = ns, lp->cap_ns = cap;
+    }
+    lp->ns[lp->n_ns++] = (double)(t1 - c->t0);
+    lp->sum_ns += (double)(t1 - c->t0);
+    lp->tokens += tokens;
+    lp->events += events;
+}
+
+static void wake_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    client_t *c = arg;
+    next(c, kvr_bench_now_ns());
+}
+
+static void on_error(enum evhttp_request_error err, void *arg)
+{
+    client_t *c = arg;
+    c->fail = KIND_EVREQ_BASE - (int)err;
+}
+
+/* A failed request: count it; after a connection failure pause briefly so a dead server is
+ * not spun on. */
+static void failed(client_t *c, int code, uint64_t t1)
+{
+    bool conn = code <= 0 && code != KIND_NO_DONE && code != KIND_BAD_SSE &&
+                code != KIND_BAD_USAGE && code != KIND_BAD_BODY;
+    count_error(c, conn ? (c->fail ? c->fail : KIND_CONN) : code, t1);
+    c->fail = 0;
+    if (conn && !should_stop(c->lp, t1)) {
+        struct timeval tv = {0, MK_RETRY_MS * 1000};
+        evtimer_add(c->wake, &tv);
+        return;
+    }
+    next(c, t1);
+}
+
+static void on_chunk(struct evhttp_request *req, void *arg)
+{
+    client_t *c = arg;
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t n = evbuffer_get_length(in);
+    const char *p = n ? (const char *)evbuffer_pullup(in, -1) : NULL;
+    if (p != NULL)
+        sse_feed(&c->sse, p, n);
+    evbuffer_drain(in, n);
+}
+
+/* 0 when a good response, else the error kind. */
+static int check_response(client_t *c, struct evhttp_request *req, uint64_t *tokens)
+{
+    const run_t *r = c->lp->run;
+    if (r->stream) {
+        const sse_t *s = &c->sse;
+        if (s->bad || s->seen > 0)
+            return KIND_BAD_SSE;
+        if (!s->done)
+            return KIND_NO_DONE;
+        if (s->usage < 0 || (uint64_t)s->usage != r->max_tokens || s->events < 2)
+            return KIND_BAD_USAGE;
+        *tokens = (uint64_t)s->usage;
+        return 0;
+    }
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t n = evbuffer_get_length(in);
+    const char *p = n ? (const char *)evbuffer_pullup(in, -1) : NULL;
+    if (p == NULL || p[0] != '{' || find_bytes(p, n, "\"choices\":[{") == NULL)
+        return KIND_BAD_BODY;
+    int64_t u = find_uint(p, n, "\"completion_tokens\":");
+    if (u < 0 || (uint64_t)u != r->max_tokens)
+        return KIND_BAD_USAGE;
+    *tokens = (uint64_t)u;
+    return 0;
+}
+
+static void req_done(struct evhttp_request *req, void *arg)
+{
+    client_t *c = arg;
+    uint64_t t1 = kvr_bench_now_ns();
+    int code = req ? evhttp_request_get_response_code(req) : 0;
+    if (code != 200) {
+        failed(c, code, t1);
+        return;
+    }
+    uint64_t tokens = 0;
+    int kind = check_response(c, req, &tokens);
+    if (kind != 0) {
+        failed(c, kind, t1);
+        return;
+    }
+    c->lp->seen_ok++;
+    record(c, t1, tokens, c->lp->run->stream ? c->sse.events : 0);
+    next(c, t1);
+}
+
+/* Nagle would hold back the tail of a body; set TCP_NODELAY once per socket. */
+static void set_nodelay(client_t *c)
+{
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evcon);
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd >= 0 && fd != c->nodelay_fd) {
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        c->nodelay_fd = fd;
+    }
+}
+
+static void send_req(client_t *c)
+{
+    const body_t *b = &c->bodies[c->next];
+    c->next = c->next + 1 == c->n_bodies ? 0 : c->next + 1;
+    struct evhttp_request *req = evhttp_request_new(req_done, c);
+    if (req == NULL) {
+        failed(c, KIND_CONN, kvr_bench_now_ns());
+        return;
+    }
+    evhttp_request_set_error_cb(req, on_error);
+    if (c->lp->run->stream) {
+        sse_reset(&c->sse);
+        evhttp_request_set_chunked_cb(req, on_chunk);
+    }
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Host", c->lp->run->t->host_hdr);
+    evhttp_add_header(h, "Content-Type", "application/json");
+    evhttp_add_header(h, "Content-Length", b->len_str);
+    evbuffer_add_reference(evhttp_request_get_output_buffer(req), b->data, b->len, NULL, NULL);
+    c->t0 = kvr_bench_now_ns();
+    if (evhttp_make_request(c->evcon, req, EVHTTP_REQ_POST, "/v1/completions") != 0)
+        failed(c, KIND_CONN, kvr_bench_now_ns()); /* evhttp freed req */
+    else
+        set_nodelay(c);
+}
+
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    loop_t *lp = arg;
+    uint64_t now = kvr_bench_now_ns();
+    if (!should_stop(lp, now))
+        return;
+    if (lp->active == 0) {
+        event_base_loopexit(lp->base, NULL);
+    } else if (now - lp->stop_at > MK_DRAIN_NS) {
+        lp->stuck = lp->active;
+        event_base_loopbreak(lp->base);
+    }
+}
+
+static void *loop_main(void *arg)
+{
+    loop_t *lp = arg;
+    for (size_t i = 0; i < lp->n_clients; i++)
+        send_req(&lp->clients[i]);
+    event_base_dispatch(lp->base);
+    return NULL;
+}
+
+static void loop_deinit(loop_t *lp)
+{
+    for (size_t i = 0; lp->clients && i < lp->n_clients; i++) {
+        if (lp->clients[i].evcon)
+            evhttp_connection_free(lp->clients[i].evcon);
+        if (lp->clients[i].wake)
+            event_free(lp->clients[i].wake);
+    }
+    free(lp->clients);
+    if (lp->tick)
+        event_free(lp->tick);
+    if (lp->base)
+        event_base_free(lp->base);
+    free(lp->ns);
+}
+
+/* Client i of the run starts at body i * n_bodies / clients of the shared pool. */
+static bool loop_init(loop_t *lp, run_t *r, size_t first, size_t n, size_t clients,
+                      const body_t *bodies, size_t n_bodies)
+{
+    memset(lp, 0, sizeof *lp);
+    lp->run = r;
+    struct event_config *cfg = event_config_new();
+    if (cfg != NULL) {
+        event_config_set_flag(cfg, EVENT_BASE_FLAG_NOLOCK | EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+        lp->base = event_base_new_with_config(cfg);
+        event_config_free(cfg);
+    }
+    lp->clients = calloc(n, sizeof *lp->clients);
+    if (lp->base == NULL || lp->clients == NULL)
+        return false;
+    lp->n_clients = n;
+    lp->active = n;
+    struct timeval tick = {0, MK_TICK_MS * 1000}, timeout = {MK_TIMEOUT_S, 0};
+    lp->tick = event_new(lp->base, -1, EV_PERSIST, tick_cb, lp);
+    if (lp->tick == NULL || event_add(lp->tick, &tick) != 0)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        client_t *c = &lp->clients[i];
+        c->lp = lp;
+        c->bodies = bodies;
+        c->n_bodies = n_bodies;
+        c->next = (first + i) * n_bodies / clients;
+        c->nodelay_fd = -1;
+        c->evcon = evhttp_connection_base_new(lp->base, NULL, r->t->addr, (uint16_t)r->t->port);
+        c->wake = evtimer_new(lp->base, wake_cb, c);
+        if (c->evcon == NULL || c->wake == NULL)
+            return false;
+        evhttp_connection_set_timeout_tv(c->evcon, &timeout);
+        evhttp_connection_set_retries(c->evcon, 0);
+        /* libevent writes at most 16 KB per loop iteration by default: a long prompt's body
+         * would take many writes and as many epoll round trips */
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evcon);
+        if (bev != NULL) {
+            bufferevent_set_max_single_write(bev, (size_t)4 << 20);
+            bufferevent_set_max_single_read(bev, (size_t)4 << 20);
+        }
+    }
+    return true;
+}
+
+/* What the main thread samples at the window's edges. */
+typedef struct sample {
+    uint64_t ns;
+    double mocker_cpu_s, self_cpu_s;
+    uint64_t kv_batches, kv_bytes, kv_gaps;
+    metrics_t m;
+} sample_t;
+
+static void take_sample(target_t *t, pid_t pid, kvsub_t *sub, sample_t *s)
+{
+    s->ns = kvr_bench_now_ns();
+    s->mocker_cpu_s = pid > 0 ? proc_cpu_s(pid) : NAN;
+    s->self_cpu_s = self_cpu_s();
+    s->kv_batches = sub ? atomic_load(&sub->batches) : 0;
+    s->kv_bytes = sub ? atomic_load(&sub->bytes) : 0;
+    s->kv_gaps = sub ? atomic_load(&sub->gaps) : 0;
+    if (!scrape(t, &s->m))
+        s->m.ok = false;
+}
+
+typedef struct run_result {
+    double per_s, tokens_per_s, p50_ms, p99_ms, concurrency, events_per_req;
+    double mocker_cores, cpu_us_per_req, gen_cores, lag_per_s, srv_per_s, hit_rate;
+    double steps_per_s, kv_batches_per_s, kv_mb_per_s;
+    uint64_t ok, kv_gaps;
+    double window_s;
+    errs_t errs;
+    uint64_t stuck;
+    bool aborted;
+} run_result_t;
+
+/* The server-side figures from the two samples. */
+static void sample_figures(const sample_t *a, const sample_t *b, bool spawned,
+                           run_result_t *res)
+{
+    double dt = (double)(b->ns - a->ns) / 1e9;
+    double cpu = b->mocker_cpu_s - a->mocker_cpu_s;
+    res->mocker_cores = cpu / dt;
+    res->cpu_us_per_req = res->ok ? cpu * 1e6 / ((double)res->ok * dt / res->window_s) : NAN;
+    res->gen_cores = (b->self_cpu_s - a->self_cpu_s) / dt;
+    if (a->m.ok && b->m.ok) {
+        res->lag_per_s = (b->m.lag_s - a->m.lag_s) / dt;
+        res->srv_per_s = (b->m.success - a->m.success) / dt;
+        res->steps_per_s = (b->m.steps - a->m.steps) / dt;
+        double q = b->m.prefix_q - a->m.prefix_q;
+        res->hit_rate = q > 0 ? (b->m.prefix_h - a->m.prefix_h) / q : NAN;
+    } else {
+        res->lag_per_s = res->srv_per_s = res->steps_per_s = res->hit_rate = NAN;
+    }
+    if (spawned) {
+        res->kv_batches_per_s = (double)(b->kv_batches - a->kv_batches) / dt;
+        res->kv_mb_per_s = (double)(b->kv_bytes - a->kv_bytes) / dt / 1e6;
+        res->kv_gaps = b->kv_gaps - a->kv_gaps;
+    } else {
+        res->kv_batches_per_s = res->kv_mb_per_s = NAN;
+    }
+}
+
+typedef struct point_env {
+    target_t *t;
+    pid_t pid;    /* the spawned mocker, 0 with --url */
+    kvsub_t *sub; /* NULL with --url */
+} point_env_t;
+
+/* One run of one point. false on a setup failure (message printed). */
+static bool run_once(const kvr_bench_opts_t *o, const point_env_t *env, size_t clients,
+                     const body_t *bodies, size_t n_bodies, run_result_t *res)
+{
+    memset(res, 0, sizeof *res);
+    size_t n_loops = o->threads < clients ? o->threads : clients;
+    loop_t *loops = calloc(n_loops, sizeof *loops);
+    run_t *r = calloc(1, sizeof *r);
+    bool ok = loops && r;
+    if (ok) {
+        r->t = env->t;
+        r->max_tokens = o->max_tokens;
+        r->stream = o->stream;
+        atomic_init(&r->stop, false);
+        atomic_init(&r->aborted, false);
+        uint64_t start = kvr_bench_now_ns();
+        r->measure_start = start + (uint64_t)(o->warmup_s * 1e9);
+        r->measure_end = r->measure_start + (uint64_t)(o->duration_s * 1e9);
+    }
+    for (size_t l = 0, first = 0; ok && l < n_loops; l++) {
+        size_t n = clients / n_loops + (l < clients % n_loops);
+        ok = loop_init(&loops[l], r, first, n, clients, bodies, n_bodies);
+        first += n;
+    }
+    if (!ok) {
+        fprintf(stderr, "kvrouter bench mocker: cannot set up %zu clients (out of memory or "
+                        "file descriptors?)\n", clients);
+        goto out;
+    }
+    for (size_t l = 0; l < n_loops && ok; l++) {
+        ok = pthread_create(&loops[l].th, NULL, loop_main, &loops[l]) == 0;
+        loops[l].started = ok;
+    }
+    sample_t a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    if (ok) {
+        sleep_until(r->measure_start);
+        take_sample(env->t, env->pid, env->sub, &a);
+        sleep_until(r->measure_end);
+        take_sample(env->t, env->pid, env->sub, &b);
+    } else {
+        atomic_store(&r->stop, true);
+        fprintf(stderr, "kvrouter bench mocker: cannot start %zu threads\n", n_loops);
+    }
+    for (size_t l = 0; l < n_loops; l++)
+        if (loops[l].started)
+            pthread_join(loops[l].th, NULL);
+    if (!ok)
+        goto out;
+
+    bool aborted = atomic_load(&r->aborted);
+    res->aborted = aborted;
+    size_t n = 0;
+    double sum = 0;
+    uint64_t tokens = 0, events = 0;
+    for (size_t l = 0; l < n_loops; l++)
+        n += loops[l].n_ns;
+    for (size_t l = 0; l < n_loops; l++) {
+        sum += loops[l].sum_ns;
+        tokens += loops[l].tokens;
+        events += loops[l].events;
+        res->stuck += loops[l].stuck;
+        errs_merge(&res->errs, aborted || n == 0 ? &loops[l].errs_all : &loops[l].errs);
+        if (loops[l].oom)
+            ok = false;
+    }
+    double *all = ok ? malloc((n ? n : 1) * sizeof *all) : NULL;
+    if (all == NULL) {
+        fprintf(stderr, "kvrouter bench mocker: out of memory for latency samples\n");
+        ok = false;
+        goto out;
+    }
+    for (size_t l = 0, off = 0; l < n_loops; l++) {
+        if (loops[l].n_ns > 0)
+            memcpy(all + off, loops[l].ns, loops[l].n_ns * sizeof *all);
+        off += loops[l].n_ns;
+    }
+    kvr_bench_lat_t lat;
+    kvr_bench_summarize(all, n, &lat);
+    free(all);
+    double window_s = (double)(r->measure_end - r->measure_start) / 1e9;
+    res->ok = n;
+    res->window_s = window_s;
+    res->p50_ms = lat.p50_us / 1e3;
+    res->p99_ms = lat.p99_us / 1e3;
+    res->per_s = aborted ? NAN : (double)n / window_s;
+    res->tokens_per_s = aborted ? NAN : (double)tokens / window_s;
+    res->concurrency = aborted ? NAN : sum / (window_s * 1e9);
+    res->events_per_req = o->stream && n ? (double)events / (double)n : NAN;
+    sample_figures(&a, &b, env->sub != NULL, res);
+out:
+    for (size_t l = 0; loops && l < n_loops; l++)
+        loop_deinit(&loops[l]);
+    free(loops);
+    free(r);
+    return ok;
+}
+
+/* ---- points ----------------------------------------------------------------------------- */
+
+static double target_per_s(const kvr_bench_opts_t *o, uint64_t tokens)
+{
+    bool spawned = !o->url_set;
+    return spawned && tokens == 1024 && o->max_tokens == 16 && o->speedup == 1000.0
+               ? MK_TARGET_PER_S : NAN;
+}
+
+enum { F_PER_S, F_TOK, F_P50, F_P99, F_CORES, F_CPU_REQ, F_GEN, F_LAG, F_SRV, F_HIT, F_STEPS,
+       F_KVB, F_KVMB, F_EVREQ, F_CONC, F_COUNT };
+
+static double fig_of(const run_result_t *r, int f)
+{
+    switch (f) {
+    case F_PER_S: return r->per_s;
+    case F_TOK: return r->tokens_per_s;
+    case F_P50: return r->p50_ms;
+    case F_P99: return r->p99_ms;
+    case F_CORES: return r->mocker_cores;
+    case F_CPU_REQ: return r->cpu_us_per_req;
+    case F_GEN: return r->gen_cores;
+    case F_LAG: return r->lag_per_s;
+    case F_SRV: return r->srv_per_s;
+    case F_HIT: return r->hit_rate;
+    case F_STEPS: return r->steps_per_s;
+    case F_KVB: return r->kv_batches_per_s;
+    case F_KVMB: return r->kv_mb_per_s;
+    case F_EVREQ: return r->events_per_req;
+    default: return r->concurrency;
+    }
+}
+
+static const char *const FIG_COL[F_COUNT] = {
+    "per_s", "tokens_per_s", "p50_ms", "p99_ms", "mocker_cores", "cpu_us_per_req", "gen_cores",
+    "lag_per_s", "srv_per_s", "hit_rate", "steps_per_s", "kv_batches_per_s", "kv_mb_per_s",
+    "events_per_req", "concurrency"};
+
+/* The median over runs of the finite values of figure f (NAN when none). */
+static double median_fig(const run_result_t *rs, unsigned runs, int f)
+{
+    double v[64];
+    size_t n = 0;
+    for (unsigned i = 0; i < runs && n < 64; i++) {
+        double x = fig_of(&rs[i], f);
+        if (isfinite(x))
+            v[n++] = x;
+    }
+    return kvr_bench_median(v, n);
+}
+
+static bool header_printed; /* the table's header, once the first point is set up */
+
+static void print_row(const kvr_bench_opts_t *o, uint64_t clients, uint64_t tokens,
+                      const char *run, const double *fig, uint64_t requests, uint64_t gaps,
+                      const errs_t *errs, bool with_target)
+{
+    if (!header_printed) {
+        kvr_bench_print_header(o, COLS, N_COLS);
+        header_printed = true;
+    }
+    kvr_bench_row_t row;
+    kvr_bench_row_init(&row, COLS, N_COLS);
+    kvr_bench_set_str(&row, "bench", "mocker");
+    kvr_bench_set_str(&row, "run", run);
+    kvr_bench_set_int(&row, "clients", (int64_t)clients);
+    kvr_bench_set_int(&row, "tokens", (int64_t)tokens);
+    kvr_bench_set_int(&row, "max_tokens", (int64_t)o->max_tokens);
+    kvr_bench_set_str(&row, "stream", o->stream ? "true" : "false");
+    kvr_bench_set_int(&row, "requests", (int64_t)requests);
+    for (int f = 0; f < F_COUNT; f++)
+        kvr_bench_set_num(&row, FIG_COL[f], fig[f]);
+    kvr_bench_set_int(&row, "errors", (int64_t)errs->total);
+    char kinds[1024];
+    errs_format(errs, kinds, sizeof kinds);
+    kvr_bench_set_str(&row, "error_kinds", errs->total ? kinds : NULL);
+    double target = target_per_s(o, tokens);
+    kvr_bench_set_num(&row, "target_per_s", target);
+    if (with_target && isfinite(target))
+        kvr_bench_set_str(&row, "target", fig[F_PER_S] >= target ? "met" : "missed");
+    if (!o->url_set) {
+        kvr_bench_set_int(&row, "kv_gaps", (int64_t)gaps);
+        kvr_bench_set_num(&row, "speedup", o->speedup);
+        kvr_bench_set_int(&row, "mocker_cpu", o->mocker_cpu);
+    } else {
+        kvr_bench_set_str(&row, "url", o->url);
+    }
+    kvr_bench_set_num(&row, "prefix_share", o->prefix_share);
+    kvr_bench_set_num(&row, "duration_s", o->duration_s);
+    kvr_bench_print_row(o, &row);
+}
+
+/* The spawned mocker's --data-parallel-size (1 when not among the extra flags). */
+static uint32_t mocker_dp(const kvr_bench_opts_t *o)
+{
+    uint32_t dp = 1;
+    for (size_t i = 0; i < o->n_mocker_args; i++) {
+        const char *a = o->mocker_args[i], *v = NULL;
+        static const char *names[] = {"--data-parallel-size", "-dp"};
+        for (int k = 0; k < 2; k++) {
+            size_t n = strlen(names[k]);
+            if (strncmp(a, names[k], n) == 0 && a[n] == '=')
+                v = a + n + 1;
+            else if (strcmp(a, names[k]) == 0 && i + 1 < o->n_mocker_args)
+                v = o->mocker_args[i + 1];
+        }
+        if (v != NULL) {
+            long x = strtol(v, NULL, 10);
+            dp = x >= 1 && x <= MK_MAX_DP ? (uint32_t)x : 1;
+        }
+    }
+    return dp;
+}
+
+static int one_point(const kvr_bench_opts_t *o, void *zctx, target_t *t, uint64_t clients,
+                     uint64_t tokens)
+{
+    size_t n_bodies = pool_size(clients, tokens);
+    body_t *bodies = make_bodies(o, tokens, n_bodies);
+    run_result_t *rs = calloc(o->runs, sizeof *rs);
+    if (bodies == NULL || rs == NULL) {
+        fprintf(stderr, "kvrouter bench mocker: out of memory for %zu bodies of %llu tokens\n",
+                n_bodies, (unsigned long long)tokens);
+        free_bodies(bodies, n_bodies);
+        free(rs);
+        return 1;
+    }
+    int rc = 0;
+    child_t child = {0, -1};
+    kvsub_t *sub = NULL;
+    point_env_t env = {t, 0, NULL};
+    if (!o->url_set) {
+        int port = 0;
+        sub = calloc(1, sizeof *sub);
+        if (sub == NULL || !kvsub_open(sub, zctx, mocker_dp(o))) {
+            free(sub);
+            sub = NULL;
+            rc = 1;
+        } else if (!child_start(o, sub->port, &child, &port)) {
+            rc = 1;
+        } else {
+            snprintf(t->host, sizeof t->host, "127.0.0.1");
+            snprintf(t->addr, sizeof t->addr, "127.0.0.1");
+            snprintf(t->host_hdr, sizeof t->host_hdr, "127.0.0.1:%d", port);
+            t->port = port;
+            env.pid = child.pid;
+            env.sub = sub;
+        }
+    }
+    unsigned runs = 0;
+    uint64_t ok_total = 0, gaps_total = 0, stuck = 0;
+    errs_t errs;
+    memset(&errs, 0, sizeof errs);
+    char why[256] = "";
+    while (rc == 0 && runs < o->runs) {
+        run_result_t *res = &rs[runs];
+        if (!run_once(o, &env, (size_t)clients, bodies, n_bodies, res)) {
+            rc = 1;
+            break;
+        }
+        runs++;
+        ok_total += res->ok;
+        gaps_total += res->kv_gaps;
+        stuck += res->stuck;
+        errs_merge(&errs, &res->errs);
+        double fig[F_COUNT];
+        for (int f = 0; f < F_COUNT; f++)
+            fig[f] = fig_of(res, f);
+        char name[16];
+        snprintf(name, sizeof name, "%u", runs);
+        print_row(o, clients, tokens, name, fig, res->ok, res->kv_gaps, &res->errs, false);
+        double attempts = (double)(res->ok + res->errs.total);
+        char st[96];
+        if (env.pid > 0 && !child_alive(&child, st, sizeof st)) {
+            snprintf(why, sizeof why, "the mocker exited during run %u (%s)", runs, st);
+            rc = 1;
+        } else if (res->aborted) {
+            snprintf(why, sizeof why, "run %u stopped early: almost every request fails", runs);
+            rc = 1;
+        } else if (res->ok == 0) {
+            snprintf(why, sizeof why, "no successful response in %.1f s", res->window_s);
+            rc = 1;
+        } else if ((double)res->errs.total > MK_FAIL_FRACTION * attempts) {
+            snprintf(why, sizeof why, "%.3f%% of the requests of run %u failed (more than %g%%)",
+                     100.0 * (double)res->errs.total / attempts, runs,
+                     100.0 * MK_FAIL_FRACTION);
+            rc = 1;
+        }
+    }
+    if (runs > 0) {
+        double fig[F_COUNT];
+        for (int f = 0; f < F_COUNT; f++)
+            fig[f] = median_fig(rs, runs, f);
+        print_row(o, clients, tokens, "median", fig, ok_total, gaps_total, &errs, true);
+    }
+    if (errs.total) {
+        char kinds[1024];
+        errs_format(&errs, kinds, sizeof kinds);
+        fprintf(stderr, "kvrouter bench mocker: %llu errors (clients %llu, tokens %llu): %s\n",
+                (unsigned long long)errs.total, (unsigned long long)clients,
+                (unsigned long long)tokens, kinds);
+    }
+    if (gaps_total)
+        fprintf(stderr, "kvrouter bench mocker: %llu KV-event sequence gaps: the mocker's PUB "
+                        "dropped batches (the SUB drain fell behind)\n",
+                (unsigned long long)gaps_total);
+    if (stuck)
+        fprintf(stderr, "kvrouter bench mocker: %llu requests still unanswered %d s after the "
+                        "window closed (abandoned)\n",
+                (unsigned long long)stuck, (int)(MK_DRAIN_NS / 1000000000u));
+    for (unsigned i = 0; i < runs; i++)
+        if (isfinite(rs[i].gen_cores) && rs[i].gen_cores > 0.9) {
+            fprintf(stderr, "kvrouter bench mocker: the generator used %.2f cores in run %u: "
+                            "it may be the bottleneck (more --threads, fewer --clients?)\n",
+                    rs[i].gen_cores, i + 1);
+            break;
+        }
+    if (why[0])
+        fprintf(stderr, "kvrouter bench mocker: FAILED: %s\n", why);
+    child_stop(&child);
+    if (sub != NULL) {
+        kvsub_close(sub);
+        free(sub);
+    }
+    free_bodies(bodies, n_bodies);
+    free(rs);
+    return rc;
+}
+
+void kvr_bench_mocker_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvrouter bench mocker [options] [-- MOCKER-FLAGS...]\n"
+            "\n"
+            "Requests per second one `kvrouter mocker` process serves on one CPU. The benchmark\n"
+            "binds a ZeroMQ SUB on 127.0.0.1 and drains it, spawns `kvrouter mocker --host\n"
+            "127.0.0.1 --port 0 --speedup S` with KV events on (connecting to that SUB) pinned\n"
+            "to --mocker-cpu, pins its own threads to the other CPUs, and drives the mocker with\n"
+            "closed-loop keep-alive HTTP clients: POST /v1/completions with a token-id prompt,\n"
+            "max_tokens M, streamed with usage. Every response is checked (200; SSE events\n"
+            "\"data: ...\" ending with \"data: [DONE]\"; usage completion_tokens = M).\n"
+            "A row per run, then the median of the runs:\n"
+            "  per_s            completed good requests per second\n"
+            "  tokens_per_s     completion tokens per second (verified usage)\n"
+            "  p50_ms p99_ms    whole-request latency\n"
+            "  mocker_cores     the mocker's CPU (utime+stime, all threads) / wall time\n"
+            "  cpu_us_per_req   the mocker's CPU per completed request (2,000/s on a core\n"
+            "                   needs <= 500 us)\n"
+            "  lag_per_s        growth of kvr_mocker_step_lag_seconds_total per second (0: the\n"
+            "                   model's time is kept; a CPU-bound mocker runs late)\n"
+            "  srv_per_s        growth of vllm:request_success_total per second (cross-check)\n"
+            "  kv_batches_per_s, kv_mb_per_s   KV event batches and bytes the SUB received\n"
+            "  target_per_s     2000 at 1024 tokens, max_tokens 16, --speedup 1000; target:\n"
+            "                   met or missed by the median\n"
+            "  --json adds gen_cores (this process's CPU), hit_rate (prefix cache, from\n"
+            "  /metrics), steps_per_s, kv_gaps, events_per_req, concurrency, error_kinds\n"
+            "\n"
+            "options:\n"
+            "  --clients N       keep-alive connections, one request each in flight; a list\n"
+            "                    gives several points (64)\n"
+            "  --tokens N        prompt tokens; a list (1024; K = 1024)\n"
+            "  --max-tokens M    completion tokens per request (16)\n"
+            "  --stream B        true: SSE responses; false: one JSON body (true)\n"
+            "  --prefix-share F  fraction of each prompt taken from 8 shared prefixes (0.5)\n"
+            "  --duration S      measured seconds per run (10)\n"
+            "  --warmup S        unmeasured seconds before each run (2)\n"
+            "  --runs N          runs per point; one mocker serves a point's runs (3)\n"
+            "  --threads N       client event-loop threads (1)\n"
+            "  --seed N          prompt PRNG seed (1)\n"
+            "  --json            one JSON object per line: each run, then the median\n"
+            "  --speedup X       the mocker's --speedup (1000); it also gets --log-level warn\n"
+            "  --mocker-cpu N    the CPU the mocker is pinned to (0); this process uses the\n"
+            "                    others (all of them on a 1-CPU machine)\n"
+            "  --mocker-arg A    one more flag for the mocker, repeatable (e.g. --mocker-arg\n"
+            "                    --max-num-seqs --mocker-arg 512); so is everything after --\n"
+            "  --url URL         drive a running mocker instead (http://host:port): nothing is\n"
+            "                    spawned or pinned; no CPU or KV figures\n"
+            "A run fails (exit 1) when more than 1%% of its requests fail, the mocker exits, or\n"
+            "it does not print 'listening HOST:PORT' within 10 s of its start.\n");
+}
+
+int kvr_bench_mocker(const kvr_bench_opts_t *o)
+{
+    static const kvr_bench_list_t def_clients = {1, {64}};
+    static const kvr_bench_list_t def_tokens = {1, {1024}};
+    const kvr_bench_list_t *clients = kvr_bench_pick(&o->clients, &def_clients);
+    const kvr_bench_list_t *tokens = kvr_bench_pick(&o->tokens, &def_tokens);
+    target_t t;
+    memset(&t, 0, sizeof t);
+    if (o->url_set) {
+        if (!parse_url(o->url, &t)) {
+            fprintf(stderr, "kvrouter bench mocker: --url: '%s': expects http://host:port\n",
+                    o->url);
+            return 2;
+        }
+        int err;
+        int fd = connect_to(&t, MK_PROBE_MS, &err);
+        if (fd < 0) {
+            fprintf(stderr, "kvrouter bench mocker: cannot connect to %s: %s; is the mocker "
+                            "(kvrouter mocker) running?\n", o->url, strerror(err));
+            return 1;
+        }
+        close(fd);
+    }
+
+    /* Pinning: the mocker gets --mocker-cpu, this process (and every thread it starts from
+     * here on, ZeroMQ's I/O thread included) the rest. */
+    cpu_set_t allowed, gen;
+    bool pinned = false;
+    if (!o->url_set) {
+        if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+            fprintf(stderr, "kvrouter bench mocker: sched_getaffinity: %s\n", strerror(errno));
+            return 1;
+        }
+        if (o->mocker_cpu >= CPU_SETSIZE || !CPU_ISSET(o->mocker_cpu, &allowed)) {
+            fprintf(stderr, "kvrouter bench mocker: --mocker-cpu %u: not a CPU this process may "
+                            "use (%d available)\n", o->mocker_cpu, CPU_COUNT(&allowed));
+            return 2;
+        }
+        gen = allowed;
+        CPU_CLR(o->mocker_cpu, &gen);
+        if (CPU_COUNT(&gen) == 0) {
+            gen = allowed;
+            fprintf(stderr, "kvrouter bench mocker: one CPU only: the clients share it with the "
+                            "mocker, whose figures are then lower bounds\n");
+        }
+        pinned = sched_setaffinity(0, sizeof gen, &gen) == 0;
+    }
+    void *zctx = o->url_set ? NULL : zmq_ctx_new();
+    if (!o->url_set && zctx == NULL) {
+        fprintf(stderr, "kvrouter bench mocker: zmq_ctx_new: %s\n", zmq_strerror(zmq_errno()));
+        return 1;
+    }
+    header_printed = false;
+    int rc = 0;
+    for (size_t ti = 0; ti < tokens->n && rc == 0; ti++)
+        for (size_t ci = 0; ci < clients->n && rc == 0; ci++)
+            rc = one_point(o, zctx, &t, clients->v[ci], tokens->v[ti]);
+    if (zctx != NULL)
+        zmq_ctx_term(zctx);
+    if (pinned)
+        sched_setaffinity(0, sizeof allowed, &allowed);
+    return rc;
+}
