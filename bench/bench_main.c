@@ -1,6 +1,6 @@
 /*
- * bench_main.c: `kvrouter bench {hash|index|ingest|route|events|mocker|all}`: parses and
- * validates the
+ * bench_main.c: `kvrouter bench {hash|index|ingest|route|events|mocker|frontend|all}`:
+ * parses and validates the
  * options and runs the benchmarks (each described in its own file). Measures nothing itself.
  * Exit codes: 0 success, 1 a benchmark failed, 2 usage error (naming the option).
  */
@@ -14,7 +14,8 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: kvrouter bench {hash|index|ingest|route|events|mocker|all} [options]\n"
+            "usage: kvrouter bench {hash|index|ingest|route|events|mocker|frontend|all} "
+            "[options]\n"
             "\n"
             "  hash     us per prompt: local block hashes + sequence hashes\n"
             "  index    us per prefix-index lookup, with and without a concurrent writer,\n"
@@ -27,6 +28,11 @@ static void usage(FILE *out)
             "  mocker   requests/s one `kvrouter mocker` serves on one CPU (it spawns one,\n"
             "           pinned, KV events on), its CPU and step lag; see\n"
             "           'kvrouter bench mocker --help'\n"
+            "  frontend the time to first token the router's OpenAI front end adds: spawns a\n"
+            "           mocker and `kvrouter serve` in front of it, sends streaming prompts\n"
+            "           from 1 client straight and through the router, alternately\n"
+            "           (--tokens, 8192; --requests per path and run, 200; --runs; --rate R:\n"
+            "           paced; --speedup, 1000; --max-tokens; --mocker-arg F or -- F...)\n"
             "  all      hash, index and ingest, with their default parameters\n"
             "\n"
             "options:\n"
@@ -74,6 +80,26 @@ static int usage_error(const char *opt, const char *why)
     fprintf(stderr, "kvrouter bench: %s: %s\n", opt, why);
     fprintf(stderr, "'kvrouter bench --help' lists the options\n");
     return 2;
+}
+
+int kvr_bench_frontend(const kvr_bench_opts_t *o); /* bench_frontend.c */
+
+/* 'bench frontend' takes --tokens, --requests, --runs, --seed, --json, --rate, --speedup,
+ * --max-tokens and mocker flags; it always streams and spawns its own children. */
+static int run_frontend(const kvr_bench_opts_t *o)
+{
+    const char *bad = o->url_set ? "--url" : o->clients.n ? "--clients"
+                      : o->update_state ? "--update-state"
+                      : o->mocker_cpu_set ? "--mocker-cpu" : !o->stream ? "--stream"
+                      : o->publish ? "--publish" : o->quick ? "--quick"
+                      : o->workers.n ? "--workers" : o->pairs.n ? "--pairs"
+                      : o->depth.n ? "--depth" : o->block_size.n ? "--block-size"
+                      : o->query.n ? "--query" : o->writer.n ? "--writer"
+                      : o->sync.n ? "--sync" : NULL;
+    if (bad != NULL)
+        return usage_error(bad, "not an option of 'bench frontend' (see --help)");
+    kvr_bench_timer_overhead_ns();
+    return kvr_bench_frontend(o);
 }
 
 /* An unsigned count with an optional suffix: K/M/G multiply by k, k^2, k^3. */
@@ -418,8 +444,9 @@ int kvr_cmd_bench(int argc, char **argv)
         if (a[0] != '-') {
             if (which != NULL)
                 return usage_error(a, "unexpected argument (one benchmark at a time)");
-            if (strcmp(a, "events") == 0 || strcmp(a, "mocker") == 0) {
-                which = a; /* bench_events.c, bench_mocker.c */
+            if (strcmp(a, "events") == 0 || strcmp(a, "mocker") == 0 ||
+                strcmp(a, "frontend") == 0) {
+                which = a; /* bench_events.c, bench_mocker.c, bench_frontend.c */
                 continue;
             }
             if (strcmp(a, "hash") && strcmp(a, "index") && strcmp(a, "ingest") &&
@@ -497,6 +524,9 @@ int kvr_cmd_bench(int argc, char **argv)
     bool route = strcmp(which, "route") == 0;
     bool events = strcmp(which, "events") == 0;
     bool mocker = strcmp(which, "mocker") == 0;
+    bool frontend = strcmp(which, "frontend") == 0;
+    if (frontend)
+        return run_frontend(&o);
     if (mocker_opt && !mocker)
         return usage_error(mocker_opt, "an option of 'bench mocker' only");
     if (mocker && not_mocker)

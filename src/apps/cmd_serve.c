@@ -2,8 +2,9 @@
  * cmd_serve.c: `kvrouter serve`, the router daemon. Reads the configuration (defaults, then
  * --config FILE, then KVR_* environment variables, then flags; the later wins), validates it
  * (a bad value stops start-up naming the field), then wires the parts together: the prefix
- * index, the ingest thread (KV events over ZeroMQ), the router core and the HTTP API on one
- * event loop. SIGINT / SIGTERM stop it cleanly.
+ * index, the ingest thread (KV events over ZeroMQ), the router core, the HTTP API and the
+ * OpenAI front end (a KV-aware proxy to the workers' urls) on one event loop. SIGINT / SIGTERM
+ * stop it cleanly.
  */
 #include <event2/event.h>
 #include <event2/thread.h>
@@ -16,6 +17,7 @@
 #include "core/config.h"
 #include "core/router.h"
 #include "net/api_server.h"
+#include "net/frontend.h"
 #include "net/ingest.h"
 #include "net/log.h"
 
@@ -184,21 +186,27 @@ static int parse_args(int argc, char **argv, serve_args_t *a)
     return 0;
 }
 
-static void on_signal(evutil_socket_t sig, short what, void *arg)
-{
-    (void)what;
-    kvr_log(KVR_LOG_INFO, "signal %d: shutting down", (int)sig);
-    event_base_loopexit(arg, NULL);
-}
-
 typedef struct daemon_parts {
     struct event_base *base;
     kvr_index_t *ix;
     kvr_ingest_t *g;
     kvr_router_t *r;
     kvr_api_server_t *api;
+    kvr_frontend_t *fe;
     struct event *sigint, *sigterm;
 } daemon_parts_t;
+
+/* The front end answers what is in flight; the loop runs 200 ms more to write it out. */
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    daemon_parts_t *d = arg;
+    kvr_log(KVR_LOG_INFO, "signal %d: shutting down", (int)sig);
+    if (d->fe != NULL)
+        kvr_frontend_close(d->fe);
+    struct timeval tv = {0, 200000};
+    event_base_loopexit(d->base, &tv);
+}
 
 static void teardown(daemon_parts_t *d)
 {
@@ -206,6 +214,7 @@ static void teardown(daemon_parts_t *d)
         event_free(d->sigint);
     if (d->sigterm)
         event_free(d->sigterm);
+    kvr_frontend_free(d->fe); /* before the API server: it answers what is in flight */
     kvr_api_server_free(d->api);
     kvr_ingest_free(d->g);
     kvr_router_free(d->r);
@@ -255,6 +264,10 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
         fprintf(stderr, "kvrouter serve: %s\n", err);
         return st;
     }
+    if ((d->fe = kvr_frontend_new(d->base, d->api, d->r, c, &st, err, sizeof err)) == NULL) {
+        fprintf(stderr, "kvrouter serve: %s\n", err);
+        return st;
+    }
     for (size_t i = 0; i < a->n_workers; i++) {
         if ((st = kvr_api_server_add_worker(d->api, &a->workers[i], err, sizeof err)) != KVR_OK) {
             fprintf(stderr, "kvrouter serve: --worker id=%llu: %s\n",
@@ -264,8 +277,8 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     }
     if (d->g != NULL && (st = kvr_ingest_start(d->g)) != KVR_OK)
         return st;
-    d->sigint = evsignal_new(d->base, SIGINT, on_signal, d->base);
-    d->sigterm = evsignal_new(d->base, SIGTERM, on_signal, d->base);
+    d->sigint = evsignal_new(d->base, SIGINT, on_signal, d);
+    d->sigterm = evsignal_new(d->base, SIGTERM, on_signal, d);
     if (d->sigint == NULL || d->sigterm == NULL || event_add(d->sigint, NULL) != 0 ||
         event_add(d->sigterm, NULL) != 0)
         return KVR_ENOMEM;
@@ -288,12 +301,11 @@ int kvr_cmd_serve(int argc, char **argv)
     daemon_parts_t d = {0};
     int st = build(&d, &a);
     if (st == KVR_OK) {
+        static const char *const modes[] = {"kv", "round-robin", "random", "least-loaded",
+                                            "approx"};
         kvr_log(KVR_LOG_INFO, "kvrouter serving on http://%s:%u (block size %u, mode %s, %zu workers)",
                 a.cfg.bind, kvr_api_server_port(d.api), a.cfg.block_size,
-                a.cfg.router_mode == KVR_MODE_KV       ? "kv"
-                : a.cfg.router_mode == KVR_MODE_APPROX ? "approx"
-                                                       : "load-only",
-                a.n_workers);
+                (unsigned)a.cfg.router_mode < 5 ? modes[a.cfg.router_mode] : "?", a.n_workers);
         /* a line scripts can wait for */
         printf("listening %s:%u\n", a.cfg.bind, kvr_api_server_port(d.api));
         fflush(stdout);

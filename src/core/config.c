@@ -125,6 +125,18 @@ static const field_t FIELDS[] = {
      "consecutive failed probes before a worker is fenced"},
     {"seed", T_U64, OFF(seed), 0, U64MAX, false, NULL, 0, "0",
      "seed for random tie-breaks and sampling; 0 = from the clock"},
+    {"frontend_max_retries", T_U32, OFF(frontend_max_retries), 0, 16, false, NULL, 0, "2",
+     "OpenAI front end: other workers tried when an upstream refuses or fails before its first byte"},
+    {"frontend_fence_failures", T_U32, OFF(frontend_fence_failures), 1, 1000, false, NULL, 0, "2",
+     "OpenAI front end: consecutive upstream failures that fence a worker (readmitted by its /health)"},
+    {"frontend_upstream_timeout_ms", T_U64, OFF(frontend_upstream_timeout_ms), 100, 86400000,
+     false, NULL, 0, "600000",
+     "OpenAI front end: silence on an upstream connection (connect, headers, between chunks) before it fails"},
+    {"frontend_tokenize_cache_tokens", T_U64, OFF(frontend_tokenize_cache_tokens), 0, 1e12, false,
+     NULL, 0, "4194304",
+     "OpenAI front end: token ids the text->ids cache holds (LRU); 0 = no cache"},
+    {"frontend_max_idle_connections", T_U32, OFF(frontend_max_idle_connections), 0, 65535, false,
+     NULL, 0, "64", "OpenAI front end: idle keep-alive upstream connections kept per worker"},
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 

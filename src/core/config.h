@@ -70,6 +70,12 @@ typedef struct kvr_router_config {
     char bind[64];
     uint64_t health_interval_ms;
     uint32_t health_failures;     /* consecutive failed probes before a worker is fenced */
+    /* the OpenAI front end (net/frontend.c) */
+    uint32_t frontend_max_retries;         /* other workers tried after an upstream failure */
+    uint32_t frontend_fence_failures;      /* consecutive upstream failures before fencing */
+    uint64_t frontend_upstream_timeout_ms; /* silence on an upstream connection before giving up */
+    uint64_t frontend_tokenize_cache_tokens; /* token ids the tokenize cache holds; 0 = off */
+    uint32_t frontend_max_idle_connections;  /* kept-alive idle upstream connections per worker */
     uint64_t seed;                /* random tie-breaks and sampling; 0 = from the clock */
 } kvr_router_config_t;
 

@@ -53,6 +53,8 @@ typedef struct pending {
     kvr_taint_weight_t *preferred;
     uint64_t *allowed;
     kvr_select_override_t ovr;
+    kvr_api_placed_fn fn;    /* a front-end placement: told the outcome instead of a reply */
+    void *fn_arg;
 } pending_t;
 
 struct kvr_api_server {
@@ -78,6 +80,9 @@ struct kvr_api_server {
     kvr_load_projection_t *loads;
     size_t cap_ranks;
     kvr_ratelimit_t rl_health;
+    kvr_api_extension_t ext;  /* the OpenAI front end; handle NULL = none */
+    bool dispatching;         /* dispatch_queue is running (a placement callback re-entered) */
+    bool redispatch;
 };
 
 static const double MS_BUCKETS[] = {0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -343,11 +348,14 @@ static pending_t *pending_new(kvr_api_server_t *s, struct evhttp_request *req,
 }
 
 static int enqueue(kvr_api_server_t *s, struct evhttp_request *req, const kvr_route_req_t *q,
-                   bool tagged, uint32_t strict_priority)
+                   bool tagged, uint32_t strict_priority, kvr_api_placed_fn fn, void *fn_arg,
+                   kvr_queue_handle_t *handle)
 {
     pending_t *p = pending_new(s, req, q, tagged);
     if (p == NULL)
         return KVR_ENOMEM;
+    p->fn = fn;
+    p->fn_arg = fn_arg;
     kvr_queue_item_t it = {.isl_tokens = q->n_tokens,
                            .cost_tokens = q->n_tokens,
                            .priority_jump = q->priority_jump,
@@ -359,8 +367,36 @@ static int enqueue(kvr_api_server_t *s, struct evhttp_request *req, const kvr_ro
         pending_free(p);
         return rc;
     }
-    evhttp_connection_set_closecb(evhttp_request_get_connection(req), on_queued_close, p);
+    if (handle != NULL)
+        *handle = p->handle;
+    if (fn == NULL) /* a front-end placement watches its own client */
+        evhttp_connection_set_closecb(evhttp_request_get_connection(req), on_queued_close, p);
     return KVR_OK;
+}
+
+/* Routes q now, or queues it (KVR_OK with *queued) while every eligible worker is busy. */
+static int place(kvr_api_server_t *s, struct evhttp_request *req, const kvr_route_req_t *q,
+                 bool tagged, uint32_t strict_priority, kvr_api_placed_fn fn, void *fn_arg,
+                 kvr_route_res_t *res, bool *queued, kvr_queue_handle_t *handle)
+{
+    *queued = false;
+    /* arrivals do not overtake a backlog */
+    int rc;
+    if (queue_enabled(s) && kvr_queue_len(s->queue) > 0 && q->update_state) {
+        memset(res, 0, sizeof *res);
+        rc = KVR_EBUSY;
+    } else {
+        rc = kvr_router_route(s->r, q, kvr_now_ms(), res);
+    }
+    if (rc == KVR_OK) {
+        observe(s, res);
+        return KVR_OK;
+    }
+    if (rc == KVR_EBUSY && queue_enabled(s) && q->update_state) {
+        rc = enqueue(s, req, q, tagged, strict_priority, fn, fn_arg, handle);
+        *queued = rc == KVR_OK;
+    }
+    return rc;
 }
 
 /* Routes (or queues) a decoded request and replies unless it was queued. */
@@ -368,45 +404,54 @@ static void route_and_reply(kvr_api_server_t *s, struct evhttp_request *req,
                             const kvr_route_req_t *q, bool tagged, uint32_t strict_priority)
 {
     kvr_route_res_t res;
-    /* arrivals do not overtake a backlog */
-    int rc = queue_enabled(s) && kvr_queue_len(s->queue) > 0 && q->update_state
-                 ? KVR_EBUSY
-                 : kvr_router_route(s->r, q, kvr_now_ms(), &res);
-    if (rc == KVR_OK) {
-        observe(s, &res);
+    bool queued;
+    int rc = place(s, req, q, tagged, strict_priority, NULL, NULL, &res, &queued, NULL);
+    if (rc == KVR_OK && !queued)
         reply_routed(s, req, &res, tagged);
-        return;
-    }
-    if (rc == KVR_EBUSY && queue_enabled(s) && q->update_state) {
-        rc = enqueue(s, req, q, tagged, strict_priority);
-        if (rc == KVR_OK)
-            return;
-    }
-    reply_status(s, req, rc, rc == KVR_EINVAL ? res.error_field : NULL);
+    else if (rc != KVR_OK)
+        reply_status(s, req, rc, rc == KVR_EINVAL ? res.error_field : NULL);
 }
 
-/* Dispatches queued requests while the head can be placed. */
+/* Dispatches queued requests while the head can be placed. A front-end placement's callback
+ * may free a request and so call back in here: that call only asks the running loop for
+ * another pass. */
 static void dispatch_queue(kvr_api_server_t *s)
 {
     if (!queue_enabled(s))
         return;
-    kvr_queue_entry_t e;
-    while (kvr_queue_peek(s->queue, &e) == KVR_OK) {
-        pending_t *p = e.item.user;
-        kvr_route_res_t res;
-        int rc = kvr_router_route(s->r, &p->q, kvr_now_ms(), &res);
-        if (rc == KVR_EBUSY)
-            return; /* still busy: wait for the next change */
-        (void)kvr_queue_pop(s->queue, &e);
-        evhttp_connection_set_closecb(evhttp_request_get_connection(p->req), NULL, NULL);
-        if (rc == KVR_OK) {
-            observe(s, &res);
-            reply_routed(s, p->req, &res, p->tagged);
-        } else {
-            reply_status(s, p->req, rc, rc == KVR_EINVAL ? res.error_field : NULL);
-        }
-        pending_free(p);
+    if (s->dispatching) {
+        s->redispatch = true;
+        return;
     }
+    s->dispatching = true;
+    kvr_queue_entry_t e;
+    do {
+        s->redispatch = false;
+        while (kvr_queue_peek(s->queue, &e) == KVR_OK) {
+            pending_t *p = e.item.user;
+            kvr_route_res_t res;
+            int rc = kvr_router_route(s->r, &p->q, kvr_now_ms(), &res);
+            if (rc == KVR_EBUSY)
+                break; /* still busy: wait for the next change */
+            (void)kvr_queue_pop(s->queue, &e);
+            if (rc == KVR_OK)
+                observe(s, &res);
+            if (p->fn != NULL) {
+                kvr_api_placed_fn fn = p->fn;
+                void *arg = p->fn_arg;
+                pending_free(p);
+                fn(arg, rc, &res);
+                continue;
+            }
+            evhttp_connection_set_closecb(evhttp_request_get_connection(p->req), NULL, NULL);
+            if (rc == KVR_OK)
+                reply_routed(s, p->req, &res, p->tagged);
+            else
+                reply_status(s, p->req, rc, rc == KVR_EINVAL ? res.error_field : NULL);
+            pending_free(p);
+        }
+    } while (s->redispatch);
+    s->dispatching = false;
 }
 
 static void expire_queue(kvr_api_server_t *s)
@@ -416,6 +461,13 @@ static void expire_queue(kvr_api_server_t *s)
     kvr_queue_entry_t e;
     while (kvr_queue_expire(s->queue, kvr_now_ms(), &e) == KVR_OK) {
         pending_t *p = e.item.user;
+        if (p->fn != NULL) {
+            kvr_api_placed_fn fn = p->fn;
+            void *arg = p->fn_arg;
+            pending_free(p);
+            fn(arg, KVR_EBUSY, NULL);
+            continue;
+        }
         evhttp_connection_set_closecb(evhttp_request_get_connection(p->req), NULL, NULL);
         reply_error(s, p->req, 429, "rate_limit_exceeded",
                     "queued longer than router_queue_timeout_ms (%llu ms)",
@@ -1031,6 +1083,12 @@ static void metrics_ingest(kvr_api_server_t *s, kvr_prom_t *p)
             (double)g.zmq.replayed);
     counter(p, "kvr_kv_replay_timeouts_total", "Replay requests that got no answer.",
             (double)g.zmq.replay_timeouts);
+    gauge(p, "kvr_kv_replays_in_progress", "Ranks waiting for a replay answer.",
+          (double)g.zmq.replays_in_progress);
+    gauge(p, "kvr_kv_replay_held_batches", "Live batches held until their rank's replay ends.",
+          (double)g.zmq.held_batches);
+    counter(p, "kvr_kv_replay_hold_overflows_total", "Replays given up because the hold was full.",
+            (double)g.zmq.hold_overflows);
     counter(p, "kvr_kv_publisher_restarts_total", "Publisher restarts seen.", (double)g.zmq.restarts);
     counter(p, "kvr_kv_duplicate_batches_total", "Batches dropped as already applied.",
             (double)g.zmq.duplicates);
@@ -1105,6 +1163,8 @@ static void h_metrics(kvr_api_server_t *s, struct evhttp_request *req)
     if (s->g != NULL)
         metrics_ingest(s, &s->prom);
     metrics_workers(s, &s->prom);
+    if (s->ext.metrics != NULL)
+        s->ext.metrics(s->ext.arg, &s->prom);
     reply_text(s, req, 200, "text/plain; version=0.0.4", s->prom.buf ? s->prom.buf : "",
                s->prom.len);
 }
@@ -1224,6 +1284,8 @@ static void on_request(struct evhttp_request *req, void *arg)
         h_metrics(s, req);
     else if (post && strcmp(path, "/router") == 0)
         h_router(s, req);
+    else if (s->ext.handle != NULL && s->ext.handle(s->ext.arg, req, path, get, post))
+        ; /* the front end answers */
     else
         reply_error(s, req, 404, "not_found_error", "no endpoint %s %s",
                     get ? "GET" : post ? "POST" : del ? "DELETE" : "?", path);
@@ -1248,11 +1310,9 @@ static void probe_result(probe_t *pr, bool ok)
     }
     pr->failures++;
     if (!fenced && pr->failures >= s->cfg.health_failures) {
-        kvr_router_set_fenced(s->r, pr->worker_id, true);
-        if (s->g != NULL)
-            (void)kvr_ingest_drop_state(s->g, pr->worker_id);
-        kvr_log(KVR_LOG_WARN, "worker %llu failed %u health checks: fenced, index state dropped",
-                (unsigned long long)pr->worker_id, pr->failures);
+        char why[64];
+        snprintf(why, sizeof why, "failed %u health checks", pr->failures);
+        kvr_api_server_fence(s, pr->worker_id, why);
     }
 }
 
@@ -1498,4 +1558,44 @@ int kvr_api_server_add_worker(kvr_api_server_t *s, const kvr_worker_spec_t *w, c
             w->events[0] ? ", events " : "", w->events, w->url[0] ? ", url " : "", w->url);
     dispatch_queue(s);
     return KVR_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Services for the OpenAI front end */
+
+void kvr_api_server_set_extension(kvr_api_server_t *s, const kvr_api_extension_t *ext)
+{
+    if (ext != NULL)
+        s->ext = *ext;
+    else
+        memset(&s->ext, 0, sizeof s->ext);
+}
+
+int kvr_api_server_place(kvr_api_server_t *s, const kvr_route_req_t *q, kvr_api_placed_fn fn,
+                         void *arg, kvr_route_res_t *res, bool *queued,
+                         kvr_queue_handle_t *handle)
+{
+    return place(s, NULL, q, false, 0, fn, arg, res, queued, handle);
+}
+
+bool kvr_api_server_unqueue(kvr_api_server_t *s, kvr_queue_handle_t handle)
+{
+    kvr_queue_entry_t e;
+    if (s->queue == NULL || kvr_queue_remove(s->queue, handle, &e) != KVR_OK)
+        return false;
+    pending_free(e.item.user);
+    return true;
+}
+
+void kvr_api_server_kick(kvr_api_server_t *s) { dispatch_queue(s); }
+
+void kvr_api_server_fence(kvr_api_server_t *s, uint64_t worker_id, const char *why)
+{
+    if (kvr_router_worker(s->r, worker_id) == NULL || kvr_router_fenced(s->r, worker_id))
+        return;
+    kvr_router_set_fenced(s->r, worker_id, true);
+    if (s->g != NULL)
+        (void)kvr_ingest_drop_state(s->g, worker_id);
+    kvr_log(KVR_LOG_WARN, "worker %llu %s: fenced, index state dropped (readmitted when its "
+            "/health answers)", (unsigned long long)worker_id, why);
 }

@@ -8,11 +8,13 @@
  *   POST /router (the reference's tagged requests).
  * It also probes workers' /health, fences the failing ones (dropping their index state) and
  * readmits them, queues requests while every eligible worker is busy, and answers 429 past the
- * queue's limits and 503 when no worker can serve.
+ * queue's limits and 503 when no worker can serve. Other paths go to an extension (the OpenAI
+ * front end, net/frontend.h), which shares the router, the queue and the fencing.
  */
 #ifndef KVR_API_SERVER_H
 #define KVR_API_SERVER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/config.h"
@@ -32,5 +34,43 @@ uint16_t kvr_api_server_port(const kvr_api_server_t *s);
 /* Registers a worker everywhere (router, event subscription, health probe). */
 int kvr_api_server_add_worker(kvr_api_server_t *s, const kvr_worker_spec_t *w, char *err,
                               size_t err_len);
+
+/* ---------------------------------------------------------------------------------------- */
+/* What the OpenAI front end (net/frontend.h) plugs into: the same loop, router, queue and
+ * fencing. Everything here runs on the HTTP thread. */
+
+struct evhttp_request;
+struct kvr_prom;
+
+/* An extension answers the paths the API does not serve itself (handle returns false to let
+ * the API answer 404) and appends its families to GET /metrics. */
+typedef struct kvr_api_extension {
+    bool (*handle)(void *arg, struct evhttp_request *req, const char *path, bool get, bool post);
+    void (*metrics)(void *arg, struct kvr_prom *p);
+    void *arg;
+} kvr_api_extension_t;
+/* ext NULL removes it. */
+void kvr_api_server_set_extension(kvr_api_server_t *s, const kvr_api_extension_t *ext);
+
+/* The outcome of a queued placement, called once: KVR_OK (booked, res filled), a routing
+ * error (as kvr_router_route's), or KVR_EBUSY when it waited past router_queue_timeout_ms. */
+typedef void (*kvr_api_placed_fn)(void *arg, int rc, const kvr_route_res_t *res);
+
+/* Routes and books q (update_state must be true) as POST /v1/route does: KVR_OK with res
+ * filled; or, while every eligible worker is busy and the queue is on (or a backlog waits),
+ * KVR_OK with *queued set, a copy of q queued under *handle and fn(arg, ...) called once
+ * later (unless kvr_api_server_unqueue comes first); or the routing error (res->error_field
+ * names the field for KVR_EINVAL; KVR_EQUEUEFULL when the queue is full). Unlike the API's
+ * own queued requests, the caller watches its client's connection itself. */
+int kvr_api_server_place(kvr_api_server_t *s, const kvr_route_req_t *q, kvr_api_placed_fn fn,
+                         void *arg, kvr_route_res_t *res, bool *queued,
+                         kvr_queue_handle_t *handle);
+/* Takes a placement out of the queue (fn is not called); false if it already left. */
+bool kvr_api_server_unqueue(kvr_api_server_t *s, kvr_queue_handle_t handle);
+/* Load went down (a request was freed): dispatches what the queue can place now. */
+void kvr_api_server_kick(kvr_api_server_t *s);
+/* Fences a worker as failed health checks do (never picked, index state dropped); the
+ * health probe readmits it once its /health answers 200. why is logged. */
+void kvr_api_server_fence(kvr_api_server_t *s, uint64_t worker_id, const char *why);
 
 #endif

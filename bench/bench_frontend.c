@@ -1,0 +1,427 @@
+/*
+ * bench_frontend.c: `kvrouter bench frontend`: what the router's OpenAI front end adds to the
+ * time to first token (TTFT).
+ *
+ * It spawns `kvrouter mocker` (/proc/self/exe, KV events on, --speedup S so the modelled prefill
+ * of an 8K-token prompt is ~0.17 ms and the HTTP path dominates) and `kvrouter serve` in front
+ * of it (kv mode, subscribed to the mocker's events), waits for the router's /ready, then sends
+ * streaming completions from one client, one at a time, alternately straight to the mocker and
+ * through the router (each path on its own keep-alive connection, TCP_NODELAY, the order
+ * swapped every other pair). Every prompt is new (random ids), so both paths do the same
+ * prefill work and the router hashes, looks up and books a full prompt each time. TTFT is the
+ * time from the request's first byte sent to the first SSE `data:` event received.
+ *
+ * Figures per point (medians of --runs runs): p50 / p99 of each path, the difference of the
+ * p50s and the median of the paired differences (router minus direct for neighbouring
+ * requests, which cancels slow drift on a shared machine); target: <= 200 us added at p50.
+ * --rate R paces the requests (both paths together) to R per second: the gap lets the
+ * router's ingest thread apply the previous request's KV events before the next is timed,
+ * which on a 2-core machine otherwise competes with the request path for a core.
+ * Memory: one request body and one response buffer, reused. Threads: one (the children are
+ * processes). A failed request, a child that does not start within 10 s, or a non-200 answer
+ * fails the run (exit 1).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include "bench.h"
+
+/* Declared here and in bench_main.c (bench.h belongs to the benchmarks shared by others). */
+int kvr_bench_frontend(const kvr_bench_opts_t *o);
+
+#define FB_READY_MS 10000
+#define FB_WARMUP 10
+#define FB_DEFAULT_REQUESTS 200
+#define FB_TARGET_US 200.0
+
+typedef struct child {
+    pid_t pid;
+    int out_fd; /* its stdout, kept open so it never gets SIGPIPE */
+    int port;
+} child_t;
+
+static const kvr_bench_col_t COLS[] = {
+    {"bench", KVR_BENCH_STR, 8, 0},            {"tokens", KVR_BENCH_INT, 6, 0},
+    {"runs", KVR_BENCH_INT, 4, 0},             {"requests", KVR_BENCH_INT, 8, 0},
+    {"direct_p50_us", KVR_BENCH_NUM, 13, 1},   {"direct_p99_us", KVR_BENCH_NUM, 13, 1},
+    {"router_p50_us", KVR_BENCH_NUM, 13, 1},   {"router_p99_us", KVR_BENCH_NUM, 13, 1},
+    {"added_p50_us", KVR_BENCH_NUM, 12, 1},    {"added_paired_us", KVR_BENCH_NUM, 15, 1},
+    {"target_us", KVR_BENCH_NUM, 9, 0},        {"speedup", KVR_BENCH_NUM, 0, 1},
+    {"max_tokens", KVR_BENCH_INT, 0, 0},       {"rate_per_s", KVR_BENCH_NUM, 0, 0},
+};
+#define N_COLS (sizeof COLS / sizeof COLS[0])
+
+/* ---- children ------------------------------------------------------------------------- */
+
+/* fork + exec of /proc/self/exe args; its port once it printed "listening HOST:PORT". */
+static bool spawn(char *const *args, const char *what, child_t *c)
+{
+    int pfd[2];
+    if (pipe(pfd) != 0) {
+        fprintf(stderr, "kvrouter bench frontend: pipe: %s\n", strerror(errno));
+        return false;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        close(pfd[1]);
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    close(pfd[1]);
+    if (pid < 0) {
+        close(pfd[0]);
+        fprintf(stderr, "kvrouter bench frontend: fork: %s\n", strerror(errno));
+        return false;
+    }
+    c->pid = pid;
+    c->out_fd = pfd[0];
+    char line[256];
+    size_t n = 0;
+    uint64_t end = kvr_bench_now_ns() + (uint64_t)FB_READY_MS * 1000000u;
+    while (n < sizeof line - 1) {
+        uint64_t now = kvr_bench_now_ns();
+        struct pollfd p = {.fd = c->out_fd, .events = POLLIN};
+        if (now >= end || poll(&p, 1, (int)((end - now) / 1000000u) + 1) <= 0)
+            break;
+        if (read(c->out_fd, line + n, 1) != 1)
+            break;
+        if (line[n++] == '\n')
+            break;
+    }
+    line[n] = '\0';
+    const char *colon = strrchr(line, ':');
+    if (strncmp(line, "listening ", 10) != 0 || colon == NULL || atoi(colon + 1) <= 0) {
+        fprintf(stderr, "kvrouter bench frontend: the %s did not print 'listening HOST:PORT' "
+                "within %d s (got '%.100s')\n", what, FB_READY_MS / 1000, line);
+        return false;
+    }
+    c->port = atoi(colon + 1);
+    return true;
+}
+
+static void reap(child_t *c)
+{
+    if (c->pid > 0) {
+        kill(c->pid, SIGTERM);
+        int st;
+        for (int i = 0; i < 200 && waitpid(c->pid, &st, WNOHANG) == 0; i++)
+            kvr_bench_sleep_ns(50000000u);
+        if (waitpid(c->pid, &st, WNOHANG) == 0) {
+            kill(c->pid, SIGKILL);
+            waitpid(c->pid, &st, 0);
+        }
+    }
+    if (c->out_fd >= 0)
+        close(c->out_fd);
+    c->pid = 0;
+    c->out_fd = -1;
+}
+
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    int port = -1;
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(s, (struct sockaddr *)&a, &l) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0)
+        close(s);
+    return port;
+}
+
+/* ---- a blocking HTTP/1.1 client --------------------------------------------------------- */
+
+static int connect_to(int port)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (s >= 0)
+            close(s);
+        return -1;
+    }
+    int one = 1;
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct timeval tv = {30, 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return s;
+}
+
+static const char *find(const char *h, size_t hn, const char *n)
+{
+    size_t nn = strlen(n);
+    for (size_t i = 0; i + nn <= hn; i++) {
+        const char *q = memchr(h + i, n[0], hn - i - nn + 1);
+        if (q == NULL)
+            return NULL;
+        if (memcmp(q, n, nn) == 0)
+            return q;
+        i = (size_t)(q - h);
+    }
+    return NULL;
+}
+
+typedef struct resp {
+    char *buf;
+    size_t len, cap;
+} resp_t;
+
+static bool send_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return false;
+        p += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+/* One request on a keep-alive connection: its TTFT (send to the first `data:` event) in ns,
+ * 0 on failure (why printed). The whole streamed answer is read. */
+static uint64_t ttft_once(int fd, const char *head, size_t head_len, const char *body,
+                          size_t body_len, resp_t *r, const char *path_name)
+{
+    r->len = 0;
+    uint64_t t0 = kvr_bench_now_ns(), first = 0;
+    if (!send_all(fd, head, head_len) || !send_all(fd, body, body_len)) {
+        fprintf(stderr, "kvrouter bench frontend: %s: send failed\n", path_name);
+        return 0;
+    }
+    size_t body_at = 0;
+    for (;;) {
+        if (r->cap - r->len < 65536) {
+            size_t cap = r->cap ? r->cap * 2 : 1 << 17;
+            char *b = realloc(r->buf, cap);
+            if (b == NULL)
+                return 0;
+            r->buf = b;
+            r->cap = cap;
+        }
+        ssize_t k = recv(fd, r->buf + r->len, r->cap - r->len, 0);
+        if (k <= 0) {
+            fprintf(stderr, "kvrouter bench frontend: %s: connection closed or timed out\n",
+                    path_name);
+            return 0;
+        }
+        r->len += (size_t)k;
+        if (body_at == 0) {
+            const char *e = find(r->buf, r->len, "\r\n\r\n");
+            if (e == NULL)
+                continue;
+            body_at = (size_t)(e - r->buf) + 4;
+            if (r->len < 12 || memcmp(r->buf + 9, "200", 3) != 0) {
+                fprintf(stderr, "kvrouter bench frontend: %s: answer '%.60s'\n", path_name,
+                        r->buf);
+                return 0;
+            }
+        }
+        if (first == 0 && find(r->buf + body_at, r->len - body_at, "data: ") != NULL)
+            first = kvr_bench_now_ns();
+        if (first != 0 && r->len >= 5 && memcmp(r->buf + r->len - 5, "0\r\n\r\n", 5) == 0 &&
+            find(r->buf + body_at, r->len - body_at, "[DONE]") != NULL)
+            return first - t0;
+    }
+}
+
+/* The request line and headers for a body of len bytes. */
+static size_t make_head(char *out, size_t cap, size_t len)
+{
+    int n = snprintf(out, cap, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", len);
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+/* A fresh streaming completion of `tokens` random ids. */
+static size_t make_body(char **buf, size_t *cap, kvr_bench_rng_t *rng, uint64_t tokens,
+                        uint64_t max_tokens)
+{
+    size_t need = tokens * 12 + 128;
+    if (*cap < need) {
+        char *b = realloc(*buf, need);
+        if (b == NULL)
+            return 0;
+        *buf = b;
+        *cap = need;
+    }
+    char *o = *buf;
+    o += sprintf(o, "{\"model\":\"m\",\"prompt\":[");
+    for (uint64_t i = 0; i < tokens; i++)
+        o += sprintf(o, i ? ",%u" : "%u", (unsigned)(1000 + kvr_bench_rng_below(rng, 30000)));
+    o += sprintf(o, "],\"max_tokens\":%llu,\"stream\":true}", (unsigned long long)max_tokens);
+    return (size_t)(o - *buf);
+}
+
+static bool wait_ready(int port)
+{
+    static const char req[] = "GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    for (int i = 0; i < 200; i++) {
+        int fd = connect_to(port);
+        char buf[64] = "";
+        if (fd >= 0 && send_all(fd, req, sizeof req - 1)) {
+            ssize_t k = recv(fd, buf, sizeof buf - 1, 0);
+            if (k > 12 && memcmp(buf + 9, "200", 3) == 0) {
+                close(fd);
+                return true;
+            }
+        }
+        if (fd >= 0)
+            close(fd);
+        kvr_bench_sleep_ns(50000000u);
+    }
+    return false;
+}
+
+/* ---- the benchmark ---------------------------------------------------------------------- */
+
+typedef struct run_fig {
+    double d50, d99, r50, r99, paired;
+} run_fig_t;
+
+static bool one_run(int mport, int rport, uint64_t tokens, uint64_t max_tokens, size_t n,
+                    double rate, kvr_bench_rng_t *rng, run_fig_t *f)
+{
+    uint64_t gap_ns = rate > 0 ? (uint64_t)(1e9 / rate) : 0, next = kvr_bench_now_ns();
+    int fds[2] = {connect_to(mport), connect_to(rport)};
+    double *lat[2] = {malloc(n * sizeof(double)), malloc(n * sizeof(double))};
+    double *diff = malloc(n * sizeof(double));
+    char *body = NULL, head[256];
+    size_t cap = 0;
+    resp_t r = {0};
+    bool ok = fds[0] >= 0 && fds[1] >= 0 && lat[0] && lat[1] && diff;
+    static const char *const names[2] = {"direct", "via router"};
+    for (size_t i = 0; ok && i < FB_WARMUP + n; i++) {
+        uint64_t t[2];
+        for (int k = 0; k < 2 && ok; k++) {
+            int path = (i & 1) ? 1 - k : k; /* swap the order every other pair */
+            size_t bl = make_body(&body, &cap, rng, tokens, max_tokens);
+            size_t hl = make_head(head, sizeof head, bl);
+            uint64_t now = kvr_bench_now_ns();
+            if (gap_ns && now < next)
+                kvr_bench_sleep_ns(next - now);
+            next = (now > next ? now : next) + gap_ns;
+            t[path] = bl && hl ? ttft_once(fds[path], head, hl, body, bl, &r, names[path]) : 0;
+            ok = t[path] != 0;
+        }
+        if (ok && i >= FB_WARMUP) {
+            lat[0][i - FB_WARMUP] = (double)t[0];
+            lat[1][i - FB_WARMUP] = (double)t[1];
+            diff[i - FB_WARMUP] = ((double)t[1] - (double)t[0]) / 1000.0;
+        }
+    }
+    if (ok) {
+        kvr_bench_lat_t a, b;
+        kvr_bench_summarize(lat[0], n, &a);
+        kvr_bench_summarize(lat[1], n, &b);
+        *f = (run_fig_t){a.p50_us, a.p99_us, b.p50_us, b.p99_us, kvr_bench_median(diff, n)};
+    }
+    for (int k = 0; k < 2; k++) {
+        if (fds[k] >= 0)
+            close(fds[k]);
+        free(lat[k]);
+    }
+    free(diff);
+    free(body);
+    free(r.buf);
+    return ok;
+}
+
+int kvr_bench_frontend(const kvr_bench_opts_t *o)
+{
+    static const kvr_bench_list_t def_tokens = {1, {8192}};
+    const kvr_bench_list_t *tl = kvr_bench_pick(&o->tokens, &def_tokens);
+    size_t n = o->requests ? (size_t)o->requests : FB_DEFAULT_REQUESTS;
+    int ev = free_port();
+    char speed[32], kvcfg[160], worker[256];
+    snprintf(speed, sizeof speed, "%g", o->speedup);
+    snprintf(kvcfg, sizeof kvcfg, "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\","
+             "\"endpoint\":\"tcp://*:%d\"}", ev);
+    char *margs[16 + KVR_BENCH_MAX_MOCKER_ARGS];
+    size_t na = 0;
+    const char *base_m[] = {"kvrouter", "mocker", "--host", "127.0.0.1", "--port", "0",
+                            "--model", "m", "--speedup", speed, "--kv-events-config", kvcfg,
+                            "--log-level", "warn"};
+    for (size_t i = 0; i < sizeof base_m / sizeof base_m[0]; i++)
+        margs[na++] = (char *)base_m[i];
+    for (size_t i = 0; i < o->n_mocker_args; i++)
+        margs[na++] = (char *)o->mocker_args[i];
+    margs[na] = NULL;
+    child_t m = {.out_fd = -1}, rt = {.out_fd = -1};
+    int rc = 1;
+    if (ev <= 0 || !spawn(margs, "mocker", &m))
+        goto out;
+    snprintf(worker, sizeof worker, "id=1,url=http://127.0.0.1:%d,events=tcp://127.0.0.1:%d",
+             m.port, ev);
+    char *rargs[] = {"kvrouter", "serve", "--http-port", "0", "--log-level", "warn",
+                     "--worker", worker, NULL};
+    if (!spawn(rargs, "router", &rt))
+        goto out;
+    if (!wait_ready(rt.port)) {
+        fprintf(stderr, "kvrouter bench frontend: the router never became ready\n");
+        goto out;
+    }
+    if (!o->json)
+        printf("# TTFT of streaming completions, 1 client, direct to `kvrouter mocker --speedup "
+               "%s` vs through `kvrouter serve` (kv mode) on loopback; %zu requests per path "
+               "per run, %s\n", speed, n, o->rate_per_s > 0 ? "paced (--rate)" : "back to back");
+    kvr_bench_print_header(o, COLS, N_COLS);
+    kvr_bench_rng_t rng;
+    kvr_bench_rng_seed(&rng, o->seed);
+    rc = 0;
+    for (size_t t = 0; t < tl->n && rc == 0; t++) {
+        unsigned runs = o->runs;
+        double d50[64], d99[64], r50[64], r99[64], pd[64], add[64];
+        if (runs > 64)
+            runs = 64;
+        for (unsigned k = 0; k < runs && rc == 0; k++) {
+            run_fig_t f;
+            if (!one_run(m.port, rt.port, tl->v[t], o->max_tokens, n, o->rate_per_s, &rng, &f)) {
+                rc = 1;
+                break;
+            }
+            d50[k] = f.d50, d99[k] = f.d99, r50[k] = f.r50, r99[k] = f.r99, pd[k] = f.paired;
+            add[k] = f.r50 - f.d50;
+        }
+        if (rc != 0)
+            break;
+        kvr_bench_row_t row;
+        kvr_bench_row_init(&row, COLS, N_COLS);
+        kvr_bench_set_str(&row, "bench", "frontend");
+        kvr_bench_set_int(&row, "tokens", (int64_t)tl->v[t]);
+        kvr_bench_set_int(&row, "runs", runs);
+        kvr_bench_set_int(&row, "requests", (int64_t)n);
+        kvr_bench_set_num(&row, "direct_p50_us", kvr_bench_median(d50, runs));
+        kvr_bench_set_num(&row, "direct_p99_us", kvr_bench_median(d99, runs));
+        kvr_bench_set_num(&row, "router_p50_us", kvr_bench_median(r50, runs));
+        kvr_bench_set_num(&row, "router_p99_us", kvr_bench_median(r99, runs));
+        kvr_bench_set_num(&row, "added_p50_us", kvr_bench_median(add, runs));
+        kvr_bench_set_num(&row, "added_paired_us", kvr_bench_median(pd, runs));
+        kvr_bench_set_num(&row, "target_us", FB_TARGET_US);
+        kvr_bench_set_num(&row, "speedup", o->speedup);
+        kvr_bench_set_int(&row, "max_tokens", (int64_t)o->max_tokens);
+        kvr_bench_set_num(&row, "rate_per_s", o->rate_per_s > 0 ? o->rate_per_s : NAN);
+        kvr_bench_print_row(o, &row);
+    }
+out:
+    reap(&rt);
+    reap(&m);
+    return rc;
+}

@@ -1,0 +1,2485 @@
+/*
+ * frontend.c: the OpenAI front end (see frontend.h for what it does and the policies).
+ *
+ * Sections: JSON spans (byte ranges of an object's members, to splice request and response
+ * bodies without re-encoding them), the tokenize cache, upstream pools, requests (decode,
+ * tokenize, route, proxy, relay, retry, disconnect), /v1/models, metrics, tick, lifecycle.
+ *
+ * Invariants: a request (fe_req_t) is in the live list from arrival until its client is
+ * answered or gone. While it has an upstream call (up != NULL) it holds one busy pooled
+ * connection (uc). Its client connection's close callback points at it until its last reply
+ * is handed to libevent. It is booked in the router (booked) between a successful placement
+ * and its free. Retries and failures continue from a zero-delay timer (retry_ev), never inside
+ * the libevent call that reported them (which may run inside evhttp_make_request), so no
+ * request is freed under a caller; connections are freed only by the tick, never inside their
+ * own callbacks (libevent touches them after the callback returns).
+ * libevent 2.1 lifetimes relied on: an upstream request is freed by libevent right after its
+ * completion callback (after the error callback, before the completion callback with NULL, on
+ * a failure), and without any callback by evhttp_cancel_request once its error callback is
+ * cleared; a client request whose connection fails while a reply is still owed is detached
+ * (its connection pointer becomes NULL) and is then ours to free, while one still attached
+ * when its connection is freed is freed by libevent.
+ * Memory: per request, its copies (ids, routing fields, bodies it had to rebuild); pooled
+ * connections; the cache within its cap. Threads: the HTTP thread only.
+ */
+#include "net/frontend.h"
+
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <xxhash.h>
+#include <yajl/yajl_tree.h>
+
+#include "net/log.h"
+#include "wire/api_json.h"
+#include "wire/json_writer.h"
+#include "wire/openai.h"
+#include "wire/prom.h"
+
+#define FE_TICK_US 100000
+#define FE_MODELS_TTL_MS 5000
+#define FE_MODELS_TIMEOUT_S 2
+#define FE_MODELS_MAX_BYTES ((size_t)1 << 20)
+#define FE_MAX_MODELS 256           /* per worker */
+#define FE_MAX_MODEL_WAITERS 1024
+#define FE_SSE_MAX_PENDING ((size_t)1 << 20) /* bytes without an event end: forwarded raw */
+#define FE_MAX_ATTEMPTS 17          /* 1 + the largest frontend_max_retries */
+#define FE_MAX_MEMBERS 512          /* top-level members of a body we splice */
+#define FE_MAX_WORKERS 4096
+#define FE_BEV_MAX_IO ((size_t)4 << 20)
+
+/* ---------------------------------------------------------------------------------------- */
+/* A growable byte string */
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} sbuf_t;
+
+static bool sb_reserve(sbuf_t *b, size_t more)
+{
+    if (b->oom)
+        return false;
+    if (b->n + more <= b->cap)
+        return true;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + more)
+        cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (p == NULL) {
+        b->oom = true;
+        return false;
+    }
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
+static void sb_add(sbuf_t *b, const void *d, size_t n)
+{
+    if (n > 0 && sb_reserve(b, n)) {
+        memcpy(b->p + b->n, d, n);
+        b->n += n;
+    }
+}
+
+static void sb_str(sbuf_t *b, const char *s) { sb_add(b, s, strlen(s)); }
+
+/* "[1,2,3]" */
+static void sb_ids(sbuf_t *b, const uint32_t *t, size_t n)
+{
+    if (!sb_reserve(b, n * 11 + 2))
+        return;
+    char *o = b->p + b->n;
+    *o++ = '[';
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0)
+            *o++ = ',';
+        char tmp[10];
+        int k = 0;
+        uint32_t v = t[i];
+        do {
+            tmp[k++] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v != 0);
+        while (k > 0)
+            *o++ = tmp[--k];
+    }
+    *o++ = ']';
+    b->n = (size_t)(o - b->p);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* JSON spans. The scanner finds where values begin and end; it checks structure only as far
+ * as it needs to (request bodies were validated by the OpenAI decoder before; worker answers
+ * that do not scan are forwarded untouched). */
+
+typedef struct span_member {
+    size_t key, key_end; /* the key, quotes included */
+    size_t val, val_end;
+} span_member_t;
+
+static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static size_t skip_ws(const char *b, size_t n, size_t i)
+{
+    while (i < n && is_ws(b[i]))
+        i++;
+    return i;
+}
+
+/* b[i] is '"': the index after the closing quote, 0 when there is none. */
+static size_t skip_string(const char *b, size_t n, size_t i)
+{
+    size_t j = i + 1;
+    while (j < n) {
+        const char *q = memchr(b + j, '"', n - j);
+        if (q == NULL)
+            return 0;
+        size_t qi = (size_t)(q - b), bs = 0;
+        while (qi - bs > i + 1 && b[qi - bs - 1] == '\\')
+            bs++;
+        if (bs % 2 == 0)
+            return qi + 1;
+        j = qi + 1;
+    }
+    return 0;
+}
+
+/* The index after the value at b[i], 0 when it does not scan. */
+static size_t skip_value(const char *b, size_t n, size_t i)
+{
+    if (i >= n)
+        return 0;
+    char c = b[i];
+    if (c == '"')
+        return skip_string(b, n, i);
+    if (c == '[') { /* a flat array (token ids): memchr's speed instead of a byte loop */
+        const char *close = memchr(b + i, ']', n - i);
+        if (close != NULL) {
+            size_t ci = (size_t)(close - b), inner = ci - i - 1;
+            if (memchr(b + i + 1, '[', inner) == NULL && memchr(b + i + 1, '{', inner) == NULL &&
+                memchr(b + i + 1, '"', inner) == NULL)
+                return ci + 1;
+        }
+    }
+    if (c == '{' || c == '[') {
+        size_t depth = 0;
+        while (i < n) {
+            char ch = b[i];
+            if (ch == '"') {
+                if ((i = skip_string(b, n, i)) == 0)
+                    return 0;
+                continue;
+            }
+            if (ch == '{' || ch == '[') {
+                depth++;
+            } else if (ch == '}' || ch == ']') {
+                if (depth == 0)
+                    return 0;
+                if (--depth == 0)
+                    return i + 1;
+            }
+            i++;
+        }
+        return 0;
+    }
+    size_t s = i;
+    while (i < n && b[i] != ',' && b[i] != '}' && b[i] != ']' && !is_ws(b[i]))
+        i++;
+    return i > s ? i : 0;
+}
+
+/* The members of the object at b[i..n) (after whitespace); their count, or -1 when it is not
+ * an object of at most FE_MAX_MEMBERS members. */
+static int scan_members(const char *b, size_t n, size_t i, span_member_t *m)
+{
+    i = skip_ws(b, n, i);
+    if (i >= n || b[i] != '{')
+        return -1;
+    i = skip_ws(b, n, i + 1);
+    if (i < n && b[i] == '}')
+        return 0;
+    int k = 0;
+    for (;;) {
+        if (i >= n || b[i] != '"' || k == FE_MAX_MEMBERS)
+            return -1;
+        size_t ke = skip_string(b, n, i);
+        if (ke == 0)
+            return -1;
+        size_t c = skip_ws(b, n, ke);
+        if (c >= n || b[c] != ':')
+            return -1;
+        size_t v = skip_ws(b, n, c + 1);
+        size_t ve = skip_value(b, n, v);
+        if (ve == 0)
+            return -1;
+        m[k++] = (span_member_t){i, ke, v, ve};
+        i = skip_ws(b, n, ve);
+        if (i < n && b[i] == ',') {
+            i = skip_ws(b, n, i + 1);
+            continue;
+        }
+        return i < n && b[i] == '}' ? k : -1;
+    }
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Whether the member's key is name (ASCII), escapes decoded as the decoder did. */
+static bool key_is(const char *b, const span_member_t *m, const char *name)
+{
+    const char *k = b + m->key + 1;
+    size_t kl = m->key_end - m->key - 2, nl = strlen(name);
+    if (memchr(k, '\\', kl) == NULL)
+        return kl == nl && memcmp(k, name, nl) == 0;
+    char buf[64];
+    size_t o = 0;
+    for (size_t i = 0; i < kl; i++) {
+        if (o == sizeof buf)
+            return false;
+        if (k[i] != '\\') {
+            buf[o++] = k[i];
+            continue;
+        }
+        if (++i >= kl)
+            return false;
+        if (k[i] == 'u') {
+            if (i + 4 >= kl)
+                return false;
+            int cp = 0;
+            for (int d = 1; d <= 4; d++) {
+                int h = hexval(k[i + (size_t)d]);
+                if (h < 0)
+                    return false;
+                cp = cp * 16 + h;
+            }
+            if (cp == 0 || cp > 0x7f)
+                return false;
+            buf[o++] = (char)cp;
+            i += 4;
+        } else if (k[i] == '"' || k[i] == '\\' || k[i] == '/') {
+            buf[o++] = k[i];
+        } else {
+            return false;
+        }
+    }
+    return o == nl && memcmp(buf, name, nl) == 0;
+}
+
+static const char *find_bytes(const char *h, size_t hn, const char *needle, size_t nn)
+{
+    if (nn == 0 || hn < nn)
+        return NULL;
+    const char *end = h + hn - nn + 1;
+    for (const char *p = h; p < end;) {
+        const char *q = memchr(p, needle[0], (size_t)(end - p));
+        if (q == NULL)
+            return NULL;
+        if (memcmp(q, needle, nn) == 0)
+            return q;
+        p = q + 1;
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The tokenize cache: XXH3-128 of the content -> ids; LRU within a token budget. */
+
+typedef struct tc_entry {
+    XXH128_hash_t key;
+    uint32_t *tokens;
+    size_t n;
+    struct tc_entry *hnext;
+    struct tc_entry *prev, *next; /* LRU order, most recent first */
+} tc_entry_t;
+
+typedef struct tcache {
+    tc_entry_t **buckets;
+    size_t n_buckets; /* a power of two, or 0 */
+    tc_entry_t *head, *tail;
+    size_t n_entries;
+    uint64_t tokens, cap_tokens;
+    uint64_t hits, misses, evictions, inserts;
+} tcache_t;
+
+static uint64_t tc_cost(size_t n) { return n ? n : 1; }
+
+static tc_entry_t **tc_slot(tcache_t *c, XXH128_hash_t k)
+{
+    tc_entry_t **s = &c->buckets[k.low64 & (c->n_buckets - 1)];
+    while (*s != NULL && !XXH128_isEqual((*s)->key, k))
+        s = &(*s)->hnext;
+    return s;
+}
+
+static void tc_unlink_lru(tcache_t *c, tc_entry_t *e)
+{
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        c->head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        c->tail = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void tc_push_front(tcache_t *c, tc_entry_t *e)
+{
+    e->prev = NULL;
+    e->next = c->head;
+    if (c->head)
+        c->head->prev = e;
+    c->head = e;
+    if (c->tail == NULL)
+        c->tail = e;
+}
+
+static void tc_remove(tcache_t *c, tc_entry_t *e)
+{
+    tc_entry_t **s = tc_slot(c, e->key);
+    if (*s == e)
+        *s = e->hnext;
+    tc_unlink_lru(c, e);
+    c->tokens -= tc_cost(e->n);
+    c->n_entries--;
+    free(e->tokens);
+    free(e);
+}
+
+/* The cached ids (valid until the next insert), or NULL. */
+static const tc_entry_t *tc_get(tcache_t *c, XXH128_hash_t k)
+{
+    if (c->n_buckets == 0)
+        return NULL;
+    tc_entry_t *e = *tc_slot(c, k);
+    if (e == NULL)
+        return NULL;
+    tc_unlink_lru(c, e);
+    tc_push_front(c, e);
+    return e;
+}
+
+static bool tc_grow(tcache_t *c)
+{
+    size_t nb = c->n_buckets ? c->n_buckets * 2 : 256;
+    tc_entry_t **b = calloc(nb, sizeof *b);
+    if (b == NULL)
+        return false;
+    for (size_t i = 0; i < c->n_buckets; i++) {
+        tc_entry_t *e = c->buckets[i], *next;
+        for (; e != NULL; e = next) {
+            next = e->hnext;
+            size_t j = e->key.low64 & (nb - 1);
+            e->hnext = b[j];
+            b[j] = e;
+        }
+    }
+    free(c->buckets);
+    c->buckets = b;
+    c->n_buckets = nb;
+    return true;
+}
+
+static void tc_put(tcache_t *c, XXH128_hash_t k, const uint32_t *t, size_t n)
+{
+    if (tc_cost(n) > c->cap_tokens)
+        return;
+    if ((c->n_buckets == 0 || c->n_entries >= c->n_buckets) && !tc_grow(c))
+        return;
+    tc_entry_t *old = *tc_slot(c, k);
+    if (old != NULL)
+        tc_remove(c, old);
+    while (c->tail != NULL && c->tokens + tc_cost(n) > c->cap_tokens) {
+        tc_remove(c, c->tail);
+        c->evictions++;
+    }
+    tc_entry_t *e = calloc(1, sizeof *e);
+    uint32_t *copy = malloc(tc_cost(n) * sizeof *copy);
+    if (e == NULL || copy == NULL) {
+        free(e);
+        free(copy);
+        return;
+    }
+    if (n)
+        memcpy(copy, t, n * sizeof *copy);
+    e->key = k;
+    e->tokens = copy;
+    e->n = n;
+    tc_entry_t **s = tc_slot(c, k);
+    e->hnext = *s;
+    *s = e;
+    tc_push_front(c, e);
+    c->tokens += tc_cost(n);
+    c->n_entries++;
+    c->inserts++;
+}
+
+static void tc_deinit(tcache_t *c)
+{
+    while (c->head != NULL)
+        tc_remove(c, c->head);
+    free(c->buckets);
+    c->buckets = NULL;
+    c->n_buckets = 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Types */
+
+typedef enum up_kind {
+    UPK_CONNECT = 0, /* refused, unreachable, or no connection within the timeout */
+    UPK_TIMEOUT,     /* silence past frontend_upstream_timeout_ms on a connected upstream */
+    UPK_EOF,         /* closed before the response was complete */
+    UPK_PROTOCOL,    /* a malformed answer */
+    UPK_NO_URL,      /* the worker has no usable url */
+    UPK_STATUS_5XX,  /* answered with a 5xx status (relayed, not retried) */
+    UPK_COUNT
+} up_kind_t;
+
+static const char *const UPK_NAMES[UPK_COUNT] = {"connect", "timeout", "eof", "protocol",
+                                                 "no_url", "status_5xx"};
+
+typedef struct upool upool_t;
+
+typedef struct upconn {
+    upool_t *pool;
+    struct evhttp_connection *conn;
+    bool busy;
+} upconn_t;
+
+typedef struct pmodel {
+    char *id, *owned_by;
+    uint64_t created, max_model_len;
+} pmodel_t;
+
+/* One worker's upstream side: where it is, its connections, its failures, its models. */
+struct upool {
+    kvr_frontend_t *fe;
+    uint64_t worker_id;
+    char url[KVR_ADDR_BYTES];
+    char host[KVR_ADDR_BYTES];
+    char hostport[KVR_ADDR_BYTES + 8];
+    char base[KVR_ADDR_BYTES]; /* path prefix without a trailing slash ("" for the root) */
+    uint16_t port;
+    bool bad_url;
+    bool dead;                 /* left the registry or changed url: freed once unused */
+    upconn_t **conns;
+    size_t n_conns, cap_conns, n_busy;
+    uint32_t consecutive_failures;
+    /* GET /v1/models */
+    struct evhttp_connection *mconn;
+    bool m_in_flight;
+    pmodel_t *models;
+    size_t n_models;
+};
+
+typedef enum fe_phase {
+    PH_START = 0,
+    PH_TOKENIZE,   /* a /tokenize call in flight */
+    PH_QUEUED,     /* waiting in the router's queue */
+    PH_UPSTREAM,   /* the generation request in flight */
+    PH_RETRY,      /* retry_ev pending */
+} fe_phase_t;
+
+typedef struct fe_req fe_req_t;
+
+struct fe_req {
+    kvr_frontend_t *fe;
+    fe_req_t *prev, *next;
+    struct evhttp_request *client;
+    struct evhttp_connection *client_conn;
+    kvr_oai_endpoint_t ep;
+    fe_phase_t phase;
+    bool stream, want_worker;
+    bool rewrite;          /* the body cannot go verbatim */
+    bool drop_prompt;      /* completions: the prompt member becomes the ids */
+    bool reply_started;    /* SSE headers sent to the client */
+    bool got_headers;      /* the upstream answered (its first byte): no retry from here */
+    bool sse_mode;
+    bool first_token_sent;
+    uint64_t arrival_ns;
+    /* the prompt */
+    uint32_t *tokens;
+    size_t n_tokens;
+    const char *client_body; /* the client's body (its input buffer, pulled up) */
+    size_t client_body_len;
+    char *body_own;          /* the rebuilt body, when rewrite */
+    const char *body;
+    size_t body_len;
+    char *auth;              /* the client's Authorization header, forwarded */
+    /* tokenize */
+    char *tok_body;
+    size_t tok_body_len;
+    XXH128_hash_t tok_key;
+    uint64_t tok_tried[FE_MAX_ATTEMPTS];
+    unsigned n_tok_tried;
+    /* routing */
+    char *lora;
+    size_t lora_len;
+    bool has_allowed;
+    uint64_t *allowed;
+    size_t n_allowed;
+    bool has_pin_worker, has_pin_rank;
+    uint64_t pin_worker;
+    uint32_t pin_rank;
+    double priority;
+    bool has_eot;
+    uint32_t eot;
+    uint64_t tried[FE_MAX_ATTEMPTS]; /* workers whose upstream failed */
+    unsigned n_tried, attempts;
+    uint64_t *scratch;               /* the allowed ids of an attempt */
+    size_t cap_scratch;
+    kvr_queue_handle_t qh;
+    char last_fail[160];
+    /* the booking */
+    bool booked;
+    char rid[KVR_LOAD_MAX_ID_BYTES + 1];
+    size_t rid_len;
+    kvr_worker_t worker;
+    char nvext[192];                 /* ,"nvext":{"worker_id":{...}} */
+    size_t nvext_len;
+    /* the upstream call */
+    struct evhttp_request *up;
+    upconn_t *uc;
+    upool_t *up_pool;
+    bool up_err_set;
+    up_kind_t up_err;
+    int up_code;
+    struct evbuffer *sse;            /* upstream bytes of an event not yet complete */
+    uint64_t gen_tokens;
+    struct event *retry_ev;
+};
+
+typedef struct fe_stats {
+    uint64_t requests[3];            /* completions, chat, models */
+    uint64_t replies[6];             /* 2xx, 3xx, 4xx, 5xx, streamed, other */
+    uint64_t forwarded, retries, fenced, client_disconnects, upstream_errors[UPK_COUNT];
+    uint64_t tokenize_calls, stream_events, stream_tokens, sse_raw, inject_failed;
+    uint64_t models_refreshes;
+} fe_stats_t;
+
+static const double MS_BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                    2.5,   5,    10,    25,   50,  100, 250, 1000};
+#define N_MS_BUCKETS (sizeof MS_BUCKETS / sizeof MS_BUCKETS[0])
+
+struct kvr_frontend {
+    struct event_base *base;
+    kvr_api_server_t *api;
+    kvr_router_t *r;
+    kvr_router_config_t cfg;
+    kvr_oai_decoder_t *dec;
+    kvr_api_decoder_t *tokdec; /* /tokenize answers: {"tokens":[...], ...} */
+    kvr_json_writer_t w;
+    struct evbuffer *out;      /* scratch: reply bodies and relayed chunks */
+    struct event *tick;
+    fe_req_t *live;
+    size_t n_live;
+    upool_t **pools;
+    size_t n_pools, cap_pools;
+    uint64_t tok_rr;
+    size_t n_urlless;          /* registered workers without a url (refreshed by the tick) */
+    tcache_t cache;
+    span_member_t *members;
+    /* /v1/models */
+    uint64_t models_at_ms;
+    bool models_valid;
+    size_t models_pending;
+    struct evhttp_request **waiters;
+    size_t n_waiters;
+    fe_stats_t st;
+    bool closing;              /* kvr_frontend_free is answering what is in flight */
+    kvr_hist_t h_forward;      /* arrival -> upstream request issued, ms */
+    kvr_ratelimit_t rl_up, rl_proto;
+};
+
+static void req_finish(fe_req_t *p);
+static void end_stream(fe_req_t *p, const char *error);
+static void route_attempt(fe_req_t *p);
+static void start_tokenize(fe_req_t *p);
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Replies to clients */
+
+static void count_reply(kvr_frontend_t *fe, int code)
+{
+    int k = code >= 200 && code < 600 ? code / 100 - 2 : 4;
+    fe->st.replies[k]++;
+}
+
+static void send_body(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *ctype,
+                      const char *data, size_t len)
+{
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
+    evbuffer_drain(fe->out, evbuffer_get_length(fe->out));
+    evbuffer_add(fe->out, data, len);
+    count_reply(fe, code);
+    evhttp_send_reply(req, code, NULL, fe->out);
+}
+
+static void send_writer(kvr_frontend_t *fe, struct evhttp_request *req, int code)
+{
+    const char *data;
+    size_t len;
+    if (kvr_json_writer_finish(&fe->w, &data, &len) != KVR_OK) {
+        static const char oom[] = "{\"error\":{\"message\":\"response too large\",\"type\":"
+                                  "\"InternalServerError\",\"param\":null,\"code\":500}}";
+        send_body(fe, req, 500, "application/json", oom, sizeof oom - 1);
+        return;
+    }
+    send_body(fe, req, code, "application/json", data, len);
+}
+
+static void send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *fmt,
+                       ...) __attribute__((format(printf, 4, 5)));
+
+static void send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *fmt,
+                       ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    kvr_json_writer_reset(&fe->w);
+    kvr_oai_encode_error(&fe->w, msg, NULL, code);
+    send_writer(fe, req, code);
+}
+
+static const char *body_of(struct evhttp_request *req, size_t *len)
+{
+    struct evbuffer *b = evhttp_request_get_input_buffer(req);
+    *len = evbuffer_get_length(b);
+    if (*len == 0)
+        return "";
+    return (const char *)evbuffer_pullup(b, -1);
+}
+
+/* The request is about to get its last reply: nothing may reach it through its connection. */
+static struct evhttp_request *client_take(fe_req_t *p)
+{
+    struct evhttp_request *c = p->client;
+    if (c != NULL)
+        evhttp_connection_set_closecb(p->client_conn, NULL, NULL);
+    p->client = NULL;
+    return c;
+}
+
+/* Answers with an error and frees the request. */
+static void req_fail(fe_req_t *p, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void req_fail(fe_req_t *p, int code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    struct evhttp_request *c = client_take(p);
+    if (c != NULL)
+        send_error(p->fe, c, code, "%s", msg);
+    req_finish(p);
+}
+
+/* A routing status as the OpenAI error it is; frees the request. */
+static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
+{
+    switch (rc) {
+    case KVR_ENOWORKER:
+        if (p->n_tried > 0)
+            req_fail(p, 503, "no worker can serve this request (%s)", p->last_fail);
+        else
+            req_fail(p, 503, "no worker can serve this request");
+        return;
+    case KVR_ENOTALLOWED:
+        req_fail(p, 503, "the pinned worker is outside the request's filters");
+        return;
+    case KVR_EBUSY:
+        req_fail(p, 429, "every eligible worker is busy");
+        return;
+    case KVR_EQUEUEFULL:
+        req_fail(p, 429, "the request queue is full");
+        return;
+    case KVR_EFULL:
+        req_fail(p, 429, "too many requests in flight");
+        return;
+    case KVR_ETOOBIG:
+        req_fail(p, 413, "prompt longer than router_max_prompt_tokens (%llu tokens)",
+                 (unsigned long long)p->fe->cfg.router_max_prompt_tokens);
+        return;
+    case KVR_EINVAL:
+    case KVR_EPARSE:
+    case KVR_ERANGE:
+        req_fail(p, 400, "%s", res && res->error_field ? res->error_field : kvr_strerror(rc));
+        return;
+    default:
+        req_fail(p, 500, "routing failed: %s", kvr_strerror(rc));
+        return;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Upstream pools */
+
+static bool parse_url(upool_t *u, const char *url)
+{
+    struct evhttp_uri *parsed = evhttp_uri_parse(url);
+    if (parsed == NULL)
+        return false;
+    const char *scheme = evhttp_uri_get_scheme(parsed), *host = evhttp_uri_get_host(parsed);
+    const char *path = evhttp_uri_get_path(parsed);
+    int port = evhttp_uri_get_port(parsed);
+    bool ok = scheme != NULL && strcasecmp(scheme, "http") == 0 && host != NULL && *host &&
+              strlen(host) < sizeof u->host && (path == NULL || strlen(path) < sizeof u->base);
+    if (ok) {
+        snprintf(u->host, sizeof u->host, "%s", host);
+        u->port = (uint16_t)(port > 0 ? port : 80);
+        snprintf(u->hostport, sizeof u->hostport, "%s:%u", host, u->port);
+        snprintf(u->base, sizeof u->base, "%s", path ? path : "");
+        size_t bl = strlen(u->base);
+        while (bl > 0 && u->base[bl - 1] == '/')
+            u->base[--bl] = '\0';
+    }
+    evhttp_uri_free(parsed);
+    return ok;
+}
+
+static void pool_free(upool_t *u)
+{
+    for (size_t i = 0; i < u->n_conns; i++) {
+        if (u->conns[i]->conn != NULL)
+            evhttp_connection_free(u->conns[i]->conn);
+        free(u->conns[i]);
+    }
+    if (u->mconn != NULL)
+        evhttp_connection_free(u->mconn);
+    for (size_t i = 0; i < u->n_models; i++) {
+        free(u->models[i].id);
+        free(u->models[i].owned_by);
+    }
+    free(u->models);
+    free(u->conns);
+    free(u);
+}
+
+/* The live pool of a registered worker (made on first use; a new one when its url changed). */
+static upool_t *pool_for(kvr_frontend_t *fe, const kvr_worker_spec_t *sp)
+{
+    for (size_t i = 0; i < fe->n_pools; i++) {
+        upool_t *u = fe->pools[i];
+        if (u->dead || u->worker_id != sp->worker_id)
+            continue;
+        if (strcmp(u->url, sp->url) == 0)
+            return u;
+        u->dead = true; /* re-registered elsewhere */
+    }
+    if (fe->n_pools == fe->cap_pools) {
+        size_t cap = fe->cap_pools ? fe->cap_pools * 2 : 16;
+        upool_t **pp = realloc(fe->pools, cap * sizeof *pp);
+        if (pp == NULL)
+            return NULL;
+        fe->pools = pp;
+        fe->cap_pools = cap;
+    }
+    upool_t *u = calloc(1, sizeof *u);
+    if (u == NULL)
+        return NULL;
+    u->fe = fe;
+    u->worker_id = sp->worker_id;
+    snprintf(u->url, sizeof u->url, "%s", sp->url);
+    u->bad_url = sp->url[0] == '\0' || !parse_url(u, sp->url);
+    fe->pools[fe->n_pools++] = u;
+    return u;
+}
+
+static struct evhttp_connection *new_conn(kvr_frontend_t *fe, const upool_t *u,
+                                          const struct timeval *tv)
+{
+    struct evhttp_connection *c = evhttp_connection_base_new(fe->base, NULL, u->host, u->port);
+    if (c == NULL)
+        return NULL;
+    evhttp_connection_set_timeout_tv(c, tv);
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(c);
+    if (bev != NULL) {
+        bufferevent_set_max_single_read(bev, FE_BEV_MAX_IO);
+        bufferevent_set_max_single_write(bev, FE_BEV_MAX_IO);
+    }
+    return c;
+}
+
+/* An idle keep-alive connection of the pool, or a new one. */
+static upconn_t *pool_acquire(kvr_frontend_t *fe, upool_t *u)
+{
+    for (size_t i = u->n_conns; i-- > 0;) {
+        upconn_t *c = u->conns[i];
+        if (!c->busy) {
+            c->busy = true;
+            u->n_busy++;
+            return c;
+        }
+    }
+    if (u->n_conns == u->cap_conns) {
+        size_t cap = u->cap_conns ? u->cap_conns * 2 : 8;
+        upconn_t **cc = realloc(u->conns, cap * sizeof *cc);
+        if (cc == NULL)
+            return NULL;
+        u->conns = cc;
+        u->cap_conns = cap;
+    }
+    upconn_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    uint64_t ms = fe->cfg.frontend_upstream_timeout_ms;
+    struct timeval tv = {.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+    if ((c->conn = new_conn(fe, u, &tv)) == NULL) {
+        free(c);
+        return NULL;
+    }
+    c->pool = u;
+    c->busy = true;
+    u->conns[u->n_conns++] = c;
+    u->n_busy++;
+    return c;
+}
+
+static void pool_release(upconn_t *c)
+{
+    if (c != NULL && c->busy) {
+        c->busy = false;
+        c->pool->n_busy--;
+    }
+}
+
+/* A refused connection or a failure before the first byte: counted against the worker. */
+static void worker_failed(kvr_frontend_t *fe, upool_t *u, up_kind_t kind)
+{
+    if (kind == UPK_NO_URL)
+        return;
+    u->consecutive_failures++;
+    if (u->consecutive_failures >= fe->cfg.frontend_fence_failures &&
+        !kvr_router_fenced(fe->r, u->worker_id) && kvr_router_worker(fe->r, u->worker_id)) {
+        char why[96];
+        snprintf(why, sizeof why, "failed %u upstream requests in a row (last: %s)",
+                 u->consecutive_failures, UPK_NAMES[kind]);
+        kvr_api_server_fence(fe->api, u->worker_id, why);
+        fe->st.fenced++;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Requests: lifecycle */
+
+static void link_req(kvr_frontend_t *fe, fe_req_t *p)
+{
+    p->next = fe->live;
+    if (fe->live)
+        fe->live->prev = p;
+    fe->live = p;
+    fe->n_live++;
+}
+
+static void unlink_req(kvr_frontend_t *fe, fe_req_t *p)
+{
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        fe->live = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    fe->n_live--;
+}
+
+/* Drops the upstream call without any callback (the connection is closed: the worker sees
+ * the disconnect and cancels its request). */
+static void cancel_upstream(fe_req_t *p)
+{
+    if (p->up != NULL) {
+        evhttp_request_set_error_cb(p->up, NULL);
+        evhttp_request_set_chunked_cb(p->up, NULL);
+        evhttp_cancel_request(p->up);
+        p->up = NULL;
+    }
+    pool_release(p->uc);
+    p->uc = NULL;
+}
+
+/* Frees the router's booking (the queue may place something now). */
+static void unbook(fe_req_t *p)
+{
+    if (!p->booked)
+        return;
+    p->booked = false;
+    (void)kvr_router_free_request(p->fe->r, p->rid, p->rid_len, kvr_now_ms());
+    kvr_api_server_kick(p->fe->api);
+}
+
+/* Releases everything; the client was answered or is gone. */
+static void req_finish(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    cancel_upstream(p);
+    if (p->phase == PH_QUEUED)
+        (void)kvr_api_server_unqueue(fe->api, p->qh);
+    if (p->retry_ev != NULL)
+        event_free(p->retry_ev);
+    p->retry_ev = NULL;
+    if (p->client != NULL) { /* never left unanswered */
+        if (p->reply_started) {
+            end_stream(p, "internal error: the request was dropped");
+        } else {
+            struct evhttp_request *c = client_take(p);
+            send_error(fe, c, 500, "internal error: the request was dropped");
+        }
+    }
+    unlink_req(fe, p);
+    bool booked = p->booked;
+    char rid[sizeof p->rid];
+    size_t rid_len = p->rid_len;
+    memcpy(rid, p->rid, rid_len);
+    if (p->sse != NULL)
+        evbuffer_free(p->sse);
+    free(p->tokens);
+    free(p->body_own);
+    free(p->auth);
+    free(p->tok_body);
+    free(p->lora);
+    free(p->allowed);
+    free(p->scratch);
+    free(p);
+    if (booked) { /* last: the queue may place another request, which may call back here */
+        (void)kvr_router_free_request(fe->r, rid, rid_len, kvr_now_ms());
+        kvr_api_server_kick(fe->api);
+    }
+}
+
+static void on_client_close(struct evhttp_connection *conn, void *arg)
+{
+    (void)conn;
+    fe_req_t *p = arg;
+    p->fe->st.client_disconnects++;
+    struct evhttp_request *c = p->client;
+    p->client = NULL;
+    cancel_upstream(p); /* first: nothing of ours may reach the client's buffers after this */
+    /* a reply still owed on a failed connection is detached and ours; one still attached
+     * (the connection is being freed) is libevent's */
+    if (c != NULL && evhttp_request_get_connection(c) == NULL)
+        evhttp_request_free(c);
+    req_finish(p);
+}
+
+static void on_retry(evutil_socket_t fd, short what, void *arg);
+
+/* The timer failures continue from, made before the first upstream call (so that a failure
+ * never needs an allocation). */
+static bool ensure_retry_ev(fe_req_t *p)
+{
+    if (p->retry_ev == NULL)
+        p->retry_ev = evtimer_new(p->fe->base, on_retry, p);
+    return p->retry_ev != NULL;
+}
+
+/* Continues p from a zero-delay timer. */
+static void schedule_retry(fe_req_t *p)
+{
+    static const struct timeval now = {0, 0};
+    p->phase = PH_RETRY;
+    (void)evtimer_add(p->retry_ev, &now);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Requests: bodies */
+
+/* The body sent to workers when the client's cannot go verbatim: its top-level members but
+ * nvext (and the prompt when it becomes the ids), then the ids to run ("prompt" for
+ * completions, nvext.token_data for chat). KVR_OK, KVR_ETOOBIG (more members than we splice)
+ * or KVR_ENOMEM. */
+static int build_forward_body(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    const char *b = p->client_body;
+    int k = scan_members(b, p->client_body_len, 0, fe->members);
+    if (k < 0)
+        return KVR_ETOOBIG; /* the decoder accepted it: only the member cap can refuse it */
+    sbuf_t buf = {0}, *sb = &buf; /* sized once: the body plus the ids as text */
+    sb_reserve(sb, p->client_body_len + p->n_tokens * 11 + 64);
+    sb_add(sb, "{", 1);
+    bool first = true;
+    for (int i = 0; i < k; i++) {
+        const span_member_t *m = &fe->members[i];
+        if (key_is(b, m, "nvext") || (p->drop_prompt && key_is(b, m, "prompt")))
+            continue;
+        if (!first)
+            sb_add(sb, ",", 1);
+        sb_add(sb, b + m->key, m->val_end - m->key);
+        first = false;
+    }
+    if (p->ep == KVR_OAI_COMPLETIONS) {
+        if (p->drop_prompt) {
+            sb_str(sb, first ? "\"prompt\":" : ",\"prompt\":");
+            sb_ids(sb, p->tokens, p->n_tokens);
+        }
+    } else {
+        sb_str(sb, first ? "\"nvext\":{\"token_data\":" : ",\"nvext\":{\"token_data\":");
+        sb_ids(sb, p->tokens, p->n_tokens);
+        sb_add(sb, "}", 1);
+    }
+    sb_add(sb, "}", 1);
+    if (sb->oom) {
+        free(sb->p);
+        return KVR_ENOMEM;
+    }
+    free(p->body_own);
+    p->body_own = sb->p;
+    p->body = p->body_own;
+    p->body_len = sb->n;
+    return KVR_OK;
+}
+
+static bool set_tokens(fe_req_t *p, const uint32_t *t, size_t n)
+{
+    free(p->tokens);
+    p->tokens = malloc((n ? n : 1) * sizeof *t);
+    if (p->tokens == NULL)
+        return false;
+    if (n)
+        memcpy(p->tokens, t, n * sizeof *t);
+    p->n_tokens = n;
+    return true;
+}
+
+/* The ids are known: the body for the workers, then routing. */
+static void ids_ready(fe_req_t *p)
+{
+    int rc = KVR_OK;
+    if (!p->rewrite) {
+        p->body = p->client_body;
+        p->body_len = p->client_body_len;
+    } else if ((rc = build_forward_body(p)) != KVR_OK) {
+        if (rc == KVR_ETOOBIG)
+            req_fail(p, 400, "request body: more than %d top-level fields", FE_MAX_MEMBERS);
+        else
+            req_fail(p, 500, "out of memory");
+        return;
+    }
+    route_attempt(p);
+}
+
+/* ,"nvext":{"worker_id":{...}} for the chosen worker. */
+static void make_nvext(fe_req_t *p)
+{
+    int n = snprintf(p->nvext, sizeof p->nvext,
+                     ",\"nvext\":{\"worker_id\":{\"prefill_worker_id\":%llu,\"prefill_dp_rank\":%u,"
+                     "\"decode_worker_id\":%llu,\"decode_dp_rank\":%u}}",
+                     (unsigned long long)p->worker.worker_id, p->worker.dp_rank,
+                     (unsigned long long)p->worker.worker_id, p->worker.dp_rank);
+    p->nvext_len = n > 0 && (size_t)n < sizeof p->nvext ? (size_t)n : 0;
+}
+
+/* Appends json (one object) to out with the worker's nvext as its last member; false (out
+ * untouched) when it is not an object. */
+static bool inject_worker(kvr_frontend_t *fe, const fe_req_t *p, const char *json, size_t len,
+                          struct evbuffer *out)
+{
+    size_t s = skip_ws(json, len, 0), e = len;
+    while (e > s && is_ws(json[e - 1]))
+        e--;
+    if (p->nvext_len == 0 || e - s < 2 || json[s] != '{' || json[e - 1] != '}')
+        return false;
+    if (find_bytes(json + s, e - s, "\"nvext\"", 7) == NULL) {
+        size_t t = skip_ws(json, e - 1, s + 1);
+        bool empty = t == e - 1;
+        evbuffer_add(out, json + s, e - 1 - s);
+        evbuffer_add(out, p->nvext + empty, p->nvext_len - empty);
+        evbuffer_add(out, "}", 1);
+        return true;
+    }
+    int k = scan_members(json, e, s, fe->members);
+    if (k < 0)
+        return false;
+    evbuffer_add(out, "{", 1);
+    bool first = true;
+    for (int i = 0; i < k; i++) {
+        const span_member_t *m = &fe->members[i];
+        if (key_is(json, m, "nvext"))
+            continue;
+        if (!first)
+            evbuffer_add(out, ",", 1);
+        evbuffer_add(out, json + m->key, m->val_end - m->key);
+        first = false;
+    }
+    evbuffer_add(out, p->nvext + first, p->nvext_len - first);
+    evbuffer_add(out, "}", 1);
+    return true;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Requests: routing */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static bool was_tried(const fe_req_t *p, uint64_t id)
+{
+    for (unsigned i = 0; i < p->n_tried; i++)
+        if (p->tried[i] == id)
+            return true;
+    return false;
+}
+
+static bool usable_worker(kvr_frontend_t *fe, uint64_t id)
+{
+    const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, id);
+    return sp != NULL && sp->url[0] != '\0';
+}
+
+/* The allowed ids of this attempt: the client's list (or every registered worker, or the
+ * pinned one) without the workers that failed and those without a url. NULL = no filter. */
+static const uint64_t *attempt_allowed(fe_req_t *p, size_t *n, bool *oom)
+{
+    kvr_frontend_t *fe = p->fe;
+    *oom = false;
+    bool pin_only = p->has_pin_worker && !p->has_pin_rank;
+    if (!p->has_allowed && !pin_only && p->n_tried == 0 && fe->n_urlless == 0)
+        return NULL;
+    size_t cap = p->has_allowed || pin_only ? p->n_allowed + 1 : FE_MAX_WORKERS;
+    if (p->cap_scratch < cap) {
+        uint64_t *s = realloc(p->scratch, cap * sizeof *s);
+        if (s == NULL) {
+            *oom = true;
+            return NULL;
+        }
+        p->scratch = s;
+        p->cap_scratch = cap;
+    }
+    size_t m = 0;
+    if (p->has_allowed) {
+        for (size_t i = 0; i < p->n_allowed; i++)
+            if (!pin_only || p->allowed[i] == p->pin_worker)
+                p->scratch[m++] = p->allowed[i];
+    } else if (pin_only) {
+        p->scratch[m++] = p->pin_worker;
+    } else {
+        m = kvr_router_worker_ids(fe->r, p->scratch, FE_MAX_WORKERS);
+        if (m > FE_MAX_WORKERS)
+            m = FE_MAX_WORKERS;
+        qsort(p->scratch, m, sizeof *p->scratch, cmp_u64);
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < m; i++) {
+        uint64_t id = p->scratch[i];
+        if (was_tried(p, id) || ((fe->n_urlless > 0 || p->n_tried > 0) && !usable_worker(fe, id)))
+            continue;
+        p->scratch[o++] = id;
+    }
+    *n = o;
+    return p->scratch;
+}
+
+static void on_placed(void *arg, int rc, const kvr_route_res_t *res);
+static void send_upstream(fe_req_t *p);
+
+static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
+{
+    if (rc != KVR_OK) {
+        req_fail_route(p, rc, res);
+        return;
+    }
+    p->booked = true;
+    p->rid_len = strlen(res->request_id);
+    memcpy(p->rid, res->request_id, p->rid_len + 1);
+    p->worker = res->worker;
+    if (p->want_worker)
+        make_nvext(p);
+    send_upstream(p);
+}
+
+static void route_attempt(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    size_t n_allowed = 0;
+    bool oom;
+    const uint64_t *allowed = attempt_allowed(p, &n_allowed, &oom);
+    if (oom) {
+        req_fail(p, 500, "out of memory");
+        return;
+    }
+    kvr_route_req_t q = {
+        .tokens = p->tokens,
+        .n_tokens = p->n_tokens,
+        .update_state = true,
+        .lora_name = p->lora,
+        .lora_name_len = p->lora_len,
+        .has_allowed = allowed != NULL,
+        .allowed_ids = allowed,
+        .n_allowed = n_allowed,
+        .has_pinned = p->has_pin_worker && p->has_pin_rank,
+        .pinned = {p->pin_worker, p->pin_rank},
+        .priority_jump = p->priority,
+        .has_expected_output_tokens = p->has_eot,
+        .expected_output_tokens = p->eot,
+    };
+    kvr_route_res_t res;
+    bool queued = false;
+    p->phase = PH_START;
+    int rc = kvr_api_server_place(fe->api, &q, on_placed, p, &res, &queued, &p->qh);
+    if (rc == KVR_OK && queued) {
+        p->phase = PH_QUEUED;
+        return;
+    }
+    routed(p, rc, &res);
+}
+
+static void on_placed(void *arg, int rc, const kvr_route_res_t *res)
+{
+    fe_req_t *p = arg;
+    p->phase = PH_START;
+    if (p->fe->closing) {
+        req_fail(p, 503, "the router is shutting down");
+        return;
+    }
+    if (res == NULL) {
+        req_fail(p, 429, "queued longer than router_queue_timeout_ms (%llu ms)",
+                 (unsigned long long)p->fe->cfg.router_queue_timeout_ms);
+        return;
+    }
+    routed(p, rc, res);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Requests: the upstream call */
+
+static void up_count_error(kvr_frontend_t *fe, up_kind_t kind, uint64_t worker_id, bool before)
+{
+    fe->st.upstream_errors[kind]++;
+    kvr_log_limited(&fe->rl_up, KVR_LOG_WARN, "upstream %s on worker %llu (%s the first byte)",
+                    UPK_NAMES[kind], (unsigned long long)worker_id, before ? "before" : "after");
+}
+
+static void on_up_error(enum evhttp_request_error err, void *arg)
+{
+    fe_req_t *p = arg;
+    p->up_err_set = true;
+    switch (err) {
+    case EVREQ_HTTP_TIMEOUT:
+        p->up_err = UPK_TIMEOUT; /* connected, then silent (a connect timeout is UPK_CONNECT) */
+        break;
+    case EVREQ_HTTP_EOF:
+        p->up_err = UPK_EOF;
+        break;
+    default:
+        p->up_err = UPK_PROTOCOL;
+        break;
+    }
+}
+
+/* The upstream failed before its first byte: retried elsewhere from the timer. */
+static void attempt_failed(fe_req_t *p, up_kind_t kind)
+{
+    kvr_frontend_t *fe = p->fe;
+    up_count_error(fe, kind, p->worker.worker_id, true);
+    snprintf(p->last_fail, sizeof p->last_fail, "%u upstream attempt%s failed, the last with %s "
+             "on worker %llu", p->attempts, p->attempts == 1 ? "" : "s", UPK_NAMES[kind],
+             (unsigned long long)p->worker.worker_id);
+    if (p->up_pool != NULL)
+        worker_failed(fe, p->up_pool, kind);
+    if (p->n_tried < FE_MAX_ATTEMPTS)
+        p->tried[p->n_tried++] = p->worker.worker_id;
+    unbook(p);
+    schedule_retry(p);
+}
+
+static void start_reply(fe_req_t *p)
+{
+    if (p->reply_started || p->client == NULL)
+        return;
+    p->reply_started = true;
+    struct evkeyvalq *h = evhttp_request_get_output_headers(p->client);
+    char v[24];
+    evhttp_add_header(h, "Content-Type", "text/event-stream");
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    snprintf(v, sizeof v, "%llu", (unsigned long long)p->worker.worker_id);
+    evhttp_add_header(h, "x-kvrouter-worker-id", v);
+    snprintf(v, sizeof v, "%u", p->worker.dp_rank);
+    evhttp_add_header(h, "x-kvrouter-dp-rank", v);
+    /* events are small writes: without this, Nagle holds one back until the client's
+     * delayed ACK */
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(p->client_conn);
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd >= 0) {
+        int one = 1;
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    evhttp_send_reply_start(p->client, 200, "OK");
+}
+
+static void mark_token(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    uint64_t now = kvr_now_ms();
+    p->gen_tokens++;
+    fe->st.stream_tokens++;
+    if (!p->first_token_sent) {
+        p->first_token_sent = true;
+        (void)kvr_router_first_token(fe->r, p->rid, p->rid_len, now);
+    }
+    uint64_t bs = fe->cfg.block_size, total = p->n_tokens + p->gen_tokens;
+    if (bs > 0 && total % bs == 1 % bs) {
+        double decay = NAN;
+        if (p->has_eot) {
+            double d = 1.0 - (double)p->gen_tokens / (double)(p->eot ? p->eot : 1);
+            decay = d > 0 ? d : 0;
+        }
+        (void)kvr_router_output_block(fe->r, p->rid, p->rid_len, decay, now);
+    }
+}
+
+/* Whether the chunk's "choices" array is non-empty (it carries a token). */
+static bool has_choices(const char *j, size_t n)
+{
+    const char *k = find_bytes(j, n, "\"choices\"", 9);
+    if (k == NULL)
+        return false;
+    size_t i = skip_ws(j, n, (size_t)(k - j) + 9);
+    if (i >= n || j[i] != ':')
+        return false;
+    i = skip_ws(j, n, i + 1);
+    if (i >= n || j[i] != '[')
+        return false;
+    i = skip_ws(j, n, i + 1);
+    return i < n && j[i] != ']';
+}
+
+/* Length of the first complete event in b[0..n) (through its blank line), 0 when none. */
+static size_t sse_event_len(const char *b, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        const char *nl = memchr(b + i, '\n', n - i);
+        if (nl == NULL)
+            return 0;
+        size_t j = (size_t)(nl - b) + 1;
+        if (j < n && b[j] == '\n')
+            return j + 1;
+        if (j + 1 < n && b[j] == '\r' && b[j + 1] == '\n')
+            return j + 2;
+        i = j;
+    }
+    return 0;
+}
+
+/* One complete event: counted, and copied to out (with the worker's nvext when asked). */
+static void relay_event(fe_req_t *p, const char *ev, size_t len, struct evbuffer *out)
+{
+    kvr_frontend_t *fe = p->fe;
+    fe->st.stream_events++;
+    const char *nl = memchr(ev, '\n', len);
+    size_t l1 = (size_t)(nl - ev), tail = len - l1;
+    size_t le = l1 > 0 && ev[l1 - 1] == '\r' ? l1 - 1 : l1;
+    bool single = tail == 2 || (tail == 3 && ev[l1 + 1] == '\r');
+    if (!single || le < 5 || memcmp(ev, "data:", 5) != 0) {
+        evbuffer_add(out, ev, len); /* comments, named events, multi-line data: as they are */
+        return;
+    }
+    size_t off = le > 5 && ev[5] == ' ' ? 6 : 5;
+    const char *d = ev + off;
+    size_t dl = le - off;
+    if (dl == 0 || d[0] != '{') { /* [DONE] and the like */
+        evbuffer_add(out, ev, len);
+        return;
+    }
+    bool error = dl >= 8 && memcmp(d, "{\"error\"", 8) == 0;
+    if (!error && has_choices(d, dl))
+        mark_token(p);
+    if (p->want_worker && !error) {
+        evbuffer_add(out, KVR_OAI_SSE_PREFIX, sizeof KVR_OAI_SSE_PREFIX - 1);
+        if (inject_worker(fe, p, d, dl, out)) {
+            evbuffer_add(out, KVR_OAI_SSE_SUFFIX, sizeof KVR_OAI_SSE_SUFFIX - 1);
+            return;
+        }
+        fe->st.inject_failed++;
+        evbuffer_add(out, d, dl);
+        evbuffer_add(out, KVR_OAI_SSE_SUFFIX, sizeof KVR_OAI_SSE_SUFFIX - 1);
+        return;
+    }
+    evbuffer_add(out, ev, len);
+}
+
+/* Forwards the complete events held (all of it when final). */
+static void relay(fe_req_t *p, bool final)
+{
+    kvr_frontend_t *fe = p->fe;
+    struct evbuffer *out = fe->out;
+    evbuffer_drain(out, evbuffer_get_length(out));
+    size_t avail = evbuffer_get_length(p->sse);
+    if (avail > 0) {
+        const char *b = (const char *)evbuffer_pullup(p->sse, -1);
+        size_t off = 0, l;
+        while (off < avail && (l = sse_event_len(b + off, avail - off)) > 0) {
+            relay_event(p, b + off, l, out);
+            off += l;
+        }
+        if (off < avail && (final || avail - off > FE_SSE_MAX_PENDING)) {
+            evbuffer_add(out, b + off, avail - off);
+            fe->st.sse_raw++;
+            off = avail;
+        }
+        evbuffer_drain(p->sse, off);
+    }
+    if (evbuffer_get_length(out) > 0 && p->client != NULL) {
+        start_reply(p);
+        evhttp_send_reply_chunk(p->client, out);
+    }
+}
+
+static void on_up_chunk(struct evhttp_request *up, void *arg)
+{
+    fe_req_t *p = arg;
+    evbuffer_add_buffer(p->sse, evhttp_request_get_input_buffer(up));
+    relay(p, false);
+}
+
+static int on_up_header(struct evhttp_request *up, void *arg)
+{
+    fe_req_t *p = arg;
+    p->got_headers = true;
+    p->up_code = evhttp_request_get_response_code(up);
+    if (p->up_pool != NULL)
+        p->up_pool->consecutive_failures = 0;
+    const char *ct = evhttp_find_header(evhttp_request_get_input_headers(up), "Content-Type");
+    p->sse_mode = p->up_code == 200 && p->stream && ct != NULL &&
+                  strncasecmp(ct, "text/event-stream", 17) == 0;
+    if (!p->sse_mode)
+        evhttp_request_set_chunked_cb(up, NULL); /* the body accumulates for on_up_done */
+    if (p->up_code >= 500)
+        up_count_error(p->fe, UPK_STATUS_5XX, p->worker.worker_id, false);
+    if (p->up_code == 200 && !p->sse_mode && !p->first_token_sent) {
+        p->first_token_sent = true; /* a whole answer: its first token is behind it */
+        (void)kvr_router_first_token(p->fe->r, p->rid, p->rid_len, kvr_now_ms());
+    }
+    return 0;
+}
+
+/* The whole (non-SSE) answer, relayed with its status. */
+static void reply_whole(fe_req_t *p, struct evhttp_request *up)
+{
+    kvr_frontend_t *fe = p->fe;
+    struct evhttp_request *c = client_take(p);
+    if (c == NULL)
+        return;
+    struct evbuffer *in = evhttp_request_get_input_buffer(up);
+    const char *ct = evhttp_find_header(evhttp_request_get_input_headers(up), "Content-Type");
+    struct evkeyvalq *h = evhttp_request_get_output_headers(c);
+    char v[24];
+    evhttp_add_header(h, "Content-Type", ct ? ct : "application/json");
+    snprintf(v, sizeof v, "%llu", (unsigned long long)p->worker.worker_id);
+    evhttp_add_header(h, "x-kvrouter-worker-id", v);
+    snprintf(v, sizeof v, "%u", p->worker.dp_rank);
+    evhttp_add_header(h, "x-kvrouter-dp-rank", v);
+    evbuffer_drain(fe->out, evbuffer_get_length(fe->out));
+    size_t len = evbuffer_get_length(in);
+    bool done = false;
+    if (p->want_worker && p->up_code == 200 && len > 0) {
+        const char *b = (const char *)evbuffer_pullup(in, -1);
+        done = inject_worker(fe, p, b, len, fe->out);
+        if (!done) {
+            fe->st.inject_failed++;
+            evbuffer_drain(fe->out, evbuffer_get_length(fe->out));
+        }
+    }
+    if (!done)
+        evbuffer_add_buffer(fe->out, in);
+    count_reply(fe, p->up_code);
+    evhttp_send_reply(c, p->up_code, NULL, fe->out);
+}
+
+/* The end of the SSE stream (with an error event first when it broke). */
+static void end_stream(fe_req_t *p, const char *error)
+{
+    kvr_frontend_t *fe = p->fe;
+    if (p->client == NULL)
+        return;
+    if (error != NULL) {
+        kvr_json_writer_reset(&fe->w);
+        kvr_oai_encode_error(&fe->w, error, NULL, 502);
+        const char *j;
+        size_t jl;
+        evbuffer_drain(fe->out, evbuffer_get_length(fe->out));
+        if (kvr_json_writer_finish(&fe->w, &j, &jl) == KVR_OK) {
+            evbuffer_add(fe->out, KVR_OAI_SSE_PREFIX, sizeof KVR_OAI_SSE_PREFIX - 1);
+            evbuffer_add(fe->out, j, jl);
+            evbuffer_add(fe->out, KVR_OAI_SSE_SUFFIX, sizeof KVR_OAI_SSE_SUFFIX - 1);
+        }
+        evbuffer_add(fe->out, KVR_OAI_SSE_DONE, sizeof KVR_OAI_SSE_DONE - 1);
+        start_reply(p);
+        evhttp_send_reply_chunk(p->client, fe->out);
+    }
+    start_reply(p);
+    struct evhttp_request *c = client_take(p);
+    fe->st.replies[4]++;
+    evhttp_send_reply_end(c);
+}
+
+static void on_up_done(struct evhttp_request *up, void *arg)
+{
+    fe_req_t *p = arg;
+    kvr_frontend_t *fe = p->fe;
+    p->up = NULL; /* libevent frees it after this call */
+    pool_release(p->uc);
+    p->uc = NULL;
+    int code = up != NULL ? evhttp_request_get_response_code(up) : 0;
+    if (up == NULL || code == 0) {
+        up_kind_t kind = up != NULL ? UPK_CONNECT : p->up_err_set ? p->up_err : UPK_EOF;
+        if (!p->got_headers && kind != UPK_TIMEOUT) {
+            attempt_failed(p, kind);
+            return;
+        }
+        if (!p->got_headers) { /* accepted, then silent: maybe still generating; not retried */
+            up_count_error(fe, kind, p->worker.worker_id, true);
+            worker_failed(fe, p->up_pool, kind);
+            req_fail(p, 504, "worker %llu sent nothing for frontend_upstream_timeout_ms (%llu ms)",
+                     (unsigned long long)p->worker.worker_id,
+                     (unsigned long long)fe->cfg.frontend_upstream_timeout_ms);
+            return;
+        }
+        up_count_error(fe, kind, p->worker.worker_id, false);
+        char msg[160];
+        snprintf(msg, sizeof msg, "worker %llu failed mid-response (%s)",
+                 (unsigned long long)p->worker.worker_id, UPK_NAMES[kind]);
+        if (p->reply_started) {
+            relay(p, true);
+            end_stream(p, msg);
+            req_finish(p);
+        } else {
+            req_fail(p, 502, "%s", msg);
+        }
+        return;
+    }
+    if (p->sse_mode) {
+        relay(p, true);
+        end_stream(p, NULL);
+    } else {
+        reply_whole(p, up);
+    }
+    req_finish(p);
+}
+
+static void send_upstream(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, p->worker.worker_id);
+    upool_t *u = sp != NULL ? pool_for(fe, sp) : NULL;
+    p->attempts++;
+    p->up_pool = u;
+    p->got_headers = p->up_err_set = p->sse_mode = false;
+    p->phase = PH_UPSTREAM;
+    if (u == NULL || u->bad_url) {
+        if (!ensure_retry_ev(p)) {
+            req_fail(p, 500, "out of memory");
+            return;
+        }
+        attempt_failed(p, UPK_NO_URL);
+        return;
+    }
+    upconn_t *uc = ensure_retry_ev(p) ? pool_acquire(fe, u) : NULL;
+    struct evhttp_request *up = uc ? evhttp_request_new(on_up_done, p) : NULL;
+    if (up == NULL) {
+        pool_release(uc);
+        req_fail(p, 500, "out of memory");
+        return;
+    }
+    evhttp_request_set_header_cb(up, on_up_header);
+    evhttp_request_set_chunked_cb(up, on_up_chunk);
+    evhttp_request_set_error_cb(up, on_up_error);
+    struct evkeyvalq *h = evhttp_request_get_output_headers(up);
+    char rank[16];
+    snprintf(rank, sizeof rank, "%u", p->worker.dp_rank);
+    evhttp_add_header(h, "Host", u->hostport);
+    evhttp_add_header(h, "Content-Type", "application/json");
+    evhttp_add_header(h, "x-data-parallel-rank", rank);
+    if (p->stream)
+        evhttp_add_header(h, "Accept", "text/event-stream");
+    if (p->auth != NULL)
+        evhttp_add_header(h, "Authorization", p->auth);
+    evbuffer_add(evhttp_request_get_output_buffer(up), p->body, p->body_len);
+    char path[KVR_ADDR_BYTES + 32];
+    snprintf(path, sizeof path, "%s%s", u->base,
+             p->ep == KVR_OAI_CHAT ? "/v1/chat/completions" : "/v1/completions");
+    if (p->sse == NULL)
+        p->sse = evbuffer_new();
+    else
+        evbuffer_drain(p->sse, evbuffer_get_length(p->sse));
+    p->up = up;
+    p->uc = uc;
+    fe->st.forwarded++;
+    if (p->attempts == 1)
+        kvr_hist_observe(&fe->h_forward, (double)(mono_ns() - p->arrival_ns) / 1e6);
+    /* may call on_up_done before returning (a connection refused at once): p stays valid,
+     * the failure continues from the timer */
+    if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up == up) {
+        p->up = NULL;
+        pool_release(p->uc);
+        p->uc = NULL;
+        attempt_failed(p, UPK_CONNECT);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Requests: tokenize */
+
+/* The next tokenizer: round-robin over the registered, unfenced workers with a url not yet
+ * tried for this request. */
+static upool_t *pick_tokenizer(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    uint64_t ids[FE_MAX_WORKERS];
+    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
+    if (n > FE_MAX_WORKERS)
+        n = FE_MAX_WORKERS;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t id = ids[(fe->tok_rr + k) % n];
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, id);
+        bool tried = false;
+        for (unsigned i = 0; i < p->n_tok_tried && !tried; i++)
+            tried = p->tok_tried[i] == id;
+        if (sp == NULL || sp->url[0] == '\0' || tried || kvr_router_fenced(fe->r, id))
+            continue;
+        upool_t *u = pool_for(fe, sp);
+        if (u == NULL || u->bad_url)
+            continue;
+        fe->tok_rr += k + 1;
+        return u;
+    }
+    return NULL;
+}
+
+static void on_tok_done(struct evhttp_request *up, void *arg)
+{
+    fe_req_t *p = arg;
+    kvr_frontend_t *fe = p->fe;
+    p->up = NULL;
+    pool_release(p->uc);
+    p->uc = NULL;
+    upool_t *u = p->up_pool;
+    int code = up != NULL ? evhttp_request_get_response_code(up) : 0;
+    if (up == NULL || code == 0) {
+        up_kind_t kind = up != NULL ? UPK_CONNECT : p->up_err_set ? p->up_err : UPK_EOF;
+        up_count_error(fe, kind, u->worker_id, true);
+        worker_failed(fe, u, kind);
+        snprintf(p->last_fail, sizeof p->last_fail, "/tokenize failed with %s on worker %llu",
+                 UPK_NAMES[kind], (unsigned long long)u->worker_id);
+        schedule_retry(p);
+        return;
+    }
+    u->consecutive_failures = 0;
+    struct evbuffer *in = evhttp_request_get_input_buffer(up);
+    size_t len = evbuffer_get_length(in);
+    const char *b = len ? (const char *)evbuffer_pullup(in, -1) : "";
+    if (code != 200) { /* the worker's verdict on the prompt (too long, unknown model...) */
+        struct evhttp_request *c = client_take(p);
+        if (c != NULL) {
+            const char *ct = evhttp_find_header(evhttp_request_get_input_headers(up),
+                                                "Content-Type");
+            send_body(fe, c, code, ct ? ct : "application/json", b, len);
+        }
+        req_finish(p);
+        return;
+    }
+    kvr_api_query_t q;
+    if (kvr_api_decode_query(fe->tokdec, b, len, &q) != KVR_OK) {
+        fe->st.upstream_errors[UPK_PROTOCOL]++;
+        kvr_log_limited(&fe->rl_proto, KVR_LOG_WARN, "worker %llu: bad /tokenize answer: %s",
+                        (unsigned long long)u->worker_id, kvr_api_decoder_error(fe->tokdec));
+        req_fail(p, 502, "worker %llu answered /tokenize with %s",
+                 (unsigned long long)u->worker_id, kvr_api_decoder_error(fe->tokdec));
+        return;
+    }
+    if (!set_tokens(p, q.tokens, q.n_tokens)) {
+        req_fail(p, 500, "out of memory");
+        return;
+    }
+    tc_put(&fe->cache, p->tok_key, q.tokens, q.n_tokens);
+    p->phase = PH_START;
+    ids_ready(p);
+}
+
+static void start_tokenize(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    if (p->n_tok_tried >= 1 + fe->cfg.frontend_max_retries) {
+        req_fail(p, 503, "no worker could tokenize the prompt (%s)", p->last_fail);
+        return;
+    }
+    upool_t *u = pick_tokenizer(p);
+    if (u == NULL) {
+        if (p->n_tok_tried > 0)
+            req_fail(p, 503, "no worker could tokenize the prompt (%s)", p->last_fail);
+        else
+            req_fail(p, 503, "no worker with a url can tokenize the prompt");
+        return;
+    }
+    p->tok_tried[p->n_tok_tried++] = u->worker_id;
+    upconn_t *uc = ensure_retry_ev(p) ? pool_acquire(fe, u) : NULL;
+    struct evhttp_request *up = uc ? evhttp_request_new(on_tok_done, p) : NULL;
+    if (up == NULL) {
+        pool_release(uc);
+        req_fail(p, 500, "out of memory");
+        return;
+    }
+    evhttp_request_set_error_cb(up, on_up_error);
+    struct evkeyvalq *h = evhttp_request_get_output_headers(up);
+    evhttp_add_header(h, "Host", u->hostport);
+    evhttp_add_header(h, "Content-Type", "application/json");
+    if (p->auth != NULL)
+        evhttp_add_header(h, "Authorization", p->auth);
+    evbuffer_add(evhttp_request_get_output_buffer(up), p->tok_body, p->tok_body_len);
+    char path[KVR_ADDR_BYTES + 16];
+    snprintf(path, sizeof path, "%s/tokenize", u->base);
+    p->phase = PH_TOKENIZE;
+    p->up_pool = u;
+    p->up_err_set = p->got_headers = false;
+    p->up = up;
+    p->uc = uc;
+    fe->st.tokenize_calls++;
+    if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up == up) {
+        p->up = NULL;
+        pool_release(p->uc);
+        p->uc = NULL;
+        snprintf(p->last_fail, sizeof p->last_fail, "cannot connect to worker %llu",
+                 (unsigned long long)u->worker_id);
+        schedule_retry(p);
+    }
+}
+
+static void on_retry(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    fe_req_t *p = arg;
+    kvr_frontend_t *fe = p->fe;
+    p->phase = PH_START;
+    if (p->tokens == NULL && p->tok_body != NULL) {
+        start_tokenize(p);
+        return;
+    }
+    if (p->attempts >= 1 + fe->cfg.frontend_max_retries) {
+        req_fail(p, 503, "no worker could serve this request (%s)", p->last_fail);
+        return;
+    }
+    if (p->has_pin_worker && was_tried(p, p->pin_worker)) {
+        req_fail(p, 503, "the pinned worker cannot serve this request (%s)", p->last_fail);
+        return;
+    }
+    fe->st.retries++;
+    route_attempt(p);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Requests: arrival */
+
+static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+    if (*s < '0' || *s > '9')
+        return false;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v > max)
+        return false;
+    *out = (uint64_t)v;
+    return true;
+}
+
+/* The /tokenize body and the cache key of a text or chat prompt. */
+static bool tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq)
+{
+    kvr_json_writer_t *w = &p->fe->w;
+    XXH3_state_t *st = XXH3_createState();
+    if (st == NULL)
+        return false;
+    XXH3_128bits_reset(st);
+    uint8_t tag = (uint8_t)rq->prompt_kind;
+    XXH3_128bits_update(st, &tag, 1);
+    uint64_t ml = rq->model ? rq->model_len : 0;
+    XXH3_128bits_update(st, &ml, sizeof ml);
+    if (ml)
+        XXH3_128bits_update(st, rq->model, ml);
+    kvr_json_writer_reset(w);
+    kvr_json_begin_object(w);
+    if (rq->model != NULL) {
+        kvr_json_key(w, "model");
+        kvr_json_string_n(w, rq->model, rq->model_len);
+    }
+    if (rq->prompt_kind == KVR_OAI_PROMPT_TEXT) {
+        kvr_json_key(w, "prompt");
+        kvr_json_string_n(w, rq->text, rq->text_len);
+        uint64_t tl = rq->text_len;
+        XXH3_128bits_update(st, &tl, sizeof tl);
+        XXH3_128bits_update(st, rq->text, rq->text_len);
+    } else {
+        kvr_json_key(w, "messages");
+        kvr_json_begin_array(w);
+        for (size_t i = 0; i < rq->n_messages; i++) {
+            const kvr_oai_message_t *m = &rq->messages[i];
+            kvr_json_begin_object(w);
+            kvr_json_key(w, "role");
+            kvr_json_string_n(w, m->role, m->role_len);
+            kvr_json_key(w, "content");
+            kvr_json_string_n(w, m->content, m->content_len);
+            kvr_json_end_object(w);
+            uint64_t l[2] = {m->role_len, m->content_len};
+            XXH3_128bits_update(st, l, sizeof l);
+            XXH3_128bits_update(st, m->role, m->role_len);
+            XXH3_128bits_update(st, m->content, m->content_len);
+        }
+        kvr_json_end_array(w);
+    }
+    kvr_json_end_object(w);
+    p->tok_key = XXH3_128bits_digest(st);
+    XXH3_freeState(st);
+    const char *j;
+    size_t jl;
+    if (kvr_json_writer_finish(w, &j, &jl) != KVR_OK || (p->tok_body = malloc(jl)) == NULL)
+        return false;
+    memcpy(p->tok_body, j, jl);
+    p->tok_body_len = jl;
+    return true;
+}
+
+/* Copies what routing needs from the decoded request (the decoder's buffers are reused). */
+static bool copy_routing(fe_req_t *p, const kvr_oai_request_t *rq)
+{
+    const kvr_oai_nvext_t *x = &rq->nvext;
+    if (!rq->has_nvext)
+        return true;
+    if (x->lora_name != NULL) {
+        if ((p->lora = malloc(x->lora_name_len + 1)) == NULL)
+            return false;
+        memcpy(p->lora, x->lora_name, x->lora_name_len);
+        p->lora[x->lora_name_len] = '\0';
+        p->lora_len = x->lora_name_len;
+    }
+    if (x->has_allowed_worker_ids) {
+        p->has_allowed = true;
+        p->n_allowed = x->n_allowed_worker_ids;
+        if ((p->allowed = malloc((p->n_allowed + 1) * sizeof *p->allowed)) == NULL)
+            return false;
+        if (p->n_allowed)
+            memcpy(p->allowed, x->allowed_worker_ids, p->n_allowed * sizeof *p->allowed);
+    }
+    if (x->has_backend_instance_id) {
+        p->has_pin_worker = true;
+        p->pin_worker = x->backend_instance_id;
+    }
+    if (x->has_dp_rank) {
+        p->has_pin_rank = true;
+        p->pin_rank = x->dp_rank;
+    }
+    p->priority = x->has_priority ? x->priority : 0.0;
+    p->has_eot = x->has_expected_output_tokens;
+    p->eot = x->expected_output_tokens;
+    p->want_worker = x->want_worker_id;
+    return true;
+}
+
+/* The pre-routing headers (they override nvext); false after answering 400. */
+static bool read_headers(fe_req_t *p, struct evhttp_request *req)
+{
+    struct evkeyvalq *h = evhttp_request_get_input_headers(req);
+    const char *wid = evhttp_find_header(h, "x-worker-instance-id");
+    const char *dpr = evhttp_find_header(h, "x-dp-rank");
+    if (dpr == NULL)
+        dpr = evhttp_find_header(h, "x-data-parallel-rank");
+    uint64_t v;
+    if (wid != NULL) {
+        if (!parse_u64(wid, UINT64_MAX, &v)) {
+            send_error(p->fe, req, 400, "x-worker-instance-id: not an unsigned integer");
+            return false;
+        }
+        p->has_pin_worker = true;
+        p->pin_worker = v;
+    }
+    if (dpr != NULL) {
+        if (!parse_u64(dpr, UINT32_MAX, &v)) {
+            send_error(p->fe, req, 400, "x-dp-rank: not an integer in [0, 4294967295]");
+            return false;
+        }
+        p->has_pin_rank = true;
+        p->pin_rank = (uint32_t)v;
+    }
+    if (!p->has_pin_worker)
+        p->has_pin_rank = false; /* a rank means nothing without its worker */
+    const char *auth = evhttp_find_header(h, "Authorization");
+    if (auth != NULL && (p->auth = strdup(auth)) == NULL) {
+        send_error(p->fe, req, 500, "out of memory");
+        return false;
+    }
+    return true;
+}
+
+static void req_free_unlinked(fe_req_t *p)
+{
+    free(p->tokens);
+    free(p->auth);
+    free(p->tok_body);
+    free(p->lora);
+    free(p->allowed);
+    free(p);
+}
+
+static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_endpoint_t ep)
+{
+    uint64_t t0 = mono_ns();
+    fe->st.requests[ep == KVR_OAI_CHAT]++;
+    if (fe->closing) {
+        send_error(fe, req, 503, "the router is shutting down");
+        return;
+    }
+    size_t len;
+    const char *body = body_of(req, &len);
+    kvr_oai_request_t rq;
+    int rc = kvr_oai_decode(fe->dec, ep, body, len, &rq);
+    if (rc != KVR_OK) {
+        send_error(fe, req, kvr_oai_http_status(rc), "%s", kvr_oai_decoder_error(fe->dec));
+        return;
+    }
+    fe_req_t *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        send_error(fe, req, 500, "out of memory");
+        return;
+    }
+    p->fe = fe;
+    p->client = req;
+    p->client_conn = evhttp_request_get_connection(req);
+    p->ep = ep;
+    p->arrival_ns = t0;
+    p->stream = rq.stream;
+    p->client_body = body;
+    p->client_body_len = len;
+    if (!copy_routing(p, &rq)) {
+        req_free_unlinked(p);
+        send_error(fe, req, 500, "out of memory");
+        return;
+    }
+    if (!read_headers(p, req)) {
+        req_free_unlinked(p);
+        return;
+    }
+    if (p->has_pin_worker && p->has_allowed) {
+        bool in = false;
+        for (size_t i = 0; i < p->n_allowed && !in; i++)
+            in = p->allowed[i] == p->pin_worker;
+        if (!in) {
+            req_free_unlinked(p);
+            send_error(fe, req, 503, "the pinned worker is outside the request's filters");
+            return;
+        }
+    }
+    bool ids_given = rq.prompt_kind == KVR_OAI_PROMPT_TOKENS;
+    p->drop_prompt = ep == KVR_OAI_COMPLETIONS &&
+                     !(rq.given_kind == KVR_OAI_PROMPT_TOKENS && !rq.nvext.has_token_data);
+    p->rewrite = rq.has_nvext || ep == KVR_OAI_CHAT || p->drop_prompt;
+    bool ok = ids_given ? set_tokens(p, rq.tokens, rq.n_tokens) : tokenize_body(p, &rq);
+    if (!ok) {
+        req_free_unlinked(p);
+        send_error(fe, req, 500, "out of memory");
+        return;
+    }
+    link_req(fe, p);
+    evhttp_connection_set_closecb(p->client_conn, on_client_close, p);
+    if (ids_given) {
+        ids_ready(p);
+        return;
+    }
+    const tc_entry_t *e = tc_get(&fe->cache, p->tok_key);
+    if (e != NULL) {
+        fe->cache.hits++;
+        if (!set_tokens(p, e->tokens, e->n)) {
+            req_fail(p, 500, "out of memory");
+            return;
+        }
+        ids_ready(p);
+        return;
+    }
+    fe->cache.misses++;
+    start_tokenize(p);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* GET /v1/models */
+
+static void models_answer(kvr_frontend_t *fe, struct evhttp_request *req)
+{
+    size_t cap = 0, n = 0;
+    for (size_t i = 0; i < fe->n_pools; i++)
+        cap += fe->pools[i]->dead ? 0 : fe->pools[i]->n_models;
+    kvr_oai_model_t *ms = calloc(cap + 1, sizeof *ms);
+    if (ms == NULL) {
+        send_error(fe, req, 500, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < fe->n_pools; i++) {
+        const upool_t *u = fe->pools[i];
+        if (u->dead || kvr_router_worker(fe->r, u->worker_id) == NULL)
+            continue;
+        for (size_t k = 0; k < u->n_models; k++) {
+            const pmodel_t *pm = &u->models[k];
+            bool dup = false;
+            for (size_t j = 0; j < n && !dup; j++)
+                dup = strcmp(ms[j].id, pm->id) == 0;
+            if (!dup)
+                ms[n++] = (kvr_oai_model_t){pm->id, pm->created, pm->owned_by, pm->max_model_len};
+        }
+    }
+    kvr_json_writer_reset(&fe->w);
+    kvr_oai_encode_models(&fe->w, ms, n);
+    free(ms);
+    send_writer(fe, req, 200);
+}
+
+static void models_round_done(kvr_frontend_t *fe)
+{
+    fe->models_valid = true;
+    fe->models_at_ms = kvr_now_ms();
+    for (size_t i = 0; i < fe->n_waiters; i++)
+        models_answer(fe, fe->waiters[i]);
+    fe->n_waiters = 0;
+}
+
+static char *dup_str(const char *s) { return s ? strdup(s) : NULL; }
+
+/* Replaces u's model list from a /v1/models answer; false if it does not parse. */
+static bool parse_models(upool_t *u, const char *b, size_t len)
+{
+    if (len == 0 || len > FE_MODELS_MAX_BYTES)
+        return false;
+    char *text = malloc(len + 1);
+    if (text == NULL)
+        return false;
+    memcpy(text, b, len);
+    text[len] = '\0';
+    yajl_val root = yajl_tree_parse(text, NULL, 0);
+    free(text);
+    static const char *data_path[] = {"data", NULL};
+    yajl_val data = root ? yajl_tree_get(root, data_path, yajl_t_array) : NULL;
+    if (data == NULL) {
+        yajl_tree_free(root);
+        return false;
+    }
+    size_t n = YAJL_GET_ARRAY(data)->len;
+    if (n > FE_MAX_MODELS)
+        n = FE_MAX_MODELS;
+    pmodel_t *ms = calloc(n + 1, sizeof *ms);
+    size_t k = 0;
+    static const char *id_p[] = {"id", NULL}, *own_p[] = {"owned_by", NULL};
+    static const char *cr_p[] = {"created", NULL}, *mml_p[] = {"max_model_len", NULL};
+    for (size_t i = 0; ms != NULL && i < n; i++) {
+        yajl_val m = YAJL_GET_ARRAY(data)->values[i];
+        yajl_val id = yajl_tree_get(m, id_p, yajl_t_string);
+        const char *ids = id != NULL ? YAJL_GET_STRING(id) : NULL;
+        if (ids == NULL || !kvr_json_utf8_valid(ids, strlen(ids)))
+            continue;
+        yajl_val own = yajl_tree_get(m, own_p, yajl_t_string);
+        yajl_val cr = yajl_tree_get(m, cr_p, yajl_t_number);
+        yajl_val mml = yajl_tree_get(m, mml_p, yajl_t_number);
+        ms[k].id = dup_str(ids);
+        ms[k].owned_by = dup_str(own ? YAJL_GET_STRING(own) : "kvrouter");
+        ms[k].created = cr && YAJL_IS_INTEGER(cr) && YAJL_GET_INTEGER(cr) > 0
+                            ? (uint64_t)YAJL_GET_INTEGER(cr) : (uint64_t)time(NULL);
+        ms[k].max_model_len = mml && YAJL_IS_INTEGER(mml) && YAJL_GET_INTEGER(mml) > 0
+                                  ? (uint64_t)YAJL_GET_INTEGER(mml) : 0;
+        if (ms[k].id == NULL || ms[k].owned_by == NULL) {
+            free(ms[k].id);
+            free(ms[k].owned_by);
+            continue;
+        }
+        k++;
+    }
+    yajl_tree_free(root);
+    if (ms == NULL)
+        return false;
+    for (size_t i = 0; i < u->n_models; i++) {
+        free(u->models[i].id);
+        free(u->models[i].owned_by);
+    }
+    free(u->models);
+    u->models = ms;
+    u->n_models = k;
+    return true;
+}
+
+static void on_models_done(struct evhttp_request *up, void *arg)
+{
+    upool_t *u = arg;
+    kvr_frontend_t *fe = u->fe;
+    u->m_in_flight = false;
+    if (up != NULL && evhttp_request_get_response_code(up) == 200) {
+        struct evbuffer *in = evhttp_request_get_input_buffer(up);
+        size_t len = evbuffer_get_length(in);
+        if (!parse_models(u, len ? (const char *)evbuffer_pullup(in, -1) : "", len)) {
+            fe->st.upstream_errors[UPK_PROTOCOL]++;
+            kvr_log_limited(&fe->rl_proto, KVR_LOG_WARN, "worker %llu: /v1/models answer "
+                            "without a data array", (unsigned long long)u->worker_id);
+        }
+    }
+    if (fe->models_pending > 0 && --fe->models_pending == 0)
+        models_round_done(fe);
+}
+
+/* Asks every registered worker with a url for its models; the round ends when all answered. */
+static void models_refresh(kvr_frontend_t *fe)
+{
+    fe->st.models_refreshes++;
+    uint64_t ids[FE_MAX_WORKERS];
+    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
+    if (n > FE_MAX_WORKERS)
+        n = FE_MAX_WORKERS;
+    fe->models_pending = 1; /* held until every probe is out */
+    for (size_t i = 0; i < n; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, ids[i]);
+        if (sp == NULL || sp->url[0] == '\0' || kvr_router_fenced(fe->r, ids[i]))
+            continue;
+        upool_t *u = pool_for(fe, sp);
+        if (u == NULL || u->bad_url || u->m_in_flight)
+            continue;
+        if (u->mconn == NULL) {
+            struct timeval tv = {FE_MODELS_TIMEOUT_S, 0};
+            if ((u->mconn = new_conn(fe, u, &tv)) == NULL)
+                continue;
+        }
+        struct evhttp_request *up = evhttp_request_new(on_models_done, u);
+        if (up == NULL)
+            continue;
+        evhttp_add_header(evhttp_request_get_output_headers(up), "Host", u->hostport);
+        char path[KVR_ADDR_BYTES + 16];
+        snprintf(path, sizeof path, "%s/v1/models", u->base);
+        u->m_in_flight = true;
+        fe->models_pending++;
+        if (evhttp_make_request(u->mconn, up, EVHTTP_REQ_GET, path) != 0 && u->m_in_flight) {
+            u->m_in_flight = false;
+            fe->models_pending--;
+        }
+    }
+    if (--fe->models_pending == 0)
+        models_round_done(fe);
+}
+
+static void h_models(kvr_frontend_t *fe, struct evhttp_request *req)
+{
+    fe->st.requests[2]++;
+    bool fresh = fe->models_valid && kvr_now_ms() - fe->models_at_ms < FE_MODELS_TTL_MS;
+    if (fresh || (fe->n_waiters == FE_MAX_MODEL_WAITERS && fe->models_pending > 0)) {
+        models_answer(fe, req);
+        return;
+    }
+    if (fe->waiters == NULL &&
+        (fe->waiters = calloc(FE_MAX_MODEL_WAITERS, sizeof *fe->waiters)) == NULL) {
+        send_error(fe, req, 500, "out of memory");
+        return;
+    }
+    fe->waiters[fe->n_waiters++] = req;
+    if (fe->models_pending == 0)
+        models_refresh(fe);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Metrics */
+
+static void counter(kvr_prom_t *p, const char *name, const char *help, double v)
+{
+    kvr_prom_family(p, name, "counter", help);
+    kvr_prom_sample(p, name, NULL, 0, v);
+}
+
+static void gauge(kvr_prom_t *p, const char *name, const char *help, double v)
+{
+    kvr_prom_family(p, name, "gauge", help);
+    kvr_prom_sample(p, name, NULL, 0, v);
+}
+
+static void fe_metrics(void *arg, struct kvr_prom *p)
+{
+    kvr_frontend_t *fe = arg;
+    const fe_stats_t *s = &fe->st;
+    kvr_prom_family(p, "kvr_frontend_requests_total", "counter",
+                    "OpenAI front-end requests by endpoint.");
+    static const char *const eps[] = {"completions", "chat", "models"};
+    for (int i = 0; i < 3; i++) {
+        kvr_prom_label_t l = {"endpoint", eps[i]};
+        kvr_prom_sample(p, "kvr_frontend_requests_total", &l, 1, (double)s->requests[i]);
+    }
+    kvr_prom_family(p, "kvr_frontend_replies_total", "counter",
+                    "Front-end answers by status class (stream: SSE streams ended).");
+    static const char *const cls[] = {"2xx", "3xx", "4xx", "5xx", "stream", "other"};
+    for (int i = 0; i < 6; i++) {
+        kvr_prom_label_t l = {"class", cls[i]};
+        kvr_prom_sample(p, "kvr_frontend_replies_total", &l, 1, (double)s->replies[i]);
+    }
+    gauge(p, "kvr_frontend_in_flight", "Front-end requests not yet answered.", (double)fe->n_live);
+    counter(p, "kvr_frontend_forwarded_total", "Generation requests sent to workers (retries "
+            "included).", (double)s->forwarded);
+    counter(p, "kvr_frontend_retries_total", "Requests routed again after an upstream failed "
+            "before its first byte.", (double)s->retries);
+    counter(p, "kvr_frontend_workers_fenced_total", "Workers fenced for failing upstream "
+            "requests in a row.", (double)s->fenced);
+    counter(p, "kvr_frontend_client_disconnects_total", "Clients gone before their answer "
+            "ended (their upstream requests cancelled).", (double)s->client_disconnects);
+    kvr_prom_family(p, "kvr_frontend_upstream_errors_total", "counter",
+                    "Upstream failures by kind.");
+    for (int i = 0; i < UPK_COUNT; i++) {
+        kvr_prom_label_t l = {"kind", UPK_NAMES[i]};
+        kvr_prom_sample(p, "kvr_frontend_upstream_errors_total", &l, 1,
+                        (double)s->upstream_errors[i]);
+    }
+    counter(p, "kvr_frontend_stream_events_total", "SSE events relayed.", (double)s->stream_events);
+    counter(p, "kvr_frontend_stream_tokens_total", "SSE events that carried a token.",
+            (double)s->stream_tokens);
+    counter(p, "kvr_frontend_sse_unframed_total", "Upstream stream bytes forwarded without an "
+            "event boundary (stream end or over 1 MiB).", (double)s->sse_raw);
+    counter(p, "kvr_frontend_inject_failed_total", "Answers that could not carry nvext.worker_id "
+            "(not a JSON object).", (double)s->inject_failed);
+    counter(p, "kvr_frontend_tokenize_calls_total", "POST /tokenize calls to workers.",
+            (double)s->tokenize_calls);
+    counter(p, "kvr_frontend_tokenize_cache_hits_total", "Text prompts found in the cache.",
+            (double)fe->cache.hits);
+    counter(p, "kvr_frontend_tokenize_cache_misses_total", "Text prompts not in the cache.",
+            (double)fe->cache.misses);
+    counter(p, "kvr_frontend_tokenize_cache_evictions_total", "Entries evicted (LRU).",
+            (double)fe->cache.evictions);
+    gauge(p, "kvr_frontend_tokenize_cache_entries", "Cached prompts.", (double)fe->cache.n_entries);
+    gauge(p, "kvr_frontend_tokenize_cache_tokens", "Cached token ids.", (double)fe->cache.tokens);
+    gauge(p, "kvr_frontend_tokenize_cache_max_tokens", "The cache's budget.",
+          (double)fe->cache.cap_tokens);
+    counter(p, "kvr_frontend_models_refreshes_total", "GET /v1/models rounds to the workers.",
+            (double)s->models_refreshes);
+    size_t conns = 0, busy = 0;
+    for (size_t i = 0; i < fe->n_pools; i++) {
+        conns += fe->pools[i]->n_conns;
+        busy += fe->pools[i]->n_busy;
+    }
+    gauge(p, "kvr_frontend_upstream_connections", "Pooled upstream connections.", (double)conns);
+    gauge(p, "kvr_frontend_upstream_connections_busy", "Pooled upstream connections in use.",
+          (double)busy);
+    kvr_prom_family(p, "kvr_frontend_forward_delay_ms", "histogram",
+                    "Request received to request sent to the worker (first attempt), ms.");
+    kvr_prom_hist(p, "kvr_frontend_forward_delay_ms", NULL, 0, &fe->h_forward);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Tick: clients that left before their first byte, pool upkeep */
+
+static void sweep_clients(kvr_frontend_t *fe)
+{
+    fe_req_t *next;
+    for (fe_req_t *p = fe->live; p != NULL; p = next) {
+        next = p->next;
+        if (p->reply_started || p->client == NULL)
+            continue;
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(p->client_conn);
+        evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+        if (fd < 0)
+            continue;
+        char c;
+        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            evhttp_connection_free(p->client_conn); /* its close callback frees p */
+    }
+}
+
+static void pool_upkeep(kvr_frontend_t *fe)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < fe->n_pools; i++) {
+        upool_t *u = fe->pools[i];
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, u->worker_id);
+        if (sp == NULL || strcmp(sp->url, u->url) != 0)
+            u->dead = true;
+        if (u->dead && u->n_busy == 0 && !u->m_in_flight) {
+            pool_free(u);
+            continue;
+        }
+        /* idle connections beyond the cap (the oldest ones first) */
+        size_t idle = u->n_conns - u->n_busy;
+        size_t keep = u->dead ? 0 : fe->cfg.frontend_max_idle_connections;
+        size_t w = 0;
+        for (size_t k = 0; k < u->n_conns; k++) {
+            upconn_t *c = u->conns[k];
+            if (!c->busy && idle > keep) {
+                evhttp_connection_free(c->conn);
+                free(c);
+                idle--;
+                continue;
+            }
+            u->conns[w++] = c;
+        }
+        u->n_conns = w;
+        fe->pools[o++] = u;
+    }
+    fe->n_pools = o;
+}
+
+static void count_urlless(kvr_frontend_t *fe)
+{
+    uint64_t ids[FE_MAX_WORKERS];
+    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS), m = 0;
+    if (n > FE_MAX_WORKERS)
+        n = FE_MAX_WORKERS;
+    for (size_t i = 0; i < n; i++)
+        m += !usable_worker(fe, ids[i]);
+    fe->n_urlless = m;
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    kvr_frontend_t *fe = arg;
+    sweep_clients(fe);
+    pool_upkeep(fe);
+    count_urlless(fe);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Lifecycle */
+
+static bool fe_handle(void *arg, struct evhttp_request *req, const char *path, bool get,
+                      bool post)
+{
+    kvr_frontend_t *fe = arg;
+    if (post && strcmp(path, "/v1/completions") == 0)
+        h_generate(fe, req, KVR_OAI_COMPLETIONS);
+    else if (post && strcmp(path, "/v1/chat/completions") == 0)
+        h_generate(fe, req, KVR_OAI_CHAT);
+    else if (get && strcmp(path, "/v1/models") == 0)
+        h_models(fe, req);
+    else
+        return false;
+    return true;
+}
+
+kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api, kvr_router_t *r,
+                                 const kvr_router_config_t *cfg, int *status, char *err,
+                                 size_t err_len)
+{
+    kvr_frontend_t *fe = calloc(1, sizeof *fe);
+    if (fe == NULL) {
+        *status = KVR_ENOMEM;
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    fe->base = base;
+    fe->api = api;
+    fe->r = r;
+    fe->cfg = *cfg;
+    fe->rl_up = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    fe->rl_proto = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    fe->cache.cap_tokens = cfg->frontend_tokenize_cache_tokens;
+    kvr_json_writer_init(&fe->w);
+    kvr_hist_init(&fe->h_forward, MS_BUCKETS, N_MS_BUCKETS);
+    size_t max_tokens = cfg->router_max_prompt_tokens < KVR_OAI_MAX_TOKENS
+                            ? (size_t)cfg->router_max_prompt_tokens : KVR_OAI_MAX_TOKENS;
+    kvr_oai_options_t oo = {.max_tokens = max_tokens,
+                            .max_text_bytes = KVR_OAI_MAX_TEXT_BYTES,
+                            .max_messages = KVR_OAI_MAX_MESSAGES,
+                            .max_allowed_ids = KVR_OAI_MAX_ALLOWED_IDS};
+    kvr_api_options_t ao = {.max_tokens = max_tokens < KVR_API_MAX_TOKENS ? max_tokens
+                                                                          : KVR_API_MAX_TOKENS,
+                            .max_allowed_ids = KVR_API_MAX_ALLOWED_IDS};
+    fe->dec = kvr_oai_decoder_new(&oo);
+    fe->tokdec = kvr_api_decoder_new(&ao);
+    fe->out = evbuffer_new();
+    fe->members = calloc(FE_MAX_MEMBERS, sizeof *fe->members);
+    fe->tick = event_new(base, -1, EV_PERSIST, on_tick, fe);
+    struct timeval tv = {0, FE_TICK_US};
+    if (fe->dec == NULL || fe->tokdec == NULL || fe->out == NULL || fe->members == NULL ||
+        fe->tick == NULL || event_add(fe->tick, &tv) != 0) {
+        kvr_frontend_free(fe);
+        *status = KVR_ENOMEM;
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    count_urlless(fe);
+    kvr_api_extension_t ext = {.handle = fe_handle, .metrics = fe_metrics, .arg = fe};
+    kvr_api_server_set_extension(api, &ext);
+    *status = KVR_OK;
+    return fe;
+}
+
+void kvr_frontend_close(kvr_frontend_t *fe)
+{
+    fe->closing = true; /* new requests and placements the queue still makes: 503 */
+    while (fe->live != NULL) {
+        fe_req_t *p = fe->live;
+        cancel_upstream(p);
+        if (p->client != NULL && p->reply_started) {
+            end_stream(p, "the router is shutting down");
+            req_finish(p);
+        } else if (p->client != NULL) {
+            req_fail(p, 503, "the router is shutting down");
+        } else {
+            req_finish(p);
+        }
+    }
+    for (size_t i = 0; i < fe->n_waiters; i++)
+        models_answer(fe, fe->waiters[i]);
+    fe->n_waiters = 0;
+}
+
+void kvr_frontend_free(kvr_frontend_t *fe)
+{
+    if (fe == NULL)
+        return;
+    if (fe->api != NULL)
+        kvr_api_server_set_extension(fe->api, NULL);
+    kvr_frontend_close(fe);
+    for (size_t i = 0; i < fe->n_pools; i++)
+        pool_free(fe->pools[i]);
+    free(fe->pools);
+    free(fe->waiters);
+    if (fe->tick != NULL)
+        event_free(fe->tick);
+    tc_deinit(&fe->cache);
+    kvr_oai_decoder_free(fe->dec);
+    kvr_api_decoder_free(fe->tokdec);
+    if (fe->out != NULL)
+        evbuffer_free(fe->out);
+    kvr_json_writer_deinit(&fe->w);
+    free(fe->members);
+    free(fe);
+}

@@ -1,0 +1,859 @@
+#!/usr/bin/python3
+"""`kvrouter serve`'s OpenAI front end, end to end: clients -> router -> `kvrouter mocker`s.
+
+Everything runs on loopback (--port 0 / --http-port 0, KV-event ports picked free): three
+mockers publishing KV events and a router in kv mode in front of them, plus small setups for the
+queue, the other router modes and dead workers. Checked: completions and chat, streaming (SSE
+framing, [DONE], the usage chunk) and not, as OpenAI clients parse them; /v1/models; a repeated
+prompt goes back to the worker holding it and reports cached tokens; nvext.extra_fields
+["worker_id"]; pinned routing by header and by nvext; text prompts through /tokenize (the
+worker runs the ids the router hashed; the cache hits on a repeat); a client that leaves
+mid-stream or before its answer frees the router's load and the mocker's blocks; a killed
+worker: requests still succeed elsewhere and it gets fenced; 503 when every worker is dead;
+429 when the queue is full; errors in the OpenAI shape. Every child must exit 0 on SIGTERM
+with no sanitizer report on stderr (the suite also runs under ASan).
+Usage: test_frontend.py <path to kvrouter>.
+"""
+import http.client
+import json
+import os
+import random
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+KVR = sys.argv[1]
+SEED = int(os.environ.get("KVR_TEST_SEED", str(int(time.time()) % 100000)))
+VERBOSE = bool(os.environ.get("KVR_TEST_VERBOSE"))
+BS = 16
+results = {"passed": 0, "failed": 0}
+CHILDREN = []
+SANITIZER_RE = re.compile(r"AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|"
+                          r"ThreadSanitizer|runtime error:")
+rng = random.Random(SEED)
+
+
+def check(name, cond, detail=""):
+    if cond:
+        results["passed"] += 1
+        if VERBOSE:
+            print(f"ok   {name}", flush=True)
+    else:
+        results["failed"] += 1
+        d = detail if isinstance(detail, str) else repr(detail)
+        print(f"FAIL {name} {d[:1500]}", flush=True)
+    return bool(cond)
+
+
+def eventually(fn, timeout=10.0, interval=0.03):
+    end = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v or time.monotonic() > end:
+            return v
+        time.sleep(interval)
+
+
+def free_port(n=1):
+    """A port P with P .. P+n-1 free on 127.0.0.1 (bound then closed; racy but short)."""
+    for _ in range(200):
+        socks = []
+        try:
+            s0 = socket.socket()
+            socks.append(s0)
+            s0.bind(("127.0.0.1", 0))
+            p = s0.getsockname()[1]
+            for k in range(1, n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p + k))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+def read_line(proc, timeout=30.0):
+    fd = proc.stdout.fileno()
+    buf = b""
+    end = time.monotonic() + timeout
+    while not buf.endswith(b"\n"):
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        r, _, _ = select.select([fd], [], [], left)
+        if not r:
+            break
+        c = os.read(fd, 1)
+        if not c:
+            break
+        buf += c
+    return buf.decode(errors="replace")
+
+
+class Child:
+    """A kvrouter process on loopback; stderr goes to a file scanned for sanitizer reports."""
+
+    def __init__(self, args, what):
+        self.what = what
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.err,
+                                     stdin=subprocess.DEVNULL)
+        CHILDREN.append(self)
+        line = read_line(self.proc)
+        if not line.startswith("listening "):
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            raise RuntimeError(f"{what} did not start ({args}): {line!r} {self.stderr()}")
+        self.host, port = line.split()[1].rsplit(":", 1)
+        self.port = int(port)
+        self.url = f"http://{self.host}:{self.port}"
+        self.stopped = False
+
+    def stderr(self):
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")
+
+    def kill(self):
+        """SIGKILL: a worker that dies (nothing of its exit is checked)."""
+        self.stopped = True
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self):
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            check(f"{self.what} exits on SIGTERM", False, "killed after 30 s")
+        err = self.stderr()
+        m = SANITIZER_RE.search(err)
+        check(f"{self.what} stderr free of sanitizer reports", m is None,
+              err[max(0, (m.start() if m else 0) - 300):][:3000])
+        check(f"{self.what} exits 0 on SIGTERM", self.proc.returncode == 0,
+              (self.proc.returncode, err[-1500:]))
+
+    def request(self, method, path, body=None, headers=None, timeout=30.0):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            h = {"Content-Type": "application/json"} if body is not None else {}
+            h.update(headers or {})
+            data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+            if isinstance(data, str):
+                data = data.encode()
+            conn.request(method, path, body=data, headers=h)
+            r = conn.getresponse()
+            return r.status, r.headers, r.read()
+        finally:
+            conn.close()
+
+    def call(self, method, path, body=None, headers=None, timeout=30.0):
+        st, h, raw = self.request(method, path, body, headers, timeout)
+        text = raw.decode(errors="replace")
+        try:
+            return st, json.loads(text), h
+        except ValueError:
+            return st, text, h
+
+    def metric(self, name, **labels):
+        st, _, raw = self.request("GET", "/metrics", timeout=10)
+        total, seen = 0.0, False
+        for line in raw.decode().splitlines():
+            if not line or line.startswith("#"):
+                continue
+            m = re.match(r"^([^{\s]+)(\{(.*)\})?\s+(\S+)$", line)
+            if not m or m.group(1) != name:
+                continue
+            ls = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+            if all(ls.get(k) == str(v) for k, v in labels.items()):
+                total += float(m.group(4))
+                seen = True
+        return total if seen else None
+
+
+def mocker(*extra, events=True, what="mocker", dp=1):
+    args = [KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--model", "m",
+            "--block-size", str(BS), "--data-parallel-size", str(dp)] + [str(a) for a in extra]
+    ev = None
+    if events:
+        ev = free_port(dp)
+        args += ["--kv-events-config", json.dumps(
+            {"enable_kv_cache_events": True, "publisher": "zmq",
+             "endpoint": f"tcp://*:{ev}"})]
+    m = Child(args, what)
+    m.events = f"tcp://127.0.0.1:{ev}" if ev else None
+    return m
+
+
+def router(workers, *extra, what="router"):
+    args = [KVR, "serve", "--http-port", "0", "--block-size", str(BS), "--log-level", "warn"]
+    for w in workers:
+        args += ["--worker", w]
+    return Child(args + [str(a) for a in extra], what)
+
+
+def spec(wid, m, events=True):
+    s = f"id={wid},url={m.url}"
+    if events and m.events:
+        s += f",events={m.events}"
+    return s
+
+
+def toks(n):
+    return [rng.randrange(1000, 30000) for _ in range(n)]
+
+
+def sse_events(raw):
+    """(payloads, problems): the text after `data: ` of each event, and every deviation from
+    `data: <one line>\\n\\n`."""
+    text = raw.decode(errors="replace")
+    problems = []
+    if not text.endswith("\n\n"):
+        problems.append("stream does not end with a blank line: %r" % text[-40:])
+    parts = text.split("\n\n")
+    if parts and parts[-1] == "":
+        parts = parts[:-1]
+    out = []
+    for p in parts:
+        if not p.startswith("data: ") or "\n" in p:
+            problems.append("bad event %r" % p[:100])
+            continue
+        out.append(p[6:])
+    return out, problems
+
+
+def stream(r, path, body, headers=None):
+    """(status, headers, [parsed chunks], problems) of a streaming request."""
+    st, h, raw = r.request("POST", path, dict(body, stream=True), headers)
+    if st != 200:
+        return st, h, raw, []
+    evs, problems = sse_events(raw)
+    if not evs or evs[-1] != "[DONE]":
+        problems.append("no [DONE] at the end")
+    chunks = []
+    for e in evs[:-1]:
+        try:
+            chunks.append(json.loads(e))
+        except ValueError:
+            problems.append("not JSON: %r" % e[:100])
+    return st, h, chunks, problems
+
+
+def worker_of(h):
+    v = h.get("x-kvrouter-worker-id")
+    return int(v) if v is not None else None
+
+
+def is_openai_error(body, code):
+    return (isinstance(body, dict) and isinstance(body.get("error"), dict)
+            and isinstance(body["error"].get("message"), str) and body["error"]["message"]
+            and isinstance(body["error"].get("type"), str) and "param" in body["error"]
+            and body["error"].get("code") == code)
+
+
+def loads_idle(r):
+    return r.metric("kvr_requests_in_flight") == 0 and r.metric("kvr_frontend_in_flight") == 0
+
+
+def blocks_active(ms):
+    return sum(m.metric("kvr_mocker_blocks_active") or 0 for m in ms)
+
+
+def raw_request(r, path, body):
+    s = socket.create_connection((r.host, r.port), timeout=10)
+    data = json.dumps(body).encode()
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+# ------------------------------------------------------------------------------------------
+# The main setup: 3 mockers with KV events, a router in kv mode
+
+def scenario_main():
+    ms = [mocker("--speedup", 10, what=f"mocker{i + 1}") for i in range(3)]
+    r = router([spec(i + 1, m) for i, m in enumerate(ms)], "--health-interval-ms", "60000",
+               "--frontend-fence-failures", "2")
+    try:
+        time.sleep(0.3)  # the router's SUB sockets connect
+        shapes(r, ms)
+        cache_affinity(r, ms)
+        pinned(r)
+        text_prompts(r, ms)
+        concurrent(r, ms)
+        cancellation(r, ms)
+        errors(r)
+        modes(ms)
+        dead_workers(r, ms)
+    finally:
+        r.stop()
+        for m in ms:
+            m.stop()
+
+
+def shapes(r, ms):
+    st, body, h = r.call("GET", "/v1/models")
+    check("models: the workers' model", st == 200 and body.get("object") == "list"
+          and [d["id"] for d in body.get("data", [])] == ["m"], body)
+    p = toks(40)
+    st, body, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 5})
+    ok = (st == 200 and body.get("object") == "text_completion"
+          and isinstance(body["choices"][0]["text"], str) and body["usage"]["prompt_tokens"] == 40
+          and body["usage"]["completion_tokens"] == 5 and "nvext" not in body)
+    check("completion (ids, whole)", ok, (st, body))
+    check("completion names its worker in headers", worker_of(h) in (1, 2, 3), dict(h))
+    st, h, chunks, problems = stream(r, "/v1/completions", {
+        "model": "m", "prompt": toks(40), "max_tokens": 6, "stream_options": {"include_usage": True}})
+    ok = (st == 200 and not problems and h.get("Content-Type") == "text/event-stream"
+          and all(c["object"] == "text_completion" for c in chunks)
+          and sum(1 for c in chunks if c["choices"]) == 6
+          and chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6)
+    check("completion (stream, usage chunk)", ok, (st, problems, chunks[-2:]))
+    st, h, chunks, problems = stream(r, "/v1/chat/completions", {
+        "model": "m", "messages": [{"role": "user", "content": "tell me a story"}],
+        "max_tokens": 4})
+    ok = (st == 200 and not problems and chunks
+          and all(c["object"] == "chat.completion.chunk" for c in chunks)
+          and chunks[0]["choices"][0]["delta"].get("role") == "assistant"
+          and chunks[-1]["choices"][0]["finish_reason"] == "length")
+    check("chat (stream)", ok, (st, problems, chunks[:2]))
+    st, body, h = r.call("POST", "/v1/chat/completions", {
+        "model": "m", "messages": [{"role": "system", "content": "be brief"},
+                                   {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "max_tokens": 3, "temperature": 0.7})
+    ok = (st == 200 and body.get("object") == "chat.completion"
+          and body["choices"][0]["message"]["role"] == "assistant"
+          and body["usage"]["completion_tokens"] == 3)
+    check("chat (whole, content parts, sampling fields kept)", ok, (st, body))
+    # nvext.token_data: the ids win over the prompt
+    td = toks(33)
+    st, body, h = r.call("POST", "/v1/chat/completions", {
+        "model": "m", "messages": [{"role": "user", "content": "ignored"}], "max_tokens": 2,
+        "nvext": {"token_data": td}})
+    check("chat with nvext.token_data runs those ids",
+          st == 200 and body["usage"]["prompt_tokens"] == 33, (st, body))
+    st, body, h = r.call("POST", "/v1/completions", {
+        "model": "m", "prompt": "some text", "max_tokens": 2, "nvext": {"token_data": td}})
+    check("completion with nvext.token_data runs those ids",
+          st == 200 and body["usage"]["prompt_tokens"] == 33, (st, body))
+    # extra_fields worker_id
+    st, body, h = r.call("POST", "/v1/completions", {
+        "model": "m", "prompt": toks(20), "max_tokens": 2, "nvext": {"extra_fields": ["worker_id"]}})
+    wi = body.get("nvext", {}).get("worker_id", {}) if st == 200 else {}
+    check("extra_fields worker_id (whole)", st == 200 and wi.get("decode_worker_id") == worker_of(h)
+          and wi.get("prefill_worker_id") == worker_of(h) and wi.get("decode_dp_rank") == 0, body)
+    st, h, chunks, problems = stream(r, "/v1/chat/completions", {
+        "model": "m", "messages": [{"role": "user", "content": "x y z"}], "max_tokens": 3,
+        "stream_options": {"include_usage": True}, "nvext": {"extra_fields": ["worker_id"]}})
+    ok = (st == 200 and not problems and chunks and all(
+        c.get("nvext", {}).get("worker_id", {}).get("decode_worker_id") == worker_of(h)
+        for c in chunks))
+    check("extra_fields worker_id (every stream chunk)", ok, (st, problems, chunks[:1]))
+
+
+def query_blocks(r, p):
+    st, q, _ = r.call("POST", "/v1/query", {"tokens": p})
+    return {s["worker_id"]: s["device_blocks"] for s in q.get("scores", [])} if st == 200 else {}
+
+
+def cache_affinity(r, ms):
+    p = toks(8 * BS + 5)
+    st, b1, h1 = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
+    w = worker_of(h1)
+    check("affinity: first request served", st == 200 and w is not None, (st, b1))
+    seen = eventually(lambda: query_blocks(r, p).get(w) == 8, 10)
+    check("affinity: the router sees the prompt's blocks on its worker", seen, query_blocks(r, p))
+    same = 0
+    for i in range(3):
+        st, b2, h2 = r.call("POST", "/v1/completions", {"model": "m", "prompt": p + toks(3),
+                                                         "max_tokens": 2})
+        same += st == 200 and worker_of(h2) == w
+        if i == 0:
+            cached = b2.get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens")
+            check("affinity: cached tokens reported", cached == 8 * BS, b2)
+    check("affinity: repeats go to the same worker", same == 3, same)
+    check("affinity: routes with overlap counted", (r.metric("kvr_routes_with_overlap_total") or 0) >= 3)
+    r.affinity = (p, w)
+
+
+def pinned(r):
+    body = {"model": "m", "prompt": toks(20), "max_tokens": 2, "nvext": {"extra_fields": ["worker_id"]}}
+    st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "3"})
+    check("pinned by header", st == 200 and worker_of(h) == 3
+          and b["nvext"]["worker_id"]["decode_worker_id"] == 3, (st, b))
+    st, b, h = r.call("POST", "/v1/completions", dict(body, nvext={"backend_instance_id": 2, "dp_rank": 0}))
+    check("pinned by nvext", st == 200 and worker_of(h) == 2, (st, b))
+    st, b, h = r.call("POST", "/v1/completions", dict(body, nvext={"backend_instance_id": 2}),
+                      {"x-worker-instance-id": "1", "x-dp-rank": "0"})
+    check("the header wins over nvext", st == 200 and worker_of(h) == 1, (st, b))
+    st, b, h = r.call("POST", "/v1/completions", dict(body, nvext={"allowed_worker_ids": [2]}))
+    check("allowed_worker_ids", st == 200 and worker_of(h) == 2, (st, b))
+    st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "99"})
+    check("pinned to an unknown worker: 503", st == 503 and is_openai_error(b, 503), (st, b))
+    st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "1",
+                                                          "x-dp-rank": "7"})
+    check("pinned to a missing rank: 503", st == 503 and is_openai_error(b, 503), (st, b))
+    st, b, h = r.call("POST", "/v1/completions", dict(body, nvext={"allowed_worker_ids": [2]}),
+                      {"x-worker-instance-id": "1"})
+    check("pinned outside allowed_worker_ids: 503", st == 503 and is_openai_error(b, 503), (st, b))
+    st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "one"})
+    check("bad x-worker-instance-id: 400", st == 400 and is_openai_error(b, 400)
+          and "x-worker-instance-id" in b["error"]["message"], (st, b))
+
+
+def text_prompts(r, ms):
+    text = "the quick brown fox jumps over the lazy dog " * 20
+    hits0 = r.metric("kvr_frontend_tokenize_cache_hits_total")
+    miss0 = r.metric("kvr_frontend_tokenize_cache_misses_total")
+    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": text, "max_tokens": 2})
+    st2, tk, _ = ms[0].call("POST", "/tokenize", {"model": "m", "prompt": text})
+    check("text prompt: the worker ran the tokenized ids", st == 200 and st2 == 200
+          and b["usage"]["prompt_tokens"] == tk["count"], (st, b, tk.get("count")))
+    check("text prompt: a cache miss", r.metric("kvr_frontend_tokenize_cache_misses_total") == miss0 + 1)
+    st, b2, h2 = r.call("POST", "/v1/completions", {"model": "m", "prompt": text, "max_tokens": 2})
+    check("text prompt: the repeat hits the cache",
+          st == 200 and r.metric("kvr_frontend_tokenize_cache_hits_total") == hits0 + 1, b2)
+    check("text prompt: the repeat goes where the prefix is", worker_of(h2) == worker_of(h)
+          or query_blocks(r, tk["tokens"]).get(worker_of(h), 0) == 0, (worker_of(h), worker_of(h2)))
+    msgs = [{"role": "system", "content": "you are terse"}, {"role": "user", "content": "héllo\u0000 wörld"}]
+    st, b, h = r.call("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 2})
+    st2, tk, _ = ms[1].call("POST", "/tokenize", {"model": "m", "messages": msgs})
+    check("chat: the worker ran the tokenized ids", st == 200 and st2 == 200
+          and b["usage"]["prompt_tokens"] == tk["count"], (st, b, tk))
+    st, b, h = r.call("POST", "/v1/completions", {"model": "nope", "prompt": "abc", "max_tokens": 2})
+    check("text prompt for an unknown model: the worker's 404 relayed",
+          st == 404 and is_openai_error(b, 404), (st, b))
+    st, b, h = r.call("POST", "/v1/completions", {"model": "nope", "prompt": [1, 2, 3], "max_tokens": 2})
+    check("ids for an unknown model: the worker's 404 relayed",
+          st == 404 and is_openai_error(b, 404), (st, b))
+
+
+def concurrent(r, ms):
+    out = []
+
+    def one(i):
+        try:
+            st, h, chunks, problems = stream(r, "/v1/completions", {
+                "model": "m", "prompt": toks(30 + i), "max_tokens": 8})
+            out.append(st == 200 and not problems and sum(1 for c in chunks if c["choices"]) == 8)
+        except Exception as e:  # noqa: BLE001
+            out.append(repr(e))
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    check("16 concurrent streams complete", out.count(True) == 16, out)
+    check("load drains to 0 after them", eventually(lambda: loads_idle(r), 5))
+
+
+def cancellation(r, ms):
+    gone0 = r.metric("kvr_frontend_client_disconnects_total")
+    s = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(64), "max_tokens": 20000,
+                                           "stream": True})
+    got = b""
+    end = time.monotonic() + 10
+    while got.count(b"data: ") < 3 and time.monotonic() < end:
+        c = s.recv(65536)
+        if not c:
+            break
+        got += c
+    check("cancel (stream): tokens arrived", got.count(b"data: ") >= 3, got[:300])
+    check("cancel (stream): the router holds it", (r.metric("kvr_requests_in_flight") or 0) >= 1)
+    s.close()
+    check("cancel (stream): the router's load drains to 0", eventually(lambda: loads_idle(r), 5),
+          (r.metric("kvr_requests_in_flight"), r.metric("kvr_frontend_in_flight")))
+    check("cancel (stream): the mocker's blocks are freed",
+          eventually(lambda: blocks_active(ms) == 0, 5), blocks_active(ms))
+    check("cancel (stream): counted", r.metric("kvr_frontend_client_disconnects_total") == gone0 + 1)
+    # a non-streaming client that leaves before its answer (noticed by the probe)
+    s = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(64), "max_tokens": 20000})
+    check("cancel (whole): generating", eventually(lambda: blocks_active(ms) > 0, 5))
+    s.close()
+    check("cancel (whole): the router's load drains to 0", eventually(lambda: loads_idle(r), 5))
+    check("cancel (whole): the mocker's blocks are freed",
+          eventually(lambda: blocks_active(ms) == 0, 5), blocks_active(ms))
+    check("cancel (whole): counted", r.metric("kvr_frontend_client_disconnects_total") == gone0 + 2)
+
+
+def errors(r):
+    st, b, h = r.call("POST", "/v1/completions", "{not json")
+    check("bad JSON: 400 in the OpenAI shape", st == 400 and is_openai_error(b, 400), (st, b))
+    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "max_tokens": 3})
+    check("missing prompt: 400 naming it", st == 400 and is_openai_error(b, 400)
+          and "prompt" in b["error"]["message"], (st, b))
+    st, b, h = r.call("POST", "/v1/chat/completions", {"model": "m", "messages": [{"role": "user"}],
+                                                       "n": 2})
+    check("n > 1: 400", st == 400 and is_openai_error(b, 400), (st, b))
+    st, b, h = r.call("GET", "/v1/nothing")
+    check("unknown path: 404", st == 404 and "error" in b, (st, b))
+    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": [1, 2], "max_tokens": 10**6})
+    check("the worker's 400 relayed", st == 400 and is_openai_error(b, 400), (st, b))
+
+
+def modes(ms):
+    for mode in ("round-robin", "random", "least-loaded", "approx"):
+        events = mode != "approx"
+        r = router([spec(i + 1, m, events) for i, m in enumerate(ms)], "--router-mode", mode,
+                   what=f"router[{mode}]")
+        try:
+            seen = set()
+            p = toks(4 * BS)
+            ok = True
+            for _ in range(6):
+                st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p if mode == "approx"
+                                                              else toks(4 * BS), "max_tokens": 2})
+                ok = ok and st == 200
+                seen.add(worker_of(h))
+            check(f"mode {mode}: requests served", ok)
+            if mode == "round-robin":
+                check("round-robin spreads over the workers", seen == {1, 2, 3}, seen)
+            if mode == "approx":
+                check("approx: a repeated prompt stays on the worker its decision recorded",
+                      len(seen) == 1, seen)
+        finally:
+            r.stop()
+
+
+def dead_workers(r, ms):
+    p, w = r.affinity
+    ms[w - 1].kill()
+    retries0 = r.metric("kvr_frontend_retries_total")
+    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
+    check("killed worker: the request still succeeds elsewhere", st == 200 and worker_of(h) != w,
+          (st, b, worker_of(h), w))
+    check("killed worker: retried", r.metric("kvr_frontend_retries_total") >= retries0 + 1)
+    check("killed worker: a connect error counted",
+          (r.metric("kvr_frontend_upstream_errors_total", kind="connect") or 0) >= 1)
+    # pinned to the dead worker: nowhere else to go; its second failure in a row fences it
+    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2},
+                      {"x-worker-instance-id": str(w)})
+    check("pinned to the killed worker: 503", st == 503 and is_openai_error(b, 503), (st, b))
+
+    def fenced():
+        st, ws, _ = r.call("GET", "/v1/workers")
+        return [x for x in ws["workers"] if x["worker_id"] == w][0]["fenced"]
+    check("killed worker: fenced after failing twice", eventually(fenced, 5))
+    check("killed worker: fence counted", r.metric("kvr_frontend_workers_fenced_total") == 1)
+    for i in range(4):
+        st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks(20), "max_tokens": 2})
+        check(f"after the fence, request {i} served by a live worker", st == 200 and worker_of(h) != w)
+    check("the load is back to 0", eventually(lambda: loads_idle(r), 5))
+    for m in ms:
+        m.stop()
+    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks(20), "max_tokens": 2})
+    check("every worker dead: 503 in the OpenAI shape", st == 503 and is_openai_error(b, 503), (st, b))
+    st, b, h = r.call("POST", "/v1/chat/completions", {"model": "m", "max_tokens": 2,
+                                                       "messages": [{"role": "user", "content": "hi"}]})
+    check("every worker dead, text to tokenize: 503", st == 503 and is_openai_error(b, 503), (st, b))
+    check("the load is 0 after the failures", eventually(lambda: loads_idle(r), 5))
+
+
+# ------------------------------------------------------------------------------------------
+# The queue: a slow worker busy with one long prefill; two more wait, the next gets 429
+
+def scenario_queue():
+    m = mocker("--speedup", 0.02, events=False, what="mocker(slow)")
+    busy = f"id=1,url={m.url},max_num_batched_tokens=1000000"
+    r = router([busy], "--router-queue-threshold", "0.001", "--router-queue-max-requests", "2",
+               "--router-queue-timeout-ms", "20000", what="router(queue)")
+    out = {}
+
+    def go(name, rt, body):
+        try:
+            out[name] = rt.call("POST", "/v1/completions", body, timeout=60)
+        except Exception as e:  # noqa: BLE001
+            out[name] = (repr(e), None, None)
+
+    def small():
+        return {"model": "m", "prompt": toks(20), "max_tokens": 2}
+    r2 = None
+    try:
+        ts = [threading.Thread(target=go, args=("a", r, {"model": "m", "prompt": toks(2048),
+                                                         "max_tokens": 2}))]
+        ts[0].start()
+        check("queue: the long prefill is placed", eventually(
+            lambda: (r.metric("kvr_requests_in_flight") or 0) == 1, 5))
+        ts.append(threading.Thread(target=go, args=("b", r, small())))
+        ts[-1].start()
+        check("queue: a request waits", eventually(lambda: r.metric("kvr_queue_pending") == 1, 5))
+        x = raw_request(r, "/v1/completions", small())
+        check("queue: a second one waits", eventually(lambda: r.metric("kvr_queue_pending") == 2, 5))
+        x.close()
+        check("queue: a waiting client that leaves is taken out",
+              eventually(lambda: r.metric("kvr_queue_pending") == 1, 5)
+              and r.metric("kvr_queue_cancelled_total") == 1, r.metric("kvr_queue_pending"))
+        ts.append(threading.Thread(target=go, args=("c", r, small())))
+        ts[-1].start()
+        check("queue: two wait again", eventually(lambda: r.metric("kvr_queue_pending") == 2, 5))
+        st, b, h = r.call("POST", "/v1/completions", small())
+        check("queue full: 429 in the OpenAI shape", st == 429 and is_openai_error(b, 429), (st, b))
+        for t in ts:
+            t.join(60)
+        check("queue: the long request answered", out.get("a", (0,))[0] == 200, out.get("a"))
+        check("queue: the waiting requests answered after the first token",
+              out.get("b", (0,))[0] == 200 and out.get("c", (0,))[0] == 200, (out.get("b"), out.get("c")))
+        check("queue: the load drains", eventually(lambda: loads_idle(r), 5))
+        # a queue timeout answers 429 too
+        r2 = router([busy], "--router-queue-threshold", "0.001", "--router-queue-timeout-ms", "300",
+                    what="router(queue timeout)")
+        ts = [threading.Thread(target=go, args=("a2", r2, {"model": "m", "prompt": toks(2048),
+                                                           "max_tokens": 2}))]
+        ts[0].start()
+        eventually(lambda: (r2.metric("kvr_requests_in_flight") or 0) == 1, 5)
+        st, b, h = r2.call("POST", "/v1/completions", small())
+        check("queued past router_queue_timeout_ms: 429", st == 429 and is_openai_error(b, 429)
+              and "queued longer" in b["error"]["message"], (st, b))
+        ts[0].join(60)
+        check("queue timeout: the long request answered", out.get("a2", (0,))[0] == 200, out.get("a2"))
+    finally:
+        if r2 is not None:
+            r2.stop()
+        r.stop()
+        m.stop()
+
+
+def scenario_shutdown():
+    m = mocker("--speedup", 10, events=False, what="mocker(shutdown)")
+    r = router([f"id=1,url={m.url}"], what="router(shutdown)")
+    try:
+        s1 = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(30), "max_tokens": 20000,
+                                                "stream": True})
+        s2 = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(30), "max_tokens": 20000})
+        got = b""
+        while got.count(b"data: ") < 2:
+            c = s1.recv(65536)
+            if not c:
+                break
+            got += c
+        check("shutdown: both requests in flight",
+              eventually(lambda: r.metric("kvr_frontend_in_flight") == 2, 5))
+        r.stop()  # SIGTERM: exit 0, no sanitizer report
+        s1.settimeout(10)
+        s2.settimeout(10)
+        while not got.endswith(b"0\r\n\r\n"):
+            c = s1.recv(65536)
+            if not c:
+                break
+            got += c
+        check("shutdown: the stream ends with an error event and [DONE]",
+              b'"error"' in got and b"data: [DONE]" in got and got.endswith(b"0\r\n\r\n"), got[-300:])
+        whole = b""
+        while True:
+            c = s2.recv(65536)
+            if not c:
+                break
+            whole += c
+        check("shutdown: the waiting request gets 503", whole.startswith(b"HTTP/1.1 503"), whole[:200])
+        check("shutdown: the mocker's blocks are freed", eventually(lambda: blocks_active([m]) == 0, 5))
+        s1.close()
+        s2.close()
+    finally:
+        r.stop()
+        m.stop()
+
+
+def scenario_config():
+    for args, env, field in ((["--frontend-max-retries", "17"], {}, "frontend_max_retries"),
+                             ([], {"KVR_FRONTEND_FENCE_FAILURES": "0"}, "frontend_fence_failures"),
+                             (["--frontend-upstream-timeout-ms", "5"], {}, "frontend_upstream_timeout_ms"),
+                             (["--router-mode", "fastest"], {}, "router_mode")):
+        p = subprocess.run([KVR, "serve", "--http-port", "0"] + args, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=20, env=dict(os.environ, **env))
+        check(f"bad config {args or env} names {field}", p.returncode == 2 and field in p.stderr,
+              (p.returncode, p.stderr))
+
+
+# ------------------------------------------------------------------------------------------
+# Upstreams that misbehave: silent, closing before answering, breaking mid-answer
+
+class FakeWorker:
+    """A TCP server playing a broken engine: reads a request, then does `mode`."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.conns = []
+        self.stop = False
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        self.sock.settimeout(0.1)
+        while not self.stop:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self.handle, args=(c,), daemon=True).start()
+
+    def handle(self, c):
+        c.settimeout(5)
+        buf = b""
+        try:
+            while b"\r\n\r\n" not in buf:
+                d = c.recv(65536)
+                if not d:
+                    return
+                buf += d
+            head, body = buf.split(b"\r\n\r\n", 1)
+            m = re.search(rb"(?i)content-length:\s*(\d+)", head)
+            need = int(m.group(1)) if m else 0
+            while len(body) < need:
+                d = c.recv(65536)
+                if not d:
+                    return
+                body += d
+            if self.mode == "silent" or head.startswith(b"GET /health"):
+                self.conns.append(c)  # never answers (the probe neither)
+                return
+            if self.mode == "breaker":
+                ev = json.dumps({"id": "x", "object": "text_completion", "created": 1, "model": "m",
+                                 "choices": [{"index": 0, "text": "hi", "logprobs": None,
+                                              "finish_reason": None}]})
+                chunk = ("data: " + ev + "\n\n").encode()
+                if b'"stream": true' in body or b'"stream":true' in body:
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                              b"Transfer-Encoding: chunked\r\n\r\n"
+                              + b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                else:
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                              b"Content-Length: 1000\r\n\r\n{\"id\":")
+                time.sleep(0.05)
+        except OSError:
+            pass
+        c.close()  # "slammer": closes without a byte; "breaker": mid-answer
+
+    def close(self):
+        self.stop = True
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def scenario_faults():
+    m = mocker("--speedup", 10, events=False, what="mocker(faults)")
+    silent, slammer, breaker = FakeWorker("silent"), FakeWorker("slammer"), FakeWorker("breaker")
+    r = router([f"id=1,url={silent.url}", f"id=2,url={slammer.url}", f"id=3,url={m.url}",
+                f"id=4,url={breaker.url}"], "--frontend-upstream-timeout-ms", "400",
+               "--health-interval-ms", "60000", "--frontend-fence-failures", "3",
+               what="router(faults)")
+    body = {"model": "m", "prompt": toks(20), "max_tokens": 2}
+    try:
+        t0 = time.monotonic()
+        st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "1"})
+        took = time.monotonic() - t0
+        check("silent worker: 504 after the upstream timeout", st == 504 and is_openai_error(b, 504)
+              and 0.3 < took < 5, (st, b, took))
+        check("silent worker: a timeout counted",
+              r.metric("kvr_frontend_upstream_errors_total", kind="timeout") == 1)
+        st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "2"})
+        check("pinned to a worker that closes at once: 503", st == 503 and is_openai_error(b, 503), (st, b))
+        check("a close before the first byte counted",
+              r.metric("kvr_frontend_upstream_errors_total", kind="eof") == 1)
+        ok = 0
+        for _ in range(4):
+            st, b, h = r.call("POST", "/v1/completions", dict(body, nvext={"allowed_worker_ids": [2, 3]}))
+            ok += st == 200 and worker_of(h) == 3
+        check("a worker that closes at once: requests retried on the live one", ok == 4, ok)
+        st, h, chunks, problems = stream(r, "/v1/completions", body, {"x-worker-instance-id": "4"})
+        errs = [c for c in chunks if "error" in c]
+        check("broken mid-stream: the event, then an error event and [DONE]", st == 200
+              and chunks and chunks[0].get("choices") and errs and errs[0]["error"]["code"] == 502
+              and not [p for p in problems if "DONE" in p], (st, chunks, problems))
+        st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "4"})
+        check("broken mid-answer (whole): 502", st == 502 and is_openai_error(b, 502), (st, b))
+        # a body the worker must receive without the escaped prompt key
+        raw = '{"model":"m","pr\\u006fmpt":"hello there friend","max_tokens":2}'
+        st, b, h = r.call("POST", "/v1/completions", raw, {"x-worker-instance-id": "3"})
+        st2, tk, _ = m.call("POST", "/tokenize", {"model": "m", "prompt": "hello there friend"})
+        check("an escaped key is replaced, not duplicated", st == 200
+              and b["usage"]["prompt_tokens"] == tk["count"], (st, b))
+        check("the load is 0 after the faults", eventually(lambda: loads_idle(r), 5))
+    finally:
+        r.stop()
+        m.stop()
+        for f in (silent, slammer, breaker):
+            f.close()
+
+
+# ------------------------------------------------------------------------------------------
+# Data-parallel ranks: the router picks the rank, the worker gets it as x-data-parallel-rank
+
+def scenario_dp():
+    m = mocker("--speedup", 10, dp=2, what="mocker(dp=2)")
+    r = router([f"id=1,url={m.url},events={m.events},dp_size=2"], what="router(dp)")
+    try:
+        time.sleep(0.3)
+        p = toks(8 * BS + 3)
+        st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
+        rank = int(h.get("x-kvrouter-dp-rank", -1))
+        check("dp: served on a rank", st == 200 and rank in (0, 1), (st, b, dict(h)))
+        check("dp: the mocker ran it on that rank",
+              m.metric("vllm:request_success_total", engine=rank) == 1, rank)
+        seen = eventually(lambda: {(s["dp_rank"]): s["device_blocks"] for s in
+                                   r.call("POST", "/v1/query", {"tokens": p})[1]["scores"]}
+                          .get(rank) == 8, 10)
+        check("dp: the router sees the blocks on that rank", seen)
+        st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
+        check("dp: the repeat goes to the same rank, cached",
+              st == 200 and int(h.get("x-kvrouter-dp-rank", -1)) == rank
+              and b["usage"]["prompt_tokens_details"]["cached_tokens"] == 8 * BS, (st, b, dict(h)))
+        other = 1 - rank
+        st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2,
+                                                       "nvext": {"extra_fields": ["worker_id"]}},
+                          {"x-worker-instance-id": "1", "x-dp-rank": str(other)})
+        check("dp: pinned to the other rank", st == 200 and int(h.get("x-kvrouter-dp-rank", -1)) == other
+              and b["nvext"]["worker_id"]["decode_dp_rank"] == other
+              and m.metric("vllm:request_success_total", engine=other) == 1, (st, b))
+    finally:
+        r.stop()
+        m.stop()
+
+
+def main():
+    t0 = time.monotonic()
+    try:
+        for name, fn in (("main", scenario_main), ("queue", scenario_queue),
+                         ("faults", scenario_faults), ("dp", scenario_dp),
+                         ("shutdown", scenario_shutdown), ("config", scenario_config)):
+            ts = time.monotonic()
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - a crashed scenario is a failed check
+                import traceback
+                traceback.print_exc()
+                check(f"scenario {name} ran to the end", False, repr(e))
+            print(f"  {name}: {time.monotonic() - ts:.1f} s, {results['passed']} passed, "
+                  f"{results['failed']} failed so far", flush=True)
+    finally:
+        for c in CHILDREN:
+            if c.proc.poll() is None:
+                c.proc.kill()
+                c.proc.wait(timeout=10)
+    print(f"{results['passed']} passed, {results['failed']} failed "
+          f"(seed {SEED}, {time.monotonic() - t0:.1f} s)")
+    sys.exit(1 if results["failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()
