@@ -175,6 +175,8 @@ static kvr_rank_state_t state_of(const rank_acc_t *a, const kvr_zmq_rank_info_t 
         return KVR_RANK_ERROR;
     if (!subscribed)
         return KVR_RANK_NO_EVENTS;
+    if (zi->recovering)
+        return KVR_RANK_RECOVERING;
     switch (zi->state) {
     case KVR_ZMQ_EXACT:
         return a->dropped ? KVR_RANK_DEGRADED : KVR_RANK_EXACT;
@@ -321,14 +323,19 @@ static void run_cmd(kvr_ingest_t *g)
 static void *ingest_main(void *arg)
 {
     kvr_ingest_t *g = arg;
-    uint64_t last_pub = 0, last_reclaim = 0;
+    uint64_t last_pub = 0, last_reclaim = 0, last_replays = 0;
     while (!g->stop) {
         run_cmd(g);
         (void)kvr_zmq_listener_poll(g->l, 10);
         uint64_t now = kvr_now_ms();
-        if (now - last_pub >= 100) {
+        kvr_zmq_stats_t zs;
+        kvr_zmq_listener_stats(g->l, &zs);
+        /* a recovery starting or ending shows at once, so no snapshot says "recovering" for
+         * long after it ended */
+        if (now - last_pub >= 100 || zs.replays_in_progress != last_replays) {
             publish(g);
             last_pub = now;
+            last_replays = zs.replays_in_progress;
         }
         if (now - last_reclaim >= 1000) {
             kvr_index_reclaim(g->ix);

@@ -3,10 +3,13 @@
  *
  * Invariants: for each rank, on_batch has received batches in strictly increasing sequence
  * order since its last reset, each at most once; the cursor (seqtrack) is the last one handed
- * over (or skipped on purpose after a reset). A DEALER that timed out is closed and reopened,
- * so a late answer to an old replay request is never taken for a new one.
- * Threads: the owning thread only. Cost: per batch one zmq_msg_recv per frame and one
- * on_batch call; a replay costs one round trip plus the replayed batches.
+ * over (or skipped on purpose after a reset). While a rank recovers, nothing live is handed
+ * over for it: live batches wait in its hold (arrival order) and only replayed batches in
+ * [cursor + 1, upto) move the cursor; the hold is empty whenever the rank is not recovering
+ * (it is drained as soon as a recovery ends). A DEALER whose answer was abandoned (timeout,
+ * overflow, malformed reply) is closed and reopened, so a late answer to an old replay
+ * request is never taken for a new one; one that sent its end marker is reused.
+ * Threads: the owning thread only. Cost: see the header.
  */
 #include "net/zmq_listener.h"
 
@@ -18,8 +21,26 @@
 
 #include "core/seqtrack.h"
 #include "kvrouter.h"
+#include "net/log.h"
 
-#define DRAIN_PER_RANK 256 /* messages handled per rank per poll, so no rank starves others */
+#define DRAIN_PER_RANK 256 /* messages handled per socket per poll, so no rank starves others */
+
+/* A live batch that arrived while its rank was recovering: a copy, applied later. */
+typedef struct held {
+    struct held *next;
+    uint64_t seq;
+    size_t len;
+    uint8_t data[];
+} held_t;
+
+typedef struct recovery {
+    bool active;
+    kvr_zmq_reset_reason_t why; /* given to on_reset for what the replay does not bring */
+    uint64_t from, upto;        /* the batches wanted: [from, upto) */
+    uint64_t deadline_ms;       /* give up if the replay socket is silent until then */
+    held_t *head, *tail;        /* live batches that arrived meanwhile, oldest first */
+    size_t n_held, held_bytes;  /* within max_held_batches, max_held_bytes */
+} recovery_t;
 
 typedef struct rank {
     bool used;
@@ -31,6 +52,7 @@ typedef struct rank {
     kvr_seqtrack_t cur;
     uint64_t last_hash; /* of the last batch handed over: tells a repeat from a restart */
     kvr_zmq_rank_info_t info;
+    recovery_t rec;
 } rank_t;
 
 struct kvr_zmq_listener {
@@ -39,9 +61,10 @@ struct kvr_zmq_listener {
     kvr_zmq_handlers_t h;
     rank_t *ranks;
     size_t cap;
-    zmq_pollitem_t *items;
+    zmq_pollitem_t *items; /* per poll: each rank's SUB, and its DEALER while recovering */
     size_t *item_rank;
     kvr_zmq_stats_t st;
+    kvr_ratelimit_t rl;
 };
 
 static uint64_t be64(const uint8_t *p)
@@ -82,11 +105,16 @@ kvr_zmq_listener_t *kvr_zmq_listener_new(const kvr_zmq_config_t *cfg,
         l->cfg.replay_timeout_ms = 2000;
     if (l->cfg.max_ranks == 0)
         l->cfg.max_ranks = 1024;
+    if (l->cfg.max_held_batches == 0)
+        l->cfg.max_held_batches = 4096;
+    if (l->cfg.max_held_bytes == 0)
+        l->cfg.max_held_bytes = (size_t)64 << 20;
     l->h = *h;
+    l->rl = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     l->cap = l->cfg.max_ranks;
     l->ranks = calloc(l->cap, sizeof *l->ranks);
-    l->items = calloc(l->cap, sizeof *l->items);
-    l->item_rank = calloc(l->cap, sizeof *l->item_rank);
+    l->items = calloc(2 * l->cap, sizeof *l->items);
+    l->item_rank = calloc(2 * l->cap, sizeof *l->item_rank);
     l->ctx = zmq_ctx_new();
     if (l->ranks == NULL || l->items == NULL || l->item_rank == NULL || l->ctx == NULL) {
         kvr_zmq_listener_free(l);
@@ -97,8 +125,24 @@ kvr_zmq_listener_t *kvr_zmq_listener_new(const kvr_zmq_config_t *cfg,
     return l;
 }
 
-static void close_rank(rank_t *r)
+/* Drops the held batches (unapplied) and takes them off the gauges. */
+static void hold_clear(kvr_zmq_listener_t *l, rank_t *r)
 {
+    for (held_t *h = r->rec.head, *next; h != NULL; h = next) {
+        next = h->next;
+        free(h);
+    }
+    l->st.held_batches -= r->rec.n_held;
+    l->st.held_bytes -= r->rec.held_bytes;
+    r->rec.head = r->rec.tail = NULL;
+    r->rec.n_held = r->rec.held_bytes = 0;
+}
+
+static void close_rank(kvr_zmq_listener_t *l, rank_t *r)
+{
+    if (r->rec.active)
+        l->st.replays_in_progress--;
+    hold_clear(l, r);
     if (r->sub != NULL)
         zmq_close(r->sub);
     if (r->dealer != NULL)
@@ -112,7 +156,7 @@ void kvr_zmq_listener_free(kvr_zmq_listener_t *l)
         return;
     for (size_t i = 0; l->ranks != NULL && i < l->cap; i++)
         if (l->ranks[i].used)
-            close_rank(&l->ranks[i]);
+            close_rank(l, &l->ranks[i]);
     if (l->ctx != NULL)
         zmq_ctx_term(l->ctx);
     free(l->ranks);
@@ -217,7 +261,7 @@ int kvr_zmq_listener_remove(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t 
     rank_t *r = find_rank(l, worker_id, dp_rank);
     if (r == NULL)
         return KVR_ENOTFOUND;
-    close_rank(r);
+    close_rank(l, r);
     return KVR_OK;
 }
 
@@ -275,44 +319,33 @@ static void reopen_dealer(kvr_zmq_listener_t *l, rank_t *r)
     r->dealer = open_socket(l->ctx, ZMQ_DEALER, r->replay_addr, false, err, sizeof err);
 }
 
-typedef enum replay_end { REPLAY_DONE, REPLAY_TIMEOUT, REPLAY_ERROR } replay_end_t;
-
-/* Receives one replay message into frames (seq, payload); 1 = message, 0 = end marker. */
-static int replay_recv(kvr_zmq_listener_t *l, rank_t *r, zmq_msg_t *seqf, zmq_msg_t *pay,
-                       replay_end_t *why)
+/* Receives one multipart message: its first three frames in f (*nf of them, to be closed by
+ * the caller), the rest discarded. Returns the number of frames, 0 when none was waiting. */
+static int recv_message(void *sock, zmq_msg_t f[3], int *nf)
 {
-    zmq_pollitem_t it = {.socket = r->dealer, .events = ZMQ_POLLIN};
-    if (zmq_poll(&it, 1, l->cfg.replay_timeout_ms) <= 0) {
-        *why = REPLAY_TIMEOUT;
-        return -1;
-    }
-    zmq_msg_t f[3];
-    int nf = 0, more = 1;
+    int total = 0, more = 1;
+    *nf = 0;
     while (more) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, r->dealer, 0) < 0) {
-            zmq_msg_close(&m);
+        zmq_msg_t scratch, *m = *nf < 3 ? &f[*nf] : &scratch;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, sock, total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            zmq_msg_close(m);
             break;
         }
-        more = zmq_msg_more(&m);
-        if (nf < 3)
-            f[nf++] = m;
+        total++;
+        more = zmq_msg_more(m);
+        if (m == &scratch)
+            zmq_msg_close(m);
         else
-            zmq_msg_close(&m);
+            (*nf)++;
     }
-    int out = -1;
-    *why = REPLAY_ERROR;
-    if (nf == 3 && zmq_msg_size(&f[0]) == 0 && zmq_msg_size(&f[1]) == 8) {
-        out = zmq_msg_size(&f[2]) == 0 ? 0 : 1;
-        zmq_msg_move(seqf, &f[1]);
-        zmq_msg_move(pay, &f[2]);
-    } else {
-        l->st.bad_frames++;
-    }
+    return total;
+}
+
+static void close_frames(zmq_msg_t *f, int nf)
+{
     for (int i = 0; i < nf; i++)
         zmq_msg_close(&f[i]);
-    return out;
 }
 
 /* Gives up on part of the history: the caller drops what it knew of the rank (if anything),
@@ -331,74 +364,154 @@ static void give_up(kvr_zmq_listener_t *l, rank_t *r, uint64_t next_seq,
     }
 }
 
-/* Recovers batches [from, upto) through the replay socket and hands them over in order.
- * Where the replay cannot reach back far enough, gives up on the missing part but still
- * applies what the buffer has. Returns true when every batch of the range was applied. On
- * return the cursor stands at upto - 1 either way. */
-static bool recover(kvr_zmq_listener_t *l, rank_t *r, uint64_t from, uint64_t upto,
-                    kvr_zmq_reset_reason_t why)
+/* ---- the hold: live batches of a recovering rank ---- */
+
+/* Copies a live batch into the hold: at the back (arrival order), or at the front for the
+ * batch that revealed a gap while the hold was being drained (it was just taken off the
+ * front, and everything still held came after it). false: over a bound, or out of memory. */
+static bool hold(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const void *p, size_t n,
+                 bool front)
 {
-    bool complete = true, done = r->dealer == NULL;
-    if (!done) {
-        uint8_t req[8];
-        put_be64(req, from);
-        done = zmq_send(r->dealer, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(r->dealer, req, 8, 0) < 0;
+    recovery_t *rc = &r->rec;
+    if (rc->n_held >= l->cfg.max_held_batches || n > l->cfg.max_held_bytes - rc->held_bytes)
+        return false;
+    held_t *h = malloc(sizeof *h + n);
+    if (h == NULL)
+        return false;
+    h->seq = seq;
+    h->len = n;
+    if (n > 0)
+        memcpy(h->data, p, n);
+    if (front) {
+        h->next = rc->head;
+        rc->head = h;
+        if (rc->tail == NULL)
+            rc->tail = h;
+    } else {
+        h->next = NULL;
+        if (rc->tail != NULL)
+            rc->tail->next = h;
+        else
+            rc->head = h;
+        rc->tail = h;
     }
-    if (done)
-        complete = false;
-    while (!done) {
-        zmq_msg_t seqf, pay;
-        zmq_msg_init(&seqf);
-        zmq_msg_init(&pay);
-        replay_end_t end = REPLAY_DONE;
-        int got = replay_recv(l, r, &seqf, &pay, &end);
-        if (got > 0) {
-            uint64_t s = be64(zmq_msg_data(&seqf));
-            uint64_t want = r->cur.started ? r->cur.next : from;
-            if (s >= want && s < upto) {
-                if (s > want) { /* the buffer starts after what we need */
-                    complete = false;
-                    give_up(l, r, s, why);
-                }
-                if (call_batch(l, r, s, zmq_msg_data(&pay), zmq_msg_size(&pay), true) == KVR_OK) {
-                    advance(r, s, true);
-                } else {
-                    l->st.undecodable++;
-                    r->info.undecodable++;
-                    complete = false;
-                    give_up(l, r, s + 1, KVR_RESET_UNDECODABLE);
-                }
-            } /* else: already applied, or beyond the gap (the live stream brings it) */
-        } else {
-            if (got < 0) {
-                if (end == REPLAY_TIMEOUT)
-                    l->st.replay_timeouts++;
-                reopen_dealer(l, r); /* a late answer must not meet the next request */
-            }
-            done = true;
-        }
-        zmq_msg_close(&seqf);
-        zmq_msg_close(&pay);
-    }
-    if (!r->cur.started || r->cur.next < upto) {
-        complete = false;
-        give_up(l, r, upto, why); /* the answer ended (or never came) before the gap was filled */
-    }
-    return complete;
+    rc->n_held++;
+    rc->held_bytes += n;
+    r->info.held_batches = rc->n_held;
+    l->st.held_batches++;
+    l->st.held_bytes += n;
+    return true;
 }
 
-/* A live batch that on_batch could not frame: fetch it again once from the replay socket
- * (transport damage is fixed by a second copy). Still bad, or no replay socket: drop the
- * rank's state and move past it. */
-static void handle_undecodable(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq)
+static held_t *unhold(kvr_zmq_listener_t *l, rank_t *r)
 {
+    recovery_t *rc = &r->rec;
+    held_t *h = rc->head;
+    rc->head = h->next;
+    if (rc->head == NULL)
+        rc->tail = NULL;
+    rc->n_held--;
+    rc->held_bytes -= h->len;
+    r->info.held_batches = rc->n_held;
+    l->st.held_batches--;
+    l->st.held_bytes -= h->len;
+    return h;
+}
+
+/* ---- recovery ---- */
+
+/* Asks the replay socket for batches [from, upto). false when it cannot be asked (no replay
+ * socket, or the request is refused): the range is given up at once. The hold is left as it
+ * is (a recovery started while draining it keeps the rest). */
+static bool start_recovery(kvr_zmq_listener_t *l, rank_t *r, uint64_t from, uint64_t upto,
+                           kvr_zmq_reset_reason_t why)
+{
+    uint8_t req[8];
+    put_be64(req, from);
+    if (r->dealer == NULL || zmq_send(r->dealer, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(r->dealer, req, 8, ZMQ_DONTWAIT) < 0) {
+        reopen_dealer(l, r); /* no half-sent request may stay queued */
+        give_up(l, r, upto, why);
+        return false;
+    }
+    r->rec.active = true;
+    r->rec.why = why;
+    r->rec.from = from;
+    r->rec.upto = upto;
+    r->rec.deadline_ms = kvr_now_ms() + (uint64_t)l->cfg.replay_timeout_ms;
+    r->info.recovering = true;
+    l->st.replays_in_progress++;
+    return true;
+}
+
+/* Ends the recovery: what the replay did not bring is given up. The hold stays for
+ * drain_held. */
+static void finish_recovery(kvr_zmq_listener_t *l, rank_t *r)
+{
+    r->rec.active = false;
+    r->info.recovering = false;
+    l->st.replays_in_progress--;
+    if (!r->cur.started || r->cur.next < r->rec.upto)
+        give_up(l, r, r->rec.upto, r->rec.why);
+}
+
+/* Stops waiting for an answer (timeout, full hold, malformed reply). */
+static void abandon_recovery(kvr_zmq_listener_t *l, rank_t *r)
+{
+    reopen_dealer(l, r);
+    finish_recovery(l, r);
+}
+
+static void hold_overflow(kvr_zmq_listener_t *l, rank_t *r)
+{
+    l->st.hold_overflows++;
+    r->info.hold_overflows++;
+    kvr_log_limited(&l->rl, KVR_LOG_WARN,
+                    "worker %llu rank %u: %zu live batches (%zu bytes) held while replaying "
+                    "batches %llu..%llu: hold full, gap given up",
+                    (unsigned long long)r->worker_id, r->dp_rank, r->rec.n_held,
+                    r->rec.held_bytes, (unsigned long long)r->rec.from,
+                    (unsigned long long)r->rec.upto - 1);
+    abandon_recovery(l, r);
+}
+
+/* One replayed batch. Where the replay cannot reach back far enough, gives up on the missing
+ * part but still applies what the buffer has. */
+static void replay_batch(kvr_zmq_listener_t *l, rank_t *r, uint64_t s, const void *p, size_t n)
+{
+    uint64_t want = r->cur.started ? r->cur.next : r->rec.from;
+    if (s < want || s >= r->rec.upto)
+        return; /* already applied, or beyond the gap (held or still to come live) */
+    if (s > want) /* the buffer starts after what we need */
+        give_up(l, r, s, r->rec.why);
+    if (call_batch(l, r, s, p, n, true) == KVR_OK) {
+        advance(r, s, true);
+    } else {
+        l->st.undecodable++;
+        r->info.undecodable++;
+        give_up(l, r, s + 1, KVR_RESET_UNDECODABLE);
+    }
+}
+
+/* ---- live batches ---- */
+
+/* A live batch that on_batch could not frame is fetched again once from the replay socket
+ * (transport damage is fixed by a second copy); still bad, or no replay socket: the rank's
+ * state is dropped and the cursor moves past it. */
+static void apply_live(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const void *p, size_t n)
+{
+    if (call_batch(l, r, seq, p, n, false) == KVR_OK) {
+        advance(r, seq, true);
+        return;
+    }
     l->st.undecodable++;
     r->info.undecodable++;
-    if (recover(l, r, seq, seq + 1, KVR_RESET_UNDECODABLE))
-        return;
+    (void)start_recovery(l, r, seq, seq + 1, KVR_RESET_UNDECODABLE);
 }
 
-static void handle_live(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const void *p, size_t n)
+/* A live batch for a rank that is not recovering (it may start a recovery). */
+static void handle_live_now(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const void *p,
+                            size_t n)
 {
     uint64_t from = 0;
     kvr_seq_verdict_t v = kvr_seq_observe(&r->cur, seq, &from);
@@ -419,65 +532,140 @@ static void handle_live(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const vo
     if (v == KVR_SEQ_GAP) {
         l->st.gaps++;
         r->info.gaps++;
-        (void)recover(l, r, from, seq, KVR_RESET_GAP_LOST);
+        if (start_recovery(l, r, from, seq, KVR_RESET_GAP_LOST)) {
+            if (hold(l, r, seq, p, n, true))
+                return; /* applied after the replayed batches */
+            hold_overflow(l, r); /* the cursor now stands at seq - 1 */
+        }
     }
-    if (call_batch(l, r, seq, p, n, false) == KVR_OK)
-        advance(r, seq, true);
-    else
-        handle_undecodable(l, r, seq);
+    apply_live(l, r, seq, p, n);
+}
+
+/* Feeds the held batches through the live path in arrival order, until the hold is empty or
+ * one of them starts another recovery (the rest then stay held for that one). */
+static void drain_held(kvr_zmq_listener_t *l, rank_t *r)
+{
+    while (!r->rec.active && r->rec.head != NULL) {
+        held_t *h = unhold(l, r);
+        handle_live_now(l, r, h->seq, h->data, h->len);
+        free(h);
+    }
+}
+
+/* A live batch from the SUB socket. While the rank recovers it is held; a full hold gives the
+ * gap up, applies what was held, then this batch (each round of this loop applies at least
+ * one held batch, so it ends). */
+static void handle_live(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const void *p, size_t n)
+{
+    while (r->rec.active) {
+        if (hold(l, r, seq, p, n, false))
+            return;
+        hold_overflow(l, r);
+        drain_held(l, r);
+    }
+    handle_live_now(l, r, seq, p, n);
 }
 
 /* Reads one multipart message from the SUB socket; returns false when none is waiting. */
 static bool read_one(kvr_zmq_listener_t *l, rank_t *r)
 {
     zmq_msg_t f[3];
-    int nf = 0, more = 1, total = 0;
-    while (more) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, r->sub, total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
-            zmq_msg_close(&m);
-            if (total == 0)
-                return false;
-            break;
-        }
-        total++;
-        more = zmq_msg_more(&m);
-        if (nf < 3)
-            f[nf++] = m;
-        else
-            zmq_msg_close(&m);
-    }
+    int nf;
+    int total = recv_message(r->sub, f, &nf);
+    if (total == 0)
+        return false;
     if (total == 3 && zmq_msg_size(&f[1]) == 8)
         handle_live(l, r, be64(zmq_msg_data(&f[1])), zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
     else
         l->st.bad_frames++;
-    for (int i = 0; i < nf; i++)
-        zmq_msg_close(&f[i]);
+    close_frames(f, nf);
     return true;
+}
+
+/* Handles what the recovering rank's DEALER has brought: replayed batches ["", seq, payload]
+ * and the end marker ["", seq, ""]. Anything else ends the recovery. */
+static void read_replay(kvr_zmq_listener_t *l, rank_t *r)
+{
+    for (int m = 0; m < DRAIN_PER_RANK && r->rec.active; m++) {
+        zmq_msg_t f[3];
+        int nf;
+        int total = recv_message(r->dealer, f, &nf);
+        if (total == 0)
+            break;
+        r->rec.deadline_ms = kvr_now_ms() + (uint64_t)l->cfg.replay_timeout_ms;
+        if (total == 3 && zmq_msg_size(&f[0]) == 0 && zmq_msg_size(&f[1]) == 8) {
+            if (zmq_msg_size(&f[2]) > 0)
+                replay_batch(l, r, be64(zmq_msg_data(&f[1])), zmq_msg_data(&f[2]),
+                             zmq_msg_size(&f[2]));
+            else
+                finish_recovery(l, r); /* the end marker */
+        } else {
+            l->st.bad_frames++;
+            abandon_recovery(l, r);
+        }
+        close_frames(f, nf);
+    }
+    drain_held(l, r);
+}
+
+/* Gives up the replays whose socket stayed silent past their deadline. */
+static void expire_recoveries(kvr_zmq_listener_t *l, uint64_t now)
+{
+    for (size_t i = 0; i < l->cap; i++) {
+        rank_t *r = &l->ranks[i];
+        if (!r->used || !r->rec.active || now < r->rec.deadline_ms)
+            continue;
+        l->st.replay_timeouts++;
+        r->info.replay_timeouts++;
+        kvr_log_limited(&l->rl, KVR_LOG_WARN,
+                        "worker %llu rank %u: no answer from the replay socket %s for %d ms: "
+                        "batches %llu..%llu given up",
+                        (unsigned long long)r->worker_id, r->dp_rank, r->replay_addr,
+                        l->cfg.replay_timeout_ms, (unsigned long long)r->rec.from,
+                        (unsigned long long)r->rec.upto - 1);
+        abandon_recovery(l, r);
+        drain_held(l, r);
+    }
 }
 
 int kvr_zmq_listener_poll(kvr_zmq_listener_t *l, int timeout_ms)
 {
     if (l == NULL)
         return KVR_EINVAL;
+    uint64_t now = kvr_now_ms();
+    long wait = timeout_ms < 0 ? -1 : timeout_ms;
     size_t n = 0;
     for (size_t i = 0; i < l->cap; i++) {
-        if (!l->ranks[i].used)
+        rank_t *r = &l->ranks[i];
+        if (!r->used)
             continue;
-        l->items[n] = (zmq_pollitem_t){.socket = l->ranks[i].sub, .events = ZMQ_POLLIN};
+        if (r->rec.active) {
+            uint64_t left = r->rec.deadline_ms > now ? r->rec.deadline_ms - now : 0;
+            if (wait < 0 || left < (uint64_t)wait)
+                wait = (long)left;
+            l->items[n] = (zmq_pollitem_t){.socket = r->dealer, .events = ZMQ_POLLIN};
+            l->item_rank[n++] = i;
+        }
+        l->items[n] = (zmq_pollitem_t){.socket = r->sub, .events = ZMQ_POLLIN};
         l->item_rank[n++] = i;
     }
-    if (zmq_poll(l->items, (int)n, timeout_ms) < 0)
+    if (zmq_poll(l->items, (int)n, wait) < 0)
         return zmq_errno() == EINTR ? 0 : KVR_EIO;
     uint64_t before = l->st.batches;
     for (size_t k = 0; k < n; k++) {
         if (!(l->items[k].revents & ZMQ_POLLIN))
             continue;
         rank_t *r = &l->ranks[l->item_rank[k]];
-        for (int m = 0; m < DRAIN_PER_RANK && r->used && read_one(l, r); m++) {
-        }
+        if (!r->used)
+            continue;
+        if (l->items[k].socket == r->sub) {
+            for (int m = 0; m < DRAIN_PER_RANK && r->used && read_one(l, r); m++) {
+            }
+        } else if (r->rec.active && l->items[k].socket == r->dealer) {
+            read_replay(l, r);
+        } /* else: a DEALER reopened or done since the poll began */
     }
+    expire_recoveries(l, kvr_now_ms());
     return (int)(l->st.batches - before);
 }
 
@@ -490,5 +678,58 @@ int kvr_zmq_listener_rank(const kvr_zmq_listener_t *l, uint64_t worker_id, uint3
     if (r == NULL)
         return KVR_ENOTFOUND;
     *out = r->info;
+    return KVR_OK;
+}
+
+int kvr_zmq_listener_verify(const kvr_zmq_listener_t *l, char *msg, size_t msg_len)
+{
+    char dummy[8];
+    if (msg == NULL) {
+        msg = dummy;
+        msg_len = sizeof dummy;
+    }
+    uint64_t active = 0, held = 0, bytes = 0;
+    for (size_t i = 0; i < l->cap; i++) {
+        const rank_t *r = &l->ranks[i];
+        if (!r->used)
+            continue;
+        const recovery_t *rc = &r->rec;
+        size_t cnt = 0, b = 0;
+        const held_t *last = NULL;
+        for (const held_t *h = rc->head; h != NULL; h = h->next) {
+            cnt++;
+            b += h->len;
+            last = h;
+        }
+        const char *bad = NULL;
+        if (cnt != rc->n_held || b != rc->held_bytes || last != rc->tail)
+            bad = "hold list does not match its count, bytes or tail";
+        else if (cnt > l->cfg.max_held_batches || b > l->cfg.max_held_bytes)
+            bad = "hold over its bounds";
+        else if (!rc->active && cnt > 0)
+            bad = "batches held while not recovering";
+        else if (rc->active && (r->dealer == NULL || rc->from >= rc->upto))
+            bad = "recovering without a replay socket or with an empty range";
+        else if (rc->active != r->info.recovering || r->info.held_batches != cnt)
+            bad = "rank info disagrees with the recovery";
+        else if (rc->active && r->cur.started && r->cur.next > rc->upto)
+            bad = "cursor beyond the range being recovered";
+        if (bad != NULL) {
+            snprintf(msg, msg_len, "worker %llu rank %u: %s", (unsigned long long)r->worker_id,
+                     r->dp_rank, bad);
+            return KVR_EINVAL;
+        }
+        active += rc->active;
+        held += cnt;
+        bytes += b;
+    }
+    if (active != l->st.replays_in_progress || held != l->st.held_batches ||
+        bytes != l->st.held_bytes) {
+        snprintf(msg, msg_len, "gauges (%llu, %llu, %llu) != sums (%llu, %llu, %llu)",
+                 (unsigned long long)l->st.replays_in_progress,
+                 (unsigned long long)l->st.held_batches, (unsigned long long)l->st.held_bytes,
+                 (unsigned long long)active, (unsigned long long)held, (unsigned long long)bytes);
+        return KVR_EINVAL;
+    }
     return KVR_OK;
 }

@@ -6,19 +6,33 @@
  *
  * What it decides, per worker rank (see kvr_zmq_state_t):
  *   - a gap the replay buffer still covers is replayed, then the live batch applied: exact;
- *   - a gap it no longer covers, no replay endpoint, a publisher restart (numbers went back),
- *     or a batch that stays undecodable after one replay: the caller is told to drop that
- *     rank's state (on_reset) and the rank is marked degraded until a publisher starts over
- *     from batch 0, which makes it exact again;
+ *   - a gap it no longer covers, no replay endpoint, a replay socket silent for
+ *     replay_timeout_ms, a publisher restart (numbers went back), or a batch that stays
+ *     undecodable after one replay: the caller is told to drop that rank's state (on_reset)
+ *     and the rank is marked degraded until a publisher starts over from batch 0, which makes
+ *     it exact again;
  *   - malformed messages (not 3 frames, seq not 8 bytes) are counted and skipped;
  *   - the last applied number arriving again is a duplicate if its bytes are the same, and a
  *     publisher restart (that has sent one batch so far) if they differ.
  * Everything dropped or doubtful is counted (kvr_zmq_stats_t, per-rank counters).
  *
- * Threads: one thread owns a listener (the ingest thread): add, remove and poll are called on
- * it. Replay is synchronous inside poll, bounded by replay_timeout_ms.
- * Memory: one SUB (and optional DEALER) socket per rank; no per-batch allocation beyond
- * zmq_msg_t buffers owned by libzmq.
+ * Replay is asynchronous, per rank. A rank in recovery has the range it wants, a deadline
+ * (now + replay_timeout_ms, pushed back by every replay message, so a long answer is not cut
+ * while it flows) and a FIFO of copies of the live batches that arrived meanwhile, bounded by
+ * max_held_batches and max_held_bytes. The answer is applied as it arrives; at its end marker
+ * or deadline whatever it did not bring is given up, then the held batches go through the
+ * live path in arrival order (they may reveal another gap: a new recovery). A hold that would
+ * overflow gives the gap up at once (counted in hold_overflows). Other ranks are never
+ * delayed: poll waits on every SUB and every recovering rank's DEALER together.
+ *
+ * Threads: one thread owns a listener (the ingest thread): add, remove, poll and the stats
+ * calls are made on it, and the handlers are called from poll on it (they must not call back
+ * into the listener). poll never blocks longer than its timeout.
+ * Memory: one SUB (and optional DEALER) socket per rank; zmq_msg_t buffers owned by libzmq;
+ * and, only while a rank recovers, its held batches (one malloc per batch: seq + payload),
+ * freed when they are applied, when the rank is removed, or by free.
+ * Cost: per live batch one zmq_msg_recv per frame and one on_batch call (plus one copy while
+ * its rank recovers); a replay costs one request plus the replayed batches.
  */
 #ifndef KVR_ZMQ_LISTENER_H
 #define KVR_ZMQ_LISTENER_H
@@ -67,8 +81,11 @@ typedef enum kvr_zmq_state {
 typedef struct kvr_zmq_rank_info {
     kvr_zmq_state_t state;
     bool started;
+    bool recovering;       /* a replay request is outstanding; live batches are being held */
     uint64_t last_seq;
     uint64_t batches, replayed, gaps, gaps_lost, restarts, undecodable, duplicates;
+    uint64_t replay_timeouts, hold_overflows;
+    size_t held_batches;   /* live batches held now (0 unless recovering) */
 } kvr_zmq_rank_info_t;
 
 typedef struct kvr_zmq_stats {
@@ -81,13 +98,20 @@ typedef struct kvr_zmq_stats {
     uint64_t undecodable;   /* batches on_batch could not frame */
     uint64_t duplicates;    /* batches at or below the cursor, dropped */
     uint64_t bad_frames;    /* messages without 3 frames or an 8-byte seq */
+    uint64_t hold_overflows;      /* recoveries given up because the hold was full */
+    uint64_t replays_in_progress; /* gauge: ranks waiting for a replay answer */
+    uint64_t held_batches;        /* gauge: live batches held by recovering ranks */
+    uint64_t held_bytes;          /* gauge: their payload bytes */
 } kvr_zmq_stats_t;
 
 typedef struct kvr_zmq_listener kvr_zmq_listener_t;
 
 typedef struct kvr_zmq_config {
-    int replay_timeout_ms;  /* per replay request; 0 = 2000 */
-    size_t max_ranks;       /* 0 = 1024 */
+    int replay_timeout_ms;   /* silence from a replay socket before its gap is given up;
+                                0 = 2000 */
+    size_t max_ranks;        /* 0 = 1024 */
+    size_t max_held_batches; /* live batches one recovering rank may hold; 0 = 4096 */
+    size_t max_held_bytes;   /* their payload bytes; 0 = 64 MiB */
 } kvr_zmq_config_t;
 
 kvr_zmq_listener_t *kvr_zmq_listener_new(const kvr_zmq_config_t *cfg,
@@ -98,11 +122,15 @@ void kvr_zmq_listener_free(kvr_zmq_listener_t *l);
 int kvr_zmq_listener_add(kvr_zmq_listener_t *l, const kvr_zmq_endpoint_t *ep, char *err,
                          size_t err_len);
 int kvr_zmq_listener_remove(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t dp_rank);
-/* Waits up to timeout_ms for messages and handles all that are ready. Returns the number of
- * batches handed over, or a negative status. */
+/* Waits up to timeout_ms (< 0: until something happens) for messages and handles all that
+ * are ready, and gives up the replays whose deadline has passed (it wakes for them early).
+ * Returns the number of batches handed over, or a negative status. */
 int kvr_zmq_listener_poll(kvr_zmq_listener_t *l, int timeout_ms);
 void kvr_zmq_listener_stats(const kvr_zmq_listener_t *l, kvr_zmq_stats_t *out);
 int kvr_zmq_listener_rank(const kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t dp_rank,
                           kvr_zmq_rank_info_t *out);
+/* Checks the invariants (holds only while recovering, within their bounds, gauges equal to
+ * the per-rank sums). KVR_OK, or KVR_EINVAL with the broken invariant in msg. */
+int kvr_zmq_listener_verify(const kvr_zmq_listener_t *l, char *msg, size_t msg_len);
 
 #endif

@@ -6,6 +6,13 @@
  * batches, malformed messages, and a replay socket that never answers. Each scenario checks
  * the sequence of batches the router would apply, the resets it would perform, the rank's
  * state and the counters.
+ *
+ * The second half runs several ranks in this process (raw PUB sockets, a ROUTER that never
+ * answers, and the engine-side publisher of net/kv_publisher.h answering replays from the
+ * test's own loop, which only works because replay no longer blocks poll): a rank whose
+ * replay socket is silent does not delay the others; live batches that arrive during a
+ * replay are applied after it, in order, exactly once; a full hold gives the gap up; remove()
+ * and free() during a recovery release what was held.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,8 +28,10 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <zmq.h>
 
 #include "kvrouter.h"
+#include "net/kv_publisher.h"
 #include "net/zmq_listener.h"
 
 /* ---- the publisher process ---- */
@@ -342,6 +351,542 @@ static void test_add_remove_validation(void **state)
     assert_int_equal(kvr_zmq_listener_rank(f->l, 7, 0, &ri), KVR_ENOTFOUND);
 }
 
+/* ---- several ranks in this process ---- */
+
+#define MREC 1024
+typedef struct mrec {
+    uint64_t worker[MREC], seq[MREC];
+    bool replayed[MREC];
+    size_t n;
+    size_t bad_payloads; /* bytes that are not those of (worker, seq) */
+    uint64_t reset_worker[64];
+    kvr_zmq_reset_reason_t resets[64];
+    size_t n_resets;
+} mrec_t;
+
+/* Batch seq of worker w: "w<w>-b<seq>", then `pad` bytes 'x'. */
+static size_t make_batch(uint64_t w, uint64_t seq, size_t pad, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "w%llu-b%llu", (unsigned long long)w, (unsigned long long)seq);
+    assert_true(n > 0 && (size_t)n + pad <= cap);
+    memset(buf + n, 'x', pad);
+    return (size_t)n + pad;
+}
+
+static bool batch_is(uint64_t w, uint64_t seq, const uint8_t *p, size_t len)
+{
+    char want[64];
+    size_t n = make_batch(w, seq, 0, want, sizeof want);
+    if (len < n || memcmp(p, want, n) != 0)
+        return false;
+    for (size_t i = n; i < len; i++)
+        if (p[i] != 'x')
+            return false;
+    return true;
+}
+
+static int m_on_batch(void *ud, const kvr_zmq_batch_t *b)
+{
+    mrec_t *r = ud;
+    if (!batch_is(b->worker_id, b->seq, b->payload, b->len))
+        r->bad_payloads++;
+    if (r->n < MREC) {
+        r->worker[r->n] = b->worker_id;
+        r->seq[r->n] = b->seq;
+        r->replayed[r->n++] = b->replayed;
+    }
+    return KVR_OK;
+}
+
+static void m_on_reset(void *ud, uint64_t worker_id, uint32_t dp_rank, kvr_zmq_reset_reason_t why)
+{
+    (void)dp_rank;
+    mrec_t *r = ud;
+    if (r->n_resets < 64) {
+        r->reset_worker[r->n_resets] = worker_id;
+        r->resets[r->n_resets++] = why;
+    }
+}
+
+typedef struct multi {
+    void *ctx;
+    mrec_t rec;
+    kvr_zmq_listener_t *l;
+    kvr_kv_pub_t *pub; /* the engine-side publisher, when a test uses one */
+} multi_t;
+
+static void m_open(multi_t *m, kvr_zmq_config_t cfg)
+{
+    memset(m, 0, sizeof *m);
+    m->ctx = zmq_ctx_new();
+    assert_non_null(m->ctx);
+    kvr_zmq_handlers_t h = {.on_batch = m_on_batch, .on_reset = m_on_reset, .ud = &m->rec};
+    int st;
+    m->l = kvr_zmq_listener_new(&cfg, &h, &st);
+    assert_non_null(m->l);
+}
+
+static void m_verify(const multi_t *m)
+{
+    char msg[200];
+    if (kvr_zmq_listener_verify(m->l, msg, sizeof msg) != KVR_OK)
+        fail_msg("listener invariant: %s", msg);
+}
+
+static void m_close(multi_t *m)
+{
+    m_verify(m);
+    kvr_zmq_listener_free(m->l);
+    kvr_kv_pub_free(m->pub);
+    zmq_ctx_term(m->ctx);
+}
+
+/* One turn of the router's loop; with `answer`, also one turn of the engine's. */
+static void m_step(multi_t *m, bool answer)
+{
+    (void)kvr_zmq_listener_poll(m->l, 5);
+    if (answer && m->pub != NULL)
+        (void)kvr_kv_pub_poll_replay(m->pub);
+    m_verify(m);
+}
+
+#define WAIT_UNTIL(m, answer, cond)                                                             \
+    do {                                                                                       \
+        uint64_t end_ = now_ms() + 3000;                                                       \
+        while (!(cond) && now_ms() < end_)                                                     \
+            m_step((m), (answer));                                                             \
+        if (!(cond))                                                                           \
+            fail_msg("line %d: timed out waiting for %s", __LINE__, #cond);                    \
+    } while (0)
+
+static kvr_zmq_stats_t m_stats(const multi_t *m)
+{
+    kvr_zmq_stats_t st;
+    kvr_zmq_listener_stats(m->l, &st);
+    return st;
+}
+
+static kvr_zmq_rank_info_t m_info(const multi_t *m, uint64_t w)
+{
+    kvr_zmq_rank_info_t ri;
+    assert_int_equal(kvr_zmq_listener_rank(m->l, w, 0, &ri), KVR_OK);
+    return ri;
+}
+
+/* The batches of worker w, in the order they were handed over. */
+static size_t m_seqs(const multi_t *m, uint64_t w, uint64_t *seq, bool *replayed, size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < m->rec.n; i++) {
+        if (m->rec.worker[i] != w)
+            continue;
+        if (k < cap) {
+            seq[k] = m->rec.seq[i];
+            if (replayed != NULL)
+                replayed[k] = m->rec.replayed[i];
+        }
+        k++;
+    }
+    return k;
+}
+
+static size_t m_count(const multi_t *m, uint64_t w) { return m_seqs(m, w, NULL, NULL, 0); }
+
+static void *bound_socket(void *ctx, int type, char *addr, size_t cap)
+{
+    void *s = zmq_socket(ctx, type);
+    assert_non_null(s);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_bind(s, "tcp://127.0.0.1:*"), 0);
+    assert_int_equal(zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, addr, &cap), 0);
+    return s;
+}
+
+static void raw_send(void *pub, uint64_t seq, int seq_len, const void *p, size_t n)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(seq >> (56 - 8 * i));
+    assert_int_equal(zmq_send(pub, "", 0, ZMQ_SNDMORE), 0);
+    assert_int_equal(zmq_send(pub, b, (size_t)seq_len, ZMQ_SNDMORE), seq_len);
+    assert_int_equal(zmq_send(pub, p, n, 0), (int)n);
+}
+
+static void raw_batch(void *pub, uint64_t w, uint64_t seq, size_t pad)
+{
+    char buf[512];
+    raw_send(pub, seq, 8, buf, make_batch(w, seq, pad, buf, sizeof buf));
+}
+
+/* Sends malformed messages (a 7-byte seq: counted, nothing else) until one arrives, so the
+ * subscription is known to be in place before the first real batch. */
+static void raw_join(multi_t *m, void *pub)
+{
+    uint64_t before = m_stats(m).bad_frames, end = now_ms() + 5000;
+    while (m_stats(m).bad_frames == before && now_ms() < end) {
+        raw_send(pub, 0, 7, "probe", 5);
+        for (int i = 0; i < 4 && m_stats(m).bad_frames == before; i++)
+            m_step(m, false);
+    }
+    assert_true(m_stats(m).bad_frames > before);
+}
+
+static void add_rank(multi_t *m, uint64_t w, const char *events, const char *replay)
+{
+    kvr_zmq_endpoint_t ep = {.worker_id = w, .dp_rank = 0, .events = events, .replay = replay};
+    char err[200];
+    assert_int_equal(kvr_zmq_listener_add(m->l, &ep, err, sizeof err), KVR_OK);
+}
+
+static void expect_worker(const multi_t *m, uint64_t w, const uint64_t *want, const bool *rep,
+                          size_t n)
+{
+    uint64_t seq[MREC];
+    bool replayed[MREC];
+    size_t got = m_seqs(m, w, seq, replayed, MREC);
+    if (got != n)
+        fail_msg("worker %llu: %zu batches applied, expected %zu", (unsigned long long)w, got, n);
+    for (size_t i = 0; i < n; i++)
+        if (seq[i] != want[i] || replayed[i] != rep[i])
+            fail_msg("worker %llu batch %zu: seq %llu replayed %d, expected %llu replayed %d",
+                     (unsigned long long)w, i, (unsigned long long)seq[i], replayed[i],
+                     (unsigned long long)want[i], rep[i]);
+    assert_int_equal(m->rec.bad_payloads, 0);
+}
+
+/* The key property: rank A's replay socket never answers; while A waits for it, rank B's
+ * batches go through at once. A gives its gap up at the deadline, then applies what it held. */
+static void test_silent_replay_does_not_stall_other_ranks(void **state)
+{
+    (void)state;
+    multi_t m;
+    const int timeout_ms = 1000;
+    m_open(&m, (kvr_zmq_config_t){.replay_timeout_ms = timeout_ms});
+    char a_ev[128], a_rp[128], b_ev[128];
+    void *a = bound_socket(m.ctx, ZMQ_PUB, a_ev, sizeof a_ev);
+    void *silent = bound_socket(m.ctx, ZMQ_ROUTER, a_rp, sizeof a_rp); /* never read */
+    void *b = bound_socket(m.ctx, ZMQ_PUB, b_ev, sizeof b_ev);
+    add_rank(&m, 1, a_ev, a_rp);
+    add_rank(&m, 2, b_ev, NULL);
+    raw_join(&m, a);
+    raw_join(&m, b);
+
+    raw_batch(a, 1, 0, 0);
+    WAIT_UNTIL(&m, false, m_count(&m, 1) == 1);
+    uint64_t asked = now_ms();
+    raw_batch(a, 1, 2, 0); /* batch 1 lost: A asks its replay socket, which stays silent */
+    WAIT_UNTIL(&m, false, m_info(&m, 1).recovering);
+    raw_batch(a, 1, 3, 0); /* held until A's recovery ends */
+    WAIT_UNTIL(&m, false, m_stats(&m).held_batches == 2);
+    assert_int_equal(m_stats(&m).replays_in_progress, 1);
+    assert_int_equal(m_info(&m, 1).held_batches, 2);
+
+    uint64_t worst = 0;
+    for (uint64_t s = 0; s < 10; s++) {
+        uint64_t t0 = now_ms();
+        raw_batch(b, 2, s, 0);
+        WAIT_UNTIL(&m, false, m_count(&m, 2) == s + 1);
+        if (now_ms() - t0 > worst)
+            worst = now_ms() - t0;
+    }
+    print_message("rank B's worst delivery while rank A's replay is silent: %llu ms "
+                  "(replay timeout %d ms)\n", (unsigned long long)worst, timeout_ms);
+    if (worst >= 200)
+        fail_msg("a healthy rank waited %llu ms behind another rank's replay",
+                 (unsigned long long)worst);
+    /* all of that happened while A was still waiting */
+    assert_true(m_info(&m, 1).recovering);
+    assert_int_equal(m_count(&m, 1), 1);
+    assert_int_equal(m_stats(&m).replay_timeouts, 0);
+
+    /* nothing else is coming: one long poll must wake for A's deadline, not sleep it out */
+    (void)kvr_zmq_listener_poll(m.l, 20 * timeout_ms);
+    uint64_t waited = now_ms() - asked;
+    m_verify(&m);
+    assert_false(m_info(&m, 1).recovering);
+    if (waited < (uint64_t)timeout_ms || waited > 3 * (uint64_t)timeout_ms)
+        fail_msg("gave up after %llu ms, for a %d ms deadline", (unsigned long long)waited,
+                 timeout_ms);
+    uint64_t want_a[] = {0, 2, 3}, want_b[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    bool rep_a[3] = {false}, rep_b[10] = {false};
+    expect_worker(&m, 1, want_a, rep_a, 3);
+    expect_worker(&m, 2, want_b, rep_b, 10);
+    assert_int_equal(m.rec.n_resets, 1);
+    assert_int_equal(m.rec.reset_worker[0], 1);
+    assert_int_equal(m.rec.resets[0], KVR_RESET_GAP_LOST);
+    kvr_zmq_rank_info_t ra = m_info(&m, 1), rb = m_info(&m, 2);
+    assert_int_equal(ra.state, KVR_ZMQ_DEGRADED);
+    assert_int_equal(ra.gaps, 1);
+    assert_int_equal(ra.gaps_lost, 1);
+    assert_int_equal(ra.replay_timeouts, 1);
+    assert_int_equal(ra.last_seq, 3);
+    assert_int_equal(ra.held_batches, 0);
+    assert_int_equal(rb.state, KVR_ZMQ_EXACT);
+    assert_int_equal(rb.gaps, 0);
+    kvr_zmq_stats_t st = m_stats(&m);
+    assert_int_equal(st.replay_timeouts, 1);
+    assert_int_equal(st.gaps_lost, 1);
+    assert_int_equal(st.replays_in_progress, 0);
+    assert_int_equal(st.held_batches, 0);
+    assert_int_equal(st.held_bytes, 0);
+    assert_int_equal(st.hold_overflows, 0);
+    assert_int_equal(st.batches, 13);
+
+    zmq_close(a);
+    zmq_close(silent);
+    zmq_close(b);
+    m_close(&m);
+}
+
+/* The engine-side publisher, answering replays only when the test's loop lets it. */
+static void engine_open(multi_t *m, uint32_t steps, char *events, char *replay, size_t cap)
+{
+    kvr_kv_pub_config_t cfg = {.endpoint = "tcp://*:0", .replay_endpoint = "tcp://*:0",
+                               .topic = "kv", .buffer_steps = steps};
+    int st;
+    char err[200] = "";
+    m->pub = kvr_kv_pub_new(m->ctx, &cfg, &st, err, sizeof err);
+    if (m->pub == NULL)
+        fail_msg("kvr_kv_pub_new: %s", err);
+    char *out[2] = {events, replay};
+    for (int k = 0; k < 2; k++) {
+        char b[128];
+        assert_int_equal(kvr_kv_pub_endpoint(m->pub, k == 1, b, sizeof b), KVR_OK);
+        const char *port = strrchr(b, ':');
+        assert_non_null(port);
+        snprintf(out[k], cap, "tcp://127.0.0.1%s", port);
+    }
+}
+
+static uint64_t engine_batch(multi_t *m, uint64_t w)
+{
+    char buf[64];
+    uint64_t seq, next = kvr_kv_pub_next_seq(m->pub);
+    size_t n = make_batch(w, next, 0, buf, sizeof buf);
+    assert_int_equal(kvr_kv_pub_publish(m->pub, (const uint8_t *)buf, n, &seq), KVR_OK);
+    assert_int_equal(seq, next);
+    return seq;
+}
+
+/* Publishes until one batch arrives live (the ones before it come by replay), then waits
+ * until everything published so far is applied. Returns the number of batches. */
+static uint64_t engine_join(multi_t *m, uint64_t w)
+{
+    uint64_t end = now_ms() + 5000;
+    while (m_count(m, w) == 0 && now_ms() < end) {
+        engine_batch(m, w);
+        for (int i = 0; i < 10 && m_count(m, w) == 0; i++)
+            m_step(m, true);
+    }
+    uint64_t n = kvr_kv_pub_next_seq(m->pub);
+    WAIT_UNTIL(m, true, m_count(m, w) == n && !m_info(m, w).recovering);
+    return n;
+}
+
+/* Live batches that arrive while a gap is being replayed are applied after the replayed ones,
+ * in order, exactly once, even when they reveal another gap of their own. */
+static void test_live_batches_held_during_replay(void **state)
+{
+    (void)state;
+    multi_t m;
+    m_open(&m, (kvr_zmq_config_t){.replay_timeout_ms = 1000});
+    char ev[128], rp[128];
+    engine_open(&m, 1000, ev, rp, sizeof ev);
+    add_rank(&m, 7, ev, rp);
+    uint64_t base = engine_join(&m, 7);
+    assert_int_equal(m_info(&m, 7).state, KVR_ZMQ_EXACT);
+    uint64_t gaps0 = m_info(&m, 7).gaps;
+
+    kvr_kv_pub_drop_next(m.pub, 3); /* base .. base+2 lost on the wire */
+    for (int i = 0; i < 3; i++)
+        engine_batch(&m, 7);
+    engine_batch(&m, 7); /* base+3 reveals the gap */
+    /* the engine does not answer yet: the router is recovering and must hold what comes */
+    WAIT_UNTIL(&m, false, m_info(&m, 7).recovering);
+    engine_batch(&m, 7); /* base+4 */
+    kvr_kv_pub_drop_next(m.pub, 2); /* base+5, base+6: a second gap, inside the held batches */
+    engine_batch(&m, 7);
+    engine_batch(&m, 7);
+    engine_batch(&m, 7); /* base+7 */
+    uint64_t last = engine_batch(&m, 7); /* base+8 */
+    WAIT_UNTIL(&m, false, m_stats(&m).held_batches == 4);
+    assert_int_equal(m_count(&m, 7), base); /* nothing applied while recovering */
+    size_t bytes = 0;
+    uint64_t held[] = {base + 3, base + 4, base + 7, base + 8};
+    for (int i = 0; i < 4; i++) {
+        char buf[64];
+        bytes += make_batch(7, held[i], 0, buf, sizeof buf);
+    }
+    assert_int_equal(m_stats(&m).held_bytes, bytes);
+
+    /* the engine answers: the first gap, then the held batches; base+7 reveals the second
+     * gap, which is replayed before base+7 and base+8 */
+    WAIT_UNTIL(&m, true, m_count(&m, 7) == last + 1 && !m_info(&m, 7).recovering);
+    for (int i = 0; i < 5; i++)
+        m_step(&m, true); /* anything unexpected shows up */
+    uint64_t want[MREC];
+    bool rep[MREC];
+    for (uint64_t s = 0; s <= last; s++) {
+        want[s] = s;
+        rep[s] = s < base ? m.rec.replayed[s]
+                          : (s < base + 3 || s == base + 5 || s == base + 6);
+    }
+    expect_worker(&m, 7, want, rep, (size_t)last + 1);
+    kvr_zmq_rank_info_t ri = m_info(&m, 7);
+    assert_int_equal(ri.state, KVR_ZMQ_EXACT);
+    assert_int_equal(ri.gaps, gaps0 + 2);
+    assert_int_equal(ri.gaps_lost, 0);
+    assert_int_equal(ri.last_seq, last);
+    assert_int_equal(m.rec.n_resets, 0);
+    kvr_zmq_stats_t st = m_stats(&m);
+    assert_int_equal(st.replay_timeouts, 0);
+    assert_int_equal(st.hold_overflows, 0);
+    assert_int_equal(st.replays_in_progress, 0);
+    assert_int_equal(st.held_batches, 0);
+    assert_int_equal(st.held_bytes, 0);
+    assert_int_equal(st.duplicates, 0);
+    m_close(&m);
+}
+
+/* A hold at its bound gives the gap up at once (no waiting for the deadline) and applies
+ * what it held, in order; the abandoned answer, when it comes, is not taken for anything. */
+static void test_hold_overflow_gives_gap_up(void **state)
+{
+    (void)state;
+    multi_t m;
+    m_open(&m, (kvr_zmq_config_t){.replay_timeout_ms = 1000, .max_held_batches = 3});
+    char ev[128], rp[128];
+    engine_open(&m, 1000, ev, rp, sizeof ev);
+    add_rank(&m, 7, ev, rp);
+    uint64_t base = engine_join(&m, 7);
+    size_t resets0 = m.rec.n_resets;
+
+    kvr_kv_pub_drop_next(m.pub, 2);
+    engine_batch(&m, 7);
+    engine_batch(&m, 7);
+    engine_batch(&m, 7); /* base+2 reveals [base, base+2) and is held */
+    WAIT_UNTIL(&m, false, m_info(&m, 7).recovering);
+    engine_batch(&m, 7);
+    engine_batch(&m, 7); /* the hold is full: base+2, base+3, base+4 */
+    WAIT_UNTIL(&m, false, m_stats(&m).held_batches == 3);
+    uint64_t last = engine_batch(&m, 7); /* base+5: one too many */
+    WAIT_UNTIL(&m, false, m_count(&m, 7) == base + 4);
+    assert_false(m_info(&m, 7).recovering);
+    kvr_zmq_stats_t st = m_stats(&m);
+    assert_int_equal(st.hold_overflows, 1);
+    assert_int_equal(st.replay_timeouts, 0);
+    assert_int_equal(st.replays_in_progress, 0);
+    assert_int_equal(st.held_batches, 0);
+    assert_int_equal(m.rec.n_resets, resets0 + 1);
+    assert_int_equal(m.rec.resets[resets0], KVR_RESET_GAP_LOST);
+
+    /* the engine answers the abandoned request now; then one more batch comes live */
+    for (int i = 0; i < 10; i++)
+        m_step(&m, true);
+    last = engine_batch(&m, 7);
+    WAIT_UNTIL(&m, true, m_count(&m, 7) == base + 5);
+    for (int i = 0; i < 5; i++)
+        m_step(&m, true);
+    uint64_t want[MREC];
+    bool rep[MREC];
+    for (uint64_t s = 0; s < base; s++) {
+        want[s] = s;
+        rep[s] = m.rec.replayed[s];
+    }
+    for (uint64_t k = 0; k < 5; k++) {
+        want[base + k] = base + 2 + k;
+        rep[base + k] = false;
+    }
+    expect_worker(&m, 7, want, rep, (size_t)base + 5);
+    kvr_zmq_rank_info_t ri = m_info(&m, 7);
+    assert_int_equal(ri.state, KVR_ZMQ_DEGRADED);
+    assert_int_equal(ri.hold_overflows, 1);
+    assert_int_equal(ri.last_seq, last);
+    assert_int_equal(m_stats(&m).replayed, ri.replayed);
+    m_close(&m);
+}
+
+/* The byte bound: a batch that does not fit even in an empty hold gives the gap up at once. */
+static void test_hold_byte_bound(void **state)
+{
+    (void)state;
+    multi_t m;
+    m_open(&m, (kvr_zmq_config_t){.replay_timeout_ms = 1000, .max_held_bytes = 64});
+    char ev[128], rp[128];
+    void *pub = bound_socket(m.ctx, ZMQ_PUB, ev, sizeof ev);
+    void *silent = bound_socket(m.ctx, ZMQ_ROUTER, rp, sizeof rp);
+    add_rank(&m, 3, ev, rp);
+    raw_join(&m, pub);
+    raw_batch(pub, 3, 0, 0);
+    raw_batch(pub, 3, 2, 0); /* 6 bytes: held */
+    WAIT_UNTIL(&m, false, m_stats(&m).held_batches == 1);
+    raw_batch(pub, 3, 3, 100); /* 106 bytes: over the bound */
+    WAIT_UNTIL(&m, false, m_count(&m, 3) == 3);
+    uint64_t want[] = {0, 2, 3};
+    bool rep[3] = {false};
+    expect_worker(&m, 3, want, rep, 3);
+    kvr_zmq_stats_t st = m_stats(&m);
+    assert_int_equal(st.hold_overflows, 1);
+    assert_int_equal(st.gaps_lost, 1);
+    assert_int_equal(st.replay_timeouts, 0);
+    assert_int_equal(st.held_bytes, 0);
+    /* a gap revealed by a batch too big to hold is given up at once as well */
+    raw_batch(pub, 3, 5, 100);
+    WAIT_UNTIL(&m, false, m_count(&m, 3) == 4);
+    assert_false(m_info(&m, 3).recovering);
+    assert_int_equal(m_stats(&m).hold_overflows, 2);
+    assert_int_equal(m_info(&m, 3).last_seq, 5);
+    zmq_close(pub);
+    zmq_close(silent);
+    m_close(&m);
+}
+
+/* remove() of a recovering rank frees what it held and stops its replay; the other ranks go
+ * on; the rank can come back; free() during a recovery releases everything (ASan checks). */
+static void test_remove_and_free_during_recovery(void **state)
+{
+    (void)state;
+    multi_t m;
+    m_open(&m, (kvr_zmq_config_t){.replay_timeout_ms = 1000});
+    char a_ev[128], a_rp[128], b_ev[128];
+    void *a = bound_socket(m.ctx, ZMQ_PUB, a_ev, sizeof a_ev);
+    void *silent = bound_socket(m.ctx, ZMQ_ROUTER, a_rp, sizeof a_rp);
+    void *b = bound_socket(m.ctx, ZMQ_PUB, b_ev, sizeof b_ev);
+    add_rank(&m, 1, a_ev, a_rp);
+    add_rank(&m, 2, b_ev, NULL);
+    raw_join(&m, a);
+    raw_join(&m, b);
+    raw_batch(a, 1, 4, 10); /* joined late: [0, 4) is asked for */
+    raw_batch(a, 1, 5, 10);
+    raw_batch(a, 1, 6, 10);
+    WAIT_UNTIL(&m, false, m_stats(&m).held_batches == 3);
+    assert_int_equal(m_stats(&m).replays_in_progress, 1);
+
+    assert_int_equal(kvr_zmq_listener_remove(m.l, 1, 0), KVR_OK);
+    m_verify(&m);
+    kvr_zmq_stats_t st = m_stats(&m);
+    assert_int_equal(st.replays_in_progress, 0);
+    assert_int_equal(st.held_batches, 0);
+    assert_int_equal(st.held_bytes, 0);
+    assert_int_equal(m_count(&m, 1), 0); /* nothing held was applied */
+    raw_batch(b, 2, 0, 0);
+    WAIT_UNTIL(&m, false, m_count(&m, 2) == 1);
+
+    /* back again, and recovering (from the same silent socket) when the listener is freed */
+    add_rank(&m, 1, a_ev, a_rp);
+    raw_join(&m, a);
+    raw_batch(a, 1, 9, 10);
+    raw_batch(a, 1, 10, 10);
+    WAIT_UNTIL(&m, false, m_stats(&m).held_batches == 2);
+    assert_true(m_info(&m, 1).recovering);
+    assert_int_equal(m.rec.n_resets, 0);
+    zmq_close(a);
+    zmq_close(silent);
+    zmq_close(b);
+    m_close(&m);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -354,6 +899,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_late_subscriber_replays_history, setup, teardown),
         cmocka_unit_test_setup_teardown(test_silent_replay_socket, setup, teardown),
         cmocka_unit_test_setup_teardown(test_add_remove_validation, setup, teardown),
+        cmocka_unit_test(test_silent_replay_does_not_stall_other_ranks),
+        cmocka_unit_test(test_live_batches_held_during_replay),
+        cmocka_unit_test(test_hold_overflow_gives_gap_up),
+        cmocka_unit_test(test_hold_byte_bound),
+        cmocka_unit_test(test_remove_and_free_during_recovery),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
