@@ -538,6 +538,8 @@ static long hash_prompt(kvr_router_t *r, const kvr_route_req_t *q)
     if (q->n_tokens > 0 && q->tokens == NULL)
         return KVR_EINVAL;
     size_t n = kvr_hash_n_blocks(q->n_tokens, r->cfg.block_size, false);
+    if (n == 0)
+        return 0; /* shorter than a block: nothing to hash (the scratch may not exist yet) */
     if (n > r->cap_blocks) {
         size_t cap = n < 64 ? 64 : n;
         uint64_t *a = realloc(r->lbh, cap * sizeof *a);

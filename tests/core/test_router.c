@@ -104,6 +104,21 @@ static void test_worker_spec_parsing(void **s)
     assert_int_equal(kvr_worker_spec_parse("id=3,url=ftp://x", &w, err, sizeof err), KVR_EINVAL);
 }
 
+/* A prompt shorter than one block, as the first request a router ever sees, routes. */
+static void test_short_prompt_on_a_fresh_router(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL);
+    prompt(1, 8);
+    kvr_route_res_t res;
+    assert_int_equal(route(&f, BS - 1, true, &res), KVR_OK);
+    assert_int_equal(res.overlap_blocks, 0);
+    assert_int_equal(kvr_router_free_request(f.r, res.request_id, strlen(res.request_id), 1001),
+                     KVR_OK);
+    unmake(&f);
+}
+
 static void test_prefix_holder_wins(void **s)
 {
     (void)s;
@@ -277,6 +292,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worker_spec_parsing),
+        cmocka_unit_test(test_short_prompt_on_a_fresh_router),
         cmocka_unit_test(test_prefix_holder_wins),
         cmocka_unit_test(test_booking_spreads_load_and_free_releases),
         cmocka_unit_test(test_busy_and_filters),
