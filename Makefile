@@ -3,6 +3,8 @@
 #   make test     warnings-as-errors build + all tests, then again under ASan + UBSan, then
 #                 the fuzz targets over their corpora
 #   make bench    build and run the benchmarks (kvrouter bench all)
+#   make demo     build, then router + 4 mocker engines on loopback: the conversation trace
+#                 replayed under kv and round-robin routing, a table and demo-ttft.png
 #   make fuzz     run each fuzz target for FUZZ_SECONDS (default 60) from its corpus
 
 JOBS ?= $(shell nproc)
@@ -11,7 +13,7 @@ FUZZ_SMOKE_SECONDS ?= 15
 CMAKE ?= cmake
 
 .PHONY: all deps build build-werror build-asan build-fuzz test test-release test-asan \
-        test-fuzz bench fuzz clean
+        test-fuzz bench demo fuzz clean
 
 all: build
 
@@ -67,6 +69,12 @@ fuzz: build-fuzz
 
 bench: build
 	./build/kvrouter bench all
+
+# Only the binary (no tests), so a fresh machine gets to the demo quickly.
+demo: deps
+	$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+	$(CMAKE) --build build -j $(JOBS) --target kvrouter_bin
+	./build/kvrouter demo
 
 clean:
 	rm -rf build build-werror build-asan build-fuzz

@@ -8,6 +8,7 @@ PKGS=(
   libxxhash-dev libyajl-dev liburcu-dev libcmocka-dev
   libmsgpack-dev libzmq3-dev libevent-dev
   python3 python3-msgpack python3-zmq
+  gnuplot-nox
 )
 
 missing=()

@@ -9,5 +9,8 @@ int kvr_cmd_hash(int argc, char **argv);
 int kvr_cmd_bench(int argc, char **argv);
 int kvr_cmd_serve(int argc, char **argv);
 int kvr_cmd_mocker(int argc, char **argv);
+int kvr_cmd_sim(int argc, char **argv);
+int kvr_cmd_replay(int argc, char **argv);
+int kvr_cmd_demo(int argc, char **argv);
 
 #endif

@@ -20,6 +20,11 @@ static const subcommand_t SUBCOMMANDS[] = {
      "a simulated vLLM engine: KV cache, batching, timing, KV events, OpenAI HTTP"},
     {"hash", kvr_cmd_hash, "block and sequence hashes of JSON-lines prompts (engine parity)"},
     {"bench", kvr_cmd_bench, "benchmarks of the hot paths: hash, index, ingest, all"},
+    {"sim", kvr_cmd_sim, "a trace through the router core and simulated engines in virtual time"},
+    {"replay", kvr_cmd_replay,
+     "a trace replayed open loop against a live endpoint: TTFT, ITL, latency, cache hits"},
+    {"demo", kvr_cmd_demo,
+     "router + mocker engines on loopback, a trace replayed per policy: table and plot"},
 };
 
 static void usage(FILE *out)

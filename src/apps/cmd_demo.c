@@ -1,0 +1,773 @@
+/*
+ * cmd_demo.c: `kvrouter demo`, the whole system on loopback in one command: for each routing
+ * policy (kv, then round-robin by default) it starts --workers `kvrouter mocker` engines (KV
+ * events and replay endpoints on free ports, caches small enough that placement matters) and
+ * a `kvrouter serve` router over them, replays the same slice of the conversation trace
+ * against the router (apps/replay_report.h's kvr_replay_trace, in this process), stops them,
+ * then prints the comparison (TTFT p50/p99, hit ratio against the trace's ceilings, the
+ * busiest worker's share) and writes the plot (demo-ttft.png in the working directory).
+ *
+ * Time: the mockers run their modelled time --mocker-speedup times faster than real time and
+ * the trace's arrivals are compressed --load times more than that (replay speedup = mocker
+ * speedup x load), so the engines see --load times the trace's real request rate; latencies
+ * are reported in modelled milliseconds (measured x mocker speedup), comparable with
+ * `kvrouter sim --speedup LOAD`. The defaults (600 rows, 4 workers of 65,536 blocks, speedup 3,
+ * load 4) take about 25 s per policy on a 2-core machine (docs/replay.md says why).
+ *
+ * Children: each is this binary (/proc/self/exe) in its own process group (so a terminal's
+ * Ctrl-C reaches the demo only, which then stops them in order) and with PR_SET_PDEATHSIG, so
+ * none outlives a demo that is killed outright; stdout is read for "listening HOST:PORT",
+ * stderr goes to a log in a temporary directory, printed when something fails. SIGINT /
+ * SIGTERM: the replay in progress stops (partial results are not reported), every child gets
+ * SIGTERM (SIGKILL after 10 s), exit 130.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "apps/apps.h"
+#include "apps/replay_report.h"
+#include "kvrouter.h"
+#include "wire/trace.h"
+
+#define DEFAULT_TRACE "data/traces/conversation_trace.jsonl"
+#define MAX_POLICIES 8
+#define MAX_WORKERS 16
+#define START_TIMEOUT_S 30.0
+#define STOP_TIMEOUT_S 10.0
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvrouter demo [options]\n\n"
+            "Starts a router and mocker engines on loopback for each routing policy, replays the\n"
+            "same slice of the conversation trace against each, and compares them: TTFT p50/p99,\n"
+            "prefix-cache hit ratio against the trace's ceilings, the busiest worker's share.\n"
+            "Writes the TTFT plot (gnuplot) and cleans up every process it started.\n\n"
+            "options (defaults in brackets):\n"
+            "  --policies LIST       comma-separated: kv, round-robin, random, least-loaded\n"
+            "                        [kv,round-robin]\n"
+            "  --workers N           mocker engines [4]\n"
+            "  --requests N          the first N rows of the trace [600]\n"
+            "  --trace FILE          [data/traces/conversation_trace.jsonl]\n"
+            "  --num-gpu-blocks N    KV blocks per engine [65536]\n"
+            "  --block-size N        tokens per KV block, must divide 512 [16]\n"
+            "  --mocker-speedup X    engines run modelled time X times faster [3]\n"
+            "  --load X              arrivals compressed X times more than the engines' time,\n"
+            "                        i.e. X times the trace's request rate [4]\n"
+            "  --plot FILE           .png or .svg [demo-ttft.png]\n"
+            "  --keep DIR            keep the logs and per-request samples in DIR\n"
+            "  --json                one JSON object per policy (kvrouter replay --json's keys)\n"
+            "  --quiet               no progress on stderr\n");
+}
+
+typedef struct demo_args {
+    const char *policies[MAX_POLICIES];
+    size_t n_policies;
+    char policy_buf[256];
+    uint32_t workers, num_gpu_blocks, block_size;
+    uint64_t requests;
+    const char *trace, *plot, *keep;
+    bool trace_set;
+    double mocker_speedup, load;
+    bool json, quiet;
+} demo_args_t;
+
+static int bad(const char *flag, const char *v, const char *why)
+{
+    fprintf(stderr, "kvrouter demo: %s %s: %s\n", flag, v ? v : "(missing)", why);
+    return 2;
+}
+
+static int parse_u64(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    if (!v || !*v)
+        return bad(flag, v, "a value is required");
+    errno = 0;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end || errno || v[0] == '-' || x < lo || x > hi) {
+        char why[96];
+        snprintf(why, sizeof why, "must be an integer in [%llu, %llu]", (unsigned long long)lo,
+                 (unsigned long long)hi);
+        return bad(flag, v, why);
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_u32(const char *flag, const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    uint64_t x;
+    int rc = parse_u64(flag, v, lo, hi, &x);
+    if (rc == 0)
+        *out = (uint32_t)x;
+    return rc;
+}
+
+static int parse_pos(const char *flag, const char *v, double *out)
+{
+    if (!v || !*v)
+        return bad(flag, v, "a value is required");
+    char *end;
+    double x = strtod(v, &end);
+    if (*end || !isfinite(x) || !(x > 0))
+        return bad(flag, v, "must be a finite number > 0");
+    *out = x;
+    return 0;
+}
+
+static int parse_policies(demo_args_t *a, const char *v)
+{
+    static const char *known[] = {"kv", "round-robin", "random", "least-loaded"};
+    if (!v || !*v)
+        return bad("--policies", v, "a value is required");
+    if (strlen(v) >= sizeof a->policy_buf)
+        return bad("--policies", v, "too long");
+    snprintf(a->policy_buf, sizeof a->policy_buf, "%s", v);
+    a->n_policies = 0;
+    for (char *save = NULL, *p = strtok_r(a->policy_buf, ",", &save); p;
+         p = strtok_r(NULL, ",", &save)) {
+        bool ok = false;
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+            ok = ok || strcmp(p, known[k]) == 0;
+        if (!ok)
+            return bad("--policies", v, "each must be kv, round-robin, random or least-loaded");
+        if (a->n_policies == MAX_POLICIES)
+            return bad("--policies", v, "at most 8");
+        a->policies[a->n_policies++] = p;
+    }
+    if (a->n_policies == 0)
+        return bad("--policies", v, "none given");
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, demo_args_t *a)
+{
+    memset(a, 0, sizeof *a);
+    a->workers = 4;
+    a->requests = 600;
+    a->num_gpu_blocks = 65536;
+    a->block_size = 16;
+    a->mocker_speedup = 3.0;
+    a->load = 4.0;
+    a->trace = DEFAULT_TRACE;
+    a->plot = "demo-ttft.png";
+    a->policies[0] = "kv";
+    a->policies[1] = "round-robin";
+    a->n_policies = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = -1;
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            usage(stdout);
+            return 1;
+        } else if (strcmp(arg, "--json") == 0) {
+            a->json = true;
+            continue;
+        } else if (strcmp(arg, "--quiet") == 0) {
+            a->quiet = true;
+            continue;
+        } else if (strcmp(arg, "--policies") == 0) {
+            rc = parse_policies(a, v);
+        } else if (strcmp(arg, "--workers") == 0) {
+            rc = parse_u32(arg, v, 1, MAX_WORKERS, &a->workers);
+        } else if (strcmp(arg, "--requests") == 0) {
+            rc = parse_u64(arg, v, 1, UINT32_MAX, &a->requests);
+        } else if (strcmp(arg, "--num-gpu-blocks") == 0) {
+            rc = parse_u32(arg, v, 1, UINT32_MAX, &a->num_gpu_blocks);
+        } else if (strcmp(arg, "--block-size") == 0) {
+            rc = parse_u32(arg, v, 1, 512, &a->block_size);
+            if (rc == 0 && KVR_TRACE_BLOCK_TOKENS % a->block_size != 0)
+                rc = bad(arg, v, "must divide 512 (the trace's block)");
+        } else if (strcmp(arg, "--mocker-speedup") == 0) {
+            rc = parse_pos(arg, v, &a->mocker_speedup);
+        } else if (strcmp(arg, "--load") == 0) {
+            rc = parse_pos(arg, v, &a->load);
+        } else if (strcmp(arg, "--trace") == 0 || strcmp(arg, "--plot") == 0 ||
+                   strcmp(arg, "--keep") == 0) {
+            if (!v || !*v)
+                return bad(arg, v, "a value is required");
+            if (arg[2] == 't') {
+                a->trace = v;
+                a->trace_set = true;
+            } else if (arg[2] == 'p') {
+                a->plot = v;
+            } else {
+                a->keep = v;
+            }
+            rc = 0;
+        } else {
+            fprintf(stderr, "kvrouter demo: unknown option %s (see --help)\n", arg);
+            return 2;
+        }
+        if (rc != 0)
+            return rc;
+        i++;
+    }
+    return 0;
+}
+
+/* ---- children ---------------------------------------------------------------------------- */
+
+typedef struct child {
+    pid_t pid;
+    int out_fd;
+    char what[64];
+    char log[PATH_MAX];
+    char addr[128]; /* from "listening HOST:PORT" */
+} child_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The last lines of a child's log on stderr. */
+static void show_log(const child_t *c)
+{
+    FILE *f = fopen(c->log, "r");
+    if (f == NULL)
+        return;
+    char buf[4096];
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, size > (long)sizeof buf - 1 ? size - (long)sizeof buf + 1 : 0, SEEK_SET);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    if (n > 0)
+        fprintf(stderr, "--- %s (%s):\n%s%s", c->what, c->log, buf,
+                buf[n - 1] == '\n' ? "" : "\n");
+}
+
+/* Starts this binary with argv and waits for its "listening HOST:PORT" line. */
+static int child_start(child_t *c, const char *what, char *const argv[], const char *log,
+                       char *err, size_t err_len)
+{
+    memset(c, 0, sizeof *c);
+    c->pid = -1;
+    c->out_fd = -1;
+    snprintf(c->what, sizeof c->what, "%s", what);
+    snprintf(c->log, sizeof c->log, "%s", log);
+    int p[2];
+    if (pipe(p) != 0) {
+        snprintf(err, err_len, "%s: pipe: %s", what, strerror(errno));
+        return KVR_EIO;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        snprintf(err, err_len, "%s: fork: %s", what, strerror(errno));
+        return KVR_EIO;
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(127);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        int in = open("/dev/null", O_RDONLY);
+        int lf = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (in < 0 || lf < 0)
+            _exit(127);
+        dup2(in, STDIN_FILENO);
+        dup2(p[1], STDOUT_FILENO);
+        dup2(lf, STDERR_FILENO);
+        close(p[0]);
+        execv("/proc/self/exe", argv);
+        dprintf(STDERR_FILENO, "exec /proc/self/exe: %s\n", strerror(errno));
+        _exit(127);
+    }
+    close(p[1]);
+    c->pid = pid;
+    c->out_fd = p[0];
+    char line[256];
+    size_t len = 0;
+    double deadline = now_s() + START_TIMEOUT_S;
+    while (len < sizeof line - 1 && !g_stop) {
+        double left = deadline - now_s();
+        if (left <= 0)
+            break;
+        struct pollfd pf = {c->out_fd, POLLIN, 0};
+        int r = poll(&pf, 1, (int)(left * 1000) + 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        ssize_t got = read(c->out_fd, line + len, 1);
+        if (got <= 0)
+            break;
+        if (line[len] == '\n')
+            break;
+        len++;
+    }
+    line[len] = '\0';
+    if (strncmp(line, "listening ", 10) != 0) {
+        snprintf(err, err_len, "%s did not start%s", what,
+                 g_stop ? " (interrupted)" : len ? "" : " (no 'listening' line)");
+        return KVR_EIO;
+    }
+    snprintf(c->addr, sizeof c->addr, "%.120s", line + 10);
+    return KVR_OK;
+}
+
+/* SIGTERM, then SIGKILL after STOP_TIMEOUT_S. Returns the exit status as waitpid gives it
+ * (-1 when it had to be killed). */
+static int child_stop(child_t *c)
+{
+    if (c->pid <= 0)
+        return 0;
+    kill(c->pid, SIGTERM);
+    int status = 0;
+    double deadline = now_s() + STOP_TIMEOUT_S;
+    for (;;) {
+        pid_t r = waitpid(c->pid, &status, WNOHANG);
+        if (r == c->pid)
+            break;
+        if (r < 0 && errno != EINTR) {
+            status = 0;
+            break;
+        }
+        if (now_s() > deadline) {
+            kill(c->pid, SIGKILL);
+            waitpid(c->pid, &status, 0);
+            status = -1;
+            break;
+        }
+        usleep(10000);
+    }
+    if (c->out_fd >= 0)
+        close(c->out_fd);
+    c->out_fd = -1;
+    c->pid = -1;
+    return status;
+}
+
+/* A free loopback TCP port (bound then released: another process may take it first, which
+ * a failed start then reports). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    close(fd);
+    return port;
+}
+
+/* ---- one policy ------------------------------------------------------------------------- */
+
+typedef struct fleet {
+    child_t mockers[MAX_WORKERS];
+    size_t n_mockers;
+    child_t router;
+    bool router_up;
+} fleet_t;
+
+static void fleet_stop(fleet_t *f, bool report)
+{
+    if (f->router_up) {
+        int st = child_stop(&f->router);
+        if (report && st != 0) {
+            fprintf(stderr, "kvrouter demo: warning: the router exited with status %d\n", st);
+            show_log(&f->router);
+        }
+        f->router_up = false;
+    }
+    for (size_t i = 0; i < f->n_mockers; i++) {
+        int st = child_stop(&f->mockers[i]);
+        if (report && st != 0) {
+            fprintf(stderr, "kvrouter demo: warning: mocker %zu exited with status %d\n", i + 1,
+                    st);
+            show_log(&f->mockers[i]);
+        }
+    }
+    f->n_mockers = 0;
+}
+
+static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, const char *dir,
+                       char *err, size_t err_len)
+{
+    memset(f, 0, sizeof *f);
+    char speed[32], blocks[32], bs[32];
+    snprintf(speed, sizeof speed, "%g", a->mocker_speedup);
+    snprintf(blocks, sizeof blocks, "%u", a->num_gpu_blocks);
+    snprintf(bs, sizeof bs, "%u", a->block_size);
+    static char specs[MAX_WORKERS][512];
+    for (uint32_t i = 0; i < a->workers; i++) {
+        int rc = KVR_EIO;
+        for (int attempt = 0; attempt < 3 && rc != KVR_OK && !g_stop; attempt++) {
+            int ev = free_port(), rp = free_port();
+            if (ev < 0 || rp < 0 || ev == rp)
+                continue;
+            char kv[256], log[PATH_MAX], what[64];
+            snprintf(kv, sizeof kv,
+                     "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":"
+                     "\"tcp://127.0.0.1:%d\",\"replay_endpoint\":\"tcp://127.0.0.1:%d\"}",
+                     ev, rp);
+            snprintf(log, sizeof log, "%.2000s/%.32s-mocker-%u.log", dir, policy, i + 1);
+            snprintf(what, sizeof what, "mocker %u", i + 1);
+            char *argv[] = {"kvrouter",          "mocker",   "--host",       "127.0.0.1",
+                            "--port",            "0",        "--speedup",    speed,
+                            "--num-gpu-blocks",  blocks,     "--block-size", bs,
+                            "--kv-events-config", kv,        "--log-level",  "warn",
+                            NULL};
+            rc = child_start(&f->mockers[i], what, argv, log, err, err_len);
+            if (rc != KVR_OK) {
+                child_stop(&f->mockers[i]);
+                if (attempt == 2 || g_stop)
+                    show_log(&f->mockers[i]);
+                continue;
+            }
+            snprintf(specs[i], sizeof specs[i],
+                     "id=%u,url=http://%s,events=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d",
+                     i + 1, f->mockers[i].addr, ev, rp);
+        }
+        if (rc != KVR_OK)
+            return rc;
+        f->n_mockers++;
+    }
+    char *argv[16 + 2 * MAX_WORKERS];
+    size_t k = 0;
+    char *fixed[] = {"kvrouter", "serve",      "--http-port", "0",    "--bind",
+                     "127.0.0.1", "--block-size", bs,          "--router-mode", (char *)policy,
+                     "--log-level", "warn",    "--seed",      "1"};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        argv[k++] = fixed[i];
+    for (uint32_t i = 0; i < a->workers; i++) {
+        argv[k++] = "--worker";
+        argv[k++] = specs[i];
+    }
+    argv[k] = NULL;
+    char log[PATH_MAX];
+    snprintf(log, sizeof log, "%.2000s/%.32s-router.log", dir, policy);
+    int rc = child_start(&f->router, "the router", argv, log, err, err_len);
+    f->router_up = true;
+    if (rc != KVR_OK) {
+        show_log(&f->router);
+        return rc;
+    }
+    /* the router's ZeroMQ subscriptions connect in the background: give them a moment, as a
+     * slow joiner would otherwise miss the first batches (replayed later, but why wait) */
+    usleep(300000);
+    return KVR_OK;
+}
+
+/* ---- the report -------------------------------------------------------------------------- */
+
+typedef struct run {
+    const char *policy;
+    kvr_replay_summary_t m;
+    char tsv[PATH_MAX];
+    char url[160];
+    char model[256];
+} run_t;
+
+static void fmt_ms(char *buf, size_t len, double x)
+{
+    if (isfinite(x))
+        snprintf(buf, len, "%.0f ms", x);
+    else
+        snprintf(buf, len, "-");
+}
+
+static void print_comparison(const demo_args_t *a, const run_t *runs, size_t n, size_t rows,
+                             double span_s, double c_inf, double c_pool)
+{
+    double speedup = a->mocker_speedup * a->load;
+    printf("\nkvrouter demo: %zu requests of %s (%.0f s of arrivals replayed in %.1f s),\n"
+           "%u mocker workers x %u KV blocks of %u tokens, engines at speedup %g, load x%g\n"
+           "(latencies in modelled ms: measured x %g)\n\n",
+           rows, a->trace, span_s, span_s / speedup, a->workers, a->num_gpu_blocks,
+           a->block_size, a->mocker_speedup, a->load, a->mocker_speedup);
+    printf("%-13s %10s %10s %10s %10s %10s %11s %8s\n", "policy", "TTFT p50", "TTFT p90",
+           "TTFT p99", "E2E p50", "hit ratio", "max share", "errors");
+    for (size_t i = 0; i < n; i++) {
+        const kvr_replay_summary_t *m = &runs[i].m;
+        char p50[32], p90[32], p99[32], e2e[32];
+        fmt_ms(p50, sizeof p50, m->r.ttft_ms.p50);
+        fmt_ms(p90, sizeof p90, m->r.ttft_ms.p90);
+        fmt_ms(p99, sizeof p99, m->r.ttft_ms.p99);
+        fmt_ms(e2e, sizeof e2e, m->r.e2e_ms.p50);
+        printf("%-13s %10s %10s %10s %10s %10.3f %11.3f %8zu\n", runs[i].policy, p50, p90, p99,
+               e2e, m->r.hit_ratio, m->r.max_worker_share, m->failed);
+    }
+    printf("%-13s %10s %10s %10s %10s %10.3f\n", "ceiling", "", "", "", "", c_inf);
+    printf("\nhit-ratio ceilings of the slice: %.3f with an infinite cache, %.3f with one LRU cache "
+           "of all %u x %u blocks\n",
+           c_inf, c_pool, a->workers, a->num_gpu_blocks);
+    if (n >= 2) {
+        const kvr_replay_summary_t *x = &runs[0].m, *y = &runs[1].m;
+        printf("%s vs %s: TTFT p50 %+.0f%%, p99 %+.0f%%; hit ratio %.3f vs %.3f (%.0f%% vs "
+               "%.0f%% of the infinite-cache ceiling)\n",
+               runs[0].policy, runs[1].policy,
+               100.0 * (x->r.ttft_ms.p50 / y->r.ttft_ms.p50 - 1.0),
+               100.0 * (x->r.ttft_ms.p99 / y->r.ttft_ms.p99 - 1.0), x->r.hit_ratio,
+               y->r.hit_ratio, 100.0 * x->r.hit_ratio / c_inf, 100.0 * y->r.hit_ratio / c_inf);
+    }
+}
+
+static int rm_tree_files(const char *dir, const run_t *runs, size_t n, const demo_args_t *a)
+{
+    /* only what this run wrote: the logs and the samples */
+    char path[PATH_MAX];
+    for (size_t i = 0; i < n; i++) {
+        if (runs[i].policy == NULL)
+            continue;
+        unlink(runs[i].tsv);
+        snprintf(path, sizeof path, "%.2000s/%.32s-router.log", dir, runs[i].policy);
+        unlink(path);
+        for (uint32_t w = 0; w < a->workers; w++) {
+            snprintf(path, sizeof path, "%.2000s/%.32s-mocker-%u.log", dir, runs[i].policy, w + 1);
+            unlink(path);
+        }
+    }
+    return rmdir(dir);
+}
+
+static const char *find_trace(const demo_args_t *a, char *buf, size_t cap)
+{
+    if (a->trace_set || access(DEFAULT_TRACE, R_OK) == 0)
+        return a->trace;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(buf, cap, "%s/../%s", exe, DEFAULT_TRACE);
+            if (access(buf, R_OK) == 0)
+                return buf;
+        }
+    }
+    return a->trace;
+}
+
+int kvr_cmd_demo(int argc, char **argv)
+{
+    demo_args_t a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc != 0)
+        return rc == 1 ? 0 : rc;
+    double t_start = now_s();
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char trace_buf[PATH_MAX + 64];
+    a.trace = find_trace(&a, trace_buf, sizeof trace_buf);
+    kvr_trace_t trace;
+    char err[1024];
+    if (kvr_trace_load(a.trace, (size_t)a.requests, &trace, err, sizeof err) != KVR_OK) {
+        fprintf(stderr, "kvrouter demo: %s\n", err);
+        return 1;
+    }
+    size_t n = trace.n_rows;
+    if (n == 0) {
+        fprintf(stderr, "kvrouter demo: %s: no requests\n", a.trace);
+        kvr_trace_free(&trace);
+        return 1;
+    }
+    kvr_trace_ceilings_t ceil;
+    if (kvr_trace_ceilings(&trace, a.block_size, (uint64_t)a.workers * a.num_gpu_blocks,
+                           &ceil) != KVR_OK) {
+        ceil.infinite = ceil.pooled = NAN;
+    }
+    double span_s = (double)(trace.rows[n - 1].timestamp_ms - trace.rows[0].timestamp_ms) /
+                    1000.0;
+    bool have_gnuplot = kvr_replay_have_gnuplot();
+
+    char dir[PATH_MAX];
+    if (a.keep) {
+        snprintf(dir, sizeof dir, "%s", a.keep);
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "kvrouter demo: --keep %s: %s\n", dir, strerror(errno));
+            kvr_trace_free(&trace);
+            return 1;
+        }
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/kvrouter-demo-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (mkdtemp(dir) == NULL) {
+            fprintf(stderr, "kvrouter demo: cannot make a temporary directory: %s\n",
+                    strerror(errno));
+            kvr_trace_free(&trace);
+            return 1;
+        }
+    }
+
+    kvr_replay_sample_t *samples = calloc(n, sizeof *samples);
+    run_t *runs = calloc(a.n_policies, sizeof *runs);
+    if (samples == NULL || runs == NULL) {
+        fprintf(stderr, "kvrouter demo: out of memory\n");
+        free(samples);
+        free(runs);
+        kvr_trace_free(&trace);
+        return 1;
+    }
+    int code = 0;
+    size_t done = 0;
+    for (size_t p = 0; p < a.n_policies && code == 0 && !g_stop; p++) {
+        run_t *r = &runs[p];
+        r->policy = a.policies[p];
+        snprintf(r->tsv, sizeof r->tsv, "%.2000s/%.32s.tsv", dir, r->policy);
+        if (!a.quiet)
+            fprintf(stderr, "kvrouter demo: %s: starting %u mockers and the router\n",
+                    r->policy, a.workers);
+        fleet_t fleet;
+        if (fleet_start(&fleet, &a, r->policy, dir, err, sizeof err) != KVR_OK) {
+            fprintf(stderr, "kvrouter demo: %s\n", err);
+            fleet_stop(&fleet, false);
+            code = 1;
+            break;
+        }
+        snprintf(r->url, sizeof r->url, "http://%s", fleet.router.addr);
+        char label[64];
+        snprintf(label, sizeof label, "kvrouter demo (%s)", r->policy);
+        kvr_replay_job_t job = {
+            .url = r->url,
+            .trace = &trace,
+            .n = n,
+            .speedup = a.mocker_speedup * a.load,
+            .seed = 0,
+            .model = NULL,
+            .max_inflight = 1024,
+            .timeout_s = 300.0,
+            .progress = !a.quiet,
+            .progress_label = label,
+            .catch_signals = true,
+        };
+        kvr_replay_stats_t st;
+        rc = kvr_replay_trace(&job, samples, &st, r->model, sizeof r->model, err, sizeof err);
+        if (rc == KVR_OK && st.interrupted)
+            g_stop = 1;
+        bool ok = rc == KVR_OK && !g_stop;
+        if (rc != KVR_OK)
+            fprintf(stderr, "kvrouter demo: %s: %s\n", r->policy, err);
+        fleet_stop(&fleet, ok);
+        if (!ok) {
+            code = g_stop ? 130 : 1;
+            break;
+        }
+        kvr_replay_summarize(samples, n, &st, r->policy, a.workers, ceil.infinite, ceil.pooled,
+                             a.mocker_speedup, &r->m);
+        if (kvr_replay_write_tsv(r->tsv, samples, n, a.mocker_speedup, err, sizeof err) !=
+            KVR_OK) {
+            fprintf(stderr, "kvrouter demo: %s\n", err);
+            code = 1;
+        }
+        if (r->m.error_fraction > KVR_REPLAY_MAX_ERROR_FRACTION) {
+            fprintf(stderr, "kvrouter demo: %s: %zu of %zu requests failed: %s; first: %s\n",
+                    r->policy, r->m.failed, r->m.ok + r->m.failed, r->m.errors,
+                    r->m.first_error);
+            code = 1;
+        }
+        if (!a.quiet)
+            fprintf(stderr, "kvrouter demo: %s: %zu requests in %.1f s, TTFT p50 %.0f ms, hit "
+                            "ratio %.3f\n",
+                    r->policy, r->m.ok, r->m.duration_s, r->m.r.ttft_ms.p50, r->m.r.hit_ratio);
+        done++;
+    }
+    if (g_stop && code == 0)
+        code = 130;
+
+    if (done > 0 && code == 0) {
+        if (a.json) {
+            for (size_t i = 0; i < done; i++) {
+                kvr_replay_json_extra_t x = {
+                    .url = runs[i].url,
+                    .model = runs[i].model,
+                    .trace = a.trace,
+                    .speedup = a.mocker_speedup * a.load,
+                    .latency_scale = a.mocker_speedup,
+                    .block_size = a.block_size,
+                    .num_gpu_blocks = a.num_gpu_blocks,
+                };
+                kvr_replay_print_json(stdout, &runs[i].m, &x);
+            }
+        } else {
+            print_comparison(&a, runs, done, n, span_s, ceil.infinite, ceil.pooled);
+        }
+        if (have_gnuplot) {
+            kvr_plot_series_t series[MAX_POLICIES];
+            for (size_t i = 0; i < done; i++)
+                series[i] = (kvr_plot_series_t){runs[i].policy, runs[i].tsv};
+            char title[512];
+            snprintf(title, sizeof title,
+                     "kvrouter demo: %zu requests of the conversation trace, %u workers, "
+                     "load x%g (modelled ms)",
+                     n, a.workers, a.load);
+            if (kvr_replay_plot(a.plot, title, series, done, err, sizeof err) == KVR_OK) {
+                char abs_path[PATH_MAX];
+                const char *shown = a.plot[0] != '/' && realpath(a.plot, abs_path) ? abs_path
+                                                                                  : a.plot;
+                if (!a.json)
+                    printf("plot: %s\n", shown);
+                else
+                    fprintf(stderr, "kvrouter demo: plot: %s\n", shown);
+            } else {
+                fprintf(stderr, "kvrouter demo: %s\n", err);
+                code = 1;
+            }
+        } else {
+            fprintf(stderr, "kvrouter demo: no plot: gnuplot is not installed (Debian: apt-get "
+                            "install gnuplot-nox; scripts/install-deps.sh installs it)\n");
+        }
+        if (a.keep && !a.json)
+            printf("samples and logs: %s\n", dir);
+        if (!a.json)
+            printf("demo took %.0f s\n", now_s() - t_start);
+    }
+    fflush(stdout);
+    if (code != 0 && code != 130)
+        fprintf(stderr, "kvrouter demo: logs kept in %s\n", dir);
+    else if (!a.keep)
+        rm_tree_files(dir, runs, a.n_policies, &a);
+    if (code == 130)
+        fprintf(stderr, "kvrouter demo: interrupted; every process it started is stopped\n");
+    free(samples);
+    free(runs);
+    kvr_trace_free(&trace);
+    return code;
+}

@@ -1,0 +1,659 @@
+/*
+ * cmd_sim.c: `kvrouter sim`, a Mooncake trace through the real router core and N simulated
+ * engines in virtual time (core/sim.h), one run per routing policy, side by side with the
+ * trace's hit-ratio ceilings (wire/trace.h: an infinite cache, and one LRU cache pooling every
+ * worker's blocks). No sockets, no threads; deterministic given --seed.
+ *
+ * Flags: the trace and the run (--trace, --requests, --workers, --policy, --speedup, --seed,
+ * --json), the engine's (as `kvrouter mocker`), and any router setting of `kvrouter serve`
+ * (--router-temperature, --overlap-score-credit, --router-queue-threshold, ...), plus
+ * --overlap-score-weight (Dynamo's older knob). A bad value stops it naming the flag (exit 2).
+ * Trace tokens use seed 0 (as the ceilings do), so --seed changes decisions, never prompts.
+ * Output: a table on stdout, or with --json one object per policy per line.
+ * Memory: the trace (rows and ids), the ceilings' hash set for one pass, then one simulation
+ * at a time. Cost: the ceilings pass plus one simulation per policy; the wall clock is read
+ * here only to report run times.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "apps/apps.h"
+#include "core/config.h"
+#include "core/sim.h"
+#include "kvrouter.h"
+#include "wire/json_writer.h"
+#include "wire/run_report.h"
+#include "wire/trace.h"
+
+#define DEFAULT_TRACE "data/traces/conversation_trace.jsonl"
+#define MAX_POLICIES 16
+
+static const char *const POLICY_NAMES[] = {"kv", "round-robin", "random", "least-loaded",
+                                           "approx"};
+#define N_POLICY_NAMES (sizeof POLICY_NAMES / sizeof POLICY_NAMES[0])
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvrouter sim [options]\n\n"
+            "A trace through the real router core and simulated vLLM engines in virtual time:\n"
+            "no sockets, deterministic with --seed, one row per routing policy, beside the\n"
+            "trace's hit-ratio ceilings (an infinite cache; one LRU cache holding all workers'\n"
+            "blocks).\n\n"
+            "Run options (defaults in brackets):\n"
+            "  --trace FILE                  Mooncake JSONL trace [" DEFAULT_TRACE ",\n"
+            "                                else ../" DEFAULT_TRACE " beside the binary]\n"
+            "  --requests N                  only the first N rows [all]\n"
+            "  --workers N                   simulated engines [8]\n"
+            "  --policy LIST                 comma-separated: kv, round-robin, random,\n"
+            "                                least-loaded, approx, or all [all]\n"
+            "  --speedup X                   arrival = trace timestamp / X; the engines keep\n"
+            "                                their modelled times [1]\n"
+            "  --seed N                      the random policy and tie-breaks (prompts never\n"
+            "                                change: trace tokens use seed 0) [1]\n"
+            "  --json                        one JSON object per policy per line\n"
+            "Engine options (as kvrouter mocker):\n"
+            "  --block-size N                tokens per KV block, engines and router [16]\n"
+            "  --num-gpu-blocks N            KV blocks per worker (alias\n"
+            "                                --num-gpu-blocks-override) [16384]\n"
+            "  --max-num-seqs N              requests in a batch [256]\n"
+            "  --max-num-batched-tokens N    tokens per step [8192]\n"
+            "  --max-model-len N             prompt + output limit; longer rows are skipped\n"
+            "                                and counted [num-gpu-blocks x block-size]\n"
+            "  --[no-]enable-chunked-prefill [on]\n"
+            "  --[no-]enable-prefix-caching  [on]\n"
+            "  --prefill-poly A,B,C          prefill ms = A T^2 + B T + C\n"
+            "                                [4.209989e-07,1.518344e-02,16.50142]\n"
+            "  --decode-poly D,E,F           decode ms = D u^2 + E u + F [-25.74,54.01,5.74]\n"
+            "  --decode-min-ms X             floor of a decode step [1]\n"
+            "  --max-waiting N               engine waiting-queue cap [65536]\n"
+            "Router options: every `kvrouter serve` setting, e.g.\n"
+            "  --overlap-score-credit X      [1.0]     --prefill-load-scale X   [1.0]\n"
+            "  --router-temperature X        [0.0]     --router-queue-threshold X [unset]\n"
+            "  --overlap-score-weight X      Dynamo's older knob: X > 0 sets\n"
+            "                                prefill-load-scale X; 0 sets it and the credit to 0\n"
+            "(see kvrouter serve --help; router_mode is --policy, block_size is --block-size;\n"
+            "router_request_expiry_ms defaults to its maximum here: no free is ever lost).\n\n"
+            "Output: policy, finished requests, TTFT p50/p90/p99, ITL p50 (per request:\n"
+            "(finish - first token) / (outputs - 1)), e2e p50 (ms), hit ratio (engine-reported\n"
+            "cached / prompt tokens), the two ceilings, the busiest worker's share of requests,\n"
+            "virtual and real seconds. Percentiles are nearest-rank.\n");
+}
+
+/* ---- arguments ----------------------------------------------------------------------------- */
+
+typedef struct sim_args {
+    kvr_sim_config_t cfg;
+    const char *trace;
+    uint64_t requests;
+    double speedup;
+    bool json;
+    kvr_router_mode_t policies[MAX_POLICIES];
+    size_t n_policies;
+} sim_args_t;
+
+static int bad_value(const char *flag, const char *v, const char *why)
+{
+    fprintf(stderr, "kvrouter sim: %s %s: %s\n", flag, v ? v : "(missing)", why);
+    return 2;
+}
+
+static int parse_u64(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    if (v == NULL || *v == '\0')
+        return bad_value(flag, v, "a value is required");
+    errno = 0;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end || errno || v[0] == '-' || v[0] == '+' || x < lo || x > hi) {
+        char why[96];
+        snprintf(why, sizeof why, "must be an integer in [%llu, %llu]", (unsigned long long)lo,
+                 (unsigned long long)hi);
+        return bad_value(flag, v, why);
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_u32(const char *flag, const char *v, uint32_t lo, uint32_t *out)
+{
+    uint64_t x;
+    int rc = parse_u64(flag, v, lo, UINT32_MAX, &x);
+    if (rc == 0)
+        *out = (uint32_t)x;
+    return rc;
+}
+
+static int parse_double(const char *flag, const char *v, double *out)
+{
+    if (v == NULL || *v == '\0')
+        return bad_value(flag, v, "a value is required");
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (*end || errno == ERANGE || !isfinite(x))
+        return bad_value(flag, v, "must be a finite number");
+    *out = x;
+    return 0;
+}
+
+static int parse_poly(const char *flag, const char *v, double *a, double *b, double *c)
+{
+    if (v == NULL)
+        return bad_value(flag, v, "a value is required");
+    double x[3];
+    const char *p = v;
+    for (int k = 0; k < 3; k++) {
+        char *end;
+        x[k] = strtod(p, &end);
+        if (end == p || !isfinite(x[k]) || (k < 2 && *end != ',') || (k == 2 && *end))
+            return bad_value(flag, v, "must be three finite numbers A,B,C");
+        p = end + 1;
+    }
+    *a = x[0];
+    *b = x[1];
+    *c = x[2];
+    return 0;
+}
+
+static int parse_policies(const char *v, sim_args_t *a)
+{
+    if (v == NULL || *v == '\0')
+        return bad_value("--policy", v, "a value is required");
+    a->n_policies = 0;
+    const char *p = v;
+    while (*p != '\0') {
+        const char *comma = strchr(p, ',');
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        bool found = false;
+        if (n == 3 && strncmp(p, "all", 3) == 0) {
+            for (size_t k = 0; k < N_POLICY_NAMES && a->n_policies < MAX_POLICIES; k++)
+                a->policies[a->n_policies++] = (kvr_router_mode_t)k;
+            found = true;
+        }
+        for (size_t k = 0; !found && k < N_POLICY_NAMES; k++) {
+            if (strlen(POLICY_NAMES[k]) == n && strncmp(p, POLICY_NAMES[k], n) == 0) {
+                if (a->n_policies == MAX_POLICIES)
+                    return bad_value("--policy", v, "at most 16 policies");
+                a->policies[a->n_policies++] = (kvr_router_mode_t)k;
+                found = true;
+            }
+        }
+        if (!found)
+            return bad_value("--policy", v,
+                             "each must be kv, round-robin, random, least-loaded, approx or all");
+        p += n + (comma ? 1 : 0);
+        if (comma && *p == '\0')
+            return bad_value("--policy", v, "empty policy name");
+    }
+    return 0;
+}
+
+/* --flag VALUE or --flag=VALUE. */
+static bool is(const char *arg, const char *name, const char **eq)
+{
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0)
+        return false;
+    if (arg[n] == '\0') {
+        *eq = NULL;
+        return true;
+    }
+    if (arg[n] == '=') {
+        *eq = arg + n + 1;
+        return true;
+    }
+    return false;
+}
+
+typedef struct parser {
+    int argc;
+    char **argv;
+    int i;
+} parser_t;
+
+static const char *take(parser_t *p, const char *eq)
+{
+    if (eq != NULL)
+        return eq;
+    if (p->i + 1 < p->argc)
+        return p->argv[++p->i];
+    return NULL;
+}
+
+/* Engine flags: 0 handled, 2 error, -1 not an engine flag. */
+static int parse_engine_flag(parser_t *p, sim_args_t *a)
+{
+    const char *arg = p->argv[p->i], *eq;
+    kvr_engine_config_t *e = &a->cfg.engine;
+    if (is(arg, "--block-size", &eq)) {
+        int rc = parse_u32("--block-size", take(p, eq), 1, &e->block_size);
+        if (rc == 0 && e->block_size > 65536)
+            return bad_value("--block-size", p->argv[p->i], "must be in [1, 65536]");
+        a->cfg.router.block_size = e->block_size;
+        return rc;
+    }
+    if (is(arg, "--num-gpu-blocks", &eq) || is(arg, "--num-gpu-blocks-override", &eq))
+        return parse_u32("--num-gpu-blocks", take(p, eq), 1, &e->num_gpu_blocks);
+    if (is(arg, "--max-num-seqs", &eq))
+        return parse_u32("--max-num-seqs", take(p, eq), 1, &e->max_num_seqs);
+    if (is(arg, "--max-num-batched-tokens", &eq))
+        return parse_u32("--max-num-batched-tokens", take(p, eq), 1, &e->max_num_batched_tokens);
+    if (is(arg, "--max-model-len", &eq))
+        return parse_u32("--max-model-len", take(p, eq), 2, &e->max_model_len);
+    if (is(arg, "--max-waiting", &eq))
+        return parse_u32("--max-waiting", take(p, eq), 1, &e->max_waiting);
+    if (is(arg, "--prefill-poly", &eq))
+        return parse_poly("--prefill-poly", take(p, eq), &e->timing.prefill_a,
+                          &e->timing.prefill_b, &e->timing.prefill_c);
+    if (is(arg, "--decode-poly", &eq))
+        return parse_poly("--decode-poly", take(p, eq), &e->timing.decode_a, &e->timing.decode_b,
+                          &e->timing.decode_c);
+    if (is(arg, "--decode-min-ms", &eq))
+        return parse_double("--decode-min-ms", take(p, eq), &e->timing.decode_min_ms);
+    if (strcmp(arg, "--enable-prefix-caching") == 0 ||
+        strcmp(arg, "--no-enable-prefix-caching") == 0) {
+        e->enable_prefix_caching = arg[2] != 'n';
+        return 0;
+    }
+    if (strcmp(arg, "--enable-chunked-prefill") == 0 ||
+        strcmp(arg, "--no-enable-chunked-prefill") == 0) {
+        e->enable_chunked_prefill = arg[2] != 'n';
+        return 0;
+    }
+    return -1;
+}
+
+/* Run flags: 0 handled, 2 error, -1 not a run flag. */
+static int parse_run_flag(parser_t *p, sim_args_t *a)
+{
+    const char *arg = p->argv[p->i], *eq;
+    if (is(arg, "--trace", &eq)) {
+        a->trace = take(p, eq);
+        return a->trace && *a->trace ? 0 : bad_value("--trace", a->trace, "a path is required");
+    }
+    if (is(arg, "--requests", &eq))
+        return parse_u64("--requests", take(p, eq), 1, UINT64_MAX, &a->requests);
+    if (is(arg, "--workers", &eq)) {
+        uint64_t n;
+        int rc = parse_u64("--workers", take(p, eq), 1, KVR_SIM_MAX_WORKERS, &n);
+        a->cfg.n_workers = rc == 0 ? (uint32_t)n : a->cfg.n_workers;
+        return rc;
+    }
+    if (is(arg, "--policy", &eq))
+        return parse_policies(take(p, eq), a);
+    if (is(arg, "--speedup", &eq)) {
+        int rc = parse_double("--speedup", take(p, eq), &a->speedup);
+        if (rc == 0 && !(a->speedup > 0))
+            return bad_value("--speedup", p->argv[p->i], "must be > 0");
+        return rc;
+    }
+    if (is(arg, "--seed", &eq))
+        return parse_u64("--seed", take(p, eq), 0, UINT64_MAX, &a->cfg.seed);
+    if (strcmp(arg, "--json") == 0) {
+        a->json = true;
+        return 0;
+    }
+    return -1;
+}
+
+/* Router settings by name (core/config.h), and --overlap-score-weight. */
+static int parse_router_flag(parser_t *p, sim_args_t *a)
+{
+    const char *arg = p->argv[p->i], *eq;
+    kvr_router_config_t *r = &a->cfg.router;
+    if (is(arg, "--overlap-score-weight", &eq)) {
+        double w;
+        int rc = parse_double("--overlap-score-weight", take(p, eq), &w);
+        if (rc == 0 && w < 0)
+            return bad_value("--overlap-score-weight", p->argv[p->i], "must be >= 0");
+        if (rc == 0 && w == 0) {
+            r->prefill_load_scale = 0;
+            r->overlap_score_credit = 0;
+        } else if (rc == 0) {
+            r->prefill_load_scale = w;
+        }
+        return rc;
+    }
+    char name[96];
+    const char *e = strchr(arg, '=');
+    size_t n = e ? (size_t)(e - arg) : strlen(arg);
+    if (n >= sizeof name)
+        return -1;
+    memcpy(name, arg, n);
+    name[n] = '\0';
+    if (!kvr_config_has(name))
+        return -1;
+    if (strcmp(name + 2, "router-mode") == 0 || strcmp(name + 2, "router_mode") == 0)
+        return bad_value(name, NULL, "use --policy");
+    if (strcmp(name + 2, "block-size") == 0 || strcmp(name + 2, "block_size") == 0)
+        return -1; /* handled as an engine flag */
+    const char *v = e ? e + 1 : take(p, NULL);
+    if (v == NULL)
+        return bad_value(name, v, "a value is required");
+    char err[300];
+    if (kvr_config_set(r, name, v, err, sizeof err) != KVR_OK) {
+        fprintf(stderr, "kvrouter sim: %s: %s\n", name, err);
+        return 2;
+    }
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, sim_args_t *a)
+{
+    memset(a, 0, sizeof *a);
+    kvr_sim_config_default(&a->cfg);
+    a->speedup = 1.0;
+    for (size_t k = 0; k < N_POLICY_NAMES; k++)
+        a->policies[a->n_policies++] = (kvr_router_mode_t)k;
+    parser_t p = {.argc = argc, .argv = argv};
+    for (p.i = 1; p.i < argc; p.i++) {
+        const char *arg = argv[p.i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            usage(stdout);
+            return 1;
+        }
+        int rc = parse_run_flag(&p, a);
+        if (rc == -1)
+            rc = parse_engine_flag(&p, a);
+        if (rc == -1 && strncmp(arg, "--", 2) == 0)
+            rc = parse_router_flag(&p, a);
+        if (rc == -1) {
+            fprintf(stderr, "kvrouter sim: unknown option %s (see --help)\n", arg);
+            return 2;
+        }
+        if (rc != 0)
+            return 2;
+    }
+    char err[300];
+    if (kvr_sim_config_validate(&a->cfg, err, sizeof err) != KVR_OK) {
+        fprintf(stderr, "kvrouter sim: %s\n", err);
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- trace --------------------------------------------------------------------------------- */
+
+static bool readable(const char *path) { return access(path, R_OK) == 0; }
+
+/* --trace, else the default relative to the cwd, else beside the binary (../data/traces). */
+static const char *find_trace(const char *given, char *buf, size_t cap)
+{
+    if (given != NULL)
+        return given;
+    if (readable(DEFAULT_TRACE))
+        return DEFAULT_TRACE;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash != NULL) {
+            *slash = '\0';
+            snprintf(buf, cap, "%s/../%s", exe, DEFAULT_TRACE);
+            if (readable(buf))
+                return buf;
+        }
+    }
+    return NULL;
+}
+
+static int trace_tokens(void *ud, size_t i, uint32_t *out, size_t cap)
+{
+    const kvr_trace_t *t = ud;
+    return kvr_trace_tokens(&t->rows[i], 0, out, cap);
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- output -------------------------------------------------------------------------------- */
+
+typedef struct report {
+    const char *policy;
+    uint32_t workers;
+    double speedup;
+    uint64_t seed;
+    kvr_trace_ceilings_t ceil;
+    kvr_sim_result_t res;
+    double run_s;
+} report_t;
+
+static void json_pcts(kvr_json_writer_t *w, const char *key, kvr_pcts_t p)
+{
+    kvr_json_key(w, key);
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "p50");
+    kvr_json_double(w, p.p50);
+    kvr_json_key(w, "p90");
+    kvr_json_double(w, p.p90);
+    kvr_json_key(w, "p99");
+    kvr_json_double(w, p.p99);
+    kvr_json_end_object(w);
+}
+
+static int print_json(kvr_json_writer_t *w, const report_t *r)
+{
+    const kvr_sim_result_t *s = &r->res;
+    kvr_json_writer_reset(w);
+    kvr_json_begin_object(w);
+    /* the keys `kvrouter replay --json` prints too (wire/run_report.h), then the sim's own */
+    kvr_run_report_t rr = {.policy = r->policy,
+                           .workers = r->workers,
+                           .requests = s->requests,
+                           .ttft_ms = s->ttft_ms,
+                           .itl_ms = s->itl_ms,
+                           .e2e_ms = s->e2e_ms,
+                           .hit_ratio = s->hit_ratio,
+                           .ceiling_infinite = r->ceil.infinite,
+                           .ceiling_pooled = r->ceil.pooled,
+                           .max_worker_share = s->max_worker_share};
+    kvr_run_report_write_keys(w, &rr);
+    /* extras */
+    kvr_json_key(w, "speedup");
+    kvr_json_double(w, r->speedup);
+    kvr_json_key(w, "seed");
+    kvr_json_u64(w, r->seed);
+    kvr_json_key(w, "too_long");
+    kvr_json_u64(w, s->too_long);
+    kvr_json_key(w, "rejected");
+    kvr_json_u64(w, s->rejected);
+    kvr_json_key(w, "expired");
+    kvr_json_u64(w, s->expired);
+    kvr_json_key(w, "queued");
+    kvr_json_u64(w, s->queued);
+    json_pcts(w, "queue_ms", s->queue_ms);
+    kvr_json_key(w, "ttft_mean_ms");
+    kvr_json_double(w, s->ttft_mean_ms);
+    kvr_json_key(w, "prompt_tokens");
+    kvr_json_u64(w, s->prompt_tokens);
+    kvr_json_key(w, "cached_tokens");
+    kvr_json_u64(w, s->cached_tokens);
+    kvr_json_key(w, "predicted_hit_ratio");
+    kvr_json_double(w, s->prompt_tokens
+                           ? (double)s->predicted_cached_tokens / (double)s->prompt_tokens
+                           : 0.0);
+    kvr_json_key(w, "best_hit_ratio");
+    kvr_json_double(w, s->prompt_tokens
+                           ? (double)s->best_cached_tokens / (double)s->prompt_tokens
+                           : 0.0);
+    kvr_json_key(w, "max_worker_requests");
+    kvr_json_u64(w, s->max_worker_requests);
+    kvr_json_key(w, "steps");
+    kvr_json_u64(w, s->steps);
+    kvr_json_key(w, "preemptions");
+    kvr_json_u64(w, s->preemptions);
+    kvr_json_key(w, "index_errors");
+    kvr_json_u64(w, s->index_errors);
+    kvr_json_key(w, "router_live_at_end");
+    kvr_json_u64(w, s->router_live_at_end);
+    kvr_json_key(w, "router_unknown_ids");
+    kvr_json_u64(w, s->router_unknown_ids);
+    kvr_json_key(w, "virtual_s");
+    kvr_json_double(w, s->virtual_ms / 1000.0);
+    kvr_json_key(w, "run_s");
+    kvr_json_double(w, r->run_s);
+    kvr_json_end_object(w);
+    const char *doc;
+    size_t len;
+    if (kvr_json_writer_finish(w, &doc, &len) != KVR_OK)
+        return KVR_ENOMEM;
+    fwrite(doc, 1, len, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    return KVR_OK;
+}
+
+static void fmt_ms(char *buf, size_t cap, double v)
+{
+    if (isnan(v))
+        snprintf(buf, cap, "-");
+    else
+        snprintf(buf, cap, "%.1f", v);
+}
+
+static void print_header(void)
+{
+    printf("%-13s %8s %9s %9s %9s %8s %9s %6s %6s %6s %6s %8s %6s\n", "policy", "requests",
+           "ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "e2e_p50", "hit", "c_inf", "c_pool",
+           "share", "virt_s", "run_s");
+}
+
+static void print_row(const report_t *r)
+{
+    const kvr_sim_result_t *s = &r->res;
+    char a[24], b[24], c[24], d[24], e[24];
+    fmt_ms(a, sizeof a, s->ttft_ms.p50);
+    fmt_ms(b, sizeof b, s->ttft_ms.p90);
+    fmt_ms(c, sizeof c, s->ttft_ms.p99);
+    fmt_ms(d, sizeof d, s->itl_ms.p50);
+    fmt_ms(e, sizeof e, s->e2e_ms.p50);
+    printf("%-13s %8llu %9s %9s %9s %8s %9s %6.3f %6.3f %6.3f %6.3f %8.1f %6.2f\n", r->policy,
+           (unsigned long long)s->requests, a, b, c, d, e, s->hit_ratio, r->ceil.infinite,
+           r->ceil.pooled, s->max_worker_share, s->virtual_ms / 1000.0, r->run_s);
+    fflush(stdout);
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+static kvr_sim_request_t *make_requests(const kvr_trace_t *t, double speedup)
+{
+    kvr_sim_request_t *reqs = malloc((t->n_rows ? t->n_rows : 1) * sizeof *reqs);
+    if (reqs == NULL)
+        return NULL;
+    for (size_t i = 0; i < t->n_rows; i++)
+        reqs[i] = (kvr_sim_request_t){.arrival_ms = (double)t->rows[i].timestamp_ms / speedup,
+                                      .n_tokens = t->rows[i].input_length,
+                                      .max_tokens = t->rows[i].output_length};
+    return reqs;
+}
+
+static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim_request_t *reqs,
+                        const kvr_trace_ceilings_t *ceil)
+{
+    kvr_json_writer_t w;
+    kvr_json_writer_init(&w);
+    kvr_sim_input_t in = {.reqs = reqs, .n = t->n_rows, .tokens = trace_tokens, .ud = (void *)t};
+    int code = 0;
+    for (size_t k = 0; k < a->n_policies && code == 0; k++) {
+        kvr_sim_config_t cfg = a->cfg;
+        cfg.router.router_mode = a->policies[k];
+        cfg.router.use_kv_events = a->policies[k] != KVR_MODE_APPROX;
+        report_t r = {.policy = POLICY_NAMES[a->policies[k]],
+                      .workers = cfg.n_workers,
+                      .speedup = a->speedup,
+                      .seed = cfg.seed,
+                      .ceil = *ceil};
+        char err[300] = "";
+        double t0 = mono_s();
+        int rc = kvr_sim_run(&cfg, &in, &r.res, NULL, err, sizeof err);
+        r.run_s = mono_s() - t0;
+        if (rc != KVR_OK) {
+            fprintf(stderr, "kvrouter sim: %s: %s\n", r.policy, err[0] ? err : kvr_strerror(rc));
+            code = rc == KVR_EINVAL ? 2 : 1;
+            break;
+        }
+        if (a->json ? print_json(&w, &r) != KVR_OK : (print_row(&r), false))
+            code = 1;
+    }
+    kvr_json_writer_deinit(&w);
+    return code;
+}
+
+int kvr_cmd_sim(int argc, char **argv)
+{
+    sim_args_t a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc != 0)
+        return rc == 1 ? 0 : rc;
+    char buf[PATH_MAX + 64];
+    const char *path = find_trace(a.trace, buf, sizeof buf);
+    if (path == NULL) {
+        fprintf(stderr,
+                "kvrouter sim: no trace: %s not found in the current directory nor beside the "
+                "binary (../%s); give one with --trace FILE\n",
+                DEFAULT_TRACE, DEFAULT_TRACE);
+        return 2;
+    }
+    double t_start = mono_s();
+    kvr_trace_t t;
+    char err[400];
+    rc = kvr_trace_load(path, (size_t)(a.requests > SIZE_MAX ? SIZE_MAX : a.requests), &t, err,
+                        sizeof err);
+    if (rc != KVR_OK) {
+        fprintf(stderr, "kvrouter sim: %s\n", err);
+        return rc == KVR_EIO ? 2 : 1;
+    }
+    if (t.n_rows == 0) {
+        fprintf(stderr, "kvrouter sim: %s: no requests\n", path);
+        kvr_trace_free(&t);
+        return 1;
+    }
+    uint32_t bs = a.cfg.engine.block_size;
+    kvr_trace_ceilings_t ceil;
+    if (KVR_TRACE_BLOCK_TOKENS % bs != 0) {
+        fprintf(stderr, "kvrouter sim: --block-size %u: must divide 512 (the trace's block)\n",
+                (unsigned)bs);
+        kvr_trace_free(&t);
+        return 2;
+    }
+    double t0 = mono_s();
+    rc = kvr_trace_ceilings(&t, bs, (uint64_t)a.cfg.n_workers * a.cfg.engine.num_gpu_blocks,
+                            &ceil);
+    double ceil_s = mono_s() - t0;
+    kvr_sim_request_t *reqs = rc == KVR_OK ? make_requests(&t, a.speedup) : NULL;
+    if (rc != KVR_OK || reqs == NULL) {
+        fprintf(stderr, "kvrouter sim: ceilings: %s\n", kvr_strerror(rc != KVR_OK ? rc : KVR_ENOMEM));
+        kvr_trace_free(&t);
+        return 1;
+    }
+    if (!a.json) {
+        printf("sim: %zu requests from %s, %u workers x %u blocks x %u tokens, speedup %g, "
+               "seed %llu\n"
+               "ceilings (block %u): infinite cache %.4f, pooled LRU of %llu blocks %.4f "
+               "(%.2f s)\n",
+               t.n_rows, path, (unsigned)a.cfg.n_workers, (unsigned)a.cfg.engine.num_gpu_blocks,
+               (unsigned)bs, a.speedup, (unsigned long long)a.cfg.seed, (unsigned)bs,
+               ceil.infinite,
+               (unsigned long long)((uint64_t)a.cfg.n_workers * a.cfg.engine.num_gpu_blocks),
+               ceil.pooled, ceil_s);
+        print_header();
+    }
+    int code = run_policies(&a, &t, reqs, &ceil);
+    if (!a.json && code == 0)
+        printf("total %.2f s\n", mono_s() - t_start);
+    free(reqs);
+    kvr_trace_free(&t);
+    return code;
+}

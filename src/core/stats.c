@@ -1,0 +1,72 @@
+/*
+ * stats.c: see stats.h.
+ */
+#include "core/stats.h"
+
+#include <math.h>
+
+static void sift_down(double *a, size_t root, size_t n)
+{
+    for (;;) {
+        size_t child = 2 * root + 1;
+        if (child >= n)
+            return;
+        if (child + 1 < n && a[child + 1] > a[child])
+            child++;
+        if (a[root] >= a[child])
+            return;
+        double t = a[root];
+        a[root] = a[child];
+        a[child] = t;
+        root = child;
+    }
+}
+
+void kvr_stats_sort(double *v, size_t n)
+{
+    size_t i = 1;
+    while (i < n && v[i - 1] <= v[i])
+        i++;
+    if (i >= n)
+        return;
+    for (size_t k = n / 2; k-- > 0;)
+        sift_down(v, k, n);
+    for (size_t end = n; end-- > 1;) {
+        double t = v[0];
+        v[0] = v[end];
+        v[end] = t;
+        sift_down(v, 0, end);
+    }
+}
+
+double kvr_stats_pct_sorted(const double *v, size_t n, double p)
+{
+    if (n == 0)
+        return NAN;
+    /* rank = ceil(p n), computed so that 0.9 * 10 is 9, not 9.000000000000002 -> 10 */
+    double r = p * (double)n;
+    size_t rank = (size_t)ceil(r - 1e-9 * (r > 1.0 ? r : 1.0));
+    if (rank < 1)
+        rank = 1;
+    if (rank > n)
+        rank = n;
+    return v[rank - 1];
+}
+
+kvr_pcts_t kvr_stats_pcts(double *v, size_t n)
+{
+    kvr_stats_sort(v, n);
+    kvr_pcts_t out = {kvr_stats_pct_sorted(v, n, 0.50), kvr_stats_pct_sorted(v, n, 0.90),
+                      kvr_stats_pct_sorted(v, n, 0.99)};
+    return out;
+}
+
+double kvr_stats_mean(const double *v, size_t n)
+{
+    if (n == 0)
+        return NAN;
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    return sum / (double)n;
+}

@@ -1,0 +1,717 @@
+/*
+ * trace.c: the Mooncake trace reader, token generator and hit-ratio ceilings (see trace.h for
+ * the format and the contract).
+ *
+ * Parsing: one yajl pass per line, driven by callbacks (a small state machine: the top-level
+ * object, its four known keys, the hash_ids array, and unknown values skipped at any depth).
+ * Numbers are read from their text, so ids above 2^53 are exact and 1.0 / 1e3 are not
+ * integers. The first problem stops the parse; the message names the line (1-based, blank
+ * lines counted) and the field. Rows go into one growing array and ids into another; a row
+ * records its ids' offset while parsing and gets its pointer once the id array stops moving.
+ * Invariants after KVR_OK: every row has input_length in [1, KVR_TRACE_MAX_INPUT],
+ * output_length >= 1, n_hash_ids == ceil(input_length / 512), timestamps non-decreasing,
+ * hash_ids pointing into ids, and sum of n_hash_ids == n_ids.
+ * Memory: the trace owns rows and ids; parsing also uses one yajl arena (freed before return).
+ *
+ * Tokens: block `id` of a row is the stream splitmix64(id * K1 ^ seed * K2 ^ K3) mapped into
+ * [KVR_TRACE_TOKEN_LO, KVR_TRACE_TOKEN_HI) by a multiply-shift (Lemire), token j of the block
+ * being the stream's j-th value; a row takes min(512, what is left) tokens of each of its ids.
+ * Anything that reads the same trace with the same seed (replay, sim, tests) sees the same
+ * tokens, and rows that share leading ids share exactly those tokens.
+ *
+ * Ceilings: every row's prompt is hashed at the block size (kvr_hash_prompt, as the router and
+ * the engine hash it). Infinite: an open-addressing set of every sequence hash seen; a row
+ * hits its leading blocks found in the set (the set is prefix-closed, so a linear scan from the
+ * root stops at the first miss). Pooled: one core/kvcache.h cache of pooled_blocks blocks, used
+ * exactly as the simulated engine uses it for one request at a time (match, allocate with the
+ * hits, commit the full blocks, release), so its LRU order is the engine's. Both cap a hit at
+ * floor((input_length - 1) / block_size) blocks, as the engine computes at least one token.
+ * A row needing more blocks than the pooled cache has cannot run there: its match is counted
+ * and the cache is left unchanged. Cost: one pass over every prompt token (generation and
+ * hashing) plus O(blocks) set and cache work; memory: the set (16 bytes per distinct block at
+ * load <= 1/2) and the cache (capped at the blocks the trace can ever allocate).
+ * Threads: none of their own; a trace is read-only after parsing, so any number of threads may
+ * generate tokens from it at once.
+ */
+#include "wire/trace.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <yajl/yajl_parse.h>
+
+#include "core/kvcache.h"
+#include "kvrouter.h"
+#include "wire/yajl_arena.h"
+
+#define MAX_IDS_PER_ROW ((KVR_TRACE_MAX_INPUT + KVR_TRACE_BLOCK_TOKENS - 1) / KVR_TRACE_BLOCK_TOKENS)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Line decoder. */
+
+enum state { S_START, S_TOP_KEY, S_VALUE, S_IDS, S_SKIP, S_DONE };
+
+enum field { F_TIMESTAMP, F_INPUT_LENGTH, F_OUTPUT_LENGTH, F_HASH_IDS, F_N_KNOWN,
+             F_UNKNOWN = F_N_KNOWN };
+
+static const char *const FIELD_NAMES[F_N_KNOWN] = {"timestamp", "input_length", "output_length",
+                                                   "hash_ids"};
+
+/* Row storage while parsing: hash_ids is not yet a pointer (the id array may still move). */
+typedef struct parser {
+    kvr_trace_row_t *rows;
+    size_t n_rows, cap_rows;
+    size_t *id_off;        /* per row: offset of its first id in ids */
+    size_t cap_off;
+    uint64_t *ids;
+    size_t n_ids, cap_ids;
+
+    /* the current line */
+    size_t line;
+    enum state state;
+    int field;
+    size_t skip_depth;
+    unsigned seen;
+    kvr_trace_row_t row;
+    size_t row_off;
+    int status;
+    char *err;
+    size_t err_len;
+} parser_t;
+
+static int fail(parser_t *p, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Records the first error as "line N: ..."; returns 0 so callbacks can stop yajl with it. */
+static int fail(parser_t *p, int status, const char *fmt, ...)
+{
+    if (p->status != KVR_OK)
+        return 0;
+    p->status = status;
+    if (p->err != NULL && p->err_len > 0) {
+        int n = snprintf(p->err, p->err_len, "line %zu: ", p->line);
+        if (n >= 0 && (size_t)n < p->err_len) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(p->err + n, p->err_len - (size_t)n, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return 0;
+}
+
+static int grow(void **buf, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return KVR_OK;
+    size_t n = *cap < 64 ? 64 : *cap;
+    while (n < need)
+        n = n > SIZE_MAX / 2 ? need : n * 2;
+    if (n > SIZE_MAX / elem)
+        return KVR_ENOMEM;
+    void *q = realloc(*buf, n * elem);
+    if (q == NULL)
+        return KVR_ENOMEM;
+    *buf = q;
+    *cap = n;
+    return KVR_OK;
+}
+
+/* An unsigned decimal integer from JSON number text (yajl checked the grammar): false for a
+ * sign, fraction, exponent or a value above UINT64_MAX. "-0" is accepted as 0. */
+static bool parse_u64_text(const char *s, size_t n, uint64_t *out)
+{
+    size_t i = 0;
+    bool neg = n > 0 && s[0] == '-';
+    if (neg)
+        i++;
+    if (i == n)
+        return false;
+    uint64_t v = 0;
+    for (; i < n; i++) {
+        unsigned d = (unsigned)(s[i] - '0');
+        if (d > 9 || v > (UINT64_MAX - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    if (neg && v != 0)
+        return false;
+    *out = v;
+    return true;
+}
+
+static const char *field_rule(int f)
+{
+    switch (f) {
+    case F_TIMESTAMP:
+        return "must be an integer >= 0";
+    case F_INPUT_LENGTH:
+        return "must be an integer in [1, 4194304]";
+    case F_OUTPUT_LENGTH:
+        return "must be an integer in [1, 4294967295]";
+    default:
+        return "must be an array of integers";
+    }
+}
+
+static int unexpected(parser_t *p)
+{
+    if (p->state == S_START)
+        return fail(p, KVR_EPARSE, "expected a JSON object");
+    if (p->state == S_VALUE && p->field < F_N_KNOWN)
+        return fail(p, KVR_EPARSE, "%s: %s", FIELD_NAMES[p->field], field_rule(p->field));
+    if (p->state == S_IDS)
+        return fail(p, KVR_EPARSE, "hash_ids[%zu]: not an integer in [0, 18446744073709551615]",
+                    p->n_ids - p->row_off);
+    return fail(p, KVR_EPARSE, "internal: unexpected value in state %d", (int)p->state);
+}
+
+static int value_done(parser_t *p)
+{
+    p->state = S_TOP_KEY;
+    return 1;
+}
+
+/* Scalars inside skipped values; -1 when not skipping. */
+static int skip_scalar(parser_t *p)
+{
+    if (p->state == S_SKIP)
+        return 1;
+    if (p->state == S_VALUE && p->field == F_UNKNOWN)
+        return value_done(p);
+    return -1;
+}
+
+static int on_null(void *ctx)
+{
+    parser_t *p = ctx;
+    int s = skip_scalar(p);
+    return s >= 0 ? s : unexpected(p);
+}
+
+static int on_boolean(void *ctx, int v)
+{
+    (void)v;
+    parser_t *p = ctx;
+    int s = skip_scalar(p);
+    return s >= 0 ? s : unexpected(p);
+}
+
+static int on_string(void *ctx, const unsigned char *str, size_t n)
+{
+    (void)str;
+    (void)n;
+    parser_t *p = ctx;
+    int s = skip_scalar(p);
+    return s >= 0 ? s : unexpected(p);
+}
+
+static int on_number(void *ctx, const char *s, size_t n)
+{
+    parser_t *p = ctx;
+    int sk = skip_scalar(p);
+    if (sk >= 0)
+        return sk;
+    uint64_t v;
+    if (p->state == S_IDS) {
+        size_t k = p->n_ids - p->row_off;
+        if (!parse_u64_text(s, n, &v))
+            return fail(p, KVR_EPARSE, "hash_ids[%zu]: not an integer in [0, 18446744073709551615]",
+                        k);
+        if (k >= MAX_IDS_PER_ROW)
+            return fail(p, KVR_EINVAL, "hash_ids: more than %u ids",
+                        (unsigned)MAX_IDS_PER_ROW);
+        if (grow((void **)&p->ids, &p->cap_ids, p->n_ids + 1, sizeof *p->ids) != KVR_OK)
+            return fail(p, KVR_ENOMEM, "hash_ids: out of memory");
+        p->ids[p->n_ids++] = v;
+        return 1;
+    }
+    if (p->state != S_VALUE || p->field >= F_N_KNOWN || p->field == F_HASH_IDS)
+        return unexpected(p);
+    bool ok = parse_u64_text(s, n, &v);
+    switch (p->field) {
+    case F_TIMESTAMP:
+        if (!ok)
+            return fail(p, KVR_EINVAL, "timestamp: %s", field_rule(F_TIMESTAMP));
+        p->row.timestamp_ms = v;
+        break;
+    case F_INPUT_LENGTH:
+        if (!ok || v < 1 || v > KVR_TRACE_MAX_INPUT)
+            return fail(p, KVR_EINVAL, "input_length: %s", field_rule(F_INPUT_LENGTH));
+        p->row.input_length = (uint32_t)v;
+        break;
+    default: /* F_OUTPUT_LENGTH */
+        if (!ok || v < 1 || v > UINT32_MAX)
+            return fail(p, KVR_EINVAL, "output_length: %s", field_rule(F_OUTPUT_LENGTH));
+        p->row.output_length = (uint32_t)v;
+        break;
+    }
+    return value_done(p);
+}
+
+static int on_start_map(void *ctx)
+{
+    parser_t *p = ctx;
+    if (p->state == S_START) {
+        p->state = S_TOP_KEY;
+        return 1;
+    }
+    if (p->state == S_SKIP) {
+        p->skip_depth++;
+        return 1;
+    }
+    if (p->state == S_VALUE && p->field == F_UNKNOWN) {
+        p->state = S_SKIP;
+        p->skip_depth = 1;
+        return 1;
+    }
+    return unexpected(p);
+}
+
+static int on_start_array(void *ctx)
+{
+    parser_t *p = ctx;
+    if (p->state == S_SKIP) {
+        p->skip_depth++;
+        return 1;
+    }
+    if (p->state == S_VALUE && p->field == F_UNKNOWN) {
+        p->state = S_SKIP;
+        p->skip_depth = 1;
+        return 1;
+    }
+    if (p->state == S_VALUE && p->field == F_HASH_IDS) {
+        p->state = S_IDS;
+        return 1;
+    }
+    return unexpected(p);
+}
+
+static int on_end(void *ctx)
+{
+    parser_t *p = ctx;
+    switch (p->state) {
+    case S_SKIP:
+        if (--p->skip_depth == 0)
+            p->state = S_TOP_KEY;
+        return 1;
+    case S_TOP_KEY:
+        p->state = S_DONE;
+        return 1;
+    case S_IDS:
+        p->state = S_TOP_KEY;
+        return 1;
+    default:
+        return fail(p, KVR_EPARSE, "internal: unexpected end in state %d", (int)p->state);
+    }
+}
+
+static int on_map_key(void *ctx, const unsigned char *s, size_t n)
+{
+    parser_t *p = ctx;
+    if (p->state == S_SKIP)
+        return 1;
+    if (p->state != S_TOP_KEY)
+        return fail(p, KVR_EPARSE, "internal: unexpected key in state %d", (int)p->state);
+    p->field = F_UNKNOWN;
+    for (int f = 0; f < F_N_KNOWN; f++) {
+        if (strlen(FIELD_NAMES[f]) == n && memcmp(FIELD_NAMES[f], s, n) == 0) {
+            if (p->seen & (1u << f))
+                return fail(p, KVR_EPARSE, "%s: duplicate key", FIELD_NAMES[f]);
+            p->seen |= 1u << f;
+            p->field = f;
+            break;
+        }
+    }
+    p->state = S_VALUE;
+    return 1;
+}
+
+static const yajl_callbacks CALLBACKS = {
+    .yajl_null = on_null,
+    .yajl_boolean = on_boolean,
+    .yajl_integer = NULL,
+    .yajl_double = NULL,
+    .yajl_number = on_number,
+    .yajl_string = on_string,
+    .yajl_start_map = on_start_map,
+    .yajl_map_key = on_map_key,
+    .yajl_end_map = on_end,
+    .yajl_start_array = on_start_array,
+    .yajl_end_array = on_end,
+};
+
+/* yajl's message on one line, quotes and backslashes blanked. */
+static void yajl_message(parser_t *p, yajl_handle h, size_t at)
+{
+    unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
+    const char *m = msg != NULL ? (const char *)msg : "unknown error";
+    size_t n = strlen(m);
+    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
+        n--;
+    char shown[160];
+    if (n >= sizeof shown)
+        n = sizeof shown - 1;
+    for (size_t i = 0; i < n; i++)
+        shown[i] = (m[i] == '\n' || m[i] == '"' || m[i] == '\\') ? ' ' : m[i];
+    shown[n] = '\0';
+    fail(p, KVR_EPARSE, "invalid JSON at byte %zu: %s", at, shown);
+    if (msg != NULL)
+        yajl_free_error(h, msg);
+}
+
+/* After a line's object: required keys, the id count, the timestamp order; then keeps it. */
+static int finish_row(parser_t *p)
+{
+    for (int f = 0; f < F_N_KNOWN; f++)
+        if (!(p->seen & (1u << f)))
+            return fail(p, KVR_EPARSE, "%s: missing", FIELD_NAMES[f]), p->status;
+    size_t n_ids = p->n_ids - p->row_off;
+    size_t want = (p->row.input_length + KVR_TRACE_BLOCK_TOKENS - 1) / KVR_TRACE_BLOCK_TOKENS;
+    if (n_ids != want)
+        return fail(p, KVR_EINVAL, "hash_ids: %zu ids for input_length %u (expected %zu)", n_ids,
+                    (unsigned)p->row.input_length, want),
+               p->status;
+    if (p->n_rows > 0 && p->row.timestamp_ms < p->rows[p->n_rows - 1].timestamp_ms)
+        return fail(p, KVR_EINVAL, "timestamp goes back (%llu after %llu)",
+                    (unsigned long long)p->row.timestamp_ms,
+                    (unsigned long long)p->rows[p->n_rows - 1].timestamp_ms),
+               p->status;
+    if (grow((void **)&p->rows, &p->cap_rows, p->n_rows + 1, sizeof *p->rows) != KVR_OK ||
+        grow((void **)&p->id_off, &p->cap_off, p->n_rows + 1, sizeof *p->id_off) != KVR_OK)
+        return fail(p, KVR_ENOMEM, "out of memory"), p->status;
+    p->row.n_hash_ids = (uint32_t)n_ids;
+    p->row.hash_ids = NULL;
+    p->id_off[p->n_rows] = p->row_off;
+    p->rows[p->n_rows++] = p->row;
+    return KVR_OK;
+}
+
+static int parse_line(parser_t *p, kvr_yajl_arena_t *arena, const char *s, size_t n)
+{
+    p->state = S_START;
+    p->field = F_UNKNOWN;
+    p->skip_depth = 0;
+    p->seen = 0;
+    memset(&p->row, 0, sizeof p->row);
+    p->row_off = p->n_ids;
+    kvr_yajl_arena_reset(arena);
+    yajl_alloc_funcs afs = kvr_yajl_arena_funcs(arena);
+    yajl_handle h = yajl_alloc(&CALLBACKS, &afs, p);
+    if (h == NULL)
+        return fail(p, KVR_ENOMEM, "out of memory"), p->status;
+    yajl_status st = yajl_parse(h, (const unsigned char *)s, n);
+    size_t at = n;
+    if (st == yajl_status_ok)
+        st = yajl_complete_parse(h);
+    else if (st == yajl_status_error)
+        at = yajl_get_bytes_consumed(h);
+    if (st == yajl_status_error && p->status == KVR_OK)
+        yajl_message(p, h, at);
+    yajl_free(h);
+    if (p->status == KVR_OK && st != yajl_status_ok)
+        fail(p, KVR_EPARSE, "invalid JSON");
+    if (p->status == KVR_OK && p->state != S_DONE)
+        fail(p, KVR_EPARSE, "internal: line ended in state %d", (int)p->state);
+    if (p->status != KVR_OK)
+        return p->status;
+    return finish_row(p);
+}
+
+static bool blank(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r')
+            return false;
+    return true;
+}
+
+int kvr_trace_parse(const char *text, size_t len, size_t max_rows, kvr_trace_t *out, char *err,
+                    size_t err_len)
+{
+    if (out == NULL)
+        return KVR_EINVAL;
+    memset(out, 0, sizeof *out);
+    if (err != NULL && err_len > 0)
+        err[0] = '\0';
+    parser_t p = {.err = err, .err_len = err_len};
+    if (text == NULL && len > 0)
+        return fail(&p, KVR_EINVAL, "no input"), p.status;
+    kvr_yajl_arena_t arena;
+    kvr_yajl_arena_init(&arena);
+    size_t i = 0;
+    while (i < len && (max_rows == 0 || p.n_rows < max_rows)) {
+        size_t start = i;
+        const char *nl = memchr(text + i, '\n', len - i);
+        size_t end = nl != NULL ? (size_t)(nl - text) : len;
+        i = nl != NULL ? end + 1 : len;
+        p.line++;
+        if (blank(text + start, end - start))
+            continue;
+        if (parse_line(&p, &arena, text + start, end - start) != KVR_OK)
+            break;
+    }
+    kvr_yajl_arena_deinit(&arena);
+    if (p.status != KVR_OK) {
+        free(p.rows);
+        free(p.id_off);
+        free(p.ids);
+        return p.status;
+    }
+    for (size_t r = 0; r < p.n_rows; r++)
+        p.rows[r].hash_ids = p.ids + p.id_off[r];
+    free(p.id_off);
+    out->rows = p.rows;
+    out->n_rows = p.n_rows;
+    out->ids = p.ids;
+    out->n_ids = p.n_ids;
+    return KVR_OK;
+}
+
+int kvr_trace_load(const char *path, size_t max_rows, kvr_trace_t *out, char *err,
+                   size_t err_len)
+{
+    if (out == NULL)
+        return KVR_EINVAL;
+    memset(out, 0, sizeof *out);
+    FILE *f = path != NULL ? fopen(path, "rb") : NULL;
+    if (f == NULL) {
+        if (err != NULL && err_len > 0)
+            snprintf(err, err_len, "%s: cannot open: %s", path ? path : "(null)",
+                     strerror(errno));
+        return KVR_EIO;
+    }
+    size_t cap = (size_t)1 << 20, n = 0;
+    char *buf = malloc(cap);
+    bool failed = buf == NULL;
+    while (!failed) {
+        if (n == cap) {
+            char *nb = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+            if (nb == NULL) {
+                failed = true;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    bool read_error = ferror(f) != 0;
+    fclose(f);
+    if (failed || read_error) {
+        free(buf);
+        if (err != NULL && err_len > 0)
+            snprintf(err, err_len, "%s: %s", path, failed ? "out of memory" : "read error");
+        return failed ? KVR_ENOMEM : KVR_EIO;
+    }
+    char perr[256] = "";
+    int rc = kvr_trace_parse(buf, n, max_rows, out, perr, sizeof perr);
+    free(buf);
+    if (rc != KVR_OK && err != NULL && err_len > 0)
+        snprintf(err, err_len, "%s: %s", path, perr);
+    return rc;
+}
+
+void kvr_trace_free(kvr_trace_t *t)
+{
+    if (t == NULL)
+        return;
+    free(t->rows);
+    free(t->ids);
+    memset(t, 0, sizeof *t);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tokens. */
+
+static inline uint64_t splitmix_next(uint64_t *s)
+{
+    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+int kvr_trace_tokens(const kvr_trace_row_t *row, uint64_t seed, uint32_t *out, size_t cap)
+{
+    if (row == NULL || (out == NULL && row->input_length > 0) ||
+        (row->hash_ids == NULL && row->n_hash_ids > 0))
+        return KVR_EINVAL;
+    if (cap < row->input_length)
+        return KVR_ETOOBIG;
+    const uint64_t span = KVR_TRACE_TOKEN_HI - KVR_TRACE_TOKEN_LO;
+    size_t left = row->input_length, pos = 0;
+    for (uint32_t b = 0; b < row->n_hash_ids && left > 0; b++) {
+        uint64_t s = row->hash_ids[b] * UINT64_C(0x9E3779B97F4A7C15) ^
+                     seed * UINT64_C(0xD1B54A32D192ED03) ^ UINT64_C(0x6B7A1E5C3D2F4A19);
+        size_t n = left < KVR_TRACE_BLOCK_TOKENS ? left : KVR_TRACE_BLOCK_TOKENS;
+        for (size_t j = 0; j < n; j++)
+            out[pos + j] = KVR_TRACE_TOKEN_LO + (uint32_t)(((splitmix_next(&s) >> 32) * span) >> 32);
+        pos += n;
+        left -= n;
+    }
+    /* a parsed row always has enough ids; a hand-made one with too few gets the rest from an
+     * id-less stream, so the output is always fully written */
+    uint64_t s = seed ^ UINT64_C(0xA0761D6478BD642F);
+    for (; left > 0; left--)
+        out[pos++] = KVR_TRACE_TOKEN_LO + (uint32_t)(((splitmix_next(&s) >> 32) * span) >> 32);
+    return KVR_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Ceilings. */
+
+/* A set of u64 (open addressing, linear probing, load <= 1/2; 0 kept aside). */
+typedef struct u64set {
+    uint64_t *slots;
+    size_t cap, n;
+    bool has_zero;
+} u64set_t;
+
+static inline size_t set_slot(uint64_t x, size_t mask)
+{
+    x ^= x >> 33;
+    x *= UINT64_C(0xff51afd7ed558ccd);
+    x ^= x >> 33;
+    return (size_t)x & mask;
+}
+
+static bool set_has(const u64set_t *s, uint64_t x)
+{
+    if (x == 0)
+        return s->has_zero;
+    if (s->cap == 0)
+        return false;
+    for (size_t i = set_slot(x, s->cap - 1);; i = (i + 1) & (s->cap - 1)) {
+        if (s->slots[i] == x)
+            return true;
+        if (s->slots[i] == 0)
+            return false;
+    }
+}
+
+static int set_add(u64set_t *s, uint64_t x)
+{
+    if (x == 0) {
+        s->has_zero = true;
+        return KVR_OK;
+    }
+    if ((s->n + 1) * 2 > s->cap) {
+        size_t ncap = s->cap ? s->cap * 2 : 1024;
+        uint64_t *ns = calloc(ncap, sizeof *ns);
+        if (ns == NULL)
+            return KVR_ENOMEM;
+        for (size_t i = 0; i < s->cap; i++) {
+            uint64_t v = s->slots[i];
+            if (v == 0)
+                continue;
+            size_t j = set_slot(v, ncap - 1);
+            while (ns[j] != 0)
+                j = (j + 1) & (ncap - 1);
+            ns[j] = v;
+        }
+        free(s->slots);
+        s->slots = ns;
+        s->cap = ncap;
+    }
+    size_t i = set_slot(x, s->cap - 1);
+    while (s->slots[i] != 0 && s->slots[i] != x)
+        i = (i + 1) & (s->cap - 1);
+    if (s->slots[i] == 0) {
+        s->slots[i] = x;
+        s->n++;
+    }
+    return KVR_OK;
+}
+
+int kvr_trace_ceilings(const kvr_trace_t *t, uint32_t block_size, uint64_t pooled_blocks,
+                       kvr_trace_ceilings_t *out)
+{
+    if (t == NULL || out == NULL || block_size == 0 || KVR_TRACE_BLOCK_TOKENS % block_size != 0)
+        return KVR_EINVAL;
+    memset(out, 0, sizeof *out);
+    uint32_t max_len = 0;
+    uint64_t all_blocks = 0;
+    for (size_t r = 0; r < t->n_rows; r++) {
+        uint32_t n = t->rows[r].input_length;
+        if (n == 0 || n > KVR_TRACE_MAX_INPUT)
+            return KVR_EINVAL; /* a hand-made row outside what parsing accepts */
+        if (n > max_len)
+            max_len = n;
+        all_blocks += (n + block_size - 1) / block_size;
+    }
+    size_t max_blocks = max_len / block_size + 1;
+    uint32_t *tok = malloc(((size_t)max_len + 1) * sizeof *tok);
+    uint64_t *lbh = malloc(max_blocks * sizeof *lbh);
+    uint64_t *seq = malloc(max_blocks * sizeof *seq);
+    u64set_t seen = {0};
+    kvr_kvcache_t *kc = NULL;
+    kvr_kvcache_seq_t sq;
+    kvr_kvcache_seq_init(&sq);
+    int rc = tok && lbh && seq ? KVR_OK : KVR_ENOMEM;
+    /* A cache at least as large as everything the trace allocates never evicts: the same
+     * answer as any larger one, without the memory. */
+    uint64_t cache_blocks = pooled_blocks < all_blocks ? pooled_blocks : all_blocks;
+    if (rc == KVR_OK && cache_blocks > 0) {
+        if (cache_blocks > UINT32_MAX)
+            cache_blocks = UINT32_MAX;
+        kvr_kvcache_config_t kcfg = {.num_blocks = (uint32_t)cache_blocks,
+                                     .block_size = block_size,
+                                     .prefix_caching = true};
+        kc = kvr_kvcache_new(&kcfg, NULL, NULL, &rc);
+    }
+    uint64_t hit_inf = 0, hit_pool = 0, prompt = 0;
+    for (size_t r = 0; rc == KVR_OK && r < t->n_rows; r++) {
+        const kvr_trace_row_t *row = &t->rows[r];
+        uint32_t n = row->input_length;
+        rc = kvr_trace_tokens(row, 0, tok, max_len);
+        if (rc != KVR_OK)
+            break;
+        long nb = kvr_hash_prompt(tok, n, block_size, NULL, lbh, seq, max_blocks);
+        if (nb < 0) {
+            rc = (int)nb;
+            break;
+        }
+        size_t cap_hit = (n - 1) / block_size;
+        prompt += n;
+        size_t m = 0;
+        while (m < (size_t)nb && set_has(&seen, seq[m]))
+            m++;
+        hit_inf += (uint64_t)(m < cap_hit ? m : cap_hit) * block_size;
+        for (size_t b = m; rc == KVR_OK && b < (size_t)nb; b++)
+            rc = set_add(&seen, seq[b]);
+        if (kc == NULL || rc != KVR_OK)
+            continue;
+        size_t pm = kvr_kvcache_match(kc, seq, (size_t)nb);
+        size_t h = pm < cap_hit ? pm : cap_hit;
+        hit_pool += (uint64_t)h * block_size;
+        int ar = kvr_kvcache_allocate(kc, &sq, seq, h, n);
+        if (ar == KVR_EBUSY)
+            continue; /* larger than the whole cache: it could not run there */
+        if (ar != KVR_OK) {
+            rc = ar;
+            break;
+        }
+        rc = kvr_kvcache_commit(kc, &sq, seq, tok, (size_t)nb);
+        kvr_kvcache_release(kc, &sq);
+    }
+    if (kc != NULL)
+        kvr_kvcache_release(kc, &sq);
+    kvr_kvcache_seq_deinit(&sq);
+    kvr_kvcache_free(kc);
+    free(seen.slots);
+    free(tok);
+    free(lbh);
+    free(seq);
+    if (rc != KVR_OK)
+        return rc;
+    out->prompt_tokens = prompt;
+    out->infinite = prompt ? (double)hit_inf / (double)prompt : 0.0;
+    out->pooled = prompt ? (double)hit_pool / (double)prompt : 0.0;
+    return KVR_OK;
+}

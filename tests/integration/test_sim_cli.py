@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""Integration test of `kvrouter sim` (standard library only).
+
+usage: test_sim_cli.py <path to kvrouter>   (env KVR_TEST_DATA: tests/data, with the 300-row
+conversation slice)
+
+Checks: --json prints one object per policy with the keys the issue names (and the same keys
+`replay --json` uses), in --policy order, with sane values; two runs with one seed print the
+same figures; the table form; the default trace is found from the repository root; usage
+errors name the flag and exit 2; a broken trace names its line and exits 1; --help.
+Kept small (--requests) so it runs in a few seconds.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BIN = sys.argv[1] if len(sys.argv) > 1 else "build/kvrouter"
+DATA = os.environ.get("KVR_TEST_DATA", os.path.join(os.path.dirname(__file__), "..", "data"))
+TRACE = os.path.join(DATA, "conversation_trace_300.jsonl")
+REPO = os.path.abspath(os.path.join(DATA, "..", ".."))
+
+KEYS = ["policy", "workers", "requests", "ttft_ms", "itl_ms", "e2e_ms", "hit_ratio",
+        "ceiling_infinite", "ceiling_pooled", "max_worker_share"]
+POLICIES = ["kv", "round-robin", "random", "least-loaded", "approx"]
+
+passed = 0
+failed = 0
+
+
+def check(name, cond, detail=""):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL {name}: {detail}"[:2000])
+
+
+def run(args, cwd=None, timeout=120):
+    p = subprocess.run([BIN, "sim"] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=timeout, cwd=cwd)
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def sim_json(extra):
+    rc, out, err = run(["--trace", TRACE, "--requests", "80", "--workers", "4", "--json"] + extra)
+    rows = []
+    for line in out.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            check("json line", False, line)
+    return rc, rows, err
+
+
+def test_json():
+    rc, rows, err = sim_json(["--seed", "5"])
+    check("json exit 0", rc == 0, f"rc={rc} {err}")
+    check("json one line per policy", [r.get("policy") for r in rows] == POLICIES,
+          str([r.get("policy") for r in rows]))
+    for r in rows:
+        name = r.get("policy")
+        check(f"{name} keys", all(k in r for k in KEYS), str(sorted(r)))
+        if not all(k in r for k in KEYS):
+            continue
+        check(f"{name} workers", r["workers"] == 4, r["workers"])
+        check(f"{name} requests", r["requests"] == 80, r["requests"])
+        for k in ("ttft_ms", "itl_ms", "e2e_ms"):
+            p = r[k]
+            check(f"{name} {k} percentiles",
+                  isinstance(p, dict) and sorted(p) == ["p50", "p90", "p99"] and
+                  0 < p["p50"] <= p["p90"] <= p["p99"], str(p))
+        check(f"{name} hit <= infinite", 0 <= r["hit_ratio"] <= r["ceiling_infinite"] + 1e-12,
+              f'{r["hit_ratio"]} {r["ceiling_infinite"]}')
+        check(f"{name} pooled <= infinite", 0 <= r["ceiling_pooled"] <= r["ceiling_infinite"],
+              f'{r["ceiling_pooled"]} {r["ceiling_infinite"]}')
+        check(f"{name} share", 0.25 <= r["max_worker_share"] <= 1, r["max_worker_share"])
+    # determinism: the same seed gives the same figures (run_s is wall time)
+    rc2, rows2, _ = sim_json(["--seed", "5"])
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "run_s"} for r in rs]
+    check("same seed, same figures", rc2 == 0 and strip(rows) == strip(rows2))
+    # one policy, in the order given
+    rc, rows, err = sim_json(["--policy", "round-robin,kv"])
+    check("policy order", rc == 0 and [r["policy"] for r in rows] == ["round-robin", "kv"],
+          str(rows)[:300])
+
+
+def test_table():
+    rc, out, err = run(["--trace", TRACE, "--requests", "40", "--workers", "2",
+                        "--policy", "kv,least-loaded"])
+    check("table exit 0", rc == 0, err)
+    lines = out.splitlines()
+    head = [i for i, l in enumerate(lines) if l.startswith("policy")]
+    check("table header", len(head) == 1, out)
+    if head:
+        body = lines[head[0] + 1:head[0] + 3]
+        check("table rows", [l.split()[0] for l in body] == ["kv", "least-loaded"], out)
+        check("table requests column", all(l.split()[1] == "40" for l in body), out)
+    check("table ceilings line", "ceilings (block 16)" in out, out)
+
+
+def test_default_trace():
+    if not os.path.exists(os.path.join(REPO, "data", "traces", "conversation_trace.jsonl")):
+        return
+    rc, out, err = run(["--requests", "30", "--policy", "round-robin", "--json"], cwd=REPO)
+    check("default trace from the repo root", rc == 0 and '"requests":30' in out, err + out)
+    with tempfile.TemporaryDirectory() as d:
+        exe = os.path.abspath(BIN)
+        beside = os.path.exists(os.path.join(os.path.dirname(exe), "..", "data", "traces",
+                                             "conversation_trace.jsonl"))
+        rc, out, err = run(["--requests", "5", "--policy", "kv"], cwd=d)
+        if beside:
+            check("default trace beside the binary", rc == 0, err)
+        else:
+            check("no trace: exit 2 with advice", rc == 2 and "--trace FILE" in err, err)
+
+
+def test_errors():
+    cases = [
+        (["--workers", "0"], "--workers"),
+        (["--workers", "x"], "--workers"),
+        (["--policy", "kv,best"], "--policy"),
+        (["--policy", "kv,"], "--policy"),
+        (["--speedup", "0"], "--speedup"),
+        (["--speedup", "nan"], "--speedup"),
+        (["--block-size", "24"], "--block-size"),
+        (["--num-gpu-blocks", "-1"], "--num-gpu-blocks"),
+        (["--prefill-poly", "1,2"], "--prefill-poly"),
+        (["--router-mode", "kv"], "--policy"),
+        (["--router-temperature", "-1"], "router_temperature"),
+        (["--overlap-score-weight", "-2"], "--overlap-score-weight"),
+        (["--max-model-len", "1"], "--max-model-len"),
+        (["--max-num-batched-tokens", "8", "--no-enable-chunked-prefill"],
+         "max_num_batched_tokens"),
+        (["--frobnicate"], "--frobnicate"),
+        (["--trace", "/nonexistent/trace.jsonl"], "/nonexistent/trace.jsonl"),
+    ]
+    for args, needle in cases:
+        rc, out, err = run(["--trace", TRACE, "--requests", "5"] + args
+                           if args[0] != "--trace" else args)
+        check(f"usage error {args}", rc == 2 and needle in err and out == "",
+              f"rc={rc} err={err!r} out={out[:200]!r}")
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        f.write('{"timestamp":0,"input_length":600,"output_length":1,"hash_ids":[1,2]}\n')
+        f.write('{"timestamp":0,"input_length":600,"output_length":1,"hash_ids":[1]}\n')
+        bad = f.name
+    try:
+        rc, out, err = run(["--trace", bad])
+        check("bad trace: exit 1 naming the line",
+              rc == 1 and "line 2: hash_ids: 1 ids for input_length 600 (expected 2)" in err, err)
+    finally:
+        os.unlink(bad)
+    rc, out, err = run(["--help"])
+    check("--help", rc == 0 and out.startswith("usage: kvrouter sim") and "--policy" in out, err)
+
+
+def main():
+    test_json()
+    test_table()
+    test_default_trace()
+    test_errors()
+    print(f"test_sim_cli: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
