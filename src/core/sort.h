@@ -10,5 +10,7 @@
 
 /* Sorts a[0..n) ascending (heap sort; equal values kept). */
 void kvr_sort_u64(uint64_t *a, size_t n);
+/* The same for doubles (no NaN). */
+void kvr_sort_double(double *a, size_t n);
 
 #endif

@@ -5,38 +5,11 @@
 
 #include <math.h>
 
-static void sift_down(double *a, size_t root, size_t n)
-{
-    for (;;) {
-        size_t child = 2 * root + 1;
-        if (child >= n)
-            return;
-        if (child + 1 < n && a[child + 1] > a[child])
-            child++;
-        if (a[root] >= a[child])
-            return;
-        double t = a[root];
-        a[root] = a[child];
-        a[child] = t;
-        root = child;
-    }
-}
+#include "core/sort.h"
 
 void kvr_stats_sort(double *v, size_t n)
 {
-    size_t i = 1;
-    while (i < n && v[i - 1] <= v[i])
-        i++;
-    if (i >= n)
-        return;
-    for (size_t k = n / 2; k-- > 0;)
-        sift_down(v, k, n);
-    for (size_t end = n; end-- > 1;) {
-        double t = v[0];
-        v[0] = v[end];
-        v[end] = t;
-        sift_down(v, 0, end);
-    }
+    kvr_sort_double(v, n);
 }
 
 double kvr_stats_pct_sorted(const double *v, size_t n, double p)

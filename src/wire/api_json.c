@@ -233,21 +233,7 @@ static int fail(kvr_api_decoder_t *d, int status, const char *fmt, ...)
 /* Grows *buf to hold need elements (need <= max): doubles from 64, never beyond max. */
 static bool grow(void **buf, size_t *cap, size_t need, size_t max, size_t elem)
 {
-    if (need <= *cap)
-        return true;
-    size_t n = *cap < 64 ? 64 : *cap;
-    while (n < need)
-        n = n > SIZE_MAX / 4 ? need : n * 2;
-    if (n > max)
-        n = max;
-    if (n < need || n > SIZE_MAX / elem)
-        return false;
-    void *p = realloc(*buf, n * elem);
-    if (p == NULL)
-        return false;
-    *buf = p;
-    *cap = n;
-    return true;
+    return kvr_token_scan_grow(buf, cap, need, max, elem);
 }
 
 /* Copies up to 40 bytes of user text for a message, replacing bytes that would need escaping
