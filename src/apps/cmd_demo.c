@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "apps/apps.h"
+#include "apps/cli.h"
 #include "apps/replay_report.h"
 #include "kvrouter.h"
 #include "wire/trace.h"
@@ -94,58 +95,12 @@ typedef struct demo_args {
     bool json, quiet;
 } demo_args_t;
 
-static int bad(const char *flag, const char *v, const char *why)
-{
-    fprintf(stderr, "kvrouter demo: %s %s: %s\n", flag, v ? v : "(missing)", why);
-    return 2;
-}
-
-static int parse_u64(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    if (!v || !*v)
-        return bad(flag, v, "a value is required");
-    errno = 0;
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (*end || errno || v[0] == '-' || x < lo || x > hi) {
-        char why[96];
-        snprintf(why, sizeof why, "must be an integer in [%llu, %llu]", (unsigned long long)lo,
-                 (unsigned long long)hi);
-        return bad(flag, v, why);
-    }
-    *out = x;
-    return 0;
-}
-
-static int parse_u32(const char *flag, const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
-{
-    uint64_t x;
-    int rc = parse_u64(flag, v, lo, hi, &x);
-    if (rc == 0)
-        *out = (uint32_t)x;
-    return rc;
-}
-
-static int parse_pos(const char *flag, const char *v, double *out)
-{
-    if (!v || !*v)
-        return bad(flag, v, "a value is required");
-    char *end;
-    double x = strtod(v, &end);
-    if (*end || !isfinite(x) || !(x > 0))
-        return bad(flag, v, "must be a finite number > 0");
-    *out = x;
-    return 0;
-}
-
-static int parse_policies(demo_args_t *a, const char *v)
+static int parse_policies(const kvr_cli_t *c, const char *v, demo_args_t *a)
 {
     static const char *known[] = {"kv", "round-robin", "random", "least-loaded"};
-    if (!v || !*v)
-        return bad("--policies", v, "a value is required");
-    if (strlen(v) >= sizeof a->policy_buf)
-        return bad("--policies", v, "too long");
-    snprintf(a->policy_buf, sizeof a->policy_buf, "%s", v);
+    int rc = kvr_cli_copy(c, v, a->policy_buf, sizeof a->policy_buf);
+    if (rc != 0)
+        return rc;
     a->n_policies = 0;
     for (char *save = NULL, *p = strtok_r(a->policy_buf, ",", &save); p;
          p = strtok_r(NULL, ",", &save)) {
@@ -153,14 +108,60 @@ static int parse_policies(demo_args_t *a, const char *v)
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
             ok = ok || strcmp(p, known[k]) == 0;
         if (!ok)
-            return bad("--policies", v, "each must be kv, round-robin, random or least-loaded");
+            return kvr_cli_bad(c, v, "each must be kv, round-robin, random or least-loaded");
         if (a->n_policies == MAX_POLICIES)
-            return bad("--policies", v, "at most 8");
+            return kvr_cli_bad(c, v, "at most 8");
         a->policies[a->n_policies++] = p;
     }
     if (a->n_policies == 0)
-        return bad("--policies", v, "none given");
+        return kvr_cli_bad(c, v, "none given");
     return 0;
+}
+
+/* One option at c->argv[c->i] (kvr_cli_option_fn). */
+static int parse_option(kvr_cli_t *c, void *args)
+{
+    demo_args_t *a = args;
+    const char *arg = c->argv[c->i];
+    if (strcmp(arg, "--json") == 0) {
+        a->json = true;
+        return 0;
+    }
+    if (strcmp(arg, "--quiet") == 0) {
+        a->quiet = true;
+        return 0;
+    }
+    if (kvr_cli_is(c, "--policies"))
+        return parse_policies(c, kvr_cli_value(c), a);
+    if (kvr_cli_is(c, "--workers"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, MAX_WORKERS, &a->workers);
+    if (kvr_cli_is(c, "--requests"))
+        return kvr_cli_u64(c, kvr_cli_value(c), 1, UINT32_MAX, &a->requests);
+    if (kvr_cli_is(c, "--num-gpu-blocks"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, UINT32_MAX, &a->num_gpu_blocks);
+    if (kvr_cli_is(c, "--block-size")) {
+        const char *v = kvr_cli_value(c);
+        uint32_t bs;
+        int rc = kvr_cli_u32(c, v, 1, 512, &bs);
+        if (rc == 0 && KVR_TRACE_BLOCK_TOKENS % bs != 0)
+            return kvr_cli_bad(c, v, "must divide 512 (the trace's block)");
+        if (rc == 0)
+            a->block_size = bs;
+        return rc;
+    }
+    if (kvr_cli_is(c, "--mocker-speedup"))
+        return kvr_cli_pos(c, kvr_cli_value(c), &a->mocker_speedup);
+    if (kvr_cli_is(c, "--load"))
+        return kvr_cli_pos(c, kvr_cli_value(c), &a->load);
+    if (kvr_cli_is(c, "--trace")) {
+        a->trace_set = true;
+        return kvr_cli_str(c, kvr_cli_value(c), &a->trace);
+    }
+    if (kvr_cli_is(c, "--plot"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->plot);
+    if (kvr_cli_is(c, "--keep"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->keep);
+    return -1;
 }
 
 static int parse_args(int argc, char **argv, demo_args_t *a)
@@ -177,56 +178,11 @@ static int parse_args(int argc, char **argv, demo_args_t *a)
     a->policies[0] = "kv";
     a->policies[1] = "round-robin";
     a->n_policies = 2;
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = -1;
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-            usage(stdout);
-            return 1;
-        } else if (strcmp(arg, "--json") == 0) {
-            a->json = true;
-            continue;
-        } else if (strcmp(arg, "--quiet") == 0) {
-            a->quiet = true;
-            continue;
-        } else if (strcmp(arg, "--policies") == 0) {
-            rc = parse_policies(a, v);
-        } else if (strcmp(arg, "--workers") == 0) {
-            rc = parse_u32(arg, v, 1, MAX_WORKERS, &a->workers);
-        } else if (strcmp(arg, "--requests") == 0) {
-            rc = parse_u64(arg, v, 1, UINT32_MAX, &a->requests);
-        } else if (strcmp(arg, "--num-gpu-blocks") == 0) {
-            rc = parse_u32(arg, v, 1, UINT32_MAX, &a->num_gpu_blocks);
-        } else if (strcmp(arg, "--block-size") == 0) {
-            rc = parse_u32(arg, v, 1, 512, &a->block_size);
-            if (rc == 0 && KVR_TRACE_BLOCK_TOKENS % a->block_size != 0)
-                rc = bad(arg, v, "must divide 512 (the trace's block)");
-        } else if (strcmp(arg, "--mocker-speedup") == 0) {
-            rc = parse_pos(arg, v, &a->mocker_speedup);
-        } else if (strcmp(arg, "--load") == 0) {
-            rc = parse_pos(arg, v, &a->load);
-        } else if (strcmp(arg, "--trace") == 0 || strcmp(arg, "--plot") == 0 ||
-                   strcmp(arg, "--keep") == 0) {
-            if (!v || !*v)
-                return bad(arg, v, "a value is required");
-            if (arg[2] == 't') {
-                a->trace = v;
-                a->trace_set = true;
-            } else if (arg[2] == 'p') {
-                a->plot = v;
-            } else {
-                a->keep = v;
-            }
-            rc = 0;
-        } else {
-            fprintf(stderr, "kvrouter demo: unknown option %s (see --help)\n", arg);
-            return 2;
-        }
-        if (rc != 0)
-            return rc;
-        i++;
-    }
+    kvr_cli_t c;
+    kvr_cli_init(&c, "kvrouter demo", argc, argv);
+    int rc = kvr_cli_parse(&c, parse_option, a, usage);
+    if (rc != 0)
+        return rc;
     return 0;
 }
 

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "apps/apps.h"
+#include "apps/cli.h"
 #include "kvrouter.h"
 #include "wire/hash_req.h"
 
@@ -200,16 +201,18 @@ int kvr_cmd_hash(int argc, char **argv)
 {
     hash_run_t run;
     memset(&run, 0, sizeof run);
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+    kvr_cli_t c;
+    kvr_cli_init(&c, "kvrouter hash", argc, argv);
+    for (; c.i < argc; c.i++) {
+        if (kvr_cli_is_help(&c)) {
             usage(stdout);
             return 0;
         }
-        if (strcmp(argv[i], "--line-buffered") == 0) {
+        if (strcmp(argv[c.i], "--line-buffered") == 0) {
             run.line_buffered = true;
             continue;
         }
-        fprintf(stderr, "kvrouter hash: unknown argument '%s'\n", argv[i]);
+        kvr_cli_unknown(&c);
         usage(stderr);
         return 2;
     }

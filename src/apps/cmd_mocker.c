@@ -8,8 +8,6 @@
  * injection). Every value is checked at start-up; a bad one stops it naming the flag.
  * Prints "listening HOST:PORT" on stdout once it serves (port 0 picks a free one).
  */
-#include <errno.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +17,7 @@
 #include <zmq.h>
 
 #include "apps/apps.h"
+#include "apps/cli.h"
 #include "kvrouter.h"
 #include "net/log.h"
 #include "net/mocker_server.h"
@@ -59,251 +58,106 @@ static void usage(FILE *out)
             "  --log-level L                 debug | info | warn | error [info]\n");
 }
 
-typedef struct parser {
-    int argc;
-    char **argv;
-    int i;
-    const char *flag; /* the current flag, for messages */
-} parser_t;
-
-static int bad_value(const char *flag, const char *v, const char *why)
-{
-    fprintf(stderr, "kvrouter mocker: %s %s: %s\n", flag, v ? v : "(missing)", why);
-    return 2;
-}
-
-static int parse_u32(const char *flag, const char *v, uint32_t lo, uint32_t *out)
-{
-    if (!v || !*v)
-        return bad_value(flag, v, "a value is required");
-    errno = 0;
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (*end || errno || v[0] == '-' || x > UINT32_MAX || x < lo) {
-        char why[80];
-        snprintf(why, sizeof why, "must be an integer in [%u, 4294967295]", lo);
-        return bad_value(flag, v, why);
-    }
-    *out = (uint32_t)x;
-    return 0;
-}
-
-static int parse_double(const char *flag, const char *v, double *out)
-{
-    if (!v || !*v)
-        return bad_value(flag, v, "a value is required");
-    char *end;
-    double x = strtod(v, &end);
-    if (*end || !isfinite(x))
-        return bad_value(flag, v, "must be a finite number");
-    *out = x;
-    return 0;
-}
-
-static int parse_poly(const char *flag, const char *v, double *a, double *b, double *c)
-{
-    if (!v)
-        return bad_value(flag, v, "a value is required");
-    char *end;
-    double x[3];
-    const char *p = v;
-    for (int k = 0; k < 3; k++) {
-        x[k] = strtod(p, &end);
-        if (end == p || !isfinite(x[k]) || (k < 2 && *end != ',') || (k == 2 && *end))
-            return bad_value(flag, v, "must be three finite numbers A,B,C");
-        p = end + 1;
-    }
-    *a = x[0];
-    *b = x[1];
-    *c = x[2];
-    return 0;
-}
-
-/* --flag VALUE or --flag=VALUE; NULL when missing. */
-static const char *take_value(parser_t *p, const char *eq)
-{
-    if (eq)
-        return eq + 1;
-    if (p->i + 1 < p->argc)
-        return p->argv[++p->i];
-    return NULL;
-}
-
-static bool is(const char *arg, const char *name, const char **eq)
-{
-    size_t n = strlen(name);
-    if (strncmp(arg, name, n) != 0)
-        return false;
-    if (arg[n] == '\0') {
-        *eq = NULL;
-        return true;
-    }
-    if (arg[n] == '=') {
-        *eq = arg + n;
-        return true;
-    }
-    return false;
-}
-
-static int copy_str(const char *flag, const char *v, char *out, size_t cap)
-{
-    if (!v || !*v)
-        return bad_value(flag, v, "a value is required");
-    if (strlen(v) >= cap)
-        return bad_value(flag, v, "too long");
-    snprintf(out, cap, "%s", v);
-    return 0;
-}
-
 typedef struct mocker_args {
     kvr_mocker_config_t cfg;
     kvr_log_level_t log_level;
-    bool served_name_set;
+    bool served_name_set, positional_seen;
 } mocker_args_t;
 
-static int parse_log_level(const char *v, kvr_log_level_t *out)
+static const char *const LOG_LEVELS[] = {"debug", "info", "warn", "error"};
+static const char *const EVENT_FORMATS[] = {"array", "map"};
+
+/* --model NAME or a positional model: ignored (but checked) once --served-model-name is set. */
+static int set_model(kvr_cli_t *c, const char *v, mocker_args_t *a)
 {
-    static const char *names[] = {"debug", "info", "warn", "error"};
-    for (int k = 0; v && k < 4; k++)
-        if (strcmp(v, names[k]) == 0) {
-            *out = (kvr_log_level_t)k;
-            return 0;
-        }
-    return bad_value("--log-level", v, "must be debug, info, warn or error");
+    char ignored[sizeof a->cfg.model];
+    if (a->served_name_set)
+        return kvr_cli_copy(c, v, ignored, sizeof ignored);
+    return kvr_cli_copy(c, v, a->cfg.model, sizeof a->cfg.model);
 }
 
-/* One option at p->argv[p->i]: 0 handled, 2 error, -1 unknown. */
-static int parse_option(parser_t *p, mocker_args_t *a)
+/* One argument at c->argv[c->i] (kvr_cli_option_fn): the positional model, the engine's
+ * flags (cli.h), the mocker's own. */
+static int parse_option(kvr_cli_t *c, void *arg)
 {
-    const char *arg = p->argv[p->i], *eq;
-    kvr_mocker_config_t *c = &a->cfg;
-    kvr_engine_config_t *e = &c->engine;
-    if (is(arg, "--host", &eq))
-        return copy_str("--host", take_value(p, eq), c->host, sizeof c->host);
-    if (is(arg, "--port", &eq)) {
+    mocker_args_t *a = arg;
+    kvr_mocker_config_t *m = &a->cfg;
+    kvr_engine_config_t *e = &m->engine;
+    const char *word = c->argv[c->i];
+    if (word[0] != '-') {
+        c->flag = "MODEL";
+        if (a->positional_seen)
+            return kvr_cli_bad(c, word, "only one positional model is accepted");
+        a->positional_seen = true;
+        return set_model(c, word, a);
+    }
+    int rc = kvr_cli_engine_option(c, e);
+    if (rc != -1)
+        return rc;
+    if (kvr_cli_is(c, "--host"))
+        return kvr_cli_copy(c, kvr_cli_value(c), m->host, sizeof m->host);
+    if (kvr_cli_is(c, "--port")) {
         uint32_t v;
-        int rc = parse_u32("--port", take_value(p, eq), 0, &v);
-        if (rc == 0 && v > 65535)
-            return bad_value("--port", p->argv[p->i], "must be in [0, 65535]");
-        c->port = (uint16_t)v;
+        rc = kvr_cli_u32(c, kvr_cli_value(c), 0, 65535, &v);
+        if (rc == 0)
+            m->port = (uint16_t)v;
         return rc;
     }
-    if (is(arg, "--model", &eq))
-        return a->served_name_set ? (take_value(p, eq) ? 0 : 2)
-                                  : copy_str("--model", take_value(p, eq), c->model,
-                                             sizeof c->model);
-    if (is(arg, "--served-model-name", &eq)) {
+    if (kvr_cli_is(c, "--model"))
+        return set_model(c, kvr_cli_value(c), a);
+    if (kvr_cli_is(c, "--served-model-name")) {
         a->served_name_set = true;
-        return copy_str("--served-model-name", take_value(p, eq), c->model, sizeof c->model);
+        return kvr_cli_copy(c, kvr_cli_value(c), m->model, sizeof m->model);
     }
-    if (is(arg, "--block-size", &eq))
-        return parse_u32("--block-size", take_value(p, eq), 1, &e->block_size);
-    if (is(arg, "--num-gpu-blocks", &eq) || is(arg, "--num-gpu-blocks-override", &eq))
-        return parse_u32("--num-gpu-blocks", take_value(p, eq), 1, &e->num_gpu_blocks);
-    if (is(arg, "--max-num-seqs", &eq))
-        return parse_u32("--max-num-seqs", take_value(p, eq), 1, &e->max_num_seqs);
-    if (is(arg, "--max-num-batched-tokens", &eq))
-        return parse_u32("--max-num-batched-tokens", take_value(p, eq), 1,
-                         &e->max_num_batched_tokens);
-    if (is(arg, "--max-model-len", &eq))
-        return parse_u32("--max-model-len", take_value(p, eq), 2, &e->max_model_len);
-    if (is(arg, "--data-parallel-size", &eq) || is(arg, "-dp", &eq))
-        return parse_u32("--data-parallel-size", take_value(p, eq), 1, &c->dp_size);
-    if (is(arg, "--max-waiting", &eq))
-        return parse_u32("--max-waiting", take_value(p, eq), 1, &e->max_waiting);
-    if (is(arg, "--vocab-size", &eq))
-        return parse_u32("--vocab-size", take_value(p, eq), 257, &e->vocab_size);
-    if (is(arg, "--kv-events-drop-every", &eq))
-        return parse_u32("--kv-events-drop-every", take_value(p, eq), 2,
-                         &c->drop_batches_every);
-    if (is(arg, "--seed", &eq)) {
-        uint32_t v;
-        int rc = parse_u32("--seed", take_value(p, eq), 0, &v);
-        e->seed = v;
+    if (kvr_cli_is(c, "--data-parallel-size") || kvr_cli_is(c, "-dp"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, UINT32_MAX, &m->dp_size);
+    if (kvr_cli_is(c, "--vocab-size"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 257, UINT32_MAX, &e->vocab_size);
+    if (kvr_cli_is(c, "--kv-events-drop-every"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 2, UINT32_MAX, &m->drop_batches_every);
+    if (kvr_cli_is(c, "--seed"))
+        return kvr_cli_u64(c, kvr_cli_value(c), 0, UINT32_MAX, &e->seed);
+    if (kvr_cli_is(c, "--speedup") || kvr_cli_is(c, "--speedup-ratio"))
+        return kvr_cli_pos(c, kvr_cli_value(c), &m->speedup);
+    if (kvr_cli_is(c, "--event-format")) {
+        size_t k;
+        rc = kvr_cli_choice(c, kvr_cli_value(c), EVENT_FORMATS, 2, &k);
+        if (rc == 0)
+            m->event_format = k == 0 ? KVR_KV_FMT_VLLM_ARRAY : KVR_KV_FMT_VLLM_MAP;
         return rc;
     }
-    if (is(arg, "--speedup", &eq) || is(arg, "--speedup-ratio", &eq)) {
-        int rc = parse_double("--speedup", take_value(p, eq), &c->speedup);
-        if (rc == 0 && !(c->speedup > 0))
-            return bad_value("--speedup", p->argv[p->i], "must be > 0");
-        return rc;
-    }
-    if (is(arg, "--decode-min-ms", &eq))
-        return parse_double("--decode-min-ms", take_value(p, eq), &e->timing.decode_min_ms);
-    if (is(arg, "--prefill-poly", &eq))
-        return parse_poly("--prefill-poly", take_value(p, eq), &e->timing.prefill_a,
-                          &e->timing.prefill_b, &e->timing.prefill_c);
-    if (is(arg, "--decode-poly", &eq))
-        return parse_poly("--decode-poly", take_value(p, eq), &e->timing.decode_a,
-                          &e->timing.decode_b, &e->timing.decode_c);
-    if (is(arg, "--event-format", &eq)) {
-        const char *v = take_value(p, eq);
-        if (v && strcmp(v, "array") == 0)
-            c->event_format = KVR_KV_FMT_VLLM_ARRAY;
-        else if (v && strcmp(v, "map") == 0)
-            c->event_format = KVR_KV_FMT_VLLM_MAP;
-        else
-            return bad_value("--event-format", v, "must be array or map");
-        return 0;
-    }
-    if (is(arg, "--kv-events-config", &eq)) {
-        const char *v = take_value(p, eq);
+    if (kvr_cli_is(c, "--kv-events-config")) {
+        const char *v = kvr_cli_value(c);
         char err[300];
-        if (!v)
-            return bad_value("--kv-events-config", v, "a value is required");
-        if (kvr_kv_events_config_parse(v, &c->events, err, sizeof err) != KVR_OK) {
-            fprintf(stderr, "kvrouter mocker: --kv-events-config: %s\n", err);
-            return 2;
-        }
+        if (v == NULL)
+            return kvr_cli_bad(c, v, "a value is required");
+        if (kvr_kv_events_config_parse(v, &m->events, err, sizeof err) != KVR_OK)
+            return kvr_cli_fail(c, "--kv-events-config: %s", err);
         return 0;
     }
-    if (strcmp(arg, "--enable-prefix-caching") == 0 || strcmp(arg, "--no-enable-prefix-caching") == 0) {
-        e->enable_prefix_caching = arg[2] != 'n';
-        return 0;
+    if (kvr_cli_is(c, "--log-level")) {
+        size_t k;
+        rc = kvr_cli_choice(c, kvr_cli_value(c), LOG_LEVELS, 4, &k);
+        if (rc == 0)
+            a->log_level = (kvr_log_level_t)k;
+        return rc;
     }
-    if (strcmp(arg, "--enable-chunked-prefill") == 0 || strcmp(arg, "--no-enable-chunked-prefill") == 0) {
-        e->enable_chunked_prefill = arg[2] != 'n';
-        return 0;
-    }
-    if (is(arg, "--log-level", &eq))
-        return parse_log_level(take_value(p, eq), &a->log_level);
     return -1;
 }
 
 static int parse_args(int argc, char **argv, mocker_args_t *a)
 {
+    memset(a, 0, sizeof *a);
     kvr_mocker_config_default(&a->cfg);
     a->log_level = KVR_LOG_INFO;
-    parser_t p = {.argc = argc, .argv = argv};
-    bool positional_seen = false;
-    for (p.i = 1; p.i < argc; p.i++) {
-        const char *arg = argv[p.i];
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-            usage(stdout);
-            return 1;
-        }
-        if (arg[0] != '-') {
-            if (positional_seen)
-                return bad_value("MODEL", arg, "only one positional model is accepted");
-            positional_seen = true;
-            if (!a->served_name_set &&
-                copy_str("MODEL", arg, a->cfg.model, sizeof a->cfg.model) != 0)
-                return 2;
-            continue;
-        }
-        int rc = parse_option(&p, a);
-        if (rc == -1) {
-            fprintf(stderr, "kvrouter mocker: unknown option %s (see --help)\n", arg);
-            return 2;
-        }
-        if (rc != 0)
-            return rc;
-    }
+    kvr_cli_t c;
+    kvr_cli_init(&c, "kvrouter mocker", argc, argv);
+    int rc = kvr_cli_parse(&c, parse_option, a, usage);
+    if (rc != 0)
+        return rc;
     char err[300];
-    if (kvr_mocker_config_validate(&a->cfg, err, sizeof err) != KVR_OK) {
-        fprintf(stderr, "kvrouter mocker: %s\n", err);
-        return 2;
-    }
+    if (kvr_mocker_config_validate(&a->cfg, err, sizeof err) != KVR_OK)
+        return kvr_cli_fail(&c, "%s", err);
     return 0;
 }
 

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "apps/apps.h"
+#include "apps/cli.h"
 #include "apps/replay_report.h"
 #include "kvrouter.h"
 #include "wire/json_writer.h"
@@ -84,81 +85,13 @@ typedef struct replay_args {
     kvr_plot_series_t compare[MAX_COMPARE];
 } replay_args_t;
 
-static int bad(const char *flag, const char *v, const char *why)
-{
-    fprintf(stderr, "kvrouter replay: %s %s: %s\n", flag, v ? v : "(missing)", why);
-    return 2;
-}
-
-static bool is(const char *arg, const char *name, const char **eq)
-{
-    size_t n = strlen(name);
-    if (strncmp(arg, name, n) != 0)
-        return false;
-    if (arg[n] == '\0') {
-        *eq = NULL;
-        return true;
-    }
-    if (arg[n] == '=') {
-        *eq = arg + n + 1;
-        return true;
-    }
-    return false;
-}
-
-static int parse_u64(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    if (!v || !*v)
-        return bad(flag, v, "a value is required");
-    errno = 0;
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (*end || errno || v[0] == '-' || x < lo || x > hi) {
-        char why[96];
-        snprintf(why, sizeof why, "must be an integer in [%llu, %llu]", (unsigned long long)lo,
-                 (unsigned long long)hi);
-        return bad(flag, v, why);
-    }
-    *out = x;
-    return 0;
-}
-
-static int parse_u32(const char *flag, const char *v, uint32_t lo, uint32_t *out)
-{
-    uint64_t x;
-    int rc = parse_u64(flag, v, lo, UINT32_MAX, &x);
-    if (rc == 0)
-        *out = (uint32_t)x;
-    return rc;
-}
-
-static int parse_pos(const char *flag, const char *v, double *out)
-{
-    if (!v || !*v)
-        return bad(flag, v, "a value is required");
-    char *end;
-    double x = strtod(v, &end);
-    if (*end || !isfinite(x) || !(x > 0))
-        return bad(flag, v, "must be a finite number > 0");
-    *out = x;
-    return 0;
-}
-
-static int parse_str(const char *flag, const char *v, const char **out)
-{
-    if (!v || !*v)
-        return bad(flag, v, "a value is required");
-    *out = v;
-    return 0;
-}
-
-static int parse_compare(replay_args_t *a, const char *v)
+static int parse_compare(const kvr_cli_t *c, const char *v, replay_args_t *a)
 {
     const char *eq = v ? strchr(v, '=') : NULL;
     if (!eq || eq == v || !eq[1])
-        return bad("--compare", v, "must be LABEL=SAMPLES.tsv");
+        return kvr_cli_bad(c, v, "must be LABEL=SAMPLES.tsv");
     if (a->n_compare == MAX_COMPARE)
-        return bad("--compare", v, "at most 16");
+        return kvr_cli_bad(c, v, "at most 16");
     /* the label is cut at '=' in place: argv is ours to edit */
     char *label = (char *)v;
     label[eq - v] = '\0';
@@ -168,52 +101,53 @@ static int parse_compare(replay_args_t *a, const char *v)
     return 0;
 }
 
-static int parse_option(int argc, char **argv, int *i, replay_args_t *a)
+/* One option at c->argv[c->i] (kvr_cli_option_fn). */
+static int parse_option(kvr_cli_t *c, void *args)
 {
-    const char *arg = argv[*i], *eq;
-#define VALUE() (eq ? eq : (*i + 1 < argc ? argv[++*i] : NULL))
-    if (is(arg, "--url", &eq))
-        return parse_str("--url", VALUE(), &a->url);
-    if (is(arg, "--trace", &eq)) {
+    replay_args_t *a = args;
+    if (kvr_cli_is(c, "--url"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->url);
+    if (kvr_cli_is(c, "--trace")) {
         a->trace_set = true;
-        return parse_str("--trace", VALUE(), &a->trace);
+        return kvr_cli_str(c, kvr_cli_value(c), &a->trace);
     }
-    if (is(arg, "--requests", &eq))
-        return parse_u64("--requests", VALUE(), 1, UINT64_MAX, &a->requests);
-    if (is(arg, "--speedup", &eq))
-        return parse_pos("--speedup", VALUE(), &a->speedup);
-    if (is(arg, "--latency-scale", &eq))
-        return parse_pos("--latency-scale", VALUE(), &a->latency_scale);
-    if (is(arg, "--timeout", &eq))
-        return parse_pos("--timeout", VALUE(), &a->timeout_s);
-    if (is(arg, "--seed", &eq))
-        return parse_u64("--seed", VALUE(), 0, UINT64_MAX, &a->seed);
-    if (is(arg, "--model", &eq))
-        return parse_str("--model", VALUE(), &a->model);
-    if (is(arg, "--label", &eq))
-        return parse_str("--label", VALUE(), &a->label);
-    if (is(arg, "--workers", &eq))
-        return parse_u32("--workers", VALUE(), 1, &a->workers);
-    if (is(arg, "--num-gpu-blocks", &eq))
-        return parse_u32("--num-gpu-blocks", VALUE(), 1, &a->num_gpu_blocks);
-    if (is(arg, "--block-size", &eq)) {
-        int rc = parse_u32("--block-size", VALUE(), 1, &a->block_size);
-        if (rc == 0 && KVR_TRACE_BLOCK_TOKENS % a->block_size != 0)
-            return bad("--block-size", argv[*i], "must divide 512 (the trace's block)");
+    if (kvr_cli_is(c, "--requests"))
+        return kvr_cli_u64(c, kvr_cli_value(c), 1, UINT64_MAX, &a->requests);
+    if (kvr_cli_is(c, "--speedup"))
+        return kvr_cli_pos(c, kvr_cli_value(c), &a->speedup);
+    if (kvr_cli_is(c, "--latency-scale"))
+        return kvr_cli_pos(c, kvr_cli_value(c), &a->latency_scale);
+    if (kvr_cli_is(c, "--timeout"))
+        return kvr_cli_pos(c, kvr_cli_value(c), &a->timeout_s);
+    if (kvr_cli_is(c, "--seed"))
+        return kvr_cli_u64(c, kvr_cli_value(c), 0, UINT64_MAX, &a->seed);
+    if (kvr_cli_is(c, "--model"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->model);
+    if (kvr_cli_is(c, "--label"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->label);
+    if (kvr_cli_is(c, "--workers"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, UINT32_MAX, &a->workers);
+    if (kvr_cli_is(c, "--num-gpu-blocks"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, UINT32_MAX, &a->num_gpu_blocks);
+    if (kvr_cli_is(c, "--block-size")) {
+        const char *v = kvr_cli_value(c);
+        uint32_t bs;
+        int rc = kvr_cli_u32(c, v, 1, UINT32_MAX, &bs);
+        if (rc == 0 && KVR_TRACE_BLOCK_TOKENS % bs != 0)
+            return kvr_cli_bad(c, v, "must divide 512 (the trace's block)");
+        if (rc == 0)
+            a->block_size = bs;
         return rc;
     }
-    if (is(arg, "--max-inflight", &eq)) {
-        int rc = parse_u32("--max-inflight", VALUE(), 1, &a->max_inflight);
-        if (rc == 0 && a->max_inflight > 65536)
-            return bad("--max-inflight", argv[*i], "must be in [1, 65536]");
-        return rc;
-    }
-    if (is(arg, "--samples", &eq))
-        return parse_str("--samples", VALUE(), &a->samples);
-    if (is(arg, "--plot", &eq))
-        return parse_str("--plot", VALUE(), &a->plot);
-    if (is(arg, "--compare", &eq))
-        return parse_compare(a, VALUE());
+    if (kvr_cli_is(c, "--max-inflight"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, 65536, &a->max_inflight);
+    if (kvr_cli_is(c, "--samples"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->samples);
+    if (kvr_cli_is(c, "--plot"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->plot);
+    if (kvr_cli_is(c, "--compare"))
+        return parse_compare(c, kvr_cli_value(c), a);
+    const char *arg = c->argv[c->i];
     if (strcmp(arg, "--json") == 0) {
         a->json = true;
         return 0;
@@ -222,7 +156,6 @@ static int parse_option(int argc, char **argv, int *i, replay_args_t *a)
         a->quiet = true;
         return 0;
     }
-#undef VALUE
     return -1;
 }
 
@@ -236,35 +169,21 @@ static int parse_args(int argc, char **argv, replay_args_t *a)
     a->timeout_s = 300.0;
     a->block_size = 16;
     a->max_inflight = 1024;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            return 1;
-        }
-        int rc = parse_option(argc, argv, &i, a);
-        if (rc == -1) {
-            fprintf(stderr, "kvrouter replay: unknown option %s (see --help)\n", argv[i]);
-            return 2;
-        }
-        if (rc != 0)
-            return rc;
-    }
-    if (a->url == NULL && !(a->plot && a->n_compare > 0)) {
-        fprintf(stderr, "kvrouter replay: --url is required (see --help)\n");
-        return 2;
-    }
+    kvr_cli_t c;
+    kvr_cli_init(&c, "kvrouter replay", argc, argv);
+    int rc = kvr_cli_parse(&c, parse_option, a, usage);
+    if (rc != 0)
+        return rc;
+    if (a->url == NULL && !(a->plot && a->n_compare > 0))
+        return kvr_cli_fail(&c, "--url is required (see --help)");
     if (a->url) {
         kvr_http_target_t t;
         char why[400];
-        if (kvr_http_target_parse(a->url, &t, why, sizeof why) != KVR_OK) {
-            fprintf(stderr, "kvrouter replay: --url: %s\n", why);
-            return 2;
-        }
+        if (kvr_http_target_parse(a->url, &t, why, sizeof why) != KVR_OK)
+            return kvr_cli_fail(&c, "--url: %s", why);
     }
-    if (a->n_compare > 0 && a->plot == NULL) {
-        fprintf(stderr, "kvrouter replay: --compare needs --plot\n");
-        return 2;
-    }
+    if (a->n_compare > 0 && a->plot == NULL)
+        return kvr_cli_fail(&c, "--compare needs --plot");
     return 0;
 }
 

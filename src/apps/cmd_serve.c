@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "apps/apps.h"
+#include "apps/cli.h"
 #include "core/config.h"
 #include "core/router.h"
 #include "net/api_server.h"
@@ -83,106 +84,78 @@ static int read_file(const char *path, char **text, size_t *len)
     return KVR_OK;
 }
 
-/* Value of a flag given as "--name value" or "--name=value"; advances *i. */
-static const char *flag_value(int argc, char **argv, int *i, const char *arg, const char **name,
-                              char *namebuf, size_t cap)
+static const char *const LOG_LEVELS[] = {"debug", "info", "warn", "error"};
+
+/* The config file goes first, whatever its position. */
+static int read_config_file(kvr_cli_t *c, serve_args_t *a)
 {
-    const char *eq = strchr(arg, '=');
-    if (eq != NULL) {
-        size_t n = (size_t)(eq - arg);
-        if (n >= cap)
-            n = cap - 1;
-        memcpy(namebuf, arg, n);
-        namebuf[n] = '\0';
-        *name = namebuf;
-        return eq + 1;
+    for (c->i = 1; c->i < c->argc; c->i++) {
+        const char *v;
+        if (kvr_cli_is(c, "--config") && (v = kvr_cli_value(c)) != NULL)
+            a->config_file = v;
     }
-    *name = arg;
-    if (*i + 1 >= argc)
-        return NULL;
-    return argv[++*i];
+    if (a->config_file == NULL)
+        return 0;
+    char *text, err[300];
+    size_t len;
+    if (read_file(a->config_file, &text, &len) != KVR_OK)
+        return kvr_cli_fail(c, "cannot read config file '%s'", a->config_file);
+    int rc = kvr_config_from_text(&a->cfg, text, len, err, sizeof err);
+    free(text);
+    if (rc != KVR_OK)
+        return kvr_cli_fail(c, "%s: %s", a->config_file, err);
+    return 0;
 }
 
+/* One "--name value" or "--name=value" at c->argv[c->i] (kvr_cli_option_fn). */
+static int parse_flag(kvr_cli_t *c, void *arg)
+{
+    serve_args_t *a = arg;
+    char name[96], err[300];
+    if (!kvr_cli_setting(c, name, sizeof name))
+        return -1;
+    const char *v = kvr_cli_value(c);
+    if (v == NULL)
+        return kvr_cli_bad(c, v, "a value is required");
+    if (strcmp(name, "--config") == 0)
+        return 0;
+    if (strcmp(name, "--log-level") == 0) {
+        size_t k;
+        int rc = kvr_cli_choice(c, v, LOG_LEVELS, 4, &k);
+        if (rc == 0)
+            a->log_level = (kvr_log_level_t)k;
+        return rc;
+    }
+    if (strcmp(name, "--worker") == 0) {
+        if (a->n_workers == MAX_CLI_WORKERS)
+            return kvr_cli_fail(c, "more than %d --worker flags", MAX_CLI_WORKERS);
+        if (kvr_worker_spec_parse(v, &a->workers[a->n_workers], err, sizeof err) != KVR_OK)
+            return kvr_cli_bad(c, v, err);
+        a->n_workers++;
+        return 0;
+    }
+    if (kvr_config_set(&a->cfg, name, v, err, sizeof err) != KVR_OK)
+        return kvr_cli_fail(c, "%s", err);
+    return 0;
+}
+
+/* 0 to run, 1 after --help, 2 on a usage error. */
 static int parse_args(int argc, char **argv, serve_args_t *a)
 {
     char err[300];
     kvr_config_defaults(&a->cfg);
     a->log_level = KVR_LOG_INFO;
-    for (int i = 1; i < argc; i++) /* the config file goes first, whatever its position */
-        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
-            a->config_file = argv[i + 1];
-        else if (strncmp(argv[i], "--config=", 9) == 0)
-            a->config_file = argv[i] + 9;
-    if (a->config_file != NULL) {
-        char *text;
-        size_t len;
-        if (read_file(a->config_file, &text, &len) != KVR_OK) {
-            fprintf(stderr, "kvrouter serve: cannot read config file '%s'\n", a->config_file);
-            return 2;
-        }
-        int rc = kvr_config_from_text(&a->cfg, text, len, err, sizeof err);
-        free(text);
-        if (rc != KVR_OK) {
-            fprintf(stderr, "kvrouter serve: %s: %s\n", a->config_file, err);
-            return 2;
-        }
-    }
-    if (kvr_config_from_env(&a->cfg, environ, err, sizeof err) != KVR_OK) {
-        fprintf(stderr, "kvrouter serve: %s\n", err);
+    kvr_cli_t c;
+    kvr_cli_init(&c, "kvrouter serve", argc, argv);
+    if (read_config_file(&c, a) != 0)
         return 2;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i], *name;
-        char namebuf[96];
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-            usage(stdout);
-            exit(0);
-        }
-        if (strncmp(arg, "--", 2) != 0) {
-            fprintf(stderr, "kvrouter serve: unexpected argument '%s'\n", arg);
-            return 2;
-        }
-        const char *v = flag_value(argc, argv, &i, arg, &name, namebuf, sizeof namebuf);
-        if (v == NULL) {
-            fprintf(stderr, "kvrouter serve: %s needs a value\n", arg);
-            return 2;
-        }
-        if (strcmp(name, "--config") == 0)
-            continue;
-        if (strcmp(name, "--log-level") == 0) {
-            static const char *const lv[] = {"debug", "info", "warn", "error"};
-            int k = 0;
-            while (k < 4 && strcmp(v, lv[k]) != 0)
-                k++;
-            if (k == 4) {
-                fprintf(stderr, "kvrouter serve: --log-level: must be debug, info, warn or error\n");
-                return 2;
-            }
-            a->log_level = (kvr_log_level_t)k;
-            continue;
-        }
-        if (strcmp(name, "--worker") == 0) {
-            if (a->n_workers == MAX_CLI_WORKERS) {
-                fprintf(stderr, "kvrouter serve: more than %d --worker flags\n", MAX_CLI_WORKERS);
-                return 2;
-            }
-            if (kvr_worker_spec_parse(v, &a->workers[a->n_workers], err, sizeof err) != KVR_OK) {
-                fprintf(stderr, "kvrouter serve: --worker %s: %s\n", v, err);
-                return 2;
-            }
-            a->n_workers++;
-            continue;
-        }
-        int rc = kvr_config_set(&a->cfg, name, v, err, sizeof err);
-        if (rc != KVR_OK) {
-            fprintf(stderr, "kvrouter serve: %s\n", err);
-            return 2;
-        }
-    }
-    if (kvr_config_validate(&a->cfg, err, sizeof err) != KVR_OK) {
-        fprintf(stderr, "kvrouter serve: %s\n", err);
-        return 2;
-    }
+    if (kvr_config_from_env(&a->cfg, environ, err, sizeof err) != KVR_OK)
+        return kvr_cli_fail(&c, "%s", err);
+    int rc = kvr_cli_parse(&c, parse_flag, a, usage);
+    if (rc != 0)
+        return rc;
+    if (kvr_config_validate(&a->cfg, err, sizeof err) != KVR_OK)
+        return kvr_cli_fail(&c, "%s", err);
     return 0;
 }
 
@@ -294,7 +267,7 @@ int kvr_cmd_serve(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc != 0) {
         free(a.workers);
-        return rc;
+        return rc == 1 ? 0 : rc;
     }
     kvr_log_set_level(a.log_level);
     signal(SIGPIPE, SIG_IGN);

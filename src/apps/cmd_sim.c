@@ -14,7 +14,6 @@
  * at a time. Cost: the ceilings pass plus one simulation per policy; the wall clock is read
  * here only to report run times.
  */
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +23,7 @@
 #include <unistd.h>
 
 #include "apps/apps.h"
+#include "apps/cli.h"
 #include "core/config.h"
 #include "core/sim.h"
 #include "kvrouter.h"
@@ -96,76 +96,13 @@ typedef struct sim_args {
     bool json;
     kvr_router_mode_t policies[MAX_POLICIES];
     size_t n_policies;
+    char setting[96]; /* the router setting being parsed, named in messages */
 } sim_args_t;
 
-static int bad_value(const char *flag, const char *v, const char *why)
-{
-    fprintf(stderr, "kvrouter sim: %s %s: %s\n", flag, v ? v : "(missing)", why);
-    return 2;
-}
-
-static int parse_u64(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+static int parse_policies(const kvr_cli_t *c, const char *v, sim_args_t *a)
 {
     if (v == NULL || *v == '\0')
-        return bad_value(flag, v, "a value is required");
-    errno = 0;
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (*end || errno || v[0] == '-' || v[0] == '+' || x < lo || x > hi) {
-        char why[96];
-        snprintf(why, sizeof why, "must be an integer in [%llu, %llu]", (unsigned long long)lo,
-                 (unsigned long long)hi);
-        return bad_value(flag, v, why);
-    }
-    *out = x;
-    return 0;
-}
-
-static int parse_u32(const char *flag, const char *v, uint32_t lo, uint32_t *out)
-{
-    uint64_t x;
-    int rc = parse_u64(flag, v, lo, UINT32_MAX, &x);
-    if (rc == 0)
-        *out = (uint32_t)x;
-    return rc;
-}
-
-static int parse_double(const char *flag, const char *v, double *out)
-{
-    if (v == NULL || *v == '\0')
-        return bad_value(flag, v, "a value is required");
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (*end || errno == ERANGE || !isfinite(x))
-        return bad_value(flag, v, "must be a finite number");
-    *out = x;
-    return 0;
-}
-
-static int parse_poly(const char *flag, const char *v, double *a, double *b, double *c)
-{
-    if (v == NULL)
-        return bad_value(flag, v, "a value is required");
-    double x[3];
-    const char *p = v;
-    for (int k = 0; k < 3; k++) {
-        char *end;
-        x[k] = strtod(p, &end);
-        if (end == p || !isfinite(x[k]) || (k < 2 && *end != ',') || (k == 2 && *end))
-            return bad_value(flag, v, "must be three finite numbers A,B,C");
-        p = end + 1;
-    }
-    *a = x[0];
-    *b = x[1];
-    *c = x[2];
-    return 0;
-}
-
-static int parse_policies(const char *v, sim_args_t *a)
-{
-    if (v == NULL || *v == '\0')
-        return bad_value("--policy", v, "a value is required");
+        return kvr_cli_bad(c, v, "a value is required");
     a->n_policies = 0;
     const char *p = v;
     while (*p != '\0') {
@@ -180,123 +117,37 @@ static int parse_policies(const char *v, sim_args_t *a)
         for (size_t k = 0; !found && k < N_POLICY_NAMES; k++) {
             if (strlen(POLICY_NAMES[k]) == n && strncmp(p, POLICY_NAMES[k], n) == 0) {
                 if (a->n_policies == MAX_POLICIES)
-                    return bad_value("--policy", v, "at most 16 policies");
+                    return kvr_cli_bad(c, v, "at most 16 policies");
                 a->policies[a->n_policies++] = (kvr_router_mode_t)k;
                 found = true;
             }
         }
         if (!found)
-            return bad_value("--policy", v,
-                             "each must be kv, round-robin, random, least-loaded, approx or all");
+            return kvr_cli_bad(c, v,
+                               "each must be kv, round-robin, random, least-loaded, approx or all");
         p += n + (comma ? 1 : 0);
         if (comma && *p == '\0')
-            return bad_value("--policy", v, "empty policy name");
+            return kvr_cli_bad(c, v, "empty policy name");
     }
     return 0;
 }
 
-/* --flag VALUE or --flag=VALUE. */
-static bool is(const char *arg, const char *name, const char **eq)
-{
-    size_t n = strlen(name);
-    if (strncmp(arg, name, n) != 0)
-        return false;
-    if (arg[n] == '\0') {
-        *eq = NULL;
-        return true;
-    }
-    if (arg[n] == '=') {
-        *eq = arg + n + 1;
-        return true;
-    }
-    return false;
-}
-
-typedef struct parser {
-    int argc;
-    char **argv;
-    int i;
-} parser_t;
-
-static const char *take(parser_t *p, const char *eq)
-{
-    if (eq != NULL)
-        return eq;
-    if (p->i + 1 < p->argc)
-        return p->argv[++p->i];
-    return NULL;
-}
-
-/* Engine flags: 0 handled, 2 error, -1 not an engine flag. */
-static int parse_engine_flag(parser_t *p, sim_args_t *a)
-{
-    const char *arg = p->argv[p->i], *eq;
-    kvr_engine_config_t *e = &a->cfg.engine;
-    if (is(arg, "--block-size", &eq)) {
-        int rc = parse_u32("--block-size", take(p, eq), 1, &e->block_size);
-        if (rc == 0 && e->block_size > 65536)
-            return bad_value("--block-size", p->argv[p->i], "must be in [1, 65536]");
-        a->cfg.router.block_size = e->block_size;
-        return rc;
-    }
-    if (is(arg, "--num-gpu-blocks", &eq) || is(arg, "--num-gpu-blocks-override", &eq))
-        return parse_u32("--num-gpu-blocks", take(p, eq), 1, &e->num_gpu_blocks);
-    if (is(arg, "--max-num-seqs", &eq))
-        return parse_u32("--max-num-seqs", take(p, eq), 1, &e->max_num_seqs);
-    if (is(arg, "--max-num-batched-tokens", &eq))
-        return parse_u32("--max-num-batched-tokens", take(p, eq), 1, &e->max_num_batched_tokens);
-    if (is(arg, "--max-model-len", &eq))
-        return parse_u32("--max-model-len", take(p, eq), 2, &e->max_model_len);
-    if (is(arg, "--max-waiting", &eq))
-        return parse_u32("--max-waiting", take(p, eq), 1, &e->max_waiting);
-    if (is(arg, "--prefill-poly", &eq))
-        return parse_poly("--prefill-poly", take(p, eq), &e->timing.prefill_a,
-                          &e->timing.prefill_b, &e->timing.prefill_c);
-    if (is(arg, "--decode-poly", &eq))
-        return parse_poly("--decode-poly", take(p, eq), &e->timing.decode_a, &e->timing.decode_b,
-                          &e->timing.decode_c);
-    if (is(arg, "--decode-min-ms", &eq))
-        return parse_double("--decode-min-ms", take(p, eq), &e->timing.decode_min_ms);
-    if (strcmp(arg, "--enable-prefix-caching") == 0 ||
-        strcmp(arg, "--no-enable-prefix-caching") == 0) {
-        e->enable_prefix_caching = arg[2] != 'n';
-        return 0;
-    }
-    if (strcmp(arg, "--enable-chunked-prefill") == 0 ||
-        strcmp(arg, "--no-enable-chunked-prefill") == 0) {
-        e->enable_chunked_prefill = arg[2] != 'n';
-        return 0;
-    }
-    return -1;
-}
-
 /* Run flags: 0 handled, 2 error, -1 not a run flag. */
-static int parse_run_flag(parser_t *p, sim_args_t *a)
+static int parse_run_flag(kvr_cli_t *c, sim_args_t *a)
 {
-    const char *arg = p->argv[p->i], *eq;
-    if (is(arg, "--trace", &eq)) {
-        a->trace = take(p, eq);
-        return a->trace && *a->trace ? 0 : bad_value("--trace", a->trace, "a path is required");
-    }
-    if (is(arg, "--requests", &eq))
-        return parse_u64("--requests", take(p, eq), 1, UINT64_MAX, &a->requests);
-    if (is(arg, "--workers", &eq)) {
-        uint64_t n;
-        int rc = parse_u64("--workers", take(p, eq), 1, KVR_SIM_MAX_WORKERS, &n);
-        a->cfg.n_workers = rc == 0 ? (uint32_t)n : a->cfg.n_workers;
-        return rc;
-    }
-    if (is(arg, "--policy", &eq))
-        return parse_policies(take(p, eq), a);
-    if (is(arg, "--speedup", &eq)) {
-        int rc = parse_double("--speedup", take(p, eq), &a->speedup);
-        if (rc == 0 && !(a->speedup > 0))
-            return bad_value("--speedup", p->argv[p->i], "must be > 0");
-        return rc;
-    }
-    if (is(arg, "--seed", &eq))
-        return parse_u64("--seed", take(p, eq), 0, UINT64_MAX, &a->cfg.seed);
-    if (strcmp(arg, "--json") == 0) {
+    if (kvr_cli_is(c, "--trace"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->trace);
+    if (kvr_cli_is(c, "--requests"))
+        return kvr_cli_u64(c, kvr_cli_value(c), 1, UINT64_MAX, &a->requests);
+    if (kvr_cli_is(c, "--workers"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, KVR_SIM_MAX_WORKERS, &a->cfg.n_workers);
+    if (kvr_cli_is(c, "--policy"))
+        return parse_policies(c, kvr_cli_value(c), a);
+    if (kvr_cli_is(c, "--speedup"))
+        return kvr_cli_pos(c, kvr_cli_value(c), &a->speedup);
+    if (kvr_cli_is(c, "--seed"))
+        return kvr_cli_u64(c, kvr_cli_value(c), 0, UINT64_MAX, &a->cfg.seed);
+    if (strcmp(c->argv[c->i], "--json") == 0) {
         a->json = true;
         return 0;
     }
@@ -304,45 +155,48 @@ static int parse_run_flag(parser_t *p, sim_args_t *a)
 }
 
 /* Router settings by name (core/config.h), and --overlap-score-weight. */
-static int parse_router_flag(parser_t *p, sim_args_t *a)
+static int parse_router_flag(kvr_cli_t *c, sim_args_t *a)
 {
-    const char *arg = p->argv[p->i], *eq;
     kvr_router_config_t *r = &a->cfg.router;
-    if (is(arg, "--overlap-score-weight", &eq)) {
+    char *name = a->setting;
+    if (kvr_cli_is(c, "--overlap-score-weight")) {
+        const char *v = kvr_cli_value(c);
         double w;
-        int rc = parse_double("--overlap-score-weight", take(p, eq), &w);
-        if (rc == 0 && w < 0)
-            return bad_value("--overlap-score-weight", p->argv[p->i], "must be >= 0");
-        if (rc == 0 && w == 0) {
-            r->prefill_load_scale = 0;
+        int rc = kvr_cli_double(c, v, &w);
+        if (rc != 0)
+            return rc;
+        if (w < 0)
+            return kvr_cli_bad(c, v, "must be >= 0");
+        r->prefill_load_scale = w;
+        if (w == 0)
             r->overlap_score_credit = 0;
-        } else if (rc == 0) {
-            r->prefill_load_scale = w;
-        }
-        return rc;
+        return 0;
     }
-    char name[96];
-    const char *e = strchr(arg, '=');
-    size_t n = e ? (size_t)(e - arg) : strlen(arg);
-    if (n >= sizeof name)
+    if (!kvr_cli_setting(c, name, sizeof a->setting) || !kvr_config_has(name))
         return -1;
-    memcpy(name, arg, n);
-    name[n] = '\0';
-    if (!kvr_config_has(name))
-        return -1;
-    if (strcmp(name + 2, "router-mode") == 0 || strcmp(name + 2, "router_mode") == 0)
-        return bad_value(name, NULL, "use --policy");
     if (strcmp(name + 2, "block-size") == 0 || strcmp(name + 2, "block_size") == 0)
         return -1; /* handled as an engine flag */
-    const char *v = e ? e + 1 : take(p, NULL);
+    const char *v = kvr_cli_value(c);
+    if (strcmp(name + 2, "router-mode") == 0 || strcmp(name + 2, "router_mode") == 0)
+        return kvr_cli_bad(c, v, "use --policy");
     if (v == NULL)
-        return bad_value(name, v, "a value is required");
+        return kvr_cli_bad(c, v, "a value is required");
     char err[300];
-    if (kvr_config_set(r, name, v, err, sizeof err) != KVR_OK) {
-        fprintf(stderr, "kvrouter sim: %s: %s\n", name, err);
-        return 2;
-    }
+    if (kvr_config_set(r, name, v, err, sizeof err) != KVR_OK)
+        return kvr_cli_fail(c, "%s: %s", name, err);
     return 0;
+}
+
+/* One argument (kvr_cli_option_fn): a run flag, an engine flag (cli.h), a router setting. */
+static int parse_option(kvr_cli_t *c, void *arg)
+{
+    sim_args_t *a = arg;
+    int rc = parse_run_flag(c, a);
+    if (rc == -1)
+        rc = kvr_cli_engine_option(c, &a->cfg.engine);
+    if (rc == -1)
+        rc = parse_router_flag(c, a);
+    return rc;
 }
 
 static int parse_args(int argc, char **argv, sim_args_t *a)
@@ -352,30 +206,15 @@ static int parse_args(int argc, char **argv, sim_args_t *a)
     a->speedup = 1.0;
     for (size_t k = 0; k < N_POLICY_NAMES; k++)
         a->policies[a->n_policies++] = (kvr_router_mode_t)k;
-    parser_t p = {.argc = argc, .argv = argv};
-    for (p.i = 1; p.i < argc; p.i++) {
-        const char *arg = argv[p.i];
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-            usage(stdout);
-            return 1;
-        }
-        int rc = parse_run_flag(&p, a);
-        if (rc == -1)
-            rc = parse_engine_flag(&p, a);
-        if (rc == -1 && strncmp(arg, "--", 2) == 0)
-            rc = parse_router_flag(&p, a);
-        if (rc == -1) {
-            fprintf(stderr, "kvrouter sim: unknown option %s (see --help)\n", arg);
-            return 2;
-        }
-        if (rc != 0)
-            return 2;
-    }
+    kvr_cli_t c;
+    kvr_cli_init(&c, "kvrouter sim", argc, argv);
+    int rc = kvr_cli_parse(&c, parse_option, a, usage);
+    if (rc != 0)
+        return rc;
+    a->cfg.router.block_size = a->cfg.engine.block_size; /* --block-size sets both */
     char err[300];
-    if (kvr_sim_config_validate(&a->cfg, err, sizeof err) != KVR_OK) {
-        fprintf(stderr, "kvrouter sim: %s\n", err);
-        return 2;
-    }
+    if (kvr_sim_config_validate(&a->cfg, err, sizeof err) != KVR_OK)
+        return kvr_cli_fail(&c, "%s", err);
     return 0;
 }
 

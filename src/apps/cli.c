@@ -1,0 +1,269 @@
+/*
+ * cli.c: the subcommands' shared flag matching and value checks (cli.h).
+ */
+#include "apps/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/engine.h"
+
+void kvr_cli_init(kvr_cli_t *c, const char *prog, int argc, char **argv)
+{
+    *c = (kvr_cli_t){.prog = prog, .argc = argc, .argv = argv, .i = 1};
+}
+
+bool kvr_cli_is_help(const kvr_cli_t *c)
+{
+    const char *arg = c->argv[c->i];
+    return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
+}
+
+bool kvr_cli_is(kvr_cli_t *c, const char *name)
+{
+    const char *arg = c->argv[c->i];
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0 || (arg[n] != '\0' && arg[n] != '='))
+        return false;
+    c->flag = name;
+    c->eq = arg[n] == '=' ? arg + n + 1 : NULL;
+    return true;
+}
+
+bool kvr_cli_setting(kvr_cli_t *c, char *name, size_t cap)
+{
+    const char *arg = c->argv[c->i];
+    if (strncmp(arg, "--", 2) != 0)
+        return false;
+    const char *e = strchr(arg, '=');
+    size_t n = e ? (size_t)(e - arg) : strlen(arg);
+    if (n >= cap)
+        return false;
+    memcpy(name, arg, n);
+    name[n] = '\0';
+    c->flag = name;
+    c->eq = e ? e + 1 : NULL;
+    return true;
+}
+
+const char *kvr_cli_value(kvr_cli_t *c)
+{
+    if (c->eq != NULL)
+        return c->eq;
+    if (c->i + 1 < c->argc)
+        return c->argv[++c->i];
+    return NULL;
+}
+
+int kvr_cli_bad(const kvr_cli_t *c, const char *v, const char *why)
+{
+    fprintf(stderr, "%s: %s %s: %s\n", c->prog, c->flag ? c->flag : "",
+            v == NULL ? "(missing)" : *v == '\0' ? "''" : v, why);
+    return 2;
+}
+
+int kvr_cli_fail(const kvr_cli_t *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", c->prog);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 2;
+}
+
+int kvr_cli_unknown(const kvr_cli_t *c)
+{
+    const char *arg = c->argv[c->i];
+    if (arg[0] == '-')
+        return kvr_cli_fail(c, "unknown option %s (see --help)", arg);
+    return kvr_cli_fail(c, "unexpected argument '%s' (see --help)", arg);
+}
+
+int kvr_cli_u64(const kvr_cli_t *c, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    if (v == NULL || *v == '\0')
+        return kvr_cli_bad(c, v, "a value is required");
+    /* digits only: strtoull alone takes blanks, a sign, and wraps "-1" to the maximum */
+    bool digit = *v >= '0' && *v <= '9';
+    char *end = (char *)v;
+    errno = 0;
+    unsigned long long x = digit ? strtoull(v, &end, 10) : 0;
+    if (!digit || *end != '\0' || errno != 0 || x < lo || x > hi) {
+        char why[96];
+        snprintf(why, sizeof why, "must be an integer in [%llu, %llu]", (unsigned long long)lo,
+                 (unsigned long long)hi);
+        return kvr_cli_bad(c, v, why);
+    }
+    *out = x;
+    return 0;
+}
+
+int kvr_cli_u32(const kvr_cli_t *c, const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    uint64_t x;
+    int rc = kvr_cli_u64(c, v, lo, hi, &x);
+    if (rc == 0)
+        *out = (uint32_t)x;
+    return rc;
+}
+
+/* One finite number at p (no leading blank, not out of range); *end after it. */
+static bool scan_double(const char *p, double *x, char **end)
+{
+    if (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '\f' || *p == '\v') {
+        *end = (char *)p;
+        return false;
+    }
+    errno = 0;
+    *x = strtod(p, end);
+    return *end != p && errno != ERANGE && isfinite(*x);
+}
+
+int kvr_cli_double(const kvr_cli_t *c, const char *v, double *out)
+{
+    if (v == NULL || *v == '\0')
+        return kvr_cli_bad(c, v, "a value is required");
+    char *end;
+    double x;
+    if (!scan_double(v, &x, &end) || *end != '\0')
+        return kvr_cli_bad(c, v, "must be a finite number");
+    *out = x;
+    return 0;
+}
+
+int kvr_cli_pos(const kvr_cli_t *c, const char *v, double *out)
+{
+    if (v == NULL || *v == '\0')
+        return kvr_cli_bad(c, v, "a value is required");
+    char *end;
+    double x;
+    if (!scan_double(v, &x, &end) || *end != '\0' || !(x > 0))
+        return kvr_cli_bad(c, v, "must be a finite number > 0");
+    *out = x;
+    return 0;
+}
+
+int kvr_cli_poly(const kvr_cli_t *c, const char *v, double out[3])
+{
+    if (v == NULL || *v == '\0')
+        return kvr_cli_bad(c, v, "a value is required");
+    double x[3];
+    const char *p = v;
+    for (int k = 0; k < 3; k++) {
+        char *end;
+        if (!scan_double(p, &x[k], &end) || *end != (k < 2 ? ',' : '\0'))
+            return kvr_cli_bad(c, v, "must be three finite numbers A,B,C");
+        p = end + 1;
+    }
+    memcpy(out, x, sizeof x);
+    return 0;
+}
+
+int kvr_cli_str(const kvr_cli_t *c, const char *v, const char **out)
+{
+    if (v == NULL || *v == '\0')
+        return kvr_cli_bad(c, v, "a value is required");
+    *out = v;
+    return 0;
+}
+
+int kvr_cli_copy(const kvr_cli_t *c, const char *v, char *out, size_t cap)
+{
+    if (v == NULL || *v == '\0')
+        return kvr_cli_bad(c, v, "a value is required");
+    size_t n = strlen(v);
+    if (n >= cap)
+        return kvr_cli_bad(c, v, "too long");
+    memcpy(out, v, n + 1);
+    return 0;
+}
+
+int kvr_cli_choice(const kvr_cli_t *c, const char *v, const char *const *names, size_t n,
+                   size_t *out)
+{
+    for (size_t k = 0; v != NULL && k < n; k++) {
+        if (strcmp(v, names[k]) == 0) {
+            *out = k;
+            return 0;
+        }
+    }
+    char why[256] = "must be ";
+    size_t len = strlen(why);
+    for (size_t k = 0; k < n && len < sizeof why; k++) {
+        const char *sep = k == 0 ? "" : k + 1 == n ? " or " : ", ";
+        int w = snprintf(why + len, sizeof why - len, "%s%s", sep, names[k]);
+        if (w < 0)
+            break;
+        len += (size_t)w;
+    }
+    return kvr_cli_bad(c, v, why);
+}
+
+int kvr_cli_parse(kvr_cli_t *c, kvr_cli_option_fn option, void *arg, void (*usage)(FILE *out))
+{
+    for (c->i = 1; c->i < c->argc; c->i++) {
+        if (kvr_cli_is_help(c)) {
+            usage(stdout);
+            return 1;
+        }
+        int rc = option(c, arg);
+        if (rc == -1)
+            return kvr_cli_unknown(c);
+        if (rc != 0)
+            return 2;
+    }
+    return 0;
+}
+
+static int set_poly(kvr_cli_t *c, double *a, double *b, double *d)
+{
+    double x[3];
+    int rc = kvr_cli_poly(c, kvr_cli_value(c), x);
+    if (rc == 0) {
+        *a = x[0];
+        *b = x[1];
+        *d = x[2];
+    }
+    return rc;
+}
+
+int kvr_cli_engine_option(kvr_cli_t *c, struct kvr_engine_config *e)
+{
+    kvr_engine_timing_t *t = &e->timing;
+    if (kvr_cli_is(c, "--block-size"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, 65536, &e->block_size);
+    if (kvr_cli_is(c, "--num-gpu-blocks") || kvr_cli_is(c, "--num-gpu-blocks-override"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, UINT32_MAX, &e->num_gpu_blocks);
+    if (kvr_cli_is(c, "--max-num-seqs"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, UINT32_MAX, &e->max_num_seqs);
+    if (kvr_cli_is(c, "--max-num-batched-tokens"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, UINT32_MAX, &e->max_num_batched_tokens);
+    if (kvr_cli_is(c, "--max-model-len"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 2, UINT32_MAX, &e->max_model_len);
+    if (kvr_cli_is(c, "--max-waiting"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, UINT32_MAX, &e->max_waiting);
+    if (kvr_cli_is(c, "--prefill-poly"))
+        return set_poly(c, &t->prefill_a, &t->prefill_b, &t->prefill_c);
+    if (kvr_cli_is(c, "--decode-poly"))
+        return set_poly(c, &t->decode_a, &t->decode_b, &t->decode_c);
+    if (kvr_cli_is(c, "--decode-min-ms"))
+        return kvr_cli_double(c, kvr_cli_value(c), &t->decode_min_ms);
+    const char *arg = c->argv[c->i];
+    if (strcmp(arg, "--enable-prefix-caching") == 0 ||
+        strcmp(arg, "--no-enable-prefix-caching") == 0) {
+        e->enable_prefix_caching = arg[2] != 'n';
+        return 0;
+    }
+    if (strcmp(arg, "--enable-chunked-prefill") == 0 ||
+        strcmp(arg, "--no-enable-chunked-prefill") == 0) {
+        e->enable_chunked_prefill = arg[2] != 'n';
+        return 0;
+    }
+    return -1;
+}
