@@ -4,11 +4,13 @@
 #include "apps/cli.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/engine.h"
 
@@ -266,4 +268,21 @@ int kvr_cli_engine_option(kvr_cli_t *c, struct kvr_engine_config *e)
         return 0;
     }
     return -1;
+}
+
+const char *kvr_cli_data_file(const char *rel, char *buf, size_t cap)
+{
+    if (access(rel, R_OK) == 0)
+        return rel;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return NULL;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash == NULL)
+        return NULL;
+    *slash = '\0';
+    snprintf(buf, cap, "%s/../%s", exe, rel);
+    return access(buf, R_OK) == 0 ? buf : NULL;
 }

@@ -94,4 +94,9 @@ int kvr_cli_parse(kvr_cli_t *c, kvr_cli_option_fn option, void *arg, void (*usag
  * A kvr_cli_option_fn's contract: 0, 2, or -1 when argv[i] is none of them. */
 int kvr_cli_engine_option(kvr_cli_t *c, struct kvr_engine_config *e);
 
+/* A data file shipped with the source tree (e.g. "data/traces/conversation_trace.jsonl"):
+ * rel itself when readable from the working directory, else <binary's dir>/../rel written into
+ * buf when readable there (build/kvrouter run from anywhere), else NULL. */
+const char *kvr_cli_data_file(const char *rel, char *buf, size_t cap);
+
 #endif

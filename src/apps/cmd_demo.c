@@ -519,21 +519,8 @@ static int rm_tree_files(const char *dir, const run_t *runs, size_t n, const dem
 
 static const char *find_trace(const demo_args_t *a, char *buf, size_t cap)
 {
-    if (a->trace_set || access(DEFAULT_TRACE, R_OK) == 0)
-        return a->trace;
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            snprintf(buf, cap, "%s/../%s", exe, DEFAULT_TRACE);
-            if (access(buf, R_OK) == 0)
-                return buf;
-        }
-    }
-    return a->trace;
+    const char *p = a->trace_set ? NULL : kvr_cli_data_file(DEFAULT_TRACE, buf, cap);
+    return p != NULL ? p : a->trace;
 }
 
 int kvr_cmd_demo(int argc, char **argv)

@@ -191,21 +191,8 @@ static int parse_args(int argc, char **argv, replay_args_t *a)
  * data/traces). */
 static const char *find_default_trace(char *buf, size_t cap)
 {
-    if (access(DEFAULT_TRACE, R_OK) == 0)
-        return DEFAULT_TRACE;
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            snprintf(buf, cap, "%s/../%s", exe, DEFAULT_TRACE);
-            if (access(buf, R_OK) == 0)
-                return buf;
-        }
-    }
-    return DEFAULT_TRACE; /* the error then names the relative path */
+    const char *p = kvr_cli_data_file(DEFAULT_TRACE, buf, cap);
+    return p != NULL ? p : DEFAULT_TRACE; /* the error then names the relative path */
 }
 
 /* ---- bodies ------------------------------------------------------------------------------ */

@@ -220,28 +220,10 @@ static int parse_args(int argc, char **argv, sim_args_t *a)
 
 /* ---- trace --------------------------------------------------------------------------------- */
 
-static bool readable(const char *path) { return access(path, R_OK) == 0; }
-
 /* --trace, else the default relative to the cwd, else beside the binary (../data/traces). */
 static const char *find_trace(const char *given, char *buf, size_t cap)
 {
-    if (given != NULL)
-        return given;
-    if (readable(DEFAULT_TRACE))
-        return DEFAULT_TRACE;
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash != NULL) {
-            *slash = '\0';
-            snprintf(buf, cap, "%s/../%s", exe, DEFAULT_TRACE);
-            if (readable(buf))
-                return buf;
-        }
-    }
-    return NULL;
+    return given != NULL ? given : kvr_cli_data_file(DEFAULT_TRACE, buf, cap);
 }
 
 static int trace_tokens(void *ud, size_t i, uint32_t *out, size_t cap)
