@@ -25,8 +25,6 @@
 #include "wire/api_json.h"
 
 #include <inttypes.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +32,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "core/sort.h"
+#include "wire/json_decode.h"
 #include "wire/token_scan.h"
 #include "wire/yajl_arena.h"
 
@@ -214,21 +213,8 @@ struct kvr_api_decoder {
     size_t tok_open_at;  /* bytes yajl had consumed when the tokens array opened */
 };
 
-static int fail(kvr_api_decoder_t *d, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Records the first error; returns 0 so callbacks can `return fail(...)` to stop yajl. */
-static int fail(kvr_api_decoder_t *d, int status, const char *fmt, ...)
-{
-    if (d->status != KVR_OK)
-        return 0;
-    d->status = status;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(d->err, sizeof d->err, fmt, ap);
-    va_end(ap);
-    return 0;
-}
+/* Records the first error; `return fail(...)` stops yajl (see kvr_jd_fail). */
+#define fail(d, st, ...) kvr_jd_fail(&(d)->status, (d)->err, sizeof (d)->err, (st), __VA_ARGS__)
 
 /* Grows *buf to hold need elements (need <= max): doubles from 64, never beyond max. */
 static bool grow(void **buf, size_t *cap, size_t need, size_t max, size_t elem)
@@ -236,69 +222,13 @@ static bool grow(void **buf, size_t *cap, size_t need, size_t max, size_t elem)
     return kvr_token_scan_grow(buf, cap, need, max, elem);
 }
 
-/* Copies up to 40 bytes of user text for a message, replacing bytes that would need escaping
- * in JSON (and non-ASCII) with '?'. */
-static void printable(char *dst, size_t dst_len, const unsigned char *s, size_t n)
-{
-    size_t max = dst_len - 1, j = 0;
-    bool cut = n > 40;
-    if (cut)
-        n = 37;
-    for (size_t i = 0; i < n && j < max; i++)
-        dst[j++] = (s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\') ? (char)s[i] : '?';
-    for (int k = 0; cut && k < 3 && j < max; k++)
-        dst[j++] = '.';
-    dst[j] = '\0';
-}
-
-/* Reads JSON number text (grammar checked by yajl) as an integer: false for fractions,
- * exponents and magnitudes above UINT64_MAX. "-0" is 0. */
-static bool parse_int(const char *s, size_t n, uint64_t *mag, bool *neg)
-{
-    size_t i = 0;
-    *neg = false;
-    if (i < n && s[i] == '-') {
-        *neg = true;
-        i++;
-    }
-    if (i == n)
-        return false;
-    uint64_t v = 0;
-    for (; i < n; i++) {
-        unsigned dg = (unsigned)(s[i] - '0');
-        if (dg > 9 || v > (UINT64_MAX - dg) / 10)
-            return false;
-        v = v * 10 + dg;
-    }
-    if (v == 0)
-        *neg = false;
-    *mag = v;
-    return true;
-}
-
-static bool parse_uint(const char *s, size_t n, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    bool neg;
-    return parse_int(s, n, out, &neg) && !neg && *out >= lo && *out <= hi;
-}
-
-/* Reads JSON number text as a finite double (strtod: the C numeric locale is assumed). */
+/* Reads JSON number text as a finite double; false after fail() when out of memory. */
 static bool parse_double(kvr_api_decoder_t *d, const char *s, size_t n, double *out)
 {
-    char local[64];
-    char *b = local;
-    if (n >= sizeof local) {
-        if (!grow((void **)&d->num_buf, &d->num_cap, n + 1, SIZE_MAX, 1)) {
-            fail(d, KVR_ENOMEM, "out of memory");
-            return false;
-        }
-        b = d->num_buf;
-    }
-    memcpy(b, s, n);
-    b[n] = '\0';
-    char *end;
-    *out = strtod(b, &end);
-    return end == b + n && isfinite(*out);
+    int rc = kvr_jd_parse_double(s, n, &d->num_buf, &d->num_cap, out);
+    if (rc == KVR_ENOMEM)
+        fail(d, KVR_ENOMEM, "out of memory");
+    return rc == KVR_OK;
 }
 
 static bool in_range(double v, int rng)
@@ -325,21 +255,6 @@ static const char *range_text(int rng)
     }
 }
 
-/* What is wrong with a string value yajl has decoded: NULL when nothing. yajl's own UTF-8
- * check lets overlong forms, surrogates and code points above U+10FFFF through. */
-static const char *text_problem(const unsigned char *s, size_t n)
-{
-    bool ascii = true;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] < 0x20 || s[i] == 0x7f)
-            return "contains a control character";
-        ascii &= s[i] < 0x80;
-    }
-    if (!ascii && !kvr_json_utf8_valid((const char *)s, n))
-        return "is not valid UTF-8";
-    return NULL;
-}
-
 /* Appends s[0..n) and a NUL to str_buf. */
 static bool store_str(kvr_api_decoder_t *d, const unsigned char *s, size_t n, str_ref_t *ref)
 {
@@ -360,12 +275,12 @@ static bool store_str(kvr_api_decoder_t *d, const unsigned char *s, size_t n, st
  * the message prefix up to the colon. Returns 1, or 0 after fail(). */
 static int check_taint(kvr_api_decoder_t *d, const char *where, const unsigned char *s, size_t n)
 {
-    char shown[48];
-    printable(shown, sizeof shown, s, n);
+    char shown[KVR_JD_CLIP_BYTES];
+    kvr_jd_clip(shown, sizeof shown, s, n);
     if (n == 0 || n > KVR_API_MAX_TAINT_BYTES)
         return fail(d, KVR_EINVAL, "%s: taint '%s' must be 1 to %d bytes", where, shown,
                     KVR_API_MAX_TAINT_BYTES);
-    const char *problem = text_problem(s, n);
+    const char *problem = kvr_jd_text_problem(s, n);
     if (problem != NULL)
         return fail(d, KVR_EINVAL, "%s: taint '%s' %s", where, shown, problem);
     return 1;
@@ -385,8 +300,8 @@ static int unexpected(kvr_api_decoder_t *d)
         return fail(d, KVR_EPARSE, "expected a JSON object");
     if (d->state == S_PREF_VALUE) {
         const str_ref_t *p = &d->pref[d->n_pref - 1];
-        char shown[48];
-        printable(shown, sizeof shown, (const unsigned char *)d->str_buf + p->off, p->len);
+        char shown[KVR_JD_CLIP_BYTES];
+        kvr_jd_clip(shown, sizeof shown, (const unsigned char *)d->str_buf + p->off, p->len);
         return fail(d, KVR_EINVAL, "routing_constraints.preferred_taints['%s']: must be a finite "
                     "number", shown);
     }
@@ -498,7 +413,7 @@ static int on_number(void *ctx, const char *s, size_t n)
     switch (d->state) {
     case S_ARRAY:
         if (d->field == F_TOKENS) {
-            if (!parse_uint(s, n, 0, UINT32_MAX, &v))
+            if (!kvr_jd_parse_u64(s, n, 0, UINT32_MAX, &v))
                 return unexpected(d);
             if (d->n_tokens == d->tok_cap &&
                 !grow((void **)&d->tok_buf, &d->tok_cap, d->n_tokens + 1, d->opts.max_tokens,
@@ -512,7 +427,7 @@ static int on_number(void *ctx, const char *s, size_t n)
             return 1;
         }
         if (d->field == F_ALLOWED) {
-            if (!parse_uint(s, n, 0, UINT64_MAX, &v))
+            if (!kvr_jd_parse_u64(s, n, 0, UINT64_MAX, &v))
                 return unexpected(d);
             if (d->n_ids == d->ids_cap &&
                 !grow((void **)&d->ids_buf, &d->ids_cap, d->n_ids + 1, d->opts.max_allowed_ids,
@@ -535,7 +450,7 @@ static int on_number(void *ctx, const char *s, size_t n)
     case S_VALUE: {
         const field_def_t *f = &FIELDS[d->field];
         if (f->type == T_INT) {
-            if (!parse_uint(s, n, f->lo, f->hi, &v))
+            if (!kvr_jd_parse_u64(s, n, f->lo, f->hi, &v))
                 return unexpected(d);
             d->ival[d->field] = v;
         } else if (f->type == T_DOUBLE) {
@@ -583,7 +498,7 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
             return fail(d, KVR_EINVAL, "%s: must be %" PRIu64 " to %" PRIu64 " bytes", f->path,
                         f->lo, f->hi);
         }
-        const char *problem = text_problem(s, n);
+        const char *problem = kvr_jd_text_problem(s, n);
         if (problem != NULL)
             return fail(d, KVR_EINVAL, "%s: %s", f->path, problem);
         if (n == 0)
@@ -601,8 +516,8 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
                 return value_done(d);
             }
         }
-        char shown[48];
-        printable(shown, sizeof shown, s, n);
+        char shown[KVR_JD_CLIP_BYTES];
+        kvr_jd_clip(shown, sizeof shown, s, n);
         return fail(d, KVR_EINVAL, "method: unknown method '%s' (expected new, potential_loads, "
                     "mark_prefill or mark_free)", shown);
     }
@@ -722,8 +637,8 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n)
             return 0;
         for (size_t i = 0; i < d->n_pref; i++) {
             if (d->pref[i].len == n && memcmp(d->str_buf + d->pref[i].off, s, n) == 0) {
-                char shown[48];
-                printable(shown, sizeof shown, s, n);
+                char shown[KVR_JD_CLIP_BYTES];
+                kvr_jd_clip(shown, sizeof shown, s, n);
                 return fail(d, KVR_EINVAL, "%s: duplicate taint '%s'", where, shown);
             }
         }
@@ -751,14 +666,6 @@ static const yajl_callbacks CALLBACKS = {
     .yajl_start_array = on_start_array,
     .yajl_end_array = on_end,
 };
-
-/* ------------------------------------------------------------------------------------------ */
-/* The fast path: a top-level tokens array of plain integers, read by wire/token_scan.c. */
-
-static bool is_ws(char c)
-{
-    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Decoding. */
@@ -824,32 +731,9 @@ static void reset(kvr_api_decoder_t *d, int kind)
     d->tok_open_at = SIZE_MAX;
 }
 
-/* yajl's message, on one line: "lexical error: invalid char in json text." */
-static void yajl_message(kvr_api_decoder_t *d, yajl_handle h, size_t at)
-{
-    unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
-    const char *m = msg != NULL ? (const char *)msg : "unknown error";
-    size_t n = strlen(m);
-    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
-        n--;
-    char shown[160];
-    if (n >= sizeof shown)
-        n = sizeof shown - 1;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)m[i];
-        shown[i] = (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') ? ' ' : (char)c;
-    }
-    shown[n] = '\0';
-    fail(d, KVR_EPARSE, "invalid JSON at byte %zu: %s", at, shown);
-    if (msg != NULL)
-        yajl_free_error(h, msg);
-}
-
 static yajl_handle start_yajl(kvr_api_decoder_t *d)
 {
-    kvr_yajl_arena_reset(&d->arena);
-    yajl_alloc_funcs afs = kvr_yajl_arena_funcs(&d->arena);
-    d->yh = yajl_alloc(&CALLBACKS, &afs, d);
+    d->yh = kvr_jd_yajl_open(&d->arena, &CALLBACKS, d);
     if (d->yh == NULL)
         fail(d, KVR_ENOMEM, "out of memory");
     return d->yh;
@@ -868,14 +752,11 @@ static void parse_slow(kvr_api_decoder_t *d, const char *body, size_t len)
     yajl_handle h = start_yajl(d);
     if (h == NULL)
         return;
-    yajl_status st = yajl_parse(h, (const unsigned char *)body, len);
-    size_t at = len;
-    if (st == yajl_status_ok)
-        st = yajl_complete_parse(h);
-    else if (st == yajl_status_error)
-        at = yajl_get_bytes_consumed(h);
-    if (st == yajl_status_error && d->status == KVR_OK)
-        yajl_message(d, h, at);
+    char msg[KVR_JD_MSG_BYTES];
+    yajl_status st = kvr_jd_yajl_finish(h, yajl_parse(h, (const unsigned char *)body, len), 0,
+                                        len, msg, sizeof msg);
+    if (st == yajl_status_error)
+        fail(d, KVR_EPARSE, "%s", msg);
     stop_yajl(d);
     if (d->status == KVR_OK && st != yajl_status_ok)
         fail(d, KVR_EPARSE, "invalid JSON");  /* client_canceled always sets status first */
@@ -1086,21 +967,13 @@ static int finish_router(kvr_api_decoder_t *d, kvr_api_router_t *out)
     return KVR_OK;
 }
 
-static bool blank(const char *body, size_t len)
-{
-    for (size_t i = 0; i < len; i++)
-        if (!is_ws(body[i]))
-            return false;
-    return true;
-}
-
 /* Parses body as kind; KVR_OK when the decoder's slots hold a well-formed body. */
 static int parse(kvr_api_decoder_t *d, int kind, const char *body, size_t len)
 {
     reset(d, kind);
     if (body == NULL && len > 0)
         return fail(d, KVR_EINVAL, "no body"), d->status;
-    if (blank(body, len)) {
+    if (kvr_jd_blank(body, len)) {
         if (kind == K_OUTPUT_BLOCK)
             return KVR_OK;
         return fail(d, KVR_EPARSE, "empty body"), d->status;

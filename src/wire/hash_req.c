@@ -13,15 +13,15 @@
  */
 #include "wire/hash_req.h"
 
-#include <stdarg.h>
 #include <stdbool.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <yajl/yajl_parse.h>
 
 #include "core/sort.h"
+#include "wire/json_decode.h"
+#include "wire/token_scan.h"
 #include "wire/yajl_arena.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -54,88 +54,13 @@ static const char *const FIELD_NAMES[F_N_KNOWN] = {
     "tokens", "block_size", "lora_name", "cache_namespace", "is_eagle", "block_mm_hashes",
 };
 
-static int fail(kvr_hash_req_t *r, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Records the first error; returns 0 so callbacks can `return fail(...)` to stop yajl. */
-static int fail(kvr_hash_req_t *r, int status, const char *fmt, ...)
-{
-    if (r->status != KVR_OK)
-        return 0;
-    r->status = status;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(r->err, sizeof r->err, fmt, ap);
-    va_end(ap);
-    return 0;
-}
+/* Records the first error; `return fail(...)` stops yajl (see kvr_jd_fail). */
+#define fail(r, st, ...) kvr_jd_fail(&(r)->status, (r)->err, sizeof (r)->err, (st), __VA_ARGS__)
 
 /* Grows *buf (elements of size elem) to hold at least need elements; doubles, from 64. */
 static int grow(void **buf, size_t *cap, size_t need, size_t elem)
 {
-    if (need <= *cap)
-        return KVR_OK;
-    size_t n = *cap < 64 ? 64 : *cap;
-    while (n < need)
-        n = n > SIZE_MAX / 2 ? need : n * 2;
-    if (n > SIZE_MAX / elem)
-        return KVR_ENOMEM;
-    void *p = realloc(*buf, n * elem);
-    if (p == NULL)
-        return KVR_ENOMEM;
-    *buf = p;
-    *cap = n;
-    return KVR_OK;
-}
-
-/* Reads JSON number text as an integer. yajl has checked the grammar, so the text is
- * -?digits[.digits][e[+-]digits]. Returns false for fractions, exponents and magnitudes
- * above UINT64_MAX. "-0" is 0. */
-static bool parse_int(const char *s, size_t n, uint64_t *mag, bool *neg)
-{
-    size_t i = 0;
-    *neg = false;
-    if (i < n && s[i] == '-') {
-        *neg = true;
-        i++;
-    }
-    if (i == n)
-        return false;
-    uint64_t v = 0;
-    for (; i < n; i++) {
-        unsigned d = (unsigned)(s[i] - '0');
-        if (d > 9)
-            return false;
-        if (v > (UINT64_MAX - d) / 10)
-            return false;
-        v = v * 10 + d;
-    }
-    if (v == 0)
-        *neg = false;
-    *mag = v;
-    return true;
-}
-
-/* An unsigned integer in [0, max], or false. */
-static bool parse_uint(const char *s, size_t n, uint64_t max, uint64_t *out)
-{
-    bool neg;
-    return parse_int(s, n, out, &neg) && !neg && *out <= max;
-}
-
-/* Copies up to 40 bytes of a user string for an error message, replacing bytes that would
- * need escaping in JSON (and non-ASCII) with '?'. */
-static void printable(char *dst, size_t dst_len, const unsigned char *s, size_t n)
-{
-    size_t max = dst_len - 1, j = 0;
-    bool cut = n > 40;
-    if (cut)
-        n = 37;
-    for (size_t i = 0; i < n && j < max; i++)
-        dst[j++] = (s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\') ? (char)s[i] : '?';
-    for (int k = 0; cut && k < 3 && j < max; k++)
-        dst[j++] = '.';
-    dst[j] = '\0';
+    return kvr_token_scan_grow(buf, cap, need, SIZE_MAX, elem) ? KVR_OK : KVR_ENOMEM;
 }
 
 static int copy_name(kvr_hash_req_t *r, char **buf, size_t *cap, const unsigned char *s,
@@ -265,7 +190,7 @@ static int on_number(void *ctx, const char *s, size_t n)
     uint64_t v;
     switch (r->state) {
     case S_TOKENS:
-        if (!parse_uint(s, n, UINT32_MAX, &v))
+        if (!kvr_jd_parse_u64(s, n, 0, UINT32_MAX, &v))
             return fail(r, KVR_ERANGE, "tokens[%zu]: not an integer in [0, 4294967295]",
                         r->n_tokens);
         if (r->n_tokens >= r->limits.max_tokens)
@@ -277,7 +202,7 @@ static int on_number(void *ctx, const char *s, size_t n)
         return 1;
     case S_MM_ARRAY: {
         kvr_block_mm_t *e = &r->mm_buf[r->n_mm - 1];
-        if (!parse_uint(s, n, UINT64_MAX, &v))
+        if (!kvr_jd_parse_u64(s, n, 0, UINT64_MAX, &v))
             return fail(r, KVR_ERANGE,
                         "block_mm_hashes['%u'][%zu]: not an integer in [0, 18446744073709551615]",
                         (unsigned)e->block, e->n_hashes);
@@ -294,7 +219,7 @@ static int on_number(void *ctx, const char *s, size_t n)
     case S_VALUE:
         if (r->field == F_BLOCK_SIZE) {
             bool neg;
-            if (!parse_int(s, n, &v, &neg)) {
+            if (!kvr_jd_parse_int(s, n, &v, &neg)) {
                 /* a fraction or exponent, or a magnitude beyond u64 */
                 bool integral = memchr(s, '.', n) == NULL && memchr(s, 'e', n) == NULL &&
                                 memchr(s, 'E', n) == NULL;
@@ -423,7 +348,7 @@ static bool parse_block_index(const unsigned char *s, size_t n, uint32_t *out)
     if (n == 0 || n > 10 || (n > 1 && s[0] == '0'))
         return false;
     uint64_t v;
-    if (!parse_uint((const char *)s, n, UINT32_MAX, &v))
+    if (!kvr_jd_parse_u64((const char *)s, n, 0, UINT32_MAX, &v))
         return false;
     *out = (uint32_t)v;
     return true;
@@ -451,8 +376,8 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n)
     if (r->state == S_MM_KEY) {
         uint32_t block;
         if (!parse_block_index(s, n, &block)) {
-            char shown[48];
-            printable(shown, sizeof shown, s, n);
+            char shown[KVR_JD_CLIP_BYTES];
+            kvr_jd_clip(shown, sizeof shown, s, n);
             return fail(r, KVR_EPARSE, "block_mm_hashes: key '%s' is not a block index", shown);
         }
         if (r->n_mm >= r->limits.max_mm_blocks)
@@ -564,25 +489,6 @@ static void reset_outputs(kvr_hash_req_t *r)
     r->status = KVR_OK;
 }
 
-/* yajl's message, on one line: "lexical error: invalid char in json text." */
-static void yajl_message(kvr_hash_req_t *r, yajl_handle h, size_t at)
-{
-    unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
-    const char *m = msg != NULL ? (const char *)msg : "unknown error";
-    size_t n = strlen(m);
-    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
-        n--;
-    char shown[160];
-    if (n >= sizeof shown)
-        n = sizeof shown - 1;
-    for (size_t i = 0; i < n; i++)
-        shown[i] = (m[i] == '\n' || m[i] == '"' || m[i] == '\\') ? ' ' : m[i];
-    shown[n] = '\0';
-    fail(r, KVR_EPARSE, "invalid JSON at byte %zu: %s", at, shown);
-    if (msg != NULL)
-        yajl_free_error(h, msg);
-}
-
 /* Checks the whole request once yajl is done and fixes up the mm pointers. */
 static int finish(kvr_hash_req_t *r)
 {
@@ -628,28 +534,16 @@ int kvr_hash_req_parse(kvr_hash_req_t *r, const char *line, size_t len)
         kvr_yajl_arena_init(a);
         r->arena = a;
     }
-    kvr_yajl_arena_reset(r->arena);
-    yajl_alloc_funcs afs = kvr_yajl_arena_funcs(r->arena);
-    yajl_handle h = yajl_alloc(&CALLBACKS, &afs, r);
+    yajl_handle h = kvr_jd_yajl_open(r->arena, &CALLBACKS, r);
     if (h == NULL)
         return fail(r, KVR_ENOMEM, "out of memory"), r->status;
 
-    yajl_status st = yajl_parse(h, (const unsigned char *)line, len);
-    size_t at = len;
-    if (st == yajl_status_ok) {
-        st = yajl_complete_parse(h);
-    } else if (st == yajl_status_error) {
-        at = yajl_get_bytes_consumed(h);
-    }
-    if (st == yajl_status_error && r->status == KVR_OK) {
-        bool empty = r->state == S_START;
-        for (size_t i = 0; empty && i < len; i++)
-            empty = line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n';
-        if (empty)
-            fail(r, KVR_EPARSE, "empty input");
-        else
-            yajl_message(r, h, at);
-    }
+    char msg[KVR_JD_MSG_BYTES];
+    yajl_status st = kvr_jd_yajl_finish(h, yajl_parse(h, (const unsigned char *)line, len), 0,
+                                        len, msg, sizeof msg);
+    if (st == yajl_status_error)
+        fail(r, KVR_EPARSE, "%s",
+             r->state == S_START && kvr_jd_blank(line, len) ? "empty input" : msg);
     yajl_free(h);
 
     if (r->status == KVR_OK && st != yajl_status_ok)

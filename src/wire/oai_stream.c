@@ -15,6 +15,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "kvrouter.h"
+#include "wire/json_decode.h"
 #include "wire/yajl_arena.h"
 
 /* ---- path tracking ------------------------------------------------------------------------ */
@@ -234,9 +235,7 @@ static int parse_json(kvr_yajl_arena_t *arena, jparse_t *p, const char *text, si
 {
     memset(&p->path, 0, sizeof p->path);
     p->err[0] = '\0';
-    kvr_yajl_arena_reset(arena);
-    yajl_alloc_funcs afs = kvr_yajl_arena_funcs(arena);
-    yajl_handle h = yajl_alloc(&CALLBACKS, &afs, p);
+    yajl_handle h = kvr_jd_yajl_open(arena, &CALLBACKS, p);
     if (h == NULL) {
         snprintf(err, err_len, "out of memory");
         return KVR_ENOMEM;

@@ -24,8 +24,6 @@
 #include "wire/openai.h"
 
 #include <inttypes.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +31,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "core/sort.h"
+#include "wire/json_decode.h"
 #include "wire/token_scan.h"
 #include "wire/yajl_arena.h"
 
@@ -213,21 +212,8 @@ struct kvr_oai_decoder {
     yajl_handle yh;
 };
 
-static int fail(kvr_oai_decoder_t *d, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Records the first error; returns 0 so callbacks can `return fail(...)` to stop yajl. */
-static int fail(kvr_oai_decoder_t *d, int status, const char *fmt, ...)
-{
-    if (d->status != KVR_OK)
-        return 0;
-    d->status = status;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(d->err, sizeof d->err, fmt, ap);
-    va_end(ap);
-    return 0;
-}
+/* Records the first error; `return fail(...)` stops yajl (see kvr_jd_fail). */
+#define fail(d, st, ...) kvr_jd_fail(&(d)->status, (d)->err, sizeof (d)->err, (st), __VA_ARGS__)
 
 static bool grow(void **buf, size_t *cap, size_t need, size_t max, size_t elem)
 {
@@ -250,87 +236,13 @@ static const char *where(const kvr_oai_decoder_t *d, int f, char *buf, size_t n)
     }
 }
 
-/* Copies up to 40 bytes of user text for a message, replacing bytes that would need escaping
- * in JSON (and non-ASCII) with '?'. */
-static void printable(char *dst, size_t dst_len, const unsigned char *s, size_t n)
-{
-    size_t max = dst_len - 1, j = 0;
-    bool cut = n > 40;
-    if (cut)
-        n = 37;
-    for (size_t i = 0; i < n && j < max; i++)
-        dst[j++] = (s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\') ? (char)s[i] : '?';
-    for (int k = 0; cut && k < 3 && j < max; k++)
-        dst[j++] = '.';
-    dst[j] = '\0';
-}
-
-/* Reads JSON number text (grammar checked by yajl) as an unsigned integer in [lo, hi]: false
- * for fractions, exponents, negatives (but "-0" is 0) and values out of range. */
-static bool parse_uint(const char *s, size_t n, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    size_t i = 0;
-    bool neg = false;
-    if (i < n && s[i] == '-') {
-        neg = true;
-        i++;
-    }
-    if (i == n)
-        return false;
-    uint64_t v = 0;
-    for (; i < n; i++) {
-        unsigned dg = (unsigned)(s[i] - '0');
-        if (dg > 9 || v > (UINT64_MAX - dg) / 10)
-            return false;
-        v = v * 10 + dg;
-    }
-    if (neg && v != 0)
-        return false;
-    *out = v;
-    return v >= lo && v <= hi;
-}
-
-/* Reads JSON number text as a finite double (strtod: the C numeric locale is assumed). */
+/* Reads JSON number text as a finite double; false after fail() when out of memory. */
 static bool parse_double(kvr_oai_decoder_t *d, const char *s, size_t n, double *out)
 {
-    char local[64];
-    char *b = local;
-    if (n >= sizeof local) {
-        if (!grow((void **)&d->num_buf, &d->num_cap, n + 1, SIZE_MAX, 1)) {
-            fail(d, KVR_ENOMEM, "out of memory");
-            return false;
-        }
-        b = d->num_buf;
-    }
-    memcpy(b, s, n);
-    b[n] = '\0';
-    char *end;
-    *out = strtod(b, &end);
-    return end == b + n && isfinite(*out);
-}
-
-static bool all_ascii(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (s[i] >= 0x80)
-            return false;
-    return true;
-}
-
-/* yajl's own UTF-8 check lets overlong forms, surrogates and code points above U+10FFFF
- * through; ours does not. */
-static bool utf8_ok(const unsigned char *s, size_t n)
-{
-    return all_ascii(s, n) || kvr_json_utf8_valid((const char *)s, n);
-}
-
-/* What is wrong with a name (model, lora_name, role): NULL when nothing. */
-static const char *name_problem(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (s[i] < 0x20 || s[i] == 0x7f)
-            return "contains a control character";
-    return utf8_ok(s, n) ? NULL : "is not valid UTF-8";
+    int rc = kvr_jd_parse_double(s, n, &d->num_buf, &d->num_cap, out);
+    if (rc == KVR_ENOMEM)
+        fail(d, KVR_ENOMEM, "out of memory");
+    return rc == KVR_OK;
 }
 
 /* Appends s[0..n) to str_buf (no NUL). */
@@ -548,11 +460,11 @@ static int on_number(void *ctx, const char *s, size_t n)
         d->state = S_TOKENS;
         /* fall through */
     case S_TOKENS:
-        if (!parse_uint(s, n, 0, UINT32_MAX, &v))
+        if (!kvr_jd_parse_u64(s, n, 0, UINT32_MAX, &v))
             return unexpected(d);
         return push_token(d, v);
     case S_IDS:
-        if (!parse_uint(s, n, 0, UINT64_MAX, &v))
+        if (!kvr_jd_parse_u64(s, n, 0, UINT64_MAX, &v))
             return unexpected(d);
         if (d->n_ids == d->ids_cap &&
             !grow((void **)&d->ids, &d->ids_cap, d->n_ids + 1, d->opts.max_allowed_ids,
@@ -567,7 +479,7 @@ static int on_number(void *ctx, const char *s, size_t n)
     case S_VALUE: {
         const field_def_t *f = &FIELDS[d->field];
         if (f->type == T_INT || f->type == T_ONE) {
-            if (!parse_uint(s, n, f->lo, f->hi, &v))
+            if (!kvr_jd_parse_u64(s, n, f->lo, f->hi, &v))
                 return unexpected(d);
             d->ival[d->field] = v;
         } else if (f->type == T_DOUBLE) {
@@ -591,7 +503,7 @@ static int prompt_text(kvr_oai_decoder_t *d, const unsigned char *s, size_t n)
 {
     if (n > d->opts.max_text_bytes)
         return fail(d, KVR_ETOOBIG, "prompt: longer than %zu bytes", d->opts.max_text_bytes);
-    if (!utf8_ok(s, n))
+    if (!kvr_jd_utf8_ok(s, n))
         return fail(d, KVR_EINVAL, "prompt: is not valid UTF-8");
     if (!store_str(d, s, n, &d->sval[F_PROMPT]))
         return 0;
@@ -605,7 +517,7 @@ static int content_text(kvr_oai_decoder_t *d, const char *path, const unsigned c
     if (n > d->opts.max_text_bytes - d->content_total)
         return fail(d, KVR_ETOOBIG, "messages: contents longer than %zu bytes in total",
                     d->opts.max_text_bytes);
-    if (!utf8_ok(s, n))
+    if (!kvr_jd_utf8_ok(s, n))
         return fail(d, KVR_EINVAL, "%s: is not valid UTF-8", path);
     d->content_total += n;
     return append(d, s, n) ? 1 : 0;
@@ -647,7 +559,7 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
             return fail(d, KVR_EINVAL, "%s: must be %" PRIu64 " to %" PRIu64 " bytes", p, f->lo,
                         f->hi);
         }
-        const char *problem = name_problem(s, n);
+        const char *problem = kvr_jd_text_problem(s, n);
         if (problem != NULL)
             return fail(d, KVR_EINVAL, "%s: %s", p, problem);
         if (n == 0)
@@ -670,8 +582,8 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
     }
     case T_PART_TYPE:
         if (n != 4 || memcmp(s, "text", 4) != 0) {
-            char shown[48];
-            printable(shown, sizeof shown, s, n);
+            char shown[KVR_JD_CLIP_BYTES];
+            kvr_jd_clip(shown, sizeof shown, s, n);
             return fail(d, KVR_EINVAL, "%s: unsupported content part type '%s' (only text)", p,
                         shown);
         }
@@ -1002,32 +914,9 @@ static void reset(kvr_oai_decoder_t *d, int endpoint)
     d->content_total = 0;
 }
 
-/* yajl's message, on one line: "lexical error: invalid char in json text." */
-static void yajl_message(kvr_oai_decoder_t *d, yajl_handle h, size_t at)
-{
-    unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
-    const char *m = msg != NULL ? (const char *)msg : "unknown error";
-    size_t n = strlen(m);
-    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
-        n--;
-    char shown[160];
-    if (n >= sizeof shown)
-        n = sizeof shown - 1;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)m[i];
-        shown[i] = (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') ? ' ' : (char)c;
-    }
-    shown[n] = '\0';
-    fail(d, KVR_EPARSE, "invalid JSON at byte %zu: %s", at, shown);
-    if (msg != NULL)
-        yajl_free_error(h, msg);
-}
-
 static yajl_handle start_yajl(kvr_oai_decoder_t *d)
 {
-    kvr_yajl_arena_reset(&d->arena);
-    yajl_alloc_funcs afs = kvr_yajl_arena_funcs(&d->arena);
-    d->yh = yajl_alloc(&CALLBACKS, &afs, d);
+    d->yh = kvr_jd_yajl_open(&d->arena, &CALLBACKS, d);
     if (d->yh == NULL)
         fail(d, KVR_ENOMEM, "out of memory");
     return d->yh;
@@ -1052,22 +941,14 @@ static bool feed(kvr_oai_decoder_t *d, const char *body, size_t from, size_t to,
 /* The end of a parse: yajl's final check and the error message for the whole body. */
 static void finish_parse(kvr_oai_decoder_t *d, yajl_status st, size_t len)
 {
-    size_t at = len;
-    if (st == yajl_status_ok)
-        st = yajl_complete_parse(d->yh);
-    else if (st == yajl_status_error)
-        at = d->base + yajl_get_bytes_consumed(d->yh);
-    if (st == yajl_status_error && d->status == KVR_OK)
-        yajl_message(d, d->yh, at);
+    char msg[KVR_JD_MSG_BYTES];
+    st = kvr_jd_yajl_finish(d->yh, st, d->base, len, msg, sizeof msg);
+    if (st == yajl_status_error)
+        fail(d, KVR_EPARSE, "%s", msg);
     if (d->status == KVR_OK && st != yajl_status_ok)
         fail(d, KVR_EPARSE, "invalid JSON");  /* client_canceled always sets status first */
     if (d->status == KVR_OK && d->state != S_DONE)
         fail(d, KVR_EPARSE, "internal: parse ended in state %d", d->state);
-}
-
-static bool is_ws(char c)
-{
-    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
 }
 
 #define FAST_MAX_CUTS 16
@@ -1122,7 +1003,7 @@ static int parse(kvr_oai_decoder_t *d, const char *body, size_t len, bool fast, 
         size_t open = is_prompt ? c_prompt : c_data;
         if (is_prompt) {  /* [[ ... ]]: the inner array holds the ids */
             size_t q = open;
-            while (q < len && is_ws(body[q]))
+            while (q < len && kvr_jd_is_ws(body[q]))
                 q++;
             if (q < len && body[q] == '[')
                 open = q + 1;
@@ -1164,14 +1045,6 @@ static int parse(kvr_oai_decoder_t *d, const char *body, size_t len, bool fast, 
     if (d->status != KVR_OK && cuts > 0)
         return -1;
     return d->status == KVR_OK && cuts > 0 ? 1 : 0;
-}
-
-static bool blank(const char *body, size_t len)
-{
-    for (size_t i = 0; i < len; i++)
-        if (!is_ws(body[i]))
-            return false;
-    return true;
 }
 
 /* ---- finishing: what the endpoint requires, and the caller's struct ---------------------- */
@@ -1293,7 +1166,7 @@ int kvr_oai_decode(kvr_oai_decoder_t *d, kvr_oai_endpoint_t endpoint, const char
         fail(d, KVR_EINVAL, "unknown endpoint");
     else if (body == NULL && len > 0)
         fail(d, KVR_EINVAL, "no body");
-    else if (blank(body, len))
+    else if (kvr_jd_blank(body, len))
         fail(d, KVR_EPARSE, "empty body");
     else {
         int scanned;

@@ -45,6 +45,8 @@
 
 #include "core/kvcache.h"
 #include "kvrouter.h"
+#include "wire/json_decode.h"
+#include "wire/token_scan.h"
 #include "wire/yajl_arena.h"
 
 #define MAX_IDS_PER_ROW ((KVR_TRACE_MAX_INPUT + KVR_TRACE_BLOCK_TOKENS - 1) / KVR_TRACE_BLOCK_TOKENS)
@@ -104,42 +106,7 @@ static int fail(parser_t *p, int status, const char *fmt, ...)
 
 static int grow(void **buf, size_t *cap, size_t need, size_t elem)
 {
-    if (need <= *cap)
-        return KVR_OK;
-    size_t n = *cap < 64 ? 64 : *cap;
-    while (n < need)
-        n = n > SIZE_MAX / 2 ? need : n * 2;
-    if (n > SIZE_MAX / elem)
-        return KVR_ENOMEM;
-    void *q = realloc(*buf, n * elem);
-    if (q == NULL)
-        return KVR_ENOMEM;
-    *buf = q;
-    *cap = n;
-    return KVR_OK;
-}
-
-/* An unsigned decimal integer from JSON number text (yajl checked the grammar): false for a
- * sign, fraction, exponent or a value above UINT64_MAX. "-0" is accepted as 0. */
-static bool parse_u64_text(const char *s, size_t n, uint64_t *out)
-{
-    size_t i = 0;
-    bool neg = n > 0 && s[0] == '-';
-    if (neg)
-        i++;
-    if (i == n)
-        return false;
-    uint64_t v = 0;
-    for (; i < n; i++) {
-        unsigned d = (unsigned)(s[i] - '0');
-        if (d > 9 || v > (UINT64_MAX - d) / 10)
-            return false;
-        v = v * 10 + d;
-    }
-    if (neg && v != 0)
-        return false;
-    *out = v;
-    return true;
+    return kvr_token_scan_grow(buf, cap, need, SIZE_MAX, elem) ? KVR_OK : KVR_ENOMEM;
 }
 
 static const char *field_rule(int f)
@@ -214,10 +181,10 @@ static int on_number(void *ctx, const char *s, size_t n)
     int sk = skip_scalar(p);
     if (sk >= 0)
         return sk;
-    uint64_t v;
+    uint64_t v = 0;
     if (p->state == S_IDS) {
         size_t k = p->n_ids - p->row_off;
-        if (!parse_u64_text(s, n, &v))
+        if (!kvr_jd_parse_u64(s, n, 0, UINT64_MAX, &v))
             return fail(p, KVR_EPARSE, "hash_ids[%zu]: not an integer in [0, 18446744073709551615]",
                         k);
         if (k >= MAX_IDS_PER_ROW)
@@ -230,7 +197,7 @@ static int on_number(void *ctx, const char *s, size_t n)
     }
     if (p->state != S_VALUE || p->field >= F_N_KNOWN || p->field == F_HASH_IDS)
         return unexpected(p);
-    bool ok = parse_u64_text(s, n, &v);
+    bool ok = kvr_jd_parse_u64(s, n, 0, UINT64_MAX, &v);
     switch (p->field) {
     case F_TIMESTAMP:
         if (!ok)
@@ -343,25 +310,6 @@ static const yajl_callbacks CALLBACKS = {
     .yajl_end_array = on_end,
 };
 
-/* yajl's message on one line, quotes and backslashes blanked. */
-static void yajl_message(parser_t *p, yajl_handle h, size_t at)
-{
-    unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
-    const char *m = msg != NULL ? (const char *)msg : "unknown error";
-    size_t n = strlen(m);
-    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
-        n--;
-    char shown[160];
-    if (n >= sizeof shown)
-        n = sizeof shown - 1;
-    for (size_t i = 0; i < n; i++)
-        shown[i] = (m[i] == '\n' || m[i] == '"' || m[i] == '\\') ? ' ' : m[i];
-    shown[n] = '\0';
-    fail(p, KVR_EPARSE, "invalid JSON at byte %zu: %s", at, shown);
-    if (msg != NULL)
-        yajl_free_error(h, msg);
-}
-
 /* After a line's object: required keys, the id count, the timestamp order; then keeps it. */
 static int finish_row(parser_t *p)
 {
@@ -397,19 +345,14 @@ static int parse_line(parser_t *p, kvr_yajl_arena_t *arena, const char *s, size_
     p->seen = 0;
     memset(&p->row, 0, sizeof p->row);
     p->row_off = p->n_ids;
-    kvr_yajl_arena_reset(arena);
-    yajl_alloc_funcs afs = kvr_yajl_arena_funcs(arena);
-    yajl_handle h = yajl_alloc(&CALLBACKS, &afs, p);
+    yajl_handle h = kvr_jd_yajl_open(arena, &CALLBACKS, p);
     if (h == NULL)
         return fail(p, KVR_ENOMEM, "out of memory"), p->status;
-    yajl_status st = yajl_parse(h, (const unsigned char *)s, n);
-    size_t at = n;
-    if (st == yajl_status_ok)
-        st = yajl_complete_parse(h);
-    else if (st == yajl_status_error)
-        at = yajl_get_bytes_consumed(h);
-    if (st == yajl_status_error && p->status == KVR_OK)
-        yajl_message(p, h, at);
+    char msg[KVR_JD_MSG_BYTES];
+    yajl_status st = kvr_jd_yajl_finish(h, yajl_parse(h, (const unsigned char *)s, n), 0, n, msg,
+                                        sizeof msg);
+    if (st == yajl_status_error)
+        fail(p, KVR_EPARSE, "%s", msg);
     yajl_free(h);
     if (p->status == KVR_OK && st != yajl_status_ok)
         fail(p, KVR_EPARSE, "invalid JSON");
@@ -418,14 +361,6 @@ static int parse_line(parser_t *p, kvr_yajl_arena_t *arena, const char *s, size_
     if (p->status != KVR_OK)
         return p->status;
     return finish_row(p);
-}
-
-static bool blank(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r')
-            return false;
-    return true;
 }
 
 int kvr_trace_parse(const char *text, size_t len, size_t max_rows, kvr_trace_t *out, char *err,
@@ -448,7 +383,7 @@ int kvr_trace_parse(const char *text, size_t len, size_t max_rows, kvr_trace_t *
         size_t end = nl != NULL ? (size_t)(nl - text) : len;
         i = nl != NULL ? end + 1 : len;
         p.line++;
-        if (blank(text + start, end - start))
+        if (kvr_jd_blank(text + start, end - start))  /* a line holds no '\n' */
             continue;
         if (parse_line(&p, &arena, text + start, end - start) != KVR_OK)
             break;

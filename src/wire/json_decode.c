@@ -1,0 +1,136 @@
+/*
+ * json_decode.c: the plumbing shared by the JSON decoders (see json_decode.h for the contract).
+ */
+#include "wire/json_decode.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvrouter.h"
+#include "wire/json_writer.h"
+#include "wire/token_scan.h"
+
+int kvr_jd_parse_double(const char *s, size_t n, char **scratch, size_t *scratch_cap,
+                        double *out)
+{
+    char local[64];
+    char *b = local;
+    if (n >= sizeof local) {
+        if (!kvr_token_scan_grow((void **)scratch, scratch_cap, n + 1, SIZE_MAX, 1))
+            return KVR_ENOMEM;
+        b = *scratch;
+    }
+    memcpy(b, s, n);
+    b[n] = '\0';
+    char *end;
+    *out = strtod(b, &end);
+    return end == b + n && isfinite(*out) ? KVR_OK : KVR_EINVAL;
+}
+
+bool kvr_jd_utf8_ok(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] >= 0x80)
+            return kvr_json_utf8_valid((const char *)s, n);
+    return true;
+}
+
+const char *kvr_jd_text_problem(const unsigned char *s, size_t n)
+{
+    bool ascii = true;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < 0x20 || s[i] == 0x7f)
+            return "contains a control character";
+        ascii &= s[i] < 0x80;
+    }
+    if (!ascii && !kvr_json_utf8_valid((const char *)s, n))
+        return "is not valid UTF-8";
+    return NULL;
+}
+
+void kvr_jd_clip(char *dst, size_t dst_len, const unsigned char *s, size_t n)
+{
+    size_t max = dst_len - 1, j = 0;
+    bool cut = n > 40;
+    if (cut)
+        n = 37;
+    for (size_t i = 0; i < n && j < max; i++)
+        dst[j++] = (s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\') ? (char)s[i] : '?';
+    for (int k = 0; cut && k < 3 && j < max; k++)
+        dst[j++] = '.';
+    dst[j] = '\0';
+}
+
+int kvr_jd_vfail(int *status, char *err, size_t err_len, int st, const char *fmt, va_list ap)
+{
+    if (*status != KVR_OK)
+        return 0;
+    *status = st;
+    if (err_len > 0)
+        vsnprintf(err, err_len, fmt, ap);
+    return 0;
+}
+
+int kvr_jd_fail(int *status, char *err, size_t err_len, int st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvr_jd_vfail(status, err, err_len, st, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+bool kvr_jd_blank(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!kvr_jd_is_ws(s[i]))
+            return false;
+    return true;
+}
+
+yajl_handle kvr_jd_yajl_open(kvr_yajl_arena_t *a, const yajl_callbacks *cb, void *ctx)
+{
+    kvr_yajl_arena_reset(a);
+    yajl_alloc_funcs afs = kvr_yajl_arena_funcs(a);
+    return yajl_alloc(cb, &afs, ctx);
+}
+
+/* yajl's message on one line: "lexical error: invalid char in json text". Its messages are
+ * fixed ASCII strings; blanking what would need escaping is a guard, not a transformation. */
+static void yajl_error_line(yajl_handle h, char *out, size_t cap)
+{
+    unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
+    const char *m = msg != NULL ? (const char *)msg : "unknown error";
+    size_t n = strlen(m);
+    while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' '))
+        n--;
+    if (n >= cap)
+        n = cap - 1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)m[i];
+        out[i] = (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') ? ' ' : (char)c;
+    }
+    out[n] = '\0';
+    if (msg != NULL)
+        yajl_free_error(h, msg);
+}
+
+yajl_status kvr_jd_yajl_finish(yajl_handle h, yajl_status st, size_t base, size_t len,
+                               char *msg, size_t msg_len)
+{
+    size_t at = len;
+    if (st == yajl_status_ok)
+        st = yajl_complete_parse(h);
+    else if (st == yajl_status_error)
+        at = base + yajl_get_bytes_consumed(h);
+    if (msg_len > 0)
+        msg[0] = '\0';
+    if (st == yajl_status_error && msg_len > 0) {
+        char shown[160];
+        yajl_error_line(h, shown, sizeof shown);
+        snprintf(msg, msg_len, "invalid JSON at byte %zu: %s", at, shown);
+    }
+    return st;
+}
