@@ -475,12 +475,28 @@ static uint32_t schedule_running(kvr_engine_t *e, uint32_t *budget, kvr_engine_s
     return i;
 }
 
+/* True when r cannot be admitted now whatever the prefix cache holds: even with the most
+ * hits possible its first chunk needs more new blocks than the free queue has. Exact (it
+ * never refuses what allocate would accept) and O(1), so an overloaded engine does not
+ * re-match a long blocked prompt against the cache on every step. */
+static bool cannot_fit(const kvr_engine_t *e, const eng_req_t *r, uint32_t budget)
+{
+    uint32_t bs = e->cfg.block_size;
+    uint32_t max_hit = e->cfg.enable_prefix_caching ? (r->n_tokens - 1) / bs : 0;
+    uint32_t rest = r->n_tokens - max_hit * bs; /* >= 1 */
+    uint32_t n_new = rest <= budget ? rest : budget;
+    uint64_t new_blocks = ((uint64_t)n_new + bs - 1) / bs;
+    return new_blocks > kvr_kvcache_n_free(e->cache);
+}
+
 /* Admits waiting requests FCFS while budget, seats and blocks allow. */
 static void schedule_waiting(kvr_engine_t *e, uint32_t *budget)
 {
     uint32_t bs = e->cfg.block_size;
     while (e->n_waiting > 0 && *budget > 0 && e->n_running < e->cfg.max_num_seqs) {
         eng_req_t *r = wq_at(e, 0);
+        if (cannot_fit(e, r, *budget))
+            break;
         uint32_t n_full = r->n_tokens / bs;
         size_t n_hit = 0;
         if (e->cfg.enable_prefix_caching) {
