@@ -137,6 +137,10 @@ static const field_t FIELDS[] = {
      "OpenAI front end: token ids the text->ids cache holds (LRU); 0 = no cache"},
     {"frontend_max_idle_connections", T_U32, OFF(frontend_max_idle_connections), 0, 65535, false,
      NULL, 0, "64", "OpenAI front end: idle keep-alive upstream connections kept per worker"},
+    {"frontend_max_client_buffer_bytes", T_U64, OFF(frontend_max_client_buffer_bytes), 4096,
+     1e12, false, NULL, 0, "16777216",
+     "OpenAI front end: bytes of a streamed answer waiting for a slow client; above it the "
+     "request is aborted as if it had disconnected"},
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 

@@ -76,6 +76,8 @@ typedef struct kvr_router_config {
     uint64_t frontend_upstream_timeout_ms; /* silence on an upstream connection before giving up */
     uint64_t frontend_tokenize_cache_tokens; /* token ids the tokenize cache holds; 0 = off */
     uint32_t frontend_max_idle_connections;  /* kept-alive idle upstream connections per worker */
+    uint64_t frontend_max_client_buffer_bytes; /* SSE bytes pending to a slow client; above:
+                                                  * the request is aborted (no 0 = no cap) */
     uint64_t seed;                /* random tie-breaks and sampling; 0 = from the clock */
 } kvr_router_config_t;
 

@@ -1,9 +1,10 @@
 /*
  * frontend.c: the OpenAI front end (see frontend.h for what it does and the policies).
  *
- * Sections: JSON spans (byte ranges of an object's members, to splice request and response
- * bodies without re-encoding them), the tokenize cache, upstream pools, requests (decode,
- * tokenize, route, proxy, relay, retry, disconnect), /v1/models, metrics, tick, lifecycle.
+ * Sections: JSON spans (byte ranges of an object's members, to splice request bodies without
+ * re-encoding them; answers get their nvext from wire/json_splice.h), the tokenize cache,
+ * upstream pools, requests (decode, tokenize, route, proxy, relay, retry, disconnect, slow
+ * clients), /v1/models, metrics, tick, lifecycle.
  *
  * Invariants: a request (fe_req_t) is in the live list from arrival until its client is
  * answered or gone. While it has an upstream call (up != NULL) it holds one busy pooled
@@ -46,6 +47,7 @@
 
 #include "net/log.h"
 #include "wire/api_json.h"
+#include "wire/json_splice.h"
 #include "wire/json_writer.h"
 #include "wire/openai.h"
 #include "wire/prom.h"
@@ -524,6 +526,7 @@ struct fe_req {
     bool got_headers;      /* the upstream answered (its first byte): no retry from here */
     bool sse_mode;
     bool first_token_sent;
+    bool slow_abort;       /* the client's pending output passed the cap: aborted from retry_ev */
     uint64_t arrival_ns;
     /* the prompt */
     uint32_t *tokens;
@@ -563,7 +566,7 @@ struct fe_req {
     char rid[KVR_LOAD_MAX_ID_BYTES + 1];
     size_t rid_len;
     kvr_worker_t worker;
-    char nvext[192];                 /* ,"nvext":{"worker_id":{...}} */
+    char nvext[192];                 /* "nvext":{"worker_id":{...}} */
     size_t nvext_len;
     /* the upstream call */
     struct evhttp_request *up;
@@ -580,7 +583,8 @@ struct fe_req {
 typedef struct fe_stats {
     uint64_t requests[3];            /* completions, chat, models */
     uint64_t replies[6];             /* 2xx, 3xx, 4xx, 5xx, streamed, other */
-    uint64_t forwarded, retries, fenced, client_disconnects, upstream_errors[UPK_COUNT];
+    uint64_t forwarded, retries, fenced, client_disconnects, slow_client_aborts;
+    uint64_t upstream_errors[UPK_COUNT];
     uint64_t tokenize_calls, stream_events, stream_tokens, sse_raw, inject_failed;
     uint64_t models_refreshes;
 } fe_stats_t;
@@ -616,7 +620,7 @@ struct kvr_frontend {
     fe_stats_t st;
     bool closing;              /* kvr_frontend_free is answering what is in flight */
     kvr_hist_t h_forward;      /* arrival -> upstream request issued, ms */
-    kvr_ratelimit_t rl_up, rl_proto;
+    kvr_ratelimit_t rl_up, rl_proto, rl_slow;
 };
 
 static void req_finish(fe_req_t *p);
@@ -990,7 +994,8 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
 {
     (void)conn;
     fe_req_t *p = arg;
-    p->fe->st.client_disconnects++;
+    if (!p->slow_abort)
+        p->fe->st.client_disconnects++;
     struct evhttp_request *c = p->client;
     p->client = NULL;
     cancel_upstream(p); /* first: nothing of ours may reach the client's buffers after this */
@@ -1098,52 +1103,32 @@ static void ids_ready(fe_req_t *p)
     route_attempt(p);
 }
 
-/* ,"nvext":{"worker_id":{...}} for the chosen worker. */
+/* "nvext":{"worker_id":{...}} for the chosen worker. */
 static void make_nvext(fe_req_t *p)
 {
     int n = snprintf(p->nvext, sizeof p->nvext,
-                     ",\"nvext\":{\"worker_id\":{\"prefill_worker_id\":%llu,\"prefill_dp_rank\":%u,"
+                     "\"nvext\":{\"worker_id\":{\"prefill_worker_id\":%llu,\"prefill_dp_rank\":%u,"
                      "\"decode_worker_id\":%llu,\"decode_dp_rank\":%u}}",
                      (unsigned long long)p->worker.worker_id, p->worker.dp_rank,
                      (unsigned long long)p->worker.worker_id, p->worker.dp_rank);
     p->nvext_len = n > 0 && (size_t)n < sizeof p->nvext ? (size_t)n : 0;
 }
 
-/* Appends json (one object) to out with the worker's nvext as its last member; false (out
- * untouched) when it is not an object. */
-static bool inject_worker(kvr_frontend_t *fe, const fe_req_t *p, const char *json, size_t len,
-                          struct evbuffer *out)
+/* Appends json (one object) to out with the worker's nvext as its last member (any nvext the
+ * worker sent dropped); false (out untouched) when it is not one valid object. */
+static bool inject_worker(const fe_req_t *p, const char *json, size_t len, struct evbuffer *out)
 {
-    size_t s = skip_ws(json, len, 0), e = len;
-    while (e > s && is_ws(json[e - 1]))
-        e--;
-    if (p->nvext_len == 0 || e - s < 2 || json[s] != '{' || json[e - 1] != '}')
+    if (p->nvext_len == 0)
         return false;
-    if (find_bytes(json + s, e - s, "\"nvext\"", 7) == NULL) {
-        size_t t = skip_ws(json, e - 1, s + 1);
-        bool empty = t == e - 1;
-        evbuffer_add(out, json + s, e - 1 - s);
-        evbuffer_add(out, p->nvext + empty, p->nvext_len - empty);
-        evbuffer_add(out, "}", 1);
-        return true;
-    }
-    int k = scan_members(json, e, s, fe->members);
-    if (k < 0)
+    struct evbuffer_iovec v;
+    size_t cap = KVR_JSON_SPLICE_OUT_BYTES(len, p->nvext_len), n = 0;
+    if (evbuffer_reserve_space(out, (ev_ssize_t)cap, &v, 1) < 1 || v.iov_len < cap)
         return false;
-    evbuffer_add(out, "{", 1);
-    bool first = true;
-    for (int i = 0; i < k; i++) {
-        const span_member_t *m = &fe->members[i];
-        if (key_is(json, m, "nvext"))
-            continue;
-        if (!first)
-            evbuffer_add(out, ",", 1);
-        evbuffer_add(out, json + m->key, m->val_end - m->key);
-        first = false;
-    }
-    evbuffer_add(out, p->nvext + first, p->nvext_len - first);
-    evbuffer_add(out, "}", 1);
-    return true;
+    if (kvr_json_splice(json, len, "nvext", p->nvext, p->nvext_len, v.iov_base, v.iov_len, &n) !=
+        KVR_OK)
+        return false;
+    v.iov_len = n;
+    return evbuffer_commit_space(out, &v, 1) == 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1429,7 +1414,7 @@ static void relay_event(fe_req_t *p, const char *ev, size_t len, struct evbuffer
         mark_token(p);
     if (p->want_worker && !error) {
         evbuffer_add(out, KVR_OAI_SSE_PREFIX, sizeof KVR_OAI_SSE_PREFIX - 1);
-        if (inject_worker(fe, p, d, dl, out)) {
+        if (inject_worker(p, d, dl, out)) {
             evbuffer_add(out, KVR_OAI_SSE_SUFFIX, sizeof KVR_OAI_SSE_SUFFIX - 1);
             return;
         }
@@ -1439,6 +1424,47 @@ static void relay_event(fe_req_t *p, const char *ev, size_t len, struct evbuffer
         return;
     }
     evbuffer_add(out, ev, len);
+}
+
+/* Bytes handed to libevent for the client and not yet written to its socket. */
+static size_t client_backlog(const fe_req_t *p)
+{
+    if (p->client == NULL || p->client_conn == NULL)
+        return 0;
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(p->client_conn);
+    return bev != NULL ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+}
+
+/* A client that does not read what it asked for is aborted like one that left, but not from
+ * here: relay runs inside the upstream request's own callbacks, where the request cannot be
+ * cancelled. retry_ev (made before the upstream call) continues in on_retry. */
+static void check_client_backlog(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    size_t pending = client_backlog(p);
+    if (p->slow_abort || pending <= fe->cfg.frontend_max_client_buffer_bytes ||
+        p->retry_ev == NULL)
+        return;
+    p->slow_abort = true;
+    fe->st.slow_client_aborts++;
+    kvr_log_limited(&fe->rl_slow, KVR_LOG_WARN, "request %.*s on worker %llu: the client does "
+                    "not read its stream (%zu bytes pending > frontend_max_client_buffer_bytes "
+                    "%llu): aborted", (int)p->rid_len, p->rid,
+                    (unsigned long long)p->worker.worker_id, pending,
+                    (unsigned long long)fe->cfg.frontend_max_client_buffer_bytes);
+    static const struct timeval now = {0, 0};
+    (void)evtimer_add(p->retry_ev, &now);
+}
+
+/* The deferred abort of a slow client, from the timer: closing its connection runs
+ * on_client_close (upstream cancelled, booking freed, p freed). */
+static void abort_slow_client(fe_req_t *p)
+{
+    if (p->client != NULL && p->client_conn != NULL) {
+        evhttp_connection_free(p->client_conn);
+        return;
+    }
+    req_finish(p);
 }
 
 /* Forwards the complete events held (all of it when final). */
@@ -1465,13 +1491,20 @@ static void relay(fe_req_t *p, bool final)
     if (evbuffer_get_length(out) > 0 && p->client != NULL) {
         start_reply(p);
         evhttp_send_reply_chunk(p->client, out);
+        if (!final)
+            check_client_backlog(p);
     }
 }
 
 static void on_up_chunk(struct evhttp_request *up, void *arg)
 {
     fe_req_t *p = arg;
-    evbuffer_add_buffer(p->sse, evhttp_request_get_input_buffer(up));
+    struct evbuffer *in = evhttp_request_get_input_buffer(up);
+    if (p->slow_abort) { /* being aborted: nothing more for this client */
+        evbuffer_drain(in, evbuffer_get_length(in));
+        return;
+    }
+    evbuffer_add_buffer(p->sse, in);
     relay(p, false);
 }
 
@@ -1517,7 +1550,7 @@ static void reply_whole(fe_req_t *p, struct evhttp_request *up)
     bool done = false;
     if (p->want_worker && p->up_code == 200 && len > 0) {
         const char *b = (const char *)evbuffer_pullup(in, -1);
-        done = inject_worker(fe, p, b, len, fe->out);
+        done = inject_worker(p, b, len, fe->out);
         if (!done) {
             fe->st.inject_failed++;
             evbuffer_drain(fe->out, evbuffer_get_length(fe->out));
@@ -1563,6 +1596,8 @@ static void on_up_done(struct evhttp_request *up, void *arg)
     p->up = NULL; /* libevent frees it after this call */
     pool_release(p->uc);
     p->uc = NULL;
+    if (p->slow_abort)
+        return; /* retry_ev is pending: it closes the client */
     int code = up != NULL ? evhttp_request_get_response_code(up) : 0;
     if (up == NULL || code == 0) {
         up_kind_t kind = up != NULL ? UPK_CONNECT : p->up_err_set ? p->up_err : UPK_EOF;
@@ -1793,6 +1828,10 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
     (void)what;
     fe_req_t *p = arg;
     kvr_frontend_t *fe = p->fe;
+    if (p->slow_abort) {
+        abort_slow_client(p);
+        return;
+    }
     p->phase = PH_START;
     if (p->tokens == NULL && p->tok_body != NULL) {
         start_tokenize(p);
@@ -2267,13 +2306,23 @@ static void fe_metrics(void *arg, struct kvr_prom *p)
         kvr_prom_sample(p, "kvr_frontend_upstream_errors_total", &l, 1,
                         (double)s->upstream_errors[i]);
     }
+    counter(p, "kvr_frontend_slow_client_aborts_total", "Streams aborted (as disconnects) because "
+            "the client left more than frontend_max_client_buffer_bytes unread.",
+            (double)s->slow_client_aborts);
+    size_t backlog = 0;
+    for (const fe_req_t *q = fe->live; q != NULL; q = q->next)
+        backlog += q->reply_started ? client_backlog(q) : 0;
+    gauge(p, "kvr_frontend_client_buffer_bytes", "Streamed bytes waiting in clients' output "
+          "buffers.", (double)backlog);
+    gauge(p, "kvr_frontend_max_client_buffer_bytes", "The cap on one client's waiting bytes "
+          "(frontend_max_client_buffer_bytes).", (double)fe->cfg.frontend_max_client_buffer_bytes);
     counter(p, "kvr_frontend_stream_events_total", "SSE events relayed.", (double)s->stream_events);
     counter(p, "kvr_frontend_stream_tokens_total", "SSE events that carried a token.",
             (double)s->stream_tokens);
     counter(p, "kvr_frontend_sse_unframed_total", "Upstream stream bytes forwarded without an "
             "event boundary (stream end or over 1 MiB).", (double)s->sse_raw);
     counter(p, "kvr_frontend_inject_failed_total", "Answers that could not carry nvext.worker_id "
-            "(not a JSON object).", (double)s->inject_failed);
+            "(not one valid JSON object: forwarded as they were).", (double)s->inject_failed);
     counter(p, "kvr_frontend_tokenize_calls_total", "POST /tokenize calls to workers.",
             (double)s->tokenize_calls);
     counter(p, "kvr_frontend_tokenize_cache_hits_total", "Text prompts found in the cache.",
@@ -2409,6 +2458,7 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
     fe->cfg = *cfg;
     fe->rl_up = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     fe->rl_proto = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    fe->rl_slow = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     fe->cache.cap_tokens = cfg->frontend_tokenize_cache_tokens;
     kvr_json_writer_init(&fe->w);
     kvr_hist_init(&fe->h_forward, MS_BUCKETS, N_MS_BUCKETS);

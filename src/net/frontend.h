@@ -26,8 +26,11 @@
  * router as they are. With nvext.extra_fields ["worker_id"] each JSON response (every SSE
  * chunk but errors; the non-streaming object) gets "nvext":{"worker_id":{"prefill_worker_id",
  * "prefill_dp_rank","decode_worker_id","decode_dp_rank"}} as its last member, spliced in
- * before the closing brace (an nvext member the worker sent is dropped). Every proxied
- * response also carries the headers x-kvrouter-worker-id and x-kvrouter-dp-rank.
+ * before the closing brace by wire/json_splice.h (an nvext member the worker sent is dropped;
+ * the other members are kept byte for byte). Worker bytes are not trusted: an answer that is
+ * not exactly one valid JSON object is forwarded untouched, without nvext, and counted
+ * (kvr_frontend_inject_failed_total). Every proxied response also carries the headers
+ * x-kvrouter-worker-id and x-kvrouter-dp-rank.
  *
  * Load lifecycle: the first SSE event carrying a token marks the first token (for a
  * non-streaming request, its response headers); each token event that starts a new KV block
@@ -37,6 +40,20 @@
  * goes away cancels the upstream request (its connection is closed, which is how vLLM and the
  * mocker learn of it). libevent notices a client's close only once a reply has started, so
  * clients still waiting for their first byte are probed every 100 ms (a peek that reads EOF).
+ *
+ * Slow clients: what the router holds for a streaming client is bounded. When, after relaying
+ * a chunk, more than frontend_max_client_buffer_bytes (default 16 MiB; at least 4096, there is
+ * no "unlimited") wait unwritten in the client's output buffer, the request is aborted exactly
+ * as a disconnect is (upstream cancelled, booking freed, the client's connection closed, no
+ * [DONE]), counted in kvr_frontend_slow_client_aborts_total (not in client_disconnects) and
+ * logged with a rate limit. The abort is deferred to a zero-delay timer (the request's retry
+ * timer): the relay runs inside the upstream request's own callback, where libevent does not
+ * allow cancelling it; until the timer runs, further upstream bytes are dropped. The bound is
+ * therefore the cap plus one upstream read (at most 4 MiB). There is no backpressure (the
+ * upstream is not paused): evhttp drives the upstream connection's read events itself, and
+ * pausing them from outside was judged too fragile to rely on.
+ * Non-streaming answers are held whole, as before (the worker's answer, not the client's pace,
+ * bounds them). kvr_frontend_client_buffer_bytes is the total waiting across clients.
  *
  * Failures: an upstream that refuses the connection (or cannot be reached within
  * frontend_upstream_timeout_ms) or closes it before its response headers (the first byte) is

@@ -672,11 +672,75 @@ def scenario_config():
     for args, env, field in ((["--frontend-max-retries", "17"], {}, "frontend_max_retries"),
                              ([], {"KVR_FRONTEND_FENCE_FAILURES": "0"}, "frontend_fence_failures"),
                              (["--frontend-upstream-timeout-ms", "5"], {}, "frontend_upstream_timeout_ms"),
+                             (["--frontend-max-client-buffer-bytes", "0"], {},
+                              "frontend_max_client_buffer_bytes"),
                              (["--router-mode", "fastest"], {}, "router_mode")):
         p = subprocess.run([KVR, "serve", "--http-port", "0"] + args, capture_output=True, text=True,
                            stdin=subprocess.DEVNULL, timeout=20, env=dict(os.environ, **env))
         check(f"bad config {args or env} names {field}", p.returncode == 2 and field in p.stderr,
               (p.returncode, p.stderr))
+
+
+# ------------------------------------------------------------------------------------------
+# A streaming client that never reads: aborted once its unread bytes pass the cap
+
+def scenario_slow_client():
+    cap = 65536
+    m = mocker("--speedup", 1000, what="mocker(fast)")
+    r = router([spec(1, m)], "--frontend-max-client-buffer-bytes", cap, what="router(slow client)")
+    s = None
+    try:
+        aborts0 = r.metric("kvr_frontend_slow_client_aborts_total")
+        check("slow client: the cap is exported",
+              r.metric("kvr_frontend_max_client_buffer_bytes") == cap)
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a tiny window
+        s.settimeout(10)
+        s.connect((r.host, r.port))
+        data = json.dumps({"model": "m", "prompt": toks(64), "max_tokens": 100000,
+                           "stream": True}).encode()
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        aborted = eventually(lambda: r.metric("kvr_frontend_slow_client_aborts_total") == aborts0 + 1,
+                             30, 0.1)
+        check("slow client: aborted and counted", aborted,
+              (r.metric("kvr_frontend_slow_client_aborts_total"),
+               r.metric("kvr_frontend_client_buffer_bytes"), r.metric("kvr_frontend_in_flight")))
+        check("slow client: the router's load is freed", eventually(lambda: loads_idle(r), 5),
+              (r.metric("kvr_requests_in_flight"), r.metric("kvr_frontend_in_flight")))
+        check("slow client: the mocker's request is cancelled",
+              eventually(lambda: blocks_active([m]) == 0
+                         and (m.metric("vllm:num_requests_running") or 0) == 0, 5),
+              (blocks_active([m]), m.metric("vllm:num_requests_running")))
+        check("slow client: aborted before the generation ended",
+              (m.metric("vllm:request_success_total") or 0) == 0,
+              m.metric("vllm:request_success_total"))
+        check("slow client: not counted as a disconnect",
+              r.metric("kvr_frontend_client_disconnects_total") == 0)
+        check("slow client: nothing left buffered", r.metric("kvr_frontend_client_buffer_bytes") == 0)
+        # the client's connection was closed: draining it ends (no [DONE])
+        got, closed = b"", False
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                c = s.recv(1 << 20)
+            except (ConnectionResetError, socket.timeout):
+                closed = True
+                break
+            if not c:
+                closed = True
+                break
+            got += c
+        check("slow client: its connection is closed", closed and b"data: [DONE]" not in got,
+              (closed, len(got)))
+        st, b, _ = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks(32),
+                                                       "max_tokens": 4})
+        check("slow client: the router still serves", st == 200, (st, b))
+    finally:
+        if s is not None:
+            s.close()
+        r.stop()
+        m.stop()
 
 
 # ------------------------------------------------------------------------------------------
@@ -835,7 +899,8 @@ def main():
     try:
         for name, fn in (("main", scenario_main), ("queue", scenario_queue),
                          ("faults", scenario_faults), ("dp", scenario_dp),
-                         ("shutdown", scenario_shutdown), ("config", scenario_config)):
+                         ("shutdown", scenario_shutdown), ("config", scenario_config),
+                         ("slow_client", scenario_slow_client)):
             ts = time.monotonic()
             try:
                 fn()
