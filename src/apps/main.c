@@ -15,11 +15,11 @@ typedef struct subcommand {
 } subcommand_t;
 
 static const subcommand_t SUBCOMMANDS[] = {
-    {"serve", kvr_cmd_serve, "the router daemon: HTTP API, KV events from engines over ZeroMQ"},
+    {"serve", kvr_cmd_serve, "the router daemon: OpenAI front end and routing API, KV events over ZeroMQ"},
     {"mocker", kvr_cmd_mocker,
      "a simulated vLLM engine: KV cache, batching, timing, KV events, OpenAI HTTP"},
     {"hash", kvr_cmd_hash, "block and sequence hashes of JSON-lines prompts (engine parity)"},
-    {"bench", kvr_cmd_bench, "benchmarks of the hot paths: hash, index, ingest, all"},
+    {"bench", kvr_cmd_bench, "benchmarks: hash, index, ingest, events, route, mocker, frontend, all"},
     {"sim", kvr_cmd_sim, "a trace through the router core and simulated engines in virtual time"},
     {"replay", kvr_cmd_replay,
      "a trace replayed open loop against a live endpoint: TTFT, ITL, latency, cache hits"},
