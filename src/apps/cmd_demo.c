@@ -393,9 +393,13 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
             if (ev < 0 || rp < 0 || ev == rp)
                 continue;
             char kv[256], log[PATH_MAX], what[64];
+            /* the events endpoint has a star for the host: as in vLLM, the engine's PUB
+             * socket binds only when its endpoint has one (or "::", or is ipc/inproc) and
+             * connects otherwise, and the router's SUB connects to tcp://HOST:PORT; with
+             * 127.0.0.1 on both sides both would connect and no KV event would ever flow */
             snprintf(kv, sizeof kv,
                      "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":"
-                     "\"tcp://127.0.0.1:%d\",\"replay_endpoint\":\"tcp://127.0.0.1:%d\"}",
+                     "\"tcp://*:%d\",\"replay_endpoint\":\"tcp://127.0.0.1:%d\"}",
                      ev, rp);
             snprintf(log, sizeof log, "%.2000s/%.32s-mocker-%u.log", dir, policy, i + 1);
             snprintf(what, sizeof what, "mocker %u", i + 1);

@@ -9,8 +9,9 @@ per-request samples file, the table, and --plot (a PNG from gnuplot when it is i
 clear error naming gnuplot when it is not). A fake OpenAI server written here (http.server)
 makes the failures a run must classify: a 503, a stream without [DONE], a chunk that is not
 JSON, an error event, a response slower than --timeout. Also: a bad trace line (named), a dead
-URL, usage errors, SIGINT (partial report, exit 130). Every kvrouter child must be free of
-sanitizer reports. Usage: test_replay.py <path to kvrouter>.
+URL, usage errors, SIGINT (partial report, exit 130). `kvrouter demo`: the comparison, no
+process left behind, and its kv router getting the mockers' KV events (a repeated prompt hits
+the ceiling on one worker). Every kvrouter child must be free of sanitizer reports. Usage: test_replay.py <path to kvrouter>.
 """
 import http.server
 import json
@@ -461,6 +462,35 @@ def scenario_demo():
     check("demo SIGINT: no process left behind", seen and not alive(seen), (seen, alive(seen)))
 
 
+def scenario_demo_kv_events():
+    """The demo's router must see its mockers' KV events: one 2,048-token prompt sent 12 times,
+    each after the last has finished, must hit its whole prefix from the second on (the
+    infinite-cache ceiling exactly). Without events a kv router only sees load, and with 4
+    idle workers sends the repeats where its tie-break falls."""
+    trace = os.path.join(TMP, "repeat.jsonl")
+    with open(trace, "w") as f:
+        for i in range(12):
+            f.write(json.dumps({"timestamp": 4000 * i, "input_length": 2048,
+                                "output_length": 2, "hash_ids": [0, 1, 2, 3]}) + "\n")
+    args = [KVR, "demo", "--policies", "kv", "--workers", "4", "--requests", "12",
+            "--num-gpu-blocks", "4096", "--mocker-speedup", "20", "--load", "1", "--json",
+            "--quiet", "--trace", trace, "--plot", os.path.join(TMP, "repeat.png")]
+    rc, out, err, seen = run_watched(args)
+    no_sanitizer("demo (repeated prompt)", err)
+    check("demo (repeated prompt) exits 0", rc == 0, (rc, err[-3000:]))
+    try:
+        j = json.loads(out.splitlines()[0])
+    except (ValueError, IndexError):
+        j = {}
+    hr, ci = j.get("hit_ratio"), j.get("ceiling_infinite")
+    check("demo (repeated prompt): kv routing hits the whole ceiling (the router gets the "
+          "mockers' KV events)", hr is not None and ci is not None and abs(hr - ci) < 1e-9,
+          (hr, ci, out[-2000:]))
+    check("demo (repeated prompt): one worker served them all", j.get("max_worker_share") == 1.0,
+          j.get("max_worker_share"))
+    check("demo (repeated prompt): no process left behind", not alive(seen), alive(seen))
+
+
 def main():
     try:
         scenario_bad_input()
@@ -468,6 +498,7 @@ def main():
         scenario_mocker()
         scenario_interrupt()
         scenario_demo()
+        scenario_demo_kv_events()
     finally:
         for p in CHILDREN:
             if p.poll() is None:
