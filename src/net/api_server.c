@@ -80,6 +80,8 @@ struct kvr_api_server {
     kvr_load_projection_t *loads;
     size_t cap_ranks;
     kvr_ratelimit_t rl_health;
+    kvr_ratelimit_t rl_silent;  /* ranks whose KV events never came (warn_silent_ranks) */
+    uint64_t first_routed_ms, last_silent_check_ms;
     kvr_api_extension_t ext;  /* the OpenAI front end; handle NULL = none */
     bool dispatching;         /* dispatch_queue is running (a placement callback re-entered) */
     bool redispatch;
@@ -1392,6 +1394,45 @@ static void sync_rank_status(kvr_api_server_t *s)
     }
 }
 
+/* A rank with an events endpoint that has sent nothing although the router has been routing
+ * for SILENT_WARN_MS is most likely misconfigured: both sides connecting (vLLM and the mocker
+ * bind only endpoints with a '*' or "::" host), a wrong port, or events off on the engine.
+ * Its state already says no_events (/v1/workers, /metrics); this says it in the log, since a
+ * KV router whose index stays empty still routes, on load alone. */
+#define SILENT_WARN_MS 30000u
+static void warn_silent_ranks(kvr_api_server_t *s, uint64_t now)
+{
+    if (s->g == NULL || now - s->last_silent_check_ms < 10000)
+        return;
+    s->last_silent_check_ms = now;
+    kvr_router_stats_t rs;
+    kvr_router_stats(s->r, &rs);
+    if (rs.routed == 0)
+        return;
+    if (s->first_routed_ms == 0)
+        s->first_routed_ms = now;
+    if (now - s->first_routed_ms < SILENT_WARN_MS)
+        return;
+    uint64_t ids[4096];
+    size_t n = kvr_router_worker_ids(s->r, ids, 4096);
+    for (size_t i = 0; i < n && i < 4096; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
+        for (uint32_t d = 0; sp != NULL && sp->events[0] != '\0' && d < sp->dp_size; d++) {
+            kvr_worker_t wk = {sp->worker_id, sp->dp_start + d};
+            kvr_rank_status_t st;
+            if (kvr_router_rank_status(s->r, wk, &st) == KVR_OK &&
+                st.state == KVR_RANK_NO_EVENTS)
+                kvr_log_limited(&s->rl_silent, KVR_LOG_WARN,
+                                "worker %llu rank %u: no KV events from %s after %llu s of "
+                                "routing; its overlap is always 0. Does the engine publish "
+                                "(kv-events-config), and does exactly one side bind (an engine "
+                                "binds only an endpoint with a '*' host)?",
+                                (unsigned long long)wk.worker_id, wk.dp_rank, sp->events,
+                                (unsigned long long)((now - s->first_routed_ms) / 1000));
+        }
+    }
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -1400,6 +1441,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     uint64_t now = kvr_now_ms();
     kvr_router_tick(s->r, now);
     sync_rank_status(s);
+    warn_silent_ranks(s, now);
     expire_queue(s);
     dispatch_queue(s);
     if (now - s->last_probe_ms >= s->cfg.health_interval_ms) {
@@ -1438,6 +1480,7 @@ kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, k
     s->g = g;
     s->cfg = *cfg;
     s->rl_health = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    s->rl_silent = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(60000, 8);
     kvr_json_writer_init(&s->w);
     kvr_prom_init(&s->prom);
     kvr_hist_init(&s->h_hash, MS_BUCKETS, N_MS_BUCKETS);
