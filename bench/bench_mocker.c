@@ -107,6 +107,7 @@
 #include <zmq.h>
 
 #include "bench.h"
+#include "net/replay_driver.h"
 
 static const kvr_bench_col_t COLS[] = {
     {"bench", KVR_BENCH_STR, 6, 0},           {"run", KVR_BENCH_STR, 6, 0},
@@ -196,36 +197,13 @@ static void sleep_until(uint64_t ns)
 
 /* ---- the target ------------------------------------------------------------------------- */
 
-typedef struct target {
-    char host[256];     /* numeric address or name */
-    char host_hdr[300]; /* host:port */
-    char addr[64];      /* numeric address found by the probe */
-    int port;
-} target_t;
+typedef kvr_http_target_t target_t; /* net/replay_driver.h */
 
+/* http://host[:port] (the mocker serves at the root: no path). */
 static bool parse_url(const char *url, target_t *t)
 {
-    memset(t, 0, sizeof *t);
-    struct evhttp_uri *u = evhttp_uri_parse(url);
-    if (u == NULL)
-        return false;
-    const char *scheme = evhttp_uri_get_scheme(u), *host = evhttp_uri_get_host(u);
-    const char *path = evhttp_uri_get_path(u);
-    int port = evhttp_uri_get_port(u);
-    bool ok = scheme && strcasecmp(scheme, "http") == 0 && host && *host &&
-              strlen(host) < sizeof t->host && port != 0 && port <= 65535 &&
-              (path == NULL || *path == '\0' || strcmp(path, "/") == 0);
-    if (ok) {
-        t->port = port < 0 ? 80 : port;
-        size_t hl = strlen(host);
-        if (host[0] == '[' && hl > 2 && host[hl - 1] == ']')
-            snprintf(t->host, sizeof t->host, "%.*s", (int)(hl - 2), host + 1);
-        else
-            snprintf(t->host, sizeof t->host, "%s", host);
-        snprintf(t->host_hdr, sizeof t->host_hdr, "%s:%d", host, t->port);
-    }
-    evhttp_uri_free(u);
-    return ok;
+    char err[512];
+    return kvr_http_target_parse(url, t, err, sizeof err) == KVR_OK && t->base_path[0] == '\0';
 }
 
 /* A socket connected to t (numeric t->addr when known, else resolving t->host) within

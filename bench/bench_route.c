@@ -42,10 +42,8 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -61,6 +59,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "bench.h"
+#include "net/replay_driver.h"
 
 static const kvr_bench_col_t COLS[] = {
     {"bench", KVR_BENCH_STR, 5, 0},         {"clients", KVR_BENCH_INT, 7, 0},
@@ -102,10 +101,7 @@ enum {
 /* ---- the target ------------------------------------------------------------------------- */
 
 typedef struct target {
-    char host[256];     /* as given (for messages and Host) */
-    char host_hdr[300]; /* host[:port], IPv6 in brackets */
-    char addr[64];      /* numeric address found by the probe */
-    int port;
+    kvr_http_target_t h;    /* host, Host header, numeric address (net/replay_driver.h) */
     char route_path[512];
     char delete_prefix[512];
 } target_t;
@@ -113,45 +109,11 @@ typedef struct target {
 static bool parse_url(const char *url, target_t *t, char *why, size_t why_len)
 {
     memset(t, 0, sizeof *t);
-    struct evhttp_uri *u = evhttp_uri_parse(url);
-    if (u == NULL) {
-        snprintf(why, why_len, "not a URL: '%s'", url);
+    if (kvr_http_target_parse(url, &t->h, why, why_len) != KVR_OK)
         return false;
-    }
-    bool ok = false;
-    const char *scheme = evhttp_uri_get_scheme(u), *host = evhttp_uri_get_host(u);
-    const char *path = evhttp_uri_get_path(u);
-    int port = evhttp_uri_get_port(u);
-    if (scheme == NULL || strcasecmp(scheme, "http") != 0)
-        snprintf(why, why_len, "'%s': only http://host[:port] URLs", url);
-    else if (host == NULL || *host == '\0' || strlen(host) >= sizeof t->host)
-        snprintf(why, why_len, "'%s': no host", url);
-    else if (evhttp_uri_get_query(u) || evhttp_uri_get_fragment(u) || evhttp_uri_get_userinfo(u))
-        snprintf(why, why_len, "'%s': no user, query or fragment allowed", url);
-    else if (port == 0 || port > 65535)
-        snprintf(why, why_len, "'%s': bad port", url);
-    else if (path != NULL && strlen(path) > 256)
-        snprintf(why, why_len, "'%s': path too long", url);
-    else
-        ok = true;
-    if (ok) {
-        t->port = port < 0 ? 80 : port;
-        snprintf(t->host_hdr, sizeof t->host_hdr, "%s:%d", host, t->port);
-        size_t hl = strlen(host);
-        if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') /* an IPv6 literal */
-            snprintf(t->host, sizeof t->host, "%.*s", (int)(hl - 2), host + 1);
-        else
-            snprintf(t->host, sizeof t->host, "%s", host);
-        char base[260];
-        snprintf(base, sizeof base, "%s", path ? path : "");
-        size_t n = strlen(base);
-        while (n > 0 && base[n - 1] == '/')
-            base[--n] = '\0';
-        snprintf(t->route_path, sizeof t->route_path, "%s/v1/route", base);
-        snprintf(t->delete_prefix, sizeof t->delete_prefix, "%s/v1/requests/", base);
-    }
-    evhttp_uri_free(u);
-    return ok;
+    snprintf(t->route_path, sizeof t->route_path, "%s/v1/route", t->h.base_path);
+    snprintf(t->delete_prefix, sizeof t->delete_prefix, "%s/v1/requests/", t->h.base_path);
+    return true;
 }
 
 bool kvr_bench_route_url_ok(const char *url, char *why, size_t why_len)
@@ -161,55 +123,14 @@ bool kvr_bench_route_url_ok(const char *url, char *why, size_t why_len)
 }
 
 /* A TCP connect with a timeout, so an absent server is an error message, not a hang. On
- * success t->addr holds the numeric address that answered (evhttp then needs no resolver). */
-static bool probe(const char *url, target_t *t)
+ * success t->h.addr holds the numeric address that answered (evhttp then needs no resolver). */
+static bool probe(target_t *t)
 {
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    char port[16];
-    snprintf(port, sizeof port, "%d", t->port);
-    int gai = getaddrinfo(t->host, port, &hints, &res);
-    if (gai != 0) {
-        fprintf(stderr, "kvrouter bench route: cannot resolve '%s' (from %s): %s\n", t->host,
-                url, gai_strerror(gai));
-        return false;
-    }
-    int err = ETIMEDOUT;
-    bool ok = false;
-    for (struct addrinfo *a = res; a && !ok; a = a->ai_next) {
-        int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK, a->ai_protocol);
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        int rc = connect(fd, a->ai_addr, a->ai_addrlen);
-        if (rc != 0 && errno == EINPROGRESS) {
-            struct pollfd p = {fd, POLLOUT, 0};
-            rc = poll(&p, 1, ROUTE_PROBE_MS);
-            if (rc == 1) {
-                socklen_t len = sizeof err;
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-                rc = err == 0 ? 0 : -1;
-            } else {
-                err = rc == 0 ? ETIMEDOUT : errno;
-                rc = -1;
-            }
-        } else if (rc != 0) {
-            err = errno;
-        }
-        if (rc == 0 && getnameinfo(a->ai_addr, a->ai_addrlen, t->addr, sizeof t->addr, NULL, 0,
-                                   NI_NUMERICHOST) == 0)
-            ok = true;
-        close(fd);
-    }
-    freeaddrinfo(res);
-    if (!ok)
-        fprintf(stderr, "kvrouter bench route: cannot connect to %s (%s port %d): %s; is the "
-                        "router (kvrouter serve) running?\n",
-                url, t->host, t->port, strerror(err));
-    return ok;
+    char err[512];
+    if (kvr_http_probe(&t->h, ROUTE_PROBE_MS, err, sizeof err) == KVR_OK)
+        return true;
+    fprintf(stderr, "kvrouter bench route: %s; is the router (kvrouter serve) running?\n", err);
+    return false;
 }
 
 /* ---- bodies ----------------------------------------------------------------------------- */
@@ -622,7 +543,7 @@ static int send_delete(client_t *c, struct evhttp_request *resp)
     if (req == NULL)
         return KIND_CONN;
     evhttp_request_set_error_cb(req, on_error);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", c->lp->run->t->host_hdr);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", c->lp->run->t->h.host_hdr);
     if (evhttp_make_request(c->evcon, req, EVHTTP_REQ_DELETE, path) != 0)
         return KIND_CONN; /* evhttp freed req */
     return 0;
@@ -661,7 +582,7 @@ static void send_route(client_t *c)
     }
     evhttp_request_set_error_cb(req, on_error);
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Host", c->lp->run->t->host_hdr);
+    evhttp_add_header(h, "Host", c->lp->run->t->h.host_hdr);
     evhttp_add_header(h, "Content-Type", "application/json");
     evhttp_add_header(h, "Content-Length", b->len_str);
     evbuffer_add_reference(evhttp_request_get_output_buffer(req), b->data, b->len, NULL, NULL);
@@ -754,7 +675,7 @@ static bool loop_init(loop_t *lp, run_t *r, size_t first, size_t n, const body_t
         c->bodies = bodies + (first + i) * per;
         c->n_bodies = per;
         c->nodelay_fd = -1;
-        c->evcon = evhttp_connection_base_new(lp->base, NULL, r->t->addr, (uint16_t)r->t->port);
+        c->evcon = evhttp_connection_base_new(lp->base, NULL, r->t->h.addr, r->t->h.port);
         c->index = first + i;
         c->wake = evtimer_new(lp->base, wake_cb, c);
         if (c->evcon == NULL || c->wake == NULL)
@@ -1018,7 +939,7 @@ int kvr_bench_route(const kvr_bench_opts_t *o)
         fprintf(stderr, "kvrouter bench route: --url: %s\n", why);
         return 2;
     }
-    if (!probe(o->url, &t))
+    if (!probe(&t))
         return 1;
     kvr_bench_print_header(o, COLS, N_COLS);
     for (size_t ti = 0; ti < tokens->n; ti++)
