@@ -24,6 +24,7 @@
  * connections; the cache within its cap. Threads: the HTTP thread only.
  */
 #include "net/frontend.h"
+#include "net/http_conn.h"
 
 #include <errno.h>
 #include <math.h>
@@ -999,10 +1000,7 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
     struct evhttp_request *c = p->client;
     p->client = NULL;
     cancel_upstream(p); /* first: nothing of ours may reach the client's buffers after this */
-    /* a reply still owed on a failed connection is detached and ours; one still attached
-     * (the connection is being freed) is libevent's */
-    if (c != NULL && evhttp_request_get_connection(c) == NULL)
-        evhttp_request_free(c);
+    kvr_http_release_orphan(c); /* net/http_conn.h */
     req_finish(p);
 }
 
@@ -2360,13 +2358,7 @@ static void sweep_clients(kvr_frontend_t *fe)
         next = p->next;
         if (p->reply_started || p->client == NULL)
             continue;
-        struct bufferevent *bev = evhttp_connection_get_bufferevent(p->client_conn);
-        evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
-        if (fd < 0)
-            continue;
-        char c;
-        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        if (kvr_http_client_gone(p->client_conn))
             evhttp_connection_free(p->client_conn); /* its close callback frees p */
     }
 }

@@ -15,7 +15,6 @@
 #include "net/mocker_server.h"
 
 #include <arpa/inet.h>
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <netinet/in.h>
@@ -28,12 +27,12 @@
 #include <time.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
 #include "kvrouter.h"
+#include "net/http_conn.h"
 #include "net/kv_publisher.h"
 #include "net/log.h"
 #include "wire/json_writer.h"
@@ -367,23 +366,15 @@ static void mreq_detach(mreq_t *q)
     q->prev = q->next = NULL;
 }
 
-/* libevent notices a client's close while it streams to it, but not while a non-streaming
- * request waits for its reply: so those clients are probed (a peek that reads EOF). A
- * client that half-closes its side after sending reads as gone too, as it does to vLLM's
- * server. Closing the connection runs its close callback, which cancels the request. */
+/* Non-streaming clients are probed for a close libevent does not watch (net/http_conn.h);
+ * closing a gone one's connection runs its close callback, which cancels the request. */
 static void on_sweep_tick(evutil_socket_t fd, short what, void *arg)
 {
     kvr_mocker_t *m = arg;
     mreq_t *next;
     for (mreq_t *q = m->waiting_whole; q; q = next) {
         next = q->next;
-        struct bufferevent *bev = evhttp_connection_get_bufferevent(q->conn);
-        evutil_socket_t sfd = bev ? bufferevent_getfd(bev) : -1;
-        if (sfd < 0)
-            continue;
-        char c;
-        ssize_t n = recv(sfd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        if (kvr_http_client_gone(q->conn))
             evhttp_connection_free(q->conn);
     }
 }
@@ -539,11 +530,7 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
     mreq_t *q = arg;
     (void)kvr_engine_cancel(q->rk->eng, q->id);
     q->m->requests_disconnected++;
-    /* When libevent saw the EOF itself, it detached the unfinished request from the dying
-     * connection and left it to us (libevent 2.1's evhttp_connection_incoming_fail); when the
-     * connection is freed with the request still attached (our sweep), libevent frees it. */
-    if (evhttp_request_get_connection(q->req) == NULL)
-        evhttp_request_free(q->req);
+    kvr_http_release_orphan(q->req); /* net/http_conn.h */
     mreq_detach(q);
     mreq_free(q);
 }

@@ -1,0 +1,28 @@
+/*
+ * http_conn.c: see http_conn.h.
+ */
+#include "net/http_conn.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <event2/bufferevent.h>
+#include <event2/http.h>
+
+bool kvr_http_client_gone(struct evhttp_connection *conn)
+{
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(conn);
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd < 0)
+        return false;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+void kvr_http_release_orphan(struct evhttp_request *req)
+{
+    if (req != NULL && evhttp_request_get_connection(req) == NULL)
+        evhttp_request_free(req);
+}

@@ -1,0 +1,29 @@
+/*
+ * http_conn.h: two facts about libevent 2.1's HTTP server connections that every server of
+ * ours (the router's front end, the mocker) must act on the same way.
+ *
+ * 1. libevent watches a client for EOF only while it streams a reply to it; while a request
+ *    waits for its answer, a client that closed goes unnoticed. kvr_http_client_gone() peeks
+ *    at the socket (one non-blocking recv with MSG_PEEK): true when it reads EOF or a hard
+ *    error. A client that half-closes after sending reads as gone too (as to vLLM's server).
+ *    Callers probe their waiting clients from a timer and close the gone ones with
+ *    evhttp_connection_free(), which runs the connection's close callback.
+ * 2. When libevent itself saw the EOF during a reply, it detaches the unfinished request from
+ *    the dying connection and leaves it to the application (evhttp_connection_incoming_fail);
+ *    when the application frees the connection, the requests still attached are libevent's.
+ *    kvr_http_release_orphan(), called from the close callback, frees the request in the
+ *    first case only (otherwise each abandoned stream leaks one request).
+ * Threads: the connection's loop thread. Cost: one syscall / O(1).
+ */
+#ifndef KVR_NET_HTTP_CONN_H
+#define KVR_NET_HTTP_CONN_H
+
+#include <stdbool.h>
+
+struct evhttp_connection;
+struct evhttp_request;
+
+bool kvr_http_client_gone(struct evhttp_connection *conn);
+void kvr_http_release_orphan(struct evhttp_request *req);
+
+#endif /* KVR_NET_HTTP_CONN_H */
