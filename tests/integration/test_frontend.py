@@ -19,7 +19,6 @@ import json
 import os
 import random
 import re
-import select
 import signal
 import socket
 import subprocess
@@ -27,6 +26,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from kvr_harness import eventually, free_ports, read_line, sse_events
 
 KVR = sys.argv[1]
 SEED = int(os.environ.get("KVR_TEST_SEED", str(int(time.time()) % 100000)))
@@ -49,55 +50,6 @@ def check(name, cond, detail=""):
         d = detail if isinstance(detail, str) else repr(detail)
         print(f"FAIL {name} {d[:1500]}", flush=True)
     return bool(cond)
-
-
-def eventually(fn, timeout=10.0, interval=0.03):
-    end = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v or time.monotonic() > end:
-            return v
-        time.sleep(interval)
-
-
-def free_port(n=1):
-    """A port P with P .. P+n-1 free on 127.0.0.1 (bound then closed; racy but short)."""
-    for _ in range(200):
-        socks = []
-        try:
-            s0 = socket.socket()
-            socks.append(s0)
-            s0.bind(("127.0.0.1", 0))
-            p = s0.getsockname()[1]
-            for k in range(1, n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p + k))
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
-
-
-def read_line(proc, timeout=30.0):
-    fd = proc.stdout.fileno()
-    buf = b""
-    end = time.monotonic() + timeout
-    while not buf.endswith(b"\n"):
-        left = end - time.monotonic()
-        if left <= 0:
-            break
-        r, _, _ = select.select([fd], [], [], left)
-        if not r:
-            break
-        c = os.read(fd, 1)
-        if not c:
-            break
-        buf += c
-    return buf.decode(errors="replace")
 
 
 class Child:
@@ -191,7 +143,7 @@ def mocker(*extra, events=True, what="mocker", dp=1):
             "--block-size", str(BS), "--data-parallel-size", str(dp)] + [str(a) for a in extra]
     ev = None
     if events:
-        ev = free_port(dp)
+        ev = free_ports(dp)
         args += ["--kv-events-config", json.dumps(
             {"enable_kv_cache_events": True, "publisher": "zmq",
              "endpoint": f"tcp://*:{ev}"})]
@@ -216,25 +168,6 @@ def spec(wid, m, events=True):
 
 def toks(n):
     return [rng.randrange(1000, 30000) for _ in range(n)]
-
-
-def sse_events(raw):
-    """(payloads, problems): the text after `data: ` of each event, and every deviation from
-    `data: <one line>\\n\\n`."""
-    text = raw.decode(errors="replace")
-    problems = []
-    if not text.endswith("\n\n"):
-        problems.append("stream does not end with a blank line: %r" % text[-40:])
-    parts = text.split("\n\n")
-    if parts and parts[-1] == "":
-        parts = parts[:-1]
-    out = []
-    for p in parts:
-        if not p.startswith("data: ") or "\n" in p:
-            problems.append("bad event %r" % p[:100])
-            continue
-        out.append(p[6:])
-    return out, problems
 
 
 def stream(r, path, body, headers=None):

@@ -17,7 +17,6 @@ import http.server
 import json
 import os
 import re
-import select
 import shutil
 import signal
 import subprocess
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from kvr_harness import read_line
 
 KVR = sys.argv[1]
 DATA = os.environ.get("KVR_TEST_DATA") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -56,24 +57,6 @@ def no_sanitizer(what, stderr):
     m = SANITIZER_RE.search(stderr or "")
     check(f"{what}: no sanitizer report", m is None,
           (stderr or "")[max(0, (m.start() if m else 0) - 300):][:3000])
-
-
-def read_line(proc, timeout=30.0):
-    fd = proc.stdout.fileno()
-    buf = b""
-    end = time.monotonic() + timeout
-    while not buf.endswith(b"\n"):
-        left = end - time.monotonic()
-        if left <= 0:
-            break
-        r, _, _ = select.select([fd], [], [], left)
-        if not r:
-            break
-        c = os.read(fd, 1)
-        if not c:
-            break
-        buf += c
-    return buf.decode(errors="replace")
 
 
 class Mocker:
