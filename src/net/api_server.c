@@ -763,8 +763,11 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
     kvr_json_end_object(w);
 }
 
+static void sync_rank_status(kvr_api_server_t *s);
+
 static void h_workers_get(kvr_api_server_t *s, struct evhttp_request *req)
 {
+    sync_rank_status(s); /* the ingest thread's latest snapshot, not the last tick's copy */
     uint64_t ids[4096];
     size_t n = kvr_router_worker_ids(s->r, ids, 4096);
     kvr_json_writer_reset(&s->w);
@@ -1160,6 +1163,7 @@ static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
 
 static void h_metrics(kvr_api_server_t *s, struct evhttp_request *req)
 {
+    sync_rank_status(s);
     kvr_prom_reset(&s->prom);
     metrics_router(s, &s->prom);
     if (s->g != NULL)

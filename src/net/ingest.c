@@ -323,19 +323,25 @@ static void run_cmd(kvr_ingest_t *g)
 static void *ingest_main(void *arg)
 {
     kvr_ingest_t *g = arg;
-    uint64_t last_pub = 0, last_reclaim = 0, last_replays = 0;
+    uint64_t last_pub = 0, last_reclaim = 0, last_resets = 0;
+    kvr_zmq_stats_t last_zs = {0};
     while (!g->stop) {
         run_cmd(g);
         (void)kvr_zmq_listener_poll(g->l, 10);
         uint64_t now = kvr_now_ms();
         kvr_zmq_stats_t zs;
         kvr_zmq_listener_stats(g->l, &zs);
-        /* a recovery starting or ending shows at once, so no snapshot says "recovering" for
-         * long after it ended */
-        if (now - last_pub >= 100 || zs.replays_in_progress != last_replays) {
+        /* The snapshot is republished after every poll that changed anything (a batch applied
+         * or dropped, a gap, a recovery starting or ending, a reset), so a state read on
+         * another thread is never older than the index it describes: /v1/workers cannot say
+         * "recovering" while /v1/query already answers from the recovered index. Idle, it
+         * is refreshed every 100 ms (index evictions, reclaim). */
+        bool changed = memcmp(&zs, &last_zs, sizeof zs) != 0 || g->acc.resets != last_resets;
+        if (changed || now - last_pub >= 100) {
             publish(g);
             last_pub = now;
-            last_replays = zs.replays_in_progress;
+            last_zs = zs;
+            last_resets = g->acc.resets;
         }
         if (now - last_reclaim >= 1000) {
             kvr_index_reclaim(g->ix);

@@ -3,7 +3,8 @@
  * event decoder and the write side of the prefix index: receive -> decode -> recompute block
  * hashes -> apply, off the HTTP thread. Other threads talk to it through synchronous commands
  * (subscribe, unsubscribe, drop a worker's state, dump) and read per-rank status snapshots
- * (refreshed every 100 ms and after every command).
+ * (republished after every poll that changed anything and after every command, so a
+ * snapshot is never older than the index it describes; idle, every 100 ms).
  *
  * Per rank it keeps: the listener's sequence state (exact / degraded), events applied and
  * rejected, blocks stored/removed, and block-size mismatches, which put the rank in the

@@ -557,6 +557,24 @@ int kvr_kv_pub_poll_replay(kvr_kv_pub_t *p)
     return done + pump_all(p);
 }
 
+int kvr_kv_pub_replay_fd(const kvr_kv_pub_t *p)
+{
+    int fd = -1;
+    size_t len = sizeof fd;
+    if (p == NULL || p->router == NULL || zmq_getsockopt(p->router, ZMQ_FD, &fd, &len) != 0)
+        return -1;
+    return fd;
+}
+
+bool kvr_kv_pub_replay_readable(const kvr_kv_pub_t *p)
+{
+    int ev = 0;
+    size_t len = sizeof ev;
+    if (p == NULL || p->router == NULL || zmq_getsockopt(p->router, ZMQ_EVENTS, &ev, &len) != 0)
+        return false;
+    return (ev & ZMQ_POLLIN) != 0;
+}
+
 /* ---- introspection ---- */
 
 uint64_t kvr_kv_pub_next_seq(const kvr_kv_pub_t *p) { return p->next_seq; }

@@ -15,8 +15,9 @@
  * Ownership: the publisher owns its sockets and the replay ring (copies of the last
  * buffer_steps payloads, also capped at buffer_bytes in total; the oldest go first). The ZMQ
  * context is the caller's and must outlive the publisher. Threads: one thread (the mocker's
- * event loop); poll_replay() is non-blocking and is called from a timer (vLLM polls between
- * queue reads, so replies lagging by a timer period are faithful).
+ * event loop); poll_replay() is non-blocking. An event loop watches kvr_kv_pub_replay_fd() and
+ * answers a request as soon as it arrives (vLLM serves its replay socket on the publisher's own
+ * thread); a timer calls poll_replay() too, to continue answers that wait for a peer's HWM.
  * Cost: publish = one copy of the payload into the ring + three zmq_msg sends.
  */
 #ifndef KVR_NET_KV_PUBLISHER_H
@@ -70,6 +71,12 @@ int kvr_kv_pub_publish(kvr_kv_pub_t *p, const uint8_t *payload, size_t len, uint
  * yet (its pipe at the HWM) is continued by the next calls. Returns the number of answers
  * completed (end marker sent) by this call. */
 int kvr_kv_pub_poll_replay(kvr_kv_pub_t *p);
+
+/* The replay socket's ZMQ_FD for an event loop to watch, or -1 without replay. It is
+ * edge-triggered (libzmq signals changes, not levels): after it fires, call
+ * kvr_kv_pub_poll_replay() while kvr_kv_pub_replay_readable() says a request is waiting. */
+int kvr_kv_pub_replay_fd(const kvr_kv_pub_t *p);
+bool kvr_kv_pub_replay_readable(const kvr_kv_pub_t *p);
 
 /* The sequence number the next batch will get. */
 uint64_t kvr_kv_pub_next_seq(const kvr_kv_pub_t *p);

@@ -41,7 +41,7 @@
 #include "wire/toytok.h"
 
 #define MAX_BODY_BYTES ((size_t)256 << 20)
-#define REPLAY_POLL_US 10000
+#define REPLAY_POLL_US 10000 /* backstop; requests are answered on arrival (on_replay_ready) */
 #define SWEEP_US 50000
 #define MOCKER_VERSION "kvrouter-mocker 0.1.0"
 
@@ -57,6 +57,7 @@ typedef struct rank {
     uint64_t *scratch; /* engine hashes of one event */
     size_t scratch_cap;
     struct event *timer;
+    struct event *replay_ev; /* the replay socket's ZMQ_FD: requests answered on arrival */
     bool stepping;
     uint64_t step_due_ns; /* when the current step's modelled time is up */
     uint64_t n_live;      /* admitted requests not yet finished */
@@ -278,12 +279,33 @@ static void flush_events(rank_t *rk)
     }
 }
 
+
+/* A replay request is answered as soon as it arrives, not on the next tick: a router that
+ * holds live batches while it recovers a gap falls behind by every millisecond this waits.
+ * ZMQ_FD is edge-triggered, so the socket is served until it has nothing readable left; past
+ * a bound the rest is left for the next loop turn (event_active), so a flood of requests
+ * cannot hold the engine's steps. */
+static void on_replay_ready(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    rank_t *rk = arg;
+    for (int i = 0; i < 16; i++) {
+        kvr_kv_pub_poll_replay(rk->pub);
+        if (!kvr_kv_pub_replay_readable(rk->pub))
+            return;
+    }
+    event_active(rk->replay_ev, EV_READ, 0);
+}
+
+/* The backstop: continues answers that wait for a peer at its HWM (and re-checks the socket,
+ * since a send can consume the edge ZMQ_FD would have signalled). */
 static void on_replay_tick(evutil_socket_t fd, short what, void *arg)
 {
     kvr_mocker_t *m = arg;
     for (uint32_t r = 0; r < m->cfg.dp_size; r++)
-        if (m->ranks[r].pub)
-            kvr_kv_pub_poll_replay(m->ranks[r].pub);
+        if (m->ranks[r].replay_ev)
+            on_replay_ready(fd, what, &m->ranks[r]);
 }
 
 /* ---- replies ----------------------------------------------------------------------------- */
@@ -1040,6 +1062,12 @@ static int rank_init(kvr_mocker_t *m, uint32_t idx, void *zmq_ctx, char *err, si
                                                                          : m->cfg.events.hwm)};
     if (!(rk->pub = kvr_kv_pub_new(zmq_ctx, &pc, &st, err, err_len)))
         return st;
+    int fd = kvr_kv_pub_replay_fd(rk->pub);
+    if (fd >= 0) {
+        rk->replay_ev = event_new(m->base, fd, EV_READ | EV_PERSIST, on_replay_ready, rk);
+        if (!rk->replay_ev || event_add(rk->replay_ev, NULL) != 0)
+            return KVR_ENOMEM;
+    }
     return KVR_OK;
 }
 
@@ -1132,6 +1160,8 @@ void kvr_mocker_free(kvr_mocker_t *m)
         rank_t *rk = &m->ranks[r];
         if (rk->timer)
             event_free(rk->timer);
+        if (rk->replay_ev)
+            event_free(rk->replay_ev);
         kvr_engine_free(rk->eng);
         kvr_kv_pub_free(rk->pub);
         kvr_kv_enc_free(rk->enc);

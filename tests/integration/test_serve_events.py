@@ -48,19 +48,35 @@ class Engine:
     """One engine rank's publisher: PUB + replay ROUTER, numbered batches, a replay buffer."""
 
     def __init__(self, ctx):
-        self.pub = ctx.socket(zmq.PUB)
+        # XPUB: a PUB on the wire that also tells us when a subscriber's subscription has
+        # arrived, so the test waits for that instead of sleeping (ZeroMQ's slow joiner)
+        self.pub = ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.pub.bind("tcp://127.0.0.1:*")
+        self.subscriptions = 0
         self.router = ctx.socket(zmq.ROUTER)
         self.router.bind("tcp://127.0.0.1:*")
         self.seq = 0
         self.kept = []
         self.lock = threading.Lock()
         self.stop = False
+        self.release = threading.Event()  # cleared: replay answers wait until it is set
+        self.release.set()
+        self.asked = []                   # start seqs of the replay requests received
         self.thread = threading.Thread(target=self.serve_replay, daemon=True)
         self.thread.start()
 
     def endpoint(self):
         return self.pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    def wait_subscribed(self, n=1, timeout=10.0):
+        """Bounded wait until n subscriptions have reached this publisher."""
+        end = time.monotonic() + timeout
+        while self.subscriptions < n and time.monotonic() < end:
+            if self.pub.poll(50):
+                if self.pub.recv()[:1] == b"\x01":
+                    self.subscriptions += 1
+        return self.subscriptions >= n
 
     def replay_endpoint(self):
         return self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
@@ -75,6 +91,10 @@ class Engine:
             if len(f) != 3 or len(f[2]) != 8:
                 continue
             start = struct.unpack(">Q", f[2])[0]
+            self.asked.append(start)
+            while not self.release.wait(0.05):
+                if self.stop:
+                    return
             with self.lock:
                 batch = [(s, p) for s, p in self.kept if s >= start]
             for s, p in batch:
@@ -198,7 +218,8 @@ def scenario_vllm(ctx):
         "id=5",
     ])
     try:
-        time.sleep(0.5)  # SUB sockets connect; the first batch of each engine is seq 0 anyway
+        for e in (e1, e2, e3, e4):
+            check("the router subscribes", e.wait_subscribed())
         p1, h1 = tokens_for(1, 6), engine_hashes(1, 6)
         # vLLM array era: one event, 6 blocks, root chain
         e1.send(batch([vllm_stored_array(h1, None, p1)]))
@@ -289,6 +310,57 @@ def scenario_vllm(ctx):
         check("clean shutdown", rc == 0, rc)
         for e in (e1, e2, e3, e4):
             e.close()
+
+
+def scenario_late_replay(ctx):
+    """The flake of integration_test_mocker, made deterministic: a replay answer that arrives
+    after the live batches that follow the gap. The router must hold those batches, apply
+    everything in order once the answer is in, and say so at once: the moment /v1/query shows
+    the last batch's blocks, /v1/workers must read `exact` (it read a copy refreshed by a
+    100 ms tick, so it said `recovering` for up to ~200 ms after the index had recovered)."""
+    e = Engine(ctx)
+    r = Router([f"id=1,events={e.endpoint()},replay={e.replay_endpoint()}"])
+    tag = "late replay"
+    try:
+        check(f"{tag}: the router subscribes", e.wait_subscribed())
+        p0 = tokens_for(20, 1)
+        e.send(batch([vllm_stored_array(engine_hashes(20, 1), None, p0)]))
+        check(f"{tag}: first batch applied", r.wait_for(p0, 1, 1) == 1, r.device_blocks(p0))
+
+        def rank():
+            _, ws = r.call("GET", "/v1/workers")
+            return ws["workers"][0]["ranks"][0]
+        for cycle in range(5):
+            pa, ha = tokens_for(30 + cycle, 2), engine_hashes(30 + cycle, 2)
+            pb, hb = tokens_for(40 + cycle, 1), engine_hashes(40 + cycle, 1)
+            pc, hc = tokens_for(50 + cycle, 1), engine_hashes(50 + cycle, 1)
+            asked = len(e.asked)
+            e.release.clear()
+            e.send(batch([vllm_stored_array(ha, None, pa)]), deliver=False)  # lost on the wire
+            e.send(batch([vllm_stored_array(hb, None, pb)]))  # reveals the gap: held
+            check(f"{tag} {cycle}: the router asks for the lost batch",
+                  eventually(lambda: len(e.asked) > asked), e.asked)
+            rk = rank()
+            check(f"{tag} {cycle}: recovering while the answer is late",
+                  rk["index_state"] == "recovering", rk)
+            e.send(batch([vllm_stored_array(hc, None, pc)]))  # arrives during the recovery
+            check(f"{tag} {cycle}: live batches held until the gap is filled",
+                  r.device_blocks(pb).get((1, 0)) == 0 and r.device_blocks(pc).get((1, 0)) == 0,
+                  (r.device_blocks(pb), r.device_blocks(pc)))
+            e.release.set()
+            check(f"{tag} {cycle}: held batches applied after the replay",
+                  r.wait_for(pc, 1, 1, timeout=5) == 1 and r.device_blocks(pa).get((1, 0)) == 2
+                  and r.device_blocks(pb).get((1, 0)) == 1,
+                  (r.device_blocks(pa), r.device_blocks(pb), r.device_blocks(pc)))
+            rk = rank()  # no wait: the state read is as current as the index
+            check(f"{tag} {cycle}: /v1/workers says exact as soon as the index has recovered",
+                  rk["index_state"] == "exact" and rk["last_seq"] == e.seq - 1
+                  and rk["gaps"] == cycle + 1 and rk["gaps_lost"] == 0, rk)
+    finally:
+        e.release.set()
+        rc = r.stop()
+        check(f"{tag}: clean shutdown", rc == 0, rc)
+        e.close()
 
 
 def scenario_api():
@@ -430,6 +502,7 @@ def scenario_bad_config():
 def main():
     ctx = zmq.Context()
     scenario_vllm(ctx)
+    scenario_late_replay(ctx)
     scenario_api()
     scenario_queue()
     scenario_health()
