@@ -123,6 +123,10 @@ static const field_t FIELDS[] = {
      "how often workers with a url are probed on /health"},
     {"health_failures", T_U32, OFF(health_failures), 1, 1000, false, NULL, 0, "3",
      "consecutive failed probes before a worker is fenced"},
+    {"state_file", T_STR, OFF(state_file), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->state_file), "",
+     "warm restart: the index and each exact rank's event cursor are saved here on SIGTERM/SIGINT "
+     "and reloaded at start, then caught up from the engines' replay buffers; empty = off"},
     {"seed", T_U64, OFF(seed), 0, U64MAX, false, NULL, 0, "0",
      "seed for random tie-breaks and sampling; 0 = from the clock"},
     {"frontend_max_retries", T_U32, OFF(frontend_max_retries), 0, 16, false, NULL, 0, "2",

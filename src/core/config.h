@@ -70,6 +70,8 @@ typedef struct kvr_router_config {
     char bind[64];
     uint64_t health_interval_ms;
     uint32_t health_failures;     /* consecutive failed probes before a worker is fenced */
+    char state_file[512];         /* warm restart: index + cursors saved on exit, reloaded at
+                                     start; "" = off */
     /* the OpenAI front end (net/frontend.c) */
     uint32_t frontend_max_retries;         /* other workers tried after an upstream failure */
     uint32_t frontend_fence_failures;      /* consecutive upstream failures before fencing */

@@ -1088,6 +1088,13 @@ static void metrics_ingest(kvr_api_server_t *s, kvr_prom_t *p)
             (double)g.zmq.replayed);
     counter(p, "kvr_kv_replay_timeouts_total", "Replay requests that got no answer.",
             (double)g.zmq.replay_timeouts);
+    counter(p, "kvr_kv_resumes_total",
+            "Ranks whose saved state (state_file) was reloaded and confirmed by their engine.",
+            (double)g.zmq.resumes);
+    counter(p, "kvr_kv_resumes_failed_total",
+            "Ranks whose reloaded state was dropped: their engine restarted or its replay "
+            "buffer no longer held the saved cursor.",
+            (double)g.zmq.resumes_failed);
     gauge(p, "kvr_kv_replays_in_progress", "Ranks waiting for a replay answer.",
           (double)g.zmq.replays_in_progress);
     gauge(p, "kvr_kv_replay_held_batches", "Live batches held until their rank's replay ends.",

@@ -9,12 +9,19 @@
  */
 #include "net/ingest.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "net/log.h"
+#include "wire/index_snapshot.h"
 
 typedef struct rank_acc {
     kvr_worker_t w;
@@ -25,7 +32,15 @@ typedef struct rank_acc {
     bool dropped; /* its state was dropped while the stream went on: partial */
 } rank_acc_t;
 
-typedef enum cmd_kind { CMD_NONE = 0, CMD_SUBSCRIBE, CMD_REMOVE, CMD_DROP, CMD_DUMP } cmd_kind_t;
+typedef enum cmd_kind {
+    CMD_NONE = 0,
+    CMD_SUBSCRIBE,
+    CMD_REMOVE,
+    CMD_DROP,
+    CMD_DUMP,
+    CMD_SAVE,
+    CMD_LOAD,
+} cmd_kind_t;
 
 typedef struct cmd {
     cmd_kind_t kind;
@@ -33,6 +48,8 @@ typedef struct cmd {
     uint64_t worker_id;
     kvr_dump_fn fn;
     void *ud;
+    const char *path;
+    kvr_ingest_snap_report_t *rep;
     char *err;
     size_t err_len;
     int rc;
@@ -226,6 +243,202 @@ static void publish(kvr_ingest_t *g)
     pthread_mutex_unlock(&g->snap_mu);
 }
 
+/* ---- warm restart (ingest thread) ---- */
+
+typedef struct save_ctx {
+    kvr_snap_rank_t *ranks; /* sorted by (worker, rank) */
+    uint32_t n;
+    kvr_snap_writer_t *w;
+    FILE *f;
+    kvr_ingest_snap_report_t *rep;
+} save_ctx_t;
+
+static int rank_cmp(const void *a, const void *b)
+{
+    const kvr_snap_rank_t *x = a, *y = b;
+    if (x->worker_id != y->worker_id)
+        return x->worker_id < y->worker_id ? -1 : 1;
+    return x->dp_rank < y->dp_rank ? -1 : x->dp_rank > y->dp_rank;
+}
+
+static int save_sink(void *ud, const void *bytes, size_t len)
+{
+    save_ctx_t *c = ud;
+    c->rep->bytes += len;
+    return fwrite(bytes, 1, len, c->f) == len ? 0 : KVR_EIO;
+}
+
+static int save_event(void *ud, const kvr_event_t *ev)
+{
+    save_ctx_t *c = ud;
+    kvr_snap_rank_t key = {.worker_id = ev->worker.worker_id, .dp_rank = ev->worker.dp_rank};
+    const kvr_snap_rank_t *r = bsearch(&key, c->ranks, c->n, sizeof key, rank_cmp);
+    if (r == NULL)
+        return 0; /* a rank not exact now: not saved */
+    c->rep->events++;
+    return kvr_snap_write_event(c->w, (uint32_t)(r - c->ranks), ev);
+}
+
+/* The ranks worth resuming: exact, started, not recovering. */
+static uint32_t saveable_ranks(kvr_ingest_t *g, kvr_snap_rank_t *out, uint32_t *skipped)
+{
+    uint32_t n = 0;
+    *skipped = 0;
+    for (size_t i = 0; i < g->n_ranks; i++) {
+        const rank_acc_t *a = &g->ranks[i];
+        kvr_zmq_rank_info_t zi = {0};
+        bool sub = kvr_zmq_listener_rank(g->l, a->w.worker_id, a->w.dp_rank, &zi) == KVR_OK;
+        if (state_of(a, &zi, sub) != KVR_RANK_EXACT || !zi.started) {
+            (*skipped)++;
+            continue;
+        }
+        out[n++] = (kvr_snap_rank_t){.worker_id = a->w.worker_id,
+                                     .dp_rank = a->w.dp_rank,
+                                     .last_seq = zi.last_seq,
+                                     .last_hash = zi.last_hash};
+    }
+    qsort(out, n, sizeof *out, rank_cmp);
+    return n;
+}
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int snap_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
+                     char *err, size_t err_len)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        snprintf(err, err_len, "state_file: path too long");
+        return KVR_EINVAL;
+    }
+    save_ctx_t c = {.rep = rep};
+    c.ranks = calloc(g->n_ranks + 1, sizeof *c.ranks);
+    if (c.ranks == NULL)
+        return KVR_ENOMEM;
+    c.n = saveable_ranks(g, c.ranks, &rep->ranks_skipped);
+    rep->ranks = c.n;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int rc = KVR_EIO;
+    if (fd < 0 || (c.f = fdopen(fd, "wb")) == NULL) {
+        snprintf(err, err_len, "state_file: cannot write %s: %s", tmp, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        free(c.ranks);
+        return KVR_EIO;
+    }
+    c.w = kvr_snap_writer_new(save_sink, &c, g->cfg.block_size, wall_ms(), c.ranks, c.n,
+                              &rc);
+    if (c.w != NULL && (rc = kvr_index_dump(g->ix, save_event, &c)) == KVR_OK)
+        rc = kvr_snap_writer_finish(c.w);
+    kvr_snap_writer_free(c.w);
+    if (rc == KVR_OK && (fflush(c.f) != 0 || fsync(fileno(c.f)) != 0))
+        rc = KVR_EIO;
+    if (fclose(c.f) != 0 && rc == KVR_OK)
+        rc = KVR_EIO;
+    if (rc == KVR_OK && rename(tmp, path) != 0)
+        rc = KVR_EIO;
+    if (rc != KVR_OK) {
+        snprintf(err, err_len, "state_file: writing %s failed: %s", tmp,
+                 rc == KVR_EIO ? strerror(errno) : kvr_strerror(rc));
+        (void)unlink(tmp);
+    }
+    free(c.ranks);
+    return rc;
+}
+
+/* Maps the file read-only; the caller unmaps. */
+static int map_file(const char *path, const uint8_t **buf, size_t *len, char *err,
+                    size_t err_len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return KVR_ENOTFOUND;
+        snprintf(err, err_len, "state_file: cannot read %s: %s", path, strerror(errno));
+        return KVR_EIO;
+    }
+    struct stat st;
+    int rc = KVR_OK;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+        snprintf(err, err_len, "state_file: %s is not a regular non-empty file", path);
+        rc = KVR_EIO;
+    } else {
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            snprintf(err, err_len, "state_file: cannot map %s: %s", path, strerror(errno));
+            rc = KVR_EIO;
+        } else {
+            *buf = m;
+            *len = (size_t)st.st_size;
+        }
+    }
+    close(fd);
+    return rc;
+}
+
+/* Resumes the ranks of the file that are subscribed now (keep[i]), then applies their
+ * events: nothing is applied for a rank whose cursor the listener refused. */
+static void snap_apply(kvr_ingest_t *g, kvr_snap_reader_t *r, kvr_ingest_snap_report_t *rep)
+{
+    bool *keep = calloc(r->info.n_ranks + 1, sizeof *keep);
+    if (keep == NULL)
+        return;
+    for (uint32_t i = 0; i < r->info.n_ranks; i++) {
+        kvr_snap_rank_t k;
+        kvr_snap_rank(r, i, &k);
+        kvr_worker_t w = {k.worker_id, k.dp_rank};
+        keep[i] = acc_find(g, w) != NULL &&
+                  kvr_zmq_listener_resume(g->l, k.worker_id, k.dp_rank, k.last_seq,
+                                          k.last_hash) == KVR_OK;
+        if (keep[i])
+            rep->ranks++;
+        else
+            rep->ranks_skipped++;
+    }
+    uint32_t rank;
+    kvr_event_t ev;
+    while (kvr_snap_next(r, &rank, &ev) == KVR_OK) {
+        if (!keep[rank])
+            continue;
+        if (kvr_index_apply(g->ix, &ev) == KVR_OK)
+            rep->events++;
+        else
+            rep->events_failed++;
+    }
+    free(keep);
+}
+
+static int snap_load(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
+                     char *err, size_t err_len)
+{
+    const uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc = map_file(path, &buf, &len, err, err_len);
+    if (rc != KVR_OK)
+        return rc;
+    rep->bytes = len;
+    kvr_snap_reader_t r;
+    char why[200];
+    rc = kvr_snap_open(&r, buf, len, why, sizeof why);
+    if (rc != KVR_OK) {
+        snprintf(err, err_len, "state_file: %s: %s", path, why);
+    } else if (r.info.block_size != g->cfg.block_size) {
+        snprintf(err, err_len, "state_file: %s was saved with block size %u, the router uses %u",
+                 path, r.info.block_size, g->cfg.block_size);
+        rc = KVR_EMISMATCH;
+    } else {
+        snap_apply(g, &r, rep);
+    }
+    kvr_snap_close(&r);
+    munmap((void *)buf, len);
+    return rc;
+}
+
 /* ---- commands (ingest thread) ---- */
 
 static int do_subscribe(kvr_ingest_t *g, const kvr_worker_spec_t *w, char *err, size_t err_len)
@@ -307,6 +520,12 @@ static void run_cmd(kvr_ingest_t *g)
         break;
     case CMD_DUMP:
         c->rc = kvr_index_dump(g->ix, c->fn, c->ud);
+        break;
+    case CMD_SAVE:
+        c->rc = snap_save(g, c->path, c->rep, c->err, c->err_len);
+        break;
+    case CMD_LOAD:
+        c->rc = snap_load(g, c->path, c->rep, c->err, c->err_len);
         break;
     default:
         c->rc = KVR_EINVAL;
@@ -486,6 +705,29 @@ int kvr_ingest_dump(kvr_ingest_t *g, kvr_dump_fn fn, void *ud)
 {
     cmd_t c = {.kind = CMD_DUMP, .fn = fn, .ud = ud};
     return send_cmd(g, &c);
+}
+
+static int snap_cmd(kvr_ingest_t *g, cmd_kind_t kind, const char *path,
+                    kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
+{
+    char dummy[8];
+    kvr_ingest_snap_report_t r0;
+    cmd_t c = {.kind = kind, .path = path, .rep = rep ? rep : &r0,
+               .err = err ? err : dummy, .err_len = err ? err_len : sizeof dummy};
+    memset(c.rep, 0, sizeof *c.rep);
+    return send_cmd(g, &c);
+}
+
+int kvr_ingest_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
+                    char *err, size_t err_len)
+{
+    return snap_cmd(g, CMD_SAVE, path, rep, err, err_len);
+}
+
+int kvr_ingest_load(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
+                    char *err, size_t err_len)
+{
+    return snap_cmd(g, CMD_LOAD, path, rep, err, err_len);
 }
 
 int kvr_ingest_rank_status(kvr_ingest_t *g, kvr_worker_t w, kvr_rank_status_t *out)

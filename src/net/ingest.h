@@ -55,6 +55,28 @@ int kvr_ingest_drop_state(kvr_ingest_t *g, uint64_t worker_id);
 /* Runs fn over a replayable dump of the index, on the ingest thread. */
 int kvr_ingest_dump(kvr_ingest_t *g, kvr_dump_fn fn, void *ud);
 
+/* Warm restart (wire/index_snapshot.h has the file format). */
+typedef struct kvr_ingest_snap_report {
+    uint32_t ranks;         /* saved: exact ranks written; loaded: ranks resumed */
+    uint32_t ranks_skipped; /* saved: ranks not exact (not worth resuming); loaded: ranks not
+                               configured now, without a replay socket, or already started */
+    uint64_t events;        /* events written, or applied to the index */
+    uint64_t events_failed; /* loaded events the index refused */
+    uint64_t bytes;
+} kvr_ingest_snap_report_t;
+
+/* Writes the index of every exact rank and its cursor to path (path.tmp, fsync, rename: an
+ * old file is replaced whole or not at all). */
+int kvr_ingest_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
+                    char *err, size_t err_len);
+/* Before kvr_ingest_start, after the workers are subscribed: checks the whole file (a bad
+ * one is refused with a message naming the problem, nothing applied), reloads the state of
+ * each rank that is subscribed with a replay socket, and resumes its cursor (the listener
+ * confirms it from the engine's replay buffer, or drops the reloaded state). KVR_ENOTFOUND
+ * if there is no file. */
+int kvr_ingest_load(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
+                    char *err, size_t err_len);
+
 /* The address of data-parallel rank `offset` of a publisher whose rank 0 is at base: tcp ports
  * go up by the offset (vLLM and SGLang), ipc/inproc names get "_dp<offset>". */
 int kvr_ingest_rank_address(const char *base, uint32_t offset, char *out, size_t cap);

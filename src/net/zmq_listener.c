@@ -37,6 +37,9 @@ typedef struct recovery {
     bool active;
     kvr_zmq_reset_reason_t why; /* given to on_reset for what the replay does not bring */
     uint64_t from, upto;        /* the batches wanted: [from, upto) */
+    bool resume;                /* confirms a resumed cursor: batch `from` must come first,
+                                   unapplied; upto is UINT64_MAX until a live batch is held */
+    bool decided;               /* the resume was confirmed or failed */
     uint64_t deadline_ms;       /* give up if the replay socket is silent until then */
     held_t *head, *tail;        /* live batches that arrived meanwhile, oldest first */
     size_t n_held, held_bytes;  /* within max_held_batches, max_held_bytes */
@@ -300,6 +303,7 @@ static int call_batch(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const void
     if (rc == KVR_EPARSE)
         return rc;
     r->last_hash = kvr_xxh3(p, n, 0);
+    r->info.last_hash = r->last_hash;
     l->st.batches++;
     r->info.batches++;
     if (replayed) {
@@ -358,7 +362,7 @@ static void give_up(kvr_zmq_listener_t *l, rank_t *r, uint64_t next_seq,
     if (r->cur.started || r->info.state != KVR_ZMQ_NO_EVENTS)
         reset_rank(l, r, why);
     r->info.state = KVR_ZMQ_DEGRADED;
-    if (next_seq > 0) {
+    if (next_seq > 0 && next_seq != UINT64_MAX) { /* UINT64_MAX: a resume's open range */
         kvr_seq_advance(&r->cur, next_seq - 1);
         r->info.started = true;
     }
@@ -418,6 +422,46 @@ static held_t *unhold(kvr_zmq_listener_t *l, rank_t *r)
     return h;
 }
 
+/* ---- resumed cursors ---- */
+
+static void end_resume(rank_t *r)
+{
+    r->rec.resume = false;
+    r->info.resuming = false;
+}
+
+/* The resumed cursor is wrong or cannot be confirmed: the caller's reloaded state goes and
+ * the rank starts over as a late joiner (the rest of the answer may still apply). */
+static void resume_failed(kvr_zmq_listener_t *l, rank_t *r, const char *why)
+{
+    r->rec.decided = true;
+    l->st.resumes_failed++;
+    r->info.resumes_failed++;
+    kvr_log_limited(&l->rl, KVR_LOG_WARN,
+                    "worker %llu rank %u: saved state not resumed: batch %llu %s; reloaded "
+                    "blocks dropped",
+                    (unsigned long long)r->worker_id, r->dp_rank,
+                    (unsigned long long)r->rec.from, why);
+    reset_rank(l, r, KVR_RESET_RESUME_FAILED);
+}
+
+/* The first replayed batch of a resume: the saved last batch, byte for byte, confirms it.
+ * true when the batch was that one (nothing to apply). */
+static bool resume_check(kvr_zmq_listener_t *l, rank_t *r, uint64_t s, const void *p, size_t n)
+{
+    if (s == r->rec.from && kvr_xxh3(p, n, 0) == r->last_hash) {
+        r->rec.decided = true;
+        l->st.resumes++;
+        r->info.resumes++;
+        r->info.resuming = false;
+        return true;
+    }
+    resume_failed(l, r, s == r->rec.from ? "has other bytes (the publisher restarted)"
+                                         : "is no longer in the replay buffer");
+    r->rec.from = s; /* take the rest of the answer from here, as a late joiner would */
+    return false;
+}
+
 /* ---- recovery ---- */
 
 /* Asks the replay socket for batches [from, upto). false when it cannot be asked (no replay
@@ -451,6 +495,14 @@ static void finish_recovery(kvr_zmq_listener_t *l, rank_t *r)
     r->rec.active = false;
     r->info.recovering = false;
     l->st.replays_in_progress--;
+    if (r->rec.resume) {
+        if (!r->rec.decided)
+            resume_failed(l, r, "could not be confirmed (no answer from the replay socket, "
+                                "or an answer without any batch)");
+        end_resume(r);
+        if (r->rec.upto == UINT64_MAX)
+            return; /* no live batch waits: the replay brought everything there was */
+    }
     if (!r->cur.started || r->cur.next < r->rec.upto)
         give_up(l, r, r->rec.upto, r->rec.why);
 }
@@ -479,6 +531,8 @@ static void hold_overflow(kvr_zmq_listener_t *l, rank_t *r)
  * part but still applies what the buffer has. */
 static void replay_batch(kvr_zmq_listener_t *l, rank_t *r, uint64_t s, const void *p, size_t n)
 {
+    if (r->rec.resume && !r->rec.decided && resume_check(l, r, s, p, n))
+        return;
     uint64_t want = r->cur.started ? r->cur.next : r->rec.from;
     if (s < want || s >= r->rec.upto)
         return; /* already applied, or beyond the gap (held or still to come live) */
@@ -557,6 +611,10 @@ static void drain_held(kvr_zmq_listener_t *l, rank_t *r)
  * one held batch, so it ends). */
 static void handle_live(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const void *p, size_t n)
 {
+    /* a resume asks for everything after the cursor; the first live batch held bounds it, so
+     * the replay never moves the cursor past batches waiting in the hold */
+    if (r->rec.active && r->rec.resume && seq < r->rec.upto && seq > r->rec.from)
+        r->rec.upto = seq;
     while (r->rec.active) {
         if (hold(l, r, seq, p, n, false))
             return;
@@ -626,6 +684,31 @@ static void expire_recoveries(kvr_zmq_listener_t *l, uint64_t now)
         abandon_recovery(l, r);
         drain_held(l, r);
     }
+}
+
+int kvr_zmq_listener_resume(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t dp_rank,
+                            uint64_t last_seq, uint64_t last_hash)
+{
+    rank_t *r = l != NULL ? find_rank(l, worker_id, dp_rank) : NULL;
+    if (r == NULL)
+        return KVR_ENOTFOUND;
+    if (r->dealer == NULL)
+        return KVR_EINVAL;
+    if (r->cur.started || r->rec.active || r->info.state != KVR_ZMQ_NO_EVENTS)
+        return KVR_EBUSY;
+    kvr_seq_advance(&r->cur, last_seq);
+    r->last_hash = last_hash;
+    r->info.started = true;
+    r->info.last_seq = last_seq;
+    r->info.state = KVR_ZMQ_EXACT;
+    r->rec.resume = true;
+    r->rec.decided = false;
+    r->info.resuming = true;
+    if (!start_recovery(l, r, last_seq, UINT64_MAX, KVR_RESET_RESUME_FAILED)) {
+        end_resume(r); /* start_recovery gave the range up: the rank was reset */
+        return KVR_EIO;
+    }
+    return KVR_OK;
 }
 
 int kvr_zmq_listener_poll(kvr_zmq_listener_t *l, int timeout_ms)

@@ -54,6 +54,9 @@ typedef enum kvr_zmq_reset_reason {
     KVR_RESET_RESTART = 0,   /* the publisher's numbers went back */
     KVR_RESET_GAP_LOST,      /* a gap the replay buffer no longer covers, or no replay socket */
     KVR_RESET_UNDECODABLE,   /* a batch still undecodable after a replay */
+    KVR_RESET_RESUME_FAILED, /* a resumed cursor (kvr_zmq_listener_resume) could not be
+                                confirmed: the publisher restarted, its buffer no longer holds
+                                the batch, or its replay socket did not answer */
 } kvr_zmq_reset_reason_t;
 
 typedef struct kvr_zmq_handlers {
@@ -86,6 +89,9 @@ typedef struct kvr_zmq_rank_info {
     uint64_t batches, replayed, gaps, gaps_lost, restarts, undecodable, duplicates;
     uint64_t replay_timeouts, hold_overflows;
     size_t held_batches;   /* live batches held now (0 unless recovering) */
+    uint64_t last_hash;    /* XXH3-64 of batch last_seq's payload (a resume checks it) */
+    bool resuming;         /* a resumed cursor waits for its confirmation (recovering too) */
+    uint64_t resumes, resumes_failed;
 } kvr_zmq_rank_info_t;
 
 typedef struct kvr_zmq_stats {
@@ -102,6 +108,8 @@ typedef struct kvr_zmq_stats {
     uint64_t replays_in_progress; /* gauge: ranks waiting for a replay answer */
     uint64_t held_batches;        /* gauge: live batches held by recovering ranks */
     uint64_t held_bytes;          /* gauge: their payload bytes */
+    uint64_t resumes;             /* ranks resumed from a saved cursor and confirmed */
+    uint64_t resumes_failed;      /* resumed cursors that could not be confirmed */
 } kvr_zmq_stats_t;
 
 typedef struct kvr_zmq_listener kvr_zmq_listener_t;
@@ -122,6 +130,19 @@ void kvr_zmq_listener_free(kvr_zmq_listener_t *l);
 int kvr_zmq_listener_add(kvr_zmq_listener_t *l, const kvr_zmq_endpoint_t *ep, char *err,
                          size_t err_len);
 int kvr_zmq_listener_remove(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t dp_rank);
+/* Resumes a freshly added rank (nothing received yet) from a saved cursor: batch last_seq,
+ * whose payload hashed to last_hash, was the last one applied to the state the caller has
+ * reloaded for this rank. The rank shows exact and recovering at once, and a replay from
+ * last_seq is requested: an answer that starts with that same batch (same number, same
+ * bytes: the same publisher process) confirms the cursor, and the batches after it are
+ * applied; anything else (another first batch, an answer with no batch, no answer within
+ * replay_timeout_ms) fails the resume: on_reset(KVR_RESET_RESUME_FAILED) drops the reloaded
+ * state and the rank goes on as a late joiner. Live batches that arrive meanwhile are held
+ * and applied after it. KVR_ENOTFOUND (no such rank), KVR_EINVAL (no replay socket: a resume
+ * cannot be confirmed), KVR_EBUSY (the rank has already received something), KVR_EIO (the
+ * request could not be sent: the rank is reset). */
+int kvr_zmq_listener_resume(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t dp_rank,
+                            uint64_t last_seq, uint64_t last_hash);
 /* Waits up to timeout_ms (< 0: until something happens) for messages and handles all that
  * are ready, and gives up the replays whose deadline has passed (it wakes for them early).
  * Returns the number of batches handed over, or a negative status. */

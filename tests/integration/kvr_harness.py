@@ -1,10 +1,41 @@
 """Helpers shared by the integration tests (run as /usr/bin/python3 tests/integration/test_X.py,
 so this directory is on sys.path): polling with a deadline, free loopback ports, reading a
-child's stdout line without hanging, and splitting an SSE body strictly."""
+child's stdout line without hanging, splitting an SSE body strictly, counting checks, and a
+kvrouter child process (serve or mocker) with its HTTP calls and metrics."""
+import http.client
+import json
 import os
+import re
 import select
+import signal
 import socket
+import subprocess
+import tempfile
 import time
+
+RESULTS = {"passed": 0, "failed": 0}
+VERBOSE = bool(os.environ.get("KVR_TEST_VERBOSE"))
+SANITIZER_RE = re.compile(r"AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|"
+                          r"ThreadSanitizer|runtime error:")
+
+
+def check(name, cond, detail=""):
+    """Counts one assertion in RESULTS; prints failures (and passes with KVR_TEST_VERBOSE)."""
+    if cond:
+        RESULTS["passed"] += 1
+        if VERBOSE:
+            print(f"ok   {name}", flush=True)
+    else:
+        RESULTS["failed"] += 1
+        d = detail if isinstance(detail, str) else repr(detail)
+        print(f"FAIL {name} {d[:1500]}", flush=True)
+    return bool(cond)
+
+
+def finish():
+    """The closing line test runners read, and the exit status."""
+    print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed", flush=True)
+    raise SystemExit(1 if RESULTS["failed"] else 0)
 
 
 def eventually(fn, timeout=10.0, interval=0.03):
@@ -79,3 +110,94 @@ def sse_events(raw):
             problems.append("event spans several lines: %r" % p[:120])
         events.append(p[len("data: "):])
     return events, problems
+
+
+class Child:
+    """A kvrouter process on loopback that prints `listening host:port`; stderr goes to a file
+    scanned for sanitizer reports when it stops."""
+
+    def __init__(self, args, what):
+        self.what = what
+        self.args = [str(a) for a in args]
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.err,
+                                     stdin=subprocess.DEVNULL)
+        line = read_line(self.proc)
+        if not line.startswith("listening "):
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            raise RuntimeError(f"{what} did not start ({self.args}): {line!r} {self.stderr()}")
+        self.host, port = line.split()[1].rsplit(":", 1)
+        self.port = int(port)
+        self.url = f"http://{self.host}:{self.port}"
+        self.stopped = False
+
+    def stderr(self):
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")
+
+    def kill(self, sig=signal.SIGKILL):
+        """A process that dies (nothing of its exit is checked)."""
+        self.stopped = True
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=10)
+
+    def stop(self, expect_rc=0):
+        """SIGTERM; checks the exit status and that stderr holds no sanitizer report."""
+        if self.stopped:
+            return self.proc.returncode
+        self.stopped = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            check(f"{self.what} exits on SIGTERM", False, "killed after 30 s")
+        err = self.stderr()
+        m = SANITIZER_RE.search(err)
+        check(f"{self.what} stderr free of sanitizer reports", m is None,
+              err[max(0, (m.start() if m else 0) - 300):][:3000])
+        check(f"{self.what} exits {expect_rc} on SIGTERM", self.proc.returncode == expect_rc,
+              (self.proc.returncode, err[-1500:]))
+        return self.proc.returncode
+
+    def request(self, method, path, body=None, headers=None, timeout=30.0):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            h = {"Content-Type": "application/json"} if body is not None else {}
+            h.update(headers or {})
+            data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+            if isinstance(data, str):
+                data = data.encode()
+            conn.request(method, path, body=data, headers=h)
+            r = conn.getresponse()
+            return r.status, r.headers, r.read()
+        finally:
+            conn.close()
+
+    def call(self, method, path, body=None, headers=None, timeout=30.0):
+        """(status, parsed JSON or text)."""
+        st, _, raw = self.request(method, path, body, headers, timeout)
+        text = raw.decode(errors="replace")
+        try:
+            return st, json.loads(text)
+        except ValueError:
+            return st, text
+
+    def metric(self, name, **labels):
+        """The sum of a Prometheus metric's samples matching labels; None if absent."""
+        st, _, raw = self.request("GET", "/metrics", timeout=10)
+        total, seen = 0.0, False
+        for line in raw.decode().splitlines():
+            if not line or line.startswith("#"):
+                continue
+            m = re.match(r"^([^{\s]+)(\{(.*)\})?\s+(\S+)$", line)
+            if not m or m.group(1) != name:
+                continue
+            ls = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+            if all(ls.get(k) == str(v) for k, v in labels.items()):
+                total += float(m.group(4))
+                seen = True
+        return total if seen else None

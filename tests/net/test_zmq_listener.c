@@ -336,6 +336,132 @@ static void test_silent_replay_socket(void **state)
     assert_int_equal(info(f).state, KVR_ZMQ_DEGRADED);
 }
 
+/* ---- resuming a saved cursor (warm restart) ---- */
+
+static uint64_t hash_hex(const char *hex)
+{
+    uint8_t b[64];
+    size_t n = strlen(hex) / 2;
+    for (size_t i = 0; i < n; i++)
+        sscanf(hex + 2 * i, "%2hhx", &b[i]);
+    return kvr_xxh3(b, n, 0);
+}
+
+/* Polls until cond(f) holds (or 3 s pass). */
+static void pump_until(fixture_t *f, bool (*cond)(fixture_t *))
+{
+    uint64_t end = now_ms() + 3000;
+    while (!cond(f) && now_ms() < end)
+        (void)kvr_zmq_listener_poll(f->l, 20);
+}
+
+static bool not_recovering(fixture_t *f) { return !info(f).recovering; }
+static bool holds_two(fixture_t *f) { return info(f).held_batches == 2; }
+
+static void test_resume_confirmed_with_live_batches_first(void **state)
+{
+    fixture_t *f = *state;
+    /* the router applied 0 and 1, saved, and restarted; the engine went on with 2 */
+    pub_cmd(&f->pub, "keep 0 aa");
+    pub_cmd(&f->pub, "keep 1 ab");
+    pub_cmd(&f->pub, "keep 2 ac");
+    pub_cmd(&f->pub, "hold");
+    assert_int_equal(kvr_zmq_listener_resume(f->l, 7, 0, 1, hash_hex("ab")), KVR_OK);
+    kvr_zmq_rank_info_t ri = info(f);
+    assert_true(ri.recovering && ri.resuming && ri.state == KVR_ZMQ_EXACT);
+    /* live batches arrive before the replay answer: held, never taken for a restart */
+    pub_cmd(&f->pub, "send 3 ad");
+    pub_cmd(&f->pub, "send 4 ae");
+    pump_until(f, holds_two);
+    assert_int_equal(f->rec.n, 0);
+    pub_cmd(&f->pub, "release");
+    pump_until(f, not_recovering);
+    pump(f, 3);
+    uint64_t want[] = {2, 3, 4};
+    bool rep[] = {true, false, false};
+    expect_seqs(f, want, rep, 3);
+    ri = info(f);
+    assert_int_equal(ri.state, KVR_ZMQ_EXACT);
+    assert_int_equal(ri.resumes, 1);
+    assert_int_equal(ri.resumes_failed + ri.restarts + ri.duplicates + ri.gaps_lost, 0);
+    assert_false(ri.resuming);
+    assert_int_equal(ri.last_seq, 4);
+    assert_int_equal(f->rec.n_resets, 0);
+}
+
+static void test_resume_refused_by_another_process(void **state)
+{
+    fixture_t *f = *state;
+    /* the engine restarted: its batch 1 has other bytes than the one the router saved */
+    pub_cmd(&f->pub, "keep 0 ba");
+    pub_cmd(&f->pub, "keep 1 bb");
+    pub_cmd(&f->pub, "keep 2 bc");
+    assert_int_equal(kvr_zmq_listener_resume(f->l, 7, 0, 1, hash_hex("ab")), KVR_OK);
+    pump_until(f, not_recovering);
+    pump(f, 2);
+    assert_int_equal(f->rec.n_resets, 1);
+    assert_int_equal(f->rec.resets[0], KVR_RESET_RESUME_FAILED);
+    /* the rest of the answer is taken as a late joiner would: partial, so degraded */
+    uint64_t want[] = {1, 2};
+    bool rep[] = {true, true};
+    expect_seqs(f, want, rep, 2);
+    kvr_zmq_rank_info_t ri = info(f);
+    assert_int_equal(ri.state, KVR_ZMQ_DEGRADED);
+    assert_int_equal(ri.resumes_failed, 1);
+    assert_int_equal(ri.resumes, 0);
+}
+
+static void test_resume_cursor_no_longer_buffered(void **state)
+{
+    fixture_t *f = *state;
+    pub_cmd(&f->pub, "keep 5 af");
+    pub_cmd(&f->pub, "keep 6 b0");
+    assert_int_equal(kvr_zmq_listener_resume(f->l, 7, 0, 1, hash_hex("ab")), KVR_OK);
+    pump_until(f, not_recovering);
+    pump(f, 2);
+    assert_int_equal(f->rec.n_resets, 1);
+    assert_int_equal(f->rec.resets[0], KVR_RESET_RESUME_FAILED);
+    uint64_t want[] = {5, 6};
+    bool rep[] = {true, true};
+    expect_seqs(f, want, rep, 2);
+    assert_int_equal(info(f).state, KVR_ZMQ_DEGRADED);
+}
+
+static void test_resume_without_answer_or_batch(void **state)
+{
+    fixture_t *f = *state;
+    /* an answer with no batch at all (the engine restarted and sent fewer batches) */
+    assert_int_equal(kvr_zmq_listener_resume(f->l, 7, 0, 9, hash_hex("ab")), KVR_OK);
+    pump_until(f, not_recovering);
+    assert_int_equal(f->rec.n_resets, 1);
+    assert_int_equal(f->rec.resets[0], KVR_RESET_RESUME_FAILED);
+    kvr_zmq_rank_info_t ri = info(f);
+    assert_int_equal(ri.resumes_failed, 1);
+    assert_false(ri.resuming);
+    /* the next batch 0 of the new process is applied from a clean cursor: exact again */
+    pub_cmd(&f->pub, "send 0 ba");
+    pump(f, 1);
+    assert_int_equal(f->rec.n, 1);
+    assert_int_equal(info(f).state, KVR_ZMQ_EXACT);
+    /* a silent replay socket fails a resume too, after replay_timeout_ms */
+    assert_int_equal(kvr_zmq_listener_resume(f->l, 7, 0, 0, 0), KVR_EBUSY);
+}
+
+static void test_resume_silent_replay_socket(void **state)
+{
+    fixture_t *f = *state;
+    pub_cmd(&f->pub, "mute");
+    assert_int_equal(kvr_zmq_listener_resume(f->l, 7, 0, 3, hash_hex("ad")), KVR_OK);
+    pump_until(f, not_recovering);
+    assert_int_equal(f->rec.n_resets, 1);
+    assert_int_equal(f->rec.resets[0], KVR_RESET_RESUME_FAILED);
+    kvr_zmq_rank_info_t ri = info(f);
+    assert_int_equal(ri.replay_timeouts, 1);
+    assert_int_equal(ri.resumes_failed, 1);
+    assert_false(ri.recovering);
+    assert_int_not_equal(ri.state, KVR_ZMQ_EXACT);
+}
+
 static void test_add_remove_validation(void **state)
 {
     fixture_t *f = *state;
@@ -899,6 +1025,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_late_subscriber_replays_history, setup, teardown),
         cmocka_unit_test_setup_teardown(test_silent_replay_socket, setup, teardown),
         cmocka_unit_test_setup_teardown(test_add_remove_validation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_confirmed_with_live_batches_first, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_resume_refused_by_another_process, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_cursor_no_longer_buffered, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_without_answer_or_batch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_silent_replay_socket, setup, teardown),
         cmocka_unit_test(test_silent_replay_does_not_stall_other_ranks),
         cmocka_unit_test(test_live_batches_held_during_replay),
         cmocka_unit_test(test_hold_overflow_gives_gap_up),

@@ -15,6 +15,8 @@ Both sockets bind to ephemeral loopback ports, printed first as "pub <endpoint>"
   trim <n>           keep only the newest n batches
   clear              forget every kept batch (a restarted engine)
   mute               stop answering replay requests
+  hold               queue replay requests unanswered until `release`
+  release            answer the queued requests (from what is kept then), and answer again
   quit
 """
 import struct
@@ -36,25 +38,35 @@ def main():
     router.bind("tcp://127.0.0.1:*")
     kept = []  # (seq, payload), oldest first
     lock = threading.Lock()
-    state = {"mute": False, "stop": False}
+    state = {"mute": False, "stop": False, "hold": False}
+    waiting = []  # (identity, start) of held requests
+
+    def answer(ident, start):
+        with lock:
+            batch = [(s, p) for s, p in kept if s >= start]
+        for s, p in batch:
+            router.send_multipart([ident, b"", struct.pack(">Q", s), p])
+        router.send_multipart([ident, b"", END, b""])
 
     def serve_replay():
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         while not state["stop"]:
-            if not poller.poll(50):
+            with lock:
+                todo = [] if state["hold"] else waiting[:]
+                if todo:
+                    waiting.clear()
+            for ident, start in todo:
+                answer(ident, start)
+            if not poller.poll(20):
                 continue
             frames = router.recv_multipart()
             if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
                 continue
             if state["mute"]:
                 continue
-            ident, start = frames[0], struct.unpack(">Q", frames[2])[0]
             with lock:
-                batch = [(s, p) for s, p in kept if s >= start]
-            for s, p in batch:
-                router.send_multipart([ident, b"", struct.pack(">Q", s), p])
-            router.send_multipart([ident, b"", END, b""])
+                waiting.append((frames[0], struct.unpack(">Q", frames[2])[0]))
 
     thread = threading.Thread(target=serve_replay, daemon=True)
     thread.start()
@@ -83,6 +95,9 @@ def main():
                 kept.clear()
         elif cmd == "mute":
             state["mute"] = True
+        elif cmd in ("hold", "release"):
+            with lock:
+                state["hold"] = cmd == "hold"
         elif cmd == "quit":
             break
         print("ok", flush=True)
