@@ -213,6 +213,7 @@ uint64_t kvr_bench_check_stats(const char *what, const kvr_index_t *ix);
 
 int kvr_bench_hash(const kvr_bench_opts_t *o);
 int kvr_bench_index(const kvr_bench_opts_t *o);
+int kvr_bench_snapshot(const kvr_bench_opts_t *o);
 int kvr_bench_ingest(const kvr_bench_opts_t *o);
 int kvr_bench_events(const kvr_bench_opts_t *o);
 int kvr_bench_route(const kvr_bench_opts_t *o);

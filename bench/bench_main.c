@@ -1,5 +1,5 @@
 /*
- * bench_main.c: `kvrouter bench {hash|index|ingest|route|events|mocker|frontend|all}`:
+ * bench_main.c: `kvrouter bench {hash|index|ingest|snapshot|route|events|mocker|frontend|all}`:
  * parses and validates the
  * options and runs the benchmarks (each described in its own file). Measures nothing itself.
  * Exit codes: 0 success, 1 a benchmark failed, 2 usage error (naming the option).
@@ -14,13 +14,15 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: kvrouter bench {hash|index|ingest|route|events|mocker|frontend|all} "
+            "usage: kvrouter bench {hash|index|ingest|snapshot|route|events|mocker|frontend|all} "
             "[options]\n"
             "\n"
             "  hash     us per prompt: local block hashes + sequence hashes\n"
             "  index    us per prefix-index lookup, with and without a concurrent writer,\n"
             "           against the machine's floor (dependent random loads)\n"
             "  ingest   block mutations per second applied by one thread\n"
+            "  snapshot warm restart: ms to save the index to a state file, check it and\n"
+            "           reload it (--pairs, 1M; --workers, 64)\n"
             "  route    requests/s and latency of a running router's POST /v1/route, from\n"
             "           closed-loop keep-alive HTTP clients (needs `kvrouter serve`)\n"
             "  events   KV events per second through `kvrouter serve`'s ingest thread, from\n"
@@ -450,8 +452,9 @@ int kvr_cmd_bench(int argc, char **argv)
                 continue;
             }
             if (strcmp(a, "hash") && strcmp(a, "index") && strcmp(a, "ingest") &&
-                strcmp(a, "route") && strcmp(a, "all"))
-                return usage_error(a, "unknown benchmark (hash, index, ingest, route, all)");
+                strcmp(a, "snapshot") && strcmp(a, "route") && strcmp(a, "all"))
+                return usage_error(a, "unknown benchmark (hash, index, ingest, snapshot, route, "
+                                      "all)");
             which = a;
             continue;
         }
@@ -519,7 +522,7 @@ int kvr_cmd_bench(int argc, char **argv)
             return rc;
     }
     if (which == NULL)
-        return usage_error("bench", "which benchmark? (hash, index, ingest, route, events, "
+        return usage_error("bench", "which benchmark? (hash, index, ingest, snapshot, route, events, "
                                     "mocker, all)");
     bool route = strcmp(which, "route") == 0;
     bool events = strcmp(which, "events") == 0;
@@ -566,6 +569,8 @@ int kvr_cmd_bench(int argc, char **argv)
         printf("\n");
     if (rc == 0 && (all || strcmp(which, "ingest") == 0))
         rc = kvr_bench_ingest(&o);
+    if (rc == 0 && strcmp(which, "snapshot") == 0)
+        rc = kvr_bench_snapshot(&o);
     if (rc == 0 && route)
         rc = kvr_bench_route(&o);
     if (rc == 0 && events)
