@@ -112,6 +112,9 @@ def sse_events(raw):
     return events, problems
 
 
+CHILDREN = []  # every Child started, killed by kill_children() if still running
+
+
 class Child:
     """A kvrouter process on loopback that prints `listening host:port`; stderr goes to a file
     scanned for sanitizer reports when it stops."""
@@ -122,14 +125,16 @@ class Child:
         self.err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.err,
                                      stdin=subprocess.DEVNULL)
+        CHILDREN.append(self)
         line = read_line(self.proc)
         if not line.startswith("listening "):
             self.proc.kill()
             self.proc.wait(timeout=10)
             raise RuntimeError(f"{what} did not start ({self.args}): {line!r} {self.stderr()}")
-        self.host, port = line.split()[1].rsplit(":", 1)
+        self.addr = line.split()[1]
+        self.host, port = self.addr.rsplit(":", 1)
         self.port = int(port)
-        self.url = f"http://{self.host}:{self.port}"
+        self.url = self.base = f"http://{self.addr}"
         self.stopped = False
 
     def stderr(self):
@@ -160,10 +165,11 @@ class Child:
         check(f"{self.what} stderr free of sanitizer reports", m is None,
               err[max(0, (m.start() if m else 0) - 300):][:3000])
         check(f"{self.what} exits {expect_rc} on SIGTERM", self.proc.returncode == expect_rc,
-              (self.proc.returncode, err[-1500:]))
+              (self.proc.returncode, err[-2000:]))
         return self.proc.returncode
 
     def request(self, method, path, body=None, headers=None, timeout=30.0):
+        """(status, headers, raw bytes); body: dict/list (JSON), str or bytes (as is)."""
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
             h = {"Content-Type": "application/json"} if body is not None else {}
@@ -177,27 +183,64 @@ class Child:
         finally:
             conn.close()
 
-    def call(self, method, path, body=None, headers=None, timeout=30.0):
-        """(status, parsed JSON or text)."""
-        st, _, raw = self.request(method, path, body, headers, timeout)
+    def call_h(self, method, path, body=None, headers=None, timeout=30.0):
+        """(status, parsed JSON or text, headers)."""
+        st, h, raw = self.request(method, path, body, headers, timeout)
         text = raw.decode(errors="replace")
         try:
-            return st, json.loads(text)
+            return st, json.loads(text), h
         except ValueError:
-            return st, text
+            return st, text, h
 
-    def metric(self, name, **labels):
-        """The sum of a Prometheus metric's samples matching labels; None if absent."""
+    def call(self, method, path, body=None, headers=None, timeout=30.0):
+        """(status, parsed JSON or text)."""
+        st, body, _ = self.call_h(method, path, body, headers, timeout)
+        return st, body
+
+    def metrics(self):
+        """[(name, labels, value)] of the Prometheus text at /metrics."""
         st, _, raw = self.request("GET", "/metrics", timeout=10)
-        total, seen = 0.0, False
-        for line in raw.decode().splitlines():
+        out = []
+        for line in raw.decode(errors="replace").splitlines() if st == 200 else ():
             if not line or line.startswith("#"):
                 continue
             m = re.match(r"^([^{\s]+)(\{(.*)\})?\s+(\S+)$", line)
-            if not m or m.group(1) != name:
-                continue
-            ls = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
-            if all(ls.get(k) == str(v) for k, v in labels.items()):
-                total += float(m.group(4))
-                seen = True
-        return total if seen else None
+            if m:
+                labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+                out.append((m.group(1), labels, float(m.group(4))))
+        return out
+
+    def metric(self, name, **labels):
+        """The sum of a metric's samples whose labels include `labels`; None when absent."""
+        vals = [v for n, l, v in self.metrics()
+                if n == name and all(l.get(k) == str(x) for k, x in labels.items())]
+        return sum(vals) if vals else None
+
+
+def kill_children():
+    for c in CHILDREN:
+        if c.proc.poll() is None:
+            c.proc.kill()
+            c.proc.wait(timeout=10)
+
+
+def run_scenarios(scenarios, seed):
+    """Runs (name, fn) pairs; a scenario that raises is one failed check. Kills what is left
+    running, prints the closing line and exits 1 on any failure."""
+    t0 = time.monotonic()
+    try:
+        for name, fn in scenarios:
+            ts = time.monotonic()
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - a crashed scenario is a failed check
+                import traceback
+                traceback.print_exc()
+                check(f"scenario {name} ran to the end", False, repr(e))
+            print(f"  {name}: {time.monotonic() - ts:.1f} s, {RESULTS['passed']} passed, "
+                  f"{RESULTS['failed']} failed so far", flush=True)
+    finally:
+        kill_children()
+    print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed "
+          f"(seed {seed}, {time.monotonic() - t0:.1f} s)", flush=True)
+    raise SystemExit(1 if RESULTS["failed"] else 0)

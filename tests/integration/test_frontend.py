@@ -27,117 +27,13 @@ import tempfile
 import threading
 import time
 
-from kvr_harness import eventually, free_ports, read_line, sse_events
+from kvr_harness import (RESULTS as results, Child, check, eventually, free_ports,
+                         run_scenarios, sse_events)
 
 KVR = sys.argv[1]
 SEED = int(os.environ.get("KVR_TEST_SEED", str(int(time.time()) % 100000)))
-VERBOSE = bool(os.environ.get("KVR_TEST_VERBOSE"))
-BS = 16
-results = {"passed": 0, "failed": 0}
-CHILDREN = []
-SANITIZER_RE = re.compile(r"AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|"
-                          r"ThreadSanitizer|runtime error:")
 rng = random.Random(SEED)
-
-
-def check(name, cond, detail=""):
-    if cond:
-        results["passed"] += 1
-        if VERBOSE:
-            print(f"ok   {name}", flush=True)
-    else:
-        results["failed"] += 1
-        d = detail if isinstance(detail, str) else repr(detail)
-        print(f"FAIL {name} {d[:1500]}", flush=True)
-    return bool(cond)
-
-
-class Child:
-    """A kvrouter process on loopback; stderr goes to a file scanned for sanitizer reports."""
-
-    def __init__(self, args, what):
-        self.what = what
-        self.err = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.err,
-                                     stdin=subprocess.DEVNULL)
-        CHILDREN.append(self)
-        line = read_line(self.proc)
-        if not line.startswith("listening "):
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            raise RuntimeError(f"{what} did not start ({args}): {line!r} {self.stderr()}")
-        self.host, port = line.split()[1].rsplit(":", 1)
-        self.port = int(port)
-        self.url = f"http://{self.host}:{self.port}"
-        self.stopped = False
-
-    def stderr(self):
-        self.err.seek(0)
-        return self.err.read().decode(errors="replace")
-
-    def kill(self):
-        """SIGKILL: a worker that dies (nothing of its exit is checked)."""
-        self.stopped = True
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-
-    def stop(self):
-        if self.stopped:
-            return
-        self.stopped = True
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            check(f"{self.what} exits on SIGTERM", False, "killed after 30 s")
-        err = self.stderr()
-        m = SANITIZER_RE.search(err)
-        check(f"{self.what} stderr free of sanitizer reports", m is None,
-              err[max(0, (m.start() if m else 0) - 300):][:3000])
-        check(f"{self.what} exits 0 on SIGTERM", self.proc.returncode == 0,
-              (self.proc.returncode, err[-1500:]))
-
-    def request(self, method, path, body=None, headers=None, timeout=30.0):
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-        try:
-            h = {"Content-Type": "application/json"} if body is not None else {}
-            h.update(headers or {})
-            data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
-            if isinstance(data, str):
-                data = data.encode()
-            conn.request(method, path, body=data, headers=h)
-            r = conn.getresponse()
-            return r.status, r.headers, r.read()
-        finally:
-            conn.close()
-
-    def call(self, method, path, body=None, headers=None, timeout=30.0):
-        st, h, raw = self.request(method, path, body, headers, timeout)
-        text = raw.decode(errors="replace")
-        try:
-            return st, json.loads(text), h
-        except ValueError:
-            return st, text, h
-
-    def metric(self, name, **labels):
-        st, _, raw = self.request("GET", "/metrics", timeout=10)
-        total, seen = 0.0, False
-        for line in raw.decode().splitlines():
-            if not line or line.startswith("#"):
-                continue
-            m = re.match(r"^([^{\s]+)(\{(.*)\})?\s+(\S+)$", line)
-            if not m or m.group(1) != name:
-                continue
-            ls = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
-            if all(ls.get(k) == str(v) for k, v in labels.items()):
-                total += float(m.group(4))
-                seen = True
-        return total if seen else None
-
-
+BS = 16
 def mocker(*extra, events=True, what="mocker", dp=1):
     args = [KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--model", "m",
             "--block-size", str(BS), "--data-parallel-size", str(dp)] + [str(a) for a in extra]
@@ -240,11 +136,11 @@ def scenario_main():
 
 
 def shapes(r, ms):
-    st, body, h = r.call("GET", "/v1/models")
+    st, body, h = r.call_h("GET", "/v1/models")
     check("models: the workers' model", st == 200 and body.get("object") == "list"
           and [d["id"] for d in body.get("data", [])] == ["m"], body)
     p = toks(40)
-    st, body, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 5})
+    st, body, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 5})
     ok = (st == 200 and body.get("object") == "text_completion"
           and isinstance(body["choices"][0]["text"], str) and body["usage"]["prompt_tokens"] == 40
           and body["usage"]["completion_tokens"] == 5 and "nvext" not in body)
@@ -265,7 +161,7 @@ def shapes(r, ms):
           and chunks[0]["choices"][0]["delta"].get("role") == "assistant"
           and chunks[-1]["choices"][0]["finish_reason"] == "length")
     check("chat (stream)", ok, (st, problems, chunks[:2]))
-    st, body, h = r.call("POST", "/v1/chat/completions", {
+    st, body, h = r.call_h("POST", "/v1/chat/completions", {
         "model": "m", "messages": [{"role": "system", "content": "be brief"},
                                    {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
         "max_tokens": 3, "temperature": 0.7})
@@ -275,17 +171,17 @@ def shapes(r, ms):
     check("chat (whole, content parts, sampling fields kept)", ok, (st, body))
     # nvext.token_data: the ids win over the prompt
     td = toks(33)
-    st, body, h = r.call("POST", "/v1/chat/completions", {
+    st, body, h = r.call_h("POST", "/v1/chat/completions", {
         "model": "m", "messages": [{"role": "user", "content": "ignored"}], "max_tokens": 2,
         "nvext": {"token_data": td}})
     check("chat with nvext.token_data runs those ids",
           st == 200 and body["usage"]["prompt_tokens"] == 33, (st, body))
-    st, body, h = r.call("POST", "/v1/completions", {
+    st, body, h = r.call_h("POST", "/v1/completions", {
         "model": "m", "prompt": "some text", "max_tokens": 2, "nvext": {"token_data": td}})
     check("completion with nvext.token_data runs those ids",
           st == 200 and body["usage"]["prompt_tokens"] == 33, (st, body))
     # extra_fields worker_id
-    st, body, h = r.call("POST", "/v1/completions", {
+    st, body, h = r.call_h("POST", "/v1/completions", {
         "model": "m", "prompt": toks(20), "max_tokens": 2, "nvext": {"extra_fields": ["worker_id"]}})
     wi = body.get("nvext", {}).get("worker_id", {}) if st == 200 else {}
     check("extra_fields worker_id (whole)", st == 200 and wi.get("decode_worker_id") == worker_of(h)
@@ -300,20 +196,20 @@ def shapes(r, ms):
 
 
 def query_blocks(r, p):
-    st, q, _ = r.call("POST", "/v1/query", {"tokens": p})
+    st, q, _ = r.call_h("POST", "/v1/query", {"tokens": p})
     return {s["worker_id"]: s["device_blocks"] for s in q.get("scores", [])} if st == 200 else {}
 
 
 def cache_affinity(r, ms):
     p = toks(8 * BS + 5)
-    st, b1, h1 = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
+    st, b1, h1 = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
     w = worker_of(h1)
     check("affinity: first request served", st == 200 and w is not None, (st, b1))
     seen = eventually(lambda: query_blocks(r, p).get(w) == 8, 10)
     check("affinity: the router sees the prompt's blocks on its worker", seen, query_blocks(r, p))
     same = 0
     for i in range(3):
-        st, b2, h2 = r.call("POST", "/v1/completions", {"model": "m", "prompt": p + toks(3),
+        st, b2, h2 = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p + toks(3),
                                                          "max_tokens": 2})
         same += st == 200 and worker_of(h2) == w
         if i == 0:
@@ -326,25 +222,25 @@ def cache_affinity(r, ms):
 
 def pinned(r):
     body = {"model": "m", "prompt": toks(20), "max_tokens": 2, "nvext": {"extra_fields": ["worker_id"]}}
-    st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "3"})
+    st, b, h = r.call_h("POST", "/v1/completions", body, {"x-worker-instance-id": "3"})
     check("pinned by header", st == 200 and worker_of(h) == 3
           and b["nvext"]["worker_id"]["decode_worker_id"] == 3, (st, b))
-    st, b, h = r.call("POST", "/v1/completions", dict(body, nvext={"backend_instance_id": 2, "dp_rank": 0}))
+    st, b, h = r.call_h("POST", "/v1/completions", dict(body, nvext={"backend_instance_id": 2, "dp_rank": 0}))
     check("pinned by nvext", st == 200 and worker_of(h) == 2, (st, b))
-    st, b, h = r.call("POST", "/v1/completions", dict(body, nvext={"backend_instance_id": 2}),
+    st, b, h = r.call_h("POST", "/v1/completions", dict(body, nvext={"backend_instance_id": 2}),
                       {"x-worker-instance-id": "1", "x-dp-rank": "0"})
     check("the header wins over nvext", st == 200 and worker_of(h) == 1, (st, b))
-    st, b, h = r.call("POST", "/v1/completions", dict(body, nvext={"allowed_worker_ids": [2]}))
+    st, b, h = r.call_h("POST", "/v1/completions", dict(body, nvext={"allowed_worker_ids": [2]}))
     check("allowed_worker_ids", st == 200 and worker_of(h) == 2, (st, b))
-    st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "99"})
+    st, b, h = r.call_h("POST", "/v1/completions", body, {"x-worker-instance-id": "99"})
     check("pinned to an unknown worker: 503", st == 503 and is_openai_error(b, 503), (st, b))
-    st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "1",
+    st, b, h = r.call_h("POST", "/v1/completions", body, {"x-worker-instance-id": "1",
                                                           "x-dp-rank": "7"})
     check("pinned to a missing rank: 503", st == 503 and is_openai_error(b, 503), (st, b))
-    st, b, h = r.call("POST", "/v1/completions", dict(body, nvext={"allowed_worker_ids": [2]}),
+    st, b, h = r.call_h("POST", "/v1/completions", dict(body, nvext={"allowed_worker_ids": [2]}),
                       {"x-worker-instance-id": "1"})
     check("pinned outside allowed_worker_ids: 503", st == 503 and is_openai_error(b, 503), (st, b))
-    st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "one"})
+    st, b, h = r.call_h("POST", "/v1/completions", body, {"x-worker-instance-id": "one"})
     check("bad x-worker-instance-id: 400", st == 400 and is_openai_error(b, 400)
           and "x-worker-instance-id" in b["error"]["message"], (st, b))
 
@@ -353,25 +249,25 @@ def text_prompts(r, ms):
     text = "the quick brown fox jumps over the lazy dog " * 20
     hits0 = r.metric("kvr_frontend_tokenize_cache_hits_total")
     miss0 = r.metric("kvr_frontend_tokenize_cache_misses_total")
-    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": text, "max_tokens": 2})
-    st2, tk, _ = ms[0].call("POST", "/tokenize", {"model": "m", "prompt": text})
+    st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": text, "max_tokens": 2})
+    st2, tk, _ = ms[0].call_h("POST", "/tokenize", {"model": "m", "prompt": text})
     check("text prompt: the worker ran the tokenized ids", st == 200 and st2 == 200
           and b["usage"]["prompt_tokens"] == tk["count"], (st, b, tk.get("count")))
     check("text prompt: a cache miss", r.metric("kvr_frontend_tokenize_cache_misses_total") == miss0 + 1)
-    st, b2, h2 = r.call("POST", "/v1/completions", {"model": "m", "prompt": text, "max_tokens": 2})
+    st, b2, h2 = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": text, "max_tokens": 2})
     check("text prompt: the repeat hits the cache",
           st == 200 and r.metric("kvr_frontend_tokenize_cache_hits_total") == hits0 + 1, b2)
     check("text prompt: the repeat goes where the prefix is", worker_of(h2) == worker_of(h)
           or query_blocks(r, tk["tokens"]).get(worker_of(h), 0) == 0, (worker_of(h), worker_of(h2)))
     msgs = [{"role": "system", "content": "you are terse"}, {"role": "user", "content": "héllo\u0000 wörld"}]
-    st, b, h = r.call("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 2})
-    st2, tk, _ = ms[1].call("POST", "/tokenize", {"model": "m", "messages": msgs})
+    st, b, h = r.call_h("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 2})
+    st2, tk, _ = ms[1].call_h("POST", "/tokenize", {"model": "m", "messages": msgs})
     check("chat: the worker ran the tokenized ids", st == 200 and st2 == 200
           and b["usage"]["prompt_tokens"] == tk["count"], (st, b, tk))
-    st, b, h = r.call("POST", "/v1/completions", {"model": "nope", "prompt": "abc", "max_tokens": 2})
+    st, b, h = r.call_h("POST", "/v1/completions", {"model": "nope", "prompt": "abc", "max_tokens": 2})
     check("text prompt for an unknown model: the worker's 404 relayed",
           st == 404 and is_openai_error(b, 404), (st, b))
-    st, b, h = r.call("POST", "/v1/completions", {"model": "nope", "prompt": [1, 2, 3], "max_tokens": 2})
+    st, b, h = r.call_h("POST", "/v1/completions", {"model": "nope", "prompt": [1, 2, 3], "max_tokens": 2})
     check("ids for an unknown model: the worker's 404 relayed",
           st == 404 and is_openai_error(b, 404), (st, b))
 
@@ -425,17 +321,17 @@ def cancellation(r, ms):
 
 
 def errors(r):
-    st, b, h = r.call("POST", "/v1/completions", "{not json")
+    st, b, h = r.call_h("POST", "/v1/completions", "{not json")
     check("bad JSON: 400 in the OpenAI shape", st == 400 and is_openai_error(b, 400), (st, b))
-    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "max_tokens": 3})
+    st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "max_tokens": 3})
     check("missing prompt: 400 naming it", st == 400 and is_openai_error(b, 400)
           and "prompt" in b["error"]["message"], (st, b))
-    st, b, h = r.call("POST", "/v1/chat/completions", {"model": "m", "messages": [{"role": "user"}],
+    st, b, h = r.call_h("POST", "/v1/chat/completions", {"model": "m", "messages": [{"role": "user"}],
                                                        "n": 2})
     check("n > 1: 400", st == 400 and is_openai_error(b, 400), (st, b))
-    st, b, h = r.call("GET", "/v1/nothing")
+    st, b, h = r.call_h("GET", "/v1/nothing")
     check("unknown path: 404", st == 404 and "error" in b, (st, b))
-    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": [1, 2], "max_tokens": 10**6})
+    st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": [1, 2], "max_tokens": 10**6})
     check("the worker's 400 relayed", st == 400 and is_openai_error(b, 400), (st, b))
 
 
@@ -449,7 +345,7 @@ def modes(ms):
             p = toks(4 * BS)
             ok = True
             for _ in range(6):
-                st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p if mode == "approx"
+                st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p if mode == "approx"
                                                               else toks(4 * BS), "max_tokens": 2})
                 ok = ok and st == 200
                 seen.add(worker_of(h))
@@ -467,31 +363,31 @@ def dead_workers(r, ms):
     p, w = r.affinity
     ms[w - 1].kill()
     retries0 = r.metric("kvr_frontend_retries_total")
-    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
+    st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
     check("killed worker: the request still succeeds elsewhere", st == 200 and worker_of(h) != w,
           (st, b, worker_of(h), w))
     check("killed worker: retried", r.metric("kvr_frontend_retries_total") >= retries0 + 1)
     check("killed worker: a connect error counted",
           (r.metric("kvr_frontend_upstream_errors_total", kind="connect") or 0) >= 1)
     # pinned to the dead worker: nowhere else to go; its second failure in a row fences it
-    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2},
+    st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2},
                       {"x-worker-instance-id": str(w)})
     check("pinned to the killed worker: 503", st == 503 and is_openai_error(b, 503), (st, b))
 
     def fenced():
-        st, ws, _ = r.call("GET", "/v1/workers")
+        st, ws, _ = r.call_h("GET", "/v1/workers")
         return [x for x in ws["workers"] if x["worker_id"] == w][0]["fenced"]
     check("killed worker: fenced after failing twice", eventually(fenced, 5))
     check("killed worker: fence counted", r.metric("kvr_frontend_workers_fenced_total") == 1)
     for i in range(4):
-        st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks(20), "max_tokens": 2})
+        st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": toks(20), "max_tokens": 2})
         check(f"after the fence, request {i} served by a live worker", st == 200 and worker_of(h) != w)
     check("the load is back to 0", eventually(lambda: loads_idle(r), 5))
     for m in ms:
         m.stop()
-    st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks(20), "max_tokens": 2})
+    st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": toks(20), "max_tokens": 2})
     check("every worker dead: 503 in the OpenAI shape", st == 503 and is_openai_error(b, 503), (st, b))
-    st, b, h = r.call("POST", "/v1/chat/completions", {"model": "m", "max_tokens": 2,
+    st, b, h = r.call_h("POST", "/v1/chat/completions", {"model": "m", "max_tokens": 2,
                                                        "messages": [{"role": "user", "content": "hi"}]})
     check("every worker dead, text to tokenize: 503", st == 503 and is_openai_error(b, 503), (st, b))
     check("the load is 0 after the failures", eventually(lambda: loads_idle(r), 5))
@@ -509,7 +405,7 @@ def scenario_queue():
 
     def go(name, rt, body):
         try:
-            out[name] = rt.call("POST", "/v1/completions", body, timeout=60)
+            out[name] = rt.call_h("POST", "/v1/completions", body, timeout=60)
         except Exception as e:  # noqa: BLE001
             out[name] = (repr(e), None, None)
 
@@ -534,7 +430,7 @@ def scenario_queue():
         ts.append(threading.Thread(target=go, args=("c", r, small())))
         ts[-1].start()
         check("queue: two wait again", eventually(lambda: r.metric("kvr_queue_pending") == 2, 5))
-        st, b, h = r.call("POST", "/v1/completions", small())
+        st, b, h = r.call_h("POST", "/v1/completions", small())
         check("queue full: 429 in the OpenAI shape", st == 429 and is_openai_error(b, 429), (st, b))
         for t in ts:
             t.join(60)
@@ -549,7 +445,7 @@ def scenario_queue():
                                                            "max_tokens": 2}))]
         ts[0].start()
         eventually(lambda: (r2.metric("kvr_requests_in_flight") or 0) == 1, 5)
-        st, b, h = r2.call("POST", "/v1/completions", small())
+        st, b, h = r2.call_h("POST", "/v1/completions", small())
         check("queued past router_queue_timeout_ms: 429", st == 429 and is_openai_error(b, 429)
               and "queued longer" in b["error"]["message"], (st, b))
         ts[0].join(60)
@@ -666,7 +562,7 @@ def scenario_slow_client():
             got += c
         check("slow client: its connection is closed", closed and b"data: [DONE]" not in got,
               (closed, len(got)))
-        st, b, _ = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks(32),
+        st, b, _ = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": toks(32),
                                                        "max_tokens": 4})
         check("slow client: the router still serves", st == 200, (st, b))
     finally:
@@ -757,19 +653,19 @@ def scenario_faults():
     body = {"model": "m", "prompt": toks(20), "max_tokens": 2}
     try:
         t0 = time.monotonic()
-        st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "1"})
+        st, b, h = r.call_h("POST", "/v1/completions", body, {"x-worker-instance-id": "1"})
         took = time.monotonic() - t0
         check("silent worker: 504 after the upstream timeout", st == 504 and is_openai_error(b, 504)
               and 0.3 < took < 5, (st, b, took))
         check("silent worker: a timeout counted",
               r.metric("kvr_frontend_upstream_errors_total", kind="timeout") == 1)
-        st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "2"})
+        st, b, h = r.call_h("POST", "/v1/completions", body, {"x-worker-instance-id": "2"})
         check("pinned to a worker that closes at once: 503", st == 503 and is_openai_error(b, 503), (st, b))
         check("a close before the first byte counted",
               r.metric("kvr_frontend_upstream_errors_total", kind="eof") == 1)
         ok = 0
         for _ in range(4):
-            st, b, h = r.call("POST", "/v1/completions", dict(body, nvext={"allowed_worker_ids": [2, 3]}))
+            st, b, h = r.call_h("POST", "/v1/completions", dict(body, nvext={"allowed_worker_ids": [2, 3]}))
             ok += st == 200 and worker_of(h) == 3
         check("a worker that closes at once: requests retried on the live one", ok == 4, ok)
         st, h, chunks, problems = stream(r, "/v1/completions", body, {"x-worker-instance-id": "4"})
@@ -777,12 +673,12 @@ def scenario_faults():
         check("broken mid-stream: the event, then an error event and [DONE]", st == 200
               and chunks and chunks[0].get("choices") and errs and errs[0]["error"]["code"] == 502
               and not [p for p in problems if "DONE" in p], (st, chunks, problems))
-        st, b, h = r.call("POST", "/v1/completions", body, {"x-worker-instance-id": "4"})
+        st, b, h = r.call_h("POST", "/v1/completions", body, {"x-worker-instance-id": "4"})
         check("broken mid-answer (whole): 502", st == 502 and is_openai_error(b, 502), (st, b))
         # a body the worker must receive without the escaped prompt key
         raw = '{"model":"m","pr\\u006fmpt":"hello there friend","max_tokens":2}'
-        st, b, h = r.call("POST", "/v1/completions", raw, {"x-worker-instance-id": "3"})
-        st2, tk, _ = m.call("POST", "/tokenize", {"model": "m", "prompt": "hello there friend"})
+        st, b, h = r.call_h("POST", "/v1/completions", raw, {"x-worker-instance-id": "3"})
+        st2, tk, _ = m.call_h("POST", "/tokenize", {"model": "m", "prompt": "hello there friend"})
         check("an escaped key is replaced, not duplicated", st == 200
               and b["usage"]["prompt_tokens"] == tk["count"], (st, b))
         check("the load is 0 after the faults", eventually(lambda: loads_idle(r), 5))
@@ -802,7 +698,7 @@ def scenario_dp():
     try:
         time.sleep(0.3)
         p = toks(8 * BS + 3)
-        st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
+        st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
         rank = int(h.get("x-kvrouter-dp-rank", -1))
         check("dp: served on a rank", st == 200 and rank in (0, 1), (st, b, dict(h)))
         check("dp: the mocker ran it on that rank",
@@ -811,12 +707,12 @@ def scenario_dp():
                                    r.call("POST", "/v1/query", {"tokens": p})[1]["scores"]}
                           .get(rank) == 8, 10)
         check("dp: the router sees the blocks on that rank", seen)
-        st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
+        st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
         check("dp: the repeat goes to the same rank, cached",
               st == 200 and int(h.get("x-kvrouter-dp-rank", -1)) == rank
               and b["usage"]["prompt_tokens_details"]["cached_tokens"] == 8 * BS, (st, b, dict(h)))
         other = 1 - rank
-        st, b, h = r.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2,
+        st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2,
                                                        "nvext": {"extra_fields": ["worker_id"]}},
                           {"x-worker-instance-id": "1", "x-dp-rank": str(other)})
         check("dp: pinned to the other rank", st == 200 and int(h.get("x-kvrouter-dp-rank", -1)) == other
@@ -828,29 +724,10 @@ def scenario_dp():
 
 
 def main():
-    t0 = time.monotonic()
-    try:
-        for name, fn in (("main", scenario_main), ("queue", scenario_queue),
-                         ("faults", scenario_faults), ("dp", scenario_dp),
-                         ("shutdown", scenario_shutdown), ("config", scenario_config),
-                         ("slow_client", scenario_slow_client)):
-            ts = time.monotonic()
-            try:
-                fn()
-            except Exception as e:  # noqa: BLE001 - a crashed scenario is a failed check
-                import traceback
-                traceback.print_exc()
-                check(f"scenario {name} ran to the end", False, repr(e))
-            print(f"  {name}: {time.monotonic() - ts:.1f} s, {results['passed']} passed, "
-                  f"{results['failed']} failed so far", flush=True)
-    finally:
-        for c in CHILDREN:
-            if c.proc.poll() is None:
-                c.proc.kill()
-                c.proc.wait(timeout=10)
-    print(f"{results['passed']} passed, {results['failed']} failed "
-          f"(seed {SEED}, {time.monotonic() - t0:.1f} s)")
-    sys.exit(1 if results["failed"] else 0)
+    run_scenarios((("main", scenario_main), ("queue", scenario_queue),
+                   ("faults", scenario_faults), ("dp", scenario_dp),
+                   ("shutdown", scenario_shutdown), ("config", scenario_config),
+                   ("slow_client", scenario_slow_client)), SEED)
 
 
 if __name__ == "__main__":

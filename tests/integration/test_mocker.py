@@ -30,130 +30,12 @@ import time
 import msgpack
 import zmq
 
-from kvr_harness import eventually, free_ports, read_line, sse_events
+from kvr_harness import (RESULTS as results, Child, check, eventually, free_ports,
+                         run_scenarios, sse_events)
 
 KVR = sys.argv[1]
 SEED = int(os.environ.get("KVR_TEST_SEED", str(int(time.time()) % 100000)))
-VERBOSE = bool(os.environ.get("KVR_TEST_VERBOSE"))
-results = {"passed": 0, "failed": 0}
-CHILDREN = []
-SANITIZER_RE = re.compile(r"AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|"
-                          r"ThreadSanitizer|runtime error:")
-
-
-def check(name, cond, detail=""):
-    if cond:
-        results["passed"] += 1
-        if VERBOSE:
-            print(f"ok   {name}", flush=True)
-    else:
-        results["failed"] += 1
-        d = detail if isinstance(detail, str) else repr(detail)
-        if len(d) > 1500:
-            d = d[:1500] + "..."
-        print(f"FAIL {name} {d}", flush=True)
-    return bool(cond)
-
-
-class Child:
-    """A kvrouter process on loopback; stderr goes to a file scanned for sanitizer reports."""
-
-    def __init__(self, args, what):
-        self.what = what
-        self.args = args
-        self.err = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.err,
-                                     stdin=subprocess.DEVNULL)
-        CHILDREN.append(self)
-        line = read_line(self.proc)
-        if not line.startswith("listening "):
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            raise RuntimeError(f"{what} did not start ({args}): {line!r} {self.stderr()}")
-        self.addr = line.split()[1]
-        host, port = self.addr.rsplit(":", 1)
-        self.host, self.port = host, int(port)
-        self.base = "http://" + self.addr
-        self.stopped = False
-
-    def stderr(self):
-        self.err.seek(0)
-        return self.err.read().decode(errors="replace")
-
-    def stop(self, expect_rc=0):
-        """SIGTERM; checks the exit status and that stderr holds no sanitizer report."""
-        if self.stopped:
-            return self.proc.returncode
-        self.stopped = True
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            check(f"{self.what} exits on SIGTERM", False, "killed after 30 s")
-        err = self.stderr()
-        m = SANITIZER_RE.search(err)
-        check(f"{self.what} stderr free of sanitizer reports", m is None,
-              err[max(0, (m.start() if m else 0) - 300):][:3000])
-        check(f"{self.what} exits {expect_rc} on SIGTERM", self.proc.returncode == expect_rc,
-              (self.proc.returncode, err[-2000:]))
-        self.err.close()
-        return self.proc.returncode
-
-    # ---- HTTP ----
-    def request(self, method, path, body=None, headers=None, timeout=30.0):
-        """(status, headers, raw bytes); body: dict/list (JSON), str or bytes (as is)."""
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-        try:
-            h = {"Content-Type": "application/json"} if body is not None else {}
-            h.update(headers or {})
-            if isinstance(body, (dict, list)):
-                data = json.dumps(body).encode()
-            elif isinstance(body, str):
-                data = body.encode()
-            else:
-                data = body
-            conn.request(method, path, body=data, headers=h)
-            r = conn.getresponse()
-            return r.status, r.headers, r.read()
-        finally:
-            conn.close()
-
-    def call(self, method, path, body=None, headers=None, timeout=30.0):
-        """(status, JSON or text)."""
-        st, h, raw = self.request(method, path, body, headers, timeout)
-        text = raw.decode(errors="replace")
-        if (h.get("Content-Type") or "").startswith("application/json"):
-            try:
-                return st, json.loads(text)
-            except ValueError:
-                return st, text
-        return st, text
-
-    def metrics(self):
-        st, text = self.call("GET", "/metrics", timeout=10)
-        out = []
-        if st != 200:
-            return out
-        for line in text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            m = re.match(r"^([^{\s]+)(\{(.*)\})?\s+(\S+)$", line)
-            if not m:
-                continue
-            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
-            out.append((m.group(1), labels, float(m.group(4))))
-        return out
-
-    def metric(self, name, **labels):
-        """Sum of the samples of `name` whose labels include `labels`; None when absent."""
-        vals = [v for n, l, v in self.metrics()
-                if n == name and all(l.get(k) == str(x) for k, x in labels.items())]
-        return sum(vals) if vals else None
-
-
+from kvr_harness import SANITIZER_RE, VERBOSE  # noqa: E402
 def start_mocker(*extra, what="mocker"):
     args = [KVR, "mocker", "--host", "127.0.0.1", "--port", "0"] + [str(a) for a in extra]
     return Child(args, what)
@@ -1320,37 +1202,20 @@ def scenario_connect(ctx):
 
 
 def main():
-    t0 = time.monotonic()
     ctx = zmq.Context()
     try:
-        for name, fn in (("http", scenario_http_shapes), ("errors", scenario_errors),
-                         ("prefix+cancel", scenario_prefix_and_cancel),
-                         ("events array", lambda: scenario_events(ctx, "array", 200)),
-                         ("events map", lambda: scenario_events(ctx, "map", 80)),
-                         ("router array", lambda: scenario_router(ctx, "array")),
-                         ("router array drop", lambda: scenario_router(ctx, "array", 3)),
-                         ("router map drop", lambda: scenario_router(ctx, "map", 4)),
-                         ("router dp map", lambda: scenario_router_dp(ctx, "map")),
-                         ("router dp array", lambda: scenario_router_dp(ctx, "array")),
-                         ("connect", lambda: scenario_connect(ctx))):
-            ts = time.monotonic()
-            try:
-                fn()
-            except Exception as e:  # noqa: BLE001 - a crashed scenario is a failed check
-                import traceback
-                traceback.print_exc()
-                check(f"scenario {name} ran to the end", False, repr(e))
-            print(f"  {name}: {time.monotonic() - ts:.1f} s, {results['passed']} passed, "
-                  f"{results['failed']} failed so far", flush=True)
+        run_scenarios((("http", scenario_http_shapes), ("errors", scenario_errors),
+                       ("prefix+cancel", scenario_prefix_and_cancel),
+                       ("events array", lambda: scenario_events(ctx, "array", 200)),
+                       ("events map", lambda: scenario_events(ctx, "map", 80)),
+                       ("router array", lambda: scenario_router(ctx, "array")),
+                       ("router array drop", lambda: scenario_router(ctx, "array", 3)),
+                       ("router map drop", lambda: scenario_router(ctx, "map", 4)),
+                       ("router dp map", lambda: scenario_router_dp(ctx, "map")),
+                       ("router dp array", lambda: scenario_router_dp(ctx, "array")),
+                       ("connect", lambda: scenario_connect(ctx))), SEED)
     finally:
-        for c in CHILDREN:
-            if c.proc.poll() is None:
-                c.proc.kill()
-                c.proc.wait(timeout=10)
         ctx.term()
-    print(f"{results['passed']} passed, {results['failed']} failed "
-          f"(seed {SEED}, {time.monotonic() - t0:.1f} s)")
-    sys.exit(1 if results["failed"] else 0)
 
 
 if __name__ == "__main__":
