@@ -94,11 +94,13 @@ static const field_t FIELDS[] = {
     {"router_max_prompt_tokens", T_U64, OFF(router_max_prompt_tokens), 1, 1e9, false, NULL, 0,
      "2097152", "prompts longer than this many tokens are refused before hashing"},
     {"router_ttl_secs", T_F64, OFF(router_ttl_secs), 0, 1e9, true, NULL, 0, "120.0",
-     "approximate mode: how long a routing decision counts as cached"},
+     "approximate mode only (ignored otherwise): how long a routing decision counts as cached"},
     {"router_max_tree_size", T_U64, OFF(router_max_tree_size), 1, 1e12, false, NULL, 0, "1048576",
-     "approximate mode: blocks recorded before pruning"},
+     "approximate mode only (ignored otherwise): blocks recorded before pruning; the default is "
+     "clamped to index_max_pairs, a larger value given is refused"},
     {"router_prune_target_ratio", T_F64, OFF(router_prune_target_ratio), 0, 1, true, NULL, 0, "0.8",
-     "approximate mode: prune down to this fraction of router_max_tree_size, in (0, 1]"},
+     "approximate mode only (ignored otherwise): prune down to this fraction of "
+     "router_max_tree_size, in (0, 1]"},
     {"router_queue_threshold", T_OPT_F64, OFF(router_queue_threshold), 0, 1e9, false, NULL, 0,
      "unset", "queue requests while every worker's prefill tokens exceed this fraction of its batch; unset = no queue"},
     {"router_queue_policy", T_ENUM, OFF(router_queue_policy), 0, 0, false, QPOL, 0, "fcfs",
@@ -458,8 +460,13 @@ int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_le
                "router_track_output_blocks: requires router_track_active_blocks = true");
         return KVR_EINVAL;
     }
-    if (cfg->router_max_tree_size > cfg->index_max_pairs) {
-        seterr(err, err_len, "router_max_tree_size: %llu exceeds index_max_pairs %llu",
+    /* An approximate-mode setting never blocks another mode, and its default follows a
+     * smaller index budget (router.c clamps it); only a tree size the user chose above the
+     * budget is refused, and only in approximate mode. */
+    if (cfg->router_mode == KVR_MODE_APPROX && cfg->router_max_tree_size > cfg->index_max_pairs &&
+        cfg->router_max_tree_size != KVR_CONFIG_DEFAULT_TREE_SIZE) {
+        seterr(err, err_len,
+               "router_max_tree_size: %llu exceeds index_max_pairs %llu (approximate mode)",
                (unsigned long long)cfg->router_max_tree_size,
                (unsigned long long)cfg->index_max_pairs);
         return KVR_EINVAL;

@@ -14,6 +14,8 @@
 
 #include "kvrouter.h"
 
+#define KVR_CONFIG_DEFAULT_TREE_SIZE 1048576u /* router_max_tree_size's default */
+
 typedef enum kvr_router_mode {
     KVR_MODE_KV = 0,
     KVR_MODE_ROUND_ROBIN,

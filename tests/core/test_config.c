@@ -122,10 +122,18 @@ static void test_cross_field_rules(void **s)
     assert_int_equal(kvr_config_set(&c, "router_track_output_blocks", "true", err, sizeof err), KVR_OK);
     assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_EINVAL);
     assert_non_null(strstr(err, "router_track_output_blocks"));
+    /* an approximate-mode setting never blocks a smaller index budget in another mode, and
+     * its default follows the budget in approximate mode; a larger value given is refused */
     kvr_config_defaults(&c);
     assert_int_equal(kvr_config_set(&c, "index_max_pairs", "2048", err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_config_set(&c, "router_mode", "approx", err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_config_set(&c, "router_max_tree_size", "4096", err, sizeof err), KVR_OK);
     assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_EINVAL);
-    assert_non_null(strstr(err, "router_max_tree_size"));
+    assert_non_null(strstr(err, "router_max_tree_size: 4096 exceeds index_max_pairs 2048"));
+    assert_int_equal(kvr_config_set(&c, "router_mode", "kv", err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK);
 }
 
 static void test_environment(void **s)
