@@ -1,7 +1,9 @@
 # Thin wrapper over CMake for the commands people type. Every target installs what it needs.
 #   make          build (release) into build/
-#   make test     warnings-as-errors build + all tests, then again under ASan + UBSan, then
-#                 the fuzz targets over their corpora
+#   make test     warnings-as-errors build + all tests (with a 60 s soak), then again under
+#                 ASan + UBSan, the threaded suites under TSan, then the fuzz targets
+#   make soak     the soak for SOAK_SECONDS (default 1800): churn, kills, cancels; flat RSS
+#   make flake-check  every integration suite FLAKE_RUNS times (default 10); not in CI
 #   make bench    build and run the benchmarks (kvrouter bench all)
 #   make demo     build, then router + 4 mocker engines on loopback: the conversation trace
 #                 replayed under kv and round-robin routing, a table and demo-ttft.png
@@ -10,10 +12,15 @@
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 15
+SOAK_SECONDS ?= 1800
+FLAKE_RUNS ?= 10
+# The suites with more than one thread: the ingest thread, the listener it owns, the index's
+# concurrent readers and writer, the mocker's loop and the processes driven end to end.
+TSAN_TESTS = ^(test_index_concurrent|test_ingest|test_zmq_listener|test_kv_publisher|integration_test_(serve_events|mocker|frontend|warm_restart))$$
 CMAKE ?= cmake
 
-.PHONY: all deps build build-werror build-asan build-fuzz test test-release test-asan \
-        test-fuzz bench demo fuzz clean
+.PHONY: all deps build build-werror build-asan build-tsan build-fuzz test test-release \
+        test-asan test-tsan test-fuzz soak flake-check bench demo fuzz clean
 
 all: build
 
@@ -33,12 +40,17 @@ build-asan: deps
 	  -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
 	$(CMAKE) --build build-asan -j $(JOBS)
 
+build-tsan: deps
+	$(CMAKE) -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVR_WERROR=ON -DKVR_TSAN=ON \
+	  -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
+	$(CMAKE) --build build-tsan -j $(JOBS)
+
 build-fuzz: deps
 	CC=clang $(CMAKE) -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DKVR_WERROR=ON \
 	  -DKVR_SANITIZE=ON -DKVR_FUZZ=ON -DKVR_TESTS=OFF -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
 	$(CMAKE) --build build-fuzz -j $(JOBS)
 
-test: test-release test-asan test-fuzz
+test: test-release test-asan test-tsan test-fuzz
 	@echo "make test: all suites passed"
 
 test-release: build-werror
@@ -48,6 +60,22 @@ test-asan: build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 KVR_TEST_SCALE=asan \
 	  ctest --output-on-failure -j $(JOBS)
+
+# Suppressions cover only the uninstrumented libzmq; see tests/tsan/tsan.supp.
+test-tsan: build-tsan
+	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan/tsan.supp" \
+	  KVR_TEST_SCALE=asan ctest --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
+
+soak: build-werror
+	/usr/bin/python3 tests/soak/soak.py build-werror/kvrouter --seconds $(SOAK_SECONDS) \
+	  --report build-werror/soak.tsv
+
+# Runs every integration suite FLAKE_RUNS times, one after another; stops at the first failure.
+flake-check: build-werror
+	@set -e; cd build-werror; for i in $$(seq 1 $(FLAKE_RUNS)); do \
+	  echo "== flake-check run $$i/$(FLAKE_RUNS)"; \
+	  ctest --output-on-failure -j $(JOBS) -R '^integration_' || { echo "flake-check: run $$i failed"; exit 1; }; \
+	done; echo "flake-check: $(FLAKE_RUNS) runs passed"
 
 # Replays every corpus file, then fuzzes briefly from the corpus (a regression smoke test).
 test-fuzz: build-fuzz
@@ -77,4 +105,4 @@ demo: deps
 	./build/kvrouter demo
 
 clean:
-	rm -rf build build-werror build-asan build-fuzz
+	rm -rf build build-werror build-asan build-tsan build-fuzz

@@ -63,7 +63,8 @@ static uint64_t mono_ns(void)
 
 const char *kvr_rank_state_name(kvr_rank_state_t s)
 {
-    static const char *const names[] = {"no_events", "exact", "recovering", "degraded", "error"};
+    static const char *const names[] = {"no_events", "exact", "recovering", "degraded", "error",
+                                        "unreachable"};
     return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "unknown";
 }
 

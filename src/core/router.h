@@ -52,6 +52,8 @@ typedef enum kvr_rank_state {
     KVR_RANK_RECOVERING,    /* replaying a gap */
     KVR_RANK_DEGRADED,      /* state was dropped; partial knowledge */
     KVR_RANK_ERROR,         /* events unusable (block size mismatch): never a silent 0 overlap */
+    KVR_RANK_UNREACHABLE,   /* its events connection was lost: the engine is gone or cut off
+                               (what the index holds of it is what it had) */
 } kvr_rank_state_t;
 
 const char *kvr_rank_state_name(kvr_rank_state_t s);
@@ -65,6 +67,8 @@ typedef struct kvr_rank_status {
     uint64_t block_size_mismatches;
     uint32_t engine_block_size; /* the last mismatching size seen; 0 = none */
     uint64_t index_blocks;      /* blocks the index holds for this rank (any tier) */
+    uint64_t disconnects;       /* events connections lost */
+    uint64_t rank_out_of_range; /* batches naming a dp_rank outside the worker's, refused */
 } kvr_rank_status_t;
 
 typedef struct kvr_router kvr_router_t;

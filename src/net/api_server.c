@@ -39,6 +39,7 @@ typedef struct probe {
     bool in_flight;
     bool dead; /* its worker was removed; kept until the server goes (a late callback) */
     uint32_t failures;
+    char suspect[96]; /* non-empty: a probe sent on other evidence; its failure fences */
 } probe_t;
 
 typedef struct pending {
@@ -747,6 +748,10 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
         kvr_json_u64(w, st.undecodable);
         kvr_json_key(w, "block_size_mismatches");
         kvr_json_u64(w, st.block_size_mismatches);
+        kvr_json_key(w, "events_disconnects");
+        kvr_json_u64(w, st.disconnects);
+        kvr_json_key(w, "batches_rank_out_of_range");
+        kvr_json_u64(w, st.rank_out_of_range);
         if (st.engine_block_size) {
             kvr_json_key(w, "engine_block_size");
             kvr_json_u64(w, st.engine_block_size);
@@ -1101,7 +1106,15 @@ static void metrics_ingest(kvr_api_server_t *s, kvr_prom_t *p)
           (double)g.zmq.held_batches);
     counter(p, "kvr_kv_replay_hold_overflows_total", "Replays given up because the hold was full.",
             (double)g.zmq.hold_overflows);
-    counter(p, "kvr_kv_publisher_restarts_total", "Publisher restarts seen.", (double)g.zmq.restarts);
+    counter(p, "kvr_kv_publisher_restarts_total",
+            "Publisher restarts seen (numbers that went back, or a replayed last batch with "
+            "other bytes).", (double)g.zmq.restarts);
+    counter(p, "kvr_kv_disconnects_total",
+            "Events connections lost (the rank shows unreachable until one is back).",
+            (double)g.zmq.disconnects);
+    counter(p, "kvr_kv_batches_rank_out_of_range_total",
+            "Batches naming a dp_rank their worker does not have, refused whole.",
+            (double)g.rank_out_of_range);
     counter(p, "kvr_kv_duplicate_batches_total", "Batches dropped as already applied.",
             (double)g.zmq.duplicates);
     counter(p, "kvr_kv_bad_messages_total", "Messages without 3 frames or an 8-byte seq.",
@@ -1322,7 +1335,11 @@ static void probe_result(probe_t *pr, bool ok)
         return;
     }
     pr->failures++;
-    if (!fenced && pr->failures >= s->cfg.health_failures) {
+    if (!fenced && pr->suspect[0] != '\0') {
+        char why[160];
+        snprintf(why, sizeof why, "%s and its /health failed", pr->suspect);
+        kvr_api_server_fence(s, pr->worker_id, why);
+    } else if (!fenced && pr->failures >= s->cfg.health_failures) {
         char why[64];
         snprintf(why, sizeof why, "failed %u health checks", pr->failures);
         kvr_api_server_fence(s, pr->worker_id, why);
@@ -1337,6 +1354,7 @@ static void on_probe_done(struct evhttp_request *req, void *arg)
         return;
     int code = req ? evhttp_request_get_response_code(req) : 0;
     probe_result(pr, code == 200);
+    pr->suspect[0] = '\0';
 }
 
 static void probe_one(probe_t *pr)
@@ -1379,6 +1397,24 @@ static void probe_one(probe_t *pr)
     }
 }
 
+void kvr_api_server_suspect(kvr_api_server_t *s, uint64_t worker_id, const char *why)
+{
+    if (kvr_router_fenced(s->r, worker_id))
+        return;
+    for (size_t i = 0; i < s->n_probes; i++) {
+        probe_t *pr = s->probes[i];
+        if (pr->worker_id != worker_id || pr->suspect[0] != '\0')
+            continue;
+        snprintf(pr->suspect, sizeof pr->suspect, "%s", why);
+        if (pr->in_flight)
+            return; /* the probe on its way decides */
+        probe_one(pr);
+        if (!pr->in_flight)
+            pr->suspect[0] = '\0';
+        return;
+    }
+}
+
 static void probe_all(kvr_api_server_t *s)
 {
     for (size_t i = 0; i < s->n_probes; i++)
@@ -1398,9 +1434,13 @@ static void sync_rank_status(kvr_api_server_t *s)
         const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
         for (uint32_t d = 0; sp != NULL && d < sp->dp_size; d++) {
             kvr_worker_t wk = {sp->worker_id, sp->dp_start + d};
-            kvr_rank_status_t st;
-            if (kvr_ingest_rank_status(s->g, wk, &st) == KVR_OK)
-                (void)kvr_router_set_rank_status(s->r, wk, &st);
+            kvr_rank_status_t st, old = {0};
+            if (kvr_ingest_rank_status(s->g, wk, &st) != KVR_OK)
+                continue;
+            (void)kvr_router_rank_status(s->r, wk, &old);
+            (void)kvr_router_set_rank_status(s->r, wk, &st);
+            if (st.disconnects > old.disconnects && st.state == KVR_RANK_UNREACHABLE)
+                kvr_api_server_suspect(s, wk.worker_id, "lost its events connection");
         }
     }
 }

@@ -72,5 +72,9 @@ void kvr_api_server_kick(kvr_api_server_t *s);
 /* Fences a worker as failed health checks do (never picked, index state dropped); the
  * health probe readmits it once its /health answers 200. why is logged. */
 void kvr_api_server_fence(kvr_api_server_t *s, uint64_t worker_id, const char *why);
+/* Evidence that a worker may be gone (a request could not connect, or its events connection
+ * was lost): its /health is probed at once, and if that fails too it is fenced without
+ * waiting for health_failures periodic probes. why is logged with the fence. */
+void kvr_api_server_suspect(kvr_api_server_t *s, uint64_t worker_id, const char *why);
 
 #endif

@@ -894,6 +894,8 @@ static void worker_failed(kvr_frontend_t *fe, upool_t *u, up_kind_t kind)
 {
     if (kind == UPK_NO_URL)
         return;
+    if (kind == UPK_CONNECT)
+        kvr_api_server_suspect(fe->api, u->worker_id, "a request could not connect");
     u->consecutive_failures++;
     if (u->consecutive_failures >= fe->cfg.frontend_fence_failures &&
         !kvr_router_fenced(fe->r, u->worker_id) && kvr_router_worker(fe->r, u->worker_id)) {
@@ -1755,7 +1757,14 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
         return;
     }
     kvr_api_query_t q;
-    if (kvr_api_decode_query(fe->tokdec, b, len, &q) != KVR_OK) {
+    int st = kvr_api_decode_query(fe->tokdec, b, len, &q);
+    if (st == KVR_ETOOBIG && strncmp(kvr_api_decoder_error(fe->tokdec), "tokens:", 7) == 0) {
+        /* the prompt is over the limit: the client's problem, not the worker's */
+        req_fail(p, 413, "prompt longer than router_max_prompt_tokens (%llu tokens)",
+                 (unsigned long long)fe->cfg.router_max_prompt_tokens);
+        return;
+    }
+    if (st != KVR_OK) {
         fe->st.upstream_errors[UPK_PROTOCOL]++;
         kvr_log_limited(&fe->rl_proto, KVR_LOG_WARN, "worker %llu: bad /tokenize answer: %s",
                         (unsigned long long)u->worker_id, kvr_api_decoder_error(fe->tokdec));

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,9 +27,9 @@
 typedef struct rank_acc {
     kvr_worker_t w;
     uint64_t events_applied, events_rejected, blocks_stored, blocks_removed;
-    uint64_t mismatches;
+    uint64_t mismatches, out_of_range;
     uint32_t engine_block_size;
-    bool error;   /* block size mismatch: sticky until the rank is reset */
+    bool error;   /* block size mismatch: until events of the right size apply again */
     bool dropped; /* its state was dropped while the stream went on: partial */
 } rank_acc_t;
 
@@ -73,7 +74,7 @@ struct kvr_ingest {
 
     pthread_t thread;
     bool started;
-    volatile int stop;
+    atomic_bool stop; /* set by kvr_ingest_free on another thread */
 
     pthread_mutex_t cmd_mu, mu;
     pthread_cond_t cv;
@@ -135,6 +136,18 @@ static int on_batch(void *ud, const kvr_zmq_batch_t *b)
         return KVR_EPARSE;
     }
     rank_acc_t *a = acc_find(g, (kvr_worker_t){b->worker_id, b->dp_rank});
+    /* a batch naming a rank this worker does not have: refused whole (its rank is unknown) */
+    if (g->dec.has_dp_rank && acc_find(g, (kvr_worker_t){b->worker_id, g->dec.dp_rank}) == NULL) {
+        g->acc.rank_out_of_range++;
+        if (a != NULL)
+            a->out_of_range++;
+        kvr_log_limited(&g->rl_decode, KVR_LOG_WARN,
+                        "worker %llu rank %u: batch %llu names dp_rank %u, which this worker "
+                        "does not have: its %zu events refused",
+                        (unsigned long long)b->worker_id, b->dp_rank,
+                        (unsigned long long)b->seq, g->dec.dp_rank, g->dec.n_events);
+        return KVR_OK;
+    }
     kvr_kv_target_t t = {.worker = {b->worker_id, b->dp_rank},
                          .block_size = g->cfg.block_size,
                          .event_id = b->seq};
@@ -142,6 +155,8 @@ static int on_batch(void *ud, const kvr_zmq_batch_t *b)
         kvr_event_t ev;
         int rc = kvr_kv_events_convert(&g->dec, i, &t, &ev);
         if (rc == 1) {
+            if (a != NULL && a->error && ev.kind == KVR_EV_STORED)
+                a->error = false; /* the right block size again; what was refused is lost */
             apply_one(g, a, &ev);
         } else if (rc == 0) {
             continue; /* ignored tag or remote event: counted by the decoder */
@@ -150,6 +165,7 @@ static int on_batch(void *ud, const kvr_zmq_batch_t *b)
             if (a != NULL) {
                 a->mismatches++;
                 a->error = true;
+                a->dropped = true; /* the refused blocks are missing from now on */
                 a->engine_block_size = g->dec.events[i].block_size;
             }
             kvr_log_limited(&g->rl_mismatch, KVR_LOG_ERROR,
@@ -170,8 +186,6 @@ static int on_batch(void *ud, const kvr_zmq_batch_t *b)
 
 static void on_reset(void *ud, uint64_t worker_id, uint32_t dp_rank, kvr_zmq_reset_reason_t why)
 {
-    static const char *const reasons[] = {"publisher restarted", "gap older than the replay buffer",
-                                          "undecodable batch"};
     kvr_ingest_t *g = ud;
     kvr_event_t ev = {.kind = KVR_EV_CLEARED, .worker = {worker_id, dp_rank}};
     (void)kvr_index_apply(g->ix, &ev);
@@ -181,17 +195,19 @@ static void on_reset(void *ud, uint64_t worker_id, uint32_t dp_rank, kvr_zmq_res
         acc_reset(a);
     kvr_log_limited(&g->rl_reset, KVR_LOG_WARN, "worker %llu rank %u: state dropped: %s",
                     (unsigned long long)worker_id, dp_rank,
-                    (unsigned)why < 3 ? reasons[why] : "unknown");
+                    kvr_zmq_reset_reason_name(why));
 }
 
 /* ---- snapshots ---- */
 
 static kvr_rank_state_t state_of(const rank_acc_t *a, const kvr_zmq_rank_info_t *zi, bool subscribed)
 {
+    if (!subscribed)
+        return a->error ? KVR_RANK_ERROR : KVR_RANK_NO_EVENTS;
+    if (zi->was_connected && !zi->connected)
+        return KVR_RANK_UNREACHABLE;
     if (a->error)
         return KVR_RANK_ERROR;
-    if (!subscribed)
-        return KVR_RANK_NO_EVENTS;
     if (zi->recovering)
         return KVR_RANK_RECOVERING;
     switch (zi->state) {
@@ -232,6 +248,8 @@ static void publish(kvr_ingest_t *g)
                 .block_size_mismatches = a->mismatches,
                 .engine_block_size = a->engine_block_size,
                 .index_blocks = kvr_index_worker_pairs(g->ix, a->w),
+                .disconnects = zi.disconnects,
+                .rank_out_of_range = a->out_of_range,
             };
         }
     }
@@ -544,7 +562,7 @@ static void *ingest_main(void *arg)
     kvr_ingest_t *g = arg;
     uint64_t last_pub = 0, last_reclaim = 0, last_resets = 0;
     kvr_zmq_stats_t last_zs = {0};
-    while (!g->stop) {
+    while (!atomic_load_explicit(&g->stop, memory_order_acquire)) {
         run_cmd(g);
         (void)kvr_zmq_listener_poll(g->l, 10);
         uint64_t now = kvr_now_ms();
@@ -664,7 +682,7 @@ void kvr_ingest_free(kvr_ingest_t *g)
     if (g == NULL)
         return;
     if (g->started) {
-        g->stop = 1;
+        atomic_store_explicit(&g->stop, true, memory_order_release);
         pthread_join(g->thread, NULL);
         g->started = false;
     }

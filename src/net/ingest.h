@@ -39,6 +39,7 @@ typedef struct kvr_ingest_stats {
     uint64_t events_rejected;     /* the index refused them (parent unknown, repeated hash) */
     uint64_t block_size_mismatch; /* events refused: engine block size != router's */
     uint64_t resets;              /* rank states dropped (restart, lost gap, undecodable) */
+    uint64_t rank_out_of_range;   /* batches naming a dp_rank the worker does not have */
 } kvr_ingest_stats_t;
 
 kvr_ingest_t *kvr_ingest_new(kvr_index_t *ix, const kvr_ingest_config_t *cfg, int *status);

@@ -8,7 +8,11 @@
  * [cursor + 1, upto) move the cursor; the hold is empty whenever the rank is not recovering
  * (it is drained as soon as a recovery ends). A DEALER whose answer was abandoned (timeout,
  * overflow, malformed reply) is closed and reopened, so a late answer to an old replay
- * request is never taken for a new one; one that sent its end marker is reused.
+ * request is never taken for a new one; one that sent its end marker is reused. A gap's
+ * replay asks from the last applied batch (hash_seq, whose payload hashed to last_hash) when
+ * that is the cursor, and that batch must come back first with the same bytes (confirm).
+ * peers counts the SUB's live connections, from its monitor's CONNECTED/ACCEPTED and
+ * DISCONNECTED events.
  * Threads: the owning thread only. Cost: see the header.
  */
 #include "net/zmq_listener.h"
@@ -40,6 +44,8 @@ typedef struct recovery {
     bool resume;                /* confirms a resumed cursor: batch `from` must come first,
                                    unapplied; upto is UINT64_MAX until a live batch is held */
     bool decided;               /* the resume was confirmed or failed */
+    bool confirm;               /* a gap's replay: batch `from` (the last applied) comes
+                                   first, with the bytes of last_hash, or it is a restart */
     uint64_t deadline_ms;       /* give up if the replay socket is silent until then */
     held_t *head, *tail;        /* live batches that arrived meanwhile, oldest first */
     size_t n_held, held_bytes;  /* within max_held_batches, max_held_bytes */
@@ -54,6 +60,10 @@ typedef struct rank {
     char replay_addr[256];
     kvr_seqtrack_t cur;
     uint64_t last_hash; /* of the last batch handed over: tells a repeat from a restart */
+    uint64_t hash_seq;  /* the number of that batch; valid while has_hash */
+    bool has_hash;
+    void *mon;          /* PAIR: the SUB's monitor events */
+    int peers;          /* live connections of the SUB */
     kvr_zmq_rank_info_t info;
     recovery_t rec;
 } rank_t;
@@ -68,6 +78,7 @@ struct kvr_zmq_listener {
     size_t *item_rank;
     kvr_zmq_stats_t st;
     kvr_ratelimit_t rl;
+    uint64_t mon_seq; /* names each monitor's inproc address uniquely */
 };
 
 static uint64_t be64(const uint8_t *p)
@@ -84,6 +95,25 @@ static void put_be64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)v;
         v >>= 8;
     }
+}
+
+const char *kvr_zmq_reset_reason_name(kvr_zmq_reset_reason_t why)
+{
+    switch (why) {
+    case KVR_RESET_RESTART:
+        return "publisher restarted";
+    case KVR_RESET_GAP_LOST:
+        return "gap older than the replay buffer (or no replay socket)";
+    case KVR_RESET_UNDECODABLE:
+        return "undecodable batch";
+    case KVR_RESET_RESUME_FAILED:
+        return "saved state not confirmed by the replay buffer";
+    case KVR_RESET_REPLAY_TIMEOUT:
+        return "no answer from the replay socket";
+    case KVR_RESET_HOLD_FULL:
+        return "too many live batches held while replaying";
+    }
+    return "unknown";
 }
 
 /* ---- creation ---- */
@@ -116,8 +146,8 @@ kvr_zmq_listener_t *kvr_zmq_listener_new(const kvr_zmq_config_t *cfg,
     l->rl = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     l->cap = l->cfg.max_ranks;
     l->ranks = calloc(l->cap, sizeof *l->ranks);
-    l->items = calloc(2 * l->cap, sizeof *l->items);
-    l->item_rank = calloc(2 * l->cap, sizeof *l->item_rank);
+    l->items = calloc(3 * l->cap, sizeof *l->items);
+    l->item_rank = calloc(3 * l->cap, sizeof *l->item_rank);
     l->ctx = zmq_ctx_new();
     if (l->ranks == NULL || l->items == NULL || l->item_rank == NULL || l->ctx == NULL) {
         kvr_zmq_listener_free(l);
@@ -148,6 +178,8 @@ static void close_rank(kvr_zmq_listener_t *l, rank_t *r)
     hold_clear(l, r);
     if (r->sub != NULL)
         zmq_close(r->sub);
+    if (r->mon != NULL)
+        zmq_close(r->mon);
     if (r->dealer != NULL)
         zmq_close(r->dealer);
     memset(r, 0, sizeof *r);
@@ -176,8 +208,9 @@ static bool should_bind(const char *addr)
            strncmp(addr, "inproc://", 9) == 0;
 }
 
-static void *open_socket(void *ctx, int type, const char *addr, bool bind, char *err,
-                         size_t err_len)
+/* mon: the inproc address to publish the socket's connection events on, or NULL. */
+static void *open_socket(void *ctx, int type, const char *addr, bool bind, const char *mon,
+                         char *err, size_t err_len)
 {
     void *s = zmq_socket(ctx, type);
     if (s == NULL) {
@@ -189,6 +222,12 @@ static void *open_socket(void *ctx, int type, const char *addr, bool bind, char 
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
     if (type == ZMQ_SUB)
         zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0);
+    if (mon != NULL && zmq_socket_monitor(s, mon, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_ACCEPTED |
+                                                      ZMQ_EVENT_DISCONNECTED) != 0) {
+        snprintf(err, err_len, "%s: monitor: %s", addr, zmq_strerror(zmq_errno()));
+        zmq_close(s);
+        return NULL;
+    }
     int rc = bind ? zmq_bind(s, addr) : zmq_connect(s, addr);
     if (rc != 0) {
         snprintf(err, err_len, "%s: %s", addr, zmq_strerror(zmq_errno()));
@@ -237,14 +276,32 @@ int kvr_zmq_listener_add(kvr_zmq_listener_t *l, const kvr_zmq_endpoint_t *ep, ch
         snprintf(err, err_len, "more than %zu worker ranks", l->cap);
         return KVR_EFULL;
     }
-    void *sub = open_socket(l->ctx, ZMQ_SUB, ep->events, should_bind(ep->events), err, err_len);
-    if (sub == NULL)
+    char mon_addr[64];
+    snprintf(mon_addr, sizeof mon_addr, "inproc://kvr-zmq-monitor-%llu",
+             (unsigned long long)++l->mon_seq);
+    void *mon = zmq_socket(l->ctx, ZMQ_PAIR);
+    if (mon == NULL) {
+        snprintf(err, err_len, "monitor: %s", zmq_strerror(zmq_errno()));
         return KVR_EINVAL;
+    }
+    int linger = 0;
+    zmq_setsockopt(mon, ZMQ_LINGER, &linger, sizeof linger);
+    void *sub = open_socket(l->ctx, ZMQ_SUB, ep->events, should_bind(ep->events), mon_addr, err,
+                            err_len);
+    if (sub == NULL || zmq_connect(mon, mon_addr) != 0) {
+        if (sub != NULL) {
+            snprintf(err, err_len, "monitor: %s", zmq_strerror(zmq_errno()));
+            zmq_close(sub);
+        }
+        zmq_close(mon);
+        return KVR_EINVAL;
+    }
     void *dealer = NULL;
     if (ep->replay != NULL) {
-        dealer = open_socket(l->ctx, ZMQ_DEALER, ep->replay, false, err, err_len);
+        dealer = open_socket(l->ctx, ZMQ_DEALER, ep->replay, false, NULL, err, err_len);
         if (dealer == NULL) {
             zmq_close(sub);
+            zmq_close(mon);
             return KVR_EINVAL;
         }
     }
@@ -253,6 +310,7 @@ int kvr_zmq_listener_add(kvr_zmq_listener_t *l, const kvr_zmq_endpoint_t *ep, ch
     r->worker_id = ep->worker_id;
     r->dp_rank = ep->dp_rank;
     r->sub = sub;
+    r->mon = mon;
     r->dealer = dealer;
     if (ep->replay != NULL)
         snprintf(r->replay_addr, sizeof r->replay_addr, "%s", ep->replay);
@@ -274,6 +332,7 @@ static void reset_rank(kvr_zmq_listener_t *l, rank_t *r, kvr_zmq_reset_reason_t 
 {
     l->h.on_reset(l->h.ud, r->worker_id, r->dp_rank, why);
     kvr_seq_reset(&r->cur);
+    r->has_hash = false;
     r->info.state = KVR_ZMQ_DEGRADED;
 }
 
@@ -303,6 +362,8 @@ static int call_batch(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const void
     if (rc == KVR_EPARSE)
         return rc;
     r->last_hash = kvr_xxh3(p, n, 0);
+    r->hash_seq = seq;
+    r->has_hash = true;
     r->info.last_hash = r->last_hash;
     l->st.batches++;
     r->info.batches++;
@@ -320,7 +381,7 @@ static void reopen_dealer(kvr_zmq_listener_t *l, rank_t *r)
         return;
     zmq_close(r->dealer);
     char err[128];
-    r->dealer = open_socket(l->ctx, ZMQ_DEALER, r->replay_addr, false, err, sizeof err);
+    r->dealer = open_socket(l->ctx, ZMQ_DEALER, r->replay_addr, false, NULL, err, sizeof err);
 }
 
 /* Receives one multipart message: its first three frames in f (*nf of them, to be closed by
@@ -479,6 +540,7 @@ static bool start_recovery(kvr_zmq_listener_t *l, rank_t *r, uint64_t from, uint
         return false;
     }
     r->rec.active = true;
+    r->rec.confirm = false;
     r->rec.why = why;
     r->rec.from = from;
     r->rec.upto = upto;
@@ -524,7 +586,39 @@ static void hold_overflow(kvr_zmq_listener_t *l, rank_t *r)
                     (unsigned long long)r->worker_id, r->dp_rank, r->rec.n_held,
                     r->rec.held_bytes, (unsigned long long)r->rec.from,
                     (unsigned long long)r->rec.upto - 1);
+    if (!r->rec.resume)
+        r->rec.why = KVR_RESET_HOLD_FULL;
     abandon_recovery(l, r);
+}
+
+/* The first batch of a gap's replay, asked from the last applied batch (rec.from). true when
+ * it was that batch with the same bytes (nothing to apply). Other bytes: a new publisher on
+ * the same address whose numbers ran past the old one's. The rank is reset and the replay
+ * asked again from batch 0 (a young publisher's buffer still has it). */
+static bool confirm_check(kvr_zmq_listener_t *l, rank_t *r, uint64_t s, const void *p, size_t n)
+{
+    r->rec.confirm = false;
+    if (s != r->rec.from)
+        return false; /* the buffer no longer holds it: the gap is judged as it is */
+    if (kvr_xxh3(p, n, 0) == r->last_hash)
+        return true;
+    l->st.restarts++;
+    r->info.restarts++;
+    kvr_log_limited(&l->rl, KVR_LOG_WARN,
+                    "worker %llu rank %u: batch %llu came back from the replay socket with "
+                    "other bytes: a new publisher; its state is rebuilt from batch 0",
+                    (unsigned long long)r->worker_id, r->dp_rank, (unsigned long long)s);
+    reset_rank(l, r, KVR_RESET_RESTART);
+    uint8_t req[8];
+    put_be64(req, 0);
+    reopen_dealer(l, r); /* the rest of the old answer must not be read */
+    r->rec.from = 0;
+    r->rec.why = KVR_RESET_GAP_LOST;
+    r->rec.deadline_ms = kvr_now_ms() + (uint64_t)l->cfg.replay_timeout_ms;
+    if (r->dealer == NULL || zmq_send(r->dealer, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(r->dealer, req, 8, ZMQ_DONTWAIT) < 0)
+        abandon_recovery(l, r);
+    return true;
 }
 
 /* One replayed batch. Where the replay cannot reach back far enough, gives up on the missing
@@ -532,6 +626,8 @@ static void hold_overflow(kvr_zmq_listener_t *l, rank_t *r)
 static void replay_batch(kvr_zmq_listener_t *l, rank_t *r, uint64_t s, const void *p, size_t n)
 {
     if (r->rec.resume && !r->rec.decided && resume_check(l, r, s, p, n))
+        return;
+    if (r->rec.confirm && confirm_check(l, r, s, p, n))
         return;
     uint64_t want = r->cur.started ? r->cur.next : r->rec.from;
     if (s < want || s >= r->rec.upto)
@@ -586,7 +682,10 @@ static void handle_live_now(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, cons
     if (v == KVR_SEQ_GAP) {
         l->st.gaps++;
         r->info.gaps++;
-        if (start_recovery(l, r, from, seq, KVR_RESET_GAP_LOST)) {
+        /* from the last applied batch, when we have its bytes: it must come back unchanged */
+        bool confirm = r->has_hash && r->cur.started && from > 0 && r->hash_seq == from - 1;
+        if (start_recovery(l, r, confirm ? from - 1 : from, seq, KVR_RESET_GAP_LOST)) {
+            r->rec.confirm = confirm;
             if (hold(l, r, seq, p, n, true))
                 return; /* applied after the replayed batches */
             hold_overflow(l, r); /* the cursor now stands at seq - 1 */
@@ -622,6 +721,35 @@ static void handle_live(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const vo
         drain_held(l, r);
     }
     handle_live_now(l, r, seq, p, n);
+}
+
+/* Reads the SUB's monitor: connection events keep peers, the live connections, current. */
+static void read_monitor(kvr_zmq_listener_t *l, rank_t *r)
+{
+    for (int m = 0; m < DRAIN_PER_RANK; m++) {
+        zmq_msg_t f[3];
+        int nf;
+        if (recv_message(r->mon, f, &nf) == 0)
+            break;
+        if (nf >= 1 && zmq_msg_size(&f[0]) >= 2) {
+            uint16_t ev;
+            memcpy(&ev, zmq_msg_data(&f[0]), sizeof ev);
+            if (ev == ZMQ_EVENT_CONNECTED || ev == ZMQ_EVENT_ACCEPTED) {
+                r->peers++;
+                r->info.was_connected = true;
+            } else if (ev == ZMQ_EVENT_DISCONNECTED && r->peers > 0) {
+                r->peers--;
+                l->st.disconnects++;
+                r->info.disconnects++;
+                kvr_log_limited(&l->rl, KVR_LOG_WARN,
+                                "worker %llu rank %u: events connection lost%s",
+                                (unsigned long long)r->worker_id, r->dp_rank,
+                                r->peers == 0 ? " (no publisher connected)" : "");
+            }
+            r->info.connected = r->peers > 0;
+        }
+        close_frames(f, nf);
+    }
 }
 
 /* Reads one multipart message from the SUB socket; returns false when none is waiting. */
@@ -675,12 +803,17 @@ static void expire_recoveries(kvr_zmq_listener_t *l, uint64_t now)
             continue;
         l->st.replay_timeouts++;
         r->info.replay_timeouts++;
+        char upto[24] = "";
+        if (r->rec.upto != UINT64_MAX)
+            snprintf(upto, sizeof upto, "%llu", (unsigned long long)r->rec.upto - 1);
         kvr_log_limited(&l->rl, KVR_LOG_WARN,
                         "worker %llu rank %u: no answer from the replay socket %s for %d ms: "
-                        "batches %llu..%llu given up",
+                        "batches %llu..%s given up",
                         (unsigned long long)r->worker_id, r->dp_rank, r->replay_addr,
-                        l->cfg.replay_timeout_ms, (unsigned long long)r->rec.from,
-                        (unsigned long long)r->rec.upto - 1);
+                        l->cfg.replay_timeout_ms,
+                        (unsigned long long)r->rec.from + (r->rec.confirm ? 1 : 0), upto);
+        if (!r->rec.resume)
+            r->rec.why = KVR_RESET_REPLAY_TIMEOUT;
         abandon_recovery(l, r);
         drain_held(l, r);
     }
@@ -698,6 +831,8 @@ int kvr_zmq_listener_resume(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t 
         return KVR_EBUSY;
     kvr_seq_advance(&r->cur, last_seq);
     r->last_hash = last_hash;
+    r->hash_seq = last_seq;
+    r->has_hash = true;
     r->info.started = true;
     r->info.last_seq = last_seq;
     r->info.state = KVR_ZMQ_EXACT;
@@ -731,6 +866,8 @@ int kvr_zmq_listener_poll(kvr_zmq_listener_t *l, int timeout_ms)
         }
         l->items[n] = (zmq_pollitem_t){.socket = r->sub, .events = ZMQ_POLLIN};
         l->item_rank[n++] = i;
+        l->items[n] = (zmq_pollitem_t){.socket = r->mon, .events = ZMQ_POLLIN};
+        l->item_rank[n++] = i;
     }
     if (zmq_poll(l->items, (int)n, wait) < 0)
         return zmq_errno() == EINTR ? 0 : KVR_EIO;
@@ -744,6 +881,8 @@ int kvr_zmq_listener_poll(kvr_zmq_listener_t *l, int timeout_ms)
         if (l->items[k].socket == r->sub) {
             for (int m = 0; m < DRAIN_PER_RANK && r->used && read_one(l, r); m++) {
             }
+        } else if (l->items[k].socket == r->mon) {
+            read_monitor(l, r);
         } else if (r->rec.active && l->items[k].socket == r->dealer) {
             read_replay(l, r);
         } /* else: a DEALER reopened or done since the poll began */

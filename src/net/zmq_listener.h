@@ -13,7 +13,13 @@
  *     it exact again;
  *   - malformed messages (not 3 frames, seq not 8 bytes) are counted and skipped;
  *   - the last applied number arriving again is a duplicate if its bytes are the same, and a
- *     publisher restart (that has sent one batch so far) if they differ.
+ *     publisher restart (that has sent one batch so far) if they differ;
+ *   - a gap's replay starts one batch early, at the last batch applied, which must come back
+ *     with the same bytes: other bytes mean a new process on the same address that has sent
+ *     more batches than the old one (its numbers went forward, not back), so it is a restart
+ *     and the rank is rebuilt from that publisher's batch 0.
+ * Each SUB socket is watched by a ZeroMQ socket monitor: whether it is connected to its
+ * publisher now (a killed engine shows at once as a lost connection) is in the rank info.
  * Everything dropped or doubtful is counted (kvr_zmq_stats_t, per-rank counters).
  *
  * Replay is asynchronous, per rank. A rank in recovery has the range it wants, a deadline
@@ -28,7 +34,7 @@
  * Threads: one thread owns a listener (the ingest thread): add, remove, poll and the stats
  * calls are made on it, and the handlers are called from poll on it (they must not call back
  * into the listener). poll never blocks longer than its timeout.
- * Memory: one SUB (and optional DEALER) socket per rank; zmq_msg_t buffers owned by libzmq;
+ * Memory: one SUB (and optional DEALER) socket per rank, and the SUB's monitor (a PAIR); zmq_msg_t buffers owned by libzmq;
  * and, only while a rank recovers, its held batches (one malloc per batch: seq + payload),
  * freed when they are applied, when the rank is removed, or by free.
  * Cost: per live batch one zmq_msg_recv per frame and one on_batch call (plus one copy while
@@ -57,7 +63,12 @@ typedef enum kvr_zmq_reset_reason {
     KVR_RESET_RESUME_FAILED, /* a resumed cursor (kvr_zmq_listener_resume) could not be
                                 confirmed: the publisher restarted, its buffer no longer holds
                                 the batch, or its replay socket did not answer */
+    KVR_RESET_REPLAY_TIMEOUT, /* the replay socket stayed silent for replay_timeout_ms */
+    KVR_RESET_HOLD_FULL,      /* too many live batches arrived while a gap was replayed */
 } kvr_zmq_reset_reason_t;
+
+/* "publisher restarted", "gap older than the replay buffer", ...: for logs. */
+const char *kvr_zmq_reset_reason_name(kvr_zmq_reset_reason_t why);
 
 typedef struct kvr_zmq_handlers {
     /* Applies one batch. Return 0, or KVR_EPARSE when the payload cannot be framed as a
@@ -92,6 +103,9 @@ typedef struct kvr_zmq_rank_info {
     uint64_t last_hash;    /* XXH3-64 of batch last_seq's payload (a resume checks it) */
     bool resuming;         /* a resumed cursor waits for its confirmation (recovering too) */
     uint64_t resumes, resumes_failed;
+    bool connected;        /* the events socket has a live connection to the publisher now */
+    bool was_connected;    /* it had one once (so !connected means the publisher went away) */
+    uint64_t disconnects;  /* connections to the publisher lost */
 } kvr_zmq_rank_info_t;
 
 typedef struct kvr_zmq_stats {
@@ -110,6 +124,7 @@ typedef struct kvr_zmq_stats {
     uint64_t held_bytes;          /* gauge: their payload bytes */
     uint64_t resumes;             /* ranks resumed from a saved cursor and confirmed */
     uint64_t resumes_failed;      /* resumed cursors that could not be confirmed */
+    uint64_t disconnects;         /* events connections lost (a publisher died or restarted) */
 } kvr_zmq_stats_t;
 
 typedef struct kvr_zmq_listener kvr_zmq_listener_t;

@@ -360,25 +360,31 @@ def modes(ms):
 
 
 def dead_workers(r, ms):
+    """A killed worker with KV events: its lost events connection and a failed /health fence
+    it before any request has to fail on it (tests/faults covers one without events, found
+    by a failed request and retried)."""
     p, w = r.affinity
-    ms[w - 1].kill()
     retries0 = r.metric("kvr_frontend_retries_total")
-    st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
-    check("killed worker: the request still succeeds elsewhere", st == 200 and worker_of(h) != w,
-          (st, b, worker_of(h), w))
-    check("killed worker: retried", r.metric("kvr_frontend_retries_total") >= retries0 + 1)
-    check("killed worker: a connect error counted",
-          (r.metric("kvr_frontend_upstream_errors_total", kind="connect") or 0) >= 1)
-    # pinned to the dead worker: nowhere else to go; its second failure in a row fences it
-    st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2},
-                      {"x-worker-instance-id": str(w)})
-    check("pinned to the killed worker: 503", st == 503 and is_openai_error(b, 503), (st, b))
+    ms[w - 1].kill()
 
-    def fenced():
+    def wk():
         st, ws, _ = r.call_h("GET", "/v1/workers")
-        return [x for x in ws["workers"] if x["worker_id"] == w][0]["fenced"]
-    check("killed worker: fenced after failing twice", eventually(fenced, 5))
-    check("killed worker: fence counted", r.metric("kvr_frontend_workers_fenced_total") == 1)
+        return [x for x in ws["workers"] if x["worker_id"] == w][0]
+
+    check("killed worker: fenced and shown unreachable (no request needed)",
+          eventually(lambda: wk()["fenced"] and wk()["ranks"][0]["index_state"] == "unreachable",
+                     10), wk())
+    check("killed worker: its index state dropped", wk()["ranks"][0]["index_blocks"] == 0, wk())
+    check("killed worker: the lost connection counted",
+          (r.metric("kvr_kv_disconnects_total") or 0) >= 1)
+    st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
+    check("killed worker: the request is served elsewhere", st == 200 and worker_of(h) != w,
+          (st, b, worker_of(h), w))
+    check("killed worker: nothing sent to it (no retry)",
+          r.metric("kvr_frontend_retries_total") == retries0)
+    st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2},
+                        {"x-worker-instance-id": str(w)})
+    check("pinned to the killed worker: 503", st == 503 and is_openai_error(b, 503), (st, b))
     for i in range(4):
         st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": toks(20), "max_tokens": 2})
         check(f"after the fence, request {i} served by a live worker", st == 200 and worker_of(h) != w)

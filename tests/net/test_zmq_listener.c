@@ -163,9 +163,9 @@ static int setup(void **state)
                              .replay = f->pub.replay};
     char err[200];
     assert_int_equal(kvr_zmq_listener_add(f->l, &ep, err, sizeof err), KVR_OK);
-    /* a SUB socket misses what is published before its subscription arrives */
-    for (int i = 0; i < 20; i++)
-        (void)kvr_zmq_listener_poll(f->l, 10);
+    /* a SUB socket misses what is published before its subscription arrives: the publisher
+     * (an XPUB) says when it has arrived */
+    pub_cmd(&f->pub, "waitsub");
     *state = f;
     return 0;
 }
@@ -334,6 +334,107 @@ static void test_silent_replay_socket(void **state)
     kvr_zmq_listener_stats(f->l, &st);
     assert_int_equal(st.replay_timeouts, 1);
     assert_int_equal(info(f).state, KVR_ZMQ_DEGRADED);
+    assert_int_equal(f->rec.n_resets, 1);
+    assert_int_equal(f->rec.resets[0], KVR_RESET_REPLAY_TIMEOUT); /* not "gap lost" */
+    assert_string_equal(kvr_zmq_reset_reason_name(KVR_RESET_REPLAY_TIMEOUT),
+                        "no answer from the replay socket");
+}
+
+/* A new process on the same address whose numbers ran past the old one's before the
+ * subscriber saw any of them: no number goes back, so only the bytes tell. The gap's replay
+ * starts at the last applied batch, which comes back with other bytes: a restart, and the
+ * rank is rebuilt from the new process's batch 0 (S2). */
+static void test_restart_numbers_ahead(void **state)
+{
+    fixture_t *f = *state;
+    pub_cmd(&f->pub, "send 0 aa");
+    pub_cmd(&f->pub, "send 1 ab");
+    pub_cmd(&f->pub, "send 2 ac");
+    pump(f, 3);
+    pub_cmd(&f->pub, "clear"); /* the new process ... */
+    pub_cmd(&f->pub, "keep 0 ba");
+    pub_cmd(&f->pub, "keep 1 bb");
+    pub_cmd(&f->pub, "keep 2 bc");
+    pub_cmd(&f->pub, "keep 3 bd");
+    pub_cmd(&f->pub, "keep 4 be"); /* ... published 0..4 before the subscriber was back */
+    pub_cmd(&f->pub, "send 5 bf");
+    pump(f, 9);
+    uint64_t want[] = {0, 1, 2, 0, 1, 2, 3, 4, 5};
+    bool rep[] = {false, false, false, true, true, true, true, true, false};
+    expect_seqs(f, want, rep, 9);
+    assert_int_equal(f->rec.n_resets, 1);
+    assert_int_equal(f->rec.resets[0], KVR_RESET_RESTART);
+    kvr_zmq_rank_info_t ri = info(f);
+    assert_int_equal(ri.restarts, 1);
+    assert_int_equal(ri.gaps, 1);
+    assert_int_equal(ri.gaps_lost, 0);
+    assert_int_equal(ri.state, KVR_ZMQ_EXACT);
+    assert_int_equal(ri.last_seq, 5);
+    assert_false(ri.recovering);
+}
+
+/* The same process after a gap: the last batch comes back unchanged and is not applied twice
+ * (test_in_order_then_gap_then_duplicate checks the order); a replay buffer that no longer
+ * holds it cannot confirm, and the gap is judged as before. */
+static void test_gap_confirm_batch_trimmed(void **state)
+{
+    fixture_t *f = *state;
+    pub_cmd(&f->pub, "send 0 aa");
+    pump(f, 1);
+    pub_cmd(&f->pub, "keep 1 ab");
+    pub_cmd(&f->pub, "trim 1"); /* only batch 1 is left: 0 cannot be confirmed */
+    pub_cmd(&f->pub, "send 2 ac");
+    pump(f, 3);
+    uint64_t want[] = {0, 1, 2};
+    bool rep[] = {false, true, false};
+    expect_seqs(f, want, rep, 3);
+    assert_int_equal(f->rec.n_resets, 0);
+    assert_int_equal(info(f).state, KVR_ZMQ_EXACT);
+    assert_int_equal(info(f).restarts, 0);
+}
+
+/* Polls until cond(f) holds (or 3 s pass). */
+static void pump_until(fixture_t *f, bool (*cond)(fixture_t *))
+{
+    uint64_t end = now_ms() + 3000;
+    while (!cond(f) && now_ms() < end)
+        (void)kvr_zmq_listener_poll(f->l, 20);
+}
+
+static bool connected(fixture_t *f) { return info(f).connected; }
+static bool lost_once(fixture_t *f) { return info(f).disconnects == 1; }
+
+/* The SUB's monitor: connected once subscribed, a lost connection counted (the rank shows it
+ * until the publisher is back), batches flow again after the reconnect. */
+static void test_connection_state(void **state)
+{
+    fixture_t *f = *state;
+    pump_until(f, connected);
+    kvr_zmq_rank_info_t ri = info(f);
+    assert_true(ri.connected);
+    assert_true(ri.was_connected);
+    assert_int_equal(ri.disconnects, 0);
+    pub_cmd(&f->pub, "disconnect");
+    pump_until(f, lost_once);
+    assert_int_equal(info(f).disconnects, 1);
+    pump_until(f, connected); /* the subscriber reconnected by itself */
+    assert_true(info(f).connected);
+    /* its subscription may still be on its way: a batch lost to that is replayed when the
+     * next one reveals the gap, so both arrive either way */
+    uint64_t sent = 0, end = now_ms() + 3000;
+    for (; f->rec.n == 0 && sent < MAXREC && now_ms() < end; sent++) {
+        pub_cmd(&f->pub, "send %llu aa", (unsigned long long)sent);
+        for (int i = 0; i < 5 && f->rec.n == 0; i++)
+            (void)kvr_zmq_listener_poll(f->l, 20);
+    }
+    pump(f, sent);
+    assert_int_equal(f->rec.n, sent); /* every batch, the early ones replayed */
+    for (size_t i = 0; i < f->rec.n; i++)
+        assert_int_equal(f->rec.seq[i], i);
+    assert_int_equal(info(f).state, KVR_ZMQ_EXACT);
+    kvr_zmq_stats_t st;
+    kvr_zmq_listener_stats(f->l, &st);
+    assert_int_equal(st.disconnects, 1);
 }
 
 /* ---- resuming a saved cursor (warm restart) ---- */
@@ -347,13 +448,6 @@ static uint64_t hash_hex(const char *hex)
     return kvr_xxh3(b, n, 0);
 }
 
-/* Polls until cond(f) holds (or 3 s pass). */
-static void pump_until(fixture_t *f, bool (*cond)(fixture_t *))
-{
-    uint64_t end = now_ms() + 3000;
-    while (!cond(f) && now_ms() < end)
-        (void)kvr_zmq_listener_poll(f->l, 20);
-}
 
 static bool not_recovering(fixture_t *f) { return !info(f).recovering; }
 static bool holds_two(fixture_t *f) { return info(f).held_batches == 2; }
@@ -740,7 +834,7 @@ static void test_silent_replay_does_not_stall_other_ranks(void **state)
     expect_worker(&m, 2, want_b, rep_b, 10);
     assert_int_equal(m.rec.n_resets, 1);
     assert_int_equal(m.rec.reset_worker[0], 1);
-    assert_int_equal(m.rec.resets[0], KVR_RESET_GAP_LOST);
+    assert_int_equal(m.rec.resets[0], KVR_RESET_REPLAY_TIMEOUT);
     kvr_zmq_rank_info_t ra = m_info(&m, 1), rb = m_info(&m, 2);
     assert_int_equal(ra.state, KVR_ZMQ_DEGRADED);
     assert_int_equal(ra.gaps, 1);
@@ -905,7 +999,7 @@ static void test_hold_overflow_gives_gap_up(void **state)
     assert_int_equal(st.replays_in_progress, 0);
     assert_int_equal(st.held_batches, 0);
     assert_int_equal(m.rec.n_resets, resets0 + 1);
-    assert_int_equal(m.rec.resets[resets0], KVR_RESET_GAP_LOST);
+    assert_int_equal(m.rec.resets[resets0], KVR_RESET_HOLD_FULL);
 
     /* the engine answers the abandoned request now; then one more batch comes live */
     for (int i = 0; i < 10; i++)
@@ -1024,6 +1118,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_messages_counted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_late_subscriber_replays_history, setup, teardown),
         cmocka_unit_test_setup_teardown(test_silent_replay_socket, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restart_numbers_ahead, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gap_confirm_batch_trimmed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_connection_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_add_remove_validation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_confirmed_with_live_batches_first, setup,
                                         teardown),

@@ -2,7 +2,7 @@
 """A scripted engine KV-event publisher for the router's transport tests.
 
 It speaks the wire protocol vLLM and SGLang use, written independently of the C code:
-a PUB socket sending [topic, seq (8 bytes big-endian), payload] and a ROUTER replay socket
+a PUB socket (an XPUB, so it can tell when a subscriber has joined) sending [topic, seq (8 bytes big-endian), payload] and a ROUTER replay socket
 answering [identity, "", start_seq (8 bytes BE)] with [identity, "", seq, payload] per kept
 batch from start_seq on, then [identity, "", ff x 8, ""].
 
@@ -15,6 +15,11 @@ Both sockets bind to ephemeral loopback ports, printed first as "pub <endpoint>"
   trim <n>           keep only the newest n batches
   clear              forget every kept batch (a restarted engine)
   mute               stop answering replay requests
+  waitsub            wait (up to 10 s) until a subscription has arrived since the last
+                     waitsub; answers "ok" or "nosub" (a first subscriber only: libzmq
+                     4.3 does not pass on a subscription resent by a reconnecting SUB)
+  disconnect         close the PUB socket and bind a new one on the same port (the
+                     subscriber's connection drops; it reconnects by itself)
   hold               queue replay requests unanswered until `release`
   release            answer the queued requests (from what is kept then), and answer again
   quit
@@ -30,9 +35,14 @@ END = b"\xff" * 8
 
 def main():
     ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.bind("tcp://127.0.0.1:*")
+    def open_pub(addr):
+        s = ctx.socket(zmq.XPUB)
+        s.setsockopt(zmq.LINGER, 0)
+        s.bind(addr)
+        return s
+
+    pub = open_pub("tcp://127.0.0.1:*")
+    pub_addr = pub.getsockopt(zmq.LAST_ENDPOINT).decode()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.bind("tcp://127.0.0.1:*")
@@ -70,7 +80,7 @@ def main():
 
     thread = threading.Thread(target=serve_replay, daemon=True)
     thread.start()
-    print("pub", pub.getsockopt(zmq.LAST_ENDPOINT).decode(), flush=True)
+    print("pub", pub_addr, flush=True)
     print("replay", router.getsockopt(zmq.LAST_ENDPOINT).decode(), flush=True)
     for line in sys.stdin:
         words = line.split()
@@ -98,6 +108,20 @@ def main():
         elif cmd in ("hold", "release"):
             with lock:
                 state["hold"] = cmd == "hold"
+        elif cmd == "waitsub":
+            if not pub.poll(10000):
+                print("nosub", flush=True)
+                continue
+            while pub.poll(0):
+                pub.recv()  # subscription messages: b"\x01" + topic
+        elif cmd == "disconnect":
+            pub.close()
+            for _ in range(100):
+                try:
+                    pub = open_pub(pub_addr)
+                    break
+                except zmq.ZMQError:
+                    threading.Event().wait(0.05)  # the port is released asynchronously
         elif cmd == "quit":
             break
         print("ok", flush=True)
