@@ -102,7 +102,7 @@ static const field_t FIELDS[] = {
      "approximate mode only (ignored otherwise): prune down to this fraction of "
      "router_max_tree_size, in (0, 1]"},
     {"router_queue_threshold", T_OPT_F64, OFF(router_queue_threshold), 0, 1e9, false, NULL, 0,
-     "unset", "queue requests while every worker's prefill tokens exceed this fraction of its batch; unset = no queue"},
+     "unset", "queue requests while every worker's prefill tokens exceed this fraction of its batch (each --worker then needs max_num_batched_tokens=); unset = no queue"},
     {"router_queue_policy", T_ENUM, OFF(router_queue_policy), 0, 0, false, QPOL, 0, "fcfs",
      "fcfs | wspt | lcfs"},
     {"router_queue_max_requests", T_U64, OFF(router_queue_max_requests), 1, 1e9, false, NULL, 0,
@@ -114,7 +114,7 @@ static const field_t FIELDS[] = {
     {"active_prefill_tokens_threshold", T_OPT_F64, OFF(active_prefill_tokens_threshold), 0, 1e15,
      false, NULL, 0, "unset", "a worker rank is busy above this many prefill tokens"},
     {"active_prefill_tokens_threshold_frac", T_OPT_F64, OFF(active_prefill_tokens_threshold_frac),
-     0, 1e9, false, NULL, 0, "unset", "busy above this fraction of max_num_batched_tokens"},
+     0, 1e9, false, NULL, 0, "unset", "busy above this fraction of max_num_batched_tokens (each --worker then needs max_num_batched_tokens=)"},
     {"active_decode_blocks_threshold", T_OPT_F64, OFF(active_decode_blocks_threshold), 0, 1, false,
      NULL, 0, "unset", "busy above this fraction of the worker's KV blocks in use, in [0, 1]"},
     {"http_port", T_U32, OFF(http_port), 0, 65535, false, NULL, 0, "8080",

@@ -424,6 +424,18 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
     int rc = kvr_worker_spec_validate(w, err, err_len);
     if (rc != KVR_OK)
         return rc;
+    /* a fraction of the engine's batch budget needs the budget: vLLM and SGLang do not
+     * publish it, and a guessed one would make the setting silently do nothing */
+    if ((r->busy.has_prefill_frac || r->queue_busy.has_prefill_frac) &&
+        w->max_num_batched_tokens == 0) {
+        snprintf(err, err_len,
+                 "worker %llu: max_num_batched_tokens= is required with %s (the threshold is a "
+                 "fraction of the engine's --max-num-batched-tokens)",
+                 (unsigned long long)w->worker_id,
+                 r->queue_busy.has_prefill_frac ? "router_queue_threshold"
+                                                : "active_prefill_tokens_threshold_frac");
+        return KVR_EINVAL;
+    }
     if (worker_pos(r, w->worker_id) >= 0) {
         snprintf(err, err_len, "worker %llu already registered", (unsigned long long)w->worker_id);
         return KVR_EEXIST;
