@@ -583,9 +583,12 @@ static inline holder_t hget(_Atomic holder_t *h, uint32_t i)
     return atomic_load_explicit(&h[i], memory_order_relaxed);
 }
 
+/* Release: a reader that loads the entry (acquire) also sees the slot it names initialised,
+ * even when it reached the entry through an older n_holders (a removal moves the last entry,
+ * possibly a new worker's, into a hole). Plain moves on x86. */
 static inline void hset(_Atomic holder_t *h, uint32_t i, holder_t v)
 {
-    atomic_store_explicit(&h[i], v, memory_order_relaxed);
+    atomic_store_explicit(&h[i], v, memory_order_release);
 }
 
 /* Index of slot's holder in nd, or -1. */
@@ -1793,7 +1796,7 @@ static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uin
         hview_t v = holders_read(nd);
         uint32_t stamp = (uint32_t)i + 1, kept = 0;
         for (uint32_t k = 0; k < v.n; k++) {
-            holder_t h = atomic_load_explicit(&v.h[k], memory_order_relaxed);
+            holder_t h = atomic_load_explicit(&v.h[k], memory_order_acquire);
             uint32_t s = h_slot(h);
             if (!(h_flags(h) & HF_REACH) || s >= max_slot)
                 continue;
@@ -1843,7 +1846,7 @@ static holder_t reader_holder(const node_t *nd, uint32_t slot, bool *found)
 {
     hview_t v = holders_read(nd);
     for (uint32_t k = 0; k < v.n; k++) {
-        holder_t h = atomic_load_explicit(&v.h[k], memory_order_relaxed);
+        holder_t h = atomic_load_explicit(&v.h[k], memory_order_acquire);
         if (h_slot(h) == slot) {
             *found = true;
             return h;

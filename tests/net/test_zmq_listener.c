@@ -812,7 +812,7 @@ static void test_silent_replay_does_not_stall_other_ranks(void **state)
     }
     print_message("rank B's worst delivery while rank A's replay is silent: %llu ms "
                   "(replay timeout %d ms)\n", (unsigned long long)worst, timeout_ms);
-    if (worst >= 200)
+    if (worst >= (uint64_t)timeout_ms / 2) /* waiting behind A would take the timeout */
         fail_msg("a healthy rank waited %llu ms behind another rank's replay",
                  (unsigned long long)worst);
     /* all of that happened while A was still waiting */
