@@ -16,7 +16,7 @@ SOAK_SECONDS ?= 1800
 FLAKE_RUNS ?= 10
 # The suites with more than one thread: the ingest thread, the listener it owns, the index's
 # concurrent readers and writer, the mocker's loop and the processes driven end to end.
-TSAN_TESTS = ^(test_index_concurrent|test_ingest|test_zmq_listener|test_kv_publisher|integration_test_(serve_events|mocker|frontend|warm_restart))$$
+TSAN_TESTS = ^(test_index_concurrent|test_ingest|test_zmq_listener|test_kv_publisher|integration_test_(serve_events|mocker|frontend|warm_restart)|faults)$$
 CMAKE ?= cmake
 
 .PHONY: all deps build build-werror build-asan build-tsan build-fuzz test test-release \
@@ -74,7 +74,7 @@ soak: build-werror
 flake-check: build-werror
 	@set -e; cd build-werror; for i in $$(seq 1 $(FLAKE_RUNS)); do \
 	  echo "== flake-check run $$i/$(FLAKE_RUNS)"; \
-	  ctest --output-on-failure -j $(JOBS) -R '^integration_' || { echo "flake-check: run $$i failed"; exit 1; }; \
+	  ctest --output-on-failure -j $(JOBS) -R '^(integration_|faults$$)' || { echo "flake-check: run $$i failed"; exit 1; }; \
 	done; echo "flake-check: $(FLAKE_RUNS) runs passed"
 
 # Replays every corpus file, then fuzzes briefly from the corpus (a regression smoke test).

@@ -892,6 +892,8 @@ static void h_workers_delete(kvr_api_server_t *s, struct evhttp_request *req, co
     if (s->g != NULL)
         (void)kvr_ingest_remove_worker(s->g, id);
     remove_probe(s, id);
+    if (s->ext.worker_removed != NULL)
+        s->ext.worker_removed(s->ext.arg, id);
     kvr_log(KVR_LOG_INFO, "worker %llu removed", id);
     kvr_json_writer_reset(&s->w);
     kvr_json_begin_object(&s->w);

@@ -47,6 +47,8 @@ struct kvr_prom;
 typedef struct kvr_api_extension {
     bool (*handle)(void *arg, struct evhttp_request *req, const char *path, bool get, bool post);
     void (*metrics)(void *arg, struct kvr_prom *p);
+    /* a worker was removed (its bookings went with it); may be NULL */
+    void (*worker_removed)(void *arg, uint64_t worker_id);
     void *arg;
 } kvr_api_extension_t;
 /* ext NULL removes it. */

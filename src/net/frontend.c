@@ -930,6 +930,16 @@ static void unlink_req(kvr_frontend_t *fe, fe_req_t *p)
     fe->n_live--;
 }
 
+/* The api server removed a worker, and the router its bookings: the requests still running
+ * there drain from the engine but have nothing left to mark or free. */
+static void fe_worker_removed(void *arg, uint64_t worker_id)
+{
+    kvr_frontend_t *fe = arg;
+    for (fe_req_t *p = fe->live; p != NULL; p = p->next)
+        if (p->booked && p->worker.worker_id == worker_id)
+            p->booked = false;
+}
+
 /* Drops the upstream call without any callback (the connection is closed: the worker sees
  * the disconnect and cancels its request). */
 static void cancel_upstream(fe_req_t *p)
@@ -1340,6 +1350,8 @@ static void mark_token(fe_req_t *p)
     uint64_t now = kvr_now_ms();
     p->gen_tokens++;
     fe->st.stream_tokens++;
+    if (!p->booked)
+        return; /* its worker was removed, and its booking with it */
     if (!p->first_token_sent) {
         p->first_token_sent = true;
         (void)kvr_router_first_token(fe->r, p->rid, p->rid_len, now);
@@ -1522,7 +1534,7 @@ static int on_up_header(struct evhttp_request *up, void *arg)
         evhttp_request_set_chunked_cb(up, NULL); /* the body accumulates for on_up_done */
     if (p->up_code >= 500)
         up_count_error(p->fe, UPK_STATUS_5XX, p->worker.worker_id, false);
-    if (p->up_code == 200 && !p->sse_mode && !p->first_token_sent) {
+    if (p->up_code == 200 && !p->sse_mode && !p->first_token_sent && p->booked) {
         p->first_token_sent = true; /* a whole answer: its first token is behind it */
         (void)kvr_router_first_token(p->fe->r, p->rid, p->rid_len, kvr_now_ms());
     }
@@ -2486,7 +2498,8 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
         return NULL;
     }
     count_urlless(fe);
-    kvr_api_extension_t ext = {.handle = fe_handle, .metrics = fe_metrics, .arg = fe};
+    kvr_api_extension_t ext = {.handle = fe_handle, .metrics = fe_metrics,
+                               .worker_removed = fe_worker_removed, .arg = fe};
     kvr_api_server_set_extension(api, &ext);
     *status = KVR_OK;
     return fe;
