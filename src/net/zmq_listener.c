@@ -64,6 +64,7 @@ typedef struct rank {
     bool has_hash;
     void *mon;          /* PAIR: the SUB's monitor events */
     int peers;          /* live connections of the SUB */
+    bool verify;        /* reconnected: the next batch may come from a new process */
     kvr_zmq_rank_info_t info;
     recovery_t rec;
 } rank_t;
@@ -333,6 +334,7 @@ static void reset_rank(kvr_zmq_listener_t *l, rank_t *r, kvr_zmq_reset_reason_t 
     l->h.on_reset(l->h.ud, r->worker_id, r->dp_rank, why);
     kvr_seq_reset(&r->cur);
     r->has_hash = false;
+    r->verify = false;
     r->info.state = KVR_ZMQ_DEGRADED;
 }
 
@@ -679,7 +681,19 @@ static void handle_live_now(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, cons
         reset_rank(l, r, KVR_RESET_RESTART);
         v = kvr_seq_observe(&r->cur, seq, &from);
     }
+    if (v == KVR_SEQ_APPLY && r->verify) {
+        r->verify = false;
+        /* the batch before this one, fetched again, must have the bytes last applied */
+        if (r->has_hash && r->hash_seq + 1 == seq && r->dealer != NULL &&
+            start_recovery(l, r, seq - 1, seq, KVR_RESET_GAP_LOST)) {
+            r->rec.confirm = true;
+            if (hold(l, r, seq, p, n, true))
+                return;
+            hold_overflow(l, r);
+        }
+    }
     if (v == KVR_SEQ_GAP) {
+        r->verify = false; /* the gap's replay confirms the last batch anyway */
         l->st.gaps++;
         r->info.gaps++;
         /* from the last applied batch, when we have its bytes: it must come back unchanged */
@@ -736,6 +750,9 @@ static void read_monitor(kvr_zmq_listener_t *l, rank_t *r)
             memcpy(&ev, zmq_msg_data(&f[0]), sizeof ev);
             if (ev == ZMQ_EVENT_CONNECTED || ev == ZMQ_EVENT_ACCEPTED) {
                 r->peers++;
+                /* back after a lost connection: a new process may have published as many
+                 * batches as the old one meanwhile, so even the next number is checked */
+                r->verify = r->info.was_connected && r->cur.started;
                 r->info.was_connected = true;
             } else if (ev == ZMQ_EVENT_DISCONNECTED && r->peers > 0) {
                 r->peers--;
@@ -864,9 +881,10 @@ int kvr_zmq_listener_poll(kvr_zmq_listener_t *l, int timeout_ms)
             l->items[n] = (zmq_pollitem_t){.socket = r->dealer, .events = ZMQ_POLLIN};
             l->item_rank[n++] = i;
         }
-        l->items[n] = (zmq_pollitem_t){.socket = r->sub, .events = ZMQ_POLLIN};
-        l->item_rank[n++] = i;
+        /* the monitor first: a reconnect is known before the batches that follow it */
         l->items[n] = (zmq_pollitem_t){.socket = r->mon, .events = ZMQ_POLLIN};
+        l->item_rank[n++] = i;
+        l->items[n] = (zmq_pollitem_t){.socket = r->sub, .events = ZMQ_POLLIN};
         l->item_rank[n++] = i;
     }
     if (zmq_poll(l->items, (int)n, wait) < 0)

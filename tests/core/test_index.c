@@ -190,6 +190,35 @@ static void test_duplicate_store_and_unknown_remove_counted(void **s)
     kvr_index_free(ix);
 }
 
+/* S20: forced 64-bit collisions. Another worker's different prompt whose first block hashes
+ * (sequence and engine hash) collide with this one's: the worst outcome is a match that is
+ * not real (a sub-optimal route); removing the colliding worker's blocks never touches the
+ * first worker's, and the structure stays valid throughout. */
+static void test_forced_collisions_are_advisory(void **s)
+{
+    (void)s;
+    kvr_index_t *ix = mkindex(0);
+    prompt_t p = mk(1, 4, 4), q = mk(2, 4, 4);
+    q.seq[0] = p.seq[0]; /* the collision */
+    assert_int_equal(store(ix, W1, &p, 0, 4, KVR_TIER_DEVICE), KVR_OK);
+    assert_int_equal(store(ix, W2, &q, 0, 4, KVR_TIER_DEVICE), KVR_OK);
+    verify(ix);
+    assert_int_equal(dev(ix, &p, W1), 4);
+    /* at most the colliding block matches falsely: advisory, at worst a worse pick */
+    assert_true(dev(ix, &p, W2) <= 1);
+    assert_int_equal(dev(ix, &q, W2), 4);
+    assert_true(dev(ix, &q, W1) <= 1);
+    assert_int_equal(remove_blocks(ix, W2, q.seq, 4, KVR_TIER_DEVICE), KVR_OK);
+    verify(ix);
+    assert_int_equal(dev(ix, &p, W1), 4); /* no cross-worker leak */
+    assert_int_equal(dev(ix, &p, W2), 0);
+    assert_int_equal(dev(ix, &q, W2), 0);
+    kvr_index_stats_t st;
+    kvr_index_stats(ix, &st);
+    assert_int_equal(st.pairs, 4);
+    kvr_index_free(ix);
+}
+
 static void test_mid_chain_remove_and_restore(void **s)
 {
     (void)s;
@@ -446,6 +475,7 @@ int main(void)
         cmocka_unit_test(test_unknown_parent_applies_nothing),
         cmocka_unit_test(test_repeated_hash_rejected),
         cmocka_unit_test(test_duplicate_store_and_unknown_remove_counted),
+        cmocka_unit_test(test_forced_collisions_are_advisory),
         cmocka_unit_test(test_mid_chain_remove_and_restore),
         cmocka_unit_test(test_clear_only_emitting_rank_and_remove_worker),
         cmocka_unit_test(test_lower_tiers_extend_device_prefix),

@@ -556,6 +556,43 @@ static void test_resume_silent_replay_socket(void **state)
     assert_int_not_equal(ri.state, KVR_ZMQ_EXACT);
 }
 
+/* S2 over a lost connection: the old process applied 0..2 and died; the new one published
+ * 0..2 (other bytes) before the subscriber was back, so the next batch it sees may be exactly
+ * the next number. The reconnect makes the listener check the last batch's bytes before
+ * trusting it: a restart, rebuilt from the new process's batch 0. */
+static void test_restart_after_reconnect(void **state)
+{
+    fixture_t *f = *state;
+    pub_cmd(&f->pub, "send 0 aa");
+    pub_cmd(&f->pub, "send 1 ab");
+    pub_cmd(&f->pub, "send 2 ac");
+    pump(f, 3);
+    pub_cmd(&f->pub, "disconnect");
+    pump_until(f, lost_once);
+    pub_cmd(&f->pub, "clear");
+    pub_cmd(&f->pub, "keep 0 ba");
+    pub_cmd(&f->pub, "keep 1 bb");
+    pub_cmd(&f->pub, "keep 2 bc");
+    pump_until(f, connected);
+    uint64_t seq = 3, end = now_ms() + 3000;
+    for (; f->rec.n == 3 && seq < 40 && now_ms() < end; seq++) {
+        pub_cmd(&f->pub, "send %llu b%x", (unsigned long long)seq, (unsigned)(seq & 15));
+        for (int i = 0; i < 5 && f->rec.n == 3; i++)
+            (void)kvr_zmq_listener_poll(f->l, 20);
+    }
+    pump(f, 3 + seq);
+    /* 0..2 of the old process, then 0..seq-1 of the new one */
+    assert_int_equal(f->rec.n, 3 + seq);
+    for (uint64_t i = 0; i < seq; i++)
+        assert_int_equal(f->rec.seq[3 + i], i);
+    assert_int_equal(f->rec.n_resets, 1);
+    assert_int_equal(f->rec.resets[0], KVR_RESET_RESTART);
+    kvr_zmq_rank_info_t ri = info(f);
+    assert_int_equal(ri.restarts, 1);
+    assert_int_equal(ri.gaps_lost, 0);
+    assert_int_equal(ri.state, KVR_ZMQ_EXACT);
+}
+
 static void test_add_remove_validation(void **state)
 {
     fixture_t *f = *state;
@@ -1121,6 +1158,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_restart_numbers_ahead, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gap_confirm_batch_trimmed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_connection_state, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restart_after_reconnect, setup, teardown),
         cmocka_unit_test_setup_teardown(test_add_remove_validation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_confirmed_with_live_batches_first, setup,
                                         teardown),
