@@ -16,7 +16,6 @@ the ceiling on one worker). Every kvrouter child must be free of sanitizer repor
 import http.server
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -25,32 +24,16 @@ import tempfile
 import threading
 import time
 
-from kvr_harness import read_line
+from kvr_harness import RESULTS as results, SANITIZER_RE, check, read_line
 
 KVR = sys.argv[1]
 DATA = os.environ.get("KVR_TEST_DATA") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                        "..", "data")
 SLICE = os.path.join(DATA, "trace_slice.jsonl")
-VERBOSE = bool(os.environ.get("KVR_TEST_VERBOSE"))
-SANITIZER_RE = re.compile(r"AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|"
-                          r"runtime error:")
 SHARED_KEYS = ["policy", "workers", "requests", "ttft_ms", "itl_ms", "e2e_ms", "hit_ratio",
                "ceiling_infinite", "ceiling_pooled", "max_worker_share"]
-results = {"passed": 0, "failed": 0}
 CHILDREN = []
 TMP = tempfile.mkdtemp(prefix="kvr-test-replay-")
-
-
-def check(name, cond, detail=""):
-    if cond:
-        results["passed"] += 1
-        if VERBOSE:
-            print(f"ok   {name}", flush=True)
-    else:
-        results["failed"] += 1
-        d = detail if isinstance(detail, str) else repr(detail)
-        print(f"FAIL {name} {d[:2000]}", flush=True)
-    return bool(cond)
 
 
 def no_sanitizer(what, stderr):
