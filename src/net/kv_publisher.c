@@ -217,6 +217,10 @@ static void *open_socket(void *ctx, int type, const char *addr, bool bind, int h
         rc = zmq_setsockopt(s, ZMQ_IPV6, &one, sizeof one);
     if (rc == 0 && type == ZMQ_ROUTER)
         rc = zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+#ifdef ZMQ_XPUB_VERBOSER
+    if (rc == 0 && type == ZMQ_XPUB) /* every subscribe and unsubscribe, not just the first */
+        rc = zmq_setsockopt(s, ZMQ_XPUB_VERBOSER, &one, sizeof one);
+#endif
     if (rc == 0)
         rc = bind ? zmq_bind(s, addr) : zmq_connect(s, addr);
     if (rc != 0) {
@@ -264,7 +268,7 @@ kvr_kv_pub_t *kvr_kv_pub_new(void *zmq_ctx, const kvr_kv_pub_config_t *cfg, int 
     p->rl_send = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 3);
 
     int hwm = cfg->hwm ? cfg->hwm : DEFAULT_HWM;
-    p->pub = open_socket(zmq_ctx, ZMQ_PUB, cfg->endpoint, kvr_kv_pub_should_bind(cfg->endpoint),
+    p->pub = open_socket(zmq_ctx, ZMQ_XPUB, cfg->endpoint, kvr_kv_pub_should_bind(cfg->endpoint),
                          hwm, "kv events endpoint", status, err, err_len);
     if (p->pub == NULL) {
         kvr_kv_pub_free(p);
@@ -555,6 +559,26 @@ int kvr_kv_pub_poll_replay(kvr_kv_pub_t *p)
         p->jobs[p->n_jobs++] = j;
     }
     return done + pump_all(p);
+}
+
+void kvr_kv_pub_poll_subscriptions(kvr_kv_pub_t *p)
+{
+    if (p == NULL || p->pub == NULL)
+        return;
+    for (int i = 0; i < 1024; i++) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, p->pub, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        const uint8_t *d = zmq_msg_data(&m);
+        if (zmq_msg_size(&m) >= 1 && d[0] == 1)
+            p->st.subscribers++;
+        else if (zmq_msg_size(&m) >= 1 && d[0] == 0 && p->st.subscribers > 0)
+            p->st.subscribers--;
+        zmq_msg_close(&m);
+    }
 }
 
 int kvr_kv_pub_replay_fd(const kvr_kv_pub_t *p)

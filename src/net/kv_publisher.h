@@ -1,10 +1,11 @@
 /*
  * kv_publisher.h: an engine's KV-event publisher, as vLLM's ZmqEventPublisher behaves on the
- * wire (reference/engine-wire-formats.md 1.1, 1.2, 1.5): a PUB socket sending
- * [topic, seq u64 BE, payload] with seq 0, 1, 2, ... per publisher, and an optional ROUTER
- * replay socket that answers [identity, "", start_seq u64 BE] with every buffered batch
- * seq >= start_seq as [identity, "", seq, payload], then [identity, "", ff x 8, ""]. A start
- * older than the buffer replays from the oldest kept batch (the consumer sees the jump).
+ * wire (docs/mocker.md): a PUB socket (an XPUB: the same on the wire, and it reports
+ * subscriptions) sending [topic, seq u64 BE, payload] with seq 0, 1, 2, ... per publisher,
+ * and an optional ROUTER replay socket that answers [identity, "", start_seq u64 BE] with
+ * every buffered batch seq >= start_seq as [identity, "", seq, payload], then
+ * [identity, "", ff x 8, ""]. A start older than the buffer replays from the oldest kept
+ * batch (the consumer sees the jump).
  * Anything else on the ROUTER is counted as an invalid replay request and ignored.
  *
  * Addresses follow vLLM's rule: the PUB socket binds when the endpoint contains "*" or "::"
@@ -51,6 +52,8 @@ typedef struct kvr_kv_pub_stats {
     uint64_t replay_in_progress; /* answers waiting for a peer at its HWM (continued by the
                                     next polls) */
     uint64_t dropped;            /* batches buffered but not sent (kvr_kv_pub_drop_next) */
+    uint64_t subscribers;        /* subscriptions the PUB side holds now (as of the last
+                                    kvr_kv_pub_poll_subscriptions) */
 } kvr_kv_pub_stats_t;
 
 typedef struct kvr_kv_pub kvr_kv_pub_t;
@@ -71,6 +74,12 @@ int kvr_kv_pub_publish(kvr_kv_pub_t *p, const uint8_t *payload, size_t len, uint
  * yet (its pipe at the HWM) is continued by the next calls. Returns the number of answers
  * completed (end marker sent) by this call. */
 int kvr_kv_pub_poll_replay(kvr_kv_pub_t *p);
+
+/* Reads the subscribe/unsubscribe messages that have reached the PUB side (it is an XPUB, the
+ * same on the wire as vLLM's PUB) and updates stats.subscribers: a test or an operator can
+ * see that a subscriber's subscription has arrived, so nothing it should get is published
+ * into ZeroMQ's slow-joiner window. Never blocks. */
+void kvr_kv_pub_poll_subscriptions(kvr_kv_pub_t *p);
 
 /* The replay socket's ZMQ_FD for an event loop to watch, or -1 without replay. It is
  * edge-triggered (libzmq signals changes, not levels): after it fires, call

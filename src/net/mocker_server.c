@@ -870,7 +870,8 @@ enum {
     MF_RUNNING, MF_WAITING, MF_KV_USAGE, MF_GPU_USAGE, MF_PREFIX_Q, MF_PREFIX_H, MF_HIT_RATE,
     MF_PROMPT, MF_GEN, MF_PREEMPT, MF_SUCCESS, MF_CANCELLED, MF_STEPS, MF_LAG, MF_CACHED,
     MF_ACTIVE, MF_STORED, MF_REMOVED, MF_PUBLISHED, MF_DROPPED, MF_ENC_ERR, MF_PUB_ERR,
-    MF_REPLAY_REQ, MF_REPLAYED, MF_REPLAY_TRUNC, MF_REPLAY_INVALID, MF_REPLAY_SEND_ERR, MF_COUNT
+    MF_REPLAY_REQ, MF_REPLAYED, MF_REPLAY_TRUNC, MF_REPLAY_INVALID, MF_REPLAY_SEND_ERR,
+    MF_SUBSCRIBERS, MF_COUNT
 };
 
 static const struct {
@@ -908,6 +909,8 @@ static const struct {
                            "Malformed replay requests"},
     [MF_REPLAY_SEND_ERR] = {"kvr_mocker_replay_send_errors", "counter",
                             "Replay answers abandoned (the subscriber went away)"},
+    [MF_SUBSCRIBERS] = {"kvr_mocker_kv_event_subscribers", "gauge",
+                        "Subscriptions that have reached the KV-event publisher"},
 };
 
 static double metric_value(const rank_t *rk, int f, const kvr_engine_stats_t *s,
@@ -943,6 +946,7 @@ static double metric_value(const rank_t *rk, int f, const kvr_engine_stats_t *s,
     case MF_REPLAYED: return (double)p->replayed_batches;
     case MF_REPLAY_TRUNC: return (double)p->replay_truncated;
     case MF_REPLAY_INVALID: return (double)p->invalid_requests;
+    case MF_SUBSCRIBERS: return (double)p->subscribers;
     default: return 0;
     }
 }
@@ -955,8 +959,10 @@ static void h_metrics(kvr_mocker_t *m, struct evhttp_request *req)
     for (uint32_t r = 0; r < m->cfg.dp_size; r++) {
         kvr_engine_get_stats(m->ranks[r].eng, &st[r]);
         memset(&ps[r], 0, sizeof ps[r]);
-        if (m->ranks[r].pub)
+        if (m->ranks[r].pub) {
+            kvr_kv_pub_poll_subscriptions(m->ranks[r].pub);
             kvr_kv_pub_get_stats(m->ranks[r].pub, &ps[r]);
+        }
     }
     double v[KVR_MOCKER_MAX_DP];
     for (int f = 0; f < MF_COUNT; f++) {

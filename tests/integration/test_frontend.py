@@ -95,6 +95,14 @@ def is_openai_error(body, code):
             and body["error"].get("code") == code)
 
 
+def subscribed(m, engine=None):
+    """Bounded wait until the router's subscription has reached the mocker's publisher (one
+    rank's, or any): events published before it would be lost to ZeroMQ's slow joiner."""
+    labels = {"engine": engine} if engine is not None else {}
+    return eventually(lambda: (m.metric("kvr_mocker_kv_event_subscribers", **labels) or 0) >= 1,
+                      10)
+
+
 def loads_idle(r):
     return r.metric("kvr_requests_in_flight") == 0 and r.metric("kvr_frontend_in_flight") == 0
 
@@ -119,7 +127,7 @@ def scenario_main():
     r = router([spec(i + 1, m) for i, m in enumerate(ms)], "--health-interval-ms", "60000",
                "--frontend-fence-failures", "2")
     try:
-        time.sleep(0.3)  # the router's SUB sockets connect
+        check("main: every engine has the router's subscription", all(subscribed(m) for m in ms))
         shapes(r, ms)
         cache_affinity(r, ms)
         pinned(r)
@@ -702,7 +710,8 @@ def scenario_dp():
     m = mocker("--speedup", 10, dp=2, what="mocker(dp=2)")
     r = router([f"id=1,url={m.url},events={m.events},dp_size=2"], what="router(dp)")
     try:
-        time.sleep(0.3)
+        check("dp: both ranks have the router's subscription",
+              subscribed(m, engine=0) and subscribed(m, engine=1))
         p = toks(8 * BS + 3)
         st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
         rank = int(h.get("x-kvrouter-dp-rank", -1))

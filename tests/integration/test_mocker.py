@@ -232,8 +232,7 @@ class Sub:
             self.connected = bool(mon.poll(10000))
             self.sock.disable_monitor()
             mon.close(linger=0)
-            time.sleep(0.3)  # the subscription reaches the publisher (slow joiner)
-            self.endpoint = endpoint
+            self.endpoint = endpoint  # the caller waits for subscribed() (slow joiner)
         self.live_seqs = []      # seqs in arrival order
         self.payloads = {}       # seq -> payload bytes (live or replayed)
         self.replayed_seqs = []
@@ -903,6 +902,14 @@ def compare_with_engine(tag, m, sub, rank=0, timeout=15.0):
     return eng
 
 
+def subscribed(m, n, engine=None):
+    """Bounded wait until n subscriptions have reached the mocker's publisher (engine: one
+    rank's, else all ranks' together): nothing is published into the slow-joiner window."""
+    labels = {"engine": engine} if engine is not None else {}
+    return eventually(lambda: (m.metric("kvr_mocker_kv_event_subscribers", **labels) or 0) >= n,
+                      10)
+
+
 def scenario_events(ctx, fmt, n_requests):
     bs = 4
     port, rport = free_ports(), free_ports()
@@ -917,6 +924,7 @@ def scenario_events(ctx, fmt, n_requests):
         sub = Sub(ctx, f"tcp://127.0.0.1:{port}", fmt=fmt, bs=bs, topic=b"kv-events",
                   replay=None)
         check(f"{tag}: SUB connected", sub.connected)
+        check(f"{tag}: its subscription reached the publisher", subscribed(m, 1))
         # warm-up: one request, its events are batch 0
         wp = toks(rng, 3 * bs + 1)
         st, r = m.call("POST", "/v1/completions", {"model": "m", "prompt": wp, "max_tokens": 1})
@@ -1047,7 +1055,7 @@ def scenario_router(ctx, fmt, drop_every=0, n_requests=40):
         r = Router(bs, [f"id=1,events=tcp://127.0.0.1:{port},replay=tcp://127.0.0.1:{rport}"])
         sub = Sub(ctx, f"tcp://127.0.0.1:{port}", fmt=fmt, bs=bs,
                   replay=f"tcp://127.0.0.1:{rport}")
-        time.sleep(0.3)  # the router's SUB too
+        check(f"{tag}: the router's and the test's subscriptions arrived", subscribed(m, 2))
         p = toks(rng, 10 * bs + 3)
         st, res = m.call("POST", "/v1/completions", {"model": "m", "prompt": p, "max_tokens": 2})
         check(f"{tag}: request answered", st == 200, (st, res))
@@ -1135,7 +1143,8 @@ def scenario_router_dp(ctx, fmt):
         r = Router(bs, [f"id=1,events=tcp://127.0.0.1:{port},replay=tcp://127.0.0.1:{rport},"
                         "dp_size=2"])
         subs = [Sub(ctx, f"tcp://127.0.0.1:{port + k}", fmt=fmt, bs=bs, rank=k) for k in (0, 1)]
-        time.sleep(0.2)
+        check(f"{tag}: every rank has the router's and the test's subscriptions",
+              subscribed(m, 2, engine=0) and subscribed(m, 2, engine=1))
         p1, p0 = toks(rng, 8 * bs + 1), toks(rng, 5 * bs + 2)
         st, res = m.call("POST", "/v1/completions", {"model": "m", "prompt": p1, "max_tokens": 2},
                          headers={"x-data-parallel-rank": "1"})

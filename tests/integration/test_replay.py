@@ -23,8 +23,9 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
-from kvr_harness import RESULTS as results, SANITIZER_RE, check, read_line
+from kvr_harness import RESULTS as results, SANITIZER_RE, check, eventually, read_line
 
 KVR = sys.argv[1]
 DATA = os.environ.get("KVR_TEST_DATA") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -55,6 +56,16 @@ class Mocker:
             self.proc.kill()
             raise RuntimeError(f"mocker did not start: {line!r}")
         self.url = "http://" + line.split()[1]
+
+    def finished(self):
+        """Requests the engine has finished (vllm:request_success)."""
+        try:
+            with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            return 0
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:request_success"))
 
     def stop(self):
         if self.proc.poll() is None:
@@ -322,7 +333,8 @@ def scenario_interrupt():
                               "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              stdin=subprocess.DEVNULL, text=True)
         CHILDREN.append(p)
-        time.sleep(1.5)
+        # interrupted mid-run: once the engine has answered a few of the 100 requests
+        check("SIGINT: requests under way first", eventually(lambda: m.finished() >= 3, 60))
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
         no_sanitizer("interrupted replay", err)
