@@ -23,7 +23,7 @@ import zmq  # noqa: E402
 
 from kvr_events import (BS, Engine, batch, engine_hashes, tokens_for,  # noqa: E402
                         vllm_removed, vllm_stored_array)
-from kvr_harness import Child, check, eventually, free_ports, run_scenarios  # noqa: E402
+from kvr_harness import Child, check, eventually, run_scenarios, with_free_ports  # noqa: E402
 
 KVR = sys.argv[1]
 SEED = int(os.environ.get("KVR_TEST_SEED", str(int(time.time()) % 100000)))
@@ -39,14 +39,17 @@ class Mocker:
 
     def __init__(self, wid, *extra):
         self.wid, self.extra = wid, [str(a) for a in extra]
-        self.http, self.ev, self.rp = free_ports(), free_ports(), free_ports()
         self.child = None
-        self.start()
+        (self.http, self.ev, self.rp), _ = with_free_ports(self.start_once, 1, 1, 1)
 
-    def start(self):
+    def start_once(self, http, ev, rp):
+        self.http, self.ev, self.rp = http, ev, rp
+        self.start(patience=0)
+
+    def start(self, patience=10):
         cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
                "endpoint": f"tcp://*:{self.ev}", "replay_endpoint": f"tcp://*:{self.rp}"}
-        end = time.monotonic() + 10
+        end = time.monotonic() + patience
         while True:  # a killed process's ports are free again within moments
             try:
                 self.child = Child([KVR, "mocker", "--host", "127.0.0.1", "--port", self.http,

@@ -72,6 +72,20 @@ def free_ports(n=1):
     raise RuntimeError("no free port range")
 
 
+def with_free_ports(start, *sizes, tries=8):
+    """(ports, start(*ports)) with a fresh free range of each size; if a child could not bind
+    because another process took a port after free_ports chose it (the check is racy on a
+    busy machine), again with new ports."""
+    for i in range(tries):
+        ports = [free_ports(n) for n in sizes]
+        try:
+            return ports, start(*ports)
+        except RuntimeError as e:
+            if "Address already in use" not in str(e) or i == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def read_line(proc, timeout=30.0):
     """One stdout line of a child, without hanging if it never comes."""
     fd = proc.stdout.fileno()

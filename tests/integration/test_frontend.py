@@ -28,7 +28,7 @@ import threading
 import time
 
 from kvr_harness import (RESULTS as results, Child, check, eventually, free_ports,
-                         run_scenarios, sse_events)
+                         run_scenarios, sse_events, with_free_ports)
 
 KVR = sys.argv[1]
 SEED = int(os.environ.get("KVR_TEST_SEED", str(int(time.time()) % 100000)))
@@ -37,14 +37,17 @@ BS = 16
 def mocker(*extra, events=True, what="mocker", dp=1):
     args = [KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--model", "m",
             "--block-size", str(BS), "--data-parallel-size", str(dp)] + [str(a) for a in extra]
-    ev = None
-    if events:
-        ev = free_ports(dp)
-        args += ["--kv-events-config", json.dumps(
-            {"enable_kv_cache_events": True, "publisher": "zmq",
-             "endpoint": f"tcp://*:{ev}"})]
-    m = Child(args, what)
-    m.events = f"tcp://127.0.0.1:{ev}" if ev else None
+    if not events:
+        m = Child(args, what)
+        m.events = None
+        return m
+
+    def start(ev):
+        return Child(args + ["--kv-events-config", json.dumps(
+            {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{ev}"})],
+            what)
+    (ev,), m = with_free_ports(start, dp)
+    m.events = f"tcp://127.0.0.1:{ev}"
     return m
 
 

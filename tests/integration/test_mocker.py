@@ -30,8 +30,8 @@ import time
 import msgpack
 import zmq
 
-from kvr_harness import (RESULTS as results, Child, check, eventually, free_ports,
-                         run_scenarios, sse_events)
+from kvr_harness import (RESULTS as results, Child, check, eventually,
+                         run_scenarios, sse_events, with_free_ports)
 
 KVR = sys.argv[1]
 SEED = int(os.environ.get("KVR_TEST_SEED", str(int(time.time()) % 100000)))
@@ -912,12 +912,11 @@ def subscribed(m, n, engine=None):
 
 def scenario_events(ctx, fmt, n_requests):
     bs = 4
-    port, rport = free_ports(), free_ports()
     tag = f"events[{fmt}]"
-    m = start_mocker("--model", "m", "--speedup", "5", "--block-size", bs,
-                     "--num-gpu-blocks", "64", "--event-format", fmt,
-                     "--kv-events-config", events_config(port, rport, topic="kv-events"),
-                     what=f"mocker({tag})")
+    (port, rport), m = with_free_ports(lambda port, rport: start_mocker(
+        "--model", "m", "--speedup", "5", "--block-size", bs, "--num-gpu-blocks", "64",
+        "--event-format", fmt, "--kv-events-config",
+        events_config(port, rport, topic="kv-events"), what=f"mocker({tag})"), 1, 1)
     sub = None
     rng = random.Random(SEED + (5 if fmt == "array" else 6))
     try:
@@ -1042,13 +1041,13 @@ class Router(Child):
 
 def scenario_router(ctx, fmt, drop_every=0, n_requests=40):
     bs = 4
-    port, rport = free_ports(), free_ports()
     tag = f"router[{fmt}{', drop every %d' % drop_every if drop_every else ''}]"
     extra = ["--kv-events-drop-every", drop_every] if drop_every else []
-    m = start_mocker("--model", "m", "--speedup", "50", "--block-size", bs,
-                     "--num-gpu-blocks", "64", "--event-format", fmt,
-                     "--kv-events-config", events_config(port, rport), *extra,
-                     what=f"mocker({tag})")
+    (port, rport), m = with_free_ports(lambda port, rport: start_mocker(
+        "--model", "m", "--speedup", "50", "--block-size", bs,
+        "--num-gpu-blocks", "64", "--event-format", fmt,
+        "--kv-events-config", events_config(port, rport), *extra,
+        what=f"mocker({tag})"), 1, 1)
     r = sub = None
     rng = random.Random(SEED + 7 + drop_every)
     try:
@@ -1131,11 +1130,11 @@ def scenario_router(ctx, fmt, drop_every=0, n_requests=40):
 
 def scenario_router_dp(ctx, fmt):
     bs = 4
-    port, rport = free_ports(2), free_ports(2)
     tag = f"router dp=2 [{fmt}]"
-    m = start_mocker("--model", "m", "--speedup", "50", "--block-size", bs,
-                     "--data-parallel-size", "2", "--event-format", fmt,
-                     "--kv-events-config", events_config(port, rport), what=f"mocker({tag})")
+    (port, rport), m = with_free_ports(lambda port, rport: start_mocker(
+        "--model", "m", "--speedup", "50", "--block-size", bs, "--data-parallel-size", "2",
+        "--event-format", fmt, "--kv-events-config", events_config(port, rport),
+        what=f"mocker({tag})"), 2, 2)
     r = None
     subs = []
     rng = random.Random(SEED + 9)

@@ -17,7 +17,7 @@ import random
 import sys
 import tempfile
 
-from kvr_harness import Child, check, eventually, finish, free_ports
+from kvr_harness import Child, check, eventually, finish, with_free_ports
 
 KVR = sys.argv[1]
 BS = 4
@@ -77,9 +77,8 @@ def exact_at(r, m):
 
 
 def scenario_resume(tmp):
-    ev, rp = free_ports(), free_ports()
+    (ev, rp), m = with_free_ports(start_mocker, 1, 1)
     state = os.path.join(tmp, "router.state")
-    m = start_mocker(ev, rp)
     try:
         r = start_router(ev, rp, state)
         # The router's subscription may still be on its way: one prompt at a time until the
@@ -132,9 +131,8 @@ def scenario_engine_restarted(tmp):
     """The engine restarted while the router was down: the saved cursor names a batch the new
     process never sent, so the reloaded state is dropped, and the router rebuilds from the
     new engine's own events."""
-    ev, rp = free_ports(), free_ports()
+    (ev, rp), m = with_free_ports(start_mocker, 1, 1)
     state = os.path.join(tmp, "restarted.state")
-    m = start_mocker(ev, rp)
     r = start_router(ev, rp, state)
     try:
         old = serve_prompts(m, 6)
