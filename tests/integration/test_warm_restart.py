@@ -32,6 +32,12 @@ def start_mocker(ev, rp):
                   "--kv-events-config", json.dumps(cfg)], "mocker")
 
 
+def subscribed(m, n=1):
+    """Bounded wait until n routers' subscriptions have reached the engine (what it
+    publishes before that is lost to ZeroMQ's slow joiner until a later batch shows the gap)."""
+    return eventually(lambda: (m.metric("kvr_mocker_kv_event_subscribers") or 0) >= n, 10)
+
+
 def start_router(ev, rp, state=None, bs=BS, what="router"):
     args = [KVR, "serve", "--http-port", "0", "--block-size", bs, "--log-level", "info",
             "--worker", f"id=1,events=tcp://127.0.0.1:{ev},replay=tcp://127.0.0.1:{rp}"]
@@ -102,6 +108,7 @@ def scenario_resume(tmp):
         cold = start_router(ev, rp, what="cold router")
         warm = start_router(ev, rp, state, what="warm router")
         try:
+            check("both routers subscribed", subscribed(m, 2))
             more = serve_prompts(m, 2)  # live batches: the cold router sees its gap now
             check("warm router exact again", eventually(lambda: exact_at(warm, m), 10),
                   rank(warm))
@@ -135,6 +142,7 @@ def scenario_engine_restarted(tmp):
     state = os.path.join(tmp, "restarted.state")
     r = start_router(ev, rp, state)
     try:
+        check("router subscribed", subscribed(m))
         old = serve_prompts(m, 6)
         check("router exact", eventually(lambda: exact_at(r, m) and all_cached(r, old) is True,
                                          10), rank(r))
@@ -146,6 +154,7 @@ def scenario_engine_restarted(tmp):
         new = serve_prompts(m, 2)
         r = start_router(ev, rp, state, what="router after the engine's restart")
         try:
+            check("router subscribed to the new engine", subscribed(m))
             check("resume refused by the engine's replay",
                   eventually(lambda: r.metric("kvr_kv_resumes_failed_total") == 1, 10),
                   r.metric("kvr_kv_resumes_failed_total"))
