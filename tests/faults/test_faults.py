@@ -69,6 +69,13 @@ class Mocker:
         return s
 
 
+def subscribed(*ms):
+    """Bounded wait until the router's subscription has reached every engine (what an engine
+    publishes before that is lost to ZeroMQ's slow joiner until a later batch shows the gap)."""
+    return eventually(lambda: all((m.child.metric("kvr_mocker_kv_event_subscribers") or 0) >= 1
+                                  for m in ms), 10)
+
+
 def router(specs, *extra, what="router"):
     args = [KVR, "serve", "--http-port", "0", "--block-size", BS, "--log-level", "error"]
     for s in specs:
@@ -130,6 +137,7 @@ def s01_worker_sigkill():
     and its prefixes are served by the survivors."""
     ms = [Mocker(i + 1, "--speedup", 0.05) for i in range(3)]
     r = router([m.spec() for m in ms], "--health-interval-ms", 60000, what="router(S1)")
+    check("S1: subscribed to every engine", subscribed(*ms))
     p = toks(8 * BS)
     st, _, w = complete(r, p)
     check("S1: warm-up served", st == 200, st)
@@ -205,6 +213,7 @@ def s02_worker_restart_same_ports():
     both must end the same way."""
     m = Mocker(1)
     r = router([m.spec()], "--health-interval-ms", 200, what="router(S2)")
+    check("S2: subscribed", subscribed(m))
     for _ in range(4):
         check("S2: served before the kill", complete(r, toks(4 * BS))[0] == 200)
     check("S2: exact before the kill", eventually(lambda: rank(r, 1)["index_state"] == "exact"
@@ -239,6 +248,7 @@ def s02_worker_new_identity():
     block of the old id stays, the new one is indexed from the engine's replay buffer."""
     m = Mocker(1)
     r = router([m.spec()], what="router(S2 new id)")
+    check("S2b: subscribed", subscribed(m))
     for _ in range(3):
         complete(r, toks(4 * BS))
     check("S2b: indexed under id 1", eventually(lambda: dump_workers(r).get(1, 0) > 0, 5))
@@ -248,6 +258,8 @@ def s02_worker_new_identity():
         "worker_id": 7, "url": f"http://127.0.0.1:{m.http}",
         "events": f"tcp://127.0.0.1:{m.ev}", "replay": f"tcp://127.0.0.1:{m.rp}"})
     check("S2b: added as id 7", st == 201, (st, w))
+    check("S2b: the new subscription arrived",
+          eventually(lambda: (m.child.metric("kvr_mocker_kv_event_subscribers") or 0) >= 1, 10))
     complete(r, toks(4 * BS))
     check("S2b: the new id indexed, the old one gone",
           eventually(lambda: dump_workers(r).get(7, 0) > 0 and 1 not in dump_workers(r), 5),
