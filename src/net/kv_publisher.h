@@ -91,7 +91,7 @@ bool kvr_kv_pub_replay_readable(const kvr_kv_pub_t *p);
 uint64_t kvr_kv_pub_next_seq(const kvr_kv_pub_t *p);
 void kvr_kv_pub_get_stats(const kvr_kv_pub_t *p, kvr_kv_pub_stats_t *out);
 
-/* Fault injection (reference/fault-scenarios.md S4): the next n batches are numbered and
+/* Fault injection (docs/reliability.md, S4): the next n batches are numbered and
  * buffered but not sent, as if the network lost them; subscribers see the gap and replay. */
 void kvr_kv_pub_drop_next(kvr_kv_pub_t *p, uint32_t n);
 

@@ -1,6 +1,6 @@
 /*
  * kv_encode.h: encoder of engine KV-event batches, byte for byte as the engines publish them
- * (the payload frame of [topic, seq u64 BE, payload]; reference/engine-wire-formats.md 1.3-1.6
+ * (the payload frame of [topic, seq u64 BE, payload]; docs/wire-formats.md 1.3-1.6
  * and 2). The inverse of kv_events.h; the kvrouter mocker and the event benchmarks publish
  * with it, so a router cannot tell them from a real engine.
  *

@@ -3,7 +3,7 @@
  * [topic, seq u64 BE, payload] from vLLM, SGLang or the kvrouter mocker), and their conversion
  * to prefix-index events (wire layer: bytes in, structs out, no I/O).
  *
- * Accepted (reference/engine-wire-formats.md 1.3-1.7, 2, 3.2):
+ * Accepted (docs/wire-formats.md 1.3-1.7, 2, 3):
  *   batch   [ts, events] | [ts, events, dp_rank|nil] (extra trailing elements ignored), or a map
  *           {ts, events, data_parallel_rank | attn_dp_rank | dp_rank}; ts float64/float32/int/nil
  *   event   positional [tag, ...] of any vLLM/SGLang length (trailing extras ignored), or a map

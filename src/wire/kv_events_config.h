@@ -1,6 +1,6 @@
 /*
- * kv_events_config.h: vLLM's --kv-events-config JSON (KVEventsConfig, reference/engine-wire-
- * formats.md 1.1), parsed the way `vllm serve` reads it, so scripts can pass the same string
+ * kv_events_config.h: vLLM's --kv-events-config JSON (KVEventsConfig, docs/wire-formats.md
+ * 1.1), parsed the way `vllm serve` reads it, so scripts can pass the same string
  * to `kvrouter mocker`:
  *   {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": E1,
  *    "replay_endpoint": E2, "topic": "", "buffer_steps": 10000, "hwm": 100000,

@@ -7,7 +7,7 @@ It starts mockers on loopback (--port 0, event ports picked free) and checks the
 statuses, bad command lines, prefix caching (cached_tokens, a shorter time to first token, the
 prefix-cache counters), cancellation on client disconnect, the KV events on the wire (read by an
 independent decoder written here with Debian's python3-zmq + python3-msgpack from
-engine-wire-formats.md 1.2-1.6: frames, sequence numbers, array and map encodings, parent links,
+docs/wire-formats.md 1.2-1.6: frames, sequence numbers, array and map encodings, parent links,
 replay), that replaying every event gives exactly the blocks the engine holds
 (/debug/kv_blocks), that `kvrouter serve` subscribed to a mocker sees the same prefixes (through
 dropped batches and data-parallel ranks), and vLLM's bind/connect rule.
@@ -77,7 +77,7 @@ def err_shape_ok(body, code):
 
 
 # ---------------------------------------------------------------------------------------------
-# An independent vLLM KV-event decoder (engine-wire-formats.md 1.2 - 1.6)
+# An independent vLLM KV-event decoder (docs/wire-formats.md 1.2 - 1.6)
 
 class KvState:
     """The blocks a subscriber that saw every event holds, with the faithfulness rules:

@@ -2,7 +2,7 @@
 """kvrouter serve fed by real engine KV events: the test plays the engines.
 
 It binds ZeroMQ PUB + ROUTER sockets like vLLM / SGLang (Debian's python3-zmq and
-python3-msgpack; byte layouts from engine-wire-formats.md, written independently of the C
+python3-msgpack; byte layouts from docs/wire-formats.md, written independently of the C
 decoder), starts `kvrouter serve` subscribed to them, and checks what /v1/query, /v1/route,
 /v1/workers, /v1/dump and /metrics say through stores, removals, clears, gaps filled by
 replay, publisher restarts, bad batches, SGLang's per-page signed hashes and a block-size

@@ -2,7 +2,7 @@
 """Generates the KV-event batch fixtures of tests/wire/test_kv_events.c.
 
 Independent of the C decoder: batches are built as plain lists and dicts in vLLM / SGLang
-declaration order (reference/engine-wire-formats.md 1.3, 1.4, 2) and packed by Debian's
+declaration order (docs/wire-formats.md 1.3, 1.4, 2) and packed by Debian's
 python3-msgpack with use_bin_type=True, which, like msgspec, writes the smallest encoding of
 every value. Each case is written as tests/data/kv_events/<name>.bin (the payload frame) and
 <name>.json (what a decoder must report, computed here from the Python values).

@@ -1,7 +1,7 @@
 /*
  * test_kv_encode.c: the KV-event batch encoder (wire/kv_encode.c).
  *
- * - every byte-level example of reference/engine-wire-formats.md 1.6 and 2, written here as
+ * - every byte-level example of docs/wire-formats.md 1.6 and 2, written here as
  *   literal bytes, produced exactly (compared byte for byte);
  * - msgspec's smallest-encoding boundaries (ints, negative SGLang hashes, str8/str16, array16)
  *   and the array lengths of each vLLM era;

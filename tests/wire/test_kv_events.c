@@ -1,7 +1,7 @@
 /*
  * test_kv_events.c: the KV-event batch decoder and converter (wire/kv_events.c).
  *
- * - every byte-level example of reference/engine-wire-formats.md 1.6 and 2, written here as
+ * - every byte-level example of docs/wire-formats.md 1.6 and 2, written here as
  *   literal bytes, decoded exactly;
  * - the fixtures of $KVR_TEST_DATA/kv_events/ (made independently by
  *   tests/tools/gen_kv_events.py with python3-msgpack): each .bin decoded and compared with its
