@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/endpoint.h"
 #include "kvrouter.h"
 
 typedef enum ftype {
@@ -125,6 +126,12 @@ static const field_t FIELDS[] = {
      "how often workers with a url are probed on /health"},
     {"health_failures", T_U32, OFF(health_failures), 1, 1000, false, NULL, 0, "3",
      "consecutive failed probes before a worker is fenced"},
+    {"allowed_worker_hosts", T_STR, OFF(allowed_worker_hosts), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->allowed_worker_hosts), "",
+     "comma-separated hosts that worker urls and tcp:// event endpoints may name; empty = any"},
+    {"allowed_ipc_dirs", T_STR, OFF(allowed_ipc_dirs), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->allowed_ipc_dirs), "",
+     "comma-separated absolute directories ipc:// event endpoints may be under; empty = ipc:// refused"},
     {"state_file", T_STR, OFF(state_file), 0, 0, false, NULL,
      sizeof(((kvr_router_config_t *)0)->state_file), "",
      "warm restart: the index and each exact rank's event cursor are saved here on SIGTERM/SIGINT "
@@ -471,6 +478,9 @@ int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_le
                (unsigned long long)cfg->index_max_pairs);
         return KVR_EINVAL;
     }
+    int rc = kvr_endpoint_check_ipc_dirs(cfg->allowed_ipc_dirs, err, err_len);
+    if (rc != KVR_OK)
+        return rc;
     if (cfg->bind[0] == '\0') {
         seterr(err, err_len, "bind: must not be empty");
         return KVR_EINVAL;

@@ -72,6 +72,8 @@ typedef struct kvr_router_config {
     char bind[64];
     uint64_t health_interval_ms;
     uint32_t health_failures;     /* consecutive failed probes before a worker is fenced */
+    char allowed_worker_hosts[1024]; /* hosts registrations may name; "" = any (endpoint.h) */
+    char allowed_ipc_dirs[1024];     /* directories ipc:// events may be under; "" = none */
     char state_file[512];         /* warm restart: index + cursors saved on exit, reloaded at
                                      start; "" = off */
     /* the OpenAI front end (net/frontend.c) */

@@ -20,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/endpoint.h"
+
 typedef struct wentry {
     kvr_worker_spec_t spec;
     const char *taint_ptrs[KVR_MAX_TAINTS];
@@ -179,10 +181,12 @@ int kvr_worker_spec_validate(const kvr_worker_spec_t *w, char *err, size_t err_l
         return spec_err(err, err_len, "worker dp_size: must be in [1, 256]%s%s", "", "");
     if ((uint64_t)w->dp_start + w->dp_size > UINT32_MAX)
         return spec_err(err, err_len, "worker dp_start: dp_start + dp_size overflows%s%s", "", "");
-    if (w->url[0] != '\0' && strncmp(w->url, "http://", 7) != 0)
-        return spec_err(err, err_len, "worker url: must start with http:// ('%s')%s", w->url, "");
     if (w->replay[0] != '\0' && w->events[0] == '\0')
         return spec_err(err, err_len, "worker replay: needs events too%s%s", "", "");
+    /* the url's grammar; allow lists are the router's (check_endpoints) */
+    char e[KVR_ADDR_BYTES + 160];
+    if (w->url[0] != '\0' && kvr_endpoint_check_url(w->url, NULL, e, sizeof e) != KVR_OK)
+        return spec_err(err, err_len, "worker %s%s", e, "");
     return KVR_OK;
 }
 
@@ -414,6 +418,25 @@ static void fix_taint_ptrs(wentry_t *we)
         we->taint_ptrs[t] = we->spec.taints[t];
 }
 
+/* What the registration names, against the operator's allow lists (core/endpoint.h). */
+static int check_endpoints(const kvr_router_t *r, const kvr_worker_spec_t *w, char *err,
+                           size_t err_len)
+{
+    kvr_endpoint_policy_t pol = {.ipc_dirs = r->cfg.allowed_ipc_dirs,
+                                 .hosts = r->cfg.allowed_worker_hosts};
+    char e[KVR_ADDR_BYTES + 160];
+    int rc = KVR_OK;
+    if (w->url[0] != '\0')
+        rc = kvr_endpoint_check_url(w->url, &pol, e, sizeof e);
+    if (rc == KVR_OK && w->events[0] != '\0')
+        rc = kvr_endpoint_check_zmq("events", w->events, &pol, e, sizeof e);
+    if (rc == KVR_OK && w->replay[0] != '\0')
+        rc = kvr_endpoint_check_zmq("replay", w->replay, &pol, e, sizeof e);
+    if (rc != KVR_OK)
+        snprintf(err, err_len, "worker %llu %s", (unsigned long long)w->worker_id, e);
+    return rc;
+}
+
 int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err, size_t err_len)
 {
     char ebuf[8];
@@ -422,6 +445,8 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
         err_len = sizeof ebuf;
     }
     int rc = kvr_worker_spec_validate(w, err, err_len);
+    if (rc == KVR_OK)
+        rc = check_endpoints(r, w, err, err_len);
     if (rc != KVR_OK)
         return rc;
     /* a fraction of the engine's batch budget needs the budget: vLLM and SGLang do not

@@ -201,16 +201,10 @@ void kvr_zmq_listener_free(kvr_zmq_listener_t *l)
     free(l);
 }
 
-/* vLLM's rule, from the publisher's side: it binds '*' and ipc/inproc addresses and connects
- * to anything else; a '*' address given to us means the engine connects, so we bind. */
-static bool should_bind(const char *addr)
-{
-    return strchr(addr, '*') != NULL || strncmp(addr, "ipc://", 6) == 0 ||
-           strncmp(addr, "inproc://", 9) == 0;
-}
-
 /* mon: the inproc address to publish the socket's connection events on, or NULL. */
-static void *open_socket(void *ctx, int type, const char *addr, bool bind, const char *mon,
+/* Engine sockets are always connected to, never bound: a registration cannot open a port or
+ * create a file on the router's host (core/endpoint.h checks the address first). */
+static void *open_socket(void *ctx, int type, const char *addr, const char *mon,
                          char *err, size_t err_len)
 {
     void *s = zmq_socket(ctx, type);
@@ -229,7 +223,7 @@ static void *open_socket(void *ctx, int type, const char *addr, bool bind, const
         zmq_close(s);
         return NULL;
     }
-    int rc = bind ? zmq_bind(s, addr) : zmq_connect(s, addr);
+    int rc = zmq_connect(s, addr);
     if (rc != 0) {
         snprintf(err, err_len, "%s: %s", addr, zmq_strerror(zmq_errno()));
         zmq_close(s);
@@ -287,8 +281,7 @@ int kvr_zmq_listener_add(kvr_zmq_listener_t *l, const kvr_zmq_endpoint_t *ep, ch
     }
     int linger = 0;
     zmq_setsockopt(mon, ZMQ_LINGER, &linger, sizeof linger);
-    void *sub = open_socket(l->ctx, ZMQ_SUB, ep->events, should_bind(ep->events), mon_addr, err,
-                            err_len);
+    void *sub = open_socket(l->ctx, ZMQ_SUB, ep->events, mon_addr, err, err_len);
     if (sub == NULL || zmq_connect(mon, mon_addr) != 0) {
         if (sub != NULL) {
             snprintf(err, err_len, "monitor: %s", zmq_strerror(zmq_errno()));
@@ -299,7 +292,7 @@ int kvr_zmq_listener_add(kvr_zmq_listener_t *l, const kvr_zmq_endpoint_t *ep, ch
     }
     void *dealer = NULL;
     if (ep->replay != NULL) {
-        dealer = open_socket(l->ctx, ZMQ_DEALER, ep->replay, false, NULL, err, err_len);
+        dealer = open_socket(l->ctx, ZMQ_DEALER, ep->replay, NULL, err, err_len);
         if (dealer == NULL) {
             zmq_close(sub);
             zmq_close(mon);
@@ -383,7 +376,7 @@ static void reopen_dealer(kvr_zmq_listener_t *l, rank_t *r)
         return;
     zmq_close(r->dealer);
     char err[128];
-    r->dealer = open_socket(l->ctx, ZMQ_DEALER, r->replay_addr, false, NULL, err, sizeof err);
+    r->dealer = open_socket(l->ctx, ZMQ_DEALER, r->replay_addr, NULL, err, sizeof err);
 }
 
 /* Receives one multipart message: its first three frames in f (*nf of them, to be closed by

@@ -13,6 +13,7 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -21,7 +22,7 @@ import urllib.request
 import msgpack
 import zmq
 
-from kvr_harness import check, eventually, finish
+from kvr_harness import check, eventually, finish, free_ports
 from kvr_events import (BS, Engine, batch, engine_hashes, to_signed, tokens_for,  # noqa: F401
                         vllm_removed, vllm_stored_array, vllm_stored_map)
 
@@ -364,6 +365,65 @@ def scenario_health():
         srv.shutdown()
 
 
+def listening_ports(pid):
+    """The TCP ports process pid listens on (its socket inodes matched in /proc/net/tcp*)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            t = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if t.startswith("socket:["):
+            inodes.add(t[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                col = line.split()
+                if col[3] == "0A" and col[9] in inodes:  # LISTEN
+                    ports.add(int(col[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def scenario_registration_safety():
+    """A registration is a request to open connections from the router's host: it may name an
+    engine and nothing else. Before endpoint checks, POST /v1/workers with events=ipc://PATH
+    replaced an existing file at PATH by a socket (the router bound it), and tcp://*:P opened
+    a port on every interface."""
+    with tempfile.TemporaryDirectory() as d:
+        victim = os.path.join(d, "victim")
+        with open(victim, "w") as f:
+            f.write("precious")
+        port = free_ports(1)
+        r = Router(["id=1,url=http://127.0.0.1:9"], extra=["--allowed-worker-hosts", "127.0.0.1,localhost"])
+        try:
+            code, e = r.call("POST", "/v1/workers", {"worker_id": 78, "events": "ipc://" + victim})
+            check("ipc:// refused without allowed_ipc_dirs", code == 400
+                  and "allowed_ipc_dirs" in e["error"]["message"], (code, e))
+            with open(victim) as f:
+                check("the file named by a refused ipc:// is untouched", f.read() == "precious")
+            code, e = r.call("POST", "/v1/workers", {"worker_id": 79, "events": f"tcp://*:{port}"})
+            check("a wildcard events address is refused", code == 400
+                  and "wildcard" in e["error"]["message"], (code, e))
+            check("no port was opened for the refused registration", port not in listening_ports(r.proc.pid),
+                  listening_ports(r.proc.pid))
+            code, e = r.call("POST", "/v1/workers", {"worker_id": 80, "url": "http://10.66.0.1:8001"})
+            check("a url outside allowed_worker_hosts is refused", code == 400
+                  and "allowed_worker_hosts" in e["error"]["message"], (code, e))
+            code, ws = r.call("GET", "/v1/workers")
+            check("refused registrations left nothing behind",
+                  sorted(w["worker_id"] for w in ws["workers"]) == [1], ws)
+            code, e = r.call("POST", "/v1/workers", {"worker_id": 81, "url": "http://localhost:8001",
+                                                     "events": f"tcp://127.0.0.1:{port}"})
+            check("an engine address on an allowed host registers", code == 201, (code, e))
+        finally:
+            check("clean shutdown", r.stop() == 0)
+    p = subprocess.run([KVR, "serve", "--http-port", "0", "--worker", "id=1,events=ipc:///tmp/x"],
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=20)
+    check("a bad --worker address stops the start with the field named",
+          p.returncode != 0 and "events:" in p.stderr, (p.returncode, p.stderr))
+
+
 def scenario_bad_config():
     for args, field in ((["--router-temperature", "nan"], "router_temperature"),
                         (["--block-size", "0"], "block_size"),
@@ -384,6 +444,7 @@ def main():
     scenario_api()
     scenario_queue()
     scenario_health()
+    scenario_registration_safety()
     scenario_bad_config()
     ctx.term()
     finish()

@@ -1,0 +1,34 @@
+/*
+ * endpoint.h: what a worker registration may name (command line or POST /v1/workers), checked
+ * before anything is connected. A registration is a request to open connections from the
+ * router's host, so it is refused unless it names exactly an engine:
+ *   events / replay  tcp://HOST:PORT, which the router connects to (it never binds for an
+ *                    engine, so no registration opens a port or creates a file); or
+ *                    ipc:///ABS/PATH only under a directory of allowed_ipc_dirs
+ *   url              http://HOST[:PORT][/base-path] (https is not spoken upstream: refused
+ *                    with that reason rather than sent in clear)
+ * HOST is a DNS name, an IPv4 address or a bracketed IPv6 address, never a wildcard; with
+ * allowed_worker_hosts set, it must be one of them (case-insensitive), for urls and tcp events.
+ * Errors name the field and the reason. Pure string checks: no I/O, no allocation, any thread;
+ * O(length of the address + length of the allow lists).
+ */
+#ifndef KVR_ENDPOINT_H
+#define KVR_ENDPOINT_H
+
+#include <stddef.h>
+
+typedef struct kvr_endpoint_policy {
+    const char *ipc_dirs; /* comma-separated absolute directories; NULL or "" = no ipc:// */
+    const char *hosts;    /* comma-separated host names; NULL or "" = any host */
+} kvr_endpoint_policy_t;
+
+/* field: the name reported in err ("events", "replay"). KVR_OK or KVR_EINVAL. */
+int kvr_endpoint_check_zmq(const char *field, const char *addr, const kvr_endpoint_policy_t *p,
+                           char *err, size_t err_len);
+/* A worker's base URL. KVR_OK or KVR_EINVAL. */
+int kvr_endpoint_check_url(const char *url, const kvr_endpoint_policy_t *p, char *err,
+                           size_t err_len);
+/* An allowed_ipc_dirs value: every entry an absolute, normalised directory. */
+int kvr_endpoint_check_ipc_dirs(const char *dirs, char *err, size_t err_len);
+
+#endif
