@@ -142,6 +142,14 @@ static const field_t FIELDS[] = {
      "OpenAI front end: other workers tried when an upstream refuses or fails before its first byte"},
     {"frontend_fence_failures", T_U32, OFF(frontend_fence_failures), 1, 1000, false, NULL, 0, "2",
      "OpenAI front end: consecutive upstream failures that fence a worker (readmitted by its /health)"},
+    {"frontend_forward_authorization", T_BOOL, OFF(frontend_forward_authorization), 0, 0, false,
+     NULL, 0, "false",
+     "OpenAI front end: send the client's Authorization header on to the worker (off: a "
+     "client's credentials never reach a worker)"},
+    {"worker_api_key_file", T_STR, OFF(worker_api_key_file), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->worker_api_key_file), "",
+     "OpenAI front end: file holding the token sent to workers as `Authorization: Bearer` "
+     "(unless the client's is forwarded); empty = none"},
     {"frontend_upstream_timeout_ms", T_U64, OFF(frontend_upstream_timeout_ms), 100, 86400000,
      false, NULL, 0, "600000",
      "OpenAI front end: silence on an upstream connection (connect, headers, between chunks) before it fails"},

@@ -80,6 +80,8 @@ typedef struct kvr_router_config {
     uint32_t frontend_max_retries;         /* other workers tried after an upstream failure */
     uint32_t frontend_fence_failures;      /* consecutive upstream failures before fencing */
     uint64_t frontend_upstream_timeout_ms; /* silence on an upstream connection before giving up */
+    bool frontend_forward_authorization;   /* client's Authorization header sent to workers */
+    char worker_api_key_file[512];         /* token sent to workers as Bearer; "" = none */
     uint64_t frontend_tokenize_cache_tokens; /* token ids the tokenize cache holds; 0 = off */
     uint32_t frontend_max_idle_connections;  /* kept-alive idle upstream connections per worker */
     uint64_t frontend_max_client_buffer_bytes; /* SSE bytes pending to a slow client; above:

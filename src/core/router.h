@@ -1,7 +1,8 @@
 /*
  * router.h: the routing decision, composed from the core modules: the worker registry, block
  * hashing, the prefix index (read side), the load tracker, the selector and, in approximate
- * mode, the routing-decision recorder. No I/O, no threads of its own: `kvrouter serve` calls
+ * mode, the routing-decision recorder. No I/O (but getrandom(2) for the ids it generates), no
+ * threads of its own: `kvrouter serve` calls
  * it from its HTTP thread; a simulator can call it in virtual time.
  *
  * Ownership: the router borrows the index (created and written by the caller's ingest thread;

@@ -47,6 +47,7 @@
 #include <yajl/yajl_tree.h>
 
 #include "net/log.h"
+#include "net/secret.h"
 #include "wire/api_json.h"
 #include "wire/json_splice.h"
 #include "wire/json_writer.h"
@@ -537,7 +538,7 @@ struct fe_req {
     char *body_own;          /* the rebuilt body, when rewrite */
     const char *body;
     size_t body_len;
-    char *auth;              /* the client's Authorization header, forwarded */
+    char *auth;              /* the client's Authorization, when forwarded (config) */
     /* tokenize */
     char *tok_body;
     size_t tok_body_len;
@@ -622,9 +623,20 @@ struct kvr_frontend {
     bool closing;              /* kvr_frontend_free is answering what is in flight */
     kvr_hist_t h_forward;      /* arrival -> upstream request issued, ms */
     kvr_ratelimit_t rl_up, rl_proto, rl_slow;
+    char worker_auth[KVR_SECRET_MAX + 8]; /* "Bearer <worker_api_key_file>"; "" = none */
 };
 
 static void req_finish(fe_req_t *p);
+
+/* The Authorization a worker gets: the client's when frontend_forward_authorization is on and
+ * it sent one, else the router's own worker token, else none. */
+static void add_upstream_auth(const fe_req_t *p, struct evkeyvalq *h)
+{
+    if (p->auth != NULL)
+        evhttp_add_header(h, "Authorization", p->auth);
+    else if (p->fe->worker_auth[0] != '\0')
+        evhttp_add_header(h, "Authorization", p->fe->worker_auth);
+}
 static void end_stream(fe_req_t *p, const char *error);
 static void route_attempt(fe_req_t *p);
 static void start_tokenize(fe_req_t *p);
@@ -1682,8 +1694,7 @@ static void send_upstream(fe_req_t *p)
     evhttp_add_header(h, "x-data-parallel-rank", rank);
     if (p->stream)
         evhttp_add_header(h, "Accept", "text/event-stream");
-    if (p->auth != NULL)
-        evhttp_add_header(h, "Authorization", p->auth);
+    add_upstream_auth(p, h);
     evbuffer_add(evhttp_request_get_output_buffer(up), p->body, p->body_len);
     char path[KVR_ADDR_BYTES + 32];
     snprintf(path, sizeof path, "%s%s", u->base,
@@ -1820,8 +1831,7 @@ static void start_tokenize(fe_req_t *p)
     struct evkeyvalq *h = evhttp_request_get_output_headers(up);
     evhttp_add_header(h, "Host", u->hostport);
     evhttp_add_header(h, "Content-Type", "application/json");
-    if (p->auth != NULL)
-        evhttp_add_header(h, "Authorization", p->auth);
+    add_upstream_auth(p, h);
     evbuffer_add(evhttp_request_get_output_buffer(up), p->tok_body, p->tok_body_len);
     char path[KVR_ADDR_BYTES + 16];
     snprintf(path, sizeof path, "%s/tokenize", u->base);
@@ -2003,7 +2013,8 @@ static bool read_headers(fe_req_t *p, struct evhttp_request *req)
     }
     if (!p->has_pin_worker)
         p->has_pin_rank = false; /* a rank means nothing without its worker */
-    const char *auth = evhttp_find_header(h, "Authorization");
+    const char *auth = p->fe->cfg.frontend_forward_authorization
+                           ? evhttp_find_header(h, "Authorization") : NULL;
     if (auth != NULL && (p->auth = strdup(auth)) == NULL) {
         send_error(p->fe, req, 500, "out of memory");
         return false;
@@ -2473,6 +2484,17 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
     fe->rl_proto = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     fe->rl_slow = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     fe->cache.cap_tokens = cfg->frontend_tokenize_cache_tokens;
+    if (cfg->worker_api_key_file[0] != '\0') {
+        char tok[KVR_SECRET_MAX];
+        int rc = kvr_secret_read("worker_api_key_file", cfg->worker_api_key_file, tok, err,
+                                 err_len);
+        if (rc != KVR_OK) {
+            free(fe);
+            *status = rc;
+            return NULL;
+        }
+        snprintf(fe->worker_auth, sizeof fe->worker_auth, "Bearer %s", tok);
+    }
     kvr_json_writer_init(&fe->w);
     kvr_hist_init(&fe->h_forward, MS_BUCKETS, N_MS_BUCKETS);
     size_t max_tokens = cfg->router_max_prompt_tokens < KVR_OAI_MAX_TOKENS

@@ -119,6 +119,39 @@ static void test_short_prompt_on_a_fresh_router(void **s)
     unmake(&f);
 }
 
+/* Ids the router hands out are "kvr-" and 128 random bits: never sequential, never repeated,
+ * so a client cannot name (and free) another client's booking. */
+static void test_generated_ids_unguessable(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL);
+    prompt(1, 8);
+    enum { N = 200 };
+    static char ids[N][48];
+    for (int i = 0; i < N; i++) {
+        kvr_route_res_t res;
+        assert_int_equal(route(&f, BS * 2, true, &res), KVR_OK);
+        assert_int_equal(strlen(res.request_id), 4 + 32);
+        assert_memory_equal(res.request_id, "kvr-", 4);
+        for (size_t k = 4; k < 36; k++)
+            assert_non_null(strchr("0123456789abcdef", res.request_id[k]));
+        for (int j = 0; j < i; j++)
+            assert_string_not_equal(ids[j], res.request_id);
+        snprintf(ids[i], sizeof ids[i], "%s", res.request_id);
+    }
+    /* random bits: each hex digit position takes more than one value over 200 ids */
+    for (size_t k = 4; k < 36; k++) {
+        bool varied = false;
+        for (int i = 1; i < N && !varied; i++)
+            varied = ids[i][k] != ids[0][k];
+        assert_true(varied);
+    }
+    for (int i = 0; i < N; i++)
+        assert_int_equal(kvr_router_free_request(f.r, ids[i], strlen(ids[i]), 1001), KVR_OK);
+    unmake(&f);
+}
+
 static void test_prefix_holder_wins(void **s)
 {
     (void)s;
@@ -293,6 +326,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worker_spec_parsing),
         cmocka_unit_test(test_short_prompt_on_a_fresh_router),
+        cmocka_unit_test(test_generated_ids_unguessable),
         cmocka_unit_test(test_prefix_holder_wins),
         cmocka_unit_test(test_booking_spreads_load_and_free_releases),
         cmocka_unit_test(test_busy_and_filters),

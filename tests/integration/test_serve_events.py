@@ -424,6 +424,74 @@ def scenario_registration_safety():
           p.returncode != 0 and "events:" in p.stderr, (p.returncode, p.stderr))
 
 
+def scenario_worker_auth():
+    """Whose credentials reach a worker. A client's Authorization header used to be forwarded
+    to whichever worker was chosen (so any client that could register a worker could collect
+    other clients' keys); now it is dropped unless frontend_forward_authorization is on, and
+    workers can be given the router's own token (worker_api_key_file)."""
+    import http.server
+    seen = []
+
+    class W(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            seen.append(self.headers.get("Authorization"))
+            body = json.dumps({"id": "c", "object": "text_completion", "model": "m",
+                               "choices": [{"index": 0, "text": "x", "finish_reason": "stop"}],
+                               "usage": {"prompt_tokens": 32, "completion_tokens": 1,
+                                         "total_tokens": 33}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), W)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+
+    def complete(r):
+        req = urllib.request.Request(r.base + "/v1/completions", method="POST",
+                                     data=json.dumps({"model": "m", "prompt": list(range(32)),
+                                                      "max_tokens": 1}).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": "Bearer client-secret"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status
+
+    with tempfile.TemporaryDirectory() as d:
+        key = os.path.join(d, "worker.key")
+        with open(key, "w") as f:
+            f.write("worker-token\n")
+        for extra, want, what in (
+                ([], None, "a client's Authorization does not reach the worker by default"),
+                (["--worker-api-key-file", key], "Bearer worker-token",
+                 "the worker gets the router's own token instead"),
+                (["--frontend-forward-authorization", "true"], "Bearer client-secret",
+                 "forwarded when frontend_forward_authorization is on")):
+            seen.clear()
+            r = Router([f"id=1,url={url}"], extra)
+            try:
+                code = complete(r)
+                check(what, code == 200 and seen == [want], (code, seen))
+            finally:
+                check("clean shutdown", r.stop() == 0)
+        p = subprocess.run([KVR, "serve", "--http-port", "0", "--worker-api-key-file",
+                            os.path.join(d, "missing")], capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=20)
+        check("an unreadable worker_api_key_file stops the start, named",
+              p.returncode != 0 and "worker_api_key_file" in p.stderr, (p.returncode, p.stderr))
+    srv.shutdown()
+
+
 def scenario_bad_config():
     for args, field in ((["--router-temperature", "nan"], "router_temperature"),
                         (["--block-size", "0"], "block_size"),
@@ -445,6 +513,7 @@ def main():
     scenario_queue()
     scenario_health()
     scenario_registration_safety()
+    scenario_worker_auth()
     scenario_bad_config()
     ctx.term()
     finish()

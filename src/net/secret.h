@@ -1,0 +1,20 @@
+/*
+ * secret.h: tokens read from files named by the configuration (worker_api_key_file, and the
+ * API keys of the planes), so a secret never sits on a command line or in the environment,
+ * where ps(1) and /proc/PID/environ show it. Read once at start; the caller keeps the copy.
+ * Threads: any. Cost: one small file read.
+ */
+#ifndef KVR_SECRET_H
+#define KVR_SECRET_H
+
+#include <stddef.h>
+
+#define KVR_SECRET_MAX 512
+
+/* Reads the token in path into out (NUL-terminated; surrounding whitespace dropped).
+ * KVR_OK, or KVR_EINVAL / KVR_EIO with err naming field and the problem: unreadable, empty,
+ * longer than KVR_SECRET_MAX - 1 bytes, or holding whitespace or control bytes inside. */
+int kvr_secret_read(const char *field, const char *path, char out[KVR_SECRET_MAX], char *err,
+                    size_t err_len);
+
+#endif
