@@ -115,7 +115,8 @@ static int check_authority(const char *field, const char *s, size_t n, bool need
     return KVR_OK;
 }
 
-/* An absolute path without empty, "." or ".." components and without a trailing '/'. */
+/* An absolute path without empty, "." or ".." components or a trailing '/', and without
+ * controls or the bytes ZeroMQ or our lists give a meaning (',' '*' ';'). */
 static bool path_normal(const char *s, size_t n)
 {
     if (n < 2 || s[0] != '/' || s[n - 1] == '/')
@@ -128,7 +129,7 @@ static bool path_normal(const char *s, size_t n)
         if (m == 0 || (m == 1 && s[i + 1] == '.') || (m == 2 && s[i + 1] == '.' && s[i + 2] == '.'))
             return false;
         for (size_t k = i + 1; k < j; k++)
-            if ((unsigned char)s[k] < 0x20 || s[k] == ',')
+            if ((unsigned char)s[k] < 0x20 || s[k] == ',' || s[k] == '*' || s[k] == ';')
                 return false;
         i = j;
     }

@@ -84,6 +84,8 @@ static void test_ipc_allow_list(void **state)
     expect_zmq("ipc:///run/vllm/./kv", &p, KVR_EINVAL, "normalised");
     expect_zmq("ipc:///run/vllm//kv", &p, KVR_EINVAL, "normalised");
     expect_zmq("ipc://run/vllm/kv", &p, KVR_EINVAL, "normalised");
+    expect_zmq("ipc:///run/vllm/*", &p, KVR_EINVAL, "normalised");   /* found by fuzz_endpoint */
+    expect_zmq("ipc:///run/vllm/a;b", &p, KVR_EINVAL, "normalised");
     char err[128];
     assert_int_equal(kvr_endpoint_check_ipc_dirs("/run/vllm,/tmp/x", err, sizeof err), KVR_OK);
     assert_int_equal(kvr_endpoint_check_ipc_dirs("", err, sizeof err), KVR_OK);
