@@ -142,6 +142,10 @@ static const field_t FIELDS[] = {
      "OpenAI front end: other workers tried when an upstream refuses or fails before its first byte"},
     {"frontend_fence_failures", T_U32, OFF(frontend_fence_failures), 1, 1000, false, NULL, 0, "2",
      "OpenAI front end: consecutive upstream failures that fence a worker (readmitted by its /health)"},
+    {"frontend_max_answer_bytes", T_U64, OFF(frontend_max_answer_bytes), 4096, 1e12, false, NULL,
+     0, "67108864",
+     "OpenAI front end: largest non-streaming answer (or /tokenize answer) read from a worker; "
+     "a longer one is cut off, answered 502 and counted as the worker failing"},
     {"frontend_forward_authorization", T_BOOL, OFF(frontend_forward_authorization), 0, 0, false,
      NULL, 0, "false",
      "OpenAI front end: send the client's Authorization header on to the worker (off: a "

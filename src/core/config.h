@@ -80,6 +80,7 @@ typedef struct kvr_router_config {
     uint32_t frontend_max_retries;         /* other workers tried after an upstream failure */
     uint32_t frontend_fence_failures;      /* consecutive upstream failures before fencing */
     uint64_t frontend_upstream_timeout_ms; /* silence on an upstream connection before giving up */
+    uint64_t frontend_max_answer_bytes;    /* a non-streaming worker answer above: 502 */
     bool frontend_forward_authorization;   /* client's Authorization header sent to workers */
     char worker_api_key_file[512];         /* token sent to workers as Bearer; "" = none */
     uint64_t frontend_tokenize_cache_tokens; /* token ids the tokenize cache holds; 0 = off */

@@ -464,11 +464,12 @@ typedef enum up_kind {
     UPK_PROTOCOL,    /* a malformed answer */
     UPK_NO_URL,      /* the worker has no usable url */
     UPK_STATUS_5XX,  /* answered with a 5xx status (relayed, not retried) */
+    UPK_TOO_LARGE,   /* a whole answer longer than frontend_max_answer_bytes */
     UPK_COUNT
 } up_kind_t;
 
 static const char *const UPK_NAMES[UPK_COUNT] = {"connect", "timeout", "eof", "protocol",
-                                                 "no_url", "status_5xx"};
+                                                 "no_url", "status_5xx", "too_large"};
 
 typedef struct upool upool_t;
 
@@ -1310,6 +1311,9 @@ static void on_up_error(enum evhttp_request_error err, void *arg)
     case EVREQ_HTTP_EOF:
         p->up_err = UPK_EOF;
         break;
+    case EVREQ_HTTP_DATA_TOO_LONG:
+        p->up_err = UPK_TOO_LARGE;
+        break;
     default:
         p->up_err = UPK_PROTOCOL;
         break;
@@ -1544,6 +1548,8 @@ static int on_up_header(struct evhttp_request *up, void *arg)
                   strncasecmp(ct, "text/event-stream", 17) == 0;
     if (!p->sse_mode)
         evhttp_request_set_chunked_cb(up, NULL); /* the body accumulates for on_up_done */
+    else /* relayed as it comes, never accumulated: a stream may be as long as it runs */
+        evhttp_connection_set_max_body_size(evhttp_request_get_connection(up), -1);
     if (p->up_code >= 500)
         up_count_error(p->fe, UPK_STATUS_5XX, p->worker.worker_id, false);
     if (p->up_code == 200 && !p->sse_mode && !p->first_token_sent && p->booked) {
@@ -1638,6 +1644,13 @@ static void on_up_done(struct evhttp_request *up, void *arg)
             return;
         }
         up_count_error(fe, kind, p->worker.worker_id, false);
+        if (kind == UPK_TOO_LARGE) {
+            worker_failed(fe, p->up_pool, kind);
+            req_fail(p, 502, "worker %llu's answer exceeded frontend_max_answer_bytes (%llu bytes)",
+                     (unsigned long long)p->worker.worker_id,
+                     (unsigned long long)fe->cfg.frontend_max_answer_bytes);
+            return;
+        }
         char msg[160];
         snprintf(msg, sizeof msg, "worker %llu failed mid-response (%s)",
                  (unsigned long long)p->worker.worker_id, UPK_NAMES[kind]);
@@ -1710,6 +1723,8 @@ static void send_upstream(fe_req_t *p)
         kvr_hist_observe(&fe->h_forward, (double)(mono_ns() - p->arrival_ns) / 1e6);
     /* may call on_up_done before returning (a connection refused at once): p stays valid,
      * the failure continues from the timer */
+    /* a whole answer is buffered: bounded (lifted in on_up_header for an event stream) */
+    evhttp_connection_set_max_body_size(uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
     if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up == up) {
         p->up = NULL;
         pool_release(p->uc);
@@ -1841,6 +1856,8 @@ static void start_tokenize(fe_req_t *p)
     p->up = up;
     p->uc = uc;
     fe->st.tokenize_calls++;
+    /* a whole answer is buffered: bounded (lifted in on_up_header for an event stream) */
+    evhttp_connection_set_max_body_size(uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
     if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up == up) {
         p->up = NULL;
         pool_release(p->uc);

@@ -492,6 +492,55 @@ def scenario_worker_auth():
     srv.shutdown()
 
 
+def scenario_answer_limit():
+    """A worker's non-streaming answer used to be buffered whole: a 1.5 GB answer grew the
+    router to 1.5 GB, and an endless one killed it. It is now cut at frontend_max_answer_bytes:
+    502 naming the limit, counted, the worker charged with a failure, memory flat."""
+    import http.server
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(1 << 40))
+            self.end_headers()
+            chunk = b" " * 65536
+            try:
+                for _ in range(1 << 14):  # 1 GiB at most, until the router hangs up
+                    self.wfile.write(chunk)
+            except OSError:
+                pass
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    r = Router([f"id=1,url={url}"], ["--frontend-max-answer-bytes", str(1 << 20),
+                                    "--frontend-fence-failures", "100"])
+    try:
+        for i in range(3):
+            code, e = r.call("POST", "/v1/completions", {"model": "m", "prompt": list(range(32)),
+                                                         "max_tokens": 1})
+            check(f"an endless answer is cut off with 502 naming the limit ({i})", code == 502
+                  and "frontend_max_answer_bytes" in e["error"]["message"], (code, e))
+        check("cut-off answers counted",
+              r.metric('kvr_frontend_upstream_errors_total{kind="too_large"}') >= 3)
+        with open(f"/proc/{r.proc.pid}/status") as f:
+            rss_kb = int([ln for ln in f if ln.startswith("VmHWM:")][0].split()[1])
+        check("the router's memory never held an answer past the limit", rss_kb < 64 * 1024, rss_kb)
+    finally:
+        check("clean shutdown", r.stop() == 0)
+        srv.shutdown()
+
+
 def scenario_bad_config():
     for args, field in ((["--router-temperature", "nan"], "router_temperature"),
                         (["--block-size", "0"], "block_size"),
@@ -514,6 +563,7 @@ def main():
     scenario_health()
     scenario_registration_safety()
     scenario_worker_auth()
+    scenario_answer_limit()
     scenario_bad_config()
     ctx.term()
     finish()
