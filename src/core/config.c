@@ -122,6 +122,10 @@ static const field_t FIELDS[] = {
      "HTTP port; 0 = any free port (printed as `listening host:port` on stdout)"},
     {"bind", T_STR, OFF(bind), 0, 0, false, NULL, sizeof(((kvr_router_config_t *)0)->bind),
      "127.0.0.1", "address to listen on"},
+    {"http_max_header_bytes", T_U64, OFF(http_max_header_bytes), 1024, 16777216, false, NULL, 0,
+     "65536",
+     "largest request line + headers accepted from a client; a larger one is refused at once "
+     "(evhttp's 413 page) before it is parsed"},
     {"health_interval_ms", T_U64, OFF(health_interval_ms), 10, 1e9, false, NULL, 0, "2000",
      "how often workers with a url are probed on /health"},
     {"health_failures", T_U32, OFF(health_failures), 1, 1000, false, NULL, 0, "3",

@@ -70,6 +70,7 @@ typedef struct kvr_router_config {
     /* serving */
     uint32_t http_port;
     char bind[64];
+    uint64_t http_max_header_bytes; /* request line + headers of one request; above: refused */
     uint64_t health_interval_ms;
     uint32_t health_failures;     /* consecutive failed probes before a worker is fenced */
     char allowed_worker_hosts[1024]; /* hosts registrations may name; "" = any (endpoint.h) */

@@ -1565,6 +1565,9 @@ kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, k
         return NULL;
     }
     evhttp_set_max_body_size(s->http, MAX_BODY_BYTES);
+    /* evhttp's header parsing is quadratic in the header's size (a 40 MB header held the HTTP
+     * thread for 7 s): the limit makes it refuse early */
+    evhttp_set_max_headers_size(s->http, (ev_ssize_t)cfg->http_max_header_bytes);
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE);
     evhttp_set_gencb(s->http, on_request, s);
     evhttp_set_bevcb(s->http, make_bev, NULL);
