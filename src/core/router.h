@@ -2,8 +2,8 @@
  * router.h: the routing decision, composed from the core modules: the worker registry, block
  * hashing, the prefix index (read side), the load tracker, the selector and, in approximate
  * mode, the routing-decision recorder. No I/O (but getrandom(2) for the ids it generates), no
- * threads of its own: `kvrouter serve` calls
- * it from its HTTP thread; a simulator can call it in virtual time.
+ * threads of its own: `kvrouter serve` calls it from its HTTP thread; a simulator can call it
+ * in virtual time.
  *
  * Ownership: the router borrows the index (created and written by the caller's ingest thread;
  * in approximate mode the router's thread is the index's only writer) and owns everything else.
