@@ -167,22 +167,67 @@ typedef struct daemon_parts {
     kvr_api_server_t *api;
     kvr_frontend_t *fe;
     struct event *sigint, *sigterm;
+    struct event *drain;  /* watches the answers in flight while draining */
+    uint64_t drain_deadline_ms, grace_ms;
+    bool draining, stopping;
 } daemon_parts_t;
 
-/* The front end answers what is in flight; the loop runs 200 ms more to write it out. */
-static void on_signal(evutil_socket_t sig, short what, void *arg)
+/* The end: the front end answers what is still in flight (503, or an error event ending a
+ * stream); the loop runs 200 ms more to write it out. */
+static void stop_now(daemon_parts_t *d, const char *why)
 {
-    (void)what;
-    daemon_parts_t *d = arg;
-    kvr_log(KVR_LOG_INFO, "signal %d: shutting down", (int)sig);
+    if (d->stopping)
+        return;
+    d->stopping = true;
+    kvr_log(KVR_LOG_INFO, "shutting down: %s", why);
     if (d->fe != NULL)
         kvr_frontend_close(d->fe);
     struct timeval tv = {0, 200000};
     event_base_loopexit(d->base, &tv);
 }
 
+static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    daemon_parts_t *d = arg;
+    uint64_t busy = kvr_api_server_busy(d->api);
+    if (busy == 0)
+        stop_now(d, "every answer in flight is complete");
+    else if (kvr_now_ms() >= d->drain_deadline_ms)
+        stop_now(d, "shutdown_grace_ms is over; ending the answers still in flight");
+}
+
+/* The first SIGTERM or SIGINT drains: the listeners close, idle connections too, and the
+ * answers in flight (streams) get shutdown_grace_ms to finish. A second signal ends them. */
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    daemon_parts_t *d = arg;
+    if (d->draining) {
+        stop_now(d, sig == SIGINT ? "second SIGINT" : "second signal");
+        return;
+    }
+    d->draining = true;
+    uint64_t grace = d->grace_ms;
+    kvr_log(KVR_LOG_INFO,
+            "signal %d: draining (no new connections; %llu answers in flight get up to %llu "
+            "ms; a second signal ends them at once)",
+            (int)sig, (unsigned long long)kvr_api_server_busy(d->api),
+            (unsigned long long)grace);
+    kvr_api_server_drain(d->api);
+    d->drain_deadline_ms = kvr_now_ms() + grace;
+    struct timeval tv = {0, 20000};
+    if (grace == 0 || d->drain == NULL || event_add(d->drain, &tv) != 0)
+        stop_now(d, "no grace period");
+    else
+        on_drain_tick(-1, 0, d);
+}
+
 static void teardown(daemon_parts_t *d)
 {
+    if (d->drain)
+        event_free(d->drain);
     if (d->sigint)
         event_free(d->sigint);
     if (d->sigterm)
@@ -289,6 +334,8 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
         load_state(d->g, c->state_file);
     if (d->g != NULL && (st = kvr_ingest_start(d->g)) != KVR_OK)
         return st;
+    d->grace_ms = c->shutdown_grace_ms;
+    d->drain = event_new(d->base, -1, EV_PERSIST, on_drain_tick, d);
     d->sigint = evsignal_new(d->base, SIGINT, on_signal, d);
     d->sigterm = evsignal_new(d->base, SIGTERM, on_signal, d);
     if (d->sigint == NULL || d->sigterm == NULL || event_add(d->sigint, NULL) != 0 ||
@@ -320,6 +367,11 @@ int kvr_cmd_serve(int argc, char **argv)
                 (unsigned)a.cfg.router_mode < 5 ? modes[a.cfg.router_mode] : "?", a.n_workers);
         /* a line scripts can wait for */
         printf("listening %s:%u\n", a.cfg.bind, kvr_api_server_port(d.api));
+        if (a.cfg.admin_port.set) {
+            kvr_log(KVR_LOG_INFO, "admin listener on http://%s:%u (fleet changes)",
+                    a.cfg.admin_bind, kvr_api_server_admin_port(d.api));
+            printf("admin listening %s:%u\n", a.cfg.admin_bind, kvr_api_server_admin_port(d.api));
+        }
         fflush(stdout);
         event_base_dispatch(d.base);
         if (d.g != NULL && a.cfg.state_file[0] != '\0')

@@ -125,7 +125,34 @@ static const field_t FIELDS[] = {
     {"http_max_header_bytes", T_U64, OFF(http_max_header_bytes), 1024, 16777216, false, NULL, 0,
      "65536",
      "largest request line + headers accepted from a client; a larger one is refused at once "
-     "(evhttp's 413 page) before it is parsed"},
+     "with 431 before it is parsed"},
+    {"http_max_connections", T_U32, OFF(http_max_connections), 1, 1000000, false, NULL, 0,
+     "4096", "client connections open at once, per listener; beyond it a new one is answered "
+     "503 and closed (keep it below the file-descriptor limit)"},
+    {"http_header_timeout_ms", T_U64, OFF(http_header_timeout_ms), 100, 86400000, false, NULL, 0,
+     "10000", "a request's line and headers must arrive within this long of its first byte "
+     "(of the accept, for a new connection); else 408 and close"},
+    {"http_body_timeout_ms", T_U64, OFF(http_body_timeout_ms), 100, 86400000, false, NULL, 0,
+     "60000", "a request's body must arrive within this long of its headers; else 408 and close"},
+    {"http_idle_timeout_ms", T_U64, OFF(http_idle_timeout_ms), 100, 86400000, false, NULL, 0,
+     "90000", "a kept-alive client connection idle between requests this long is closed"},
+    {"admin_port", T_OPT_F64, OFF(admin_port), 0, 65535, false, NULL, 0, "unset",
+     "port of the admin listener, which alone serves fleet changes (POST /v1/workers, DELETE "
+     "/v1/workers/ID, GET /v1/dump); 0 = any free port; unset = they are served on http_port"},
+    {"admin_bind", T_STR, OFF(admin_bind), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->admin_bind), "127.0.0.1",
+     "address the admin listener listens on"},
+    {"api_key_file", T_STR, OFF(api_key_file), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->api_key_file), "",
+     "file holding the token clients must send as `Authorization: Bearer` (every endpoint but "
+     "/health and /ready); empty = none"},
+    {"admin_key_file", T_STR, OFF(admin_key_file), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->admin_key_file), "",
+     "file holding the token fleet changes need as `Authorization: Bearer` (it is accepted "
+     "wherever the api key is); empty = none"},
+    {"shutdown_grace_ms", T_U64, OFF(shutdown_grace_ms), 0, 86400000, false, NULL, 0, "30000",
+     "SIGTERM: new connections are refused and answers in progress (streams) get this long to "
+     "finish before the rest are ended; a second signal ends them at once"},
     {"health_interval_ms", T_U64, OFF(health_interval_ms), 10, 1e9, false, NULL, 0, "2000",
      "how often workers with a url are probed on /health"},
     {"health_failures", T_U32, OFF(health_failures), 1, 1000, false, NULL, 0, "3",
@@ -499,6 +526,19 @@ int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_le
         return rc;
     if (cfg->bind[0] == '\0') {
         seterr(err, err_len, "bind: must not be empty");
+        return KVR_EINVAL;
+    }
+    if (cfg->admin_port.set && cfg->admin_port.v != floor(cfg->admin_port.v)) {
+        seterr(err, err_len, "admin_port: must be a whole number in [0, 65535], got %g",
+               cfg->admin_port.v);
+        return KVR_EINVAL;
+    }
+    if (cfg->admin_port.set && cfg->admin_bind[0] == '\0') {
+        seterr(err, err_len, "admin_bind: must not be empty");
+        return KVR_EINVAL;
+    }
+    if (cfg->admin_port.set && cfg->admin_port.v != 0 && cfg->admin_port.v == cfg->http_port) {
+        seterr(err, err_len, "admin_port: must differ from http_port (%u)", cfg->http_port);
         return KVR_EINVAL;
     }
     return KVR_OK;

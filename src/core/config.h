@@ -71,6 +71,15 @@ typedef struct kvr_router_config {
     uint32_t http_port;
     char bind[64];
     uint64_t http_max_header_bytes; /* request line + headers of one request; above: refused */
+    uint32_t http_max_connections;  /* per listener; above: 503 and close */
+    uint64_t http_header_timeout_ms; /* first byte (or accept) to end of head; then 408 */
+    uint64_t http_body_timeout_ms;   /* end of head to end of body; then 408 */
+    uint64_t http_idle_timeout_ms;   /* kept-alive connection between requests; then closed */
+    kvr_opt_f64_t admin_port;        /* the admin listener (fleet changes); unset = none */
+    char admin_bind[64];
+    char api_key_file[512];          /* Bearer token for every endpoint; "" = none */
+    char admin_key_file[512];        /* Bearer token for fleet changes; "" = none */
+    uint64_t shutdown_grace_ms;      /* SIGTERM: time in-flight answers get to finish */
     uint64_t health_interval_ms;
     uint32_t health_failures;     /* consecutive failed probes before a worker is fenced */
     char allowed_worker_hosts[1024]; /* hosts registrations may name; "" = any (endpoint.h) */

@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "net/access.h"
+#include "net/http_guard.h"
 #include "net/log.h"
 #include "wire/api_json.h"
 #include "wire/json_writer.h"
@@ -60,7 +62,12 @@ typedef struct pending {
 
 struct kvr_api_server {
     struct event_base *base;
-    struct evhttp *http;
+    struct evhttp *http, *admin_http;   /* the client port; the admin listener (or NULL) */
+    kvr_http_guard_t *guards[2];        /* their connection limits: client, admin */
+    size_t n_guards;
+    uint16_t admin_port;
+    kvr_access_t access;
+    uint64_t unauthorized;              /* answered 401 */
     struct event *tick;
     kvr_router_t *r;
     kvr_ingest_t *g;
@@ -1062,6 +1069,10 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
     }
     counter(p, "kvr_http_errors_total", "HTTP replies with status >= 400.",
             (double)(s->http_errors_4xx + s->http_errors_5xx));
+    counter(p, "kvr_http_unauthorized_total",
+            "Requests answered 401: API key missing or wrong (api_key_file, admin_key_file).",
+            (double)s->unauthorized);
+    kvr_http_guard_metrics_all(s->guards, s->n_guards, p);
 }
 
 static void metrics_ingest(kvr_api_server_t *s, kvr_prom_t *p)
@@ -1277,9 +1288,31 @@ static void h_router(kvr_api_server_t *s, struct evhttp_request *req)
 /* ---------------------------------------------------------------------------------------- */
 /* Dispatch */
 
-static void on_request(struct evhttp_request *req, void *arg)
+/* 401 in OpenAI's shape (code "invalid_api_key") with the Bearer challenge. */
+static void reply_unauthorized(kvr_api_server_t *s, struct evhttp_request *req, const char *msg)
 {
-    kvr_api_server_t *s = arg;
+    s->unauthorized++;
+    kvr_json_writer_t *w = &s->w;
+    kvr_json_writer_reset(w);
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "error");
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "message");
+    kvr_json_string(w, msg);
+    kvr_json_key(w, "type");
+    kvr_json_string(w, "invalid_request_error");
+    kvr_json_key(w, "param");
+    kvr_json_null(w);
+    kvr_json_key(w, "code");
+    kvr_json_string(w, "invalid_api_key");
+    kvr_json_end_object(w);
+    kvr_json_end_object(w);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+    reply_writer(s, req, 401);
+}
+
+static void serve(kvr_api_server_t *s, struct evhttp_request *req, bool on_admin)
+{
     s->http_requests++;
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
     const char *uri = evhttp_request_get_uri(req);
@@ -1288,6 +1321,18 @@ static void on_request(struct evhttp_request *req, void *arg)
     if (path == NULL)
         path = "/";
     bool get = m == EVHTTP_REQ_GET, post = m == EVHTTP_REQ_POST, del = m == EVHTTP_REQ_DELETE;
+    char why[200];
+    const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    int verdict = kvr_access_check(&s->access, kvr_access_class(path, get, post, del), on_admin,
+                                   auth, why, sizeof why);
+    if (verdict == 401) {
+        reply_unauthorized(s, req, why);
+        return;
+    }
+    if (verdict != 0) {
+        reply_error(s, req, verdict, "not_found_error", "%s", why);
+        return;
+    }
     if (post && strcmp(path, "/v1/route") == 0)
         h_route(s, req);
     else if (strncmp(path, "/v1/requests/", 13) == 0 && (post || del))
@@ -1318,6 +1363,9 @@ static void on_request(struct evhttp_request *req, void *arg)
         reply_error(s, req, 404, "not_found_error", "no endpoint %s %s",
                     get ? "GET" : post ? "POST" : del ? "DELETE" : "?", path);
 }
+
+static void on_request(struct evhttp_request *req, void *arg) { serve(arg, req, false); }
+static void on_admin_request(struct evhttp_request *req, void *arg) { serve(arg, req, true); }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Health probes */
@@ -1506,17 +1554,26 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 /* ---------------------------------------------------------------------------------------- */
 /* Creation */
 
-/* Connections read and write up to 4 MiB per call: libevent's 16 KiB default turns a
- * 128K-token prompt (about 900 KB of JSON) into dozens of loop iterations. */
-static struct bufferevent *make_bev(struct event_base *base, void *arg)
+/* One listener: an evhttp under a guard (net/http_guard.h) listening on host:port. */
+static int open_listener(kvr_api_server_t *s, const char *name, const char *host, uint16_t port,
+                         kvr_http_handler_fn fn, struct evhttp **http, uint16_t *bound)
 {
-    (void)arg;
-    struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
-    if (bev != NULL) {
-        bufferevent_set_max_single_read(bev, (size_t)4 << 20);
-        bufferevent_set_max_single_write(bev, (size_t)4 << 20);
-    }
-    return bev;
+    const kvr_router_config_t *c = &s->cfg;
+    kvr_http_limits_t lim = {.max_connections = c->http_max_connections,
+                             .max_header_bytes = c->http_max_header_bytes,
+                             .max_body_bytes = MAX_BODY_BYTES,
+                             .header_timeout_ms = c->http_header_timeout_ms,
+                             .body_timeout_ms = c->http_body_timeout_ms,
+                             .idle_timeout_ms = c->http_idle_timeout_ms};
+    *http = evhttp_new(s->base);
+    if (*http == NULL)
+        return KVR_ENOMEM;
+    evhttp_set_allowed_methods(*http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE);
+    kvr_http_guard_t *g = kvr_http_guard_new(s->base, *http, name, &lim, fn, s);
+    if (g == NULL)
+        return KVR_ENOMEM;
+    s->guards[s->n_guards++] = g;
+    return kvr_http_guard_listen(g, host, port, bound);
 }
 
 kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, kvr_ingest_t *g,
@@ -1545,7 +1602,6 @@ kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, k
                                               : KVR_API_MAX_TOKENS};
     s->dec = kvr_api_decoder_new(&ao);
     s->out = evbuffer_new();
-    s->http = evhttp_new(base);
     s->probes = calloc(MAX_PROBES, sizeof *s->probes);
     if (cfg->router_queue_threshold.set) {
         kvr_queue_config_t qc = {.capacity = cfg->router_queue_max_requests,
@@ -1558,33 +1614,37 @@ kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, k
             return NULL;
         }
     }
-    if (s->dec == NULL || s->out == NULL || s->http == NULL || s->probes == NULL) {
+    if (s->dec == NULL || s->out == NULL || s->probes == NULL) {
         snprintf(err, err_len, "out of memory");
         kvr_api_server_free(s);
         *status = KVR_ENOMEM;
         return NULL;
     }
-    evhttp_set_max_body_size(s->http, MAX_BODY_BYTES);
-    /* evhttp's header parsing is quadratic in the header's size (a 40 MB header held the HTTP
-     * thread for 7 s): the limit makes it refuse early */
-    evhttp_set_max_headers_size(s->http, (ev_ssize_t)cfg->http_max_header_bytes);
-    evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE);
-    evhttp_set_gencb(s->http, on_request, s);
-    evhttp_set_bevcb(s->http, make_bev, NULL);
-    struct evhttp_bound_socket *bs =
-        evhttp_bind_socket_with_handle(s->http, cfg->bind, (uint16_t)cfg->http_port);
-    if (bs == NULL) {
-        snprintf(err, err_len, "http_port: cannot listen on %s:%u (in use, or a bad address)",
-                 cfg->bind, cfg->http_port);
+    int rc = kvr_access_init(&s->access, cfg, err, err_len);
+    if (rc != KVR_OK) {
         kvr_api_server_free(s);
-        *status = KVR_EIO;
+        *status = rc;
         return NULL;
     }
-    struct sockaddr_storage ss;
-    ev_socklen_t sl = sizeof ss;
-    if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0)
-        s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    /* evhttp's header parsing is quadratic in the header's size (a 40 MB header held the HTTP
+     * thread for 7 s): the guard refuses a head at http_max_header_bytes */
+    rc = open_listener(s, "client", cfg->bind, (uint16_t)cfg->http_port, on_request, &s->http,
+                       &s->port);
+    if (rc == KVR_OK && cfg->admin_port.set) {
+        rc = open_listener(s, "admin", cfg->admin_bind, (uint16_t)cfg->admin_port.v,
+                           on_admin_request, &s->admin_http, &s->admin_port);
+        if (rc != KVR_OK)
+            snprintf(err, err_len, "admin_port: cannot listen on %s:%u (in use, or a bad "
+                     "address)", cfg->admin_bind, (unsigned)cfg->admin_port.v);
+    } else if (rc != KVR_OK) {
+        snprintf(err, err_len, "http_port: cannot listen on %s:%u (in use, or a bad address)",
+                 cfg->bind, cfg->http_port);
+    }
+    if (rc != KVR_OK) {
+        kvr_api_server_free(s);
+        *status = rc == KVR_ENOMEM ? rc : KVR_EIO;
+        return NULL;
+    }
     s->tick = event_new(base, -1, EV_PERSIST, on_tick, s);
     struct timeval tv = {0, 100000};
     if (s->tick == NULL || event_add(s->tick, &tv) != 0) {
@@ -1614,7 +1674,11 @@ void kvr_api_server_free(kvr_api_server_t *s)
         kvr_queue_free(s->queue);
     }
     if (s->http)
-        evhttp_free(s->http);
+        evhttp_free(s->http); /* its connections' filters still use their guard */
+    if (s->admin_http)
+        evhttp_free(s->admin_http);
+    for (size_t i = 0; i < s->n_guards; i++)
+        kvr_http_guard_free(s->guards[i]);
     if (s->out)
         evbuffer_free(s->out);
     kvr_api_decoder_free(s->dec);
@@ -1627,6 +1691,21 @@ void kvr_api_server_free(kvr_api_server_t *s)
 }
 
 uint16_t kvr_api_server_port(const kvr_api_server_t *s) { return s->port; }
+uint16_t kvr_api_server_admin_port(const kvr_api_server_t *s) { return s->admin_port; }
+
+void kvr_api_server_drain(kvr_api_server_t *s)
+{
+    for (size_t i = 0; i < s->n_guards; i++)
+        kvr_http_guard_drain(s->guards[i]);
+}
+
+uint64_t kvr_api_server_busy(const kvr_api_server_t *s)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < s->n_guards; i++)
+        n += kvr_http_guard_busy(s->guards[i]);
+    return n;
+}
 
 int kvr_api_server_add_worker(kvr_api_server_t *s, const kvr_worker_spec_t *w, char *err,
                               size_t err_len)

@@ -25,12 +25,20 @@ struct event_base;
 typedef struct kvr_api_server kvr_api_server_t;
 
 /* base: the HTTP thread's loop; r: the router; g: the ingest thread (NULL without KV events).
- * Binds cfg->bind:cfg->http_port (port 0 picks a free one: see kvr_api_server_port). */
+ * Listens on cfg->bind:cfg->http_port (port 0 picks a free one: see kvr_api_server_port), and
+ * on admin_bind:admin_port when set; connection limits: net/http_guard.h; who may call what:
+ * net/access.h. */
 kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, kvr_ingest_t *g,
                                      const kvr_router_config_t *cfg, int *status, char *err,
                                      size_t err_len);
 void kvr_api_server_free(kvr_api_server_t *s);
 uint16_t kvr_api_server_port(const kvr_api_server_t *s);
+/* The admin listener's port; 0 when admin_port is unset (fleet changes on the client port). */
+uint16_t kvr_api_server_admin_port(const kvr_api_server_t *s);
+/* Graceful shutdown: both listeners close, idle connections too, busy ones once answered. */
+void kvr_api_server_drain(kvr_api_server_t *s);
+/* Client connections with a request being answered (streams included). */
+uint64_t kvr_api_server_busy(const kvr_api_server_t *s);
 /* Registers a worker everywhere (router, event subscription, health probe). */
 int kvr_api_server_add_worker(kvr_api_server_t *s, const kvr_worker_spec_t *w, char *err,
                               size_t err_len);

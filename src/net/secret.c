@@ -48,3 +48,13 @@ int kvr_secret_read(const char *field, const char *path, char out[KVR_SECRET_MAX
     out[b - a] = '\0';
     return KVR_OK;
 }
+
+bool kvr_secret_equal(const char *a, size_t alen, const char *b, size_t blen)
+{
+    volatile unsigned char diff = (unsigned char)(alen != blen);
+    for (size_t i = 0; i < blen; i++) {
+        unsigned char x = i < alen ? (unsigned char)a[i] : 0;
+        diff |= (unsigned char)(x ^ (unsigned char)b[i]);
+    }
+    return diff == 0;
+}

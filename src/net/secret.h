@@ -7,6 +7,7 @@
 #ifndef KVR_SECRET_H
 #define KVR_SECRET_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define KVR_SECRET_MAX 512
@@ -16,5 +17,8 @@
  * longer than KVR_SECRET_MAX - 1 bytes, or holding whitespace or control bytes inside. */
 int kvr_secret_read(const char *field, const char *path, char out[KVR_SECRET_MAX], char *err,
                     size_t err_len);
+
+/* a[0..alen) == b[0..blen), in time that depends on blen only (b: the secret). */
+bool kvr_secret_equal(const char *a, size_t alen, const char *b, size_t blen);
 
 #endif

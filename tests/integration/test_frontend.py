@@ -474,31 +474,58 @@ def scenario_queue():
         m.stop()
 
 
+def read_to_end(s, got=b"", limit_s=30):
+    """Reads a chunked answer until its last chunk (or EOF), within limit_s."""
+    s.settimeout(limit_s)
+    while not got.endswith(b"0\r\n\r\n"):
+        c = s.recv(65536)
+        if not c:
+            break
+        got += c
+    return got
+
+
+def read_events(s, n, got=b""):
+    while got.count(b"data: ") < n:
+        c = s.recv(65536)
+        if not c:
+            break
+        got += c
+    return got
+
+
+def refused(r):
+    try:
+        socket.create_connection((r.host, r.port), timeout=2).close()
+        return False
+    except OSError:
+        return True
+
+
 def scenario_shutdown():
+    """SIGTERM drains: no new connections, the streams in flight go on; a second signal (here
+    SIGINT) ends them at once with an error event, and a waiting request gets 503."""
     m = mocker("--speedup", 10, events=False, what="mocker(shutdown)")
     r = router([f"id=1,url={m.url}"], what="router(shutdown)")
     try:
         s1 = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(30), "max_tokens": 20000,
                                                 "stream": True})
         s2 = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(30), "max_tokens": 20000})
-        got = b""
-        while got.count(b"data: ") < 2:
-            c = s1.recv(65536)
-            if not c:
-                break
-            got += c
+        s1.settimeout(10)
+        got = read_events(s1, 2)
         check("shutdown: both requests in flight",
               eventually(lambda: r.metric("kvr_frontend_in_flight") == 2, 5))
-        r.stop()  # SIGTERM: exit 0, no sanitizer report
-        s1.settimeout(10)
-        s2.settimeout(10)
-        while not got.endswith(b"0\r\n\r\n"):
-            c = s1.recv(65536)
-            if not c:
-                break
-            got += c
-        check("shutdown: the stream ends with an error event and [DONE]",
+        r.proc.send_signal(signal.SIGTERM)
+        check("shutdown: SIGTERM closes the listener", eventually(lambda: refused(r), 10))
+        n = got.count(b"data: ")
+        got = read_events(s1, n + 3, got)
+        check("shutdown: the stream goes on while draining", got.count(b"data: ") >= n + 3
+              and b'"error"' not in got, got[-300:])
+        r.proc.send_signal(signal.SIGINT)
+        got = read_to_end(s1, got, 10)
+        check("shutdown: the second signal ends the stream with an error event and [DONE]",
               b'"error"' in got and b"data: [DONE]" in got and got.endswith(b"0\r\n\r\n"), got[-300:])
+        s2.settimeout(10)
         whole = b""
         while True:
             c = s2.recv(65536)
@@ -509,6 +536,49 @@ def scenario_shutdown():
         check("shutdown: the mocker's blocks are freed", eventually(lambda: blocks_active([m]) == 0, 5))
         s1.close()
         s2.close()
+    finally:
+        r.stop()
+        m.stop()
+
+
+def scenario_shutdown_grace():
+    """SIGTERM with 10 streams in flight lets them finish; past shutdown_grace_ms the rest
+    are ended with an error event."""
+    m = mocker("--speedup", 10, events=False, what="mocker(grace)")
+    r = router([f"id=1,url={m.url}"], what="router(grace)")
+    socks = []
+    try:
+        for _ in range(10):
+            socks.append(raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(30),
+                                                            "max_tokens": 40, "stream": True}))
+        check("grace: 10 streams in flight",
+              eventually(lambda: r.metric("kvr_frontend_in_flight") == 10, 10))
+        r.proc.send_signal(signal.SIGTERM)
+        outs = [read_to_end(s) for s in socks]
+        done = [o for o in outs if b"data: [DONE]" in o and b'"error"' not in o
+                and b'"finish_reason":"length"' in o]
+        check("grace: all 10 streams finish normally after SIGTERM", len(done) == 10,
+              [o[-200:] for o in outs if o not in done][:2])
+        try:
+            rc = r.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        check("grace: the router exits 0 once they are done", rc == 0, rc)
+    finally:
+        for s in socks:
+            s.close()
+        r.stop()
+    r = router([f"id=1,url={m.url}"], "--shutdown-grace-ms", 300, what="router(grace 300)")
+    try:
+        s1 = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(30), "max_tokens": 20000,
+                                                "stream": True})
+        s1.settimeout(10)
+        got = read_events(s1, 2)
+        r.proc.send_signal(signal.SIGTERM)
+        got = read_to_end(s1, got, 10)
+        check("grace: past shutdown_grace_ms the stream ends with an error event and [DONE]",
+              b'"error"' in got and b"data: [DONE]" in got and got.endswith(b"0\r\n\r\n"), got[-300:])
+        s1.close()
     finally:
         r.stop()
         m.stop()
@@ -744,7 +814,8 @@ def scenario_dp():
 def main():
     run_scenarios((("main", scenario_main), ("queue", scenario_queue),
                    ("faults", scenario_faults), ("dp", scenario_dp),
-                   ("shutdown", scenario_shutdown), ("config", scenario_config),
+                   ("shutdown", scenario_shutdown),
+                   ("shutdown_grace", scenario_shutdown_grace), ("config", scenario_config),
                    ("slow_client", scenario_slow_client)), SEED)
 
 
