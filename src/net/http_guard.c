@@ -514,12 +514,40 @@ static void on_request(struct evhttp_request *req, void *arg)
 /* ---------------------------------------------------------------------------------------- */
 /* The listener */
 
+/* The guards listening, found by listener: the error callback gets the argument evhttp gave
+ * its listener, not ours. Touched on the loop's thread only. */
+#define MAX_LISTENING 16
+static kvr_http_guard_t *listening[MAX_LISTENING];
+
+static kvr_http_guard_t *guard_of(const struct evconnlistener *l)
+{
+    for (size_t i = 0; i < MAX_LISTENING; i++)
+        if (listening[i] != NULL && listening[i]->listener == l)
+            return listening[i];
+    return NULL;
+}
+
+static void set_listening(kvr_http_guard_t *g, bool on)
+{
+    for (size_t i = 0; i < MAX_LISTENING; i++) {
+        if (on ? listening[i] == NULL : listening[i] == g) {
+            listening[i] = on ? g : NULL;
+            return;
+        }
+    }
+}
+
 /* accept() failed (EMFILE/ENFILE: out of file descriptors). libevent would retry at once and
  * log each failure; the listener pauses instead, and the connections wait in the backlog. */
 static void on_accept_error(struct evconnlistener *l, void *arg)
 {
-    kvr_http_guard_t *g = arg;
+    (void)arg;
     int e = EVUTIL_SOCKET_ERROR();
+    kvr_http_guard_t *g = guard_of(l);
+    if (g == NULL) {
+        evconnlistener_disable(l); /* cannot happen: every guarded listener is registered */
+        return;
+    }
     g->st.accept_errors++;
     kvr_log_limited(&g->rl_accept, KVR_LOG_ERROR,
                     "%s listener: cannot accept a connection: %s (%llu so far); pausing %d ms%s",
@@ -562,6 +590,13 @@ int kvr_http_guard_listen(kvr_http_guard_t *g, const char *host, uint16_t port, 
         return KVR_ENOMEM;
     }
     g->listener = l;
+    set_listening(g, true);
+    if (guard_of(l) != g) {
+        evhttp_del_accept_socket(g->http, g->bound);
+        g->bound = NULL;
+        g->listener = NULL;
+        return KVR_EFULL;
+    }
     evconnlistener_set_error_cb(l, on_accept_error); /* after evhttp set its accept cb */
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
@@ -617,6 +652,7 @@ void kvr_http_guard_drain(kvr_http_guard_t *g)
     g->draining = true;
     if (g->bound != NULL) {
         evhttp_del_accept_socket(g->http, g->bound); /* frees the listener: refused at once */
+        set_listening(g, false);
         g->bound = NULL;
         g->listener = NULL;
     }
@@ -694,6 +730,7 @@ void kvr_http_guard_free(kvr_http_guard_t *g)
 {
     if (g == NULL)
         return;
+    set_listening(g, false);
     on_sweep(-1, 0, g); /* evhttp_free freed every connection */
     event_free(g->resume);
     event_free(g->sweep);

@@ -65,7 +65,7 @@ kvr_http_guard_t *kvr_http_guard_new(struct event_base *base, struct evhttp *htt
                                      const char *name, const kvr_http_limits_t *lim,
                                      kvr_http_handler_fn handler, void *arg);
 /* Listens on host:port (port 0: any free one; *bound receives it). KVR_OK, KVR_EINVAL (host
- * does not resolve) or KVR_EIO (cannot listen). */
+ * does not resolve), KVR_EIO (cannot listen) or KVR_EFULL (more than 16 guards listening). */
 int kvr_http_guard_listen(kvr_http_guard_t *g, const char *host, uint16_t port,
                           uint16_t *bound);
 /* Graceful shutdown: stop listening, close idle connections now and busy ones once their
