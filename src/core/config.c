@@ -126,6 +126,9 @@ static const field_t FIELDS[] = {
      "65536",
      "largest request line + headers accepted from a client; a larger one is refused at once "
      "with 431 before it is parsed"},
+    {"http_max_body_bytes", T_U64, OFF(http_max_body_bytes), 1024, 4294967296.0, false, NULL, 0,
+     "67108864", "largest request body accepted from a client; a larger one is refused with 413 "
+     "(a Content-Length above it before the body is read)"},
     {"http_max_connections", T_U32, OFF(http_max_connections), 1, 1000000, false, NULL, 0,
      "4096", "client connections open at once, per listener; beyond it a new one is answered "
      "503 and closed (keep it below the file-descriptor limit)"},

@@ -71,6 +71,7 @@ typedef struct kvr_router_config {
     uint32_t http_port;
     char bind[64];
     uint64_t http_max_header_bytes; /* request line + headers of one request; above: refused */
+    uint64_t http_max_body_bytes;   /* one request's body; above: 413 */
     uint32_t http_max_connections;  /* per listener; above: 503 and close */
     uint64_t http_header_timeout_ms; /* first byte (or accept) to end of head; then 408 */
     uint64_t http_body_timeout_ms;   /* end of head to end of body; then 408 */

@@ -31,7 +31,6 @@
 #include "wire/json_writer.h"
 #include "wire/prom.h"
 
-#define MAX_BODY_BYTES ((size_t)64 << 20)
 #define MAX_PROBES 4096
 
 typedef struct probe {
@@ -1561,7 +1560,7 @@ static int open_listener(kvr_api_server_t *s, const char *name, const char *host
     const kvr_router_config_t *c = &s->cfg;
     kvr_http_limits_t lim = {.max_connections = c->http_max_connections,
                              .max_header_bytes = c->http_max_header_bytes,
-                             .max_body_bytes = MAX_BODY_BYTES,
+                             .max_body_bytes = c->http_max_body_bytes,
                              .header_timeout_ms = c->http_header_timeout_ms,
                              .body_timeout_ms = c->http_body_timeout_ms,
                              .idle_timeout_ms = c->http_idle_timeout_ms};

@@ -379,7 +379,7 @@ static int answer_status(struct evbuffer *src)
 static void evhttp_error_message(const kvr_http_guard_t *g, int code, char *msg, size_t cap)
 {
     if (code == 413)
-        snprintf(msg, cap, "request body larger than %llu bytes",
+        snprintf(msg, cap, "request body larger than %llu bytes (http_max_body_bytes)",
                  (unsigned long long)g->lim.max_body_bytes);
     else if (code == 405 || code == 501)
         snprintf(msg, cap, "method not allowed (GET, POST and DELETE are served)");

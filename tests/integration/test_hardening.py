@@ -322,13 +322,16 @@ def scenario_deadlines():
 
 
 def scenario_json_errors():
-    r = router("--http-max-header-bytes", 4096, what="router(errors)")
+    r = router("--http-max-header-bytes", 4096, "--http-max-body-bytes", 2048,
+               what="router(errors)")
     try:
         cases = (
             ("a malformed request line", b"GARBAGE\r\n\r\n", 400),
             ("a method evhttp does not serve", b"PUT /v1/route HTTP/1.1\r\nHost: x\r\n\r\n", 501),
             ("a body over the limit", b"POST /v1/route HTTP/1.1\r\nHost: x\r\n"
              b"Content-Length: 100000000\r\n\r\n", 413),
+            ("a body over a lowered limit", b"POST /v1/query HTTP/1.1\r\nHost: x\r\n"
+             b"Content-Length: 3000\r\n\r\n" + b" " * 3000, 413),
             ("a head over the limit", b"GET /health HTTP/1.1\r\nX: " + b"a" * 5000 + b"\r\n\r\n", 431),
         )
         for what, data, code in cases:
