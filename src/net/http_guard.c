@@ -36,6 +36,7 @@
 
 #include "kvrouter.h"
 #include "net/log.h"
+#include "wire/http_head.h"
 #include "wire/json_writer.h"
 #include "wire/openai.h"
 #include "wire/prom.h"
@@ -63,7 +64,7 @@ typedef struct conn {
     size_t slot;          /* index in g->conns */
     phase_t phase;
     int fd;               /* registered in g->by_fd; -1 before */
-    uint8_t eol;          /* head-end scanner: 0 in a line, 1 after LF, 2 after LF CR */
+    kvr_http_head_t head; /* where the current request's head ends (wire/http_head.h) */
     bool replacing;       /* evhttp's own answer is being dropped (ours was sent instead) */
     bool close_when_done; /* draining: close once the current answer is out */
     uint64_t head_bytes;
@@ -209,7 +210,7 @@ static void enter_idle(conn_t *c)
 static void enter_head(conn_t *c, bool rearm)
 {
     c->phase = P_HEAD;
-    c->eol = 0;
+    c->head = (kvr_http_head_t)KVR_HTTP_HEAD_INIT;
     c->head_bytes = 0;
     if (rearm)
         arm(c, c->g->lim.header_timeout_ms);
@@ -288,8 +289,8 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-/* Scans the head for its end (an empty line: LF LF or LF CR LF) in src from byte from on.
- * Returns the bytes scanned, *done set when the end is among them. */
+/* Scans src from byte from on for the end of the head. Returns the bytes scanned, *done set
+ * when the end is among them. */
 static size_t scan_head(conn_t *c, struct evbuffer *src, size_t from, bool *done)
 {
     struct evbuffer_ptr at;
@@ -299,24 +300,8 @@ static size_t scan_head(conn_t *c, struct evbuffer *src, size_t from, bool *done
     struct evbuffer_iovec v[16];
     int n = evbuffer_peek(src, -1, &at, v, 16);
     size_t used = 0;
-    for (int i = 0; i < n && i < 16; i++) {
-        const unsigned char *p = v[i].iov_base;
-        for (size_t k = 0; k < v[i].iov_len; k++) {
-            unsigned char ch = p[k];
-            used++;
-            if (ch == '\n') {
-                if (c->eol != 0) {
-                    *done = true;
-                    return used;
-                }
-                c->eol = 1;
-            } else if (ch == '\r' && c->eol == 1) {
-                c->eol = 2;
-            } else if (ch != '\r') {
-                c->eol = 0;
-            }
-        }
-    }
+    for (int i = 0; i < n && i < 16 && !*done; i++)
+        used += kvr_http_head_scan(&c->head, v[i].iov_base, v[i].iov_len, done);
     return used;
 }
 
