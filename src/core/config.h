@@ -1,5 +1,5 @@
 /*
- * config.h: the router's configuration (reference section 6, plus kvrouter's own bounds),
+ * config.h: the router's configuration (Dynamo's KV router settings, plus kvrouter's own bounds),
  * one table of fields with types, defaults and ranges, settable by name from the command line
  * (--router-temperature 0.5), the environment (KVR_ROUTER_TEMPERATURE=0.5) and a config file
  * of `name = value` lines. Every value is validated when set and the whole struct again before

@@ -1,5 +1,5 @@
 /*
- * hash.c: Dynamo-compatible block hashing (reference section 1).
+ * hash.c: Dynamo-compatible block hashing (docs/wire-formats.md, section 4).
  *
  * Invariants: results match ai-dynamo's LocalBlockHash / SequenceHash bit for bit
  * (tests/data/hash-vectors.json). Token bytes are little-endian u32; on little-endian hosts the

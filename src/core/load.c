@@ -1,6 +1,6 @@
 /*
  * load.c: the load tracker. In-flight requests per worker rank, and the load each rank would
- * carry if an incoming request were sent there (reference sections 4.2 to 4.5).
+ * carry if an incoming request were sent there (the load model of Dynamo's KV router).
  *
  *   requests   slots in one array (grown by doubling up to max_requests), found by id through
  *              an open-addressing table of (seeded XXH3 of the id, slot); linked twice: into

@@ -1,5 +1,5 @@
 /*
- * queue.c: requests waiting because every eligible worker is busy (reference 5.7).
+ * queue.c: requests waiting because every eligible worker is busy (as in Dynamo's KV router).
  *
  * Order (best first): higher strict_priority, then higher policy score, then earlier
  * enqueue sequence. The score is fixed at enqueue:

@@ -1,5 +1,5 @@
 /*
- * select.c: worker selection (reference 5.2-5.5, 5.8): hard filters, the cost ("logit") of
+ * select.c: worker selection (as Dynamo's KV router selects): hard filters, the cost ("logit") of
  * each candidate, and the pick. Inputs are plain numbers and strings the router gathered from
  * the prefix index and the load tracker; nothing here knows where they came from.
  *

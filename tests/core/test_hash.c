@@ -1,6 +1,6 @@
 /*
  * test_hash.c: block and sequence hashing (core/hash.c) against the reference vectors
- * (reference section 1.4) and the golden file $KVR_TEST_DATA/hash-vectors.json, which is read
+ * (docs/wire-formats.md, section 4) and the golden file $KVR_TEST_DATA/hash-vectors.json, which is read
  * through the wire decoder (wire/hash_req.c) exactly as `kvrouter hash` reads a line.
  */
 #include <setjmp.h>
@@ -59,7 +59,7 @@ static uint64_t seed_with(const char *lora, const char *ns)
     return kvr_hash_seed(&o);
 }
 
-/* ---- reference section 1.4 ---------------------------------------------------------------- */
+/* ---- docs/wire-formats.md, section 4 ---------------------------------------------------------------- */
 
 static void test_xxh3_primitive(void **state)
 {

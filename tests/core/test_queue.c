@@ -1,5 +1,5 @@
 /*
- * test_queue.c: the request queue (reference 5.7): dispatch order under fcfs / wspt / lcfs
+ * test_queue.c: the request queue (Dynamo's queue policies): dispatch order under fcfs / wspt / lcfs
  * with priority_jump and strict priority, FIFO among equals, limits and rejections,
  * cancellation by handle, deadlines, gauges, and a randomized model-based test against a
  * naive list (kvr_queue_verify after every operation; the seed is printed on failure;

@@ -1,8 +1,8 @@
 /*
- * test_select.c: the selector: the cost function term by term (reference 5.4, with its worked
- * example), the filters and their status codes (5.3), pinned and preferred ranks, the pick
+ * test_select.c: the selector: the cost function term by term (Dynamo's cost, with its worked
+ * example), the filters and their status codes, pinned and preferred ranks, the pick
  * (uniform ties, softmax), per-request overrides and config validation (S22, S23), and the
- * busy test (5.8).
+ * busy test.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -112,13 +112,13 @@ def build():
     ev7 = stored([HASH0], None, TOKENS4, 4, None, "GPU")
     b = pack([TS, [ev7], 0])
     assert b.hex() == DOC_ARRAY7 and len(b) == 56, b.hex()
-    case("vllm_doc_array7", "reference 1.6: array-era batch, 7-element BlockStored (56 bytes)",
+    case("vllm_doc_array7", "docs/wire-formats.md 1.6: array-era batch, 7-element BlockStored (56 bytes)",
          b, [expect("stored", [HASH0], None, TOKENS4, 4, "GPU")], TS, 0)
 
     ev6 = stored([HASH0], None, TOKENS4, 4)
     b = pack([TS, [ev6]])
     assert b.hex() == DOC_V090, b.hex()
-    case("vllm_doc_v090", "reference 1.6: v0.9.0 2-element batch, 6-element BlockStored",
+    case("vllm_doc_v090", "docs/wire-formats.md 1.6: v0.9.0 2-element batch, 6-element BlockStored",
          b, [expect("stored", [HASH0], None, TOKENS4, 4)], TS, None)
 
     # v0.9.0 everything: stored 6, removed 2, cleared 1.
@@ -339,7 +339,7 @@ def build():
                          kv_cache_spec_kind="full_attention")
     b = pack([TS, [doc_map], 0])
     assert len(b) == 197, len(b)
-    case("vllm_doc_map", "reference 1.6: map-era batch (197 bytes)", b,
+    case("vllm_doc_map", "docs/wire-formats.md 1.6: map-era batch (197 bytes)", b,
          [expect("stored", [HASH0], None, TOKENS4, 4, "GPU", group=0)], TS, 0)
 
     hs = [rh(), rh()]
@@ -385,7 +385,7 @@ def build():
     b = pack([1.0, [["BlockStored", [123], None, [1, 2], 2, None, "GPU",
                      {"cache_salt": "tenant-a"}]], None])
     assert b.hex() == DOC_SGLANG and len(b) == 58, b.hex()
-    case("sglang_doc_salted", "reference 2: SGLang salted store (58 bytes)", b,
+    case("sglang_doc_salted", "docs/wire-formats.md 2: SGLang salted store (58 bytes)", b,
          [expect("stored", [123], None, [1, 2], 2, "GPU", salt="tenant-a")], 1.0, None)
 
     # Per-page events, signed chained hashes, media enum, session_id in metadata.

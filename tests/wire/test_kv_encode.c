@@ -77,7 +77,7 @@ static kvr_kv_enc_stored_t doc_store(void)
                                  .block_size = 4, .medium = "GPU"};
 }
 
-/* ---- reference 1.6 and 2, byte by byte ---------------------------------------------------- */
+/* ---- docs/wire-formats.md 1.6 and 2, byte by byte------------------------------------------------ */
 
 static void test_doc_array7(void **state)
 {

@@ -100,7 +100,7 @@ static const uint64_t HASH0 = U64(15760518052499183552);
 #define HASH0_BYTES "\xcf\xda\xb8\x9b\xaa\x7b\x58\x57\xc0"
 #define TOKENS4_BYTES "\x94\xce\x00\x02\x50\x5c\xcd\x03\x68\xcc\xc6\xcd\x23\x68"
 
-/* ---- reference 1.6 and 2, byte by byte ---------------------------------------------------- */
+/* ---- docs/wire-formats.md 1.6 and 2, byte by byte------------------------------------------------ */
 
 static void check_doc_store(const kvr_kv_events_t *d, bool dp, bool medium)
 {
@@ -625,7 +625,7 @@ static void test_convert_stored(void **state)
     assert_int_equal(kvr_hash_blocks(toks, 8, 4, &opts, lbh, 2), 2);
     assert_true(out.blocks[0].ext == 11 && out.blocks[0].lbh == lbh[0]);
     assert_true(out.blocks[1].ext == 12 && out.blocks[1].lbh == lbh[1]);
-    /* reference 1.4: salt(ns="tenant-a", lora="adapter-a") / lbh0 */
+    /* docs/wire-formats.md 4: salt(ns="tenant-a", lora="adapter-a") / lbh0 */
     assert_true(lbh[0] == U64(8269515957840517240));
     uint64_t plain[2];
     assert_int_equal(kvr_hash_blocks(toks, 8, 4, NULL, plain, 2), 2);
@@ -676,7 +676,7 @@ static void test_convert_sglang_salt_eagle_short(void **state)
     kvr_hash_opts_t eagle = {.is_eagle = true};
     assert_int_equal(kvr_hash_blocks(t5, 5, 2, &eagle, lbh, 2), 2);
     assert_true(out.blocks[0].lbh == lbh[0] && out.blocks[1].lbh == lbh[1]);
-    /* reference 1.4: Eagle bs=2 tokens 0..5 -> windows [0,1,2],[2,3,4] */
+    /* docs/wire-formats.md 4: Eagle bs=2 tokens 0..5 -> windows [0,1,2],[2,3,4] */
     assert_true(lbh[0] == U64(11646242937812223497));
     assert_true(lbh[1] == U64(9948816348502404300));
 
