@@ -19,6 +19,7 @@
  */
 #include "net/http_guard.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -398,6 +399,27 @@ static void on_output(struct evbuffer *buf, const struct evbuffer_cb_info *info,
     close_conn(c, code, msg);
 }
 
+int kvr_http_guard_verify(const kvr_http_guard_t *g)
+{
+    if (g->st.open != g->n_conns || g->n_conns > g->cap_conns)
+        return KVR_EINVAL;
+    uint64_t busy = 0;
+    for (size_t i = 0; i < g->n_conns; i++) {
+        const conn_t *c = g->conns[i];
+        if (c->slot != i || c->g != g || c->phase > P_CLOSING)
+            return KVR_EINVAL;
+        if (c->fd >= 0 && ((size_t)c->fd >= g->by_fd_cap))
+            return KVR_EINVAL;
+        busy += c->phase == P_BUSY;
+    }
+    for (size_t fd = 0; fd < g->by_fd_cap; fd++) {
+        const conn_t *c = g->by_fd[fd];
+        if (c != NULL && (c->fd != (int)fd || c->slot >= g->n_conns || g->conns[c->slot] != c))
+            return KVR_EINVAL;
+    }
+    return busy == g->busy ? KVR_OK : KVR_EINVAL;
+}
+
 static void on_sweep(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -410,6 +432,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
         else
             i++;
     }
+    assert(kvr_http_guard_verify(g) == KVR_OK);
 }
 
 static struct bufferevent *make_bev(struct event_base *base, void *arg)

@@ -77,6 +77,9 @@ void kvr_http_guard_stats(const kvr_http_guard_t *g, kvr_http_guard_stats_t *out
 /* Appends the guard's families, labelled listener="<name>". Families are written once per
  * call: call kvr_http_guard_metrics_all with every guard of a server. */
 void kvr_http_guard_metrics_all(kvr_http_guard_t *const *gs, size_t n, struct kvr_prom *p);
+/* Checks the invariants above (and the fd table against the connection list): KVR_OK or
+ * KVR_EINVAL. O(connections + largest fd); the sweep asserts it in debug builds. */
+int kvr_http_guard_verify(const kvr_http_guard_t *g);
 /* Frees the guard and what it still holds; call after evhttp_free. */
 void kvr_http_guard_free(kvr_http_guard_t *g);
 
