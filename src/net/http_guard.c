@@ -394,6 +394,8 @@ static void on_output(struct evbuffer *buf, const struct evbuffer_cb_info *info,
     char msg[160];
     evhttp_error_message(g, code, msg, sizeof msg);
     g->st.rewritten++;
+    if (code == 413)
+        g->st.body_too_large++;
     c->replacing = true;
     evbuffer_drain(buf, evbuffer_get_length(buf));
     close_conn(c, code, msg);
@@ -727,6 +729,8 @@ void kvr_http_guard_metrics_all(kvr_http_guard_t *const *gs, size_t n, kvr_prom_
       accept_errors);
     F("kvr_http_header_too_large_total", "counter",
       "Requests refused with 431: head above http_max_header_bytes.", header_too_large);
+    F("kvr_http_body_too_large_total", "counter",
+      "Requests refused with 413: body above http_max_body_bytes.", body_too_large);
     F("kvr_http_rewritten_errors_total", "counter",
       "Errors evhttp answered on its own (malformed request, body too large, method), sent "
       "as JSON.", rewritten);

@@ -52,6 +52,7 @@ typedef struct kvr_http_guard_stats {
     uint64_t refused;          /* answered 503: over max_connections or draining */
     uint64_t accept_errors;    /* accept() failures (EMFILE, ENFILE, ...) */
     uint64_t header_too_large; /* 431 */
+    uint64_t body_too_large;   /* 413 */
     uint64_t timeout_header, timeout_body, timeout_idle;
     uint64_t rewritten;        /* evhttp's own error pages answered in JSON instead */
 } kvr_http_guard_stats_t;

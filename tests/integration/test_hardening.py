@@ -344,6 +344,8 @@ def scenario_json_errors():
         check("errors: evhttp's own answers are counted", n is not None and n >= 3, n)
         n = metric(r, "kvr_http_header_too_large_total", listener="client")
         check("errors: the oversized head is counted", n == 1, n)
+        n = metric(r, "kvr_http_body_too_large_total", listener="client")
+        check("errors: the oversized bodies are counted", n == 2, n)
     finally:
         r.stop()
 
@@ -369,8 +371,8 @@ def scenario_fd_exhaustion():
         cpu0, t0 = cpu_seconds(r.proc.pid), time.monotonic()
         for _ in range(200):
             socks.append(socket.create_connection((r.host, r.port), timeout=10))
-        served = 0
-        while time.monotonic() - t0 < 5.0:
+        served, t1 = 0, time.monotonic()
+        while time.monotonic() - t1 < 5.0:
             keep.request("GET", "/health")
             served += keep.getresponse().read() == b"OK\n"
             time.sleep(0.25)  # the measurement window, not a synchronisation
