@@ -6,11 +6,14 @@
  * Invariants checked: a refusal leaves a non-empty message naming the field; an acceptance
  * has no wildcard, no ';' or '@', the scheme the check demands, and an ipc:// path strictly
  * under an allowed directory with no "." or ".." component; the same input gives the same
- * verdict twice (no hidden state).
+ * verdict twice (no hidden state); a url taken apart (kvr_endpoint_parse_url) gives a host,
+ * port and Host header that rebuild its authority.
  * Memory: stack only. Threads: libFuzzer's one.
  */
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -58,6 +61,22 @@ static void check_url(const char *s, const kvr_endpoint_policy_t *pol)
     const char *slash = strchr(s + 7, '/'); /* the authority: no credentials, no wildcard */
     size_t an = slash ? (size_t)(slash - (s + 7)) : strlen(s + 7);
     check(an > 0 && memchr(s + 7, '@', an) == NULL && memchr(s + 7, '*', an) == NULL);
+    /* taken apart: the same verdict (but for parts too long to hold), parts that rebuild the
+     * authority */
+    kvr_url_t u;
+    char err2[256] = "";
+    if (kvr_endpoint_parse_url(s, pol, &u, err2, sizeof err2) != KVR_OK) {
+        check(strstr(err2, "longer than") != NULL);
+        return;
+    }
+    bool v6 = s[7] == '[';
+    size_t hl = strlen(u.host);
+    check(hl > 0 && u.port >= 1 && strncmp(s + 7 + v6, u.host, hl) == 0);
+    char hdr[320];
+    snprintf(hdr, sizeof hdr, v6 ? "[%s]:%u" : "%s:%u", u.host, u.port);
+    check(strcmp(hdr, u.host_hdr) == 0);
+    size_t bl = strlen(u.base_path);
+    check(bl == 0 || (u.base_path[0] == '/' && u.base_path[bl - 1] != '/'));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

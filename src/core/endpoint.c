@@ -176,8 +176,46 @@ int kvr_endpoint_check_zmq(const char *field, const char *addr, const kvr_endpoi
                 "is accepted", field, addr);
 }
 
-int kvr_endpoint_check_url(const char *url, const kvr_endpoint_policy_t *p, char *err,
-                           size_t err_len)
+/* Fills u from a checked url: authority at [a, a+n), path from slash (or NULL). */
+static int fill_url(kvr_url_t *u, const char *a, size_t n, const char *slash, char *err,
+                    size_t err_len)
+{
+    const char *h = a, *colon;
+    size_t hn;
+    bool v6 = a[0] == '[';
+    if (v6) {
+        const char *rb = memchr(a, ']', n);
+        h = a + 1;
+        hn = (size_t)(rb - h);
+        colon = (size_t)(rb - a) + 1 < n ? rb + 1 : NULL;
+    } else {
+        colon = memchr(a, ':', n);
+        hn = colon ? (size_t)(colon - a) : n;
+    }
+    size_t pl = slash ? strlen(slash) : 0;
+    while (pl > 0 && slash[pl - 1] == '/')
+        pl--;
+    if (hn >= sizeof u->host)
+        return fail(err, err_len, "url: host longer than %zu bytes", sizeof u->host - 1);
+    if (pl >= sizeof u->base_path)
+        return fail(err, err_len, "url: base path longer than %zu bytes", sizeof u->base_path - 1);
+    unsigned port = 80;
+    if (colon != NULL) {
+        port = 0;
+        for (const char *c = colon + 1; c < a + n; c++)
+            port = port * 10 + (unsigned)(*c - '0');
+    }
+    memcpy(u->host, h, hn);
+    u->host[hn] = '\0';
+    u->port = (uint16_t)port;
+    snprintf(u->host_hdr, sizeof u->host_hdr, v6 ? "[%s]:%u" : "%s:%u", u->host, port);
+    memcpy(u->base_path, slash ? slash : "", pl);
+    u->base_path[pl] = '\0';
+    return KVR_OK;
+}
+
+int kvr_endpoint_parse_url(const char *url, const kvr_endpoint_policy_t *p, kvr_url_t *out,
+                           char *err, size_t err_len)
 {
     if (strncasecmp(url, "https://", 8) == 0)
         return fail(err, err_len, "url: https is not spoken to workers; use http:// on a "
@@ -189,13 +227,19 @@ int kvr_endpoint_check_url(const char *url, const kvr_endpoint_policy_t *p, char
     if (memchr(a, '@', n) != NULL)
         return fail(err, err_len, "url: credentials in the url are not accepted");
     int rc = check_authority("url", a, n, false, p, err, err_len);
-    if (rc != KVR_OK || slash == NULL)
+    if (rc != KVR_OK)
         return rc;
-    for (const char *c = slash; *c != '\0'; c++)
+    for (const char *c = slash; c != NULL && *c != '\0'; c++)
         if ((unsigned char)*c <= 0x20 || *c == '?' || *c == '#' || (unsigned char)*c >= 0x7f)
             return fail(err, err_len, "url: the base path may not hold spaces, controls, '?' "
                         "or '#'");
-    return KVR_OK;
+    return out != NULL ? fill_url(out, a, n, slash, err, err_len) : KVR_OK;
+}
+
+int kvr_endpoint_check_url(const char *url, const kvr_endpoint_policy_t *p, char *err,
+                           size_t err_len)
+{
+    return kvr_endpoint_parse_url(url, p, NULL, err, err_len);
 }
 
 int kvr_endpoint_check_ipc_dirs(const char *dirs, char *err, size_t err_len)

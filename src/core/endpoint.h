@@ -16,6 +16,7 @@
 #define KVR_ENDPOINT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct kvr_endpoint_policy {
     const char *ipc_dirs; /* comma-separated absolute directories; NULL or "" = no ipc:// */
@@ -24,6 +25,20 @@ typedef struct kvr_endpoint_policy {
 
 /* field: the name reported in err ("events", "replay"). KVR_OK or KVR_EINVAL. */
 int kvr_endpoint_check_zmq(const char *field, const char *addr, const kvr_endpoint_policy_t *p,
+                           char *err, size_t err_len);
+/* A worker's base URL, taken apart: the one URL parser of the tree (the front end's pools, the
+ * health probes and replay targets use it). */
+typedef struct kvr_url {
+    char host[256];      /* without IPv6 brackets: what a resolver takes */
+    char host_hdr[300];  /* for the Host header: host:port, an IPv6 host in brackets */
+    uint16_t port;       /* 80 when the url names none */
+    char base_path[260]; /* the path without trailing '/' ("" for none) */
+} kvr_url_t;
+
+/* Checks url as kvr_endpoint_check_url does and fills *out (when not NULL). p may be NULL (no
+ * host list). KVR_OK or KVR_EINVAL ("url: ..." in err; a host or path too long for kvr_url_t
+ * included). */
+int kvr_endpoint_parse_url(const char *url, const kvr_endpoint_policy_t *p, kvr_url_t *out,
                            char *err, size_t err_len);
 /* A worker's base URL. KVR_OK or KVR_EINVAL. */
 int kvr_endpoint_check_url(const char *url, const kvr_endpoint_policy_t *p, char *err,

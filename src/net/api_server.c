@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/endpoint.h"
 #include "net/access.h"
 #include "net/http_guard.h"
 #include "net/log.h"
@@ -1412,18 +1413,13 @@ static void probe_one(probe_t *pr)
     const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pr->worker_id);
     if (sp == NULL || sp->url[0] == '\0' || pr->in_flight)
         return;
+    kvr_url_t u;
+    if (kvr_endpoint_parse_url(sp->url, NULL, &u, NULL, 0) != KVR_OK) {
+        probe_result(pr, false);
+        return;
+    }
     if (pr->conn == NULL) {
-        struct evhttp_uri *u = evhttp_uri_parse(sp->url);
-        if (u == NULL || evhttp_uri_get_host(u) == NULL) {
-            if (u)
-                evhttp_uri_free(u);
-            probe_result(pr, false);
-            return;
-        }
-        int port = evhttp_uri_get_port(u);
-        pr->conn = evhttp_connection_base_new(s->base, NULL, evhttp_uri_get_host(u),
-                                              (unsigned short)(port > 0 ? port : 80));
-        evhttp_uri_free(u);
+        pr->conn = evhttp_connection_base_new(s->base, NULL, u.host, u.port);
         if (pr->conn == NULL)
             return;
         int secs = (int)(s->cfg.health_interval_ms / 1000);
@@ -1432,13 +1428,9 @@ static void probe_one(probe_t *pr)
     struct evhttp_request *req = evhttp_request_new(on_probe_done, pr);
     if (req == NULL)
         return;
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", "kvrouter");
-    char path[KVR_ADDR_BYTES + 16];
-    const char *base = strchr(sp->url + 7, '/');
-    snprintf(path, sizeof path, "%s/health", base ? base : "");
-    size_t pl = strlen(path);
-    if (pl >= 8 && strcmp(path + pl - 8, "//health") == 0)
-        memmove(path + pl - 8, "/health", 8);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", u.host_hdr);
+    char path[sizeof u.base_path + 8];
+    snprintf(path, sizeof path, "%s/health", u.base_path);
     pr->in_flight = true;
     if (evhttp_make_request(pr->conn, req, EVHTTP_REQ_GET, path) != 0) {
         pr->in_flight = false;

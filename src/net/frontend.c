@@ -46,6 +46,7 @@
 #include <xxhash.h>
 #include <yajl/yajl_tree.h>
 
+#include "core/endpoint.h"
 #include "net/log.h"
 #include "net/secret.h"
 #include "wire/api_json.h"
@@ -775,25 +776,16 @@ static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
 
 static bool parse_url(upool_t *u, const char *url)
 {
-    struct evhttp_uri *parsed = evhttp_uri_parse(url);
-    if (parsed == NULL)
+    kvr_url_t p;
+    if (kvr_endpoint_parse_url(url, NULL, &p, NULL, 0) != KVR_OK ||
+        strlen(p.host) >= sizeof u->host || strlen(p.host_hdr) >= sizeof u->hostport ||
+        strlen(p.base_path) >= sizeof u->base)
         return false;
-    const char *scheme = evhttp_uri_get_scheme(parsed), *host = evhttp_uri_get_host(parsed);
-    const char *path = evhttp_uri_get_path(parsed);
-    int port = evhttp_uri_get_port(parsed);
-    bool ok = scheme != NULL && strcasecmp(scheme, "http") == 0 && host != NULL && *host &&
-              strlen(host) < sizeof u->host && (path == NULL || strlen(path) < sizeof u->base);
-    if (ok) {
-        snprintf(u->host, sizeof u->host, "%s", host);
-        u->port = (uint16_t)(port > 0 ? port : 80);
-        snprintf(u->hostport, sizeof u->hostport, "%s:%u", host, u->port);
-        snprintf(u->base, sizeof u->base, "%s", path ? path : "");
-        size_t bl = strlen(u->base);
-        while (bl > 0 && u->base[bl - 1] == '/')
-            u->base[--bl] = '\0';
-    }
-    evhttp_uri_free(parsed);
-    return ok;
+    snprintf(u->host, sizeof u->host, "%s", p.host);
+    snprintf(u->hostport, sizeof u->hostport, "%s", p.host_hdr);
+    snprintf(u->base, sizeof u->base, "%s", p.base_path);
+    u->port = p.port;
+    return true;
 }
 
 static void pool_free(upool_t *u)

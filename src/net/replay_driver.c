@@ -37,6 +37,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "core/endpoint.h"
 #include "kvrouter.h"
 #include "wire/oai_stream.h"
 
@@ -70,47 +71,15 @@ const char *kvr_replay_outcome_name(kvr_replay_outcome_t o)
 int kvr_http_target_parse(const char *url, kvr_http_target_t *t, char *err, size_t err_len)
 {
     memset(t, 0, sizeof *t);
-    struct evhttp_uri *u = url ? evhttp_uri_parse(url) : NULL;
-    if (u == NULL) {
-        snprintf(err, err_len, "not a URL: '%s'", url ? url : "");
-        return KVR_EINVAL;
-    }
-    int rc = KVR_EINVAL;
-    const char *scheme = evhttp_uri_get_scheme(u), *host = evhttp_uri_get_host(u);
-    const char *path = evhttp_uri_get_path(u);
-    int port = evhttp_uri_get_port(u);
-    if (scheme == NULL || strcasecmp(scheme, "http") != 0)
-        snprintf(err, err_len, "'%s': only http://host[:port][/path] URLs", url);
-    else if (host == NULL || *host == '\0' || strlen(host) >= sizeof t->host)
-        snprintf(err, err_len, "'%s': no host", url);
-    else if (evhttp_uri_get_query(u) || evhttp_uri_get_fragment(u) || evhttp_uri_get_userinfo(u))
-        snprintf(err, err_len, "'%s': no user, query or fragment allowed", url);
-    else if (port == 0 || port > 65535)
-        snprintf(err, err_len, "'%s': bad port", url);
-    else if (path != NULL && strlen(path) >= sizeof t->base_path)
-        snprintf(err, err_len, "'%s': path too long", url);
-    else
-        rc = KVR_OK;
-    if (rc == KVR_OK) {
-        t->port = (uint16_t)(port < 0 ? 80 : port);
-        size_t hl = strlen(host);
-        if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
-            snprintf(t->host, sizeof t->host, "%.*s", (int)(hl - 2), host + 1);
-            snprintf(t->host_hdr, sizeof t->host_hdr, "%s:%u", host, t->port);
-        } else if (strchr(host, ':')) { /* evhttp strips the brackets of an IPv6 literal */
-            snprintf(t->host, sizeof t->host, "%s", host);
-            snprintf(t->host_hdr, sizeof t->host_hdr, "[%s]:%u", host, t->port);
-        } else {
-            snprintf(t->host, sizeof t->host, "%s", host);
-            snprintf(t->host_hdr, sizeof t->host_hdr, "%s:%u", host, t->port);
-        }
-        snprintf(t->base_path, sizeof t->base_path, "%s", path ? path : "");
-        size_t n = strlen(t->base_path);
-        while (n > 0 && t->base_path[n - 1] == '/')
-            t->base_path[--n] = '\0';
-    }
-    evhttp_uri_free(u);
-    return rc;
+    kvr_url_t u;
+    int rc = kvr_endpoint_parse_url(url ? url : "", NULL, &u, err, err_len);
+    if (rc != KVR_OK)
+        return rc;
+    snprintf(t->host, sizeof t->host, "%s", u.host);
+    snprintf(t->host_hdr, sizeof t->host_hdr, "%s", u.host_hdr);
+    snprintf(t->base_path, sizeof t->base_path, "%s", u.base_path);
+    t->port = u.port;
+    return KVR_OK;
 }
 
 int kvr_http_probe(kvr_http_target_t *t, int timeout_ms, char *err, size_t err_len)

@@ -111,6 +111,39 @@ static void test_urls(void **state)
     expect_url("http://", &OPEN, KVR_EINVAL, "not a host");
 }
 
+/* The parsed parts: host without brackets, Host header with them, port 80 by default, base
+ * path without trailing slashes. */
+static void test_url_parts(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *url, *host, *hdr, *base;
+        unsigned port;
+    } cases[] = {
+        {"http://[::1]:8000", "::1", "[::1]:8000", "", 8000},
+        {"http://[fe80::1]/v1/", "fe80::1", "[fe80::1]:80", "/v1", 80},
+        {"http://gpu1:8000/base//", "gpu1", "gpu1:8000", "/base", 8000},
+        {"http://10.0.0.5", "10.0.0.5", "10.0.0.5:80", "", 80},
+        {"HTTP://h:1/", "h", "h:1", "", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvr_url_t u;
+        char err[200] = "";
+        assert_int_equal(kvr_endpoint_parse_url(cases[i].url, NULL, &u, err, sizeof err), KVR_OK);
+        assert_string_equal(u.host, cases[i].host);
+        assert_string_equal(u.host_hdr, cases[i].hdr);
+        assert_string_equal(u.base_path, cases[i].base);
+        assert_int_equal(u.port, cases[i].port);
+    }
+    char longhost[300] = "http://";
+    memset(longhost + 7, 'a', 270);
+    longhost[277] = '\0';
+    kvr_url_t u;
+    char err[200] = "";
+    assert_int_equal(kvr_endpoint_parse_url(longhost, NULL, &u, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "url: host longer than"));
+}
+
 static void test_host_allow_list(void **state)
 {
     (void)state;
@@ -163,6 +196,7 @@ int main(void)
         cmocka_unit_test(test_binding_and_file_addresses_refused),
         cmocka_unit_test(test_ipc_allow_list),
         cmocka_unit_test(test_urls),
+        cmocka_unit_test(test_url_parts),
         cmocka_unit_test(test_host_allow_list),
         cmocka_unit_test(test_router_refuses_whole_registration),
     };

@@ -349,11 +349,21 @@ class FakeWorker(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def serve_worker(handler):
-    """Starts handler on a free loopback port: (server, its base url); server.shutdown() stops it."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+class V6Server(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def serve_worker(handler, v6=False):
+    """Starts handler on a free loopback port (::1 when v6): (server, its base url);
+    server.shutdown() stops it."""
+    if v6:
+        srv = V6Server(("::1", 0), handler)
+        url = f"http://[::1]:{srv.server_address[1]}"
+    else:
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+    return srv, url
 
 
 def scenario_health():
@@ -440,6 +450,44 @@ def scenario_registration_safety():
                        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=20)
     check("a bad --worker address stops the start with the field named",
           p.returncode != 0 and "events:" in p.stderr, (p.returncode, p.stderr))
+
+
+def scenario_ipv6_worker():
+    """A worker at an IPv6 address: the health probe reaches it and every request names it in
+    Host as [::1]:PORT (the front end used to write `Host: ::1:PORT`)."""
+    hosts = {"GET": [], "POST": []}
+
+    class W(FakeWorker):
+        def do_GET(self):
+            hosts["GET"].append(self.headers.get("Host"))
+            FakeWorker.do_GET(self)
+
+        def do_POST(self):
+            self.read_body()
+            hosts["POST"].append(self.headers.get("Host"))
+            body = json.dumps({"id": "c", "object": "text_completion", "model": "m",
+                               "choices": [{"index": 0, "text": "x", "finish_reason": "stop"}],
+                               "usage": {"prompt_tokens": 32, "completion_tokens": 1,
+                                         "total_tokens": 33}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv, url = serve_worker(W, v6=True)
+    want = url[len("http://"):]
+    r = Router([f"id=1,url={url}"])
+    try:
+        check("ipv6: the health probe reaches the worker", eventually(lambda: hosts["GET"], 10))
+        check("ipv6: the probe names it [::1]:PORT", hosts["GET"][0] == want, hosts["GET"][:1])
+        code, body = r.call("POST", "/v1/completions", {"model": "m", "prompt": list(range(32)),
+                                                         "max_tokens": 1})
+        check("ipv6: a completion is served", code == 200, (code, body))
+        check("ipv6: Host is [::1]:PORT", hosts["POST"] == [want], hosts["POST"])
+    finally:
+        check("clean shutdown", r.stop() == 0)
+        srv.shutdown()
 
 
 def scenario_worker_auth():
@@ -599,6 +647,7 @@ def main():
     scenario_health()
     scenario_registration_safety()
     scenario_worker_auth()
+    scenario_ipv6_worker()
     scenario_answer_limit()
     scenario_header_limit()
     scenario_bad_config()
