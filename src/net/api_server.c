@@ -92,6 +92,8 @@ struct kvr_api_server {
     uint64_t first_routed_ms, last_silent_check_ms;
     kvr_api_extension_t ext;  /* the OpenAI front end; handle NULL = none */
     bool dispatching;         /* dispatch_queue is running (a placement callback re-entered) */
+    bool ticking;             /* dispatch_queue called by the tick, not by a load change */
+    uint64_t dispatched[2];   /* queued requests let go: [0] by a load change, [1] by the tick */
     bool redispatch;
 };
 
@@ -444,6 +446,7 @@ static void dispatch_queue(kvr_api_server_t *s)
             if (rc == KVR_EBUSY)
                 break; /* still busy: wait for the next change */
             (void)kvr_queue_pop(s->queue, &e);
+            s->dispatched[s->ticking]++;
             if (rc == KVR_OK)
                 observe(s, &res);
             if (p->fn != NULL) {
@@ -1066,6 +1069,12 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
                 (double)qs.expired);
         counter(p, "kvr_queue_cancelled_total", "Queued requests whose client went away.",
                 (double)qs.cancelled);
+        kvr_prom_family(p, "kvr_queue_dispatched_total", "counter",
+                        "Queued requests let go, by what let them: a load change the router was "
+                        "told of (event) or the 100 ms tick (a change nothing reported).");
+        kvr_prom_label_t ev = {"trigger", "event"}, tk = {"trigger", "tick"};
+        kvr_prom_sample(p, "kvr_queue_dispatched_total", &ev, 1, (double)s->dispatched[0]);
+        kvr_prom_sample(p, "kvr_queue_dispatched_total", &tk, 1, (double)s->dispatched[1]);
     }
     counter(p, "kvr_http_errors_total", "HTTP replies with status >= 400.",
             (double)(s->http_errors_4xx + s->http_errors_5xx));
@@ -1535,7 +1544,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     sync_rank_status(s);
     warn_silent_ranks(s, now);
     expire_queue(s);
+    s->ticking = true;
     dispatch_queue(s);
+    s->ticking = false;
     if (now - s->last_probe_ms >= s->cfg.health_interval_ms) {
         s->last_probe_ms = now;
         probe_all(s);

@@ -1363,6 +1363,7 @@ static void mark_token(fe_req_t *p)
     if (!p->first_token_sent) {
         p->first_token_sent = true;
         (void)kvr_router_first_token(fe->r, p->rid, p->rid_len, now);
+        kvr_api_server_kick(fe->api); /* its prefill load is gone: the queue may move */
     }
     uint64_t bs = fe->cfg.block_size, total = p->n_tokens + p->gen_tokens;
     if (bs > 0 && total % bs == 1 % bs) {

@@ -474,6 +474,39 @@ def scenario_queue():
         m.stop()
 
 
+def scenario_queue_first_token():
+    """A request queued behind a stream goes as soon as the stream's first token arrives (its
+    prefill load is gone), as the JSON API's first_token call does, not at the next tick."""
+    m = mocker("--speedup", 0.02, events=False, what="mocker(slow)")
+    r = router([f"id=1,url={m.url},max_num_batched_tokens=1000000"],
+               "--router-queue-threshold", "0.001", "--router-queue-timeout-ms", "30000",
+               what="router(queue, stream)")
+    out = {}
+    try:
+        a = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(2048), "max_tokens": 3,
+                                               "stream": True})
+        check("queue/stream: the long prefill is placed",
+              eventually(lambda: (r.metric("kvr_requests_in_flight") or 0) == 1, 10))
+        t = threading.Thread(target=lambda: out.update(b=r.call_h(
+            "POST", "/v1/completions", {"model": "m", "prompt": toks(20), "max_tokens": 1},
+            timeout=60)))
+        t.start()
+        check("queue/stream: a request waits behind it",
+              eventually(lambda: r.metric("kvr_queue_pending") == 1, 10))
+        got = read_to_end(a, b"", 60)
+        t.join(60)
+        check("queue/stream: both answered", b"data: [DONE]" in got
+              and out.get("b", (0,))[0] == 200, (got[-200:], out.get("b")))
+        ev = r.metric("kvr_queue_dispatched_total", trigger="event")
+        tick = r.metric("kvr_queue_dispatched_total", trigger="tick")
+        check("queue/stream: let go by the first token, not by the tick", ev == 1 and tick == 0,
+              (ev, tick))
+        a.close()
+    finally:
+        r.stop()
+        m.stop()
+
+
 def read_to_end(s, got=b"", limit_s=30):
     """Reads a chunked answer until its last chunk (or EOF), within limit_s."""
     s.settimeout(limit_s)
@@ -813,6 +846,7 @@ def scenario_dp():
 
 def main():
     run_scenarios((("main", scenario_main), ("queue", scenario_queue),
+                   ("queue_first_token", scenario_queue_first_token),
                    ("faults", scenario_faults), ("dp", scenario_dp),
                    ("shutdown", scenario_shutdown),
                    ("shutdown_grace", scenario_shutdown_grace), ("config", scenario_config),
