@@ -8,7 +8,7 @@
  * leaves, then applied to the model) and lookups. Every lookup and every return code is
  * compared, kvr_index_verify() runs after every operation, and a dump replayed into an empty
  * index must hold exactly the model's pairs. On failure the seed and step are printed;
- * KVR_MODEL_SEED=<seed> reruns one seed.
+ * KVR_TEST_SEED=<seed> reruns one seed (tests/common/model_driver.h).
  *
  * Paths live in a complete 4-ary tree of depth 6: path id 0 is the root, child(id, sym) =
  * 4 * id + sym + 1. Engine hashes are path + 8192 * variant, so a worker's hash can equal the
@@ -23,6 +23,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include "common/model_driver.h"
 
 #include "kvrouter.h"
 
@@ -438,25 +440,20 @@ static int run_seed(unsigned long seed, int steps, kvr_index_sync_t sync)
     return failed;
 }
 
-static int scale(void)
+/* Every third seed runs the index with RCU readers (a rerun of one seed keeps its mode). */
+static int run_one(unsigned long seed, int steps)
 {
-    const char *s = getenv("KVR_TEST_SCALE");
-    return (s != NULL && strcmp(s, "asan") == 0) ? 3 : 20;
+    return run_seed(seed, steps, seed % 3 == 0 ? KVR_SYNC_RCU : KVR_SYNC_NONE);
 }
 
 static void test_model_random(void **state)
 {
     (void)state;
-    const char *one = getenv("KVR_MODEL_SEED");
-    if (one != NULL) {
-        assert_int_equal(run_seed(strtoul(one, NULL, 10), 20000, KVR_SYNC_NONE), 0);
-        return;
-    }
-    int failures = 0;
-    int seeds = 10 * scale();
-    for (int s = 1; s <= seeds; s++)
-        failures += run_seed((unsigned long)s, 3000, s % 3 == 0 ? KVR_SYNC_RCU : KVR_SYNC_NONE);
-    assert_int_equal(failures, 0);
+    static const kvr_model_plan_t plan = {
+        .seeds = 200, .seeds_asan = 30, .steps = 3000, .steps_one = 20000};
+    assert_int_equal(kvr_model_drive(&plan, run_one), 0);
+    if (kvr_test_seed(&(unsigned long){0}))
+        return; /* one seed: the coverage bounds are for the whole sweep */
     printf("coverage: evicted %lu rebound %lu parent_missing %lu invalid %lu dup %lu "
            "lookups_hit %lu lower_hits %lu\n",
            cov.evicted, cov.rebound, cov.parent_missing, cov.invalid, cov.dup, cov.lookups_hit,

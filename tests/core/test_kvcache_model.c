@@ -15,7 +15,7 @@
  * block table, the set of cached hashes and the exact event stream (kind, hashes, parent,
  * tokens) are compared with the model, kvr_kvcache_verify runs, and the events replayed into a
  * plain set (STORED adds, REMOVED removes, CLEARED empties) must equal cached_hashes().
- * On failure the seed and step are printed; KVR_MODEL_SEED=<seed> reruns one seed.
+ * On failure the seed and step are printed; KVR_TEST_SEED=<seed> reruns one seed (tests/common/model_driver.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +26,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include "common/model_driver.h"
 
 #include "kvrouter.h"
 
@@ -765,24 +767,14 @@ static int run_seed(unsigned long seed, int steps)
     return failed;
 }
 
-static int seeds(void)
-{
-    const char *s = getenv("KVR_TEST_SCALE");
-    return (s != NULL && strcmp(s, "asan") == 0) ? 40 : 200;
-}
-
 static void test_model_random(void **state)
 {
     (void)state;
-    const char *one = getenv("KVR_MODEL_SEED");
-    if (one != NULL) {
-        assert_int_equal(run_seed(strtoul(one, NULL, 10), 20000), 0);
-        return;
-    }
-    int failures = 0;
-    for (int s = 1; s <= seeds() && failures < 3; s++)
-        failures += run_seed((unsigned long)s, 3000);
-    assert_int_equal(failures, 0);
+    static const kvr_model_plan_t plan = {.seeds = 200, .seeds_asan = 40, .steps = 3000,
+                                          .steps_one = 20000, .max_failures = 3};
+    assert_int_equal(kvr_model_drive(&plan, run_seed), 0);
+    if (kvr_test_seed(&(unsigned long){0}))
+        return; /* one seed: the coverage bounds are for the whole sweep */
     printf("coverage: hits %lu shared_hits %lu evicted %lu dedup %lu ebusy %lu ebusy_grow %lu "
            "preempted %lu resets %lu reset_busy %lu einval %lu repeat_rejected %lu zero_hash "
            "%lu stored_with_parent %lu split_runs %lu\n",

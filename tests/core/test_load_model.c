@@ -11,7 +11,7 @@
  * workers. Every return code, every worker's snapshot, the counters, the touched request's
  * info and every projection are compared after each step, and kvr_load_verify() runs after
  * each step. Configurations vary with the seed (tracking flags, kv reuse, small max_requests).
- * On failure the seed and step are printed; KVR_MODEL_SEED=<seed> reruns one seed.
+ * On failure the seed and step are printed; KVR_TEST_SEED=<seed> reruns one seed (tests/common/model_driver.h).
  *
  * The model uses the tracker's documented quantization: a weight is llround(f * 2^30) and
  * active_blocks rounds the sum of weights, halves up.
@@ -26,6 +26,8 @@
 #include <math.h>
 
 #include <cmocka.h>
+
+#include "common/model_driver.h"
 
 #include "kvrouter.h"
 
@@ -641,25 +643,14 @@ static int run_seed(unsigned long seed, int steps)
     return failed;
 }
 
-static int scale(void)
-{
-    const char *s = getenv("KVR_TEST_SCALE");
-    return (s != NULL && strcmp(s, "asan") == 0) ? 3 : 20;
-}
-
 static void test_model_random(void **state)
 {
     (void)state;
-    const char *one = getenv("KVR_MODEL_SEED");
-    if (one != NULL) {
-        assert_int_equal(run_seed(strtoul(one, NULL, 10), 20000), 0);
-        return;
-    }
-    int failures = 0;
-    int seeds = 10 * scale();
-    for (int s = 1; s <= seeds; s++)
-        failures += run_seed((unsigned long)s, 3000);
-    assert_int_equal(failures, 0);
+    static const kvr_model_plan_t plan = {
+        .seeds = 200, .seeds_asan = 30, .steps = 3000, .steps_one = 20000};
+    assert_int_equal(kvr_model_drive(&plan, run_seed), 0);
+    if (kvr_test_seed(&(unsigned long){0}))
+        return; /* one seed: the coverage bounds are for the whole sweep */
     printf("coverage: duplicates %lu full %lu unknown %lu expired %lu swept %lu dropped %lu "
            "decays %lu overlaps %lu partial %lu einval %lu erange %lu back %lu fractional %lu\n",
            cov.duplicates, cov.full, cov.unknown, cov.expired, cov.swept, cov.dropped, cov.decays,

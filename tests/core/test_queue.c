@@ -3,7 +3,7 @@
  * with priority_jump and strict priority, FIFO among equals, limits and rejections,
  * cancellation by handle, deadlines, gauges, and a randomized model-based test against a
  * naive list (kvr_queue_verify after every operation; the seed is printed on failure;
- * KVR_QUEUE_SEED=<seed> reruns one seed; KVR_TEST_SCALE=asan runs fewer).
+ * KVR_TEST_SEED=<seed> reruns one seed; KVR_TEST_SCALE=asan runs fewer).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +15,8 @@
 #include <math.h>
 
 #include <cmocka.h>
+
+#include "common/model_driver.h"
 
 #include "kvrouter.h"
 
@@ -590,26 +592,16 @@ static int run_seed(unsigned long seed, int steps)
     return failed;
 }
 
-static int scale(void)
-{
-    const char *s = getenv("KVR_TEST_SCALE");
-    return (s != NULL && strcmp(s, "asan") == 0) ? 1 : 10;
-}
-
 static void test_model_random(void **state)
 {
     (void)state;
-    const char *one = getenv("KVR_QUEUE_SEED");
-    if (one != NULL) {
-        assert_int_equal(run_seed(strtoul(one, NULL, 10), 20000), 0);
-        return;
-    }
-    int failures = 0, seeds = 30 * scale();
-    for (int s = 1; s <= seeds; s++)
-        failures += run_seed((unsigned long)s, 4000);
-    printf("queue model: %d seeds, rejected %lu expired %lu cancelled %lu\n", seeds, cov.full,
-           cov.expired, cov.cancelled);
-    assert_int_equal(failures, 0);
+    static const kvr_model_plan_t plan = {
+        .seeds = 300, .seeds_asan = 30, .steps = 4000, .steps_one = 20000};
+    assert_int_equal(kvr_model_drive(&plan, run_seed), 0);
+    if (kvr_test_seed(&(unsigned long){0}))
+        return; /* one seed: the coverage bounds are for the whole sweep */
+    printf("queue model: rejected %lu expired %lu cancelled %lu\n", cov.full, cov.expired,
+           cov.cancelled);
     assert_true(cov.full > 100);
     assert_true(cov.expired > 100);
     assert_true(cov.cancelled > 100);

@@ -181,7 +181,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    ap.add_argument("--seed", type=int,
+                    default=int(os.environ.get("KVR_TEST_SEED", int(time.time()) % 100000)))
     ap.add_argument("--chaos-period", type=float, default=8.0)
     ap.add_argument("--report", help="a TSV of the samples")
     a = ap.parse_args()
