@@ -47,6 +47,7 @@
 #include <yajl/yajl_tree.h>
 
 #include "core/endpoint.h"
+#include "core/tokcache.h"
 #include "net/log.h"
 #include "net/secret.h"
 #include "wire/api_json.h"
@@ -313,149 +314,6 @@ static const char *find_bytes(const char *h, size_t hn, const char *needle, size
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* The tokenize cache: XXH3-128 of the content -> ids; LRU within a token budget. */
-
-typedef struct tc_entry {
-    XXH128_hash_t key;
-    uint32_t *tokens;
-    size_t n;
-    struct tc_entry *hnext;
-    struct tc_entry *prev, *next; /* LRU order, most recent first */
-} tc_entry_t;
-
-typedef struct tcache {
-    tc_entry_t **buckets;
-    size_t n_buckets; /* a power of two, or 0 */
-    tc_entry_t *head, *tail;
-    size_t n_entries;
-    uint64_t tokens, cap_tokens;
-    uint64_t hits, misses, evictions, inserts;
-} tcache_t;
-
-static uint64_t tc_cost(size_t n) { return n ? n : 1; }
-
-static tc_entry_t **tc_slot(tcache_t *c, XXH128_hash_t k)
-{
-    tc_entry_t **s = &c->buckets[k.low64 & (c->n_buckets - 1)];
-    while (*s != NULL && !XXH128_isEqual((*s)->key, k))
-        s = &(*s)->hnext;
-    return s;
-}
-
-static void tc_unlink_lru(tcache_t *c, tc_entry_t *e)
-{
-    if (e->prev)
-        e->prev->next = e->next;
-    else
-        c->head = e->next;
-    if (e->next)
-        e->next->prev = e->prev;
-    else
-        c->tail = e->prev;
-    e->prev = e->next = NULL;
-}
-
-static void tc_push_front(tcache_t *c, tc_entry_t *e)
-{
-    e->prev = NULL;
-    e->next = c->head;
-    if (c->head)
-        c->head->prev = e;
-    c->head = e;
-    if (c->tail == NULL)
-        c->tail = e;
-}
-
-static void tc_remove(tcache_t *c, tc_entry_t *e)
-{
-    tc_entry_t **s = tc_slot(c, e->key);
-    if (*s == e)
-        *s = e->hnext;
-    tc_unlink_lru(c, e);
-    c->tokens -= tc_cost(e->n);
-    c->n_entries--;
-    free(e->tokens);
-    free(e);
-}
-
-/* The cached ids (valid until the next insert), or NULL. */
-static const tc_entry_t *tc_get(tcache_t *c, XXH128_hash_t k)
-{
-    if (c->n_buckets == 0)
-        return NULL;
-    tc_entry_t *e = *tc_slot(c, k);
-    if (e == NULL)
-        return NULL;
-    tc_unlink_lru(c, e);
-    tc_push_front(c, e);
-    return e;
-}
-
-static bool tc_grow(tcache_t *c)
-{
-    size_t nb = c->n_buckets ? c->n_buckets * 2 : 256;
-    tc_entry_t **b = calloc(nb, sizeof *b);
-    if (b == NULL)
-        return false;
-    for (size_t i = 0; i < c->n_buckets; i++) {
-        tc_entry_t *e = c->buckets[i], *next;
-        for (; e != NULL; e = next) {
-            next = e->hnext;
-            size_t j = e->key.low64 & (nb - 1);
-            e->hnext = b[j];
-            b[j] = e;
-        }
-    }
-    free(c->buckets);
-    c->buckets = b;
-    c->n_buckets = nb;
-    return true;
-}
-
-static void tc_put(tcache_t *c, XXH128_hash_t k, const uint32_t *t, size_t n)
-{
-    if (tc_cost(n) > c->cap_tokens)
-        return;
-    if ((c->n_buckets == 0 || c->n_entries >= c->n_buckets) && !tc_grow(c))
-        return;
-    tc_entry_t *old = *tc_slot(c, k);
-    if (old != NULL)
-        tc_remove(c, old);
-    while (c->tail != NULL && c->tokens + tc_cost(n) > c->cap_tokens) {
-        tc_remove(c, c->tail);
-        c->evictions++;
-    }
-    tc_entry_t *e = calloc(1, sizeof *e);
-    uint32_t *copy = malloc(tc_cost(n) * sizeof *copy);
-    if (e == NULL || copy == NULL) {
-        free(e);
-        free(copy);
-        return;
-    }
-    if (n)
-        memcpy(copy, t, n * sizeof *copy);
-    e->key = k;
-    e->tokens = copy;
-    e->n = n;
-    tc_entry_t **s = tc_slot(c, k);
-    e->hnext = *s;
-    *s = e;
-    tc_push_front(c, e);
-    c->tokens += tc_cost(n);
-    c->n_entries++;
-    c->inserts++;
-}
-
-static void tc_deinit(tcache_t *c)
-{
-    while (c->head != NULL)
-        tc_remove(c, c->head);
-    free(c->buckets);
-    c->buckets = NULL;
-    c->n_buckets = 0;
-}
-
-/* ---------------------------------------------------------------------------------------- */
 /* Types */
 
 typedef enum up_kind {
@@ -613,7 +471,7 @@ struct kvr_frontend {
     size_t n_pools, cap_pools;
     uint64_t tok_rr;
     size_t n_urlless;          /* registered workers without a url (refreshed by the tick) */
-    tcache_t cache;
+    kvr_tokcache_t cache;
     span_member_t *members;
     /* /v1/models */
     uint64_t models_at_ms;
@@ -1807,7 +1665,7 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
         req_fail(p, 500, "out of memory");
         return;
     }
-    tc_put(&fe->cache, p->tok_key, q.tokens, q.n_tokens);
+    kvr_tokcache_put(&fe->cache, p->tok_key, q.tokens, q.n_tokens);
     p->phase = PH_START;
     ids_ready(p);
 }
@@ -2106,17 +1964,16 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
         ids_ready(p);
         return;
     }
-    const tc_entry_t *e = tc_get(&fe->cache, p->tok_key);
-    if (e != NULL) {
-        fe->cache.hits++;
-        if (!set_tokens(p, e->tokens, e->n)) {
+    size_t n_cached;
+    const uint32_t *cached = kvr_tokcache_get(&fe->cache, p->tok_key, &n_cached);
+    if (cached != NULL) {
+        if (!set_tokens(p, cached, n_cached)) {
             req_fail(p, 500, "out of memory");
             return;
         }
         ids_ready(p);
         return;
     }
-    fe->cache.misses++;
     start_tokenize(p);
 }
 
@@ -2493,7 +2350,7 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
     fe->rl_up = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     fe->rl_proto = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     fe->rl_slow = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
-    fe->cache.cap_tokens = cfg->frontend_tokenize_cache_tokens;
+    kvr_tokcache_init(&fe->cache, cfg->frontend_tokenize_cache_tokens);
     if (cfg->worker_api_key_file[0] != '\0') {
         char tok[KVR_SECRET_MAX];
         int rc = kvr_secret_read("worker_api_key_file", cfg->worker_api_key_file, tok, err,
@@ -2570,7 +2427,7 @@ void kvr_frontend_free(kvr_frontend_t *fe)
     free(fe->waiters);
     if (fe->tick != NULL)
         event_free(fe->tick);
-    tc_deinit(&fe->cache);
+    kvr_tokcache_deinit(&fe->cache);
     kvr_oai_decoder_free(fe->dec);
     kvr_api_decoder_free(fe->tokdec);
     if (fe->out != NULL)
