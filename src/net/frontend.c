@@ -348,10 +348,7 @@ struct upool {
     kvr_frontend_t *fe;
     uint64_t worker_id;
     char url[KVR_ADDR_BYTES];
-    char host[KVR_ADDR_BYTES];
-    char hostport[KVR_ADDR_BYTES + 8];
-    char base[KVR_ADDR_BYTES]; /* path prefix without a trailing slash ("" for the root) */
-    uint16_t port;
+    kvr_url_t loc; /* url taken apart: host, port, Host header, base path */
     bool bad_url;
     bool dead;                 /* left the registry or changed url: freed once unused */
     upconn_t **conns;
@@ -632,20 +629,6 @@ static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
 /* ---------------------------------------------------------------------------------------- */
 /* Upstream pools */
 
-static bool parse_url(upool_t *u, const char *url)
-{
-    kvr_url_t p;
-    if (kvr_endpoint_parse_url(url, NULL, &p, NULL, 0) != KVR_OK ||
-        strlen(p.host) >= sizeof u->host || strlen(p.host_hdr) >= sizeof u->hostport ||
-        strlen(p.base_path) >= sizeof u->base)
-        return false;
-    snprintf(u->host, sizeof u->host, "%s", p.host);
-    snprintf(u->hostport, sizeof u->hostport, "%s", p.host_hdr);
-    snprintf(u->base, sizeof u->base, "%s", p.base_path);
-    u->port = p.port;
-    return true;
-}
-
 static void pool_free(upool_t *u)
 {
     for (size_t i = 0; i < u->n_conns; i++) {
@@ -689,7 +672,8 @@ static upool_t *pool_for(kvr_frontend_t *fe, const kvr_worker_spec_t *sp)
     u->fe = fe;
     u->worker_id = sp->worker_id;
     snprintf(u->url, sizeof u->url, "%s", sp->url);
-    u->bad_url = sp->url[0] == '\0' || !parse_url(u, sp->url);
+    u->bad_url = sp->url[0] == '\0' ||
+                 kvr_endpoint_parse_url(sp->url, NULL, &u->loc, NULL, 0) != KVR_OK;
     fe->pools[fe->n_pools++] = u;
     return u;
 }
@@ -697,7 +681,8 @@ static upool_t *pool_for(kvr_frontend_t *fe, const kvr_worker_spec_t *sp)
 static struct evhttp_connection *new_conn(kvr_frontend_t *fe, const upool_t *u,
                                           const struct timeval *tv)
 {
-    struct evhttp_connection *c = evhttp_connection_base_new(fe->base, NULL, u->host, u->port);
+    struct evhttp_connection *c =
+        evhttp_connection_base_new(fe->base, NULL, u->loc.host, u->loc.port);
     if (c == NULL)
         return NULL;
     evhttp_connection_set_timeout_tv(c, tv);
@@ -1553,7 +1538,7 @@ static void send_upstream(fe_req_t *p)
     struct evkeyvalq *h = evhttp_request_get_output_headers(up);
     char rank[16];
     snprintf(rank, sizeof rank, "%u", p->worker.dp_rank);
-    evhttp_add_header(h, "Host", u->hostport);
+    evhttp_add_header(h, "Host", u->loc.host_hdr);
     evhttp_add_header(h, "Content-Type", "application/json");
     evhttp_add_header(h, "x-data-parallel-rank", rank);
     if (p->stream)
@@ -1561,7 +1546,7 @@ static void send_upstream(fe_req_t *p)
     add_upstream_auth(p, h);
     evbuffer_add(evhttp_request_get_output_buffer(up), p->body, p->body_len);
     char path[KVR_ADDR_BYTES + 32];
-    snprintf(path, sizeof path, "%s%s", u->base,
+    snprintf(path, sizeof path, "%s%s", u->loc.base_path,
              p->ep == KVR_OAI_CHAT ? "/v1/chat/completions" : "/v1/completions");
     if (p->sse == NULL)
         p->sse = evbuffer_new();
@@ -1695,12 +1680,12 @@ static void start_tokenize(fe_req_t *p)
     }
     evhttp_request_set_error_cb(up, on_up_error);
     struct evkeyvalq *h = evhttp_request_get_output_headers(up);
-    evhttp_add_header(h, "Host", u->hostport);
+    evhttp_add_header(h, "Host", u->loc.host_hdr);
     evhttp_add_header(h, "Content-Type", "application/json");
     add_upstream_auth(p, h);
     evbuffer_add(evhttp_request_get_output_buffer(up), p->tok_body, p->tok_body_len);
     char path[KVR_ADDR_BYTES + 16];
-    snprintf(path, sizeof path, "%s/tokenize", u->base);
+    snprintf(path, sizeof path, "%s/tokenize", u->loc.base_path);
     p->phase = PH_TOKENIZE;
     p->up_pool = u;
     p->up_err_set = p->got_headers = false;
@@ -2122,9 +2107,9 @@ static void models_refresh(kvr_frontend_t *fe)
         struct evhttp_request *up = evhttp_request_new(on_models_done, u);
         if (up == NULL)
             continue;
-        evhttp_add_header(evhttp_request_get_output_headers(up), "Host", u->hostport);
+        evhttp_add_header(evhttp_request_get_output_headers(up), "Host", u->loc.host_hdr);
         char path[KVR_ADDR_BYTES + 16];
-        snprintf(path, sizeof path, "%s/v1/models", u->base);
+        snprintf(path, sizeof path, "%s/v1/models", u->loc.base_path);
         u->m_in_flight = true;
         fe->models_pending++;
         if (evhttp_make_request(u->mconn, up, EVHTTP_REQ_GET, path) != 0 && u->m_in_flight) {

@@ -242,6 +242,17 @@ static bool released_by_evhttp(const conn_t *c)
     return r == NULL && w == NULL && e == NULL;
 }
 
+/* A deadline passed: logged (rate-limited), answered code (0: closed silently). */
+static void late(conn_t *c, const char *what, const char *setting, uint64_t ms, int code)
+{
+    char msg[160];
+    snprintf(msg, sizeof msg, "the request %s did not arrive within %llu ms (%s)", what,
+             (unsigned long long)ms, setting);
+    kvr_log_limited(&c->g->rl_limits, KVR_LOG_WARN, "%s listener: %s; connection closed",
+                    c->g->name, msg);
+    close_conn(c, code, msg);
+}
+
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -266,19 +277,12 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     case P_FRESH:
     case P_HEAD:
         g->st.timeout_header++;
-        snprintf(msg, sizeof msg, "the request head did not arrive within %llu ms "
-                 "(http_header_timeout_ms)", (unsigned long long)g->lim.header_timeout_ms);
-        kvr_log_limited(&g->rl_limits, KVR_LOG_WARN, "%s listener: %s; connection closed",
-                        g->name, msg);
-        close_conn(c, c->phase == P_HEAD ? 408 : 0, msg);
+        late(c, "head", "http_header_timeout_ms", g->lim.header_timeout_ms,
+             c->phase == P_HEAD ? 408 : 0);
         return;
     case P_BODY:
         g->st.timeout_body++;
-        snprintf(msg, sizeof msg, "the request body did not arrive within %llu ms "
-                 "(http_body_timeout_ms)", (unsigned long long)g->lim.body_timeout_ms);
-        kvr_log_limited(&g->rl_limits, KVR_LOG_WARN, "%s listener: %s; connection closed",
-                        g->name, msg);
-        close_conn(c, 408, msg);
+        late(c, "body", "http_body_timeout_ms", g->lim.body_timeout_ms, 408);
         return;
     case P_IDLE:
         g->st.timeout_idle++;

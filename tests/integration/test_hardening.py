@@ -220,76 +220,57 @@ def scenario_connection_limit():
         r.stop()
 
 
+def drip(r, first, rest):
+    """Sends first, then rest one byte every 100 ms until the router answers or closes;
+    (what it answered, seconds from the first dripped byte)."""
+    s = socket.create_connection((r.host, r.port), timeout=10)
+    got = b""
+    t0 = time.monotonic()
+    try:
+        s.sendall(first)
+        for b in rest:
+            s.sendall(bytes([b]))
+            time.sleep(0.1)  # the drip is the client under test, not a wait for the router
+            s.setblocking(False)
+            try:
+                got += s.recv(4096)
+            except BlockingIOError:
+                pass
+            s.setblocking(True)
+            if got:
+                break
+    except OSError:
+        pass
+    s.settimeout(5)
+    try:
+        while True:
+            c = s.recv(4096)
+            if not c:
+                break
+            got += c
+    except OSError:
+        pass
+    s.close()
+    return got, time.monotonic() - t0
+
+
 def scenario_deadlines():
     r = router("--http-header-timeout-ms", 500, "--http-body-timeout-ms", 500,
                "--http-idle-timeout-ms", 400, what="router(deadlines)")
     try:
         # a head dripped one byte every 100 ms: cut off by the head deadline
-        s = socket.create_connection((r.host, r.port), timeout=10)
-        t0 = time.monotonic()
-        got = b""
-        try:
-            for b in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200:
-                s.sendall(bytes([b]))
-                time.sleep(0.1)  # the drip is the client under test, not a wait for the router
-                s.setblocking(False)
-                try:
-                    got += s.recv(4096)
-                except BlockingIOError:
-                    pass
-                s.setblocking(True)
-                if got:
-                    break
-        except OSError:
-            pass
-        s.settimeout(5)
-        try:
-            while True:
-                c = s.recv(4096)
-                if not c:
-                    break
-                got += c
-        except OSError:
-            pass
-        s.close()
+        got, took = drip(r, b"", b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200)
         st, _, body = split_answer(got)
         check("deadlines: a slow-drip head gets 408 in JSON", st == 408 and is_oai_error(body, 408)
               and "http_header_timeout_ms" in body["error"]["message"], got[:300])
-        check("deadlines: within the head deadline (plus a drip)", time.monotonic() - t0 < 3.0,
-              time.monotonic() - t0)
+        check("deadlines: within the head deadline (plus a drip)", took < 3.0, took)
         # a body dripped one byte every 100 ms: cut off by the body deadline
-        s = socket.create_connection((r.host, r.port), timeout=10)
-        s.sendall(b"POST /v1/query HTTP/1.1\r\nHost: x\r\nContent-Length: 400\r\n\r\n")
-        t0 = time.monotonic()
-        got = b""
-        try:
-            for _ in range(400):
-                s.sendall(b" ")
-                time.sleep(0.1)  # the drip is the client under test
-                s.setblocking(False)
-                try:
-                    got += s.recv(4096)
-                except BlockingIOError:
-                    pass
-                s.setblocking(True)
-                if got:
-                    break
-        except OSError:
-            pass
-        s.settimeout(5)
-        try:
-            while True:
-                c = s.recv(4096)
-                if not c:
-                    break
-                got += c
-        except OSError:
-            pass
-        s.close()
+        got, took = drip(r, b"POST /v1/query HTTP/1.1\r\nHost: x\r\nContent-Length: 400\r\n\r\n",
+                         b" " * 400)
         st, _, body = split_answer(got)
         check("deadlines: a slow-drip body gets 408 in JSON", st == 408 and is_oai_error(body, 408)
               and "http_body_timeout_ms" in body["error"]["message"], got[:300])
-        check("deadlines: cut off in time", time.monotonic() - t0 < 3.0, time.monotonic() - t0)
+        check("deadlines: cut off in time", took < 3.0, took)
         # a kept-alive connection left idle is closed
         c = http.client.HTTPConnection(r.host, r.port, timeout=10)
         c.request("GET", "/health")

@@ -345,6 +345,18 @@ class FakeWorker(http.server.BaseHTTPRequestHandler):
     def read_body(self):
         return self.rfile.read(int(self.headers.get("Content-Length", "0")))
 
+    def answer_completion(self):
+        """A one-token completion answer."""
+        body = json.dumps({"id": "c", "object": "text_completion", "model": "m",
+                           "choices": [{"index": 0, "text": "x", "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 32, "completion_tokens": 1,
+                                     "total_tokens": 33}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, *a):
         pass
 
@@ -465,15 +477,7 @@ def scenario_ipv6_worker():
         def do_POST(self):
             self.read_body()
             hosts["POST"].append(self.headers.get("Host"))
-            body = json.dumps({"id": "c", "object": "text_completion", "model": "m",
-                               "choices": [{"index": 0, "text": "x", "finish_reason": "stop"}],
-                               "usage": {"prompt_tokens": 32, "completion_tokens": 1,
-                                         "total_tokens": 33}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.answer_completion()
 
     srv, url = serve_worker(W, v6=True)
     want = url[len("http://"):]
@@ -501,15 +505,7 @@ def scenario_worker_auth():
         def do_POST(self):
             self.read_body()
             seen.append(self.headers.get("Authorization"))
-            body = json.dumps({"id": "c", "object": "text_completion", "model": "m",
-                               "choices": [{"index": 0, "text": "x", "finish_reason": "stop"}],
-                               "usage": {"prompt_tokens": 32, "completion_tokens": 1,
-                                         "total_tokens": 33}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.answer_completion()
 
     srv, url = serve_worker(W)
 
