@@ -51,6 +51,7 @@
 #include "net/log.h"
 #include "net/secret.h"
 #include "wire/api_json.h"
+#include "wire/json_scan.h"
 #include "wire/json_splice.h"
 #include "wire/json_writer.h"
 #include "wire/openai.h"
@@ -131,89 +132,14 @@ static void sb_ids(sbuf_t *b, const uint32_t *t, size_t n)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* JSON spans. The scanner finds where values begin and end; it checks structure only as far
- * as it needs to (request bodies were validated by the OpenAI decoder before; worker answers
- * that do not scan are forwarded untouched). */
+/* JSON spans (wire/json_scan.h, lenient: request bodies were validated by the OpenAI decoder
+ * before; worker answers that do not scan are forwarded untouched). */
 
-typedef struct span_member {
-    size_t key, key_end; /* the key, quotes included */
-    size_t val, val_end;
-} span_member_t;
-
-static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-static size_t skip_ws(const char *b, size_t n, size_t i)
-{
-    while (i < n && is_ws(b[i]))
-        i++;
-    return i;
-}
-
-/* b[i] is '"': the index after the closing quote, 0 when there is none. */
-static size_t skip_string(const char *b, size_t n, size_t i)
-{
-    size_t j = i + 1;
-    while (j < n) {
-        const char *q = memchr(b + j, '"', n - j);
-        if (q == NULL)
-            return 0;
-        size_t qi = (size_t)(q - b), bs = 0;
-        while (qi - bs > i + 1 && b[qi - bs - 1] == '\\')
-            bs++;
-        if (bs % 2 == 0)
-            return qi + 1;
-        j = qi + 1;
-    }
-    return 0;
-}
-
-/* The index after the value at b[i], 0 when it does not scan. */
-static size_t skip_value(const char *b, size_t n, size_t i)
-{
-    if (i >= n)
-        return 0;
-    char c = b[i];
-    if (c == '"')
-        return skip_string(b, n, i);
-    if (c == '[') { /* a flat array (token ids): memchr's speed instead of a byte loop */
-        const char *close = memchr(b + i, ']', n - i);
-        if (close != NULL) {
-            size_t ci = (size_t)(close - b), inner = ci - i - 1;
-            if (memchr(b + i + 1, '[', inner) == NULL && memchr(b + i + 1, '{', inner) == NULL &&
-                memchr(b + i + 1, '"', inner) == NULL)
-                return ci + 1;
-        }
-    }
-    if (c == '{' || c == '[') {
-        size_t depth = 0;
-        while (i < n) {
-            char ch = b[i];
-            if (ch == '"') {
-                if ((i = skip_string(b, n, i)) == 0)
-                    return 0;
-                continue;
-            }
-            if (ch == '{' || ch == '[') {
-                depth++;
-            } else if (ch == '}' || ch == ']') {
-                if (depth == 0)
-                    return 0;
-                if (--depth == 0)
-                    return i + 1;
-            }
-            i++;
-        }
-        return 0;
-    }
-    size_t s = i;
-    while (i < n && b[i] != ',' && b[i] != '}' && b[i] != ']' && !is_ws(b[i]))
-        i++;
-    return i > s ? i : 0;
-}
+static size_t skip_ws(const char *b, size_t n, size_t i) { return kvr_json_skip_ws(b, n, i); }
 
 /* The members of the object at b[i..n) (after whitespace); their count, or -1 when it is not
  * an object of at most FE_MAX_MEMBERS members. */
-static int scan_members(const char *b, size_t n, size_t i, span_member_t *m)
+static int scan_members(const char *b, size_t n, size_t i, kvr_json_member_t *m)
 {
     i = skip_ws(b, n, i);
     if (i >= n || b[i] != '{')
@@ -223,19 +149,12 @@ static int scan_members(const char *b, size_t n, size_t i, span_member_t *m)
         return 0;
     int k = 0;
     for (;;) {
-        if (i >= n || b[i] != '"' || k == FE_MAX_MEMBERS)
+        if (k == FE_MAX_MEMBERS)
             return -1;
-        size_t ke = skip_string(b, n, i);
-        if (ke == 0)
+        size_t ve = kvr_json_next_member(b, n, i, KVR_JSON_LENIENT, &m[k]);
+        if (ve == KVR_JSON_BAD)
             return -1;
-        size_t c = skip_ws(b, n, ke);
-        if (c >= n || b[c] != ':')
-            return -1;
-        size_t v = skip_ws(b, n, c + 1);
-        size_t ve = skip_value(b, n, v);
-        if (ve == 0)
-            return -1;
-        m[k++] = (span_member_t){i, ke, v, ve};
+        k++;
         i = skip_ws(b, n, ve);
         if (i < n && b[i] == ',') {
             i = skip_ws(b, n, i + 1);
@@ -243,58 +162,6 @@ static int scan_members(const char *b, size_t n, size_t i, span_member_t *m)
         }
         return i < n && b[i] == '}' ? k : -1;
     }
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* Whether the member's key is name (ASCII), escapes decoded as the decoder did. */
-static bool key_is(const char *b, const span_member_t *m, const char *name)
-{
-    const char *k = b + m->key + 1;
-    size_t kl = m->key_end - m->key - 2, nl = strlen(name);
-    if (memchr(k, '\\', kl) == NULL)
-        return kl == nl && memcmp(k, name, nl) == 0;
-    char buf[64];
-    size_t o = 0;
-    for (size_t i = 0; i < kl; i++) {
-        if (o == sizeof buf)
-            return false;
-        if (k[i] != '\\') {
-            buf[o++] = k[i];
-            continue;
-        }
-        if (++i >= kl)
-            return false;
-        if (k[i] == 'u') {
-            if (i + 4 >= kl)
-                return false;
-            int cp = 0;
-            for (int d = 1; d <= 4; d++) {
-                int h = hexval(k[i + (size_t)d]);
-                if (h < 0)
-                    return false;
-                cp = cp * 16 + h;
-            }
-            if (cp == 0 || cp > 0x7f)
-                return false;
-            buf[o++] = (char)cp;
-            i += 4;
-        } else if (k[i] == '"' || k[i] == '\\' || k[i] == '/') {
-            buf[o++] = k[i];
-        } else {
-            return false;
-        }
-    }
-    return o == nl && memcmp(buf, name, nl) == 0;
 }
 
 static const char *find_bytes(const char *h, size_t hn, const char *needle, size_t nn)
@@ -469,7 +336,7 @@ struct kvr_frontend {
     uint64_t tok_rr;
     size_t n_urlless;          /* registered workers without a url (refreshed by the tick) */
     kvr_tokcache_t cache;
-    span_member_t *members;
+    kvr_json_member_t *members;
     /* /v1/models */
     uint64_t models_at_ms;
     bool models_valid;
@@ -902,8 +769,9 @@ static int build_forward_body(fe_req_t *p)
     sb_add(sb, "{", 1);
     bool first = true;
     for (int i = 0; i < k; i++) {
-        const span_member_t *m = &fe->members[i];
-        if (key_is(b, m, "nvext") || (p->drop_prompt && key_is(b, m, "prompt")))
+        const kvr_json_member_t *m = &fe->members[i];
+        if (kvr_json_key_is(b, m, "nvext") ||
+            (p->drop_prompt && kvr_json_key_is(b, m, "prompt")))
             continue;
         if (!first)
             sb_add(sb, ",", 1);

@@ -2,9 +2,8 @@
  * json_splice.c: one member added at the end of a JSON object (see json_splice.h for the
  * exact input accepted and output written).
  *
- * A strict recursive-descent scanner: each scan_* returns the index just after what it
- * scanned, or BAD. The recursion depth is bounded by KVR_JSON_SPLICE_MAX_DEPTH. The input is
- * scanned in full before anything is written, so a refusal never leaves partial output.
+ * The object is scanned in full by json_scan's strict mode (depth-bounded) before anything is
+ * written, so a refusal never leaves partial output.
  */
 #include "wire/json_splice.h"
 
@@ -12,213 +11,14 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "wire/json_writer.h"
+#include "wire/json_scan.h"
 
-#define BAD SIZE_MAX
+#define BAD KVR_JSON_BAD
+#define STRICT KVR_JSON_STRICT
 
-static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+_Static_assert(KVR_JSON_SPLICE_MAX_DEPTH == KVR_JSON_MAX_DEPTH, "one depth limit");
 
-static size_t skip_ws(const char *b, size_t n, size_t i)
-{
-    while (i < n && is_ws(b[i]))
-        i++;
-    return i;
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-static bool is_digit(char c) { return c >= '0' && c <= '9'; }
-
-/* b[i] is '"'. */
-static size_t scan_string(const char *b, size_t n, size_t i)
-{
-    size_t j = i + 1;
-    bool ascii = true;
-    while (j < n) {
-        unsigned char c = (unsigned char)b[j];
-        if (c == '"') {
-            if (!ascii && !kvr_json_utf8_valid(b + i + 1, j - i - 1))
-                return BAD;
-            return j + 1;
-        }
-        if (c < 0x20)
-            return BAD;
-        if (c >= 0x80)
-            ascii = false;
-        if (c != '\\') {
-            j++;
-            continue;
-        }
-        if (++j >= n)
-            return BAD;
-        switch (b[j]) {
-        case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
-            j++;
-            break;
-        case 'u':
-            if (n - j < 5)
-                return BAD;
-            for (size_t d = 1; d <= 4; d++)
-                if (hexval(b[j + d]) < 0)
-                    return BAD;
-            j += 5;
-            break;
-        default:
-            return BAD;
-        }
-    }
-    return BAD;
-}
-
-static size_t scan_digits(const char *b, size_t n, size_t i)
-{
-    size_t s = i;
-    while (i < n && is_digit(b[i]))
-        i++;
-    return i > s ? i : BAD;
-}
-
-static size_t scan_number(const char *b, size_t n, size_t i)
-{
-    if (i < n && b[i] == '-')
-        i++;
-    if (i >= n)
-        return BAD;
-    if (b[i] == '0')
-        i++;
-    else if ((i = scan_digits(b, n, i)) == BAD)
-        return BAD;
-    if (i < n && b[i] == '.' && (i = scan_digits(b, n, i + 1)) == BAD)
-        return BAD;
-    if (i < n && (b[i] == 'e' || b[i] == 'E')) {
-        i++;
-        if (i < n && (b[i] == '+' || b[i] == '-'))
-            i++;
-        if ((i = scan_digits(b, n, i)) == BAD)
-            return BAD;
-    }
-    return i;
-}
-
-static size_t scan_literal(const char *b, size_t n, size_t i, const char *lit)
-{
-    size_t l = strlen(lit);
-    return n - i >= l && memcmp(b + i, lit, l) == 0 ? i + l : BAD;
-}
-
-static size_t scan_value(const char *b, size_t n, size_t i, unsigned depth);
-
-/* b[i] is '{' or '['. */
-static size_t scan_container(const char *b, size_t n, size_t i, unsigned depth)
-{
-    if (depth >= KVR_JSON_SPLICE_MAX_DEPTH)
-        return BAD;
-    bool obj = b[i] == '{';
-    char close = obj ? '}' : ']';
-    i = skip_ws(b, n, i + 1);
-    if (i < n && b[i] == close)
-        return i + 1;
-    for (;;) {
-        if (obj) {
-            if (i >= n || b[i] != '"' || (i = scan_string(b, n, i)) == BAD)
-                return BAD;
-            i = skip_ws(b, n, i);
-            if (i >= n || b[i] != ':')
-                return BAD;
-            i = skip_ws(b, n, i + 1);
-        }
-        if ((i = scan_value(b, n, i, depth + 1)) == BAD)
-            return BAD;
-        i = skip_ws(b, n, i);
-        if (i >= n)
-            return BAD;
-        if (b[i] == close)
-            return i + 1;
-        if (b[i] != ',')
-            return BAD;
-        i = skip_ws(b, n, i + 1);
-    }
-}
-
-static size_t scan_value(const char *b, size_t n, size_t i, unsigned depth)
-{
-    if (i >= n)
-        return BAD;
-    switch (b[i]) {
-    case '"':
-        return scan_string(b, n, i);
-    case '{':
-    case '[':
-        return scan_container(b, n, i, depth);
-    case 't':
-        return scan_literal(b, n, i, "true");
-    case 'f':
-        return scan_literal(b, n, i, "false");
-    case 'n':
-        return scan_literal(b, n, i, "null");
-    default:
-        return b[i] == '-' || is_digit(b[i]) ? scan_number(b, n, i) : BAD;
-    }
-}
-
-/* Whether the key b[k..ke) (quotes included, already scanned) reads as name (ASCII). */
-static bool key_is(const char *b, size_t k, size_t ke, const char *name)
-{
-    size_t nl = strlen(name), o = 0;
-    for (size_t i = k + 1; i < ke - 1; i++) {
-        char c = b[i];
-        if (c == '\\') {
-            c = b[++i];
-            if (c == 'u') {
-                int cp = 0;
-                for (size_t d = 1; d <= 4; d++)
-                    cp = cp * 16 + hexval(b[i + d]);
-                if (cp == 0 || cp > 0x7f)
-                    return false;
-                c = (char)cp;
-                i += 4;
-            } else {
-                static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-                c = to[strchr(from, c) - from];
-            }
-        }
-        if (o == nl || name[o] != c)
-            return false;
-        o++;
-    }
-    return o == nl;
-}
-
-/* One top-level member: the key's opening quote, its end, the value's end. */
-typedef struct member_span {
-    size_t key, key_end, val_end;
-} member_span_t;
-
-/* The next member from b[i] (at a key's quote); BAD when it does not scan. */
-static size_t next_member(const char *b, size_t n, size_t i, member_span_t *m)
-{
-    if (i >= n || b[i] != '"')
-        return BAD;
-    m->key = i;
-    if ((m->key_end = scan_string(b, n, i)) == BAD)
-        return BAD;
-    i = skip_ws(b, n, m->key_end);
-    if (i >= n || b[i] != ':')
-        return BAD;
-    i = skip_ws(b, n, i + 1);
-    if ((m->val_end = scan_value(b, n, i, 1)) == BAD)
-        return BAD;
-    return m->val_end;
-}
+static size_t skip_ws(const char *b, size_t n, size_t i) { return kvr_json_skip_ws(b, n, i); }
 
 /* Scans the top-level object at b[s..n): whether it has a member named drop (counted) and
  * where its closing brace is; false when it does not scan. */
@@ -233,11 +33,11 @@ static bool scan_top(const char *b, size_t n, size_t s, const char *drop, size_t
         return true;
     }
     for (;;) {
-        member_span_t m;
-        if ((i = next_member(b, n, i, &m)) == BAD)
+        kvr_json_member_t m;
+        if ((i = kvr_json_next_member(b, n, i, STRICT, &m)) == BAD)
             return false;
         (*n_members)++;
-        if (drop != NULL && !*has_drop && key_is(b, m.key, m.key_end, drop))
+        if (drop != NULL && !*has_drop && kvr_json_key_is(b, &m, drop))
             *has_drop = true;
         i = skip_ws(b, n, i);
         if (i >= n)
@@ -277,9 +77,9 @@ int kvr_json_splice(const char *json, size_t len, const char *drop, const char *
         any = false;
         size_t i = skip_ws(json, len, s + 1);
         for (size_t k = 0; k < n_members; k++) {
-            member_span_t m;
-            i = next_member(json, len, i, &m); /* scanned above: cannot fail */
-            if (!key_is(json, m.key, m.key_end, drop)) {
+            kvr_json_member_t m;
+            i = kvr_json_next_member(json, len, i, STRICT, &m); /* scanned above: cannot fail */
+            if (!kvr_json_key_is(json, &m, drop)) {
                 if (any)
                     out[o++] = ',';
                 memcpy(out + o, json + m.key, m.val_end - m.key);

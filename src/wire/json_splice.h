@@ -34,7 +34,7 @@
 
 #include "kvrouter.h"
 
-#define KVR_JSON_SPLICE_MAX_DEPTH 64
+#define KVR_JSON_SPLICE_MAX_DEPTH 64 /* = KVR_JSON_MAX_DEPTH (json_scan.h) */
 /* The output is never longer than this. */
 #define KVR_JSON_SPLICE_OUT_BYTES(len, member_len) ((len) + (member_len) + 2)
 
