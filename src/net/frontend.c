@@ -1,10 +1,12 @@
 /*
  * frontend.c: the OpenAI front end (see frontend.h for what it does and the policies).
  *
- * Sections: JSON spans (byte ranges of an object's members, to splice request bodies without
- * re-encoding them; answers get their nvext from wire/json_splice.h), the tokenize cache,
- * upstream pools, requests (decode, tokenize, route, proxy, relay, retry, disconnect, slow
- * clients), /v1/models, metrics, tick, lifecycle.
+ * This file is the request state machine: decode, tokenize (ids cached in core/tokcache.h),
+ * route, proxy, relay, retry, disconnect, slow clients; plus the tick and the lifecycle.
+ * Request bodies are spliced without re-encoding (members found by wire/json_scan.h; answers
+ * get their nvext from wire/json_splice.h). The upstream pools are in fe_upstream.c,
+ * GET /v1/models in fe_models.c, the metrics in fe_metrics.c; frontend_int.h is what they
+ * share.
  *
  * Invariants: a request (fe_req_t) is in the live list from arrival until its client is
  * answered or gone. While it has an upstream call (up != NULL) it holds one busy pooled
@@ -57,17 +59,11 @@
 #include "wire/openai.h"
 #include "wire/prom.h"
 
-#define FE_TICK_US 100000
-#define FE_MODELS_TTL_MS 5000
-#define FE_MODELS_TIMEOUT_S 2
-#define FE_MODELS_MAX_BYTES ((size_t)1 << 20)
-#define FE_MAX_MODELS 256           /* per worker */
-#define FE_MAX_MODEL_WAITERS 1024
-#define FE_SSE_MAX_PENDING ((size_t)1 << 20) /* bytes without an event end: forwarded raw */
-#define FE_MAX_ATTEMPTS 17          /* 1 + the largest frontend_max_retries */
-#define FE_MAX_MEMBERS 512          /* top-level members of a body we splice */
-#define FE_MAX_WORKERS 4096
-#define FE_BEV_MAX_IO ((size_t)4 << 20)
+#include "net/frontend_int.h"
+
+static const double MS_BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                    2.5,   5,    10,    25,   50,  100, 250, 1000};
+#define N_MS_BUCKETS (sizeof MS_BUCKETS / sizeof MS_BUCKETS[0])
 
 /* ---------------------------------------------------------------------------------------- */
 /* A growable byte string */
@@ -180,176 +176,6 @@ static const char *find_bytes(const char *h, size_t hn, const char *needle, size
     return NULL;
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* Types */
-
-typedef enum up_kind {
-    UPK_CONNECT = 0, /* refused, unreachable, or no connection within the timeout */
-    UPK_TIMEOUT,     /* silence past frontend_upstream_timeout_ms on a connected upstream */
-    UPK_EOF,         /* closed before the response was complete */
-    UPK_PROTOCOL,    /* a malformed answer */
-    UPK_NO_URL,      /* the worker has no usable url */
-    UPK_STATUS_5XX,  /* answered with a 5xx status (relayed, not retried) */
-    UPK_TOO_LARGE,   /* a whole answer longer than frontend_max_answer_bytes */
-    UPK_COUNT
-} up_kind_t;
-
-static const char *const UPK_NAMES[UPK_COUNT] = {"connect", "timeout", "eof", "protocol",
-                                                 "no_url", "status_5xx", "too_large"};
-
-typedef struct upool upool_t;
-
-typedef struct upconn {
-    upool_t *pool;
-    struct evhttp_connection *conn;
-    bool busy;
-} upconn_t;
-
-typedef struct pmodel {
-    char *id, *owned_by;
-    uint64_t created, max_model_len;
-} pmodel_t;
-
-/* One worker's upstream side: where it is, its connections, its failures, its models. */
-struct upool {
-    kvr_frontend_t *fe;
-    uint64_t worker_id;
-    char url[KVR_ADDR_BYTES];
-    kvr_url_t loc; /* url taken apart: host, port, Host header, base path */
-    bool bad_url;
-    bool dead;                 /* left the registry or changed url: freed once unused */
-    upconn_t **conns;
-    size_t n_conns, cap_conns, n_busy;
-    uint32_t consecutive_failures;
-    /* GET /v1/models */
-    struct evhttp_connection *mconn;
-    bool m_in_flight;
-    pmodel_t *models;
-    size_t n_models;
-};
-
-typedef enum fe_phase {
-    PH_START = 0,
-    PH_TOKENIZE,   /* a /tokenize call in flight */
-    PH_QUEUED,     /* waiting in the router's queue */
-    PH_UPSTREAM,   /* the generation request in flight */
-    PH_RETRY,      /* retry_ev pending */
-} fe_phase_t;
-
-typedef struct fe_req fe_req_t;
-
-struct fe_req {
-    kvr_frontend_t *fe;
-    fe_req_t *prev, *next;
-    struct evhttp_request *client;
-    struct evhttp_connection *client_conn;
-    kvr_oai_endpoint_t ep;
-    fe_phase_t phase;
-    bool stream, want_worker;
-    bool rewrite;          /* the body cannot go verbatim */
-    bool drop_prompt;      /* completions: the prompt member becomes the ids */
-    bool reply_started;    /* SSE headers sent to the client */
-    bool got_headers;      /* the upstream answered (its first byte): no retry from here */
-    bool sse_mode;
-    bool first_token_sent;
-    bool slow_abort;       /* the client's pending output passed the cap: aborted from retry_ev */
-    uint64_t arrival_ns;
-    /* the prompt */
-    uint32_t *tokens;
-    size_t n_tokens;
-    const char *client_body; /* the client's body (its input buffer, pulled up) */
-    size_t client_body_len;
-    char *body_own;          /* the rebuilt body, when rewrite */
-    const char *body;
-    size_t body_len;
-    char *auth;              /* the client's Authorization, when forwarded (config) */
-    /* tokenize */
-    char *tok_body;
-    size_t tok_body_len;
-    XXH128_hash_t tok_key;
-    uint64_t tok_tried[FE_MAX_ATTEMPTS];
-    unsigned n_tok_tried;
-    /* routing */
-    char *lora;
-    size_t lora_len;
-    bool has_allowed;
-    uint64_t *allowed;
-    size_t n_allowed;
-    bool has_pin_worker, has_pin_rank;
-    uint64_t pin_worker;
-    uint32_t pin_rank;
-    double priority;
-    bool has_eot;
-    uint32_t eot;
-    uint64_t tried[FE_MAX_ATTEMPTS]; /* workers whose upstream failed */
-    unsigned n_tried, attempts;
-    uint64_t *scratch;               /* the allowed ids of an attempt */
-    size_t cap_scratch;
-    kvr_queue_handle_t qh;
-    char last_fail[160];
-    /* the booking */
-    bool booked;
-    char rid[KVR_LOAD_MAX_ID_BYTES + 1];
-    size_t rid_len;
-    kvr_worker_t worker;
-    char nvext[192];                 /* "nvext":{"worker_id":{...}} */
-    size_t nvext_len;
-    /* the upstream call */
-    struct evhttp_request *up;
-    upconn_t *uc;
-    upool_t *up_pool;
-    bool up_err_set;
-    up_kind_t up_err;
-    int up_code;
-    struct evbuffer *sse;            /* upstream bytes of an event not yet complete */
-    uint64_t gen_tokens;
-    struct event *retry_ev;
-};
-
-typedef struct fe_stats {
-    uint64_t requests[3];            /* completions, chat, models */
-    uint64_t replies[6];             /* 2xx, 3xx, 4xx, 5xx, streamed, other */
-    uint64_t forwarded, retries, fenced, client_disconnects, slow_client_aborts;
-    uint64_t upstream_errors[UPK_COUNT];
-    uint64_t tokenize_calls, stream_events, stream_tokens, sse_raw, inject_failed;
-    uint64_t models_refreshes;
-} fe_stats_t;
-
-static const double MS_BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
-                                    2.5,   5,    10,    25,   50,  100, 250, 1000};
-#define N_MS_BUCKETS (sizeof MS_BUCKETS / sizeof MS_BUCKETS[0])
-
-struct kvr_frontend {
-    struct event_base *base;
-    kvr_api_server_t *api;
-    kvr_router_t *r;
-    kvr_router_config_t cfg;
-    kvr_oai_decoder_t *dec;
-    kvr_api_decoder_t *tokdec; /* /tokenize answers: {"tokens":[...], ...} */
-    kvr_json_writer_t w;
-    struct evbuffer *out;      /* scratch: reply bodies and relayed chunks */
-    struct event *tick;
-    fe_req_t *live;
-    size_t n_live;
-    upool_t **pools;
-    size_t n_pools, cap_pools;
-    uint64_t tok_rr;
-    size_t n_urlless;          /* registered workers without a url (refreshed by the tick) */
-    kvr_tokcache_t cache;
-    kvr_json_member_t *members;
-    /* /v1/models */
-    uint64_t models_at_ms;
-    bool models_valid;
-    size_t models_pending;
-    struct evhttp_request **waiters;
-    size_t n_waiters;
-    fe_stats_t st;
-    bool closing;              /* kvr_frontend_free is answering what is in flight */
-    kvr_hist_t h_forward;      /* arrival -> upstream request issued, ms */
-    kvr_ratelimit_t rl_up, rl_proto, rl_slow;
-    char worker_auth[KVR_SECRET_MAX + 8]; /* "Bearer <worker_api_key_file>"; "" = none */
-};
-
 static void req_finish(fe_req_t *p);
 
 /* The Authorization a worker gets: the client's when frontend_forward_authorization is on and
@@ -391,7 +217,7 @@ static void send_body(kvr_frontend_t *fe, struct evhttp_request *req, int code, 
     evhttp_send_reply(req, code, NULL, fe->out);
 }
 
-static void send_writer(kvr_frontend_t *fe, struct evhttp_request *req, int code)
+void fe_send_writer(kvr_frontend_t *fe, struct evhttp_request *req, int code)
 {
     const char *data;
     size_t len;
@@ -404,10 +230,10 @@ static void send_writer(kvr_frontend_t *fe, struct evhttp_request *req, int code
     send_body(fe, req, code, "application/json", data, len);
 }
 
-static void send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *fmt,
+void fe_send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *fmt,
                        ...) __attribute__((format(printf, 4, 5)));
 
-static void send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *fmt,
+void fe_send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *fmt,
                        ...)
 {
     char msg[512];
@@ -417,7 +243,7 @@ static void send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code,
     va_end(ap);
     kvr_json_writer_reset(&fe->w);
     kvr_oai_encode_error(&fe->w, msg, NULL, code);
-    send_writer(fe, req, code);
+    fe_send_writer(fe, req, code);
 }
 
 static const char *body_of(struct evhttp_request *req, size_t *len)
@@ -452,7 +278,7 @@ static void req_fail(fe_req_t *p, int code, const char *fmt, ...)
     va_end(ap);
     struct evhttp_request *c = client_take(p);
     if (c != NULL)
-        send_error(p->fe, c, code, "%s", msg);
+        fe_send_error(p->fe, c, code, "%s", msg);
     req_finish(p);
 }
 
@@ -490,135 +316,6 @@ static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
     default:
         req_fail(p, 500, "routing failed: %s", kvr_strerror(rc));
         return;
-    }
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Upstream pools */
-
-static void pool_free(upool_t *u)
-{
-    for (size_t i = 0; i < u->n_conns; i++) {
-        if (u->conns[i]->conn != NULL)
-            evhttp_connection_free(u->conns[i]->conn);
-        free(u->conns[i]);
-    }
-    if (u->mconn != NULL)
-        evhttp_connection_free(u->mconn);
-    for (size_t i = 0; i < u->n_models; i++) {
-        free(u->models[i].id);
-        free(u->models[i].owned_by);
-    }
-    free(u->models);
-    free(u->conns);
-    free(u);
-}
-
-/* The live pool of a registered worker (made on first use; a new one when its url changed). */
-static upool_t *pool_for(kvr_frontend_t *fe, const kvr_worker_spec_t *sp)
-{
-    for (size_t i = 0; i < fe->n_pools; i++) {
-        upool_t *u = fe->pools[i];
-        if (u->dead || u->worker_id != sp->worker_id)
-            continue;
-        if (strcmp(u->url, sp->url) == 0)
-            return u;
-        u->dead = true; /* re-registered elsewhere */
-    }
-    if (fe->n_pools == fe->cap_pools) {
-        size_t cap = fe->cap_pools ? fe->cap_pools * 2 : 16;
-        upool_t **pp = realloc(fe->pools, cap * sizeof *pp);
-        if (pp == NULL)
-            return NULL;
-        fe->pools = pp;
-        fe->cap_pools = cap;
-    }
-    upool_t *u = calloc(1, sizeof *u);
-    if (u == NULL)
-        return NULL;
-    u->fe = fe;
-    u->worker_id = sp->worker_id;
-    snprintf(u->url, sizeof u->url, "%s", sp->url);
-    u->bad_url = sp->url[0] == '\0' ||
-                 kvr_endpoint_parse_url(sp->url, NULL, &u->loc, NULL, 0) != KVR_OK;
-    fe->pools[fe->n_pools++] = u;
-    return u;
-}
-
-static struct evhttp_connection *new_conn(kvr_frontend_t *fe, const upool_t *u,
-                                          const struct timeval *tv)
-{
-    struct evhttp_connection *c =
-        evhttp_connection_base_new(fe->base, NULL, u->loc.host, u->loc.port);
-    if (c == NULL)
-        return NULL;
-    evhttp_connection_set_timeout_tv(c, tv);
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(c);
-    if (bev != NULL) {
-        bufferevent_set_max_single_read(bev, FE_BEV_MAX_IO);
-        bufferevent_set_max_single_write(bev, FE_BEV_MAX_IO);
-    }
-    return c;
-}
-
-/* An idle keep-alive connection of the pool, or a new one. */
-static upconn_t *pool_acquire(kvr_frontend_t *fe, upool_t *u)
-{
-    for (size_t i = u->n_conns; i-- > 0;) {
-        upconn_t *c = u->conns[i];
-        if (!c->busy) {
-            c->busy = true;
-            u->n_busy++;
-            return c;
-        }
-    }
-    if (u->n_conns == u->cap_conns) {
-        size_t cap = u->cap_conns ? u->cap_conns * 2 : 8;
-        upconn_t **cc = realloc(u->conns, cap * sizeof *cc);
-        if (cc == NULL)
-            return NULL;
-        u->conns = cc;
-        u->cap_conns = cap;
-    }
-    upconn_t *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        return NULL;
-    uint64_t ms = fe->cfg.frontend_upstream_timeout_ms;
-    struct timeval tv = {.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
-    if ((c->conn = new_conn(fe, u, &tv)) == NULL) {
-        free(c);
-        return NULL;
-    }
-    c->pool = u;
-    c->busy = true;
-    u->conns[u->n_conns++] = c;
-    u->n_busy++;
-    return c;
-}
-
-static void pool_release(upconn_t *c)
-{
-    if (c != NULL && c->busy) {
-        c->busy = false;
-        c->pool->n_busy--;
-    }
-}
-
-/* A refused connection or a failure before the first byte: counted against the worker. */
-static void worker_failed(kvr_frontend_t *fe, upool_t *u, up_kind_t kind)
-{
-    if (kind == UPK_NO_URL)
-        return;
-    if (kind == UPK_CONNECT)
-        kvr_api_server_suspect(fe->api, u->worker_id, "a request could not connect");
-    u->consecutive_failures++;
-    if (u->consecutive_failures >= fe->cfg.frontend_fence_failures &&
-        !kvr_router_fenced(fe->r, u->worker_id) && kvr_router_worker(fe->r, u->worker_id)) {
-        char why[96];
-        snprintf(why, sizeof why, "failed %u upstream requests in a row (last: %s)",
-                 u->consecutive_failures, UPK_NAMES[kind]);
-        kvr_api_server_fence(fe->api, u->worker_id, why);
-        fe->st.fenced++;
     }
 }
 
@@ -665,7 +362,7 @@ static void cancel_upstream(fe_req_t *p)
         evhttp_cancel_request(p->up);
         p->up = NULL;
     }
-    pool_release(p->uc);
+    fe_pool_release(p->uc);
     p->uc = NULL;
 }
 
@@ -694,7 +391,7 @@ static void req_finish(fe_req_t *p)
             end_stream(p, "internal error: the request was dropped");
         } else {
             struct evhttp_request *c = client_take(p);
-            send_error(fe, c, 500, "internal error: the request was dropped");
+            fe_send_error(fe, c, 500, "internal error: the request was dropped");
         }
     }
     unlink_req(fe, p);
@@ -1032,7 +729,7 @@ static void attempt_failed(fe_req_t *p, up_kind_t kind)
              "on worker %llu", p->attempts, p->attempts == 1 ? "" : "s", UPK_NAMES[kind],
              (unsigned long long)p->worker.worker_id);
     if (p->up_pool != NULL)
-        worker_failed(fe, p->up_pool, kind);
+        fe_worker_failed(fe, p->up_pool, kind);
     if (p->n_tried < FE_MAX_ATTEMPTS)
         p->tried[p->n_tried++] = p->worker.worker_id;
     unbook(p);
@@ -1159,7 +856,7 @@ static void relay_event(fe_req_t *p, const char *ev, size_t len, struct evbuffer
 }
 
 /* Bytes handed to libevent for the client and not yet written to its socket. */
-static size_t client_backlog(const fe_req_t *p)
+size_t fe_client_backlog(const fe_req_t *p)
 {
     if (p->client == NULL || p->client_conn == NULL)
         return 0;
@@ -1173,7 +870,7 @@ static size_t client_backlog(const fe_req_t *p)
 static void check_client_backlog(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
-    size_t pending = client_backlog(p);
+    size_t pending = fe_client_backlog(p);
     if (p->slow_abort || pending <= fe->cfg.frontend_max_client_buffer_bytes ||
         p->retry_ev == NULL)
         return;
@@ -1328,7 +1025,7 @@ static void on_up_done(struct evhttp_request *up, void *arg)
     fe_req_t *p = arg;
     kvr_frontend_t *fe = p->fe;
     p->up = NULL; /* libevent frees it after this call */
-    pool_release(p->uc);
+    fe_pool_release(p->uc);
     p->uc = NULL;
     if (p->slow_abort)
         return; /* retry_ev is pending: it closes the client */
@@ -1341,7 +1038,7 @@ static void on_up_done(struct evhttp_request *up, void *arg)
         }
         if (!p->got_headers) { /* accepted, then silent: maybe still generating; not retried */
             up_count_error(fe, kind, p->worker.worker_id, true);
-            worker_failed(fe, p->up_pool, kind);
+            fe_worker_failed(fe, p->up_pool, kind);
             req_fail(p, 504, "worker %llu sent nothing for frontend_upstream_timeout_ms (%llu ms)",
                      (unsigned long long)p->worker.worker_id,
                      (unsigned long long)fe->cfg.frontend_upstream_timeout_ms);
@@ -1349,7 +1046,7 @@ static void on_up_done(struct evhttp_request *up, void *arg)
         }
         up_count_error(fe, kind, p->worker.worker_id, false);
         if (kind == UPK_TOO_LARGE) {
-            worker_failed(fe, p->up_pool, kind);
+            fe_worker_failed(fe, p->up_pool, kind);
             req_fail(p, 502, "worker %llu's answer exceeded frontend_max_answer_bytes (%llu bytes)",
                      (unsigned long long)p->worker.worker_id,
                      (unsigned long long)fe->cfg.frontend_max_answer_bytes);
@@ -1380,7 +1077,7 @@ static void send_upstream(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
     const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, p->worker.worker_id);
-    upool_t *u = sp != NULL ? pool_for(fe, sp) : NULL;
+    upool_t *u = sp != NULL ? fe_pool_for(fe, sp) : NULL;
     p->attempts++;
     p->up_pool = u;
     p->got_headers = p->up_err_set = p->sse_mode = false;
@@ -1393,10 +1090,10 @@ static void send_upstream(fe_req_t *p)
         attempt_failed(p, UPK_NO_URL);
         return;
     }
-    upconn_t *uc = ensure_retry_ev(p) ? pool_acquire(fe, u) : NULL;
+    upconn_t *uc = ensure_retry_ev(p) ? fe_pool_acquire(fe, u) : NULL;
     struct evhttp_request *up = uc ? evhttp_request_new(on_up_done, p) : NULL;
     if (up == NULL) {
-        pool_release(uc);
+        fe_pool_release(uc);
         req_fail(p, 500, "out of memory");
         return;
     }
@@ -1431,7 +1128,7 @@ static void send_upstream(fe_req_t *p)
     evhttp_connection_set_max_body_size(uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
     if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up == up) {
         p->up = NULL;
-        pool_release(p->uc);
+        fe_pool_release(p->uc);
         p->uc = NULL;
         attempt_failed(p, UPK_CONNECT);
     }
@@ -1457,7 +1154,7 @@ static upool_t *pick_tokenizer(fe_req_t *p)
             tried = p->tok_tried[i] == id;
         if (sp == NULL || sp->url[0] == '\0' || tried || kvr_router_fenced(fe->r, id))
             continue;
-        upool_t *u = pool_for(fe, sp);
+        upool_t *u = fe_pool_for(fe, sp);
         if (u == NULL || u->bad_url)
             continue;
         fe->tok_rr += k + 1;
@@ -1471,14 +1168,14 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
     fe_req_t *p = arg;
     kvr_frontend_t *fe = p->fe;
     p->up = NULL;
-    pool_release(p->uc);
+    fe_pool_release(p->uc);
     p->uc = NULL;
     upool_t *u = p->up_pool;
     int code = up != NULL ? evhttp_request_get_response_code(up) : 0;
     if (up == NULL || code == 0) {
         up_kind_t kind = up != NULL ? UPK_CONNECT : p->up_err_set ? p->up_err : UPK_EOF;
         up_count_error(fe, kind, u->worker_id, true);
-        worker_failed(fe, u, kind);
+        fe_worker_failed(fe, u, kind);
         snprintf(p->last_fail, sizeof p->last_fail, "/tokenize failed with %s on worker %llu",
                  UPK_NAMES[kind], (unsigned long long)u->worker_id);
         schedule_retry(p);
@@ -1539,10 +1236,10 @@ static void start_tokenize(fe_req_t *p)
         return;
     }
     p->tok_tried[p->n_tok_tried++] = u->worker_id;
-    upconn_t *uc = ensure_retry_ev(p) ? pool_acquire(fe, u) : NULL;
+    upconn_t *uc = ensure_retry_ev(p) ? fe_pool_acquire(fe, u) : NULL;
     struct evhttp_request *up = uc ? evhttp_request_new(on_tok_done, p) : NULL;
     if (up == NULL) {
-        pool_release(uc);
+        fe_pool_release(uc);
         req_fail(p, 500, "out of memory");
         return;
     }
@@ -1564,7 +1261,7 @@ static void start_tokenize(fe_req_t *p)
     evhttp_connection_set_max_body_size(uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
     if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up == up) {
         p->up = NULL;
-        pool_release(p->uc);
+        fe_pool_release(p->uc);
         p->uc = NULL;
         snprintf(p->last_fail, sizeof p->last_fail, "cannot connect to worker %llu",
                  (unsigned long long)u->worker_id);
@@ -1718,7 +1415,7 @@ static bool read_headers(fe_req_t *p, struct evhttp_request *req)
     uint64_t v;
     if (wid != NULL) {
         if (!parse_u64(wid, UINT64_MAX, &v)) {
-            send_error(p->fe, req, 400, "x-worker-instance-id: not an unsigned integer");
+            fe_send_error(p->fe, req, 400, "x-worker-instance-id: not an unsigned integer");
             return false;
         }
         p->has_pin_worker = true;
@@ -1726,7 +1423,7 @@ static bool read_headers(fe_req_t *p, struct evhttp_request *req)
     }
     if (dpr != NULL) {
         if (!parse_u64(dpr, UINT32_MAX, &v)) {
-            send_error(p->fe, req, 400, "x-dp-rank: not an integer in [0, 4294967295]");
+            fe_send_error(p->fe, req, 400, "x-dp-rank: not an integer in [0, 4294967295]");
             return false;
         }
         p->has_pin_rank = true;
@@ -1737,7 +1434,7 @@ static bool read_headers(fe_req_t *p, struct evhttp_request *req)
     const char *auth = p->fe->cfg.frontend_forward_authorization
                            ? evhttp_find_header(h, "Authorization") : NULL;
     if (auth != NULL && (p->auth = strdup(auth)) == NULL) {
-        send_error(p->fe, req, 500, "out of memory");
+        fe_send_error(p->fe, req, 500, "out of memory");
         return false;
     }
     return true;
@@ -1758,7 +1455,7 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
     uint64_t t0 = mono_ns();
     fe->st.requests[ep == KVR_OAI_CHAT]++;
     if (fe->closing) {
-        send_error(fe, req, 503, "the router is shutting down");
+        fe_send_error(fe, req, 503, "the router is shutting down");
         return;
     }
     size_t len;
@@ -1766,12 +1463,12 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
     kvr_oai_request_t rq;
     int rc = kvr_oai_decode(fe->dec, ep, body, len, &rq);
     if (rc != KVR_OK) {
-        send_error(fe, req, kvr_oai_http_status(rc), "%s", kvr_oai_decoder_error(fe->dec));
+        fe_send_error(fe, req, kvr_oai_http_status(rc), "%s", kvr_oai_decoder_error(fe->dec));
         return;
     }
     fe_req_t *p = calloc(1, sizeof *p);
     if (p == NULL) {
-        send_error(fe, req, 500, "out of memory");
+        fe_send_error(fe, req, 500, "out of memory");
         return;
     }
     p->fe = fe;
@@ -1784,7 +1481,7 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
     p->client_body_len = len;
     if (!copy_routing(p, &rq)) {
         req_free_unlinked(p);
-        send_error(fe, req, 500, "out of memory");
+        fe_send_error(fe, req, 500, "out of memory");
         return;
     }
     if (!read_headers(p, req)) {
@@ -1797,7 +1494,7 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
             in = p->allowed[i] == p->pin_worker;
         if (!in) {
             req_free_unlinked(p);
-            send_error(fe, req, 503, "the pinned worker is outside the request's filters");
+            fe_send_error(fe, req, 503, "the pinned worker is outside the request's filters");
             return;
         }
     }
@@ -1808,7 +1505,7 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
     bool ok = ids_given ? set_tokens(p, rq.tokens, rq.n_tokens) : tokenize_body(p, &rq);
     if (!ok) {
         req_free_unlinked(p);
-        send_error(fe, req, 500, "out of memory");
+        fe_send_error(fe, req, 500, "out of memory");
         return;
     }
     link_req(fe, p);
@@ -1831,276 +1528,6 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* GET /v1/models */
-
-static void models_answer(kvr_frontend_t *fe, struct evhttp_request *req)
-{
-    size_t cap = 0, n = 0;
-    for (size_t i = 0; i < fe->n_pools; i++)
-        cap += fe->pools[i]->dead ? 0 : fe->pools[i]->n_models;
-    kvr_oai_model_t *ms = calloc(cap + 1, sizeof *ms);
-    if (ms == NULL) {
-        send_error(fe, req, 500, "out of memory");
-        return;
-    }
-    for (size_t i = 0; i < fe->n_pools; i++) {
-        const upool_t *u = fe->pools[i];
-        if (u->dead || kvr_router_worker(fe->r, u->worker_id) == NULL)
-            continue;
-        for (size_t k = 0; k < u->n_models; k++) {
-            const pmodel_t *pm = &u->models[k];
-            bool dup = false;
-            for (size_t j = 0; j < n && !dup; j++)
-                dup = strcmp(ms[j].id, pm->id) == 0;
-            if (!dup)
-                ms[n++] = (kvr_oai_model_t){pm->id, pm->created, pm->owned_by, pm->max_model_len};
-        }
-    }
-    kvr_json_writer_reset(&fe->w);
-    kvr_oai_encode_models(&fe->w, ms, n);
-    free(ms);
-    send_writer(fe, req, 200);
-}
-
-static void models_round_done(kvr_frontend_t *fe)
-{
-    fe->models_valid = true;
-    fe->models_at_ms = kvr_now_ms();
-    for (size_t i = 0; i < fe->n_waiters; i++)
-        models_answer(fe, fe->waiters[i]);
-    fe->n_waiters = 0;
-}
-
-static char *dup_str(const char *s) { return s ? strdup(s) : NULL; }
-
-/* Replaces u's model list from a /v1/models answer; false if it does not parse. */
-static bool parse_models(upool_t *u, const char *b, size_t len)
-{
-    if (len == 0 || len > FE_MODELS_MAX_BYTES)
-        return false;
-    char *text = malloc(len + 1);
-    if (text == NULL)
-        return false;
-    memcpy(text, b, len);
-    text[len] = '\0';
-    yajl_val root = yajl_tree_parse(text, NULL, 0);
-    free(text);
-    static const char *data_path[] = {"data", NULL};
-    yajl_val data = root ? yajl_tree_get(root, data_path, yajl_t_array) : NULL;
-    if (data == NULL) {
-        yajl_tree_free(root);
-        return false;
-    }
-    size_t n = YAJL_GET_ARRAY(data)->len;
-    if (n > FE_MAX_MODELS)
-        n = FE_MAX_MODELS;
-    pmodel_t *ms = calloc(n + 1, sizeof *ms);
-    size_t k = 0;
-    static const char *id_p[] = {"id", NULL}, *own_p[] = {"owned_by", NULL};
-    static const char *cr_p[] = {"created", NULL}, *mml_p[] = {"max_model_len", NULL};
-    for (size_t i = 0; ms != NULL && i < n; i++) {
-        yajl_val m = YAJL_GET_ARRAY(data)->values[i];
-        yajl_val id = yajl_tree_get(m, id_p, yajl_t_string);
-        const char *ids = id != NULL ? YAJL_GET_STRING(id) : NULL;
-        if (ids == NULL || !kvr_json_utf8_valid(ids, strlen(ids)))
-            continue;
-        yajl_val own = yajl_tree_get(m, own_p, yajl_t_string);
-        yajl_val cr = yajl_tree_get(m, cr_p, yajl_t_number);
-        yajl_val mml = yajl_tree_get(m, mml_p, yajl_t_number);
-        ms[k].id = dup_str(ids);
-        ms[k].owned_by = dup_str(own ? YAJL_GET_STRING(own) : "kvrouter");
-        ms[k].created = cr && YAJL_IS_INTEGER(cr) && YAJL_GET_INTEGER(cr) > 0
-                            ? (uint64_t)YAJL_GET_INTEGER(cr) : (uint64_t)time(NULL);
-        ms[k].max_model_len = mml && YAJL_IS_INTEGER(mml) && YAJL_GET_INTEGER(mml) > 0
-                                  ? (uint64_t)YAJL_GET_INTEGER(mml) : 0;
-        if (ms[k].id == NULL || ms[k].owned_by == NULL) {
-            free(ms[k].id);
-            free(ms[k].owned_by);
-            continue;
-        }
-        k++;
-    }
-    yajl_tree_free(root);
-    if (ms == NULL)
-        return false;
-    for (size_t i = 0; i < u->n_models; i++) {
-        free(u->models[i].id);
-        free(u->models[i].owned_by);
-    }
-    free(u->models);
-    u->models = ms;
-    u->n_models = k;
-    return true;
-}
-
-static void on_models_done(struct evhttp_request *up, void *arg)
-{
-    upool_t *u = arg;
-    kvr_frontend_t *fe = u->fe;
-    u->m_in_flight = false;
-    if (up != NULL && evhttp_request_get_response_code(up) == 200) {
-        struct evbuffer *in = evhttp_request_get_input_buffer(up);
-        size_t len = evbuffer_get_length(in);
-        if (!parse_models(u, len ? (const char *)evbuffer_pullup(in, -1) : "", len)) {
-            fe->st.upstream_errors[UPK_PROTOCOL]++;
-            kvr_log_limited(&fe->rl_proto, KVR_LOG_WARN, "worker %llu: /v1/models answer "
-                            "without a data array", (unsigned long long)u->worker_id);
-        }
-    }
-    if (fe->models_pending > 0 && --fe->models_pending == 0)
-        models_round_done(fe);
-}
-
-/* Asks every registered worker with a url for its models; the round ends when all answered. */
-static void models_refresh(kvr_frontend_t *fe)
-{
-    fe->st.models_refreshes++;
-    uint64_t ids[FE_MAX_WORKERS];
-    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
-    if (n > FE_MAX_WORKERS)
-        n = FE_MAX_WORKERS;
-    fe->models_pending = 1; /* held until every probe is out */
-    for (size_t i = 0; i < n; i++) {
-        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, ids[i]);
-        if (sp == NULL || sp->url[0] == '\0' || kvr_router_fenced(fe->r, ids[i]))
-            continue;
-        upool_t *u = pool_for(fe, sp);
-        if (u == NULL || u->bad_url || u->m_in_flight)
-            continue;
-        if (u->mconn == NULL) {
-            struct timeval tv = {FE_MODELS_TIMEOUT_S, 0};
-            if ((u->mconn = new_conn(fe, u, &tv)) == NULL)
-                continue;
-        }
-        struct evhttp_request *up = evhttp_request_new(on_models_done, u);
-        if (up == NULL)
-            continue;
-        evhttp_add_header(evhttp_request_get_output_headers(up), "Host", u->loc.host_hdr);
-        char path[KVR_ADDR_BYTES + 16];
-        snprintf(path, sizeof path, "%s/v1/models", u->loc.base_path);
-        u->m_in_flight = true;
-        fe->models_pending++;
-        if (evhttp_make_request(u->mconn, up, EVHTTP_REQ_GET, path) != 0 && u->m_in_flight) {
-            u->m_in_flight = false;
-            fe->models_pending--;
-        }
-    }
-    if (--fe->models_pending == 0)
-        models_round_done(fe);
-}
-
-static void h_models(kvr_frontend_t *fe, struct evhttp_request *req)
-{
-    fe->st.requests[2]++;
-    bool fresh = fe->models_valid && kvr_now_ms() - fe->models_at_ms < FE_MODELS_TTL_MS;
-    if (fresh || (fe->n_waiters == FE_MAX_MODEL_WAITERS && fe->models_pending > 0)) {
-        models_answer(fe, req);
-        return;
-    }
-    if (fe->waiters == NULL &&
-        (fe->waiters = calloc(FE_MAX_MODEL_WAITERS, sizeof *fe->waiters)) == NULL) {
-        send_error(fe, req, 500, "out of memory");
-        return;
-    }
-    fe->waiters[fe->n_waiters++] = req;
-    if (fe->models_pending == 0)
-        models_refresh(fe);
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Metrics */
-
-static void counter(kvr_prom_t *p, const char *name, const char *help, double v)
-{
-    kvr_prom_family(p, name, "counter", help);
-    kvr_prom_sample(p, name, NULL, 0, v);
-}
-
-static void gauge(kvr_prom_t *p, const char *name, const char *help, double v)
-{
-    kvr_prom_family(p, name, "gauge", help);
-    kvr_prom_sample(p, name, NULL, 0, v);
-}
-
-static void fe_metrics(void *arg, struct kvr_prom *p)
-{
-    kvr_frontend_t *fe = arg;
-    const fe_stats_t *s = &fe->st;
-    kvr_prom_family(p, "kvr_frontend_requests_total", "counter",
-                    "OpenAI front-end requests by endpoint.");
-    static const char *const eps[] = {"completions", "chat", "models"};
-    for (int i = 0; i < 3; i++) {
-        kvr_prom_label_t l = {"endpoint", eps[i]};
-        kvr_prom_sample(p, "kvr_frontend_requests_total", &l, 1, (double)s->requests[i]);
-    }
-    kvr_prom_family(p, "kvr_frontend_replies_total", "counter",
-                    "Front-end answers by status class (stream: SSE streams ended).");
-    static const char *const cls[] = {"2xx", "3xx", "4xx", "5xx", "stream", "other"};
-    for (int i = 0; i < 6; i++) {
-        kvr_prom_label_t l = {"class", cls[i]};
-        kvr_prom_sample(p, "kvr_frontend_replies_total", &l, 1, (double)s->replies[i]);
-    }
-    gauge(p, "kvr_frontend_in_flight", "Front-end requests not yet answered.", (double)fe->n_live);
-    counter(p, "kvr_frontend_forwarded_total", "Generation requests sent to workers (retries "
-            "included).", (double)s->forwarded);
-    counter(p, "kvr_frontend_retries_total", "Requests routed again after an upstream failed "
-            "before its first byte.", (double)s->retries);
-    counter(p, "kvr_frontend_workers_fenced_total", "Workers fenced for failing upstream "
-            "requests in a row.", (double)s->fenced);
-    counter(p, "kvr_frontend_client_disconnects_total", "Clients gone before their answer "
-            "ended (their upstream requests cancelled).", (double)s->client_disconnects);
-    kvr_prom_family(p, "kvr_frontend_upstream_errors_total", "counter",
-                    "Upstream failures by kind.");
-    for (int i = 0; i < UPK_COUNT; i++) {
-        kvr_prom_label_t l = {"kind", UPK_NAMES[i]};
-        kvr_prom_sample(p, "kvr_frontend_upstream_errors_total", &l, 1,
-                        (double)s->upstream_errors[i]);
-    }
-    counter(p, "kvr_frontend_slow_client_aborts_total", "Streams aborted (as disconnects) because "
-            "the client left more than frontend_max_client_buffer_bytes unread.",
-            (double)s->slow_client_aborts);
-    size_t backlog = 0;
-    for (const fe_req_t *q = fe->live; q != NULL; q = q->next)
-        backlog += q->reply_started ? client_backlog(q) : 0;
-    gauge(p, "kvr_frontend_client_buffer_bytes", "Streamed bytes waiting in clients' output "
-          "buffers.", (double)backlog);
-    gauge(p, "kvr_frontend_max_client_buffer_bytes", "The cap on one client's waiting bytes "
-          "(frontend_max_client_buffer_bytes).", (double)fe->cfg.frontend_max_client_buffer_bytes);
-    counter(p, "kvr_frontend_stream_events_total", "SSE events relayed.", (double)s->stream_events);
-    counter(p, "kvr_frontend_stream_tokens_total", "SSE events that carried a token.",
-            (double)s->stream_tokens);
-    counter(p, "kvr_frontend_sse_unframed_total", "Upstream stream bytes forwarded without an "
-            "event boundary (stream end or over 1 MiB).", (double)s->sse_raw);
-    counter(p, "kvr_frontend_inject_failed_total", "Answers that could not carry nvext.worker_id "
-            "(not one valid JSON object: forwarded as they were).", (double)s->inject_failed);
-    counter(p, "kvr_frontend_tokenize_calls_total", "POST /tokenize calls to workers.",
-            (double)s->tokenize_calls);
-    counter(p, "kvr_frontend_tokenize_cache_hits_total", "Text prompts found in the cache.",
-            (double)fe->cache.hits);
-    counter(p, "kvr_frontend_tokenize_cache_misses_total", "Text prompts not in the cache.",
-            (double)fe->cache.misses);
-    counter(p, "kvr_frontend_tokenize_cache_evictions_total", "Entries evicted (LRU).",
-            (double)fe->cache.evictions);
-    gauge(p, "kvr_frontend_tokenize_cache_entries", "Cached prompts.", (double)fe->cache.n_entries);
-    gauge(p, "kvr_frontend_tokenize_cache_tokens", "Cached token ids.", (double)fe->cache.tokens);
-    gauge(p, "kvr_frontend_tokenize_cache_max_tokens", "The cache's budget.",
-          (double)fe->cache.cap_tokens);
-    counter(p, "kvr_frontend_models_refreshes_total", "GET /v1/models rounds to the workers.",
-            (double)s->models_refreshes);
-    size_t conns = 0, busy = 0;
-    for (size_t i = 0; i < fe->n_pools; i++) {
-        conns += fe->pools[i]->n_conns;
-        busy += fe->pools[i]->n_busy;
-    }
-    gauge(p, "kvr_frontend_upstream_connections", "Pooled upstream connections.", (double)conns);
-    gauge(p, "kvr_frontend_upstream_connections_busy", "Pooled upstream connections in use.",
-          (double)busy);
-    kvr_prom_family(p, "kvr_frontend_forward_delay_ms", "histogram",
-                    "Request received to request sent to the worker (first attempt), ms.");
-    kvr_prom_hist(p, "kvr_frontend_forward_delay_ms", NULL, 0, &fe->h_forward);
-}
-
-/* ---------------------------------------------------------------------------------------- */
 /* Tick: clients that left before their first byte, pool upkeep */
 
 static void sweep_clients(kvr_frontend_t *fe)
@@ -2113,38 +1540,6 @@ static void sweep_clients(kvr_frontend_t *fe)
         if (kvr_http_client_gone(p->client_conn))
             evhttp_connection_free(p->client_conn); /* its close callback frees p */
     }
-}
-
-static void pool_upkeep(kvr_frontend_t *fe)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < fe->n_pools; i++) {
-        upool_t *u = fe->pools[i];
-        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, u->worker_id);
-        if (sp == NULL || strcmp(sp->url, u->url) != 0)
-            u->dead = true;
-        if (u->dead && u->n_busy == 0 && !u->m_in_flight) {
-            pool_free(u);
-            continue;
-        }
-        /* idle connections beyond the cap (the oldest ones first) */
-        size_t idle = u->n_conns - u->n_busy;
-        size_t keep = u->dead ? 0 : fe->cfg.frontend_max_idle_connections;
-        size_t w = 0;
-        for (size_t k = 0; k < u->n_conns; k++) {
-            upconn_t *c = u->conns[k];
-            if (!c->busy && idle > keep) {
-                evhttp_connection_free(c->conn);
-                free(c);
-                idle--;
-                continue;
-            }
-            u->conns[w++] = c;
-        }
-        u->n_conns = w;
-        fe->pools[o++] = u;
-    }
-    fe->n_pools = o;
 }
 
 static void count_urlless(kvr_frontend_t *fe)
@@ -2164,7 +1559,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     (void)what;
     kvr_frontend_t *fe = arg;
     sweep_clients(fe);
-    pool_upkeep(fe);
+    fe_pool_upkeep(fe);
     count_urlless(fe);
 }
 
@@ -2180,7 +1575,7 @@ static bool fe_handle(void *arg, struct evhttp_request *req, const char *path, b
     else if (post && strcmp(path, "/v1/chat/completions") == 0)
         h_generate(fe, req, KVR_OAI_CHAT);
     else if (get && strcmp(path, "/v1/models") == 0)
-        h_models(fe, req);
+        fe_h_models(fe, req);
     else
         return false;
     return true;
@@ -2263,7 +1658,7 @@ void kvr_frontend_close(kvr_frontend_t *fe)
         }
     }
     for (size_t i = 0; i < fe->n_waiters; i++)
-        models_answer(fe, fe->waiters[i]);
+        fe_models_answer(fe, fe->waiters[i]);
     fe->n_waiters = 0;
 }
 
@@ -2275,7 +1670,7 @@ void kvr_frontend_free(kvr_frontend_t *fe)
         kvr_api_server_set_extension(fe->api, NULL);
     kvr_frontend_close(fe);
     for (size_t i = 0; i < fe->n_pools; i++)
-        pool_free(fe->pools[i]);
+        fe_pool_free(fe->pools[i]);
     free(fe->pools);
     free(fe->waiters);
     if (fe->tick != NULL)

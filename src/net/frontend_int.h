@@ -1,0 +1,232 @@
+/*
+ * frontend_int.h: what the OpenAI front end's files share (frontend.c: the request state
+ * machine; fe_upstream.c: per-worker connection pools and failure accounting; fe_models.c:
+ * GET /v1/models; fe_metrics.c: its /metrics families). Not a public interface: only these
+ * files include it. Threads: the HTTP thread only, like everything in the front end.
+ */
+#ifndef KVR_NET_FRONTEND_INT_H
+#define KVR_NET_FRONTEND_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <xxhash.h>
+
+#include "core/endpoint.h"
+#include "core/tokcache.h"
+#include "net/frontend.h"
+#include "net/log.h"
+#include "net/secret.h"
+#include "wire/api_json.h"
+#include "wire/json_scan.h"
+#include "wire/json_writer.h"
+#include "wire/openai.h"
+#include "wire/prom.h"
+
+#define FE_TICK_US 100000
+#define FE_MODELS_TTL_MS 5000
+#define FE_MODELS_TIMEOUT_S 2
+#define FE_MODELS_MAX_BYTES ((size_t)1 << 20)
+#define FE_MAX_MODELS 256           /* per worker */
+#define FE_MAX_MODEL_WAITERS 1024
+#define FE_SSE_MAX_PENDING ((size_t)1 << 20) /* bytes without an event end: forwarded raw */
+#define FE_MAX_ATTEMPTS 17          /* 1 + the largest frontend_max_retries */
+#define FE_MAX_MEMBERS 512          /* top-level members of a body we splice */
+#define FE_MAX_WORKERS 4096
+#define FE_BEV_MAX_IO ((size_t)4 << 20)
+
+typedef enum up_kind {
+    UPK_CONNECT = 0, /* refused, unreachable, or no connection within the timeout */
+    UPK_TIMEOUT,     /* silence past frontend_upstream_timeout_ms on a connected upstream */
+    UPK_EOF,         /* closed before the response was complete */
+    UPK_PROTOCOL,    /* a malformed answer */
+    UPK_NO_URL,      /* the worker has no usable url */
+    UPK_STATUS_5XX,  /* answered with a 5xx status (relayed, not retried) */
+    UPK_TOO_LARGE,   /* a whole answer longer than frontend_max_answer_bytes */
+    UPK_COUNT
+} up_kind_t;
+
+extern const char *const UPK_NAMES[UPK_COUNT]; /* fe_metrics.c */
+
+typedef struct upool upool_t;
+
+typedef struct upconn {
+    upool_t *pool;
+    struct evhttp_connection *conn;
+    bool busy;
+} upconn_t;
+
+typedef struct pmodel {
+    char *id, *owned_by;
+    uint64_t created, max_model_len;
+} pmodel_t;
+
+/* One worker's upstream side: where it is, its connections, its failures, its models. */
+struct upool {
+    kvr_frontend_t *fe;
+    uint64_t worker_id;
+    char url[KVR_ADDR_BYTES];
+    kvr_url_t loc; /* url taken apart: host, port, Host header, base path */
+    bool bad_url;
+    bool dead;                 /* left the registry or changed url: freed once unused */
+    upconn_t **conns;
+    size_t n_conns, cap_conns, n_busy;
+    uint32_t consecutive_failures;
+    /* GET /v1/models */
+    struct evhttp_connection *mconn;
+    bool m_in_flight;
+    pmodel_t *models;
+    size_t n_models;
+};
+
+typedef enum fe_phase {
+    PH_START = 0,
+    PH_TOKENIZE,   /* a /tokenize call in flight */
+    PH_QUEUED,     /* waiting in the router's queue */
+    PH_UPSTREAM,   /* the generation request in flight */
+    PH_RETRY,      /* retry_ev pending */
+} fe_phase_t;
+
+typedef struct fe_req fe_req_t;
+
+struct fe_req {
+    kvr_frontend_t *fe;
+    fe_req_t *prev, *next;
+    struct evhttp_request *client;
+    struct evhttp_connection *client_conn;
+    kvr_oai_endpoint_t ep;
+    fe_phase_t phase;
+    bool stream, want_worker;
+    bool rewrite;          /* the body cannot go verbatim */
+    bool drop_prompt;      /* completions: the prompt member becomes the ids */
+    bool reply_started;    /* SSE headers sent to the client */
+    bool got_headers;      /* the upstream answered (its first byte): no retry from here */
+    bool sse_mode;
+    bool first_token_sent;
+    bool slow_abort;       /* the client's pending output passed the cap: aborted from retry_ev */
+    uint64_t arrival_ns;
+    /* the prompt */
+    uint32_t *tokens;
+    size_t n_tokens;
+    const char *client_body; /* the client's body (its input buffer, pulled up) */
+    size_t client_body_len;
+    char *body_own;          /* the rebuilt body, when rewrite */
+    const char *body;
+    size_t body_len;
+    char *auth;              /* the client's Authorization, when forwarded (config) */
+    /* tokenize */
+    char *tok_body;
+    size_t tok_body_len;
+    XXH128_hash_t tok_key;
+    uint64_t tok_tried[FE_MAX_ATTEMPTS];
+    unsigned n_tok_tried;
+    /* routing */
+    char *lora;
+    size_t lora_len;
+    bool has_allowed;
+    uint64_t *allowed;
+    size_t n_allowed;
+    bool has_pin_worker, has_pin_rank;
+    uint64_t pin_worker;
+    uint32_t pin_rank;
+    double priority;
+    bool has_eot;
+    uint32_t eot;
+    uint64_t tried[FE_MAX_ATTEMPTS]; /* workers whose upstream failed */
+    unsigned n_tried, attempts;
+    uint64_t *scratch;               /* the allowed ids of an attempt */
+    size_t cap_scratch;
+    kvr_queue_handle_t qh;
+    char last_fail[160];
+    /* the booking */
+    bool booked;
+    char rid[KVR_LOAD_MAX_ID_BYTES + 1];
+    size_t rid_len;
+    kvr_worker_t worker;
+    char nvext[192];                 /* "nvext":{"worker_id":{...}} */
+    size_t nvext_len;
+    /* the upstream call */
+    struct evhttp_request *up;
+    upconn_t *uc;
+    upool_t *up_pool;
+    bool up_err_set;
+    up_kind_t up_err;
+    int up_code;
+    struct evbuffer *sse;            /* upstream bytes of an event not yet complete */
+    uint64_t gen_tokens;
+    struct event *retry_ev;
+};
+
+typedef struct fe_stats {
+    uint64_t requests[3];            /* completions, chat, models */
+    uint64_t replies[6];             /* 2xx, 3xx, 4xx, 5xx, streamed, other */
+    uint64_t forwarded, retries, fenced, client_disconnects, slow_client_aborts;
+    uint64_t upstream_errors[UPK_COUNT];
+    uint64_t tokenize_calls, stream_events, stream_tokens, sse_raw, inject_failed;
+    uint64_t models_refreshes;
+} fe_stats_t;
+
+
+
+struct kvr_frontend {
+    struct event_base *base;
+    kvr_api_server_t *api;
+    kvr_router_t *r;
+    kvr_router_config_t cfg;
+    kvr_oai_decoder_t *dec;
+    kvr_api_decoder_t *tokdec; /* /tokenize answers: {"tokens":[...], ...} */
+    kvr_json_writer_t w;
+    struct evbuffer *out;      /* scratch: reply bodies and relayed chunks */
+    struct event *tick;
+    fe_req_t *live;
+    size_t n_live;
+    upool_t **pools;
+    size_t n_pools, cap_pools;
+    uint64_t tok_rr;
+    size_t n_urlless;          /* registered workers without a url (refreshed by the tick) */
+    kvr_tokcache_t cache;
+    kvr_json_member_t *members;
+    /* /v1/models */
+    uint64_t models_at_ms;
+    bool models_valid;
+    size_t models_pending;
+    struct evhttp_request **waiters;
+    size_t n_waiters;
+    fe_stats_t st;
+    bool closing;              /* kvr_frontend_free is answering what is in flight */
+    kvr_hist_t h_forward;      /* arrival -> upstream request issued, ms */
+    kvr_ratelimit_t rl_up, rl_proto, rl_slow;
+    char worker_auth[KVR_SECRET_MAX + 8]; /* "Bearer <worker_api_key_file>"; "" = none */
+};
+
+/* ---- frontend.c -------------------------------------------------------------------------- */
+void fe_send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void fe_send_writer(kvr_frontend_t *fe, struct evhttp_request *req, int code);
+size_t fe_client_backlog(const fe_req_t *p);
+
+/* ---- fe_upstream.c: one pool of keep-alive connections per worker ------------------------ */
+/* The live pool of a registered worker (made on first use; a new one when its url changed). */
+upool_t *fe_pool_for(kvr_frontend_t *fe, const kvr_worker_spec_t *sp);
+struct evhttp_connection *fe_new_conn(kvr_frontend_t *fe, const upool_t *u,
+                                      const struct timeval *tv);
+/* An idle keep-alive connection of the pool, or a new one. */
+upconn_t *fe_pool_acquire(kvr_frontend_t *fe, upool_t *u);
+void fe_pool_release(upconn_t *c);
+void fe_pool_free(upool_t *u);
+/* A refused connection or a failure before the first byte: counted against the worker. */
+void fe_worker_failed(kvr_frontend_t *fe, upool_t *u, up_kind_t kind);
+/* Frees the pools of workers gone and idle connections beyond the cap. */
+void fe_pool_upkeep(kvr_frontend_t *fe);
+
+/* ---- fe_models.c: GET /v1/models, merged from the workers' lists ------------------------- */
+void fe_h_models(kvr_frontend_t *fe, struct evhttp_request *req);
+void fe_models_answer(kvr_frontend_t *fe, struct evhttp_request *req);
+
+/* ---- fe_metrics.c ------------------------------------------------------------------------ */
+void fe_metrics(void *arg, struct kvr_prom *p);
+
+#endif
