@@ -8,19 +8,21 @@
 #   make demo     build, then router + 4 mocker engines on loopback: the conversation trace
 #                 replayed under kv and round-robin routing, a table and demo-ttft.png
 #   make fuzz     run each fuzz target for FUZZ_SECONDS (default 60) from its corpus
+#   make install  libkvrouter, its headers and kvrouter.pc into PREFIX (default /usr/local)
 
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 15
 SOAK_SECONDS ?= 1800
 FLAKE_RUNS ?= 10
+PREFIX ?= /usr/local
 # The suites with more than one thread: the ingest thread, the listener it owns, the index's
 # concurrent readers and writer, the mocker's loop and the processes driven end to end.
 TSAN_TESTS = ^(test_index_concurrent|test_ingest|test_zmq_listener|test_kv_publisher|integration_test_(serve_events|mocker|frontend|warm_restart)|faults)$$
 CMAKE ?= cmake
 
 .PHONY: all deps build build-werror build-asan build-tsan build-fuzz test test-release \
-        test-asan test-tsan test-fuzz soak flake-check bench demo fuzz clean
+        test-asan test-tsan test-fuzz soak flake-check bench demo fuzz install clean
 
 all: build
 
@@ -106,3 +108,6 @@ demo: deps
 
 clean:
 	rm -rf build build-werror build-asan build-tsan build-fuzz
+
+install: build
+	$(CMAKE) --install build --prefix $(PREFIX)

@@ -55,7 +55,7 @@
 #include <zmq.h>
 
 #include "bench.h"
-#include "core/router.h"
+#include "kvrouter/router.h"
 #include "net/ingest.h"
 #include "wire/kv_encode.h"
 

@@ -7,7 +7,13 @@
  *     multimodal hashes, Eagle windows) and chained sequence hashes;
  *   - the prefix index: which (worker, dp_rank) holds how long a prefix of a prompt, on the
  *     device tier and in the lower tiers, in a bounded amount of memory;
- *   - approximate mode: routing decisions recorded in an index with a TTL and size pruning.
+ *   - approximate mode: routing decisions recorded in an index with a TTL and size pruning;
+ *   - the router itself, in <kvrouter/router.h> (configuration: <kvrouter/config.h>): workers,
+ *     a routing decision per request, its lifecycle (first token, output blocks, free), the
+ *     scores and loads behind it. examples/embed.c embeds it in ~100 lines.
+ *
+ * Build against it: `make install PREFIX=...`, then `pkg-config --cflags --libs --static
+ * kvrouter` (a static library; it needs libxxhash and liburcu-memb).
  *
  * Ownership: every pointer passed in is borrowed for the duration of the call unless a
  * function says otherwise. Objects created by kvr_X_new() are released by kvr_X_free(),

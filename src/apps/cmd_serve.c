@@ -15,8 +15,8 @@
 
 #include "apps/apps.h"
 #include "apps/cli.h"
-#include "core/config.h"
-#include "core/router.h"
+#include "kvrouter/config.h"
+#include "kvrouter/router.h"
 #include "net/api_server.h"
 #include "net/frontend.h"
 #include "net/ingest.h"

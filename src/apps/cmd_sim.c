@@ -24,7 +24,7 @@
 
 #include "apps/apps.h"
 #include "apps/cli.h"
-#include "core/config.h"
+#include "kvrouter/config.h"
 #include "core/sim.h"
 #include "kvrouter.h"
 #include "wire/json_writer.h"

@@ -10,7 +10,7 @@
  * Memory: no allocation. Threads: any (pure functions on the caller's struct).
  * Cost: O(fields) per set (a linear scan of ~40 names).
  */
-#include "core/config.h"
+#include "kvrouter/config.h"
 
 #include <ctype.h>
 #include <errno.h>

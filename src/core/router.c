@@ -12,7 +12,7 @@
  * to the largest prompt seen (bounded by router_max_prompt_tokens). No allocation per route
  * once warm.
  */
-#include "core/router.h"
+#include "kvrouter/router.h"
 
 #include <math.h>
 #include <stdio.h>

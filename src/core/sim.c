@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/router.h"
+#include "kvrouter/router.h"
 #include "kvrouter.h"
 
 typedef struct sim sim_t;

@@ -37,7 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/config.h"
+#include "kvrouter/config.h"
 #include "core/engine.h"
 #include "core/stats.h"
 

@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/config.h"
+#include "kvrouter/config.h"
 #include "net/secret.h"
 
 typedef enum kvr_access_class {

@@ -17,8 +17,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/config.h"
-#include "core/router.h"
+#include "kvrouter/config.h"
+#include "kvrouter/router.h"
 #include "net/ingest.h"
 
 struct event_base;

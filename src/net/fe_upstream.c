@@ -12,7 +12,7 @@
 #include <event2/http.h>
 #include <yajl/yajl_tree.h>
 
-#include "core/router.h"
+#include "kvrouter/router.h"
 #include "net/api_server.h"
 #include "net/frontend_int.h"
 

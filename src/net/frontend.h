@@ -93,8 +93,8 @@
 
 #include <stddef.h>
 
-#include "core/config.h"
-#include "core/router.h"
+#include "kvrouter/config.h"
+#include "kvrouter/router.h"
 #include "net/api_server.h"
 
 struct event_base;

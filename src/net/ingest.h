@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/router.h"
+#include "kvrouter/router.h"
 #include "kvrouter.h"
 #include "net/zmq_listener.h"
 #include "wire/kv_events.h"

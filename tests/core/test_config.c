@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "core/config.h"
+#include "kvrouter/config.h"
 #include "kvrouter.h"
 
 static void test_defaults_match_reference(void **s)

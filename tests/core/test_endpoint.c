@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "core/endpoint.h"
-#include "core/router.h"
+#include "kvrouter/router.h"
 #include "kvrouter.h"
 
 static const kvr_endpoint_policy_t OPEN = {0};

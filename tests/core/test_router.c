@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "core/router.h"
+#include "kvrouter/router.h"
 
 #define BS 16
 

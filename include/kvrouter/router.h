@@ -10,6 +10,16 @@
  * Threads: one thread calls every function. Hot path (kvr_router_route): no allocation once
  * its scratch has grown to the largest prompt and the worker count.
  * Cost of a route: O(prompt blocks) hashing and lookup, O(ranks) candidates and selection.
+ *
+ * Embedding, in order (examples/embed.c does each step):
+ *   kvr_config_defaults + kvr_config_set     the settings, validated by name
+ *   kvr_index_new (<kvrouter.h>)             the prefix index; kvr_index_apply feeds it the
+ *                                            engines' KV events (from any one thread)
+ *   kvr_router_new, kvr_router_add_worker    the router over it, its workers
+ *   kvr_router_route                         one decision (and booking) per request
+ *   kvr_router_first_token / _output_block / _free_request   the request's lifecycle
+ *   kvr_router_tick                          now and then: expiries
+ *   kvr_router_free, kvr_index_free
  */
 #ifndef KVR_ROUTER_H
 #define KVR_ROUTER_H
@@ -18,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/config.h"
+#include "kvrouter/config.h"
 #include "kvrouter.h"
 
 #define KVR_MAX_TAINTS 8
