@@ -154,7 +154,7 @@ static int parse_run_flag(kvr_cli_t *c, sim_args_t *a)
     return -1;
 }
 
-/* Router settings by name (core/config.h), and --overlap-score-weight. */
+/* Router settings by name (kvrouter/config.h), and --overlap-score-weight. */
 static int parse_router_flag(kvr_cli_t *c, sim_args_t *a)
 {
     kvr_router_config_t *r = &a->cfg.router;

@@ -1,6 +1,6 @@
 /*
  * sim.h: the virtual-time simulator behind `kvrouter sim`: a list of timed requests through the
- * real router core (core/router.h: prefix index, load tracker, selector, and the queue of
+ * real router core (kvrouter/router.h: prefix index, load tracker, selector, and the queue of
  * core/queue.c when router_queue_threshold is set) and N simulated engines (core/engine.h),
  * with no sockets and no clock. One run = one routing policy (cfg.router.router_mode).
  *
