@@ -4,9 +4,9 @@
  * This file is the request state machine: decode, tokenize (ids cached in core/tokcache.h),
  * route, proxy, relay, retry, disconnect, slow clients; plus the tick and the lifecycle.
  * Request bodies are spliced without re-encoding (members found by wire/json_scan.h; answers
- * get their nvext from wire/json_splice.h). The upstream pools are in fe_upstream.c,
- * GET /v1/models in fe_models.c, the metrics in fe_metrics.c; frontend_int.h is what they
- * share.
+ * get their nvext from wire/json_splice.h). Streamed answers are relayed by fe_relay.c, the
+ * upstream pools are in fe_upstream.c, GET /v1/models in fe_models.c, the metrics in
+ * fe_metrics.c; frontend_int.h is what they share.
  *
  * Invariants: a request (fe_req_t) is in the live list from arrival until its client is
  * answered or gone. While it has an upstream call (up != NULL) it holds one busy pooled
@@ -160,23 +160,8 @@ static int scan_members(const char *b, size_t n, size_t i, kvr_json_member_t *m)
     }
 }
 
-static const char *find_bytes(const char *h, size_t hn, const char *needle, size_t nn)
-{
-    if (nn == 0 || hn < nn)
-        return NULL;
-    const char *end = h + hn - nn + 1;
-    for (const char *p = h; p < end;) {
-        const char *q = memchr(p, needle[0], (size_t)(end - p));
-        if (q == NULL)
-            return NULL;
-        if (memcmp(q, needle, nn) == 0)
-            return q;
-        p = q + 1;
-    }
-    return NULL;
-}
 
-static void req_finish(fe_req_t *p);
+void fe_req_finish(fe_req_t *p);
 
 /* The Authorization a worker gets: the client's when frontend_forward_authorization is on and
  * it sent one, else the router's own worker token, else none. */
@@ -279,7 +264,7 @@ static void req_fail(fe_req_t *p, int code, const char *fmt, ...)
     struct evhttp_request *c = client_take(p);
     if (c != NULL)
         fe_send_error(p->fe, c, code, "%s", msg);
-    req_finish(p);
+    fe_req_finish(p);
 }
 
 /* A routing status as the OpenAI error it is; frees the request. */
@@ -377,7 +362,7 @@ static void unbook(fe_req_t *p)
 }
 
 /* Releases everything; the client was answered or is gone. */
-static void req_finish(fe_req_t *p)
+void fe_req_finish(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
     cancel_upstream(p);
@@ -425,7 +410,7 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
     p->client = NULL;
     cancel_upstream(p); /* first: nothing of ours may reach the client's buffers after this */
     kvr_http_release_orphan(c); /* net/http_conn.h */
-    req_finish(p);
+    fe_req_finish(p);
 }
 
 static void on_retry(evutil_socket_t fd, short what, void *arg);
@@ -539,7 +524,7 @@ static void make_nvext(fe_req_t *p)
 
 /* Appends json (one object) to out with the worker's nvext as its last member (any nvext the
  * worker sent dropped); false (out untouched) when it is not one valid object. */
-static bool inject_worker(const fe_req_t *p, const char *json, size_t len, struct evbuffer *out)
+bool fe_inject_worker(const fe_req_t *p, const char *json, size_t len, struct evbuffer *out)
 {
     if (p->nvext_len == 0)
         return false;
@@ -736,7 +721,7 @@ static void attempt_failed(fe_req_t *p, up_kind_t kind)
     schedule_retry(p);
 }
 
-static void start_reply(fe_req_t *p)
+void fe_start_reply(fe_req_t *p)
 {
     if (p->reply_started || p->client == NULL)
         return;
@@ -760,7 +745,7 @@ static void start_reply(fe_req_t *p)
     evhttp_send_reply_start(p->client, 200, "OK");
 }
 
-static void mark_token(fe_req_t *p)
+void fe_mark_token(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
     uint64_t now = kvr_now_ms();
@@ -784,147 +769,6 @@ static void mark_token(fe_req_t *p)
     }
 }
 
-/* Whether the chunk's "choices" array is non-empty (it carries a token). */
-static bool has_choices(const char *j, size_t n)
-{
-    const char *k = find_bytes(j, n, "\"choices\"", 9);
-    if (k == NULL)
-        return false;
-    size_t i = skip_ws(j, n, (size_t)(k - j) + 9);
-    if (i >= n || j[i] != ':')
-        return false;
-    i = skip_ws(j, n, i + 1);
-    if (i >= n || j[i] != '[')
-        return false;
-    i = skip_ws(j, n, i + 1);
-    return i < n && j[i] != ']';
-}
-
-/* Length of the first complete event in b[0..n) (through its blank line), 0 when none. */
-static size_t sse_event_len(const char *b, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        const char *nl = memchr(b + i, '\n', n - i);
-        if (nl == NULL)
-            return 0;
-        size_t j = (size_t)(nl - b) + 1;
-        if (j < n && b[j] == '\n')
-            return j + 1;
-        if (j + 1 < n && b[j] == '\r' && b[j + 1] == '\n')
-            return j + 2;
-        i = j;
-    }
-    return 0;
-}
-
-/* One complete event: counted, and copied to out (with the worker's nvext when asked). */
-static void relay_event(fe_req_t *p, const char *ev, size_t len, struct evbuffer *out)
-{
-    kvr_frontend_t *fe = p->fe;
-    fe->st.stream_events++;
-    const char *nl = memchr(ev, '\n', len);
-    size_t l1 = (size_t)(nl - ev), tail = len - l1;
-    size_t le = l1 > 0 && ev[l1 - 1] == '\r' ? l1 - 1 : l1;
-    bool single = tail == 2 || (tail == 3 && ev[l1 + 1] == '\r');
-    if (!single || le < 5 || memcmp(ev, "data:", 5) != 0) {
-        evbuffer_add(out, ev, len); /* comments, named events, multi-line data: as they are */
-        return;
-    }
-    size_t off = le > 5 && ev[5] == ' ' ? 6 : 5;
-    const char *d = ev + off;
-    size_t dl = le - off;
-    if (dl == 0 || d[0] != '{') { /* [DONE] and the like */
-        evbuffer_add(out, ev, len);
-        return;
-    }
-    bool error = dl >= 8 && memcmp(d, "{\"error\"", 8) == 0;
-    if (!error && has_choices(d, dl))
-        mark_token(p);
-    if (p->want_worker && !error) {
-        evbuffer_add(out, KVR_OAI_SSE_PREFIX, sizeof KVR_OAI_SSE_PREFIX - 1);
-        if (inject_worker(p, d, dl, out)) {
-            evbuffer_add(out, KVR_OAI_SSE_SUFFIX, sizeof KVR_OAI_SSE_SUFFIX - 1);
-            return;
-        }
-        fe->st.inject_failed++;
-        evbuffer_add(out, d, dl);
-        evbuffer_add(out, KVR_OAI_SSE_SUFFIX, sizeof KVR_OAI_SSE_SUFFIX - 1);
-        return;
-    }
-    evbuffer_add(out, ev, len);
-}
-
-/* Bytes handed to libevent for the client and not yet written to its socket. */
-size_t fe_client_backlog(const fe_req_t *p)
-{
-    if (p->client == NULL || p->client_conn == NULL)
-        return 0;
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(p->client_conn);
-    return bev != NULL ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
-}
-
-/* A client that does not read what it asked for is aborted like one that left, but not from
- * here: relay runs inside the upstream request's own callbacks, where the request cannot be
- * cancelled. retry_ev (made before the upstream call) continues in on_retry. */
-static void check_client_backlog(fe_req_t *p)
-{
-    kvr_frontend_t *fe = p->fe;
-    size_t pending = fe_client_backlog(p);
-    if (p->slow_abort || pending <= fe->cfg.frontend_max_client_buffer_bytes ||
-        p->retry_ev == NULL)
-        return;
-    p->slow_abort = true;
-    fe->st.slow_client_aborts++;
-    kvr_log_limited(&fe->rl_slow, KVR_LOG_WARN, "request %.*s on worker %llu: the client does "
-                    "not read its stream (%zu bytes pending > frontend_max_client_buffer_bytes "
-                    "%llu): aborted", (int)p->rid_len, p->rid,
-                    (unsigned long long)p->worker.worker_id, pending,
-                    (unsigned long long)fe->cfg.frontend_max_client_buffer_bytes);
-    static const struct timeval now = {0, 0};
-    (void)evtimer_add(p->retry_ev, &now);
-}
-
-/* The deferred abort of a slow client, from the timer: closing its connection runs
- * on_client_close (upstream cancelled, booking freed, p freed). */
-static void abort_slow_client(fe_req_t *p)
-{
-    if (p->client != NULL && p->client_conn != NULL) {
-        evhttp_connection_free(p->client_conn);
-        return;
-    }
-    req_finish(p);
-}
-
-/* Forwards the complete events held (all of it when final). */
-static void relay(fe_req_t *p, bool final)
-{
-    kvr_frontend_t *fe = p->fe;
-    struct evbuffer *out = fe->out;
-    evbuffer_drain(out, evbuffer_get_length(out));
-    size_t avail = evbuffer_get_length(p->sse);
-    if (avail > 0) {
-        const char *b = (const char *)evbuffer_pullup(p->sse, -1);
-        size_t off = 0, l;
-        while (off < avail && (l = sse_event_len(b + off, avail - off)) > 0) {
-            relay_event(p, b + off, l, out);
-            off += l;
-        }
-        if (off < avail && (final || avail - off > FE_SSE_MAX_PENDING)) {
-            evbuffer_add(out, b + off, avail - off);
-            fe->st.sse_raw++;
-            off = avail;
-        }
-        evbuffer_drain(p->sse, off);
-    }
-    if (evbuffer_get_length(out) > 0 && p->client != NULL) {
-        start_reply(p);
-        evhttp_send_reply_chunk(p->client, out);
-        if (!final)
-            check_client_backlog(p);
-    }
-}
-
 static void on_up_chunk(struct evhttp_request *up, void *arg)
 {
     fe_req_t *p = arg;
@@ -934,7 +778,7 @@ static void on_up_chunk(struct evhttp_request *up, void *arg)
         return;
     }
     evbuffer_add_buffer(p->sse, in);
-    relay(p, false);
+    fe_relay(p, false);
 }
 
 static int on_up_header(struct evhttp_request *up, void *arg)
@@ -981,7 +825,7 @@ static void reply_whole(fe_req_t *p, struct evhttp_request *up)
     bool done = false;
     if (p->want_worker && p->up_code == 200 && len > 0) {
         const char *b = (const char *)evbuffer_pullup(in, -1);
-        done = inject_worker(p, b, len, fe->out);
+        done = fe_inject_worker(p, b, len, fe->out);
         if (!done) {
             fe->st.inject_failed++;
             evbuffer_drain(fe->out, evbuffer_get_length(fe->out));
@@ -1011,10 +855,10 @@ static void end_stream(fe_req_t *p, const char *error)
             evbuffer_add(fe->out, KVR_OAI_SSE_SUFFIX, sizeof KVR_OAI_SSE_SUFFIX - 1);
         }
         evbuffer_add(fe->out, KVR_OAI_SSE_DONE, sizeof KVR_OAI_SSE_DONE - 1);
-        start_reply(p);
+        fe_start_reply(p);
         evhttp_send_reply_chunk(p->client, fe->out);
     }
-    start_reply(p);
+    fe_start_reply(p);
     struct evhttp_request *c = client_take(p);
     fe->st.replies[4]++;
     evhttp_send_reply_end(c);
@@ -1056,21 +900,21 @@ static void on_up_done(struct evhttp_request *up, void *arg)
         snprintf(msg, sizeof msg, "worker %llu failed mid-response (%s)",
                  (unsigned long long)p->worker.worker_id, UPK_NAMES[kind]);
         if (p->reply_started) {
-            relay(p, true);
+            fe_relay(p, true);
             end_stream(p, msg);
-            req_finish(p);
+            fe_req_finish(p);
         } else {
             req_fail(p, 502, "%s", msg);
         }
         return;
     }
     if (p->sse_mode) {
-        relay(p, true);
+        fe_relay(p, true);
         end_stream(p, NULL);
     } else {
         reply_whole(p, up);
     }
-    req_finish(p);
+    fe_req_finish(p);
 }
 
 static void send_upstream(fe_req_t *p)
@@ -1192,7 +1036,7 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
                                                 "Content-Type");
             send_body(fe, c, code, ct ? ct : "application/json", b, len);
         }
-        req_finish(p);
+        fe_req_finish(p);
         return;
     }
     kvr_api_query_t q;
@@ -1276,7 +1120,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
     fe_req_t *p = arg;
     kvr_frontend_t *fe = p->fe;
     if (p->slow_abort) {
-        abort_slow_client(p);
+        fe_abort_slow_client(p);
         return;
     }
     p->phase = PH_START;
@@ -1650,11 +1494,11 @@ void kvr_frontend_close(kvr_frontend_t *fe)
         cancel_upstream(p);
         if (p->client != NULL && p->reply_started) {
             end_stream(p, "the router is shutting down");
-            req_finish(p);
+            fe_req_finish(p);
         } else if (p->client != NULL) {
             req_fail(p, 503, "the router is shutting down");
         } else {
-            req_finish(p);
+            fe_req_finish(p);
         }
     }
     for (size_t i = 0; i < fe->n_waiters; i++)

@@ -1,6 +1,6 @@
 /*
  * frontend_int.h: what the OpenAI front end's files share (frontend.c: the request state
- * machine; fe_upstream.c: per-worker connection pools and failure accounting; fe_models.c:
+ * machine; fe_relay.c: streamed answers to the client; fe_upstream.c: per-worker connection pools and failure accounting; fe_models.c:
  * GET /v1/models; fe_metrics.c: its /metrics families). Not a public interface: only these
  * files include it. Threads: the HTTP thread only, like everything in the front end.
  */
@@ -207,6 +207,21 @@ void fe_send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code, con
     __attribute__((format(printf, 4, 5)));
 void fe_send_writer(kvr_frontend_t *fe, struct evhttp_request *req, int code);
 size_t fe_client_backlog(const fe_req_t *p);
+
+void fe_req_finish(fe_req_t *p);
+/* The SSE headers go to the client (once). */
+void fe_start_reply(fe_req_t *p);
+/* A token arrived: first token and output blocks reported to the router. */
+void fe_mark_token(fe_req_t *p);
+/* json with the worker's nvext added (when the client asked for it) into out; false when it is
+ * not one valid object (forwarded as it was). */
+bool fe_inject_worker(const fe_req_t *p, const char *json, size_t len, struct evbuffer *out);
+
+/* ---- fe_relay.c: upstream SSE -> the client ---------------------------------------------- */
+/* Forwards the complete events held (all of it when final). */
+void fe_relay(fe_req_t *p, bool final);
+/* Ends a request whose client stopped reading (from retry_ev). */
+void fe_abort_slow_client(fe_req_t *p);
 
 /* ---- fe_upstream.c: one pool of keep-alive connections per worker ------------------------ */
 /* The live pool of a registered worker (made on first use; a new one when its url changed). */
