@@ -1011,17 +1011,6 @@ static void h_ready(kvr_api_server_t *s, struct evhttp_request *req)
     reply_text(s, req, 200, "text/plain", "ready\n", 6);
 }
 
-static void counter(kvr_prom_t *p, const char *name, const char *help, double v)
-{
-    kvr_prom_family(p, name, "counter", help);
-    kvr_prom_sample(p, name, NULL, 0, v);
-}
-
-static void gauge(kvr_prom_t *p, const char *name, const char *help, double v)
-{
-    kvr_prom_family(p, name, "gauge", help);
-    kvr_prom_sample(p, name, NULL, 0, v);
-}
 
 static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
 {
@@ -1037,11 +1026,12 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
         kvr_prom_label_t l = {"result", names[i]};
         kvr_prom_sample(p, "kvr_routes_total", &l, 1, v[i]);
     }
-    counter(p, "kvr_routes_with_overlap_total",
-            "Routing decisions whose chosen worker held part of the prompt (stuck at 0 while "
-            "events flow means the hashes do not match the engines').",
-            (double)s->routes_with_overlap);
-    counter(p, "kvr_queries_total", "POST /v1/query calls.", (double)rs.queries);
+    kvr_prom_counter(
+        p, "kvr_routes_with_overlap_total",
+        "Routing decisions whose chosen worker held part of the prompt (stuck at 0 while "
+        "events flow means the hashes do not match the engines').",
+        (double)s->routes_with_overlap);
+    kvr_prom_counter(p, "kvr_queries_total", "POST /v1/query calls.", (double)rs.queries);
     kvr_prom_family(p, "kvr_router_overhead_ms", "histogram",
                     "Time of a routing decision by stage, milliseconds.");
     kvr_prom_label_t st[4] = {{"stage", "hashing"}, {"stage", "lookup"}, {"stage", "selection"},
@@ -1052,23 +1042,26 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
     kvr_prom_hist(p, "kvr_router_overhead_ms", &st[3], 1, &s->h_total);
     kvr_load_stats_t ls;
     kvr_load_stats(kvr_router_load(s->r), &ls);
-    gauge(p, "kvr_requests_in_flight", "Requests the load tracker holds.", (double)ls.live_requests);
-    counter(p, "kvr_requests_expired_total", "In-flight requests freed by expiry (lost frees).",
-            (double)ls.expired);
-    counter(p, "kvr_requests_unknown_total",
-            "first_token / output_block / free calls for unknown request ids.",
-            (double)(ls.unknown_frees + ls.unknown_marks));
+    kvr_prom_gauge(p, "kvr_requests_in_flight", "Requests the load tracker holds.",
+                   (double)ls.live_requests);
+    kvr_prom_counter(p, "kvr_requests_expired_total",
+                     "In-flight requests freed by expiry (lost frees).", (double)ls.expired);
+    kvr_prom_counter(p, "kvr_requests_unknown_total",
+                     "first_token / output_block / free calls for unknown request ids.",
+                     (double)(ls.unknown_frees + ls.unknown_marks));
     if (s->queue != NULL) {
         kvr_queue_stats_t qs;
         kvr_queue_stats(s->queue, &qs);
-        gauge(p, "kvr_queue_pending", "Requests waiting for a worker.", (double)qs.pending);
-        gauge(p, "kvr_queue_pending_isl_tokens", "Prompt tokens waiting.", (double)qs.pending_isl_tokens);
-        counter(p, "kvr_queue_rejected_total", "Requests refused because the queue was full.",
-                (double)qs.rejected);
-        counter(p, "kvr_queue_expired_total", "Requests that waited past the queue timeout.",
-                (double)qs.expired);
-        counter(p, "kvr_queue_cancelled_total", "Queued requests whose client went away.",
-                (double)qs.cancelled);
+        kvr_prom_gauge(p, "kvr_queue_pending", "Requests waiting for a worker.",
+                       (double)qs.pending);
+        kvr_prom_gauge(p, "kvr_queue_pending_isl_tokens", "Prompt tokens waiting.",
+                       (double)qs.pending_isl_tokens);
+        kvr_prom_counter(p, "kvr_queue_rejected_total",
+                         "Requests refused because the queue was full.", (double)qs.rejected);
+        kvr_prom_counter(p, "kvr_queue_expired_total",
+                         "Requests that waited past the queue timeout.", (double)qs.expired);
+        kvr_prom_counter(p, "kvr_queue_cancelled_total", "Queued requests whose client went away.",
+                         (double)qs.cancelled);
         kvr_prom_family(p, "kvr_queue_dispatched_total", "counter",
                         "Queued requests let go, by what let them: a load change the router was "
                         "told of (event) or the 100 ms tick (a change nothing reported).");
@@ -1076,11 +1069,12 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
         kvr_prom_sample(p, "kvr_queue_dispatched_total", &ev, 1, (double)s->dispatched[0]);
         kvr_prom_sample(p, "kvr_queue_dispatched_total", &tk, 1, (double)s->dispatched[1]);
     }
-    counter(p, "kvr_http_errors_total", "HTTP replies with status >= 400.",
-            (double)(s->http_errors_4xx + s->http_errors_5xx));
-    counter(p, "kvr_http_unauthorized_total",
-            "Requests answered 401: API key missing or wrong (api_key_file, admin_key_file).",
-            (double)s->unauthorized);
+    kvr_prom_counter(p, "kvr_http_errors_total", "HTTP replies with status >= 400.",
+                     (double)(s->http_errors_4xx + s->http_errors_5xx));
+    kvr_prom_counter(
+        p, "kvr_http_unauthorized_total",
+        "Requests answered 401: API key missing or wrong (api_key_file, admin_key_file).",
+        (double)s->unauthorized);
     kvr_http_guard_metrics_all(s->guards, s->n_guards, p);
 }
 
@@ -1088,8 +1082,10 @@ static void metrics_ingest(kvr_api_server_t *s, kvr_prom_t *p)
 {
     kvr_ingest_stats_t g;
     kvr_ingest_stats(s->g, &g);
-    counter(p, "kvr_kv_batches_total", "KV-event batches handed to the decoder.", (double)g.zmq.batches);
-    counter(p, "kvr_kv_events_applied_total", "Events applied to the index.", (double)g.events_applied);
+    kvr_prom_counter(p, "kvr_kv_batches_total", "KV-event batches handed to the decoder.",
+                     (double)g.zmq.batches);
+    kvr_prom_counter(p, "kvr_kv_events_applied_total", "Events applied to the index.",
+                     (double)g.events_applied);
     kvr_prom_family(p, "kvr_kv_events_dropped_total", "counter", "Events not applied, by cause.");
     struct {
         const char *cause;
@@ -1104,50 +1100,55 @@ static void metrics_ingest(kvr_api_server_t *s, kvr_prom_t *p)
         kvr_prom_label_t l = {"cause", drops[i].cause};
         kvr_prom_sample(p, "kvr_kv_events_dropped_total", &l, 1, (double)drops[i].v);
     }
-    counter(p, "kvr_kv_batch_decode_errors_total",
-            "Batches that could not be framed (treated as gaps; the rank's state is dropped "
-            "if a replayed copy is no better).",
-            (double)g.zmq.undecodable);
-    counter(p, "kvr_kv_gaps_total", "Sequence gaps seen.", (double)g.zmq.gaps);
-    counter(p, "kvr_kv_gaps_lost_total", "Gaps the replay could not fill (state dropped).",
-            (double)g.zmq.gaps_lost);
-    counter(p, "kvr_kv_replayed_batches_total", "Batches recovered from replay sockets.",
-            (double)g.zmq.replayed);
-    counter(p, "kvr_kv_replay_timeouts_total", "Replay requests that got no answer.",
-            (double)g.zmq.replay_timeouts);
-    counter(p, "kvr_kv_resumes_total",
-            "Ranks whose saved state (state_file) was reloaded and confirmed by their engine.",
-            (double)g.zmq.resumes);
-    counter(p, "kvr_kv_resumes_failed_total",
-            "Ranks whose reloaded state was dropped: their engine restarted or its replay "
-            "buffer no longer held the saved cursor.",
-            (double)g.zmq.resumes_failed);
-    gauge(p, "kvr_kv_replays_in_progress", "Ranks waiting for a replay answer.",
-          (double)g.zmq.replays_in_progress);
-    gauge(p, "kvr_kv_replay_held_batches", "Live batches held until their rank's replay ends.",
-          (double)g.zmq.held_batches);
-    counter(p, "kvr_kv_replay_hold_overflows_total", "Replays given up because the hold was full.",
-            (double)g.zmq.hold_overflows);
-    counter(p, "kvr_kv_publisher_restarts_total",
-            "Publisher restarts seen (numbers that went back, or a replayed last batch with "
-            "other bytes).", (double)g.zmq.restarts);
-    counter(p, "kvr_kv_disconnects_total",
-            "Events connections lost (the rank shows unreachable until one is back).",
-            (double)g.zmq.disconnects);
-    counter(p, "kvr_kv_batches_rank_out_of_range_total",
-            "Batches naming a dp_rank their worker does not have, refused whole.",
-            (double)g.rank_out_of_range);
-    counter(p, "kvr_kv_duplicate_batches_total", "Batches dropped as already applied.",
-            (double)g.zmq.duplicates);
-    counter(p, "kvr_kv_bad_messages_total", "Messages without 3 frames or an 8-byte seq.",
-            (double)g.zmq.bad_frames);
-    counter(p, "kvr_kv_state_resets_total", "Rank states dropped.", (double)g.resets);
-    gauge(p, "kvr_index_pairs", "(worker, block) pairs in the prefix index.", (double)g.index.pairs);
-    gauge(p, "kvr_index_max_pairs", "The index budget.", (double)g.index.max_pairs);
-    gauge(p, "kvr_index_nodes", "Distinct prefixes in the index.", (double)g.index.nodes);
-    gauge(p, "kvr_index_bytes", "Memory of the index.", (double)g.index.bytes);
-    counter(p, "kvr_index_evicted_pairs_total", "Pairs evicted to stay within the budget.",
-            (double)g.index.evicted_pairs);
+    kvr_prom_counter(
+        p, "kvr_kv_batch_decode_errors_total",
+        "Batches that could not be framed (treated as gaps; the rank's state is dropped "
+        "if a replayed copy is no better).",
+        (double)g.zmq.undecodable);
+    kvr_prom_counter(p, "kvr_kv_gaps_total", "Sequence gaps seen.", (double)g.zmq.gaps);
+    kvr_prom_counter(p, "kvr_kv_gaps_lost_total", "Gaps the replay could not fill (state dropped).",
+                     (double)g.zmq.gaps_lost);
+    kvr_prom_counter(p, "kvr_kv_replayed_batches_total", "Batches recovered from replay sockets.",
+                     (double)g.zmq.replayed);
+    kvr_prom_counter(p, "kvr_kv_replay_timeouts_total", "Replay requests that got no answer.",
+                     (double)g.zmq.replay_timeouts);
+    kvr_prom_counter(
+        p, "kvr_kv_resumes_total",
+        "Ranks whose saved state (state_file) was reloaded and confirmed by their engine.",
+        (double)g.zmq.resumes);
+    kvr_prom_counter(p, "kvr_kv_resumes_failed_total",
+                     "Ranks whose reloaded state was dropped: their engine restarted or its replay "
+                     "buffer no longer held the saved cursor.",
+                     (double)g.zmq.resumes_failed);
+    kvr_prom_gauge(p, "kvr_kv_replays_in_progress", "Ranks waiting for a replay answer.",
+                   (double)g.zmq.replays_in_progress);
+    kvr_prom_gauge(p, "kvr_kv_replay_held_batches",
+                   "Live batches held until their rank's replay ends.", (double)g.zmq.held_batches);
+    kvr_prom_counter(p, "kvr_kv_replay_hold_overflows_total",
+                     "Replays given up because the hold was full.", (double)g.zmq.hold_overflows);
+    kvr_prom_counter(
+        p, "kvr_kv_publisher_restarts_total",
+        "Publisher restarts seen (numbers that went back, or a replayed last batch with "
+        "other bytes).",
+        (double)g.zmq.restarts);
+    kvr_prom_counter(p, "kvr_kv_disconnects_total",
+                     "Events connections lost (the rank shows unreachable until one is back).",
+                     (double)g.zmq.disconnects);
+    kvr_prom_counter(p, "kvr_kv_batches_rank_out_of_range_total",
+                     "Batches naming a dp_rank their worker does not have, refused whole.",
+                     (double)g.rank_out_of_range);
+    kvr_prom_counter(p, "kvr_kv_duplicate_batches_total", "Batches dropped as already applied.",
+                     (double)g.zmq.duplicates);
+    kvr_prom_counter(p, "kvr_kv_bad_messages_total", "Messages without 3 frames or an 8-byte seq.",
+                     (double)g.zmq.bad_frames);
+    kvr_prom_counter(p, "kvr_kv_state_resets_total", "Rank states dropped.", (double)g.resets);
+    kvr_prom_gauge(p, "kvr_index_pairs", "(worker, block) pairs in the prefix index.",
+                   (double)g.index.pairs);
+    kvr_prom_gauge(p, "kvr_index_max_pairs", "The index budget.", (double)g.index.max_pairs);
+    kvr_prom_gauge(p, "kvr_index_nodes", "Distinct prefixes in the index.", (double)g.index.nodes);
+    kvr_prom_gauge(p, "kvr_index_bytes", "Memory of the index.", (double)g.index.bytes);
+    kvr_prom_counter(p, "kvr_index_evicted_pairs_total", "Pairs evicted to stay within the budget.",
+                     (double)g.index.evicted_pairs);
     kvr_prom_family(p, "kvr_index_errors_total", "counter", "Index mutations refused or skipped.");
     struct {
         const char *kind;

@@ -13,23 +13,11 @@
 #include "net/api_server.h"
 #include "net/frontend_int.h"
 
-const char *const UPK_NAMES[UPK_COUNT] = {"connect", "timeout", "eof", "protocol",
-                                          "no_url", "status_5xx", "too_large"};
+const char *const UPK_NAMES[UPK_COUNT] = {"connect", "timeout",    "eof",      "protocol",
+                                          "no_url",  "status_5xx", "too_large"};
 
 /* ---------------------------------------------------------------------------------------- */
 /* Metrics */
-
-static void counter(kvr_prom_t *p, const char *name, const char *help, double v)
-{
-    kvr_prom_family(p, name, "counter", help);
-    kvr_prom_sample(p, name, NULL, 0, v);
-}
-
-static void gauge(kvr_prom_t *p, const char *name, const char *help, double v)
-{
-    kvr_prom_family(p, name, "gauge", help);
-    kvr_prom_sample(p, name, NULL, 0, v);
-}
 
 void fe_metrics(void *arg, struct kvr_prom *p)
 {
@@ -49,15 +37,24 @@ void fe_metrics(void *arg, struct kvr_prom *p)
         kvr_prom_label_t l = {"class", cls[i]};
         kvr_prom_sample(p, "kvr_frontend_replies_total", &l, 1, (double)s->replies[i]);
     }
-    gauge(p, "kvr_frontend_in_flight", "Front-end requests not yet answered.", (double)fe->n_live);
-    counter(p, "kvr_frontend_forwarded_total", "Generation requests sent to workers (retries "
-            "included).", (double)s->forwarded);
-    counter(p, "kvr_frontend_retries_total", "Requests routed again after an upstream failed "
-            "before its first byte.", (double)s->retries);
-    counter(p, "kvr_frontend_workers_fenced_total", "Workers fenced for failing upstream "
-            "requests in a row.", (double)s->fenced);
-    counter(p, "kvr_frontend_client_disconnects_total", "Clients gone before their answer "
-            "ended (their upstream requests cancelled).", (double)s->client_disconnects);
+    kvr_prom_gauge(p, "kvr_frontend_in_flight", "Front-end requests not yet answered.",
+                   (double)fe->n_live);
+    kvr_prom_counter(p, "kvr_frontend_forwarded_total",
+                     "Generation requests sent to workers (retries "
+                     "included).",
+                     (double)s->forwarded);
+    kvr_prom_counter(p, "kvr_frontend_retries_total",
+                     "Requests routed again after an upstream failed "
+                     "before its first byte.",
+                     (double)s->retries);
+    kvr_prom_counter(p, "kvr_frontend_workers_fenced_total",
+                     "Workers fenced for failing upstream "
+                     "requests in a row.",
+                     (double)s->fenced);
+    kvr_prom_counter(p, "kvr_frontend_client_disconnects_total",
+                     "Clients gone before their answer "
+                     "ended (their upstream requests cancelled).",
+                     (double)s->client_disconnects);
     kvr_prom_family(p, "kvr_frontend_upstream_errors_total", "counter",
                     "Upstream failures by kind.");
     for (int i = 0; i < UPK_COUNT; i++) {
@@ -65,45 +62,58 @@ void fe_metrics(void *arg, struct kvr_prom *p)
         kvr_prom_sample(p, "kvr_frontend_upstream_errors_total", &l, 1,
                         (double)s->upstream_errors[i]);
     }
-    counter(p, "kvr_frontend_slow_client_aborts_total", "Streams aborted (as disconnects) because "
-            "the client left more than frontend_max_client_buffer_bytes unread.",
-            (double)s->slow_client_aborts);
+    kvr_prom_counter(p, "kvr_frontend_slow_client_aborts_total",
+                     "Streams aborted (as disconnects) because "
+                     "the client left more than frontend_max_client_buffer_bytes unread.",
+                     (double)s->slow_client_aborts);
     size_t backlog = 0;
     for (const fe_req_t *q = fe->live; q != NULL; q = q->next)
         backlog += q->reply_started ? fe_client_backlog(q) : 0;
-    gauge(p, "kvr_frontend_client_buffer_bytes", "Streamed bytes waiting in clients' output "
-          "buffers.", (double)backlog);
-    gauge(p, "kvr_frontend_max_client_buffer_bytes", "The cap on one client's waiting bytes "
-          "(frontend_max_client_buffer_bytes).", (double)fe->cfg.frontend_max_client_buffer_bytes);
-    counter(p, "kvr_frontend_stream_events_total", "SSE events relayed.", (double)s->stream_events);
-    counter(p, "kvr_frontend_stream_tokens_total", "SSE events that carried a token.",
-            (double)s->stream_tokens);
-    counter(p, "kvr_frontend_sse_unframed_total", "Upstream stream bytes forwarded without an "
-            "event boundary (stream end or over 1 MiB).", (double)s->sse_raw);
-    counter(p, "kvr_frontend_inject_failed_total", "Answers that could not carry nvext.worker_id "
-            "(not one valid JSON object: forwarded as they were).", (double)s->inject_failed);
-    counter(p, "kvr_frontend_tokenize_calls_total", "POST /tokenize calls to workers.",
-            (double)s->tokenize_calls);
-    counter(p, "kvr_frontend_tokenize_cache_hits_total", "Text prompts found in the cache.",
-            (double)fe->cache.hits);
-    counter(p, "kvr_frontend_tokenize_cache_misses_total", "Text prompts not in the cache.",
-            (double)fe->cache.misses);
-    counter(p, "kvr_frontend_tokenize_cache_evictions_total", "Entries evicted (LRU).",
-            (double)fe->cache.evictions);
-    gauge(p, "kvr_frontend_tokenize_cache_entries", "Cached prompts.", (double)fe->cache.n_entries);
-    gauge(p, "kvr_frontend_tokenize_cache_tokens", "Cached token ids.", (double)fe->cache.tokens);
-    gauge(p, "kvr_frontend_tokenize_cache_max_tokens", "The cache's budget.",
-          (double)fe->cache.cap_tokens);
-    counter(p, "kvr_frontend_models_refreshes_total", "GET /v1/models rounds to the workers.",
-            (double)s->models_refreshes);
+    kvr_prom_gauge(p, "kvr_frontend_client_buffer_bytes",
+                   "Streamed bytes waiting in clients' output "
+                   "buffers.",
+                   (double)backlog);
+    kvr_prom_gauge(p, "kvr_frontend_max_client_buffer_bytes",
+                   "The cap on one client's waiting bytes "
+                   "(frontend_max_client_buffer_bytes).",
+                   (double)fe->cfg.frontend_max_client_buffer_bytes);
+    kvr_prom_counter(p, "kvr_frontend_stream_events_total", "SSE events relayed.",
+                     (double)s->stream_events);
+    kvr_prom_counter(p, "kvr_frontend_stream_tokens_total", "SSE events that carried a token.",
+                     (double)s->stream_tokens);
+    kvr_prom_counter(p, "kvr_frontend_sse_unframed_total",
+                     "Upstream stream bytes forwarded without an "
+                     "event boundary (stream end or over 1 MiB).",
+                     (double)s->sse_raw);
+    kvr_prom_counter(p, "kvr_frontend_inject_failed_total",
+                     "Answers that could not carry nvext.worker_id "
+                     "(not one valid JSON object: forwarded as they were).",
+                     (double)s->inject_failed);
+    kvr_prom_counter(p, "kvr_frontend_tokenize_calls_total", "POST /tokenize calls to workers.",
+                     (double)s->tokenize_calls);
+    kvr_prom_counter(p, "kvr_frontend_tokenize_cache_hits_total",
+                     "Text prompts found in the cache.", (double)fe->cache.hits);
+    kvr_prom_counter(p, "kvr_frontend_tokenize_cache_misses_total",
+                     "Text prompts not in the cache.", (double)fe->cache.misses);
+    kvr_prom_counter(p, "kvr_frontend_tokenize_cache_evictions_total", "Entries evicted (LRU).",
+                     (double)fe->cache.evictions);
+    kvr_prom_gauge(p, "kvr_frontend_tokenize_cache_entries", "Cached prompts.",
+                   (double)fe->cache.n_entries);
+    kvr_prom_gauge(p, "kvr_frontend_tokenize_cache_tokens", "Cached token ids.",
+                   (double)fe->cache.tokens);
+    kvr_prom_gauge(p, "kvr_frontend_tokenize_cache_max_tokens", "The cache's budget.",
+                   (double)fe->cache.cap_tokens);
+    kvr_prom_counter(p, "kvr_frontend_models_refreshes_total",
+                     "GET /v1/models rounds to the workers.", (double)s->models_refreshes);
     size_t conns = 0, busy = 0;
     for (size_t i = 0; i < fe->n_pools; i++) {
         conns += fe->pools[i]->n_conns;
         busy += fe->pools[i]->n_busy;
     }
-    gauge(p, "kvr_frontend_upstream_connections", "Pooled upstream connections.", (double)conns);
-    gauge(p, "kvr_frontend_upstream_connections_busy", "Pooled upstream connections in use.",
-          (double)busy);
+    kvr_prom_gauge(p, "kvr_frontend_upstream_connections", "Pooled upstream connections.",
+                   (double)conns);
+    kvr_prom_gauge(p, "kvr_frontend_upstream_connections_busy",
+                   "Pooled upstream connections in use.", (double)busy);
     kvr_prom_family(p, "kvr_frontend_forward_delay_ms", "histogram",
                     "Request received to request sent to the worker (first attempt), ms.");
     kvr_prom_hist(p, "kvr_frontend_forward_delay_ms", NULL, 0, &fe->h_forward);

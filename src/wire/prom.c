@@ -206,3 +206,15 @@ void kvr_prom_hist(kvr_prom_t *p, const char *name, const kvr_prom_label_t *labe
     }
     kvr_prom_histogram(p, name, labels, n_labels, h->bounds, cum, h->n, h->count, h->sum);
 }
+
+void kvr_prom_counter(kvr_prom_t *p, const char *name, const char *help, double v)
+{
+    kvr_prom_family(p, name, "counter", help);
+    kvr_prom_sample(p, name, NULL, 0, v);
+}
+
+void kvr_prom_gauge(kvr_prom_t *p, const char *name, const char *help, double v)
+{
+    kvr_prom_family(p, name, "gauge", help);
+    kvr_prom_sample(p, name, NULL, 0, v);
+}

@@ -33,6 +33,9 @@ void kvr_prom_family(kvr_prom_t *p, const char *name, const char *type, const ch
 /* One sample of the current family (name may carry a suffix such as _total). */
 void kvr_prom_sample(kvr_prom_t *p, const char *name, const kvr_prom_label_t *labels,
                      size_t n_labels, double value);
+/* A family with one unlabelled sample: a counter or a gauge. */
+void kvr_prom_counter(kvr_prom_t *p, const char *name, const char *help, double v);
+void kvr_prom_gauge(kvr_prom_t *p, const char *name, const char *help, double v);
 /* A whole histogram: bounds[i] upper bounds (ascending), counts[i] observations <= bounds[i]
  * (cumulative), plus the +Inf bucket = count, and _sum / _count. */
 void kvr_prom_histogram(kvr_prom_t *p, const char *name, const kvr_prom_label_t *labels,
