@@ -67,7 +67,6 @@ typedef struct conn {
     int fd;               /* registered in g->by_fd; -1 before */
     kvr_http_head_t head; /* where the current request's head ends (wire/http_head.h) */
     bool replacing;       /* evhttp's own answer is being dropped (ours was sent instead) */
-    bool close_when_done; /* draining: close once the current answer is out */
     uint64_t head_bytes;
 } conn_t;
 
@@ -502,7 +501,7 @@ static void on_complete(struct evhttp_request *req, void *arg)
         return;
     if (g->busy > 0)
         g->busy--;
-    if (c->close_when_done || g->draining) {
+    if (g->draining) { /* close once the answer is out */
         close_conn(c, 0, NULL);
         return;
     }
@@ -675,9 +674,7 @@ void kvr_http_guard_drain(kvr_http_guard_t *g)
         if (released_by_evhttp(c))
             continue;
         if (c->phase == P_IDLE || c->phase == P_FRESH)
-            close_conn(c, 0, NULL);
-        else
-            c->close_when_done = true;
+            close_conn(c, 0, NULL); /* the others close in on_complete */
     }
 }
 
