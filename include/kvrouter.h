@@ -383,11 +383,20 @@ typedef struct kvr_load_request {
     uint32_t expected_output_tokens;
 } kvr_load_request_t;
 
+/* Names a live request without its id: (generation << 32 | slot), never 0. Once the request
+ * is freed (or expires, or its worker is removed) the slot's generation changes, so a stale
+ * handle never names a later request: the _h calls answer KVR_ENOTFOUND for it. */
+typedef uint64_t kvr_req_handle_t;
+#define KVR_REQ_HANDLE_NONE UINT64_C(0)
+
 /* Admits a request. May first free stale requests (at most every check_interval_ms).
  * KVR_OK; KVR_EINVAL (empty or too long id, seq NULL with n_seq > 0, n_seq > isl/block_size;
  * nothing counted); KVR_ETOOBIG (n_seq >= 2^31); KVR_EEXIST (live id: counted, state untouched); KVR_EFULL (max_requests
  * live: counted); KVR_ENOMEM. On any error nothing changes. */
 int kvr_load_add(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms);
+/* kvr_load_add that also hands back the request's handle (KVR_REQ_HANDLE_NONE on error). */
+int kvr_load_admit(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms,
+                   kvr_req_handle_t *handle);
 /* The first output token: the request's prefill tokens leave its worker's load. Repeats are
  * KVR_OK no-ops. KVR_ENOTFOUND (counted) for an unknown id. */
 int kvr_load_first_token(kvr_load_t *lt, const char *id, size_t id_len, uint64_t now_ms);
@@ -398,6 +407,11 @@ int kvr_load_output_block(kvr_load_t *lt, const char *id, size_t id_len, double 
                           uint64_t now_ms);
 /* Releases everything the request holds. KVR_ENOTFOUND (counted, a no-op) if unknown. */
 int kvr_load_free_request(kvr_load_t *lt, const char *id, size_t id_len, uint64_t now_ms);
+/* The same three calls by handle: O(1), no id hashing. A stale handle is an unknown id. */
+int kvr_load_first_token_h(kvr_load_t *lt, kvr_req_handle_t h, uint64_t now_ms);
+int kvr_load_output_block_h(kvr_load_t *lt, kvr_req_handle_t h, double decay_fraction,
+                            uint64_t now_ms);
+int kvr_load_free_h(kvr_load_t *lt, kvr_req_handle_t h, uint64_t now_ms);
 /* Frees requests added expiry_ms or more before now_ms (counted). Returns how many. */
 size_t kvr_load_expire(kvr_load_t *lt, uint64_t now_ms);
 /* When the oldest live request becomes stale (UINT64_MAX when none): a timer for expire(). */

@@ -127,6 +127,13 @@ typedef struct kvr_route_req {
     const kvr_select_override_t *ovr;
     bool has_assume_kv_reuse, assume_kv_reuse;
     bool has_track_prefill_tokens, track_prefill_tokens;
+    /* Optional: the prompt's hashes, from kvr_router_hash on this router with the same
+     * tokens, lora_name and cache_namespace. The route then does not hash again (a queued
+     * request is hashed once, however many times it is tried); tokens may be NULL, n_tokens
+     * still gives the prompt's length and n_hashed must be its block count. */
+    bool hashed;
+    const uint64_t *block_hashes, *seq_hashes;
+    size_t n_hashed;
 } kvr_route_req_t;
 
 /* Where each part of the decision's time went (for /metrics). */
@@ -142,6 +149,7 @@ typedef struct kvr_route_res {
     uint32_t device_blocks;
     kvr_route_timing_t timing;
     const char *error_field;      /* KVR_EINVAL: what was wrong */
+    kvr_req_handle_t handle;      /* the booking (update_state): for the _h lifecycle calls */
 } kvr_route_res_t;
 
 /* Decides (and, with update_state, books) a worker. Returns KVR_OK; KVR_EINVAL (bad request,
@@ -157,6 +165,15 @@ int kvr_router_first_token(kvr_router_t *r, const char *id, size_t id_len, uint6
 int kvr_router_output_block(kvr_router_t *r, const char *id, size_t id_len, double decay_fraction,
                             uint64_t now_ms);
 int kvr_router_free_request(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms);
+/* The same calls by the handle the route returned: O(1), no id hashing (kvrouter.h). */
+int kvr_router_first_token_h(kvr_router_t *r, kvr_req_handle_t h, uint64_t now_ms);
+int kvr_router_output_block_h(kvr_router_t *r, kvr_req_handle_t h, double decay_fraction,
+                              uint64_t now_ms);
+int kvr_router_free_h(kvr_router_t *r, kvr_req_handle_t h, uint64_t now_ms);
+/* Hashes q's prompt as a route would (block hashes and chained sequence hashes, cap each):
+ * the block count, KVR_ETOOBIG when cap is short, KVR_EINVAL. Pure: any thread. */
+long kvr_router_hash(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *block_hashes,
+                     uint64_t *seq_hashes, size_t cap);
 /* Periodic upkeep: expires stale requests and (approximate mode) stale decisions. */
 void kvr_router_tick(kvr_router_t *r, uint64_t now_ms);
 

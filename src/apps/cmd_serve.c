@@ -17,6 +17,7 @@
 #include "apps/cli.h"
 #include "kvrouter/config.h"
 #include "kvrouter/router.h"
+#include "core/sched.h"
 #include "net/api_server.h"
 #include "net/frontend.h"
 #include "net/ingest.h"
@@ -164,6 +165,7 @@ typedef struct daemon_parts {
     kvr_index_t *ix;
     kvr_ingest_t *g;
     kvr_router_t *r;
+    kvr_sched_t *sched;
     kvr_api_server_t *api;
     kvr_frontend_t *fe;
     struct event *sigint, *sigterm;
@@ -234,6 +236,7 @@ static void teardown(daemon_parts_t *d)
         event_free(d->sigterm);
     kvr_frontend_free(d->fe); /* before the API server: it answers what is in flight */
     kvr_api_server_free(d->api);
+    kvr_sched_free(d->sched); /* after both front doors: they hold tickets and handles */
     kvr_ingest_free(d->g);
     kvr_router_free(d->r);
     kvr_index_free(d->ix);
@@ -315,11 +318,18 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
         fprintf(stderr, "kvrouter serve: %s\n", err);
         return st;
     }
-    if ((d->api = kvr_api_server_new(d->base, d->r, d->g, c, &st, err, sizeof err)) == NULL) {
+    kvr_sched_config_t sc;
+    kvr_sched_config_from(&sc, c);
+    const char *field;
+    if ((d->sched = kvr_sched_new(d->r, &sc, &st, &field)) == NULL) {
+        fprintf(stderr, "kvrouter serve: %s: %s\n", field ? field : "scheduler", kvr_strerror(st));
+        return st;
+    }
+    if ((d->api = kvr_api_server_new(d->base, d->sched, d->g, c, &st, err, sizeof err)) == NULL) {
         fprintf(stderr, "kvrouter serve: %s\n", err);
         return st;
     }
-    if ((d->fe = kvr_frontend_new(d->base, d->api, d->r, c, &st, err, sizeof err)) == NULL) {
+    if ((d->fe = kvr_frontend_new(d->base, d->api, d->sched, c, &st, err, sizeof err)) == NULL) {
         fprintf(stderr, "kvrouter serve: %s\n", err);
         return st;
     }

@@ -3,7 +3,9 @@
  * carry if an incoming request were sent there (the load model of Dynamo's KV router).
  *
  *   requests   slots in one array (grown by doubling up to max_requests), found by id through
- *              an open-addressing table of (seeded XXH3 of the id, slot); linked twice: into
+ *              an open-addressing table of (seeded XXH3 of the id, slot), or by handle
+ *              (generation << 32 | slot; the generation moves on when the slot is freed, so a
+ *              stale handle misses and never names a later request); linked twice: into
  *              the age list (oldest first, for expiry) and into their worker's list (for
  *              remove_worker). Each request's block hashes live in a chain of 30-hash chunks
  *              from a shared pool with a free list.
@@ -51,7 +53,8 @@
  * 24-byte entry in a table 1/4 to 1/2 full, plus 8 bytes in a chunk). An add either reserves all it needs first or fails with
  * nothing changed.
  * Threads: one thread owns a tracker (the event loop); no locks.
- * Cost: add and free O(blocks of the request); first_token O(1); output_block O(1), or
+ * Cost: add and free O(blocks of the request); a handle lookup O(1), an id lookup one hash;
+ * first_token O(1); output_block O(1), or
  * O(blocks of the request) with a decay fraction; project O(log m) probes per worker; expire
  * O(expired requests' blocks); remove_worker O(worker slots + its requests' blocks).
  */
@@ -92,6 +95,7 @@ typedef struct req {
     uint32_t head, tail;   /* block chunks */
     uint32_t n_prompt, n_output;
     uint32_t expected_output_tokens;
+    uint32_t gen;          /* changes when the slot is freed: stale handles miss */
     uint16_t id_len;
     uint8_t live;
     uint8_t has_expected;
@@ -253,6 +257,7 @@ static int reserve_requests(kvr_load_t *lt)
         return rc;
     for (uint32_t i = lt->cap_req; i-- > old;) {
         lt->req[i].live = 0;
+        lt->req[i].gen = 1;
         lt->req[i].next = lt->free_req;
         lt->free_req = i;
     }
@@ -621,6 +626,7 @@ static void drop_request(kvr_load_t *lt, uint32_t s)
     release_blocks(lt, r);
     unlink_request(lt, s);
     r->live = 0;
+    r->gen = r->gen == UINT32_MAX ? 1 : r->gen + 1; /* never 0: a handle is never 0 */
     r->next = lt->free_req;
     lt->free_req = s;
     if (lt->wrk[ws].n_requests == 0)
@@ -755,8 +761,11 @@ static void add_prefill(kvr_load_t *lt, req_t *r, const kvr_load_request_t *rq)
     lt->prefill_total += r->prefill_tokens;
 }
 
-int kvr_load_add(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms)
+int kvr_load_admit(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms,
+                   kvr_req_handle_t *handle)
 {
+    if (handle != NULL)
+        *handle = KVR_REQ_HANDLE_NONE;
     int rc = check_request(lt, rq);
     if (rc != KVR_OK)
         return rc;
@@ -782,13 +791,43 @@ int kvr_load_add(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms)
     add_prompt_blocks(lt, r, rq);
     add_prefill(lt, r, rq);
     lt->st.adds++;
+    if (handle != NULL)
+        *handle = (uint64_t)r->gen << 32 | s;
     return KVR_OK;
 }
 
-static req_t *live_request(kvr_load_t *lt, const char *id, size_t id_len)
+int kvr_load_add(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms)
 {
-    uint32_t s = find_req(lt, id, id_len);
-    return s == NONE ? NULL : &lt->req[s];
+    return kvr_load_admit(lt, rq, now_ms, NULL);
+}
+
+/* The live slot a handle names, or NONE (stale, never issued, or NONE handle). */
+static uint32_t slot_of(const kvr_load_t *lt, kvr_req_handle_t h)
+{
+    uint32_t s = (uint32_t)h, gen = (uint32_t)(h >> 32);
+    if (s >= lt->cap_req || !lt->req[s].live || lt->req[s].gen != gen)
+        return NONE;
+    return s;
+}
+
+/* The lifecycle calls share one shape: find the slot (by id or by handle), count a miss,
+ * then act on the slot. */
+static uint32_t lookup(kvr_load_t *lt, const char *id, size_t id_len, kvr_req_handle_t h,
+                       uint64_t *misses)
+{
+    uint32_t s = id != NULL ? find_req(lt, id, id_len) : slot_of(lt, h);
+    if (s == NONE)
+        (*misses)++;
+    return s;
+}
+
+static int first_token_at(kvr_load_t *lt, uint32_t s)
+{
+    if (s == NONE)
+        return KVR_ENOTFOUND;
+    end_prefill(lt, &lt->req[s]);
+    lt->st.first_tokens++;
+    return KVR_OK;
 }
 
 int kvr_load_first_token(kvr_load_t *lt, const char *id, size_t id_len, uint64_t now_ms)
@@ -796,14 +835,15 @@ int kvr_load_first_token(kvr_load_t *lt, const char *id, size_t id_len, uint64_t
     (void)now_ms; /* for the decay models of 4.4; static without modeled durations */
     if (lt == NULL || !id_ok(id, id_len))
         return KVR_EINVAL;
-    req_t *r = live_request(lt, id, id_len);
-    if (r == NULL) {
-        lt->st.unknown_marks++;
-        return KVR_ENOTFOUND;
-    }
-    end_prefill(lt, r);
-    lt->st.first_tokens++;
-    return KVR_OK;
+    return first_token_at(lt, lookup(lt, id, id_len, 0, &lt->st.unknown_marks));
+}
+
+int kvr_load_first_token_h(kvr_load_t *lt, kvr_req_handle_t h, uint64_t now_ms)
+{
+    (void)now_ms;
+    if (lt == NULL)
+        return KVR_EINVAL;
+    return first_token_at(lt, lookup(lt, NULL, 0, h, &lt->st.unknown_marks));
 }
 
 /* Every block held by this request alone now weighs w. */
@@ -822,20 +862,16 @@ static void apply_decay(kvr_load_t *lt, const req_t *r, uint32_t w)
     }
 }
 
-int kvr_load_output_block(kvr_load_t *lt, const char *id, size_t id_len, double decay_fraction,
-                          uint64_t now_ms)
+static bool decay_ok(double decay_fraction)
 {
-    (void)now_ms;
-    if (lt == NULL || !id_ok(id, id_len))
-        return KVR_EINVAL;
-    bool decay = !isnan(decay_fraction);
-    if (decay && !(decay_fraction >= 0.0 && decay_fraction <= 1.0))
-        return KVR_ERANGE;
-    req_t *r = live_request(lt, id, id_len);
-    if (r == NULL) {
-        lt->st.unknown_marks++;
+    return isnan(decay_fraction) || (decay_fraction >= 0.0 && decay_fraction <= 1.0);
+}
+
+static int output_block_at(kvr_load_t *lt, uint32_t s, double decay_fraction)
+{
+    if (s == NONE)
         return KVR_ENOTFOUND;
-    }
+    req_t *r = &lt->req[s];
     if (!lt->cfg.track_output_blocks)
         return KVR_OK;
     if (r->n_output == UINT32_MAX)
@@ -849,9 +885,40 @@ int kvr_load_output_block(kvr_load_t *lt, const char *id, size_t id_len, double 
     acquire(lt, r->wslot, h);
     append_hash(lt, r, h);
     r->n_output++;
-    if (decay)
+    if (!isnan(decay_fraction))
         apply_decay(lt, r, (uint32_t)llround(decay_fraction * (double)W_ONE));
     lt->st.output_blocks++;
+    return KVR_OK;
+}
+
+int kvr_load_output_block(kvr_load_t *lt, const char *id, size_t id_len, double decay_fraction,
+                          uint64_t now_ms)
+{
+    (void)now_ms;
+    if (lt == NULL || !id_ok(id, id_len))
+        return KVR_EINVAL;
+    if (!decay_ok(decay_fraction))
+        return KVR_ERANGE;
+    return output_block_at(lt, lookup(lt, id, id_len, 0, &lt->st.unknown_marks), decay_fraction);
+}
+
+int kvr_load_output_block_h(kvr_load_t *lt, kvr_req_handle_t h, double decay_fraction,
+                            uint64_t now_ms)
+{
+    (void)now_ms;
+    if (lt == NULL)
+        return KVR_EINVAL;
+    if (!decay_ok(decay_fraction))
+        return KVR_ERANGE;
+    return output_block_at(lt, lookup(lt, NULL, 0, h, &lt->st.unknown_marks), decay_fraction);
+}
+
+static int free_at(kvr_load_t *lt, uint32_t s)
+{
+    if (s == NONE)
+        return KVR_ENOTFOUND;
+    drop_request(lt, s);
+    lt->st.frees++;
     return KVR_OK;
 }
 
@@ -860,14 +927,15 @@ int kvr_load_free_request(kvr_load_t *lt, const char *id, size_t id_len, uint64_
     (void)now_ms;
     if (lt == NULL || !id_ok(id, id_len))
         return KVR_EINVAL;
-    uint32_t s = find_req(lt, id, id_len);
-    if (s == NONE) {
-        lt->st.unknown_frees++;
-        return KVR_ENOTFOUND;
-    }
-    drop_request(lt, s);
-    lt->st.frees++;
-    return KVR_OK;
+    return free_at(lt, lookup(lt, id, id_len, 0, &lt->st.unknown_frees));
+}
+
+int kvr_load_free_h(kvr_load_t *lt, kvr_req_handle_t h, uint64_t now_ms)
+{
+    (void)now_ms;
+    if (lt == NULL)
+        return KVR_EINVAL;
+    return free_at(lt, lookup(lt, NULL, 0, h, &lt->st.unknown_frees));
 }
 
 static bool stale(const kvr_load_t *lt, const req_t *r, uint64_t now_ms)

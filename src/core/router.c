@@ -49,7 +49,8 @@ struct kvr_router {
     uint32_t *rmap; /* (worker_id, rank) -> cand index + 1; 0 = empty */
     size_t rmap_mask;
 
-    uint64_t *lbh, *seq;
+    uint64_t *lbh, *seq;          /* hashing scratch (cap_blocks) */
+    const uint64_t *cur_lbh, *cur_seq; /* the request being routed: the scratch or its own */
     size_t cap_blocks;
     kvr_lookup_t lk;
     uint64_t rr;
@@ -572,32 +573,65 @@ int kvr_router_rank_status(const kvr_router_t *r, kvr_worker_t w, kvr_rank_statu
 /* ---------------------------------------------------------------------------------------- */
 /* Per-request work */
 
-/* Hashes the prompt into r->lbh / r->seq; returns the block count or a status. */
-static long hash_prompt(kvr_router_t *r, const kvr_route_req_t *q)
+static int reserve_hash_scratch(kvr_router_t *r, size_t n)
 {
-    if (q->n_tokens > 0 && q->tokens == NULL)
-        return KVR_EINVAL;
-    size_t n = kvr_hash_n_blocks(q->n_tokens, r->cfg.block_size, false);
-    if (n == 0)
-        return 0; /* shorter than a block: nothing to hash (the scratch may not exist yet) */
-    if (n > r->cap_blocks) {
-        size_t cap = n < 64 ? 64 : n;
-        uint64_t *a = realloc(r->lbh, cap * sizeof *a);
-        if (a != NULL)
-            r->lbh = a;
-        uint64_t *b = realloc(r->seq, cap * sizeof *b);
-        if (b != NULL)
-            r->seq = b;
-        if (a == NULL || b == NULL)
-            return KVR_ENOMEM;
-        r->cap_blocks = cap;
-    }
+    if (n <= r->cap_blocks)
+        return KVR_OK;
+    size_t cap = n < 64 ? 64 : n;
+    uint64_t *a = realloc(r->lbh, cap * sizeof *a);
+    if (a != NULL)
+        r->lbh = a;
+    uint64_t *b = realloc(r->seq, cap * sizeof *b);
+    if (b != NULL)
+        r->seq = b;
+    if (a == NULL || b == NULL)
+        return KVR_ENOMEM;
+    r->cap_blocks = cap;
+    return KVR_OK;
+}
+
+static long hash_into(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *lbh,
+                      uint64_t *seq, size_t cap)
+{
     kvr_hash_opts_t o = {.lora_name = q->lora_name,
                          .lora_name_len = q->lora_name_len,
                          .cache_namespace = q->cache_namespace,
                          .cache_namespace_len = q->cache_namespace_len};
-    return kvr_hash_prompt(q->tokens, q->n_tokens, r->cfg.block_size, &o, r->lbh, r->seq,
-                           r->cap_blocks);
+    return kvr_hash_prompt(q->tokens, q->n_tokens, r->cfg.block_size, &o, lbh, seq, cap);
+}
+
+/* Points r->cur_lbh / r->cur_seq at the prompt's hashes (the request's own when it brings
+ * them, else hashed into the scratch); returns the block count or a status. */
+static long hash_prompt(kvr_router_t *r, const kvr_route_req_t *q)
+{
+    size_t n = kvr_hash_n_blocks(q->n_tokens, r->cfg.block_size, false);
+    if (q->hashed) {
+        if (q->n_hashed != n || (n > 0 && (q->block_hashes == NULL || q->seq_hashes == NULL)))
+            return KVR_EINVAL;
+        r->cur_lbh = q->block_hashes;
+        r->cur_seq = q->seq_hashes;
+        return (long)n;
+    }
+    if (q->n_tokens > 0 && q->tokens == NULL)
+        return KVR_EINVAL;
+    r->cur_lbh = r->lbh;
+    r->cur_seq = r->seq;
+    if (n == 0)
+        return 0; /* shorter than a block: nothing to hash (the scratch may not exist yet) */
+    int rc = reserve_hash_scratch(r, n);
+    if (rc != KVR_OK)
+        return rc;
+    r->cur_lbh = r->lbh;
+    r->cur_seq = r->seq;
+    return hash_into(r, q, r->lbh, r->seq, r->cap_blocks);
+}
+
+long kvr_router_hash(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *block_hashes,
+                     uint64_t *seq_hashes, size_t cap)
+{
+    if (q->n_tokens > 0 && q->tokens == NULL)
+        return KVR_EINVAL;
+    return hash_into(r, q, block_hashes, seq_hashes, cap);
 }
 
 /* Looks the prompt up and writes each rank's tiers into cands. */
@@ -611,7 +645,7 @@ static int fill_overlap(kvr_router_t *r, size_t n_blocks)
     if (r->ix == NULL || n_blocks == 0 || r->cfg.router_mode == KVR_MODE_ROUND_ROBIN ||
         r->cfg.router_mode == KVR_MODE_RANDOM || r->cfg.router_mode == KVR_MODE_LEAST_LOADED)
         return KVR_OK;
-    int rc = kvr_index_lookup(r->ix, r->seq, n_blocks, &r->lk);
+    int rc = kvr_index_lookup(r->ix, r->cur_seq, n_blocks, &r->lk);
     if (rc != KVR_OK)
         return rc;
     for (size_t m = 0; m < r->lk.n_matches; m++) {
@@ -640,7 +674,7 @@ static int fill_loads(kvr_router_t *r, size_t n_blocks, uint64_t isl)
         r->proj[i].worker = r->cands[i].worker;
         r->proj[i].cached_tokens = cached_tokens_of(r, &r->cands[i]);
     }
-    kvr_load_query_t q = {.seq = r->cfg.router_track_active_blocks ? r->seq : NULL,
+    kvr_load_query_t q = {.seq = r->cfg.router_track_active_blocks ? r->cur_seq : NULL,
                           .n_seq = r->cfg.router_track_active_blocks ? n_blocks : 0,
                           .isl_tokens = isl};
     int rc = kvr_load_project(r->load, &q, r->proj, r->n_ranks);
@@ -799,15 +833,15 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
     kvr_load_request_t lr = {.id = res->request_id,
                              .id_len = id_len,
                              .worker = res->worker,
-                             .seq = r->cfg.router_track_active_blocks ? r->seq : NULL,
+                             .seq = r->cfg.router_track_active_blocks ? r->cur_seq : NULL,
                              .n_seq = r->cfg.router_track_active_blocks ? n_blocks : 0,
                              .isl_tokens = q->n_tokens,
                              .cached_tokens = res->cached_tokens,
                              .has_expected_output_tokens = q->has_expected_output_tokens,
                              .expected_output_tokens = q->expected_output_tokens};
-    int rc = kvr_load_add(r->load, &lr, now_ms);
+    int rc = kvr_load_admit(r->load, &lr, now_ms, &res->handle);
     if (rc == KVR_OK && r->approx != NULL && n_blocks > 0)
-        rc = kvr_approx_record(r->approx, res->worker, r->lbh, r->seq, n_blocks, now_ms);
+        rc = kvr_approx_record(r->approx, res->worker, r->cur_lbh, r->cur_seq, n_blocks, now_ms);
     return rc;
 }
 
@@ -900,6 +934,22 @@ int kvr_router_output_block(kvr_router_t *r, const char *id, size_t id_len, doub
 int kvr_router_free_request(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms)
 {
     return kvr_load_free_request(r->load, id, id_len, now_ms);
+}
+
+int kvr_router_first_token_h(kvr_router_t *r, kvr_req_handle_t h, uint64_t now_ms)
+{
+    return kvr_load_first_token_h(r->load, h, now_ms);
+}
+
+int kvr_router_output_block_h(kvr_router_t *r, kvr_req_handle_t h, double decay_fraction,
+                              uint64_t now_ms)
+{
+    return kvr_load_output_block_h(r->load, h, decay_fraction, now_ms);
+}
+
+int kvr_router_free_h(kvr_router_t *r, kvr_req_handle_t h, uint64_t now_ms)
+{
+    return kvr_load_free_h(r->load, h, now_ms);
 }
 
 void kvr_router_tick(kvr_router_t *r, uint64_t now_ms)

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "core/endpoint.h"
+#include "core/sched.h"
 #include "net/access.h"
 #include "net/http_guard.h"
 #include "net/log.h"
@@ -44,21 +45,15 @@ typedef struct probe {
     char suspect[96]; /* non-empty: a probe sent on other evidence; its failure fences */
 } probe_t;
 
-typedef struct pending {
+/* A JSON API request waiting in the scheduler's queue: the client to answer when it leaves.
+ * Kept on a free list (no allocation once warm); every one ever made is on the all list. */
+typedef struct waiter {
     kvr_api_server_t *s;
     struct evhttp_request *req;
-    kvr_queue_handle_t handle;
+    kvr_ticket_t ticket;
     bool tagged;             /* came from POST /router (reply shape differs) */
-    kvr_route_req_t q;
-    uint32_t *tokens;
-    char *strings;           /* request id, lora name, namespace, taints: copies */
-    const char **required;
-    kvr_taint_weight_t *preferred;
-    uint64_t *allowed;
-    kvr_select_override_t ovr;
-    kvr_api_placed_fn fn;    /* a front-end placement: told the outcome instead of a reply */
-    void *fn_arg;
-} pending_t;
+    struct waiter *next_free, *next_all;
+} waiter_t;
 
 struct kvr_api_server {
     struct event_base *base;
@@ -71,13 +66,14 @@ struct kvr_api_server {
     struct event *tick;
     kvr_router_t *r;
     kvr_ingest_t *g;
+    kvr_sched_t *sched;           /* places, queues and tracks requests (core/sched.h) */
     kvr_router_config_t cfg;
     uint16_t port;
     kvr_api_decoder_t *dec;
     kvr_json_writer_t w;
     kvr_prom_t prom;
     struct evbuffer *out;
-    kvr_queue_t *queue;
+    waiter_t *free_waiters, *all_waiters;
     probe_t **probes; /* live probes, then dead ones from n_probes to n_all */
     size_t n_probes, n_all;
     uint64_t last_probe_ms;
@@ -91,10 +87,6 @@ struct kvr_api_server {
     kvr_ratelimit_t rl_silent;  /* ranks whose KV events never came (warn_silent_ranks) */
     uint64_t first_routed_ms, last_silent_check_ms;
     kvr_api_extension_t ext;  /* the OpenAI front end; handle NULL = none */
-    bool dispatching;         /* dispatch_queue is running (a placement callback re-entered) */
-    bool ticking;             /* dispatch_queue called by the tick, not by a load change */
-    uint64_t dispatched[2];   /* queued requests let go: [0] by a load change, [1] by the tick */
-    bool redispatch;
 };
 
 static const double MS_BUCKETS[] = {0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -272,221 +264,97 @@ static void reply_routed(kvr_api_server_t *s, struct evhttp_request *req,
     reply_writer(s, req, 200);
 }
 
-static bool queue_enabled(const kvr_api_server_t *s) { return s->queue != NULL; }
-
-static void pending_free(pending_t *p)
+/* Every placement the scheduler booked or answered (both front doors): the histograms. */
+static void on_sched_event(void *arg, const kvr_sched_event_t *ev)
 {
-    if (p == NULL)
-        return;
-    free(p->tokens);
-    free(p->strings);
-    free(p->required);
-    free(p->preferred);
-    free(p->allowed);
-    free(p);
+    if (ev->kind == KVR_SCHED_ROUTED)
+        observe(arg, ev->res);
+}
+
+static waiter_t *waiter_get(kvr_api_server_t *s)
+{
+    waiter_t *w = s->free_waiters;
+    if (w != NULL) {
+        s->free_waiters = w->next_free;
+        return w;
+    }
+    if ((w = calloc(1, sizeof *w)) == NULL)
+        return NULL;
+    w->s = s;
+    w->next_all = s->all_waiters;
+    s->all_waiters = w;
+    return w;
+}
+
+static void waiter_put(kvr_api_server_t *s, waiter_t *w)
+{
+    w->req = NULL;
+    w->ticket = 0;
+    w->next_free = s->free_waiters;
+    s->free_waiters = w;
 }
 
 static void on_queued_close(struct evhttp_connection *conn, void *arg)
 {
     (void)conn;
-    pending_t *p = arg;
-    kvr_queue_entry_t e;
-    if (kvr_queue_remove(p->s->queue, p->handle, &e) == KVR_OK)
-        pending_free(p);
+    waiter_t *w = arg;
+    if (kvr_sched_cancel(w->s->sched, w->ticket))
+        waiter_put(w->s, w);
 }
 
-static char *copy_str(char **cursor, const char *src, size_t len)
+/* A queued request left the queue: its client gets the outcome. */
+static void on_queued_done(void *arg, int rc, const kvr_route_res_t *res)
 {
-    char *dst = *cursor;
-    memcpy(dst, src, len);
-    dst[len] = '\0';
-    *cursor += len + 1;
-    return dst;
+    waiter_t *w = arg;
+    kvr_api_server_t *s = w->s;
+    struct evhttp_request *req = w->req;
+    bool tagged = w->tagged;
+    waiter_put(s, w);
+    evhttp_connection_set_closecb(evhttp_request_get_connection(req), NULL, NULL);
+    if (res == NULL)
+        reply_error(s, req, 429, "rate_limit_exceeded",
+                    "queued longer than router_queue_timeout_ms (%llu ms)",
+                    (unsigned long long)s->cfg.router_queue_timeout_ms);
+    else if (rc == KVR_OK)
+        reply_routed(s, req, res, tagged);
+    else
+        reply_status(s, req, rc, rc == KVR_EINVAL ? res->error_field : NULL);
 }
 
-/* Copies a route request so it outlives the decoder's buffers. */
-static pending_t *pending_new(kvr_api_server_t *s, struct evhttp_request *req,
-                              const kvr_route_req_t *q, bool tagged)
-{
-    pending_t *p = calloc(1, sizeof *p);
-    if (p == NULL)
-        return NULL;
-    p->s = s;
-    p->req = req;
-    p->tagged = tagged;
-    p->q = *q;
-    size_t strbytes = q->request_id_len + q->lora_name_len + q->cache_namespace_len + 3;
-    for (size_t i = 0; i < q->n_required; i++)
-        strbytes += strlen(q->required_taints[i]) + 1;
-    for (size_t i = 0; i < q->n_preferred; i++)
-        strbytes += strlen(q->preferred_taints[i].taint) + 1;
-    p->tokens = malloc((q->n_tokens ? q->n_tokens : 1) * sizeof *p->tokens);
-    p->strings = malloc(strbytes);
-    p->required = calloc(q->n_required + 1, sizeof *p->required);
-    p->preferred = calloc(q->n_preferred + 1, sizeof *p->preferred);
-    p->allowed = malloc((q->n_allowed + 1) * sizeof *p->allowed);
-    if (p->tokens == NULL || p->strings == NULL || p->required == NULL || p->preferred == NULL ||
-        p->allowed == NULL) {
-        pending_free(p);
-        return NULL;
-    }
-    if (q->n_tokens)
-        memcpy(p->tokens, q->tokens, q->n_tokens * sizeof *p->tokens);
-    p->q.tokens = p->tokens;
-    char *c = p->strings;
-    if (q->request_id)
-        p->q.request_id = copy_str(&c, q->request_id, q->request_id_len);
-    if (q->lora_name)
-        p->q.lora_name = copy_str(&c, q->lora_name, q->lora_name_len);
-    if (q->cache_namespace)
-        p->q.cache_namespace = copy_str(&c, q->cache_namespace, q->cache_namespace_len);
-    for (size_t i = 0; i < q->n_required; i++)
-        p->required[i] = copy_str(&c, q->required_taints[i], strlen(q->required_taints[i]));
-    p->q.required_taints = p->required;
-    for (size_t i = 0; i < q->n_preferred; i++) {
-        p->preferred[i].weight = q->preferred_taints[i].weight;
-        p->preferred[i].taint =
-            copy_str(&c, q->preferred_taints[i].taint, strlen(q->preferred_taints[i].taint));
-    }
-    p->q.preferred_taints = p->preferred;
-    if (q->n_allowed)
-        memcpy(p->allowed, q->allowed_ids, q->n_allowed * sizeof *p->allowed);
-    p->q.allowed_ids = p->allowed;
-    if (q->ovr != NULL) {
-        p->ovr = *q->ovr;
-        p->q.ovr = &p->ovr;
-    }
-    return p;
-}
-
-static int enqueue(kvr_api_server_t *s, struct evhttp_request *req, const kvr_route_req_t *q,
-                   bool tagged, uint32_t strict_priority, kvr_api_placed_fn fn, void *fn_arg,
-                   kvr_queue_handle_t *handle)
-{
-    pending_t *p = pending_new(s, req, q, tagged);
-    if (p == NULL)
-        return KVR_ENOMEM;
-    p->fn = fn;
-    p->fn_arg = fn_arg;
-    kvr_queue_item_t it = {.isl_tokens = q->n_tokens,
-                           .cost_tokens = q->n_tokens,
-                           .priority_jump = q->priority_jump,
-                           .strict_priority = strict_priority,
-                           .timeout_ms = s->cfg.router_queue_timeout_ms,
-                           .user = p};
-    int rc = kvr_queue_push(s->queue, &it, kvr_now_ms(), &p->handle);
-    if (rc != KVR_OK) {
-        pending_free(p);
-        return rc;
-    }
-    if (handle != NULL)
-        *handle = p->handle;
-    if (fn == NULL) /* a front-end placement watches its own client */
-        evhttp_connection_set_closecb(evhttp_request_get_connection(req), on_queued_close, p);
-    return KVR_OK;
-}
-
-/* Routes q now, or queues it (KVR_OK with *queued) while every eligible worker is busy. */
-static int place(kvr_api_server_t *s, struct evhttp_request *req, const kvr_route_req_t *q,
-                 bool tagged, uint32_t strict_priority, kvr_api_placed_fn fn, void *fn_arg,
-                 kvr_route_res_t *res, bool *queued, kvr_queue_handle_t *handle)
-{
-    *queued = false;
-    /* arrivals do not overtake a backlog */
-    int rc;
-    if (queue_enabled(s) && kvr_queue_len(s->queue) > 0 && q->update_state) {
-        memset(res, 0, sizeof *res);
-        rc = KVR_EBUSY;
-    } else {
-        rc = kvr_router_route(s->r, q, kvr_now_ms(), res);
-    }
-    if (rc == KVR_OK) {
-        observe(s, res);
-        return KVR_OK;
-    }
-    if (rc == KVR_EBUSY && queue_enabled(s) && q->update_state) {
-        rc = enqueue(s, req, q, tagged, strict_priority, fn, fn_arg, handle);
-        *queued = rc == KVR_OK;
-    }
-    return rc;
-}
-
-/* Routes (or queues) a decoded request and replies unless it was queued. */
+/* Routes (or queues: a copy, answered by on_queued_done) a decoded request; replies unless it
+ * was queued. */
 static void route_and_reply(kvr_api_server_t *s, struct evhttp_request *req,
                             const kvr_route_req_t *q, bool tagged, uint32_t strict_priority)
 {
+    waiter_t *w = q->update_state ? waiter_get(s) : NULL;
+    kvr_place_t pl = {.q = q,
+                      .strict_priority = strict_priority,
+                      .copy = true,
+                      .done = w != NULL ? on_queued_done : NULL,
+                      .arg = w};
     kvr_route_res_t res;
-    bool queued;
-    int rc = place(s, req, q, tagged, strict_priority, NULL, NULL, &res, &queued, NULL);
-    if (rc == KVR_OK && !queued)
+    kvr_ticket_t ticket;
+    int rc = kvr_sched_place(s->sched, &pl, kvr_now_ms(), &res, &ticket);
+    if (rc == KVR_OK && ticket != 0) {
+        *w = (waiter_t){.s = s, .req = req, .ticket = ticket, .tagged = tagged,
+                        .next_all = w->next_all};
+        evhttp_connection_set_closecb(evhttp_request_get_connection(req), on_queued_close, w);
+        return;
+    }
+    if (w != NULL)
+        waiter_put(s, w);
+    if (rc == KVR_OK)
         reply_routed(s, req, &res, tagged);
-    else if (rc != KVR_OK)
+    else
         reply_status(s, req, rc, rc == KVR_EINVAL ? res.error_field : NULL);
 }
 
-/* Dispatches queued requests while the head can be placed. A front-end placement's callback
- * may free a request and so call back in here: that call only asks the running loop for
- * another pass. */
-static void dispatch_queue(kvr_api_server_t *s)
+/* A lifecycle call by request id: the JSON API's and the /router marks. */
+static int apply_by_id(kvr_api_server_t *s, kvr_sched_kind_t kind, const char *id, size_t id_len,
+                       double decay)
 {
-    if (!queue_enabled(s))
-        return;
-    if (s->dispatching) {
-        s->redispatch = true;
-        return;
-    }
-    s->dispatching = true;
-    kvr_queue_entry_t e;
-    do {
-        s->redispatch = false;
-        while (kvr_queue_peek(s->queue, &e) == KVR_OK) {
-            pending_t *p = e.item.user;
-            kvr_route_res_t res;
-            int rc = kvr_router_route(s->r, &p->q, kvr_now_ms(), &res);
-            if (rc == KVR_EBUSY)
-                break; /* still busy: wait for the next change */
-            (void)kvr_queue_pop(s->queue, &e);
-            s->dispatched[s->ticking]++;
-            if (rc == KVR_OK)
-                observe(s, &res);
-            if (p->fn != NULL) {
-                kvr_api_placed_fn fn = p->fn;
-                void *arg = p->fn_arg;
-                pending_free(p);
-                fn(arg, rc, &res);
-                continue;
-            }
-            evhttp_connection_set_closecb(evhttp_request_get_connection(p->req), NULL, NULL);
-            if (rc == KVR_OK)
-                reply_routed(s, p->req, &res, p->tagged);
-            else
-                reply_status(s, p->req, rc, rc == KVR_EINVAL ? res.error_field : NULL);
-            pending_free(p);
-        }
-    } while (s->redispatch);
-    s->dispatching = false;
-}
-
-static void expire_queue(kvr_api_server_t *s)
-{
-    if (!queue_enabled(s))
-        return;
-    kvr_queue_entry_t e;
-    while (kvr_queue_expire(s->queue, kvr_now_ms(), &e) == KVR_OK) {
-        pending_t *p = e.item.user;
-        if (p->fn != NULL) {
-            kvr_api_placed_fn fn = p->fn;
-            void *arg = p->fn_arg;
-            pending_free(p);
-            fn(arg, KVR_EBUSY, NULL);
-            continue;
-        }
-        evhttp_connection_set_closecb(evhttp_request_get_connection(p->req), NULL, NULL);
-        reply_error(s, p->req, 429, "rate_limit_exceeded",
-                    "queued longer than router_queue_timeout_ms (%llu ms)",
-                    (unsigned long long)s->cfg.router_queue_timeout_ms);
-        pending_free(p);
-    }
+    kvr_sched_event_t ev = {.kind = kind, .id = id, .id_len = id_len, .decay_fraction = decay};
+    return kvr_sched_apply(s->sched, &ev, kvr_now_ms());
 }
 
 static void h_route(kvr_api_server_t *s, struct evhttp_request *req)
@@ -523,12 +391,11 @@ static void h_request(kvr_api_server_t *s, struct evhttp_request *req, const cha
         return;
     }
     const char *action = slash ? slash + 1 : "";
-    uint64_t now = kvr_now_ms();
     int rc;
     if (method == EVHTTP_REQ_DELETE && *action == '\0') {
-        rc = kvr_router_free_request(s->r, decoded, id_len, now);
+        rc = apply_by_id(s, KVR_SCHED_FREE, decoded, id_len, NAN);
     } else if (method == EVHTTP_REQ_POST && strcmp(action, "first_token") == 0) {
-        rc = kvr_router_first_token(s->r, decoded, id_len, now);
+        rc = apply_by_id(s, KVR_SCHED_FIRST_TOKEN, decoded, id_len, NAN);
     } else if (method == EVHTTP_REQ_POST && strcmp(action, "output_block") == 0) {
         size_t len;
         const char *body = body_of(req, &len);
@@ -539,8 +406,8 @@ static void h_request(kvr_api_server_t *s, struct evhttp_request *req, const cha
             reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
             return;
         }
-        rc = kvr_router_output_block(s->r, decoded, id_len,
-                                     ob.has_decay_fraction ? ob.decay_fraction : NAN, now);
+        rc = apply_by_id(s, KVR_SCHED_OUTPUT_BLOCK, decoded, id_len,
+                         ob.has_decay_fraction ? ob.decay_fraction : NAN);
     } else {
         free(decoded);
         reply_error(s, req, 404, "not_found_error", "no such endpoint");
@@ -560,8 +427,7 @@ static void h_request(kvr_api_server_t *s, struct evhttp_request *req, const cha
     kvr_json_key(&s->w, "ok");
     kvr_json_bool(&s->w, true);
     kvr_json_end_object(&s->w);
-    reply_writer(s, req, 200);
-    dispatch_queue(s); /* load went down */
+    reply_writer(s, req, 200); /* the scheduler re-ran its queue: load went down */
 }
 
 static int ensure_rank_bufs(kvr_api_server_t *s)
@@ -911,7 +777,7 @@ static void h_workers_delete(kvr_api_server_t *s, struct evhttp_request *req, co
     kvr_json_u64(&s->w, id);
     kvr_json_end_object(&s->w);
     reply_writer(s, req, 200);
-    dispatch_queue(s);
+    kvr_sched_dispatch(s->sched, kvr_now_ms(), KVR_SCHED_BY_EVENT);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1049,9 +915,10 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
     kvr_prom_counter(p, "kvr_requests_unknown_total",
                      "first_token / output_block / free calls for unknown request ids.",
                      (double)(ls.unknown_frees + ls.unknown_marks));
-    if (s->queue != NULL) {
-        kvr_queue_stats_t qs;
-        kvr_queue_stats(s->queue, &qs);
+    kvr_sched_stats_t ss;
+    kvr_sched_stats(s->sched, &ss);
+    if (ss.queue_on) {
+        const kvr_queue_stats_t qs = ss.queue;
         kvr_prom_gauge(p, "kvr_queue_pending", "Requests waiting for a worker.",
                        (double)qs.pending);
         kvr_prom_gauge(p, "kvr_queue_pending_isl_tokens", "Prompt tokens waiting.",
@@ -1066,8 +933,8 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
                         "Queued requests let go, by what let them: a load change the router was "
                         "told of (event) or the 100 ms tick (a change nothing reported).");
         kvr_prom_label_t ev = {"trigger", "event"}, tk = {"trigger", "tick"};
-        kvr_prom_sample(p, "kvr_queue_dispatched_total", &ev, 1, (double)s->dispatched[0]);
-        kvr_prom_sample(p, "kvr_queue_dispatched_total", &tk, 1, (double)s->dispatched[1]);
+        kvr_prom_sample(p, "kvr_queue_dispatched_total", &ev, 1, (double)ss.dispatched[KVR_SCHED_BY_EVENT]);
+        kvr_prom_sample(p, "kvr_queue_dispatched_total", &tk, 1, (double)ss.dispatched[KVR_SCHED_BY_TICK]);
     }
     kvr_prom_counter(p, "kvr_http_errors_total", "HTTP replies with status >= 400.",
                      (double)(s->http_errors_4xx + s->http_errors_5xx));
@@ -1263,9 +1130,10 @@ static void h_router(kvr_api_server_t *s, struct evhttp_request *req)
         kvr_json_string(w, "potential_loads");
         kvr_json_key(w, "loads");
         write_loads(w, s->loads, n);
-        if (s->queue != NULL) {
-            kvr_queue_stats_t qs;
-            kvr_queue_stats(s->queue, &qs);
+        kvr_sched_stats_t ss;
+        kvr_sched_stats(s->sched, &ss);
+        if (ss.queue_on) {
+            const kvr_queue_stats_t qs = ss.queue;
             kvr_json_key(w, "pending_count");
             kvr_json_u64(w, qs.pending);
             kvr_json_key(w, "pending_isl_tokens");
@@ -1278,8 +1146,8 @@ static void h_router(kvr_api_server_t *s, struct evhttp_request *req)
     case KVR_API_ROUTER_MARK_FREE: {
         bool prefill = a.method == KVR_API_ROUTER_MARK_PREFILL;
         size_t idl = a.has_request_id ? strlen(a.request_id) : 0;
-        rc = prefill ? kvr_router_first_token(s->r, a.request_id, idl, kvr_now_ms())
-                     : kvr_router_free_request(s->r, a.request_id, idl, kvr_now_ms());
+        rc = apply_by_id(s, prefill ? KVR_SCHED_FIRST_TOKEN : KVR_SCHED_FREE, a.request_id, idl,
+                         NAN);
         kvr_json_writer_reset(w);
         kvr_json_begin_object(w);
         kvr_json_key(w, "method");
@@ -1288,7 +1156,6 @@ static void h_router(kvr_api_server_t *s, struct evhttp_request *req)
         kvr_json_bool(w, rc == KVR_OK);
         kvr_json_end_object(w);
         reply_writer(s, req, 200);
-        dispatch_queue(s);
         return;
     }
     }
@@ -1390,7 +1257,7 @@ static void probe_result(probe_t *pr, bool ok)
             kvr_router_set_fenced(s->r, pr->worker_id, false);
             kvr_log(KVR_LOG_INFO, "worker %llu healthy again: readmitted",
                     (unsigned long long)pr->worker_id);
-            dispatch_queue(s);
+            kvr_sched_dispatch(s->sched, kvr_now_ms(), KVR_SCHED_BY_EVENT);
         }
         return;
     }
@@ -1541,13 +1408,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     (void)what;
     kvr_api_server_t *s = arg;
     uint64_t now = kvr_now_ms();
-    kvr_router_tick(s->r, now);
     sync_rank_status(s);
     warn_silent_ranks(s, now);
-    expire_queue(s);
-    s->ticking = true;
-    dispatch_queue(s);
-    s->ticking = false;
+    kvr_sched_tick(s->sched, now); /* expiry, then the queue */
     if (now - s->last_probe_ms >= s->cfg.health_interval_ms) {
         s->last_probe_ms = now;
         probe_all(s);
@@ -1579,9 +1442,9 @@ static int open_listener(kvr_api_server_t *s, const char *name, const char *host
     return kvr_http_guard_listen(g, host, port, bound);
 }
 
-kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, kvr_ingest_t *g,
-                                     const kvr_router_config_t *cfg, int *status, char *err,
-                                     size_t err_len)
+kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_sched_t *sched,
+                                     kvr_ingest_t *g, const kvr_router_config_t *cfg,
+                                     int *status, char *err, size_t err_len)
 {
     kvr_api_server_t *s = calloc(1, sizeof *s);
     if (s == NULL) {
@@ -1589,7 +1452,8 @@ kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, k
         return NULL;
     }
     s->base = base;
-    s->r = r;
+    s->sched = sched;
+    s->r = kvr_sched_router(sched);
     s->g = g;
     s->cfg = *cfg;
     s->rl_health = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
@@ -1606,16 +1470,11 @@ kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, k
     s->dec = kvr_api_decoder_new(&ao);
     s->out = evbuffer_new();
     s->probes = calloc(MAX_PROBES, sizeof *s->probes);
-    if (cfg->router_queue_threshold.set) {
-        kvr_queue_config_t qc = {.capacity = cfg->router_queue_max_requests,
-                                 .max_pending_isl_tokens = cfg->router_queue_max_isl_tokens,
-                                 .order = cfg->router_queue_policy};
-        s->queue = kvr_queue_new(&qc, status);
-        if (s->queue == NULL) {
-            snprintf(err, err_len, "router_queue_max_requests: must be in [2, 1048576]");
-            kvr_api_server_free(s);
-            return NULL;
-        }
+    if (kvr_sched_observe(sched, on_sched_event, s) != KVR_OK) {
+        snprintf(err, err_len, "the scheduler has no room for another observer");
+        kvr_api_server_free(s);
+        *status = KVR_EFULL;
+        return NULL;
     }
     if (s->dec == NULL || s->out == NULL || s->probes == NULL) {
         snprintf(err, err_len, "out of memory");
@@ -1670,11 +1529,16 @@ void kvr_api_server_free(kvr_api_server_t *s)
             evhttp_connection_free(s->probes[i]->conn);
         free(s->probes[i]);
     }
-    if (s->queue != NULL) {
-        kvr_queue_entry_t e;
-        while (kvr_queue_pop(s->queue, &e) == KVR_OK)
-            pending_free(e.item.user);
-        kvr_queue_free(s->queue);
+    if (s->sched != NULL)
+        kvr_sched_unobserve(s->sched, on_sched_event, s);
+    while (s->all_waiters != NULL) { /* queued ones stay in the scheduler, answered by nobody */
+        waiter_t *w = s->all_waiters;
+        if (w->req != NULL)
+            evhttp_connection_set_closecb(evhttp_request_get_connection(w->req), NULL, NULL);
+        if (w->ticket != 0)
+            (void)kvr_sched_cancel(s->sched, w->ticket);
+        s->all_waiters = w->next_all;
+        free(w);
     }
     if (s->http)
         evhttp_free(s->http); /* its connections' filters still use their guard */
@@ -1737,7 +1601,7 @@ int kvr_api_server_add_worker(kvr_api_server_t *s, const kvr_worker_spec_t *w, c
     kvr_log(KVR_LOG_INFO, "worker %llu registered (ranks %u..%u%s%s%s%s)",
             (unsigned long long)w->worker_id, w->dp_start, w->dp_start + w->dp_size - 1,
             w->events[0] ? ", events " : "", w->events, w->url[0] ? ", url " : "", w->url);
-    dispatch_queue(s);
+    kvr_sched_dispatch(s->sched, kvr_now_ms(), KVR_SCHED_BY_EVENT);
     return KVR_OK;
 }
 
@@ -1751,24 +1615,6 @@ void kvr_api_server_set_extension(kvr_api_server_t *s, const kvr_api_extension_t
     else
         memset(&s->ext, 0, sizeof s->ext);
 }
-
-int kvr_api_server_place(kvr_api_server_t *s, const kvr_route_req_t *q, kvr_api_placed_fn fn,
-                         void *arg, kvr_route_res_t *res, bool *queued,
-                         kvr_queue_handle_t *handle)
-{
-    return place(s, NULL, q, false, 0, fn, arg, res, queued, handle);
-}
-
-bool kvr_api_server_unqueue(kvr_api_server_t *s, kvr_queue_handle_t handle)
-{
-    kvr_queue_entry_t e;
-    if (s->queue == NULL || kvr_queue_remove(s->queue, handle, &e) != KVR_OK)
-        return false;
-    pending_free(e.item.user);
-    return true;
-}
-
-void kvr_api_server_kick(kvr_api_server_t *s) { dispatch_queue(s); }
 
 void kvr_api_server_fence(kvr_api_server_t *s, uint64_t worker_id, const char *why)
 {

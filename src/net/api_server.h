@@ -19,18 +19,20 @@
 
 #include "kvrouter/config.h"
 #include "kvrouter/router.h"
+#include "core/sched.h"
 #include "net/ingest.h"
 
 struct event_base;
 typedef struct kvr_api_server kvr_api_server_t;
 
-/* base: the HTTP thread's loop; r: the router; g: the ingest thread (NULL without KV events).
+/* base: the HTTP thread's loop; sched: the scheduler over the router (borrowed; both outlive
+ * the server); g: the ingest thread (NULL without KV events).
  * Listens on cfg->bind:cfg->http_port (port 0 picks a free one: see kvr_api_server_port), and
  * on admin_bind:admin_port when set; connection limits: net/http_guard.h; who may call what:
  * net/access.h. */
-kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_router_t *r, kvr_ingest_t *g,
-                                     const kvr_router_config_t *cfg, int *status, char *err,
-                                     size_t err_len);
+kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_sched_t *sched,
+                                     kvr_ingest_t *g, const kvr_router_config_t *cfg,
+                                     int *status, char *err, size_t err_len);
 void kvr_api_server_free(kvr_api_server_t *s);
 uint16_t kvr_api_server_port(const kvr_api_server_t *s);
 /* The admin listener's port; 0 when admin_port is unset (fleet changes on the client port). */
@@ -44,8 +46,8 @@ int kvr_api_server_add_worker(kvr_api_server_t *s, const kvr_worker_spec_t *w, c
                               size_t err_len);
 
 /* ---------------------------------------------------------------------------------------- */
-/* What the OpenAI front end (net/frontend.h) plugs into: the same loop, router, queue and
- * fencing. Everything here runs on the HTTP thread. */
+/* What the OpenAI front end (net/frontend.h) plugs into: the same loop and fencing (it
+ * places requests through the same scheduler). Everything here runs on the HTTP thread. */
 
 struct evhttp_request;
 struct kvr_prom;
@@ -62,23 +64,6 @@ typedef struct kvr_api_extension {
 /* ext NULL removes it. */
 void kvr_api_server_set_extension(kvr_api_server_t *s, const kvr_api_extension_t *ext);
 
-/* The outcome of a queued placement, called once: KVR_OK (booked, res filled), a routing
- * error (as kvr_router_route's), or KVR_EBUSY when it waited past router_queue_timeout_ms. */
-typedef void (*kvr_api_placed_fn)(void *arg, int rc, const kvr_route_res_t *res);
-
-/* Routes and books q (update_state must be true) as POST /v1/route does: KVR_OK with res
- * filled; or, while every eligible worker is busy and the queue is on (or a backlog waits),
- * KVR_OK with *queued set, a copy of q queued under *handle and fn(arg, ...) called once
- * later (unless kvr_api_server_unqueue comes first); or the routing error (res->error_field
- * names the field for KVR_EINVAL; KVR_EQUEUEFULL when the queue is full). Unlike the API's
- * own queued requests, the caller watches its client's connection itself. */
-int kvr_api_server_place(kvr_api_server_t *s, const kvr_route_req_t *q, kvr_api_placed_fn fn,
-                         void *arg, kvr_route_res_t *res, bool *queued,
-                         kvr_queue_handle_t *handle);
-/* Takes a placement out of the queue (fn is not called); false if it already left. */
-bool kvr_api_server_unqueue(kvr_api_server_t *s, kvr_queue_handle_t handle);
-/* Load went down (a request was freed): dispatches what the queue can place now. */
-void kvr_api_server_kick(kvr_api_server_t *s);
 /* Fences a worker as failed health checks do (never picked, index state dropped); the
  * health probe readmits it once its /health answers 200. why is logged. */
 void kvr_api_server_fence(kvr_api_server_t *s, uint64_t worker_id, const char *why);

@@ -357,8 +357,7 @@ static void unbook(fe_req_t *p)
     if (!p->booked)
         return;
     p->booked = false;
-    (void)kvr_router_free_request(p->fe->r, p->rid, p->rid_len, kvr_now_ms());
-    kvr_api_server_kick(p->fe->api);
+    (void)kvr_sched_release(p->fe->sched, p->handle, kvr_now_ms()); /* re-runs the queue */
 }
 
 /* Releases everything; the client was answered or is gone. */
@@ -367,7 +366,7 @@ void fe_req_finish(fe_req_t *p)
     kvr_frontend_t *fe = p->fe;
     cancel_upstream(p);
     if (p->phase == PH_QUEUED)
-        (void)kvr_api_server_unqueue(fe->api, p->qh);
+        (void)kvr_sched_cancel(fe->sched, p->ticket);
     if (p->retry_ev != NULL)
         event_free(p->retry_ev);
     p->retry_ev = NULL;
@@ -381,9 +380,7 @@ void fe_req_finish(fe_req_t *p)
     }
     unlink_req(fe, p);
     bool booked = p->booked;
-    char rid[sizeof p->rid];
-    size_t rid_len = p->rid_len;
-    memcpy(rid, p->rid, rid_len);
+    kvr_req_handle_t handle = p->handle;
     if (p->sse != NULL)
         evbuffer_free(p->sse);
     free(p->tokens);
@@ -394,10 +391,8 @@ void fe_req_finish(fe_req_t *p)
     free(p->allowed);
     free(p->scratch);
     free(p);
-    if (booked) { /* last: the queue may place another request, which may call back here */
-        (void)kvr_router_free_request(fe->r, rid, rid_len, kvr_now_ms());
-        kvr_api_server_kick(fe->api);
-    }
+    if (booked) /* last: the queue may place another request, which may call back here */
+        (void)kvr_sched_release(fe->sched, handle, kvr_now_ms());
 }
 
 static void on_client_close(struct evhttp_connection *conn, void *arg)
@@ -615,6 +610,7 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
         return;
     }
     p->booked = true;
+    p->handle = res->handle;
     p->rid_len = strlen(res->request_id);
     memcpy(p->rid, res->request_id, p->rid_len + 1);
     p->worker = res->worker;
@@ -648,11 +644,13 @@ static void route_attempt(fe_req_t *p)
         .has_expected_output_tokens = p->has_eot,
         .expected_output_tokens = p->eot,
     };
+    /* borrowed while queued: tokens, lora and allowed ids live in p until it is placed or
+     * cancelled (fe_req_finish) */
+    kvr_place_t pl = {.q = &q, .copy = false, .done = on_placed, .arg = p};
     kvr_route_res_t res;
-    bool queued = false;
     p->phase = PH_START;
-    int rc = kvr_api_server_place(fe->api, &q, on_placed, p, &res, &queued, &p->qh);
-    if (rc == KVR_OK && queued) {
+    int rc = kvr_sched_place(fe->sched, &pl, kvr_now_ms(), &res, &p->ticket);
+    if (rc == KVR_OK && p->ticket != 0) {
         p->phase = PH_QUEUED;
         return;
     }
@@ -755,8 +753,7 @@ void fe_mark_token(fe_req_t *p)
         return; /* its worker was removed, and its booking with it */
     if (!p->first_token_sent) {
         p->first_token_sent = true;
-        (void)kvr_router_first_token(fe->r, p->rid, p->rid_len, now);
-        kvr_api_server_kick(fe->api); /* its prefill load is gone: the queue may move */
+        (void)kvr_sched_first_token(fe->sched, p->handle, now); /* the queue may move */
     }
     uint64_t bs = fe->cfg.block_size, total = p->n_tokens + p->gen_tokens;
     if (bs > 0 && total % bs == 1 % bs) {
@@ -765,7 +762,7 @@ void fe_mark_token(fe_req_t *p)
             double d = 1.0 - (double)p->gen_tokens / (double)(p->eot ? p->eot : 1);
             decay = d > 0 ? d : 0;
         }
-        (void)kvr_router_output_block(fe->r, p->rid, p->rid_len, decay, now);
+        (void)kvr_sched_output_block(fe->sched, p->handle, decay, now);
     }
 }
 
@@ -799,7 +796,7 @@ static int on_up_header(struct evhttp_request *up, void *arg)
         up_count_error(p->fe, UPK_STATUS_5XX, p->worker.worker_id, false);
     if (p->up_code == 200 && !p->sse_mode && !p->first_token_sent && p->booked) {
         p->first_token_sent = true; /* a whole answer: its first token is behind it */
-        (void)kvr_router_first_token(p->fe->r, p->rid, p->rid_len, kvr_now_ms());
+        (void)kvr_sched_first_token(p->fe->sched, p->handle, kvr_now_ms());
     }
     return 0;
 }
@@ -1425,9 +1422,9 @@ static bool fe_handle(void *arg, struct evhttp_request *req, const char *path, b
     return true;
 }
 
-kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api, kvr_router_t *r,
-                                 const kvr_router_config_t *cfg, int *status, char *err,
-                                 size_t err_len)
+kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
+                                 kvr_sched_t *sched, const kvr_router_config_t *cfg,
+                                 int *status, char *err, size_t err_len)
 {
     kvr_frontend_t *fe = calloc(1, sizeof *fe);
     if (fe == NULL) {
@@ -1437,7 +1434,8 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
     }
     fe->base = base;
     fe->api = api;
-    fe->r = r;
+    fe->sched = sched;
+    fe->r = kvr_sched_router(sched);
     fe->cfg = *cfg;
     fe->rl_up = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     fe->rl_proto = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);

@@ -101,9 +101,9 @@ struct event_base;
 typedef struct kvr_frontend kvr_frontend_t;
 
 /* Registers itself as api's extension. NULL with *status and err on failure. */
-kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api, kvr_router_t *r,
-                                 const kvr_router_config_t *cfg, int *status, char *err,
-                                 size_t err_len);
+kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
+                                 kvr_sched_t *sched, const kvr_router_config_t *cfg,
+                                 int *status, char *err, size_t err_len);
 /* Shutting down: answers what is in flight (503, or an SSE error event, [DONE] and the end of
  * the stream), cancels its upstream requests; later requests get 503. Run the loop a little
  * afterwards so the answers are written. Idempotent. */

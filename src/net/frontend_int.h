@@ -139,10 +139,11 @@ struct fe_req {
     unsigned n_tried, attempts;
     uint64_t *scratch;               /* the allowed ids of an attempt */
     size_t cap_scratch;
-    kvr_queue_handle_t qh;
+    kvr_ticket_t ticket;             /* queued in the scheduler (PH_QUEUED) */
     char last_fail[160];
     /* the booking */
     bool booked;
+    kvr_req_handle_t handle;         /* the booking, for the scheduler's lifecycle calls */
     char rid[KVR_LOAD_MAX_ID_BYTES + 1];
     size_t rid_len;
     kvr_worker_t worker;
@@ -174,6 +175,7 @@ typedef struct fe_stats {
 struct kvr_frontend {
     struct event_base *base;
     kvr_api_server_t *api;
+    kvr_sched_t *sched;
     kvr_router_t *r;
     kvr_router_config_t cfg;
     kvr_oai_decoder_t *dec;

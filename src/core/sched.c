@@ -1,0 +1,443 @@
+/*
+ * sched.c: see sched.h.
+ *
+ * A queued request is one allocation: the entry, then the prompt's block and sequence hashes
+ * (computed once at enqueue, so a dispatch pass routes with route_req_t.hashed and never
+ * hashes again), then, for a copied request, its allowed ids, taints and strings. Its queue
+ * item's user pointer is the entry; the ticket is the queue's own handle (slot + generation).
+ *
+ * Invariants (kvr_sched_verify, and asserted in debug builds):
+ *   - the queue's invariants hold (kvr_queue_verify);
+ *   - dispatched[event] + dispatched[tick] = the queue's dispatched count: every request that
+ *     left the queue by dispatch was counted under one trigger;
+ *   - a queued request with update_state (only those are queued) has its done callback;
+ *   - at most one dispatch pass runs. A re-entrant call (a callback that frees a booking)
+ *     returns at once: the running pass peeks at the queue again after every callback and
+ *     stops only at a request that cannot be placed after everything the callbacks did.
+ * Threads: the owner thread only. Cost: see sched.h.
+ */
+#include "core/sched.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct observer {
+    kvr_sched_observer_fn fn;
+    void *arg;
+} observer_t;
+
+typedef struct entry {
+    kvr_route_req_t q;             /* hashed; pointers into this block when copied */
+    kvr_select_override_t ovr;
+    kvr_sched_done_fn done;
+    void *arg;
+} entry_t;
+
+struct kvr_sched {
+    kvr_router_t *r;
+    kvr_sched_config_t cfg;
+    kvr_queue_t *queue;            /* NULL: the queue is off */
+    observer_t obs[KVR_SCHED_MAX_OBSERVERS];
+    size_t n_obs;
+    bool dispatching;              /* a pass is running (callbacks may re-enter) */
+    kvr_sched_trigger_t why;       /* of the running pass */
+    uint64_t dispatched[KVR_SCHED_N_TRIGGERS];
+    uint64_t applied[2];
+};
+
+void kvr_sched_config_from(kvr_sched_config_t *out, const kvr_router_config_t *cfg)
+{
+    *out = (kvr_sched_config_t){
+        .queue = cfg->router_queue_threshold.set,
+        .queue_cfg = {.capacity = cfg->router_queue_max_requests,
+                      .max_pending_isl_tokens = cfg->router_queue_max_isl_tokens,
+                      .order = cfg->router_queue_policy},
+        .queue_timeout_ms = cfg->router_queue_timeout_ms,
+    };
+}
+
+kvr_sched_t *kvr_sched_new(kvr_router_t *r, const kvr_sched_config_t *cfg, int *status,
+                           const char **field)
+{
+    int st_dummy;
+    const char *f_dummy;
+    status = status ? status : &st_dummy;
+    field = field ? field : &f_dummy;
+    *field = NULL;
+    if (r == NULL || cfg == NULL) {
+        *status = KVR_EINVAL;
+        return NULL;
+    }
+    if (cfg->queue && kvr_queue_config_validate(&cfg->queue_cfg, field) != KVR_OK) {
+        *status = KVR_EINVAL;
+        return NULL;
+    }
+    kvr_sched_t *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        *status = KVR_ENOMEM;
+        return NULL;
+    }
+    s->r = r;
+    s->cfg = *cfg;
+    if (cfg->queue && (s->queue = kvr_queue_new(&cfg->queue_cfg, status)) == NULL) {
+        free(s);
+        return NULL;
+    }
+    *status = KVR_OK;
+    return s;
+}
+
+void kvr_sched_free(kvr_sched_t *s)
+{
+    if (s == NULL)
+        return;
+    if (s->queue != NULL) {
+        kvr_queue_entry_t e;
+        while (kvr_queue_pop(s->queue, &e) == KVR_OK)
+            free(e.item.user);
+        kvr_queue_free(s->queue);
+    }
+    free(s);
+}
+
+kvr_router_t *kvr_sched_router(const kvr_sched_t *s) { return s->r; }
+
+static void notify(kvr_sched_t *s, const kvr_sched_event_t *ev)
+{
+    for (size_t i = 0; i < s->n_obs; i++)
+        s->obs[i].fn(s->obs[i].arg, ev);
+}
+
+static void notify_routed(kvr_sched_t *s, const kvr_route_res_t *res)
+{
+    if (s->n_obs == 0)
+        return;
+    kvr_sched_event_t ev = {.kind = KVR_SCHED_ROUTED,
+                            .handle = res->handle,
+                            .id = res->request_id,
+                            .id_len = strlen(res->request_id),
+                            .decay_fraction = NAN,
+                            .res = res};
+    notify(s, &ev);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Queued entries */
+
+/* Bytes a copy of q's variable parts needs after the hashes (8-byte aligned parts first). */
+static size_t copy_bytes(const kvr_route_req_t *q)
+{
+    size_t n = q->n_allowed * sizeof(uint64_t) + q->n_preferred * sizeof(kvr_taint_weight_t) +
+               q->n_required * sizeof(char *);
+    n += q->request_id_len + q->lora_name_len + q->cache_namespace_len + 3;
+    for (size_t i = 0; i < q->n_required; i++)
+        n += strlen(q->required_taints[i]) + 1;
+    for (size_t i = 0; i < q->n_preferred; i++)
+        n += strlen(q->preferred_taints[i].taint) + 1;
+    return n;
+}
+
+static const char *copy_str(char **cursor, const char *src, size_t len)
+{
+    if (src == NULL)
+        return NULL;
+    char *dst = *cursor;
+    memcpy(dst, src, len);
+    dst[len] = '\0';
+    *cursor += len + 1;
+    return dst;
+}
+
+/* Points e->q's borrowed parts at copies in the bytes at c. */
+static void copy_parts(entry_t *e, unsigned char *c)
+{
+    kvr_route_req_t *q = &e->q;
+    uint64_t *allowed = (uint64_t *)(void *)c;
+    if (q->n_allowed > 0)
+        memcpy(allowed, q->allowed_ids, q->n_allowed * sizeof *allowed);
+    q->allowed_ids = allowed;
+    kvr_taint_weight_t *pref = (kvr_taint_weight_t *)(void *)(allowed + q->n_allowed);
+    const char **req = (const char **)(void *)(pref + q->n_preferred);
+    char *str = (char *)(req + q->n_required);
+    q->request_id = copy_str(&str, q->request_id, q->request_id_len);
+    q->lora_name = copy_str(&str, q->lora_name, q->lora_name_len);
+    q->cache_namespace = copy_str(&str, q->cache_namespace, q->cache_namespace_len);
+    for (size_t i = 0; i < q->n_required; i++)
+        req[i] = copy_str(&str, q->required_taints[i], strlen(q->required_taints[i]));
+    q->required_taints = req;
+    for (size_t i = 0; i < q->n_preferred; i++) {
+        pref[i].weight = q->preferred_taints[i].weight;
+        pref[i].taint = copy_str(&str, q->preferred_taints[i].taint,
+                                 strlen(q->preferred_taints[i].taint));
+    }
+    q->preferred_taints = pref;
+    if (q->ovr != NULL) {
+        e->ovr = *q->ovr;
+        q->ovr = &e->ovr;
+    }
+    q->tokens = NULL; /* the hashes stand for them */
+}
+
+/* A queue entry for p: hashes computed, parts copied when asked. */
+static int entry_new(kvr_sched_t *s, const kvr_place_t *p, entry_t **out)
+{
+    const kvr_route_req_t *q = p->q;
+    uint32_t bs = kvr_router_config(s->r)->block_size;
+    size_t n = q->hashed ? 0 : kvr_hash_n_blocks(q->n_tokens, bs, false);
+    size_t bytes = sizeof(entry_t) + 2 * n * sizeof(uint64_t) + (p->copy ? copy_bytes(q) : 0);
+    entry_t *e = malloc(bytes);
+    if (e == NULL)
+        return KVR_ENOMEM;
+    *e = (entry_t){.q = *q, .done = p->done, .arg = p->arg};
+    uint64_t *lbh = (uint64_t *)(void *)(e + 1), *seq = lbh + n;
+    if (!q->hashed) {
+        long m = kvr_router_hash(s->r, q, lbh, seq, n);
+        if (m < 0 || (size_t)m != n) {
+            free(e);
+            return m < 0 ? (int)m : KVR_EINVAL;
+        }
+        e->q.hashed = true;
+        e->q.block_hashes = lbh;
+        e->q.seq_hashes = seq;
+        e->q.n_hashed = n;
+    }
+    if (p->copy)
+        copy_parts(e, (unsigned char *)(seq + n));
+    *out = e;
+    return KVR_OK;
+}
+
+static int enqueue(kvr_sched_t *s, const kvr_place_t *p, uint64_t now_ms, kvr_ticket_t *ticket)
+{
+    entry_t *e = NULL;
+    int rc = entry_new(s, p, &e);
+    if (rc != KVR_OK)
+        return rc;
+    kvr_queue_item_t it = {.isl_tokens = p->q->n_tokens,
+                           .cost_tokens = p->q->n_tokens,
+                           .priority_jump = p->q->priority_jump,
+                           .strict_priority = p->strict_priority,
+                           .timeout_ms = s->cfg.queue_timeout_ms,
+                           .user = e};
+    rc = kvr_queue_push(s->queue, &it, now_ms, ticket);
+    if (rc != KVR_OK)
+        free(e);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Placing */
+
+int kvr_sched_place(kvr_sched_t *s, const kvr_place_t *p, uint64_t now_ms, kvr_route_res_t *res,
+                    kvr_ticket_t *ticket)
+{
+    *ticket = 0;
+    bool may_queue = s->queue != NULL && p->q->update_state && p->done != NULL;
+    int rc;
+    if (may_queue && kvr_queue_len(s->queue) > 0) { /* arrivals do not overtake a backlog */
+        memset(res, 0, sizeof *res);
+        rc = KVR_EBUSY;
+    } else {
+        rc = kvr_router_route(s->r, p->q, now_ms, res);
+    }
+    if (rc == KVR_OK) {
+        notify_routed(s, res);
+        return KVR_OK;
+    }
+    if (rc == KVR_EBUSY && may_queue)
+        rc = enqueue(s, p, now_ms, ticket);
+    return rc;
+}
+
+bool kvr_sched_cancel(kvr_sched_t *s, kvr_ticket_t t)
+{
+    kvr_queue_entry_t e;
+    if (s->queue == NULL || t == 0 || kvr_queue_remove(s->queue, t, &e) != KVR_OK)
+        return false;
+    free(e.item.user);
+    return true;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Dispatch */
+
+/* One pass: places queued requests, best first, until the best one is still busy. */
+static void dispatch_pass(kvr_sched_t *s, uint64_t now_ms)
+{
+    kvr_queue_entry_t qe;
+    while (kvr_queue_peek(s->queue, &qe) == KVR_OK) {
+        entry_t *e = qe.item.user;
+        assert(e->done != NULL && e->q.hashed);
+        kvr_route_res_t res;
+        int rc = kvr_router_route(s->r, &e->q, now_ms, &res);
+        if (rc == KVR_EBUSY)
+            break; /* still busy: wait for the next change */
+        (void)kvr_queue_pop(s->queue, &qe);
+        s->dispatched[s->why]++;
+        if (rc == KVR_OK)
+            notify_routed(s, &res);
+        kvr_sched_done_fn done = e->done;
+        void *arg = e->arg;
+        free(e);
+        done(arg, rc, &res); /* may re-enter (returns at once); the loop peeks again */
+    }
+}
+
+void kvr_sched_dispatch(kvr_sched_t *s, uint64_t now_ms, kvr_sched_trigger_t why)
+{
+    if (s->queue == NULL)
+        return;
+    if (s->dispatching)
+        return; /* re-entered from a callback: the running pass peeks again after it */
+    s->dispatching = true;
+    s->why = why;
+    dispatch_pass(s, now_ms);
+    s->dispatching = false;
+}
+
+static void expire_queue(kvr_sched_t *s, uint64_t now_ms)
+{
+    kvr_queue_entry_t qe;
+    while (kvr_queue_expire(s->queue, now_ms, &qe) == KVR_OK) {
+        entry_t *e = qe.item.user;
+        kvr_sched_done_fn done = e->done;
+        void *arg = e->arg;
+        free(e);
+        done(arg, KVR_EBUSY, NULL);
+    }
+}
+
+void kvr_sched_tick(kvr_sched_t *s, uint64_t now_ms)
+{
+    kvr_router_tick(s->r, now_ms);
+    if (s->queue == NULL)
+        return;
+    expire_queue(s, now_ms);
+    kvr_sched_dispatch(s, now_ms, KVR_SCHED_BY_TICK);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Lifecycle */
+
+static int apply_to_router(kvr_sched_t *s, const kvr_sched_event_t *ev, uint64_t now_ms)
+{
+    bool h = ev->handle != KVR_REQ_HANDLE_NONE;
+    switch (ev->kind) {
+    case KVR_SCHED_FIRST_TOKEN:
+        return h ? kvr_router_first_token_h(s->r, ev->handle, now_ms)
+                 : kvr_router_first_token(s->r, ev->id, ev->id_len, now_ms);
+    case KVR_SCHED_OUTPUT_BLOCK:
+        return h ? kvr_router_output_block_h(s->r, ev->handle, ev->decay_fraction, now_ms)
+                 : kvr_router_output_block(s->r, ev->id, ev->id_len, ev->decay_fraction,
+                                           now_ms);
+    case KVR_SCHED_FREE:
+        return h ? kvr_router_free_h(s->r, ev->handle, now_ms)
+                 : kvr_router_free_request(s->r, ev->id, ev->id_len, now_ms);
+    default:
+        return KVR_EINVAL; /* ROUTED is told, never applied */
+    }
+}
+
+int kvr_sched_apply(kvr_sched_t *s, const kvr_sched_event_t *ev, uint64_t now_ms)
+{
+    if (ev == NULL || (ev->origin != KVR_SCHED_ORIGIN_LOCAL && ev->origin != KVR_SCHED_ORIGIN_PEER))
+        return KVR_EINVAL;
+    int rc = apply_to_router(s, ev, now_ms);
+    if (rc != KVR_OK)
+        return rc;
+    s->applied[ev->origin]++;
+    notify(s, ev);
+    kvr_sched_dispatch(s, now_ms, KVR_SCHED_BY_EVENT); /* a load may have gone down */
+    return KVR_OK;
+}
+
+static int apply_local(kvr_sched_t *s, kvr_sched_kind_t kind, kvr_req_handle_t h, double decay,
+                       uint64_t now_ms)
+{
+    if (h == KVR_REQ_HANDLE_NONE)
+        return KVR_EINVAL;
+    kvr_sched_event_t ev = {.kind = kind, .handle = h, .decay_fraction = decay};
+    return kvr_sched_apply(s, &ev, now_ms);
+}
+
+int kvr_sched_first_token(kvr_sched_t *s, kvr_req_handle_t h, uint64_t now_ms)
+{
+    return apply_local(s, KVR_SCHED_FIRST_TOKEN, h, NAN, now_ms);
+}
+
+int kvr_sched_output_block(kvr_sched_t *s, kvr_req_handle_t h, double decay_fraction,
+                           uint64_t now_ms)
+{
+    return apply_local(s, KVR_SCHED_OUTPUT_BLOCK, h, decay_fraction, now_ms);
+}
+
+int kvr_sched_release(kvr_sched_t *s, kvr_req_handle_t h, uint64_t now_ms)
+{
+    return apply_local(s, KVR_SCHED_FREE, h, NAN, now_ms);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Observers and figures */
+
+int kvr_sched_observe(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg)
+{
+    if (fn == NULL)
+        return KVR_EINVAL;
+    if (s->n_obs == KVR_SCHED_MAX_OBSERVERS)
+        return KVR_EFULL;
+    s->obs[s->n_obs++] = (observer_t){fn, arg};
+    return KVR_OK;
+}
+
+void kvr_sched_unobserve(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg)
+{
+    for (size_t i = 0; i < s->n_obs; i++) {
+        if (s->obs[i].fn == fn && s->obs[i].arg == arg) {
+            memmove(&s->obs[i], &s->obs[i + 1], (s->n_obs - i - 1) * sizeof s->obs[0]);
+            s->n_obs--;
+            return;
+        }
+    }
+}
+
+void kvr_sched_stats(const kvr_sched_t *s, kvr_sched_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->queue_on = s->queue != NULL;
+    if (s->queue != NULL)
+        kvr_queue_stats(s->queue, &out->queue);
+    memcpy(out->dispatched, s->dispatched, sizeof out->dispatched);
+    memcpy(out->applied, s->applied, sizeof out->applied);
+}
+
+size_t kvr_sched_queued(const kvr_sched_t *s) { return s->queue ? kvr_queue_len(s->queue) : 0; }
+
+int kvr_sched_verify(const kvr_sched_t *s, char *msg, size_t msg_len)
+{
+    if (s->queue == NULL) {
+        if (s->dispatched[0] + s->dispatched[1] != 0) {
+            snprintf(msg, msg_len, "dispatched without a queue");
+            return KVR_EINVAL;
+        }
+        return KVR_OK;
+    }
+    int rc = kvr_queue_verify(s->queue, msg, msg_len);
+    if (rc != KVR_OK)
+        return rc;
+    kvr_queue_stats_t qs;
+    kvr_queue_stats(s->queue, &qs);
+    if (s->dispatched[0] + s->dispatched[1] != qs.dispatched) {
+        snprintf(msg, msg_len, "dispatched by trigger %llu + %llu != queue's %llu",
+                 (unsigned long long)s->dispatched[0], (unsigned long long)s->dispatched[1],
+                 (unsigned long long)qs.dispatched);
+        return KVR_EINVAL;
+    }
+    if (s->dispatching) {
+        snprintf(msg, msg_len, "a dispatch pass is marked running outside any call");
+        return KVR_EINVAL;
+    }
+    return KVR_OK;
+}
