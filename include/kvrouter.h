@@ -248,13 +248,7 @@ typedef struct kvr_lookup {
     kvr_match_t *matches;  /* workers with any matched block, in no particular order */
     size_t n_matches;
     uint32_t max_depth;    /* the longest device prefix over all workers */
-    /* private scratch */
-    size_t cap_matches;
-    uint64_t *active;      /* bitset over worker slots */
-    uint64_t *dropped;
-    uint32_t *depth;       /* per worker slot */
-    uint32_t *chain;       /* node per block position */
-    size_t cap_slots, cap_chain;
+    struct kvr_lookup_scratch *priv; /* the index's scratch (opaque), made by the first lookup */
 } kvr_lookup_t;
 
 void kvr_lookup_init(kvr_lookup_t *lk);

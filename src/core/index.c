@@ -1670,9 +1670,21 @@ int kvr_index_remove_worker(kvr_index_t *ix, uint64_t worker_id)
 /* ---------------------------------------------------------------------------------------- */
 /* Lookup (readers) */
 
+/* The index's half of a kvr_lookup_t: per-slot scratch no caller needs to see. */
+struct kvr_lookup_scratch {
+    uint64_t *active;      /* bitset over worker slots */
+    uint64_t *dropped;
+    uint32_t *depth;       /* per worker slot */
+    uint32_t *chain;       /* node per block position */
+    size_t cap_slots, cap_chain;
+};
+
 static int lookup_reserve(kvr_lookup_t *lk, size_t slots, size_t n)
 {
-    if (lk->cap_slots < slots) {
+    if (lk->priv == NULL && (lk->priv = calloc(1, sizeof *lk->priv)) == NULL)
+        return KVR_ENOMEM;
+    struct kvr_lookup_scratch *sc = lk->priv;
+    if (sc->cap_slots < slots) {
         size_t words = (slots + 63) / 64;
         uint64_t *a = calloc(words, sizeof *a);
         uint64_t *d = calloc(words, sizeof *d);
@@ -1685,18 +1697,17 @@ static int lookup_reserve(kvr_lookup_t *lk, size_t slots, size_t n)
             free(m);
             return KVR_ENOMEM;
         }
-        free(lk->active);
-        free(lk->dropped);
-        free(lk->depth);
+        free(sc->active);
+        free(sc->dropped);
+        free(sc->depth);
         free(lk->matches);
-        lk->active = a;
-        lk->dropped = d;
-        lk->depth = dep;
+        sc->active = a;
+        sc->dropped = d;
+        sc->depth = dep;
         lk->matches = m;
-        lk->cap_slots = slots;
-        lk->cap_matches = slots;
+        sc->cap_slots = slots;
     }
-    return grow_buf((void **)&lk->chain, &lk->cap_chain, n, sizeof *lk->chain);
+    return grow_buf((void **)&sc->chain, &sc->cap_chain, n, sizeof *sc->chain);
 }
 
 void kvr_lookup_init(kvr_lookup_t *lk) { memset(lk, 0, sizeof *lk); }
@@ -1706,10 +1717,13 @@ void kvr_lookup_deinit(kvr_lookup_t *lk)
     if (lk == NULL)
         return;
     free(lk->matches);
-    free(lk->active);
-    free(lk->dropped);
-    free(lk->depth);
-    free(lk->chain);
+    if (lk->priv != NULL) {
+        free(lk->priv->active);
+        free(lk->priv->dropped);
+        free(lk->priv->depth);
+        free(lk->priv->chain);
+        free(lk->priv);
+    }
     memset(lk, 0, sizeof *lk);
 }
 
@@ -1735,7 +1749,7 @@ static inline uint32_t probe(const kvr_index_t *ix, const ntab_t *t, uint64_t se
     }
 }
 
-/* Resolves positions [0, n) into lk->chain until the first miss; returns the chain length.
+/* Resolves positions [0, n) into lk->priv->chain until the first miss; returns the chain length.
  * Stops early once `stop_when_alone` and the active set is known to be empty is not needed:
  * the caller bounds n. Probes are pipelined: slots are prefetched PREFETCH_SLOT positions
  * ahead and nodes PREFETCH_NODE ahead. */
@@ -1770,13 +1784,13 @@ static inline void bit_clear(uint64_t *b, uint32_t i)
 
 static void touch(kvr_lookup_t *lk, const kvr_index_t *ix, uint32_t slot)
 {
-    if (bit_test(lk->dropped, slot))
+    if (bit_test(lk->priv->dropped, slot))
         return;
-    bit_set(lk->dropped, slot);
+    bit_set(lk->priv->dropped, slot);
     kvr_match_t *m = &lk->matches[lk->n_matches++];
     m->worker.worker_id = ix->slots[slot].worker_id;
     m->worker.dp_rank = ix->slots[slot].dp_rank;
-    m->device_blocks = lk->depth[slot];
+    m->device_blocks = lk->priv->depth[slot];
     m->host_blocks = m->disk_blocks = 0;
 }
 
@@ -1789,7 +1803,7 @@ static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uin
     uint32_t n_active = 0, words = (max_slot + 63) / 64;
     size_t i = 0;
     for (; i < len && (i == 0 || n_active > 0); i++) {
-        const node_t *nd = N(ix, lk->chain[i]);
+        const node_t *nd = N(ix, lk->priv->chain[i]);
         uint32_t rc = atomic_load_explicit(&nd->rc, memory_order_acquire);
         if (i > 0 && rc == n_active)
             continue;
@@ -1800,24 +1814,24 @@ static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uin
             uint32_t s = h_slot(h);
             if (!(h_flags(h) & HF_REACH) || s >= max_slot)
                 continue;
-            if (i == 0 && !bit_test(lk->active, s)) {
-                bit_set(lk->active, s);
-                lk->depth[s] = stamp;
+            if (i == 0 && !bit_test(lk->priv->active, s)) {
+                bit_set(lk->priv->active, s);
+                lk->priv->depth[s] = stamp;
                 kept++;
-            } else if (i > 0 && bit_test(lk->active, s) && lk->depth[s] != stamp) {
-                lk->depth[s] = stamp;
+            } else if (i > 0 && bit_test(lk->priv->active, s) && lk->priv->depth[s] != stamp) {
+                lk->priv->depth[s] = stamp;
                 kept++;
             }
         }
         if (i > 0 && kept < n_active) {
             for (uint32_t w = 0; w < words; w++) {
-                uint64_t bits = lk->active[w];
+                uint64_t bits = lk->priv->active[w];
                 while (bits) {
                     uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
                     bits &= bits - 1;
-                    if (lk->depth[s] != stamp) {
-                        bit_clear(lk->active, s);
-                        lk->depth[s] = (uint32_t)i; /* held positions 0 .. i-1 */
+                    if (lk->priv->depth[s] != stamp) {
+                        bit_clear(lk->priv->active, s);
+                        lk->priv->depth[s] = (uint32_t)i; /* held positions 0 .. i-1 */
                         touch(lk, ix, s);
                     }
                 }
@@ -1827,14 +1841,14 @@ static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uin
     }
     /* survivors hold every position walked */
     for (uint32_t w = 0; w < words; w++) {
-        uint64_t bits = lk->active[w];
+        uint64_t bits = lk->priv->active[w];
         while (bits) {
             uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
             bits &= bits - 1;
-            lk->depth[s] = (uint32_t)i;
+            lk->priv->depth[s] = (uint32_t)i;
             touch(lk, ix, s);
         }
-        lk->active[w] = 0;
+        lk->priv->active[w] = 0;
     }
     for (size_t m = 0; m < lk->n_matches; m++)
         if (lk->matches[m].device_blocks > lk->max_depth)
@@ -1862,7 +1876,7 @@ static uint32_t tier_run(const kvr_index_t *ix, const kvr_lookup_t *lk, size_t f
     size_t j = from;
     while (j < len) {
         bool found;
-        holder_t h = reader_holder(N(ix, lk->chain[j]), slot, &found);
+        holder_t h = reader_holder(N(ix, lk->priv->chain[j]), slot, &found);
         if (!found || !(h_tiers(h) & bits))
             break;
         j++;
@@ -1879,13 +1893,13 @@ static void lower_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uint
     for (uint32_t s = 0; s < max_slot; s++) {
         if (atomic_load_explicit(&ix->slots[s].n_lower, memory_order_relaxed) == 0)
             continue;
-        size_t start = bit_test(lk->dropped, s) ? lk->depth[s] : 0;
+        size_t start = bit_test(lk->priv->dropped, s) ? lk->priv->depth[s] : 0;
         uint32_t h = tier_run(ix, lk, start, len, s, host);
         uint32_t d = tier_run(ix, lk, start + h, len, s, disk);
         if (h + d == 0)
             continue;
-        if (!bit_test(lk->dropped, s)) {
-            lk->depth[s] = 0;
+        if (!bit_test(lk->priv->dropped, s)) {
+            lk->priv->depth[s] = 0;
             touch(lk, ix, s);
         }
         for (size_t m = 0; m < lk->n_matches; m++) {
@@ -1911,7 +1925,7 @@ static void mark_used(const kvr_index_t *ix, const kvr_lookup_t *lk)
         end = e > end ? e : end;
     }
     for (uint32_t i = 0; i < end; i++) {
-        node_t *nd = N(ix, lk->chain[i]);
+        node_t *nd = N(ix, lk->priv->chain[i]);
         if (atomic_load_explicit(&nd->tick, memory_order_relaxed) != now)
             atomic_store_explicit(&nd->tick, now, memory_order_relaxed);
     }
@@ -1921,17 +1935,17 @@ static void lookup_locked(kvr_index_t *ix, const uint64_t *seq, size_t n, kvr_lo
 {
     const ntab_t *t = atomic_load_explicit(&ix->t1, memory_order_acquire);
     uint32_t max_slot = atomic_load_explicit(&ix->slots_hw, memory_order_acquire);
-    if (max_slot > lk->cap_slots)
-        max_slot = (uint32_t)lk->cap_slots;
+    if (max_slot > lk->priv->cap_slots)
+        max_slot = (uint32_t)lk->priv->cap_slots;
     bool lower = atomic_load_explicit(&ix->lower_pairs, memory_order_relaxed) > 0;
-    size_t len = resolve_chain(ix, t, seq, n, lk->chain);
+    size_t len = resolve_chain(ix, t, seq, n, lk->priv->chain);
     device_walk(ix, lk, len, max_slot);
     if (lower)
         lower_walk(ix, lk, len, max_slot);
     mark_used(ix, lk);
     /* reset scratch for the next lookup */
     for (uint32_t w = 0; w < (max_slot + 63) / 64; w++)
-        lk->dropped[w] = 0;
+        lk->priv->dropped[w] = 0;
 }
 
 int kvr_index_lookup(kvr_index_t *ix, const uint64_t *seq, size_t n, kvr_lookup_t *lk)
