@@ -72,6 +72,8 @@
 
 #include "kvrouter.h"
 
+#include "core/grow.h"
+
 /* ---------------------------------------------------------------------------------------- */
 /* Holders */
 
@@ -240,22 +242,6 @@ static inline uint64_t mix64(uint64_t x)
     x *= UINT64_C(0xc4ceb9fe1a85ec53);
     x ^= x >> 33;
     return x;
-}
-
-/* Grows *buf (elements of elem bytes) to hold at least need, doubling from 64. */
-static int grow_buf(void **buf, size_t *cap, size_t need, size_t elem)
-{
-    if (*cap >= need)
-        return KVR_OK;
-    size_t c = *cap ? *cap : 64;
-    while (c < need)
-        c *= 2;
-    void *b = realloc(*buf, c * elem);
-    if (b == NULL)
-        return KVR_ENOMEM;
-    *buf = b;
-    *cap = c;
-    return KVR_OK;
 }
 
 static int vec_push(u32vec_t *v, uint32_t x)
@@ -1409,7 +1395,7 @@ static int store_block(kvr_index_t *ix, uint32_t slot, uint32_t parent, const kv
 
 static int seq_reserve(kvr_index_t *ix, size_t n)
 {
-    return grow_buf((void **)&ix->seq_buf, &ix->seq_cap, n, sizeof *ix->seq_buf);
+    return kvr_grow((void **)&ix->seq_buf, &ix->seq_cap, n, SIZE_MAX, sizeof *ix->seq_buf);
 }
 
 /* The home slot's cache line and the next: a probe that misses runs to an empty slot, which
@@ -1707,7 +1693,7 @@ static int lookup_reserve(kvr_lookup_t *lk, size_t slots, size_t n)
         lk->matches = m;
         sc->cap_slots = slots;
     }
-    return grow_buf((void **)&sc->chain, &sc->cap_chain, n, sizeof *sc->chain);
+    return kvr_grow((void **)&sc->chain, &sc->cap_chain, n, SIZE_MAX, sizeof *sc->chain);
 }
 
 void kvr_lookup_init(kvr_lookup_t *lk) { memset(lk, 0, sizeof *lk); }

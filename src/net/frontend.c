@@ -165,7 +165,7 @@ void fe_req_finish(fe_req_t *p);
 
 /* The Authorization a worker gets: the client's when frontend_forward_authorization is on and
  * it sent one, else the router's own worker token, else none. */
-static void add_upstream_auth(const fe_req_t *p, struct evkeyvalq *h)
+void fe_add_upstream_auth(const fe_req_t *p, struct evkeyvalq *h)
 {
     if (p->auth != NULL)
         evhttp_add_header(h, "Authorization", p->auth);
@@ -174,7 +174,6 @@ static void add_upstream_auth(const fe_req_t *p, struct evkeyvalq *h)
 }
 static void end_stream(fe_req_t *p, const char *error);
 static void route_attempt(fe_req_t *p);
-static void start_tokenize(fe_req_t *p);
 
 static uint64_t mono_ns(void)
 {
@@ -192,7 +191,7 @@ static void count_reply(kvr_frontend_t *fe, int code)
     fe->st.replies[k]++;
 }
 
-static void send_body(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *ctype,
+void fe_send_body(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *ctype,
                       const char *data, size_t len)
 {
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
@@ -209,10 +208,10 @@ void fe_send_writer(kvr_frontend_t *fe, struct evhttp_request *req, int code)
     if (kvr_json_writer_finish(&fe->w, &data, &len) != KVR_OK) {
         static const char oom[] = "{\"error\":{\"message\":\"response too large\",\"type\":"
                                   "\"InternalServerError\",\"param\":null,\"code\":500}}";
-        send_body(fe, req, 500, "application/json", oom, sizeof oom - 1);
+        fe_send_body(fe, req, 500, "application/json", oom, sizeof oom - 1);
         return;
     }
-    send_body(fe, req, code, "application/json", data, len);
+    fe_send_body(fe, req, code, "application/json", data, len);
 }
 
 void fe_send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *fmt,
@@ -241,7 +240,7 @@ static const char *body_of(struct evhttp_request *req, size_t *len)
 }
 
 /* The request is about to get its last reply: nothing may reach it through its connection. */
-static struct evhttp_request *client_take(fe_req_t *p)
+struct evhttp_request *fe_client_take(fe_req_t *p)
 {
     struct evhttp_request *c = p->client;
     if (c != NULL)
@@ -251,17 +250,14 @@ static struct evhttp_request *client_take(fe_req_t *p)
 }
 
 /* Answers with an error and frees the request. */
-static void req_fail(fe_req_t *p, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void req_fail(fe_req_t *p, int code, const char *fmt, ...)
+void fe_req_fail(fe_req_t *p, int code, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    struct evhttp_request *c = client_take(p);
+    struct evhttp_request *c = fe_client_take(p);
     if (c != NULL)
         fe_send_error(p->fe, c, code, "%s", msg);
     fe_req_finish(p);
@@ -273,33 +269,33 @@ static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
     switch (rc) {
     case KVR_ENOWORKER:
         if (p->n_tried > 0)
-            req_fail(p, 503, "no worker can serve this request (%s)", p->last_fail);
+            fe_req_fail(p, 503, "no worker can serve this request (%s)", p->last_fail);
         else
-            req_fail(p, 503, "no worker can serve this request");
+            fe_req_fail(p, 503, "no worker can serve this request");
         return;
     case KVR_ENOTALLOWED:
-        req_fail(p, 503, "the pinned worker is outside the request's filters");
+        fe_req_fail(p, 503, "the pinned worker is outside the request's filters");
         return;
     case KVR_EBUSY:
-        req_fail(p, 429, "every eligible worker is busy");
+        fe_req_fail(p, 429, "every eligible worker is busy");
         return;
     case KVR_EQUEUEFULL:
-        req_fail(p, 429, "the request queue is full");
+        fe_req_fail(p, 429, "the request queue is full");
         return;
     case KVR_EFULL:
-        req_fail(p, 429, "too many requests in flight");
+        fe_req_fail(p, 429, "too many requests in flight");
         return;
     case KVR_ETOOBIG:
-        req_fail(p, 413, "prompt longer than router_max_prompt_tokens (%llu tokens)",
+        fe_req_fail(p, 413, "prompt longer than router_max_prompt_tokens (%llu tokens)",
                  (unsigned long long)p->fe->cfg.router_max_prompt_tokens);
         return;
     case KVR_EINVAL:
     case KVR_EPARSE:
     case KVR_ERANGE:
-        req_fail(p, 400, "%s", res && res->error_field ? res->error_field : kvr_strerror(rc));
+        fe_req_fail(p, 400, "%s", res && res->error_field ? res->error_field : kvr_strerror(rc));
         return;
     default:
-        req_fail(p, 500, "routing failed: %s", kvr_strerror(rc));
+        fe_req_fail(p, 500, "routing failed: %s", kvr_strerror(rc));
         return;
     }
 }
@@ -374,7 +370,7 @@ void fe_req_finish(fe_req_t *p)
         if (p->reply_started) {
             end_stream(p, "internal error: the request was dropped");
         } else {
-            struct evhttp_request *c = client_take(p);
+            struct evhttp_request *c = fe_client_take(p);
             fe_send_error(fe, c, 500, "internal error: the request was dropped");
         }
     }
@@ -412,7 +408,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg);
 
 /* The timer failures continue from, made before the first upstream call (so that a failure
  * never needs an allocation). */
-static bool ensure_retry_ev(fe_req_t *p)
+bool fe_ensure_retry_ev(fe_req_t *p)
 {
     if (p->retry_ev == NULL)
         p->retry_ev = evtimer_new(p->fe->base, on_retry, p);
@@ -420,7 +416,7 @@ static bool ensure_retry_ev(fe_req_t *p)
 }
 
 /* Continues p from a zero-delay timer. */
-static void schedule_retry(fe_req_t *p)
+void fe_schedule_retry(fe_req_t *p)
 {
     static const struct timeval now = {0, 0};
     p->phase = PH_RETRY;
@@ -477,7 +473,7 @@ static int build_forward_body(fe_req_t *p)
     return KVR_OK;
 }
 
-static bool set_tokens(fe_req_t *p, const uint32_t *t, size_t n)
+bool fe_set_tokens(fe_req_t *p, const uint32_t *t, size_t n)
 {
     free(p->tokens);
     p->tokens = malloc((n ? n : 1) * sizeof *t);
@@ -490,7 +486,7 @@ static bool set_tokens(fe_req_t *p, const uint32_t *t, size_t n)
 }
 
 /* The ids are known: the body for the workers, then routing. */
-static void ids_ready(fe_req_t *p)
+void fe_ids_ready(fe_req_t *p)
 {
     int rc = KVR_OK;
     if (!p->rewrite) {
@@ -498,9 +494,9 @@ static void ids_ready(fe_req_t *p)
         p->body_len = p->client_body_len;
     } else if ((rc = build_forward_body(p)) != KVR_OK) {
         if (rc == KVR_ETOOBIG)
-            req_fail(p, 400, "request body: more than %d top-level fields", FE_MAX_MEMBERS);
+            fe_req_fail(p, 400, "request body: more than %d top-level fields", FE_MAX_MEMBERS);
         else
-            req_fail(p, 500, "out of memory");
+            fe_req_fail(p, 500, "out of memory");
         return;
     }
     route_attempt(p);
@@ -626,7 +622,7 @@ static void route_attempt(fe_req_t *p)
     bool oom;
     const uint64_t *allowed = attempt_allowed(p, &n_allowed, &oom);
     if (oom) {
-        req_fail(p, 500, "out of memory");
+        fe_req_fail(p, 500, "out of memory");
         return;
     }
     kvr_route_req_t q = {
@@ -662,11 +658,11 @@ static void on_placed(void *arg, int rc, const kvr_route_res_t *res)
     fe_req_t *p = arg;
     p->phase = PH_START;
     if (p->fe->closing) {
-        req_fail(p, 503, "the router is shutting down");
+        fe_req_fail(p, 503, "the router is shutting down");
         return;
     }
     if (res == NULL) {
-        req_fail(p, 429, "queued longer than router_queue_timeout_ms (%llu ms)",
+        fe_req_fail(p, 429, "queued longer than router_queue_timeout_ms (%llu ms)",
                  (unsigned long long)p->fe->cfg.router_queue_timeout_ms);
         return;
     }
@@ -676,14 +672,14 @@ static void on_placed(void *arg, int rc, const kvr_route_res_t *res)
 /* ---------------------------------------------------------------------------------------- */
 /* Requests: the upstream call */
 
-static void up_count_error(kvr_frontend_t *fe, up_kind_t kind, uint64_t worker_id, bool before)
+void fe_up_count_error(kvr_frontend_t *fe, up_kind_t kind, uint64_t worker_id, bool before)
 {
     fe->st.upstream_errors[kind]++;
     kvr_log_limited(&fe->rl_up, KVR_LOG_WARN, "upstream %s on worker %llu (%s the first byte)",
                     UPK_NAMES[kind], (unsigned long long)worker_id, before ? "before" : "after");
 }
 
-static void on_up_error(enum evhttp_request_error err, void *arg)
+void fe_on_up_error(enum evhttp_request_error err, void *arg)
 {
     fe_req_t *p = arg;
     p->up_err_set = true;
@@ -707,7 +703,7 @@ static void on_up_error(enum evhttp_request_error err, void *arg)
 static void attempt_failed(fe_req_t *p, up_kind_t kind)
 {
     kvr_frontend_t *fe = p->fe;
-    up_count_error(fe, kind, p->worker.worker_id, true);
+    fe_up_count_error(fe, kind, p->worker.worker_id, true);
     snprintf(p->last_fail, sizeof p->last_fail, "%u upstream attempt%s failed, the last with %s "
              "on worker %llu", p->attempts, p->attempts == 1 ? "" : "s", UPK_NAMES[kind],
              (unsigned long long)p->worker.worker_id);
@@ -716,7 +712,7 @@ static void attempt_failed(fe_req_t *p, up_kind_t kind)
     if (p->n_tried < FE_MAX_ATTEMPTS)
         p->tried[p->n_tried++] = p->worker.worker_id;
     unbook(p);
-    schedule_retry(p);
+    fe_schedule_retry(p);
 }
 
 void fe_start_reply(fe_req_t *p)
@@ -793,7 +789,7 @@ static int on_up_header(struct evhttp_request *up, void *arg)
     else /* relayed as it comes, never accumulated: a stream may be as long as it runs */
         evhttp_connection_set_max_body_size(evhttp_request_get_connection(up), -1);
     if (p->up_code >= 500)
-        up_count_error(p->fe, UPK_STATUS_5XX, p->worker.worker_id, false);
+        fe_up_count_error(p->fe, UPK_STATUS_5XX, p->worker.worker_id, false);
     if (p->up_code == 200 && !p->sse_mode && !p->first_token_sent && p->booked) {
         p->first_token_sent = true; /* a whole answer: its first token is behind it */
         (void)kvr_sched_first_token(p->fe->sched, p->handle, kvr_now_ms());
@@ -805,7 +801,7 @@ static int on_up_header(struct evhttp_request *up, void *arg)
 static void reply_whole(fe_req_t *p, struct evhttp_request *up)
 {
     kvr_frontend_t *fe = p->fe;
-    struct evhttp_request *c = client_take(p);
+    struct evhttp_request *c = fe_client_take(p);
     if (c == NULL)
         return;
     struct evbuffer *in = evhttp_request_get_input_buffer(up);
@@ -856,7 +852,7 @@ static void end_stream(fe_req_t *p, const char *error)
         evhttp_send_reply_chunk(p->client, fe->out);
     }
     fe_start_reply(p);
-    struct evhttp_request *c = client_take(p);
+    struct evhttp_request *c = fe_client_take(p);
     fe->st.replies[4]++;
     evhttp_send_reply_end(c);
 }
@@ -878,17 +874,17 @@ static void on_up_done(struct evhttp_request *up, void *arg)
             return;
         }
         if (!p->got_headers) { /* accepted, then silent: maybe still generating; not retried */
-            up_count_error(fe, kind, p->worker.worker_id, true);
+            fe_up_count_error(fe, kind, p->worker.worker_id, true);
             fe_worker_failed(fe, p->up_pool, kind);
-            req_fail(p, 504, "worker %llu sent nothing for frontend_upstream_timeout_ms (%llu ms)",
+            fe_req_fail(p, 504, "worker %llu sent nothing for frontend_upstream_timeout_ms (%llu ms)",
                      (unsigned long long)p->worker.worker_id,
                      (unsigned long long)fe->cfg.frontend_upstream_timeout_ms);
             return;
         }
-        up_count_error(fe, kind, p->worker.worker_id, false);
+        fe_up_count_error(fe, kind, p->worker.worker_id, false);
         if (kind == UPK_TOO_LARGE) {
             fe_worker_failed(fe, p->up_pool, kind);
-            req_fail(p, 502, "worker %llu's answer exceeded frontend_max_answer_bytes (%llu bytes)",
+            fe_req_fail(p, 502, "worker %llu's answer exceeded frontend_max_answer_bytes (%llu bytes)",
                      (unsigned long long)p->worker.worker_id,
                      (unsigned long long)fe->cfg.frontend_max_answer_bytes);
             return;
@@ -901,7 +897,7 @@ static void on_up_done(struct evhttp_request *up, void *arg)
             end_stream(p, msg);
             fe_req_finish(p);
         } else {
-            req_fail(p, 502, "%s", msg);
+            fe_req_fail(p, 502, "%s", msg);
         }
         return;
     }
@@ -924,23 +920,23 @@ static void send_upstream(fe_req_t *p)
     p->got_headers = p->up_err_set = p->sse_mode = false;
     p->phase = PH_UPSTREAM;
     if (u == NULL || u->bad_url) {
-        if (!ensure_retry_ev(p)) {
-            req_fail(p, 500, "out of memory");
+        if (!fe_ensure_retry_ev(p)) {
+            fe_req_fail(p, 500, "out of memory");
             return;
         }
         attempt_failed(p, UPK_NO_URL);
         return;
     }
-    upconn_t *uc = ensure_retry_ev(p) ? fe_pool_acquire(fe, u) : NULL;
+    upconn_t *uc = fe_ensure_retry_ev(p) ? fe_pool_acquire(fe, u) : NULL;
     struct evhttp_request *up = uc ? evhttp_request_new(on_up_done, p) : NULL;
     if (up == NULL) {
         fe_pool_release(uc);
-        req_fail(p, 500, "out of memory");
+        fe_req_fail(p, 500, "out of memory");
         return;
     }
     evhttp_request_set_header_cb(up, on_up_header);
     evhttp_request_set_chunked_cb(up, on_up_chunk);
-    evhttp_request_set_error_cb(up, on_up_error);
+    evhttp_request_set_error_cb(up, fe_on_up_error);
     struct evkeyvalq *h = evhttp_request_get_output_headers(up);
     char rank[16];
     snprintf(rank, sizeof rank, "%u", p->worker.dp_rank);
@@ -949,7 +945,7 @@ static void send_upstream(fe_req_t *p)
     evhttp_add_header(h, "x-data-parallel-rank", rank);
     if (p->stream)
         evhttp_add_header(h, "Accept", "text/event-stream");
-    add_upstream_auth(p, h);
+    fe_add_upstream_auth(p, h);
     evbuffer_add(evhttp_request_get_output_buffer(up), p->body, p->body_len);
     char path[KVR_ADDR_BYTES + 32];
     snprintf(path, sizeof path, "%s%s", u->loc.base_path,
@@ -975,141 +971,6 @@ static void send_upstream(fe_req_t *p)
     }
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* Requests: tokenize */
-
-/* The next tokenizer: round-robin over the registered, unfenced workers with a url not yet
- * tried for this request. */
-static upool_t *pick_tokenizer(fe_req_t *p)
-{
-    kvr_frontend_t *fe = p->fe;
-    uint64_t ids[FE_MAX_WORKERS];
-    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
-    if (n > FE_MAX_WORKERS)
-        n = FE_MAX_WORKERS;
-    for (size_t k = 0; k < n; k++) {
-        uint64_t id = ids[(fe->tok_rr + k) % n];
-        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, id);
-        bool tried = false;
-        for (unsigned i = 0; i < p->n_tok_tried && !tried; i++)
-            tried = p->tok_tried[i] == id;
-        if (sp == NULL || sp->url[0] == '\0' || tried || kvr_router_fenced(fe->r, id))
-            continue;
-        upool_t *u = fe_pool_for(fe, sp);
-        if (u == NULL || u->bad_url)
-            continue;
-        fe->tok_rr += k + 1;
-        return u;
-    }
-    return NULL;
-}
-
-static void on_tok_done(struct evhttp_request *up, void *arg)
-{
-    fe_req_t *p = arg;
-    kvr_frontend_t *fe = p->fe;
-    p->up = NULL;
-    fe_pool_release(p->uc);
-    p->uc = NULL;
-    upool_t *u = p->up_pool;
-    int code = up != NULL ? evhttp_request_get_response_code(up) : 0;
-    if (up == NULL || code == 0) {
-        up_kind_t kind = up != NULL ? UPK_CONNECT : p->up_err_set ? p->up_err : UPK_EOF;
-        up_count_error(fe, kind, u->worker_id, true);
-        fe_worker_failed(fe, u, kind);
-        snprintf(p->last_fail, sizeof p->last_fail, "/tokenize failed with %s on worker %llu",
-                 UPK_NAMES[kind], (unsigned long long)u->worker_id);
-        schedule_retry(p);
-        return;
-    }
-    u->consecutive_failures = 0;
-    struct evbuffer *in = evhttp_request_get_input_buffer(up);
-    size_t len = evbuffer_get_length(in);
-    const char *b = len ? (const char *)evbuffer_pullup(in, -1) : "";
-    if (code != 200) { /* the worker's verdict on the prompt (too long, unknown model...) */
-        struct evhttp_request *c = client_take(p);
-        if (c != NULL) {
-            const char *ct = evhttp_find_header(evhttp_request_get_input_headers(up),
-                                                "Content-Type");
-            send_body(fe, c, code, ct ? ct : "application/json", b, len);
-        }
-        fe_req_finish(p);
-        return;
-    }
-    kvr_api_query_t q;
-    int st = kvr_api_decode_query(fe->tokdec, b, len, &q);
-    if (st == KVR_ETOOBIG && strncmp(kvr_api_decoder_error(fe->tokdec), "tokens:", 7) == 0) {
-        /* the prompt is over the limit: the client's problem, not the worker's */
-        req_fail(p, 413, "prompt longer than router_max_prompt_tokens (%llu tokens)",
-                 (unsigned long long)fe->cfg.router_max_prompt_tokens);
-        return;
-    }
-    if (st != KVR_OK) {
-        fe->st.upstream_errors[UPK_PROTOCOL]++;
-        kvr_log_limited(&fe->rl_proto, KVR_LOG_WARN, "worker %llu: bad /tokenize answer: %s",
-                        (unsigned long long)u->worker_id, kvr_api_decoder_error(fe->tokdec));
-        req_fail(p, 502, "worker %llu answered /tokenize with %s",
-                 (unsigned long long)u->worker_id, kvr_api_decoder_error(fe->tokdec));
-        return;
-    }
-    if (!set_tokens(p, q.tokens, q.n_tokens)) {
-        req_fail(p, 500, "out of memory");
-        return;
-    }
-    kvr_tokcache_put(&fe->cache, p->tok_key, q.tokens, q.n_tokens);
-    p->phase = PH_START;
-    ids_ready(p);
-}
-
-static void start_tokenize(fe_req_t *p)
-{
-    kvr_frontend_t *fe = p->fe;
-    if (p->n_tok_tried >= 1 + fe->cfg.frontend_max_retries) {
-        req_fail(p, 503, "no worker could tokenize the prompt (%s)", p->last_fail);
-        return;
-    }
-    upool_t *u = pick_tokenizer(p);
-    if (u == NULL) {
-        if (p->n_tok_tried > 0)
-            req_fail(p, 503, "no worker could tokenize the prompt (%s)", p->last_fail);
-        else
-            req_fail(p, 503, "no worker with a url can tokenize the prompt");
-        return;
-    }
-    p->tok_tried[p->n_tok_tried++] = u->worker_id;
-    upconn_t *uc = ensure_retry_ev(p) ? fe_pool_acquire(fe, u) : NULL;
-    struct evhttp_request *up = uc ? evhttp_request_new(on_tok_done, p) : NULL;
-    if (up == NULL) {
-        fe_pool_release(uc);
-        req_fail(p, 500, "out of memory");
-        return;
-    }
-    evhttp_request_set_error_cb(up, on_up_error);
-    struct evkeyvalq *h = evhttp_request_get_output_headers(up);
-    evhttp_add_header(h, "Host", u->loc.host_hdr);
-    evhttp_add_header(h, "Content-Type", "application/json");
-    add_upstream_auth(p, h);
-    evbuffer_add(evhttp_request_get_output_buffer(up), p->tok_body, p->tok_body_len);
-    char path[KVR_ADDR_BYTES + 16];
-    snprintf(path, sizeof path, "%s/tokenize", u->loc.base_path);
-    p->phase = PH_TOKENIZE;
-    p->up_pool = u;
-    p->up_err_set = p->got_headers = false;
-    p->up = up;
-    p->uc = uc;
-    fe->st.tokenize_calls++;
-    /* a whole answer is buffered: bounded (lifted in on_up_header for an event stream) */
-    evhttp_connection_set_max_body_size(uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
-    if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up == up) {
-        p->up = NULL;
-        fe_pool_release(p->uc);
-        p->uc = NULL;
-        snprintf(p->last_fail, sizeof p->last_fail, "cannot connect to worker %llu",
-                 (unsigned long long)u->worker_id);
-        schedule_retry(p);
-    }
-}
-
 static void on_retry(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -1122,15 +983,15 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
     }
     p->phase = PH_START;
     if (p->tokens == NULL && p->tok_body != NULL) {
-        start_tokenize(p);
+        fe_start_tokenize(p);
         return;
     }
     if (p->attempts >= 1 + fe->cfg.frontend_max_retries) {
-        req_fail(p, 503, "no worker could serve this request (%s)", p->last_fail);
+        fe_req_fail(p, 503, "no worker could serve this request (%s)", p->last_fail);
         return;
     }
     if (p->has_pin_worker && was_tried(p, p->pin_worker)) {
-        req_fail(p, 503, "the pinned worker cannot serve this request (%s)", p->last_fail);
+        fe_req_fail(p, 503, "the pinned worker cannot serve this request (%s)", p->last_fail);
         return;
     }
     fe->st.retries++;
@@ -1150,62 +1011,6 @@ static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
     if (errno != 0 || *end != '\0' || v > max)
         return false;
     *out = (uint64_t)v;
-    return true;
-}
-
-/* The /tokenize body and the cache key of a text or chat prompt. */
-static bool tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq)
-{
-    kvr_json_writer_t *w = &p->fe->w;
-    XXH3_state_t *st = XXH3_createState();
-    if (st == NULL)
-        return false;
-    XXH3_128bits_reset(st);
-    uint8_t tag = (uint8_t)rq->prompt_kind;
-    XXH3_128bits_update(st, &tag, 1);
-    uint64_t ml = rq->model ? rq->model_len : 0;
-    XXH3_128bits_update(st, &ml, sizeof ml);
-    if (ml)
-        XXH3_128bits_update(st, rq->model, ml);
-    kvr_json_writer_reset(w);
-    kvr_json_begin_object(w);
-    if (rq->model != NULL) {
-        kvr_json_key(w, "model");
-        kvr_json_string_n(w, rq->model, rq->model_len);
-    }
-    if (rq->prompt_kind == KVR_OAI_PROMPT_TEXT) {
-        kvr_json_key(w, "prompt");
-        kvr_json_string_n(w, rq->text, rq->text_len);
-        uint64_t tl = rq->text_len;
-        XXH3_128bits_update(st, &tl, sizeof tl);
-        XXH3_128bits_update(st, rq->text, rq->text_len);
-    } else {
-        kvr_json_key(w, "messages");
-        kvr_json_begin_array(w);
-        for (size_t i = 0; i < rq->n_messages; i++) {
-            const kvr_oai_message_t *m = &rq->messages[i];
-            kvr_json_begin_object(w);
-            kvr_json_key(w, "role");
-            kvr_json_string_n(w, m->role, m->role_len);
-            kvr_json_key(w, "content");
-            kvr_json_string_n(w, m->content, m->content_len);
-            kvr_json_end_object(w);
-            uint64_t l[2] = {m->role_len, m->content_len};
-            XXH3_128bits_update(st, l, sizeof l);
-            XXH3_128bits_update(st, m->role, m->role_len);
-            XXH3_128bits_update(st, m->content, m->content_len);
-        }
-        kvr_json_end_array(w);
-    }
-    kvr_json_end_object(w);
-    p->tok_key = XXH3_128bits_digest(st);
-    XXH3_freeState(st);
-    const char *j;
-    size_t jl;
-    if (kvr_json_writer_finish(w, &j, &jl) != KVR_OK || (p->tok_body = malloc(jl)) == NULL)
-        return false;
-    memcpy(p->tok_body, j, jl);
-    p->tok_body_len = jl;
     return true;
 }
 
@@ -1343,7 +1148,7 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
     p->drop_prompt = ep == KVR_OAI_COMPLETIONS &&
                      !(rq.given_kind == KVR_OAI_PROMPT_TOKENS && !rq.nvext.has_token_data);
     p->rewrite = rq.has_nvext || ep == KVR_OAI_CHAT || p->drop_prompt;
-    bool ok = ids_given ? set_tokens(p, rq.tokens, rq.n_tokens) : tokenize_body(p, &rq);
+    bool ok = ids_given ? fe_set_tokens(p, rq.tokens, rq.n_tokens) : fe_tokenize_body(p, &rq);
     if (!ok) {
         req_free_unlinked(p);
         fe_send_error(fe, req, 500, "out of memory");
@@ -1352,20 +1157,20 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
     link_req(fe, p);
     evhttp_connection_set_closecb(p->client_conn, on_client_close, p);
     if (ids_given) {
-        ids_ready(p);
+        fe_ids_ready(p);
         return;
     }
     size_t n_cached;
     const uint32_t *cached = kvr_tokcache_get(&fe->cache, p->tok_key, &n_cached);
     if (cached != NULL) {
-        if (!set_tokens(p, cached, n_cached)) {
-            req_fail(p, 500, "out of memory");
+        if (!fe_set_tokens(p, cached, n_cached)) {
+            fe_req_fail(p, 500, "out of memory");
             return;
         }
-        ids_ready(p);
+        fe_ids_ready(p);
         return;
     }
-    start_tokenize(p);
+    fe_start_tokenize(p);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1460,16 +1265,13 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
                             .max_text_bytes = KVR_OAI_MAX_TEXT_BYTES,
                             .max_messages = KVR_OAI_MAX_MESSAGES,
                             .max_allowed_ids = KVR_OAI_MAX_ALLOWED_IDS};
-    kvr_api_options_t ao = {.max_tokens = max_tokens < KVR_API_MAX_TOKENS ? max_tokens
-                                                                          : KVR_API_MAX_TOKENS,
-                            .max_allowed_ids = KVR_API_MAX_ALLOWED_IDS};
+    fe->max_tokens = max_tokens;
     fe->dec = kvr_oai_decoder_new(&oo);
-    fe->tokdec = kvr_api_decoder_new(&ao);
     fe->out = evbuffer_new();
     fe->members = calloc(FE_MAX_MEMBERS, sizeof *fe->members);
     fe->tick = event_new(base, -1, EV_PERSIST, on_tick, fe);
     struct timeval tv = {0, FE_TICK_US};
-    if (fe->dec == NULL || fe->tokdec == NULL || fe->out == NULL || fe->members == NULL ||
+    if (fe->dec == NULL || fe->out == NULL || fe->members == NULL ||
         fe->tick == NULL || event_add(fe->tick, &tv) != 0) {
         kvr_frontend_free(fe);
         *status = KVR_ENOMEM;
@@ -1494,7 +1296,7 @@ void kvr_frontend_close(kvr_frontend_t *fe)
             end_stream(p, "the router is shutting down");
             fe_req_finish(p);
         } else if (p->client != NULL) {
-            req_fail(p, 503, "the router is shutting down");
+            fe_req_fail(p, 503, "the router is shutting down");
         } else {
             fe_req_finish(p);
         }
@@ -1519,7 +1321,7 @@ void kvr_frontend_free(kvr_frontend_t *fe)
         event_free(fe->tick);
     kvr_tokcache_deinit(&fe->cache);
     kvr_oai_decoder_free(fe->dec);
-    kvr_api_decoder_free(fe->tokdec);
+    free(fe->tok_ids);
     if (fe->out != NULL)
         evbuffer_free(fe->out);
     kvr_json_writer_deinit(&fe->w);

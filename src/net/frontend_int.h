@@ -179,7 +179,9 @@ struct kvr_frontend {
     kvr_router_t *r;
     kvr_router_config_t cfg;
     kvr_oai_decoder_t *dec;
-    kvr_api_decoder_t *tokdec; /* /tokenize answers: {"tokens":[...], ...} */
+    size_t max_tokens;         /* min(router_max_prompt_tokens, the decoders' limit) */
+    uint32_t *tok_ids;         /* a /tokenize answer's ids (scratch, grown) */
+    size_t tok_cap;
     kvr_json_writer_t w;
     struct evbuffer *out;      /* scratch: reply bodies and relayed chunks */
     struct event *tick;
@@ -218,6 +220,30 @@ void fe_mark_token(fe_req_t *p);
 /* json with the worker's nvext added (when the client asked for it) into out; false when it is
  * not one valid object (forwarded as it was). */
 bool fe_inject_worker(const fe_req_t *p, const char *json, size_t len, struct evbuffer *out);
+
+/* Replies and request plumbing the other fe_*.c files share. */
+void fe_send_body(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *ctype,
+                  const char *body, size_t len);
+/* The client's request, detached: nothing may reach it through p afterwards (NULL if gone). */
+struct evhttp_request *fe_client_take(fe_req_t *p);
+/* Answers with an error and frees the request. */
+void fe_req_fail(fe_req_t *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The Authorization a worker gets (the client's when forwarded, else the router's own). */
+void fe_add_upstream_auth(const fe_req_t *p, struct evkeyvalq *h);
+bool fe_ensure_retry_ev(fe_req_t *p);
+/* Continues p (the next attempt) from a zero-delay timer. */
+void fe_schedule_retry(fe_req_t *p);
+bool fe_set_tokens(fe_req_t *p, const uint32_t *t, size_t n);
+/* The ids are known: the body for the workers, then routing. */
+void fe_ids_ready(fe_req_t *p);
+void fe_up_count_error(kvr_frontend_t *fe, up_kind_t kind, uint64_t worker_id, bool before);
+void fe_on_up_error(enum evhttp_request_error err, void *arg);
+
+/* ---- fe_tokenize.c: ids from a worker's /tokenize, cached -------------------------------- */
+/* The /tokenize body and the cache key of a text or chat prompt. */
+bool fe_tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq);
+/* Asks the next untried worker to tokenize p's prompt (fe_ids_ready when it answers). */
+void fe_start_tokenize(fe_req_t *p);
 
 /* ---- fe_relay.c: upstream SSE -> the client ---------------------------------------------- */
 /* Forwards the complete events held (all of it when final). */

@@ -31,6 +31,7 @@
 
 #include <yajl/yajl_parse.h>
 
+#include "core/grow.h"
 #include "core/sort.h"
 #include "wire/json_decode.h"
 #include "wire/token_scan.h"
@@ -216,12 +217,6 @@ struct kvr_api_decoder {
 /* Records the first error; `return fail(...)` stops yajl (see kvr_jd_fail). */
 #define fail(d, st, ...) kvr_jd_fail(&(d)->status, (d)->err, sizeof (d)->err, (st), __VA_ARGS__)
 
-/* Grows *buf to hold need elements (need <= max): doubles from 64, never beyond max. */
-static bool grow(void **buf, size_t *cap, size_t need, size_t max, size_t elem)
-{
-    return kvr_token_scan_grow(buf, cap, need, max, elem);
-}
-
 /* Reads JSON number text as a finite double; false after fail() when out of memory. */
 static bool parse_double(kvr_api_decoder_t *d, const char *s, size_t n, double *out)
 {
@@ -259,7 +254,7 @@ static const char *range_text(int rng)
 static bool store_str(kvr_api_decoder_t *d, const unsigned char *s, size_t n, str_ref_t *ref)
 {
     if (n > SIZE_MAX / 4 ||
-        !grow((void **)&d->str_buf, &d->str_cap, d->str_len + n + 1, SIZE_MAX, 1)) {
+        kvr_grow((void **)&d->str_buf, &d->str_cap, d->str_len + n + 1, SIZE_MAX, 1) != KVR_OK) {
         fail(d, KVR_ENOMEM, "out of memory");
         return false;
     }
@@ -416,8 +411,8 @@ static int on_number(void *ctx, const char *s, size_t n)
             if (!kvr_jd_parse_u64(s, n, 0, UINT32_MAX, &v))
                 return unexpected(d);
             if (d->n_tokens == d->tok_cap &&
-                !grow((void **)&d->tok_buf, &d->tok_cap, d->n_tokens + 1, d->opts.max_tokens,
-                      sizeof *d->tok_buf)) {
+                kvr_grow((void **)&d->tok_buf, &d->tok_cap, d->n_tokens + 1, d->opts.max_tokens,
+                      sizeof *d->tok_buf) != KVR_OK) {
                 if (d->n_tokens >= d->opts.max_tokens)
                     return fail(d, KVR_ETOOBIG, "tokens: more than %zu tokens",
                                 d->opts.max_tokens);
@@ -430,8 +425,8 @@ static int on_number(void *ctx, const char *s, size_t n)
             if (!kvr_jd_parse_u64(s, n, 0, UINT64_MAX, &v))
                 return unexpected(d);
             if (d->n_ids == d->ids_cap &&
-                !grow((void **)&d->ids_buf, &d->ids_cap, d->n_ids + 1, d->opts.max_allowed_ids,
-                      sizeof *d->ids_buf)) {
+                kvr_grow((void **)&d->ids_buf, &d->ids_cap, d->n_ids + 1, d->opts.max_allowed_ids,
+                      sizeof *d->ids_buf) != KVR_OK) {
                 if (d->n_ids >= d->opts.max_allowed_ids)
                     return fail(d, KVR_ETOOBIG, "allowed_worker_ids: more than %zu ids",
                                 d->opts.max_allowed_ids);
@@ -823,7 +818,6 @@ static const uint32_t *tokens_of(const kvr_api_decoder_t *d)
 {
     return d->n_tokens > 0 ? d->tok_buf : NULL;
 }
-
 
 /* Pointers into str_buf for the taint lists (valid now that str_buf no longer moves). */
 static void taint_lists(kvr_api_decoder_t *d)

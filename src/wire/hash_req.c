@@ -19,6 +19,7 @@
 
 #include <yajl/yajl_parse.h>
 
+#include "core/grow.h"
 #include "core/sort.h"
 #include "wire/json_decode.h"
 #include "wire/token_scan.h"
@@ -57,16 +58,10 @@ static const char *const FIELD_NAMES[F_N_KNOWN] = {
 /* Records the first error; `return fail(...)` stops yajl (see kvr_jd_fail). */
 #define fail(r, st, ...) kvr_jd_fail(&(r)->status, (r)->err, sizeof (r)->err, (st), __VA_ARGS__)
 
-/* Grows *buf (elements of size elem) to hold at least need elements; doubles, from 64. */
-static int grow(void **buf, size_t *cap, size_t need, size_t elem)
-{
-    return kvr_token_scan_grow(buf, cap, need, SIZE_MAX, elem) ? KVR_OK : KVR_ENOMEM;
-}
-
 static int copy_name(kvr_hash_req_t *r, char **buf, size_t *cap, const unsigned char *s,
                      size_t n, const char **out, size_t *out_len)
 {
-    if (grow((void **)buf, cap, n + 1, 1) != KVR_OK)
+    if (kvr_grow((void **)buf, cap, n + 1, SIZE_MAX, 1) != KVR_OK)
         return fail(r, KVR_ENOMEM, "%s: out of memory", FIELD_NAMES[r->field]);
     memcpy(*buf, s, n);
     (*buf)[n] = '\0';
@@ -196,7 +191,7 @@ static int on_number(void *ctx, const char *s, size_t n)
         if (r->n_tokens >= r->limits.max_tokens)
             return fail(r, KVR_ETOOBIG, "tokens: more than %zu tokens", r->limits.max_tokens);
         if (r->n_tokens == r->tok_cap &&
-            grow((void **)&r->tok_buf, &r->tok_cap, r->n_tokens + 1, sizeof *r->tok_buf) != KVR_OK)
+            kvr_grow((void **)&r->tok_buf, &r->tok_cap, r->n_tokens + 1, SIZE_MAX, sizeof *r->tok_buf) != KVR_OK)
             return fail(r, KVR_ENOMEM, "tokens: out of memory");
         r->tok_buf[r->n_tokens++] = (uint32_t)v;
         return 1;
@@ -210,7 +205,7 @@ static int on_number(void *ctx, const char *s, size_t n)
             return fail(r, KVR_ETOOBIG, "block_mm_hashes: more than %zu hashes in total",
                         r->limits.max_mm_hashes);
         if (r->n_mmh == r->mmh_cap &&
-            grow((void **)&r->mmh_buf, &r->mmh_cap, r->n_mmh + 1, sizeof *r->mmh_buf) != KVR_OK)
+            kvr_grow((void **)&r->mmh_buf, &r->mmh_cap, r->n_mmh + 1, SIZE_MAX, sizeof *r->mmh_buf) != KVR_OK)
             return fail(r, KVR_ENOMEM, "block_mm_hashes: out of memory");
         r->mmh_buf[r->n_mmh++] = v;
         e->n_hashes++;
@@ -384,7 +379,7 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n)
             return fail(r, KVR_ETOOBIG, "block_mm_hashes: more than %zu entries",
                         r->limits.max_mm_blocks);
         if (r->n_mm == r->mm_cap &&
-            grow((void **)&r->mm_buf, &r->mm_cap, r->n_mm + 1, sizeof *r->mm_buf) != KVR_OK)
+            kvr_grow((void **)&r->mm_buf, &r->mm_cap, r->n_mm + 1, SIZE_MAX, sizeof *r->mm_buf) != KVR_OK)
             return fail(r, KVR_ENOMEM, "block_mm_hashes: out of memory");
         /* hashes is set when the parse ends (mmh_buf may move until then); each entry's
          * hashes follow the previous entry's in mmh_buf */

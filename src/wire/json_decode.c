@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
 #include "kvrouter.h"
 #include "wire/json_writer.h"
 #include "wire/token_scan.h"
@@ -18,7 +19,7 @@ int kvr_jd_parse_double(const char *s, size_t n, char **scratch, size_t *scratch
     char local[64];
     char *b = local;
     if (n >= sizeof local) {
-        if (!kvr_token_scan_grow((void **)scratch, scratch_cap, n + 1, SIZE_MAX, 1))
+        if (kvr_grow((void **)scratch, scratch_cap, n + 1, SIZE_MAX, 1) != KVR_OK)
             return KVR_ENOMEM;
         b = *scratch;
     }

@@ -31,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
+
 #define NONE SIZE_MAX  /* an absent offset */
 
 struct kvr_kv_offs {
@@ -348,24 +350,6 @@ static bool str_ieq_n(const uint8_t *a, size_t alen, const char *b, size_t blen)
 /* ------------------------------------------------------------------------------------------ */
 /* Buffers and messages. */
 
-/* Grows *buf (elements of size elem) to hold at least need elements; doubles, from 64. */
-static int grow(void **buf, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return KVR_OK;
-    size_t n = *cap < 64 ? 64 : *cap;
-    while (n < need)
-        n = n > SIZE_MAX / 2 ? need : n * 2;
-    if (n > SIZE_MAX / elem)
-        return KVR_ENOMEM;
-    void *p = realloc(*buf, n * elem);
-    if (p == NULL)
-        return KVR_ENOMEM;
-    *buf = p;
-    *cap = n;
-    return KVR_OK;
-}
-
 /* The state of one decode. */
 typedef struct dctx {
     kvr_kv_events_t *d;
@@ -434,7 +418,7 @@ static int frame_fail(dctx_t *c, const char *where)
 /* Appends a string (NUL-terminated) to str_buf; its offset goes to *off. */
 static int push_str(kvr_kv_events_t *d, const void *s, size_t len, size_t *off)
 {
-    if (grow((void **)&d->str_buf, &d->str_cap, d->n_str + len + 1, 1) != KVR_OK)
+    if (kvr_grow((void **)&d->str_buf, &d->str_cap, d->n_str + len + 1, SIZE_MAX, 1) != KVR_OK)
         return KVR_ENOMEM;
     memcpy(d->str_buf + d->n_str, s, len);
     d->str_buf[d->n_str + len] = '\0';
@@ -495,7 +479,7 @@ static int f_hashes(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
         return ev_fail(c, KVR_ETOOBIG, ".block_hashes: %zu hashes exceed the limit of %zu "
                        "(max_hashes)", n, d->limits.max_hashes);
     c->r.pos += v.size;
-    if (grow((void **)&d->hash_buf, &d->hash_cap, d->n_hash + n, sizeof *d->hash_buf) != KVR_OK)
+    if (kvr_grow((void **)&d->hash_buf, &d->hash_cap, d->n_hash + n, SIZE_MAX, sizeof *d->hash_buf) != KVR_OK)
         return ev_fail(c, KVR_ENOMEM, ".block_hashes: out of memory");
     uint64_t *out = d->hash_buf + d->n_hash;
     for (size_t k = 0; k < n; k++) {
@@ -550,7 +534,7 @@ static int eagle_pairs(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, siz
     if (n + 1 > d->limits.max_tokens)
         return ev_fail(c, KVR_ETOOBIG, ".token_ids: %zu tokens exceed the limit of %zu "
                        "(max_tokens)", n + 1, d->limits.max_tokens);
-    if (grow((void **)&d->tok_buf, &d->tok_cap, d->n_tok + n + 1, sizeof *d->tok_buf) != KVR_OK)
+    if (kvr_grow((void **)&d->tok_buf, &d->tok_cap, d->n_tok + n + 1, SIZE_MAX, sizeof *d->tok_buf) != KVR_OK)
         return ev_fail(c, KVR_ENOMEM, ".token_ids: out of memory");
     uint32_t *out = d->tok_buf + d->n_tok;
     for (size_t k = 0; k < n; k++) {
@@ -596,7 +580,7 @@ static int f_tokens(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
     if (n > d->limits.max_tokens)
         return ev_fail(c, KVR_ETOOBIG, ".token_ids: %zu tokens exceed the limit of %zu "
                        "(max_tokens)", n, d->limits.max_tokens);
-    if (grow((void **)&d->tok_buf, &d->tok_cap, d->n_tok + n, sizeof *d->tok_buf) != KVR_OK)
+    if (kvr_grow((void **)&d->tok_buf, &d->tok_cap, d->n_tok + n, SIZE_MAX, sizeof *d->tok_buf) != KVR_OK)
         return ev_fail(c, KVR_ENOMEM, ".token_ids: out of memory");
     uint32_t *out = d->tok_buf + d->n_tok;
     const uint8_t *p = r->p;
@@ -1101,8 +1085,8 @@ static int batch_events(dctx_t *c, const char *where)
     c->r.pos += v.size;
     if (n > d->ev_cap) {
         size_t cap1 = d->ev_cap, cap2 = d->ev_cap;
-        int g1 = grow((void **)&d->events, &cap1, n, sizeof *d->events);
-        int g2 = g1 == KVR_OK ? grow((void **)&d->offs, &cap2, n, sizeof *d->offs) : g1;
+        int g1 = kvr_grow((void **)&d->events, &cap1, n, SIZE_MAX, sizeof *d->events);
+        int g2 = g1 == KVR_OK ? kvr_grow((void **)&d->offs, &cap2, n, SIZE_MAX, sizeof *d->offs) : g1;
         if (g2 != KVR_OK)
             return batch_fail(d, KVR_ENOMEM, "%s: out of memory for %zu events", where, n);
         d->ev_cap = cap1 < cap2 ? cap1 : cap2;
@@ -1354,8 +1338,8 @@ int kvr_kv_events_convert(kvr_kv_events_t *d, size_t i, const kvr_kv_target_t *t
             d->stats.warn_extra_tokens++;
         if (n > d->blk_cap) {
             size_t cap1 = d->blk_cap, cap2 = d->blk_cap;
-            int g1 = grow((void **)&d->blk_buf, &cap1, n, sizeof *d->blk_buf);
-            int g2 = g1 == KVR_OK ? grow((void **)&d->lbh_buf, &cap2, n, sizeof *d->lbh_buf) : g1;
+            int g1 = kvr_grow((void **)&d->blk_buf, &cap1, n, SIZE_MAX, sizeof *d->blk_buf);
+            int g2 = g1 == KVR_OK ? kvr_grow((void **)&d->lbh_buf, &cap2, n, SIZE_MAX, sizeof *d->lbh_buf) : g1;
             if (g2 != KVR_OK)
                 return conv_fail(d, KVR_ENOMEM, "events[%zu]: out of memory", i);
             d->blk_cap = cap1 < cap2 ? cap1 : cap2;

@@ -14,6 +14,7 @@
 
 #include <yajl/yajl_parse.h>
 
+#include "core/grow.h"
 #include "kvrouter.h"
 #include "wire/json_decode.h"
 #include "wire/yajl_arena.h"
@@ -427,28 +428,13 @@ static int fail(kvr_oai_stream_t *s, int status, const char *fmt, ...)
     return status;
 }
 
-static int grow(char **buf, size_t *cap, size_t need)
-{
-    if (need <= *cap)
-        return KVR_OK;
-    size_t c = *cap ? *cap : 1024;
-    while (c < need)
-        c *= 2;
-    char *b = realloc(*buf, c);
-    if (b == NULL)
-        return KVR_ENOMEM;
-    *buf = b;
-    *cap = c;
-    return KVR_OK;
-}
-
 static int append(kvr_oai_stream_t *s, char **buf, size_t *len, size_t *cap, const char *src,
                   size_t n)
 {
     if (s->line_len + s->data_len + n > KVR_OAI_STREAM_MAX_EVENT)
         return fail(s, KVR_ETOOBIG, "event %llu: longer than %zu bytes",
                     (unsigned long long)s->info.n_events + 1, KVR_OAI_STREAM_MAX_EVENT);
-    if (grow(buf, cap, *len + n + 1) != KVR_OK)
+    if (kvr_grow((void **)buf, cap, *len + n + 1, SIZE_MAX, 1) != KVR_OK)
         return fail(s, KVR_ENOMEM, "out of memory");
     memcpy(*buf + *len, src, n);
     *len += n;

@@ -30,6 +30,7 @@
 
 #include <yajl/yajl_parse.h>
 
+#include "core/grow.h"
 #include "core/sort.h"
 #include "wire/json_decode.h"
 #include "wire/token_scan.h"
@@ -215,11 +216,6 @@ struct kvr_oai_decoder {
 /* Records the first error; `return fail(...)` stops yajl (see kvr_jd_fail). */
 #define fail(d, st, ...) kvr_jd_fail(&(d)->status, (d)->err, sizeof (d)->err, (st), __VA_ARGS__)
 
-static bool grow(void **buf, size_t *cap, size_t need, size_t max, size_t elem)
-{
-    return kvr_token_scan_grow(buf, cap, need, max, elem);
-}
-
 /* The field's name in messages: message and part fields with their indices. */
 static const char *where(const kvr_oai_decoder_t *d, int f, char *buf, size_t n)
 {
@@ -249,7 +245,7 @@ static bool parse_double(kvr_oai_decoder_t *d, const char *s, size_t n, double *
 static bool append(kvr_oai_decoder_t *d, const unsigned char *s, size_t n)
 {
     if (n > SIZE_MAX / 4 ||
-        !grow((void **)&d->str_buf, &d->str_cap, d->str_len + n + 1, SIZE_MAX, 1)) {
+        kvr_grow((void **)&d->str_buf, &d->str_cap, d->str_len + n + 1, SIZE_MAX, 1) != KVR_OK) {
         fail(d, KVR_ENOMEM, "out of memory");
         return false;
     }
@@ -408,7 +404,7 @@ static int push_token(kvr_oai_decoder_t *d, uint64_t v)
     bool prompt = d->field == F_PROMPT;
     uint32_t **buf = prompt ? &d->ptok : &d->ttok;
     size_t *cap = prompt ? &d->ptok_cap : &d->ttok_cap, *n = prompt ? &d->n_ptok : &d->n_ttok;
-    if (*n == *cap && !grow((void **)buf, cap, *n + 1, d->opts.max_tokens, sizeof **buf)) {
+    if (*n == *cap && kvr_grow((void **)buf, cap, *n + 1, d->opts.max_tokens, sizeof **buf) != KVR_OK) {
         if (*n >= d->opts.max_tokens)
             return fail(d, KVR_ETOOBIG, "%s: more than %zu tokens", FIELDS[d->field].path,
                         d->opts.max_tokens);
@@ -467,8 +463,8 @@ static int on_number(void *ctx, const char *s, size_t n)
         if (!kvr_jd_parse_u64(s, n, 0, UINT64_MAX, &v))
             return unexpected(d);
         if (d->n_ids == d->ids_cap &&
-            !grow((void **)&d->ids, &d->ids_cap, d->n_ids + 1, d->opts.max_allowed_ids,
-                  sizeof *d->ids)) {
+            kvr_grow((void **)&d->ids, &d->ids_cap, d->n_ids + 1, d->opts.max_allowed_ids,
+                  sizeof *d->ids) != KVR_OK) {
             if (d->n_ids >= d->opts.max_allowed_ids)
                 return fail(d, KVR_ETOOBIG, "nvext.allowed_worker_ids: more than %zu ids",
                             d->opts.max_allowed_ids);
@@ -605,8 +601,8 @@ static int message_begin(kvr_oai_decoder_t *d)
     if (d->n_msgs >= d->opts.max_messages)
         return fail(d, KVR_ETOOBIG, "messages: more than %zu messages", d->opts.max_messages);
     if (d->n_msgs == d->msgs_cap &&
-        !grow((void **)&d->msgs, &d->msgs_cap, d->n_msgs + 1, d->opts.max_messages,
-              sizeof *d->msgs))
+        kvr_grow((void **)&d->msgs, &d->msgs_cap, d->n_msgs + 1, d->opts.max_messages,
+              sizeof *d->msgs) != KVR_OK)
         return fail(d, KVR_ENOMEM, "messages: out of memory");
     memset(&d->msgs[d->n_msgs], 0, sizeof d->msgs[d->n_msgs]);
     d->seen &= ~MESSAGE_BITS;
@@ -1100,8 +1096,8 @@ static int finish(kvr_oai_decoder_t *d, kvr_oai_request_t *out)
             return missing(d, req), d->status;
     }
     if (d->n_msgs > d->msg_out_cap &&
-        !grow((void **)&d->msg_out, &d->msg_out_cap, d->n_msgs, d->opts.max_messages,
-              sizeof *d->msg_out))
+        kvr_grow((void **)&d->msg_out, &d->msg_out_cap, d->n_msgs, d->opts.max_messages,
+              sizeof *d->msg_out) != KVR_OK)
         return fail(d, KVR_ENOMEM, "messages: out of memory"), d->status;
     given_prompt(d, out);
     if (data) {

@@ -12,31 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
+#include "kvrouter.h"
+
 #if defined(__SSE2__) && !defined(KVR_API_NO_SIMD) && !defined(KVR_TOKEN_SCAN_NO_SIMD)
 #include <emmintrin.h>
 #define KVR_TOKEN_SIMD 1
 #else
 #define KVR_TOKEN_SIMD 0
 #endif
-
-bool kvr_token_scan_grow(void **buf, size_t *cap, size_t need, size_t max, size_t elem)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap < 64 ? 64 : *cap;
-    while (n < need)
-        n = n > SIZE_MAX / 4 ? need : n * 2;
-    if (n > max)
-        n = max;
-    if (n < need || n > SIZE_MAX / elem)
-        return false;
-    void *p = realloc(*buf, n * elem);
-    if (p == NULL)
-        return false;
-    *buf = p;
-    *cap = n;
-    return true;
-}
 
 static bool is_ws(char c)
 {
@@ -90,8 +74,10 @@ typedef struct tok_out {
 
 static bool push_token(const tok_out_t *o, size_t *n, uint32_t v)
 {
+    if (*n >= o->max) /* the caller's buffer may be larger than this call's limit */
+        return false;
     if (*n == *o->cap &&
-        !kvr_token_scan_grow((void **)o->buf, o->cap, *n + 1, o->max, sizeof **o->buf))
+        kvr_grow((void **)o->buf, o->cap, *n + 1, o->max, sizeof **o->buf) != KVR_OK)
         return false;
     (*o->buf)[(*n)++] = v;
     return true;
@@ -168,8 +154,8 @@ static size_t scan_windows(const tok_out_t *o, const char *b, size_t len, size_t
         if (ve == 0)
             break;
         /* room for the window's tokens: at most 32 (a digit and a ',' each) */
-        if (*o->cap - *n < 32 &&
-            !kvr_token_scan_grow((void **)o->buf, o->cap, *n + 32, o->max, sizeof **o->buf))
+        if (o->max - *n < 32 || (*o->cap - *n < 32 && kvr_grow((void **)o->buf, o->cap, *n + 32,
+                                                               o->max, sizeof **o->buf) != KVR_OK))
             break;  /* near the limit: the careful loop counts exactly */
         uint32_t *base = *o->buf, *out = base + *n;
         unsigned e = 0;

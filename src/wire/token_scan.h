@@ -13,8 +13,8 @@
  * yajl reads as the same integers; it returns false for anything else (odd formatting,
  * invalid JSON, a limit reached), and the caller then lets yajl read the array, so results
  * and error messages never depend on the scanner.
- * Ownership: *buf is the caller's growable array (realloc'd here, doubling from 64 elements,
- * never beyond max elements); the body is borrowed for the call.
+ * Ownership: *buf is the caller's growable array (grown with core/grow.h's kvr_grow, never
+ * beyond max elements); the body is borrowed for the call.
  * Threads: none; any thread. Cost: SSE2 masks of 64-byte windows, two count-trailing-zeros and
  * a SWAR multiply per token (~4 ns per token); without SSE2 (or with KVR_TOKEN_SCAN_NO_SIMD or
  * KVR_API_NO_SIMD defined) one token at a time.
@@ -25,10 +25,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-/* Grows *buf (capacity *cap elements of elem bytes) to hold need elements: doubles from 64,
- * never beyond max. False (nothing changed) when need > max or on allocation failure. */
-bool kvr_token_scan_grow(void **buf, size_t *cap, size_t need, size_t max, size_t elem);
 
 /* The index just after the '[' of the first literal `key ws : ws [` in b[from..len), or 0
  * when there is none. key includes its quotes ("\"tokens\""), key_len its length. */

@@ -43,6 +43,7 @@
 
 #include <yajl/yajl_parse.h>
 
+#include "core/grow.h"
 #include "core/kvcache.h"
 #include "kvrouter.h"
 #include "wire/json_decode.h"
@@ -102,11 +103,6 @@ static int fail(parser_t *p, int status, const char *fmt, ...)
         }
     }
     return 0;
-}
-
-static int grow(void **buf, size_t *cap, size_t need, size_t elem)
-{
-    return kvr_token_scan_grow(buf, cap, need, SIZE_MAX, elem) ? KVR_OK : KVR_ENOMEM;
 }
 
 static const char *field_rule(int f)
@@ -190,7 +186,7 @@ static int on_number(void *ctx, const char *s, size_t n)
         if (k >= MAX_IDS_PER_ROW)
             return fail(p, KVR_EINVAL, "hash_ids: more than %u ids",
                         (unsigned)MAX_IDS_PER_ROW);
-        if (grow((void **)&p->ids, &p->cap_ids, p->n_ids + 1, sizeof *p->ids) != KVR_OK)
+        if (kvr_grow((void **)&p->ids, &p->cap_ids, p->n_ids + 1, SIZE_MAX, sizeof *p->ids) != KVR_OK)
             return fail(p, KVR_ENOMEM, "hash_ids: out of memory");
         p->ids[p->n_ids++] = v;
         return 1;
@@ -327,8 +323,8 @@ static int finish_row(parser_t *p)
                     (unsigned long long)p->row.timestamp_ms,
                     (unsigned long long)p->rows[p->n_rows - 1].timestamp_ms),
                p->status;
-    if (grow((void **)&p->rows, &p->cap_rows, p->n_rows + 1, sizeof *p->rows) != KVR_OK ||
-        grow((void **)&p->id_off, &p->cap_off, p->n_rows + 1, sizeof *p->id_off) != KVR_OK)
+    if (kvr_grow((void **)&p->rows, &p->cap_rows, p->n_rows + 1, SIZE_MAX, sizeof *p->rows) != KVR_OK ||
+        kvr_grow((void **)&p->id_off, &p->cap_off, p->n_rows + 1, SIZE_MAX, sizeof *p->id_off) != KVR_OK)
         return fail(p, KVR_ENOMEM, "out of memory"), p->status;
     p->row.n_hash_ids = (uint32_t)n_ids;
     p->row.hash_ids = NULL;
