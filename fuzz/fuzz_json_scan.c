@@ -86,18 +86,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check(l == s);
     if (b[i] != '{')
         return 0;
-    size_t j = kvr_json_skip_ws(b, size, i + 1);
-    while (j < size && b[j] == '"') {
-        kvr_json_member_t ms, ml;
-        size_t es = kvr_json_next_member(b, size, j, KVR_JSON_STRICT, &ms);
-        size_t el = kvr_json_next_member(b, size, j, KVR_JSON_LENIENT, &ml);
-        check(es != KVR_JSON_BAD && es == el && ms.key_end == ml.key_end && ms.val == ml.val &&
+    /* the two modes' member walks agree member for member, and end alike */
+    kvr_json_iter_t its, itl;
+    kvr_json_member_t ms, ml;
+    kvr_json_object_begin(&its, b, size, i, KVR_JSON_STRICT);
+    kvr_json_object_begin(&itl, b, size, i, KVR_JSON_LENIENT);
+    int rs, rl;
+    while ((rs = kvr_json_object_next(&its, &ms)) == 1) {
+        rl = kvr_json_object_next(&itl, &ml);
+        check(rl == 1 && ms.key == ml.key && ms.key_end == ml.key_end && ms.val == ml.val &&
               ms.val_end == ml.val_end);
         check_key(b, &ms, "nvext");
         check_key(b, &ms, "prompt");
-        j = kvr_json_skip_ws(b, size, es);
-        if (j < size && b[j] == ',')
-            j = kvr_json_skip_ws(b, size, j + 1);
     }
+    rl = kvr_json_object_next(&itl, &ml);
+    check(rs == 0 && rl == 0 && its.close == itl.close && its.close + 1 == s);
     return 0;
 }

@@ -1,12 +1,13 @@
 /*
  * frontend.c: the OpenAI front end (see frontend.h for what it does and the policies).
  *
- * This file is the request state machine: decode, tokenize (ids cached in core/tokcache.h),
- * route, proxy, relay, retry, disconnect, slow clients; plus the tick and the lifecycle.
- * Request bodies are spliced without re-encoding (members found by wire/json_scan.h; answers
- * get their nvext from wire/json_splice.h). Streamed answers are relayed by fe_relay.c, the
- * upstream pools are in fe_upstream.c, GET /v1/models in fe_models.c, the metrics in
- * fe_metrics.c; frontend_int.h is what they share.
+ * This file is the request state machine: decode, route (through the scheduler, core/sched.h:
+ * a queued request is borrowed, not copied, and every lifecycle call goes by the booking's
+ * handle), proxy, relay, retry, disconnect, slow clients; plus the tick and the lifecycle.
+ * The other jobs have their own files, over frontend_int.h: fe_tokenize.c (ids from a
+ * worker's /tokenize, cached), fe_body.c (the workers' body, the nvext naming the worker),
+ * fe_relay.c (streamed answers to the client), fe_upstream.c (per-worker connection pools),
+ * fe_models.c (GET /v1/models), fe_metrics.c.
  *
  * Invariants: a request (fe_req_t) is in the live list from arrival until its client is
  * answered or gone. While it has an upstream call (up != NULL) it holds one busy pooled
@@ -54,7 +55,6 @@
 #include "net/secret.h"
 #include "wire/api_json.h"
 #include "wire/json_scan.h"
-#include "wire/json_splice.h"
 #include "wire/json_writer.h"
 #include "wire/openai.h"
 #include "wire/prom.h"
@@ -64,102 +64,6 @@
 static const double MS_BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
                                     2.5,   5,    10,    25,   50,  100, 250, 1000};
 #define N_MS_BUCKETS (sizeof MS_BUCKETS / sizeof MS_BUCKETS[0])
-
-/* ---------------------------------------------------------------------------------------- */
-/* A growable byte string */
-
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf_t;
-
-static bool sb_reserve(sbuf_t *b, size_t more)
-{
-    if (b->oom)
-        return false;
-    if (b->n + more <= b->cap)
-        return true;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + more)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (p == NULL) {
-        b->oom = true;
-        return false;
-    }
-    b->p = p;
-    b->cap = cap;
-    return true;
-}
-
-static void sb_add(sbuf_t *b, const void *d, size_t n)
-{
-    if (n > 0 && sb_reserve(b, n)) {
-        memcpy(b->p + b->n, d, n);
-        b->n += n;
-    }
-}
-
-static void sb_str(sbuf_t *b, const char *s) { sb_add(b, s, strlen(s)); }
-
-/* "[1,2,3]" */
-static void sb_ids(sbuf_t *b, const uint32_t *t, size_t n)
-{
-    if (!sb_reserve(b, n * 11 + 2))
-        return;
-    char *o = b->p + b->n;
-    *o++ = '[';
-    for (size_t i = 0; i < n; i++) {
-        if (i > 0)
-            *o++ = ',';
-        char tmp[10];
-        int k = 0;
-        uint32_t v = t[i];
-        do {
-            tmp[k++] = (char)('0' + v % 10);
-            v /= 10;
-        } while (v != 0);
-        while (k > 0)
-            *o++ = tmp[--k];
-    }
-    *o++ = ']';
-    b->n = (size_t)(o - b->p);
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* JSON spans (wire/json_scan.h, lenient: request bodies were validated by the OpenAI decoder
- * before; worker answers that do not scan are forwarded untouched). */
-
-static size_t skip_ws(const char *b, size_t n, size_t i) { return kvr_json_skip_ws(b, n, i); }
-
-/* The members of the object at b[i..n) (after whitespace); their count, or -1 when it is not
- * an object of at most FE_MAX_MEMBERS members. */
-static int scan_members(const char *b, size_t n, size_t i, kvr_json_member_t *m)
-{
-    i = skip_ws(b, n, i);
-    if (i >= n || b[i] != '{')
-        return -1;
-    i = skip_ws(b, n, i + 1);
-    if (i < n && b[i] == '}')
-        return 0;
-    int k = 0;
-    for (;;) {
-        if (k == FE_MAX_MEMBERS)
-            return -1;
-        size_t ve = kvr_json_next_member(b, n, i, KVR_JSON_LENIENT, &m[k]);
-        if (ve == KVR_JSON_BAD)
-            return -1;
-        k++;
-        i = skip_ws(b, n, ve);
-        if (i < n && b[i] == ',') {
-            i = skip_ws(b, n, i + 1);
-            continue;
-        }
-        return i < n && b[i] == '}' ? k : -1;
-    }
-}
-
 
 void fe_req_finish(fe_req_t *p);
 
@@ -426,53 +330,6 @@ void fe_schedule_retry(fe_req_t *p)
 /* ---------------------------------------------------------------------------------------- */
 /* Requests: bodies */
 
-/* The body sent to workers when the client's cannot go verbatim: its top-level members but
- * nvext (and the prompt when it becomes the ids), then the ids to run ("prompt" for
- * completions, nvext.token_data for chat). KVR_OK, KVR_ETOOBIG (more members than we splice)
- * or KVR_ENOMEM. */
-static int build_forward_body(fe_req_t *p)
-{
-    kvr_frontend_t *fe = p->fe;
-    const char *b = p->client_body;
-    int k = scan_members(b, p->client_body_len, 0, fe->members);
-    if (k < 0)
-        return KVR_ETOOBIG; /* the decoder accepted it: only the member cap can refuse it */
-    sbuf_t buf = {0}, *sb = &buf; /* sized once: the body plus the ids as text */
-    sb_reserve(sb, p->client_body_len + p->n_tokens * 11 + 64);
-    sb_add(sb, "{", 1);
-    bool first = true;
-    for (int i = 0; i < k; i++) {
-        const kvr_json_member_t *m = &fe->members[i];
-        if (kvr_json_key_is(b, m, "nvext") ||
-            (p->drop_prompt && kvr_json_key_is(b, m, "prompt")))
-            continue;
-        if (!first)
-            sb_add(sb, ",", 1);
-        sb_add(sb, b + m->key, m->val_end - m->key);
-        first = false;
-    }
-    if (p->ep == KVR_OAI_COMPLETIONS) {
-        if (p->drop_prompt) {
-            sb_str(sb, first ? "\"prompt\":" : ",\"prompt\":");
-            sb_ids(sb, p->tokens, p->n_tokens);
-        }
-    } else {
-        sb_str(sb, first ? "\"nvext\":{\"token_data\":" : ",\"nvext\":{\"token_data\":");
-        sb_ids(sb, p->tokens, p->n_tokens);
-        sb_add(sb, "}", 1);
-    }
-    sb_add(sb, "}", 1);
-    if (sb->oom) {
-        free(sb->p);
-        return KVR_ENOMEM;
-    }
-    free(p->body_own);
-    p->body_own = sb->p;
-    p->body = p->body_own;
-    p->body_len = sb->n;
-    return KVR_OK;
-}
-
 bool fe_set_tokens(fe_req_t *p, const uint32_t *t, size_t n)
 {
     free(p->tokens);
@@ -492,7 +349,7 @@ void fe_ids_ready(fe_req_t *p)
     if (!p->rewrite) {
         p->body = p->client_body;
         p->body_len = p->client_body_len;
-    } else if ((rc = build_forward_body(p)) != KVR_OK) {
+    } else if ((rc = fe_build_forward_body(p)) != KVR_OK) {
         if (rc == KVR_ETOOBIG)
             fe_req_fail(p, 400, "request body: more than %d top-level fields", FE_MAX_MEMBERS);
         else
@@ -500,34 +357,6 @@ void fe_ids_ready(fe_req_t *p)
         return;
     }
     route_attempt(p);
-}
-
-/* "nvext":{"worker_id":{...}} for the chosen worker. */
-static void make_nvext(fe_req_t *p)
-{
-    int n = snprintf(p->nvext, sizeof p->nvext,
-                     "\"nvext\":{\"worker_id\":{\"prefill_worker_id\":%llu,\"prefill_dp_rank\":%u,"
-                     "\"decode_worker_id\":%llu,\"decode_dp_rank\":%u}}",
-                     (unsigned long long)p->worker.worker_id, p->worker.dp_rank,
-                     (unsigned long long)p->worker.worker_id, p->worker.dp_rank);
-    p->nvext_len = n > 0 && (size_t)n < sizeof p->nvext ? (size_t)n : 0;
-}
-
-/* Appends json (one object) to out with the worker's nvext as its last member (any nvext the
- * worker sent dropped); false (out untouched) when it is not one valid object. */
-bool fe_inject_worker(const fe_req_t *p, const char *json, size_t len, struct evbuffer *out)
-{
-    if (p->nvext_len == 0)
-        return false;
-    struct evbuffer_iovec v;
-    size_t cap = KVR_JSON_SPLICE_OUT_BYTES(len, p->nvext_len), n = 0;
-    if (evbuffer_reserve_space(out, (ev_ssize_t)cap, &v, 1) < 1 || v.iov_len < cap)
-        return false;
-    if (kvr_json_splice(json, len, "nvext", p->nvext, p->nvext_len, v.iov_base, v.iov_len, &n) !=
-        KVR_OK)
-        return false;
-    v.iov_len = n;
-    return evbuffer_commit_space(out, &v, 1) == 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -611,7 +440,7 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
     memcpy(p->rid, res->request_id, p->rid_len + 1);
     p->worker = res->worker;
     if (p->want_worker)
-        make_nvext(p);
+        fe_make_nvext(p);
     send_upstream(p);
 }
 

@@ -217,9 +217,6 @@ void fe_req_finish(fe_req_t *p);
 void fe_start_reply(fe_req_t *p);
 /* A token arrived: first token and output blocks reported to the router. */
 void fe_mark_token(fe_req_t *p);
-/* json with the worker's nvext added (when the client asked for it) into out; false when it is
- * not one valid object (forwarded as it was). */
-bool fe_inject_worker(const fe_req_t *p, const char *json, size_t len, struct evbuffer *out);
 
 /* Replies and request plumbing the other fe_*.c files share. */
 void fe_send_body(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *ctype,
@@ -238,6 +235,16 @@ bool fe_set_tokens(fe_req_t *p, const uint32_t *t, size_t n);
 void fe_ids_ready(fe_req_t *p);
 void fe_up_count_error(kvr_frontend_t *fe, up_kind_t kind, uint64_t worker_id, bool before);
 void fe_on_up_error(enum evhttp_request_error err, void *arg);
+
+/* ---- fe_body.c: the workers' body, the nvext naming the worker ------------------------- */
+/* The body for the workers when the client's cannot go verbatim (p->rewrite). KVR_OK,
+ * KVR_ETOOBIG (more than FE_MAX_MEMBERS members) or KVR_ENOMEM. */
+int fe_build_forward_body(fe_req_t *p);
+/* "nvext":{"worker_id":{...}} for the chosen worker, into p->nvext. */
+void fe_make_nvext(fe_req_t *p);
+/* json with the worker's nvext added (when the client asked for it) into out; false when it is
+ * not one valid object (forwarded as it was). */
+bool fe_inject_worker(const fe_req_t *p, const char *json, size_t len, struct evbuffer *out);
 
 /* ---- fe_tokenize.c: ids from a worker's /tokenize, cached -------------------------------- */
 /* The /tokenize body and the cache key of a text or chat prompt. */

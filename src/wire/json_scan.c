@@ -290,3 +290,41 @@ bool kvr_json_key_is(const char *b, const kvr_json_member_t *m, const char *name
     }
     return o == nl;
 }
+
+void kvr_json_object_begin(kvr_json_iter_t *it, const char *b, size_t n, size_t i,
+                           kvr_json_mode_t mode)
+{
+    *it = (kvr_json_iter_t){.b = b, .n = n, .i = i, .close = KVR_JSON_BAD, .mode = mode};
+}
+
+int kvr_json_object_next(kvr_json_iter_t *it, kvr_json_member_t *m)
+{
+    const char *b = it->b;
+    size_t n = it->n, i;
+    if (!it->started) {
+        if (it->i >= n || b[it->i] != '{')
+            return -1;
+        it->started = true;
+        i = kvr_json_skip_ws(b, n, it->i + 1);
+        if (i < n && b[i] == '}') {
+            it->close = i;
+            return 0;
+        }
+    } else {
+        if (it->close != KVR_JSON_BAD)
+            return 0;
+        i = kvr_json_skip_ws(b, n, it->i);
+        if (i < n && b[i] == '}') {
+            it->close = i;
+            return 0;
+        }
+        if (i >= n || b[i] != ',')
+            return -1;
+        i = kvr_json_skip_ws(b, n, i + 1);
+    }
+    size_t ve = kvr_json_next_member(b, n, i, it->mode, m);
+    if (ve == KVR_JSON_BAD)
+        return -1;
+    it->i = ve;
+    return 1;
+}

@@ -37,6 +37,19 @@ size_t kvr_json_skip_value(const char *b, size_t n, size_t i, kvr_json_mode_t mo
  * KVR_JSON_BAD. */
 size_t kvr_json_next_member(const char *b, size_t n, size_t i, kvr_json_mode_t mode,
                             kvr_json_member_t *m);
+/* Walks an object's members in order: begin at its '{' (b[i] must be '{'), then next until
+ * it returns 0 (the object closed at it->close) or -1 (it does not scan: a bad member, or
+ * something other than ',' or '}' after one). Every object loop of the tree is this one. */
+typedef struct kvr_json_iter {
+    const char *b;
+    size_t n, i, close;
+    kvr_json_mode_t mode;
+    bool started;
+} kvr_json_iter_t;
+void kvr_json_object_begin(kvr_json_iter_t *it, const char *b, size_t n, size_t i,
+                           kvr_json_mode_t mode);
+/* 1 with the next member in *m; 0 at the end ('}' at it->close); -1 when it does not scan. */
+int kvr_json_object_next(kvr_json_iter_t *it, kvr_json_member_t *m);
 /* Whether the member's key reads name (ASCII, no controls) once its escapes are decoded, as a
  * JSON parser reads it ("nv\u0065xt" is "nvext"); a malformed escape never matches. */
 bool kvr_json_key_is(const char *b, const kvr_json_member_t *m, const char *name);

@@ -27,29 +27,17 @@ static bool scan_top(const char *b, size_t n, size_t s, const char *drop, size_t
 {
     *n_members = 0;
     *has_drop = false;
-    size_t i = skip_ws(b, n, s + 1);
-    if (i < n && b[i] == '}') {
-        *close = i;
-        return true;
-    }
-    for (;;) {
-        kvr_json_member_t m;
-        if ((i = kvr_json_next_member(b, n, i, STRICT, &m)) == BAD)
-            return false;
+    kvr_json_iter_t it;
+    kvr_json_member_t m;
+    int r;
+    kvr_json_object_begin(&it, b, n, s, STRICT);
+    while ((r = kvr_json_object_next(&it, &m)) == 1) {
         (*n_members)++;
         if (drop != NULL && !*has_drop && kvr_json_key_is(b, &m, drop))
             *has_drop = true;
-        i = skip_ws(b, n, i);
-        if (i >= n)
-            return false;
-        if (b[i] == '}') {
-            *close = i;
-            return true;
-        }
-        if (b[i] != ',')
-            return false;
-        i = skip_ws(b, n, i + 1);
     }
+    *close = it.close;
+    return r == 0;
 }
 
 int kvr_json_splice(const char *json, size_t len, const char *drop, const char *member,

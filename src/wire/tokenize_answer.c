@@ -79,35 +79,22 @@ int kvr_tokenize_answer_decode(const char *b, size_t n, size_t max_tokens, uint3
     size_t i = kvr_json_skip_ws(b, n, 0);
     if (i >= n || b[i] != '{')
         return fail(err, err_len, KVR_EPARSE, "not a JSON object", i);
-    i = kvr_json_skip_ws(b, n, i + 1);
-    kvr_json_member_t tokens = {0};
+    kvr_json_member_t tokens = {0}, m;
     bool found = false;
-    if (i < n && b[i] == '}') {
-        i++;
-    } else {
-        for (;;) {
-            kvr_json_member_t m;
-            size_t ve = kvr_json_next_member(b, n, i, KVR_JSON_STRICT, &m);
-            if (ve == KVR_JSON_BAD)
-                return fail(err, err_len, KVR_EPARSE, "invalid JSON member", i);
-            if (kvr_json_key_is(b, &m, "tokens")) {
-                if (found)
-                    return fail(err, err_len, KVR_EPARSE, "tokens: given twice", m.key);
-                tokens = m;
-                found = true;
-            }
-            i = kvr_json_skip_ws(b, n, ve);
-            if (i < n && b[i] == ',') {
-                i = kvr_json_skip_ws(b, n, i + 1);
-                continue;
-            }
-            if (i < n && b[i] == '}') {
-                i++;
-                break;
-            }
-            return fail(err, err_len, KVR_EPARSE, "expected ',' or '}'", i);
-        }
+    kvr_json_iter_t it;
+    int r;
+    kvr_json_object_begin(&it, b, n, i, KVR_JSON_STRICT);
+    while ((r = kvr_json_object_next(&it, &m)) == 1) {
+        if (!kvr_json_key_is(b, &m, "tokens"))
+            continue;
+        if (found)
+            return fail(err, err_len, KVR_EPARSE, "tokens: given twice", m.key);
+        tokens = m;
+        found = true;
     }
+    if (r < 0)
+        return fail(err, err_len, KVR_EPARSE, "invalid JSON object", it.i);
+    i = it.close + 1;
     if (kvr_json_skip_ws(b, n, i) != n)
         return fail(err, err_len, KVR_EPARSE, "trailing bytes after the object", i);
     if (!found)

@@ -1,0 +1,146 @@
+/*
+ * fe_body.c: the bytes the front end sends and relays besides the stream itself.
+ *   - the body for the workers when the client's cannot go verbatim: its top-level members
+ *     (found by wire/json_scan.c's object walk, lenient: the OpenAI decoder validated the
+ *     body before) but nvext, then the ids to run ("prompt" for completions,
+ *     nvext.token_data for chat);
+ *   - the nvext naming the chosen worker, spliced into a worker's JSON answer or event when
+ *     the client asked for it (wire/json_splice.c, strict: the worker's bytes are untrusted).
+ * Ownership: the built body belongs to the request (p->body_own). Threads: the HTTP thread.
+ * Cost: the body is sized once from an upper bound (the client's body plus 11 bytes an id)
+ * and written in one pass: one allocation, no growth.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+#include "net/frontend_int.h"
+#include "wire/json_splice.h"
+
+/* The members of the object at b[i..n) (after whitespace); their count, or -1 when it is not
+ * an object of at most FE_MAX_MEMBERS members. */
+static int scan_members(const char *b, size_t n, size_t i, kvr_json_member_t *m)
+{
+    kvr_json_iter_t it;
+    kvr_json_member_t extra;
+    int k = 0, r;
+    kvr_json_object_begin(&it, b, n, kvr_json_skip_ws(b, n, i), KVR_JSON_LENIENT);
+    while ((r = kvr_json_object_next(&it, k < FE_MAX_MEMBERS ? &m[k] : &extra)) == 1)
+        if (k++ == FE_MAX_MEMBERS)
+            return -1;
+    return r == 0 ? k : -1;
+}
+
+
+/* The body sent to workers when the client's cannot go verbatim: its top-level members but
+ * nvext (and the prompt when it becomes the ids), then the ids to run ("prompt" for
+ * completions, nvext.token_data for chat). KVR_OK, KVR_ETOOBIG (more members than we splice)
+ * or KVR_ENOMEM. */
+/* Writes into a buffer sized once for everything: appends never fail, never grow. */
+typedef struct cursor {
+    char *o;
+} cursor_t;
+
+static void put(cursor_t *c, const char *s, size_t n)
+{
+    memcpy(c->o, s, n);
+    c->o += n;
+}
+
+static void put_str(cursor_t *c, const char *s) { put(c, s, strlen(s)); }
+
+/* "[1,2,3]": at most 11 bytes an id (10 digits and a comma), 2 for the brackets */
+static void put_ids(cursor_t *c, const uint32_t *t, size_t n)
+{
+    *c->o++ = '[';
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0)
+            *c->o++ = ',';
+        char tmp[10];
+        int k = 0;
+        uint32_t v = t[i];
+        do {
+            tmp[k++] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v != 0);
+        while (k > 0)
+            *c->o++ = tmp[--k];
+    }
+    *c->o++ = ']';
+}
+
+int fe_build_forward_body(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    const char *b = p->client_body;
+    int k = scan_members(b, p->client_body_len, 0, fe->members);
+    if (k < 0)
+        return KVR_ETOOBIG; /* the decoder accepted it: only the member cap can refuse it */
+    /* the kept members are a part of the body; the rest is the ids and fixed text */
+    size_t cap = p->client_body_len + p->n_tokens * 11 + 64;
+    char *out = malloc(cap);
+    if (out == NULL)
+        return KVR_ENOMEM;
+    cursor_t c = {out};
+    put(&c, "{", 1);
+    bool first = true;
+    for (int i = 0; i < k; i++) {
+        const kvr_json_member_t *m = &fe->members[i];
+        if (kvr_json_key_is(b, m, "nvext") ||
+            (p->drop_prompt && kvr_json_key_is(b, m, "prompt")))
+            continue;
+        if (!first)
+            put(&c, ",", 1);
+        put(&c, b + m->key, m->val_end - m->key);
+        first = false;
+    }
+    if (p->ep == KVR_OAI_COMPLETIONS) {
+        if (p->drop_prompt) {
+            put_str(&c, first ? "\"prompt\":" : ",\"prompt\":");
+            put_ids(&c, p->tokens, p->n_tokens);
+        }
+    } else {
+        put_str(&c, first ? "\"nvext\":{\"token_data\":" : ",\"nvext\":{\"token_data\":");
+        put_ids(&c, p->tokens, p->n_tokens);
+        put(&c, "}", 1);
+    }
+    put(&c, "}", 1);
+    assert((size_t)(c.o - out) <= cap);
+    free(p->body_own);
+    p->body_own = out;
+    p->body = out;
+    p->body_len = (size_t)(c.o - out);
+    return KVR_OK;
+}
+
+/* "nvext":{"worker_id":{...}} for the chosen worker. */
+void fe_make_nvext(fe_req_t *p)
+{
+    int n = snprintf(p->nvext, sizeof p->nvext,
+                     "\"nvext\":{\"worker_id\":{\"prefill_worker_id\":%llu,\"prefill_dp_rank\":%u,"
+                     "\"decode_worker_id\":%llu,\"decode_dp_rank\":%u}}",
+                     (unsigned long long)p->worker.worker_id, p->worker.dp_rank,
+                     (unsigned long long)p->worker.worker_id, p->worker.dp_rank);
+    p->nvext_len = n > 0 && (size_t)n < sizeof p->nvext ? (size_t)n : 0;
+}
+
+/* Appends json (one object) to out with the worker's nvext as its last member (any nvext the
+ * worker sent dropped); false (out untouched) when it is not one valid object. */
+bool fe_inject_worker(const fe_req_t *p, const char *json, size_t len, struct evbuffer *out)
+{
+    if (p->nvext_len == 0)
+        return false;
+    struct evbuffer_iovec v;
+    size_t cap = KVR_JSON_SPLICE_OUT_BYTES(len, p->nvext_len), n = 0;
+    if (evbuffer_reserve_space(out, (ev_ssize_t)cap, &v, 1) < 1 || v.iov_len < cap)
+        return false;
+    if (kvr_json_splice(json, len, "nvext", p->nvext, p->nvext_len, v.iov_base, v.iov_len, &n) !=
+        KVR_OK)
+        return false;
+    v.iov_len = n;
+    return evbuffer_commit_space(out, &v, 1) == 0;
+}
+
