@@ -10,6 +10,7 @@
  * small JSON reply; no allocation once warm, but for queued requests.
  */
 #include "net/api_server.h"
+#include "net/api_int.h"
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -33,62 +34,6 @@
 #include "wire/json_writer.h"
 #include "wire/prom.h"
 
-#define MAX_PROBES 4096
-
-typedef struct probe {
-    kvr_api_server_t *s;
-    uint64_t worker_id;
-    struct evhttp_connection *conn;
-    bool in_flight;
-    bool dead; /* its worker was removed; kept until the server goes (a late callback) */
-    uint32_t failures;
-    char suspect[96]; /* non-empty: a probe sent on other evidence; its failure fences */
-} probe_t;
-
-/* A JSON API request waiting in the scheduler's queue: the client to answer when it leaves.
- * Kept on a free list (no allocation once warm); every one ever made is on the all list. */
-typedef struct waiter {
-    kvr_api_server_t *s;
-    struct evhttp_request *req;
-    kvr_ticket_t ticket;
-    bool tagged;             /* came from POST /router (reply shape differs) */
-    struct waiter *next_free, *next_all;
-} waiter_t;
-
-struct kvr_api_server {
-    struct event_base *base;
-    struct evhttp *http, *admin_http;   /* the client port; the admin listener (or NULL) */
-    kvr_http_guard_t *guards[2];        /* their connection limits: client, admin */
-    size_t n_guards;
-    uint16_t admin_port;
-    kvr_access_t access;
-    uint64_t unauthorized;              /* answered 401 */
-    struct event *tick;
-    kvr_router_t *r;
-    kvr_ingest_t *g;
-    kvr_sched_t *sched;           /* places, queues and tracks requests (core/sched.h) */
-    kvr_router_config_t cfg;
-    uint16_t port;
-    kvr_api_decoder_t *dec;
-    kvr_json_writer_t w;
-    kvr_prom_t prom;
-    struct evbuffer *out;
-    waiter_t *free_waiters, *all_waiters;
-    probe_t **probes; /* live probes, then dead ones from n_probes to n_all */
-    size_t n_probes, n_all;
-    uint64_t last_probe_ms;
-    kvr_hist_t h_hash, h_lookup, h_select, h_total;
-    uint64_t routes_with_overlap;
-    uint64_t http_requests, http_errors_4xx, http_errors_5xx;
-    kvr_rank_score_t *scores;
-    kvr_load_projection_t *loads;
-    size_t cap_ranks;
-    kvr_ratelimit_t rl_health;
-    kvr_ratelimit_t rl_silent;  /* ranks whose KV events never came (warn_silent_ranks) */
-    uint64_t first_routed_ms, last_silent_check_ms;
-    kvr_api_extension_t ext;  /* the OpenAI front end; handle NULL = none */
-};
-
 static const double MS_BUCKETS[] = {0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                     1,     2.5,   5,    10,    25,   50,  100};
 #define N_MS_BUCKETS (sizeof MS_BUCKETS / sizeof MS_BUCKETS[0])
@@ -96,7 +41,7 @@ static const double MS_BUCKETS[] = {0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 /* ---------------------------------------------------------------------------------------- */
 /* Replies */
 
-static void reply_text(kvr_api_server_t *s, struct evhttp_request *req, int code,
+void api_reply_text(kvr_api_server_t *s, struct evhttp_request *req, int code,
                        const char *ctype, const char *data, size_t len)
 {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
@@ -109,23 +54,23 @@ static void reply_text(kvr_api_server_t *s, struct evhttp_request *req, int code
     evhttp_send_reply(req, code, NULL, s->out);
 }
 
-static void reply_writer(kvr_api_server_t *s, struct evhttp_request *req, int code)
+void api_reply_writer(kvr_api_server_t *s, struct evhttp_request *req, int code)
 {
     const char *data;
     size_t len;
     if (kvr_json_writer_finish(&s->w, &data, &len) != KVR_OK) {
         static const char oom[] = "{\"error\":{\"message\":\"response too large\","
                                   "\"type\":\"internal_error\",\"code\":500}}";
-        reply_text(s, req, 500, "application/json", oom, sizeof oom - 1);
+        api_reply_text(s, req, 500, "application/json", oom, sizeof oom - 1);
         return;
     }
-    reply_text(s, req, code, "application/json", data, len);
+    api_reply_text(s, req, code, "application/json", data, len);
 }
 
-static void reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code,
+void api_reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code,
                         const char *type, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-static void reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code,
+void api_reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code,
                         const char *type, const char *fmt, ...)
 {
     char msg[512];
@@ -135,52 +80,52 @@ static void reply_error(kvr_api_server_t *s, struct evhttp_request *req, int cod
     va_end(ap);
     kvr_json_writer_reset(&s->w);
     kvr_json_error(&s->w, msg, type, code);
-    reply_writer(s, req, code);
+    api_reply_writer(s, req, code);
 }
 
 /* The HTTP answer for a router status. */
-static void reply_status(kvr_api_server_t *s, struct evhttp_request *req, int rc,
+void api_reply_status(kvr_api_server_t *s, struct evhttp_request *req, int rc,
                          const char *detail)
 {
     switch (rc) {
     case KVR_ENOWORKER:
-        reply_error(s, req, 503, "service_unavailable", "no worker can serve this request%s%s",
+        api_reply_error(s, req, 503, "service_unavailable", "no worker can serve this request%s%s",
                     detail ? ": " : "", detail ? detail : "");
         break;
     case KVR_ENOTALLOWED:
-        reply_error(s, req, 503, "service_unavailable",
+        api_reply_error(s, req, 503, "service_unavailable",
                     "the pinned worker is outside the request's filters");
         break;
     case KVR_EBUSY:
-        reply_error(s, req, 429, "rate_limit_exceeded", "every eligible worker is busy");
+        api_reply_error(s, req, 429, "rate_limit_exceeded", "every eligible worker is busy");
         break;
     case KVR_EQUEUEFULL:
-        reply_error(s, req, 429, "rate_limit_exceeded", "the request queue is full");
+        api_reply_error(s, req, 429, "rate_limit_exceeded", "the request queue is full");
         break;
     case KVR_EEXIST:
-        reply_error(s, req, 409, "invalid_request_error", "request_id is already in flight");
+        api_reply_error(s, req, 409, "invalid_request_error", "request_id is already in flight");
         break;
     case KVR_EFULL:
-        reply_error(s, req, 429, "rate_limit_exceeded", "too many requests in flight");
+        api_reply_error(s, req, 429, "rate_limit_exceeded", "too many requests in flight");
         break;
     case KVR_ETOOBIG:
         if (detail != NULL)
-            reply_error(s, req, 413, "invalid_request_error", "%s", detail);
+            api_reply_error(s, req, 413, "invalid_request_error", "%s", detail);
         else
-            reply_error(s, req, 413, "invalid_request_error",
+            api_reply_error(s, req, 413, "invalid_request_error",
                         "prompt longer than router_max_prompt_tokens (%llu tokens)",
                         (unsigned long long)s->cfg.router_max_prompt_tokens);
         break;
     case KVR_ENOTFOUND:
-        reply_error(s, req, 404, "not_found_error", "%s", detail ? detail : "not found");
+        api_reply_error(s, req, 404, "not_found_error", "%s", detail ? detail : "not found");
         break;
     case KVR_EINVAL:
     case KVR_EPARSE:
     case KVR_ERANGE:
-        reply_error(s, req, 400, "invalid_request_error", "%s", detail ? detail : kvr_strerror(rc));
+        api_reply_error(s, req, 400, "invalid_request_error", "%s", detail ? detail : kvr_strerror(rc));
         break;
     default:
-        reply_error(s, req, 500, "internal_error", "%s", kvr_strerror(rc));
+        api_reply_error(s, req, 500, "internal_error", "%s", kvr_strerror(rc));
         break;
     }
 }
@@ -261,7 +206,7 @@ static void reply_routed(kvr_api_server_t *s, struct evhttp_request *req,
     kvr_json_key(w, "cached_tokens");
     kvr_json_u64(w, res->cached_tokens);
     kvr_json_end_object(w);
-    reply_writer(s, req, 200);
+    api_reply_writer(s, req, 200);
 }
 
 /* Every placement the scheduler booked or answered (both front doors): the histograms. */
@@ -312,13 +257,13 @@ static void on_queued_done(void *arg, int rc, const kvr_route_res_t *res)
     waiter_put(s, w);
     evhttp_connection_set_closecb(evhttp_request_get_connection(req), NULL, NULL);
     if (res == NULL)
-        reply_error(s, req, 429, "rate_limit_exceeded",
+        api_reply_error(s, req, 429, "rate_limit_exceeded",
                     "queued longer than router_queue_timeout_ms (%llu ms)",
                     (unsigned long long)s->cfg.router_queue_timeout_ms);
     else if (rc == KVR_OK)
         reply_routed(s, req, res, tagged);
     else
-        reply_status(s, req, rc, rc == KVR_EINVAL ? res->error_field : NULL);
+        api_reply_status(s, req, rc, rc == KVR_EINVAL ? res->error_field : NULL);
 }
 
 /* Routes (or queues: a copy, answered by on_queued_done) a decoded request; replies unless it
@@ -346,7 +291,7 @@ static void route_and_reply(kvr_api_server_t *s, struct evhttp_request *req,
     if (rc == KVR_OK)
         reply_routed(s, req, &res, tagged);
     else
-        reply_status(s, req, rc, rc == KVR_EINVAL ? res.error_field : NULL);
+        api_reply_status(s, req, rc, rc == KVR_EINVAL ? res.error_field : NULL);
 }
 
 /* A lifecycle call by request id: the JSON API's and the /router marks. */
@@ -364,7 +309,7 @@ static void h_route(kvr_api_server_t *s, struct evhttp_request *req)
     kvr_api_route_t a;
     int rc = kvr_api_decode_route(s->dec, body, len, &a);
     if (rc != KVR_OK) {
-        reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+        api_reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
         return;
     }
     kvr_route_req_t q;
@@ -380,14 +325,14 @@ static void h_request(kvr_api_server_t *s, struct evhttp_request *req, const cha
     size_t id_len = slash ? (size_t)(slash - rest) : strlen(rest);
     char id[KVR_API_MAX_REQUEST_ID_BYTES * 3 + 1];
     if (id_len == 0 || id_len >= sizeof id) {
-        reply_error(s, req, 400, "invalid_request_error", "request id: 1 to 256 bytes");
+        api_reply_error(s, req, 400, "invalid_request_error", "request id: 1 to 256 bytes");
         return;
     }
     memcpy(id, rest, id_len);
     id[id_len] = '\0';
     char *decoded = evhttp_uridecode(id, 0, &id_len);
     if (decoded == NULL) {
-        reply_error(s, req, 400, "invalid_request_error", "request id: bad percent-encoding");
+        api_reply_error(s, req, 400, "invalid_request_error", "request id: bad percent-encoding");
         return;
     }
     const char *action = slash ? slash + 1 : "";
@@ -403,23 +348,23 @@ static void h_request(kvr_api_server_t *s, struct evhttp_request *req, const cha
         rc = kvr_api_decode_output_block(s->dec, body, len, &ob);
         if (rc != KVR_OK) {
             free(decoded);
-            reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+            api_reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
             return;
         }
         rc = apply_by_id(s, KVR_SCHED_OUTPUT_BLOCK, decoded, id_len,
                          ob.has_decay_fraction ? ob.decay_fraction : NAN);
     } else {
         free(decoded);
-        reply_error(s, req, 404, "not_found_error", "no such endpoint");
+        api_reply_error(s, req, 404, "not_found_error", "no such endpoint");
         return;
     }
     free(decoded);
     if (rc == KVR_ENOTFOUND) {
-        reply_error(s, req, 404, "not_found_error", "unknown request id");
+        api_reply_error(s, req, 404, "not_found_error", "unknown request id");
         return;
     }
     if (rc != KVR_OK) {
-        reply_status(s, req, rc, NULL);
+        api_reply_status(s, req, rc, NULL);
         return;
     }
     kvr_json_writer_reset(&s->w);
@@ -427,7 +372,7 @@ static void h_request(kvr_api_server_t *s, struct evhttp_request *req, const cha
     kvr_json_key(&s->w, "ok");
     kvr_json_bool(&s->w, true);
     kvr_json_end_object(&s->w);
-    reply_writer(s, req, 200); /* the scheduler re-ran its queue: load went down */
+    api_reply_writer(s, req, 200); /* the scheduler re-ran its queue: load went down */
 }
 
 static int ensure_rank_bufs(kvr_api_server_t *s)
@@ -470,12 +415,12 @@ static bool prepare_query(kvr_api_server_t *s, struct evhttp_request *req, query
     kvr_api_query_t a;
     int rc = decode(s->dec, body, len, &a);
     if (rc != KVR_OK) {
-        reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+        api_reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
         return false;
     }
     query_req(q, &a);
     if ((rc = ensure_rank_bufs(s)) != KVR_OK) {
-        reply_status(s, req, rc, NULL);
+        api_reply_status(s, req, rc, NULL);
         return false;
     }
     return true;
@@ -489,7 +434,7 @@ static void h_query(kvr_api_server_t *s, struct evhttp_request *req)
         return;
     int rc = kvr_router_query(s->r, &q, s->scores, s->cap_ranks, &n);
     if (rc != KVR_OK) {
-        reply_status(s, req, rc, NULL);
+        api_reply_status(s, req, rc, NULL);
         return;
     }
     kvr_json_writer_t *w = &s->w;
@@ -518,7 +463,7 @@ static void h_query(kvr_api_server_t *s, struct evhttp_request *req)
     }
     kvr_json_end_array(w);
     kvr_json_end_object(w);
-    reply_writer(s, req, 200);
+    api_reply_writer(s, req, 200);
 }
 
 static void write_loads(kvr_json_writer_t *w, const kvr_load_projection_t *lp, size_t n)
@@ -549,7 +494,7 @@ static void h_loads(kvr_api_server_t *s, struct evhttp_request *req)
         return;
     int rc = kvr_router_loads(s->r, &q, s->loads, s->cap_ranks, &n);
     if (rc != KVR_OK) {
-        reply_status(s, req, rc, NULL);
+        api_reply_status(s, req, rc, NULL);
         return;
     }
     kvr_json_writer_reset(&s->w);
@@ -557,7 +502,7 @@ static void h_loads(kvr_api_server_t *s, struct evhttp_request *req)
     kvr_json_key(&s->w, "loads");
     write_loads(&s->w, s->loads, n);
     kvr_json_end_object(&s->w);
-    reply_writer(s, req, 200);
+    api_reply_writer(s, req, 200);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -644,11 +589,10 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
     kvr_json_end_object(w);
 }
 
-static void sync_rank_status(kvr_api_server_t *s);
 
 static void h_workers_get(kvr_api_server_t *s, struct evhttp_request *req)
 {
-    sync_rank_status(s); /* the ingest thread's latest snapshot, not the last tick's copy */
+    api_sync_rank_status(s); /* the ingest thread's latest snapshot, not the last tick's copy */
     uint64_t ids[4096];
     size_t n = kvr_router_worker_ids(s->r, ids, 4096);
     kvr_json_writer_reset(&s->w);
@@ -664,7 +608,7 @@ static void h_workers_get(kvr_api_server_t *s, struct evhttp_request *req)
     }
     kvr_json_end_array(&s->w);
     kvr_json_end_object(&s->w);
-    reply_writer(s, req, 200);
+    api_reply_writer(s, req, 200);
 }
 
 static int copy_field(char *dst, size_t cap, const char *src, size_t len, const char *name,
@@ -715,7 +659,7 @@ static void h_workers_post(kvr_api_server_t *s, struct evhttp_request *req)
     kvr_api_worker_t a;
     int rc = kvr_api_decode_worker(s->dec, body, len, &a);
     if (rc != KVR_OK) {
-        reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+        api_reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
         return;
     }
     kvr_worker_spec_t sp;
@@ -724,33 +668,16 @@ static void h_workers_post(kvr_api_server_t *s, struct evhttp_request *req)
     if (rc == KVR_OK)
         rc = kvr_api_server_add_worker(s, &sp, err, sizeof err);
     if (rc == KVR_EEXIST) {
-        reply_error(s, req, 409, "invalid_request_error", "%s", err);
+        api_reply_error(s, req, 409, "invalid_request_error", "%s", err);
         return;
     }
     if (rc != KVR_OK) {
-        reply_status(s, req, rc == KVR_EFULL ? KVR_EINVAL : rc, err);
+        api_reply_status(s, req, rc == KVR_EFULL ? KVR_EINVAL : rc, err);
         return;
     }
     kvr_json_writer_reset(&s->w);
     write_worker(s, &sp);
-    reply_writer(s, req, 201);
-}
-
-static void remove_probe(kvr_api_server_t *s, uint64_t id)
-{
-    for (size_t i = 0; i < s->n_probes; i++) {
-        probe_t *pr = s->probes[i];
-        if (pr->worker_id != id)
-            continue;
-        if (pr->conn != NULL)
-            evhttp_connection_free(pr->conn); /* cancels an in-flight probe */
-        pr->conn = NULL;
-        pr->dead = true;
-        /* move it past the live ones */
-        s->probes[i] = s->probes[s->n_probes - 1];
-        s->probes[--s->n_probes] = pr;
-        return;
-    }
+    api_reply_writer(s, req, 201);
 }
 
 static void h_workers_delete(kvr_api_server_t *s, struct evhttp_request *req, const char *idtext)
@@ -758,16 +685,16 @@ static void h_workers_delete(kvr_api_server_t *s, struct evhttp_request *req, co
     char *end;
     unsigned long long id = strtoull(idtext, &end, 10);
     if (*idtext == '\0' || *end != '\0' || *idtext == '-') {
-        reply_error(s, req, 400, "invalid_request_error", "worker id: not an unsigned integer");
+        api_reply_error(s, req, 400, "invalid_request_error", "worker id: not an unsigned integer");
         return;
     }
     if (kvr_router_remove_worker(s->r, id) != KVR_OK) {
-        reply_error(s, req, 404, "not_found_error", "unknown worker %llu", id);
+        api_reply_error(s, req, 404, "not_found_error", "unknown worker %llu", id);
         return;
     }
     if (s->g != NULL)
         (void)kvr_ingest_remove_worker(s->g, id);
-    remove_probe(s, id);
+    api_remove_probe(s, id);
     if (s->ext.worker_removed != NULL)
         s->ext.worker_removed(s->ext.arg, id);
     kvr_log(KVR_LOG_INFO, "worker %llu removed", id);
@@ -776,7 +703,7 @@ static void h_workers_delete(kvr_api_server_t *s, struct evhttp_request *req, co
     kvr_json_key(&s->w, "removed");
     kvr_json_u64(&s->w, id);
     kvr_json_end_object(&s->w);
-    reply_writer(s, req, 200);
+    api_reply_writer(s, req, 200);
     kvr_sched_dispatch(s->sched, kvr_now_ms(), KVR_SCHED_BY_EVENT);
 }
 
@@ -837,7 +764,7 @@ static int dump_event(void *ud, const kvr_event_t *ev)
 static void h_dump(kvr_api_server_t *s, struct evhttp_request *req)
 {
     if (s->g == NULL) {
-        reply_error(s, req, 404, "not_found_error",
+        api_reply_error(s, req, 404, "not_found_error",
                     "no KV-event index in this router mode");
         return;
     }
@@ -852,15 +779,15 @@ static void h_dump(kvr_api_server_t *s, struct evhttp_request *req)
     kvr_json_end_array(&s->w);
     kvr_json_end_object(&s->w);
     if (rc != KVR_OK) {
-        reply_error(s, req, 500, "internal_error", "dump failed: %s", kvr_strerror(rc));
+        api_reply_error(s, req, 500, "internal_error", "dump failed: %s", kvr_strerror(rc));
         return;
     }
-    reply_writer(s, req, 200);
+    api_reply_writer(s, req, 200);
 }
 
 static void h_health(kvr_api_server_t *s, struct evhttp_request *req)
 {
-    reply_text(s, req, 200, "text/plain", "OK\n", 3);
+    api_reply_text(s, req, 200, "text/plain", "OK\n", 3);
 }
 
 /* Ready when at least one worker is registered and not fenced. */
@@ -871,219 +798,12 @@ static void h_ready(kvr_api_server_t *s, struct evhttp_request *req)
     for (size_t i = 0; i < n && i < 4096; i++)
         up += !kvr_router_fenced(s->r, ids[i]);
     if (up == 0) {
-        reply_error(s, req, 503, "service_unavailable", "no healthy worker registered");
+        api_reply_error(s, req, 503, "service_unavailable", "no healthy worker registered");
         return;
     }
-    reply_text(s, req, 200, "text/plain", "ready\n", 6);
+    api_reply_text(s, req, 200, "text/plain", "ready\n", 6);
 }
 
-
-static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
-{
-    kvr_router_stats_t rs;
-    kvr_router_stats(s->r, &rs);
-    kvr_prom_family(p, "kvr_routes_total", "counter", "Routing decisions by result.");
-    static const char *const names[] = {"ok", "busy", "no_worker", "invalid", "duplicate_id",
-                                        "full", "too_long"};
-    double v[] = {(double)rs.routed, (double)rs.rejected_busy, (double)rs.rejected_noworker,
-                  (double)rs.rejected_invalid, (double)rs.rejected_duplicate,
-                  (double)rs.rejected_full, (double)rs.rejected_too_big};
-    for (size_t i = 0; i < 7; i++) {
-        kvr_prom_label_t l = {"result", names[i]};
-        kvr_prom_sample(p, "kvr_routes_total", &l, 1, v[i]);
-    }
-    kvr_prom_counter(
-        p, "kvr_routes_with_overlap_total",
-        "Routing decisions whose chosen worker held part of the prompt (stuck at 0 while "
-        "events flow means the hashes do not match the engines').",
-        (double)s->routes_with_overlap);
-    kvr_prom_counter(p, "kvr_queries_total", "POST /v1/query calls.", (double)rs.queries);
-    kvr_prom_family(p, "kvr_router_overhead_ms", "histogram",
-                    "Time of a routing decision by stage, milliseconds.");
-    kvr_prom_label_t st[4] = {{"stage", "hashing"}, {"stage", "lookup"}, {"stage", "selection"},
-                              {"stage", "total"}};
-    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[0], 1, &s->h_hash);
-    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[1], 1, &s->h_lookup);
-    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[2], 1, &s->h_select);
-    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[3], 1, &s->h_total);
-    kvr_load_stats_t ls;
-    kvr_load_stats(kvr_router_load(s->r), &ls);
-    kvr_prom_gauge(p, "kvr_requests_in_flight", "Requests the load tracker holds.",
-                   (double)ls.live_requests);
-    kvr_prom_counter(p, "kvr_requests_expired_total",
-                     "In-flight requests freed by expiry (lost frees).", (double)ls.expired);
-    kvr_prom_counter(p, "kvr_requests_unknown_total",
-                     "first_token / output_block / free calls for unknown request ids.",
-                     (double)(ls.unknown_frees + ls.unknown_marks));
-    kvr_sched_stats_t ss;
-    kvr_sched_stats(s->sched, &ss);
-    if (ss.queue_on) {
-        const kvr_queue_stats_t qs = ss.queue;
-        kvr_prom_gauge(p, "kvr_queue_pending", "Requests waiting for a worker.",
-                       (double)qs.pending);
-        kvr_prom_gauge(p, "kvr_queue_pending_isl_tokens", "Prompt tokens waiting.",
-                       (double)qs.pending_isl_tokens);
-        kvr_prom_counter(p, "kvr_queue_rejected_total",
-                         "Requests refused because the queue was full.", (double)qs.rejected);
-        kvr_prom_counter(p, "kvr_queue_expired_total",
-                         "Requests that waited past the queue timeout.", (double)qs.expired);
-        kvr_prom_counter(p, "kvr_queue_cancelled_total", "Queued requests whose client went away.",
-                         (double)qs.cancelled);
-        kvr_prom_family(p, "kvr_queue_dispatched_total", "counter",
-                        "Queued requests let go, by what let them: a load change the router was "
-                        "told of (event) or the 100 ms tick (a change nothing reported).");
-        kvr_prom_label_t ev = {"trigger", "event"}, tk = {"trigger", "tick"};
-        kvr_prom_sample(p, "kvr_queue_dispatched_total", &ev, 1, (double)ss.dispatched[KVR_SCHED_BY_EVENT]);
-        kvr_prom_sample(p, "kvr_queue_dispatched_total", &tk, 1, (double)ss.dispatched[KVR_SCHED_BY_TICK]);
-    }
-    kvr_prom_counter(p, "kvr_http_errors_total", "HTTP replies with status >= 400.",
-                     (double)(s->http_errors_4xx + s->http_errors_5xx));
-    kvr_prom_counter(
-        p, "kvr_http_unauthorized_total",
-        "Requests answered 401: API key missing or wrong (api_key_file, admin_key_file).",
-        (double)s->unauthorized);
-    kvr_http_guard_metrics_all(s->guards, s->n_guards, p);
-}
-
-static void metrics_ingest(kvr_api_server_t *s, kvr_prom_t *p)
-{
-    kvr_ingest_stats_t g;
-    kvr_ingest_stats(s->g, &g);
-    kvr_prom_counter(p, "kvr_kv_batches_total", "KV-event batches handed to the decoder.",
-                     (double)g.zmq.batches);
-    kvr_prom_counter(p, "kvr_kv_events_applied_total", "Events applied to the index.",
-                     (double)g.events_applied);
-    kvr_prom_family(p, "kvr_kv_events_dropped_total", "counter", "Events not applied, by cause.");
-    struct {
-        const char *cause;
-        uint64_t v;
-    } drops[] = {{"rejected_by_index", g.events_rejected},
-                 {"block_size_mismatch", g.block_size_mismatch},
-                 {"decode_error", g.decode.event_errors},
-                 {"unknown_tag", g.decode.events_ignored},
-                 {"remote_locality", g.decode.events_remote},
-                 {"short_token_ids", g.decode.convert_short_tokens}};
-    for (size_t i = 0; i < sizeof drops / sizeof drops[0]; i++) {
-        kvr_prom_label_t l = {"cause", drops[i].cause};
-        kvr_prom_sample(p, "kvr_kv_events_dropped_total", &l, 1, (double)drops[i].v);
-    }
-    kvr_prom_counter(
-        p, "kvr_kv_batch_decode_errors_total",
-        "Batches that could not be framed (treated as gaps; the rank's state is dropped "
-        "if a replayed copy is no better).",
-        (double)g.zmq.undecodable);
-    kvr_prom_counter(p, "kvr_kv_gaps_total", "Sequence gaps seen.", (double)g.zmq.gaps);
-    kvr_prom_counter(p, "kvr_kv_gaps_lost_total", "Gaps the replay could not fill (state dropped).",
-                     (double)g.zmq.gaps_lost);
-    kvr_prom_counter(p, "kvr_kv_replayed_batches_total", "Batches recovered from replay sockets.",
-                     (double)g.zmq.replayed);
-    kvr_prom_counter(p, "kvr_kv_replay_timeouts_total", "Replay requests that got no answer.",
-                     (double)g.zmq.replay_timeouts);
-    kvr_prom_counter(
-        p, "kvr_kv_resumes_total",
-        "Ranks whose saved state (state_file) was reloaded and confirmed by their engine.",
-        (double)g.zmq.resumes);
-    kvr_prom_counter(p, "kvr_kv_resumes_failed_total",
-                     "Ranks whose reloaded state was dropped: their engine restarted or its replay "
-                     "buffer no longer held the saved cursor.",
-                     (double)g.zmq.resumes_failed);
-    kvr_prom_gauge(p, "kvr_kv_replays_in_progress", "Ranks waiting for a replay answer.",
-                   (double)g.zmq.replays_in_progress);
-    kvr_prom_gauge(p, "kvr_kv_replay_held_batches",
-                   "Live batches held until their rank's replay ends.", (double)g.zmq.held_batches);
-    kvr_prom_counter(p, "kvr_kv_replay_hold_overflows_total",
-                     "Replays given up because the hold was full.", (double)g.zmq.hold_overflows);
-    kvr_prom_counter(
-        p, "kvr_kv_publisher_restarts_total",
-        "Publisher restarts seen (numbers that went back, or a replayed last batch with "
-        "other bytes).",
-        (double)g.zmq.restarts);
-    kvr_prom_counter(p, "kvr_kv_disconnects_total",
-                     "Events connections lost (the rank shows unreachable until one is back).",
-                     (double)g.zmq.disconnects);
-    kvr_prom_counter(p, "kvr_kv_batches_rank_out_of_range_total",
-                     "Batches naming a dp_rank their worker does not have, refused whole.",
-                     (double)g.rank_out_of_range);
-    kvr_prom_counter(p, "kvr_kv_duplicate_batches_total", "Batches dropped as already applied.",
-                     (double)g.zmq.duplicates);
-    kvr_prom_counter(p, "kvr_kv_bad_messages_total", "Messages without 3 frames or an 8-byte seq.",
-                     (double)g.zmq.bad_frames);
-    kvr_prom_counter(p, "kvr_kv_state_resets_total", "Rank states dropped.", (double)g.resets);
-    kvr_prom_gauge(p, "kvr_index_pairs", "(worker, block) pairs in the prefix index.",
-                   (double)g.index.pairs);
-    kvr_prom_gauge(p, "kvr_index_max_pairs", "The index budget.", (double)g.index.max_pairs);
-    kvr_prom_gauge(p, "kvr_index_nodes", "Distinct prefixes in the index.", (double)g.index.nodes);
-    kvr_prom_gauge(p, "kvr_index_bytes", "Memory of the index.", (double)g.index.bytes);
-    kvr_prom_counter(p, "kvr_index_evicted_pairs_total", "Pairs evicted to stay within the budget.",
-                     (double)g.index.evicted_pairs);
-    kvr_prom_family(p, "kvr_index_errors_total", "counter", "Index mutations refused or skipped.");
-    struct {
-        const char *kind;
-        uint64_t v;
-    } errs[] = {{"parent_not_found", g.index.err_parent_not_found},
-                {"invalid_sequence", g.index.err_invalid_sequence},
-                {"block_not_found", g.index.err_block_not_found},
-                {"capacity", g.index.err_capacity},
-                {"duplicate_store", g.index.warn_duplicate_store},
-                {"hash_rebound", g.index.warn_ext_rebound}};
-    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
-        kvr_prom_label_t l = {"kind", errs[i].kind};
-        kvr_prom_sample(p, "kvr_index_errors_total", &l, 1, (double)errs[i].v);
-    }
-}
-
-static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
-{
-    static const char *const fams[][2] = {
-        {"kvr_worker_index_blocks", "Blocks the index holds for the rank."},
-        {"kvr_worker_active_requests", "Requests in flight on the rank."},
-        {"kvr_worker_active_prefill_tokens", "Prompt tokens not yet past the first token."},
-        {"kvr_worker_active_blocks", "KV blocks the rank's requests hold (deduplicated)."},
-        {"kvr_worker_fenced", "1 when the worker failed its health checks."},
-        {"kvr_worker_index_state", "1 for the rank's current index state."},
-        {"kvr_worker_block_size_mismatches_total", "Events refused for their block size."},
-    };
-    uint64_t ids[4096];
-    size_t n = kvr_router_worker_ids(s->r, ids, 4096);
-    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
-        kvr_prom_family(p, fams[f][0], f == 6 ? "counter" : "gauge", fams[f][1]);
-        for (size_t i = 0; i < n && i < 4096; i++) {
-            const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
-            for (uint32_t d = 0; sp != NULL && d < sp->dp_size; d++) {
-                kvr_worker_t wk = {sp->worker_id, sp->dp_start + d};
-                char wid[24], rk[12];
-                snprintf(wid, sizeof wid, "%llu", (unsigned long long)wk.worker_id);
-                snprintf(rk, sizeof rk, "%u", wk.dp_rank);
-                kvr_rank_status_t st = {0};
-                (void)kvr_router_rank_status(s->r, wk, &st);
-                kvr_load_snapshot_t ls;
-                kvr_load_snapshot(kvr_router_load(s->r), wk, &ls);
-                kvr_prom_label_t l[3] = {{"worker_id", wid}, {"dp_rank", rk},
-                                         {"state", sp->events[0] ? kvr_rank_state_name(st.state)
-                                                                 : "no_events"}};
-                double v[] = {(double)st.index_blocks, ls.active_requests,
-                              (double)ls.active_prefill_tokens, (double)ls.active_blocks,
-                              kvr_router_fenced(s->r, wk.worker_id) ? 1 : 0, 1,
-                              (double)st.block_size_mismatches};
-                kvr_prom_sample(p, fams[f][0], l, f == 5 ? 3 : 2, v[f]);
-            }
-        }
-    }
-}
-
-static void h_metrics(kvr_api_server_t *s, struct evhttp_request *req)
-{
-    sync_rank_status(s);
-    kvr_prom_reset(&s->prom);
-    metrics_router(s, &s->prom);
-    if (s->g != NULL)
-        metrics_ingest(s, &s->prom);
-    metrics_workers(s, &s->prom);
-    if (s->ext.metrics != NULL)
-        s->ext.metrics(s->ext.arg, &s->prom);
-    reply_text(s, req, 200, "text/plain; version=0.0.4", s->prom.buf ? s->prom.buf : "",
-               s->prom.len);
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* POST /router: the reference's tagged requests */
@@ -1095,7 +815,7 @@ static void h_router(kvr_api_server_t *s, struct evhttp_request *req)
     kvr_api_router_t a;
     int rc = kvr_api_decode_router(s->dec, body, len, &a);
     if (rc != KVR_OK) {
-        reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+        api_reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
         return;
     }
     kvr_route_req_t q = {.tokens = a.tokens,
@@ -1121,7 +841,7 @@ static void h_router(kvr_api_server_t *s, struct evhttp_request *req)
         if ((rc = ensure_rank_bufs(s)) == KVR_OK)
             rc = kvr_router_loads(s->r, &q, s->loads, s->cap_ranks, &n);
         if (rc != KVR_OK) {
-            reply_status(s, req, rc, NULL);
+            api_reply_status(s, req, rc, NULL);
             return;
         }
         kvr_json_writer_reset(w);
@@ -1140,7 +860,7 @@ static void h_router(kvr_api_server_t *s, struct evhttp_request *req)
             kvr_json_u64(w, qs.pending_isl_tokens);
         }
         kvr_json_end_object(w);
-        reply_writer(s, req, 200);
+        api_reply_writer(s, req, 200);
         return;
     case KVR_API_ROUTER_MARK_PREFILL:
     case KVR_API_ROUTER_MARK_FREE: {
@@ -1155,11 +875,11 @@ static void h_router(kvr_api_server_t *s, struct evhttp_request *req)
         kvr_json_key(w, "success");
         kvr_json_bool(w, rc == KVR_OK);
         kvr_json_end_object(w);
-        reply_writer(s, req, 200);
+        api_reply_writer(s, req, 200);
         return;
     }
     }
-    reply_error(s, req, 400, "invalid_request_error", "unknown method");
+    api_reply_error(s, req, 400, "invalid_request_error", "unknown method");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1185,7 +905,7 @@ static void reply_unauthorized(kvr_api_server_t *s, struct evhttp_request *req, 
     kvr_json_end_object(w);
     kvr_json_end_object(w);
     evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
-    reply_writer(s, req, 401);
+    api_reply_writer(s, req, 401);
 }
 
 static void serve(kvr_api_server_t *s, struct evhttp_request *req, bool on_admin)
@@ -1207,7 +927,7 @@ static void serve(kvr_api_server_t *s, struct evhttp_request *req, bool on_admin
         return;
     }
     if (verdict != 0) {
-        reply_error(s, req, verdict, "not_found_error", "%s", why);
+        api_reply_error(s, req, verdict, "not_found_error", "%s", why);
         return;
     }
     if (post && strcmp(path, "/v1/route") == 0)
@@ -1231,176 +951,18 @@ static void serve(kvr_api_server_t *s, struct evhttp_request *req, bool on_admin
     else if (get && strcmp(path, "/ready") == 0)
         h_ready(s, req);
     else if (get && strcmp(path, "/metrics") == 0)
-        h_metrics(s, req);
+        api_h_metrics(s, req);
     else if (post && strcmp(path, "/router") == 0)
         h_router(s, req);
     else if (s->ext.handle != NULL && s->ext.handle(s->ext.arg, req, path, get, post))
         ; /* the front end answers */
     else
-        reply_error(s, req, 404, "not_found_error", "no endpoint %s %s",
+        api_reply_error(s, req, 404, "not_found_error", "no endpoint %s %s",
                     get ? "GET" : post ? "POST" : del ? "DELETE" : "?", path);
 }
 
 static void on_request(struct evhttp_request *req, void *arg) { serve(arg, req, false); }
 static void on_admin_request(struct evhttp_request *req, void *arg) { serve(arg, req, true); }
-
-/* ---------------------------------------------------------------------------------------- */
-/* Health probes */
-
-static void probe_result(probe_t *pr, bool ok)
-{
-    kvr_api_server_t *s = pr->s;
-    bool fenced = kvr_router_fenced(s->r, pr->worker_id);
-    if (ok) {
-        pr->failures = 0;
-        if (fenced) {
-            kvr_router_set_fenced(s->r, pr->worker_id, false);
-            kvr_log(KVR_LOG_INFO, "worker %llu healthy again: readmitted",
-                    (unsigned long long)pr->worker_id);
-            kvr_sched_dispatch(s->sched, kvr_now_ms(), KVR_SCHED_BY_EVENT);
-        }
-        return;
-    }
-    pr->failures++;
-    if (!fenced && pr->suspect[0] != '\0') {
-        char why[160];
-        snprintf(why, sizeof why, "%s and its /health failed", pr->suspect);
-        kvr_api_server_fence(s, pr->worker_id, why);
-    } else if (!fenced && pr->failures >= s->cfg.health_failures) {
-        char why[64];
-        snprintf(why, sizeof why, "failed %u health checks", pr->failures);
-        kvr_api_server_fence(s, pr->worker_id, why);
-    }
-}
-
-static void on_probe_done(struct evhttp_request *req, void *arg)
-{
-    probe_t *pr = arg;
-    pr->in_flight = false;
-    if (pr->dead)
-        return;
-    int code = req ? evhttp_request_get_response_code(req) : 0;
-    probe_result(pr, code == 200);
-    pr->suspect[0] = '\0';
-}
-
-static void probe_one(probe_t *pr)
-{
-    kvr_api_server_t *s = pr->s;
-    const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pr->worker_id);
-    if (sp == NULL || sp->url[0] == '\0' || pr->in_flight)
-        return;
-    kvr_url_t u;
-    if (kvr_endpoint_parse_url(sp->url, NULL, &u, NULL, 0) != KVR_OK) {
-        probe_result(pr, false);
-        return;
-    }
-    if (pr->conn == NULL) {
-        pr->conn = evhttp_connection_base_new(s->base, NULL, u.host, u.port);
-        if (pr->conn == NULL)
-            return;
-        int secs = (int)(s->cfg.health_interval_ms / 1000);
-        evhttp_connection_set_timeout(pr->conn, secs > 0 ? secs : 1);
-    }
-    struct evhttp_request *req = evhttp_request_new(on_probe_done, pr);
-    if (req == NULL)
-        return;
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", u.host_hdr);
-    char path[sizeof u.base_path + 8];
-    snprintf(path, sizeof path, "%s/health", u.base_path);
-    pr->in_flight = true;
-    if (evhttp_make_request(pr->conn, req, EVHTTP_REQ_GET, path) != 0) {
-        pr->in_flight = false;
-        probe_result(pr, false);
-    }
-}
-
-void kvr_api_server_suspect(kvr_api_server_t *s, uint64_t worker_id, const char *why)
-{
-    if (kvr_router_fenced(s->r, worker_id))
-        return;
-    for (size_t i = 0; i < s->n_probes; i++) {
-        probe_t *pr = s->probes[i];
-        if (pr->worker_id != worker_id || pr->suspect[0] != '\0')
-            continue;
-        snprintf(pr->suspect, sizeof pr->suspect, "%s", why);
-        if (pr->in_flight)
-            return; /* the probe on its way decides */
-        probe_one(pr);
-        if (!pr->in_flight)
-            pr->suspect[0] = '\0';
-        return;
-    }
-}
-
-static void probe_all(kvr_api_server_t *s)
-{
-    for (size_t i = 0; i < s->n_probes; i++)
-        probe_one(s->probes[i]);
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Periodic work */
-
-static void sync_rank_status(kvr_api_server_t *s)
-{
-    if (s->g == NULL)
-        return;
-    uint64_t ids[4096];
-    size_t n = kvr_router_worker_ids(s->r, ids, 4096);
-    for (size_t i = 0; i < n && i < 4096; i++) {
-        const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
-        for (uint32_t d = 0; sp != NULL && d < sp->dp_size; d++) {
-            kvr_worker_t wk = {sp->worker_id, sp->dp_start + d};
-            kvr_rank_status_t st, old = {0};
-            if (kvr_ingest_rank_status(s->g, wk, &st) != KVR_OK)
-                continue;
-            (void)kvr_router_rank_status(s->r, wk, &old);
-            (void)kvr_router_set_rank_status(s->r, wk, &st);
-            if (st.disconnects > old.disconnects && st.state == KVR_RANK_UNREACHABLE)
-                kvr_api_server_suspect(s, wk.worker_id, "lost its events connection");
-        }
-    }
-}
-
-/* A rank with an events endpoint that has sent nothing although the router has been routing
- * for SILENT_WARN_MS is most likely misconfigured: both sides connecting (vLLM and the mocker
- * bind only endpoints with a '*' or "::" host), a wrong port, or events off on the engine.
- * Its state already says no_events (/v1/workers, /metrics); this says it in the log, since a
- * KV router whose index stays empty still routes, on load alone. */
-#define SILENT_WARN_MS 30000u
-static void warn_silent_ranks(kvr_api_server_t *s, uint64_t now)
-{
-    if (s->g == NULL || now - s->last_silent_check_ms < 10000)
-        return;
-    s->last_silent_check_ms = now;
-    kvr_router_stats_t rs;
-    kvr_router_stats(s->r, &rs);
-    if (rs.routed == 0)
-        return;
-    if (s->first_routed_ms == 0)
-        s->first_routed_ms = now;
-    if (now - s->first_routed_ms < SILENT_WARN_MS)
-        return;
-    uint64_t ids[4096];
-    size_t n = kvr_router_worker_ids(s->r, ids, 4096);
-    for (size_t i = 0; i < n && i < 4096; i++) {
-        const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
-        for (uint32_t d = 0; sp != NULL && sp->events[0] != '\0' && d < sp->dp_size; d++) {
-            kvr_worker_t wk = {sp->worker_id, sp->dp_start + d};
-            kvr_rank_status_t st;
-            if (kvr_router_rank_status(s->r, wk, &st) == KVR_OK &&
-                st.state == KVR_RANK_NO_EVENTS)
-                kvr_log_limited(&s->rl_silent, KVR_LOG_WARN,
-                                "worker %llu rank %u: no KV events from %s after %llu s of "
-                                "routing; its overlap is always 0. Does the engine publish "
-                                "(kv-events-config), and does exactly one side bind (an engine "
-                                "binds only an endpoint with a '*' host)?",
-                                (unsigned long long)wk.worker_id, wk.dp_rank, sp->events,
-                                (unsigned long long)((now - s->first_routed_ms) / 1000));
-        }
-    }
-}
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
@@ -1408,12 +970,12 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     (void)what;
     kvr_api_server_t *s = arg;
     uint64_t now = kvr_now_ms();
-    sync_rank_status(s);
-    warn_silent_ranks(s, now);
+    api_sync_rank_status(s);
+    api_warn_silent_ranks(s, now);
     kvr_sched_tick(s->sched, now); /* expiry, then the queue */
     if (now - s->last_probe_ms >= s->cfg.health_interval_ms) {
         s->last_probe_ms = now;
-        probe_all(s);
+        api_probe_all(s);
     }
 }
 
@@ -1616,13 +1178,3 @@ void kvr_api_server_set_extension(kvr_api_server_t *s, const kvr_api_extension_t
         memset(&s->ext, 0, sizeof s->ext);
 }
 
-void kvr_api_server_fence(kvr_api_server_t *s, uint64_t worker_id, const char *why)
-{
-    if (kvr_router_worker(s->r, worker_id) == NULL || kvr_router_fenced(s->r, worker_id))
-        return;
-    kvr_router_set_fenced(s->r, worker_id, true);
-    if (s->g != NULL)
-        (void)kvr_ingest_drop_state(s->g, worker_id);
-    kvr_log(KVR_LOG_WARN, "worker %llu %s: fenced, index state dropped (readmitted when its "
-            "/health answers)", (unsigned long long)worker_id, why);
-}

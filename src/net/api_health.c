@@ -1,0 +1,202 @@
+/*
+ * api_health.c: the workers' health as the HTTP API sees it. Every health_interval_ms each
+ * live worker with a url gets GET /health; health_failures failures in a row (or one, after
+ * other evidence: kvr_api_server_suspect) fence it (never picked, its index state dropped),
+ * and a 200 readmits it and re-runs the scheduler's queue. The ingest thread's per-rank status
+ * is copied into the router on the tick (and on GET /v1/workers), and ranks whose KV events
+ * never came are warned about (rate-limited). Threads: the HTTP thread.
+ * Cost: one small HTTP request per worker per interval.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/http.h>
+
+#include "core/endpoint.h"
+#include "net/api_int.h"
+
+void api_remove_probe(kvr_api_server_t *s, uint64_t id)
+{
+    for (size_t i = 0; i < s->n_probes; i++) {
+        probe_t *pr = s->probes[i];
+        if (pr->worker_id != id)
+            continue;
+        if (pr->conn != NULL)
+            evhttp_connection_free(pr->conn); /* cancels an in-flight probe */
+        pr->conn = NULL;
+        pr->dead = true;
+        /* move it past the live ones */
+        s->probes[i] = s->probes[s->n_probes - 1];
+        s->probes[--s->n_probes] = pr;
+        return;
+    }
+}
+
+
+static void probe_result(probe_t *pr, bool ok)
+{
+    kvr_api_server_t *s = pr->s;
+    bool fenced = kvr_router_fenced(s->r, pr->worker_id);
+    if (ok) {
+        pr->failures = 0;
+        if (fenced) {
+            kvr_router_set_fenced(s->r, pr->worker_id, false);
+            kvr_log(KVR_LOG_INFO, "worker %llu healthy again: readmitted",
+                    (unsigned long long)pr->worker_id);
+            kvr_sched_dispatch(s->sched, kvr_now_ms(), KVR_SCHED_BY_EVENT);
+        }
+        return;
+    }
+    pr->failures++;
+    if (!fenced && pr->suspect[0] != '\0') {
+        char why[160];
+        snprintf(why, sizeof why, "%s and its /health failed", pr->suspect);
+        kvr_api_server_fence(s, pr->worker_id, why);
+    } else if (!fenced && pr->failures >= s->cfg.health_failures) {
+        char why[64];
+        snprintf(why, sizeof why, "failed %u health checks", pr->failures);
+        kvr_api_server_fence(s, pr->worker_id, why);
+    }
+}
+
+static void on_probe_done(struct evhttp_request *req, void *arg)
+{
+    probe_t *pr = arg;
+    pr->in_flight = false;
+    if (pr->dead)
+        return;
+    int code = req ? evhttp_request_get_response_code(req) : 0;
+    probe_result(pr, code == 200);
+    pr->suspect[0] = '\0';
+}
+
+static void probe_one(probe_t *pr)
+{
+    kvr_api_server_t *s = pr->s;
+    const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pr->worker_id);
+    if (sp == NULL || sp->url[0] == '\0' || pr->in_flight)
+        return;
+    kvr_url_t u;
+    if (kvr_endpoint_parse_url(sp->url, NULL, &u, NULL, 0) != KVR_OK) {
+        probe_result(pr, false);
+        return;
+    }
+    if (pr->conn == NULL) {
+        pr->conn = evhttp_connection_base_new(s->base, NULL, u.host, u.port);
+        if (pr->conn == NULL)
+            return;
+        int secs = (int)(s->cfg.health_interval_ms / 1000);
+        evhttp_connection_set_timeout(pr->conn, secs > 0 ? secs : 1);
+    }
+    struct evhttp_request *req = evhttp_request_new(on_probe_done, pr);
+    if (req == NULL)
+        return;
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", u.host_hdr);
+    char path[sizeof u.base_path + 8];
+    snprintf(path, sizeof path, "%s/health", u.base_path);
+    pr->in_flight = true;
+    if (evhttp_make_request(pr->conn, req, EVHTTP_REQ_GET, path) != 0) {
+        pr->in_flight = false;
+        probe_result(pr, false);
+    }
+}
+
+void kvr_api_server_suspect(kvr_api_server_t *s, uint64_t worker_id, const char *why)
+{
+    if (kvr_router_fenced(s->r, worker_id))
+        return;
+    for (size_t i = 0; i < s->n_probes; i++) {
+        probe_t *pr = s->probes[i];
+        if (pr->worker_id != worker_id || pr->suspect[0] != '\0')
+            continue;
+        snprintf(pr->suspect, sizeof pr->suspect, "%s", why);
+        if (pr->in_flight)
+            return; /* the probe on its way decides */
+        probe_one(pr);
+        if (!pr->in_flight)
+            pr->suspect[0] = '\0';
+        return;
+    }
+}
+
+void api_probe_all(kvr_api_server_t *s)
+{
+    for (size_t i = 0; i < s->n_probes; i++)
+        probe_one(s->probes[i]);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Periodic work */
+
+void api_sync_rank_status(kvr_api_server_t *s)
+{
+    if (s->g == NULL)
+        return;
+    uint64_t ids[4096];
+    size_t n = kvr_router_worker_ids(s->r, ids, 4096);
+    for (size_t i = 0; i < n && i < 4096; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
+        for (uint32_t d = 0; sp != NULL && d < sp->dp_size; d++) {
+            kvr_worker_t wk = {sp->worker_id, sp->dp_start + d};
+            kvr_rank_status_t st, old = {0};
+            if (kvr_ingest_rank_status(s->g, wk, &st) != KVR_OK)
+                continue;
+            (void)kvr_router_rank_status(s->r, wk, &old);
+            (void)kvr_router_set_rank_status(s->r, wk, &st);
+            if (st.disconnects > old.disconnects && st.state == KVR_RANK_UNREACHABLE)
+                kvr_api_server_suspect(s, wk.worker_id, "lost its events connection");
+        }
+    }
+}
+
+/* A rank with an events endpoint that has sent nothing although the router has been routing
+ * for SILENT_WARN_MS is most likely misconfigured: both sides connecting (vLLM and the mocker
+ * bind only endpoints with a '*' or "::" host), a wrong port, or events off on the engine.
+ * Its state already says no_events (/v1/workers, /metrics); this says it in the log, since a
+ * KV router whose index stays empty still routes, on load alone. */
+#define SILENT_WARN_MS 30000u
+void api_warn_silent_ranks(kvr_api_server_t *s, uint64_t now)
+{
+    if (s->g == NULL || now - s->last_silent_check_ms < 10000)
+        return;
+    s->last_silent_check_ms = now;
+    kvr_router_stats_t rs;
+    kvr_router_stats(s->r, &rs);
+    if (rs.routed == 0)
+        return;
+    if (s->first_routed_ms == 0)
+        s->first_routed_ms = now;
+    if (now - s->first_routed_ms < SILENT_WARN_MS)
+        return;
+    uint64_t ids[4096];
+    size_t n = kvr_router_worker_ids(s->r, ids, 4096);
+    for (size_t i = 0; i < n && i < 4096; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
+        for (uint32_t d = 0; sp != NULL && sp->events[0] != '\0' && d < sp->dp_size; d++) {
+            kvr_worker_t wk = {sp->worker_id, sp->dp_start + d};
+            kvr_rank_status_t st;
+            if (kvr_router_rank_status(s->r, wk, &st) == KVR_OK &&
+                st.state == KVR_RANK_NO_EVENTS)
+                kvr_log_limited(&s->rl_silent, KVR_LOG_WARN,
+                                "worker %llu rank %u: no KV events from %s after %llu s of "
+                                "routing; its overlap is always 0. Does the engine publish "
+                                "(kv-events-config), and does exactly one side bind (an engine "
+                                "binds only an endpoint with a '*' host)?",
+                                (unsigned long long)wk.worker_id, wk.dp_rank, sp->events,
+                                (unsigned long long)((now - s->first_routed_ms) / 1000));
+        }
+    }
+}
+
+
+void kvr_api_server_fence(kvr_api_server_t *s, uint64_t worker_id, const char *why)
+{
+    if (kvr_router_worker(s->r, worker_id) == NULL || kvr_router_fenced(s->r, worker_id))
+        return;
+    kvr_router_set_fenced(s->r, worker_id, true);
+    if (s->g != NULL)
+        (void)kvr_ingest_drop_state(s->g, worker_id);
+    kvr_log(KVR_LOG_WARN, "worker %llu %s: fenced, index state dropped (readmitted when its "
+            "/health answers)", (unsigned long long)worker_id, why);
+}
