@@ -28,8 +28,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t *ids = NULL, *again = NULL;
     size_t cap = 0, cap2 = 0, n = 0, n2 = 0;
     char err[160];
-    int rc = kvr_tokenize_answer_decode((const char *)data, size, max, &ids, &cap, &n, err,
-                                        sizeof err);
+    int rc =
+        kvr_tokenize_answer_decode((const char *)data, size, max, &ids, &cap, &n, err, sizeof err);
     if (rc == KVR_OK) {
         check(n <= max);
         char *text = malloc(16 + n * 11);

@@ -50,13 +50,12 @@
  * Memory: bounded by max_requests and the blocks they hold; arrays and tables grow by doubling
  * and keep their peak, so add / free / project do not allocate in steady state. About 330
  * bytes per request slot (the id is stored inline) and 56 to 104 bytes per held block (a
- * 24-byte entry in a table 1/4 to 1/2 full, plus 8 bytes in a chunk). An add either reserves all it needs first or fails with
- * nothing changed.
- * Threads: one thread owns a tracker (the event loop); no locks.
- * Cost: add and free O(blocks of the request); a handle lookup O(1), an id lookup one hash;
- * first_token O(1); output_block O(1), or
- * O(blocks of the request) with a decay fraction; project O(log m) probes per worker; expire
- * O(expired requests' blocks); remove_worker O(worker slots + its requests' blocks).
+ * 24-byte entry in a table 1/4 to 1/2 full, plus 8 bytes in a chunk). An add either reserves all it
+ * needs first or fails with nothing changed. Threads: one thread owns a tracker (the event loop);
+ * no locks. Cost: add and free O(blocks of the request); a handle lookup O(1), an id lookup one
+ * hash; first_token O(1); output_block O(1), or O(blocks of the request) with a decay fraction;
+ * project O(log m) probes per worker; expire O(expired requests' blocks); remove_worker O(worker
+ * slots + its requests' blocks).
  */
 #include <math.h>
 #include <stdio.h>
@@ -95,7 +94,7 @@ typedef struct req {
     uint32_t head, tail;   /* block chunks */
     uint32_t n_prompt, n_output;
     uint32_t expected_output_tokens;
-    uint32_t gen;          /* changes when the slot is freed: stale handles miss */
+    uint32_t gen; /* changes when the slot is freed: stale handles miss */
     uint16_t id_len;
     uint8_t live;
     uint8_t has_expected;

@@ -49,7 +49,7 @@ struct kvr_router {
     uint32_t *rmap; /* (worker_id, rank) -> cand index + 1; 0 = empty */
     size_t rmap_mask;
 
-    uint64_t *lbh, *seq;          /* hashing scratch (cap_blocks) */
+    uint64_t *lbh, *seq;               /* hashing scratch (cap_blocks) */
     const uint64_t *cur_lbh, *cur_seq; /* the request being routed: the scratch or its own */
     size_t cap_blocks;
     kvr_lookup_t lk;
@@ -590,8 +590,8 @@ static int reserve_hash_scratch(kvr_router_t *r, size_t n)
     return KVR_OK;
 }
 
-static long hash_into(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *lbh,
-                      uint64_t *seq, size_t cap)
+static long hash_into(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *lbh, uint64_t *seq,
+                      size_t cap)
 {
     kvr_hash_opts_t o = {.lora_name = q->lora_name,
                          .lora_name_len = q->lora_name_len,

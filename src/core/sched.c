@@ -30,7 +30,7 @@ typedef struct observer {
 } observer_t;
 
 typedef struct entry {
-    kvr_route_req_t q;             /* hashed; pointers into this block when copied */
+    kvr_route_req_t q; /* hashed; pointers into this block when copied */
     kvr_select_override_t ovr;
     kvr_sched_done_fn done;
     void *arg;
@@ -39,11 +39,11 @@ typedef struct entry {
 struct kvr_sched {
     kvr_router_t *r;
     kvr_sched_config_t cfg;
-    kvr_queue_t *queue;            /* NULL: the queue is off */
+    kvr_queue_t *queue; /* NULL: the queue is off */
     observer_t obs[KVR_SCHED_MAX_OBSERVERS];
     size_t n_obs;
-    bool dispatching;              /* a pass is running (callbacks may re-enter) */
-    kvr_sched_trigger_t why;       /* of the running pass */
+    bool dispatching;        /* a pass is running (callbacks may re-enter) */
+    kvr_sched_trigger_t why; /* of the running pass */
     uint64_t dispatched[KVR_SCHED_N_TRIGGERS];
     uint64_t applied[2];
 };
@@ -170,8 +170,8 @@ static void copy_parts(entry_t *e, unsigned char *c)
     q->required_taints = req;
     for (size_t i = 0; i < q->n_preferred; i++) {
         pref[i].weight = q->preferred_taints[i].weight;
-        pref[i].taint = copy_str(&str, q->preferred_taints[i].taint,
-                                 strlen(q->preferred_taints[i].taint));
+        pref[i].taint =
+            copy_str(&str, q->preferred_taints[i].taint, strlen(q->preferred_taints[i].taint));
     }
     q->preferred_taints = pref;
     if (q->ovr != NULL) {
@@ -331,8 +331,7 @@ static int apply_to_router(kvr_sched_t *s, const kvr_sched_event_t *ev, uint64_t
                  : kvr_router_first_token(s->r, ev->id, ev->id_len, now_ms);
     case KVR_SCHED_OUTPUT_BLOCK:
         return h ? kvr_router_output_block_h(s->r, ev->handle, ev->decay_fraction, now_ms)
-                 : kvr_router_output_block(s->r, ev->id, ev->id_len, ev->decay_fraction,
-                                           now_ms);
+                 : kvr_router_output_block(s->r, ev->id, ev->id_len, ev->decay_fraction, now_ms);
     case KVR_SCHED_FREE:
         return h ? kvr_router_free_h(s->r, ev->handle, now_ms)
                  : kvr_router_free_request(s->r, ev->id, ev->id_len, now_ms);

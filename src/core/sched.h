@@ -43,9 +43,9 @@
 typedef struct kvr_sched kvr_sched_t;
 
 typedef struct kvr_sched_config {
-    bool queue;                    /* queue while busy (router_queue_threshold set) */
-    kvr_queue_config_t queue_cfg;  /* capacity, pending ISL limit, order */
-    uint64_t queue_timeout_ms;     /* 0 = wait forever */
+    bool queue;                   /* queue while busy (router_queue_threshold set) */
+    kvr_queue_config_t queue_cfg; /* capacity, pending ISL limit, order */
+    uint64_t queue_timeout_ms;    /* 0 = wait forever */
 } kvr_sched_config_t;
 
 /* The scheduler's settings from the router's configuration (router_queue_*). */
@@ -68,9 +68,9 @@ typedef void (*kvr_sched_done_fn)(void *arg, int rc, const kvr_route_res_t *res)
 
 typedef struct kvr_place {
     const kvr_route_req_t *q;
-    uint32_t strict_priority;      /* queue tier: higher always dispatches first */
-    bool copy;                     /* queue a copy of q (else q is borrowed: see above) */
-    kvr_sched_done_fn done;        /* NULL: never queue (busy answers KVR_EBUSY) */
+    uint32_t strict_priority; /* queue tier: higher always dispatches first */
+    bool copy;                /* queue a copy of q (else q is borrowed: see above) */
+    kvr_sched_done_fn done;   /* NULL: never queue (busy answers KVR_EBUSY) */
     void *arg;
 } kvr_place_t;
 
@@ -90,25 +90,25 @@ bool kvr_sched_cancel(kvr_sched_t *s, kvr_ticket_t t);
 /* ---- lifecycle ---- */
 
 typedef enum kvr_sched_kind {
-    KVR_SCHED_ROUTED = 0,          /* a placement was booked (observers only) */
+    KVR_SCHED_ROUTED = 0, /* a placement was booked (observers only) */
     KVR_SCHED_FIRST_TOKEN,
     KVR_SCHED_OUTPUT_BLOCK,
     KVR_SCHED_FREE,
 } kvr_sched_kind_t;
 
 typedef enum kvr_sched_origin {
-    KVR_SCHED_ORIGIN_LOCAL = 0,    /* this router's clients */
-    KVR_SCHED_ORIGIN_PEER,         /* another replica's, applied here */
+    KVR_SCHED_ORIGIN_LOCAL = 0, /* this router's clients */
+    KVR_SCHED_ORIGIN_PEER,      /* another replica's, applied here */
 } kvr_sched_origin_t;
 
 typedef struct kvr_sched_event {
     kvr_sched_kind_t kind;
     kvr_sched_origin_t origin;
-    kvr_req_handle_t handle;       /* the booking; KVR_REQ_HANDLE_NONE: by id */
-    const char *id;                /* by id (handle NONE) */
+    kvr_req_handle_t handle; /* the booking; KVR_REQ_HANDLE_NONE: by id */
+    const char *id;          /* by id (handle NONE) */
     size_t id_len;
-    double decay_fraction;         /* OUTPUT_BLOCK: NAN = none, else [0, 1] */
-    const kvr_route_res_t *res;    /* ROUTED: the decision (worker, overlap, timing) */
+    double decay_fraction;      /* OUTPUT_BLOCK: NAN = none, else [0, 1] */
+    const kvr_route_res_t *res; /* ROUTED: the decision (worker, overlap, timing) */
 } kvr_sched_event_t;
 
 /* Applies a lifecycle event (FIRST_TOKEN, OUTPUT_BLOCK, FREE) to the router's load, tells the
@@ -126,8 +126,8 @@ int kvr_sched_release(kvr_sched_t *s, kvr_req_handle_t h, uint64_t now_ms);
 /* ---- upkeep ---- */
 
 typedef enum kvr_sched_trigger {
-    KVR_SCHED_BY_EVENT = 0,        /* a change the scheduler was told of */
-    KVR_SCHED_BY_TICK,             /* the periodic pass (a change nothing reported) */
+    KVR_SCHED_BY_EVENT = 0, /* a change the scheduler was told of */
+    KVR_SCHED_BY_TICK,      /* the periodic pass (a change nothing reported) */
     KVR_SCHED_N_TRIGGERS
 } kvr_sched_trigger_t;
 
@@ -149,9 +149,9 @@ void kvr_sched_unobserve(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg);
 
 typedef struct kvr_sched_stats {
     bool queue_on;
-    kvr_queue_stats_t queue;       /* all zero when the queue is off */
+    kvr_queue_stats_t queue; /* all zero when the queue is off */
     uint64_t dispatched[KVR_SCHED_N_TRIGGERS];
-    uint64_t applied[2];           /* lifecycle events applied: [origin] */
+    uint64_t applied[2]; /* lifecycle events applied: [origin] */
 } kvr_sched_stats_t;
 void kvr_sched_stats(const kvr_sched_t *s, kvr_sched_stats_t *out);
 size_t kvr_sched_queued(const kvr_sched_t *s);

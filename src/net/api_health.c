@@ -33,7 +33,6 @@ void api_remove_probe(kvr_api_server_t *s, uint64_t id)
     }
 }
 
-
 static void probe_result(probe_t *pr, bool ok)
 {
     kvr_api_server_t *s = pr->s;
@@ -176,8 +175,7 @@ void api_warn_silent_ranks(kvr_api_server_t *s, uint64_t now)
         for (uint32_t d = 0; sp != NULL && sp->events[0] != '\0' && d < sp->dp_size; d++) {
             kvr_worker_t wk = {sp->worker_id, sp->dp_start + d};
             kvr_rank_status_t st;
-            if (kvr_router_rank_status(s->r, wk, &st) == KVR_OK &&
-                st.state == KVR_RANK_NO_EVENTS)
+            if (kvr_router_rank_status(s->r, wk, &st) == KVR_OK && st.state == KVR_RANK_NO_EVENTS)
                 kvr_log_limited(&s->rl_silent, KVR_LOG_WARN,
                                 "worker %llu rank %u: no KV events from %s after %llu s of "
                                 "routing; its overlap is always 0. Does the engine publish "
@@ -189,7 +187,6 @@ void api_warn_silent_ranks(kvr_api_server_t *s, uint64_t now)
     }
 }
 
-
 void kvr_api_server_fence(kvr_api_server_t *s, uint64_t worker_id, const char *why)
 {
     if (kvr_router_worker(s->r, worker_id) == NULL || kvr_router_fenced(s->r, worker_id))
@@ -197,6 +194,8 @@ void kvr_api_server_fence(kvr_api_server_t *s, uint64_t worker_id, const char *w
     kvr_router_set_fenced(s->r, worker_id, true);
     if (s->g != NULL)
         (void)kvr_ingest_drop_state(s->g, worker_id);
-    kvr_log(KVR_LOG_WARN, "worker %llu %s: fenced, index state dropped (readmitted when its "
-            "/health answers)", (unsigned long long)worker_id, why);
+    kvr_log(KVR_LOG_WARN,
+            "worker %llu %s: fenced, index state dropped (readmitted when its "
+            "/health answers)",
+            (unsigned long long)worker_id, why);
 }

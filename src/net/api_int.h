@@ -44,22 +44,22 @@ typedef struct waiter {
     kvr_api_server_t *s;
     struct evhttp_request *req;
     kvr_ticket_t ticket;
-    bool tagged;             /* came from POST /router (reply shape differs) */
+    bool tagged; /* came from POST /router (reply shape differs) */
     struct waiter *next_free, *next_all;
 } waiter_t;
 
 struct kvr_api_server {
     struct event_base *base;
-    struct evhttp *http, *admin_http;   /* the client port; the admin listener (or NULL) */
-    kvr_http_guard_t *guards[2];        /* their connection limits: client, admin */
+    struct evhttp *http, *admin_http; /* the client port; the admin listener (or NULL) */
+    kvr_http_guard_t *guards[2];      /* their connection limits: client, admin */
     size_t n_guards;
     uint16_t admin_port;
     kvr_access_t access;
-    uint64_t unauthorized;              /* answered 401 */
+    uint64_t unauthorized; /* answered 401 */
     struct event *tick;
     kvr_router_t *r;
     kvr_ingest_t *g;
-    kvr_sched_t *sched;           /* places, queues and tracks requests (core/sched.h) */
+    kvr_sched_t *sched; /* places, queues and tracks requests (core/sched.h) */
     kvr_router_config_t cfg;
     uint16_t port;
     kvr_api_decoder_t *dec;
@@ -77,9 +77,9 @@ struct kvr_api_server {
     kvr_load_projection_t *loads;
     size_t cap_ranks;
     kvr_ratelimit_t rl_health;
-    kvr_ratelimit_t rl_silent;  /* ranks whose KV events never came (warn_silent_ranks) */
+    kvr_ratelimit_t rl_silent; /* ranks whose KV events never came (warn_silent_ranks) */
     uint64_t first_routed_ms, last_silent_check_ms;
-    kvr_api_extension_t ext;  /* the OpenAI front end; handle NULL = none */
+    kvr_api_extension_t ext; /* the OpenAI front end; handle NULL = none */
 };
 
 /* ---- api_server.c ------------------------------------------------------------------------ */

@@ -14,11 +14,12 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
     kvr_router_stats_t rs;
     kvr_router_stats(s->r, &rs);
     kvr_prom_family(p, "kvr_routes_total", "counter", "Routing decisions by result.");
-    static const char *const names[] = {"ok", "busy", "no_worker", "invalid", "duplicate_id",
-                                        "full", "too_long"};
-    double v[] = {(double)rs.routed, (double)rs.rejected_busy, (double)rs.rejected_noworker,
-                  (double)rs.rejected_invalid, (double)rs.rejected_duplicate,
-                  (double)rs.rejected_full, (double)rs.rejected_too_big};
+    static const char *const names[] = {"ok",           "busy", "no_worker", "invalid",
+                                        "duplicate_id", "full", "too_long"};
+    double v[] = {
+        (double)rs.routed,           (double)rs.rejected_busy,      (double)rs.rejected_noworker,
+        (double)rs.rejected_invalid, (double)rs.rejected_duplicate, (double)rs.rejected_full,
+        (double)rs.rejected_too_big};
     for (size_t i = 0; i < 7; i++) {
         kvr_prom_label_t l = {"result", names[i]};
         kvr_prom_sample(p, "kvr_routes_total", &l, 1, v[i]);
@@ -31,8 +32,8 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
     kvr_prom_counter(p, "kvr_queries_total", "POST /v1/query calls.", (double)rs.queries);
     kvr_prom_family(p, "kvr_router_overhead_ms", "histogram",
                     "Time of a routing decision by stage, milliseconds.");
-    kvr_prom_label_t st[4] = {{"stage", "hashing"}, {"stage", "lookup"}, {"stage", "selection"},
-                              {"stage", "total"}};
+    kvr_prom_label_t st[4] = {
+        {"stage", "hashing"}, {"stage", "lookup"}, {"stage", "selection"}, {"stage", "total"}};
     kvr_prom_hist(p, "kvr_router_overhead_ms", &st[0], 1, &s->h_hash);
     kvr_prom_hist(p, "kvr_router_overhead_ms", &st[1], 1, &s->h_lookup);
     kvr_prom_hist(p, "kvr_router_overhead_ms", &st[2], 1, &s->h_select);
@@ -64,8 +65,10 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
                         "Queued requests let go, by what let them: a load change the router was "
                         "told of (event) or the 100 ms tick (a change nothing reported).");
         kvr_prom_label_t ev = {"trigger", "event"}, tk = {"trigger", "tick"};
-        kvr_prom_sample(p, "kvr_queue_dispatched_total", &ev, 1, (double)ss.dispatched[KVR_SCHED_BY_EVENT]);
-        kvr_prom_sample(p, "kvr_queue_dispatched_total", &tk, 1, (double)ss.dispatched[KVR_SCHED_BY_TICK]);
+        kvr_prom_sample(p, "kvr_queue_dispatched_total", &ev, 1,
+                        (double)ss.dispatched[KVR_SCHED_BY_EVENT]);
+        kvr_prom_sample(p, "kvr_queue_dispatched_total", &tk, 1,
+                        (double)ss.dispatched[KVR_SCHED_BY_TICK]);
     }
     kvr_prom_counter(p, "kvr_http_errors_total", "HTTP replies with status >= 400.",
                      (double)(s->http_errors_4xx + s->http_errors_5xx));
@@ -189,12 +192,16 @@ static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
                 (void)kvr_router_rank_status(s->r, wk, &st);
                 kvr_load_snapshot_t ls;
                 kvr_load_snapshot(kvr_router_load(s->r), wk, &ls);
-                kvr_prom_label_t l[3] = {{"worker_id", wid}, {"dp_rank", rk},
-                                         {"state", sp->events[0] ? kvr_rank_state_name(st.state)
-                                                                 : "no_events"}};
-                double v[] = {(double)st.index_blocks, ls.active_requests,
-                              (double)ls.active_prefill_tokens, (double)ls.active_blocks,
-                              kvr_router_fenced(s->r, wk.worker_id) ? 1 : 0, 1,
+                kvr_prom_label_t l[3] = {
+                    {"worker_id", wid},
+                    {"dp_rank", rk},
+                    {"state", sp->events[0] ? kvr_rank_state_name(st.state) : "no_events"}};
+                double v[] = {(double)st.index_blocks,
+                              ls.active_requests,
+                              (double)ls.active_prefill_tokens,
+                              (double)ls.active_blocks,
+                              kvr_router_fenced(s->r, wk.worker_id) ? 1 : 0,
+                              1,
                               (double)st.block_size_mismatches};
                 kvr_prom_sample(p, fams[f][0], l, f == 5 ? 3 : 2, v[f]);
             }
@@ -213,6 +220,5 @@ void api_h_metrics(kvr_api_server_t *s, struct evhttp_request *req)
     if (s->ext.metrics != NULL)
         s->ext.metrics(s->ext.arg, &s->prom);
     api_reply_text(s, req, 200, "text/plain; version=0.0.4", s->prom.buf ? s->prom.buf : "",
-               s->prom.len);
+                   s->prom.len);
 }
-

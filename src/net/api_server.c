@@ -41,8 +41,8 @@ static const double MS_BUCKETS[] = {0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 /* ---------------------------------------------------------------------------------------- */
 /* Replies */
 
-void api_reply_text(kvr_api_server_t *s, struct evhttp_request *req, int code,
-                       const char *ctype, const char *data, size_t len)
+void api_reply_text(kvr_api_server_t *s, struct evhttp_request *req, int code, const char *ctype,
+                    const char *data, size_t len)
 {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Content-Type", ctype);
@@ -67,11 +67,11 @@ void api_reply_writer(kvr_api_server_t *s, struct evhttp_request *req, int code)
     api_reply_text(s, req, code, "application/json", data, len);
 }
 
-void api_reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code,
-                        const char *type, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+void api_reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code, const char *type,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-void api_reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code,
-                        const char *type, const char *fmt, ...)
+void api_reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code, const char *type,
+                     const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -84,17 +84,16 @@ void api_reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code,
 }
 
 /* The HTTP answer for a router status. */
-void api_reply_status(kvr_api_server_t *s, struct evhttp_request *req, int rc,
-                         const char *detail)
+void api_reply_status(kvr_api_server_t *s, struct evhttp_request *req, int rc, const char *detail)
 {
     switch (rc) {
     case KVR_ENOWORKER:
         api_reply_error(s, req, 503, "service_unavailable", "no worker can serve this request%s%s",
-                    detail ? ": " : "", detail ? detail : "");
+                        detail ? ": " : "", detail ? detail : "");
         break;
     case KVR_ENOTALLOWED:
         api_reply_error(s, req, 503, "service_unavailable",
-                    "the pinned worker is outside the request's filters");
+                        "the pinned worker is outside the request's filters");
         break;
     case KVR_EBUSY:
         api_reply_error(s, req, 429, "rate_limit_exceeded", "every eligible worker is busy");
@@ -113,8 +112,8 @@ void api_reply_status(kvr_api_server_t *s, struct evhttp_request *req, int rc,
             api_reply_error(s, req, 413, "invalid_request_error", "%s", detail);
         else
             api_reply_error(s, req, 413, "invalid_request_error",
-                        "prompt longer than router_max_prompt_tokens (%llu tokens)",
-                        (unsigned long long)s->cfg.router_max_prompt_tokens);
+                            "prompt longer than router_max_prompt_tokens (%llu tokens)",
+                            (unsigned long long)s->cfg.router_max_prompt_tokens);
         break;
     case KVR_ENOTFOUND:
         api_reply_error(s, req, 404, "not_found_error", "%s", detail ? detail : "not found");
@@ -122,7 +121,8 @@ void api_reply_status(kvr_api_server_t *s, struct evhttp_request *req, int rc,
     case KVR_EINVAL:
     case KVR_EPARSE:
     case KVR_ERANGE:
-        api_reply_error(s, req, 400, "invalid_request_error", "%s", detail ? detail : kvr_strerror(rc));
+        api_reply_error(s, req, 400, "invalid_request_error", "%s",
+                        detail ? detail : kvr_strerror(rc));
         break;
     default:
         api_reply_error(s, req, 500, "internal_error", "%s", kvr_strerror(rc));
@@ -258,8 +258,8 @@ static void on_queued_done(void *arg, int rc, const kvr_route_res_t *res)
     evhttp_connection_set_closecb(evhttp_request_get_connection(req), NULL, NULL);
     if (res == NULL)
         api_reply_error(s, req, 429, "rate_limit_exceeded",
-                    "queued longer than router_queue_timeout_ms (%llu ms)",
-                    (unsigned long long)s->cfg.router_queue_timeout_ms);
+                        "queued longer than router_queue_timeout_ms (%llu ms)",
+                        (unsigned long long)s->cfg.router_queue_timeout_ms);
     else if (rc == KVR_OK)
         reply_routed(s, req, res, tagged);
     else
@@ -281,8 +281,8 @@ static void route_and_reply(kvr_api_server_t *s, struct evhttp_request *req,
     kvr_ticket_t ticket;
     int rc = kvr_sched_place(s->sched, &pl, kvr_now_ms(), &res, &ticket);
     if (rc == KVR_OK && ticket != 0) {
-        *w = (waiter_t){.s = s, .req = req, .ticket = ticket, .tagged = tagged,
-                        .next_all = w->next_all};
+        *w = (waiter_t){
+            .s = s, .req = req, .ticket = ticket, .tagged = tagged, .next_all = w->next_all};
         evhttp_connection_set_closecb(evhttp_request_get_connection(req), on_queued_close, w);
         return;
     }
@@ -589,7 +589,6 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
     kvr_json_end_object(w);
 }
 
-
 static void h_workers_get(kvr_api_server_t *s, struct evhttp_request *req)
 {
     api_sync_rank_status(s); /* the ingest thread's latest snapshot, not the last tick's copy */
@@ -764,8 +763,7 @@ static int dump_event(void *ud, const kvr_event_t *ev)
 static void h_dump(kvr_api_server_t *s, struct evhttp_request *req)
 {
     if (s->g == NULL) {
-        api_reply_error(s, req, 404, "not_found_error",
-                    "no KV-event index in this router mode");
+        api_reply_error(s, req, 404, "not_found_error", "no KV-event index in this router mode");
         return;
     }
     kvr_json_writer_reset(&s->w);
@@ -803,7 +801,6 @@ static void h_ready(kvr_api_server_t *s, struct evhttp_request *req)
     }
     api_reply_text(s, req, 200, "text/plain", "ready\n", 6);
 }
-
 
 /* ---------------------------------------------------------------------------------------- */
 /* POST /router: the reference's tagged requests */
@@ -958,7 +955,11 @@ static void serve(kvr_api_server_t *s, struct evhttp_request *req, bool on_admin
         ; /* the front end answers */
     else
         api_reply_error(s, req, 404, "not_found_error", "no endpoint %s %s",
-                    get ? "GET" : post ? "POST" : del ? "DELETE" : "?", path);
+                        get    ? "GET"
+                        : post ? "POST"
+                        : del  ? "DELETE"
+                               : "?",
+                        path);
 }
 
 static void on_request(struct evhttp_request *req, void *arg) { serve(arg, req, false); }
@@ -1004,9 +1005,9 @@ static int open_listener(kvr_api_server_t *s, const char *name, const char *host
     return kvr_http_guard_listen(g, host, port, bound);
 }
 
-kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_sched_t *sched,
-                                     kvr_ingest_t *g, const kvr_router_config_t *cfg,
-                                     int *status, char *err, size_t err_len)
+kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_sched_t *sched, kvr_ingest_t *g,
+                                     const kvr_router_config_t *cfg, int *status, char *err,
+                                     size_t err_len)
 {
     kvr_api_server_t *s = calloc(1, sizeof *s);
     if (s == NULL) {
@@ -1177,4 +1178,3 @@ void kvr_api_server_set_extension(kvr_api_server_t *s, const kvr_api_extension_t
     else
         memset(&s->ext, 0, sizeof s->ext);
 }
-

@@ -34,7 +34,6 @@ static int scan_members(const char *b, size_t n, size_t i, kvr_json_member_t *m)
     return r == 0 ? k : -1;
 }
 
-
 /* The body sent to workers when the client's cannot go verbatim: its top-level members but
  * nvext (and the prompt when it becomes the ids), then the ids to run ("prompt" for
  * completions, nvext.token_data for chat). KVR_OK, KVR_ETOOBIG (more members than we splice)
@@ -89,8 +88,7 @@ int fe_build_forward_body(fe_req_t *p)
     bool first = true;
     for (int i = 0; i < k; i++) {
         const kvr_json_member_t *m = &fe->members[i];
-        if (kvr_json_key_is(b, m, "nvext") ||
-            (p->drop_prompt && kvr_json_key_is(b, m, "prompt")))
+        if (kvr_json_key_is(b, m, "nvext") || (p->drop_prompt && kvr_json_key_is(b, m, "prompt")))
             continue;
         if (!first)
             put(&c, ",", 1);
@@ -143,4 +141,3 @@ bool fe_inject_worker(const fe_req_t *p, const char *json, size_t len, struct ev
     v.iov_len = n;
     return evbuffer_commit_space(out, &v, 1) == 0;
 }
-

@@ -67,8 +67,8 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
     if (code != 200) { /* the worker's verdict on the prompt (too long, unknown model...) */
         struct evhttp_request *c = fe_client_take(p);
         if (c != NULL) {
-            const char *ct = evhttp_find_header(evhttp_request_get_input_headers(up),
-                                                "Content-Type");
+            const char *ct =
+                evhttp_find_header(evhttp_request_get_input_headers(up), "Content-Type");
             fe_send_body(fe, c, code, ct ? ct : "application/json", b, len);
         }
         fe_req_finish(p);
@@ -76,8 +76,8 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
     }
     size_t n_ids = 0;
     char why[160];
-    int st = kvr_tokenize_answer_decode(b, len, fe->max_tokens, &fe->tok_ids,
-                                        &fe->tok_cap, &n_ids, why, sizeof why);
+    int st = kvr_tokenize_answer_decode(b, len, fe->max_tokens, &fe->tok_ids, &fe->tok_cap, &n_ids,
+                                        why, sizeof why);
     if (st == KVR_ETOOBIG) { /* the prompt is over the limit: the client's problem */
         fe_req_fail(p, 413, "prompt longer than router_max_prompt_tokens (%llu tokens)",
                     (unsigned long long)fe->cfg.router_max_prompt_tokens);
@@ -208,4 +208,3 @@ bool fe_tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq)
     p->tok_body_len = jl;
     return true;
 }
-

@@ -96,7 +96,7 @@ static void count_reply(kvr_frontend_t *fe, int code)
 }
 
 void fe_send_body(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *ctype,
-                      const char *data, size_t len)
+                  const char *data, size_t len)
 {
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
     evbuffer_drain(fe->out, evbuffer_get_length(fe->out));
@@ -191,7 +191,7 @@ static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
         return;
     case KVR_ETOOBIG:
         fe_req_fail(p, 413, "prompt longer than router_max_prompt_tokens (%llu tokens)",
-                 (unsigned long long)p->fe->cfg.router_max_prompt_tokens);
+                    (unsigned long long)p->fe->cfg.router_max_prompt_tokens);
         return;
     case KVR_EINVAL:
     case KVR_EPARSE:
@@ -492,7 +492,7 @@ static void on_placed(void *arg, int rc, const kvr_route_res_t *res)
     }
     if (res == NULL) {
         fe_req_fail(p, 429, "queued longer than router_queue_timeout_ms (%llu ms)",
-                 (unsigned long long)p->fe->cfg.router_queue_timeout_ms);
+                    (unsigned long long)p->fe->cfg.router_queue_timeout_ms);
         return;
     }
     routed(p, rc, res);
@@ -705,17 +705,19 @@ static void on_up_done(struct evhttp_request *up, void *arg)
         if (!p->got_headers) { /* accepted, then silent: maybe still generating; not retried */
             fe_up_count_error(fe, kind, p->worker.worker_id, true);
             fe_worker_failed(fe, p->up_pool, kind);
-            fe_req_fail(p, 504, "worker %llu sent nothing for frontend_upstream_timeout_ms (%llu ms)",
-                     (unsigned long long)p->worker.worker_id,
-                     (unsigned long long)fe->cfg.frontend_upstream_timeout_ms);
+            fe_req_fail(p, 504,
+                        "worker %llu sent nothing for frontend_upstream_timeout_ms (%llu ms)",
+                        (unsigned long long)p->worker.worker_id,
+                        (unsigned long long)fe->cfg.frontend_upstream_timeout_ms);
             return;
         }
         fe_up_count_error(fe, kind, p->worker.worker_id, false);
         if (kind == UPK_TOO_LARGE) {
             fe_worker_failed(fe, p->up_pool, kind);
-            fe_req_fail(p, 502, "worker %llu's answer exceeded frontend_max_answer_bytes (%llu bytes)",
-                     (unsigned long long)p->worker.worker_id,
-                     (unsigned long long)fe->cfg.frontend_max_answer_bytes);
+            fe_req_fail(p, 502,
+                        "worker %llu's answer exceeded frontend_max_answer_bytes (%llu bytes)",
+                        (unsigned long long)p->worker.worker_id,
+                        (unsigned long long)fe->cfg.frontend_max_answer_bytes);
             return;
         }
         char msg[160];
@@ -1056,9 +1058,9 @@ static bool fe_handle(void *arg, struct evhttp_request *req, const char *path, b
     return true;
 }
 
-kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
-                                 kvr_sched_t *sched, const kvr_router_config_t *cfg,
-                                 int *status, char *err, size_t err_len)
+kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api, kvr_sched_t *sched,
+                                 const kvr_router_config_t *cfg, int *status, char *err,
+                                 size_t err_len)
 {
     kvr_frontend_t *fe = calloc(1, sizeof *fe);
     if (fe == NULL) {
@@ -1100,8 +1102,8 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
     fe->members = calloc(FE_MAX_MEMBERS, sizeof *fe->members);
     fe->tick = event_new(base, -1, EV_PERSIST, on_tick, fe);
     struct timeval tv = {0, FE_TICK_US};
-    if (fe->dec == NULL || fe->out == NULL || fe->members == NULL ||
-        fe->tick == NULL || event_add(fe->tick, &tv) != 0) {
+    if (fe->dec == NULL || fe->out == NULL || fe->members == NULL || fe->tick == NULL ||
+        event_add(fe->tick, &tv) != 0) {
         kvr_frontend_free(fe);
         *status = KVR_ENOMEM;
         snprintf(err, err_len, "out of memory");

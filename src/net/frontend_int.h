@@ -139,11 +139,11 @@ struct fe_req {
     unsigned n_tried, attempts;
     uint64_t *scratch;               /* the allowed ids of an attempt */
     size_t cap_scratch;
-    kvr_ticket_t ticket;             /* queued in the scheduler (PH_QUEUED) */
+    kvr_ticket_t ticket; /* queued in the scheduler (PH_QUEUED) */
     char last_fail[160];
     /* the booking */
     bool booked;
-    kvr_req_handle_t handle;         /* the booking, for the scheduler's lifecycle calls */
+    kvr_req_handle_t handle; /* the booking, for the scheduler's lifecycle calls */
     char rid[KVR_LOAD_MAX_ID_BYTES + 1];
     size_t rid_len;
     kvr_worker_t worker;
@@ -179,8 +179,8 @@ struct kvr_frontend {
     kvr_router_t *r;
     kvr_router_config_t cfg;
     kvr_oai_decoder_t *dec;
-    size_t max_tokens;         /* min(router_max_prompt_tokens, the decoders' limit) */
-    uint32_t *tok_ids;         /* a /tokenize answer's ids (scratch, grown) */
+    size_t max_tokens; /* min(router_max_prompt_tokens, the decoders' limit) */
+    uint32_t *tok_ids; /* a /tokenize answer's ids (scratch, grown) */
     size_t tok_cap;
     kvr_json_writer_t w;
     struct evbuffer *out;      /* scratch: reply bodies and relayed chunks */

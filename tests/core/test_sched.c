@@ -108,7 +108,7 @@ typedef struct outcome {
     bool expired;
     kvr_route_res_t res;
     fx_t *f;
-    bool release_self;   /* the client left as it was placed: freed from the callback */
+    bool release_self; /* the client left as it was placed: freed from the callback */
 } outcome_t;
 
 static void on_done(void *arg, int rc, const kvr_route_res_t *res)
@@ -155,8 +155,10 @@ static void test_lifecycle_by_handle(void **st)
     assert_int_equal(live(&f), 1);
     assert_int_equal(kvr_sched_release(f.s, KVR_REQ_HANDLE_NONE, 1000), KVR_EINVAL);
     /* by id, as the JSON API and a peer do */
-    kvr_sched_event_t ev = {.kind = KVR_SCHED_FREE, .id = b.request_id,
-                            .id_len = strlen(b.request_id), .decay_fraction = NAN};
+    kvr_sched_event_t ev = {.kind = KVR_SCHED_FREE,
+                            .id = b.request_id,
+                            .id_len = strlen(b.request_id),
+                            .decay_fraction = NAN};
     assert_int_equal(kvr_sched_apply(f.s, &ev, 1000), KVR_OK);
     assert_int_equal(kvr_sched_apply(f.s, &ev, 1000), KVR_ENOTFOUND);
     assert_int_equal(live(&f), 0);
@@ -270,8 +272,11 @@ static void test_copy_and_hashes_survive(void **st)
     assert_int_equal(kvr_index_apply(f.ix, &ev), KVR_OK);
     char id[32];
     strcpy(id, "req-copied");
-    kvr_route_req_t q = {.tokens = mine, .n_tokens = 256, .update_state = true,
-                         .request_id = id, .request_id_len = strlen(id)};
+    kvr_route_req_t q = {.tokens = mine,
+                         .n_tokens = 256,
+                         .update_state = true,
+                         .request_id = id,
+                         .request_id_len = strlen(id)};
     outcome_t o = {.f = &f};
     kvr_place_t p = {.q = &q, .copy = true, .done = on_done, .arg = &o};
     assert_int_equal(kvr_sched_place(f.s, &p, 1000, &res, &t), KVR_OK);
@@ -343,8 +348,10 @@ static void test_observers_and_peer_events(void **st)
     prompt(toks, 1, 64);
     assert_int_equal(place(&f, toks, 64, NULL, &a, &t), KVR_OK);
     assert_int_equal(kvr_sched_first_token(f.s, a.handle, 1000), KVR_OK);
-    kvr_sched_event_t ev = {.kind = KVR_SCHED_FREE, .origin = KVR_SCHED_ORIGIN_PEER,
-                            .id = a.request_id, .id_len = strlen(a.request_id),
+    kvr_sched_event_t ev = {.kind = KVR_SCHED_FREE,
+                            .origin = KVR_SCHED_ORIGIN_PEER,
+                            .id = a.request_id,
+                            .id_len = strlen(a.request_id),
                             .decay_fraction = NAN};
     assert_int_equal(kvr_sched_apply(f.s, &ev, 1000), KVR_OK);
     assert_int_equal(seen.n[KVR_SCHED_ROUTED][KVR_SCHED_ORIGIN_LOCAL], 1);
@@ -395,13 +402,13 @@ static uint64_t rnd(model_t *m)
     return m->rng;
 }
 
-#define CHECK(m, cond, ...)                                                                     \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            printf(__VA_ARGS__);                                                                \
-            printf("\n");                                                                       \
-            (m)->failures++;                                                                    \
-        }                                                                                       \
+#define CHECK(m, cond, ...)      \
+    do {                         \
+        if (!(cond)) {           \
+            printf(__VA_ARGS__); \
+            printf("\n");        \
+            (m)->failures++;     \
+        }                        \
     } while (0)
 
 /* Collects outcomes that arrived since the last step: placed ones become bookings. */
@@ -508,10 +515,10 @@ static int run_seed(unsigned long seed, int steps)
         kvr_sched_stats_t ss;
         kvr_sched_stats(m->f.s, &ss);
         printf("seed %lu: enqueued %llu dispatched %llu+%llu expired %llu cancelled %llu "
-               "rejected %llu\n", seed, (unsigned long long)ss.queue.enqueued,
-               (unsigned long long)ss.dispatched[0], (unsigned long long)ss.dispatched[1],
-               (unsigned long long)ss.queue.expired, (unsigned long long)ss.queue.cancelled,
-               (unsigned long long)ss.queue.rejected);
+               "rejected %llu\n",
+               seed, (unsigned long long)ss.queue.enqueued, (unsigned long long)ss.dispatched[0],
+               (unsigned long long)ss.dispatched[1], (unsigned long long)ss.queue.expired,
+               (unsigned long long)ss.queue.cancelled, (unsigned long long)ss.queue.rejected);
     }
     unmake(&m->f);
     free(m);
@@ -521,8 +528,8 @@ static int run_seed(unsigned long seed, int steps)
 static void test_model(void **st)
 {
     (void)st;
-    kvr_model_plan_t plan = {.seeds = 40, .seeds_asan = 8, .steps = 1500, .steps_one = 20000,
-                             .max_failures = 3};
+    kvr_model_plan_t plan = {
+        .seeds = 40, .seeds_asan = 8, .steps = 1500, .steps_one = 20000, .max_failures = 3};
     assert_int_equal(kvr_model_drive(&plan, run_seed), 0);
 }
 

@@ -31,7 +31,9 @@ static void test_shapes(void **st)
     char err[160];
     /* vLLM */
     assert_int_equal(dec("{\"count\":3,\"max_model_len\":4096,\"tokens\":[1,22,333],"
-                         "\"token_strs\":null}", 100, &n, err), KVR_OK);
+                         "\"token_strs\":null}",
+                         100, &n, err),
+                     KVR_OK);
     assert_int_equal(n, 3);
     assert_int_equal(buf[2], 333);
     /* SGLang, whitespace everywhere, the largest id */
@@ -43,8 +45,9 @@ static void test_shapes(void **st)
     assert_int_equal(dec("{\"tokens\":[]}", 100, &n, err), KVR_OK);
     assert_int_equal(n, 0);
     /* other members may hold anything valid, nested */
-    assert_int_equal(dec("{\"x\":{\"tokens\":\"no\"},\"tokens\":[7],\"y\":[[1.5e3,null]]}", 100,
-                         &n, err), KVR_OK);
+    assert_int_equal(
+        dec("{\"x\":{\"tokens\":\"no\"},\"tokens\":[7],\"y\":[[1.5e3,null]]}", 100, &n, err),
+        KVR_OK);
     assert_int_equal(n, 1);
     assert_int_equal(buf[0], 7);
     /* an escaped key is the same key */
