@@ -164,11 +164,10 @@ const char *kvr_api_router_method_name(kvr_api_router_method_t m)
 enum state {
     S_START,      /* before the top-level value */
     S_KEY,        /* in known object d->obj, expecting a key or its end */
-    S_VALUE,      /* expecting the value of d->field (F_UNKNOWN: any value, ignored) */
+    S_VALUE,      /* expecting the value of d->field */
     S_ARRAY,      /* in the array of d->field */
     S_PREF_KEY,   /* in preferred_taints, expecting a taint or the end */
     S_PREF_VALUE, /* expecting the weight of the last preferred taint */
-    S_SKIP,       /* inside a container of an unknown key; skip_depth levels deep */
     S_DONE,       /* after the top-level object */
 };
 
@@ -177,12 +176,12 @@ typedef struct str_ref {
 } str_ref_t;
 
 struct kvr_api_decoder {
+    kvr_jd_skip_t skip; /* first: the JSON skeleton's (unknown keys' values) */
     kvr_api_options_t opts;
     char err[256];
 
     int kind, status;
     int state, obj, field;
-    unsigned skip_depth;
     uint64_t seen;      /* bit per field: key given */
     uint64_t present;   /* bit per field: non-null value given */
 
@@ -342,42 +341,27 @@ static int unexpected(kvr_api_decoder_t *d)
     }
 }
 
-/* A scalar where an unknown key's value is skipped or ignored; -1 when not skipping. */
-static int skip_scalar(kvr_api_decoder_t *d)
-{
-    if (d->state == S_SKIP)
-        return 1;
-    if (d->state == S_VALUE && d->field == F_UNKNOWN)
-        return value_done(d);
-    return -1;
-}
+static int skipped(void *ctx) { return value_done(ctx); }
 
 static int obj_depth(int obj)
 {
     return obj == O_TOP ? 1 : 2;
 }
 
-/* Enters (or goes deeper into) a skipped container, bounding the nesting. */
-static int skip_enter(kvr_api_decoder_t *d)
+static unsigned own_depth(const void *ctx)
 {
-    unsigned base = (unsigned)obj_depth(d->obj);
-    if (d->state == S_SKIP) {
-        if (base + d->skip_depth >= KVR_API_MAX_DEPTH)
-            return fail(d, KVR_EINVAL, "nesting deeper than %d levels", KVR_API_MAX_DEPTH);
-        d->skip_depth++;
-        return 1;
-    }
-    d->state = S_SKIP;
-    d->skip_depth = 1;
-    return 1;
+    const kvr_api_decoder_t *d = ctx;
+    return (unsigned)obj_depth(d->obj);
+}
+
+static int too_deep(void *ctx)
+{
+    return fail((kvr_api_decoder_t *)ctx, KVR_EINVAL, "nesting deeper than %d levels", KVR_API_MAX_DEPTH);
 }
 
 static int on_null(void *ctx)
 {
     kvr_api_decoder_t *d = ctx;
-    int s = skip_scalar(d);
-    if (s >= 0)
-        return s;
     if (d->state == S_VALUE)
         return value_done(d);  /* null = absent; finish() rejects a missing required field */
     return unexpected(d);
@@ -386,9 +370,6 @@ static int on_null(void *ctx)
 static int on_boolean(void *ctx, int v)
 {
     kvr_api_decoder_t *d = ctx;
-    int s = skip_scalar(d);
-    if (s >= 0)
-        return s;
     if (d->state == S_VALUE && FIELDS[d->field].type == T_BOOL) {
         d->bval[d->field] = v != 0;
         d->present |= (uint64_t)1 << d->field;
@@ -400,9 +381,6 @@ static int on_boolean(void *ctx, int v)
 static int on_number(void *ctx, const char *s, size_t n)
 {
     kvr_api_decoder_t *d = ctx;
-    int sk = skip_scalar(d);
-    if (sk >= 0)
-        return sk;
     uint64_t v;
     double x;
     switch (d->state) {
@@ -467,9 +445,6 @@ static int on_number(void *ctx, const char *s, size_t n)
 static int on_string(void *ctx, const unsigned char *s, size_t n)
 {
     kvr_api_decoder_t *d = ctx;
-    int sk = skip_scalar(d);
-    if (sk >= 0)
-        return sk;
     if (d->state == S_ARRAY && FIELDS[d->field].type == T_TAINTS) {
         char where[64];
         snprintf(where, sizeof where, "%s[%zu]", FIELDS[d->field].path, d->n_taint);
@@ -527,11 +502,7 @@ static int on_start_map(void *ctx)
         d->state = S_KEY;
         d->obj = O_TOP;
         return 1;
-    case S_SKIP:
-        return skip_enter(d);
     case S_VALUE:
-        if (d->field == F_UNKNOWN)
-            return skip_enter(d);
         if (FIELDS[d->field].type == T_OBJECT) {
             d->present |= (uint64_t)1 << d->field;
             d->obj = (int)FIELDS[d->field].lo;
@@ -554,11 +525,7 @@ static int on_start_array(void *ctx)
 {
     kvr_api_decoder_t *d = ctx;
     switch (d->state) {
-    case S_SKIP:
-        return skip_enter(d);
     case S_VALUE:
-        if (d->field == F_UNKNOWN)
-            return skip_enter(d);
         switch (FIELDS[d->field].type) {
         case T_TOKENS:
             d->tok_open_at = yajl_get_bytes_consumed(d->yh);
@@ -583,10 +550,6 @@ static int on_end(void *ctx)
 {
     kvr_api_decoder_t *d = ctx;
     switch (d->state) {
-    case S_SKIP:
-        if (--d->skip_depth == 0)
-            d->state = S_KEY;
-        return 1;
     case S_KEY:
         if (d->obj == O_TOP) {
             d->state = S_DONE;
@@ -607,11 +570,8 @@ static int on_end(void *ctx)
 static int on_map_key(void *ctx, const unsigned char *s, size_t n)
 {
     kvr_api_decoder_t *d = ctx;
-    if (d->state == S_SKIP)
-        return 1;
     if (d->state == S_KEY) {
         unsigned kb = KB(d->kind);
-        d->field = F_UNKNOWN;
         for (int f = 0; f < F_N; f++) {
             const field_def_t *def = &FIELDS[f];
             if (def->obj != d->obj || !(def->kinds & kb) || strlen(def->key) != n ||
@@ -621,9 +581,10 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n)
                 return fail(d, KVR_EINVAL, "%s: duplicate key", def->path);
             d->seen |= (uint64_t)1 << f;
             d->field = f;
-            break;
+            d->state = S_VALUE;
+            return 1;
         }
-        d->state = S_VALUE;
+        kvr_jd_skip_next(&d->skip); /* not ours: the skeleton swallows its value */
         return 1;
     }
     if (d->state == S_PREF_KEY) {
@@ -648,18 +609,20 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n)
     return fail(d, KVR_EPARSE, "internal: unexpected key in state %d", d->state);
 }
 
-static const yajl_callbacks CALLBACKS = {
-    .yajl_null = on_null,
-    .yajl_boolean = on_boolean,
-    .yajl_integer = NULL,
-    .yajl_double = NULL,
-    .yajl_number = on_number,
-    .yajl_string = on_string,
-    .yajl_start_map = on_start_map,
-    .yajl_map_key = on_map_key,
-    .yajl_end_map = on_end,
-    .yajl_start_array = on_start_array,
-    .yajl_end_array = on_end,
+static const kvr_jd_skip_ops_t SKIP_OPS = {
+    .own = {.yajl_null = on_null,
+            .yajl_boolean = on_boolean,
+            .yajl_number = on_number,
+            .yajl_string = on_string,
+            .yajl_start_map = on_start_map,
+            .yajl_map_key = on_map_key,
+            .yajl_end_map = on_end,
+            .yajl_start_array = on_start_array,
+            .yajl_end_array = on_end},
+    .skipped = skipped,
+    .depth = own_depth,
+    .max_depth = KVR_API_MAX_DEPTH,
+    .too_deep = too_deep,
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -715,7 +678,7 @@ static void reset(kvr_api_decoder_t *d, int kind)
     d->state = S_START;
     d->obj = O_TOP;
     d->field = F_UNKNOWN;
-    d->skip_depth = 0;
+    kvr_jd_skip_reset(&d->skip, &SKIP_OPS);
     d->seen = 0;
     d->present = 0;
     d->n_tokens = 0;
@@ -728,7 +691,7 @@ static void reset(kvr_api_decoder_t *d, int kind)
 
 static yajl_handle start_yajl(kvr_api_decoder_t *d)
 {
-    d->yh = kvr_jd_yajl_open(&d->arena, &CALLBACKS, d);
+    d->yh = kvr_jd_yajl_open(&d->arena, &kvr_jd_callbacks, d);
     if (d->yh == NULL)
         fail(d, KVR_ENOMEM, "out of memory");
     return d->yh;

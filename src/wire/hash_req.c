@@ -36,7 +36,6 @@ enum state {
     S_MM_KEY,    /* in block_mm_hashes, expecting a key or its end */
     S_MM_VALUE,  /* expecting the array of the current mm entry */
     S_MM_ARRAY,  /* in the array of the current mm entry */
-    S_SKIP,      /* inside a container of an unknown key; skip_depth levels deep */
     S_DONE,      /* after the top-level object */
 };
 
@@ -116,23 +115,11 @@ static int unexpected(kvr_hash_req_t *r)
     return fail(r, KVR_EPARSE, "internal: unexpected value in state %d", q->state);
 }
 
-/* A scalar value (null, boolean, number or string) where an unknown key's value is being
- * skipped or ignored. Returns -1 when the current state does not skip. */
-static int skip_scalar(kvr_hash_req_t *r)
-{
-    if (r->state == S_SKIP)
-        return 1;
-    if (r->state == S_VALUE && r->field == F_UNKNOWN)
-        return value_done(r);
-    return -1;
-}
+static int skipped(void *ctx) { return value_done(ctx); }
 
 static int on_null(void *ctx)
 {
     kvr_hash_req_t *r = ctx;
-    int s = skip_scalar(r);
-    if (s >= 0)
-        return s;
     if (r->state == S_VALUE) {
         switch (r->field) {
         case F_LORA_NAME:
@@ -166,9 +153,6 @@ static int on_null(void *ctx)
 static int on_boolean(void *ctx, int v)
 {
     kvr_hash_req_t *r = ctx;
-    int s = skip_scalar(r);
-    if (s >= 0)
-        return s;
     if (r->state == S_VALUE && r->field == F_IS_EAGLE) {
         r->opts.is_eagle = v != 0;
         return value_done(r);
@@ -179,9 +163,6 @@ static int on_boolean(void *ctx, int v)
 static int on_number(void *ctx, const char *s, size_t n)
 {
     kvr_hash_req_t *r = ctx;
-    int sk = skip_scalar(r);
-    if (sk >= 0)
-        return sk;
     uint64_t v;
     switch (r->state) {
     case S_TOKENS:
@@ -241,9 +222,6 @@ static int on_number(void *ctx, const char *s, size_t n)
 static int on_string(void *ctx, const unsigned char *s, size_t n)
 {
     kvr_hash_req_t *r = ctx;
-    int sk = skip_scalar(r);
-    if (sk >= 0)
-        return sk;
     if (r->state == S_VALUE && r->field == F_LORA_NAME) {
         if (!copy_name(r, &r->lora_buf, &r->lora_cap, s, n, &r->opts.lora_name,
                        &r->opts.lora_name_len))
@@ -266,15 +244,7 @@ static int on_start_map(void *ctx)
     case S_START:
         r->state = S_TOP_KEY;
         return 1;
-    case S_SKIP:
-        r->skip_depth++;
-        return 1;
     case S_VALUE:
-        if (r->field == F_UNKNOWN) {
-            r->state = S_SKIP;
-            r->skip_depth = 1;
-            return 1;
-        }
         if (r->field == F_BLOCK_MM_HASHES) {
             r->state = S_MM_KEY;
             return 1;
@@ -290,15 +260,7 @@ static int on_start_array(void *ctx)
 {
     kvr_hash_req_t *r = ctx;
     switch (r->state) {
-    case S_SKIP:
-        r->skip_depth++;
-        return 1;
     case S_VALUE:
-        if (r->field == F_UNKNOWN) {
-            r->state = S_SKIP;
-            r->skip_depth = 1;
-            return 1;
-        }
         if (r->field == F_TOKENS) {
             r->state = S_TOKENS;
             return 1;
@@ -318,10 +280,6 @@ static int on_end(void *ctx)
 {
     kvr_hash_req_t *r = ctx;
     switch (r->state) {
-    case S_SKIP:
-        if (--r->skip_depth == 0)
-            r->state = S_TOP_KEY;
-        return 1;
     case S_TOP_KEY:
         r->state = S_DONE;
         return 1;
@@ -352,20 +310,18 @@ static bool parse_block_index(const unsigned char *s, size_t n, uint32_t *out)
 static int on_map_key(void *ctx, const unsigned char *s, size_t n)
 {
     kvr_hash_req_t *r = ctx;
-    if (r->state == S_SKIP)
-        return 1;
     if (r->state == S_TOP_KEY) {
-        r->field = F_UNKNOWN;
         for (int f = 0; f < F_N_KNOWN; f++) {
             if (strlen(FIELD_NAMES[f]) == n && memcmp(FIELD_NAMES[f], s, n) == 0) {
                 if (r->seen & (1u << f))
                     return fail(r, KVR_EPARSE, "%s: duplicate key", FIELD_NAMES[f]);
                 r->seen |= 1u << f;
                 r->field = f;
-                break;
+                r->state = S_VALUE;
+                return 1;
             }
         }
-        r->state = S_VALUE;
+        kvr_jd_skip_next(&r->skip); /* not ours: the skeleton swallows its value */
         return 1;
     }
     if (r->state == S_MM_KEY) {
@@ -390,18 +346,17 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n)
     return fail(r, KVR_EPARSE, "internal: unexpected key in state %d", r->state);
 }
 
-static const yajl_callbacks CALLBACKS = {
-    .yajl_null = on_null,
-    .yajl_boolean = on_boolean,
-    .yajl_integer = NULL,
-    .yajl_double = NULL,
-    .yajl_number = on_number,
-    .yajl_string = on_string,
-    .yajl_start_map = on_start_map,
-    .yajl_map_key = on_map_key,
-    .yajl_end_map = on_end,
-    .yajl_start_array = on_start_array,
-    .yajl_end_array = on_end,
+static const kvr_jd_skip_ops_t SKIP_OPS = {
+    .own = {.yajl_null = on_null,
+            .yajl_boolean = on_boolean,
+            .yajl_number = on_number,
+            .yajl_string = on_string,
+            .yajl_start_map = on_start_map,
+            .yajl_map_key = on_map_key,
+            .yajl_end_map = on_end,
+            .yajl_start_array = on_start_array,
+            .yajl_end_array = on_end},
+    .skipped = skipped,
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -479,7 +434,7 @@ static void reset_outputs(kvr_hash_req_t *r)
     r->n_mmh = 0;
     r->state = S_START;
     r->field = F_UNKNOWN;
-    r->skip_depth = 0;
+    kvr_jd_skip_reset(&r->skip, &SKIP_OPS);
     r->seen = 0;
     r->status = KVR_OK;
 }
@@ -529,7 +484,7 @@ int kvr_hash_req_parse(kvr_hash_req_t *r, const char *line, size_t len)
         kvr_yajl_arena_init(a);
         r->arena = a;
     }
-    yajl_handle h = kvr_jd_yajl_open(r->arena, &CALLBACKS, r);
+    yajl_handle h = kvr_jd_yajl_open(r->arena, &kvr_jd_callbacks, r);
     if (h == NULL)
         return fail(r, KVR_ENOMEM, "out of memory"), r->status;
 

@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "kvrouter.h"
+#include "wire/json_decode.h"
 
 #define KVR_HASH_REQ_MAX_TOKENS ((size_t)16 << 20)
 #define KVR_HASH_REQ_MAX_MM_BLOCKS ((size_t)1 << 20)
@@ -45,6 +46,7 @@ typedef struct kvr_hash_req_limits {
 } kvr_hash_req_limits_t;
 
 typedef struct kvr_hash_req {
+    kvr_jd_skip_t skip;     /* private, and first: the JSON skeleton's (wire/json_decode.h) */
     /* Results of the last successful parse. */
     const uint32_t *tokens;
     size_t n_tokens;
@@ -66,7 +68,6 @@ typedef struct kvr_hash_req {
     size_t lora_cap, ns_cap;
     void *arena;            /* yajl's allocations (a kvr_yajl_arena_t) */
     int state, field;
-    size_t skip_depth;      /* nesting inside a skipped value */
     unsigned seen;          /* bit per known top-level key */
     int status;             /* first error seen by a callback */
 } kvr_hash_req_t;

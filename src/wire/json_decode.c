@@ -135,3 +135,106 @@ yajl_status kvr_jd_yajl_finish(yajl_handle h, yajl_status st, size_t base, size_
     }
     return st;
 }
+
+/* ---- the skeleton's callbacks (see json_decode.h) ---- */
+
+static bool skipping(const kvr_jd_skip_t *s) { return s->pending || s->depth > 0; }
+
+/* A scalar inside a skipped container, or the skipped value itself. */
+static int skip_scalar(void *ctx)
+{
+    kvr_jd_skip_t *s = ctx;
+    if (s->depth > 0)
+        return 1;
+    s->pending = false;
+    return s->ops->skipped(ctx);
+}
+
+static int skip_open(void *ctx)
+{
+    kvr_jd_skip_t *s = ctx;
+    if (s->depth == 0) { /* the skipped value is a container */
+        s->pending = false;
+        s->depth = 1;
+        return 1;
+    }
+    const kvr_jd_skip_ops_t *o = s->ops;
+    if (o->max_depth > 0 && o->depth(ctx) + s->depth >= o->max_depth)
+        return o->too_deep(ctx);
+    s->depth++;
+    return 1;
+}
+
+static int skip_close(void *ctx)
+{
+    kvr_jd_skip_t *s = ctx;
+    return --s->depth == 0 ? s->ops->skipped(ctx) : 1;
+}
+
+static int jd_null(void *ctx)
+{
+    kvr_jd_skip_t *s = ctx;
+    return skipping(s) ? skip_scalar(ctx) : s->ops->own.yajl_null(ctx);
+}
+
+static int jd_boolean(void *ctx, int v)
+{
+    kvr_jd_skip_t *s = ctx;
+    return skipping(s) ? skip_scalar(ctx) : s->ops->own.yajl_boolean(ctx, v);
+}
+
+static int jd_number(void *ctx, const char *n, size_t len)
+{
+    kvr_jd_skip_t *s = ctx;
+    return skipping(s) ? skip_scalar(ctx) : s->ops->own.yajl_number(ctx, n, len);
+}
+
+static int jd_string(void *ctx, const unsigned char *v, size_t len)
+{
+    kvr_jd_skip_t *s = ctx;
+    return skipping(s) ? skip_scalar(ctx) : s->ops->own.yajl_string(ctx, v, len);
+}
+
+static int jd_start_map(void *ctx)
+{
+    kvr_jd_skip_t *s = ctx;
+    return skipping(s) ? skip_open(ctx) : s->ops->own.yajl_start_map(ctx);
+}
+
+static int jd_map_key(void *ctx, const unsigned char *k, size_t len)
+{
+    kvr_jd_skip_t *s = ctx;
+    return s->depth > 0 ? 1 : s->ops->own.yajl_map_key(ctx, k, len);
+}
+
+static int jd_end_map(void *ctx)
+{
+    kvr_jd_skip_t *s = ctx;
+    return s->depth > 0 ? skip_close(ctx) : s->ops->own.yajl_end_map(ctx);
+}
+
+static int jd_start_array(void *ctx)
+{
+    kvr_jd_skip_t *s = ctx;
+    return skipping(s) ? skip_open(ctx) : s->ops->own.yajl_start_array(ctx);
+}
+
+static int jd_end_array(void *ctx)
+{
+    kvr_jd_skip_t *s = ctx;
+    return s->depth > 0 ? skip_close(ctx) : s->ops->own.yajl_end_array(ctx);
+}
+
+const yajl_callbacks kvr_jd_callbacks = {
+    .yajl_null = jd_null,
+    .yajl_boolean = jd_boolean,
+    .yajl_integer = NULL,
+    .yajl_double = NULL,
+    .yajl_number = jd_number,
+    .yajl_string = jd_string,
+    .yajl_start_map = jd_start_map,
+    .yajl_map_key = jd_map_key,
+    .yajl_end_map = jd_end_map,
+    .yajl_start_array = jd_start_array,
+    .yajl_end_array = jd_end_array,
+};

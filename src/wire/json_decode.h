@@ -117,4 +117,38 @@ yajl_handle kvr_jd_yajl_open(kvr_yajl_arena_t *a, const yajl_callbacks *cb, void
 yajl_status kvr_jd_yajl_finish(yajl_handle h, yajl_status st, size_t base, size_t len,
                                char *msg, size_t msg_len);
 
+/* ---- The decoder skeleton: skipping unknown members ----------------------------------------
+ * Every decoder ignores a member whose key it does not know, whatever its value holds. It puts
+ * a kvr_jd_skip_t FIRST in its state, calls kvr_jd_skip_next() when a key is not its own, and
+ * parses with kvr_jd_callbacks: those swallow the skipped value's events (containers nested at
+ * most max_depth deep, counting the decoder's own depth) and hand everything else to the
+ * decoder's own callbacks, which so never see an unknown value. */
+typedef struct kvr_jd_skip_ops {
+    yajl_callbacks own;                /* the decoder's own (integer and double unused) */
+    int (*skipped)(void *ctx);         /* the skipped value is over: expect the next key */
+    unsigned (*depth)(const void *ctx);/* the decoder's own nesting (NULL with no limit) */
+    unsigned max_depth;                /* 0: no limit */
+    int (*too_deep)(void *ctx);        /* past max_depth: records the error, returns 0 */
+} kvr_jd_skip_ops_t;
+
+typedef struct kvr_jd_skip {
+    const kvr_jd_skip_ops_t *ops;
+    bool pending;                      /* the next value is skipped */
+    unsigned depth;                    /* inside a skipped container this deep */
+} kvr_jd_skip_t;
+
+/* The callbacks to give yajl (context: the decoder, whose first member is its kvr_jd_skip_t). */
+extern const yajl_callbacks kvr_jd_callbacks;
+
+/* Starts (or restarts) a parse: nothing skipped. */
+static inline void kvr_jd_skip_reset(kvr_jd_skip_t *s, const kvr_jd_skip_ops_t *ops)
+{
+    s->ops = ops;
+    s->pending = false;
+    s->depth = 0;
+}
+
+/* The value after the current key is not the decoder's: it will not see it. */
+static inline void kvr_jd_skip_next(kvr_jd_skip_t *s) { s->pending = true; }
+
 #endif /* KVR_WIRE_JSON_DECODE_H */

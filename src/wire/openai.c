@@ -146,8 +146,7 @@ const char *kvr_oai_endpoint_name(kvr_oai_endpoint_t e)
 enum state {
     S_START,      /* before the top-level value */
     S_KEY,        /* in known object d->obj, expecting a key or its end */
-    S_VALUE,      /* expecting the value of d->field (F_UNKNOWN: any value, ignored) */
-    S_SKIP,       /* inside a container of an unknown key; skip_depth levels deep */
+    S_VALUE,      /* expecting the value of d->field */
     S_PROMPT_ARR, /* in prompt's array, its shape not known yet (prompt_elems elements seen) */
     S_TOKENS,     /* in a token array: prompt's (d->field F_PROMPT) or token_data's */
     S_IDS,        /* in allowed_worker_ids */
@@ -168,12 +167,12 @@ typedef struct msg_ref {
 } msg_ref_t;
 
 struct kvr_oai_decoder {
+    kvr_jd_skip_t skip; /* first: the JSON skeleton's (unknown keys' values) */
     kvr_oai_options_t opts;
     char err[256];
 
     int endpoint, status;
     int state, obj, field;
-    unsigned skip_depth;
     uint32_t seen;      /* bit per field: key given (message and part bits per object) */
     uint32_t present;   /* bit per field: non-null value given */
 
@@ -359,15 +358,7 @@ static int unexpected(kvr_oai_decoder_t *d)
     }
 }
 
-/* A scalar where an unknown key's value is skipped or ignored; -1 when not skipping. */
-static int skip_scalar(kvr_oai_decoder_t *d)
-{
-    if (d->state == S_SKIP)
-        return 1;
-    if (d->state == S_VALUE && d->field == F_UNKNOWN)
-        return value_done(d);
-    return -1;
-}
+static int skipped(void *ctx) { return value_done(ctx); }
 
 /* Nesting of the known object the parser is in (the top-level object is 1). */
 static unsigned obj_depth(int obj)
@@ -385,18 +376,16 @@ static unsigned obj_depth(int obj)
     }
 }
 
-/* Enters (or goes deeper into) a skipped container, bounding the nesting. */
-static int skip_enter(kvr_oai_decoder_t *d)
+static unsigned own_depth(const void *ctx)
 {
-    if (d->state == S_SKIP) {
-        if (obj_depth(d->obj) + d->skip_depth >= KVR_OAI_MAX_DEPTH)
-            return fail(d, KVR_EINVAL, "nesting deeper than %d levels", KVR_OAI_MAX_DEPTH);
-        d->skip_depth++;
-        return 1;
-    }
-    d->state = S_SKIP;
-    d->skip_depth = 1;
-    return 1;
+    const kvr_oai_decoder_t *d = ctx;
+    return obj_depth(d->obj);
+}
+
+static int too_deep(void *ctx)
+{
+    return fail((kvr_oai_decoder_t *)ctx, KVR_EINVAL, "nesting deeper than %d levels",
+                KVR_OAI_MAX_DEPTH);
 }
 
 static int push_token(kvr_oai_decoder_t *d, uint64_t v)
@@ -417,9 +406,6 @@ static int push_token(kvr_oai_decoder_t *d, uint64_t v)
 static int on_null(void *ctx)
 {
     kvr_oai_decoder_t *d = ctx;
-    int s = skip_scalar(d);
-    if (s >= 0)
-        return s;
     if (d->state == S_VALUE)
         return value_done(d);  /* null = absent; finish() rejects a missing required field */
     return unexpected(d);
@@ -428,9 +414,6 @@ static int on_null(void *ctx)
 static int on_boolean(void *ctx, int v)
 {
     kvr_oai_decoder_t *d = ctx;
-    int s = skip_scalar(d);
-    if (s >= 0)
-        return s;
     if (d->state == S_VALUE && FIELDS[d->field].type == T_BOOL) {
         d->bval[d->field] = v != 0;
         mark(d, d->field);
@@ -442,9 +425,6 @@ static int on_boolean(void *ctx, int v)
 static int on_number(void *ctx, const char *s, size_t n)
 {
     kvr_oai_decoder_t *d = ctx;
-    int sk = skip_scalar(d);
-    if (sk >= 0)
-        return sk;
     uint64_t v;
     double x;
     switch (d->state) {
@@ -522,9 +502,6 @@ static int content_text(kvr_oai_decoder_t *d, const char *path, const unsigned c
 static int on_string(void *ctx, const unsigned char *s, size_t n)
 {
     kvr_oai_decoder_t *d = ctx;
-    int sk = skip_scalar(d);
-    if (sk >= 0)
-        return sk;
     char w[96];
     switch (d->state) {
     case S_PROMPT_ARR:
@@ -660,8 +637,6 @@ static int on_start_map(void *ctx)
         d->state = S_KEY;
         d->obj = O_TOP;
         return 1;
-    case S_SKIP:
-        return skip_enter(d);
     case S_MESSAGES:
         return message_begin(d);
     case S_PARTS:
@@ -671,8 +646,6 @@ static int on_start_map(void *ctx)
         d->state = S_KEY;
         return 1;
     case S_VALUE:
-        if (d->field == F_UNKNOWN)
-            return skip_enter(d);
         if (FIELDS[d->field].type == T_OBJECT) {
             mark(d, d->field);
             d->obj = (int)FIELDS[d->field].lo;
@@ -690,8 +663,6 @@ static int on_start_array(void *ctx)
 {
     kvr_oai_decoder_t *d = ctx;
     switch (d->state) {
-    case S_SKIP:
-        return skip_enter(d);
     case S_PROMPT_ARR:
         if (d->prompt_elems > 0)
             return unexpected(d);
@@ -706,8 +677,6 @@ static int on_start_array(void *ctx)
     default:
         return unexpected(d);
     }
-    if (d->field == F_UNKNOWN)
-        return skip_enter(d);
     switch (FIELDS[d->field].type) {
     case T_PROMPT:
         if (d->endpoint == KVR_OAI_TOKENIZE)
@@ -747,10 +716,6 @@ static int on_end(void *ctx)
 {
     kvr_oai_decoder_t *d = ctx;
     switch (d->state) {
-    case S_SKIP:
-        if (--d->skip_depth == 0)
-            d->state = S_KEY;
-        return 1;
     case S_KEY:
         switch (d->obj) {
         case O_TOP:
@@ -793,12 +758,9 @@ static int on_end(void *ctx)
 static int on_map_key(void *ctx, const unsigned char *s, size_t n)
 {
     kvr_oai_decoder_t *d = ctx;
-    if (d->state == S_SKIP)
-        return 1;
     if (d->state != S_KEY)
         return fail(d, KVR_EPARSE, "internal: unexpected key in state %d", d->state);
     unsigned eb = EB(d->endpoint);
-    d->field = F_UNKNOWN;
     for (int f = 0; f < F_N_FIELDS; f++) {
         const field_def_t *def = &FIELDS[f];
         if (def->obj != d->obj || !(def->endpoints & eb) || strlen(def->key) != n ||
@@ -810,24 +772,27 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n)
         }
         d->seen |= BIT(f);
         d->field = f;
-        break;
+        d->state = S_VALUE;
+        return 1;
     }
-    d->state = S_VALUE;
+    kvr_jd_skip_next(&d->skip); /* not ours: the skeleton swallows its value */
     return 1;
 }
 
-static const yajl_callbacks CALLBACKS = {
-    .yajl_null = on_null,
-    .yajl_boolean = on_boolean,
-    .yajl_integer = NULL,
-    .yajl_double = NULL,
-    .yajl_number = on_number,
-    .yajl_string = on_string,
-    .yajl_start_map = on_start_map,
-    .yajl_map_key = on_map_key,
-    .yajl_end_map = on_end,
-    .yajl_start_array = on_start_array,
-    .yajl_end_array = on_end,
+static const kvr_jd_skip_ops_t SKIP_OPS = {
+    .own = {.yajl_null = on_null,
+            .yajl_boolean = on_boolean,
+            .yajl_number = on_number,
+            .yajl_string = on_string,
+            .yajl_start_map = on_start_map,
+            .yajl_map_key = on_map_key,
+            .yajl_end_map = on_end,
+            .yajl_start_array = on_start_array,
+            .yajl_end_array = on_end},
+    .skipped = skipped,
+    .depth = own_depth,
+    .max_depth = KVR_OAI_MAX_DEPTH,
+    .too_deep = too_deep,
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -890,7 +855,7 @@ static void reset(kvr_oai_decoder_t *d, int endpoint)
     d->state = S_START;
     d->obj = O_TOP;
     d->field = F_UNKNOWN;
-    d->skip_depth = 0;
+    kvr_jd_skip_reset(&d->skip, &SKIP_OPS);
     d->seen = 0;
     d->present = 0;
     d->prompt_shape = P_NONE;
@@ -912,7 +877,7 @@ static void reset(kvr_oai_decoder_t *d, int endpoint)
 
 static yajl_handle start_yajl(kvr_oai_decoder_t *d)
 {
-    d->yh = kvr_jd_yajl_open(&d->arena, &CALLBACKS, d);
+    d->yh = kvr_jd_yajl_open(&d->arena, &kvr_jd_callbacks, d);
     if (d->yh == NULL)
         fail(d, KVR_ENOMEM, "out of memory");
     return d->yh;

@@ -55,7 +55,7 @@
 /* ------------------------------------------------------------------------------------------ */
 /* Line decoder. */
 
-enum state { S_START, S_TOP_KEY, S_VALUE, S_IDS, S_SKIP, S_DONE };
+enum state { S_START, S_TOP_KEY, S_VALUE, S_IDS, S_DONE };
 
 enum field { F_TIMESTAMP, F_INPUT_LENGTH, F_OUTPUT_LENGTH, F_HASH_IDS, F_N_KNOWN,
              F_UNKNOWN = F_N_KNOWN };
@@ -65,6 +65,7 @@ static const char *const FIELD_NAMES[F_N_KNOWN] = {"timestamp", "input_length", 
 
 /* Row storage while parsing: hash_ids is not yet a pointer (the id array may still move). */
 typedef struct parser {
+    kvr_jd_skip_t skip;    /* first: the skeleton's (unknown keys' values) */
     kvr_trace_row_t *rows;
     size_t n_rows, cap_rows;
     size_t *id_off;        /* per row: offset of its first id in ids */
@@ -76,7 +77,6 @@ typedef struct parser {
     size_t line;
     enum state state;
     int field;
-    size_t skip_depth;
     unsigned seen;
     kvr_trace_row_t row;
     size_t row_off;
@@ -137,46 +137,26 @@ static int value_done(parser_t *p)
     return 1;
 }
 
-/* Scalars inside skipped values; -1 when not skipping. */
-static int skip_scalar(parser_t *p)
-{
-    if (p->state == S_SKIP)
-        return 1;
-    if (p->state == S_VALUE && p->field == F_UNKNOWN)
-        return value_done(p);
-    return -1;
-}
+static int skipped(void *ctx) { return value_done(ctx); }
 
-static int on_null(void *ctx)
-{
-    parser_t *p = ctx;
-    int s = skip_scalar(p);
-    return s >= 0 ? s : unexpected(p);
-}
+static int on_null(void *ctx) { return unexpected(ctx); }
 
 static int on_boolean(void *ctx, int v)
 {
     (void)v;
-    parser_t *p = ctx;
-    int s = skip_scalar(p);
-    return s >= 0 ? s : unexpected(p);
+    return unexpected(ctx);
 }
 
 static int on_string(void *ctx, const unsigned char *str, size_t n)
 {
     (void)str;
     (void)n;
-    parser_t *p = ctx;
-    int s = skip_scalar(p);
-    return s >= 0 ? s : unexpected(p);
+    return unexpected(ctx);
 }
 
 static int on_number(void *ctx, const char *s, size_t n)
 {
     parser_t *p = ctx;
-    int sk = skip_scalar(p);
-    if (sk >= 0)
-        return sk;
     uint64_t v = 0;
     if (p->state == S_IDS) {
         size_t k = p->n_ids - p->row_off;
@@ -221,30 +201,12 @@ static int on_start_map(void *ctx)
         p->state = S_TOP_KEY;
         return 1;
     }
-    if (p->state == S_SKIP) {
-        p->skip_depth++;
-        return 1;
-    }
-    if (p->state == S_VALUE && p->field == F_UNKNOWN) {
-        p->state = S_SKIP;
-        p->skip_depth = 1;
-        return 1;
-    }
     return unexpected(p);
 }
 
 static int on_start_array(void *ctx)
 {
     parser_t *p = ctx;
-    if (p->state == S_SKIP) {
-        p->skip_depth++;
-        return 1;
-    }
-    if (p->state == S_VALUE && p->field == F_UNKNOWN) {
-        p->state = S_SKIP;
-        p->skip_depth = 1;
-        return 1;
-    }
     if (p->state == S_VALUE && p->field == F_HASH_IDS) {
         p->state = S_IDS;
         return 1;
@@ -256,10 +218,6 @@ static int on_end(void *ctx)
 {
     parser_t *p = ctx;
     switch (p->state) {
-    case S_SKIP:
-        if (--p->skip_depth == 0)
-            p->state = S_TOP_KEY;
-        return 1;
     case S_TOP_KEY:
         p->state = S_DONE;
         return 1;
@@ -274,36 +232,33 @@ static int on_end(void *ctx)
 static int on_map_key(void *ctx, const unsigned char *s, size_t n)
 {
     parser_t *p = ctx;
-    if (p->state == S_SKIP)
-        return 1;
     if (p->state != S_TOP_KEY)
         return fail(p, KVR_EPARSE, "internal: unexpected key in state %d", (int)p->state);
-    p->field = F_UNKNOWN;
     for (int f = 0; f < F_N_KNOWN; f++) {
         if (strlen(FIELD_NAMES[f]) == n && memcmp(FIELD_NAMES[f], s, n) == 0) {
             if (p->seen & (1u << f))
                 return fail(p, KVR_EPARSE, "%s: duplicate key", FIELD_NAMES[f]);
             p->seen |= 1u << f;
             p->field = f;
-            break;
+            p->state = S_VALUE;
+            return 1;
         }
     }
-    p->state = S_VALUE;
+    kvr_jd_skip_next(&p->skip); /* not ours: the skeleton swallows its value */
     return 1;
 }
 
-static const yajl_callbacks CALLBACKS = {
-    .yajl_null = on_null,
-    .yajl_boolean = on_boolean,
-    .yajl_integer = NULL,
-    .yajl_double = NULL,
-    .yajl_number = on_number,
-    .yajl_string = on_string,
-    .yajl_start_map = on_start_map,
-    .yajl_map_key = on_map_key,
-    .yajl_end_map = on_end,
-    .yajl_start_array = on_start_array,
-    .yajl_end_array = on_end,
+static const kvr_jd_skip_ops_t SKIP_OPS = {
+    .own = {.yajl_null = on_null,
+            .yajl_boolean = on_boolean,
+            .yajl_number = on_number,
+            .yajl_string = on_string,
+            .yajl_start_map = on_start_map,
+            .yajl_map_key = on_map_key,
+            .yajl_end_map = on_end,
+            .yajl_start_array = on_start_array,
+            .yajl_end_array = on_end},
+    .skipped = skipped,
 };
 
 /* After a line's object: required keys, the id count, the timestamp order; then keeps it. */
@@ -337,11 +292,11 @@ static int parse_line(parser_t *p, kvr_yajl_arena_t *arena, const char *s, size_
 {
     p->state = S_START;
     p->field = F_UNKNOWN;
-    p->skip_depth = 0;
+    kvr_jd_skip_reset(&p->skip, &SKIP_OPS);
     p->seen = 0;
     memset(&p->row, 0, sizeof p->row);
     p->row_off = p->n_ids;
-    yajl_handle h = kvr_jd_yajl_open(arena, &CALLBACKS, p);
+    yajl_handle h = kvr_jd_yajl_open(arena, &kvr_jd_callbacks, p);
     if (h == NULL)
         return fail(p, KVR_ENOMEM, "out of memory"), p->status;
     char msg[KVR_JD_MSG_BYTES];
