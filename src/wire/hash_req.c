@@ -347,15 +347,7 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n)
 }
 
 static const kvr_jd_skip_ops_t SKIP_OPS = {
-    .own = {.yajl_null = on_null,
-            .yajl_boolean = on_boolean,
-            .yajl_number = on_number,
-            .yajl_string = on_string,
-            .yajl_start_map = on_start_map,
-            .yajl_map_key = on_map_key,
-            .yajl_end_map = on_end,
-            .yajl_start_array = on_start_array,
-            .yajl_end_array = on_end},
+    .own = KVR_JD_OWN_CALLBACKS,
     .skipped = skipped,
 };
 

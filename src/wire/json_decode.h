@@ -137,6 +137,15 @@ typedef struct kvr_jd_skip {
     unsigned depth;                    /* inside a skipped container this deep */
 } kvr_jd_skip_t;
 
+/* The own table of a decoder whose callbacks have the usual names (on_null, on_boolean,
+ * on_number, on_string, on_start_map, on_map_key, on_start_array, and on_end for both ends). */
+#define KVR_JD_OWN_CALLBACKS                                                                    \
+    {                                                                                           \
+        .yajl_null = on_null, .yajl_boolean = on_boolean, .yajl_number = on_number,             \
+        .yajl_string = on_string, .yajl_start_map = on_start_map, .yajl_map_key = on_map_key,   \
+        .yajl_end_map = on_end, .yajl_start_array = on_start_array, .yajl_end_array = on_end    \
+    }
+
 /* The callbacks to give yajl (context: the decoder, whose first member is its kvr_jd_skip_t). */
 extern const yajl_callbacks kvr_jd_callbacks;
 
