@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/oatab.h"
 #include "kvrouter.h"
 
 typedef struct timer {
@@ -48,19 +49,9 @@ struct kvr_approx {
     size_t cap_blocks;
 };
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    x *= UINT64_C(0xc4ceb9fe1a85ec53);
-    x ^= x >> 33;
-    return x;
-}
-
 static size_t thash(uint64_t seq, uint64_t wid, uint32_t rank)
 {
-    return mix(seq ^ mix(wid * 31 + rank));
+    return kvr_mix64(seq ^ kvr_mix64(wid * 31 + rank));
 }
 
 int kvr_approx_config_validate(const kvr_approx_config_t *cfg, const char **field)
@@ -87,39 +78,32 @@ int kvr_approx_config_validate(const kvr_approx_config_t *cfg, const char **fiel
     return KVR_OK;
 }
 
-/* ---- timers: open addressing, backward-shift deletion ---- */
+/* ---- timers: a core/oatab.h table keyed by (seq, worker rank) ---- */
+
+#define T_HOME(c, e) thash((e)->seq, (e)->worker_id, (e)->dp_rank)
+#define T_EMPTY(e) (!(e)->used)
+#define T_CLEAR(e) ((e)->used = 0)
+KVR_OATAB_DEFINE(tt, kvr_approx_t, timer_t_, T_HOME, T_EMPTY, T_CLEAR)
+
+typedef struct tkey {
+    uint64_t seq;
+    kvr_worker_t w;
+} tkey_t;
+
+static bool tmatch(const kvr_approx_t *ap, const timer_t_ *e, const void *key)
+{
+    (void)ap;
+    const tkey_t *k = key;
+    return e->seq == k->seq && e->worker_id == k->w.worker_id && e->dp_rank == k->w.dp_rank;
+}
 
 static timer_t_ *tfind(const kvr_approx_t *ap, uint64_t seq, kvr_worker_t w)
 {
-    for (size_t i = thash(seq, w.worker_id, w.dp_rank) & ap->mask;; i = (i + 1) & ap->mask) {
-        timer_t_ *e = &ap->t[i];
-        if (!e->used)
-            return NULL;
-        if (e->seq == seq && e->worker_id == w.worker_id && e->dp_rank == w.dp_rank)
-            return e;
-    }
+    tkey_t k = {seq, w};
+    return tt_find(ap, ap->t, ap->mask, thash(seq, w.worker_id, w.dp_rank), tmatch, &k);
 }
 
-static int tgrow(kvr_approx_t *ap)
-{
-    size_t cap = (ap->mask + 1) * 2;
-    timer_t_ *nt = calloc(cap, sizeof *nt);
-    if (nt == NULL)
-        return KVR_ENOMEM;
-    for (size_t i = 0; i <= ap->mask; i++) {
-        timer_t_ *e = &ap->t[i];
-        if (!e->used)
-            continue;
-        size_t j = thash(e->seq, e->worker_id, e->dp_rank) & (cap - 1);
-        while (nt[j].used)
-            j = (j + 1) & (cap - 1);
-        nt[j] = *e;
-    }
-    free(ap->t);
-    ap->t = nt;
-    ap->mask = cap - 1;
-    return KVR_OK;
-}
+static int tgrow(kvr_approx_t *ap) { return tt_rehash(ap, &ap->t, &ap->mask, (ap->mask + 1) * 2); }
 
 /* The timer for (seq, w), created unused-expiry if absent; NULL on allocation failure. */
 static timer_t_ *tget(kvr_approx_t *ap, uint64_t seq, kvr_worker_t w, bool *created)
@@ -130,9 +114,7 @@ static timer_t_ *tget(kvr_approx_t *ap, uint64_t seq, kvr_worker_t w, bool *crea
         return e;
     if ((ap->live + 1) * 4 > (ap->mask + 1) * 3 && tgrow(ap) != KVR_OK)
         return NULL;
-    size_t i = thash(seq, w.worker_id, w.dp_rank) & ap->mask;
-    while (ap->t[i].used)
-        i = (i + 1) & ap->mask;
+    size_t i = tt_free_slot(ap->t, ap->mask, thash(seq, w.worker_id, w.dp_rank));
     ap->t[i] = (timer_t_){.seq = seq, .worker_id = w.worker_id, .dp_rank = w.dp_rank, .used = 1};
     ap->live++;
     *created = true;
@@ -141,18 +123,8 @@ static timer_t_ *tget(kvr_approx_t *ap, uint64_t seq, kvr_worker_t w, bool *crea
 
 static void tdel(kvr_approx_t *ap, timer_t_ *e)
 {
-    size_t i = (size_t)(e - ap->t);
-    ap->t[i].used = 0;
+    tt_remove_at(ap, ap->t, ap->mask, (size_t)(e - ap->t));
     ap->live--;
-    for (size_t j = (i + 1) & ap->mask; ap->t[j].used; j = (j + 1) & ap->mask) {
-        size_t home = thash(ap->t[j].seq, ap->t[j].worker_id, ap->t[j].dp_rank) & ap->mask;
-        bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
-        if (movable) {
-            ap->t[i] = ap->t[j];
-            ap->t[j].used = 0;
-            i = j;
-        }
-    }
 }
 
 /* ---- heap ---- */

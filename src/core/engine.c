@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/oatab.h"
 #include "kvrouter.h"
 
 typedef enum { REQ_WAITING = 0, REQ_RUNNING } req_state_t;
@@ -155,68 +156,50 @@ int kvr_engine_config_validate(const kvr_engine_config_t *cfg, char *err, size_t
 
 /* ---- id table ---------------------------------------------------------------------------- */
 
-static inline uint64_t mix64(uint64_t x)
+#define ID_HOME(c, e) kvr_mix64((*(e))->id)
+#define ID_EMPTY(e) (*(e) == NULL)
+#define ID_CLEAR(e) (*(e) = NULL)
+typedef eng_req_t *req_ptr_t; /* the table's entry: a request, NULL = empty */
+KVR_OATAB_DEFINE(idt, kvr_engine_t, req_ptr_t, ID_HOME, ID_EMPTY, ID_CLEAR)
+
+static bool id_is(const kvr_engine_t *e, const req_ptr_t *r, const void *key)
 {
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    x *= UINT64_C(0xc4ceb9fe1a85ec53);
-    x ^= x >> 33;
-    return x;
+    (void)e;
+    return (*r)->id == *(const uint64_t *)key;
 }
 
-static size_t id_find_slot(const kvr_engine_t *e, uint64_t id)
+static eng_req_t **id_entry(const kvr_engine_t *e, uint64_t id)
 {
-    size_t mask = e->id_cap - 1;
-    for (size_t i = mix64(id) & mask;; i = (i + 1) & mask)
-        if (!e->by_id[i] || e->by_id[i]->id == id)
-            return i;
+    return idt_find(e, e->by_id, e->id_cap - 1, kvr_mix64(id), id_is, &id);
 }
 
 static eng_req_t *id_get(const kvr_engine_t *e, uint64_t id)
 {
-    return e->by_id[id_find_slot(e, id)];
+    eng_req_t **r = id_entry(e, id);
+    return r == NULL ? NULL : *r;
 }
 
 static int id_grow(kvr_engine_t *e)
 {
-    size_t ncap = e->id_cap * 2;
-    eng_req_t **nt = calloc(ncap, sizeof *nt);
-    if (!nt)
-        return KVR_ENOMEM;
-    for (size_t i = 0; i < e->id_cap; i++) {
-        eng_req_t *r = e->by_id[i];
-        if (!r)
-            continue;
-        size_t j = mix64(r->id) & (ncap - 1);
-        while (nt[j])
-            j = (j + 1) & (ncap - 1);
-        nt[j] = r;
-    }
-    free(e->by_id);
-    e->by_id = nt;
-    e->id_cap = ncap;
-    return KVR_OK;
+    size_t mask = e->id_cap - 1;
+    int rc = idt_rehash(e, &e->by_id, &mask, e->id_cap * 2);
+    e->id_cap = mask + 1;
+    return rc;
+}
+
+/* The id must be absent (callers look it up first); room reserved. */
+static void id_put(kvr_engine_t *e, eng_req_t *r)
+{
+    e->by_id[idt_free_slot(e->by_id, e->id_cap - 1, kvr_mix64(r->id))] = r;
 }
 
 static void id_remove(kvr_engine_t *e, uint64_t id)
 {
-    size_t mask = e->id_cap - 1;
-    size_t i = id_find_slot(e, id);
-    if (!e->by_id[i])
+    eng_req_t **r = id_entry(e, id);
+    if (r == NULL)
         return;
-    e->by_id[i] = NULL;
+    idt_remove_at(e, e->by_id, e->id_cap - 1, (size_t)(r - e->by_id));
     e->n_live--;
-    /* backward shift: move later entries of the cluster into the hole when allowed */
-    for (size_t j = (i + 1) & mask; e->by_id[j]; j = (j + 1) & mask) {
-        size_t home = mix64(e->by_id[j]->id) & mask;
-        bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
-        if (movable) {
-            e->by_id[i] = e->by_id[j];
-            e->by_id[j] = NULL;
-            i = j;
-        }
-    }
 }
 
 /* ---- waiting deque ------------------------------------------------------------------------ */
@@ -373,7 +356,7 @@ int kvr_engine_add(kvr_engine_t *e, const kvr_engine_request_t *req)
     r->prompt_key = kvr_xxh3(r->tokens, (size_t)r->n_prompt * sizeof *r->tokens, e->cfg.seed);
     kvr_kvcache_seq_init(&r->seq);
     r->state = REQ_WAITING;
-    e->by_id[id_find_slot(e, r->id)] = r;
+    id_put(e, r);
     e->n_live++;
     wq_push_back(e, r);
     return KVR_OK;
@@ -418,7 +401,7 @@ static void ensure_hashed(kvr_engine_t *e, eng_req_t *r, uint32_t n_full)
 
 static uint32_t generate_token(const kvr_engine_t *e, const eng_req_t *r)
 {
-    uint64_t x = mix64(r->prompt_key ^ ((uint64_t)(r->n_output + 1) * UINT64_C(0x9E3779B97F4A7C15)));
+    uint64_t x = kvr_mix64(r->prompt_key ^ ((uint64_t)(r->n_output + 1) * UINT64_C(0x9E3779B97F4A7C15)));
     uint32_t span = e->cfg.vocab_size - KVR_ENGINE_FIRST_GEN_TOKEN;
     return KVR_ENGINE_FIRST_GEN_TOKEN + (uint32_t)(x % span);
 }

@@ -70,6 +70,7 @@
 #define TSAN_ACQUIRE(p) ((void)(p))
 #endif
 
+#include "core/oatab.h"
 #include "kvrouter.h"
 
 #include "core/grow.h"
@@ -234,16 +235,6 @@ struct kvr_index {
 /* ---------------------------------------------------------------------------------------- */
 /* Small helpers */
 
-static inline uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    x *= UINT64_C(0xc4ceb9fe1a85ec53);
-    x ^= x >> 33;
-    return x;
-}
-
 static int vec_push(u32vec_t *v, uint32_t x)
 {
     if (v->n == v->cap) {
@@ -340,7 +331,7 @@ static inline uint64_t t2_key(const kvr_index_t *ix, uint32_t n) { return N(ix, 
 
 static void ntab_put(ntab_t *t, uint64_t key, uint32_t n)
 {
-    uint64_t h = mix64(key);
+    uint64_t h = kvr_mix64(key);
     for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (s == SLOT_EMPTY || s_node(s) == NODE_TOMB) {
@@ -359,7 +350,7 @@ static void ntab_put(ntab_t *t, uint64_t key, uint32_t n)
  * concurrent readers too, since no live entry is reached through those slots. */
 static void ntab_del(ntab_t *t, uint64_t key, uint32_t n)
 {
-    for (size_t i = mix64(key) & t->mask;; i = (i + 1) & t->mask) {
+    for (size_t i = kvr_mix64(key) & t->mask;; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (s_node(s) == n) {
             t->live--;
@@ -444,7 +435,7 @@ static int ntab_reserve(kvr_index_t *ix, ntab_t **slot_or_null, _Atomic(ntab_t *
 
 static inline size_t otab_hash(uint32_t slot, uint64_t key)
 {
-    return mix64(key ^ ((uint64_t)slot * UINT64_C(0x9E3779B97F4A7C15)));
+    return kvr_mix64(key ^ ((uint64_t)slot * UINT64_C(0x9E3779B97F4A7C15)));
 }
 
 static oent_t *otab_find(const otab_t *t, uint32_t slot, uint64_t key)
@@ -779,7 +770,7 @@ static uint32_t node_create(kvr_index_t *ix, uint32_t parent, uint64_t seq, uint
 static void t2_del(kvr_index_t *ix, uint64_t key, uint32_t n)
 {
     ntab_t *t = ix->t2;
-    size_t i = mix64(key) & t->mask;
+    size_t i = kvr_mix64(key) & t->mask;
     for (;; i = (i + 1) & t->mask) {
         uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (sl == SLOT_EMPTY)
@@ -794,7 +785,7 @@ static void t2_del(kvr_index_t *ix, uint64_t key, uint32_t n)
             break;
         if (s_node(sl) == NODE_TOMB)
             continue; /* a tombstone left by a rebuild-free era: skip over it */
-        size_t home = mix64(t2_key(ix, s_node(sl))) & t->mask;
+        size_t home = kvr_mix64(t2_key(ix, s_node(sl))) & t->mask;
         bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
         if (movable) {
             atomic_store_explicit(&t->slots[i], sl, memory_order_relaxed);
@@ -858,7 +849,7 @@ static uint64_t pair_ext(const kvr_index_t *ix, uint32_t slot, uint32_t n, holde
 static uint32_t pair_by_ext(const kvr_index_t *ix, uint32_t slot, uint64_t ext)
 {
     const ntab_t *t = ix->t2;
-    uint64_t h = mix64(ext);
+    uint64_t h = kvr_mix64(ext);
     for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
         uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (sl == SLOT_EMPTY)
@@ -1311,7 +1302,7 @@ static int has_repeated_ext(kvr_index_t *ix, const kvr_event_t *ev, bool *repeat
         if (i == n && !ev->has_parent)
             break;
         uint64_t key = i < n ? ev->blocks[i].ext : ev->parent_ext;
-        for (size_t j = mix64(key) & mask;; j = (j + 1) & mask) {
+        for (size_t j = kvr_mix64(key) & mask;; j = (j + 1) & mask) {
             if (ix->seen[j].gen != ix->seen_gen) {
                 ix->seen[j] = (struct seen){key, ix->seen_gen};
                 break;
@@ -1331,7 +1322,7 @@ static uint32_t child_by_seq(const kvr_index_t *ix, uint32_t parent, uint64_t se
     if (N(ix, parent)->first_child == NIL)
         return NIL; /* a leaf has no child to find: most blocks of a new chain end here */
     const ntab_t *t = atomic_load_explicit(&ix->t1, memory_order_relaxed);
-    uint64_t h = mix64(seq);
+    uint64_t h = kvr_mix64(seq);
     for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
         uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (sl == SLOT_EMPTY)
@@ -1402,7 +1393,7 @@ static int seq_reserve(kvr_index_t *ix, size_t n)
  * at our load factors is nearly always within those two lines. */
 static inline void prefetch_slots(const ntab_t *t, uint64_t key)
 {
-    size_t i = mix64(key) & t->mask;
+    size_t i = kvr_mix64(key) & t->mask;
     __builtin_prefetch(&t->slots[i]);
     __builtin_prefetch(&t->slots[(i + 8) & t->mask]);
 }
@@ -1495,7 +1486,7 @@ static int apply_stored(kvr_index_t *ix, const kvr_event_t *ev)
 static void prefetch_ext_nodes(const kvr_index_t *ix, uint64_t ext)
 {
     const ntab_t *t = ix->t2;
-    uint64_t h = mix64(ext);
+    uint64_t h = kvr_mix64(ext);
     for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
         uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (sl == SLOT_EMPTY)
@@ -1720,7 +1711,7 @@ void kvr_lookup_deinit(kvr_lookup_t *lk)
 static inline uint32_t probe(const kvr_index_t *ix, const ntab_t *t, uint64_t seq,
                              uint32_t parent)
 {
-    uint64_t h = mix64(seq);
+    uint64_t h = kvr_mix64(seq);
     for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
         uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_acquire);
         if (sl == SLOT_EMPTY)
@@ -1745,9 +1736,9 @@ static size_t resolve_chain(const kvr_index_t *ix, const ntab_t *t, const uint64
     uint32_t parent = ROOT;
     for (size_t i = 0; i < n; i++) {
         if (i + PREFETCH_SLOT < n)
-            __builtin_prefetch(&t->slots[mix64(seq[i + PREFETCH_SLOT]) & t->mask]);
+            __builtin_prefetch(&t->slots[kvr_mix64(seq[i + PREFETCH_SLOT]) & t->mask]);
         if (i + PREFETCH_NODE < n) {
-            uint64_t s = atomic_load_explicit(&t->slots[mix64(seq[i + PREFETCH_NODE]) & t->mask],
+            uint64_t s = atomic_load_explicit(&t->slots[kvr_mix64(seq[i + PREFETCH_NODE]) & t->mask],
                                               memory_order_acquire);
             if (s != SLOT_EMPTY && s_node(s) != NODE_TOMB)
                 __builtin_prefetch(N(ix, s_node(s)));
@@ -2039,9 +2030,9 @@ static int dump_temp(dump_ctx_t *d, uint32_t slot, uint32_t n, uint64_t *ext)
         return 0;
     }
     /* a fresh hash this worker does not use */
-    uint64_t cand = mix64(N(d->ix, n)->seq ^ UINT64_C(0x5bd1e9955bd1e995));
+    uint64_t cand = kvr_mix64(N(d->ix, n)->seq ^ UINT64_C(0x5bd1e9955bd1e995));
     while (pair_by_ext(d->ix, slot, cand) != NIL || otab_find(&d->temp_ext, slot, cand) != NULL)
-        cand = mix64(cand + 1);
+        cand = kvr_mix64(cand + 1);
     uint32_t p = atomic_load_explicit(&N(d->ix, n)->parent, memory_order_relaxed);
     uint64_t pext = 0;
     int rc = p == ROOT ? 0 : dump_parent_ext(d, slot, p, &pext);
@@ -2150,7 +2141,7 @@ int kvr_index_dump(kvr_index_t *ix, kvr_dump_fn fn, void *ud)
 
 static bool ntab_has(const ntab_t *t, uint64_t key, uint32_t n)
 {
-    uint64_t h = mix64(key);
+    uint64_t h = kvr_mix64(key);
     for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (s_node(s) == n)

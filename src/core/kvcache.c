@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/oatab.h"
 #include "kvrouter.h"
 
 #include "core/kvcache.h"
@@ -75,54 +76,34 @@ struct kvr_kvcache {
 
 /* ---- prefix table ---- */
 
-static size_t home(const kvr_kvcache_t *kc, uint64_t h)
+#define TAB_HOME(c, e) kvr_mix64((e)->hash)
+#define TAB_EMPTY(e) ((e)->blk == NONE)
+#define TAB_CLEAR(e) ((e)->blk = NONE)
+KVR_OATAB_DEFINE(pt, kvr_kvcache_t, slot_t, TAB_HOME, TAB_EMPTY, TAB_CLEAR)
+
+static bool hash_is(const kvr_kvcache_t *kc, const slot_t *e, const void *key)
 {
-    h ^= h >> 33;
-    h *= UINT64_C(0xff51afd7ed558ccd);
-    h ^= h >> 33;
-    h *= UINT64_C(0xc4ceb9fe1a85ec53);
-    h ^= h >> 33;
-    return (size_t)h & kc->mask;
+    (void)kc;
+    return e->hash == *(const uint64_t *)key;
 }
 
 static uint32_t tab_find(const kvr_kvcache_t *kc, uint64_t h)
 {
-    for (size_t i = home(kc, h);; i = (i + 1) & kc->mask) {
-        const slot_t *s = &kc->tab[i];
-        if (s->blk == NONE || s->hash == h)
-            return s->blk;
-    }
+    const slot_t *e = pt_find(kc, kc->tab, kc->mask, kvr_mix64(h), hash_is, &h);
+    return e == NULL ? NONE : e->blk;
 }
 
 /* The hash must be absent (callers look it up first). */
 static void tab_put(kvr_kvcache_t *kc, uint64_t h, uint32_t b)
 {
-    size_t i = home(kc, h);
-    while (kc->tab[i].blk != NONE)
-        i = (i + 1) & kc->mask;
-    kc->tab[i].hash = h;
-    kc->tab[i].blk = b;
-}
-
-/* Backward-shift deletion: may the entry at j (home hj) move into the hole at i? */
-static int movable(size_t i, size_t j, size_t hj)
-{
-    return (i <= j) ? (hj <= i || hj > j) : (hj <= i && hj > j);
+    kc->tab[pt_free_slot(kc->tab, kc->mask, kvr_mix64(h))] = (slot_t){.hash = h, .blk = b};
 }
 
 /* The hash must be present. */
 static void tab_del(kvr_kvcache_t *kc, uint64_t h)
 {
-    size_t i = home(kc, h);
-    while (kc->tab[i].hash != h || kc->tab[i].blk == NONE)
-        i = (i + 1) & kc->mask;
-    for (size_t j = (i + 1) & kc->mask; kc->tab[j].blk != NONE; j = (j + 1) & kc->mask) {
-        if (movable(i, j, home(kc, kc->tab[j].hash))) {
-            kc->tab[i] = kc->tab[j];
-            i = j;
-        }
-    }
-    kc->tab[i].blk = NONE;
+    slot_t *e = pt_find(kc, kc->tab, kc->mask, kvr_mix64(h), hash_is, &h);
+    pt_remove_at(kc, kc->tab, kc->mask, (size_t)(e - kc->tab));
 }
 
 /* ---- free queue ---- */

@@ -62,6 +62,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/oatab.h"
 #include "kvrouter.h"
 
 #define NONE UINT32_MAX
@@ -144,16 +145,6 @@ struct kvr_load {
 
 /* ---- hashing and randomness ---- */
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    x *= UINT64_C(0xc4ceb9fe1a85ec53);
-    x ^= x >> 33;
-    return x;
-}
-
 static uint64_t splitmix(uint64_t *state)
 {
     uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
@@ -162,11 +153,11 @@ static uint64_t splitmix(uint64_t *state)
     return z ^ (z >> 31);
 }
 
-static size_t bhash(uint32_t wslot, uint64_t h) { return (size_t)mix(h + mix(wslot + 1)); }
+static size_t bhash(uint32_t wslot, uint64_t h) { return (size_t)kvr_mix64(h + kvr_mix64(wslot + 1)); }
 
 static size_t whash(kvr_worker_t w)
 {
-    return (size_t)mix(w.worker_id * UINT64_C(0x9E3779B97F4A7C15) + w.dp_rank + 1);
+    return (size_t)kvr_mix64(w.worker_id * UINT64_C(0x9E3779B97F4A7C15) + w.dp_rank + 1);
 }
 
 static uint64_t idhash(const kvr_load_t *lt, const char *id, size_t len)
@@ -180,11 +171,22 @@ static bool worker_eq(kvr_worker_t a, kvr_worker_t b)
     return a.worker_id == b.worker_id && a.dp_rank == b.dp_rank;
 }
 
-/* Backward-shift deletion: may the entry at j (home `home`) move into the hole at i? */
-static bool movable(size_t i, size_t j, size_t home)
-{
-    return (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
-}
+/* ---- the three tables (core/oatab.h) ---- */
+
+#define IDS_HOME(c, e) ((e)->hash)
+#define IDS_EMPTY(e) ((e)->slot == NONE)
+#define IDS_CLEAR(e) ((e)->slot = NONE)
+KVR_OATAB_DEFINE(ids, kvr_load_t, ident_t, IDS_HOME, IDS_EMPTY, IDS_CLEAR)
+
+#define WIX_HOME(c, e) whash((c)->wrk[*(e)].w)
+#define WIX_EMPTY(e) (*(e) == NONE)
+#define WIX_CLEAR(e) (*(e) = NONE)
+KVR_OATAB_DEFINE(wix, kvr_load_t, uint32_t, WIX_HOME, WIX_EMPTY, WIX_CLEAR)
+
+#define BLK_HOME(c, e) bhash((e)->wslot, (e)->hash)
+#define BLK_EMPTY(e) ((e)->refs == 0)
+#define BLK_CLEAR(e) ((e)->refs = 0)
+KVR_OATAB_DEFINE(blk, kvr_load_t, block_t, BLK_HOME, BLK_EMPTY, BLK_CLEAR)
 
 /* ---- config ---- */
 
@@ -310,50 +312,13 @@ static size_t table_cap(size_t live)
 static int reserve_ids(kvr_load_t *lt, size_t live)
 {
     size_t cap = table_cap(live);
-    if (cap <= lt->ids_mask + 1)
-        return KVR_OK;
-    ident_t *t = malloc(cap * sizeof *t);
-    if (t == NULL)
-        return KVR_ENOMEM;
-    for (size_t i = 0; i < cap; i++)
-        t[i].slot = NONE;
-    for (size_t i = 0; lt->ids != NULL && i <= lt->ids_mask; i++) {
-        if (lt->ids[i].slot == NONE)
-            continue;
-        size_t j = (size_t)lt->ids[i].hash & (cap - 1);
-        while (t[j].slot != NONE)
-            j = (j + 1) & (cap - 1);
-        t[j] = lt->ids[i];
-    }
-    free(lt->ids);
-    lt->ids = t;
-    lt->ids_mask = cap - 1;
-    return KVR_OK;
+    return cap <= lt->ids_mask + 1 ? KVR_OK : ids_rehash(lt, &lt->ids, &lt->ids_mask, cap);
 }
 
 static int reserve_wix(kvr_load_t *lt, size_t live)
 {
     size_t cap = table_cap(live);
-    if (cap <= lt->wix_mask + 1)
-        return KVR_OK;
-    uint32_t *t = malloc(cap * sizeof *t);
-    if (t == NULL)
-        return KVR_ENOMEM;
-    for (size_t i = 0; i < cap; i++)
-        t[i] = NONE;
-    for (size_t i = 0; lt->wix != NULL && i <= lt->wix_mask; i++) {
-        uint32_t s = lt->wix[i];
-        if (s == NONE)
-            continue;
-        size_t j = whash(lt->wrk[s].w) & (cap - 1);
-        while (t[j] != NONE)
-            j = (j + 1) & (cap - 1);
-        t[j] = s;
-    }
-    free(lt->wix);
-    lt->wix = t;
-    lt->wix_mask = cap - 1;
-    return KVR_OK;
+    return cap <= lt->wix_mask + 1 ? KVR_OK : wix_rehash(lt, &lt->wix, &lt->wix_mask, cap);
 }
 
 static int reserve_blocks(kvr_load_t *lt, size_t more)
@@ -361,59 +326,58 @@ static int reserve_blocks(kvr_load_t *lt, size_t more)
     if (more > SIZE_MAX / 4 - lt->n_blk)
         return KVR_ENOMEM;
     size_t cap = table_cap(lt->n_blk + more);
-    if (cap <= lt->blk_mask + 1)
-        return KVR_OK;
-    block_t *t = calloc(cap, sizeof *t);
-    if (t == NULL)
-        return KVR_ENOMEM;
-    for (size_t i = 0; lt->blk != NULL && i <= lt->blk_mask; i++) {
-        const block_t *e = &lt->blk[i];
-        if (e->refs == 0)
-            continue;
-        size_t j = bhash(e->wslot, e->hash) & (cap - 1);
-        while (t[j].refs != 0)
-            j = (j + 1) & (cap - 1);
-        t[j] = *e;
-    }
-    free(lt->blk);
-    lt->blk = t;
-    lt->blk_mask = cap - 1;
-    return KVR_OK;
+    return cap <= lt->blk_mask + 1 ? KVR_OK : blk_rehash(lt, &lt->blk, &lt->blk_mask, cap);
 }
 
 /* ---- lookups ---- */
 
+typedef struct id_key {
+    uint64_t hash;
+    const char *id;
+    size_t len;
+} id_key_t;
+
+static bool id_match(const kvr_load_t *lt, const ident_t *e, const void *key)
+{
+    const id_key_t *k = key;
+    const req_t *r = &lt->req[e->slot];
+    return e->hash == k->hash && r->id_len == k->len && memcmp(r->id, k->id, k->len) == 0;
+}
+
 static uint32_t find_req(const kvr_load_t *lt, const char *id, size_t len)
 {
-    uint64_t h = idhash(lt, id, len);
-    for (size_t i = (size_t)h & lt->ids_mask;; i = (i + 1) & lt->ids_mask) {
-        const ident_t *e = &lt->ids[i];
-        if (e->slot == NONE)
-            return NONE;
-        const req_t *r = &lt->req[e->slot];
-        if (e->hash == h && r->id_len == len && memcmp(r->id, id, len) == 0)
-            return e->slot;
-    }
+    id_key_t k = {idhash(lt, id, len), id, len};
+    const ident_t *e = ids_find(lt, lt->ids, lt->ids_mask, (size_t)k.hash, id_match, &k);
+    return e == NULL ? NONE : e->slot;
+}
+
+static bool worker_match(const kvr_load_t *lt, const uint32_t *e, const void *key)
+{
+    return worker_eq(lt->wrk[*e].w, *(const kvr_worker_t *)key);
 }
 
 static uint32_t find_worker(const kvr_load_t *lt, kvr_worker_t w)
 {
-    for (size_t i = whash(w) & lt->wix_mask;; i = (i + 1) & lt->wix_mask) {
-        uint32_t s = lt->wix[i];
-        if (s == NONE || worker_eq(lt->wrk[s].w, w))
-            return s;
-    }
+    const uint32_t *e = wix_find(lt, lt->wix, lt->wix_mask, whash(w), worker_match, &w);
+    return e == NULL ? NONE : *e;
+}
+
+typedef struct blk_key {
+    uint32_t wslot;
+    uint64_t hash;
+} blk_key_t;
+
+static bool blk_match(const kvr_load_t *lt, const block_t *e, const void *key)
+{
+    (void)lt;
+    const blk_key_t *k = key;
+    return e->hash == k->hash && e->wslot == k->wslot;
 }
 
 static block_t *find_block(const kvr_load_t *lt, uint32_t wslot, uint64_t h)
 {
-    for (size_t i = bhash(wslot, h) & lt->blk_mask;; i = (i + 1) & lt->blk_mask) {
-        block_t *e = &lt->blk[i];
-        if (e->refs == 0)
-            return NULL;
-        if (e->hash == h && e->wslot == wslot)
-            return e;
-    }
+    blk_key_t k = {wslot, h};
+    return blk_find(lt, lt->blk, lt->blk_mask, bhash(wslot, h), blk_match, &k);
 }
 
 /* ---- table removals ---- */
@@ -423,14 +387,7 @@ static void ids_del(kvr_load_t *lt, uint32_t slot)
     size_t i = (size_t)lt->req[slot].id_hash & lt->ids_mask;
     while (lt->ids[i].slot != slot)
         i = (i + 1) & lt->ids_mask;
-    lt->ids[i].slot = NONE;
-    for (size_t j = (i + 1) & lt->ids_mask; lt->ids[j].slot != NONE; j = (j + 1) & lt->ids_mask) {
-        if (movable(i, j, (size_t)lt->ids[j].hash & lt->ids_mask)) {
-            lt->ids[i] = lt->ids[j];
-            lt->ids[j].slot = NONE;
-            i = j;
-        }
-    }
+    ids_remove_at(lt, lt->ids, lt->ids_mask, i);
 }
 
 static void wix_del(kvr_load_t *lt, uint32_t slot)
@@ -438,28 +395,13 @@ static void wix_del(kvr_load_t *lt, uint32_t slot)
     size_t i = whash(lt->wrk[slot].w) & lt->wix_mask;
     while (lt->wix[i] != slot)
         i = (i + 1) & lt->wix_mask;
-    lt->wix[i] = NONE;
-    for (size_t j = (i + 1) & lt->wix_mask; lt->wix[j] != NONE; j = (j + 1) & lt->wix_mask) {
-        if (movable(i, j, whash(lt->wrk[lt->wix[j]].w) & lt->wix_mask)) {
-            lt->wix[i] = lt->wix[j];
-            lt->wix[j] = NONE;
-            i = j;
-        }
-    }
+    wix_remove_at(lt, lt->wix, lt->wix_mask, i);
 }
 
 static void blk_del(kvr_load_t *lt, block_t *e)
 {
-    size_t i = (size_t)(e - lt->blk);
-    lt->blk[i].refs = 0;
+    blk_remove_at(lt, lt->blk, lt->blk_mask, (size_t)(e - lt->blk));
     lt->n_blk--;
-    for (size_t j = (i + 1) & lt->blk_mask; lt->blk[j].refs != 0; j = (j + 1) & lt->blk_mask) {
-        if (movable(i, j, bhash(lt->blk[j].wslot, lt->blk[j].hash) & lt->blk_mask)) {
-            lt->blk[i] = lt->blk[j];
-            lt->blk[j].refs = 0;
-            i = j;
-        }
-    }
 }
 
 /* ---- blocks (capacity reserved by the caller) ---- */
@@ -471,10 +413,7 @@ static void acquire(kvr_load_t *lt, uint32_t wslot, uint64_t h)
         e->refs++;
         return;
     }
-    size_t i = bhash(wslot, h) & lt->blk_mask;
-    while (lt->blk[i].refs != 0)
-        i = (i + 1) & lt->blk_mask;
-    lt->blk[i] = (block_t){.hash = h, .wslot = wslot, .refs = 1, .weight = W_ONE};
+    lt->blk[blk_free_slot(lt->blk, lt->blk_mask, bhash(wslot, h))] = (block_t){.hash = h, .wslot = wslot, .refs = 1, .weight = W_ONE};
     lt->n_blk++;
     lt->wrk[wslot].units += W_ONE;
     lt->wrk[wslot].n_blocks++;
@@ -543,10 +482,7 @@ static uint32_t worker_get(kvr_load_t *lt, kvr_worker_t w)
     s = lt->free_wrk;
     lt->free_wrk = lt->wrk[s].next;
     lt->wrk[s] = (wrk_t){.w = w, .head = NONE, .next = NONE, .used = 1};
-    size_t i = whash(w) & lt->wix_mask;
-    while (lt->wix[i] != NONE)
-        i = (i + 1) & lt->wix_mask;
-    lt->wix[i] = s;
+    lt->wix[wix_free_slot(lt->wix, lt->wix_mask, whash(w))] = s;
     lt->n_wrk++;
     return s;
 }
@@ -579,10 +515,8 @@ static void link_request(kvr_load_t *lt, uint32_t s)
         lt->req[w->head].wprev = s;
     w->head = s;
     w->n_requests++;
-    size_t i = (size_t)r->id_hash & lt->ids_mask;
-    while (lt->ids[i].slot != NONE)
-        i = (i + 1) & lt->ids_mask;
-    lt->ids[i] = (ident_t){.hash = r->id_hash, .slot = s};
+    lt->ids[ids_free_slot(lt->ids, lt->ids_mask, (size_t)r->id_hash)] =
+        (ident_t){.hash = r->id_hash, .slot = s};
     lt->n_req++;
 }
 
@@ -654,7 +588,7 @@ kvr_load_t *kvr_load_new(const kvr_load_config_t *cfg, int *status)
     }
     lt->cfg = c;
     lt->rng = c.seed;
-    lt->id_seed = mix(c.seed ^ UINT64_C(0x6c6f6164));
+    lt->id_seed = kvr_mix64(c.seed ^ UINT64_C(0x6c6f6164));
     lt->free_req = lt->age_head = lt->age_tail = NONE;
     lt->free_wrk = lt->free_chk = NONE;
     if (reserve_ids(lt, 1) != KVR_OK || reserve_wix(lt, 1) != KVR_OK ||
