@@ -214,6 +214,7 @@ uint64_t kvr_bench_check_stats(const char *what, const kvr_index_t *ix);
 int kvr_bench_hash(const kvr_bench_opts_t *o);
 int kvr_bench_index(const kvr_bench_opts_t *o);
 int kvr_bench_snapshot(const kvr_bench_opts_t *o);
+int kvr_bench_hashtab(const kvr_bench_opts_t *o); /* bench_hashtab.c */
 int kvr_bench_ingest(const kvr_bench_opts_t *o);
 int kvr_bench_events(const kvr_bench_opts_t *o);
 int kvr_bench_route(const kvr_bench_opts_t *o);

@@ -14,7 +14,7 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: kvrouter bench {hash|index|ingest|snapshot|route|events|mocker|frontend|all} "
+            "usage: kvrouter bench {hash|index|ingest|snapshot|route|events|mocker|frontend|hashtab|all} "
             "[options]\n"
             "\n"
             "  hash     us per prompt: local block hashes + sequence hashes\n"
@@ -35,6 +35,8 @@ static void usage(FILE *out)
             "           from 1 client straight and through the router, alternately\n"
             "           (--tokens, 8192; --requests per path and run, 200; --runs; --rate R:\n"
             "           paced; --speedup, 1000; --max-tokens; --mocker-arg F or -- F...)\n"
+            "  hashtab  ns per find / insert / delete on the load tracker's block table:\n"
+            "           our table template against ck_hs and uthash (--pairs, 1M)\n"
             "  all      hash, index and ingest, with their default parameters\n"
             "\n"
             "options:\n"
@@ -452,9 +454,10 @@ int kvr_cmd_bench(int argc, char **argv)
                 continue;
             }
             if (strcmp(a, "hash") && strcmp(a, "index") && strcmp(a, "ingest") &&
-                strcmp(a, "snapshot") && strcmp(a, "route") && strcmp(a, "all"))
+                strcmp(a, "snapshot") && strcmp(a, "route") && strcmp(a, "hashtab") &&
+                strcmp(a, "all"))
                 return usage_error(a, "unknown benchmark (hash, index, ingest, snapshot, route, "
-                                      "all)");
+                                      "hashtab, all)");
             which = a;
             continue;
         }
@@ -571,6 +574,8 @@ int kvr_cmd_bench(int argc, char **argv)
         rc = kvr_bench_ingest(&o);
     if (rc == 0 && strcmp(which, "snapshot") == 0)
         rc = kvr_bench_snapshot(&o);
+    if (rc == 0 && strcmp(which, "hashtab") == 0)
+        rc = kvr_bench_hashtab(&o);
     if (rc == 0 && route)
         rc = kvr_bench_route(&o);
     if (rc == 0 && events)

@@ -9,6 +9,7 @@ PKGS=(
   libmsgpack-dev libzmq3-dev libevent-dev
   python3 python3-msgpack python3-zmq
   gnuplot-nox
+  libck-dev uthash-dev
 )
 
 missing=()
