@@ -107,6 +107,7 @@
 #include <zmq.h>
 
 #include "bench.h"
+#include "loadgen.h"
 #include "net/replay_driver.h"
 
 static const kvr_bench_col_t COLS[] = {
@@ -140,7 +141,6 @@ static const kvr_bench_col_t COLS[] = {
 #define MK_DRAIN_NS ((uint64_t)(MK_TIMEOUT_S + 1) * 1000000000u)
 #define MK_RETRY_MS 1                      /* pause after a connection failure */
 #define MK_TICK_MS 20
-#define MK_MAX_KINDS 32
 #define MK_FAIL_FRACTION 0.01
 #define MK_ABORT_ERRORS 1000 /* errors (and 10 x the successes) that end a run early */
 #define MK_EVENT_CAP 2048    /* bytes kept of one SSE event */
@@ -148,16 +148,29 @@ static const kvr_bench_col_t COLS[] = {
 #define MK_SUB_HWM 1000000
 #define MK_TARGET_PER_S 2000.0
 
-/* Error kinds: an HTTP status (100..599), or one of these. */
+/* The driver's own error kinds (loadgen.h has the HTTP and connection ones). */
 enum {
-    KIND_CONN = -100,     /* connection failure without a reason */
-    KIND_NO_DONE = -200,  /* stream without a final data: [DONE] */
-    KIND_BAD_SSE = -201,  /* an event that is not "data: ...", or data after [DONE] */
-    KIND_BAD_USAGE = -202, /* usage missing, or completion_tokens != max_tokens */
-    KIND_BAD_BODY = -203, /* non-streamed body without choices */
-    KIND_OTHER = -300,    /* kinds beyond MK_MAX_KINDS */
-    KIND_EVREQ_BASE = -1000 /* - evhttp_request_error */
+    KIND_NO_DONE = -2,   /* stream without a final data: [DONE] */
+    KIND_BAD_SSE = -3,   /* an event that is not "data: ...", or data after [DONE] */
+    KIND_BAD_USAGE = -4, /* usage missing, or completion_tokens != max_tokens */
+    KIND_BAD_BODY = -5,  /* non-streamed body without choices */
 };
+
+static const char *driver_kind(int code)
+{
+    switch (code) {
+    case KIND_NO_DONE:
+        return "no-[DONE]";
+    case KIND_BAD_SSE:
+        return "bad-sse";
+    case KIND_BAD_USAGE:
+        return "bad-usage";
+    case KIND_BAD_BODY:
+        return "bad-body";
+    default:
+        return "connect";
+    }
+}
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
@@ -186,13 +199,6 @@ static int64_t find_uint(const char *s, size_t n, const char *key)
     while (p < end && *p >= '0' && *p <= '9' && v < ((int64_t)1 << 40))
         v = v * 10 + (*p++ - '0');
     return v;
-}
-
-static void sleep_until(uint64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-        ;
 }
 
 /* ---- the target ------------------------------------------------------------------------- */
@@ -736,26 +742,7 @@ static bool child_start(const kvr_bench_opts_t *o, int kv_port, child_t *c, int 
 
 /* ---- bodies ----------------------------------------------------------------------------- */
 
-typedef struct body {
-    char *data;
-    size_t len;
-    char len_str[24];
-} body_t;
-
-static char *put_u32(char *p, uint32_t v)
-{
-    char tmp[10];
-    int n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (n)
-        *p++ = tmp[--n];
-    return p;
-}
-
-static bool make_body(body_t *b, const uint32_t *tok, size_t n, uint64_t max_tokens, bool stream)
+static bool make_body(kvr_lg_body_t *b, const uint32_t *tok, size_t n, uint64_t max_tokens, bool stream)
 {
     static const char head[] = "{\"prompt\":[";
     char tail[160];
@@ -772,20 +759,11 @@ static bool make_body(body_t *b, const uint32_t *tok, size_t n, uint64_t max_tok
     for (size_t i = 0; i < n; i++) {
         if (i)
             *p++ = ',';
-        p = put_u32(p, tok[i]);
+        p = kvr_lg_put_u32(p, tok[i]);
     }
     memcpy(p, tail, tl);
-    p += tl;
-    b->len = (size_t)(p - b->data);
-    snprintf(b->len_str, sizeof b->len_str, "%zu", b->len);
+    kvr_lg_body_done(b, p + tl);
     return true;
-}
-
-static void free_bodies(body_t *b, size_t n)
-{
-    for (size_t i = 0; b && i < n; i++)
-        free(b[i].data);
-    free(b);
 }
 
 /* The pool's size: MK_MAX_BODIES within the budget, at least one per client. */
@@ -798,107 +776,17 @@ static size_t pool_size(uint64_t clients, uint64_t tokens)
     return n < clients ? (size_t)clients : n;
 }
 
-static body_t *make_bodies(const kvr_bench_opts_t *o, uint64_t tokens, size_t n_bodies)
+static bool mk_body(kvr_lg_body_t *b, const uint32_t *tok, size_t n, void *arg)
 {
-    size_t plen = (size_t)floor(o->prefix_share * (double)tokens + 0.5);
-    body_t *bodies = calloc(n_bodies, sizeof *bodies);
-    uint32_t *pre = malloc(((size_t)MK_N_PREFIXES * plen + 1) * sizeof *pre);
-    uint32_t *tok = malloc((size_t)tokens * sizeof *tok);
-    bool ok = bodies && pre && tok;
-    kvr_bench_rng_t rng;
-    kvr_bench_rng_seed(&rng, o->seed ^ kvr_bench_mix64(tokens ^ 0x30c4e7u));
-    for (size_t i = 0; ok && i < (size_t)MK_N_PREFIXES * plen; i++)
-        pre[i] = (uint32_t)kvr_bench_rng_below(&rng, MK_VOCAB);
-    for (size_t b = 0; ok && b < n_bodies; b++) {
-        if (plen > 0)
-            memcpy(tok, pre + kvr_bench_rng_below(&rng, MK_N_PREFIXES) * plen,
-                   plen * sizeof *tok);
-        for (size_t i = plen; i < tokens; i++)
-            tok[i] = (uint32_t)kvr_bench_rng_below(&rng, MK_VOCAB);
-        ok = make_body(&bodies[b], tok, (size_t)tokens, o->max_tokens, o->stream);
-    }
-    free(pre);
-    free(tok);
-    if (!ok) {
-        free_bodies(bodies, n_bodies);
-        return NULL;
-    }
-    return bodies;
+    const kvr_bench_opts_t *o = arg;
+    return make_body(b, tok, n, o->max_tokens, o->stream);
 }
 
-/* ---- errors ----------------------------------------------------------------------------- */
-
-typedef struct err_kind {
-    int code;
-    uint64_t n;
-} err_kind_t;
-
-typedef struct errs {
-    err_kind_t k[MK_MAX_KINDS];
-    size_t n_kinds;
-    uint64_t other, total;
-} errs_t;
-
-static void errs_add(errs_t *e, int code, uint64_t n)
+static kvr_lg_body_t *make_bodies(const kvr_bench_opts_t *o, uint64_t tokens, size_t n_bodies)
 {
-    e->total += n;
-    for (size_t i = 0; i < e->n_kinds; i++)
-        if (e->k[i].code == code) {
-            e->k[i].n += n;
-            return;
-        }
-    if (e->n_kinds == MK_MAX_KINDS) {
-        e->other += n;
-        return;
-    }
-    e->k[e->n_kinds++] = (err_kind_t){code, n};
-}
-
-static void errs_merge(errs_t *into, const errs_t *e)
-{
-    for (size_t k = 0; k < e->n_kinds; k++)
-        errs_add(into, e->k[k].code, e->k[k].n);
-    if (e->other)
-        errs_add(into, KIND_OTHER, e->other);
-}
-
-static const char *kind_name(int code, char *buf, size_t len)
-{
-    static const char *evreq[] = {"timeout", "eof",       "bad-header",
-                                  "buffer",  "cancelled", "too-long"};
-    if (code > 0)
-        snprintf(buf, len, "%d", code);
-    else if (code == KIND_NO_DONE)
-        snprintf(buf, len, "no-[DONE]");
-    else if (code == KIND_BAD_SSE)
-        snprintf(buf, len, "bad-sse");
-    else if (code == KIND_BAD_USAGE)
-        snprintf(buf, len, "bad-usage");
-    else if (code == KIND_BAD_BODY)
-        snprintf(buf, len, "bad-body");
-    else if (code == KIND_OTHER)
-        snprintf(buf, len, "other");
-    else if (code <= KIND_EVREQ_BASE && KIND_EVREQ_BASE - code < 6)
-        snprintf(buf, len, "%s", evreq[KIND_EVREQ_BASE - code]);
-    else
-        snprintf(buf, len, "connect");
-    return buf;
-}
-
-/* "500 x12, eof x1, bad-usage x3" */
-static void errs_format(const errs_t *e, char *buf, size_t len)
-{
-    size_t off = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < e->n_kinds && off < len; i++) {
-        char name[32];
-        off += (size_t)snprintf(buf + off, len - off, "%s%s x%llu", i ? ", " : "",
-                                kind_name(e->k[i].code, name, sizeof name),
-                                (unsigned long long)e->k[i].n);
-    }
-    if (e->other && off < len)
-        snprintf(buf + off, len - off, "%sother x%llu", off ? ", " : "",
-                 (unsigned long long)e->other);
+    return kvr_lg_make_bodies(o->seed ^ kvr_bench_mix64(tokens ^ 0x30c4e7u), tokens,
+                              o->prefix_share, MK_N_PREFIXES, MK_VOCAB, n_bodies, mk_body,
+                              (void *)o);
 }
 
 /* ---- SSE -------------------------------------------------------------------------------- */
@@ -961,162 +849,43 @@ static void sse_feed(sse_t *s, const char *p, size_t n)
     }
 }
 
-/* ---- one run ---------------------------------------------------------------------------- */
+/* ---- the driver: POST /v1/completions, every answer verified ---------------------------- */
 
-typedef struct run {
-    target_t *t;
+typedef struct mk_run {
     uint64_t max_tokens;
     bool stream;
-    uint64_t measure_start, measure_end; /* ns */
-    atomic_bool stop;
-    atomic_bool aborted;
-} run_t;
-
-typedef struct loop loop_t;
-
-typedef struct client {
-    loop_t *lp;
-    struct evhttp_connection *evcon;
-    struct event *wake; /* the pause after a connection failure */
-    const body_t *bodies;
-    size_t n_bodies, next;
-    uint64_t t0;
-    int fail; /* the last evhttp error reported for the request in flight */
-    evutil_socket_t nodelay_fd;
-    sse_t sse;
-} client_t;
-
-struct loop {
-    run_t *run;
-    struct event_base *base;
-    struct event *tick;
-    client_t *clients;
-    size_t n_clients;
-    size_t active;
-    bool stopping;
-    uint64_t stop_at;
-    double *ns; /* latencies of the window's good responses */
-    size_t n_ns, cap_ns;
-    double sum_ns;
-    uint64_t tokens, events; /* the window's verified completion tokens, SSE data events */
-    bool oom;
-    uint64_t stuck;
-    uint64_t seen_ok, seen_err;
-    errs_t errs, errs_all;
-    pthread_t th;
-    bool started;
-};
-
-static void send_req(client_t *c);
-
-static bool should_stop(loop_t *lp, uint64_t now)
-{
-    if (!lp->stopping && (now >= lp->run->measure_end || atomic_load(&lp->run->stop))) {
-        lp->stopping = true;
-        lp->stop_at = now;
-    }
-    return lp->stopping;
-}
-
-static void client_idle(client_t *c)
-{
-    loop_t *lp = c->lp;
-    if (--lp->active == 0)
-        event_base_loopexit(lp->base, NULL);
-}
-
-static void next(client_t *c, uint64_t now)
-{
-    if (should_stop(c->lp, now))
-        client_idle(c);
-    else
-        send_req(c);
-}
-
-static bool in_window(const run_t *r, uint64_t t1)
-{
-    return t1 >= r->measure_start && t1 < r->measure_end && !atomic_load(&r->stop);
-}
-
-static void count_error(client_t *c, int code, uint64_t t1)
-{
-    loop_t *lp = c->lp;
-    if (in_window(lp->run, t1))
-        errs_add(&lp->errs, code, 1);
-    errs_add(&lp->errs_all, code, 1);
-    if (++lp->seen_err >= MK_ABORT_ERRORS && lp->seen_err > 10 * lp->seen_ok) {
-        atomic_store(&lp->run->aborted, true);
-        atomic_store(&lp->run->stop, true);
-    }
-}
-
-static void record(client_t *c, uint64_t t1, uint64_t tokens, uint64_t events)
-{
-    loop_t *lp = c->lp;
-    if (!in_window(lp->run, t1))
-        return;
-    if (lp->n_ns == lp->cap_ns) {
-        size_t cap = lp->cap_ns ? 2 * lp->cap_ns : (size_t)1 << 15;
-        double *ns = realloc(lp->ns, cap * sizeof *ns);
-        if (ns == NULL) {
-            lp->oom = true;
-            atomic_store(&lp->run->stop, true);
-            return;
-        }
-        lp->ns = ns, lp->cap_ns = cap;
-    }
-    lp->ns[lp->n_ns++] = (double)(t1 - c->t0);
-    lp->sum_ns += (double)(t1 - c->t0);
-    lp->tokens += tokens;
-    lp->events += events;
-}
-
-static void wake_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd, (void)what;
-    client_t *c = arg;
-    next(c, kvr_bench_now_ns());
-}
-
-static void on_error(enum evhttp_request_error err, void *arg)
-{
-    client_t *c = arg;
-    c->fail = KIND_EVREQ_BASE - (int)err;
-}
-
-/* A failed request: count it; after a connection failure pause briefly so a dead server is
- * not spun on. */
-static void failed(client_t *c, int code, uint64_t t1)
-{
-    bool conn = code <= 0 && code != KIND_NO_DONE && code != KIND_BAD_SSE &&
-                code != KIND_BAD_USAGE && code != KIND_BAD_BODY;
-    count_error(c, conn ? (c->fail ? c->fail : KIND_CONN) : code, t1);
-    c->fail = 0;
-    if (conn && !should_stop(c->lp, t1)) {
-        struct timeval tv = {0, MK_RETRY_MS * 1000};
-        evtimer_add(c->wake, &tv);
-        return;
-    }
-    next(c, t1);
-}
+} mk_run_t;
 
 static void on_chunk(struct evhttp_request *req, void *arg)
 {
-    client_t *c = arg;
+    sse_t *sse = kvr_lg_state(arg);
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t n = evbuffer_get_length(in);
     const char *p = n ? (const char *)evbuffer_pullup(in, -1) : NULL;
     if (p != NULL)
-        sse_feed(&c->sse, p, n);
+        sse_feed(sse, p, n);
     evbuffer_drain(in, n);
 }
 
-/* 0 when a good response, else the error kind. */
-static int check_response(client_t *c, struct evhttp_request *req, uint64_t *tokens)
+static void mk_prepare(kvr_lg_client_t *c, struct evhttp_request *req)
 {
-    const run_t *r = c->lp->run;
+    const mk_run_t *r = kvr_lg_arg(c);
     if (r->stream) {
-        const sse_t *s = &c->sse;
+        sse_reset(kvr_lg_state(c));
+        evhttp_request_set_chunked_cb(req, on_chunk);
+    }
+}
+
+/* KVR_LG_GOOD for a good response (its completion tokens and SSE events), else the kind. */
+static int mk_check(kvr_lg_client_t *c, struct evhttp_request *req, uint64_t *tokens,
+                    uint64_t *events)
+{
+    const mk_run_t *r = kvr_lg_arg(c);
+    int code = evhttp_request_get_response_code(req);
+    if (code != 200)
+        return code;
+    if (r->stream) {
+        const sse_t *s = kvr_lg_state(c);
         if (s->bad || s->seen > 0)
             return KIND_BAD_SSE;
         if (!s->done)
@@ -1124,7 +893,8 @@ static int check_response(client_t *c, struct evhttp_request *req, uint64_t *tok
         if (s->usage < 0 || (uint64_t)s->usage != r->max_tokens || s->events < 2)
             return KIND_BAD_USAGE;
         *tokens = (uint64_t)s->usage;
-        return 0;
+        *events = s->events;
+        return KVR_LG_GOOD;
     }
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t n = evbuffer_get_length(in);
@@ -1135,151 +905,11 @@ static int check_response(client_t *c, struct evhttp_request *req, uint64_t *tok
     if (u < 0 || (uint64_t)u != r->max_tokens)
         return KIND_BAD_USAGE;
     *tokens = (uint64_t)u;
-    return 0;
+    return KVR_LG_GOOD;
 }
 
-static void req_done(struct evhttp_request *req, void *arg)
-{
-    client_t *c = arg;
-    uint64_t t1 = kvr_bench_now_ns();
-    int code = req ? evhttp_request_get_response_code(req) : 0;
-    if (code != 200) {
-        failed(c, code, t1);
-        return;
-    }
-    uint64_t tokens = 0;
-    int kind = check_response(c, req, &tokens);
-    if (kind != 0) {
-        failed(c, kind, t1);
-        return;
-    }
-    c->lp->seen_ok++;
-    record(c, t1, tokens, c->lp->run->stream ? c->sse.events : 0);
-    next(c, t1);
-}
-
-/* Nagle would hold back the tail of a body; set TCP_NODELAY once per socket. */
-static void set_nodelay(client_t *c)
-{
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evcon);
-    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
-    if (fd >= 0 && fd != c->nodelay_fd) {
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        c->nodelay_fd = fd;
-    }
-}
-
-static void send_req(client_t *c)
-{
-    const body_t *b = &c->bodies[c->next];
-    c->next = c->next + 1 == c->n_bodies ? 0 : c->next + 1;
-    struct evhttp_request *req = evhttp_request_new(req_done, c);
-    if (req == NULL) {
-        failed(c, KIND_CONN, kvr_bench_now_ns());
-        return;
-    }
-    evhttp_request_set_error_cb(req, on_error);
-    if (c->lp->run->stream) {
-        sse_reset(&c->sse);
-        evhttp_request_set_chunked_cb(req, on_chunk);
-    }
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Host", c->lp->run->t->host_hdr);
-    evhttp_add_header(h, "Content-Type", "application/json");
-    evhttp_add_header(h, "Content-Length", b->len_str);
-    evbuffer_add_reference(evhttp_request_get_output_buffer(req), b->data, b->len, NULL, NULL);
-    c->t0 = kvr_bench_now_ns();
-    if (evhttp_make_request(c->evcon, req, EVHTTP_REQ_POST, "/v1/completions") != 0)
-        failed(c, KIND_CONN, kvr_bench_now_ns()); /* evhttp freed req */
-    else
-        set_nodelay(c);
-}
-
-static void tick_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd, (void)what;
-    loop_t *lp = arg;
-    uint64_t now = kvr_bench_now_ns();
-    if (!should_stop(lp, now))
-        return;
-    if (lp->active == 0) {
-        event_base_loopexit(lp->base, NULL);
-    } else if (now - lp->stop_at > MK_DRAIN_NS) {
-        lp->stuck = lp->active;
-        event_base_loopbreak(lp->base);
-    }
-}
-
-static void *loop_main(void *arg)
-{
-    loop_t *lp = arg;
-    for (size_t i = 0; i < lp->n_clients; i++)
-        send_req(&lp->clients[i]);
-    event_base_dispatch(lp->base);
-    return NULL;
-}
-
-static void loop_deinit(loop_t *lp)
-{
-    for (size_t i = 0; lp->clients && i < lp->n_clients; i++) {
-        if (lp->clients[i].evcon)
-            evhttp_connection_free(lp->clients[i].evcon);
-        if (lp->clients[i].wake)
-            event_free(lp->clients[i].wake);
-    }
-    free(lp->clients);
-    if (lp->tick)
-        event_free(lp->tick);
-    if (lp->base)
-        event_base_free(lp->base);
-    free(lp->ns);
-}
-
-/* Client i of the run starts at body i * n_bodies / clients of the shared pool. */
-static bool loop_init(loop_t *lp, run_t *r, size_t first, size_t n, size_t clients,
-                      const body_t *bodies, size_t n_bodies)
-{
-    memset(lp, 0, sizeof *lp);
-    lp->run = r;
-    struct event_config *cfg = event_config_new();
-    if (cfg != NULL) {
-        event_config_set_flag(cfg, EVENT_BASE_FLAG_NOLOCK | EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
-        lp->base = event_base_new_with_config(cfg);
-        event_config_free(cfg);
-    }
-    lp->clients = calloc(n, sizeof *lp->clients);
-    if (lp->base == NULL || lp->clients == NULL)
-        return false;
-    lp->n_clients = n;
-    lp->active = n;
-    struct timeval tick = {0, MK_TICK_MS * 1000}, timeout = {MK_TIMEOUT_S, 0};
-    lp->tick = event_new(lp->base, -1, EV_PERSIST, tick_cb, lp);
-    if (lp->tick == NULL || event_add(lp->tick, &tick) != 0)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        client_t *c = &lp->clients[i];
-        c->lp = lp;
-        c->bodies = bodies;
-        c->n_bodies = n_bodies;
-        c->next = (first + i) * n_bodies / clients;
-        c->nodelay_fd = -1;
-        c->evcon = evhttp_connection_base_new(lp->base, NULL, r->t->addr, (uint16_t)r->t->port);
-        c->wake = evtimer_new(lp->base, wake_cb, c);
-        if (c->evcon == NULL || c->wake == NULL)
-            return false;
-        evhttp_connection_set_timeout_tv(c->evcon, &timeout);
-        evhttp_connection_set_retries(c->evcon, 0);
-        /* libevent writes at most 16 KB per loop iteration by default: a long prompt's body
-         * would take many writes and as many epoll round trips */
-        struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evcon);
-        if (bev != NULL) {
-            bufferevent_set_max_single_write(bev, (size_t)4 << 20);
-            bufferevent_set_max_single_read(bev, (size_t)4 << 20);
-        }
-    }
-    return true;
-}
+static const kvr_lg_driver_t MK_DRIVER = {
+    .prepare = mk_prepare, .check = mk_check, .state_bytes = sizeof(sse_t)};
 
 /* What the main thread samples at the window's edges. */
 typedef struct sample {
@@ -1307,7 +937,7 @@ typedef struct run_result {
     double steps_per_s, kv_batches_per_s, kv_mb_per_s;
     uint64_t ok, kv_gaps;
     double window_s;
-    errs_t errs;
+    kvr_lg_errs_t errs;
     uint64_t stuck;
     bool aborted;
 } run_result_t;
@@ -1345,103 +975,67 @@ typedef struct point_env {
     kvsub_t *sub; /* NULL with --url */
 } point_env_t;
 
+typedef struct window {
+    const point_env_t *env;
+    sample_t a, b;
+} window_t;
+
+static void at_window(void *arg, bool end)
+{
+    window_t *w = arg;
+    take_sample(w->env->t, w->env->pid, w->env->sub, end ? &w->b : &w->a);
+}
+
 /* One run of one point. false on a setup failure (message printed). */
 static bool run_once(const kvr_bench_opts_t *o, const point_env_t *env, size_t clients,
-                     const body_t *bodies, size_t n_bodies, run_result_t *res)
+                     const kvr_lg_body_t *bodies, size_t n_bodies, run_result_t *res)
 {
     memset(res, 0, sizeof *res);
-    size_t n_loops = o->threads < clients ? o->threads : clients;
-    loop_t *loops = calloc(n_loops, sizeof *loops);
-    run_t *r = calloc(1, sizeof *r);
-    bool ok = loops && r;
-    if (ok) {
-        r->t = env->t;
-        r->max_tokens = o->max_tokens;
-        r->stream = o->stream;
-        atomic_init(&r->stop, false);
-        atomic_init(&r->aborted, false);
-        uint64_t start = kvr_bench_now_ns();
-        r->measure_start = start + (uint64_t)(o->warmup_s * 1e9);
-        r->measure_end = r->measure_start + (uint64_t)(o->duration_s * 1e9);
-    }
-    for (size_t l = 0, first = 0; ok && l < n_loops; l++) {
-        size_t n = clients / n_loops + (l < clients % n_loops);
-        ok = loop_init(&loops[l], r, first, n, clients, bodies, n_bodies);
-        first += n;
-    }
-    if (!ok) {
-        fprintf(stderr, "kvrouter bench mocker: cannot set up %zu clients (out of memory or "
-                        "file descriptors?)\n", clients);
-        goto out;
-    }
-    for (size_t l = 0; l < n_loops && ok; l++) {
-        ok = pthread_create(&loops[l].th, NULL, loop_main, &loops[l]) == 0;
-        loops[l].started = ok;
-    }
-    sample_t a, b;
-    memset(&a, 0, sizeof a);
-    memset(&b, 0, sizeof b);
-    if (ok) {
-        sleep_until(r->measure_start);
-        take_sample(env->t, env->pid, env->sub, &a);
-        sleep_until(r->measure_end);
-        take_sample(env->t, env->pid, env->sub, &b);
-    } else {
-        atomic_store(&r->stop, true);
-        fprintf(stderr, "kvrouter bench mocker: cannot start %zu threads\n", n_loops);
-    }
-    for (size_t l = 0; l < n_loops; l++)
-        if (loops[l].started)
-            pthread_join(loops[l].th, NULL);
-    if (!ok)
-        goto out;
-
-    bool aborted = atomic_load(&r->aborted);
-    res->aborted = aborted;
-    size_t n = 0;
-    double sum = 0;
-    uint64_t tokens = 0, events = 0;
-    for (size_t l = 0; l < n_loops; l++)
-        n += loops[l].n_ns;
-    for (size_t l = 0; l < n_loops; l++) {
-        sum += loops[l].sum_ns;
-        tokens += loops[l].tokens;
-        events += loops[l].events;
-        res->stuck += loops[l].stuck;
-        errs_merge(&res->errs, aborted || n == 0 ? &loops[l].errs_all : &loops[l].errs);
-        if (loops[l].oom)
-            ok = false;
-    }
-    double *all = ok ? malloc((n ? n : 1) * sizeof *all) : NULL;
-    if (all == NULL) {
-        fprintf(stderr, "kvrouter bench mocker: out of memory for latency samples\n");
-        ok = false;
-        goto out;
-    }
-    for (size_t l = 0, off = 0; l < n_loops; l++) {
-        if (loops[l].n_ns > 0)
-            memcpy(all + off, loops[l].ns, loops[l].n_ns * sizeof *all);
-        off += loops[l].n_ns;
-    }
+    mk_run_t mr = {.max_tokens = o->max_tokens, .stream = o->stream};
+    window_t w = {.env = env};
+    kvr_lg_config_t cfg = {
+        .drv = &MK_DRIVER,
+        .drv_arg = &mr,
+        .addr = env->t->addr,
+        .host_hdr = env->t->host_hdr,
+        .port = (uint16_t)env->t->port,
+        .path = "/v1/completions",
+        .clients = clients,
+        .threads = o->threads,
+        .bodies = bodies,
+        .n_bodies = n_bodies,
+        .warmup_s = o->warmup_s,
+        .duration_s = o->duration_s,
+        .timeout_s = MK_TIMEOUT_S,
+        .tick_ms = MK_TICK_MS,
+        .retry_ms = MK_RETRY_MS,
+        .drain_ns = MK_DRAIN_NS,
+        .abort_errors = MK_ABORT_ERRORS,
+        .max_single_io = (size_t)4 << 20,
+        .at_window = at_window,
+        .window_arg = &w,
+    };
+    kvr_lg_result_t lg;
+    if (!kvr_lg_run(&cfg, "kvrouter bench mocker", &lg))
+        return false;
     kvr_bench_lat_t lat;
-    kvr_bench_summarize(all, n, &lat);
-    free(all);
-    double window_s = (double)(r->measure_end - r->measure_start) / 1e9;
+    kvr_bench_summarize(lg.ns, lg.n_ns, &lat);
+    free(lg.ns);
+    double window_s = o->duration_s;
+    size_t n = lg.n_ns;
+    res->aborted = lg.aborted;
+    res->errs = lg.errs;
+    res->stuck = lg.stuck;
     res->ok = n;
     res->window_s = window_s;
     res->p50_ms = lat.p50_us / 1e3;
     res->p99_ms = lat.p99_us / 1e3;
-    res->per_s = aborted ? NAN : (double)n / window_s;
-    res->tokens_per_s = aborted ? NAN : (double)tokens / window_s;
-    res->concurrency = aborted ? NAN : sum / (window_s * 1e9);
-    res->events_per_req = o->stream && n ? (double)events / (double)n : NAN;
-    sample_figures(&a, &b, env->sub != NULL, res);
-out:
-    for (size_t l = 0; loops && l < n_loops; l++)
-        loop_deinit(&loops[l]);
-    free(loops);
-    free(r);
-    return ok;
+    res->per_s = lg.aborted ? NAN : (double)n / window_s;
+    res->tokens_per_s = lg.aborted ? NAN : (double)lg.units / window_s;
+    res->concurrency = lg.aborted ? NAN : lg.sum_ns / (window_s * 1e9);
+    res->events_per_req = o->stream && n ? (double)lg.events / (double)n : NAN;
+    sample_figures(&w.a, &w.b, env->sub != NULL, res);
+    return true;
 }
 
 /* ---- points ----------------------------------------------------------------------------- */
@@ -1499,7 +1093,7 @@ static bool header_printed; /* the table's header, once the first point is set u
 
 static void print_row(const kvr_bench_opts_t *o, uint64_t clients, uint64_t tokens,
                       const char *run, const double *fig, uint64_t requests, uint64_t gaps,
-                      const errs_t *errs, bool with_target)
+                      const kvr_lg_errs_t *errs, bool with_target)
 {
     if (!header_printed) {
         kvr_bench_print_header(o, COLS, N_COLS);
@@ -1518,7 +1112,7 @@ static void print_row(const kvr_bench_opts_t *o, uint64_t clients, uint64_t toke
         kvr_bench_set_num(&row, FIG_COL[f], fig[f]);
     kvr_bench_set_int(&row, "errors", (int64_t)errs->total);
     char kinds[1024];
-    errs_format(errs, kinds, sizeof kinds);
+    kvr_lg_errs_format(errs, NULL, driver_kind, kinds, sizeof kinds);
     kvr_bench_set_str(&row, "error_kinds", errs->total ? kinds : NULL);
     double target = target_per_s(o, tokens);
     kvr_bench_set_num(&row, "target_per_s", target);
@@ -1562,12 +1156,12 @@ static int one_point(const kvr_bench_opts_t *o, void *zctx, target_t *t, uint64_
                      uint64_t tokens)
 {
     size_t n_bodies = pool_size(clients, tokens);
-    body_t *bodies = make_bodies(o, tokens, n_bodies);
+    kvr_lg_body_t *bodies = make_bodies(o, tokens, n_bodies);
     run_result_t *rs = calloc(o->runs, sizeof *rs);
     if (bodies == NULL || rs == NULL) {
         fprintf(stderr, "kvrouter bench mocker: out of memory for %zu bodies of %llu tokens\n",
                 n_bodies, (unsigned long long)tokens);
-        free_bodies(bodies, n_bodies);
+        kvr_lg_free_bodies(bodies, n_bodies);
         free(rs);
         return 1;
     }
@@ -1595,7 +1189,7 @@ static int one_point(const kvr_bench_opts_t *o, void *zctx, target_t *t, uint64_
     }
     unsigned runs = 0;
     uint64_t ok_total = 0, gaps_total = 0, stuck = 0;
-    errs_t errs;
+    kvr_lg_errs_t errs;
     memset(&errs, 0, sizeof errs);
     char why[256] = "";
     while (rc == 0 && runs < o->runs) {
@@ -1608,7 +1202,7 @@ static int one_point(const kvr_bench_opts_t *o, void *zctx, target_t *t, uint64_
         ok_total += res->ok;
         gaps_total += res->kv_gaps;
         stuck += res->stuck;
-        errs_merge(&errs, &res->errs);
+        kvr_lg_errs_merge(&errs, &res->errs);
         double fig[F_COUNT];
         for (int f = 0; f < F_COUNT; f++)
             fig[f] = fig_of(res, f);
@@ -1641,7 +1235,7 @@ static int one_point(const kvr_bench_opts_t *o, void *zctx, target_t *t, uint64_
     }
     if (errs.total) {
         char kinds[1024];
-        errs_format(&errs, kinds, sizeof kinds);
+        kvr_lg_errs_format(&errs, NULL, driver_kind, kinds, sizeof kinds);
         fprintf(stderr, "kvrouter bench mocker: %llu errors (clients %llu, tokens %llu): %s\n",
                 (unsigned long long)errs.total, (unsigned long long)clients,
                 (unsigned long long)tokens, kinds);
@@ -1668,7 +1262,7 @@ static int one_point(const kvr_bench_opts_t *o, void *zctx, target_t *t, uint64_
         kvsub_close(sub);
         free(sub);
     }
-    free_bodies(bodies, n_bodies);
+    kvr_lg_free_bodies(bodies, n_bodies);
     free(rs);
     return rc;
 }

@@ -167,35 +167,19 @@ static size_t bodies_per_client(uint64_t clients, uint64_t tokens)
     return k < 1 ? 1 : k > ROUTE_MAX_BODIES ? ROUTE_MAX_BODIES : k;
 }
 
+static bool route_body(kvr_lg_body_t *b, const uint32_t *tok, size_t n, void *arg)
+{
+    return make_body(b, tok, n, *(const bool *)arg);
+}
+
 /* clients * per bodies; client c owns [c * per, (c + 1) * per). */
 static kvr_lg_body_t *make_bodies(const kvr_bench_opts_t *o, uint64_t clients, uint64_t tokens,
-                           size_t per)
+                                  size_t per)
 {
-    size_t n_bodies = (size_t)clients * per;
-    size_t plen = (size_t)floor(o->prefix_share * (double)tokens + 0.5);
-    kvr_lg_body_t *bodies = calloc(n_bodies, sizeof *bodies);
-    uint32_t *pre = malloc(((size_t)ROUTE_N_PREFIXES * plen + 1) * sizeof *pre);
-    uint32_t *tok = malloc((size_t)tokens * sizeof *tok);
-    bool ok = bodies && pre && tok;
-    kvr_bench_rng_t rng;
-    kvr_bench_rng_seed(&rng, o->seed ^ kvr_bench_mix64(tokens ^ 0x70a7eu));
-    for (size_t i = 0; ok && i < (size_t)ROUTE_N_PREFIXES * plen; i++)
-        pre[i] = (uint32_t)kvr_bench_rng_below(&rng, ROUTE_MAX_TOKEN);
-    for (size_t b = 0; ok && b < n_bodies; b++) {
-        if (plen > 0)
-            memcpy(tok, pre + kvr_bench_rng_below(&rng, ROUTE_N_PREFIXES) * plen,
-                   plen * sizeof *tok);
-        for (size_t i = plen; i < tokens; i++)
-            tok[i] = (uint32_t)kvr_bench_rng_below(&rng, ROUTE_MAX_TOKEN);
-        ok = make_body(&bodies[b], tok, (size_t)tokens, o->update_state);
-    }
-    free(pre);
-    free(tok);
-    if (!ok) {
-        kvr_lg_free_bodies(bodies, n_bodies);
-        return NULL;
-    }
-    return bodies;
+    bool update_state = o->update_state;
+    return kvr_lg_make_bodies(o->seed ^ kvr_bench_mix64(tokens ^ 0x70a7eu), tokens,
+                              o->prefix_share, ROUTE_N_PREFIXES, ROUTE_MAX_TOKEN,
+                              (size_t)clients * per, route_body, &update_state);
 }
 
 /* ---- the driver: route, then (with --update-state) DELETE the booking ------------------- */

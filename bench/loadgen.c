@@ -50,6 +50,35 @@ void kvr_lg_free_bodies(kvr_lg_body_t *b, size_t n)
     free(b);
 }
 
+kvr_lg_body_t *kvr_lg_make_bodies(uint64_t seed, uint64_t tokens, double prefix_share,
+                                  size_t n_prefixes, uint32_t vocab, size_t n,
+                                  kvr_lg_make_body_fn make, void *arg)
+{
+    size_t plen = (size_t)floor(prefix_share * (double)tokens + 0.5);
+    kvr_lg_body_t *bodies = calloc(n, sizeof *bodies);
+    uint32_t *pre = malloc((n_prefixes * plen + 1) * sizeof *pre);
+    uint32_t *tok = malloc(((size_t)tokens + 1) * sizeof *tok);
+    bool ok = bodies && pre && tok;
+    kvr_bench_rng_t rng;
+    kvr_bench_rng_seed(&rng, seed);
+    for (size_t i = 0; ok && i < n_prefixes * plen; i++)
+        pre[i] = (uint32_t)kvr_bench_rng_below(&rng, vocab);
+    for (size_t b = 0; ok && b < n; b++) {
+        if (plen > 0)
+            memcpy(tok, pre + kvr_bench_rng_below(&rng, n_prefixes) * plen, plen * sizeof *tok);
+        for (size_t i = plen; i < tokens; i++)
+            tok[i] = (uint32_t)kvr_bench_rng_below(&rng, vocab);
+        ok = make(&bodies[b], tok, (size_t)tokens, arg);
+    }
+    free(pre);
+    free(tok);
+    if (!ok) {
+        kvr_lg_free_bodies(bodies, n);
+        return NULL;
+    }
+    return bodies;
+}
+
 void kvr_lg_errs_add(kvr_lg_errs_t *e, int tag, int code, uint64_t n)
 {
     e->total += n;

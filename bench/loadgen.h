@@ -55,6 +55,15 @@ char *kvr_lg_put_u32(char *p, uint32_t v);
 void kvr_lg_body_done(kvr_lg_body_t *b, const char *end);
 void kvr_lg_free_bodies(kvr_lg_body_t *b, size_t n);
 
+/* Writes one body for the prompt tok[0..n); false when out of memory. */
+typedef bool (*kvr_lg_make_body_fn)(kvr_lg_body_t *b, const uint32_t *tok, size_t n, void *arg);
+/* n bodies of tokens-id prompts (ids < vocab), deterministic from seed: the first
+ * round(prefix_share * tokens) ids of each are one of n_prefixes shared prefixes (so a KV-aware
+ * server sees overlap), the rest unique. NULL when out of memory. */
+kvr_lg_body_t *kvr_lg_make_bodies(uint64_t seed, uint64_t tokens, double prefix_share,
+                                  size_t n_prefixes, uint32_t vocab, size_t n,
+                                  kvr_lg_make_body_fn make, void *arg);
+
 typedef struct kvr_lg_err {
     int tag;  /* the driver's request kind (0: the timed request; bench route: 1 = DELETE) */
     int code;
