@@ -742,7 +742,8 @@ static bool child_start(const kvr_bench_opts_t *o, int kv_port, child_t *c, int 
 
 /* ---- bodies ----------------------------------------------------------------------------- */
 
-static bool make_body(kvr_lg_body_t *b, const uint32_t *tok, size_t n, uint64_t max_tokens, bool stream)
+static bool make_body(kvr_lg_body_t *b, const uint32_t *tok, size_t n, uint64_t max_tokens,
+                      bool stream)
 {
     static const char head[] = "{\"prompt\":[";
     char tail[160];
@@ -1091,8 +1092,8 @@ static double median_fig(const run_result_t *rs, unsigned runs, int f)
 
 static bool header_printed; /* the table's header, once the first point is set up */
 
-static void print_row(const kvr_bench_opts_t *o, uint64_t clients, uint64_t tokens,
-                      const char *run, const double *fig, uint64_t requests, uint64_t gaps,
+static void print_row(const kvr_bench_opts_t *o, uint64_t clients, uint64_t tokens, const char *run,
+                      const double *fig, uint64_t requests, uint64_t gaps,
                       const kvr_lg_errs_t *errs, bool with_target)
 {
     if (!header_printed) {

@@ -85,7 +85,7 @@ static const kvr_bench_col_t COLS[] = {
 #define ROUTE_DRAIN_NS ((uint64_t)(ROUTE_TIMEOUT_S + 1) * 1000000000u)
 #define ROUTE_RETRY_MS 1                         /* pause after a connection failure */
 #define ROUTE_TICK_MS 20
-#define ROUTE_MAX_SINGLE_IO ((size_t)4 << 20)   /* bytes per read or write call */
+#define ROUTE_MAX_SINGLE_IO ((size_t)4 << 20) /* bytes per read or write call */
 #define ROUTE_MAX_ID 256
 #define ROUTE_FAIL_FRACTION 0.01
 #define ROUTE_ABORT_ERRORS 1000 /* errors (and 10 x the successes) that end a run early */
@@ -106,7 +106,7 @@ typedef struct target {
     kvr_http_target_t h;    /* host, Host header, numeric address (net/replay_driver.h) */
     char route_path[512];
     char delete_prefix[512];
-    bool update_state;      /* book, then DELETE (--update-state) */
+    bool update_state; /* book, then DELETE (--update-state) */
 } target_t;
 
 static bool parse_url(const char *url, target_t *t, char *why, size_t why_len)
@@ -177,9 +177,9 @@ static kvr_lg_body_t *make_bodies(const kvr_bench_opts_t *o, uint64_t clients, u
                                   size_t per)
 {
     bool update_state = o->update_state;
-    return kvr_lg_make_bodies(o->seed ^ kvr_bench_mix64(tokens ^ 0x70a7eu), tokens,
-                              o->prefix_share, ROUTE_N_PREFIXES, ROUTE_MAX_TOKEN,
-                              (size_t)clients * per, route_body, &update_state);
+    return kvr_lg_make_bodies(o->seed ^ kvr_bench_mix64(tokens ^ 0x70a7eu), tokens, o->prefix_share,
+                              ROUTE_N_PREFIXES, ROUTE_MAX_TOKEN, (size_t)clients * per, route_body,
+                              &update_state);
 }
 
 /* ---- the driver: route, then (with --update-state) DELETE the booking ------------------- */

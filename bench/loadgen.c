@@ -554,8 +554,8 @@ bool kvr_lg_run(const kvr_lg_config_t *cfg, const char *who, kvr_lg_result_t *re
         atomic_init(&r->aborted, false);
         r->start_ns = kvr_bench_now_ns();
         r->measure_start = r->start_ns + (uint64_t)(cfg->warmup_s * 1e9);
-        r->measure_end = cfg->requests > 0 ? UINT64_MAX
-                                           : r->measure_start + (uint64_t)(cfg->duration_s * 1e9);
+        r->measure_end =
+            cfg->requests > 0 ? UINT64_MAX : r->measure_start + (uint64_t)(cfg->duration_s * 1e9);
     }
     for (size_t l = 0, first = 0; ok && l < n_loops; l++) {
         size_t n = cfg->clients / n_loops + (l < cfg->clients % n_loops);
@@ -563,8 +563,8 @@ bool kvr_lg_run(const kvr_lg_config_t *cfg, const char *who, kvr_lg_result_t *re
         first += n;
     }
     if (!ok) {
-        fprintf(stderr, "%s: cannot set up %zu clients (out of memory or file descriptors?)\n",
-                who, cfg->clients);
+        fprintf(stderr, "%s: cannot set up %zu clients (out of memory or file descriptors?)\n", who,
+                cfg->clients);
         goto out;
     }
     for (size_t l = 0; l < n_loops && ok; l++) {

@@ -34,9 +34,9 @@
 #include <event2/http.h>
 
 /* Error kinds: an HTTP status (100..599), a driver's own (-99..-1), or these. */
-#define KVR_LG_CONN (-100)      /* connection failure without a reason */
-#define KVR_LG_OTHER (-300)     /* kinds beyond KVR_LG_MAX_KINDS */
-#define KVR_LG_EVREQ (-1000)    /* minus an evhttp_request_error */
+#define KVR_LG_CONN (-100)   /* connection failure without a reason */
+#define KVR_LG_OTHER (-300)  /* kinds beyond KVR_LG_MAX_KINDS */
+#define KVR_LG_EVREQ (-1000) /* minus an evhttp_request_error */
 #define KVR_LG_MAX_KINDS 32
 
 #define KVR_LG_GOOD 0
@@ -65,7 +65,7 @@ kvr_lg_body_t *kvr_lg_make_bodies(uint64_t seed, uint64_t tokens, double prefix_
                                   kvr_lg_make_body_fn make, void *arg);
 
 typedef struct kvr_lg_err {
-    int tag;  /* the driver's request kind (0: the timed request; bench route: 1 = DELETE) */
+    int tag; /* the driver's request kind (0: the timed request; bench route: 1 = DELETE) */
     int code;
     uint64_t n;
 } kvr_lg_err_t;
@@ -89,30 +89,29 @@ typedef struct kvr_lg_driver {
     /* Per request, before it goes (e.g. a chunked-body callback, state reset); may be NULL. */
     void (*prepare)(kvr_lg_client_t *c, struct evhttp_request *req);
     /* A response with a status (any): KVR_LG_GOOD, an error kind, or KVR_LG_LATER. */
-    int (*check)(kvr_lg_client_t *c, struct evhttp_request *req, uint64_t *units,
-                 uint64_t *events);
+    int (*check)(kvr_lg_client_t *c, struct evhttp_request *req, uint64_t *units, uint64_t *events);
     size_t state_bytes; /* the driver's per-client state (kvr_lg_state) */
 } kvr_lg_driver_t;
 
 typedef struct kvr_lg_config {
     const kvr_lg_driver_t *drv;
-    void *drv_arg;                /* kvr_lg_arg() */
-    const char *addr, *host_hdr;  /* numeric address; Host header */
+    void *drv_arg;               /* kvr_lg_arg() */
+    const char *addr, *host_hdr; /* numeric address; Host header */
     uint16_t port;
-    const char *path;             /* POST target */
+    const char *path; /* POST target */
     size_t clients, threads;
     const kvr_lg_body_t *bodies;
     size_t n_bodies;
-    size_t per_client;            /* > 0: client i owns bodies [i*per, (i+1)*per); 0: all share
-                                     the pool, client i starting at i * n_bodies / clients */
+    size_t per_client; /* > 0: client i owns bodies [i*per, (i+1)*per); 0: all share
+                          the pool, client i starting at i * n_bodies / clients */
     double warmup_s, duration_s;
-    uint64_t requests;            /* > 0: the window ends at this many responses */
-    uint64_t interval_ns;         /* > 0: each client's pace */
-    int timeout_s;                /* per request and connect */
+    uint64_t requests;    /* > 0: the window ends at this many responses */
+    uint64_t interval_ns; /* > 0: each client's pace */
+    int timeout_s;        /* per request and connect */
     unsigned tick_ms, retry_ms;
     uint64_t drain_ns;
     uint64_t abort_errors;
-    size_t max_single_io;         /* bytes per read or write call */
+    size_t max_single_io; /* bytes per read or write call */
     /* called from the caller's thread at the window's start (false) and end (true); NULL:
      * the caller's thread only waits */
     void (*at_window)(void *arg, bool end);
@@ -120,11 +119,11 @@ typedef struct kvr_lg_config {
 } kvr_lg_config_t;
 
 typedef struct kvr_lg_result {
-    double *ns;                   /* latencies of the window's good responses (caller frees) */
+    double *ns; /* latencies of the window's good responses (caller frees) */
     size_t n_ns;
-    double sum_ns, window_ns;     /* window_ns: NAN when nothing was measured */
+    double sum_ns, window_ns; /* window_ns: NAN when nothing was measured */
     uint64_t units, events, followups;
-    kvr_lg_errs_t errs;           /* the window's; every phase's when aborted or nothing good */
+    kvr_lg_errs_t errs; /* the window's; every phase's when aborted or nothing good */
     uint64_t stuck;
     bool aborted;
 } kvr_lg_result_t;
