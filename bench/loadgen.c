@@ -21,6 +21,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "bench.h"
+#include "net/http_conn.h"
 
 /* ---- bodies and errors ---------------------------------------------------------------------- */
 
@@ -159,7 +160,7 @@ struct kvr_lg_client {
     uint64_t next_at; /* paced: when the next request is due (ns) */
     uint64_t t0;
     int fail; /* the last evhttp error reported for the request in flight */
-    evutil_socket_t nodelay_fd;
+    int nodelay_fd;
     void *state;
 };
 
@@ -284,18 +285,6 @@ static void record(kvr_lg_client_t *c, uint64_t t1, uint64_t units, uint64_t eve
     lp->events += events;
 }
 
-/* Nagle would hold back the tail of a large body; TCP_NODELAY once per socket. */
-static void set_nodelay(kvr_lg_client_t *c)
-{
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evcon);
-    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
-    if (fd >= 0 && fd != c->nodelay_fd) {
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        c->nodelay_fd = fd;
-    }
-}
-
 void kvr_lg_on_error(enum evhttp_request_error err, void *client)
 {
     kvr_lg_client_t *c = client;
@@ -386,7 +375,7 @@ static void send_req(kvr_lg_client_t *c)
     if (evhttp_make_request(c->evcon, req, EVHTTP_REQ_POST, cfg->path) != 0)
         failed(c, 0, KVR_LG_CONN, kvr_bench_now_ns()); /* evhttp freed req */
     else
-        set_nodelay(c); /* a new connection's socket exists once the request is queued */
+        kvr_http_nodelay(c->evcon, &c->nodelay_fd); /* a new connection's socket exists once the request is queued */
 }
 
 static void tick_cb(evutil_socket_t fd, short what, void *arg)

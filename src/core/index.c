@@ -72,6 +72,7 @@
 
 #include "core/oatab.h"
 #include "kvrouter.h"
+#include "core/verify.h"
 
 #include "core/grow.h"
 
@@ -2132,12 +2133,7 @@ int kvr_index_dump(kvr_index_t *ix, kvr_dump_fn fn, void *ud)
 /* ---------------------------------------------------------------------------------------- */
 /* Verify */
 
-#define FAIL(...)                                                                          \
-    do {                                                                                   \
-        if (msg != NULL && msg_len > 0)                                                    \
-            snprintf(msg, msg_len, __VA_ARGS__);                                           \
-        return KVR_EINVAL;                                                                 \
-    } while (0)
+#define FAIL KVR_VERIFY_FAIL
 
 static bool ntab_has(const ntab_t *t, uint64_t key, uint32_t n)
 {

@@ -40,6 +40,7 @@
 
 #include "core/oatab.h"
 #include "kvrouter.h"
+#include "core/verify.h"
 
 #include "core/kvcache.h"
 
@@ -561,12 +562,7 @@ int kvr_kvcache_reset(kvr_kvcache_t *kc)
 
 /* ---- verify ---- */
 
-#define FAIL(...)                                                                              \
-    do {                                                                                       \
-        if (msg != NULL && msg_len > 0)                                                        \
-            snprintf(msg, msg_len, __VA_ARGS__);                                               \
-        return KVR_EINVAL;                                                                     \
-    } while (0)
+#define FAIL KVR_VERIFY_FAIL
 
 static int verify_queue(const kvr_kvcache_t *kc, char *msg, size_t msg_len)
 {

@@ -64,6 +64,7 @@
 
 #include "core/oatab.h"
 #include "kvrouter.h"
+#include "core/verify.h"
 
 #define NONE UINT32_MAX
 #define W_SHIFT 30
@@ -1050,12 +1051,7 @@ void kvr_load_stats(const kvr_load_t *lt, kvr_load_stats_t *out)
 
 /* ---- verify ---- */
 
-#define FAIL(...)                                                                              \
-    do {                                                                                       \
-        if (msg != NULL && msg_len > 0)                                                        \
-            snprintf(msg, msg_len, __VA_ARGS__);                                               \
-        return KVR_EINVAL;                                                                     \
-    } while (0)
+#define FAIL KVR_VERIFY_FAIL
 
 static int verify_ids(const kvr_load_t *lt, char *msg, size_t msg_len)
 {

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 
 #include "kvrouter.h"
+#include "core/verify.h"
 
 #define NIL UINT32_MAX
 enum { ORDER = 0, DEADLINE = 1 };
@@ -350,12 +351,7 @@ void kvr_queue_stats(const kvr_queue_t *q, kvr_queue_stats_t *out)
 
 /* ---- verify ---- */
 
-#define FAIL(...)                                  \
-    do {                                           \
-        if (msg != NULL && msg_len > 0)            \
-            snprintf(msg, msg_len, __VA_ARGS__);   \
-        return KVR_EINVAL;                         \
-    } while (0)
+#define FAIL KVR_VERIFY_FAIL
 
 static int verify_heap(const kvr_queue_t *q, int h, char *msg, size_t msg_len)
 {

@@ -4,6 +4,8 @@
 #include "net/http_conn.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -25,4 +27,15 @@ void kvr_http_release_orphan(struct evhttp_request *req)
 {
     if (req != NULL && evhttp_request_get_connection(req) == NULL)
         evhttp_request_free(req);
+}
+
+void kvr_http_nodelay(struct evhttp_connection *conn, int *last)
+{
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(conn);
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd >= 0 && fd != *last) {
+        int one = 1;
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        *last = fd;
+    }
 }

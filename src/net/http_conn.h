@@ -13,6 +13,11 @@
  *    when the application frees the connection, the requests still attached are libevent's.
  *    kvr_http_release_orphan(), called from the close callback, frees the request in the
  *    first case only (otherwise each abandoned stream leaks one request).
+ * 3. Nagle's algorithm holds back the tail of a body (and, against a delayed ACK, whole
+ *    responses for ~40 ms); libevent makes an outgoing connection's socket only when its first
+ *    request is queued. kvr_http_nodelay() sets TCP_NODELAY on the connection's current socket
+ *    once (*last remembers the socket done; start it at -1): call it after each
+ *    evhttp_make_request().
  * Threads: the connection's loop thread. Cost: one syscall / O(1).
  */
 #ifndef KVR_NET_HTTP_CONN_H
@@ -25,5 +30,6 @@ struct evhttp_request;
 
 bool kvr_http_client_gone(struct evhttp_connection *conn);
 void kvr_http_release_orphan(struct evhttp_request *req);
+void kvr_http_nodelay(struct evhttp_connection *conn, int *last);
 
 #endif /* KVR_NET_HTTP_CONN_H */

@@ -39,6 +39,7 @@
 
 #include "core/endpoint.h"
 #include "kvrouter.h"
+#include "net/http_conn.h"
 #include "wire/oai_stream.h"
 
 #define ERR_BODY_BYTES 2048 /* of a non-200 body, kept for its message */
@@ -255,7 +256,7 @@ typedef struct driver driver_t;
 
 typedef struct conn {
     struct evhttp_connection *evcon;
-    evutil_socket_t nodelay_fd;
+    int nodelay_fd;
 } conn_t;
 
 typedef enum slot_state { SLOT_FREE = 0, SLOT_ACTIVE, SLOT_CANCELLING } slot_state_t;
@@ -312,17 +313,6 @@ static void fatal(driver_t *d, int status)
     if (d->fatal == KVR_OK)
         d->fatal = status;
     event_base_loopexit(d->base, NULL);
-}
-
-static void set_nodelay(conn_t *c)
-{
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evcon);
-    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
-    if (fd >= 0 && fd != c->nodelay_fd) {
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        c->nodelay_fd = fd;
-    }
 }
 
 static conn_t *conn_get(driver_t *d)
@@ -602,7 +592,7 @@ static int send_next(driver_t *d)
         return KVR_OK;
     }
     if (s->state == SLOT_ACTIVE && s->conn == c)
-        set_nodelay(c);
+        kvr_http_nodelay(c->evcon, &c->nodelay_fd);
     return KVR_OK;
 }
 
