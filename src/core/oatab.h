@@ -61,7 +61,8 @@ static inline bool kvr_oatab_movable(size_t i, size_t j, size_t h)
 }
 
 #define KVR_OATAB_DEFINE(P, C, E, HOME, IS_EMPTY, CLEAR)                                        \
-    static inline size_t P##_free_slot(const E *t, size_t mask, size_t home)                    \
+    __attribute__((unused)) static inline size_t P##_free_slot(const E *t, size_t mask,         \
+                                                               size_t home)                     \
     {                                                                                           \
         size_t i = home & mask;                                                                 \
         while (!IS_EMPTY(&t[i]))                                                                \
@@ -69,8 +70,9 @@ static inline bool kvr_oatab_movable(size_t i, size_t j, size_t h)
         return i;                                                                               \
     }                                                                                           \
                                                                                                 \
-    static inline E *P##_find(const C *c, E *t, size_t mask, size_t home,                       \
-                              bool (*match)(const C *, const E *, const void *), const void *k) \
+    __attribute__((unused)) static inline E *P##_find(                                          \
+        const C *c, E *t, size_t mask, size_t home,                                             \
+        bool (*match)(const C *, const E *, const void *), const void *k)                       \
     {                                                                                           \
         for (size_t i = home & mask; !IS_EMPTY(&t[i]); i = (i + 1) & mask)                      \
             if (match(c, (const E *)&t[i], k))                                                  \
@@ -78,7 +80,8 @@ static inline bool kvr_oatab_movable(size_t i, size_t j, size_t h)
         return NULL;                                                                            \
     }                                                                                           \
                                                                                                 \
-    static inline void P##_remove_at(const C *c, E *t, size_t mask, size_t i)                   \
+    __attribute__((unused)) static inline void P##_remove_at(const C *c, E *t, size_t mask,     \
+                                                             size_t i)                          \
     {                                                                                           \
         (void)c;                                                                                \
         CLEAR(&t[i]);                                                                           \
@@ -91,7 +94,8 @@ static inline bool kvr_oatab_movable(size_t i, size_t j, size_t h)
         }                                                                                       \
     }                                                                                           \
                                                                                                 \
-    static inline int P##_rehash(const C *c, E **t, size_t *mask, size_t cap)                   \
+    __attribute__((unused)) static inline int P##_rehash(const C *c, E **t, size_t *mask,       \
+                                                         size_t cap)                            \
     {                                                                                           \
         (void)c;                                                                                \
         E *n = malloc(cap * sizeof *n);                                                         \
@@ -108,7 +112,8 @@ static inline bool kvr_oatab_movable(size_t i, size_t j, size_t h)
         return KVR_OK;                                                                          \
     }                                                                                           \
                                                                                                 \
-    static inline bool P##_verify(const C *c, const E *t, size_t mask, size_t *n_live)          \
+    __attribute__((unused)) static inline bool P##_verify(const C *c, const E *t, size_t mask,  \
+                                                          size_t *n_live)                       \
     {                                                                                           \
         (void)c;                                                                                \
         size_t n = 0;                                                                           \

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "core/grow.h"
+#include "wire/mp_cursor.h"
 
 #define NONE SIZE_MAX  /* an absent offset */
 
@@ -39,313 +40,17 @@ struct kvr_kv_offs {
     size_t hash, tok, lora, salt, err;
 };
 
-/* ------------------------------------------------------------------------------------------ */
-/* The msgpack cursor. */
-
-enum mp_type {
-    T_NIL, T_BOOL, T_UINT, T_NEG, T_FLOAT, T_STR, T_BIN, T_ARRAY, T_MAP, T_EXT,
-};
-
-/* Why a value could not be framed. */
-enum frame_why {
-    W_END,    /* the payload ends where a value should start */
-    W_BAD,    /* byte 0xc1 (never used by msgpack) */
-    W_LEN,    /* a string/binary/extension/number runs past the end */
-    W_COUNT,  /* a container declares more elements than bytes left */
-    W_DEEP,   /* a container nested deeper than MAX_DEPTH */
-};
-
-/* msgpack-c refuses to open a 33rd nested container; so do we, so that both agree on what
- * valid msgpack is. The fixed structure (batch, events, event, field, pair) is 5 deep. */
-#define MAX_DEPTH 32
-
-typedef struct rd {
-    const uint8_t *p;
-    size_t n, pos;
-    int why;   /* after a framing failure */
-} rd_t;
-
-/* One value's header. */
-typedef struct mp {
-    enum mp_type type;
-    size_t size;          /* bytes to the next value: the whole value, or a container's header */
-    uint64_t u;           /* ints: two's complement bits; str/bin/ext: length; containers: count */
-    double f;             /* T_FLOAT */
-    const uint8_t *data;  /* str/bin payload */
-} mp_t;
-
-/* Return codes of the readers. */
-#define R_OK 0
-#define R_EV (-1)     /* the event is invalid; its message is recorded */
-#define R_FRAME (-2)  /* the payload cannot be framed at r->pos (r->why says why) */
-
-static inline uint16_t be16(const uint8_t *p)
-{
-    return (uint16_t)((unsigned)p[0] << 8 | p[1]);
-}
-
-static inline uint32_t be32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static inline uint64_t be64(const uint8_t *p)
-{
-    return (uint64_t)be32(p) << 32 | be32(p + 4);
-}
-
-static int frame(rd_t *r, int why)
-{
-    r->why = why;
-    return R_FRAME;
-}
-
-/* Reads the header of the value at r->pos without consuming it. Checks that the whole value
- * (or a container's header) is inside the payload and that a container's elements could be.
- * peek() inlines the one-byte headers (small ints, nil, short arrays, maps and strings: most
- * of an event) and leaves the rest to peek_slow(). */
-static __attribute__((noinline)) int peek_slow(rd_t *r, mp_t *v)
-{
-    size_t left = r->n - r->pos;
-    if (left == 0)
-        return frame(r, W_END);
-    const uint8_t *p = r->p + r->pos;
-    uint8_t b = p[0];
-    size_t hdr = 1, len = 0;   /* header bytes; trailing bytes for str/bin/ext/numbers */
-    v->u = 0;
-    if (b <= 0x7f) {
-        v->type = T_UINT;
-        v->u = b;
-    } else if (b <= 0x8f) {
-        v->type = T_MAP;
-        v->u = b & 0x0fu;
-    } else if (b <= 0x9f) {
-        v->type = T_ARRAY;
-        v->u = b & 0x0fu;
-    } else if (b <= 0xbf) {
-        v->type = T_STR;
-        v->u = b & 0x1fu;
-        len = (size_t)v->u;
-    } else if (b >= 0xe0) {
-        v->type = T_NEG;
-        v->u = (uint64_t)((int64_t)b - 256);
-    } else {
-        static const uint8_t hdr_of[0x20] = {
-            /* c0 nil, c1 bad, c2 c3 bool, c4 c5 c6 bin, c7 c8 c9 ext, ca cb float */
-            1, 1, 1, 1, 2, 3, 5, 3, 4, 6, 1, 1,
-            /* cc..cf uint, d0..d3 int */
-            1, 1, 1, 1, 1, 1, 1, 1,
-            /* d4..d8 fixext (tag byte), d9 da db str, dc dd array, de df map */
-            2, 2, 2, 2, 2, 2, 3, 5, 3, 5, 3, 5,
-        };
-        if (b == 0xc1)
-            return frame(r, W_BAD);
-        hdr = hdr_of[b - 0xc0];
-        if (left < hdr)
-            return frame(r, W_LEN);
-        switch (b) {
-        case 0xc0: v->type = T_NIL; break;
-        case 0xc2: case 0xc3: v->type = T_BOOL; v->u = b & 1u; break;
-        case 0xc4: v->type = T_BIN; len = p[1]; break;
-        case 0xc5: v->type = T_BIN; len = be16(p + 1); break;
-        case 0xc6: v->type = T_BIN; len = be32(p + 1); break;
-        case 0xc7: v->type = T_EXT; len = p[1]; break;
-        case 0xc8: v->type = T_EXT; len = be16(p + 1); break;
-        case 0xc9: v->type = T_EXT; len = be32(p + 1); break;
-        case 0xca: v->type = T_FLOAT; len = 4; break;
-        case 0xcb: v->type = T_FLOAT; len = 8; break;
-        case 0xcc: v->type = T_UINT; len = 1; break;
-        case 0xcd: v->type = T_UINT; len = 2; break;
-        case 0xce: v->type = T_UINT; len = 4; break;
-        case 0xcf: v->type = T_UINT; len = 8; break;
-        case 0xd0: v->type = T_NEG; len = 1; break;
-        case 0xd1: v->type = T_NEG; len = 2; break;
-        case 0xd2: v->type = T_NEG; len = 4; break;
-        case 0xd3: v->type = T_NEG; len = 8; break;
-        case 0xd4: v->type = T_EXT; len = 1; break;
-        case 0xd5: v->type = T_EXT; len = 2; break;
-        case 0xd6: v->type = T_EXT; len = 4; break;
-        case 0xd7: v->type = T_EXT; len = 8; break;
-        case 0xd8: v->type = T_EXT; len = 16; break;
-        case 0xd9: v->type = T_STR; len = p[1]; break;
-        case 0xda: v->type = T_STR; len = be16(p + 1); break;
-        case 0xdb: v->type = T_STR; len = be32(p + 1); break;
-        case 0xdc: v->type = T_ARRAY; v->u = be16(p + 1); break;
-        case 0xdd: v->type = T_ARRAY; v->u = be32(p + 1); break;
-        case 0xde: v->type = T_MAP; v->u = be16(p + 1); break;
-        case 0xdf: v->type = T_MAP; v->u = be32(p + 1); break;
-        default: break;
-        }
-    }
-    if (len > left - hdr)
-        return frame(r, W_LEN);
-    const uint8_t *q = p + hdr;
-    switch (v->type) {
-    case T_UINT:
-        if (len == 1) v->u = q[0];
-        else if (len == 2) v->u = be16(q);
-        else if (len == 4) v->u = be32(q);
-        else if (len == 8) v->u = be64(q);
-        break;
-    case T_NEG:
-        /* sign-extend to two's complement bits (negative fixint: already done) */
-        if (len == 1) v->u = (uint64_t)((int64_t)(q[0] ^ 0x80u) - 0x80);
-        else if (len == 2) v->u = (uint64_t)((int64_t)(be16(q) ^ 0x8000u) - 0x8000);
-        else if (len == 4) v->u = (uint64_t)((int64_t)(be32(q) ^ 0x80000000u) - 0x80000000);
-        else if (len == 8) v->u = be64(q);
-        if (v->u >> 63 == 0)
-            v->type = T_UINT;  /* a signed encoding of a non-negative value */
-        break;
-    case T_FLOAT:
-        if (len == 4) {
-            uint32_t w = be32(q);
-            float f;
-            memcpy(&f, &w, sizeof f);
-            v->f = f;
-        } else {
-            uint64_t w = be64(q);
-            memcpy(&v->f, &w, sizeof v->f);
-        }
-        break;
-    case T_STR:
-    case T_BIN:
-    case T_EXT:
-        v->u = len;
-        v->data = q;
-        break;
-    case T_ARRAY:
-    case T_MAP:
-        /* each element takes at least one byte */
-        if (v->u > (left - hdr) / (v->type == T_MAP ? 2 : 1))
-            return frame(r, W_COUNT);
-        break;
-    default:
-        break;
-    }
-    v->size = hdr + len;
-    return R_OK;
-}
-
-static inline int peek(rd_t *r, mp_t *v)
-{
-    size_t left = r->n - r->pos;
-    if (left > 0) {
-        uint8_t b = r->p[r->pos];
-        v->size = 1;
-        if (b <= 0x7f) {
-            v->type = T_UINT;
-            v->u = b;
-            return R_OK;
-        }
-        if (b == 0xc0) {
-            v->type = T_NIL;
-            v->u = 0;
-            return R_OK;
-        }
-        if (b >= 0x80 && b <= 0x9f) {  /* each element takes at least one byte */
-            v->type = b >= 0x90 ? T_ARRAY : T_MAP;
-            v->u = b & 0x0fu;
-            if (v->u * (b >= 0x90 ? 1 : 2) <= left - 1)
-                return R_OK;
-        } else if (b >= 0xa0 && b <= 0xbf) {
-            v->type = T_STR;
-            v->u = b & 0x1fu;
-            v->data = r->p + r->pos + 1;
-            v->size = 1 + (size_t)v->u;
-            if (v->u <= left - 1)
-                return R_OK;
-        }
-    }
-    return peek_slow(r, v);
-}
-
-/* Skips count values (with everything nested in them) where `open` containers are open
- * around them. left[] holds the values still to skip per level: no recursion. */
-static int skip(rd_t *r, uint64_t count, unsigned open)
-{
-    uint64_t left[MAX_DEPTH + 1];
-    unsigned top = 0;
-    left[0] = count;
-    for (;;) {
-        while (left[top] == 0) {
-            if (top == 0)
-                return R_OK;
-            top--;
-        }
-        mp_t v;
-        if (peek(r, &v) != R_OK)
-            return R_FRAME;
-        bool container = v.type == T_ARRAY || v.type == T_MAP;
-        if (container && open + top >= MAX_DEPTH)
-            return frame(r, W_DEEP);
-        r->pos += v.size;
-        left[top]--;
-        if (container && v.u > 0)  /* peek bounded v.u by the bytes left */
-            left[++top] = v.type == T_MAP ? 2 * v.u : v.u;
-    }
-}
+/* The cursor's codes, and the event-level one this file adds. */
+#define R_OK KVR_MP_OK
+#define R_EV (-1)             /* the event is invalid; its message is recorded */
+#define R_FRAME KVR_MP_FRAME  /* the payload cannot be framed at r->pos (r->why says why) */
 
 /* Containers open around the values at each level of a batch. */
 #define OPEN_BATCH 1   /* inside the batch array or map */
 #define OPEN_EVENT 3   /* inside an event (batch, events, event) */
 
-static const char *tname(enum mp_type t)
-{
-    switch (t) {
-    case T_NIL: return "nil";
-    case T_BOOL: return "a boolean";
-    case T_UINT: return "an integer";
-    case T_NEG: return "a negative integer";
-    case T_FLOAT: return "a float";
-    case T_STR: return "a string";
-    case T_BIN: return "binary";
-    case T_ARRAY: return "an array";
-    case T_MAP: return "a map";
-    case T_EXT: return "an extension";
-    }
-    return "?";
-}
-
-static int64_t as_i64(uint64_t u)
-{
-    int64_t s;
-    memcpy(&s, &u, sizeof s);
-    return s;
-}
-
-/* "an integer" for types, the value itself for integers. */
-static const char *vdesc(const mp_t *v, char *buf, size_t len)
-{
-    if (v->type == T_UINT)
-        snprintf(buf, len, "%" PRIu64, v->u);
-    else if (v->type == T_NEG)
-        snprintf(buf, len, "%" PRId64, as_i64(v->u));
-    else
-        return tname(v->type);
-    return buf;
-}
-
-static bool str_eq(const mp_t *v, const char *s, size_t len)
-{
-    return v->type == T_STR && v->u == len && memcmp(v->data, s, len) == 0;
-}
-
-static bool str_ieq_n(const uint8_t *a, size_t alen, const char *b, size_t blen)
-{
-    if (alen != blen)
-        return false;
-    for (size_t i = 0; i < alen; i++) {
-        unsigned c = a[i];
-        if (c >= 'a' && c <= 'z')
-            c -= 'a' - 'A';
-        if (c != (unsigned char)b[i])
-            return false;
-    }
-    return true;
-}
-
-#define STR_EQ(v, lit) str_eq((v), (lit), sizeof(lit) - 1)
-#define str_ieq(a, alen, lit) str_ieq_n((a), (alen), (lit), sizeof(lit) - 1)
+#define STR_EQ(v, lit) kvr_mp_str_eq((v), (lit), sizeof(lit) - 1)
+#define str_ieq(a, alen, lit) kvr_mp_str_ieq_n((a), (alen), (lit), sizeof(lit) - 1)
 
 /* ------------------------------------------------------------------------------------------ */
 /* Buffers and messages. */
@@ -353,7 +58,7 @@ static bool str_ieq_n(const uint8_t *a, size_t alen, const char *b, size_t blen)
 /* The state of one decode. */
 typedef struct dctx {
     kvr_kv_events_t *d;
-    rd_t r;
+    kvr_mp_rd_t r;
     size_t ev;            /* index of the event being decoded */
     int ev_status;        /* its first error */
     char ev_msg[200];
@@ -393,19 +98,19 @@ static int batch_fail(kvr_kv_events_t *d, int status, const char *fmt, ...)
 /* The batch error for a framing failure at c->r.pos, inside `where`. */
 static int frame_fail(dctx_t *c, const char *where)
 {
-    const rd_t *r = &c->r;
+    const kvr_mp_rd_t *r = &c->r;
     switch (r->why) {
-    case W_BAD:
+    case KVR_MP_W_BAD:
         return batch_fail(c->d, KVR_EPARSE, "invalid msgpack: byte 0xc1 at offset %zu (in %s)",
                           r->pos, where);
-    case W_LEN:
+    case KVR_MP_W_LEN:
         return batch_fail(c->d, KVR_EPARSE,
                           "truncated: the value at offset %zu (in %s) runs past the end of the "
                           "%zu-byte payload", r->pos, where, r->n);
-    case W_DEEP:
+    case KVR_MP_W_DEEP:
         return batch_fail(c->d, KVR_EPARSE, "too deep: the container at offset %zu (in %s) "
-                          "is nested deeper than %d levels", r->pos, where, MAX_DEPTH);
-    case W_COUNT:
+                          "is nested deeper than %d levels", r->pos, where, KVR_MP_MAX_DEPTH);
+    case KVR_MP_W_COUNT:
         return batch_fail(c->d, KVR_EPARSE,
                           "truncated: %s needs more values than the %zu bytes left after "
                           "offset %zu", where, r->n - r->pos, r->pos);
@@ -430,25 +135,25 @@ static int push_str(kvr_kv_events_t *d, const void *s, size_t len, size_t *off)
 /* ------------------------------------------------------------------------------------------ */
 /* Fields. Each reads one value at the cursor: R_OK (consumed), R_EV (recorded) or R_FRAME. */
 
-static int want(dctx_t *c, mp_t *v)
+static int want(dctx_t *c, kvr_mp_t *v)
 {
-    return peek(&c->r, v) == R_OK ? R_OK : R_FRAME;
+    return kvr_mp_peek(&c->r, v) == R_OK ? R_OK : R_FRAME;
 }
 
 static int rd_hash_value(dctx_t *c, const char *name, size_t k, bool indexed, uint64_t *out)
 {
-    const rd_t *r = &c->r;
+    const kvr_mp_rd_t *r = &c->r;
     if (r->n - r->pos >= 9 && (r->p[r->pos] == 0xcf || r->p[r->pos] == 0xd3)) {
-        *out = be64(r->p + r->pos + 1);  /* u64 or i64: the same bits */
+        *out = kvr_mp_be64(r->p + r->pos + 1);  /* u64 or i64: the same bits */
         c->r.pos += 9;
         return R_OK;
     }
-    mp_t v;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type == T_UINT || v.type == T_NEG) {
+    if (v.type == KVR_MP_UINT || v.type == KVR_MP_NEG) {
         *out = v.u;
-    } else if (v.type == T_BIN && v.u > 0) {
+    } else if (v.type == KVR_MP_BIN && v.u > 0) {
         size_t n = (size_t)v.u, from = n > 8 ? n - 8 : 0;
         uint64_t h = 0;
         for (size_t i = from; i < n; i++)
@@ -456,10 +161,10 @@ static int rd_hash_value(dctx_t *c, const char *name, size_t k, bool indexed, ui
         *out = h;
     } else if (indexed) {
         return ev_fail(c, KVR_EPARSE, ".%s[%zu]: expected an integer or non-empty binary, "
-                       "found %s", name, k, tname(v.type));
+                       "found %s", name, k, kvr_mp_tname(v.type));
     } else {
         return ev_fail(c, KVR_EPARSE, ".%s: expected an integer, non-empty binary or nil, "
-                       "found %s", name, tname(v.type));
+                       "found %s", name, kvr_mp_tname(v.type));
     }
     c->r.pos += v.size;
     return R_OK;
@@ -468,12 +173,12 @@ static int rd_hash_value(dctx_t *c, const char *name, size_t k, bool indexed, ui
 static int f_hashes(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
 {
     kvr_kv_events_t *d = c->d;
-    mp_t v;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type != T_ARRAY)
+    if (v.type != KVR_MP_ARRAY)
         return ev_fail(c, KVR_EPARSE, ".block_hashes: expected an array, found %s",
-                       tname(v.type));
+                       kvr_mp_tname(v.type));
     size_t n = (size_t)v.u;
     if (n > d->limits.max_hashes)
         return ev_fail(c, KVR_ETOOBIG, ".block_hashes: %zu hashes exceed the limit of %zu "
@@ -495,10 +200,10 @@ static int f_hashes(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
 
 static int f_parent(dctx_t *c, kvr_kv_event_t *ev)
 {
-    mp_t v;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type == T_NIL) {
+    if (v.type == KVR_MP_NIL) {
         c->r.pos += v.size;
         ev->has_parent = false;
         return R_OK;
@@ -511,20 +216,20 @@ static int f_parent(dctx_t *c, kvr_kv_event_t *ev)
 /* A token id: an integer in [0, 2^32). */
 static int rd_token(dctx_t *c, const char *what, size_t k, uint32_t *out)
 {
-    mp_t v;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
     char num[24];
-    if (v.type == T_UINT && v.u <= UINT32_MAX) {
+    if (v.type == KVR_MP_UINT && v.u <= UINT32_MAX) {
         *out = (uint32_t)v.u;
         c->r.pos += v.size;
         return R_OK;
     }
-    if (v.type == T_UINT || v.type == T_NEG)
+    if (v.type == KVR_MP_UINT || v.type == KVR_MP_NEG)
         return ev_fail(c, KVR_ERANGE, ".token_ids[%zu]%s: %s is not in [0, 4294967295]", k,
-                       what, vdesc(&v, num, sizeof num));
+                       what, kvr_mp_vdesc(&v, num, sizeof num));
     return ev_fail(c, KVR_EPARSE, ".token_ids[%zu]%s: expected an integer, found %s", k, what,
-                   tname(v.type));
+                   kvr_mp_tname(v.type));
 }
 
 /* EAGLE pairs [[t0, t1], [t1, t2], ...]: the first of each pair, then the last second. */
@@ -538,13 +243,13 @@ static int eagle_pairs(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, siz
         return ev_fail(c, KVR_ENOMEM, ".token_ids: out of memory");
     uint32_t *out = d->tok_buf + d->n_tok;
     for (size_t k = 0; k < n; k++) {
-        mp_t v;
+        kvr_mp_t v;
         if (want(c, &v) != R_OK)
             return R_FRAME;
-        if (v.type != T_ARRAY || v.u != 2)
+        if (v.type != KVR_MP_ARRAY || v.u != 2)
             return ev_fail(c, KVR_EPARSE, ".token_ids[%zu]: expected an [a, b] pair like "
-                           "token_ids[0], found %s%s", k, tname(v.type),
-                           v.type == T_ARRAY ? " of another length" : "");
+                           "token_ids[0], found %s%s", k, kvr_mp_tname(v.type),
+                           v.type == KVR_MP_ARRAY ? " of another length" : "");
         c->r.pos += v.size;
         int rc = rd_token(c, "[0]", k, &out[k]);
         if (rc == R_OK)
@@ -562,12 +267,12 @@ static int eagle_pairs(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, siz
 static int f_tokens(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
 {
     kvr_kv_events_t *d = c->d;
-    rd_t *r = &c->r;
-    mp_t v;
+    kvr_mp_rd_t *r = &c->r;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type != T_ARRAY)
-        return ev_fail(c, KVR_EPARSE, ".token_ids: expected an array, found %s", tname(v.type));
+    if (v.type != KVR_MP_ARRAY)
+        return ev_fail(c, KVR_EPARSE, ".token_ids: expected an array, found %s", kvr_mp_tname(v.type));
     size_t n = (size_t)v.u;
     r->pos += v.size;
     if (n == 0) {
@@ -592,10 +297,10 @@ static int f_tokens(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
             out[k] = b;
             pos += 1;
         } else if (b == 0xcd && end - pos >= 3) {
-            out[k] = be16(p + pos + 1);
+            out[k] = kvr_mp_be16(p + pos + 1);
             pos += 3;
         } else if (b == 0xce && end - pos >= 5) {
-            out[k] = be32(p + pos + 1);
+            out[k] = kvr_mp_be32(p + pos + 1);
             pos += 5;
         } else if (b == 0xcc && end - pos >= 2) {
             out[k] = p[pos + 1];
@@ -619,54 +324,54 @@ static int f_tokens(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
 static int f_u32(dctx_t *c, const char *name, uint32_t lo, uint32_t hi, bool nil_ok,
                  bool *has, uint32_t *out)
 {
-    mp_t v;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type == T_NIL && nil_ok) {
+    if (v.type == KVR_MP_NIL && nil_ok) {
         *has = false;
         c->r.pos += v.size;
         return R_OK;
     }
     char num[24];
-    if (v.type == T_UINT && v.u >= lo && v.u <= hi) {
+    if (v.type == KVR_MP_UINT && v.u >= lo && v.u <= hi) {
         *has = true;
         *out = (uint32_t)v.u;
         c->r.pos += v.size;
         return R_OK;
     }
-    return ev_fail(c, v.type == T_UINT || v.type == T_NEG ? KVR_ERANGE : KVR_EPARSE,
+    return ev_fail(c, v.type == KVR_MP_UINT || v.type == KVR_MP_NEG ? KVR_ERANGE : KVR_EPARSE,
                    ".%s: expected an integer in [%" PRIu32 ", %" PRIu32 "]%s, found %s", name,
-                   lo, hi, nil_ok ? " or nil" : "", vdesc(&v, num, sizeof num));
+                   lo, hi, nil_ok ? " or nil" : "", kvr_mp_vdesc(&v, num, sizeof num));
 }
 
 /* group_idx at its vLLM position: Dynamo reads the positional tail by type (some producers
  * put block_mm_infos first), so a value that is not an integer or nil is skipped there. */
 static int f_group_positional(dctx_t *c, kvr_kv_event_t *ev)
 {
-    mp_t v;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type != T_UINT && v.type != T_NEG && v.type != T_NIL)
-        return skip(&c->r, 1, OPEN_EVENT);
+    if (v.type != KVR_MP_UINT && v.type != KVR_MP_NEG && v.type != KVR_MP_NIL)
+        return kvr_mp_skip(&c->r, 1, OPEN_EVENT);
     return f_u32(c, "group_idx", 0, UINT32_MAX, true, &ev->has_group_idx, &ev->group_idx);
 }
 
 /* A string or nil; "" counts as none. On success *off is NONE or the copy's offset. */
 static int f_name(dctx_t *c, const char *name, size_t *off, size_t *len)
 {
-    mp_t v;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type == T_NIL || (v.type == T_STR && v.u == 0)) {
+    if (v.type == KVR_MP_NIL || (v.type == KVR_MP_STR && v.u == 0)) {
         *off = NONE;
         *len = 0;
-    } else if (v.type == T_STR) {
+    } else if (v.type == KVR_MP_STR) {
         if (push_str(c->d, v.data, (size_t)v.u, off) != KVR_OK)
             return ev_fail(c, KVR_ENOMEM, ".%s: out of memory", name);
         *len = (size_t)v.u;
     } else {
         return ev_fail(c, KVR_EPARSE, ".%s: expected a string or nil, found %s", name,
-                       tname(v.type));
+                       kvr_mp_tname(v.type));
     }
     c->r.pos += v.size;
     return R_OK;
@@ -674,18 +379,18 @@ static int f_name(dctx_t *c, const char *name, size_t *off, size_t *len)
 
 static int f_medium(dctx_t *c, kvr_kv_event_t *ev)
 {
-    mp_t v;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type == T_NIL) {
+    if (v.type == KVR_MP_NIL) {
         ev->tier = KVR_TIER_DEVICE;
-    } else if (v.type == T_STR) {
+    } else if (v.type == KVR_MP_STR) {
         bool known;
         ev->tier = kvr_kv_tier_from_medium((const char *)v.data, (size_t)v.u, &known);
         ev->unknown_medium = !known;
     } else {
         return ev_fail(c, KVR_EPARSE, ".medium: expected a string or nil, found %s",
-                       tname(v.type));
+                       kvr_mp_tname(v.type));
     }
     c->r.pos += v.size;
     return R_OK;
@@ -695,19 +400,19 @@ static int f_medium(dctx_t *c, kvr_kv_event_t *ev)
  * strict, else it is ignored (an ambiguous position, see f_event_array). */
 static int f_locality(dctx_t *c, kvr_kv_event_t *ev, bool strict)
 {
-    mp_t v;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type == T_STR) {
+    if (v.type == KVR_MP_STR) {
         if (str_ieq(v.data, (size_t)v.u, "REMOTE"))
             ev->remote = true;
         else if (!str_ieq(v.data, (size_t)v.u, "LOCAL"))
             ev->remote = strict;
-    } else if (v.type != T_NIL) {
+    } else if (v.type != KVR_MP_NIL) {
         if (strict)
             return ev_fail(c, KVR_EPARSE, ".locality: expected a string or nil, found %s",
-                           tname(v.type));
-        return skip(&c->r, 1, OPEN_EVENT);  /* whatever it is, all of it */
+                           kvr_mp_tname(v.type));
+        return kvr_mp_skip(&c->r, 1, OPEN_EVENT);  /* whatever it is, all of it */
     }
     c->r.pos += v.size;
     return R_OK;
@@ -715,14 +420,14 @@ static int f_locality(dctx_t *c, kvr_kv_event_t *ev, bool strict)
 
 static int f_bool(dctx_t *c, const char *name, bool *out)
 {
-    mp_t v;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type == T_BOOL)
+    if (v.type == KVR_MP_BOOL)
         *out = v.u != 0;
-    else if (v.type != T_NIL)
+    else if (v.type != KVR_MP_NIL)
         return ev_fail(c, KVR_EPARSE, ".%s: expected a boolean or nil, found %s", name,
-                       tname(v.type));
+                       kvr_mp_tname(v.type));
     c->r.pos += v.size;
     return R_OK;
 }
@@ -730,19 +435,19 @@ static int f_bool(dctx_t *c, const char *name, bool *out)
 /* SGLang's BlockStoredMetadata: {"cache_salt": str, "session_id": ...}, other keys ignored. */
 static int f_metadata(dctx_t *c, const char *name, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
 {
-    mp_t v;
+    kvr_mp_t v;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type == T_NIL) {
+    if (v.type == KVR_MP_NIL) {
         c->r.pos += v.size;
         return R_OK;
     }
-    if (v.type != T_MAP)
+    if (v.type != KVR_MP_MAP)
         return ev_fail(c, KVR_EPARSE, ".%s: expected a map or nil, found %s", name,
-                       tname(v.type));
+                       kvr_mp_tname(v.type));
     c->r.pos += v.size;
     for (uint64_t k = 0; k < v.u; k++) {
-        mp_t key;
+        kvr_mp_t key;
         if (want(c, &key) != R_OK)
             return R_FRAME;
         if (STR_EQ(&key, "cache_salt")) {
@@ -752,7 +457,7 @@ static int f_metadata(dctx_t *c, const char *name, kvr_kv_event_t *ev, struct kv
             int rc = f_name(c, fname, &o->salt, &ev->cache_salt_len);
             if (rc != R_OK)
                 return rc;
-        } else if (skip(&c->r, 2, OPEN_EVENT + 1) != R_OK) {
+        } else if (kvr_mp_skip(&c->r, 2, OPEN_EVENT + 1) != R_OK) {
             return R_FRAME;
         }
     }
@@ -762,7 +467,7 @@ static int f_metadata(dctx_t *c, const char *name, kvr_kv_event_t *ev, struct kv
 /* ------------------------------------------------------------------------------------------ */
 /* Events. */
 
-static kvr_kv_kind_t tag_kind(const mp_t *v)
+static kvr_kv_kind_t tag_kind(const kvr_mp_t *v)
 {
     if (STR_EQ(v, "BlockStored"))
         return KVR_KV_STORED;
@@ -778,18 +483,18 @@ static kvr_kv_kind_t tag_kind(const mp_t *v)
  * kv_cache_spec_sliding_window, locality, ...] and [tag, block_hashes, medium, group_idx,
  * locality?, ...]. BlockRemoved's position 4 is locality in vLLM's declaration but
  * kv_cache_spec_kind in Dynamo's reading: only "REMOTE" drops the event there. */
-static int event_array(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, const mp_t *hdr)
+static int event_array(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, const kvr_mp_t *hdr)
 {
     size_t n = (size_t)hdr->u;
     if (n == 0)
         return ev_fail(c, KVR_EPARSE, ": empty array (no tag)");
     c->r.pos += hdr->size;
-    mp_t tag;
+    kvr_mp_t tag;
     if (want(c, &tag) != R_OK)
         return R_FRAME;
-    if (tag.type != T_STR)
+    if (tag.type != KVR_MP_STR)
         return ev_fail(c, KVR_EPARSE, "[0] (tag): expected a string, found %s",
-                       tname(tag.type));
+                       kvr_mp_tname(tag.type));
     ev->kind = tag_kind(&tag);
     c->r.pos += tag.size;
     if (ev->kind == KVR_KV_STORED && n < 5)
@@ -799,7 +504,7 @@ static int event_array(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, con
         return ev_fail(c, KVR_EPARSE, ": BlockRemoved array of 1 element, need at least 2 "
                        "(tag, block_hashes)");
     if (ev->kind == KVR_KV_CLEARED || ev->kind == KVR_KV_IGNORED)
-        return skip(&c->r, n - 1, OPEN_EVENT);
+        return kvr_mp_skip(&c->r, n - 1, OPEN_EVENT);
     bool has = false;
     for (size_t j = 1; j < n; j++) {
         int rc;
@@ -813,10 +518,10 @@ static int event_array(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, con
                 break;
             case 6: rc = f_medium(c, ev); break;
             case 7: {
-                mp_t v;
+                kvr_mp_t v;
                 if (want(c, &v) != R_OK)
                     return R_FRAME;
-                if (v.type == T_MAP)
+                if (v.type == KVR_MP_MAP)
                     rc = f_metadata(c, "metadata", ev, o);
                 else
                     rc = f_name(c, "lora_name", &o->lora, &ev->lora_name_len);
@@ -824,7 +529,7 @@ static int event_array(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, con
             }
             case 9: rc = f_group_positional(c, ev); break;
             case 12: rc = f_locality(c, ev, true); break;
-            default: rc = skip(&c->r, 1, OPEN_EVENT); break;
+            default: rc = kvr_mp_skip(&c->r, 1, OPEN_EVENT); break;
             }
         } else {
             switch (j) {
@@ -832,7 +537,7 @@ static int event_array(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, con
             case 2: rc = f_medium(c, ev); break;
             case 3: rc = f_group_positional(c, ev); break;
             case 4: rc = f_locality(c, ev, false); break;
-            default: rc = skip(&c->r, 1, OPEN_EVENT); break;
+            default: rc = kvr_mp_skip(&c->r, 1, OPEN_EVENT); break;
             }
         }
         if (rc != R_OK)
@@ -852,9 +557,9 @@ static const char *const KEY_NAMES[K_OTHER] = {
 };
 static const uint8_t KEY_LENS[K_OTHER] = {4, 12, 17, 9, 10, 6, 9, 9, 8, 10, 8, 8};
 
-static enum key event_key(const mp_t *k)
+static enum key event_key(const kvr_mp_t *k)
 {
-    if (k->type != T_STR)
+    if (k->type != KVR_MP_STR)
         return K_OTHER;
     for (int i = 0; i < K_OTHER; i++) {
         if (k->u == KEY_LENS[i] && memcmp(k->data, KEY_NAMES[i], KEY_LENS[i]) == 0)
@@ -865,26 +570,26 @@ static enum key event_key(const mp_t *k)
 
 /* Map: {"type": tag, field: value, ...}, keys in any order (msgspec writes "type" first; if
  * it is elsewhere one extra pass finds it, so fields are read knowing the event's kind). */
-static int event_map(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, const mp_t *hdr)
+static int event_map(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, const kvr_mp_t *hdr)
 {
     size_t n = (size_t)hdr->u;
     c->r.pos += hdr->size;
     size_t start = c->r.pos;
     bool found = false;
     for (size_t j = 0; j < n && !found; j++) {
-        mp_t k, v;
+        kvr_mp_t k, v;
         if (want(c, &k) != R_OK)
             return R_FRAME;
         if (STR_EQ(&k, "type")) {
             c->r.pos += k.size;
             if (want(c, &v) != R_OK)
                 return R_FRAME;
-            if (v.type != T_STR)
+            if (v.type != KVR_MP_STR)
                 return ev_fail(c, KVR_EPARSE, ".type: expected a string, found %s",
-                               tname(v.type));
+                               kvr_mp_tname(v.type));
             ev->kind = tag_kind(&v);
             found = true;
-        } else if (skip(&c->r, 2, OPEN_EVENT) != R_OK) {
+        } else if (kvr_mp_skip(&c->r, 2, OPEN_EVENT) != R_OK) {
             return R_FRAME;
         }
     }
@@ -892,15 +597,15 @@ static int event_map(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, const
         return ev_fail(c, KVR_EPARSE, ": map without a \"type\" key");
     c->r.pos = start;
     if (ev->kind == KVR_KV_CLEARED || ev->kind == KVR_KV_IGNORED)  /* no fields to read */
-        return skip(&c->r, 2 * (uint64_t)n, OPEN_EVENT);
+        return kvr_mp_skip(&c->r, 2 * (uint64_t)n, OPEN_EVENT);
 
     unsigned seen = 0;
     for (size_t j = 0; j < n; j++) {
-        mp_t k;
+        kvr_mp_t k;
         if (want(c, &k) != R_OK)
             return R_FRAME;
-        if (k.type != T_STR) {  /* not a field name: skip the key (maybe a container) and value */
-            if (skip(&c->r, 2, OPEN_EVENT) != R_OK)
+        if (k.type != KVR_MP_STR) {  /* not a field name: skip the key (maybe a container) and value */
+            if (kvr_mp_skip(&c->r, 2, OPEN_EVENT) != R_OK)
                 return R_FRAME;
             continue;
         }
@@ -916,48 +621,48 @@ static int event_map(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, const
         bool has = false;
         switch (key) {
         case K_HASHES:
-            rc = stored || removed ? f_hashes(c, ev, o) : skip(&c->r, 1, OPEN_EVENT);
+            rc = stored || removed ? f_hashes(c, ev, o) : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
         case K_PARENT:
-            rc = stored ? f_parent(c, ev) : skip(&c->r, 1, OPEN_EVENT);
+            rc = stored ? f_parent(c, ev) : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
         case K_TOKENS:
-            rc = stored ? f_tokens(c, ev, o) : skip(&c->r, 1, OPEN_EVENT);
+            rc = stored ? f_tokens(c, ev, o) : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
         case K_BLOCK_SIZE:
             rc = stored ? f_u32(c, "block_size", 1, UINT32_MAX, false, &has, &ev->block_size)
-                        : skip(&c->r, 1, OPEN_EVENT);
+                        : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
         case K_MEDIUM:
-            rc = stored || removed ? f_medium(c, ev) : skip(&c->r, 1, OPEN_EVENT);
+            rc = stored || removed ? f_medium(c, ev) : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
         case K_LORA_NAME:
             rc = stored ? f_name(c, "lora_name", &o->lora, &ev->lora_name_len)
-                        : skip(&c->r, 1, OPEN_EVENT);
+                        : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
         case K_GROUP_IDX:
             rc = stored || removed ? f_u32(c, "group_idx", 0, UINT32_MAX, true,
                                            &ev->has_group_idx, &ev->group_idx)
-                                   : skip(&c->r, 1, OPEN_EVENT);
+                                   : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
         case K_LOCALITY:
-            rc = stored || removed ? f_locality(c, ev, true) : skip(&c->r, 1, OPEN_EVENT);
+            rc = stored || removed ? f_locality(c, ev, true) : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
         case K_CACHE_SALT:
             rc = stored ? f_name(c, "cache_salt", &o->salt, &ev->cache_salt_len)
-                        : skip(&c->r, 1, OPEN_EVENT);
+                        : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
         case K_IS_EAGLE: {
             bool eagle = false;
-            rc = stored ? f_bool(c, "is_eagle", &eagle) : skip(&c->r, 1, OPEN_EVENT);
+            rc = stored ? f_bool(c, "is_eagle", &eagle) : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             ev->is_eagle |= eagle;
             break;
         }
         case K_METADATA:
-            rc = stored ? f_metadata(c, "metadata", ev, o) : skip(&c->r, 1, OPEN_EVENT);
+            rc = stored ? f_metadata(c, "metadata", ev, o) : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
         default:  /* K_TYPE (read above) and unknown keys */
-            rc = skip(&c->r, 1, OPEN_EVENT);
+            rc = kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
         }
         if (rc != R_OK)
@@ -997,16 +702,16 @@ static int decode_event(dctx_t *c, size_t i)
     c->ev_status = KVR_OK;
     size_t start = c->r.pos, tok0 = d->n_tok, hash0 = d->n_hash, str0 = d->n_str;
 
-    mp_t v;
+    kvr_mp_t v;
     int rc;
     if (want(c, &v) != R_OK)
         return R_FRAME;
-    if (v.type == T_ARRAY)
+    if (v.type == KVR_MP_ARRAY)
         rc = event_array(c, ev, o, &v);
-    else if (v.type == T_MAP)
+    else if (v.type == KVR_MP_MAP)
         rc = event_map(c, ev, o, &v);
     else
-        rc = ev_fail(c, KVR_EPARSE, ": expected an array or a map, found %s", tname(v.type));
+        rc = ev_fail(c, KVR_EPARSE, ": expected an array or a map, found %s", kvr_mp_tname(v.type));
     if (rc == R_OK)
         return R_OK;
 
@@ -1016,7 +721,7 @@ static int decode_event(dctx_t *c, size_t i)
     d->n_hash = hash0;
     d->n_str = str0;
     c->r.pos = start;
-    if (skip(&c->r, 1, OPEN_EVENT - 1) != R_OK)
+    if (kvr_mp_skip(&c->r, 1, OPEN_EVENT - 1) != R_OK)
         return R_FRAME;
     if (rc == R_FRAME)  /* framed on the second look: cannot happen, but never trust it */
         ev_fail(c, KVR_EPARSE, ": internal: framing disagreed");
@@ -1033,18 +738,18 @@ static int decode_event(dctx_t *c, size_t i)
 
 static int batch_ts(dctx_t *c, const char *where)
 {
-    mp_t v;
-    if (peek(&c->r, &v) != R_OK)
+    kvr_mp_t v;
+    if (kvr_mp_peek(&c->r, &v) != R_OK)
         return frame_fail(c, where);
     kvr_kv_events_t *d = c->d;
     switch (v.type) {
-    case T_FLOAT: d->ts = v.f; d->has_ts = true; break;
-    case T_UINT: d->ts = (double)v.u; d->has_ts = true; break;
-    case T_NEG: d->ts = (double)as_i64(v.u); d->has_ts = true; break;
-    case T_NIL: break;
+    case KVR_MP_FLOAT: d->ts = v.f; d->has_ts = true; break;
+    case KVR_MP_UINT: d->ts = (double)v.u; d->has_ts = true; break;
+    case KVR_MP_NEG: d->ts = (double)kvr_mp_as_i64(v.u); d->has_ts = true; break;
+    case KVR_MP_NIL: break;
     default:
         return batch_fail(d, KVR_EPARSE, "%s: expected a number or nil, found %s", where,
-                          tname(v.type));
+                          kvr_mp_tname(v.type));
     }
     c->r.pos += v.size;
     return KVR_OK;
@@ -1052,18 +757,18 @@ static int batch_ts(dctx_t *c, const char *where)
 
 static int batch_rank(dctx_t *c, const char *where)
 {
-    mp_t v;
-    if (peek(&c->r, &v) != R_OK)
+    kvr_mp_t v;
+    if (kvr_mp_peek(&c->r, &v) != R_OK)
         return frame_fail(c, where);
     kvr_kv_events_t *d = c->d;
     char num[24];
-    if (v.type == T_UINT && v.u <= UINT32_MAX) {
+    if (v.type == KVR_MP_UINT && v.u <= UINT32_MAX) {
         d->has_dp_rank = true;
         d->dp_rank = (uint32_t)v.u;
-    } else if (v.type != T_NIL) {
-        return batch_fail(d, v.type == T_UINT || v.type == T_NEG ? KVR_ERANGE : KVR_EPARSE,
+    } else if (v.type != KVR_MP_NIL) {
+        return batch_fail(d, v.type == KVR_MP_UINT || v.type == KVR_MP_NEG ? KVR_ERANGE : KVR_EPARSE,
                           "%s: expected an integer in [0, 4294967295] or nil, found %s", where,
-                          vdesc(&v, num, sizeof num));
+                          kvr_mp_vdesc(&v, num, sizeof num));
     }
     c->r.pos += v.size;
     return KVR_OK;
@@ -1072,12 +777,12 @@ static int batch_rank(dctx_t *c, const char *where)
 static int batch_events(dctx_t *c, const char *where)
 {
     kvr_kv_events_t *d = c->d;
-    mp_t v;
-    if (peek(&c->r, &v) != R_OK)
+    kvr_mp_t v;
+    if (kvr_mp_peek(&c->r, &v) != R_OK)
         return frame_fail(c, where);
-    if (v.type != T_ARRAY)
+    if (v.type != KVR_MP_ARRAY)
         return batch_fail(d, KVR_EPARSE, "%s: expected an array, found %s", where,
-                          tname(v.type));
+                          kvr_mp_tname(v.type));
     size_t n = (size_t)v.u;
     if (n > d->limits.max_events)
         return batch_fail(d, KVR_ETOOBIG, "%s: %zu events exceed the limit of %zu (max_events)",
@@ -1102,7 +807,7 @@ static int batch_events(dctx_t *c, const char *where)
     return KVR_OK;
 }
 
-static int batch_array(dctx_t *c, const mp_t *hdr)
+static int batch_array(dctx_t *c, const kvr_mp_t *hdr)
 {
     size_t n = (size_t)hdr->u;
     if (n < 2)
@@ -1114,19 +819,19 @@ static int batch_array(dctx_t *c, const mp_t *hdr)
         rc = batch_events(c, "batch[1] (events)");
     if (rc == KVR_OK && n >= 3)
         rc = batch_rank(c, "batch[2] (dp_rank)");
-    if (rc == KVR_OK && n > 3 && skip(&c->r, n - 3, OPEN_BATCH) != R_OK)
+    if (rc == KVR_OK && n > 3 && kvr_mp_skip(&c->r, n - 3, OPEN_BATCH) != R_OK)
         rc = frame_fail(c, "batch[3...]");
     return rc;
 }
 
 /* Defensive: {ts, events, data_parallel_rank | attn_dp_rank | dp_rank}. */
-static int batch_map(dctx_t *c, const mp_t *hdr)
+static int batch_map(dctx_t *c, const kvr_mp_t *hdr)
 {
     c->r.pos += hdr->size;
     bool seen_ts = false, seen_events = false, seen_rank = false;
     for (uint64_t j = 0; j < hdr->u; j++) {
-        mp_t k;
-        if (peek(&c->r, &k) != R_OK)
+        kvr_mp_t k;
+        if (kvr_mp_peek(&c->r, &k) != R_OK)
             return frame_fail(c, "batch");
         bool *seen = NULL;
         int which = 0;
@@ -1142,7 +847,7 @@ static int batch_map(dctx_t *c, const mp_t *hdr)
             which = 3;
         }
         if (seen == NULL) {
-            if (skip(&c->r, 2, OPEN_BATCH) != R_OK)
+            if (kvr_mp_skip(&c->r, 2, OPEN_BATCH) != R_OK)
                 return frame_fail(c, "batch");
             continue;
         }
@@ -1245,16 +950,16 @@ int kvr_kv_events_decode(kvr_kv_events_t *d, const void *payload, size_t len)
                         "(max_payload_bytes)", len, d->limits.max_payload_bytes);
     } else {
         dctx_t c = {.d = d, .r = {.p = payload, .n = len, .pos = 0}};
-        mp_t v;
-        if (peek(&c.r, &v) != R_OK)
+        kvr_mp_t v;
+        if (kvr_mp_peek(&c.r, &v) != R_OK)
             rc = frame_fail(&c, "batch");
-        else if (v.type == T_ARRAY)
+        else if (v.type == KVR_MP_ARRAY)
             rc = batch_array(&c, &v);
-        else if (v.type == T_MAP)
+        else if (v.type == KVR_MP_MAP)
             rc = batch_map(&c, &v);
         else
             rc = batch_fail(d, KVR_EPARSE, "batch: expected an array [ts, events, dp_rank] or "
-                            "a map, found %s", tname(v.type));
+                            "a map, found %s", kvr_mp_tname(v.type));
         if (rc == KVR_OK && c.r.pos != len)
             rc = batch_fail(d, KVR_EPARSE, "trailing bytes: %zu after the batch, from offset "
                             "%zu", len - c.r.pos, c.r.pos);
@@ -1394,7 +1099,7 @@ kvr_tier_t kvr_kv_tier_from_medium(const char *s, size_t len, bool *known)
     if (s != NULL && len > 0) {
         k = false;
         for (size_t i = 0; i < sizeof TABLE / sizeof *TABLE && !k; i++) {
-            if (str_ieq_n((const uint8_t *)s, len, TABLE[i].name, TABLE[i].len)) {
+            if (kvr_mp_str_ieq_n((const uint8_t *)s, len, TABLE[i].name, TABLE[i].len)) {
                 tier = TABLE[i].tier;
                 k = true;
             }
