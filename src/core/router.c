@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "core/endpoint.h"
+#include "core/grow.h"
 
 typedef struct wentry {
     kvr_worker_spec_t spec;
@@ -573,21 +574,16 @@ int kvr_router_rank_status(const kvr_router_t *r, kvr_worker_t w, kvr_rank_statu
 /* ---------------------------------------------------------------------------------------- */
 /* Per-request work */
 
+/* Both hashing scratch arrays hold n; cap_blocks is what both hold (kvr_grow leaves an
+ * array as it was when it cannot grow it). */
 static int reserve_hash_scratch(kvr_router_t *r, size_t n)
 {
-    if (n <= r->cap_blocks)
-        return KVR_OK;
-    size_t cap = n < 64 ? 64 : n;
-    uint64_t *a = realloc(r->lbh, cap * sizeof *a);
-    if (a != NULL)
-        r->lbh = a;
-    uint64_t *b = realloc(r->seq, cap * sizeof *b);
-    if (b != NULL)
-        r->seq = b;
-    if (a == NULL || b == NULL)
-        return KVR_ENOMEM;
-    r->cap_blocks = cap;
-    return KVR_OK;
+    size_t ca = r->cap_blocks, cb = r->cap_blocks;
+    int rc = kvr_grow((void **)&r->lbh, &ca, n, SIZE_MAX, sizeof *r->lbh);
+    if (rc == KVR_OK)
+        rc = kvr_grow((void **)&r->seq, &cb, n, SIZE_MAX, sizeof *r->seq);
+    r->cap_blocks = ca < cb ? ca : cb;
+    return rc;
 }
 
 static long hash_into(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *lbh, uint64_t *seq,
@@ -614,14 +610,14 @@ static long hash_prompt(kvr_router_t *r, const kvr_route_req_t *q)
     }
     if (q->n_tokens > 0 && q->tokens == NULL)
         return KVR_EINVAL;
-    r->cur_lbh = r->lbh;
-    r->cur_seq = r->seq;
-    if (n == 0)
-        return 0; /* shorter than a block: nothing to hash (the scratch may not exist yet) */
+    if (n == 0) {
+        r->cur_lbh = r->cur_seq = NULL; /* shorter than a block: nothing to hash */
+        return 0;
+    }
     int rc = reserve_hash_scratch(r, n);
     if (rc != KVR_OK)
         return rc;
-    r->cur_lbh = r->lbh;
+    r->cur_lbh = r->lbh; /* after the growth: it may have moved them */
     r->cur_seq = r->seq;
     return hash_into(r, q, r->lbh, r->seq, r->cap_blocks);
 }

@@ -181,31 +181,41 @@ static void copy_parts(entry_t *e, unsigned char *c)
     q->tokens = NULL; /* the hashes stand for them */
 }
 
-/* A queue entry for p: hashes computed, parts copied when asked. */
+/* A queue entry for p: its hashes (computed here, or the request's own: copied with the rest
+ * when asked, else borrowed), its parts copied when asked. */
 static int entry_new(kvr_sched_t *s, const kvr_place_t *p, entry_t **out)
 {
     const kvr_route_req_t *q = p->q;
     uint32_t bs = kvr_router_config(s->r)->block_size;
-    size_t n = q->hashed ? 0 : kvr_hash_n_blocks(q->n_tokens, bs, false);
-    size_t bytes = sizeof(entry_t) + 2 * n * sizeof(uint64_t) + (p->copy ? copy_bytes(q) : 0);
+    bool own_hashes = !q->hashed || p->copy;
+    size_t n = q->hashed ? q->n_hashed : kvr_hash_n_blocks(q->n_tokens, bs, false);
+    if (q->hashed && n > 0 && (q->block_hashes == NULL || q->seq_hashes == NULL))
+        return KVR_EINVAL;
+    size_t bytes = sizeof(entry_t) + (own_hashes ? 2 * n * sizeof(uint64_t) : 0) +
+                   (p->copy ? copy_bytes(q) : 0);
     entry_t *e = malloc(bytes);
     if (e == NULL)
         return KVR_ENOMEM;
     *e = (entry_t){.q = *q, .done = p->done, .arg = p->arg};
-    uint64_t *lbh = (uint64_t *)(void *)(e + 1), *seq = lbh + n;
+    uint64_t *lbh = (uint64_t *)(void *)(e + 1), *seq = lbh + (own_hashes ? n : 0);
     if (!q->hashed) {
         long m = kvr_router_hash(s->r, q, lbh, seq, n);
         if (m < 0 || (size_t)m != n) {
             free(e);
             return m < 0 ? (int)m : KVR_EINVAL;
         }
+    } else if (p->copy && n > 0) {
+        memcpy(lbh, q->block_hashes, n * sizeof *lbh);
+        memcpy(seq, q->seq_hashes, n * sizeof *seq);
+    }
+    if (own_hashes) {
         e->q.hashed = true;
         e->q.block_hashes = lbh;
         e->q.seq_hashes = seq;
         e->q.n_hashed = n;
     }
     if (p->copy)
-        copy_parts(e, (unsigned char *)(seq + n));
+        copy_parts(e, (unsigned char *)(seq + (own_hashes ? n : 0)));
     *out = e;
     return KVR_OK;
 }

@@ -227,11 +227,11 @@ static void test_backlog_cancel_and_expiry(void **st)
     assert_true(t1 != 0 && t2 != 0 && t1 != t2);
     assert_true(kvr_sched_cancel(f.s, t1));
     assert_false(kvr_sched_cancel(f.s, t1));
-    /* the worker frees up, but a request without a callback cannot queue: it routes only when
-     * nothing waits (no overtaking a backlog) */
+    /* a request that may not wait (no callback) is told busy, never queued */
     kvr_route_req_t q = {.tokens = toks, .n_tokens = 64, .update_state = true};
     kvr_place_t p = {.q = &q};
     assert_int_equal(kvr_sched_place(f.s, &p, 1000, &res, &t), KVR_EBUSY);
+    assert_int_equal(t, 0);
     /* past router_queue_timeout_ms (500): answered KVR_EBUSY with no decision */
     kvr_sched_tick(f.s, 1400);
     assert_int_equal(o2.calls, 0);
@@ -245,6 +245,78 @@ static void test_backlog_cancel_and_expiry(void **st)
     assert_int_equal(ss.queue.cancelled, 1);
     assert_int_equal(ss.queue.expired, 1);
     assert_int_equal(kvr_sched_queued(f.s), 0);
+    unmake(&f);
+}
+
+/* Load that went down behind the scheduler's back (a free straight to the router): an
+ * arrival still queues behind the backlog, and the next dispatch places the backlog first. */
+static void test_arrivals_do_not_overtake(void **st)
+{
+    (void)st;
+    fx_t f;
+    make(&f, 1, true);
+    kvr_route_res_t a, res;
+    kvr_ticket_t t, t1, t2;
+    prompt(toks, 1, 2048);
+    assert_int_equal(place(&f, toks, 2048, NULL, &a, &t), KVR_OK);
+    outcome_t o1 = {.f = &f}, o2 = {.f = &f};
+    assert_int_equal(place(&f, toks, 64, &o1, &res, &t1), KVR_OK);
+    assert_true(t1 != 0);
+    assert_int_equal(kvr_router_free_h(f.r, a.handle, 1000), KVR_OK); /* not through f.s */
+    assert_int_equal(o1.calls, 0);
+    assert_int_equal(place(&f, toks, 64, &o2, &res, &t2), KVR_OK); /* the worker is free... */
+    assert_true(t2 != 0);                                         /* ...but o1 waits first */
+    assert_int_equal(kvr_sched_queued(f.s), 2);
+    kvr_sched_tick(f.s, 1010); /* the tick catches the change nobody reported */
+    assert_int_equal(o1.calls, 1);
+    assert_int_equal(o2.calls, 1);
+    assert_int_equal(o1.rc, KVR_OK);
+    assert_int_equal(o2.rc, KVR_OK);
+    assert_true(o1.res.handle != o2.res.handle);
+    kvr_sched_stats_t ss;
+    kvr_sched_stats(f.s, &ss);
+    assert_int_equal(ss.dispatched[KVR_SCHED_BY_TICK], 2);
+    unmake(&f);
+}
+
+/* A request that brings its own hashes and asks to be copied: the hashes are copied too. */
+static void test_own_hashes_copied(void **st)
+{
+    (void)st;
+    fx_t f;
+    make(&f, 1, true);
+    kvr_route_res_t a, res;
+    kvr_ticket_t t;
+    prompt(toks, 1, 2048);
+    assert_int_equal(place(&f, toks, 2048, NULL, &a, &t), KVR_OK);
+    static uint32_t mine[64];
+    prompt(mine, 5, 64);
+    uint64_t lbh[4], seq[4];
+    kvr_route_req_t h = {.tokens = mine, .n_tokens = 64};
+    assert_int_equal(kvr_router_hash(f.r, &h, lbh, seq, 4), 4);
+    kvr_block_t blk[4]; /* the engine holds the prompt: the placement must find all 4 */
+    for (int i = 0; i < 4; i++)
+        blk[i] = (kvr_block_t){.ext = seq[i] ^ 77, .lbh = lbh[i]};
+    kvr_event_t ev = {.kind = KVR_EV_STORED, .worker = a.worker, .blocks = blk, .n_blocks = 4};
+    assert_int_equal(kvr_index_apply(f.ix, &ev), KVR_OK);
+    kvr_route_req_t q = {.n_tokens = 64, .update_state = true, .hashed = true,
+                         .block_hashes = lbh, .seq_hashes = seq, .n_hashed = 4};
+    outcome_t o = {.f = &f};
+    kvr_place_t p = {.q = &q, .copy = true, .done = on_done, .arg = &o};
+    assert_int_equal(kvr_sched_place(f.s, &p, 1000, &res, &t), KVR_OK);
+    assert_true(t != 0);
+    memset(lbh, 0, sizeof lbh); /* the caller's arrays are gone */
+    memset(seq, 0, sizeof seq);
+    assert_int_equal(kvr_sched_release(f.s, a.handle, 1000), KVR_OK);
+    assert_int_equal(o.calls, 1);
+    assert_int_equal(o.rc, KVR_OK);
+    assert_int_equal(o.res.overlap_blocks, 4); /* the prompt's hashes, not the zeros */
+    assert_int_equal(kvr_sched_release(f.s, o.res.handle, 1000), KVR_OK);
+    kvr_route_req_t bad = q;
+    bad.block_hashes = NULL;
+    assert_int_equal(place(&f, toks, 2048, NULL, &a, &t), KVR_OK);
+    p.q = &bad;
+    assert_int_equal(kvr_sched_place(f.s, &p, 1000, &res, &t), KVR_EINVAL);
     unmake(&f);
 }
 
@@ -539,6 +611,8 @@ int main(void)
         cmocka_unit_test(test_lifecycle_by_handle),
         cmocka_unit_test(test_queue_dispatches_on_a_load_change),
         cmocka_unit_test(test_backlog_cancel_and_expiry),
+        cmocka_unit_test(test_arrivals_do_not_overtake),
+        cmocka_unit_test(test_own_hashes_copied),
         cmocka_unit_test(test_copy_and_hashes_survive),
         cmocka_unit_test(test_reentrant_release),
         cmocka_unit_test(test_observers_and_peer_events),
