@@ -365,6 +365,9 @@ kvr_load_t *kvr_load_new(const kvr_load_config_t *cfg, int *status);
 void kvr_load_free(kvr_load_t *lt);
 
 /* A request being admitted on a worker. Borrowed for the call. */
+/* A per-request setting that overrides the tracker's configuration, or leaves it (0). */
+typedef enum kvr_load_opt { KVR_LOAD_CONFIG = 0, KVR_LOAD_ON, KVR_LOAD_OFF } kvr_load_opt_t;
+
 typedef struct kvr_load_request {
     const char *id;
     size_t id_len;
@@ -375,6 +378,8 @@ typedef struct kvr_load_request {
     uint64_t cached_tokens;         /* cached on this worker: prefill = isl - min(cached, isl) */
     bool has_expected_output_tokens;
     uint32_t expected_output_tokens;
+    kvr_load_opt_t assume_kv_reuse;      /* off: its blocks never dedup with others' */
+    kvr_load_opt_t track_prefill_tokens; /* off: its prompt is not counted as prefill load */
 } kvr_load_request_t;
 
 /* Names a live request without its id: (generation << 32 | slot), never 0. Once the request
@@ -429,6 +434,7 @@ typedef struct kvr_load_query {
     const uint64_t *seq;
     size_t n_seq;
     uint64_t isl_tokens;
+    kvr_load_opt_t assume_kv_reuse; /* off: no leading block counts as already active */
 } kvr_load_query_t;
 
 /* One candidate: the caller fills worker and cached_tokens; the tracker fills the rest. */

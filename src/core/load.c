@@ -31,8 +31,10 @@
  * holds all of its prompt's prefixes, so along a query the worker's active hashes form a
  * prefix: "q[i] active" is monotone in i, and the overlap (the longest active prefix, 4.5) is
  * found by binary search. Hashes that are not chained get an answer that is still a boundary
- * (q[k-1] active, q[k] not), like a collision: advisory, never unsafe. With assume_kv_reuse off
- * every active hash is random, so the overlap is 0 without a probe.
+ * (q[k-1] active, q[k] not), like a collision: advisory, never unsafe. A query with
+ * assume_kv_reuse off has overlap 0 without a probe, and the blocks of a request admitted with it
+ * off are random hashes no query finds. Both settings are per request (kvr_load_opt_t: the
+ * reference's decode-pool overrides) with the configuration as default.
  *
  * Policies where the reference drifts or is silent:
  *   - expiry: 300 s, swept at most once a minute from add(): the documented 5 min / 1 min and
@@ -673,12 +675,19 @@ static void fill_request(kvr_load_t *lt, req_t *r, const kvr_load_request_t *rq,
     r->live = 1;
 }
 
+/* A request's own setting, or the tracker's. */
+static bool opt_on(kvr_load_opt_t o, bool config)
+{
+    return o == KVR_LOAD_CONFIG ? config : o == KVR_LOAD_ON;
+}
+
 static void add_prompt_blocks(kvr_load_t *lt, req_t *r, const kvr_load_request_t *rq)
 {
     if (!lt->cfg.track_active_blocks)
         return;
+    bool reuse = opt_on(rq->assume_kv_reuse, lt->cfg.assume_kv_reuse);
     for (size_t i = 0; i < rq->n_seq; i++) {
-        uint64_t h = lt->cfg.assume_kv_reuse ? rq->seq[i] : fresh_hash(lt, r->wslot);
+        uint64_t h = reuse ? rq->seq[i] : fresh_hash(lt, r->wslot);
         acquire(lt, r->wslot, h);
         append_hash(lt, r, h);
     }
@@ -687,7 +696,7 @@ static void add_prompt_blocks(kvr_load_t *lt, req_t *r, const kvr_load_request_t
 
 static void add_prefill(kvr_load_t *lt, req_t *r, const kvr_load_request_t *rq)
 {
-    if (!lt->cfg.track_prefill_tokens)
+    if (!opt_on(rq->track_prefill_tokens, lt->cfg.track_prefill_tokens))
         return;
     uint64_t cached = rq->cached_tokens < rq->isl_tokens ? rq->cached_tokens : rq->isl_tokens;
     r->prefill_tokens = rq->isl_tokens - cached;
@@ -947,7 +956,7 @@ void kvr_load_snapshot(const kvr_load_t *lt, kvr_worker_t worker, kvr_load_snaps
 /* The longest prefix of q active on the worker (binary search; see the module comment). */
 static size_t overlap_depth(const kvr_load_t *lt, uint32_t ws, const uint64_t *q, size_t m)
 {
-    if (m == 0 || !lt->cfg.assume_kv_reuse || lt->wrk[ws].n_blocks == 0 ||
+    if (m == 0 || lt->wrk[ws].n_blocks == 0 ||
         find_block(lt, ws, q[0]) == NULL)
         return 0;
     if (find_block(lt, ws, q[m - 1]) != NULL)
@@ -978,7 +987,8 @@ static void project_one(const kvr_load_t *lt, const kvr_load_query_t *q, size_t 
         p->active_prefill_tokens = w->prefill_tokens;
         p->active_blocks = rounded_blocks(w->units);
         p->active_requests = w->n_requests;
-        p->overlap_blocks = overlap_depth(lt, s, q->seq, m);
+        if (opt_on(q->assume_kv_reuse, lt->cfg.assume_kv_reuse))
+            p->overlap_blocks = overlap_depth(lt, s, q->seq, m);
     }
     p->potential_prefill_tokens = p->active_prefill_tokens + prefill;
     p->potential_decode_blocks = p->active_blocks + (m - p->overlap_blocks);
@@ -1112,8 +1122,6 @@ static int verify_worker(const kvr_load_t *lt, uint32_t ws, uint32_t *cnt, uint6
         const req_t *r = &lt->req[s];
         if (s >= lt->cap_req || !r->live || r->wslot != ws || r->wprev != prev || ++n > lt->n_req)
             FAIL("worker slot %u: request list broken at slot %u", ws, s);
-        if (r->prefill_tokens > 0 && !lt->cfg.track_prefill_tokens)
-            FAIL("request slot %u counts prefill tokens while not tracking them", s);
         prefill += r->prefill_tokens;
         uint64_t held = 0;
         for (uint32_t c = r->head; c != NONE; c = lt->chk[c].next) {

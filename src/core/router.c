@@ -663,8 +663,14 @@ static uint64_t cached_tokens_of(const kvr_router_t *r, const kvr_select_candida
     return (uint64_t)llround(eff * r->cfg.block_size);
 }
 
+/* A request's override of a load setting (kvr_load_opt_t). */
+static kvr_load_opt_t load_opt(bool has, bool on)
+{
+    return !has ? KVR_LOAD_CONFIG : on ? KVR_LOAD_ON : KVR_LOAD_OFF;
+}
+
 /* Projects every rank's load with this prompt and marks busy ranks. */
-static int fill_loads(kvr_router_t *r, size_t n_blocks, uint64_t isl)
+static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_blocks, uint64_t isl)
 {
     for (size_t i = 0; i < r->n_ranks; i++) {
         r->proj[i].worker = r->cands[i].worker;
@@ -672,7 +678,8 @@ static int fill_loads(kvr_router_t *r, size_t n_blocks, uint64_t isl)
     }
     kvr_load_query_t q = {.seq = r->cfg.router_track_active_blocks ? r->cur_seq : NULL,
                           .n_seq = r->cfg.router_track_active_blocks ? n_blocks : 0,
-                          .isl_tokens = isl};
+                          .isl_tokens = isl,
+                          .assume_kv_reuse = load_opt(rq->has_assume_kv_reuse, rq->assume_kv_reuse)};
     int rc = kvr_load_project(r->load, &q, r->proj, r->n_ranks);
     if (rc != KVR_OK)
         return rc;
@@ -834,7 +841,10 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
                              .isl_tokens = q->n_tokens,
                              .cached_tokens = res->cached_tokens,
                              .has_expected_output_tokens = q->has_expected_output_tokens,
-                             .expected_output_tokens = q->expected_output_tokens};
+                             .expected_output_tokens = q->expected_output_tokens,
+                             .assume_kv_reuse = load_opt(q->has_assume_kv_reuse, q->assume_kv_reuse),
+                             .track_prefill_tokens =
+                                 load_opt(q->has_track_prefill_tokens, q->track_prefill_tokens)};
     int rc = kvr_load_admit(r->load, &lr, now_ms, &res->handle);
     if (rc == KVR_OK && r->approx != NULL && n_blocks > 0)
         rc = kvr_approx_record(r->approx, res->worker, r->cur_lbh, r->cur_seq, n_blocks, now_ms);
@@ -884,7 +894,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         rc = fill_overlap(r, (size_t)n_blocks);
     uint64_t t2 = mono_ns();
     if (rc == KVR_OK)
-        rc = fill_loads(r, (size_t)n_blocks, q->n_tokens);
+        rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
     kvr_select_result_t sel = {0};
     if (rc == KVR_OK) {
         rc = decide(r, q, (size_t)n_blocks, &sel);
@@ -994,7 +1004,7 @@ int kvr_router_loads(kvr_router_t *r, const kvr_route_req_t *q, kvr_load_project
         return (int)n_blocks;
     int rc = fill_overlap(r, (size_t)n_blocks);
     if (rc == KVR_OK)
-        rc = fill_loads(r, (size_t)n_blocks, q->n_tokens);
+        rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
     if (rc != KVR_OK)
         return rc;
     *n = r->n_ranks < cap ? r->n_ranks : cap;

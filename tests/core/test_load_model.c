@@ -55,6 +55,7 @@ typedef struct mreq {
     uint32_t priv[DEPTH + MAX_OUT]; /* their weights */
     int has_exp;
     uint32_t exp;
+    bool reuse;                     /* admitted with assume_kv_reuse on (its own or the config's) */
 } mreq_t;
 
 typedef struct ment {
@@ -109,7 +110,7 @@ static int holders(const model_t *m, int w, uint64_t h)
     int n = 0;
     for (int i = 0; i < N_IDS; i++) {
         const mreq_t *r = &m->r[i];
-        if (!r->live || r->w != w)
+        if (!r->live || r->w != w || !r->reuse)
             continue;
         for (int k = 0; k < r->n; k++)
             n += r->seq[k] == h;
@@ -199,9 +200,21 @@ static mload_t m_load(const model_t *m, int w)
 static uint64_t rounded(uint64_t units) { return (units + (W_ONE / 2)) >> 30; }
 
 /* The naive overlap: walk q until the first hash no live request on w holds. */
-static uint64_t m_overlap(const model_t *m, int w, const uint64_t *q, int n)
+/* A request's own setting (kvr_load_opt_t), or the configuration's. */
+static bool m_opt(kvr_load_opt_t o, bool config)
 {
-    if (w >= N_WORKERS || !m->cfg.assume_kv_reuse || !m->cfg.track_active_blocks)
+    return o == KVR_LOAD_CONFIG ? config : o == KVR_LOAD_ON;
+}
+
+static kvr_load_opt_t random_opt(model_t *m)
+{
+    unsigned r = below(m, 4);
+    return r < 2 ? KVR_LOAD_CONFIG : r == 2 ? KVR_LOAD_ON : KVR_LOAD_OFF;
+}
+
+static uint64_t m_overlap(const model_t *m, int w, const uint64_t *q, int n, bool reuse)
+{
+    if (w >= N_WORKERS || !reuse || !m->cfg.track_active_blocks)
         return 0;
     int k = 0;
     while (k < n && holders(m, w, q[k]) > 0)
@@ -269,7 +282,10 @@ static void op_add(model_t *m)
                              .isl_tokens = isl,
                              .cached_tokens = cached,
                              .has_expected_output_tokens = below(m, 2) == 0,
-                             .expected_output_tokens = below(m, 1000)};
+                             .expected_output_tokens = below(m, 1000),
+                             .assume_kv_reuse = random_opt(m),
+                             .track_prefill_tokens = random_opt(m)};
+    bool reuse = m_opt(rq.assume_kv_reuse, m->cfg.assume_kv_reuse);
     /* the model's answer, in the tracker's documented order */
     int expect = KVR_OK;
     if (m->cfg.track_active_blocks && (uint64_t)n > isl / BS) {
@@ -294,9 +310,10 @@ static void op_add(model_t *m)
     if (expect == KVR_OK) {
         mreq_t *r = &m->r[id];
         uint64_t newest = newest_start(m);
-        *r = (mreq_t){.live = 1, .w = w, .started = m->now > newest ? m->now : newest};
+        *r = (mreq_t){.live = 1, .w = w, .started = m->now > newest ? m->now : newest,
+                      .reuse = reuse};
         if (m->cfg.track_active_blocks) {
-            if (m->cfg.assume_kv_reuse) {
+            if (reuse) {
                 r->n = n;
                 memcpy(r->seq, seq, sizeof seq);
                 for (int k = 0; k < n; k++)
@@ -308,7 +325,7 @@ static void op_add(model_t *m)
                     r->priv[r->n_priv++] = W_ONE;
             }
         }
-        if (m->cfg.track_prefill_tokens)
+        if (m_opt(rq.track_prefill_tokens, m->cfg.track_prefill_tokens))
             r->prefill = isl - (cached < isl ? cached : isl);
         r->has_exp = rq.has_expected_output_tokens;
         r->exp = rq.has_expected_output_tokens ? rq.expected_output_tokens : 0;
@@ -355,7 +372,7 @@ static void m_decay(model_t *m, mreq_t *r, uint32_t wq)
 {
     for (int k = 0; k < r->n_priv; k++)
         r->priv[k] = wq;
-    if (!m->cfg.assume_kv_reuse)
+    if (!r->reuse)
         return;
     for (int k = 0; k < r->n; k++)
         if (holders(m, r->w, r->seq[k]) == 1)
@@ -459,7 +476,9 @@ static void op_project(model_t *m)
     uint64_t q[DEPTH];
     int n = random_prompt(m, q);
     uint64_t isl = (uint64_t)n * BS + below(m, BS);
-    kvr_load_query_t query = {.seq = q, .n_seq = (size_t)n, .isl_tokens = isl};
+    kvr_load_query_t query = {.seq = q, .n_seq = (size_t)n, .isl_tokens = isl,
+                              .assume_kv_reuse = random_opt(m)};
+    bool reuse = m_opt(query.assume_kv_reuse, m->cfg.assume_kv_reuse);
     kvr_load_projection_t p[N_PROBE];
     for (int w = 0; w < N_PROBE; w++)
         p[w] = (kvr_load_projection_t){.worker = WORKERS[w],
@@ -469,7 +488,7 @@ static void op_project(model_t *m)
     uint64_t mq = m->cfg.track_active_blocks ? (uint64_t)n : 0;
     for (int w = 0; w < N_PROBE && !m->failed; w++) {
         mload_t l = m_load(m, w);
-        uint64_t ov = m_overlap(m, w, q, n);
+        uint64_t ov = m_overlap(m, w, q, n, reuse);
         uint64_t cached = p[w].cached_tokens < isl ? p[w].cached_tokens : isl;
         if (ov > 0)
             cov.overlaps++;

@@ -210,6 +210,64 @@ static void test_booking_spreads_load_and_free_releases(void **s)
     unmake(&f);
 }
 
+/* The decode pool's per-request overrides reach the booking: with assume_kv_reuse and
+ * track_prefill_tokens both off, two requests with the same prompt on one worker hold their
+ * blocks twice and count no prefill; with the configuration's defaults, once and all of it. */
+static void test_load_overrides_reach_the_booking(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL);
+    prompt(7, 256); /* 16 blocks */
+    kvr_route_res_t res;
+    for (int k = 0; k < 2; k++) {
+        char id[8];
+        snprintf(id, sizeof id, "d%d", k);
+        kvr_route_req_t q = {.tokens = toks, .n_tokens = 256, .update_state = true,
+                             .has_pinned = true, .pinned = {1, 0},
+                             .request_id = id, .request_id_len = strlen(id),
+                             .has_assume_kv_reuse = true, .assume_kv_reuse = false,
+                             .has_track_prefill_tokens = true, .track_prefill_tokens = false};
+        assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+        assert_int_equal(res.worker.worker_id, 1);
+    }
+    kvr_load_snapshot_t snap;
+    kvr_load_snapshot(kvr_router_load(f.r), (kvr_worker_t){1, 0}, &snap);
+    assert_int_equal(snap.active_requests, 2);
+    assert_int_equal(snap.active_prefill_tokens, 0);
+    assert_int_equal(snap.unique_blocks, 32);
+    /* a third one under the defaults dedups against neither (their hashes are private) and
+     * counts its whole prompt as prefill */
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 256, .update_state = true,
+                         .has_pinned = true, .pinned = {1, 0}, .request_id = "a",
+                         .request_id_len = 1};
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+    kvr_load_snapshot(kvr_router_load(f.r), (kvr_worker_t){1, 0}, &snap);
+    assert_int_equal(snap.active_prefill_tokens, 256);
+    assert_int_equal(snap.unique_blocks, 48);
+    /* a fourth under the defaults shares the third's blocks */
+    q.request_id = "b";
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+    kvr_load_snapshot(kvr_router_load(f.r), (kvr_worker_t){1, 0}, &snap);
+    assert_int_equal(snap.unique_blocks, 48);
+    assert_int_equal(snap.active_prefill_tokens, 512);
+    /* the projection of a no-reuse query sees no overlap where a default one sees 16 blocks */
+    kvr_load_query_t lq = {.seq = NULL, .n_seq = 0, .isl_tokens = 256};
+    uint64_t lbh[16], seq[16];
+    assert_int_equal(kvr_hash_prompt(toks, 256, BS, NULL, lbh, seq, 16), 16);
+    lq.seq = seq;
+    lq.n_seq = 16;
+    kvr_load_projection_t p = {.worker = {1, 0}};
+    assert_int_equal(kvr_load_project_one(kvr_router_load(f.r), &lq, &p), KVR_OK);
+    assert_int_equal(p.overlap_blocks, 16);
+    lq.assume_kv_reuse = KVR_LOAD_OFF;
+    assert_int_equal(kvr_load_project_one(kvr_router_load(f.r), &lq, &p), KVR_OK);
+    assert_int_equal(p.overlap_blocks, 0);
+    char msg[200];
+    assert_int_equal(kvr_load_verify(kvr_router_load(f.r), msg, sizeof msg), KVR_OK);
+    unmake(&f);
+}
+
 static void test_busy_and_filters(void **s)
 {
     (void)s;
@@ -329,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_generated_ids_unguessable),
         cmocka_unit_test(test_prefix_holder_wins),
         cmocka_unit_test(test_booking_spreads_load_and_free_releases),
+        cmocka_unit_test(test_load_overrides_reach_the_booking),
         cmocka_unit_test(test_busy_and_filters),
         cmocka_unit_test(test_approx_mode_learns_from_decisions),
         cmocka_unit_test(test_round_robin_cycles),
