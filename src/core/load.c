@@ -956,8 +956,7 @@ void kvr_load_snapshot(const kvr_load_t *lt, kvr_worker_t worker, kvr_load_snaps
 /* The longest prefix of q active on the worker (binary search; see the module comment). */
 static size_t overlap_depth(const kvr_load_t *lt, uint32_t ws, const uint64_t *q, size_t m)
 {
-    if (m == 0 || lt->wrk[ws].n_blocks == 0 ||
-        find_block(lt, ws, q[0]) == NULL)
+    if (m == 0 || lt->wrk[ws].n_blocks == 0 || find_block(lt, ws, q[0]) == NULL)
         return 0;
     if (find_block(lt, ws, q[m - 1]) != NULL)
         return m;

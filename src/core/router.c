@@ -679,7 +679,8 @@ static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_block
     kvr_load_query_t q = {.seq = r->cfg.router_track_active_blocks ? r->cur_seq : NULL,
                           .n_seq = r->cfg.router_track_active_blocks ? n_blocks : 0,
                           .isl_tokens = isl,
-                          .assume_kv_reuse = load_opt(rq->has_assume_kv_reuse, rq->assume_kv_reuse)};
+                          .assume_kv_reuse =
+                              load_opt(rq->has_assume_kv_reuse, rq->assume_kv_reuse)};
     int rc = kvr_load_project(r->load, &q, r->proj, r->n_ranks);
     if (rc != KVR_OK)
         return rc;
@@ -833,18 +834,18 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
     }
     if (!q->update_state)
         return KVR_OK;
-    kvr_load_request_t lr = {.id = res->request_id,
-                             .id_len = id_len,
-                             .worker = res->worker,
-                             .seq = r->cfg.router_track_active_blocks ? r->cur_seq : NULL,
-                             .n_seq = r->cfg.router_track_active_blocks ? n_blocks : 0,
-                             .isl_tokens = q->n_tokens,
-                             .cached_tokens = res->cached_tokens,
-                             .has_expected_output_tokens = q->has_expected_output_tokens,
-                             .expected_output_tokens = q->expected_output_tokens,
-                             .assume_kv_reuse = load_opt(q->has_assume_kv_reuse, q->assume_kv_reuse),
-                             .track_prefill_tokens =
-                                 load_opt(q->has_track_prefill_tokens, q->track_prefill_tokens)};
+    kvr_load_request_t lr = {
+        .id = res->request_id,
+        .id_len = id_len,
+        .worker = res->worker,
+        .seq = r->cfg.router_track_active_blocks ? r->cur_seq : NULL,
+        .n_seq = r->cfg.router_track_active_blocks ? n_blocks : 0,
+        .isl_tokens = q->n_tokens,
+        .cached_tokens = res->cached_tokens,
+        .has_expected_output_tokens = q->has_expected_output_tokens,
+        .expected_output_tokens = q->expected_output_tokens,
+        .assume_kv_reuse = load_opt(q->has_assume_kv_reuse, q->assume_kv_reuse),
+        .track_prefill_tokens = load_opt(q->has_track_prefill_tokens, q->track_prefill_tokens)};
     int rc = kvr_load_admit(r->load, &lr, now_ms, &res->handle);
     if (rc == KVR_OK && r->approx != NULL && n_blocks > 0)
         rc = kvr_approx_record(r->approx, res->worker, r->cur_lbh, r->cur_seq, n_blocks, now_ms);

@@ -55,7 +55,7 @@ typedef struct mreq {
     uint32_t priv[DEPTH + MAX_OUT]; /* their weights */
     int has_exp;
     uint32_t exp;
-    bool reuse;                     /* admitted with assume_kv_reuse on (its own or the config's) */
+    bool reuse; /* admitted with assume_kv_reuse on (its own or the config's) */
 } mreq_t;
 
 typedef struct ment {
@@ -310,8 +310,8 @@ static void op_add(model_t *m)
     if (expect == KVR_OK) {
         mreq_t *r = &m->r[id];
         uint64_t newest = newest_start(m);
-        *r = (mreq_t){.live = 1, .w = w, .started = m->now > newest ? m->now : newest,
-                      .reuse = reuse};
+        *r = (mreq_t){
+            .live = 1, .w = w, .started = m->now > newest ? m->now : newest, .reuse = reuse};
         if (m->cfg.track_active_blocks) {
             if (reuse) {
                 r->n = n;
@@ -476,8 +476,8 @@ static void op_project(model_t *m)
     uint64_t q[DEPTH];
     int n = random_prompt(m, q);
     uint64_t isl = (uint64_t)n * BS + below(m, BS);
-    kvr_load_query_t query = {.seq = q, .n_seq = (size_t)n, .isl_tokens = isl,
-                              .assume_kv_reuse = random_opt(m)};
+    kvr_load_query_t query = {
+        .seq = q, .n_seq = (size_t)n, .isl_tokens = isl, .assume_kv_reuse = random_opt(m)};
     bool reuse = m_opt(query.assume_kv_reuse, m->cfg.assume_kv_reuse);
     kvr_load_projection_t p[N_PROBE];
     for (int w = 0; w < N_PROBE; w++)

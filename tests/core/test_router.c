@@ -223,11 +223,17 @@ static void test_load_overrides_reach_the_booking(void **s)
     for (int k = 0; k < 2; k++) {
         char id[8];
         snprintf(id, sizeof id, "d%d", k);
-        kvr_route_req_t q = {.tokens = toks, .n_tokens = 256, .update_state = true,
-                             .has_pinned = true, .pinned = {1, 0},
-                             .request_id = id, .request_id_len = strlen(id),
-                             .has_assume_kv_reuse = true, .assume_kv_reuse = false,
-                             .has_track_prefill_tokens = true, .track_prefill_tokens = false};
+        kvr_route_req_t q = {.tokens = toks,
+                             .n_tokens = 256,
+                             .update_state = true,
+                             .has_pinned = true,
+                             .pinned = {1, 0},
+                             .request_id = id,
+                             .request_id_len = strlen(id),
+                             .has_assume_kv_reuse = true,
+                             .assume_kv_reuse = false,
+                             .has_track_prefill_tokens = true,
+                             .track_prefill_tokens = false};
         assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
         assert_int_equal(res.worker.worker_id, 1);
     }
@@ -238,8 +244,12 @@ static void test_load_overrides_reach_the_booking(void **s)
     assert_int_equal(snap.unique_blocks, 32);
     /* a third one under the defaults dedups against neither (their hashes are private) and
      * counts its whole prompt as prefill */
-    kvr_route_req_t q = {.tokens = toks, .n_tokens = 256, .update_state = true,
-                         .has_pinned = true, .pinned = {1, 0}, .request_id = "a",
+    kvr_route_req_t q = {.tokens = toks,
+                         .n_tokens = 256,
+                         .update_state = true,
+                         .has_pinned = true,
+                         .pinned = {1, 0},
+                         .request_id = "a",
                          .request_id_len = 1};
     assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
     kvr_load_snapshot(kvr_router_load(f.r), (kvr_worker_t){1, 0}, &snap);
