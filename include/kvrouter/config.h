@@ -38,7 +38,8 @@ typedef struct kvr_router_config {
     kvr_router_mode_t router_mode;
     bool use_kv_events;           /* false = approximate mode */
     /* cost function (5.4) */
-    double overlap_score_credit;
+    double overlap_score_credit;  /* 0 in kv mode: no index, no KV events (kvr_config_uses_index) */
+    kvr_opt_f64_t overlap_score_weight; /* deprecated alias, applied by kvr_config_resolve */
     double overlap_score_credit_decay;
     double prefill_load_scale;
     double decode_active_request_weight;
@@ -82,6 +83,8 @@ typedef struct kvr_router_config {
     char admin_key_file[512];        /* Bearer token for fleet changes; "" = none */
     uint64_t shutdown_grace_ms;      /* SIGTERM: time in-flight answers get to finish */
     uint64_t health_interval_ms;
+    uint32_t min_initial_workers;    /* requests wait (bounded) until this many workers are ready */
+    uint64_t min_initial_workers_wait_ms; /* ... at most this long, then 503 naming the count */
     uint32_t health_failures;     /* consecutive failed probes before a worker is fenced */
     char allowed_worker_hosts[1024]; /* hosts registrations may name; "" = any (endpoint.h) */
     char allowed_ipc_dirs[1024];     /* directories ipc:// events may be under; "" = none */
@@ -124,6 +127,17 @@ int kvr_config_from_text(kvr_router_config_t *cfg, const char *text, size_t len,
 /* Cross-field rules, run before start-up (e.g. router_track_output_blocks requires
  * router_track_active_blocks). */
 int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_len);
+
+/* Applies the settings derived from others, as the reference does, after kvr_config_validate:
+ *   - overlap_score_weight (deprecated): set and nonzero, prefill_load_scale = it; set and 0,
+ *     prefill_load_scale = 0 and overlap_score_credit = 0; it takes precedence;
+ *   - router_mode kv with use_kv_events false becomes approx (approximate mode).
+ * Idempotent. note receives one line per derivation ("" when none), for the start-up log. */
+void kvr_config_resolve(kvr_router_config_t *cfg, char *note, size_t note_len);
+
+/* Whether the router keeps a prefix index: approx mode, or kv mode with overlap_score_credit
+ * > 0 (with credit 0 the reference runs no indexer and subscribes to no KV events). */
+bool kvr_config_uses_index(const kvr_router_config_t *cfg);
 
 /* Help text for every field: name, default, meaning; one per line into out. Returns the
  * length it needs (like snprintf). */

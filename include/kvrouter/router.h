@@ -198,6 +198,10 @@ typedef struct kvr_router_stats {
 } kvr_router_stats_t;
 void kvr_router_stats(const kvr_router_t *r, kvr_router_stats_t *out);
 const kvr_load_t *kvr_router_load(const kvr_router_t *r);
+/* The configuration in effect: the caller's, with kvr_config_resolve applied. */
 const kvr_router_config_t *kvr_router_config(const kvr_router_t *r);
+/* The index the router reads: NULL without one (non-KV modes, overlap_score_credit 0). In
+ * approximate mode the router itself writes it, on the router's thread. */
+kvr_index_t *kvr_router_index(kvr_router_t *r);
 
 #endif

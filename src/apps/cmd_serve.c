@@ -33,6 +33,7 @@ typedef struct serve_args {
     size_t n_workers;
     const char *config_file;
     kvr_log_level_t log_level;
+    char derived[512]; /* kvr_config_resolve's note, logged at start */
 } serve_args_t;
 
 static void usage(FILE *out)
@@ -155,6 +156,7 @@ static int parse_args(int argc, char **argv, serve_args_t *a)
     int rc = kvr_cli_parse(&c, parse_flag, a, usage);
     if (rc != 0)
         return rc;
+    kvr_config_resolve(&a->cfg, a->derived, sizeof a->derived);
     if (kvr_config_validate(&a->cfg, err, sizeof err) != KVR_OK)
         return kvr_cli_fail(&c, "%s", err);
     return 0;
@@ -298,7 +300,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     if (d->base == NULL)
         return KVR_ENOMEM;
     bool kv = c->router_mode == KVR_MODE_KV, approx = c->router_mode == KVR_MODE_APPROX;
-    if (kv || approx) {
+    if (kvr_config_uses_index(c)) {
         kvr_index_config_t ic = {.max_pairs = c->index_max_pairs,
                                  .max_workers = c->max_workers,
                                  .sync = approx ? KVR_SYNC_NONE : KVR_SYNC_RCU};
@@ -307,7 +309,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
             return st;
         }
     }
-    if (kv && c->use_kv_events) {
+    if (kv && d->ix != NULL) {
         kvr_ingest_config_t gc = {.block_size = c->block_size, .max_ranks = c->max_workers};
         if ((d->g = kvr_ingest_new(d->ix, &gc, &st)) == NULL) {
             fprintf(stderr, "kvrouter serve: ingest: %s\n", kvr_strerror(st));
@@ -366,6 +368,12 @@ int kvr_cmd_serve(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     }
     kvr_log_set_level(a.log_level);
+    for (char *line = a.derived, *end; *line != '\0'; line = end + 1) {
+        end = strchr(line, '\n');
+        if (end == NULL)
+            break;
+        kvr_log(KVR_LOG_INFO, "%.*s", (int)(end - line), line);
+    }
     signal(SIGPIPE, SIG_IGN);
     daemon_parts_t d = {0};
     int st = build(&d, &a);

@@ -63,9 +63,13 @@ static const field_t FIELDS[] = {
     {"router_mode", T_ENUM, OFF(router_mode), 0, 0, false, MODES, 0, "kv",
      "kv | round-robin | random | least-loaded | approx (approx: no KV events, routing decisions with a TTL)"},
     {"use_kv_events", T_BOOL, OFF(use_kv_events), 0, 0, false, NULL, 0, "true",
-     "subscribe to the engines' KV events; false = approximate mode"},
+     "subscribe to the engines' KV events; false (with router_mode kv) = approximate mode"},
     {"overlap_score_credit", T_F64, OFF(overlap_score_credit), 0, 1e9, false, NULL, 0, "1.0",
-     "credit per cached device block against the prefill cost; 0 = pure load balancing"},
+     "credit per cached device block against the prefill cost; 0 = pure load balancing (no "
+     "index, no KV-event subscription)"},
+    {"overlap_score_weight", T_OPT_F64, OFF(overlap_score_weight), 0, 1e9, false, NULL, 0, "unset",
+     "deprecated: nonzero = prefill_load_scale; 0 = prefill_load_scale 0 and overlap_score_credit "
+     "0; takes precedence over both"},
     {"overlap_score_credit_decay", T_F64, OFF(overlap_score_credit_decay), 0, 1e9, false, NULL, 0,
      "0.0", "decay of the device credit for workers above the least prefill load"},
     {"prefill_load_scale", T_F64, OFF(prefill_load_scale), 0, 1e9, false, NULL, 0, "1.0",
@@ -160,6 +164,11 @@ static const field_t FIELDS[] = {
      "how often workers with a url are probed on /health"},
     {"health_failures", T_U32, OFF(health_failures), 1, 1000, false, NULL, 0, "3",
      "consecutive failed probes before a worker is fenced"},
+    {"min_initial_workers", T_U32, OFF(min_initial_workers), 0, 65535, false, NULL, 0, "1",
+     "until this many workers are ready (registered, not fenced), requests wait instead of "
+     "failing; 0 = never wait"},
+    {"min_initial_workers_wait_ms", T_U64, OFF(min_initial_workers_wait_ms), 0, 1e9, false,
+     NULL, 0, "30000", "how long a request waits for min_initial_workers; then 503 naming it"},
     {"allowed_worker_hosts", T_STR, OFF(allowed_worker_hosts), 0, 0, false, NULL,
      sizeof(((kvr_router_config_t *)0)->allowed_worker_hosts), "",
      "comma-separated hosts that worker urls and tcp:// event endpoints may name; empty = any"},
@@ -545,6 +554,51 @@ int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_le
         return KVR_EINVAL;
     }
     return KVR_OK;
+}
+
+/* Appends one line to note (truncated when it does not fit). */
+static void add_note(char *note, size_t note_len, const char *fmt, ...)
+{
+    size_t used = strnlen(note, note_len);
+    if (used + 1 >= note_len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(note + used, note_len - used, fmt, ap);
+    va_end(ap);
+}
+
+void kvr_config_resolve(kvr_router_config_t *cfg, char *note, size_t note_len)
+{
+    char none[1];
+    if (note == NULL || note_len == 0) {
+        note = none;
+        note_len = sizeof none;
+    }
+    note[0] = '\0';
+    if (cfg->overlap_score_weight.set) {
+        double w = cfg->overlap_score_weight.v;
+        cfg->prefill_load_scale = w;
+        if (w == 0)
+            cfg->overlap_score_credit = 0;
+        add_note(note, note_len, "overlap_score_weight %g (deprecated): prefill_load_scale = %g%s\n",
+                 w, w, w == 0 ? ", overlap_score_credit = 0" : "");
+    }
+    if (cfg->router_mode == KVR_MODE_KV && !cfg->use_kv_events) {
+        cfg->router_mode = KVR_MODE_APPROX;
+        add_note(note, note_len, "use_kv_events false: approximate mode (router_mode approx; "
+                                 "cached blocks predicted from the router's own decisions for "
+                                 "router_ttl_secs)\n");
+    }
+    if (cfg->router_mode == KVR_MODE_KV && cfg->overlap_score_credit == 0)
+        add_note(note, note_len, "overlap_score_credit 0: no prefix index and no KV-event "
+                                 "subscription (load balancing by the cost function alone)\n");
+}
+
+bool kvr_config_uses_index(const kvr_router_config_t *cfg)
+{
+    return cfg->router_mode == KVR_MODE_APPROX ||
+           (cfg->router_mode == KVR_MODE_KV && cfg->overlap_score_credit > 0);
 }
 
 size_t kvr_config_help(char *out, size_t out_len)

@@ -346,11 +346,17 @@ kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, in
         err = ebuf;
         err_len = sizeof ebuf;
     }
-    if (cfg == NULL || kvr_config_validate(cfg, err, err_len) != KVR_OK) {
+    if (cfg == NULL) {
         *status = KVR_EINVAL;
         return NULL;
     }
-    bool needs_index = cfg->router_mode == KVR_MODE_KV || cfg->router_mode == KVR_MODE_APPROX;
+    kvr_router_config_t rc_cfg = *cfg; /* the derived settings applied (config.h) */
+    kvr_config_resolve(&rc_cfg, NULL, 0);
+    if (kvr_config_validate(&rc_cfg, err, err_len) != KVR_OK) {
+        *status = KVR_EINVAL;
+        return NULL;
+    }
+    bool needs_index = kvr_config_uses_index(&rc_cfg);
     if (needs_index && ix == NULL) {
         snprintf(err, err_len, "router_mode: needs a prefix index");
         *status = KVR_EINVAL;
@@ -361,19 +367,19 @@ kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, in
         *status = KVR_ENOMEM;
         return NULL;
     }
-    r->cfg = *cfg;
-    r->ix = ix;
+    r->cfg = rc_cfg;
+    r->ix = needs_index ? ix : NULL; /* credit 0: overlaps are 0, as with no indexer */
     kvr_rng_seed(&r->rng, cfg->seed ? cfg->seed : mono_ns());
     kvr_lookup_init(&r->lk);
     int rc = setup_select(r, err, err_len);
     if (rc == KVR_OK)
         rc = setup_load(r, err, err_len);
-    if (rc == KVR_OK && cfg->router_mode == KVR_MODE_APPROX) {
+    if (rc == KVR_OK && r->cfg.router_mode == KVR_MODE_APPROX) {
         kvr_approx_config_t ac = {.ttl_ms = (uint64_t)(cfg->router_ttl_secs * 1000.0),
-                                  .max_tree_size = cfg->router_max_tree_size < cfg->index_max_pairs
-                                                       ? cfg->router_max_tree_size
-                                                       : cfg->index_max_pairs,
-                                  .prune_target_ratio = cfg->router_prune_target_ratio};
+                                  .max_tree_size = rc_cfg.router_max_tree_size < rc_cfg.index_max_pairs
+                                                       ? rc_cfg.router_max_tree_size
+                                                       : rc_cfg.index_max_pairs,
+                                  .prune_target_ratio = rc_cfg.router_prune_target_ratio};
         int st;
         r->approx = kvr_approx_new(ix, &ac, &st);
         if (r->approx == NULL) {
@@ -1016,3 +1022,4 @@ int kvr_router_loads(kvr_router_t *r, const kvr_route_req_t *q, kvr_load_project
 void kvr_router_stats(const kvr_router_t *r, kvr_router_stats_t *out) { *out = r->st; }
 const kvr_load_t *kvr_router_load(const kvr_router_t *r) { return r->load; }
 const kvr_router_config_t *kvr_router_config(const kvr_router_t *r) { return &r->cfg; }
+kvr_index_t *kvr_router_index(kvr_router_t *r) { return r->ix; }

@@ -91,6 +91,11 @@ void api_reply_error(kvr_api_server_t *s, struct evhttp_request *req, int code, 
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* A status code as its HTTP answer (field names the bad field for KVR_EINVAL). */
 void api_reply_status(kvr_api_server_t *s, struct evhttp_request *req, int rc, const char *field);
+/* A rank's index state as /v1/workers and /metrics name it: the ingest state of a rank with
+ * KV events; "no_events" without an events endpoint; "approximate" in approximate mode;
+ * "not_indexed" when the router keeps no index (overlap_score_credit 0). */
+const char *api_index_state(const kvr_api_server_t *s, const kvr_worker_spec_t *sp,
+                            const kvr_rank_status_t *st);
 
 /* ---- api_metrics.c ----------------------------------------------------------------------- */
 void api_h_metrics(kvr_api_server_t *s, struct evhttp_request *req);

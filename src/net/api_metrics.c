@@ -195,7 +195,7 @@ static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
                 kvr_prom_label_t l[3] = {
                     {"worker_id", wid},
                     {"dp_rank", rk},
-                    {"state", sp->events[0] ? kvr_rank_state_name(st.state) : "no_events"}};
+                    {"state", api_index_state(s, sp, &st)}};
                 double v[] = {(double)st.index_blocks,
                               ls.active_requests,
                               (double)ls.active_prefill_tokens,

@@ -543,7 +543,7 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
         kvr_json_key(w, "dp_rank");
         kvr_json_u64(w, wk.dp_rank);
         kvr_json_key(w, "index_state");
-        kvr_json_string(w, sp->events[0] ? kvr_rank_state_name(st.state) : "no_events");
+        kvr_json_string(w, api_index_state(s, sp, &st));
         kvr_json_key(w, "index_blocks");
         kvr_json_u64(w, st.index_blocks);
         kvr_json_key(w, "last_seq");
@@ -760,11 +760,33 @@ static int dump_event(void *ud, const kvr_event_t *ev)
     return kvr_json_writer_status(w) == KVR_OK ? 0 : 1;
 }
 
-static void h_dump(kvr_api_server_t *s, struct evhttp_request *req)
+const char *api_index_state(const kvr_api_server_t *s, const kvr_worker_spec_t *sp,
+                            const kvr_rank_status_t *st)
 {
     if (s->g == NULL) {
-        api_reply_error(s, req, 404, "not_found_error", "no KV-event index in this router mode");
-        return;
+        const kvr_router_config_t *c = kvr_router_config(s->r);
+        if (c->router_mode == KVR_MODE_APPROX)
+            return "approximate";
+        if (!kvr_config_uses_index(c))
+            return "not_indexed";
+    }
+    return sp->events[0] ? kvr_rank_state_name(st->state) : "no_events";
+}
+
+/* The index's replayable events: from the ingest thread in kv mode; in approximate mode the
+ * index is the router's own, written on this thread, so it is walked here. */
+static void h_dump(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    kvr_index_t *approx_ix = NULL;
+    if (s->g == NULL) {
+        const kvr_router_config_t *c = kvr_router_config(s->r);
+        approx_ix = c->router_mode == KVR_MODE_APPROX ? kvr_router_index(s->r) : NULL;
+        if (approx_ix == NULL) {
+            api_reply_error(s, req, 404, "not_found_error", "this router keeps no prefix index (%s)",
+                            c->router_mode == KVR_MODE_KV ? "overlap_score_credit is 0"
+                                                          : "router_mode is not kv or approx");
+            return;
+        }
     }
     kvr_json_writer_reset(&s->w);
     kvr_json_begin_object(&s->w);
@@ -773,7 +795,8 @@ static void h_dump(kvr_api_server_t *s, struct evhttp_request *req)
     kvr_json_key(&s->w, "events");
     kvr_json_begin_array(&s->w);
     dump_ctx_t d = {&s->w};
-    int rc = kvr_ingest_dump(s->g, dump_event, &d);
+    int rc = approx_ix != NULL ? kvr_index_dump(approx_ix, dump_event, &d)
+                               : kvr_ingest_dump(s->g, dump_event, &d);
     kvr_json_end_array(&s->w);
     kvr_json_end_object(&s->w);
     if (rc != KVR_OK) {

@@ -136,6 +136,38 @@ static void test_cross_field_rules(void **s)
     assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK);
 }
 
+/* The reference's derived settings: the deprecated weight, use_kv_events false, credit 0. */
+static void test_derived_settings(void **s)
+{
+    (void)s;
+    kvr_router_config_t c;
+    char err[256], note[512];
+    kvr_config_defaults(&c);
+    kvr_config_resolve(&c, note, sizeof note);
+    assert_string_equal(note, "");
+    assert_true(kvr_config_uses_index(&c));
+    assert_int_equal(kvr_config_set(&c, "overlap_score_weight", "2.5", err, sizeof err), KVR_OK);
+    kvr_config_resolve(&c, note, sizeof note);
+    assert_true(c.prefill_load_scale == 2.5 && c.overlap_score_credit == 1.0);
+    assert_non_null(strstr(note, "overlap_score_weight 2.5 (deprecated)"));
+    assert_int_equal(kvr_config_set(&c, "overlap_score_weight", "0", err, sizeof err), KVR_OK);
+    kvr_config_resolve(&c, note, sizeof note);
+    assert_true(c.prefill_load_scale == 0 && c.overlap_score_credit == 0);
+    assert_false(kvr_config_uses_index(&c));
+    assert_non_null(strstr(note, "no prefix index"));
+    kvr_config_defaults(&c);
+    assert_int_equal(kvr_config_set(&c, "use_kv_events", "false", err, sizeof err), KVR_OK);
+    kvr_config_resolve(&c, note, sizeof note);
+    assert_int_equal(c.router_mode, KVR_MODE_APPROX);
+    assert_true(kvr_config_uses_index(&c));
+    kvr_config_resolve(&c, note, sizeof note); /* idempotent */
+    assert_int_equal(c.router_mode, KVR_MODE_APPROX);
+    assert_int_equal(kvr_config_set(&c, "router_mode", "round-robin", err, sizeof err), KVR_OK);
+    kvr_config_resolve(&c, NULL, 0);
+    assert_int_equal(c.router_mode, KVR_MODE_ROUND_ROBIN);
+    assert_false(kvr_config_uses_index(&c));
+}
+
 static void test_environment(void **s)
 {
     (void)s;
@@ -196,6 +228,7 @@ int main(void)
         cmocka_unit_test(test_every_name_form_reaches_the_field),
         cmocka_unit_test(test_bad_values_named_and_refused),
         cmocka_unit_test(test_cross_field_rules),
+        cmocka_unit_test(test_derived_settings),
         cmocka_unit_test(test_environment),
         cmocka_unit_test(test_config_file),
         cmocka_unit_test(test_help_lists_every_field),

@@ -1,0 +1,138 @@
+#!/usr/bin/python3
+"""Where `kvrouter serve` behaves as the reference KV router does, and used not to: settings that
+derive others (use_kv_events false = approximate mode; overlap credit 0 = no index and no
+KV-event subscription; the deprecated overlap_score_weight), per-request load overrides,
+/v1/dump in approximate mode. Each scenario failed on the router before the change it covers.
+Usage: test_parity.py <path to kvrouter>.
+"""
+import sys
+
+import zmq
+
+from kvr_events import BS, Engine, batch, engine_hashes, tokens_for, vllm_stored_array
+from kvr_harness import Child, check, eventually, finish, kill_children
+
+KVR = sys.argv[1]
+
+
+def serve(*extra):
+    return Child([KVR, "serve", "--http-port", "0", "--block-size", BS, "--log-level", "info",
+                  "--seed", "7"] + [str(a) for a in extra], "router")
+
+
+def rank0(r, worker_id=1):
+    """/v1/workers' entry for rank 0 of a worker (its index state and booked load)."""
+    _, w = r.call("GET", "/v1/workers")
+    return next(wk["ranks"][0] for wk in w["workers"] if wk["worker_id"] == worker_id)
+
+
+def device_blocks(r, tokens):
+    _, q = r.call("POST", "/v1/query", {"tokens": tokens})
+    return {s["worker_id"]: s["device_blocks"] for s in q["scores"]}
+
+
+def scenario_use_kv_events_false_is_approximate():
+    """--use-kv-events false: the router learns from its own decisions (a routed prompt counts
+    as cached on its worker), as the reference's approximate mode; before, kv mode just stopped
+    ingesting and every overlap was 0."""
+    r = serve("--use-kv-events", "false", "--worker", "id=1", "--worker", "id=2")
+    try:
+        toks = tokens_for(11, 8)
+        st, a = r.call("POST", "/v1/route", {"tokens": toks, "request_id": "a"})
+        check("approx: route", st == 200, (st, a))
+        held = device_blocks(r, toks)
+        check("approx: the routed prompt counts as cached on its worker",
+              held.get(a["worker_id"]) == 8, held)
+        st, w = r.call("GET", "/v1/workers")
+        states = {rk["index_state"] for wk in w["workers"] for rk in wk["ranks"]}
+        check("approx: /v1/workers says approximate", states == {"approximate"}, states)
+        st, d = r.call("GET", "/v1/dump")
+        check("approx: /v1/dump answers with the learnt blocks",
+              st == 200 and sum(len(e.get("stored", {}).get("blocks", [])) for e in d["events"]) == 8
+              and all(e["worker_id"] == a["worker_id"] for e in d["events"]), (st, d))
+        check("approx: the start-up log says why", "approximate mode" in r.stderr(), r.stderr())
+    finally:
+        r.stop()
+
+
+def scenario_credit_zero_runs_no_index(ctx):
+    """overlap credit 0 (or the deprecated --overlap-score-weight 0): no index and no KV-event
+    subscription, so a prompt the engine reports cached still books its whole prefill; the
+    control router with the default credit subscribes and sees the cache."""
+    eng = Engine(ctx)
+    try:
+        spec = f"id=1,events={eng.endpoint()},replay={eng.replay_endpoint()}"
+        ctl = serve("--worker", spec)
+        try:
+            check("credit 1: subscribes", eng.wait_subscribed(1), eng.subscriptions)
+            toks = tokens_for(21, 4)
+            hs = engine_hashes(21, 4)
+            eng.send(batch([vllm_stored_array(hs, None, toks)]))
+            check("credit 1: indexes the engine's blocks",
+                  eventually(lambda: device_blocks(ctl, toks).get(1) == 4), device_blocks(ctl, toks))
+        finally:
+            ctl.stop()
+        for flag in (["--overlap-score-credit", "0"], ["--overlap-score-weight", "0"]):
+            r = serve("--worker", spec, *flag)
+            try:
+                st, a = r.call("POST", "/v1/route", {"tokens": toks, "request_id": "x"})
+                rk = rank0(r)
+                check(f"{flag}: the whole prompt is booked as prefill (no overlap)",
+                      st == 200 and rk["active_prefill_tokens"] == len(toks), (a, rk))
+                check(f"{flag}: /v1/workers says not_indexed", rk["index_state"] == "not_indexed",
+                      rk)
+                st, d = r.call("GET", "/v1/dump")
+                check(f"{flag}: /v1/dump says why there is none",
+                      st == 404 and "overlap_score_credit" in d["error"]["message"], (st, d))
+                check(f"{flag}: the start-up log says so", "no KV-event subscription" in r.stderr(),
+                      r.stderr())
+            finally:
+                r.stop()
+    finally:
+        eng.close()
+
+
+def scenario_overlap_score_weight_alias():
+    """--overlap-score-weight W (deprecated) is prefill_load_scale = W, and logged."""
+    r = serve("--worker", "id=1", "--overlap-score-weight", "2.5")
+    try:
+        check("weight: accepted and logged",
+              "overlap_score_weight 2.5 (deprecated): prefill_load_scale = 2.5" in r.stderr(),
+              r.stderr())
+    finally:
+        r.stop()
+
+
+def scenario_load_overrides():
+    """config_override.assume_kv_reuse / track_prefill_tokens false (the reference's decode-pool
+    overrides) reach the booking: the same prompt twice holds its blocks twice, no prefill."""
+    r = serve("--worker", "id=1")
+    try:
+        toks = tokens_for(31, 4)
+        ovr = {"assume_kv_reuse": False, "track_prefill_tokens": False}
+        for rid in ("d1", "d2"):
+            st, a = r.call("POST", "/v1/route", {"tokens": toks, "request_id": rid,
+                                                 "config_override": ovr})
+            check(f"overrides: route {rid}", st == 200, (st, a))
+        rk = rank0(r)
+        check("overrides: no prefill tokens booked", rk["active_prefill_tokens"] == 0, rk)
+        check("overrides: blocks held twice (no dedup)", rk["active_blocks"] == 8, rk)
+    finally:
+        r.stop()
+
+
+def main():
+    ctx = zmq.Context()
+    try:
+        scenario_use_kv_events_false_is_approximate()
+        scenario_credit_zero_runs_no_index(ctx)
+        scenario_overlap_score_weight_alias()
+        scenario_load_overrides()
+    finally:
+        kill_children()
+        ctx.term()
+    finish()
+
+
+if __name__ == "__main__":
+    main()
