@@ -38,7 +38,7 @@ typedef struct kvr_router_config {
     kvr_router_mode_t router_mode;
     bool use_kv_events;           /* false = approximate mode */
     /* cost function (5.4) */
-    double overlap_score_credit;  /* 0 in kv mode: no index, no KV events (kvr_config_uses_index) */
+    double overlap_score_credit; /* 0 in kv mode: no index, no KV events (kvr_config_uses_index) */
     kvr_opt_f64_t overlap_score_weight; /* deprecated alias, applied by kvr_config_resolve */
     double overlap_score_credit_decay;
     double prefill_load_scale;
@@ -83,7 +83,7 @@ typedef struct kvr_router_config {
     char admin_key_file[512];        /* Bearer token for fleet changes; "" = none */
     uint64_t shutdown_grace_ms;      /* SIGTERM: time in-flight answers get to finish */
     uint64_t health_interval_ms;
-    uint32_t min_initial_workers;    /* requests wait (bounded) until this many workers are ready */
+    uint32_t min_initial_workers; /* requests wait (bounded) until this many workers are ready */
     uint64_t min_initial_workers_wait_ms; /* ... at most this long, then 503 naming the count */
     uint32_t health_failures;     /* consecutive failed probes before a worker is fenced */
     char allowed_worker_hosts[1024]; /* hosts registrations may name; "" = any (endpoint.h) */

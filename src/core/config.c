@@ -55,13 +55,16 @@ static const char *const SPOL[] = {"default", "lmetric", NULL};
 
 static const field_t FIELDS[] = {
     {"block_size", T_U32, OFF(block_size), 1, 65536, false, NULL, 0, "16",
-     "tokens per KV block; must equal the engines' block size (vLLM --block-size, SGLang --page-size)"},
+     "tokens per KV block; must equal the engines' block size (vLLM --block-size, SGLang "
+     "--page-size)"},
     {"index_max_pairs", T_U64, OFF(index_max_pairs), 1024, 1e12, false, NULL, 0, "16777216",
-     "budget of (worker, block) pairs in the prefix index; least-recently-used leaves are evicted beyond it"},
+     "budget of (worker, block) pairs in the prefix index; least-recently-used leaves are evicted "
+     "beyond it"},
     {"max_workers", T_U32, OFF(max_workers), 1, 65535, false, NULL, 0, "4096",
      "worker rank slots (worker id x dp rank)"},
     {"router_mode", T_ENUM, OFF(router_mode), 0, 0, false, MODES, 0, "kv",
-     "kv | round-robin | random | least-loaded | approx (approx: no KV events, routing decisions with a TTL)"},
+     "kv | round-robin | random | least-loaded | approx (approx: no KV events, routing decisions "
+     "with a TTL)"},
     {"use_kv_events", T_BOOL, OFF(use_kv_events), 0, 0, false, NULL, 0, "true",
      "subscribe to the engines' KV events; false (with router_mode kv) = approximate mode"},
     {"overlap_score_credit", T_F64, OFF(overlap_score_credit), 0, 1e9, false, NULL, 0, "1.0",
@@ -107,7 +110,9 @@ static const field_t FIELDS[] = {
      "approximate mode only (ignored otherwise): prune down to this fraction of "
      "router_max_tree_size, in (0, 1]"},
     {"router_queue_threshold", T_OPT_F64, OFF(router_queue_threshold), 0, 1e9, false, NULL, 0,
-     "unset", "queue requests while every worker's prefill tokens exceed this fraction of its batch (each --worker then needs max_num_batched_tokens=); unset = no queue"},
+     "unset",
+     "queue requests while every worker's prefill tokens exceed this fraction of its batch (each "
+     "--worker then needs max_num_batched_tokens=); unset = no queue"},
     {"router_queue_policy", T_ENUM, OFF(router_queue_policy), 0, 0, false, QPOL, 0, "fcfs",
      "fcfs | wspt | lcfs"},
     {"router_queue_max_requests", T_U64, OFF(router_queue_max_requests), 1, 1e9, false, NULL, 0,
@@ -119,7 +124,9 @@ static const field_t FIELDS[] = {
     {"active_prefill_tokens_threshold", T_OPT_F64, OFF(active_prefill_tokens_threshold), 0, 1e15,
      false, NULL, 0, "unset", "a worker rank is busy above this many prefill tokens"},
     {"active_prefill_tokens_threshold_frac", T_OPT_F64, OFF(active_prefill_tokens_threshold_frac),
-     0, 1e9, false, NULL, 0, "unset", "busy above this fraction of max_num_batched_tokens (each --worker then needs max_num_batched_tokens=)"},
+     0, 1e9, false, NULL, 0, "unset",
+     "busy above this fraction of max_num_batched_tokens (each --worker then needs "
+     "max_num_batched_tokens=)"},
     {"active_decode_blocks_threshold", T_OPT_F64, OFF(active_decode_blocks_threshold), 0, 1, false,
      NULL, 0, "unset", "busy above this fraction of the worker's KV blocks in use, in [0, 1]"},
     {"http_port", T_U32, OFF(http_port), 0, 65535, false, NULL, 0, "8080",
@@ -131,13 +138,15 @@ static const field_t FIELDS[] = {
      "largest request line + headers accepted from a client; a larger one is refused at once "
      "with 431 before it is parsed"},
     {"http_max_body_bytes", T_U64, OFF(http_max_body_bytes), 1024, 4294967296.0, false, NULL, 0,
-     "67108864", "largest request body accepted from a client; a larger one is refused with 413 "
+     "67108864",
+     "largest request body accepted from a client; a larger one is refused with 413 "
      "(a Content-Length above it before the body is read)"},
-    {"http_max_connections", T_U32, OFF(http_max_connections), 1, 1000000, false, NULL, 0,
-     "4096", "client connections open at once, per listener; beyond it a new one is answered "
+    {"http_max_connections", T_U32, OFF(http_max_connections), 1, 1000000, false, NULL, 0, "4096",
+     "client connections open at once, per listener; beyond it a new one is answered "
      "503 and closed (keep it below the file-descriptor limit)"},
     {"http_header_timeout_ms", T_U64, OFF(http_header_timeout_ms), 100, 86400000, false, NULL, 0,
-     "10000", "a request's line and headers must arrive within this long of its first byte "
+     "10000",
+     "a request's line and headers must arrive within this long of its first byte "
      "(of the accept, for a new connection); else 408 and close"},
     {"http_body_timeout_ms", T_U64, OFF(http_body_timeout_ms), 100, 86400000, false, NULL, 0,
      "60000", "a request's body must arrive within this long of its headers; else 408 and close"},
@@ -167,14 +176,15 @@ static const field_t FIELDS[] = {
     {"min_initial_workers", T_U32, OFF(min_initial_workers), 0, 65535, false, NULL, 0, "1",
      "until this many workers are ready (registered, not fenced), requests wait instead of "
      "failing; 0 = never wait"},
-    {"min_initial_workers_wait_ms", T_U64, OFF(min_initial_workers_wait_ms), 0, 1e9, false,
-     NULL, 0, "30000", "how long a request waits for min_initial_workers; then 503 naming it"},
+    {"min_initial_workers_wait_ms", T_U64, OFF(min_initial_workers_wait_ms), 0, 1e9, false, NULL, 0,
+     "30000", "how long a request waits for min_initial_workers; then 503 naming it"},
     {"allowed_worker_hosts", T_STR, OFF(allowed_worker_hosts), 0, 0, false, NULL,
      sizeof(((kvr_router_config_t *)0)->allowed_worker_hosts), "",
      "comma-separated hosts that worker urls and tcp:// event endpoints may name; empty = any"},
     {"allowed_ipc_dirs", T_STR, OFF(allowed_ipc_dirs), 0, 0, false, NULL,
      sizeof(((kvr_router_config_t *)0)->allowed_ipc_dirs), "",
-     "comma-separated absolute directories ipc:// event endpoints may be under; empty = ipc:// refused"},
+     "comma-separated absolute directories ipc:// event endpoints may be under; empty = ipc:// "
+     "refused"},
     {"state_file", T_STR, OFF(state_file), 0, 0, false, NULL,
      sizeof(((kvr_router_config_t *)0)->state_file), "",
      "warm restart: the index and each exact rank's event cursor are saved here on SIGTERM/SIGINT "
@@ -182,11 +192,13 @@ static const field_t FIELDS[] = {
     {"seed", T_U64, OFF(seed), 0, U64MAX, false, NULL, 0, "0",
      "seed for random tie-breaks and sampling; 0 = from the clock"},
     {"frontend_max_retries", T_U32, OFF(frontend_max_retries), 0, 16, false, NULL, 0, "2",
-     "OpenAI front end: other workers tried when an upstream refuses or fails before its first byte"},
+     "OpenAI front end: other workers tried when an upstream refuses or fails before its first "
+     "byte"},
     {"frontend_fence_failures", T_U32, OFF(frontend_fence_failures), 1, 1000, false, NULL, 0, "2",
-     "OpenAI front end: consecutive upstream failures that fence a worker (readmitted by its /health)"},
-    {"frontend_max_answer_bytes", T_U64, OFF(frontend_max_answer_bytes), 4096, 1e12, false, NULL,
-     0, "67108864",
+     "OpenAI front end: consecutive upstream failures that fence a worker (readmitted by its "
+     "/health)"},
+    {"frontend_max_answer_bytes", T_U64, OFF(frontend_max_answer_bytes), 4096, 1e12, false, NULL, 0,
+     "67108864",
      "OpenAI front end: largest non-streaming answer (or /tokenize answer) read from a worker; "
      "a longer one is cut off, answered 502 and counted as the worker failing"},
     {"frontend_forward_authorization", T_BOOL, OFF(frontend_forward_authorization), 0, 0, false,
@@ -197,16 +209,17 @@ static const field_t FIELDS[] = {
      sizeof(((kvr_router_config_t *)0)->worker_api_key_file), "",
      "OpenAI front end: file holding the token sent to workers as `Authorization: Bearer` "
      "(unless the client's is forwarded); empty = none"},
-    {"frontend_upstream_timeout_ms", T_U64, OFF(frontend_upstream_timeout_ms), 100, 86400000,
-     false, NULL, 0, "600000",
-     "OpenAI front end: silence on an upstream connection (connect, headers, between chunks) before it fails"},
+    {"frontend_upstream_timeout_ms", T_U64, OFF(frontend_upstream_timeout_ms), 100, 86400000, false,
+     NULL, 0, "600000",
+     "OpenAI front end: silence on an upstream connection (connect, headers, between chunks) "
+     "before it fails"},
     {"frontend_tokenize_cache_tokens", T_U64, OFF(frontend_tokenize_cache_tokens), 0, 1e12, false,
      NULL, 0, "4194304",
      "OpenAI front end: token ids the text->ids cache holds (LRU); 0 = no cache"},
     {"frontend_max_idle_connections", T_U32, OFF(frontend_max_idle_connections), 0, 65535, false,
      NULL, 0, "64", "OpenAI front end: idle keep-alive upstream connections kept per worker"},
-    {"frontend_max_client_buffer_bytes", T_U64, OFF(frontend_max_client_buffer_bytes), 4096,
-     1e12, false, NULL, 0, "16777216",
+    {"frontend_max_client_buffer_bytes", T_U64, OFF(frontend_max_client_buffer_bytes), 4096, 1e12,
+     false, NULL, 0, "16777216",
      "OpenAI front end: bytes of a streamed answer waiting for a slow client; above it the "
      "request is aborted as if it had disconnected"},
 };
@@ -581,18 +594,21 @@ void kvr_config_resolve(kvr_router_config_t *cfg, char *note, size_t note_len)
         cfg->prefill_load_scale = w;
         if (w == 0)
             cfg->overlap_score_credit = 0;
-        add_note(note, note_len, "overlap_score_weight %g (deprecated): prefill_load_scale = %g%s\n",
-                 w, w, w == 0 ? ", overlap_score_credit = 0" : "");
+        add_note(note, note_len,
+                 "overlap_score_weight %g (deprecated): prefill_load_scale = %g%s\n", w, w,
+                 w == 0 ? ", overlap_score_credit = 0" : "");
     }
     if (cfg->router_mode == KVR_MODE_KV && !cfg->use_kv_events) {
         cfg->router_mode = KVR_MODE_APPROX;
-        add_note(note, note_len, "use_kv_events false: approximate mode (router_mode approx; "
-                                 "cached blocks predicted from the router's own decisions for "
-                                 "router_ttl_secs)\n");
+        add_note(note, note_len,
+                 "use_kv_events false: approximate mode (router_mode approx; "
+                 "cached blocks predicted from the router's own decisions for "
+                 "router_ttl_secs)\n");
     }
     if (cfg->router_mode == KVR_MODE_KV && cfg->overlap_score_credit == 0)
-        add_note(note, note_len, "overlap_score_credit 0: no prefix index and no KV-event "
-                                 "subscription (load balancing by the cost function alone)\n");
+        add_note(note, note_len,
+                 "overlap_score_credit 0: no prefix index and no KV-event "
+                 "subscription (load balancing by the cost function alone)\n");
 }
 
 bool kvr_config_uses_index(const kvr_router_config_t *cfg)

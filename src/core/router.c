@@ -376,9 +376,10 @@ kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, in
         rc = setup_load(r, err, err_len);
     if (rc == KVR_OK && r->cfg.router_mode == KVR_MODE_APPROX) {
         kvr_approx_config_t ac = {.ttl_ms = (uint64_t)(cfg->router_ttl_secs * 1000.0),
-                                  .max_tree_size = rc_cfg.router_max_tree_size < rc_cfg.index_max_pairs
-                                                       ? rc_cfg.router_max_tree_size
-                                                       : rc_cfg.index_max_pairs,
+                                  .max_tree_size =
+                                      rc_cfg.router_max_tree_size < rc_cfg.index_max_pairs
+                                          ? rc_cfg.router_max_tree_size
+                                          : rc_cfg.index_max_pairs,
                                   .prune_target_ratio = rc_cfg.router_prune_target_ratio};
         int st;
         r->approx = kvr_approx_new(ix, &ac, &st);

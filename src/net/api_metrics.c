@@ -193,9 +193,7 @@ static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
                 kvr_load_snapshot_t ls;
                 kvr_load_snapshot(kvr_router_load(s->r), wk, &ls);
                 kvr_prom_label_t l[3] = {
-                    {"worker_id", wid},
-                    {"dp_rank", rk},
-                    {"state", api_index_state(s, sp, &st)}};
+                    {"worker_id", wid}, {"dp_rank", rk}, {"state", api_index_state(s, sp, &st)}};
                 double v[] = {(double)st.index_blocks,
                               ls.active_requests,
                               (double)ls.active_prefill_tokens,

@@ -782,7 +782,8 @@ static void h_dump(kvr_api_server_t *s, struct evhttp_request *req)
         const kvr_router_config_t *c = kvr_router_config(s->r);
         approx_ix = c->router_mode == KVR_MODE_APPROX ? kvr_router_index(s->r) : NULL;
         if (approx_ix == NULL) {
-            api_reply_error(s, req, 404, "not_found_error", "this router keeps no prefix index (%s)",
+            api_reply_error(s, req, 404, "not_found_error",
+                            "this router keeps no prefix index (%s)",
                             c->router_mode == KVR_MODE_KV ? "overlap_score_credit is 0"
                                                           : "router_mode is not kv or approx");
             return;
