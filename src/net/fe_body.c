@@ -2,8 +2,9 @@
  * fe_body.c: the bytes the front end sends and relays besides the stream itself.
  *   - the body for the workers when the client's cannot go verbatim: its top-level members
  *     (found by wire/json_scan.c's object walk, lenient: the OpenAI decoder validated the
- *     body before) but nvext, then the ids to run ("prompt" for completions,
- *     nvext.token_data for chat);
+ *     body before) but nvext, then nvext's engine priority as the top-level "priority"
+ *     vLLM and SGLang read (replacing the client's own), then the ids to run ("prompt" for
+ *     completions, nvext.token_data for chat);
  *   - the nvext naming the chosen worker, spliced into a worker's JSON answer or event when
  *     the client asked for it (wire/json_splice.c, strict: the worker's bytes are untrusted).
  * Ownership: the built body belongs to the request (p->body_own). Threads: the HTTP thread.
@@ -34,10 +35,6 @@ static int scan_members(const char *b, size_t n, size_t i, kvr_json_member_t *m)
     return r == 0 ? k : -1;
 }
 
-/* The body sent to workers when the client's cannot go verbatim: its top-level members but
- * nvext (and the prompt when it becomes the ids), then the ids to run ("prompt" for
- * completions, nvext.token_data for chat). KVR_OK, KVR_ETOOBIG (more members than we splice)
- * or KVR_ENOMEM. */
 /* Writes into a buffer sized once for everything: appends never fail, never grow. */
 typedef struct cursor {
     char *o;
@@ -71,6 +68,8 @@ static void put_ids(cursor_t *c, const uint32_t *t, size_t n)
     *c->o++ = ']';
 }
 
+/* The body sent to workers when the client's cannot go verbatim (see the top). KVR_OK,
+ * KVR_ETOOBIG (more members than we splice) or KVR_ENOMEM. */
 int fe_build_forward_body(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
@@ -79,7 +78,7 @@ int fe_build_forward_body(fe_req_t *p)
     if (k < 0)
         return KVR_ETOOBIG; /* the decoder accepted it: only the member cap can refuse it */
     /* the kept members are a part of the body; the rest is the ids and fixed text */
-    size_t cap = p->client_body_len + p->n_tokens * 11 + 64;
+    size_t cap = p->client_body_len + p->n_tokens * 11 + 96;
     char *out = malloc(cap);
     if (out == NULL)
         return KVR_ENOMEM;
@@ -88,11 +87,18 @@ int fe_build_forward_body(fe_req_t *p)
     bool first = true;
     for (int i = 0; i < k; i++) {
         const kvr_json_member_t *m = &fe->members[i];
-        if (kvr_json_key_is(b, m, "nvext") || (p->drop_prompt && kvr_json_key_is(b, m, "prompt")))
+        if (kvr_json_key_is(b, m, "nvext") || (p->drop_prompt && kvr_json_key_is(b, m, "prompt")) ||
+            (p->has_priority && kvr_json_key_is(b, m, "priority")))
             continue;
         if (!first)
             put(&c, ",", 1);
         put(&c, b + m->key, m->val_end - m->key);
+        first = false;
+    }
+    if (p->has_priority) { /* nvext's engine priority as the engines read it */
+        char pr[32];
+        int n = snprintf(pr, sizeof pr, "%s\"priority\":%d", first ? "" : ",", (int)p->priority);
+        put(&c, pr, (size_t)n);
         first = false;
     }
     if (p->ep == KVR_OAI_COMPLETIONS) {

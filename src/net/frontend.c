@@ -465,7 +465,7 @@ static void route_attempt(fe_req_t *p)
         .n_allowed = n_allowed,
         .has_pinned = p->has_pin_worker && p->has_pin_rank,
         .pinned = {p->pin_worker, p->pin_rank},
-        .priority_jump = p->priority,
+        .priority_jump = p->priority_jump,
         .has_expected_output_tokens = p->has_eot,
         .expected_output_tokens = p->eot,
     };
@@ -874,7 +874,9 @@ static bool copy_routing(fe_req_t *p, const kvr_oai_request_t *rq)
         p->has_pin_rank = true;
         p->pin_rank = x->dp_rank;
     }
-    p->priority = x->has_priority ? x->priority : 0.0;
+    p->priority_jump = x->has_priority_jump ? x->priority_jump : 0.0;
+    p->has_priority = x->has_priority;
+    p->priority = x->priority;
     p->has_eot = x->has_expected_output_tokens;
     p->eot = x->expected_output_tokens;
     p->want_worker = x->want_worker_id;

@@ -44,7 +44,7 @@
 #define E_CC (EB(KVR_OAI_COMPLETIONS) | EB(KVR_OAI_CHAT))
 #define E_ALL (E_CC | EB(KVR_OAI_TOKENIZE))
 
-enum obj { O_TOP, O_STREAM_OPTIONS, O_NVEXT, O_MESSAGE, O_PART };
+enum obj { O_TOP, O_STREAM_OPTIONS, O_NVEXT, O_MESSAGE, O_PART, O_HINTS };
 
 enum type {
     T_STRING,    /* length in [lo, hi], no control characters; lo == 0: "" reads as absent */
@@ -56,6 +56,7 @@ enum type {
     T_OBJECT,    /* a known nested object (child obj in lo) */
     T_BOOL,
     T_INT,       /* integer in [lo, hi] */
+    T_I32,       /* integer in [INT32_MIN, INT32_MAX] */
     T_DOUBLE,    /* finite */
     T_ONE,       /* n: the integer 1 */
     T_CONTENT,   /* string | array of parts | null */
@@ -68,6 +69,7 @@ enum field {
     F_N, F_NVEXT,
     F_INCLUDE_USAGE,
     F_TOKEN_DATA, F_BACKEND_ID, F_DP_RANK, F_LORA, F_PRIORITY, F_EXPECTED, F_ALLOWED, F_EXTRA,
+    F_PRIORITY_JUMP, F_HINTS, F_H_LATENCY, F_H_OSL, F_H_PRIORITY,
     F_ROLE, F_CONTENT,
     F_PART_TYPE, F_PART_TEXT,
     F_N_FIELDS,
@@ -107,7 +109,13 @@ static const field_def_t FIELDS[F_N_FIELDS] = {
     [F_DP_RANK] = {"dp_rank", "nvext.dp_rank", O_NVEXT, T_INT, E_CC, 0, U32MAX},
     [F_LORA] = {"lora_name", "nvext.lora_name", O_NVEXT, T_STRING, E_CC, 0,
                 KVR_OAI_MAX_NAME_BYTES},
-    [F_PRIORITY] = {"priority", "nvext.priority", O_NVEXT, T_DOUBLE, E_CC, 0, 0},
+    [F_PRIORITY] = {"priority", "nvext.priority", O_NVEXT, T_I32, E_CC, 0, 0},
+    [F_PRIORITY_JUMP] = {"priority_jump", "nvext.priority_jump", O_NVEXT, T_DOUBLE, E_CC, 0, 0},
+    [F_HINTS] = {"agent_hints", "nvext.agent_hints", O_NVEXT, T_OBJECT, E_CC, O_HINTS, 0},
+    [F_H_LATENCY] = {"latency_sensitivity", "nvext.agent_hints.latency_sensitivity", O_HINTS,
+                     T_DOUBLE, E_CC, 0, 0},
+    [F_H_OSL] = {"osl", "nvext.agent_hints.osl", O_HINTS, T_INT, E_CC, 0, U32MAX},
+    [F_H_PRIORITY] = {"priority", "nvext.agent_hints.priority", O_HINTS, T_I32, E_CC, 0, 0},
     [F_EXPECTED] = {"expected_output_tokens", "nvext.expected_output_tokens", O_NVEXT, T_INT,
                     E_CC, 0, U32MAX},
     [F_ALLOWED] = {"allowed_worker_ids", "nvext.allowed_worker_ids", O_NVEXT, T_IDS, E_CC, 0,
@@ -345,6 +353,8 @@ static int unexpected(kvr_oai_decoder_t *d)
     case T_INT:
         return fail(d, KVR_EINVAL, "%s: not an integer in [%" PRIu64 ", %" PRIu64 "]", p, f->lo,
                     f->hi);
+    case T_I32:
+        return fail(d, KVR_EINVAL, "%s: not an integer in [%d, %d]", p, INT32_MIN, INT32_MAX);
     case T_DOUBLE:
         return fail(d, KVR_EINVAL, "%s: must be a finite number", p);
     case T_ONE:
@@ -371,6 +381,7 @@ static unsigned obj_depth(int obj)
     case O_NVEXT:
         return 2;
     case O_MESSAGE:
+    case O_HINTS:
         return 3;
     default:
         return 5;  /* {"messages": [{"content": [{ */
@@ -459,6 +470,11 @@ static int on_number(void *ctx, const char *s, size_t n)
             if (!kvr_jd_parse_u64(s, n, f->lo, f->hi, &v))
                 return unexpected(d);
             d->ival[d->field] = v;
+        } else if (f->type == T_I32) {
+            bool neg;
+            if (!kvr_jd_parse_int(s, n, &v, &neg) || v > (neg ? (uint64_t)INT32_MAX + 1 : INT32_MAX))
+                return unexpected(d);
+            d->ival[d->field] = neg ? (uint64_t)(-(int64_t)v) : v;
         } else if (f->type == T_DOUBLE) {
             if (!parse_double(d, s, n, &x))
                 return d->status != KVR_OK ? 0 : unexpected(d);
@@ -726,6 +742,9 @@ static int on_end(void *ctx)
             return message_end(d);
         case O_PART:
             return part_end(d);
+        case O_HINTS:
+            d->obj = O_NVEXT; /* agent_hints sits in nvext */
+            return 1;
         default:
             d->obj = O_TOP;  /* stream_options and nvext sit in the top level */
             return 1;
@@ -1038,10 +1057,36 @@ static void given_prompt(kvr_oai_decoder_t *d, kvr_oai_request_t *out)
     }
 }
 
+/* Of a field and its agent_hints alias, the one given (-1: neither). */
+static int pick_alias(const kvr_oai_decoder_t *d, int f, int alias)
+{
+    return has(d, f) ? f : has(d, alias) ? alias : -1;
+}
+
+/* A field and its agent_hints alias may both be given only with the same value. */
+static bool aliases_agree(kvr_oai_decoder_t *d)
+{
+    static const int pairs[][2] = {
+        {F_PRIORITY, F_H_PRIORITY}, {F_PRIORITY_JUMP, F_H_LATENCY}, {F_EXPECTED, F_H_OSL}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        int a = pairs[i][0], b = pairs[i][1];
+        if (!has(d, a) || !has(d, b))
+            continue;
+        bool same = FIELDS[a].type == T_DOUBLE ? d->dval[a] == d->dval[b] : d->ival[a] == d->ival[b];
+        if (!same)
+            return fail(d, KVR_EINVAL, "%s: differs from %s (give one, or both equal)",
+                        FIELDS[b].path, FIELDS[a].path),
+                   false;
+    }
+    return true;
+}
+
 static int finish(kvr_oai_decoder_t *d, kvr_oai_request_t *out)
 {
     int e = d->endpoint;
     bool data = has(d, F_TOKEN_DATA);
+    if (!aliases_agree(d))
+        return d->status;
     if (e == KVR_OAI_TOKENIZE) {
         if (has(d, F_PROMPT) && has(d, F_MESSAGES))
             return fail(d, KVR_EINVAL, "prompt: give either prompt or messages, not both"),
@@ -1097,10 +1142,15 @@ static int finish(kvr_oai_decoder_t *d, kvr_oai_request_t *out)
     x->has_dp_rank = has(d, F_DP_RANK);
     x->dp_rank = has(d, F_DP_RANK) ? (uint32_t)d->ival[F_DP_RANK] : 0;
     x->lora_name = str_of(d, F_LORA, &x->lora_name_len);
-    x->has_priority = has(d, F_PRIORITY);
-    x->priority = has(d, F_PRIORITY) ? d->dval[F_PRIORITY] : 0.0;
-    x->has_expected_output_tokens = has(d, F_EXPECTED);
-    x->expected_output_tokens = has(d, F_EXPECTED) ? (uint32_t)d->ival[F_EXPECTED] : 0;
+    int f = pick_alias(d, F_PRIORITY, F_H_PRIORITY);
+    x->has_priority = f >= 0;
+    x->priority = f >= 0 ? (int32_t)(int64_t)d->ival[f] : 0;
+    f = pick_alias(d, F_PRIORITY_JUMP, F_H_LATENCY);
+    x->has_priority_jump = f >= 0;
+    x->priority_jump = f >= 0 ? d->dval[f] : 0.0;
+    f = pick_alias(d, F_EXPECTED, F_H_OSL);
+    x->has_expected_output_tokens = f >= 0;
+    x->expected_output_tokens = f >= 0 ? (uint32_t)d->ival[f] : 0;
     x->has_allowed_worker_ids = has(d, F_ALLOWED);
     kvr_sort_u64(d->ids, d->n_ids);
     x->allowed_worker_ids = d->n_ids > 0 ? d->ids : NULL;

@@ -17,8 +17,11 @@
  *   tokenize:    prompt (a string) or messages, exactly one
  *   completions and chat: max_tokens (max_completion_tokens wins when both are given), stream,
  *                stream_options.include_usage, n (only 1), nvext {token_data,
- *                backend_instance_id, dp_rank, lora_name, priority, expected_output_tokens,
- *                allowed_worker_ids, extra_fields}
+ *                backend_instance_id, dp_rank, lora_name, priority, priority_jump,
+ *                expected_output_tokens, allowed_worker_ids, extra_fields, agent_hints
+ *                {priority, latency_sensitivity, osl}}; an agent_hints field and its nvext
+ *                twin (priority/priority, latency_sensitivity/priority_jump,
+ *                osl/expected_output_tokens) may both be given only with the same value
  * Sampling parameters (temperature, top_p, seed, stop, logprobs, echo, ignore_eos, ...) are
  * accepted and ignored like any unknown key: the simulated engine does not sample.
  *
@@ -29,8 +32,8 @@
  * role must also be free of control characters (so they are safe C strings); prompt text and
  * message contents may hold any character, U+0000 included, so use their lengths.
  * Ranges: tokens u32; max_tokens and max_completion_tokens [1, 2^32 - 1]; dp_rank and
- * expected_output_tokens u32; backend_instance_id and allowed worker ids u64; priority a
- * finite number; model and lora_name at most 1024 bytes ("" reads as absent); role 1..64
+ * expected_output_tokens and osl u32; backend_instance_id and allowed worker ids u64;
+ * priority a 32-bit signed integer; priority_jump and latency_sensitivity finite numbers; model and lora_name at most 1024 bytes ("" reads as absent); role 1..64
  * bytes. Completions and chat need a non-empty prompt (text, ids or messages); /tokenize
  * accepts "".
  *
@@ -111,8 +114,11 @@ typedef struct kvr_oai_nvext {
     uint32_t dp_rank;
     const char *lora_name;               /* NULL when absent, null or "" */
     size_t lora_name_len;
-    bool has_priority;
-    double priority;
+    bool has_priority;                   /* engine priority (vLLM's and SGLang's request */
+    int32_t priority;                    /* "priority"), forwarded to the worker; */
+                                         /* nvext.priority or nvext.agent_hints.priority */
+    bool has_priority_jump;              /* queue head start in seconds: nvext.priority_jump */
+    double priority_jump;                /* or nvext.agent_hints.latency_sensitivity */
     bool has_expected_output_tokens;
     uint32_t expected_output_tokens;
     bool has_allowed_worker_ids;         /* given: [] allows nobody */

@@ -122,7 +122,11 @@ int kvr_oai_encode_request(kvr_json_writer_t *w, const kvr_oai_request_t *r)
             key_str_n(w, "lora_name", x->lora_name, x->lora_name_len);
         if (x->has_priority) {
             kvr_json_key(w, "priority");
-            kvr_json_double(w, x->priority);
+            kvr_json_i64(w, x->priority);
+        }
+        if (x->has_priority_jump) {
+            kvr_json_key(w, "priority_jump");
+            kvr_json_double(w, x->priority_jump);
         }
         if (x->has_expected_output_tokens)
             key_u64(w, "expected_output_tokens", x->expected_output_tokens);

@@ -2,10 +2,13 @@
 """Where `kvrouter serve` behaves as the reference KV router does, and used not to: settings that
 derive others (use_kv_events false = approximate mode; overlap credit 0 = no index and no
 KV-event subscription; the deprecated overlap_score_weight), per-request load overrides,
-/v1/dump in approximate mode. Each scenario failed on the router before the change it covers.
+/v1/dump in approximate mode, the engine priority forwarded apart from the queue's head start. Each scenario failed on the router before the change it covers.
 Usage: test_parity.py <path to kvrouter>.
 """
+import http.server
+import json
 import sys
+import threading
 
 import zmq
 
@@ -121,6 +124,77 @@ def scenario_load_overrides():
         r.stop()
 
 
+class CaptureWorker:
+    """An engine's OpenAI server as far as the front end needs one: /health, and completions
+    answered at once; it keeps every request body it was sent."""
+
+    def __init__(self):
+        bodies = self.bodies = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                self.answer(200, b"{}")
+
+            def do_POST(self):
+                bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.answer(200, json.dumps({
+                    "id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+                    "choices": [{"index": 0, "text": "ok", "logprobs": None,
+                                 "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                              "total_tokens": 2}}).encode())
+
+            def answer(self, code, data):
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = "http://127.0.0.1:%d" % self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def scenario_priorities():
+    """nvext.priority (or agent_hints.priority) is the engine's priority: forwarded as the body's
+    top-level "priority" vLLM and SGLang read, replacing the client's own; priority_jump (or
+    agent_hints.latency_sensitivity) is the router queue's head start and is not forwarded.
+    Before, nvext.priority was read as the head start and nothing reached the engine."""
+    w = CaptureWorker()
+    r = serve("--worker", f"id=1,url={w.url}")
+    try:
+        cases = [({"priority": -5}, -5),
+                 ({"agent_hints": {"priority": 9, "latency_sensitivity": 2.0}}, 9),
+                 ({"priority_jump": 3.5}, None)]
+        for nvext, want in cases:
+            body = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 1, "priority": 100,
+                    "nvext": nvext}
+            n = len(w.bodies)
+            st, a = r.call("POST", "/v1/completions", body)
+            got = w.bodies[n] if len(w.bodies) > n else {}
+            check(f"priority {nvext}: answered", st == 200, (st, a))
+            check(f"priority {nvext}: the engine sees priority {want if want is not None else 100}",
+                  got.get("priority") == (want if want is not None else 100) and "nvext" not in got,
+                  got)
+        st, e = r.call("POST", "/v1/completions", {"model": "m", "prompt": [1], "nvext":
+                                                   {"priority": 1.5}})
+        check("priority: a fractional engine priority is refused, named",
+              st == 400 and "nvext.priority" in e["error"]["message"], (st, e))
+    finally:
+        r.stop()
+        w.close()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -128,6 +202,7 @@ def main():
         scenario_credit_zero_runs_no_index(ctx)
         scenario_overlap_score_weight_alias()
         scenario_load_overrides()
+        scenario_priorities()
     finally:
         kill_children()
         ctx.term()

@@ -347,7 +347,8 @@ static void test_nvext_all_fields(void **state)
     const kvr_oai_request_t *r = ok(CMPL,
         "{\"prompt\":\"ignored text\",\"nvext\":{\"token_data\":[7,8,9],"
         "\"backend_instance_id\":18446744073709551615,\"dp_rank\":4294967295,"
-        "\"lora_name\":\"adapter\",\"priority\":-2.5,\"expected_output_tokens\":128,"
+        "\"lora_name\":\"adapter\",\"priority\":-2147483648,\"priority_jump\":-2.5,"
+        "\"expected_output_tokens\":128,"
         "\"allowed_worker_ids\":[9,3,18446744073709551615,3],"
         "\"extra_fields\":[\"timing\",\"other\",\"worker_id\"]}}");
     static const uint32_t want[] = {7, 8, 9};
@@ -364,7 +365,8 @@ static void test_nvext_all_fields(void **state)
     assert_true(x->has_dp_rank && x->dp_rank == 4294967295u);
     assert_string_equal(x->lora_name, "adapter");
     assert_int_equal(x->lora_name_len, 7);
-    assert_true(x->has_priority && x->priority == -2.5);
+    assert_true(x->has_priority && x->priority == INT32_MIN);
+    assert_true(x->has_priority_jump && x->priority_jump == -2.5);
     assert_true(x->has_expected_output_tokens && x->expected_output_tokens == 128);
     assert_true(x->has_allowed_worker_ids);
     assert_int_equal(x->n_allowed_worker_ids, 4);  /* ascending, repeats kept */
@@ -398,6 +400,31 @@ static void test_nvext_all_fields(void **state)
     assert_null(x->allowed_worker_ids);
     assert_false(x->want_worker_id || x->want_timing);
     assert_null(x->lora_name);
+
+    /* agent_hints: latency_sensitivity is the queue head start, priority the engine's, osl
+     * the expected output; each may repeat its nvext twin only with the same value */
+    r = ok(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{\"latency_sensitivity\":1.5,"
+                 "\"priority\":-7,\"osl\":64,\"speculative_prefill\":true},\"priority\":-7}}");
+    x = &r->nvext;
+    assert_true(x->has_priority_jump && x->priority_jump == 1.5);
+    assert_true(x->has_priority && x->priority == -7);
+    assert_true(x->has_expected_output_tokens && x->expected_output_tokens == 64);
+    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"priority\":1,\"agent_hints\":{\"priority\":2}}}",
+        KVR_EINVAL, "nvext.agent_hints.priority: differs from nvext.priority (give one, or both equal)");
+    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{\"osl\":2},\"expected_output_tokens\":3}}",
+        KVR_EINVAL, "nvext.agent_hints.osl: differs from nvext.expected_output_tokens (give one, or both "
+        "equal)");
+    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"priority\":2.5}}", KVR_EINVAL,
+        "nvext.priority: not an integer in [-2147483648, 2147483647]");
+    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{\"priority\":2147483648}}}", KVR_EINVAL,
+        "nvext.agent_hints.priority: not an integer in [-2147483648, 2147483647]");
+    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{\"latency_sensitivity\":\"a\"}}}",
+        KVR_EINVAL, "nvext.agent_hints.latency_sensitivity: must be a finite number");
+    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":[]}}", KVR_EINVAL,
+        "nvext.agent_hints: must be an object or null");
+    /* the decoder is back in nvext after agent_hints closes */
+    r = ok(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{},\"dp_rank\":2}}");
+    assert_true(r->nvext.has_dp_rank && r->nvext.dp_rank == 2);
 
     /* nulls */
     r = ok(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"token_data\":null,\"backend_instance_id\":null,"
@@ -449,9 +476,9 @@ static void test_nvext_errors(void **state)
     err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"lora_name\":7}}", KVR_EINVAL,
         "nvext.lora_name: must be a string or null");
     err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"priority\":\"high\"}}", KVR_EINVAL,
-        "nvext.priority: must be a finite number");
-    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"priority\":1e999}}", KVR_EINVAL,
-        "nvext.priority: must be a finite number");
+        "nvext.priority: not an integer in [-2147483648, 2147483647]");
+    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"priority_jump\":1e999}}", KVR_EINVAL,
+        "nvext.priority_jump: must be a finite number");
     err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"expected_output_tokens\":1.5}}", KVR_EINVAL,
         "nvext.expected_output_tokens: not an integer in [0, 4294967295]");
     err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"allowed_worker_ids\":[1,\"2\"]}}", KVR_EINVAL,
@@ -1196,14 +1223,14 @@ static void test_encode_misc(void **state)
     /* the request encoder: the canonical body */
     const kvr_oai_request_t *r = ok(CHAT,
         "{\"stream\":true,\"nvext\":{\"extra_fields\":[\"timing\",\"worker_id\"],"
-        "\"priority\":0.5,\"dp_rank\":2},\"messages\":[{\"content\":[{\"type\":\"text\","
+        "\"priority\":-3,\"priority_jump\":0.5,\"dp_rank\":2},\"messages\":[{\"content\":[{\"type\":\"text\","
         "\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}],\"role\":\"user\"}],"
         "\"max_completion_tokens\":4,\"stream_options\":{\"include_usage\":true},"
         "\"model\":\"m\",\"temperature\":1}");
     kvr_oai_encode_request(&W, r);
     expect("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"ab\"}],"
            "\"max_tokens\":4,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
-           "\"nvext\":{\"dp_rank\":2,\"priority\":0.5,\"extra_fields\":[\"worker_id\","
+           "\"nvext\":{\"dp_rank\":2,\"priority\":-3,\"priority_jump\":0.5,\"extra_fields\":[\"worker_id\","
            "\"timing\"]}}");
     r = ok(TOK, "{\"prompt\":\"a\\u0000b\",\"stream\":true}");
     kvr_oai_encode_request(&W, r);
