@@ -132,8 +132,8 @@ struct fe_req {
     bool has_pin_worker, has_pin_rank;
     uint64_t pin_worker;
     uint32_t pin_rank;
-    double priority_jump;  /* queue head start, seconds */
-    bool has_priority;     /* the engine priority forwarded as the body's "priority" */
+    double priority_jump; /* queue head start, seconds */
+    bool has_priority;    /* the engine priority forwarded as the body's "priority" */
     int32_t priority;
     bool has_eot;
     uint32_t eot;

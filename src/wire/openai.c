@@ -47,13 +47,13 @@
 enum obj { O_TOP, O_STREAM_OPTIONS, O_NVEXT, O_MESSAGE, O_PART, O_HINTS };
 
 enum type {
-    T_STRING,    /* length in [lo, hi], no control characters; lo == 0: "" reads as absent */
-    T_PROMPT,    /* string | ids | [string] | [ids] */
-    T_MESSAGES,  /* array of message objects */
-    T_TOKENS,    /* array of u32 */
-    T_IDS,       /* array of u64 */
-    T_STRINGS,   /* array of strings (extra_fields) */
-    T_OBJECT,    /* a known nested object (child obj in lo) */
+    T_STRING,   /* length in [lo, hi], no control characters; lo == 0: "" reads as absent */
+    T_PROMPT,   /* string | ids | [string] | [ids] */
+    T_MESSAGES, /* array of message objects */
+    T_TOKENS,   /* array of u32 */
+    T_IDS,      /* array of u64 */
+    T_STRINGS,  /* array of strings (extra_fields) */
+    T_OBJECT,   /* a known nested object (child obj in lo) */
     T_BOOL,
     T_INT,       /* integer in [lo, hi] */
     T_I32,       /* integer in [INT32_MIN, INT32_MAX] */
@@ -65,13 +65,33 @@ enum type {
 };
 
 enum field {
-    F_MODEL, F_PROMPT, F_MESSAGES, F_MAX_TOKENS, F_MAX_COMPLETION, F_STREAM, F_STREAM_OPTIONS,
-    F_N, F_NVEXT,
+    F_MODEL,
+    F_PROMPT,
+    F_MESSAGES,
+    F_MAX_TOKENS,
+    F_MAX_COMPLETION,
+    F_STREAM,
+    F_STREAM_OPTIONS,
+    F_N,
+    F_NVEXT,
     F_INCLUDE_USAGE,
-    F_TOKEN_DATA, F_BACKEND_ID, F_DP_RANK, F_LORA, F_PRIORITY, F_EXPECTED, F_ALLOWED, F_EXTRA,
-    F_PRIORITY_JUMP, F_HINTS, F_H_LATENCY, F_H_OSL, F_H_PRIORITY,
-    F_ROLE, F_CONTENT,
-    F_PART_TYPE, F_PART_TEXT,
+    F_TOKEN_DATA,
+    F_BACKEND_ID,
+    F_DP_RANK,
+    F_LORA,
+    F_PRIORITY,
+    F_EXPECTED,
+    F_ALLOWED,
+    F_EXTRA,
+    F_PRIORITY_JUMP,
+    F_HINTS,
+    F_H_LATENCY,
+    F_H_OSL,
+    F_H_PRIORITY,
+    F_ROLE,
+    F_CONTENT,
+    F_PART_TYPE,
+    F_PART_TEXT,
     F_N_FIELDS,
     F_UNKNOWN = F_N_FIELDS,
 };
@@ -101,14 +121,13 @@ static const field_def_t FIELDS[F_N_FIELDS] = {
                           O_STREAM_OPTIONS, 0},
     [F_N] = {"n", "n", O_TOP, T_ONE, E_CC, 1, 1},
     [F_NVEXT] = {"nvext", "nvext", O_TOP, T_OBJECT, E_CC, O_NVEXT, 0},
-    [F_INCLUDE_USAGE] = {"include_usage", "stream_options.include_usage", O_STREAM_OPTIONS,
-                         T_BOOL, E_CC, 0, 0},
+    [F_INCLUDE_USAGE] = {"include_usage", "stream_options.include_usage", O_STREAM_OPTIONS, T_BOOL,
+                         E_CC, 0, 0},
     [F_TOKEN_DATA] = {"token_data", "nvext.token_data", O_NVEXT, T_TOKENS, E_CC, 0, 0},
-    [F_BACKEND_ID] = {"backend_instance_id", "nvext.backend_instance_id", O_NVEXT, T_INT, E_CC,
-                      0, UINT64_MAX},
+    [F_BACKEND_ID] = {"backend_instance_id", "nvext.backend_instance_id", O_NVEXT, T_INT, E_CC, 0,
+                      UINT64_MAX},
     [F_DP_RANK] = {"dp_rank", "nvext.dp_rank", O_NVEXT, T_INT, E_CC, 0, U32MAX},
-    [F_LORA] = {"lora_name", "nvext.lora_name", O_NVEXT, T_STRING, E_CC, 0,
-                KVR_OAI_MAX_NAME_BYTES},
+    [F_LORA] = {"lora_name", "nvext.lora_name", O_NVEXT, T_STRING, E_CC, 0, KVR_OAI_MAX_NAME_BYTES},
     [F_PRIORITY] = {"priority", "nvext.priority", O_NVEXT, T_I32, E_CC, 0, 0},
     [F_PRIORITY_JUMP] = {"priority_jump", "nvext.priority_jump", O_NVEXT, T_DOUBLE, E_CC, 0, 0},
     [F_HINTS] = {"agent_hints", "nvext.agent_hints", O_NVEXT, T_OBJECT, E_CC, O_HINTS, 0},
@@ -116,19 +135,17 @@ static const field_def_t FIELDS[F_N_FIELDS] = {
                      T_DOUBLE, E_CC, 0, 0},
     [F_H_OSL] = {"osl", "nvext.agent_hints.osl", O_HINTS, T_INT, E_CC, 0, U32MAX},
     [F_H_PRIORITY] = {"priority", "nvext.agent_hints.priority", O_HINTS, T_I32, E_CC, 0, 0},
-    [F_EXPECTED] = {"expected_output_tokens", "nvext.expected_output_tokens", O_NVEXT, T_INT,
-                    E_CC, 0, U32MAX},
-    [F_ALLOWED] = {"allowed_worker_ids", "nvext.allowed_worker_ids", O_NVEXT, T_IDS, E_CC, 0,
-                   0},
+    [F_EXPECTED] = {"expected_output_tokens", "nvext.expected_output_tokens", O_NVEXT, T_INT, E_CC,
+                    0, U32MAX},
+    [F_ALLOWED] = {"allowed_worker_ids", "nvext.allowed_worker_ids", O_NVEXT, T_IDS, E_CC, 0, 0},
     [F_EXTRA] = {"extra_fields", "nvext.extra_fields", O_NVEXT, T_STRINGS, E_CC, 0, 0},
     [F_ROLE] = {"role", "role", O_MESSAGE, T_STRING, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 1,
                 KVR_OAI_MAX_ROLE_BYTES},
     [F_CONTENT] = {"content", "content", O_MESSAGE, T_CONTENT,
                    EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 0, 0},
-    [F_PART_TYPE] = {"type", "type", O_PART, T_PART_TYPE,
-                     EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 0, 0},
-    [F_PART_TEXT] = {"text", "text", O_PART, T_TEXT, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 0,
-                     0},
+    [F_PART_TYPE] = {"type", "type", O_PART, T_PART_TYPE, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE),
+                     0, 0},
+    [F_PART_TEXT] = {"text", "text", O_PART, T_TEXT, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 0, 0},
 };
 
 #define BIT(f) ((uint32_t)1 << (f))
@@ -472,7 +489,8 @@ static int on_number(void *ctx, const char *s, size_t n)
             d->ival[d->field] = v;
         } else if (f->type == T_I32) {
             bool neg;
-            if (!kvr_jd_parse_int(s, n, &v, &neg) || v > (neg ? (uint64_t)INT32_MAX + 1 : INT32_MAX))
+            if (!kvr_jd_parse_int(s, n, &v, &neg) ||
+                v > (neg ? (uint64_t)INT32_MAX + 1 : INT32_MAX))
                 return unexpected(d);
             d->ival[d->field] = neg ? (uint64_t)(-(int64_t)v) : v;
         } else if (f->type == T_DOUBLE) {
@@ -1072,7 +1090,8 @@ static bool aliases_agree(kvr_oai_decoder_t *d)
         int a = pairs[i][0], b = pairs[i][1];
         if (!has(d, a) || !has(d, b))
             continue;
-        bool same = FIELDS[a].type == T_DOUBLE ? d->dval[a] == d->dval[b] : d->ival[a] == d->ival[b];
+        bool same =
+            FIELDS[a].type == T_DOUBLE ? d->dval[a] == d->dval[b] : d->ival[a] == d->ival[b];
         if (!same)
             return fail(d, KVR_EINVAL, "%s: differs from %s (give one, or both equal)",
                         FIELDS[b].path, FIELDS[a].path),

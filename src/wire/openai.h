@@ -33,9 +33,9 @@
  * message contents may hold any character, U+0000 included, so use their lengths.
  * Ranges: tokens u32; max_tokens and max_completion_tokens [1, 2^32 - 1]; dp_rank and
  * expected_output_tokens and osl u32; backend_instance_id and allowed worker ids u64;
- * priority a 32-bit signed integer; priority_jump and latency_sensitivity finite numbers; model and lora_name at most 1024 bytes ("" reads as absent); role 1..64
- * bytes. Completions and chat need a non-empty prompt (text, ids or messages); /tokenize
- * accepts "".
+ * priority a 32-bit signed integer; priority_jump and latency_sensitivity finite numbers; model and
+ * lora_name at most 1024 bytes ("" reads as absent); role 1..64 bytes. Completions and chat need a
+ * non-empty prompt (text, ids or messages); /tokenize accepts "".
  *
  * Errors: KVR_EPARSE (not JSON, not an object, empty body), KVR_EINVAL (a field missing,
  * duplicated, of the wrong type or out of range), KVR_ETOOBIG (a limit), KVR_ENOMEM.
@@ -114,11 +114,11 @@ typedef struct kvr_oai_nvext {
     uint32_t dp_rank;
     const char *lora_name;               /* NULL when absent, null or "" */
     size_t lora_name_len;
-    bool has_priority;                   /* engine priority (vLLM's and SGLang's request */
-    int32_t priority;                    /* "priority"), forwarded to the worker; */
-                                         /* nvext.priority or nvext.agent_hints.priority */
-    bool has_priority_jump;              /* queue head start in seconds: nvext.priority_jump */
-    double priority_jump;                /* or nvext.agent_hints.latency_sensitivity */
+    bool has_priority;      /* engine priority (vLLM's and SGLang's request */
+    int32_t priority;       /* "priority"), forwarded to the worker; */
+                            /* nvext.priority or nvext.agent_hints.priority */
+    bool has_priority_jump; /* queue head start in seconds: nvext.priority_jump */
+    double priority_jump;   /* or nvext.agent_hints.latency_sensitivity */
     bool has_expected_output_tokens;
     uint32_t expected_output_tokens;
     bool has_allowed_worker_ids;         /* given: [] allows nobody */

@@ -344,13 +344,13 @@ static void test_ignored_fields(void **state)
 static void test_nvext_all_fields(void **state)
 {
     (void)state;
-    const kvr_oai_request_t *r = ok(CMPL,
-        "{\"prompt\":\"ignored text\",\"nvext\":{\"token_data\":[7,8,9],"
-        "\"backend_instance_id\":18446744073709551615,\"dp_rank\":4294967295,"
-        "\"lora_name\":\"adapter\",\"priority\":-2147483648,\"priority_jump\":-2.5,"
-        "\"expected_output_tokens\":128,"
-        "\"allowed_worker_ids\":[9,3,18446744073709551615,3],"
-        "\"extra_fields\":[\"timing\",\"other\",\"worker_id\"]}}");
+    const kvr_oai_request_t *r =
+        ok(CMPL, "{\"prompt\":\"ignored text\",\"nvext\":{\"token_data\":[7,8,9],"
+                 "\"backend_instance_id\":18446744073709551615,\"dp_rank\":4294967295,"
+                 "\"lora_name\":\"adapter\",\"priority\":-2147483648,\"priority_jump\":-2.5,"
+                 "\"expected_output_tokens\":128,"
+                 "\"allowed_worker_ids\":[9,3,18446744073709551615,3],"
+                 "\"extra_fields\":[\"timing\",\"other\",\"worker_id\"]}}");
     static const uint32_t want[] = {7, 8, 9};
     assert_true(r->has_nvext);
     const kvr_oai_nvext_t *x = &r->nvext;
@@ -410,14 +410,17 @@ static void test_nvext_all_fields(void **state)
     assert_true(x->has_priority && x->priority == -7);
     assert_true(x->has_expected_output_tokens && x->expected_output_tokens == 64);
     err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"priority\":1,\"agent_hints\":{\"priority\":2}}}",
-        KVR_EINVAL, "nvext.agent_hints.priority: differs from nvext.priority (give one, or both equal)");
-    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{\"osl\":2},\"expected_output_tokens\":3}}",
-        KVR_EINVAL, "nvext.agent_hints.osl: differs from nvext.expected_output_tokens (give one, or both "
+        KVR_EINVAL,
+        "nvext.agent_hints.priority: differs from nvext.priority (give one, or both equal)");
+    err(CMPL,
+        "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{\"osl\":2},\"expected_output_tokens\":3}}",
+        KVR_EINVAL,
+        "nvext.agent_hints.osl: differs from nvext.expected_output_tokens (give one, or both "
         "equal)");
     err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"priority\":2.5}}", KVR_EINVAL,
         "nvext.priority: not an integer in [-2147483648, 2147483647]");
-    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{\"priority\":2147483648}}}", KVR_EINVAL,
-        "nvext.agent_hints.priority: not an integer in [-2147483648, 2147483647]");
+    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{\"priority\":2147483648}}}",
+        KVR_EINVAL, "nvext.agent_hints.priority: not an integer in [-2147483648, 2147483647]");
     err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{\"latency_sensitivity\":\"a\"}}}",
         KVR_EINVAL, "nvext.agent_hints.latency_sensitivity: must be a finite number");
     err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":[]}}", KVR_EINVAL,
@@ -1221,16 +1224,18 @@ static void test_encode_misc(void **state)
     assert_int_equal(kvr_oai_http_status(KVR_ENOMEM), 500);
 
     /* the request encoder: the canonical body */
-    const kvr_oai_request_t *r = ok(CHAT,
-        "{\"stream\":true,\"nvext\":{\"extra_fields\":[\"timing\",\"worker_id\"],"
-        "\"priority\":-3,\"priority_jump\":0.5,\"dp_rank\":2},\"messages\":[{\"content\":[{\"type\":\"text\","
-        "\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}],\"role\":\"user\"}],"
-        "\"max_completion_tokens\":4,\"stream_options\":{\"include_usage\":true},"
-        "\"model\":\"m\",\"temperature\":1}");
+    const kvr_oai_request_t *r =
+        ok(CHAT, "{\"stream\":true,\"nvext\":{\"extra_fields\":[\"timing\",\"worker_id\"],"
+                 "\"priority\":-3,\"priority_jump\":0.5,\"dp_rank\":2},\"messages\":[{\"content\":["
+                 "{\"type\":\"text\","
+                 "\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}],\"role\":\"user\"}],"
+                 "\"max_completion_tokens\":4,\"stream_options\":{\"include_usage\":true},"
+                 "\"model\":\"m\",\"temperature\":1}");
     kvr_oai_encode_request(&W, r);
     expect("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"ab\"}],"
            "\"max_tokens\":4,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
-           "\"nvext\":{\"dp_rank\":2,\"priority\":-3,\"priority_jump\":0.5,\"extra_fields\":[\"worker_id\","
+           "\"nvext\":{\"dp_rank\":2,\"priority\":-3,\"priority_jump\":0.5,\"extra_fields\":["
+           "\"worker_id\","
            "\"timing\"]}}");
     r = ok(TOK, "{\"prompt\":\"a\\u0000b\",\"stream\":true}");
     kvr_oai_encode_request(&W, r);
