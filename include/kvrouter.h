@@ -569,6 +569,8 @@ typedef struct kvr_select_candidate {
     bool has_load;                     /* false: the tracker knows nothing (loads read as 0) */
     bool fenced;                       /* dead or deregistered: never picked */
     bool busy;                         /* over a busy threshold (kvr_busy): never picked */
+    bool queue_busy;                   /* over the queue threshold: may be picked, but while
+                                          every eligible rank is, the request waits (KVR_EBUSY) */
 } kvr_select_candidate_t;
 
 typedef struct kvr_select_request {
@@ -632,6 +634,7 @@ typedef struct kvr_select_result {
     uint64_t request_blocks;
     size_t n_eligible;               /* candidates passing every filter */
     size_t n_busy;                   /* candidates excluded only for load */
+    size_t n_queue_busy;             /* eligible candidates over the queue threshold */
     const char *field;               /* KVR_EINVAL: the offending field */
 } kvr_select_result_t;
 

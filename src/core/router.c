@@ -704,7 +704,8 @@ static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_block
                               .max_num_batched_tokens = s->max_num_batched_tokens,
                               .used_blocks = p->active_blocks,
                               .total_kv_blocks = s->total_kv_blocks};
-        c->busy = kvr_busy(&r->busy, &bl) || kvr_busy(&r->queue_busy, &bl);
+        c->busy = kvr_busy(&r->busy, &bl);
+        c->queue_busy = kvr_busy(&r->queue_busy, &bl);
     }
     return KVR_OK;
 }
@@ -737,7 +738,7 @@ static bool has_taints(const kvr_select_candidate_t *c, const kvr_route_req_t *q
 /* round-robin / random / least-loaded: no cache awareness, same filters. */
 static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, kvr_select_result_t *out)
 {
-    size_t n_ok = 0, n_busy = 0, best = SIZE_MAX, nth = 0;
+    size_t n_ok = 0, n_busy = 0, n_qbusy = 0, best = SIZE_MAX, nth = 0;
     uint64_t target = r->cfg.router_mode == KVR_MODE_RANDOM ? kvr_rng_next(&r->rng) : r->rr;
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < r->n_ranks; i++) {
@@ -755,6 +756,7 @@ static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, kvr_select_res
             }
             if (pass == 0) {
                 n_ok++;
+                n_qbusy += c->queue_busy;
                 if (r->cfg.router_mode == KVR_MODE_LEAST_LOADED &&
                     (best == SIZE_MAX || c->potential_prefill_tokens + c->active_requests <
                                              r->cands[best].potential_prefill_tokens +
@@ -770,6 +772,9 @@ static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, kvr_select_res
     }
     out->n_eligible = n_ok;
     out->n_busy = n_busy;
+    out->n_queue_busy = n_qbusy;
+    if (n_ok > 0 && n_qbusy == n_ok)
+        return KVR_EBUSY; /* the queue: wait while every eligible rank is over its threshold */
     if (best == SIZE_MAX)
         return n_busy > 0 ? KVR_EBUSY : KVR_ENOWORKER;
     r->rr++;

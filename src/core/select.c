@@ -515,6 +515,7 @@ static void eligibility_pass(ctx_t *x, kvr_select_result_t *out)
         if (why != KVR_SELECT_ELIGIBLE)
             continue;
         out->n_eligible++;
+        out->n_queue_busy += c->queue_busy;
         double a = active_prefill(c);
         x->min_active = any ? fmin(x->min_active, a) : a;
         any = true;
@@ -556,7 +557,7 @@ static int pinned_status(const kvr_select_request_t *r, size_t *idx)
     case KVR_SELECT_BUSY:
         return KVR_EBUSY;
     default:
-        return KVR_OK;
+        return r->cands[*idx].queue_busy ? KVR_EBUSY : KVR_OK; /* it waits for that rank */
     }
 }
 
@@ -600,6 +601,8 @@ static void mark_direct(const ctx_t *x, size_t idx)
  * Choices where the reference drifts or is loose:
  *  - busy is per rank: a busy rank is never picked (the reference drops a worker only when all
  *    its ranks are busy, and may then pick one of its busy ranks);
+ *  - the queue threshold (queue_busy) only decides whether a request waits, as the reference's
+ *    does: while any eligible rank is under it, every eligible rank may be picked;
  *  - a pinned rank lacking a required taint is KVR_ENOTALLOWED, like one outside allowed_ids;
  *  - request_blocks 0 (empty prompt) divides the decay as 1;
  *  - a softmax draw never lands on a zero-probability candidate (strict < on the cumulative).
@@ -628,6 +631,8 @@ int kvr_select(const kvr_select_config_t *cfg, const kvr_select_request_t *req, 
     eligibility_pass(&x, out);
     if (explain != NULL)
         explain_pass(&x);
+    if (!req->has_pinned && out->n_eligible > 0 && out->n_queue_busy == out->n_eligible)
+        return KVR_EBUSY; /* the queue (5.7): wait while every eligible rank is over it */
     size_t idx;
     rc = direct_pick(&x, &idx);
     if (rc != KVR_OK)

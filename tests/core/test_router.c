@@ -278,6 +278,53 @@ static void test_load_overrides_reach_the_booking(void **s)
     unmake(&f);
 }
 
+/* The queue threshold decides only whether a request waits (reference 5.7): worker 1 is over
+ * it (128 prefill tokens > 0.1 x 1000) but holds the prompt's prefix, worker 2 is idle: the
+ * request is not queued and goes to worker 1, the cheaper one. (It went to worker 2 when the
+ * threshold removed busy ranks from the candidates.) */
+static void test_queue_threshold_does_not_filter(void **s)
+{
+    (void)s;
+    fx_t f;
+    kvr_config_defaults(&f.cfg);
+    char err[200];
+    assert_int_equal(kvr_config_set(&f.cfg, "seed", "42", err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_config_set(&f.cfg, "router_queue_threshold", "0.1", err, sizeof err),
+                     KVR_OK);
+    kvr_index_config_t ic = {.sync = KVR_SYNC_NONE};
+    int st;
+    f.ix = kvr_index_new(&ic, &st);
+    f.r = kvr_router_new(&f.cfg, f.ix, &st, err, sizeof err);
+    if (f.r == NULL)
+        fail_msg("router: %s", err);
+    for (uint64_t id = 1; id <= 2; id++) {
+        kvr_worker_spec_t w;
+        char text[64];
+        snprintf(text, sizeof text, "id=%llu,max_num_batched_tokens=1000", (unsigned long long)id);
+        assert_int_equal(kvr_worker_spec_parse(text, &w, err, sizeof err), KVR_OK);
+        assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    }
+    prompt(3, 128);
+    kvr_route_res_t res;
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 128, .update_state = true,
+                         .has_pinned = true, .pinned = {1, 0}};
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+    prompt(4, 1024);
+    engine_stores(&f, 1, 64);
+    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 1024, .update_state = false};
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+    assert_int_equal(res.worker.worker_id, 1);
+    /* both over it: the request waits */
+    prompt(5, 256);
+    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 256, .update_state = true,
+                          .has_pinned = true, .pinned = {2, 0}};
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+    prompt(4, 1024);
+    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 1024, .update_state = false};
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_EBUSY);
+    unmake(&f);
+}
+
 static void test_busy_and_filters(void **s)
 {
     (void)s;
@@ -398,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_prefix_holder_wins),
         cmocka_unit_test(test_booking_spreads_load_and_free_releases),
         cmocka_unit_test(test_load_overrides_reach_the_booking),
+        cmocka_unit_test(test_queue_threshold_does_not_filter),
         cmocka_unit_test(test_busy_and_filters),
         cmocka_unit_test(test_approx_mode_learns_from_decisions),
         cmocka_unit_test(test_round_robin_cycles),

@@ -444,6 +444,36 @@ static void test_busy_and_no_worker(void **s)
     assert_int_equal(run(NULL, &rq, &r, NULL, 1), KVR_ENOWORKER);
 }
 
+/* The queue threshold only decides whether a request waits (reference 5.7): a rank over it
+ * stays a candidate while another eligible rank is under it; the request waits (KVR_EBUSY)
+ * only when every eligible rank is over it, or when it is pinned to one that is. */
+static void test_queue_threshold_only_decides_waiting(void **s)
+{
+    (void)s;
+    uint64_t isl = 4 * BS;
+    kvr_select_candidate_t c[3] = {cand(1, 0, 0, 1, isl), cand(2, 0, 0, 2, isl),
+                                   cand(3, 0, 0, 3, isl)};
+    kvr_select_request_t rq = request(isl, c, 3);
+    kvr_select_result_t r;
+    c[0].queue_busy = true; /* the cheapest is over the queue threshold, the others are not */
+    assert_int_equal(run(NULL, &rq, &r, NULL, 1), KVR_OK);
+    assert_int_equal(r.index, 0);
+    assert_int_equal(r.n_queue_busy, 1);
+    c[1].queue_busy = true;
+    c[2].fenced = true; /* every eligible rank over it: wait */
+    assert_int_equal(run(NULL, &rq, &r, NULL, 1), KVR_EBUSY);
+    c[2].fenced = false;
+    assert_int_equal(run(NULL, &rq, &r, NULL, 1), KVR_OK);
+    assert_int_equal(r.index, 0);
+    /* pinned to a rank over it: wait for that rank; to one under it: go */
+    rq.has_pinned = true;
+    rq.pinned = (kvr_worker_t){1, 0};
+    assert_int_equal(run(NULL, &rq, &r, NULL, 1), KVR_EBUSY);
+    rq.pinned = (kvr_worker_t){3, 0};
+    assert_int_equal(run(NULL, &rq, &r, NULL, 1), KVR_OK);
+    assert_int_equal(r.index, 2);
+}
+
 /* S22: an empty or sub-block prompt has no overlap; the pick is by load, nothing divides by 0. */
 static void test_zero_length_prompt(void **s)
 {
@@ -870,6 +900,7 @@ int main(void)
         cmocka_unit_test(test_pinned_worker),
         cmocka_unit_test(test_preferred_worker),
         cmocka_unit_test(test_busy_and_no_worker),
+        cmocka_unit_test(test_queue_threshold_only_decides_waiting),
         cmocka_unit_test(test_zero_length_prompt),
         cmocka_unit_test(test_lmetric_and_decode_pool),
         cmocka_unit_test(test_ties_uniform),
