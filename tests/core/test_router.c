@@ -306,8 +306,11 @@ static void test_queue_threshold_does_not_filter(void **s)
     }
     prompt(3, 128);
     kvr_route_res_t res;
-    kvr_route_req_t q = {.tokens = toks, .n_tokens = 128, .update_state = true,
-                         .has_pinned = true, .pinned = {1, 0}};
+    kvr_route_req_t q = {.tokens = toks,
+                         .n_tokens = 128,
+                         .update_state = true,
+                         .has_pinned = true,
+                         .pinned = {1, 0}};
     assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
     prompt(4, 1024);
     engine_stores(&f, 1, 64);
@@ -316,8 +319,11 @@ static void test_queue_threshold_does_not_filter(void **s)
     assert_int_equal(res.worker.worker_id, 1);
     /* both over it: the request waits */
     prompt(5, 256);
-    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 256, .update_state = true,
-                          .has_pinned = true, .pinned = {2, 0}};
+    q = (kvr_route_req_t){.tokens = toks,
+                          .n_tokens = 256,
+                          .update_state = true,
+                          .has_pinned = true,
+                          .pinned = {2, 0}};
     assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
     prompt(4, 1024);
     q = (kvr_route_req_t){.tokens = toks, .n_tokens = 1024, .update_state = false};
