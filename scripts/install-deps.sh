@@ -10,6 +10,7 @@ PKGS=(
   python3 python3-msgpack python3-zmq
   gnuplot-nox
   libck-dev uthash-dev
+  prometheus
 )
 
 missing=()

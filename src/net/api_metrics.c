@@ -30,14 +30,14 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
         "events flow means the hashes do not match the engines').",
         (double)s->routes_with_overlap);
     kvr_prom_counter(p, "kvr_queries_total", "POST /v1/query calls.", (double)rs.queries);
-    kvr_prom_family(p, "kvr_router_overhead_ms", "histogram",
-                    "Time of a routing decision by stage, milliseconds.");
+    kvr_prom_family(p, "kvr_router_overhead_seconds", "histogram",
+                    "Time of a routing decision by stage, seconds.");
     kvr_prom_label_t st[4] = {
         {"stage", "hashing"}, {"stage", "lookup"}, {"stage", "selection"}, {"stage", "total"}};
-    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[0], 1, &s->h_hash);
-    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[1], 1, &s->h_lookup);
-    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[2], 1, &s->h_select);
-    kvr_prom_hist(p, "kvr_router_overhead_ms", &st[3], 1, &s->h_total);
+    kvr_prom_hist(p, "kvr_router_overhead_seconds", &st[0], 1, &s->h_hash);
+    kvr_prom_hist(p, "kvr_router_overhead_seconds", &st[1], 1, &s->h_lookup);
+    kvr_prom_hist(p, "kvr_router_overhead_seconds", &st[2], 1, &s->h_select);
+    kvr_prom_hist(p, "kvr_router_overhead_seconds", &st[3], 1, &s->h_total);
     kvr_load_stats_t ls;
     kvr_load_stats(kvr_router_load(s->r), &ls);
     kvr_prom_gauge(p, "kvr_requests_in_flight", "Requests the load tracker holds.",

@@ -34,9 +34,10 @@
 #include "wire/json_writer.h"
 #include "wire/prom.h"
 
-static const double MS_BUCKETS[] = {0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                    1,     2.5,   5,    10,    25,   50,  100};
-#define N_MS_BUCKETS (sizeof MS_BUCKETS / sizeof MS_BUCKETS[0])
+/* seconds: 2 us to 100 ms */
+static const double OVERHEAD_BUCKETS[] = {2e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+                                          1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1};
+#define N_OVERHEAD_BUCKETS (sizeof OVERHEAD_BUCKETS / sizeof OVERHEAD_BUCKETS[0])
 
 /* ---------------------------------------------------------------------------------------- */
 /* Replies */
@@ -177,10 +178,10 @@ static void route_req_from_api(kvr_route_req_t *q, const kvr_api_route_t *a)
 
 static void observe(kvr_api_server_t *s, const kvr_route_res_t *res)
 {
-    kvr_hist_observe(&s->h_hash, (double)res->timing.hash_ns / 1e6);
-    kvr_hist_observe(&s->h_lookup, (double)res->timing.lookup_ns / 1e6);
-    kvr_hist_observe(&s->h_select, (double)res->timing.select_ns / 1e6);
-    kvr_hist_observe(&s->h_total, (double)res->timing.total_ns / 1e6);
+    kvr_hist_observe(&s->h_hash, (double)res->timing.hash_ns / 1e9);
+    kvr_hist_observe(&s->h_lookup, (double)res->timing.lookup_ns / 1e9);
+    kvr_hist_observe(&s->h_select, (double)res->timing.select_ns / 1e9);
+    kvr_hist_observe(&s->h_total, (double)res->timing.total_ns / 1e9);
     if (res->overlap_blocks > 0)
         s->routes_with_overlap++;
 }
@@ -1047,10 +1048,10 @@ kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_sched_t *sched
     s->rl_silent = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(60000, 8);
     kvr_json_writer_init(&s->w);
     kvr_prom_init(&s->prom);
-    kvr_hist_init(&s->h_hash, MS_BUCKETS, N_MS_BUCKETS);
-    kvr_hist_init(&s->h_lookup, MS_BUCKETS, N_MS_BUCKETS);
-    kvr_hist_init(&s->h_select, MS_BUCKETS, N_MS_BUCKETS);
-    kvr_hist_init(&s->h_total, MS_BUCKETS, N_MS_BUCKETS);
+    kvr_hist_init(&s->h_hash, OVERHEAD_BUCKETS, N_OVERHEAD_BUCKETS);
+    kvr_hist_init(&s->h_lookup, OVERHEAD_BUCKETS, N_OVERHEAD_BUCKETS);
+    kvr_hist_init(&s->h_select, OVERHEAD_BUCKETS, N_OVERHEAD_BUCKETS);
+    kvr_hist_init(&s->h_total, OVERHEAD_BUCKETS, N_OVERHEAD_BUCKETS);
     kvr_api_options_t ao = {.max_tokens = cfg->router_max_prompt_tokens < KVR_API_MAX_TOKENS
                                               ? cfg->router_max_prompt_tokens
                                               : KVR_API_MAX_TOKENS};

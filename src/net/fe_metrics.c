@@ -114,7 +114,8 @@ void fe_metrics(void *arg, struct kvr_prom *p)
                    (double)conns);
     kvr_prom_gauge(p, "kvr_frontend_upstream_connections_busy",
                    "Pooled upstream connections in use.", (double)busy);
-    kvr_prom_family(p, "kvr_frontend_forward_delay_ms", "histogram",
-                    "Request received to request sent to the worker (first attempt), ms.");
-    kvr_prom_hist(p, "kvr_frontend_forward_delay_ms", NULL, 0, &fe->h_forward);
+    kvr_prom_family(p, "kvr_frontend_forward_delay_seconds", "histogram",
+                    "Request received to request sent to the worker (first attempt), seconds.");
+    kvr_prom_hist(p, "kvr_frontend_forward_delay_seconds", NULL, 0, &fe->h_forward);
+    fe_reqm_metrics(fe, p);
 }

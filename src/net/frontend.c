@@ -61,9 +61,10 @@
 
 #include "net/frontend_int.h"
 
-static const double MS_BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
-                                    2.5,   5,    10,    25,   50,  100, 250, 1000};
-#define N_MS_BUCKETS (sizeof MS_BUCKETS / sizeof MS_BUCKETS[0])
+/* seconds: 5 us to 1 s */
+static const double FORWARD_BUCKETS[] = {5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
+                                         2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1};
+#define N_FORWARD_BUCKETS (sizeof FORWARD_BUCKETS / sizeof FORWARD_BUCKETS[0])
 
 void fe_req_finish(fe_req_t *p);
 
@@ -439,6 +440,7 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
     p->rid_len = strlen(res->request_id);
     memcpy(p->rid, res->request_id, p->rid_len + 1);
     p->worker = res->worker;
+    p->cached_tokens = res->cached_tokens;
     if (p->want_worker)
         fe_make_nvext(p);
     send_upstream(p);
@@ -572,7 +574,9 @@ void fe_mark_token(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
     uint64_t now = kvr_now_ms();
-    p->gen_tokens++;
+    p->last_token_ns = mono_ns();
+    if (p->gen_tokens++ == 0)
+        p->first_token_ns = p->last_token_ns;
     fe->st.stream_tokens++;
     if (!p->booked)
         return; /* its worker was removed, and its booking with it */
@@ -627,6 +631,30 @@ static int on_up_header(struct evhttp_request *up, void *arg)
 }
 
 /* The whole (non-SSE) answer, relayed with its status. */
+/* usage.completion_tokens of a whole JSON answer (0 when absent): found by search, not parsed,
+ * so no copy of the answer is made; the first occurrence is the usage's in an OpenAI answer
+ * (choices carry text, never that key). */
+static uint64_t completion_tokens(struct evbuffer *in)
+{
+    static const char key[] = "\"completion_tokens\"";
+    struct evbuffer_ptr at = evbuffer_search(in, key, sizeof key - 1, NULL);
+    if (at.pos < 0)
+        return 0;
+    char t[32];
+    (void)evbuffer_ptr_set(in, &at, sizeof key - 1, EVBUFFER_PTR_ADD);
+    ev_ssize_t n = evbuffer_copyout_from(in, &at, t, sizeof t - 1);
+    if (n <= 0)
+        return 0;
+    t[n] = '\0';
+    const char *c = t;
+    while (*c == ' ' || *c == ':' || *c == '\t' || *c == '\n' || *c == '\r')
+        c++;
+    uint64_t v = 0;
+    while (*c >= '0' && *c <= '9' && v < UINT64_MAX / 10)
+        v = v * 10 + (uint64_t)(*c++ - '0');
+    return v;
+}
+
 static void reply_whole(fe_req_t *p, struct evhttp_request *up)
 {
     kvr_frontend_t *fe = p->fe;
@@ -732,12 +760,17 @@ static void on_up_done(struct evhttp_request *up, void *arg)
         }
         return;
     }
+    uint64_t osl;
     if (p->sse_mode) {
         fe_relay(p, true);
+        osl = p->gen_tokens;
         end_stream(p, NULL);
     } else {
+        osl = completion_tokens(evhttp_request_get_input_buffer(up));
         reply_whole(p, up);
     }
+    if (code == 200)
+        fe_reqm_observe(fe, p, mono_ns(), osl);
     fe_req_finish(p);
 }
 
@@ -789,7 +822,7 @@ static void send_upstream(fe_req_t *p)
     p->uc = uc;
     fe->st.forwarded++;
     if (p->attempts == 1)
-        kvr_hist_observe(&fe->h_forward, (double)(mono_ns() - p->arrival_ns) / 1e6);
+        kvr_hist_observe(&fe->h_forward, (double)(mono_ns() - p->arrival_ns) / 1e9);
     /* may call on_up_done before returning (a connection refused at once): p stays valid,
      * the failure continues from the timer */
     /* a whole answer is buffered: bounded (lifted in on_up_header for an event stream) */
@@ -955,6 +988,7 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
     p->client_conn = evhttp_request_get_connection(req);
     p->ep = ep;
     p->arrival_ns = t0;
+    p->model_slot = fe_reqm_slot(fe, rq.model, rq.model_len);
     p->stream = rq.stream;
     p->client_body = body;
     p->client_body_len = len;
@@ -1091,7 +1125,7 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
         snprintf(fe->worker_auth, sizeof fe->worker_auth, "Bearer %s", tok);
     }
     kvr_json_writer_init(&fe->w);
-    kvr_hist_init(&fe->h_forward, MS_BUCKETS, N_MS_BUCKETS);
+    kvr_hist_init(&fe->h_forward, FORWARD_BUCKETS, N_FORWARD_BUCKETS);
     size_t max_tokens = cfg->router_max_prompt_tokens < KVR_OAI_MAX_TOKENS
                             ? (size_t)cfg->router_max_prompt_tokens : KVR_OAI_MAX_TOKENS;
     kvr_oai_options_t oo = {.max_tokens = max_tokens,
@@ -1105,7 +1139,7 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
     fe->tick = event_new(base, -1, EV_PERSIST, on_tick, fe);
     struct timeval tv = {0, FE_TICK_US};
     if (fe->dec == NULL || fe->out == NULL || fe->members == NULL || fe->tick == NULL ||
-        event_add(fe->tick, &tv) != 0) {
+        fe_reqm_init(fe) != KVR_OK || event_add(fe->tick, &tv) != 0) {
         kvr_frontend_free(fe);
         *status = KVR_ENOMEM;
         snprintf(err, err_len, "out of memory");
@@ -1159,5 +1193,6 @@ void kvr_frontend_free(kvr_frontend_t *fe)
         evbuffer_free(fe->out);
     kvr_json_writer_deinit(&fe->w);
     free(fe->members);
+    fe_reqm_free(fe);
     free(fe);
 }

@@ -108,6 +108,9 @@ struct fe_req {
     bool first_token_sent;
     bool slow_abort;       /* the client's pending output passed the cap: aborted from retry_ev */
     uint64_t arrival_ns;
+    uint64_t first_token_ns, last_token_ns; /* token chunks relayed (0: none yet) */
+    uint64_t cached_tokens;                 /* on the chosen worker, at routing */
+    uint16_t model_slot;                    /* its per-model metrics (fe_reqmetrics.c) */
     /* the prompt */
     uint32_t *tokens;
     size_t n_tokens;
@@ -163,6 +166,15 @@ struct fe_req {
     struct event *retry_ev;
 };
 
+/* One model's request histograms (fe_reqmetrics.c). */
+#define FE_MAX_METRIC_MODELS 32
+#define FE_METRIC_MODEL_BYTES 128
+typedef struct fe_model_metrics {
+    char name[FE_METRIC_MODEL_BYTES];
+    kvr_hist_t ttft, itl, isl, osl, e2e, hit;
+    uint64_t requests;
+} fe_model_metrics_t;
+
 typedef struct fe_stats {
     uint64_t requests[3];            /* completions, chat, models */
     uint64_t replies[6];             /* 2xx, 3xx, 4xx, 5xx, streamed, other */
@@ -203,7 +215,9 @@ struct kvr_frontend {
     size_t n_waiters;
     fe_stats_t st;
     bool closing;              /* kvr_frontend_free is answering what is in flight */
-    kvr_hist_t h_forward;      /* arrival -> upstream request issued, ms */
+    kvr_hist_t h_forward;      /* arrival -> upstream request issued, seconds */
+    fe_model_metrics_t *mm;    /* FE_MAX_METRIC_MODELS + 1 ("other", last) */
+    uint16_t n_mm;
     kvr_ratelimit_t rl_up, rl_proto, rl_slow;
     char worker_auth[KVR_SECRET_MAX + 8]; /* "Bearer <worker_api_key_file>"; "" = none */
 };
@@ -253,6 +267,15 @@ bool fe_inject_worker(const fe_req_t *p, const char *json, size_t len, struct ev
 bool fe_tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq);
 /* Asks the next untried worker to tokenize p's prompt (fe_ids_ready when it answers). */
 void fe_start_tokenize(fe_req_t *p);
+
+/* ---- fe_reqmetrics.c: per-model request histograms --------------------------------------- */
+int fe_reqm_init(kvr_frontend_t *fe);
+void fe_reqm_free(kvr_frontend_t *fe);
+/* The metrics slot of a model name (FE_MAX_METRIC_MODELS: "other"). */
+uint16_t fe_reqm_slot(kvr_frontend_t *fe, const char *model, size_t len);
+/* A request answered 200 in full, at now_ns, with osl output tokens. */
+void fe_reqm_observe(kvr_frontend_t *fe, const fe_req_t *p, uint64_t now_ns, uint64_t osl);
+void fe_reqm_metrics(const kvr_frontend_t *fe, struct kvr_prom *p);
 
 /* ---- fe_relay.c: upstream SSE -> the client ---------------------------------------------- */
 /* Forwards the complete events held (all of it when final). */

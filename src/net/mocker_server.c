@@ -854,10 +854,10 @@ static void h_kv_blocks(kvr_mocker_t *m, struct evhttp_request *req)
 static void metric_per_rank(kvr_mocker_t *m, const char *name, const char *type,
                             const char *help, const double *v)
 {
-    kvr_prom_family(&m->prom, name, type, help);
     const char *suffix = strcmp(type, "counter") == 0 ? "_total" : "";
     char full[160];
     snprintf(full, sizeof full, "%s%s", name, suffix);
+    kvr_prom_family(&m->prom, full, type, help); /* HELP and TYPE name the samples, as vLLM's */
     for (uint32_t r = 0; r < m->cfg.dp_size; r++) {
         char eng[16];
         snprintf(eng, sizeof eng, "%u", r);
@@ -977,14 +977,15 @@ static void h_metrics(kvr_mocker_t *m, struct evhttp_request *req)
     kvr_prom_family(&m->prom, "vllm:e2e_request_latency_seconds", "histogram",
                     "Request latency (real time)");
     kvr_prom_hist(&m->prom, "vllm:e2e_request_latency_seconds", l, 1, &m->h_e2e);
-    kvr_prom_family(&m->prom, "kvr_mocker_http_errors", "counter", "Error replies by status");
+    kvr_prom_family(&m->prom, "kvr_mocker_http_errors_total", "counter",
+                    "Error replies by status");
     static const char *codes[] = {"400", "404", "413", "500", "503", "other"};
     for (int k = 0; k < 6; k++) {
         kvr_prom_label_t cl[] = {{"code", codes[k]}};
         kvr_prom_sample(&m->prom, "kvr_mocker_http_errors_total", cl, 1,
                         (double)m->http_errors[k]);
     }
-    kvr_prom_family(&m->prom, "kvr_mocker_requests_disconnected", "counter",
+    kvr_prom_family(&m->prom, "kvr_mocker_requests_disconnected_total", "counter",
                     "Requests whose client went away before the end (cancelled)");
     kvr_prom_sample(&m->prom, "kvr_mocker_requests_disconnected_total", NULL, 0,
                     (double)m->requests_disconnected);

@@ -7,6 +7,9 @@ Usage: test_parity.py <path to kvrouter>.
 """
 import http.server
 import json
+import re
+import shutil
+import subprocess
 import sys
 import threading
 
@@ -195,6 +198,59 @@ def scenario_priorities():
         w.close()
 
 
+def promtool_problems(text):
+    """promtool check metrics' complaints about a /metrics text (promtool from Debian's
+    prometheus package, which scripts/install-deps.sh installs)."""
+    tool = shutil.which("promtool")
+    if tool is None:
+        return ["promtool is not installed (scripts/install-deps.sh installs prometheus)"]
+    p = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True, text=True,
+                       timeout=60)
+    return [l for l in (p.stdout + p.stderr).splitlines() if l.strip()]
+
+
+def scenario_metrics():
+    """Per-model request histograms at the router (TTFT, ITL, ISL, OSL, E2E, KV hit rate, in
+    seconds and tokens), and /metrics of serve and mocker pass promtool check metrics; the only
+    complaint allowed is the colon in the mocker's vllm:* names, which are vLLM's own."""
+    m = Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--model", "m",
+               "--block-size", BS, "--speedup", "100"], "mocker")
+    r = serve("--worker", f"id=1,url={m.url}")
+    try:
+        toks = tokens_for(41, 2)
+        st, raw = r.request("POST", "/v1/completions", {"model": "m", "prompt": toks,
+                                                         "max_tokens": 5, "stream": True})[::2]
+        check("metrics: streamed answer", st == 200 and b"[DONE]" in raw, raw[-200:])
+        st, a = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks, "max_tokens": 7})
+        check("metrics: whole answer", st == 200, (st, a))
+        lab = {"model": "m"}
+        check("metrics: TTFT observed for the streamed request",
+              r.metric("kvr_frontend_time_to_first_token_seconds_count", **lab) == 1,
+              r.metric("kvr_frontend_time_to_first_token_seconds_count", **lab))
+        check("metrics: ITL observed (5 tokens streamed)",
+              r.metric("kvr_frontend_inter_token_latency_seconds_count", **lab) == 1)
+        check("metrics: OSL = 5 streamed + 7 from usage",
+              r.metric("kvr_frontend_output_sequence_tokens_sum", **lab) == 12,
+              r.metric("kvr_frontend_output_sequence_tokens_sum", **lab))
+        check("metrics: ISL = both prompts",
+              r.metric("kvr_frontend_input_sequence_tokens_sum", **lab) == 2 * len(toks))
+        check("metrics: E2E and KV hit rate per request",
+              r.metric("kvr_frontend_request_duration_seconds_count", **lab) == 2 and
+              r.metric("kvr_frontend_kv_hit_rate_count", **lab) == 2)
+        for what, c in (("serve", r), ("mocker", m)):
+            text = c.request("GET", "/metrics")[2].decode()
+            bad = [l for l in promtool_problems(text)
+                   if not re.match(r"^vllm:\S+ metric names should not contain ':'$", l)]
+            check(f"metrics: promtool check metrics passes on {what}'s /metrics", bad == [],
+                  bad[:20])
+        check("metrics: no _ms metric names left",
+              not any(n.endswith("_ms") or "_ms_" in n for n, _, _ in r.metrics()),
+              [n for n, _, _ in r.metrics() if "_ms" in n][:5])
+    finally:
+        r.stop()
+        m.stop()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -203,6 +259,7 @@ def main():
         scenario_overlap_score_weight_alias()
         scenario_load_overrides()
         scenario_priorities()
+        scenario_metrics()
     finally:
         kill_children()
         ctx.term()
