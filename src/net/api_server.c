@@ -35,8 +35,8 @@
 #include "wire/prom.h"
 
 /* seconds: 2 us to 100 ms */
-static const double OVERHEAD_BUCKETS[] = {2e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
-                                          1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1};
+static const double OVERHEAD_BUCKETS[] = {2e-6, 5e-6,   1e-5, 2.5e-5, 5e-5,   1e-4, 2.5e-4, 5e-4,
+                                          1e-3, 2.5e-3, 5e-3, 1e-2,   2.5e-2, 5e-2, 0.1};
 #define N_OVERHEAD_BUCKETS (sizeof OVERHEAD_BUCKETS / sizeof OVERHEAD_BUCKETS[0])
 
 /* ---------------------------------------------------------------------------------------- */

@@ -23,7 +23,7 @@
 #include "net/frontend_int.h"
 
 static const double SECONDS_BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
-                                         2.5,   5,    10,    30,    60,   120, 300};
+                                         2.5,   5,    10,    30,   60,  120,  300};
 static const double ITL_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04,
                                      0.06,  0.08,   0.1,   0.25, 0.5,  1};
 static const double TOKEN_BUCKETS[] = {16, 64, 256, 1024, 4096, 16384, 65536, 262144};
@@ -122,8 +122,7 @@ void fe_reqm_metrics(const kvr_frontend_t *fe, struct kvr_prom *p)
     for (size_t f = 0; f < N_OF(F); f++) {
         kvr_prom_family(p, F[f].name, "histogram", F[f].help);
         for (size_t i = 0; i <= n; i++) {
-            const fe_model_metrics_t *m =
-                &fe->mm[i < n ? i : FE_MAX_METRIC_MODELS];
+            const fe_model_metrics_t *m = &fe->mm[i < n ? i : FE_MAX_METRIC_MODELS];
             if (i == n && m->requests == 0)
                 continue; /* "other" only once it has something */
             kvr_prom_label_t l = {"model", m->name};

@@ -62,8 +62,8 @@
 #include "net/frontend_int.h"
 
 /* seconds: 5 us to 1 s */
-static const double FORWARD_BUCKETS[] = {5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
-                                         2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1};
+static const double FORWARD_BUCKETS[] = {5e-6,   1e-5, 2.5e-5, 5e-5,   1e-4, 2.5e-4, 5e-4, 1e-3,
+                                         2.5e-3, 5e-3, 1e-2,   2.5e-2, 5e-2, 0.1,    0.25, 1};
 #define N_FORWARD_BUCKETS (sizeof FORWARD_BUCKETS / sizeof FORWARD_BUCKETS[0])
 
 void fe_req_finish(fe_req_t *p);

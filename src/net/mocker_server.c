@@ -977,8 +977,7 @@ static void h_metrics(kvr_mocker_t *m, struct evhttp_request *req)
     kvr_prom_family(&m->prom, "vllm:e2e_request_latency_seconds", "histogram",
                     "Request latency (real time)");
     kvr_prom_hist(&m->prom, "vllm:e2e_request_latency_seconds", l, 1, &m->h_e2e);
-    kvr_prom_family(&m->prom, "kvr_mocker_http_errors_total", "counter",
-                    "Error replies by status");
+    kvr_prom_family(&m->prom, "kvr_mocker_http_errors_total", "counter", "Error replies by status");
     static const char *codes[] = {"400", "404", "413", "500", "503", "other"};
     for (int k = 0; k < 6; k++) {
         kvr_prom_label_t cl[] = {{"code", codes[k]}};
