@@ -98,6 +98,8 @@ size_t kvr_router_worker_ids(const kvr_router_t *r, uint64_t *ids, size_t cap);
 /* Health: fenced workers are never picked. */
 int kvr_router_set_fenced(kvr_router_t *r, uint64_t worker_id, bool fenced);
 bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id);
+/* Workers registered and not fenced (min_initial_workers counts these). */
+size_t kvr_router_n_ready(const kvr_router_t *r);
 int kvr_router_set_rank_status(kvr_router_t *r, kvr_worker_t w, const kvr_rank_status_t *st);
 int kvr_router_rank_status(const kvr_router_t *r, kvr_worker_t w, kvr_rank_status_t *out);
 

@@ -549,6 +549,14 @@ bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id)
     return i >= 0 && r->w[i].fenced;
 }
 
+size_t kvr_router_n_ready(const kvr_router_t *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_w; i++)
+        n += !r->w[i].fenced;
+    return n;
+}
+
 static kvr_rank_status_t *rank_status(const kvr_router_t *r, kvr_worker_t w)
 {
     long i = worker_pos(r, w.worker_id);

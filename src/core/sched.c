@@ -34,12 +34,14 @@ typedef struct entry {
     kvr_select_override_t ovr;
     kvr_sched_done_fn done;
     void *arg;
+    bool warmup; /* queued by the start-up wait (expiry answers KVR_ENOWORKER) */
 } entry_t;
 
 struct kvr_sched {
     kvr_router_t *r;
     kvr_sched_config_t cfg;
-    kvr_queue_t *queue; /* NULL: the queue is off */
+    kvr_queue_t *queue; /* NULL: the queue is off and the start-up wait over */
+    bool warm;          /* min_initial_workers were ready once: no start-up wait any more */
     observer_t obs[KVR_SCHED_MAX_OBSERVERS];
     size_t n_obs;
     bool dispatching;        /* a pass is running (callbacks may re-enter) */
@@ -56,6 +58,8 @@ void kvr_sched_config_from(kvr_sched_config_t *out, const kvr_router_config_t *c
                       .max_pending_isl_tokens = cfg->router_queue_max_isl_tokens,
                       .order = cfg->router_queue_policy},
         .queue_timeout_ms = cfg->router_queue_timeout_ms,
+        .min_initial_workers = cfg->min_initial_workers,
+        .initial_wait_ms = cfg->min_initial_workers_wait_ms,
     };
 }
 
@@ -82,7 +86,8 @@ kvr_sched_t *kvr_sched_new(kvr_router_t *r, const kvr_sched_config_t *cfg, int *
     }
     s->r = r;
     s->cfg = *cfg;
-    if (cfg->queue && (s->queue = kvr_queue_new(&cfg->queue_cfg, status)) == NULL) {
+    s->warm = cfg->min_initial_workers == 0;
+    if ((cfg->queue || !s->warm) && (s->queue = kvr_queue_new(&cfg->queue_cfg, status)) == NULL) {
         free(s);
         return NULL;
     }
@@ -220,17 +225,28 @@ static int entry_new(kvr_sched_t *s, const kvr_place_t *p, entry_t **out)
     return KVR_OK;
 }
 
+/* Whether the start-up wait is over: it ends for good once min_initial_workers are ready. */
+static bool warm(kvr_sched_t *s)
+{
+    if (!s->warm && kvr_router_n_ready(s->r) >= s->cfg.min_initial_workers)
+        s->warm = true;
+    return s->warm;
+}
+
+bool kvr_sched_warm(kvr_sched_t *s) { return warm(s); }
+
 static int enqueue(kvr_sched_t *s, const kvr_place_t *p, uint64_t now_ms, kvr_ticket_t *ticket)
 {
     entry_t *e = NULL;
     int rc = entry_new(s, p, &e);
     if (rc != KVR_OK)
         return rc;
+    e->warmup = !s->warm;
     kvr_queue_item_t it = {.isl_tokens = p->q->n_tokens,
                            .cost_tokens = p->q->n_tokens,
                            .priority_jump = p->q->priority_jump,
                            .strict_priority = p->strict_priority,
-                           .timeout_ms = s->cfg.queue_timeout_ms,
+                           .timeout_ms = e->warmup ? s->cfg.initial_wait_ms : s->cfg.queue_timeout_ms,
                            .user = e};
     rc = kvr_queue_push(s->queue, &it, now_ms, ticket);
     if (rc != KVR_OK)
@@ -245,7 +261,12 @@ int kvr_sched_place(kvr_sched_t *s, const kvr_place_t *p, uint64_t now_ms, kvr_r
                     kvr_ticket_t *ticket)
 {
     *ticket = 0;
-    bool may_queue = s->queue != NULL && p->q->update_state && p->done != NULL;
+    bool may_wait = p->q->update_state && p->done != NULL;
+    if (may_wait && !warm(s))
+        return enqueue(s, p, now_ms, ticket); /* the start-up wait */
+    if (!s->cfg.queue && s->queue != NULL && kvr_queue_len(s->queue) > 0)
+        kvr_sched_dispatch(s, now_ms, KVR_SCHED_BY_EVENT); /* the wait's requests go first */
+    bool may_queue = s->cfg.queue && may_wait;
     int rc;
     if (may_queue && kvr_queue_len(s->queue) > 0) { /* arrivals do not overtake a backlog */
         memset(res, 0, sizeof *res);
@@ -283,8 +304,9 @@ static void dispatch_pass(kvr_sched_t *s, uint64_t now_ms)
         assert(e->done != NULL && e->q.hashed);
         kvr_route_res_t res;
         int rc = kvr_router_route(s->r, &e->q, now_ms, &res);
-        if (rc == KVR_EBUSY)
-            break; /* still busy: wait for the next change */
+        if (rc == KVR_EBUSY && s->cfg.queue)
+            break; /* still busy: wait for the next change (without the queue, the start-up
+                      wait's requests get their answer) */
         (void)kvr_queue_pop(s->queue, &qe);
         s->dispatched[s->why]++;
         if (rc == KVR_OK)
@@ -298,7 +320,7 @@ static void dispatch_pass(kvr_sched_t *s, uint64_t now_ms)
 
 void kvr_sched_dispatch(kvr_sched_t *s, uint64_t now_ms, kvr_sched_trigger_t why)
 {
-    if (s->queue == NULL)
+    if (s->queue == NULL || !warm(s))
         return;
     if (s->dispatching)
         return; /* re-entered from a callback: the running pass peeks again after it */
@@ -315,8 +337,9 @@ static void expire_queue(kvr_sched_t *s, uint64_t now_ms)
         entry_t *e = qe.item.user;
         kvr_sched_done_fn done = e->done;
         void *arg = e->arg;
+        int rc = e->warmup ? KVR_ENOWORKER : KVR_EBUSY;
         free(e);
-        done(arg, KVR_EBUSY, NULL);
+        done(arg, rc, NULL);
     }
 }
 

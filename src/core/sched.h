@@ -46,6 +46,8 @@ typedef struct kvr_sched_config {
     bool queue;                   /* queue while busy (router_queue_threshold set) */
     kvr_queue_config_t queue_cfg; /* capacity, pending ISL limit, order */
     uint64_t queue_timeout_ms;    /* 0 = wait forever */
+    uint32_t min_initial_workers; /* until this many are ready (once), requests wait */
+    uint64_t initial_wait_ms;     /* ... at most this long (0 = forever) */
 } kvr_sched_config_t;
 
 /* The scheduler's settings from the router's configuration (router_queue_*). */
@@ -62,8 +64,9 @@ kvr_router_t *kvr_sched_router(const kvr_sched_t *s);
 /* ---- placing ---- */
 
 /* A queued placement's outcome, called once: KVR_OK (booked; res filled, res->handle names
- * the booking), a routing error as kvr_router_route's (res->error_field for KVR_EINVAL), or
- * KVR_EBUSY with res NULL when it waited past queue_timeout_ms. */
+ * the booking), a routing error as kvr_router_route's (res->error_field for KVR_EINVAL),
+ * KVR_EBUSY with res NULL when it waited past queue_timeout_ms, or KVR_ENOWORKER with res
+ * NULL when it waited past initial_wait_ms for min_initial_workers. */
 typedef void (*kvr_sched_done_fn)(void *arg, int rc, const kvr_route_res_t *res);
 
 typedef struct kvr_place {
@@ -78,11 +81,15 @@ typedef struct kvr_place {
 typedef uint64_t kvr_ticket_t;
 
 /* Routes p->q now (KVR_OK, res filled, *ticket 0), or queues it (KVR_OK, *ticket set, done
- * called later) when the queue is on, q->update_state, done is set and every eligible worker
- * is busy or a backlog waits (arrivals never overtake it). Otherwise the routing error;
- * KVR_EQUEUEFULL when the queue is at its limits; KVR_ENOMEM. */
+ * called later) when q->update_state and done is set, and either the queue is on and every
+ * eligible worker is busy or a backlog waits (arrivals never overtake it), or fewer than
+ * min_initial_workers have ever been ready at once (the start-up wait: it ends for good the
+ * first time they are, checked at each placement, dispatch and tick). Otherwise the routing
+ * error; KVR_EQUEUEFULL when the queue is at its limits; KVR_ENOMEM. */
 int kvr_sched_place(kvr_sched_t *s, const kvr_place_t *p, uint64_t now_ms, kvr_route_res_t *res,
                     kvr_ticket_t *ticket);
+/* Whether the start-up wait is over (min_initial_workers were ready at once). */
+bool kvr_sched_warm(kvr_sched_t *s);
 /* Takes a queued request back (its client went away): true if it was still queued; done is
  * then never called. */
 bool kvr_sched_cancel(kvr_sched_t *s, kvr_ticket_t t);

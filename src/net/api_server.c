@@ -257,11 +257,12 @@ static void on_queued_done(void *arg, int rc, const kvr_route_res_t *res)
     bool tagged = w->tagged;
     waiter_put(s, w);
     evhttp_connection_set_closecb(evhttp_request_get_connection(req), NULL, NULL);
-    if (res == NULL)
-        api_reply_error(s, req, 429, "rate_limit_exceeded",
-                        "queued longer than router_queue_timeout_ms (%llu ms)",
-                        (unsigned long long)s->cfg.router_queue_timeout_ms);
-    else if (rc == KVR_OK)
+    if (res == NULL) {
+        char msg[200];
+        int code = kvr_api_wait_failed(s->r, rc, msg, sizeof msg);
+        api_reply_error(s, req, code, code == 429 ? "rate_limit_exceeded" : "service_unavailable",
+                        "%s", msg);
+    } else if (rc == KVR_OK)
         reply_routed(s, req, res, tagged);
     else
         api_reply_status(s, req, rc, rc == KVR_EINVAL ? res->error_field : NULL);
@@ -761,6 +762,22 @@ static int dump_event(void *ud, const kvr_event_t *ev)
     return kvr_json_writer_status(w) == KVR_OK ? 0 : 1;
 }
 
+int kvr_api_wait_failed(const kvr_router_t *r, int rc, char *msg, size_t msg_len)
+{
+    const kvr_router_config_t *c = kvr_router_config(r);
+    if (rc == KVR_ENOWORKER) {
+        snprintf(msg, msg_len,
+                 "no worker ready: waited min_initial_workers_wait_ms (%llu ms) for "
+                 "min_initial_workers (%u; %zu ready)",
+                 (unsigned long long)c->min_initial_workers_wait_ms, c->min_initial_workers,
+                 kvr_router_n_ready(r));
+        return 503;
+    }
+    snprintf(msg, msg_len, "queued longer than router_queue_timeout_ms (%llu ms)",
+             (unsigned long long)c->router_queue_timeout_ms);
+    return 429;
+}
+
 const char *api_index_state(const kvr_api_server_t *s, const kvr_worker_spec_t *sp,
                             const kvr_rank_status_t *st)
 {
@@ -813,15 +830,19 @@ static void h_health(kvr_api_server_t *s, struct evhttp_request *req)
     api_reply_text(s, req, 200, "text/plain", "OK\n", 3);
 }
 
-/* Ready when at least one worker is registered and not fenced. */
+/* Ready when at least one worker is registered and not fenced, and the start-up wait for
+ * min_initial_workers is over. */
 static void h_ready(kvr_api_server_t *s, struct evhttp_request *req)
 {
-    uint64_t ids[4096];
-    size_t n = kvr_router_worker_ids(s->r, ids, 4096), up = 0;
-    for (size_t i = 0; i < n && i < 4096; i++)
-        up += !kvr_router_fenced(s->r, ids[i]);
+    size_t up = kvr_router_n_ready(s->r);
     if (up == 0) {
         api_reply_error(s, req, 503, "service_unavailable", "no healthy worker registered");
+        return;
+    }
+    if (!kvr_sched_warm(s->sched)) {
+        api_reply_error(s, req, 503, "service_unavailable",
+                        "waiting for min_initial_workers (%u; %zu ready)",
+                        kvr_router_config(s->r)->min_initial_workers, up);
         return;
     }
     api_reply_text(s, req, 200, "text/plain", "ready\n", 6);

@@ -71,5 +71,9 @@ void kvr_api_server_fence(kvr_api_server_t *s, uint64_t worker_id, const char *w
  * was lost): its /health is probed at once, and if that fails too it is fenced without
  * waiting for health_failures periodic probes. why is logged with the fence. */
 void kvr_api_server_suspect(kvr_api_server_t *s, uint64_t worker_id, const char *why);
+/* A queued placement that ran out of time (kvr_sched_done_fn with res NULL): the HTTP status
+ * and a message naming the setting (429 for router_queue_timeout_ms; 503 for
+ * min_initial_workers_wait_ms, with the ready count). Both front doors answer with these. */
+int kvr_api_wait_failed(const kvr_router_t *r, int rc, char *msg, size_t msg_len);
 
 #endif

@@ -493,8 +493,9 @@ static void on_placed(void *arg, int rc, const kvr_route_res_t *res)
         return;
     }
     if (res == NULL) {
-        fe_req_fail(p, 429, "queued longer than router_queue_timeout_ms (%llu ms)",
-                    (unsigned long long)p->fe->cfg.router_queue_timeout_ms);
+        char msg[200];
+        int code = kvr_api_wait_failed(p->fe->r, rc, msg, sizeof msg);
+        fe_req_fail(p, code, "%s", msg);
         return;
     }
     routed(p, rc, res);

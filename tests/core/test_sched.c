@@ -248,6 +248,60 @@ static void test_backlog_cancel_and_expiry(void **st)
     unmake(&f);
 }
 
+/* min_initial_workers: before that many workers are ready, requests that may wait do (the
+ * router is starting and its workers register); the wait ends for good once they are, and a
+ * request that waits past min_initial_workers_wait_ms is told KVR_ENOWORKER with no decision. */
+static void test_start_up_wait(void **st)
+{
+    (void)st;
+    fx_t f;
+    make(&f, 0, false);
+    kvr_sched_free(f.s);
+    set(&f, "min_initial_workers", "2");
+    set(&f, "min_initial_workers_wait_ms", "300");
+    kvr_sched_config_t sc;
+    kvr_sched_config_from(&sc, &f.cfg);
+    int rc;
+    f.s = kvr_sched_new(f.r, &sc, &rc, NULL);
+    assert_non_null(f.s);
+    prompt(toks, 3, 64);
+    outcome_t a = {.f = &f}, b = {.f = &f};
+    kvr_route_res_t res;
+    kvr_ticket_t ta, tb, t;
+    assert_int_equal(place(&f, toks, 64, &a, &res, &ta), KVR_OK);
+    assert_true(ta != 0); /* waiting, not refused */
+    /* one who may not wait is answered at once */
+    assert_int_equal(place(&f, toks, 64, NULL, &res, &t), KVR_ENOWORKER);
+    char err[200];
+    kvr_worker_spec_t w;
+    assert_int_equal(kvr_worker_spec_parse("id=1", &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    kvr_sched_tick(f.s, 1100);
+    assert_int_equal(a.calls, 0); /* one of two: still waiting */
+    kvr_sched_tick(f.s, 1400);     /* past the wait: no worker for it */
+    assert_int_equal(a.calls, 1);
+    assert_true(a.expired);
+    assert_int_equal(a.rc, KVR_ENOWORKER);
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 64, .update_state = true};
+    kvr_place_t pb = {.q = &q, .copy = true, .done = on_done, .arg = &b};
+    assert_int_equal(kvr_sched_place(f.s, &pb, 1400, &res, &tb), KVR_OK);
+    assert_true(tb != 0);
+    assert_int_equal(kvr_worker_spec_parse("id=2", &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    kvr_sched_tick(f.s, 1450); /* two ready: the waiting one is placed */
+    assert_int_equal(b.calls, 1);
+    assert_int_equal(b.rc, KVR_OK);
+    assert_int_equal(live(&f), 1);
+    /* once warm, never again: with every worker gone a request is refused at once */
+    assert_int_equal(kvr_router_remove_worker(f.r, 1), KVR_OK);
+    assert_int_equal(kvr_router_remove_worker(f.r, 2), KVR_OK);
+    outcome_t c = {.f = &f};
+    assert_int_equal(place(&f, toks, 64, &c, &res, &t), KVR_ENOWORKER);
+    assert_int_equal(t, 0);
+    assert_int_equal(c.calls, 0);
+    unmake(&f);
+}
+
 /* Load that went down behind the scheduler's back (a free straight to the router): an
  * arrival still queues behind the backlog, and the next dispatch places the backlog first. */
 static void test_arrivals_do_not_overtake(void **st)
@@ -612,6 +666,7 @@ int main(void)
         cmocka_unit_test(test_queue_dispatches_on_a_load_change),
         cmocka_unit_test(test_backlog_cancel_and_expiry),
         cmocka_unit_test(test_arrivals_do_not_overtake),
+        cmocka_unit_test(test_start_up_wait),
         cmocka_unit_test(test_own_hashes_copied),
         cmocka_unit_test(test_copy_and_hashes_survive),
         cmocka_unit_test(test_reentrant_release),

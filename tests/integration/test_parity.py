@@ -251,6 +251,38 @@ def scenario_metrics():
         m.stop()
 
 
+def scenario_min_initial_workers():
+    """Requests that arrive before min_initial_workers are ready wait (bounded) instead of
+    failing: one sent to a router with no worker is answered once a worker registers; past
+    min_initial_workers_wait_ms the answer is a 503 naming the setting. Before, both were an
+    immediate 503."""
+    r = serve("--min-initial-workers-wait-ms", "20000")
+    try:
+        st, _ = r.call("GET", "/ready")
+        check("start-up wait: not ready without workers", st == 503, st)
+        out = {}
+        t = threading.Thread(target=lambda: out.update(
+            zip(("st", "body"), r.call("POST", "/v1/route", {"tokens": tokens_for(51, 2)}))))
+        t.start()
+        check("start-up wait: the request waits (it is queued)",
+              eventually(lambda: (r.metric("kvr_queue_pending") or 0) >= 1, 10), r.metric("kvr_queue_pending"))
+        st, w = r.call("POST", "/v1/workers", {"worker_id": 4, "dp_size": 1})
+        check("start-up wait: a worker registers", st == 201, (st, w))
+        t.join(20)
+        check("start-up wait: the waiting request is routed to it",
+              out.get("st") == 200 and out["body"].get("worker_id") == 4, out)
+    finally:
+        r.stop()
+    r = serve("--min-initial-workers", "2", "--min-initial-workers-wait-ms", "300",
+              "--worker", "id=1")
+    try:
+        st, e = r.call("POST", "/v1/route", {"tokens": tokens_for(52, 2)})
+        check("start-up wait: past the wait, a 503 naming min_initial_workers",
+              st == 503 and "min_initial_workers (2; 1 ready)" in e["error"]["message"], (st, e))
+    finally:
+        r.stop()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -260,6 +292,7 @@ def main():
         scenario_load_overrides()
         scenario_priorities()
         scenario_metrics()
+        scenario_min_initial_workers()
     finally:
         kill_children()
         ctx.term()
