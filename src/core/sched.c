@@ -246,7 +246,8 @@ static int enqueue(kvr_sched_t *s, const kvr_place_t *p, uint64_t now_ms, kvr_ti
                            .cost_tokens = p->q->n_tokens,
                            .priority_jump = p->q->priority_jump,
                            .strict_priority = p->strict_priority,
-                           .timeout_ms = e->warmup ? s->cfg.initial_wait_ms : s->cfg.queue_timeout_ms,
+                           .timeout_ms =
+                               e->warmup ? s->cfg.initial_wait_ms : s->cfg.queue_timeout_ms,
                            .user = e};
     rc = kvr_queue_push(s->queue, &it, now_ms, ticket);
     if (rc != KVR_OK)

@@ -278,7 +278,7 @@ static void test_start_up_wait(void **st)
     assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
     kvr_sched_tick(f.s, 1100);
     assert_int_equal(a.calls, 0); /* one of two: still waiting */
-    kvr_sched_tick(f.s, 1400);     /* past the wait: no worker for it */
+    kvr_sched_tick(f.s, 1400);    /* past the wait: no worker for it */
     assert_int_equal(a.calls, 1);
     assert_true(a.expired);
     assert_int_equal(a.rc, KVR_ENOWORKER);
