@@ -48,10 +48,13 @@ typedef struct kvr_worker_spec {
     size_t n_taints;
     uint64_t max_num_batched_tokens; /* 0 = unknown */
     uint64_t total_kv_blocks;        /* 0 = unknown */
+    bool eagle; /* the engine runs Eagle speculative decoding: a block's hash covers its tokens
+                   and the next block's first (the reference's is_eagle); every worker of a
+                   router must agree, and requests are hashed the same way */
 } kvr_worker_spec_t;
 
 /* Parses "id=7,url=http://h:8001,events=tcp://h:5557,replay=tcp://h:5558,dp_size=2,
- * taints=a;b" (only id required). err names the key and problem. */
+ * taints=a;b,eagle=true" (only id required). err names the key and problem. */
 int kvr_worker_spec_parse(const char *text, kvr_worker_spec_t *out, char *err, size_t err_len);
 /* Range and consistency checks (dp_size, lengths); err names the field. */
 int kvr_worker_spec_validate(const kvr_worker_spec_t *w, char *err, size_t err_len);
@@ -80,6 +83,8 @@ typedef struct kvr_rank_status {
     uint64_t index_blocks;      /* blocks the index holds for this rank (any tier) */
     uint64_t disconnects;       /* events connections lost */
     uint64_t rank_out_of_range; /* batches naming a dp_rank outside the worker's, refused */
+    uint64_t eagle_mismatches;  /* stored events whose Eagle windowing differs from the
+                                   worker's eagle setting (applied; requests will not match) */
 } kvr_rank_status_t;
 
 typedef struct kvr_router kvr_router_t;
@@ -98,6 +103,8 @@ size_t kvr_router_worker_ids(const kvr_router_t *r, uint64_t *ids, size_t cap);
 /* Health: fenced workers are never picked. */
 int kvr_router_set_fenced(kvr_router_t *r, uint64_t worker_id, bool fenced);
 bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id);
+/* Blocks of a prompt of n_tokens as the router hashes requests (Eagle: one token fewer). */
+size_t kvr_router_n_blocks(const kvr_router_t *r, size_t n_tokens);
 /* Workers registered and not fenced (min_initial_workers counts these). */
 size_t kvr_router_n_ready(const kvr_router_t *r);
 int kvr_router_set_rank_status(kvr_router_t *r, kvr_worker_t w, const kvr_rank_status_t *st);

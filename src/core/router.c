@@ -136,6 +136,15 @@ static int spec_kv(kvr_worker_spec_t *w, const char *key, const char *v, bool *h
         return set_str(w->replay, sizeof w->replay, v, key, err, len);
     if (strcmp(key, "taints") == 0)
         return set_taints(w, v, err, len);
+    if (strcmp(key, "eagle") == 0 || strcmp(key, "is_eagle") == 0) {
+        if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0)
+            w->eagle = true;
+        else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0)
+            w->eagle = false;
+        else
+            return spec_err(err, len, "worker eagle: true, false, 1 or 0 ('%s')%s", v, "");
+        return KVR_OK;
+    }
     bool num = parse_u64(v, &x) == 0;
     if (strcmp(key, "dp_size") == 0 && num && x <= UINT32_MAX)
         w->dp_size = (uint32_t)x;
@@ -474,6 +483,14 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
         snprintf(err, err_len, "worker %llu already registered", (unsigned long long)w->worker_id);
         return KVR_EEXIST;
     }
+    if (r->n_w > 0 && w->eagle != r->w[0].spec.eagle) {
+        snprintf(err, err_len,
+                 "worker %llu: eagle=%s, but the registered workers are eagle=%s (requests are "
+                 "hashed one way for the whole fleet)",
+                 (unsigned long long)w->worker_id, w->eagle ? "true" : "false",
+                 r->w[0].spec.eagle ? "true" : "false");
+        return KVR_EINVAL;
+    }
     if (r->n_ranks + w->dp_size > r->cfg.max_workers) {
         snprintf(err, err_len, "max_workers: %u ranks already registered", r->cfg.max_workers);
         return KVR_EFULL;
@@ -549,6 +566,11 @@ bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id)
     return i >= 0 && r->w[i].fenced;
 }
 
+size_t kvr_router_n_blocks(const kvr_router_t *r, size_t n_tokens)
+{
+    return kvr_hash_n_blocks(n_tokens, r->cfg.block_size, r->n_w > 0 && r->w[0].spec.eagle);
+}
+
 size_t kvr_router_n_ready(const kvr_router_t *r)
 {
     size_t n = 0;
@@ -607,7 +629,8 @@ static long hash_into(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t 
     kvr_hash_opts_t o = {.lora_name = q->lora_name,
                          .lora_name_len = q->lora_name_len,
                          .cache_namespace = q->cache_namespace,
-                         .cache_namespace_len = q->cache_namespace_len};
+                         .cache_namespace_len = q->cache_namespace_len,
+                         .is_eagle = r->n_w > 0 && r->w[0].spec.eagle};
     return kvr_hash_prompt(q->tokens, q->n_tokens, r->cfg.block_size, &o, lbh, seq, cap);
 }
 
@@ -615,8 +638,10 @@ static long hash_into(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t 
  * them, else hashed into the scratch); returns the block count or a status. */
 static long hash_prompt(kvr_router_t *r, const kvr_route_req_t *q)
 {
-    size_t n = kvr_hash_n_blocks(q->n_tokens, r->cfg.block_size, false);
-    if (q->hashed) {
+    size_t n = kvr_router_n_blocks(r, q->n_tokens);
+    /* hashes made before the fleet's Eagle setting was known (a request queued while no
+     * worker was registered) are remade from the tokens */
+    if (q->hashed && (q->n_hashed == n || q->tokens == NULL)) {
         if (q->n_hashed != n || (n > 0 && (q->block_hashes == NULL || q->seq_hashes == NULL)))
             return KVR_EINVAL;
         r->cur_lbh = q->block_hashes;

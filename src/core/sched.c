@@ -191,9 +191,8 @@ static void copy_parts(entry_t *e, unsigned char *c)
 static int entry_new(kvr_sched_t *s, const kvr_place_t *p, entry_t **out)
 {
     const kvr_route_req_t *q = p->q;
-    uint32_t bs = kvr_router_config(s->r)->block_size;
     bool own_hashes = !q->hashed || p->copy;
-    size_t n = q->hashed ? q->n_hashed : kvr_hash_n_blocks(q->n_tokens, bs, false);
+    size_t n = q->hashed ? q->n_hashed : kvr_router_n_blocks(s->r, q->n_tokens);
     if (q->hashed && n > 0 && (q->block_hashes == NULL || q->seq_hashes == NULL))
         return KVR_EINVAL;
     size_t bytes = sizeof(entry_t) + (own_hashes ? 2 * n * sizeof(uint64_t) : 0) +

@@ -176,11 +176,14 @@ static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
         {"kvr_worker_fenced", "1 when the worker failed its health checks."},
         {"kvr_worker_index_state", "1 for the rank's current index state."},
         {"kvr_worker_block_size_mismatches_total", "Events refused for their block size."},
+        {"kvr_worker_eagle_mismatches_total",
+         "Stored events windowed otherwise than the worker's eagle setting (requests will not "
+         "match them)."},
     };
     uint64_t ids[4096];
     size_t n = kvr_router_worker_ids(s->r, ids, 4096);
     for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
-        kvr_prom_family(p, fams[f][0], f == 6 ? "counter" : "gauge", fams[f][1]);
+        kvr_prom_family(p, fams[f][0], f >= 6 ? "counter" : "gauge", fams[f][1]);
         for (size_t i = 0; i < n && i < 4096; i++) {
             const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
             for (uint32_t d = 0; sp != NULL && d < sp->dp_size; d++) {
@@ -200,7 +203,8 @@ static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
                               (double)ls.active_blocks,
                               kvr_router_fenced(s->r, wk.worker_id) ? 1 : 0,
                               1,
-                              (double)st.block_size_mismatches};
+                              (double)st.block_size_mismatches,
+                              (double)st.eagle_mismatches};
                 kvr_prom_sample(p, fams[f][0], l, f == 5 ? 3 : 2, v[f]);
             }
         }

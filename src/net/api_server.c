@@ -528,6 +528,8 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
     kvr_json_u64(w, sp->dp_start);
     kvr_json_key(w, "fenced");
     kvr_json_bool(w, kvr_router_fenced(s->r, sp->worker_id));
+    kvr_json_key(w, "eagle");
+    kvr_json_bool(w, sp->eagle);
     kvr_json_key(w, "taints");
     kvr_json_begin_array(w);
     for (size_t t = 0; t < sp->n_taints; t++)
@@ -571,6 +573,8 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
         kvr_json_u64(w, st.undecodable);
         kvr_json_key(w, "block_size_mismatches");
         kvr_json_u64(w, st.block_size_mismatches);
+        kvr_json_key(w, "eagle_mismatches");
+        kvr_json_u64(w, st.eagle_mismatches);
         kvr_json_key(w, "events_disconnects");
         kvr_json_u64(w, st.disconnects);
         kvr_json_key(w, "batches_rank_out_of_range");
@@ -634,6 +638,7 @@ static int spec_from_api(kvr_worker_spec_t *sp, const kvr_api_worker_t *a, char 
     sp->dp_start = a->dp_start;
     sp->max_num_batched_tokens = a->has_max_num_batched_tokens ? a->max_num_batched_tokens : 0;
     sp->total_kv_blocks = a->has_total_kv_blocks ? a->total_kv_blocks : 0;
+    sp->eagle = a->eagle;
     if (a->n_taints > KVR_MAX_TAINTS) {
         snprintf(err, len, "taints: at most %d", KVR_MAX_TAINTS);
         return KVR_EINVAL;

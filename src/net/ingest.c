@@ -27,8 +27,9 @@
 typedef struct rank_acc {
     kvr_worker_t w;
     uint64_t events_applied, events_rejected, blocks_stored, blocks_removed;
-    uint64_t mismatches, out_of_range;
+    uint64_t mismatches, out_of_range, eagle_mismatches;
     uint32_t engine_block_size;
+    bool eagle;   /* the worker's eagle setting (its events should agree) */
     bool error;   /* block size mismatch: until events of the right size apply again */
     bool dropped; /* its state was dropped while the stream went on: partial */
 } rank_acc_t;
@@ -126,6 +127,20 @@ static void apply_one(kvr_ingest_t *g, rank_acc_t *a, const kvr_event_t *ev)
                     (unsigned long long)ev->event_id, kvr_strerror(rc));
 }
 
+/* Stored blocks windowed otherwise than the worker's registration says: applied as the engine
+ * sent them, but requests (hashed by the registration) will not match them. */
+static void eagle_mismatch(kvr_ingest_t *g, rank_acc_t *a, bool events_eagle)
+{
+    a->eagle_mismatches++;
+    kvr_log_limited(&g->rl_mismatch, KVR_LOG_WARN,
+                    "worker %llu rank %u: its KV events are%s Eagle (block hashes over %s), but "
+                    "it is registered with eagle=%s: requests are hashed the registered way and "
+                    "will not match its blocks (register it with eagle=%s)",
+                    (unsigned long long)a->w.worker_id, a->w.dp_rank, events_eagle ? "" : " not",
+                    events_eagle ? "block_size + 1 tokens" : "block_size tokens",
+                    a->eagle ? "true" : "false", events_eagle ? "true" : "false");
+}
+
 static int on_batch(void *ud, const kvr_zmq_batch_t *b)
 {
     kvr_ingest_t *g = ud;
@@ -157,6 +172,8 @@ static int on_batch(void *ud, const kvr_zmq_batch_t *b)
         if (rc == 1) {
             if (a != NULL && a->error && ev.kind == KVR_EV_STORED)
                 a->error = false; /* the right block size again; what was refused is lost */
+            if (a != NULL && ev.kind == KVR_EV_STORED && g->dec.events[i].is_eagle != a->eagle)
+                eagle_mismatch(g, a, g->dec.events[i].is_eagle);
             apply_one(g, a, &ev);
         } else if (rc == 0) {
             continue; /* ignored tag or remote event: counted by the decoder */
@@ -250,6 +267,7 @@ static void publish(kvr_ingest_t *g)
                 .index_blocks = kvr_index_worker_pairs(g->ix, a->w),
                 .disconnects = zi.disconnects,
                 .rank_out_of_range = a->out_of_range,
+                .eagle_mismatches = a->eagle_mismatches,
             };
         }
     }
@@ -493,6 +511,7 @@ static int do_subscribe(kvr_ingest_t *g, const kvr_worker_spec_t *w, char *err, 
         rank_acc_t *a = &g->ranks[g->n_ranks++];
         memset(a, 0, sizeof *a);
         a->w = (kvr_worker_t){w->worker_id, w->dp_start + d};
+        a->eagle = w->eagle;
     }
     return KVR_OK;
 }

@@ -65,7 +65,7 @@ enum field {
     F_TOKENS, F_REQUEST_ID, F_UPDATE_STATE, F_LORA_NAME, F_CACHE_NAMESPACE, F_ALLOWED,
     F_PINNED, F_PRIORITY_JUMP, F_EXPECTED_OUTPUT, F_CONSTRAINTS, F_OVERRIDE, F_DECAY,
     F_WORKER_ID, F_URL, F_EVENTS, F_REPLAY, F_DP_SIZE, F_DP_START, F_TAINTS, F_MAX_BATCHED,
-    F_TOTAL_KV_BLOCKS, F_METHOD, F_STRICT_PRIORITY,
+    F_TOTAL_KV_BLOCKS, F_EAGLE, F_METHOD, F_STRICT_PRIORITY,
     F_PIN_WORKER_ID, F_PIN_DP_RANK,
     F_REQUIRED, F_PREFERRED,
     F_OV_CREDIT, F_OV_SCALE, F_OV_TEMP, F_OV_SHARED, F_OV_WEIGHT, F_OV_ASSUME, F_OV_TRACK,
@@ -123,6 +123,7 @@ static const field_def_t FIELDS[F_N] = {
                        KB(K_WORKER), 1, UINT64_MAX},
     [F_TOTAL_KV_BLOCKS] = {"total_kv_blocks", "total_kv_blocks", O_TOP, T_INT, 0, KB(K_WORKER),
                            1, UINT64_MAX},
+    [F_EAGLE] = {"eagle", "eagle", O_TOP, T_BOOL, 0, KB(K_WORKER), 0, 0},
     [F_METHOD] = {"method", "method", O_TOP, T_METHOD, 0, KB(K_ROUTER), 0, 0},
     [F_STRICT_PRIORITY] = {"strict_priority", "strict_priority", O_TOP, T_INT, 0, KB(K_ROUTER),
                            0, U32MAX},
@@ -884,6 +885,7 @@ static int finish_worker(kvr_api_decoder_t *d, kvr_api_worker_t *out)
     out->max_num_batched_tokens = has(d, F_MAX_BATCHED) ? d->ival[F_MAX_BATCHED] : 0;
     out->has_total_kv_blocks = has(d, F_TOTAL_KV_BLOCKS);
     out->total_kv_blocks = has(d, F_TOTAL_KV_BLOCKS) ? d->ival[F_TOTAL_KV_BLOCKS] : 0;
+    out->eagle = has(d, F_EAGLE) && d->bval[F_EAGLE];
     return KVR_OK;
 }
 
@@ -1137,6 +1139,10 @@ int kvr_api_encode_worker(kvr_json_writer_t *w, const kvr_api_worker_t *r)
         key_u64(w, "max_num_batched_tokens", r->max_num_batched_tokens);
     if (r->has_total_kv_blocks)
         key_u64(w, "total_kv_blocks", r->total_kv_blocks);
+    if (r->eagle) {
+        kvr_json_key(w, "eagle");
+        kvr_json_bool(w, true);
+    }
     return kvr_json_end_object(w);
 }
 

@@ -102,6 +102,11 @@ static void test_worker_spec_parsing(void **s)
     assert_int_equal(kvr_worker_spec_parse("id=3,colour=blue", &w, err, sizeof err), KVR_EINVAL);
     assert_non_null(strstr(err, "unknown key 'colour'"));
     assert_int_equal(kvr_worker_spec_parse("id=3,url=ftp://x", &w, err, sizeof err), KVR_EINVAL);
+    assert_false(w.eagle);
+    assert_int_equal(kvr_worker_spec_parse("id=3,eagle=true", &w, err, sizeof err), KVR_OK);
+    assert_true(w.eagle);
+    assert_int_equal(kvr_worker_spec_parse("id=3,eagle=yes", &w, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "eagle"));
 }
 
 /* A prompt shorter than one block, as the first request a router ever sees, routes. */

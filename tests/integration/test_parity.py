@@ -283,6 +283,41 @@ def scenario_min_initial_workers():
         r.stop()
 
 
+def scenario_eagle(ctx):
+    """Eagle: a worker registered eagle=true has its requests hashed over block_size + 1 token
+    windows like its events (EAGLE token pairs), so its cache matches; registered without it,
+    the mismatch is counted and named in /v1/workers; a fleet mixing both is refused. Before,
+    requests were never hashed as Eagle and such fleets never matched, silently."""
+    eng = Engine(ctx)
+    try:
+        toks = tokens_for(61, 4) + [7]              # 4 Eagle blocks need 4 x 16 + 1 tokens
+        pairs = [[toks[i], toks[i + 1]] for i in range(len(toks) - 1)]
+        hs = engine_hashes(61, 4)
+        spec = f"id=1,events={eng.endpoint()},replay={eng.replay_endpoint()}"
+        for eagle in (True, False):
+            r = serve("--worker", spec + (",eagle=true" if eagle else ""))
+            try:
+                check(f"eagle={eagle}: subscribed", eng.wait_subscribed(1 if eagle else 2))
+                eng.send(batch([["BlockStored", hs, None, pairs, BS, None, "GPU"]]))
+                if eagle:
+                    check("eagle: the engine's Eagle blocks match the request",
+                          eventually(lambda: device_blocks(r, toks).get(1) == 4),
+                          device_blocks(r, toks))
+                    st, e = r.call("POST", "/v1/workers", {"worker_id": 2, "dp_size": 1})
+                    check("eagle: a worker without Eagle is refused in an Eagle fleet",
+                          st == 400 and "eagle=false" in e["error"]["message"], (st, e))
+                else:
+                    check("no eagle: the mismatch is counted",
+                          eventually(lambda: rank0(r)["eagle_mismatches"] >= 1), rank0(r))
+                    check("no eagle: and logged, naming the setting",
+                          eventually(lambda: "register it with eagle=true" in r.stderr()),
+                          r.stderr()[-500:])
+            finally:
+                r.stop()
+    finally:
+        eng.close()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -293,6 +328,7 @@ def main():
         scenario_priorities()
         scenario_metrics()
         scenario_min_initial_workers()
+        scenario_eagle(ctx)
     finally:
         kill_children()
         ctx.term()
