@@ -144,7 +144,7 @@ typedef struct kvr_api_worker {
     uint64_t max_num_batched_tokens;
     bool has_total_kv_blocks;
     uint64_t total_kv_blocks;
-    bool eagle;                           /* default false */
+    bool eagle; /* default false */
 } kvr_api_worker_t;
 
 /* POST /router: the reference's tagged requests. */
