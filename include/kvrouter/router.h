@@ -103,6 +103,15 @@ size_t kvr_router_worker_ids(const kvr_router_t *r, uint64_t *ids, size_t cap);
 /* Health: fenced workers are never picked. */
 int kvr_router_set_fenced(kvr_router_t *r, uint64_t worker_id, bool fenced);
 bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id);
+/* Sticky sessions' counters (core/session.c; all 0 with sessions off). */
+typedef struct kvr_session_stats {
+    uint64_t live;    /* gauge */
+    uint64_t hits;    /* requests that went to their session's bound rank */
+    uint64_t rebinds; /* requests of a bound session that went elsewhere (rank gone/busy) */
+    uint64_t binds;   /* sessions bound for the first time */
+    uint64_t closed, expired, evicted;
+} kvr_session_stats_t;
+void kvr_router_session_stats(const kvr_router_t *r, kvr_session_stats_t *out);
 /* Blocks of a prompt of n_tokens as the router hashes requests (Eagle: one token fewer). */
 size_t kvr_router_n_blocks(const kvr_router_t *r, size_t n_tokens);
 /* Workers registered and not fenced (min_initial_workers counts these). */
@@ -136,6 +145,12 @@ typedef struct kvr_route_req {
     const kvr_select_override_t *ovr;
     bool has_assume_kv_reuse, assume_kv_reuse;
     bool has_track_prefill_tokens, track_prefill_tokens;
+    /* Sticky session (session_ttl_secs > 0): the rank the session is bound to is preferred
+     * (taken when eligible); a booked request binds the session to its rank, and with
+     * session_close ends it. NULL = none. At most 128 bytes (longer: KVR_EINVAL). */
+    const char *session_id;
+    size_t session_id_len;
+    bool session_close;
     /* Optional: the prompt's hashes, from kvr_router_hash on this router with the same
      * tokens, lora_name and cache_namespace. The route then does not hash again (a queued
      * request is hashed once, however many times it is tried); tokens may be NULL, n_tokens

@@ -176,6 +176,12 @@ static const field_t FIELDS[] = {
     {"min_initial_workers", T_U32, OFF(min_initial_workers), 0, 65535, false, NULL, 0, "1",
      "until this many workers are ready (registered, not fenced), requests wait instead of "
      "failing; 0 = never wait"},
+    {"session_ttl_secs", T_U64, OFF(session_ttl_secs), 0, 31536000, false, NULL, 0, "300",
+     "sticky sessions (x-session-id, nvext.session_control): a session's requests prefer the "
+     "worker of its first while it is healthy and not busy, for this long after its last "
+     "request; 0 = no sessions"},
+    {"session_max", T_U64, OFF(session_max), 1, 1073741824, false, NULL, 0, "65536",
+     "sticky sessions held at most; the least recently used is dropped beyond it"},
     {"min_initial_workers_wait_ms", T_U64, OFF(min_initial_workers_wait_ms), 0, 1e9, false, NULL, 0,
      "30000", "how long a request waits for min_initial_workers; then 503 naming it"},
     {"allowed_worker_hosts", T_STR, OFF(allowed_worker_hosts), 0, 0, false, NULL,

@@ -23,6 +23,7 @@
 
 #include "core/endpoint.h"
 #include "core/grow.h"
+#include "core/session.h"
 
 typedef struct wentry {
     kvr_worker_spec_t spec;
@@ -36,6 +37,7 @@ struct kvr_router {
     kvr_index_t *ix;
     kvr_approx_t *approx;
     kvr_load_t *load;
+    kvr_sessions_t *sessions; /* NULL: session_ttl_secs 0 */
     kvr_select_config_t sel;
     kvr_busy_thresholds_t busy, queue_busy;
     kvr_rng_t rng;
@@ -397,6 +399,11 @@ kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, in
             rc = st;
         }
     }
+    if (rc == KVR_OK && rc_cfg.session_ttl_secs > 0) {
+        kvr_sessions_config_t sc = {.ttl_ms = rc_cfg.session_ttl_secs * 1000,
+                                    .max_sessions = (size_t)rc_cfg.session_max};
+        r->sessions = kvr_sessions_new(&sc, &rc);
+    }
     if (rc == KVR_OK)
         rc = rebuild_ranks(r);
     if (rc != KVR_OK) {
@@ -423,6 +430,7 @@ void kvr_router_free(kvr_router_t *r)
     free(r->seq);
     kvr_lookup_deinit(&r->lk);
     kvr_approx_free(r->approx);
+    kvr_sessions_free(r->sessions);
     kvr_load_free(r->load);
     free(r);
 }
@@ -564,6 +572,13 @@ bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id)
 {
     long i = worker_pos(r, worker_id);
     return i >= 0 && r->w[i].fenced;
+}
+
+void kvr_router_session_stats(const kvr_router_t *r, kvr_session_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (r->sessions != NULL)
+        kvr_sessions_stats(r->sessions, out);
 }
 
 size_t kvr_router_n_blocks(const kvr_router_t *r, size_t n_tokens)
@@ -768,8 +783,10 @@ static bool has_taints(const kvr_select_candidate_t *c, const kvr_route_req_t *q
     return true;
 }
 
-/* round-robin / random / least-loaded: no cache awareness, same filters. */
-static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, kvr_select_result_t *out)
+/* round-robin / random / least-loaded: no cache awareness, same filters; a preferred rank
+ * (a session's) is taken when it passes them and is not busy. */
+static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, const kvr_worker_t *pref,
+                       kvr_select_result_t *out)
 {
     size_t n_ok = 0, n_busy = 0, n_qbusy = 0, best = SIZE_MAX, nth = 0;
     uint64_t target = r->cfg.router_mode == KVR_MODE_RANDOM ? kvr_rng_next(&r->rng) : r->rr;
@@ -808,6 +825,15 @@ static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, kvr_select_res
     out->n_queue_busy = n_qbusy;
     if (n_ok > 0 && n_qbusy == n_ok)
         return KVR_EBUSY; /* the queue: wait while every eligible rank is over its threshold */
+    for (size_t i = 0; pref != NULL && i < r->n_ranks; i++) {
+        const kvr_select_candidate_t *c = &r->cands[i];
+        if (c->worker.worker_id == pref->worker_id && c->worker.dp_rank == pref->dp_rank &&
+            !c->fenced && !c->busy && has_taints(c, q) &&
+            (!q->has_allowed ||
+             sorted_contains(q->allowed_ids, q->n_allowed, c->worker.worker_id)) &&
+            !q->has_pinned)
+            best = i;
+    }
     if (best == SIZE_MAX)
         return n_busy > 0 ? KVR_EBUSY : KVR_ENOWORKER;
     r->rr++;
@@ -818,11 +844,23 @@ static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, kvr_select_res
     return KVR_OK;
 }
 
-static int decide(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks,
+/* The rank q's session is bound to, if any (NULL: none). */
+static const kvr_worker_t *session_rank(const kvr_router_t *r, const kvr_route_req_t *q,
+                                        uint64_t now_ms, kvr_worker_t *buf)
+{
+    if (r->sessions == NULL || q->session_id == NULL || q->session_id_len == 0)
+        return NULL;
+    return kvr_sessions_lookup(r->sessions, q->session_id, q->session_id_len, now_ms, buf) ? buf
+                                                                                           : NULL;
+}
+
+static int decide(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
                   kvr_select_result_t *out)
 {
+    kvr_worker_t buf;
+    const kvr_worker_t *pref = session_rank(r, q, now_ms, &buf);
     if (r->cfg.router_mode != KVR_MODE_KV && r->cfg.router_mode != KVR_MODE_APPROX)
-        return pick_simple(r, q, out);
+        return pick_simple(r, q, pref, out);
     kvr_select_request_t sr = {
         .isl_tokens = q->n_tokens,
         .request_blocks = 0,
@@ -838,11 +876,12 @@ static int decide(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks,
         .n_required = q->n_required,
         .preferred_taints = q->preferred_taints,
         .n_preferred = q->n_preferred,
+        .has_preferred = pref != NULL,
+        .preferred = pref != NULL ? *pref : (kvr_worker_t){0, 0},
         .ovr = q->ovr,
         .cands = r->cands,
         .n_cands = r->n_ranks,
     };
-    (void)n_blocks;
     return kvr_select(&r->sel, &sr, &r->rng, out, NULL);
 }
 
@@ -897,6 +936,18 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
     return rc;
 }
 
+/* A booked request of a session: binds it to its rank, or ends it when asked. */
+static void session_after(kvr_router_t *r, const kvr_route_req_t *q, kvr_worker_t w,
+                          uint64_t now_ms)
+{
+    if (r->sessions == NULL || q->session_id == NULL || q->session_id_len == 0)
+        return;
+    if (q->session_close)
+        (void)kvr_sessions_close(r->sessions, q->session_id, q->session_id_len);
+    else /* KVR_ENOMEM leaves the session unbound: its next request routes afresh */
+        (void)kvr_sessions_bind(r->sessions, q->session_id, q->session_id_len, w, now_ms);
+}
+
 static void count_reject(kvr_router_t *r, int rc)
 {
     switch (rc) {
@@ -931,6 +982,9 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
     if (q->n_tokens > r->cfg.router_max_prompt_tokens) {
         res->error_field = "tokens: longer than router_max_prompt_tokens";
         rc = KVR_ETOOBIG;
+    } else if (q->session_id_len > KVR_SESSION_MAX_ID) {
+        res->error_field = "session_id: longer than 128 bytes";
+        rc = KVR_EINVAL;
     }
     long n_blocks = rc == KVR_OK ? hash_prompt(r, q) : 0;
     if (n_blocks < 0)
@@ -943,7 +997,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
     kvr_select_result_t sel = {0};
     if (rc == KVR_OK) {
-        rc = decide(r, q, (size_t)n_blocks, &sel);
+        rc = decide(r, q, now_ms, &sel);
         if (rc == KVR_EINVAL)
             res->error_field = sel.field;
     }
@@ -957,6 +1011,8 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         if (r->cfg.router_mode != KVR_MODE_KV && r->cfg.router_mode != KVR_MODE_APPROX)
             res->cached_tokens = 0;
         rc = book(r, q, (size_t)n_blocks, now_ms, res);
+        if (rc == KVR_OK && q->update_state)
+            session_after(r, q, res->worker, now_ms);
     }
     res->timing = (kvr_route_timing_t){t1 - t0, t2 - t1, t3 - t2, mono_ns() - t0};
     r->st.hash_ns += res->timing.hash_ns;
@@ -1007,6 +1063,7 @@ int kvr_router_free_h(kvr_router_t *r, kvr_req_handle_t h, uint64_t now_ms)
 void kvr_router_tick(kvr_router_t *r, uint64_t now_ms)
 {
     (void)kvr_load_expire(r->load, now_ms);
+    kvr_sessions_expire(r->sessions, now_ms);
     if (r->approx != NULL)
         (void)kvr_approx_expire(r->approx, now_ms);
 }

@@ -137,7 +137,7 @@ static size_t copy_bytes(const kvr_route_req_t *q)
 {
     size_t n = q->n_allowed * sizeof(uint64_t) + q->n_preferred * sizeof(kvr_taint_weight_t) +
                q->n_required * sizeof(char *);
-    n += q->request_id_len + q->lora_name_len + q->cache_namespace_len + 3;
+    n += q->request_id_len + q->lora_name_len + q->cache_namespace_len + q->session_id_len + 4;
     for (size_t i = 0; i < q->n_required; i++)
         n += strlen(q->required_taints[i]) + 1;
     for (size_t i = 0; i < q->n_preferred; i++)
@@ -170,6 +170,7 @@ static void copy_parts(entry_t *e, unsigned char *c)
     q->request_id = copy_str(&str, q->request_id, q->request_id_len);
     q->lora_name = copy_str(&str, q->lora_name, q->lora_name_len);
     q->cache_namespace = copy_str(&str, q->cache_namespace, q->cache_namespace_len);
+    q->session_id = copy_str(&str, q->session_id, q->session_id_len);
     for (size_t i = 0; i < q->n_required; i++)
         req[i] = copy_str(&str, q->required_taints[i], strlen(q->required_taints[i]));
     q->required_taints = req;

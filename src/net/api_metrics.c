@@ -38,6 +38,32 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
     kvr_prom_hist(p, "kvr_router_overhead_seconds", &st[1], 1, &s->h_lookup);
     kvr_prom_hist(p, "kvr_router_overhead_seconds", &st[2], 1, &s->h_select);
     kvr_prom_hist(p, "kvr_router_overhead_seconds", &st[3], 1, &s->h_total);
+    kvr_session_stats_t ses;
+    kvr_router_session_stats(s->r, &ses);
+    kvr_prom_gauge(p, "kvr_sessions", "Sticky sessions bound to a worker rank.",
+                   (double)ses.live);
+    kvr_prom_family(p, "kvr_session_requests_total", "counter",
+                    "Booked requests of sticky sessions: went to the bound rank (hit), went "
+                    "elsewhere because it was gone or busy (rebind), or bound a new session.");
+    const struct {
+        const char *k;
+        uint64_t v;
+    } sr[] = {{"hit", ses.hits}, {"rebind", ses.rebinds}, {"new", ses.binds}};
+    for (size_t i = 0; i < 3; i++) {
+        kvr_prom_label_t l = {"outcome", sr[i].k};
+        kvr_prom_sample(p, "kvr_session_requests_total", &l, 1, (double)sr[i].v);
+    }
+    kvr_prom_family(p, "kvr_sessions_ended_total", "counter",
+                    "Sticky sessions ended: closed by the client, expired (session_ttl_secs), "
+                    "evicted (session_max).");
+    const struct {
+        const char *k;
+        uint64_t v;
+    } se[] = {{"closed", ses.closed}, {"expired", ses.expired}, {"evicted", ses.evicted}};
+    for (size_t i = 0; i < 3; i++) {
+        kvr_prom_label_t l = {"cause", se[i].k};
+        kvr_prom_sample(p, "kvr_sessions_ended_total", &l, 1, (double)se[i].v);
+    }
     kvr_load_stats_t ls;
     kvr_load_stats(kvr_router_load(s->r), &ls);
     kvr_prom_gauge(p, "kvr_requests_in_flight", "Requests the load tracker holds.",

@@ -173,6 +173,9 @@ static void route_req_from_api(kvr_route_req_t *q, const kvr_api_route_t *a)
         .assume_kv_reuse = a->assume_kv_reuse,
         .has_track_prefill_tokens = a->has_track_prefill_tokens,
         .track_prefill_tokens = a->track_prefill_tokens,
+        .session_id = a->session_id,
+        .session_id_len = a->session_id_len,
+        .session_close = a->session_close,
     };
 }
 

@@ -468,6 +468,9 @@ static void route_attempt(fe_req_t *p)
         .has_pinned = p->has_pin_worker && p->has_pin_rank,
         .pinned = {p->pin_worker, p->pin_rank},
         .priority_jump = p->priority_jump,
+        .session_id = p->session_len > 0 ? p->session : NULL,
+        .session_id_len = p->session_len,
+        .session_close = p->session_close,
         .has_expected_output_tokens = p->has_eot,
         .expected_output_tokens = p->eot,
     };
@@ -914,6 +917,11 @@ static bool copy_routing(fe_req_t *p, const kvr_oai_request_t *rq)
     p->has_eot = x->has_expected_output_tokens;
     p->eot = x->expected_output_tokens;
     p->want_worker = x->want_worker_id;
+    if (x->session_id != NULL) { /* at most KVR_OAI_MAX_SESSION_BYTES (the decoder's limit) */
+        memcpy(p->session, x->session_id, x->session_id_len);
+        p->session_len = x->session_id_len;
+        p->session_close = x->session_close;
+    }
     return true;
 }
 
@@ -944,6 +952,19 @@ static bool read_headers(fe_req_t *p, struct evhttp_request *req)
     }
     if (!p->has_pin_worker)
         p->has_pin_rank = false; /* a rank means nothing without its worker */
+    const char *sid = evhttp_find_header(h, "x-session-id");
+    if (sid == NULL)
+        sid = evhttp_find_header(h, "x-dynamo-session-id");
+    if (sid != NULL) {
+        size_t n = strlen(sid);
+        if (n == 0 || n > KVR_OAI_MAX_SESSION_BYTES) {
+            fe_send_error(p->fe, req, 400, "x-session-id: must be 1 to %d bytes",
+                          KVR_OAI_MAX_SESSION_BYTES);
+            return false;
+        }
+        memcpy(p->session, sid, n + 1);
+        p->session_len = n;
+    }
     const char *auth = p->fe->cfg.frontend_forward_authorization
                            ? evhttp_find_header(h, "Authorization") : NULL;
     if (auth != NULL && (p->auth = strdup(auth)) == NULL) {

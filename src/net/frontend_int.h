@@ -129,6 +129,9 @@ struct fe_req {
     /* routing */
     char *lora;
     size_t lora_len;
+    char session[KVR_OAI_MAX_SESSION_BYTES + 1]; /* sticky session id; "" = none */
+    size_t session_len;
+    bool session_close;
     bool has_allowed;
     uint64_t *allowed;
     size_t n_allowed;

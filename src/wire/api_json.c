@@ -44,7 +44,7 @@ enum kind { K_ROUTE, K_OUTPUT_BLOCK, K_QUERY, K_LOADS, K_WORKER, K_ROUTER, K_N }
 #define KB(k) (1u << (k))
 #define K_TOKENS (KB(K_ROUTE) | KB(K_QUERY) | KB(K_LOADS) | KB(K_ROUTER))
 
-enum obj { O_TOP, O_PINNED, O_CONSTRAINTS, O_OVERRIDE };
+enum obj { O_TOP, O_PINNED, O_CONSTRAINTS, O_OVERRIDE, O_SESSION };
 
 enum type {
     T_TOKENS,     /* array of u32 */
@@ -97,6 +97,9 @@ enum field {
     F_OV_WEIGHT,
     F_OV_ASSUME,
     F_OV_TRACK,
+    F_SESSION,
+    F_SESS_ID,
+    F_SESS_ACTION,
     F_N,
     F_UNKNOWN = F_N,
 };
@@ -148,6 +151,12 @@ static const field_def_t FIELDS[F_N] = {
     [F_TOTAL_KV_BLOCKS] = {"total_kv_blocks", "total_kv_blocks", O_TOP, T_INT, 0, KB(K_WORKER), 1,
                            UINT64_MAX},
     [F_EAGLE] = {"eagle", "eagle", O_TOP, T_BOOL, 0, KB(K_WORKER), 0, 0},
+    [F_SESSION] = {"session_control", "session_control", O_TOP, T_OBJECT, 0, KB(K_ROUTE),
+                   O_SESSION, 0},
+    [F_SESS_ID] = {"session_id", "session_control.session_id", O_SESSION, T_STRING, 0,
+                   KB(K_ROUTE), 1, 128},
+    [F_SESS_ACTION] = {"action", "session_control.action", O_SESSION, T_STRING, 0, KB(K_ROUTE),
+                       1, 16},
     [F_METHOD] = {"method", "method", O_TOP, T_METHOD, 0, KB(K_ROUTER), 0, 0},
     [F_STRICT_PRIORITY] = {"strict_priority", "strict_priority", O_TOP, T_INT, 0, KB(K_ROUTER), 0,
                            U32MAX},
@@ -866,6 +875,17 @@ static int finish_route(kvr_api_decoder_t *d, kvr_api_route_t *out)
     out->assume_kv_reuse = out->has_assume_kv_reuse && d->bval[F_OV_ASSUME];
     out->has_track_prefill_tokens = has(d, F_OV_TRACK);
     out->track_prefill_tokens = out->has_track_prefill_tokens && d->bval[F_OV_TRACK];
+    if (has(d, F_SESSION)) {
+        if (require(d, F_SESS_ID) != KVR_OK)
+            return d->status;
+        size_t n;
+        const char *a = str_of(d, F_SESS_ACTION, &n);
+        if (a != NULL && strcmp(a, "open") != 0 && strcmp(a, "close") != 0)
+            return fail(d, KVR_EINVAL, "session_control.action: must be open or close"),
+                   d->status;
+        out->session_id = str_of(d, F_SESS_ID, &out->session_id_len);
+        out->session_close = a != NULL && strcmp(a, "close") == 0;
+    }
     return KVR_OK;
 }
 
@@ -1126,6 +1146,13 @@ int kvr_api_encode_route(kvr_json_writer_t *w, const kvr_api_route_t *r)
             kvr_json_key(w, "track_prefill_tokens");
             kvr_json_bool(w, r->track_prefill_tokens);
         }
+        kvr_json_end_object(w);
+    }
+    if (r->session_id != NULL) {
+        kvr_json_key(w, "session_control");
+        kvr_json_begin_object(w);
+        key_str(w, "session_id", r->session_id, r->session_id_len);
+        key_str(w, "action", r->session_close ? "close" : "open", r->session_close ? 5 : 4);
         kvr_json_end_object(w);
     }
     return kvr_json_end_object(w);

@@ -44,7 +44,7 @@
 #define E_CC (EB(KVR_OAI_COMPLETIONS) | EB(KVR_OAI_CHAT))
 #define E_ALL (E_CC | EB(KVR_OAI_TOKENIZE))
 
-enum obj { O_TOP, O_STREAM_OPTIONS, O_NVEXT, O_MESSAGE, O_PART, O_HINTS };
+enum obj { O_TOP, O_STREAM_OPTIONS, O_NVEXT, O_MESSAGE, O_PART, O_HINTS, O_SESSION };
 
 enum type {
     T_STRING,   /* length in [lo, hi], no control characters; lo == 0: "" reads as absent */
@@ -88,6 +88,9 @@ enum field {
     F_H_LATENCY,
     F_H_OSL,
     F_H_PRIORITY,
+    F_SESSION,
+    F_S_ID,
+    F_S_ACTION,
     F_ROLE,
     F_CONTENT,
     F_PART_TYPE,
@@ -135,6 +138,11 @@ static const field_def_t FIELDS[F_N_FIELDS] = {
                      T_DOUBLE, E_CC, 0, 0},
     [F_H_OSL] = {"osl", "nvext.agent_hints.osl", O_HINTS, T_INT, E_CC, 0, U32MAX},
     [F_H_PRIORITY] = {"priority", "nvext.agent_hints.priority", O_HINTS, T_I32, E_CC, 0, 0},
+    [F_SESSION] = {"session_control", "nvext.session_control", O_NVEXT, T_OBJECT, E_CC,
+                   O_SESSION, 0},
+    [F_S_ID] = {"session_id", "nvext.session_control.session_id", O_SESSION, T_STRING, E_CC, 1,
+                KVR_OAI_MAX_SESSION_BYTES},
+    [F_S_ACTION] = {"action", "nvext.session_control.action", O_SESSION, T_STRING, E_CC, 1, 16},
     [F_EXPECTED] = {"expected_output_tokens", "nvext.expected_output_tokens", O_NVEXT, T_INT, E_CC,
                     0, U32MAX},
     [F_ALLOWED] = {"allowed_worker_ids", "nvext.allowed_worker_ids", O_NVEXT, T_IDS, E_CC, 0, 0},
@@ -399,6 +407,7 @@ static unsigned obj_depth(int obj)
         return 2;
     case O_MESSAGE:
     case O_HINTS:
+    case O_SESSION:
         return 3;
     default:
         return 5;  /* {"messages": [{"content": [{ */
@@ -761,7 +770,8 @@ static int on_end(void *ctx)
         case O_PART:
             return part_end(d);
         case O_HINTS:
-            d->obj = O_NVEXT; /* agent_hints sits in nvext */
+        case O_SESSION:
+            d->obj = O_NVEXT; /* agent_hints and session_control sit in nvext */
             return 1;
         default:
             d->obj = O_TOP;  /* stream_options and nvext sit in the top level */
@@ -1100,11 +1110,26 @@ static bool aliases_agree(kvr_oai_decoder_t *d)
     return true;
 }
 
+/* session_control: a session_id, and an action of "open" (the default) or "close". */
+static bool session_ok(kvr_oai_decoder_t *d)
+{
+    if (!has(d, F_SESSION))
+        return true;
+    if (!has(d, F_S_ID))
+        return missing(d, F_S_ID), false;
+    size_t n;
+    const char *a = str_of(d, F_S_ACTION, &n);
+    if (a != NULL && strcmp(a, "open") != 0 && strcmp(a, "close") != 0)
+        return fail(d, KVR_EINVAL, "nvext.session_control.action: must be open or close"),
+               false;
+    return true;
+}
+
 static int finish(kvr_oai_decoder_t *d, kvr_oai_request_t *out)
 {
     int e = d->endpoint;
     bool data = has(d, F_TOKEN_DATA);
-    if (!aliases_agree(d))
+    if (!aliases_agree(d) || !session_ok(d))
         return d->status;
     if (e == KVR_OAI_TOKENIZE) {
         if (has(d, F_PROMPT) && has(d, F_MESSAGES))
@@ -1167,6 +1192,10 @@ static int finish(kvr_oai_decoder_t *d, kvr_oai_request_t *out)
     f = pick_alias(d, F_PRIORITY_JUMP, F_H_LATENCY);
     x->has_priority_jump = f >= 0;
     x->priority_jump = f >= 0 ? d->dval[f] : 0.0;
+    x->session_id = str_of(d, F_S_ID, &x->session_id_len);
+    size_t n_act;
+    const char *act = str_of(d, F_S_ACTION, &n_act);
+    x->session_close = act != NULL && strcmp(act, "close") == 0;
     f = pick_alias(d, F_EXPECTED, F_H_OSL);
     x->has_expected_output_tokens = f >= 0;
     x->expected_output_tokens = f >= 0 ? (uint32_t)d->ival[f] : 0;

@@ -71,6 +71,7 @@
 #define KVR_OAI_MAX_MESSAGES ((size_t)4096)
 #define KVR_OAI_MAX_ALLOWED_IDS ((size_t)4096)
 #define KVR_OAI_MAX_NAME_BYTES 1024                /* model, lora_name */
+#define KVR_OAI_MAX_SESSION_BYTES 128              /* nvext.session_control.session_id */
 #define KVR_OAI_MAX_ROLE_BYTES 64
 #define KVR_OAI_MAX_DEPTH 64
 
@@ -124,6 +125,9 @@ typedef struct kvr_oai_nvext {
     bool has_allowed_worker_ids;         /* given: [] allows nobody */
     const uint64_t *allowed_worker_ids;  /* ascending, repeats kept (as the selector wants) */
     size_t n_allowed_worker_ids;
+    const char *session_id;              /* session_control.session_id; NULL = none */
+    size_t session_id_len;
+    bool session_close;                  /* session_control.action "close" (else "open") */
     bool want_worker_id;                 /* extra_fields holds "worker_id" */
     bool want_timing;                    /* extra_fields holds "timing" */
 } kvr_oai_nvext_t;

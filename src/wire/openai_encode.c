@@ -128,6 +128,13 @@ int kvr_oai_encode_request(kvr_json_writer_t *w, const kvr_oai_request_t *r)
             kvr_json_key(w, "priority_jump");
             kvr_json_double(w, x->priority_jump);
         }
+        if (x->session_id != NULL) {
+            kvr_json_key(w, "session_control");
+            kvr_json_begin_object(w);
+            key_str_n(w, "session_id", x->session_id, x->session_id_len);
+            key_str_n(w, "action", x->session_close ? "close" : "open", x->session_close ? 5 : 4);
+            kvr_json_end_object(w);
+        }
         if (x->has_expected_output_tokens)
             key_u64(w, "expected_output_tokens", x->expected_output_tokens);
         if (x->has_allowed_worker_ids) {

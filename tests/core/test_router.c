@@ -336,6 +336,81 @@ static void test_queue_threshold_does_not_filter(void **s)
     unmake(&f);
 }
 
+/* Sticky sessions: a session's later requests go to the rank of its first while that rank is
+ * eligible, even where load alone would pick another; a fenced rank is left (and the session
+ * rebound); close ends the binding; queries never bind. */
+static void test_sticky_sessions(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL);
+    kvr_route_res_t res;
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 512, .update_state = true,
+                         .session_id = "conv-1", .session_id_len = 6};
+    prompt(300, 512);
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+    uint64_t bound = res.worker.worker_id;
+    /* unrelated prompts of the same session: load says "another worker", the session says
+     * "the same one" */
+    for (uint32_t k = 1; k <= 3; k++) {
+        prompt(300 + k, 512);
+        assert_int_equal(kvr_router_route(f.r, &q, 1000 + k, &res), KVR_OK);
+        assert_int_equal(res.worker.worker_id, bound);
+    }
+    /* without the session the same prompt goes elsewhere (the bound worker is loaded) */
+    kvr_route_req_t plain = q;
+    plain.session_id = NULL;
+    plain.session_id_len = 0;
+    prompt(310, 512);
+    assert_int_equal(kvr_router_route(f.r, &plain, 1010, &res), KVR_OK);
+    assert_true(res.worker.worker_id != bound);
+    kvr_session_stats_t ss;
+    kvr_router_session_stats(f.r, &ss);
+    assert_true(ss.binds == 1 && ss.hits == 3 && ss.live == 1);
+    /* the bound worker fenced: routed elsewhere and rebound */
+    assert_int_equal(kvr_router_set_fenced(f.r, bound, true), KVR_OK);
+    prompt(320, 512);
+    assert_int_equal(kvr_router_route(f.r, &q, 1020, &res), KVR_OK);
+    uint64_t moved = res.worker.worker_id;
+    assert_true(moved != bound);
+    kvr_router_session_stats(f.r, &ss);
+    assert_int_equal(ss.rebinds, 1);
+    assert_int_equal(kvr_router_set_fenced(f.r, bound, false), KVR_OK);
+    prompt(321, 512);
+    assert_int_equal(kvr_router_route(f.r, &q, 1021, &res), KVR_OK);
+    assert_int_equal(res.worker.worker_id, moved); /* it stays where it was rebound */
+    /* close: the request still goes there; the binding ends */
+    q.session_close = true;
+    prompt(322, 512);
+    assert_int_equal(kvr_router_route(f.r, &q, 1022, &res), KVR_OK);
+    assert_int_equal(res.worker.worker_id, moved);
+    kvr_router_session_stats(f.r, &ss);
+    assert_true(ss.closed == 1 && ss.live == 0);
+    /* a query (update_state false) never binds; an id over 128 bytes is refused, named */
+    q.session_close = false;
+    q.update_state = false;
+    assert_int_equal(kvr_router_route(f.r, &q, 1023, &res), KVR_OK);
+    kvr_router_session_stats(f.r, &ss);
+    assert_int_equal(ss.live, 0);
+    char longid[200];
+    memset(longid, 'x', sizeof longid);
+    q.session_id = longid;
+    q.session_id_len = sizeof longid;
+    assert_int_equal(kvr_router_route(f.r, &q, 1024, &res), KVR_EINVAL);
+    assert_non_null(strstr(res.error_field, "session_id"));
+    /* expiry: session_ttl_secs (300 s) after its last request */
+    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 512, .update_state = true,
+                          .session_id = "conv-2", .session_id_len = 6};
+    assert_int_equal(kvr_router_route(f.r, &q, 2000, &res), KVR_OK);
+    kvr_router_tick(f.r, 2000 + 299999);
+    kvr_router_session_stats(f.r, &ss);
+    assert_int_equal(ss.live, 1);
+    kvr_router_tick(f.r, 2000 + 300000);
+    kvr_router_session_stats(f.r, &ss);
+    assert_true(ss.live == 0 && ss.expired == 1);
+    unmake(&f);
+}
+
 static void test_busy_and_filters(void **s)
 {
     (void)s;
@@ -457,6 +532,7 @@ int main(void)
         cmocka_unit_test(test_booking_spreads_load_and_free_releases),
         cmocka_unit_test(test_load_overrides_reach_the_booking),
         cmocka_unit_test(test_queue_threshold_does_not_filter),
+        cmocka_unit_test(test_sticky_sessions),
         cmocka_unit_test(test_busy_and_filters),
         cmocka_unit_test(test_approx_mode_learns_from_decisions),
         cmocka_unit_test(test_round_robin_cycles),

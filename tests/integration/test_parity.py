@@ -318,6 +318,43 @@ def scenario_eagle(ctx):
         eng.close()
 
 
+def scenario_sessions():
+    """Sticky sessions through the front end: requests carrying x-session-id (or
+    nvext.session_control) go to the worker of the session's first request; close ends it;
+    /metrics counts hits and ends. Before, the header and the field were ignored."""
+    ws = [CaptureWorker(), CaptureWorker()]
+    r = serve("--worker", f"id=1,url={ws[0].url}", "--worker", f"id=2,url={ws[1].url}")
+    try:
+        def send(i, headers=None, nvext=None):
+            body = {"model": "m", "prompt": tokens_for(70 + i, 2), "max_tokens": 1}
+            if nvext is not None:
+                body["nvext"] = nvext
+            st, a, h = r.call_h("POST", "/v1/completions", body, headers=headers)
+            return st, h.get("x-kvrouter-worker-id")
+        got = [send(i, {"x-session-id": "conv-a"}) for i in range(8)]
+        check("sessions: x-session-id keeps a session on one worker",
+              all(st == 200 for st, _ in got) and len({w for _, w in got}) == 1, got)
+        got = [send(20 + i, nvext={"session_control": {"session_id": "conv-b"}}) for i in range(8)]
+        check("sessions: nvext.session_control does the same",
+              all(st == 200 for st, _ in got) and len({w for _, w in got}) == 1, got)
+        st, _ = send(40, nvext={"session_control": {"session_id": "conv-b", "action": "close"}})
+        check("sessions: close answered", st == 200)
+        check("sessions: hits and ends counted",
+              r.metric("kvr_session_requests_total", outcome="hit") == 14 and
+              r.metric("kvr_session_requests_total", outcome="new") == 2 and
+              r.metric("kvr_sessions_ended_total", cause="closed") == 1 and
+              r.metric("kvr_sessions") == 1,
+              [(n, l, v) for n, l, v in r.metrics() if "session" in n])
+        st, e = r.call("POST", "/v1/completions", {"model": "m", "prompt": [1], "nvext":
+                                                   {"session_control": {"action": "close"}}})
+        check("sessions: a session_control without its id is refused, named",
+              st == 400 and "nvext.session_control.session_id" in e["error"]["message"], (st, e))
+    finally:
+        r.stop()
+        for w in ws:
+            w.close()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -329,6 +366,7 @@ def main():
         scenario_metrics()
         scenario_min_initial_workers()
         scenario_eagle(ctx)
+        scenario_sessions()
     finally:
         kill_children()
         ctx.term()

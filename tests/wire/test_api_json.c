@@ -290,6 +290,17 @@ static void test_route_all_fields(void **state)
     assert_true(r->has_assume_kv_reuse && !r->assume_kv_reuse);
     assert_true(r->has_track_prefill_tokens && r->track_prefill_tokens);
 
+    /* session_control: an id, "open" by default or "close" */
+    r = &ok(K_ROUTE, "{\"tokens\":[1],\"session_control\":{\"session_id\":\"s-1\"}}")->route;
+    assert_true(r->session_id != NULL && r->session_id_len == 3 && !r->session_close);
+    r = &ok(K_ROUTE, "{\"tokens\":[1],\"session_control\":{\"session_id\":\"s\","
+                     "\"action\":\"close\"}}")->route;
+    assert_true(r->session_close);
+    err(K_ROUTE, "{\"tokens\":[1],\"session_control\":{\"action\":\"open\"}}", KVR_EINVAL,
+        "session_control.session_id: missing");
+    err(K_ROUTE, "{\"tokens\":[1],\"session_control\":{\"session_id\":\"s\",\"action\":\"x\"}}",
+        KVR_EINVAL, "session_control.action: must be open or close");
+
     /* an empty allow list allows nobody; empty objects set nothing */
     r = &ok(K_ROUTE, "{\"tokens\":[1],\"allowed_worker_ids\":[],\"routing_constraints\":{},"
                      "\"config_override\":{},\"update_state\":true}")->route;

@@ -425,6 +425,15 @@ static void test_nvext_all_fields(void **state)
         KVR_EINVAL, "nvext.agent_hints.latency_sensitivity: must be a finite number");
     err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":[]}}", KVR_EINVAL,
         "nvext.agent_hints: must be an object or null");
+    /* session_control */
+    r = ok(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"session_control\":{\"session_id\":\"c1\","
+                 "\"action\":\"close\"},\"dp_rank\":1}}");
+    assert_true(r->nvext.session_id_len == 2 && r->nvext.session_close && r->nvext.dp_rank == 1);
+    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"session_control\":{\"action\":\"close\"}}}",
+        KVR_EINVAL, "nvext.session_control.session_id: missing");
+    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"session_control\":{\"session_id\":\"c\","
+              "\"action\":\"stop\"}}}",
+        KVR_EINVAL, "nvext.session_control.action: must be open or close");
     /* the decoder is back in nvext after agent_hints closes */
     r = ok(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{},\"dp_rank\":2}}");
     assert_true(r->nvext.has_dp_rank && r->nvext.dp_rank == 2);
