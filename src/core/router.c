@@ -865,8 +865,8 @@ static int decide(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         .isl_tokens = q->n_tokens,
         .request_blocks = 0,
         .block_size = r->cfg.block_size,
-        .track_prefill_tokens =
-            q->has_track_prefill_tokens ? q->track_prefill_tokens : r->cfg.router_track_prefill_tokens,
+        .track_prefill_tokens = q->has_track_prefill_tokens ? q->track_prefill_tokens
+                                                            : r->cfg.router_track_prefill_tokens,
         .has_pinned = q->has_pinned,
         .pinned = q->pinned,
         .has_allowed = q->has_allowed,

@@ -17,8 +17,8 @@
 #define NONE UINT32_MAX
 
 typedef struct sess {
-    uint64_t h;          /* xxh3 of the id */
-    uint64_t last_ms;    /* the session's last request */
+    uint64_t h;       /* xxh3 of the id */
+    uint64_t last_ms; /* the session's last request */
     kvr_worker_t w;
     uint32_t prev, next; /* recency list (most recent first); next also links free slots */
     uint16_t len;

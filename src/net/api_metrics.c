@@ -40,8 +40,7 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
     kvr_prom_hist(p, "kvr_router_overhead_seconds", &st[3], 1, &s->h_total);
     kvr_session_stats_t ses;
     kvr_router_session_stats(s->r, &ses);
-    kvr_prom_gauge(p, "kvr_sessions", "Sticky sessions bound to a worker rank.",
-                   (double)ses.live);
+    kvr_prom_gauge(p, "kvr_sessions", "Sticky sessions bound to a worker rank.", (double)ses.live);
     kvr_prom_family(p, "kvr_session_requests_total", "counter",
                     "Booked requests of sticky sessions: went to the bound rank (hit), went "
                     "elsewhere because it was gone or busy (rebind), or bound a new session.");

@@ -151,12 +151,12 @@ static const field_def_t FIELDS[F_N] = {
     [F_TOTAL_KV_BLOCKS] = {"total_kv_blocks", "total_kv_blocks", O_TOP, T_INT, 0, KB(K_WORKER), 1,
                            UINT64_MAX},
     [F_EAGLE] = {"eagle", "eagle", O_TOP, T_BOOL, 0, KB(K_WORKER), 0, 0},
-    [F_SESSION] = {"session_control", "session_control", O_TOP, T_OBJECT, 0, KB(K_ROUTE),
-                   O_SESSION, 0},
-    [F_SESS_ID] = {"session_id", "session_control.session_id", O_SESSION, T_STRING, 0,
-                   KB(K_ROUTE), 1, 128},
-    [F_SESS_ACTION] = {"action", "session_control.action", O_SESSION, T_STRING, 0, KB(K_ROUTE),
-                       1, 16},
+    [F_SESSION] = {"session_control", "session_control", O_TOP, T_OBJECT, 0, KB(K_ROUTE), O_SESSION,
+                   0},
+    [F_SESS_ID] = {"session_id", "session_control.session_id", O_SESSION, T_STRING, 0, KB(K_ROUTE),
+                   1, 128},
+    [F_SESS_ACTION] = {"action", "session_control.action", O_SESSION, T_STRING, 0, KB(K_ROUTE), 1,
+                       16},
     [F_METHOD] = {"method", "method", O_TOP, T_METHOD, 0, KB(K_ROUTER), 0, 0},
     [F_STRICT_PRIORITY] = {"strict_priority", "strict_priority", O_TOP, T_INT, 0, KB(K_ROUTER), 0,
                            U32MAX},
@@ -881,8 +881,7 @@ static int finish_route(kvr_api_decoder_t *d, kvr_api_route_t *out)
         size_t n;
         const char *a = str_of(d, F_SESS_ACTION, &n);
         if (a != NULL && strcmp(a, "open") != 0 && strcmp(a, "close") != 0)
-            return fail(d, KVR_EINVAL, "session_control.action: must be open or close"),
-                   d->status;
+            return fail(d, KVR_EINVAL, "session_control.action: must be open or close"), d->status;
         out->session_id = str_of(d, F_SESS_ID, &out->session_id_len);
         out->session_close = a != NULL && strcmp(a, "close") == 0;
     }

@@ -109,9 +109,9 @@ typedef struct kvr_api_route {
     kvr_select_override_t ovr;            /* router_temperature -> ovr.temperature */
     bool has_assume_kv_reuse, assume_kv_reuse;
     bool has_track_prefill_tokens, track_prefill_tokens;
-    const char *session_id;               /* session_control.session_id; NULL = none */
+    const char *session_id; /* session_control.session_id; NULL = none */
     size_t session_id_len;
-    bool session_close;                   /* session_control.action "close" (else "open") */
+    bool session_close; /* session_control.action "close" (else "open") */
 } kvr_api_route_t;
 
 /* POST /v1/requests/{id}/output_block (the id is in the path) */

@@ -138,8 +138,8 @@ static const field_def_t FIELDS[F_N_FIELDS] = {
                      T_DOUBLE, E_CC, 0, 0},
     [F_H_OSL] = {"osl", "nvext.agent_hints.osl", O_HINTS, T_INT, E_CC, 0, U32MAX},
     [F_H_PRIORITY] = {"priority", "nvext.agent_hints.priority", O_HINTS, T_I32, E_CC, 0, 0},
-    [F_SESSION] = {"session_control", "nvext.session_control", O_NVEXT, T_OBJECT, E_CC,
-                   O_SESSION, 0},
+    [F_SESSION] = {"session_control", "nvext.session_control", O_NVEXT, T_OBJECT, E_CC, O_SESSION,
+                   0},
     [F_S_ID] = {"session_id", "nvext.session_control.session_id", O_SESSION, T_STRING, E_CC, 1,
                 KVR_OAI_MAX_SESSION_BYTES},
     [F_S_ACTION] = {"action", "nvext.session_control.action", O_SESSION, T_STRING, E_CC, 1, 16},
@@ -1120,8 +1120,7 @@ static bool session_ok(kvr_oai_decoder_t *d)
     size_t n;
     const char *a = str_of(d, F_S_ACTION, &n);
     if (a != NULL && strcmp(a, "open") != 0 && strcmp(a, "close") != 0)
-        return fail(d, KVR_EINVAL, "nvext.session_control.action: must be open or close"),
-               false;
+        return fail(d, KVR_EINVAL, "nvext.session_control.action: must be open or close"), false;
     return true;
 }
 

@@ -125,7 +125,7 @@ typedef struct kvr_oai_nvext {
     bool has_allowed_worker_ids;         /* given: [] allows nobody */
     const uint64_t *allowed_worker_ids;  /* ascending, repeats kept (as the selector wants) */
     size_t n_allowed_worker_ids;
-    const char *session_id;              /* session_control.session_id; NULL = none */
+    const char *session_id; /* session_control.session_id; NULL = none */
     size_t session_id_len;
     bool session_close;                  /* session_control.action "close" (else "open") */
     bool want_worker_id;                 /* extra_fields holds "worker_id" */

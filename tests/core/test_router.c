@@ -345,8 +345,11 @@ static void test_sticky_sessions(void **s)
     fx_t f;
     make(&f, NULL);
     kvr_route_res_t res;
-    kvr_route_req_t q = {.tokens = toks, .n_tokens = 512, .update_state = true,
-                         .session_id = "conv-1", .session_id_len = 6};
+    kvr_route_req_t q = {.tokens = toks,
+                         .n_tokens = 512,
+                         .update_state = true,
+                         .session_id = "conv-1",
+                         .session_id_len = 6};
     prompt(300, 512);
     assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
     uint64_t bound = res.worker.worker_id;
@@ -399,8 +402,11 @@ static void test_sticky_sessions(void **s)
     assert_int_equal(kvr_router_route(f.r, &q, 1024, &res), KVR_EINVAL);
     assert_non_null(strstr(res.error_field, "session_id"));
     /* expiry: session_ttl_secs (300 s) after its last request */
-    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 512, .update_state = true,
-                          .session_id = "conv-2", .session_id_len = 6};
+    q = (kvr_route_req_t){.tokens = toks,
+                          .n_tokens = 512,
+                          .update_state = true,
+                          .session_id = "conv-2",
+                          .session_id_len = 6};
     assert_int_equal(kvr_router_route(f.r, &q, 2000, &res), KVR_OK);
     kvr_router_tick(f.r, 2000 + 299999);
     kvr_router_session_stats(f.r, &ss);

@@ -225,8 +225,8 @@ static int run_seed(unsigned long seed, int steps)
 static void test_model(void **st)
 {
     (void)st;
-    kvr_model_plan_t plan = {.seeds = 40, .seeds_asan = 8, .steps = 4000, .steps_one = 100000,
-                             .max_failures = 3};
+    kvr_model_plan_t plan = {
+        .seeds = 40, .seeds_asan = 8, .steps = 4000, .steps_one = 100000, .max_failures = 3};
     assert_int_equal(kvr_model_drive(&plan, run_seed), 0);
 }
 

@@ -294,7 +294,8 @@ static void test_route_all_fields(void **state)
     r = &ok(K_ROUTE, "{\"tokens\":[1],\"session_control\":{\"session_id\":\"s-1\"}}")->route;
     assert_true(r->session_id != NULL && r->session_id_len == 3 && !r->session_close);
     r = &ok(K_ROUTE, "{\"tokens\":[1],\"session_control\":{\"session_id\":\"s\","
-                     "\"action\":\"close\"}}")->route;
+                     "\"action\":\"close\"}}")
+             ->route;
     assert_true(r->session_close);
     err(K_ROUTE, "{\"tokens\":[1],\"session_control\":{\"action\":\"open\"}}", KVR_EINVAL,
         "session_control.session_id: missing");

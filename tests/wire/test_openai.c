@@ -431,8 +431,9 @@ static void test_nvext_all_fields(void **state)
     assert_true(r->nvext.session_id_len == 2 && r->nvext.session_close && r->nvext.dp_rank == 1);
     err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"session_control\":{\"action\":\"close\"}}}",
         KVR_EINVAL, "nvext.session_control.session_id: missing");
-    err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"session_control\":{\"session_id\":\"c\","
-              "\"action\":\"stop\"}}}",
+    err(CMPL,
+        "{\"prompt\":\"x\",\"nvext\":{\"session_control\":{\"session_id\":\"c\","
+        "\"action\":\"stop\"}}}",
         KVR_EINVAL, "nvext.session_control.action: must be open or close");
     /* the decoder is back in nvext after agent_hints closes */
     r = ok(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":{},\"dp_rank\":2}}");
