@@ -54,7 +54,8 @@ extern "C" {
     X(KVR_EBUSY, -14, "every eligible worker is busy")                                   \
     X(KVR_ENOTALLOWED, -15, "worker not allowed by the request's filters")               \
     X(KVR_EQUEUEFULL, -16, "queue limit reached")                                        \
-    X(KVR_EMISMATCH, -17, "block size mismatch")
+    X(KVR_EMISMATCH, -17, "block size mismatch")                                        \
+    X(KVR_ENOMODEL, -18, "no worker serves the request's model or adapter")
 
 enum kvr_status {
 #define KVR_STATUS_ENUM(name, value, text) name = value,
@@ -378,6 +379,7 @@ typedef struct kvr_load_request {
     uint64_t cached_tokens;         /* cached on this worker: prefill = isl - min(cached, isl) */
     bool has_expected_output_tokens;
     uint32_t expected_output_tokens;
+    uint32_t block_size;                 /* of its prompt's blocks; 0 = the tracker's */
     kvr_load_opt_t assume_kv_reuse;      /* off: its blocks never dedup with others' */
     kvr_load_opt_t track_prefill_tokens; /* off: its prompt is not counted as prefill load */
 } kvr_load_request_t;
@@ -568,6 +570,7 @@ typedef struct kvr_select_candidate {
     size_t n_taints;
     bool has_load;                     /* false: the tracker knows nothing (loads read as 0) */
     bool fenced;                       /* dead or deregistered: never picked */
+    bool unfit;                        /* another model, or lacks the adapter: never picked */
     bool busy;                         /* over a busy threshold (kvr_busy): never picked */
     bool queue_busy;                   /* over the queue threshold: may be picked, but while
                                           every eligible rank is, the request waits (KVR_EBUSY) */
@@ -602,6 +605,7 @@ typedef enum kvr_select_why {
     KVR_SELECT_MISSING_TAINT = 3, /* lacks a required taint */
     KVR_SELECT_BUSY = 4,          /* eligible but for load */
     KVR_SELECT_NOT_PINNED = 5,    /* eligible, but another rank is pinned or preferred */
+    KVR_SELECT_OTHER_MODEL = 6,   /* serves another model, or lacks the request's adapter */
 } kvr_select_why_t;
 
 const char *kvr_select_why_name(kvr_select_why_t why);

@@ -87,6 +87,7 @@ typedef struct kvr_router_config {
     uint64_t min_initial_workers_wait_ms; /* ... at most this long, then 503 naming the count */
     uint64_t session_ttl_secs;            /* sticky sessions: a binding's idle life; 0 = off */
     uint64_t session_max;                 /* sticky sessions held at most (LRU beyond) */
+    bool lora_strict; /* a LoRA no worker declares: refused (else any worker of the model) */
     uint32_t health_failures;     /* consecutive failed probes before a worker is fenced */
     char allowed_worker_hosts[1024]; /* hosts registrations may name; "" = any (endpoint.h) */
     char allowed_ipc_dirs[1024];     /* directories ipc:// events may be under; "" = none */

@@ -34,6 +34,8 @@
 #define KVR_MAX_TAINTS 8
 #define KVR_TAINT_BYTES 64
 #define KVR_ADDR_BYTES 256
+#define KVR_MODEL_BYTES 256  /* a model name, with its NUL */
+#define KVR_LORAS_BYTES 1024 /* a worker's adapters, ';'-separated, with the NUL */
 #define KVR_MAX_DP_SIZE 256
 
 /* A worker as operators describe it (command line or POST /v1/workers). */
@@ -50,11 +52,17 @@ typedef struct kvr_worker_spec {
     uint64_t total_kv_blocks;        /* 0 = unknown */
     bool eagle; /* the engine runs Eagle speculative decoding: a block's hash covers its tokens
                    and the next block's first (the reference's is_eagle); every worker of a
-                   router must agree, and requests are hashed the same way */
+                   model must agree, and its requests are hashed the same way */
+    /* The model pool: requests naming a model go only to its workers (a worker without a
+     * model serves any). Every worker of a model has the same block size and Eagle setting. */
+    char model[KVR_MODEL_BYTES];  /* "" = any */
+    uint32_t block_size;          /* its engine's block size; 0 = the router's block_size */
+    char loras[KVR_LORAS_BYTES];  /* LoRA adapters it serves, ';'-separated; "" = none known */
 } kvr_worker_spec_t;
 
 /* Parses "id=7,url=http://h:8001,events=tcp://h:5557,replay=tcp://h:5558,dp_size=2,
- * taints=a;b,eagle=true" (only id required). err names the key and problem. */
+ * taints=a;b,eagle=true,model=llama,block_size=32,loras=sql;chat" (only id required). err
+ * names the key and problem. */
 int kvr_worker_spec_parse(const char *text, kvr_worker_spec_t *out, char *err, size_t err_len);
 /* Range and consistency checks (dp_size, lengths); err names the field. */
 int kvr_worker_spec_validate(const kvr_worker_spec_t *w, char *err, size_t err_len);
@@ -103,6 +111,10 @@ size_t kvr_router_worker_ids(const kvr_router_t *r, uint64_t *ids, size_t cap);
 /* Health: fenced workers are never picked. */
 int kvr_router_set_fenced(kvr_router_t *r, uint64_t worker_id, bool fenced);
 bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id);
+/* Whether name is a LoRA adapter some worker declares (loras=) and no worker's model: a
+ * request naming it as its model (as vLLM's OpenAI server takes adapters) is an adapter
+ * request, routed to the workers serving it and hashed with it as the lora_name. */
+bool kvr_router_is_adapter(const kvr_router_t *r, const char *name, size_t len);
 /* Sticky sessions' counters (core/session.c; all 0 with sessions off). */
 typedef struct kvr_session_stats {
     uint64_t live;    /* gauge */
@@ -112,8 +124,6 @@ typedef struct kvr_session_stats {
     uint64_t closed, expired, evicted;
 } kvr_session_stats_t;
 void kvr_router_session_stats(const kvr_router_t *r, kvr_session_stats_t *out);
-/* Blocks of a prompt of n_tokens as the router hashes requests (Eagle: one token fewer). */
-size_t kvr_router_n_blocks(const kvr_router_t *r, size_t n_tokens);
 /* Workers registered and not fenced (min_initial_workers counts these). */
 size_t kvr_router_n_ready(const kvr_router_t *r);
 int kvr_router_set_rank_status(kvr_router_t *r, kvr_worker_t w, const kvr_rank_status_t *st);
@@ -126,7 +136,9 @@ typedef struct kvr_route_req {
     const char *request_id; /* NULL = the router names it */
     size_t request_id_len;
     bool update_state;      /* false: only look (no booking) */
-    const char *lora_name;
+    const char *model;      /* the model pool; NULL or "" = any worker */
+    size_t model_len;
+    const char *lora_name;  /* also: only workers serving the adapter (lora_policy) */
     size_t lora_name_len;
     const char *cache_namespace;
     size_t cache_namespace_len;
@@ -160,6 +172,10 @@ typedef struct kvr_route_req {
     size_t n_hashed;
 } kvr_route_req_t;
 
+/* Blocks of q's prompt as the router hashes it (its model's block size; Eagle: one token
+ * fewer). */
+size_t kvr_router_n_blocks(const kvr_router_t *r, const kvr_route_req_t *q);
+
 /* Where each part of the decision's time went (for /metrics). */
 typedef struct kvr_route_timing {
     uint64_t hash_ns, lookup_ns, select_ns, total_ns;
@@ -171,6 +187,7 @@ typedef struct kvr_route_res {
     uint32_t overlap_blocks;      /* round(effective overlap blocks) */
     uint64_t cached_tokens;
     uint32_t device_blocks;
+    uint32_t block_size;          /* of the chosen worker's model */
     kvr_route_timing_t timing;
     const char *error_field;      /* KVR_EINVAL: what was wrong */
     kvr_req_handle_t handle;      /* the booking (update_state): for the _h lifecycle calls */

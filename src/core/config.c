@@ -182,6 +182,9 @@ static const field_t FIELDS[] = {
      "request; 0 = no sessions"},
     {"session_max", T_U64, OFF(session_max), 1, 1073741824, false, NULL, 0, "65536",
      "sticky sessions held at most; the least recently used is dropped beyond it"},
+    {"lora_strict", T_BOOL, OFF(lora_strict), 0, 0, false, NULL, 0, "false",
+     "a request for a LoRA adapter no worker declares (--worker ...,loras=) is refused (404) "
+     "instead of going to any worker of its model, which loads it on demand"},
     {"min_initial_workers_wait_ms", T_U64, OFF(min_initial_workers_wait_ms), 0, 1e9, false, NULL, 0,
      "30000", "how long a request waits for min_initial_workers; then 503 naming it"},
     {"allowed_worker_hosts", T_STR, OFF(allowed_worker_hosts), 0, 0, false, NULL,

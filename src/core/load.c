@@ -630,7 +630,7 @@ static int check_request(const kvr_load_t *lt, const kvr_load_request_t *rq)
         return KVR_OK;
     if (rq->n_seq > 0 && rq->seq == NULL)
         return KVR_EINVAL;
-    if (rq->n_seq > rq->isl_tokens / lt->cfg.block_size)
+    if (rq->n_seq > rq->isl_tokens / (rq->block_size ? rq->block_size : lt->cfg.block_size))
         return KVR_EINVAL; /* more blocks than tokens: hashed with another block size */
     if (rq->n_seq > UINT32_MAX / 2)
         return KVR_ETOOBIG;

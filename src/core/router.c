@@ -44,6 +44,8 @@ struct kvr_router {
 
     wentry_t *w;
     size_t n_w, cap_w;
+    bool *wfit;  /* per worker (cap_w): serves the request being routed (model, adapter) */
+    uint32_t cur_bs;                   /* the request being routed: its model's block size */
 
     kvr_select_candidate_t *cands;
     kvr_load_projection_t *proj;
@@ -138,6 +140,17 @@ static int spec_kv(kvr_worker_spec_t *w, const char *key, const char *v, bool *h
         return set_str(w->replay, sizeof w->replay, v, key, err, len);
     if (strcmp(key, "taints") == 0)
         return set_taints(w, v, err, len);
+    if (strcmp(key, "model") == 0)
+        return set_str(w->model, sizeof w->model, v, key, err, len);
+    if (strcmp(key, "loras") == 0)
+        return set_str(w->loras, sizeof w->loras, v, key, err, len);
+    if (strcmp(key, "block_size") == 0) {
+        if (parse_u64(v, &x) != 0 || x == 0 || x > 65536)
+            return spec_err(err, len, "worker block_size: an integer in [1, 65536] ('%s')%s", v,
+                            "");
+        w->block_size = (uint32_t)x;
+        return KVR_OK;
+    }
     if (strcmp(key, "eagle") == 0 || strcmp(key, "is_eagle") == 0) {
         if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0)
             w->eagle = true;
@@ -196,6 +209,13 @@ int kvr_worker_spec_validate(const kvr_worker_spec_t *w, char *err, size_t err_l
         return spec_err(err, err_len, "worker dp_start: dp_start + dp_size overflows%s%s", "", "");
     if (w->replay[0] != '\0' && w->events[0] == '\0')
         return spec_err(err, err_len, "worker replay: needs events too%s%s", "", "");
+    if (w->block_size > 65536)
+        return spec_err(err, err_len, "worker block_size: must be in [1, 65536]%s%s", "", "");
+    for (const char *l = w->loras; *l != '\0'; l++)
+        if ((*l == ';' && (l == w->loras || l[1] == ';' || l[1] == '\0')) ||
+            (unsigned char)*l < 0x20)
+            return spec_err(err, err_len, "worker loras: names separated by single ';', no "
+                                          "empty name or control character%s%s", "", "");
     /* the url's grammar; allow lists are the router's (check_endpoints) */
     char e[KVR_ADDR_BYTES + 160];
     if (w->url[0] != '\0' && kvr_endpoint_check_url(w->url, NULL, e, sizeof e) != KVR_OK)
@@ -422,6 +442,7 @@ void kvr_router_free(kvr_router_t *r)
     for (size_t i = 0; i < r->n_w; i++)
         free(r->w[i].rs);
     free(r->w);
+    free(r->wfit);
     free(r->cands);
     free(r->proj);
     free(r->rank_widx);
@@ -445,6 +466,31 @@ static void fix_taint_ptrs(wentry_t *we)
 }
 
 /* What the registration names, against the operator's allow lists (core/endpoint.h). */
+/* A model's workers hash the same way: same block size and Eagle setting as the model's
+ * registered workers (a worker without a model is the "any model" pool). */
+static int check_pool(const kvr_router_t *r, const kvr_worker_spec_t *w, char *err,
+                      size_t err_len)
+{
+    uint32_t bs = w->block_size ? w->block_size : r->cfg.block_size;
+    for (size_t i = 0; i < r->n_w; i++) {
+        const kvr_worker_spec_t *o = &r->w[i].spec;
+        if (strcmp(o->model, w->model) != 0)
+            continue;
+        uint32_t obs = o->block_size ? o->block_size : r->cfg.block_size;
+        if (obs != bs || o->eagle != w->eagle) {
+            snprintf(err, err_len,
+                     "worker %llu: block_size %u, eagle=%s, but model '%s' is served with "
+                     "block_size %u, eagle=%s (worker %llu): a model's requests are hashed one way",
+                     (unsigned long long)w->worker_id, bs, w->eagle ? "true" : "false",
+                     w->model[0] ? w->model : "(any)", obs, o->eagle ? "true" : "false",
+                     (unsigned long long)o->worker_id);
+            return KVR_EINVAL;
+        }
+        return KVR_OK;
+    }
+    return KVR_OK;
+}
+
 static int check_endpoints(const kvr_router_t *r, const kvr_worker_spec_t *w, char *err,
                            size_t err_len)
 {
@@ -491,14 +537,8 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
         snprintf(err, err_len, "worker %llu already registered", (unsigned long long)w->worker_id);
         return KVR_EEXIST;
     }
-    if (r->n_w > 0 && w->eagle != r->w[0].spec.eagle) {
-        snprintf(err, err_len,
-                 "worker %llu: eagle=%s, but the registered workers are eagle=%s (requests are "
-                 "hashed one way for the whole fleet)",
-                 (unsigned long long)w->worker_id, w->eagle ? "true" : "false",
-                 r->w[0].spec.eagle ? "true" : "false");
-        return KVR_EINVAL;
-    }
+    if ((rc = check_pool(r, w, err, err_len)) != KVR_OK)
+        return rc;
     if (r->n_ranks + w->dp_size > r->cfg.max_workers) {
         snprintf(err, err_len, "max_workers: %u ranks already registered", r->cfg.max_workers);
         return KVR_EFULL;
@@ -509,6 +549,10 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
         if (nw == NULL)
             return KVR_ENOMEM;
         r->w = nw;
+        bool *fit = realloc(r->wfit, cap * sizeof *fit);
+        if (fit == NULL)
+            return KVR_ENOMEM; /* r->w grew, which is harmless */
+        r->wfit = fit;
         r->cap_w = cap;
         for (size_t i = 0; i < r->n_w; i++)
             fix_taint_ptrs(&r->w[i]); /* the specs moved */
@@ -581,9 +625,92 @@ void kvr_router_session_stats(const kvr_router_t *r, kvr_session_stats_t *out)
         kvr_sessions_stats(r->sessions, out);
 }
 
-size_t kvr_router_n_blocks(const kvr_router_t *r, size_t n_tokens)
+/* ---------------------------------------------------------------------------------------- */
+/* Model pools: which workers serve a request, and how its prompt is hashed */
+
+static bool model_is(const kvr_worker_spec_t *s, const char *m, size_t n)
 {
-    return kvr_hash_n_blocks(n_tokens, r->cfg.block_size, r->n_w > 0 && r->w[0].spec.eagle);
+    return strlen(s->model) == n && memcmp(s->model, m, n) == 0;
+}
+
+static bool serves_lora(const kvr_worker_spec_t *s, const char *l, size_t n)
+{
+    for (const char *p = s->loras; *p != '\0';) {
+        const char *e = strchr(p, ';');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && memcmp(p, l, n) == 0)
+            return true;
+        p += len + (e ? 1 : 0);
+    }
+    return false;
+}
+
+/* The worker whose settings the request's prompt is hashed with: its model's first worker,
+ * else the first worker serving any model, else (no model named) the first worker. */
+static const kvr_worker_spec_t *pool_ref(const kvr_router_t *r, const kvr_route_req_t *q)
+{
+    bool named = q->model != NULL && q->model_len > 0;
+    const kvr_worker_spec_t *any = NULL;
+    for (size_t i = 0; i < r->n_w; i++) {
+        const kvr_worker_spec_t *s = &r->w[i].spec;
+        if (!named || model_is(s, q->model, q->model_len))
+            return s;
+        if (any == NULL && s->model[0] == '\0')
+            any = s;
+    }
+    return any;
+}
+
+static uint32_t pool_bs(const kvr_router_t *r, const kvr_worker_spec_t *ref)
+{
+    return ref != NULL && ref->block_size ? ref->block_size : r->cfg.block_size;
+}
+
+bool kvr_router_is_adapter(const kvr_router_t *r, const char *name, size_t len)
+{
+    bool adapter = false;
+    for (size_t i = 0; i < r->n_w; i++) {
+        if (model_is(&r->w[i].spec, name, len))
+            return false;
+        adapter = adapter || serves_lora(&r->w[i].spec, name, len);
+    }
+    return adapter;
+}
+
+size_t kvr_router_n_blocks(const kvr_router_t *r, const kvr_route_req_t *q)
+{
+    const kvr_worker_spec_t *ref = pool_ref(r, q);
+    return kvr_hash_n_blocks(q->n_tokens, pool_bs(r, ref), ref != NULL && ref->eagle);
+}
+
+/* Marks, per worker, whether it serves q (r->wfit) and sets r->cur_bs. KVR_ENOMODEL when no
+ * worker serves the named model, or (lora_strict) none declares the named adapter. */
+static int resolve_pool(kvr_router_t *r, const kvr_route_req_t *q, const char **field)
+{
+    bool named = q->model != NULL && q->model_len > 0;
+    bool lora = q->lora_name != NULL && q->lora_name_len > 0;
+    size_t n_model = 0, n_lora = 0;
+    for (size_t i = 0; i < r->n_w; i++) {
+        const kvr_worker_spec_t *s = &r->w[i].spec;
+        bool m = !named || s->model[0] == '\0' || model_is(s, q->model, q->model_len) ||
+                 serves_lora(s, q->model, q->model_len); /* the model is one of its adapters */
+        r->wfit[i] = m;
+        n_model += m;
+        n_lora += m && lora && serves_lora(s, q->lora_name, q->lora_name_len);
+    }
+    r->cur_bs = pool_bs(r, pool_ref(r, q));
+    if (named && n_model == 0 && r->n_w > 0) {
+        *field = "model: no worker serves it";
+        return KVR_ENOMODEL;
+    }
+    if (lora && n_lora == 0 && r->cfg.lora_strict && r->n_w > 0) {
+        *field = "lora_name: no worker serves this adapter (lora_strict)";
+        return KVR_ENOMODEL;
+    }
+    if (n_lora > 0) /* only the workers that declare the adapter */
+        for (size_t i = 0; i < r->n_w; i++)
+            r->wfit[i] = r->wfit[i] && serves_lora(&r->w[i].spec, q->lora_name, q->lora_name_len);
+    return KVR_OK;
 }
 
 size_t kvr_router_n_ready(const kvr_router_t *r)
@@ -641,20 +768,21 @@ static int reserve_hash_scratch(kvr_router_t *r, size_t n)
 static long hash_into(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *lbh, uint64_t *seq,
                       size_t cap)
 {
+    const kvr_worker_spec_t *ref = pool_ref(r, q);
     kvr_hash_opts_t o = {.lora_name = q->lora_name,
                          .lora_name_len = q->lora_name_len,
                          .cache_namespace = q->cache_namespace,
                          .cache_namespace_len = q->cache_namespace_len,
-                         .is_eagle = r->n_w > 0 && r->w[0].spec.eagle};
-    return kvr_hash_prompt(q->tokens, q->n_tokens, r->cfg.block_size, &o, lbh, seq, cap);
+                         .is_eagle = ref != NULL && ref->eagle};
+    return kvr_hash_prompt(q->tokens, q->n_tokens, pool_bs(r, ref), &o, lbh, seq, cap);
 }
 
 /* Points r->cur_lbh / r->cur_seq at the prompt's hashes (the request's own when it brings
  * them, else hashed into the scratch); returns the block count or a status. */
 static long hash_prompt(kvr_router_t *r, const kvr_route_req_t *q)
 {
-    size_t n = kvr_router_n_blocks(r, q->n_tokens);
-    /* hashes made before the fleet's Eagle setting was known (a request queued while no
+    size_t n = kvr_router_n_blocks(r, q);
+    /* hashes made before the model's settings were known (a request queued while no
      * worker was registered) are remade from the tokens */
     if (q->hashed && (q->n_hashed == n || q->tokens == NULL)) {
         if (q->n_hashed != n || (n > 0 && (q->block_hashes == NULL || q->seq_hashes == NULL)))
@@ -692,6 +820,7 @@ static int fill_overlap(kvr_router_t *r, size_t n_blocks)
         kvr_select_candidate_t *c = &r->cands[i];
         c->device_blocks = c->host_blocks = c->disk_blocks = c->shared_blocks = 0;
         c->fenced = r->w[r->rank_widx[i]].fenced;
+        c->unfit = !r->wfit[r->rank_widx[i]];
     }
     if (r->ix == NULL || n_blocks == 0 || r->cfg.router_mode == KVR_MODE_ROUND_ROBIN ||
         r->cfg.router_mode == KVR_MODE_RANDOM || r->cfg.router_mode == KVR_MODE_LEAST_LOADED)
@@ -715,7 +844,7 @@ static uint64_t cached_tokens_of(const kvr_router_t *r, const kvr_select_candida
 {
     double eff = c->device_blocks + r->sel.host_cache_hit_weight * c->host_blocks +
                  r->sel.disk_cache_hit_weight * c->disk_blocks;
-    return (uint64_t)llround(eff * r->cfg.block_size);
+    return (uint64_t)llround(eff * r->cur_bs);
 }
 
 /* A request's override of a load setting (kvr_load_opt_t). */
@@ -793,7 +922,7 @@ static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, const kvr_work
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < r->n_ranks; i++) {
             const kvr_select_candidate_t *c = &r->cands[i];
-            bool ok = !c->fenced && has_taints(c, q) &&
+            bool ok = !c->fenced && !c->unfit && has_taints(c, q) &&
                       (!q->has_allowed || sorted_contains(q->allowed_ids, q->n_allowed,
                                                           c->worker.worker_id)) &&
                       (!q->has_pinned || (c->worker.worker_id == q->pinned.worker_id &&
@@ -828,7 +957,7 @@ static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, const kvr_work
     for (size_t i = 0; pref != NULL && i < r->n_ranks; i++) {
         const kvr_select_candidate_t *c = &r->cands[i];
         if (c->worker.worker_id == pref->worker_id && c->worker.dp_rank == pref->dp_rank &&
-            !c->fenced && !c->busy && has_taints(c, q) &&
+            !c->fenced && !c->unfit && !c->busy && has_taints(c, q) &&
             (!q->has_allowed ||
              sorted_contains(q->allowed_ids, q->n_allowed, c->worker.worker_id)) &&
             !q->has_pinned)
@@ -864,7 +993,7 @@ static int decide(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
     kvr_select_request_t sr = {
         .isl_tokens = q->n_tokens,
         .request_blocks = 0,
-        .block_size = r->cfg.block_size,
+        .block_size = r->cur_bs,
         .track_prefill_tokens = q->has_track_prefill_tokens ? q->track_prefill_tokens
                                                             : r->cfg.router_track_prefill_tokens,
         .has_pinned = q->has_pinned,
@@ -928,6 +1057,7 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
         .cached_tokens = res->cached_tokens,
         .has_expected_output_tokens = q->has_expected_output_tokens,
         .expected_output_tokens = q->expected_output_tokens,
+        .block_size = r->cur_bs,
         .assume_kv_reuse = load_opt(q->has_assume_kv_reuse, q->assume_kv_reuse),
         .track_prefill_tokens = load_opt(q->has_track_prefill_tokens, q->track_prefill_tokens)};
     int rc = kvr_load_admit(r->load, &lr, now_ms, &res->handle);
@@ -956,6 +1086,7 @@ static void count_reject(kvr_router_t *r, int rc)
         break;
     case KVR_ENOWORKER:
     case KVR_ENOTALLOWED:
+    case KVR_ENOMODEL:
         r->st.rejected_noworker++;
         break;
     case KVR_EEXIST:
@@ -985,6 +1116,8 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
     } else if (q->session_id_len > KVR_SESSION_MAX_ID) {
         res->error_field = "session_id: longer than 128 bytes";
         rc = KVR_EINVAL;
+    } else {
+        rc = resolve_pool(r, q, &res->error_field);
     }
     long n_blocks = rc == KVR_OK ? hash_prompt(r, q) : 0;
     if (n_blocks < 0)
@@ -1008,6 +1141,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         res->device_blocks = c->device_blocks;
         res->cached_tokens = sel.cached_tokens;
         res->overlap_blocks = (uint32_t)llround(sel.effective_overlap_blocks);
+        res->block_size = r->cur_bs;
         if (r->cfg.router_mode != KVR_MODE_KV && r->cfg.router_mode != KVR_MODE_APPROX)
             res->cached_tokens = 0;
         rc = book(r, q, (size_t)n_blocks, now_ms, res);
@@ -1076,6 +1210,10 @@ int kvr_router_query(kvr_router_t *r, const kvr_route_req_t *q, kvr_rank_score_t
     *n = 0;
     if (q->n_tokens > r->cfg.router_max_prompt_tokens)
         return KVR_ETOOBIG;
+    const char *field;
+    int prc = resolve_pool(r, q, &field);
+    if (prc != KVR_OK)
+        return prc;
     long n_blocks = hash_prompt(r, q);
     if (n_blocks < 0)
         return (int)n_blocks;
@@ -1102,10 +1240,14 @@ int kvr_router_loads(kvr_router_t *r, const kvr_route_req_t *q, kvr_load_project
     *n = 0;
     if (q->n_tokens > r->cfg.router_max_prompt_tokens)
         return KVR_ETOOBIG;
+    const char *field;
+    int rc = resolve_pool(r, q, &field);
+    if (rc != KVR_OK)
+        return rc;
     long n_blocks = hash_prompt(r, q);
     if (n_blocks < 0)
         return (int)n_blocks;
-    int rc = fill_overlap(r, (size_t)n_blocks);
+    rc = fill_overlap(r, (size_t)n_blocks);
     if (rc == KVR_OK)
         rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
     if (rc != KVR_OK)

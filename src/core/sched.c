@@ -193,7 +193,7 @@ static int entry_new(kvr_sched_t *s, const kvr_place_t *p, entry_t **out)
 {
     const kvr_route_req_t *q = p->q;
     bool own_hashes = !q->hashed || p->copy;
-    size_t n = q->hashed ? q->n_hashed : kvr_router_n_blocks(s->r, q->n_tokens);
+    size_t n = q->hashed ? q->n_hashed : kvr_router_n_blocks(s->r, q);
     if (q->hashed && n > 0 && (q->block_hashes == NULL || q->seq_hashes == NULL))
         return KVR_EINVAL;
     size_t bytes = sizeof(entry_t) + (own_hashes ? 2 * n * sizeof(uint64_t) : 0) +

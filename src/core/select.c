@@ -236,6 +236,8 @@ const char *kvr_select_why_name(kvr_select_why_t why)
         return "fenced";
     case KVR_SELECT_NOT_ALLOWED:
         return "not_allowed";
+    case KVR_SELECT_OTHER_MODEL:
+        return "other_model_or_adapter";
     case KVR_SELECT_MISSING_TAINT:
         return "missing_required_taint";
     case KVR_SELECT_BUSY:
@@ -282,6 +284,8 @@ static kvr_select_why_t filter(const kvr_select_request_t *r, const kvr_select_c
 {
     if (c->fenced)
         return KVR_SELECT_FENCED;
+    if (c->unfit)
+        return KVR_SELECT_OTHER_MODEL;
     if (!id_allowed(r, c->worker.worker_id))
         return KVR_SELECT_NOT_ALLOWED;
     for (size_t i = 0; i < r->n_required; i++)
@@ -553,6 +557,7 @@ static int pinned_status(const kvr_select_request_t *r, size_t *idx)
         return KVR_ENOWORKER;
     case KVR_SELECT_MISSING_TAINT:
     case KVR_SELECT_NOT_ALLOWED:
+    case KVR_SELECT_OTHER_MODEL:
         return KVR_ENOTALLOWED;
     case KVR_SELECT_BUSY:
         return KVR_EBUSY;

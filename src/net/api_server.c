@@ -96,6 +96,10 @@ void api_reply_status(kvr_api_server_t *s, struct evhttp_request *req, int rc, c
         api_reply_error(s, req, 503, "service_unavailable",
                         "the pinned worker is outside the request's filters");
         break;
+    case KVR_ENOMODEL:
+        api_reply_error(s, req, 404, "not_found_error", "%s",
+                        detail ? detail : "no worker serves the request's model or adapter");
+        break;
     case KVR_EBUSY:
         api_reply_error(s, req, 429, "rate_limit_exceeded", "every eligible worker is busy");
         break;
@@ -173,6 +177,8 @@ static void route_req_from_api(kvr_route_req_t *q, const kvr_api_route_t *a)
         .assume_kv_reuse = a->assume_kv_reuse,
         .has_track_prefill_tokens = a->has_track_prefill_tokens,
         .track_prefill_tokens = a->track_prefill_tokens,
+        .model = a->model,
+        .model_len = a->model_len,
         .session_id = a->session_id,
         .session_id_len = a->session_id_len,
         .session_close = a->session_close,
@@ -268,7 +274,7 @@ static void on_queued_done(void *arg, int rc, const kvr_route_res_t *res)
     } else if (rc == KVR_OK)
         reply_routed(s, req, res, tagged);
     else
-        api_reply_status(s, req, rc, rc == KVR_EINVAL ? res->error_field : NULL);
+        api_reply_status(s, req, rc, rc == KVR_EINVAL || rc == KVR_ENOMODEL ? res->error_field : NULL);
 }
 
 /* Routes (or queues: a copy, answered by on_queued_done) a decoded request; replies unless it
@@ -296,7 +302,7 @@ static void route_and_reply(kvr_api_server_t *s, struct evhttp_request *req,
     if (rc == KVR_OK)
         reply_routed(s, req, &res, tagged);
     else
-        api_reply_status(s, req, rc, rc == KVR_EINVAL ? res.error_field : NULL);
+        api_reply_status(s, req, rc, rc == KVR_EINVAL || rc == KVR_ENOMODEL ? res.error_field : NULL);
 }
 
 /* A lifecycle call by request id: the JSON API's and the /router marks. */
@@ -533,6 +539,12 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
     kvr_json_bool(w, kvr_router_fenced(s->r, sp->worker_id));
     kvr_json_key(w, "eagle");
     kvr_json_bool(w, sp->eagle);
+    kvr_json_key(w, "model");
+    kvr_json_string(w, sp->model);
+    kvr_json_key(w, "block_size");
+    kvr_json_u64(w, sp->block_size ? sp->block_size : s->cfg.block_size);
+    kvr_json_key(w, "loras");
+    kvr_json_string(w, sp->loras);
     kvr_json_key(w, "taints");
     kvr_json_begin_array(w);
     for (size_t t = 0; t < sp->n_taints; t++)
@@ -658,6 +670,11 @@ static int spec_from_api(kvr_worker_spec_t *sp, const kvr_api_worker_t *a, char 
         rc = copy_field(sp->events, sizeof sp->events, a->events, a->events_len, "events", err, len);
     if (rc == KVR_OK)
         rc = copy_field(sp->replay, sizeof sp->replay, a->replay, a->replay_len, "replay", err, len);
+    if (rc == KVR_OK)
+        rc = copy_field(sp->model, sizeof sp->model, a->model, a->model_len, "model", err, len);
+    if (rc == KVR_OK)
+        rc = copy_field(sp->loras, sizeof sp->loras, a->loras, a->loras_len, "loras", err, len);
+    sp->block_size = a->block_size;
     return rc;
 }
 

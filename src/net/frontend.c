@@ -181,6 +181,12 @@ static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
     case KVR_ENOTALLOWED:
         fe_req_fail(p, 503, "the pinned worker is outside the request's filters");
         return;
+    case KVR_ENOMODEL:
+        if (p->lora != NULL && res && res->error_field && strncmp(res->error_field, "lora", 4) == 0)
+            fe_req_fail(p, 404, "no worker serves the LoRA adapter `%s` (lora_strict)", p->lora);
+        else
+            fe_req_fail(p, 404, "The model `%s` does not exist", p->model);
+        return;
     case KVR_EBUSY:
         fe_req_fail(p, 429, "every eligible worker is busy");
         return;
@@ -289,6 +295,7 @@ void fe_req_finish(fe_req_t *p)
     free(p->auth);
     free(p->tok_body);
     free(p->lora);
+    free(p->model);
     free(p->allowed);
     free(p->scratch);
     free(p);
@@ -441,6 +448,7 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
     memcpy(p->rid, res->request_id, p->rid_len + 1);
     p->worker = res->worker;
     p->cached_tokens = res->cached_tokens;
+    p->block_size = res->block_size;
     if (p->want_worker)
         fe_make_nvext(p);
     send_upstream(p);
@@ -460,6 +468,8 @@ static void route_attempt(fe_req_t *p)
         .tokens = p->tokens,
         .n_tokens = p->n_tokens,
         .update_state = true,
+        .model = p->model,
+        .model_len = p->model_len,
         .lora_name = p->lora,
         .lora_name_len = p->lora_len,
         .has_allowed = allowed != NULL,
@@ -588,7 +598,8 @@ void fe_mark_token(fe_req_t *p)
         p->first_token_sent = true;
         (void)kvr_sched_first_token(fe->sched, p->handle, now); /* the queue may move */
     }
-    uint64_t bs = fe->cfg.block_size, total = p->n_tokens + p->gen_tokens;
+    uint64_t bs = p->block_size ? p->block_size : fe->cfg.block_size;
+    uint64_t total = p->n_tokens + p->gen_tokens;
     if (bs > 0 && total % bs == 1 % bs) {
         double decay = NAN;
         if (p->has_eot) {
@@ -885,7 +896,18 @@ static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
 /* Copies what routing needs from the decoded request (the decoder's buffers are reused). */
 static bool copy_routing(fe_req_t *p, const kvr_oai_request_t *rq)
 {
+    p->model_len = rq->model != NULL ? rq->model_len : 0;
+    if ((p->model = malloc(p->model_len + 1)) == NULL)
+        return false;
+    memcpy(p->model, p->model_len ? rq->model : "", p->model_len);
+    p->model[p->model_len] = '\0';
     const kvr_oai_nvext_t *x = &rq->nvext;
+    if ((!rq->has_nvext || x->lora_name == NULL) && p->model_len > 0 &&
+        kvr_router_is_adapter(p->fe->r, p->model, p->model_len)) {
+        if ((p->lora = strdup(p->model)) == NULL) /* the model named is an adapter */
+            return false;
+        p->lora_len = p->model_len;
+    }
     if (!rq->has_nvext)
         return true;
     if (x->lora_name != NULL) {
@@ -980,6 +1002,7 @@ static void req_free_unlinked(fe_req_t *p)
     free(p->auth);
     free(p->tok_body);
     free(p->lora);
+    free(p->model);
     free(p->allowed);
     free(p);
 }

@@ -30,6 +30,7 @@ typedef struct rank_acc {
     uint64_t mismatches, out_of_range, eagle_mismatches;
     uint32_t engine_block_size;
     bool eagle;   /* the worker's eagle setting (its events should agree) */
+    uint32_t block_size; /* its model's (the worker's block_size, else the router's) */
     bool error;   /* block size mismatch: until events of the right size apply again */
     bool dropped; /* its state was dropped while the stream went on: partial */
 } rank_acc_t;
@@ -164,7 +165,7 @@ static int on_batch(void *ud, const kvr_zmq_batch_t *b)
         return KVR_OK;
     }
     kvr_kv_target_t t = {.worker = {b->worker_id, b->dp_rank},
-                         .block_size = g->cfg.block_size,
+                         .block_size = a != NULL ? a->block_size : g->cfg.block_size,
                          .event_id = b->seq};
     for (size_t i = 0; i < g->dec.n_events; i++) {
         kvr_event_t ev;
@@ -186,10 +187,11 @@ static int on_batch(void *ud, const kvr_zmq_batch_t *b)
                 a->engine_block_size = g->dec.events[i].block_size;
             }
             kvr_log_limited(&g->rl_mismatch, KVR_LOG_ERROR,
-                            "worker %llu rank %u: engine block size %u != router block size %u: "
-                            "its events cannot be used (set --block-size to match)",
+                            "worker %llu rank %u: engine block size %u != its registered block "
+                            "size %u: its events cannot be used (set --block-size, or the "
+                            "worker's block_size=, to match)",
                             (unsigned long long)b->worker_id, b->dp_rank,
-                            g->dec.events[i].block_size, g->cfg.block_size);
+                            g->dec.events[i].block_size, t.block_size);
         } else {
             kvr_log_limited(&g->rl_decode, KVR_LOG_WARN, "worker %llu rank %u: batch %llu event %zu: %s",
                             (unsigned long long)b->worker_id, b->dp_rank,
@@ -512,6 +514,7 @@ static int do_subscribe(kvr_ingest_t *g, const kvr_worker_spec_t *w, char *err, 
         memset(a, 0, sizeof *a);
         a->w = (kvr_worker_t){w->worker_id, w->dp_start + d};
         a->eagle = w->eagle;
+        a->block_size = w->block_size ? w->block_size : g->cfg.block_size;
     }
     return KVR_OK;
 }

@@ -100,6 +100,9 @@ enum field {
     F_SESSION,
     F_SESS_ID,
     F_SESS_ACTION,
+    F_W_MODEL,
+    F_W_BLOCK_SIZE,
+    F_W_LORAS,
     F_N,
     F_UNKNOWN = F_N,
 };
@@ -151,6 +154,9 @@ static const field_def_t FIELDS[F_N] = {
     [F_TOTAL_KV_BLOCKS] = {"total_kv_blocks", "total_kv_blocks", O_TOP, T_INT, 0, KB(K_WORKER), 1,
                            UINT64_MAX},
     [F_EAGLE] = {"eagle", "eagle", O_TOP, T_BOOL, 0, KB(K_WORKER), 0, 0},
+    [F_W_MODEL] = {"model", "model", O_TOP, T_STRING, 0, KB(K_WORKER) | KB(K_ROUTE), 0, 255},
+    [F_W_BLOCK_SIZE] = {"block_size", "block_size", O_TOP, T_INT, 0, KB(K_WORKER), 1, 65536},
+    [F_W_LORAS] = {"loras", "loras", O_TOP, T_STRING, 0, KB(K_WORKER), 0, 1023},
     [F_SESSION] = {"session_control", "session_control", O_TOP, T_OBJECT, 0, KB(K_ROUTE), O_SESSION,
                    0},
     [F_SESS_ID] = {"session_id", "session_control.session_id", O_SESSION, T_STRING, 0, KB(K_ROUTE),
@@ -875,6 +881,7 @@ static int finish_route(kvr_api_decoder_t *d, kvr_api_route_t *out)
     out->assume_kv_reuse = out->has_assume_kv_reuse && d->bval[F_OV_ASSUME];
     out->has_track_prefill_tokens = has(d, F_OV_TRACK);
     out->track_prefill_tokens = out->has_track_prefill_tokens && d->bval[F_OV_TRACK];
+    out->model = str_of(d, F_W_MODEL, &out->model_len);
     if (has(d, F_SESSION)) {
         if (require(d, F_SESS_ID) != KVR_OK)
             return d->status;
@@ -929,6 +936,9 @@ static int finish_worker(kvr_api_decoder_t *d, kvr_api_worker_t *out)
     out->has_total_kv_blocks = has(d, F_TOTAL_KV_BLOCKS);
     out->total_kv_blocks = has(d, F_TOTAL_KV_BLOCKS) ? d->ival[F_TOTAL_KV_BLOCKS] : 0;
     out->eagle = has(d, F_EAGLE) && d->bval[F_EAGLE];
+    out->model = str_of(d, F_W_MODEL, &out->model_len);
+    out->block_size = has(d, F_W_BLOCK_SIZE) ? (uint32_t)d->ival[F_W_BLOCK_SIZE] : 0;
+    out->loras = str_of(d, F_W_LORAS, &out->loras_len);
     return KVR_OK;
 }
 
@@ -1147,6 +1157,7 @@ int kvr_api_encode_route(kvr_json_writer_t *w, const kvr_api_route_t *r)
         }
         kvr_json_end_object(w);
     }
+    key_str(w, "model", r->model, r->model_len);
     if (r->session_id != NULL) {
         kvr_json_key(w, "session_control");
         kvr_json_begin_object(w);
@@ -1193,6 +1204,10 @@ int kvr_api_encode_worker(kvr_json_writer_t *w, const kvr_api_worker_t *r)
         kvr_json_key(w, "eagle");
         kvr_json_bool(w, true);
     }
+    key_str(w, "model", r->model, r->model_len);
+    if (r->block_size)
+        key_u64(w, "block_size", r->block_size);
+    key_str(w, "loras", r->loras, r->loras_len);
     return kvr_json_end_object(w);
 }
 

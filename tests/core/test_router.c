@@ -417,6 +417,95 @@ static void test_sticky_sessions(void **s)
     unmake(&f);
 }
 
+static void add(fx_t *f, const char *text)
+{
+    kvr_worker_spec_t w;
+    char err[200];
+    if (kvr_worker_spec_parse(text, &w, err, sizeof err) != KVR_OK)
+        fail_msg("%s: %s", text, err);
+    if (kvr_router_add_worker(f->r, &w, err, sizeof err) != KVR_OK)
+        fail_msg("%s: %s", text, err);
+}
+
+/* Model pools: a request naming a model goes only to that model's workers, hashed with that
+ * model's block size (so an engine with 32-token blocks matches); an unknown model is
+ * KVR_ENOMODEL; a model's workers must agree on block size; LoRA adapters narrow the pool to
+ * the workers declaring them (any worker of the model when none does, unless lora_strict). */
+static void test_model_pools_and_adapters(void **s)
+{
+    (void)s;
+    fx_t f;
+    kvr_config_defaults(&f.cfg);
+    char err[200];
+    assert_int_equal(kvr_config_set(&f.cfg, "seed", "42", err, sizeof err), KVR_OK);
+    kvr_index_config_t ic = {.sync = KVR_SYNC_NONE};
+    int st;
+    f.ix = kvr_index_new(&ic, &st);
+    f.r = kvr_router_new(&f.cfg, f.ix, &st, err, sizeof err);
+    assert_non_null(f.r);
+    add(&f, "id=1,model=a");
+    add(&f, "id=2,model=b,block_size=32");
+    add(&f, "id=3,model=a,loras=sql;chat");
+    kvr_worker_spec_t w;
+    assert_int_equal(kvr_worker_spec_parse("id=4,model=b", &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "model 'b' is served with block_size 32"));
+    prompt(9, 256);
+    kvr_route_res_t res;
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 256, .model = "b", .model_len = 1};
+    assert_int_equal(kvr_router_n_blocks(f.r, &q), 8); /* 256 / 32 */
+    /* worker 2's engine holds the prompt's first 8 blocks of 32 tokens */
+    uint64_t lbh[8], seq[8];
+    assert_int_equal(kvr_hash_prompt(toks, 256, 32, NULL, lbh, seq, 8), 8);
+    kvr_block_t b[8];
+    for (size_t i = 0; i < 8; i++)
+        b[i] = (kvr_block_t){.ext = seq[i] ^ 2, .lbh = lbh[i]};
+    kvr_event_t ev = {.kind = KVR_EV_STORED, .worker = {2, 0}, .blocks = b, .n_blocks = 8};
+    assert_int_equal(kvr_index_apply(f.ix, &ev), KVR_OK);
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+    assert_int_equal(res.worker.worker_id, 2);
+    assert_int_equal(res.device_blocks, 8);
+    assert_int_equal(res.block_size, 32);
+    for (int k = 0; k < 6; k++) { /* model a never reaches worker 2 */
+        q = (kvr_route_req_t){.tokens = toks, .n_tokens = 256, .model = "a", .model_len = 1};
+        assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+        assert_true(res.worker.worker_id == 1 || res.worker.worker_id == 3);
+        assert_int_equal(res.block_size, 16);
+    }
+    q.model = "c";
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_ENOMODEL);
+    assert_non_null(strstr(res.error_field, "model"));
+    /* adapters: declared by worker 3 only */
+    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 256, .model = "a", .model_len = 1,
+                          .lora_name = "sql", .lora_name_len = 3};
+    for (int k = 0; k < 6; k++) {
+        assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+        assert_int_equal(res.worker.worker_id, 3);
+    }
+    /* the adapter named as the model (as vLLM takes it) */
+    assert_true(kvr_router_is_adapter(f.r, "chat", 4));
+    assert_false(kvr_router_is_adapter(f.r, "a", 1));
+    assert_false(kvr_router_is_adapter(f.r, "nope", 4));
+    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 256, .model = "chat", .model_len = 4,
+                          .lora_name = "chat", .lora_name_len = 4};
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+    assert_int_equal(res.worker.worker_id, 3);
+    /* an adapter nobody declares: any worker of the model, unless lora_strict */
+    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 256, .model = "a", .model_len = 1,
+                          .lora_name = "new", .lora_name_len = 3};
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+    assert_true(res.worker.worker_id == 1 || res.worker.worker_id == 3);
+    unmake(&f);
+    kvr_config_defaults(&f.cfg);
+    assert_int_equal(kvr_config_set(&f.cfg, "lora_strict", "true", err, sizeof err), KVR_OK);
+    f.ix = kvr_index_new(&ic, &st);
+    f.r = kvr_router_new(&f.cfg, f.ix, &st, err, sizeof err);
+    add(&f, "id=1,model=a,loras=sql");
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_ENOMODEL);
+    assert_non_null(strstr(res.error_field, "lora_name"));
+    unmake(&f);
+}
+
 static void test_busy_and_filters(void **s)
 {
     (void)s;
@@ -539,6 +628,7 @@ int main(void)
         cmocka_unit_test(test_load_overrides_reach_the_booking),
         cmocka_unit_test(test_queue_threshold_does_not_filter),
         cmocka_unit_test(test_sticky_sessions),
+        cmocka_unit_test(test_model_pools_and_adapters),
         cmocka_unit_test(test_busy_and_filters),
         cmocka_unit_test(test_approx_mode_learns_from_decisions),
         cmocka_unit_test(test_round_robin_cycles),

@@ -355,6 +355,66 @@ def scenario_sessions():
             w.close()
 
 
+def mocker_with_events(model, bs):
+    """A mocker serving model with bs-token blocks, publishing KV events on a free port."""
+    from kvr_harness import with_free_ports
+
+    def start(ev):
+        return Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--model", model,
+                      "--block-size", bs, "--speedup", "100", "--kv-events-config",
+                      json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                  "endpoint": f"tcp://*:{ev}"})], f"mocker {model}")
+    (ev,), m = with_free_ports(start, 1)
+    m.events = f"tcp://127.0.0.1:{ev}"
+    return m
+
+
+def scenario_models():
+    """One router, two models with different block sizes: each request goes to its model's
+    worker; each worker's KV events are read with its own block size (no mismatch) and a
+    repeated prompt finds its cache; an unknown model is a 404 in the OpenAI shape. Before,
+    model was ignored and a second block size was a mismatch."""
+    ma, mb = mocker_with_events("alpha", 16), mocker_with_events("beta", 32)
+    r = serve("--worker", f"id=1,url={ma.url},events={ma.events},model=alpha",
+              "--worker", f"id=2,url={mb.url},events={mb.events},model=beta,block_size=32")
+    try:
+        for m in (ma, mb):  # ZeroMQ's slow joiner: events sent before this would be lost
+            check(f"models: {m.what} has the router's subscription",
+                  eventually(lambda: (m.metric("kvr_mocker_kv_event_subscribers") or 0) >= 1))
+        prompt = tokens_for(81, 8)  # 128 tokens: 8 blocks of 16, 4 of 32
+        for model, want in (("alpha", "1"), ("beta", "2")):
+            for k in range(3):
+                st, a, h = r.call_h("POST", "/v1/completions",
+                                    {"model": model, "prompt": prompt, "max_tokens": 2})
+                check(f"models: {model} request {k} answered by its worker",
+                      st == 200 and h.get("x-kvrouter-worker-id") == want,
+                      (st, h.get("x-kvrouter-worker-id"), a))
+        st, w = r.call("GET", "/v1/workers")
+        ranks = {wk["worker_id"]: (wk["model"], wk["block_size"], wk["ranks"][0])
+                 for wk in w["workers"]}
+        check("models: /v1/workers names each model and block size",
+              ranks[1][:2] == ("alpha", 16) and ranks[2][:2] == ("beta", 32), ranks)
+        check("models: each engine's events indexed with its block size",
+              eventually(lambda: all(x["ranks"][0]["index_blocks"] > 0
+                                     for x in r.call("GET", "/v1/workers")[1]["workers"])),
+              r.call("GET", "/v1/workers")[1])
+        check("models: no block-size mismatch",
+              all(x[2]["block_size_mismatches"] == 0 for x in ranks.values()), ranks)
+        st, e = r.call("POST", "/v1/completions", {"model": "gamma", "prompt": [1, 2], "max_tokens": 1})
+        check("models: an unknown model is a 404 naming it",
+              st == 404 and "gamma" in e["error"]["message"], (st, e))
+        before = r.metric("kvr_routes_with_overlap_total") or 0
+        for model in ("alpha", "beta"):  # both engines' blocks are indexed (checked above)
+            r.call("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 1})
+        check("models: a repeated prompt finds its cache in each model",
+              (r.metric("kvr_routes_with_overlap_total") or 0) == before + 2,
+              (before, r.metric("kvr_routes_with_overlap_total")))
+    finally:
+        r.stop()
+        ma.stop()
+        mb.stop()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -367,6 +427,7 @@ def main():
         scenario_min_initial_workers()
         scenario_eagle(ctx)
         scenario_sessions()
+        scenario_models()
     finally:
         kill_children()
         ctx.term()
