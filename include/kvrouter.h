@@ -36,25 +36,25 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 /* Status codes. 0 is success; errors are negative. One table; kvr_strerror() names them.     */
 
-#define KVR_STATUS_TABLE(X)                                                              \
-    X(KVR_OK, 0, "ok")                                                                   \
-    X(KVR_EINVAL, -1, "invalid argument")                                                \
-    X(KVR_ENOMEM, -2, "out of memory")                                                   \
-    X(KVR_EPARENT, -3, "parent block not found")                                         \
-    X(KVR_EBLOCKSEQ, -4, "invalid block sequence (repeated hash or self-reference)")     \
-    X(KVR_ENOBLOCK, -5, "block not found")                                               \
-    X(KVR_EFULL, -6, "capacity exhausted")                                               \
-    X(KVR_EPARSE, -7, "parse error")                                                     \
-    X(KVR_ERANGE, -8, "value out of range")                                              \
-    X(KVR_ENOWORKER, -9, "unknown worker")                                               \
-    X(KVR_EIO, -10, "input/output error")                                                \
-    X(KVR_ETOOBIG, -11, "input too large")                                               \
-    X(KVR_EEXIST, -12, "already exists")                                                 \
-    X(KVR_ENOTFOUND, -13, "not found")                                                   \
-    X(KVR_EBUSY, -14, "every eligible worker is busy")                                   \
-    X(KVR_ENOTALLOWED, -15, "worker not allowed by the request's filters")               \
-    X(KVR_EQUEUEFULL, -16, "queue limit reached")                                        \
-    X(KVR_EMISMATCH, -17, "block size mismatch")                                        \
+#define KVR_STATUS_TABLE(X)                                                          \
+    X(KVR_OK, 0, "ok")                                                               \
+    X(KVR_EINVAL, -1, "invalid argument")                                            \
+    X(KVR_ENOMEM, -2, "out of memory")                                               \
+    X(KVR_EPARENT, -3, "parent block not found")                                     \
+    X(KVR_EBLOCKSEQ, -4, "invalid block sequence (repeated hash or self-reference)") \
+    X(KVR_ENOBLOCK, -5, "block not found")                                           \
+    X(KVR_EFULL, -6, "capacity exhausted")                                           \
+    X(KVR_EPARSE, -7, "parse error")                                                 \
+    X(KVR_ERANGE, -8, "value out of range")                                          \
+    X(KVR_ENOWORKER, -9, "unknown worker")                                           \
+    X(KVR_EIO, -10, "input/output error")                                            \
+    X(KVR_ETOOBIG, -11, "input too large")                                           \
+    X(KVR_EEXIST, -12, "already exists")                                             \
+    X(KVR_ENOTFOUND, -13, "not found")                                               \
+    X(KVR_EBUSY, -14, "every eligible worker is busy")                               \
+    X(KVR_ENOTALLOWED, -15, "worker not allowed by the request's filters")           \
+    X(KVR_EQUEUEFULL, -16, "queue limit reached")                                    \
+    X(KVR_EMISMATCH, -17, "block size mismatch")                                     \
     X(KVR_ENOMODEL, -18, "no worker serves the request's model or adapter")
 
 enum kvr_status {

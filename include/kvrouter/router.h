@@ -55,9 +55,9 @@ typedef struct kvr_worker_spec {
                    model must agree, and its requests are hashed the same way */
     /* The model pool: requests naming a model go only to its workers (a worker without a
      * model serves any). Every worker of a model has the same block size and Eagle setting. */
-    char model[KVR_MODEL_BYTES];  /* "" = any */
-    uint32_t block_size;          /* its engine's block size; 0 = the router's block_size */
-    char loras[KVR_LORAS_BYTES];  /* LoRA adapters it serves, ';'-separated; "" = none known */
+    char model[KVR_MODEL_BYTES]; /* "" = any */
+    uint32_t block_size;         /* its engine's block size; 0 = the router's block_size */
+    char loras[KVR_LORAS_BYTES]; /* LoRA adapters it serves, ';'-separated; "" = none known */
 } kvr_worker_spec_t;
 
 /* Parses "id=7,url=http://h:8001,events=tcp://h:5557,replay=tcp://h:5558,dp_size=2,
@@ -138,7 +138,7 @@ typedef struct kvr_route_req {
     bool update_state;      /* false: only look (no booking) */
     const char *model;      /* the model pool; NULL or "" = any worker */
     size_t model_len;
-    const char *lora_name;  /* also: only workers serving the adapter (lora_policy) */
+    const char *lora_name; /* also: only workers serving the adapter (lora_policy) */
     size_t lora_name_len;
     const char *cache_namespace;
     size_t cache_namespace_len;
@@ -187,7 +187,7 @@ typedef struct kvr_route_res {
     uint32_t overlap_blocks;      /* round(effective overlap blocks) */
     uint64_t cached_tokens;
     uint32_t device_blocks;
-    uint32_t block_size;          /* of the chosen worker's model */
+    uint32_t block_size; /* of the chosen worker's model */
     kvr_route_timing_t timing;
     const char *error_field;      /* KVR_EINVAL: what was wrong */
     kvr_req_handle_t handle;      /* the booking (update_state): for the _h lifecycle calls */

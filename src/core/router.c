@@ -44,8 +44,8 @@ struct kvr_router {
 
     wentry_t *w;
     size_t n_w, cap_w;
-    bool *wfit;  /* per worker (cap_w): serves the request being routed (model, adapter) */
-    uint32_t cur_bs;                   /* the request being routed: its model's block size */
+    bool *wfit;      /* per worker (cap_w): serves the request being routed (model, adapter) */
+    uint32_t cur_bs; /* the request being routed: its model's block size */
 
     kvr_select_candidate_t *cands;
     kvr_load_projection_t *proj;
@@ -214,8 +214,10 @@ int kvr_worker_spec_validate(const kvr_worker_spec_t *w, char *err, size_t err_l
     for (const char *l = w->loras; *l != '\0'; l++)
         if ((*l == ';' && (l == w->loras || l[1] == ';' || l[1] == '\0')) ||
             (unsigned char)*l < 0x20)
-            return spec_err(err, err_len, "worker loras: names separated by single ';', no "
-                                          "empty name or control character%s%s", "", "");
+            return spec_err(err, err_len,
+                            "worker loras: names separated by single ';', no "
+                            "empty name or control character%s%s",
+                            "", "");
     /* the url's grammar; allow lists are the router's (check_endpoints) */
     char e[KVR_ADDR_BYTES + 160];
     if (w->url[0] != '\0' && kvr_endpoint_check_url(w->url, NULL, e, sizeof e) != KVR_OK)
@@ -468,8 +470,7 @@ static void fix_taint_ptrs(wentry_t *we)
 /* What the registration names, against the operator's allow lists (core/endpoint.h). */
 /* A model's workers hash the same way: same block size and Eagle setting as the model's
  * registered workers (a worker without a model is the "any model" pool). */
-static int check_pool(const kvr_router_t *r, const kvr_worker_spec_t *w, char *err,
-                      size_t err_len)
+static int check_pool(const kvr_router_t *r, const kvr_worker_spec_t *w, char *err, size_t err_len)
 {
     uint32_t bs = w->block_size ? w->block_size : r->cfg.block_size;
     for (size_t i = 0; i < r->n_w; i++) {
@@ -923,8 +924,8 @@ static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, const kvr_work
         for (size_t i = 0; i < r->n_ranks; i++) {
             const kvr_select_candidate_t *c = &r->cands[i];
             bool ok = !c->fenced && !c->unfit && has_taints(c, q) &&
-                      (!q->has_allowed || sorted_contains(q->allowed_ids, q->n_allowed,
-                                                          c->worker.worker_id)) &&
+                      (!q->has_allowed ||
+                       sorted_contains(q->allowed_ids, q->n_allowed, c->worker.worker_id)) &&
                       (!q->has_pinned || (c->worker.worker_id == q->pinned.worker_id &&
                                           c->worker.dp_rank == q->pinned.dp_rank));
             if (!ok)

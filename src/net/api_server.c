@@ -274,7 +274,8 @@ static void on_queued_done(void *arg, int rc, const kvr_route_res_t *res)
     } else if (rc == KVR_OK)
         reply_routed(s, req, res, tagged);
     else
-        api_reply_status(s, req, rc, rc == KVR_EINVAL || rc == KVR_ENOMODEL ? res->error_field : NULL);
+        api_reply_status(s, req, rc,
+                         rc == KVR_EINVAL || rc == KVR_ENOMODEL ? res->error_field : NULL);
 }
 
 /* Routes (or queues: a copy, answered by on_queued_done) a decoded request; replies unless it
@@ -302,7 +303,8 @@ static void route_and_reply(kvr_api_server_t *s, struct evhttp_request *req,
     if (rc == KVR_OK)
         reply_routed(s, req, &res, tagged);
     else
-        api_reply_status(s, req, rc, rc == KVR_EINVAL || rc == KVR_ENOMODEL ? res.error_field : NULL);
+        api_reply_status(s, req, rc,
+                         rc == KVR_EINVAL || rc == KVR_ENOMODEL ? res.error_field : NULL);
 }
 
 /* A lifecycle call by request id: the JSON API's and the /router marks. */

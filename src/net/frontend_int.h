@@ -127,9 +127,9 @@ struct fe_req {
     uint64_t tok_tried[FE_MAX_ATTEMPTS];
     unsigned n_tok_tried;
     /* routing */
-    char *model;           /* the request's model ("" when it named none) */
+    char *model; /* the request's model ("" when it named none) */
     size_t model_len;
-    uint32_t block_size;   /* of the chosen worker's model (output-block accounting) */
+    uint32_t block_size; /* of the chosen worker's model (output-block accounting) */
     char *lora;
     size_t lora_len;
     char session[KVR_OAI_MAX_SESSION_BYTES + 1]; /* sticky session id; "" = none */

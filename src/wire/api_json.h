@@ -109,7 +109,7 @@ typedef struct kvr_api_route {
     kvr_select_override_t ovr;            /* router_temperature -> ovr.temperature */
     bool has_assume_kv_reuse, assume_kv_reuse;
     bool has_track_prefill_tokens, track_prefill_tokens;
-    const char *model;      /* the model pool; NULL when absent (any worker) */
+    const char *model; /* the model pool; NULL when absent (any worker) */
     size_t model_len;
     const char *session_id; /* session_control.session_id; NULL = none */
     size_t session_id_len;
@@ -150,10 +150,10 @@ typedef struct kvr_api_worker {
     bool has_total_kv_blocks;
     uint64_t total_kv_blocks;
     bool eagle; /* default false */
-    const char *model;                    /* NULL when absent, null or "" (any model) */
+    const char *model; /* NULL when absent, null or "" (any model) */
     size_t model_len;
-    uint32_t block_size;                  /* 0 when absent (the router's) */
-    const char *loras;                    /* "a;b": its LoRA adapters; NULL when none */
+    uint32_t block_size; /* 0 when absent (the router's) */
+    const char *loras;   /* "a;b": its LoRA adapters; NULL when none */
     size_t loras_len;
 } kvr_api_worker_t;
 

@@ -476,8 +476,12 @@ static void test_model_pools_and_adapters(void **s)
     assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_ENOMODEL);
     assert_non_null(strstr(res.error_field, "model"));
     /* adapters: declared by worker 3 only */
-    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 256, .model = "a", .model_len = 1,
-                          .lora_name = "sql", .lora_name_len = 3};
+    q = (kvr_route_req_t){.tokens = toks,
+                          .n_tokens = 256,
+                          .model = "a",
+                          .model_len = 1,
+                          .lora_name = "sql",
+                          .lora_name_len = 3};
     for (int k = 0; k < 6; k++) {
         assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
         assert_int_equal(res.worker.worker_id, 3);
@@ -486,13 +490,21 @@ static void test_model_pools_and_adapters(void **s)
     assert_true(kvr_router_is_adapter(f.r, "chat", 4));
     assert_false(kvr_router_is_adapter(f.r, "a", 1));
     assert_false(kvr_router_is_adapter(f.r, "nope", 4));
-    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 256, .model = "chat", .model_len = 4,
-                          .lora_name = "chat", .lora_name_len = 4};
+    q = (kvr_route_req_t){.tokens = toks,
+                          .n_tokens = 256,
+                          .model = "chat",
+                          .model_len = 4,
+                          .lora_name = "chat",
+                          .lora_name_len = 4};
     assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
     assert_int_equal(res.worker.worker_id, 3);
     /* an adapter nobody declares: any worker of the model, unless lora_strict */
-    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 256, .model = "a", .model_len = 1,
-                          .lora_name = "new", .lora_name_len = 3};
+    q = (kvr_route_req_t){.tokens = toks,
+                          .n_tokens = 256,
+                          .model = "a",
+                          .model_len = 1,
+                          .lora_name = "new",
+                          .lora_name_len = 3};
     assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
     assert_true(res.worker.worker_id == 1 || res.worker.worker_id == 3);
     unmake(&f);
