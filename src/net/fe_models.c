@@ -17,13 +17,62 @@
 /* ---------------------------------------------------------------------------------------- */
 /* GET /v1/models */
 
+/* Adds id (its first len bytes, copied into names) unless listed. */
+static void add_named(kvr_oai_model_t *ms, size_t *n, char *names, size_t *used, const char *id,
+                      size_t len)
+{
+    for (size_t j = 0; j < *n; j++)
+        if (strlen(ms[j].id) == len && memcmp(ms[j].id, id, len) == 0)
+            return;
+    char *c = names + *used;
+    memcpy(c, id, len);
+    c[len] = '\0';
+    *used += len + 1;
+    ms[(*n)++] = (kvr_oai_model_t){c, 0, "kvrouter", 0};
+}
+
+/* The models and adapters workers were registered with (model=, loras=) that their own
+ * /v1/models did not list (a worker without a url, or one not asked yet). */
+static void add_registered(kvr_frontend_t *fe, kvr_oai_model_t *ms, size_t *n, char *names)
+{
+    uint64_t ids[FE_MAX_WORKERS];
+    size_t nw = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS), used = 0;
+    for (size_t i = 0; i < nw && i < FE_MAX_WORKERS; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, ids[i]);
+        if (sp == NULL)
+            continue;
+        if (sp->model[0] != '\0')
+            add_named(ms, n, names, &used, sp->model, strlen(sp->model));
+        for (const char *l = sp->loras; *l != '\0';) {
+            const char *e = strchr(l, ';');
+            size_t len = e ? (size_t)(e - l) : strlen(l);
+            add_named(ms, n, names, &used, l, len);
+            l += len + (e ? 1 : 0);
+        }
+    }
+}
+
 void fe_models_answer(kvr_frontend_t *fe, struct evhttp_request *req)
 {
-    size_t cap = 0, n = 0;
+    size_t cap = 0, n = 0, bytes = 0;
     for (size_t i = 0; i < fe->n_pools; i++)
         cap += fe->pools[i]->dead ? 0 : fe->pools[i]->n_models;
+    uint64_t ids[FE_MAX_WORKERS];
+    size_t nw = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
+    for (size_t i = 0; i < nw && i < FE_MAX_WORKERS; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, ids[i]);
+        if (sp == NULL)
+            continue;
+        cap += 1 + (sp->loras[0] != '\0'); /* names: at most one per ';' plus one */
+        for (const char *l = sp->loras; *l; l++)
+            cap += *l == ';';
+        bytes += strlen(sp->model) + strlen(sp->loras) + 2;
+    }
     kvr_oai_model_t *ms = calloc(cap + 1, sizeof *ms);
-    if (ms == NULL) {
+    char *names = malloc(bytes + 1);
+    if (ms == NULL || names == NULL) {
+        free(ms);
+        free(names);
         fe_send_error(fe, req, 500, "out of memory");
         return;
     }
@@ -40,9 +89,11 @@ void fe_models_answer(kvr_frontend_t *fe, struct evhttp_request *req)
                 ms[n++] = (kvr_oai_model_t){pm->id, pm->created, pm->owned_by, pm->max_model_len};
         }
     }
+    add_registered(fe, ms, &n, names);
     kvr_json_writer_reset(&fe->w);
     kvr_oai_encode_models(&fe->w, ms, n);
     free(ms);
+    free(names);
     fe_send_writer(fe, req, 200);
 }
 

@@ -403,6 +403,15 @@ def scenario_models():
         st, e = r.call("POST", "/v1/completions", {"model": "gamma", "prompt": [1, 2], "max_tokens": 1})
         check("models: an unknown model is a 404 naming it",
               st == 404 and "gamma" in e["error"]["message"], (st, e))
+        st, w = r.call("POST", "/v1/workers", {"worker_id": 9, "model": "alpha", "loras": "sql;chat"})
+        check("models: a worker registers with adapters", st == 201, (st, w))
+        st, ml = r.call("GET", "/v1/models")
+        ids = sorted(m["id"] for m in ml.get("data", []))
+        check("models: /v1/models lists both models and the registered adapters",
+              st == 200 and ids == ["alpha", "beta", "chat", "sql"], (st, ml))
+        st, e = r.call("POST", "/v1/workers", {"worker_id": 10, "model": "beta", "block_size": 16})
+        check("models: a worker of a model with another block size is refused, named",
+              st == 400 and "block_size 32" in e["error"]["message"], (st, e))
         before = r.metric("kvr_routes_with_overlap_total") or 0
         for model in ("alpha", "beta"):  # both engines' blocks are indexed (checked above)
             r.call("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 1})
