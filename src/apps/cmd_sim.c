@@ -58,6 +58,10 @@ static void usage(FILE *out)
             "  --seed N                      the random policy and tie-breaks (prompts never\n"
             "                                change: trace tokens use seed 0) [1]\n"
             "  --json                        one JSON object per policy per line\n"
+            "  --sessions                    sticky sessions inferred from the trace: a request\n"
+            "                                whose prompt extends an earlier one's (all of its\n"
+            "                                blocks but the last, at least 2) continues that\n"
+            "                                conversation (see --session-ttl-secs)\n"
             "Engine options (as kvrouter mocker):\n"
             "  --block-size N                tokens per KV block, engines and router [16]\n"
             "  --num-gpu-blocks N            KV blocks per worker (alias\n"
@@ -94,6 +98,7 @@ typedef struct sim_args {
     uint64_t requests;
     double speedup;
     bool json;
+    bool sessions; /* infer sessions from successive turns (--sessions) */
     kvr_router_mode_t policies[MAX_POLICIES];
     size_t n_policies;
     char setting[96]; /* the router setting being parsed, named in messages */
@@ -149,6 +154,10 @@ static int parse_run_flag(kvr_cli_t *c, sim_args_t *a)
         return kvr_cli_u64(c, kvr_cli_value(c), 0, UINT64_MAX, &a->cfg.seed);
     if (strcmp(c->argv[c->i], "--json") == 0) {
         a->json = true;
+        return 0;
+    }
+    if (strcmp(c->argv[c->i], "--sessions") == 0) {
+        a->sessions = true;
         return 0;
     }
     return -1;
@@ -380,6 +389,68 @@ static kvr_sim_request_t *make_requests(const kvr_trace_t *t, double speedup)
     return reqs;
 }
 
+/* ---- sessions ------------------------------------------------------------------------------- */
+
+/* The prefix -> session table of infer_sessions (open addressing, at most half full). */
+typedef struct pent {
+    uint64_t key; /* 0 = empty (a prefix hash is never 0: see prefix_key) */
+    uint64_t session;
+} pent_t;
+
+static uint64_t prefix_key(uint64_t h, uint64_t id)
+{
+    uint64_t k = (h ^ id) * UINT64_C(0x9E3779B97F4A7C15);
+    k ^= k >> 29;
+    return k | 1;
+}
+
+/* Sessions of a trace without session ids: a request whose hash ids extend an earlier
+ * request's (all of that one's blocks but the last, which the next turn refills, and at least
+ * two, so a shared first block such as a system prompt alone does not join conversations)
+ * continues the most recent such request's session; any other starts one. O(blocks) per
+ * request. */
+static int infer_sessions(const kvr_trace_t *t, kvr_sim_request_t *reqs, uint64_t *n_sessions)
+{
+    size_t cap = 16;
+    while (cap < 4 * (t->n_rows + 1))
+        cap *= 2;
+    pent_t *tab = calloc(cap, sizeof *tab);
+    uint64_t *pk = malloc(sizeof *pk * 4096);
+    if (tab == NULL || pk == NULL) {
+        free(tab);
+        free(pk);
+        return KVR_ENOMEM;
+    }
+    uint64_t next = 0;
+    for (size_t i = 0; i < t->n_rows; i++) {
+        const kvr_trace_row_t *row = &t->rows[i];
+        uint32_t n = row->n_hash_ids < 4096 ? row->n_hash_ids : 4096;
+        uint64_t h = 0, session = 0;
+        for (uint32_t k = 0; k < n; k++)
+            pk[k] = h = prefix_key(h, row->hash_ids[k]);
+        for (uint32_t k = n; k >= 2 && session == 0; k--) { /* the longest known prefix */
+            for (size_t j = pk[k - 1] & (cap - 1); tab[j].key != 0; j = (j + 1) & (cap - 1))
+                if (tab[j].key == pk[k - 1]) {
+                    session = tab[j].session;
+                    break;
+                }
+        }
+        if (session == 0)
+            session = ++next;
+        reqs[i].session = session;
+        if (n >= 3) { /* what the next turn repeats: all blocks but the last */
+            size_t j = pk[n - 2] & (cap - 1);
+            while (tab[j].key != 0 && tab[j].key != pk[n - 2])
+                j = (j + 1) & (cap - 1);
+            tab[j] = (pent_t){pk[n - 2], session};
+        }
+    }
+    free(tab);
+    free(pk);
+    *n_sessions = next;
+    return KVR_OK;
+}
+
 static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim_request_t *reqs,
                         const kvr_trace_ceilings_t *ceil)
 {
@@ -459,6 +530,16 @@ int kvr_cmd_sim(int argc, char **argv)
         kvr_trace_free(&t);
         return 1;
     }
+    uint64_t n_sessions = 0;
+    if (a.sessions && (rc = infer_sessions(&t, reqs, &n_sessions)) != KVR_OK) {
+        fprintf(stderr, "kvrouter sim: sessions: %s\n", kvr_strerror(rc));
+        free(reqs);
+        kvr_trace_free(&t);
+        return 1;
+    }
+    if (a.sessions && !a.json)
+        printf("sessions: %llu inferred from successive turns (session_ttl_secs %llu)\n",
+               (unsigned long long)n_sessions, (unsigned long long)a.cfg.router.session_ttl_secs);
     if (!a.json) {
         printf("sim: %zu requests from %s, %u workers x %u blocks x %u tokens, speedup %g, "
                "seed %llu\n"

@@ -297,11 +297,17 @@ static int place(sim_t *s, size_t i)
         return set_err(s, rc, "the tokens callback failed");
     char id[32];
     size_t idl = req_id(i, id, sizeof id);
+    char sid[24];
     kvr_route_req_t q = {.tokens = s->tok,
                          .n_tokens = rq->n_tokens,
                          .request_id = id,
                          .request_id_len = idl,
                          .update_state = true};
+    if (rq->session != 0) {
+        q.session_id = sid;
+        q.session_id_len = (size_t)snprintf(sid, sizeof sid, "s%llu",
+                                            (unsigned long long)rq->session);
+    }
     uint64_t best = 0;
     if (s->feed_index) { /* diagnostics: what the best-cached worker had (an extra lookup) */
         size_t n_sc = 0;

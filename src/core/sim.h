@@ -47,6 +47,7 @@ typedef struct kvr_sim_request {
     double arrival_ms;   /* virtual time; finite, >= 0, non-decreasing along the array */
     uint32_t n_tokens;   /* prompt tokens, >= 1 */
     uint32_t max_tokens; /* output tokens, >= 1 (the request finishes by length) */
+    uint64_t session;    /* a sticky session (the router's session_ttl_secs); 0 = none */
 } kvr_sim_request_t;
 
 /* Writes request i's prompt (reqs[i].n_tokens tokens) into out (capacity cap >= n_tokens).

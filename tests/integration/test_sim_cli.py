@@ -156,8 +156,31 @@ def test_errors():
     check("--help", rc == 0 and out.startswith("usage: kvrouter sim") and "--policy" in out, err)
 
 
+def test_sessions():
+    """--sessions infers conversations from successive turns: a turn that repeats all but the
+    last block of an earlier one continues it; a shared first block alone does not."""
+    import tempfile
+    rows = [[0, 1, 2, 3],          # conversation A, turn 1
+            [0, 7, 8],             # conversation B, turn 1 (shares only block 0 with A)
+            [0, 1, 2, 4, 5, 6],    # A, turn 2: repeats A's [0, 1, 2] (all but its last block)
+            [0, 7, 9],             # B, turn 2: repeats [0, 7]
+            [0, 1, 2, 4, 5, 10]]   # A, turn 3
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        for k, ids in enumerate(rows):
+            f.write(json.dumps({"timestamp": k * 1000, "input_length": 512 * len(ids),
+                                "output_length": 4, "hash_ids": ids}) + "\n")
+        path = f.name
+    try:
+        rc, out, err = run(["--trace", path, "--workers", "2", "--policy", "kv", "--sessions"])
+        check("sessions: two conversations inferred from five turns",
+              rc == 0 and "sessions: 2 inferred" in out, out + err)
+    finally:
+        os.unlink(path)
+
+
 def main():
     test_json()
+    test_sessions()
     test_table()
     test_default_trace()
     test_errors()
