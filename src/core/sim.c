@@ -305,8 +305,8 @@ static int place(sim_t *s, size_t i)
                          .update_state = true};
     if (rq->session != 0) {
         q.session_id = sid;
-        q.session_id_len = (size_t)snprintf(sid, sizeof sid, "s%llu",
-                                            (unsigned long long)rq->session);
+        q.session_id_len =
+            (size_t)snprintf(sid, sizeof sid, "s%llu", (unsigned long long)rq->session);
     }
     uint64_t best = 0;
     if (s->feed_index) { /* diagnostics: what the best-cached worker had (an extra lookup) */
