@@ -45,6 +45,8 @@ struct kvr_router {
     wentry_t *w;
     size_t n_w, cap_w;
     bool *wfit;      /* per worker (cap_w): serves the request being routed (model, adapter) */
+    bool all_fit;    /* every worker serves it (wfit not consulted) */
+    size_t n_pooled; /* workers registered with a model or adapters (0: no pool logic) */
     uint32_t cur_bs; /* the request being routed: its model's block size */
 
     kvr_select_candidate_t *cands;
@@ -570,7 +572,9 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
     if (rc != KVR_OK) {
         free(we->rs);
         r->n_w--;
+        return rc;
     }
+    r->n_pooled += w->model[0] != '\0' || w->loras[0] != '\0';
     return rc;
 }
 
@@ -580,6 +584,7 @@ int kvr_router_remove_worker(kvr_router_t *r, uint64_t worker_id)
     if (i < 0)
         return KVR_ENOTFOUND;
     free(r->w[i].rs);
+    r->n_pooled -= r->w[i].spec.model[0] != '\0' || r->w[i].spec.loras[0] != '\0';
     memmove(&r->w[i], &r->w[i + 1], (r->n_w - (size_t)i - 1) * sizeof *r->w);
     r->n_w--;
     for (size_t k = (size_t)i; k < r->n_w; k++)
@@ -669,6 +674,8 @@ static uint32_t pool_bs(const kvr_router_t *r, const kvr_worker_spec_t *ref)
 
 bool kvr_router_is_adapter(const kvr_router_t *r, const char *name, size_t len)
 {
+    if (r->n_pooled == 0)
+        return false;
     bool adapter = false;
     for (size_t i = 0; i < r->n_w; i++) {
         if (model_is(&r->w[i].spec, name, len))
@@ -690,6 +697,11 @@ static int resolve_pool(kvr_router_t *r, const kvr_route_req_t *q, const char **
 {
     bool named = q->model != NULL && q->model_len > 0;
     bool lora = q->lora_name != NULL && q->lora_name_len > 0;
+    r->all_fit = r->n_pooled == 0 || (!named && !lora);
+    if (r->all_fit) { /* no pool applies: the common case costs nothing per worker */
+        r->cur_bs = pool_bs(r, r->n_w > 0 ? &r->w[0].spec : NULL);
+        return KVR_OK;
+    }
     size_t n_model = 0, n_lora = 0;
     for (size_t i = 0; i < r->n_w; i++) {
         const kvr_worker_spec_t *s = &r->w[i].spec;
@@ -821,7 +833,7 @@ static int fill_overlap(kvr_router_t *r, size_t n_blocks)
         kvr_select_candidate_t *c = &r->cands[i];
         c->device_blocks = c->host_blocks = c->disk_blocks = c->shared_blocks = 0;
         c->fenced = r->w[r->rank_widx[i]].fenced;
-        c->unfit = !r->wfit[r->rank_widx[i]];
+        c->unfit = !r->all_fit && !r->wfit[r->rank_widx[i]];
     }
     if (r->ix == NULL || n_blocks == 0 || r->cfg.router_mode == KVR_MODE_ROUND_ROBIN ||
         r->cfg.router_mode == KVR_MODE_RANDOM || r->cfg.router_mode == KVR_MODE_LEAST_LOADED)
