@@ -138,7 +138,11 @@ static void check_request(const kvr_oai_request_t *r, int ep)
     check(!r->has_max_tokens || r->max_tokens >= 1);
     check(r->has_nvext || all_zero(x, sizeof *x));
     check_name(x->lora_name, x->lora_name_len, 1, KVR_OAI_MAX_NAME_BYTES);
-    check(!x->has_priority || isfinite(x->priority));
+    check(x->has_priority || x->priority == 0);
+    check(!x->has_priority_jump || isfinite(x->priority_jump));
+    check((x->session_id == NULL) == (x->session_id_len == 0));
+    check(x->session_id_len <= KVR_OAI_MAX_SESSION_BYTES);
+    check(x->session_id != NULL || !x->session_close);
     check(x->n_allowed_worker_ids <= FUZZ_MAX_IDS);
     check((x->n_allowed_worker_ids == 0) == (x->allowed_worker_ids == NULL));
     check(x->has_allowed_worker_ids || x->n_allowed_worker_ids == 0);

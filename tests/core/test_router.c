@@ -225,9 +225,9 @@ static void test_load_overrides_reach_the_booking(void **s)
     make(&f, NULL);
     prompt(7, 256); /* 16 blocks */
     kvr_route_res_t res;
-    for (int k = 0; k < 2; k++) {
-        char id[8];
-        snprintf(id, sizeof id, "d%d", k);
+    for (unsigned k = 0; k < 2; k++) {
+        char id[16];
+        snprintf(id, sizeof id, "d%u", k);
         kvr_route_req_t q = {.tokens = toks,
                              .n_tokens = 256,
                              .update_state = true,
