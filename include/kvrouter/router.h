@@ -142,6 +142,8 @@ typedef struct kvr_route_req {
     size_t lora_name_len;
     const char *cache_namespace;
     size_t cache_namespace_len;
+    const kvr_block_mm_t *mm; /* multimodal objects per block (hashed into those blocks, as */
+    size_t n_mm;              /* the engines do), ascending by block; NULL / 0 = none */
     bool has_allowed;
     const uint64_t *allowed_ids;
     size_t n_allowed;

@@ -786,7 +786,9 @@ static long hash_into(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t 
                          .lora_name_len = q->lora_name_len,
                          .cache_namespace = q->cache_namespace,
                          .cache_namespace_len = q->cache_namespace_len,
-                         .is_eagle = ref != NULL && ref->eagle};
+                         .is_eagle = ref != NULL && ref->eagle,
+                         .mm = q->mm,
+                         .n_mm = q->n_mm};
     return kvr_hash_prompt(q->tokens, q->n_tokens, pool_bs(r, ref), &o, lbh, seq, cap);
 }
 

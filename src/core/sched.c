@@ -184,7 +184,9 @@ static void copy_parts(entry_t *e, unsigned char *c)
         e->ovr = *q->ovr;
         q->ovr = &e->ovr;
     }
-    q->tokens = NULL; /* the hashes stand for them */
+    q->tokens = NULL; /* the hashes stand for them (and for the multimodal objects) */
+    q->mm = NULL;
+    q->n_mm = 0;
 }
 
 /* A queue entry for p: its hashes (computed here, or the request's own: copied with the rest

@@ -24,11 +24,13 @@
  */
 #include "wire/api_json.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
 #include <yajl/yajl_parse.h>
 
 #include "core/grow.h"
@@ -44,7 +46,7 @@ enum kind { K_ROUTE, K_OUTPUT_BLOCK, K_QUERY, K_LOADS, K_WORKER, K_ROUTER, K_N }
 #define KB(k) (1u << (k))
 #define K_TOKENS (KB(K_ROUTE) | KB(K_QUERY) | KB(K_LOADS) | KB(K_ROUTER))
 
-enum obj { O_TOP, O_PINNED, O_CONSTRAINTS, O_OVERRIDE, O_SESSION };
+enum obj { O_TOP, O_PINNED, O_CONSTRAINTS, O_OVERRIDE, O_SESSION, O_MMR };
 
 enum type {
     T_TOKENS,     /* array of u32 */
@@ -57,6 +59,7 @@ enum type {
     T_BOOL,
     T_INT,        /* integer in [lo, hi] */
     T_DOUBLE,     /* finite, range in rng */
+    T_MM_LIST,    /* block_mm_infos: [null | {"mm_objects": [{"mm_hash": u64 | id}]}] */
 };
 
 enum range { R_FINITE, R_NONNEG, R_UNIT };
@@ -103,6 +106,9 @@ enum field {
     F_W_MODEL,
     F_W_BLOCK_SIZE,
     F_W_LORAS,
+    F_MM_INFOS,
+    F_MMR,
+    F_MMR_INFOS,
     F_N,
     F_UNKNOWN = F_N,
 };
@@ -157,6 +163,10 @@ static const field_def_t FIELDS[F_N] = {
     [F_W_MODEL] = {"model", "model", O_TOP, T_STRING, 0, KB(K_WORKER) | KB(K_ROUTE), 0, 255},
     [F_W_BLOCK_SIZE] = {"block_size", "block_size", O_TOP, T_INT, 0, KB(K_WORKER), 1, 65536},
     [F_W_LORAS] = {"loras", "loras", O_TOP, T_STRING, 0, KB(K_WORKER), 0, 1023},
+    [F_MM_INFOS] = {"block_mm_infos", "block_mm_infos", O_TOP, T_MM_LIST, 0, ROUTE_ROUTER, 0, 0},
+    [F_MMR] = {"mm_routing_info", "mm_routing_info", O_TOP, T_OBJECT, 0, KB(K_ROUTE), O_MMR, 0},
+    [F_MMR_INFOS] = {"block_mm_infos", "mm_routing_info.block_mm_infos", O_MMR, T_MM_LIST, 0,
+                     KB(K_ROUTE), 0, 0},
     [F_SESSION] = {"session_control", "session_control", O_TOP, T_OBJECT, 0, KB(K_ROUTE), O_SESSION,
                    0},
     [F_SESS_ID] = {"session_id", "session_control.session_id", O_SESSION, T_STRING, 0, KB(K_ROUTE),
@@ -208,6 +218,12 @@ enum state {
     S_ARRAY,      /* in the array of d->field */
     S_PREF_KEY,   /* in preferred_taints, expecting a taint or the end */
     S_PREF_VALUE, /* expecting the weight of the last preferred taint */
+    S_MM_LIST,    /* in block_mm_infos: a block's null or object, or the end */
+    S_MM_BKEY,    /* in a block's object: "mm_objects" or another key */
+    S_MM_OBJS_V,  /* expecting mm_objects' array (or null) */
+    S_MM_OBJS,    /* in mm_objects: an object, or the end */
+    S_MM_OKEY,    /* in an mm object: "mm_hash" or another key (offsets are not hashed) */
+    S_MM_HASH,    /* expecting an mm_hash: a u64, or an identifier string */
     S_DONE,       /* after the top-level object */
 };
 
@@ -246,6 +262,18 @@ struct kvr_api_decoder {
     size_t n_pref;
     const char *taint_ptr[KVR_API_MAX_TAINTS];
     kvr_taint_weight_t pref_out[KVR_API_MAX_TAINTS];
+
+    /* block_mm_infos: per block with objects, its hashes (mm_hash values) in mmh */
+    struct mm_ref {
+        uint32_t block;
+        size_t off, n;
+    } *mm_refs;
+    size_t n_mm_refs, cap_mm_refs;
+    uint64_t *mmh;
+    size_t n_mmh, cap_mmh;
+    uint32_t mm_block;      /* the block the list is at */
+    kvr_block_mm_t *mm_out; /* built at the end (mmh no longer moves) */
+    size_t cap_mm_out;
 
     kvr_api_stats_t stats;
     kvr_yajl_arena_t arena;
@@ -320,6 +348,86 @@ static int check_taint(kvr_api_decoder_t *d, const char *where, const unsigned c
     return 1;
 }
 
+/* ---- block_mm_infos ---- */
+
+/* An mm identifier as the reference maps it: a 64-character hex digest gives its first 16 hex
+ * digits as the u64; any other non-empty string its XXH3-64 (seed 0). */
+static bool mm_id_hash(const unsigned char *s, size_t n, uint64_t *out)
+{
+    if (n == 0)
+        return false;
+    bool hex = n == 64;
+    for (size_t i = 0; hex && i < n; i++)
+        hex = isxdigit(s[i]) != 0;
+    if (!hex) {
+        *out = XXH3_64bits_withSeed(s, n, 0);
+        return true;
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i < 16; i++)
+        v = v << 4 | (uint64_t)(isdigit(s[i]) ? s[i] - '0' : (tolower(s[i]) - 'a' + 10));
+    *out = v;
+    return true;
+}
+
+static int mm_push(kvr_api_decoder_t *d, uint64_t h)
+{
+    if (d->n_mmh >= KVR_API_MAX_MM_HASHES)
+        return fail(d, KVR_ETOOBIG, "%s: more than %d mm_hash values", FIELDS[d->field].path,
+                    KVR_API_MAX_MM_HASHES);
+    if (d->n_mmh == d->cap_mmh &&
+        kvr_grow((void **)&d->mmh, &d->cap_mmh, d->n_mmh + 1, KVR_API_MAX_MM_HASHES,
+                 sizeof *d->mmh) != KVR_OK)
+        return fail(d, KVR_ENOMEM, "%s: out of memory", FIELDS[d->field].path);
+    d->mmh[d->n_mmh++] = h;
+    d->mm_refs[d->n_mm_refs - 1].n++;
+    d->state = S_MM_OKEY;
+    return 1;
+}
+
+/* A block's object opens: its hashes will follow in mmh. */
+static int mm_block_open(kvr_api_decoder_t *d)
+{
+    if (d->n_mm_refs == d->cap_mm_refs &&
+        kvr_grow((void **)&d->mm_refs, &d->cap_mm_refs, d->n_mm_refs + 1, SIZE_MAX,
+                 sizeof *d->mm_refs) != KVR_OK)
+        return fail(d, KVR_ENOMEM, "%s: out of memory", FIELDS[d->field].path);
+    d->mm_refs[d->n_mm_refs++] = (struct mm_ref){d->mm_block, d->n_mmh, 0};
+    d->state = S_MM_BKEY;
+    return 1;
+}
+
+/* A block's object closes: kept when it had hashes; the list moves to the next block. */
+static int mm_block_close(kvr_api_decoder_t *d)
+{
+    if (d->mm_refs[d->n_mm_refs - 1].n == 0)
+        d->n_mm_refs--;
+    if (d->mm_block == UINT32_MAX)
+        return fail(d, KVR_ETOOBIG, "%s: too many blocks", FIELDS[d->field].path);
+    d->mm_block++;
+    d->state = S_MM_LIST;
+    return 1;
+}
+
+/* The decoded list as kvr_block_mm_t entries (pointers into mmh, which no longer moves). */
+static int mm_finish(kvr_api_decoder_t *d, const kvr_block_mm_t **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (d->n_mm_refs == 0)
+        return KVR_OK;
+    if (d->n_mm_refs > d->cap_mm_out &&
+        kvr_grow((void **)&d->mm_out, &d->cap_mm_out, d->n_mm_refs, SIZE_MAX,
+                 sizeof *d->mm_out) != KVR_OK)
+        return fail(d, KVR_ENOMEM, "block_mm_infos: out of memory"), d->status;
+    for (size_t i = 0; i < d->n_mm_refs; i++)
+        d->mm_out[i] = (kvr_block_mm_t){d->mm_refs[i].block, d->mmh + d->mm_refs[i].off,
+                                        d->mm_refs[i].n};
+    *out = d->mm_out;
+    *n = d->n_mm_refs;
+    return KVR_OK;
+}
+
 /* After a value of a known object. */
 static int value_done(kvr_api_decoder_t *d)
 {
@@ -342,6 +450,13 @@ static int unexpected(kvr_api_decoder_t *d)
     if (d->field >= F_N)
         return fail(d, KVR_EPARSE, "internal: unexpected value in state %d", d->state);
     const field_def_t *f = &FIELDS[d->field];
+    if (d->state >= S_MM_LIST && d->state <= S_MM_HASH) {
+        if (d->state == S_MM_HASH)
+            return fail(d, KVR_EINVAL, "%s[%u]: mm_hash must be an integer in [0, 2^64) or an "
+                        "identifier string", f->path, d->mm_block);
+        return fail(d, KVR_EINVAL, "%s[%u]: must be null or {mm_objects: [{mm_hash}]}", f->path,
+                    d->mm_block);
+    }
     if (d->state == S_ARRAY) {
         switch (f->type) {
         case T_TOKENS:
@@ -381,7 +496,14 @@ static int unexpected(kvr_api_decoder_t *d)
     }
 }
 
-static int skipped(void *ctx) { return value_done(ctx); }
+/* A skipped value's end: back where its key was (a known object, or an mm block or object). */
+static int skipped(void *ctx)
+{
+    kvr_api_decoder_t *d = ctx;
+    if (d->state == S_MM_BKEY || d->state == S_MM_OKEY)
+        return 1;
+    return value_done(d);
+}
 
 static int obj_depth(int obj)
 {
@@ -391,7 +513,12 @@ static int obj_depth(int obj)
 static unsigned own_depth(const void *ctx)
 {
     const kvr_api_decoder_t *d = ctx;
-    return (unsigned)obj_depth(d->obj);
+    unsigned extra = d->state == S_MM_LIST   ? 1
+                     : d->state == S_MM_BKEY ? 2
+                     : d->state == S_MM_OBJS ? 3
+                     : d->state == S_MM_OKEY ? 4
+                                             : 0;
+    return (unsigned)obj_depth(d->obj) + extra;
 }
 
 static int too_deep(void *ctx)
@@ -402,9 +529,23 @@ static int too_deep(void *ctx)
 static int on_null(void *ctx)
 {
     kvr_api_decoder_t *d = ctx;
-    if (d->state == S_VALUE)
+    switch (d->state) {
+    case S_VALUE:
         return value_done(d);  /* null = absent; finish() rejects a missing required field */
-    return unexpected(d);
+    case S_MM_LIST:            /* a block without multimodal objects */
+        if (d->mm_block == UINT32_MAX)
+            return fail(d, KVR_ETOOBIG, "%s: too many blocks", FIELDS[d->field].path);
+        d->mm_block++;
+        return 1;
+    case S_MM_OBJS_V:
+        d->state = S_MM_BKEY;
+        return 1;
+    case S_MM_HASH:
+        d->state = S_MM_OKEY;
+        return 1;
+    default:
+        return unexpected(d);
+    }
 }
 
 static int on_boolean(void *ctx, int v)
@@ -454,6 +595,10 @@ static int on_number(void *ctx, const char *s, size_t n)
             return 1;
         }
         break;
+    case S_MM_HASH:
+        if (!kvr_jd_parse_u64(s, n, 0, UINT64_MAX, &v))
+            return unexpected(d);
+        return mm_push(d, v);
     case S_PREF_VALUE:
         if (!parse_double(d, s, n, &x))
             return unexpected(d);
@@ -497,6 +642,14 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
             return 0;
         d->n_taint++;
         return 1;
+    }
+    if (d->state == S_MM_HASH) {
+        uint64_t h;
+        if (!mm_id_hash(s, n, &h)) {
+            d->state = S_MM_OKEY; /* "": no identifier */
+            return 1;
+        }
+        return mm_push(d, h);
     }
     if (d->state != S_VALUE)
         return unexpected(d);
@@ -542,6 +695,11 @@ static int on_start_map(void *ctx)
         d->state = S_KEY;
         d->obj = O_TOP;
         return 1;
+    case S_MM_LIST:
+        return mm_block_open(d);
+    case S_MM_OBJS:
+        d->state = S_MM_OKEY;
+        return 1;
     case S_VALUE:
         if (FIELDS[d->field].type == T_OBJECT) {
             d->present |= (uint64_t)1 << d->field;
@@ -575,10 +733,21 @@ static int on_start_array(void *ctx)
             d->present |= (uint64_t)1 << d->field;
             d->state = S_ARRAY;
             return 1;
+        case T_MM_LIST:
+            if ((d->seen >> F_MM_INFOS & 1) && (d->seen >> F_MMR_INFOS & 1))
+                return fail(d, KVR_EINVAL, "block_mm_infos: given twice (top level and "
+                            "mm_routing_info)");
+            d->present |= (uint64_t)1 << d->field;
+            d->mm_block = 0;
+            d->state = S_MM_LIST;
+            return 1;
         default:
             break;
         }
         break;
+    case S_MM_OBJS_V:
+        d->state = S_MM_OBJS;
+        return 1;
     default:
         break;
     }
@@ -602,6 +771,16 @@ static int on_end(void *ctx)
     case S_PREF_KEY:
         d->obj = O_CONSTRAINTS;
         return value_done(d);
+    case S_MM_LIST:
+        return value_done(d);
+    case S_MM_BKEY:
+        return mm_block_close(d);
+    case S_MM_OBJS:
+        d->state = S_MM_BKEY;
+        return 1;
+    case S_MM_OKEY:
+        d->state = S_MM_OBJS;
+        return 1;
     default:
         return fail(d, KVR_EPARSE, "internal: unexpected end in state %d", d->state);
     }
@@ -610,6 +789,15 @@ static int on_end(void *ctx)
 static int on_map_key(void *ctx, const unsigned char *s, size_t n)
 {
     kvr_api_decoder_t *d = ctx;
+    if (d->state == S_MM_BKEY || d->state == S_MM_OKEY) {
+        bool block = d->state == S_MM_BKEY;
+        const char *want = block ? "mm_objects" : "mm_hash";
+        if (strlen(want) == n && memcmp(want, s, n) == 0)
+            d->state = block ? S_MM_OBJS_V : S_MM_HASH;
+        else
+            kvr_jd_skip_next(&d->skip); /* offsets and the like: not hashed */
+        return 1;
+    }
     if (d->state == S_KEY) {
         unsigned kb = KB(d->kind);
         for (int f = 0; f < F_N; f++) {
@@ -688,6 +876,9 @@ void kvr_api_decoder_free(kvr_api_decoder_t *d)
     free(d->ids_buf);
     free(d->str_buf);
     free(d->num_buf);
+    free(d->mm_refs);
+    free(d->mmh);
+    free(d->mm_out);
     kvr_yajl_arena_deinit(&d->arena);
     free(d);
 }
@@ -718,6 +909,9 @@ static void reset(kvr_api_decoder_t *d, int kind)
     d->str_len = 0;
     d->n_taint = 0;
     d->n_pref = 0;
+    d->n_mm_refs = 0;
+    d->n_mmh = 0;
+    d->mm_block = 0;
     d->tok_open_at = SIZE_MAX;
 }
 
@@ -882,6 +1076,8 @@ static int finish_route(kvr_api_decoder_t *d, kvr_api_route_t *out)
     out->has_track_prefill_tokens = has(d, F_OV_TRACK);
     out->track_prefill_tokens = out->has_track_prefill_tokens && d->bval[F_OV_TRACK];
     out->model = str_of(d, F_W_MODEL, &out->model_len);
+    if (mm_finish(d, &out->mm, &out->n_mm) != KVR_OK)
+        return d->status;
     if (has(d, F_SESSION)) {
         if (require(d, F_SESS_ID) != KVR_OK)
             return d->status;
@@ -967,6 +1163,8 @@ static int finish_router(kvr_api_decoder_t *d, kvr_api_router_t *out)
         out->n_required = d->n_taint;
         out->preferred_taints = d->n_pref > 0 ? d->pref_out : NULL;
         out->n_preferred = d->n_pref;
+        if (mm_finish(d, &out->mm, &out->n_mm) != KVR_OK)
+            return d->status;
     }
     return KVR_OK;
 }
@@ -1058,6 +1256,33 @@ static void key_double(kvr_json_writer_t *w, const char *k, double v)
 {
     kvr_json_key(w, k);
     kvr_json_double(w, v);
+}
+
+/* block_mm_infos: null for the blocks without objects, up to the last block with one. */
+static void mm_list(kvr_json_writer_t *w, const kvr_block_mm_t *mm, size_t n)
+{
+    if (n == 0)
+        return;
+    kvr_json_key(w, "block_mm_infos");
+    kvr_json_begin_array(w);
+    uint32_t b = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (; b < mm[i].block; b++)
+            kvr_json_null(w);
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "mm_objects");
+        kvr_json_begin_array(w);
+        for (size_t k = 0; k < mm[i].n_hashes; k++) {
+            kvr_json_begin_object(w);
+            kvr_json_key(w, "mm_hash");
+            kvr_json_u64(w, mm[i].hashes[k]);
+            kvr_json_end_object(w);
+        }
+        kvr_json_end_array(w);
+        kvr_json_end_object(w);
+        b = mm[i].block + 1;
+    }
+    kvr_json_end_array(w);
 }
 
 static void key_str(kvr_json_writer_t *w, const char *k, const char *s, size_t n)
@@ -1158,6 +1383,7 @@ int kvr_api_encode_route(kvr_json_writer_t *w, const kvr_api_route_t *r)
         kvr_json_end_object(w);
     }
     key_str(w, "model", r->model, r->model_len);
+    mm_list(w, r->mm, r->n_mm);
     if (r->session_id != NULL) {
         kvr_json_key(w, "session_control");
         kvr_json_begin_object(w);
@@ -1227,6 +1453,7 @@ int kvr_api_encode_router(kvr_json_writer_t *w, const kvr_api_router_t *r)
         key_double(w, "priority_jump", r->priority_jump);
         key_u64(w, "strict_priority", r->strict_priority);
         constraints(w, r->required_taints, r->n_required, r->preferred_taints, r->n_preferred);
+        mm_list(w, r->mm, r->n_mm);
     }
     return kvr_json_end_object(w);
 }

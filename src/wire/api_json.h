@@ -67,6 +67,7 @@
 #define KVR_API_MAX_TOKENS ((size_t)4 << 20)
 #define KVR_API_MAX_ALLOWED_IDS ((size_t)4096)
 #define KVR_API_MAX_TAINTS 64
+#define KVR_API_MAX_MM_HASHES 4096 /* block_mm_infos' mm_hash values, in all */
 #define KVR_API_MAX_TAINT_BYTES 128
 #define KVR_API_MAX_REQUEST_ID_BYTES 256
 #define KVR_API_MAX_NAME_BYTES 1024  /* lora_name, cache_namespace */
@@ -109,6 +110,8 @@ typedef struct kvr_api_route {
     kvr_select_override_t ovr;            /* router_temperature -> ovr.temperature */
     bool has_assume_kv_reuse, assume_kv_reuse;
     bool has_track_prefill_tokens, track_prefill_tokens;
+    const kvr_block_mm_t *mm; /* block_mm_infos (or mm_routing_info's): the blocks with */
+    size_t n_mm;              /* multimodal objects, ascending; NULL / 0 when none */
     const char *model; /* the model pool; NULL when absent (any worker) */
     size_t model_len;
     const char *session_id; /* session_control.session_id; NULL = none */
@@ -185,6 +188,8 @@ typedef struct kvr_api_router {
     size_t n_required;
     const kvr_taint_weight_t *preferred_taints;
     size_t n_preferred;
+    const kvr_block_mm_t *mm; /* new: block_mm_infos (as kvr_api_route_t.mm) */
+    size_t n_mm;
 } kvr_api_router_t;
 
 /* The /v1/route answer. */

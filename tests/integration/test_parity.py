@@ -424,6 +424,42 @@ def scenario_models():
         mb.stop()
 
 
+def scenario_multimodal():
+    """Two requests with the same (placeholder) tokens and different images must not share
+    blocks: the blocks an image covers are hashed with its mm_hash (block_mm_infos on /v1/route
+    and /router, as the reference hashes them). Approximate mode learns from the first request;
+    the same image then overlaps fully, another image only up to its block. Before, the field
+    was ignored and both overlapped fully."""
+    r = serve("--router-mode", "approx", "--worker", "id=1", "--worker", "id=2")
+    try:
+        toks = tokens_for(91, 4)
+        def mm(h):  # the image covers blocks 1 and 2
+            return [None, {"mm_objects": [{"mm_hash": h, "offsets": [[0, 16]]}]},
+                    {"mm_objects": [{"mm_hash": h}]}, None]
+        st, a = r.call("POST", "/v1/route", {"tokens": toks, "request_id": "img-a",
+                                             "block_mm_infos": mm(1111)})
+        check("mm: routed", st == 200, (st, a))
+        def overlap(body):
+            body = dict(body, tokens=toks, update_state=False,
+                        pinned_worker={"worker_id": a["worker_id"], "dp_rank": 0})
+            st, x = r.call("POST", "/v1/route", body)
+            return x.get("overlap_blocks") if st == 200 else (st, x)
+        check("mm: the same image overlaps fully", overlap({"block_mm_infos": mm(1111)}) == 4)
+        check("mm: another image shares only the block before it",
+              overlap({"block_mm_infos": mm(2222)}) == 1, overlap({"block_mm_infos": mm(2222)}))
+        check("mm: mm_routing_info carries the same list",
+              overlap({"mm_routing_info": {"block_mm_infos": mm(1111)}}) == 4)
+        check("mm: no image info is not the same prompt",
+              overlap({}) == 1, overlap({}))
+        r.call("DELETE", "/v1/requests/img-a")  # equal loads: the cached prefix decides
+        st, t = r.call("POST", "/router", {"method": "new", "tokens": toks,
+                                           "block_mm_infos": mm(1111)})
+        check("mm: /router new takes block_mm_infos",
+              st == 200 and t.get("overlap_blocks") == 4, (st, t))
+    finally:
+        r.stop()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -437,6 +473,7 @@ def main():
         scenario_eagle(ctx)
         scenario_sessions()
         scenario_models()
+        scenario_multimodal()
     finally:
         kill_children()
         ctx.term()
