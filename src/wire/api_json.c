@@ -49,17 +49,17 @@ enum kind { K_ROUTE, K_OUTPUT_BLOCK, K_QUERY, K_LOADS, K_WORKER, K_ROUTER, K_N }
 enum obj { O_TOP, O_PINNED, O_CONSTRAINTS, O_OVERRIDE, O_SESSION, O_MMR };
 
 enum type {
-    T_TOKENS,     /* array of u32 */
-    T_IDS,        /* array of u64 */
-    T_TAINTS,     /* array of taint strings */
-    T_OBJECT,     /* a known nested object (child obj in lo) */
-    T_TAINT_MAP,  /* {"taint": weight} */
-    T_STRING,     /* length in [lo, hi]; lo == 0: "" reads as absent */
-    T_METHOD,     /* /router method name */
+    T_TOKENS,    /* array of u32 */
+    T_IDS,       /* array of u64 */
+    T_TAINTS,    /* array of taint strings */
+    T_OBJECT,    /* a known nested object (child obj in lo) */
+    T_TAINT_MAP, /* {"taint": weight} */
+    T_STRING,    /* length in [lo, hi]; lo == 0: "" reads as absent */
+    T_METHOD,    /* /router method name */
     T_BOOL,
-    T_INT,        /* integer in [lo, hi] */
-    T_DOUBLE,     /* finite, range in rng */
-    T_MM_LIST,    /* block_mm_infos: [null | {"mm_objects": [{"mm_hash": u64 | id}]}] */
+    T_INT,     /* integer in [lo, hi] */
+    T_DOUBLE,  /* finite, range in rng */
+    T_MM_LIST, /* block_mm_infos: [null | {"mm_objects": [{"mm_hash": u64 | id}]}] */
 };
 
 enum range { R_FINITE, R_NONNEG, R_UNIT };
@@ -267,7 +267,7 @@ struct kvr_api_decoder {
     struct mm_ref {
         uint32_t block;
         size_t off, n;
-    } *mm_refs;
+    } * mm_refs;
     size_t n_mm_refs, cap_mm_refs;
     uint64_t *mmh;
     size_t n_mmh, cap_mmh;
@@ -375,9 +375,8 @@ static int mm_push(kvr_api_decoder_t *d, uint64_t h)
     if (d->n_mmh >= KVR_API_MAX_MM_HASHES)
         return fail(d, KVR_ETOOBIG, "%s: more than %d mm_hash values", FIELDS[d->field].path,
                     KVR_API_MAX_MM_HASHES);
-    if (d->n_mmh == d->cap_mmh &&
-        kvr_grow((void **)&d->mmh, &d->cap_mmh, d->n_mmh + 1, KVR_API_MAX_MM_HASHES,
-                 sizeof *d->mmh) != KVR_OK)
+    if (d->n_mmh == d->cap_mmh && kvr_grow((void **)&d->mmh, &d->cap_mmh, d->n_mmh + 1,
+                                           KVR_API_MAX_MM_HASHES, sizeof *d->mmh) != KVR_OK)
         return fail(d, KVR_ENOMEM, "%s: out of memory", FIELDS[d->field].path);
     d->mmh[d->n_mmh++] = h;
     d->mm_refs[d->n_mm_refs - 1].n++;
@@ -416,13 +415,12 @@ static int mm_finish(kvr_api_decoder_t *d, const kvr_block_mm_t **out, size_t *n
     *n = 0;
     if (d->n_mm_refs == 0)
         return KVR_OK;
-    if (d->n_mm_refs > d->cap_mm_out &&
-        kvr_grow((void **)&d->mm_out, &d->cap_mm_out, d->n_mm_refs, SIZE_MAX,
-                 sizeof *d->mm_out) != KVR_OK)
+    if (d->n_mm_refs > d->cap_mm_out && kvr_grow((void **)&d->mm_out, &d->cap_mm_out, d->n_mm_refs,
+                                                 SIZE_MAX, sizeof *d->mm_out) != KVR_OK)
         return fail(d, KVR_ENOMEM, "block_mm_infos: out of memory"), d->status;
     for (size_t i = 0; i < d->n_mm_refs; i++)
-        d->mm_out[i] = (kvr_block_mm_t){d->mm_refs[i].block, d->mmh + d->mm_refs[i].off,
-                                        d->mm_refs[i].n};
+        d->mm_out[i] =
+            (kvr_block_mm_t){d->mm_refs[i].block, d->mmh + d->mm_refs[i].off, d->mm_refs[i].n};
     *out = d->mm_out;
     *n = d->n_mm_refs;
     return KVR_OK;
@@ -452,8 +450,10 @@ static int unexpected(kvr_api_decoder_t *d)
     const field_def_t *f = &FIELDS[d->field];
     if (d->state >= S_MM_LIST && d->state <= S_MM_HASH) {
         if (d->state == S_MM_HASH)
-            return fail(d, KVR_EINVAL, "%s[%u]: mm_hash must be an integer in [0, 2^64) or an "
-                        "identifier string", f->path, d->mm_block);
+            return fail(d, KVR_EINVAL,
+                        "%s[%u]: mm_hash must be an integer in [0, 2^64) or an "
+                        "identifier string",
+                        f->path, d->mm_block);
         return fail(d, KVR_EINVAL, "%s[%u]: must be null or {mm_objects: [{mm_hash}]}", f->path,
                     d->mm_block);
     }
@@ -735,7 +735,8 @@ static int on_start_array(void *ctx)
             return 1;
         case T_MM_LIST:
             if ((d->seen >> F_MM_INFOS & 1) && (d->seen >> F_MMR_INFOS & 1))
-                return fail(d, KVR_EINVAL, "block_mm_infos: given twice (top level and "
+                return fail(d, KVR_EINVAL,
+                            "block_mm_infos: given twice (top level and "
                             "mm_routing_info)");
             d->present |= (uint64_t)1 << d->field;
             d->mm_block = 0;

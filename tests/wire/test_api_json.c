@@ -297,22 +297,27 @@ static void test_route_all_fields(void **state)
     r = &ok(K_ROUTE, "{\"tokens\":[1,2,3],\"block_mm_infos\":[null,{\"mm_objects\":["
                      "{\"mm_hash\":42,\"offsets\":[[0,3]]},{\"mm_hash\":\"img-a\"}],\"x\":1},"
                      "{\"mm_objects\":[]},{\"mm_objects\":[{\"mm_hash\":\"0123456789abcdef"
-                     "0123456789abcdef0123456789abcdef0123456789abcdef\"}]}]}")->route;
+                     "0123456789abcdef0123456789abcdef0123456789abcdef\"}]}]}")
+             ->route;
     assert_int_equal(r->n_mm, 2);
     assert_int_equal(r->mm[0].block, 1);
     assert_int_equal(r->mm[0].n_hashes, 2);
-    assert_true(r->mm[0].hashes[0] == 42 && r->mm[0].hashes[1] == XXH3_64bits_withSeed("img-a", 5, 0));
+    assert_true(r->mm[0].hashes[0] == 42 &&
+                r->mm[0].hashes[1] == XXH3_64bits_withSeed("img-a", 5, 0));
     assert_int_equal(r->mm[1].block, 3);
     assert_true(r->mm[1].n_hashes == 1 && r->mm[1].hashes[0] == UINT64_C(0x0123456789abcdef));
     r = &ok(K_ROUTE, "{\"tokens\":[1],\"mm_routing_info\":{\"block_mm_infos\":[{\"mm_objects\":"
-                     "[{\"mm_hash\":7}]}]}}")->route;
+                     "[{\"mm_hash\":7}]}]}}")
+             ->route;
     assert_true(r->n_mm == 1 && r->mm[0].block == 0 && r->mm[0].hashes[0] == 7);
     err(K_ROUTE, "{\"tokens\":[1],\"block_mm_infos\":[{\"mm_objects\":[{\"mm_hash\":-1}]}]}",
-        KVR_EINVAL, "block_mm_infos[0]: mm_hash must be an integer in [0, 2^64) or an identifier "
-                    "string");
+        KVR_EINVAL,
+        "block_mm_infos[0]: mm_hash must be an integer in [0, 2^64) or an identifier "
+        "string");
     err(K_ROUTE, "{\"tokens\":[1],\"block_mm_infos\":[7]}", KVR_EINVAL,
         "block_mm_infos[0]: must be null or {mm_objects: [{mm_hash}]}");
-    err(K_ROUTE, "{\"tokens\":[1],\"block_mm_infos\":[],\"mm_routing_info\":{\"block_mm_infos\":[]}}",
+    err(K_ROUTE,
+        "{\"tokens\":[1],\"block_mm_infos\":[],\"mm_routing_info\":{\"block_mm_infos\":[]}}",
         KVR_EINVAL, "block_mm_infos: given twice (top level and mm_routing_info)");
     any_t *ra = ok(K_ROUTER, "{\"method\":\"new\",\"tokens\":[1,2],\"block_mm_infos\":"
                              "[{\"mm_objects\":[{\"mm_hash\":9}]}]}");
