@@ -115,6 +115,11 @@ bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id);
  * request naming it as its model (as vLLM's OpenAI server takes adapters) is an adapter
  * request, routed to the workers serving it and hashed with it as the lora_name. */
 bool kvr_router_is_adapter(const kvr_router_t *r, const char *name, size_t len);
+/* The adapters a worker's engine lists (its /v1/models entries with a parent), ';'-separated:
+ * routed to as if registered (loras=), kept apart from the registration. KVR_ENOTFOUND if
+ * the worker is unknown; a list longer than KVR_LORAS_BYTES keeps the whole names that fit. */
+int kvr_router_set_learned_loras(kvr_router_t *r, uint64_t worker_id, const char *loras);
+const char *kvr_router_learned_loras(const kvr_router_t *r, uint64_t worker_id);
 /* Sticky sessions' counters (core/session.c; all 0 with sessions off). */
 typedef struct kvr_session_stats {
     uint64_t live;    /* gauge */

@@ -30,6 +30,7 @@ typedef struct wentry {
     const char *taint_ptrs[KVR_MAX_TAINTS];
     bool fenced;
     kvr_rank_status_t *rs; /* dp_size entries */
+    char learned[KVR_LORAS_BYTES]; /* adapters its engine lists (/v1/models), ';'-separated */
 } wentry_t;
 
 struct kvr_router {
@@ -63,6 +64,8 @@ struct kvr_router {
     uint64_t rr;
     kvr_router_stats_t st;
 };
+
+static bool pooled(const struct wentry *w);
 
 static uint64_t mono_ns(void)
 {
@@ -574,7 +577,7 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
         r->n_w--;
         return rc;
     }
-    r->n_pooled += w->model[0] != '\0' || w->loras[0] != '\0';
+    r->n_pooled += pooled(we);
     return rc;
 }
 
@@ -584,7 +587,7 @@ int kvr_router_remove_worker(kvr_router_t *r, uint64_t worker_id)
     if (i < 0)
         return KVR_ENOTFOUND;
     free(r->w[i].rs);
-    r->n_pooled -= r->w[i].spec.model[0] != '\0' || r->w[i].spec.loras[0] != '\0';
+    r->n_pooled -= pooled(&r->w[i]);
     memmove(&r->w[i], &r->w[i + 1], (r->n_w - (size_t)i - 1) * sizeof *r->w);
     r->n_w--;
     for (size_t k = (size_t)i; k < r->n_w; k++)
@@ -639,9 +642,9 @@ static bool model_is(const kvr_worker_spec_t *s, const char *m, size_t n)
     return strlen(s->model) == n && memcmp(s->model, m, n) == 0;
 }
 
-static bool serves_lora(const kvr_worker_spec_t *s, const char *l, size_t n)
+static bool in_list(const char *list, const char *l, size_t n)
 {
-    for (const char *p = s->loras; *p != '\0';) {
+    for (const char *p = list; *p != '\0';) {
         const char *e = strchr(p, ';');
         size_t len = e ? (size_t)(e - p) : strlen(p);
         if (len == n && memcmp(p, l, n) == 0)
@@ -649,6 +652,43 @@ static bool serves_lora(const kvr_worker_spec_t *s, const char *l, size_t n)
         p += len + (e ? 1 : 0);
     }
     return false;
+}
+
+/* The worker serves the adapter: registered with it, or its engine lists it. */
+static bool serves_lora(const wentry_t *w, const char *l, size_t n)
+{
+    return in_list(w->spec.loras, l, n) || in_list(w->learned, l, n);
+}
+
+/* The worker takes part in model pools (a model, or adapters registered or learned). */
+static bool pooled(const struct wentry *w)
+{
+    return w->spec.model[0] != '\0' || w->spec.loras[0] != '\0' || w->learned[0] != '\0';
+}
+
+int kvr_router_set_learned_loras(kvr_router_t *r, uint64_t worker_id, const char *loras)
+{
+    long i = worker_pos(r, worker_id);
+    if (i < 0)
+        return KVR_ENOTFOUND;
+    wentry_t *w = &r->w[i];
+    r->n_pooled -= pooled(w);
+    size_t n = strlen(loras);
+    if (n >= sizeof w->learned) { /* keep the whole names that fit */
+        n = sizeof w->learned - 1;
+        while (n > 0 && loras[n] != ';')
+            n--;
+    }
+    memcpy(w->learned, loras, n);
+    w->learned[n] = '\0';
+    r->n_pooled += pooled(w);
+    return KVR_OK;
+}
+
+const char *kvr_router_learned_loras(const kvr_router_t *r, uint64_t worker_id)
+{
+    long i = worker_pos(r, worker_id);
+    return i < 0 ? "" : r->w[i].learned;
 }
 
 /* The worker whose settings the request's prompt is hashed with: its model's first worker,
@@ -680,7 +720,7 @@ bool kvr_router_is_adapter(const kvr_router_t *r, const char *name, size_t len)
     for (size_t i = 0; i < r->n_w; i++) {
         if (model_is(&r->w[i].spec, name, len))
             return false;
-        adapter = adapter || serves_lora(&r->w[i].spec, name, len);
+        adapter = adapter || serves_lora(&r->w[i], name, len);
     }
     return adapter;
 }
@@ -706,10 +746,10 @@ static int resolve_pool(kvr_router_t *r, const kvr_route_req_t *q, const char **
     for (size_t i = 0; i < r->n_w; i++) {
         const kvr_worker_spec_t *s = &r->w[i].spec;
         bool m = !named || s->model[0] == '\0' || model_is(s, q->model, q->model_len) ||
-                 serves_lora(s, q->model, q->model_len); /* the model is one of its adapters */
+                 serves_lora(&r->w[i], q->model, q->model_len); /* one of its adapters */
         r->wfit[i] = m;
         n_model += m;
-        n_lora += m && lora && serves_lora(s, q->lora_name, q->lora_name_len);
+        n_lora += m && lora && serves_lora(&r->w[i], q->lora_name, q->lora_name_len);
     }
     r->cur_bs = pool_bs(r, pool_ref(r, q));
     if (named && n_model == 0 && r->n_w > 0) {
@@ -722,7 +762,7 @@ static int resolve_pool(kvr_router_t *r, const kvr_route_req_t *q, const char **
     }
     if (n_lora > 0) /* only the workers that declare the adapter */
         for (size_t i = 0; i < r->n_w; i++)
-            r->wfit[i] = r->wfit[i] && serves_lora(&r->w[i].spec, q->lora_name, q->lora_name_len);
+            r->wfit[i] = r->wfit[i] && serves_lora(&r->w[i], q->lora_name, q->lora_name_len);
     return KVR_OK;
 }
 

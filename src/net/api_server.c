@@ -549,6 +549,8 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
     kvr_json_u64(w, sp->block_size ? sp->block_size : s->cfg.block_size);
     kvr_json_key(w, "loras");
     kvr_json_string(w, sp->loras);
+    kvr_json_key(w, "learned_loras");
+    kvr_json_string(w, kvr_router_learned_loras(s->r, sp->worker_id));
     kvr_json_key(w, "taints");
     kvr_json_begin_array(w);
     for (size_t t = 0; t < sp->n_taints; t++)

@@ -133,12 +133,25 @@ static bool parse_models(upool_t *u, const char *b, size_t len)
     size_t k = 0;
     static const char *id_p[] = {"id", NULL}, *own_p[] = {"owned_by", NULL};
     static const char *cr_p[] = {"created", NULL}, *mml_p[] = {"max_model_len", NULL};
+    static const char *par_p[] = {"parent", NULL};
+    char learned[KVR_LORAS_BYTES] = ""; /* its adapters: entries with a parent (vLLM) */
+    size_t n_learned = 0;
     for (size_t i = 0; ms != NULL && i < n; i++) {
         yajl_val m = YAJL_GET_ARRAY(data)->values[i];
         yajl_val id = yajl_tree_get(m, id_p, yajl_t_string);
         const char *ids = id != NULL ? YAJL_GET_STRING(id) : NULL;
         if (ids == NULL || !kvr_json_utf8_valid(ids, strlen(ids)))
             continue;
+        yajl_val par = yajl_tree_get(m, par_p, yajl_t_string);
+        const char *pars = par != NULL ? YAJL_GET_STRING(par) : NULL;
+        size_t idl = strlen(ids);
+        if (pars != NULL && pars[0] != '\0' && strcmp(pars, ids) != 0 && idl > 0 &&
+            strchr(ids, ';') == NULL && n_learned + idl + 2 < sizeof learned) {
+            if (n_learned > 0)
+                learned[n_learned++] = ';';
+            memcpy(learned + n_learned, ids, idl + 1);
+            n_learned += idl;
+        }
         yajl_val own = yajl_tree_get(m, own_p, yajl_t_string);
         yajl_val cr = yajl_tree_get(m, cr_p, yajl_t_number);
         yajl_val mml = yajl_tree_get(m, mml_p, yajl_t_number);
@@ -165,6 +178,7 @@ static bool parse_models(upool_t *u, const char *b, size_t len)
     free(u->models);
     u->models = ms;
     u->n_models = k;
+    (void)kvr_router_set_learned_loras(u->fe->r, u->worker_id, learned);
     return true;
 }
 
@@ -222,6 +236,12 @@ static void models_refresh(kvr_frontend_t *fe)
     }
     if (--fe->models_pending == 0)
         models_round_done(fe);
+}
+
+void fe_models_tick(kvr_frontend_t *fe)
+{
+    if (fe->models_pending == 0 && kvr_now_ms() - fe->models_at_ms >= FE_ADAPTERS_REFRESH_MS)
+        models_refresh(fe); /* the adapters each engine serves, for routing */
 }
 
 void fe_h_models(kvr_frontend_t *fe, struct evhttp_request *req)

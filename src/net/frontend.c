@@ -1119,6 +1119,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     sweep_clients(fe);
     fe_pool_upkeep(fe);
     count_urlless(fe);
+    fe_models_tick(fe);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1171,6 +1172,7 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
     }
     kvr_json_writer_init(&fe->w);
     kvr_hist_init(&fe->h_forward, FORWARD_BUCKETS, N_FORWARD_BUCKETS);
+    fe->models_at_ms = kvr_now_ms(); /* the first background round after FE_ADAPTERS_REFRESH_MS */
     size_t max_tokens = cfg->router_max_prompt_tokens < KVR_OAI_MAX_TOKENS
                             ? (size_t)cfg->router_max_prompt_tokens : KVR_OAI_MAX_TOKENS;
     kvr_oai_options_t oo = {.max_tokens = max_tokens,

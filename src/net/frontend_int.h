@@ -28,6 +28,7 @@
 
 #define FE_TICK_US 100000
 #define FE_MODELS_TTL_MS 5000
+#define FE_ADAPTERS_REFRESH_MS 30000 /* every worker's /v1/models, for the adapters it lists */
 #define FE_MODELS_TIMEOUT_S 2
 #define FE_MODELS_MAX_BYTES ((size_t)1 << 20)
 #define FE_MAX_MODELS 256           /* per worker */
@@ -273,6 +274,10 @@ bool fe_inject_worker(const fe_req_t *p, const char *json, size_t len, struct ev
 bool fe_tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq);
 /* Asks the next untried worker to tokenize p's prompt (fe_ids_ready when it answers). */
 void fe_start_tokenize(fe_req_t *p);
+
+/* ---- fe_models.c: GET /v1/models; the adapters each engine lists ------------------------ */
+/* Asks every worker for its models when the last round is FE_ADAPTERS_REFRESH_MS old. */
+void fe_models_tick(kvr_frontend_t *fe);
 
 /* ---- fe_reqmetrics.c: per-model request histograms --------------------------------------- */
 int fe_reqm_init(kvr_frontend_t *fe);

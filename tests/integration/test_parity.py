@@ -131,14 +131,17 @@ class CaptureWorker:
     """An engine's OpenAI server as far as the front end needs one: /health, and completions
     answered at once; it keeps every request body it was sent."""
 
-    def __init__(self):
+    def __init__(self, models=()):
         bodies = self.bodies = []
+        listing = json.dumps({"object": "list", "data": [
+            {"id": mid, "object": "model", "created": 1, "owned_by": "vllm", "root": mid,
+             "parent": parent} for mid, parent in models]}).encode()
 
         class H(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_GET(self):
-                self.answer(200, b"{}")
+                self.answer(200, listing if self.path.endswith("/v1/models") else b"{}")
 
             def do_POST(self):
                 bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
@@ -460,6 +463,32 @@ def scenario_multimodal():
         r.stop()
 
 
+def scenario_learned_adapters():
+    """The adapters an engine lists in its /v1/models (entries with a parent, as vLLM lists
+    LoRA modules) are routed to as if registered: a request naming one goes to that engine."""
+    ws = [CaptureWorker([("m", None), ("sql-lora", "m")]), CaptureWorker([("m", None)])]
+    r = serve("--worker", f"id=1,url={ws[0].url},model=m", "--worker", f"id=2,url={ws[1].url},model=m")
+    try:
+        st, ml = r.call("GET", "/v1/models")  # a round of /v1/models (also every 30 s)
+        check("learned adapters: listed", st == 200 and
+              sorted(m["id"] for m in ml["data"]) == ["m", "sql-lora"], (st, ml))
+        st, w = r.call("GET", "/v1/workers")
+        learned = {x["worker_id"]: x["learned_loras"] for x in w["workers"]}
+        check("learned adapters: /v1/workers shows them", learned == {1: "sql-lora", 2: ""},
+              learned)
+        got = set()
+        for i in range(6):
+            st, a, h = r.call_h("POST", "/v1/completions", {"model": "sql-lora", "max_tokens": 1,
+                                                            "prompt": tokens_for(100 + i, 2)})
+            got.add((st, h.get("x-kvrouter-worker-id")))
+        check("learned adapters: requests for it go to the engine serving it",
+              got == {(200, "1")}, got)
+    finally:
+        r.stop()
+        for w in ws:
+            w.close()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -474,6 +503,7 @@ def main():
         scenario_sessions()
         scenario_models()
         scenario_multimodal()
+        scenario_learned_adapters()
     finally:
         kill_children()
         ctx.term()
