@@ -501,8 +501,12 @@ static void test_model_pools_and_adapters(void **s)
     /* adapters an engine lists (learned) count as declared, kept apart from the registration */
     assert_int_equal(kvr_router_set_learned_loras(f.r, 1, "tuned"), KVR_OK);
     assert_string_equal(kvr_router_learned_loras(f.r, 1), "tuned");
-    q = (kvr_route_req_t){.tokens = toks, .n_tokens = 256, .model = "a", .model_len = 1,
-                          .lora_name = "tuned", .lora_name_len = 5};
+    q = (kvr_route_req_t){.tokens = toks,
+                          .n_tokens = 256,
+                          .model = "a",
+                          .model_len = 1,
+                          .lora_name = "tuned",
+                          .lora_name_len = 5};
     for (int k = 0; k < 4; k++) {
         assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
         assert_int_equal(res.worker.worker_id, 1);
