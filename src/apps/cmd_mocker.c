@@ -33,6 +33,11 @@ static void usage(FILE *out)
             "  --port P                      HTTP port, 0 = any free port [8000]\n"
             "  --model NAME                  served model name (also positional) [kvrouter-mocker]\n"
             "  --served-model-name NAME      overrides --model for the API\n"
+            "  --lora-modules NAME[=PATH],.. LoRA adapters served (repeatable; the path is not\n"
+            "                                read): listed in /v1/models with the model as\n"
+            "                                parent, taken as a request's model, their blocks\n"
+            "                                their own, their KV events naming them\n"
+            "  --enable-lora                 accepted (vLLM needs it with --lora-modules)\n"
             "  --block-size N                tokens per KV block [16]\n"
             "  --num-gpu-blocks N            KV blocks per rank (alias --num-gpu-blocks-override) [16384]\n"
             "  --max-num-seqs N              requests in a batch [256]\n"
@@ -66,6 +71,28 @@ typedef struct mocker_args {
 
 static const char *const LOG_LEVELS[] = {"debug", "info", "warn", "error"};
 static const char *const EVENT_FORMATS[] = {"array", "map"};
+
+/* --lora-modules NAME[=PATH][,NAME[=PATH]...]: the names, appended to list (';'-separated). */
+static int add_loras(const kvr_cli_t *c, const char *v, char *list, size_t cap)
+{
+    if (v == NULL || *v == '\0')
+        return kvr_cli_bad(c, v, "a value is required");
+    for (const char *p = v; *p != '\0';) {
+        const char *comma = strchr(p, ',');
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        const char *eq = memchr(p, '=', n);
+        size_t name = eq ? (size_t)(eq - p) : n;
+        size_t used = strlen(list);
+        if (name == 0 || memchr(p, ';', name) != NULL || used + name + 2 > cap)
+            return kvr_cli_bad(c, v, "NAME[=PATH] entries, names without ';', 1023 bytes in all");
+        if (used > 0)
+            list[used++] = ';';
+        memcpy(list + used, p, name);
+        list[used + name] = '\0';
+        p += n + (comma ? 1 : 0);
+    }
+    return 0;
+}
 
 /* --model NAME or a positional model: ignored (but checked) once --served-model-name is set. */
 static int set_model(kvr_cli_t *c, const char *v, mocker_args_t *a)
@@ -109,6 +136,10 @@ static int parse_option(kvr_cli_t *c, void *arg)
         a->served_name_set = true;
         return kvr_cli_copy(c, kvr_cli_value(c), m->model, sizeof m->model);
     }
+    if (kvr_cli_is(c, "--lora-modules"))
+        return add_loras(c, kvr_cli_value(c), m->loras, sizeof m->loras);
+    if (strcmp(c->argv[c->i], "--enable-lora") == 0)
+        return 0;
     if (kvr_cli_is(c, "--data-parallel-size") || kvr_cli_is(c, "-dp"))
         return kvr_cli_u32(c, kvr_cli_value(c), 1, UINT32_MAX, &m->dp_size);
     if (kvr_cli_is(c, "--vocab-size"))

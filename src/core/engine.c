@@ -355,6 +355,7 @@ int kvr_engine_add(kvr_engine_t *e, const kvr_engine_request_t *req)
     r->cached_tokens = -1;
     r->prompt_key = kvr_xxh3(r->tokens, (size_t)r->n_prompt * sizeof *r->tokens, e->cfg.seed);
     kvr_kvcache_seq_init(&r->seq);
+    r->seq.lora_name = req->lora_name;
     r->state = REQ_WAITING;
     id_put(e, r);
     e->n_live++;
@@ -392,7 +393,9 @@ static void ensure_hashed(kvr_engine_t *e, eng_req_t *r, uint32_t n_full)
     uint32_t bs = e->cfg.block_size;
     for (uint32_t b = r->n_hashed; b < n_full; b++) {
         uint64_t lbh;
-        kvr_hash_blocks(&r->tokens[(size_t)b * bs], bs, bs, NULL, &lbh, 1);
+        kvr_hash_opts_t o = {.lora_name = r->seq.lora_name,
+                             .lora_name_len = r->seq.lora_name ? strlen(r->seq.lora_name) : 0};
+        kvr_hash_blocks(&r->tokens[(size_t)b * bs], bs, bs, &o, &lbh, 1);
         r->hashes[b] = b == 0 ? lbh : kvr_hash_chain_next(r->hashes[b - 1], lbh);
     }
     if (n_full > r->n_hashed)

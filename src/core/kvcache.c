@@ -460,8 +460,9 @@ static int check_commit(kvr_kvcache_t *kc, const kvr_kvcache_seq_t *seq,
     return rc;
 }
 
-static void emit_stored(const kvr_kvcache_t *kc, const uint64_t *seq_hashes,
-                        const uint32_t *tokens, size_t start, size_t end)
+static void emit_stored(const kvr_kvcache_t *kc, const kvr_kvcache_seq_t *seq,
+                        const uint64_t *seq_hashes, const uint32_t *tokens, size_t start,
+                        size_t end)
 {
     if (start == end)
         return;
@@ -472,6 +473,7 @@ static void emit_stored(const kvr_kvcache_t *kc, const uint64_t *seq_hashes,
         .has_parent = start > 0,
         .parent = start > 0 ? seq_hashes[start - 1] : 0,
         .tokens = &tokens[start * kc->cfg.block_size],
+        .lora_name = seq->lora_name,
     };
     emit(kc, &ev);
 }
@@ -516,7 +518,7 @@ int kvr_kvcache_commit(kvr_kvcache_t *kc, kvr_kvcache_seq_t *seq, const uint64_t
     for (size_t i = seq->n_full; i < n_full; i++) {
         uint32_t b = tab_find(kc, seq_hashes[i]);
         if (b != NONE) {
-            emit_stored(kc, seq_hashes, tokens, run, i);
+            emit_stored(kc, seq, seq_hashes, tokens, run, i);
             share_block(kc, seq, i, b);
             run = i + 1;
         } else {
@@ -524,7 +526,7 @@ int kvr_kvcache_commit(kvr_kvcache_t *kc, kvr_kvcache_seq_t *seq, const uint64_t
         }
         seq->n_full = (uint32_t)(i + 1);
     }
-    emit_stored(kc, seq_hashes, tokens, run, n_full);
+    emit_stored(kc, seq, seq_hashes, tokens, run, n_full);
     return KVR_OK;
 }
 

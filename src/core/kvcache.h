@@ -67,6 +67,7 @@ typedef struct kvr_kvcache_event {
     bool has_parent;        /* STORED: false when hashes[0] is the sequence's first block */
     uint64_t parent;        /* STORED: the sequence hash of the block before hashes[0] */
     const uint32_t *tokens; /* STORED: n_hashes * block_size tokens */
+    const char *lora_name;  /* STORED: the sequence's adapter (NULL = none) */
 } kvr_kvcache_event_t;
 
 typedef void (*kvr_kvcache_sink_fn)(void *ctx, const kvr_kvcache_event_t *ev);
@@ -77,6 +78,8 @@ typedef struct kvr_kvcache_seq {
     uint32_t n_blocks;  /* blocks held (each counted once in its refcount) */
     uint32_t cap;
     uint32_t n_full;    /* leading blocks committed (full, hashed, in the prefix table) */
+    const char *lora_name; /* borrowed; named on its STORED events (its hashes are salted by
+                              the caller); NULL = the base model */
 } kvr_kvcache_seq_t;
 
 typedef struct kvr_kvcache_stats {

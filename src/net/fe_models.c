@@ -28,7 +28,7 @@ static void add_named(kvr_oai_model_t *ms, size_t *n, char *names, size_t *used,
     memcpy(c, id, len);
     c[len] = '\0';
     *used += len + 1;
-    ms[(*n)++] = (kvr_oai_model_t){c, 0, "kvrouter", 0};
+    ms[(*n)++] = (kvr_oai_model_t){c, 0, "kvrouter", 0, NULL};
 }
 
 /* The models and adapters workers were registered with (model=, loras=) that their own
@@ -86,7 +86,8 @@ void fe_models_answer(kvr_frontend_t *fe, struct evhttp_request *req)
             for (size_t j = 0; j < n && !dup; j++)
                 dup = strcmp(ms[j].id, pm->id) == 0;
             if (!dup)
-                ms[n++] = (kvr_oai_model_t){pm->id, pm->created, pm->owned_by, pm->max_model_len};
+                ms[n++] = (kvr_oai_model_t){pm->id, pm->created, pm->owned_by, pm->max_model_len,
+                                            pm->parent};
         }
     }
     add_registered(fe, ms, &n, names);
@@ -157,6 +158,9 @@ static bool parse_models(upool_t *u, const char *b, size_t len)
         yajl_val mml = yajl_tree_get(m, mml_p, yajl_t_number);
         ms[k].id = dup_str(ids);
         ms[k].owned_by = dup_str(own ? YAJL_GET_STRING(own) : "kvrouter");
+        ms[k].parent = pars != NULL && pars[0] != '\0' && kvr_json_utf8_valid(pars, strlen(pars))
+                           ? dup_str(pars)
+                           : NULL;
         ms[k].created = cr && YAJL_IS_INTEGER(cr) && YAJL_GET_INTEGER(cr) > 0
                             ? (uint64_t)YAJL_GET_INTEGER(cr) : (uint64_t)time(NULL);
         ms[k].max_model_len = mml && YAJL_IS_INTEGER(mml) && YAJL_GET_INTEGER(mml) > 0
@@ -164,6 +168,7 @@ static bool parse_models(upool_t *u, const char *b, size_t len)
         if (ms[k].id == NULL || ms[k].owned_by == NULL) {
             free(ms[k].id);
             free(ms[k].owned_by);
+            free(ms[k].parent);
             continue;
         }
         k++;
@@ -174,6 +179,7 @@ static bool parse_models(upool_t *u, const char *b, size_t len)
     for (size_t i = 0; i < u->n_models; i++) {
         free(u->models[i].id);
         free(u->models[i].owned_by);
+        free(u->models[i].parent);
     }
     free(u->models);
     u->models = ms;

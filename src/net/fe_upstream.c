@@ -31,6 +31,7 @@ void fe_pool_free(upool_t *u)
     for (size_t i = 0; i < u->n_models; i++) {
         free(u->models[i].id);
         free(u->models[i].owned_by);
+        free(u->models[i].parent);
     }
     free(u->models);
     free(u->conns);

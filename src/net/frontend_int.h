@@ -61,7 +61,7 @@ typedef struct upconn {
 } upconn_t;
 
 typedef struct pmodel {
-    char *id, *owned_by;
+    char *id, *owned_by, *parent; /* parent: a LoRA adapter's base model; NULL: none */
     uint64_t created, max_model_len;
 } pmodel_t;
 

@@ -87,8 +87,12 @@ static const double E2E_BOUNDS[] = {0.01, 0.05, 0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10
 #define N_TTFT (sizeof TTFT_BOUNDS / sizeof TTFT_BOUNDS[0])
 #define N_E2E (sizeof E2E_BOUNDS / sizeof E2E_BOUNDS[0])
 
+#define MAX_LORAS 16
+
 struct kvr_mocker {
     kvr_mocker_config_t cfg;
+    char lora[MAX_LORAS][256]; /* cfg.loras split (engine requests borrow these names) */
+    size_t n_lora;
     struct event_base *base;
     struct evhttp *http;
     uint16_t port;
@@ -180,6 +184,18 @@ int kvr_mocker_config_validate(const kvr_mocker_config_t *c, char *err, size_t e
         snprintf(err, err_len, "event-format: must be array or map");
         return KVR_EINVAL;
     }
+    size_t n = 0;
+    for (const char *l = c->loras; *l != '\0';) {
+        const char *e = strchr(l, ';');
+        size_t len = e ? (size_t)(e - l) : strlen(l);
+        if (len == 0 || len >= 256 || ++n > MAX_LORAS || (len == strlen(c->model) &&
+                                                          memcmp(l, c->model, len) == 0)) {
+            snprintf(err, err_len, "lora-modules: at most %d names of 1 to 255 bytes, none the "
+                     "model's", MAX_LORAS);
+            return KVR_EINVAL;
+        }
+        l += len + (e ? 1 : 0);
+    }
     return kvr_engine_config_validate(&c->engine, err, err_len);
 }
 
@@ -240,7 +256,8 @@ static void on_kv_event(void *ctx, const kvr_kvcache_event_t *ev)
                                      .tokens = ev->tokens,
                                      .n_tokens = ev->n_hashes * bs,
                                      .block_size = bs,
-                                     .medium = "GPU"};
+                                     .medium = "GPU",
+                                     .lora_name = ev->lora_name};
             st = kvr_kv_enc_add_stored(rk->enc, &s);
         } else if (ev->kind == KVR_KVC_REMOVED) {
             kvr_kv_enc_removed_t r = {.hashes = rk->scratch, .n_hashes = ev->n_hashes,
@@ -666,9 +683,18 @@ static bool check_lengths(kvr_mocker_t *m, struct evhttp_request *req,
     return true;
 }
 
+/* The adapter a request names as its model (NULL: the base model). */
+static const char *adapter_of(const kvr_mocker_t *m, const kvr_oai_request_t *rq)
+{
+    for (size_t i = 0; rq->model != NULL && i < m->n_lora; i++)
+        if (strcmp(rq->model, m->lora[i]) == 0)
+            return m->lora[i];
+    return NULL;
+}
+
 static bool check_model(kvr_mocker_t *m, struct evhttp_request *req, const kvr_oai_request_t *rq)
 {
-    if (!rq->model || strcmp(rq->model, m->cfg.model) == 0)
+    if (!rq->model || strcmp(rq->model, m->cfg.model) == 0 || adapter_of(m, rq) != NULL)
         return true;
     char name[128];
     snprintf(name, sizeof name, "%.*s", (int)(rq->model_len < 100 ? rq->model_len : 100),
@@ -744,7 +770,8 @@ static void h_generate(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_endp
         return;
     }
     kvr_engine_request_t er = {.id = q->id, .tokens = toks, .n_tokens = (uint32_t)n,
-                               .max_tokens = max_tokens, .user = q};
+                               .max_tokens = max_tokens, .user = q,
+                               .lora_name = adapter_of(m, &rq)};
     if ((st = kvr_engine_add(rk->eng, &er)) != KVR_OK) {
         mreq_free(q);
         if (st == KVR_EQUEUEFULL)
@@ -793,12 +820,13 @@ static void h_tokenize(kvr_mocker_t *m, struct evhttp_request *req)
 
 static void h_models(kvr_mocker_t *m, struct evhttp_request *req)
 {
-    kvr_oai_model_t md = {.id = m->cfg.model,
-                          .created = (uint64_t)time(NULL),
-                          .owned_by = "kvrouter",
-                          .max_model_len = kvr_engine_config(m->ranks[0].eng)->max_model_len};
+    kvr_oai_model_t md[1 + MAX_LORAS];
+    uint64_t now = (uint64_t)time(NULL), mml = kvr_engine_config(m->ranks[0].eng)->max_model_len;
+    md[0] = (kvr_oai_model_t){m->cfg.model, now, "kvrouter", mml, NULL};
+    for (size_t i = 0; i < m->n_lora; i++) /* as vLLM lists its LoRA modules */
+        md[1 + i] = (kvr_oai_model_t){m->lora[i], now, "kvrouter", mml, m->cfg.model};
     kvr_json_writer_reset(&m->w);
-    kvr_oai_encode_models(&m->w, &md, 1);
+    kvr_oai_encode_models(&m->w, md, 1 + m->n_lora);
     reply_json(m, req, 200);
 }
 
@@ -1116,6 +1144,13 @@ kvr_mocker_t *kvr_mocker_new(struct event_base *base, void *zmq_ctx,
     if (!(m = calloc(1, sizeof *m)))
         goto fail;
     m->cfg = *cfg;
+    for (const char *l = cfg->loras; *l != '\0' && m->n_lora < MAX_LORAS;) { /* validated */
+        const char *e = strchr(l, ';');
+        size_t len = e ? (size_t)(e - l) : strlen(l);
+        memcpy(m->lora[m->n_lora], l, len);
+        m->lora[m->n_lora++][len] = '\0';
+        l += len + (e ? 1 : 0);
+    }
     m->base = base;
     m->rl_events = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     kvr_json_writer_init(&m->w);

@@ -44,6 +44,10 @@ typedef struct kvr_mocker_config {
     kvr_kv_events_config_t events;
     kvr_kv_format_t event_format; /* VLLM_ARRAY (default) or VLLM_MAP */
     uint32_t drop_batches_every; /* fault injection: every Nth batch is not sent (0 = never) */
+    /* LoRA adapters served (vLLM's --lora-modules names), ';'-separated: listed in /v1/models
+     * with the model as parent, taken as a request's model; an adapter's blocks are its own
+     * (hashes salted by its name) and its KV events name it */
+    char loras[1024];
 } kvr_mocker_config_t;
 
 void kvr_mocker_config_default(kvr_mocker_config_t *c);

@@ -248,6 +248,7 @@ typedef struct kvr_oai_model {
     uint64_t created;                    /* unix seconds */
     const char *owned_by;
     uint64_t max_model_len;              /* 0: omitted */
+    const char *parent;                  /* a LoRA adapter's base model (vLLM); NULL: omitted */
 } kvr_oai_model_t;
 
 /* /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"

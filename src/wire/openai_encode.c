@@ -294,6 +294,8 @@ int kvr_oai_encode_models(kvr_json_writer_t *w, const kvr_oai_model_t *models, s
         key_str(w, "owned_by", m->owned_by);
         if (m->max_model_len > 0)
             key_u64(w, "max_model_len", m->max_model_len);
+        if (m->parent != NULL)
+            key_str(w, "parent", m->parent);
         kvr_json_end_object(w);
     }
     kvr_json_end_array(w);

@@ -30,6 +30,7 @@ typedef struct harness {
     size_t n_out;
     double total_ms;
     uint64_t steps, preempted;
+    const char *last_lora; /* of the last STORED event */
 } harness_t;
 
 static const kvr_worker_t W = {7, 0};
@@ -40,9 +41,12 @@ static void sink(void *ctx, const kvr_kvcache_event_t *ev)
     if (ev->kind == KVR_KVC_STORED) {
         kvr_block_t *blocks = calloc(ev->n_hashes, sizeof *blocks);
         assert_non_null(blocks);
+        kvr_hash_opts_t o = {.lora_name = ev->lora_name,
+                             .lora_name_len = ev->lora_name ? strlen(ev->lora_name) : 0};
+        h->last_lora = ev->lora_name;
         for (size_t i = 0; i < ev->n_hashes; i++) {
             blocks[i].ext = ev->hashes[i];
-            assert_int_equal(kvr_hash_blocks(ev->tokens + i * h->bs, h->bs, h->bs, NULL,
+            assert_int_equal(kvr_hash_blocks(ev->tokens + i * h->bs, h->bs, h->bs, &o,
                                              &blocks[i].lbh, 1),
                              1);
         }
@@ -307,6 +311,34 @@ static void test_prefix_hit_shortens_prefill(void **state)
 }
 
 /* A prompt longer than the token budget is prefilled in chunks; running decodes go first. */
+/* A LoRA adapter's blocks are its own: the same prompt under an adapter does not hit the base
+ * model's cache (nor another adapter's), hits its own, and its stored events name it. */
+static void test_lora_blocks_are_their_own(void **state)
+{
+    (void)state;
+    kvr_engine_config_t c;
+    kvr_engine_config_default(&c);
+    harness_t *h = harness_new(&c);
+    uint32_t *p = make_prompt(1000, 5);
+    add(h, 1, p, 1000, 1);
+    run_to_idle(h);
+    assert_null(h->last_lora);
+    static const char sql[] = "sql";
+    kvr_engine_request_t r = {.id = 2, .tokens = p, .n_tokens = 1000, .max_tokens = 1,
+                              .lora_name = sql};
+    assert_int_equal(kvr_engine_add(h->e, &r), KVR_OK);
+    run_to_idle(h);
+    assert_int_equal(last_of(h, 2)->cached_tokens, 0);
+    assert_string_equal(h->last_lora, "sql");
+    r.id = 3;
+    assert_int_equal(kvr_engine_add(h->e, &r), KVR_OK);
+    run_to_idle(h);
+    assert_int_equal(last_of(h, 3)->cached_tokens, 992);
+    check_faithful(h);
+    free(p);
+    harness_free(h);
+}
+
 static void test_chunked_prefill(void **state)
 {
     (void)state;
@@ -560,6 +592,7 @@ int main(void)
         cmocka_unit_test(test_request_errors),
         cmocka_unit_test(test_single_request),
         cmocka_unit_test(test_prefix_hit_shortens_prefill),
+        cmocka_unit_test(test_lora_blocks_are_their_own),
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_max_num_seqs),
         cmocka_unit_test(test_preemption),

@@ -489,6 +489,53 @@ def scenario_learned_adapters():
             w.close()
 
 
+def scenario_mocker_adapters():
+    """A mocker serving a LoRA adapter (--lora-modules): the router learns it from the mocker's
+    /v1/models, sends the adapter's requests there, and finds their cache (the mocker's KV
+    events name the adapter, and both sides salt its blocks with it); the adapter's blocks are
+    not the base model's."""
+    from kvr_harness import with_free_ports
+
+    def start(ev):
+        return Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--model", "base",
+                      "--block-size", BS, "--speedup", "100", "--enable-lora",
+                      "--lora-modules", "sql-lora=/adapters/sql", "--kv-events-config",
+                      json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                  "endpoint": f"tcp://*:{ev}"})], "mocker (lora)")
+    (ev,), ml = with_free_ports(start, 1)
+    plain = mocker_with_events("base", 16)
+    r = serve("--worker", f"id=1,url={ml.url},events=tcp://127.0.0.1:{ev},model=base",
+              "--worker", f"id=2,url={plain.url},events={plain.events},model=base")
+    try:
+        for c in (ml, plain):
+            check(f"mocker adapters: {c.what} subscribed",
+                  eventually(lambda: (c.metric("kvr_mocker_kv_event_subscribers") or 0) >= 1))
+        st, models = ml.call("GET", "/v1/models")
+        check("mocker adapters: the mocker lists its adapter with the model as parent",
+              {(x["id"], x.get("parent")) for x in models["data"]} ==
+              {("base", None), ("sql-lora", "base")}, models)
+        r.call("GET", "/v1/models")  # the router's round of /v1/models (also every 30 s)
+        prompt = tokens_for(111, 6)
+        got = set()
+        for k in range(2):
+            st, a, h = r.call_h("POST", "/v1/completions", {"model": "sql-lora", "max_tokens": 1,
+                                                            "prompt": prompt})
+            got.add((st, h.get("x-kvrouter-worker-id")))
+        check("mocker adapters: the adapter's requests go to the mocker serving it",
+              got == {(200, "1")}, got)
+        def held(lora):
+            body = {"tokens": prompt} if lora is None else {"tokens": prompt, "lora_name": lora}
+            _, q = r.call("POST", "/v1/query", body)
+            return {s["worker_id"]: s["device_blocks"] for s in q["scores"]}.get(1)
+        check("mocker adapters: its events indexed under the adapter",
+              eventually(lambda: held("sql-lora") == 6), held("sql-lora"))
+        check("mocker adapters: not under the base model", held(None) == 0, held(None))
+    finally:
+        r.stop()
+        ml.stop()
+        plain.stop()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -504,6 +551,7 @@ def main():
         scenario_models()
         scenario_multimodal()
         scenario_learned_adapters()
+        scenario_mocker_adapters()
     finally:
         kill_children()
         ctx.term()

@@ -1207,12 +1207,12 @@ static void test_encode_misc(void **state)
     kvr_oai_encode_tokenize(&W, NULL, 0, 1);
     expect("{\"count\":0,\"max_model_len\":1,\"tokens\":[],\"token_strs\":null}");
 
-    kvr_oai_model_t models[2] = {{"mock", 1700000000, "kvrouter", 16384},
-                                 {"other", 1, "me", 0}};
+    kvr_oai_model_t models[2] = {{"mock", 1700000000, "kvrouter", 16384, NULL},
+                                 {"other", 1, "me", 0, "mock"}};
     kvr_oai_encode_models(&W, models, 2);
     expect("{\"object\":\"list\",\"data\":[{\"id\":\"mock\",\"object\":\"model\",\"created\":"
            "1700000000,\"owned_by\":\"kvrouter\",\"max_model_len\":16384},{\"id\":\"other\","
-           "\"object\":\"model\",\"created\":1,\"owned_by\":\"me\"}]}");
+           "\"object\":\"model\",\"created\":1,\"owned_by\":\"me\",\"parent\":\"mock\"}]}");
     kvr_oai_encode_models(&W, NULL, 0);
     expect("{\"object\":\"list\",\"data\":[]}");
 
