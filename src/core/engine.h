@@ -79,9 +79,9 @@ typedef struct kvr_engine_request {
     uint32_t n_tokens;      /* >= 1 */
     uint32_t max_tokens;    /* >= 1; n_tokens + max_tokens <= max_model_len */
     void *user;
-    const char *lora_name;  /* a LoRA adapter (its blocks are its own: hashes salted by it, and
-                               its KV events name it); NULL = the base model. Borrowed: must
-                               outlive the request */
+    const char *lora_name; /* a LoRA adapter (its blocks are its own: hashes salted by it, and
+                              its KV events name it); NULL = the base model. Borrowed: must
+                              outlive the request */
 } kvr_engine_request_t;
 
 typedef enum kvr_engine_finish {

@@ -188,10 +188,12 @@ int kvr_mocker_config_validate(const kvr_mocker_config_t *c, char *err, size_t e
     for (const char *l = c->loras; *l != '\0';) {
         const char *e = strchr(l, ';');
         size_t len = e ? (size_t)(e - l) : strlen(l);
-        if (len == 0 || len >= 256 || ++n > MAX_LORAS || (len == strlen(c->model) &&
-                                                          memcmp(l, c->model, len) == 0)) {
-            snprintf(err, err_len, "lora-modules: at most %d names of 1 to 255 bytes, none the "
-                     "model's", MAX_LORAS);
+        if (len == 0 || len >= 256 || ++n > MAX_LORAS ||
+            (len == strlen(c->model) && memcmp(l, c->model, len) == 0)) {
+            snprintf(err, err_len,
+                     "lora-modules: at most %d names of 1 to 255 bytes, none the "
+                     "model's",
+                     MAX_LORAS);
             return KVR_EINVAL;
         }
         l += len + (e ? 1 : 0);
@@ -769,8 +771,11 @@ static void h_generate(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_endp
         reply_error(m, req, 500, "out of memory");
         return;
     }
-    kvr_engine_request_t er = {.id = q->id, .tokens = toks, .n_tokens = (uint32_t)n,
-                               .max_tokens = max_tokens, .user = q,
+    kvr_engine_request_t er = {.id = q->id,
+                               .tokens = toks,
+                               .n_tokens = (uint32_t)n,
+                               .max_tokens = max_tokens,
+                               .user = q,
                                .lora_name = adapter_of(m, &rq)};
     if ((st = kvr_engine_add(rk->eng, &er)) != KVR_OK) {
         mreq_free(q);

@@ -46,9 +46,8 @@ static void sink(void *ctx, const kvr_kvcache_event_t *ev)
         h->last_lora = ev->lora_name;
         for (size_t i = 0; i < ev->n_hashes; i++) {
             blocks[i].ext = ev->hashes[i];
-            assert_int_equal(kvr_hash_blocks(ev->tokens + i * h->bs, h->bs, h->bs, &o,
-                                             &blocks[i].lbh, 1),
-                             1);
+            assert_int_equal(
+                kvr_hash_blocks(ev->tokens + i * h->bs, h->bs, h->bs, &o, &blocks[i].lbh, 1), 1);
         }
         kvr_event_t e = {.kind = KVR_EV_STORED, .worker = W, .has_parent = ev->has_parent,
                          .parent_ext = ev->parent, .blocks = blocks, .n_blocks = ev->n_hashes};
@@ -324,8 +323,8 @@ static void test_lora_blocks_are_their_own(void **state)
     run_to_idle(h);
     assert_null(h->last_lora);
     static const char sql[] = "sql";
-    kvr_engine_request_t r = {.id = 2, .tokens = p, .n_tokens = 1000, .max_tokens = 1,
-                              .lora_name = sql};
+    kvr_engine_request_t r = {
+        .id = 2, .tokens = p, .n_tokens = 1000, .max_tokens = 1, .lora_name = sql};
     assert_int_equal(kvr_engine_add(h->e, &r), KVR_OK);
     run_to_idle(h);
     assert_int_equal(last_of(h, 2)->cached_tokens, 0);
