@@ -30,3 +30,12 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq </dev/null
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+
+# prometheus is here for its promtool (make test checks /metrics with it). Its package also
+# enables and starts a Prometheus server where systemd runs; one this script installed is
+# stopped and disabled again, so the machine gains a tool, not a daemon on :9090.
+for p in "${missing[@]}"; do
+  if [ "$p" = prometheus ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
+done
