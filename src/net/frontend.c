@@ -296,6 +296,8 @@ void fe_req_finish(fe_req_t *p)
     free(p->tok_body);
     free(p->lora);
     free(p->model);
+    free(p->images);
+    free(p->mm);
     free(p->allowed);
     free(p->scratch);
     free(p);
@@ -454,12 +456,30 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
     send_upstream(p);
 }
 
+/* A chat with images: the placeholder tokens' positions are the model's (its image token id),
+ * unknown here, so every block carries every image's hash. Two chats with the same text and
+ * other images never share a block in the router's view (the reference's guarantee), at the
+ * price of the text before the first image (see docs/serve.md). False on out of memory. */
+static bool image_blocks(fe_req_t *p)
+{
+    kvr_route_req_t q = {.n_tokens = p->n_tokens, .model = p->model, .model_len = p->model_len};
+    size_t n = kvr_router_n_blocks(p->fe->r, &q);
+    if (n == 0)
+        return true;
+    if ((p->mm = malloc(n * sizeof *p->mm)) == NULL)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        p->mm[i] = (kvr_block_mm_t){(uint32_t)i, p->images, p->n_images};
+    p->n_mm = n;
+    return true;
+}
+
 static void route_attempt(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
     size_t n_allowed = 0;
-    bool oom;
-    const uint64_t *allowed = attempt_allowed(p, &n_allowed, &oom);
+    bool oom = p->n_images > 0 && p->mm == NULL && !image_blocks(p);
+    const uint64_t *allowed = oom ? NULL : attempt_allowed(p, &n_allowed, &oom);
     if (oom) {
         fe_req_fail(p, 500, "out of memory");
         return;
@@ -481,6 +501,8 @@ static void route_attempt(fe_req_t *p)
         .session_id = p->session_len > 0 ? p->session : NULL,
         .session_id_len = p->session_len,
         .session_close = p->session_close,
+        .mm = p->mm,
+        .n_mm = p->n_mm,
         .has_expected_output_tokens = p->has_eot,
         .expected_output_tokens = p->eot,
     };
@@ -901,6 +923,12 @@ static bool copy_routing(fe_req_t *p, const kvr_oai_request_t *rq)
         return false;
     memcpy(p->model, p->model_len ? rq->model : "", p->model_len);
     p->model[p->model_len] = '\0';
+    if (rq->n_images > 0) {
+        if ((p->images = malloc(rq->n_images * sizeof *p->images)) == NULL)
+            return false;
+        memcpy(p->images, rq->images, rq->n_images * sizeof *p->images);
+        p->n_images = rq->n_images;
+    }
     const kvr_oai_nvext_t *x = &rq->nvext;
     if ((!rq->has_nvext || x->lora_name == NULL) && p->model_len > 0 &&
         kvr_router_is_adapter(p->fe->r, p->model, p->model_len)) {
@@ -1003,6 +1031,8 @@ static void req_free_unlinked(fe_req_t *p)
     free(p->tok_body);
     free(p->lora);
     free(p->model);
+    free(p->images);
+    free(p->mm);
     free(p->allowed);
     free(p);
 }

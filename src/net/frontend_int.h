@@ -129,6 +129,10 @@ struct fe_req {
     unsigned n_tok_tried;
     /* routing */
     char *model; /* the request's model ("" when it named none) */
+    uint64_t *images;   /* its chat images' hashes (kvr_oai_request_t.images); NULL: none */
+    size_t n_images;
+    kvr_block_mm_t *mm; /* every block carries the images (their positions are unknown) */
+    size_t n_mm;
     size_t model_len;
     uint32_t block_size; /* of the chosen worker's model (output-block accounting) */
     char *lora;

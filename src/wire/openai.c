@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
 #include <yajl/yajl_parse.h>
 
 #include "core/grow.h"
@@ -44,7 +45,7 @@
 #define E_CC (EB(KVR_OAI_COMPLETIONS) | EB(KVR_OAI_CHAT))
 #define E_ALL (E_CC | EB(KVR_OAI_TOKENIZE))
 
-enum obj { O_TOP, O_STREAM_OPTIONS, O_NVEXT, O_MESSAGE, O_PART, O_HINTS, O_SESSION };
+enum obj { O_TOP, O_STREAM_OPTIONS, O_NVEXT, O_MESSAGE, O_PART, O_HINTS, O_SESSION, O_IMAGE };
 
 enum type {
     T_STRING,   /* length in [lo, hi], no control characters; lo == 0: "" reads as absent */
@@ -60,7 +61,8 @@ enum type {
     T_DOUBLE,    /* finite */
     T_ONE,       /* n: the integer 1 */
     T_CONTENT,   /* string | array of parts | null */
-    T_PART_TYPE, /* "text" */
+    T_PART_TYPE, /* "text" or "image_url" */
+    T_IMAGE_URL, /* an image part's url: hashed (XXH3-64, seed 0), not kept */
     T_TEXT,      /* a content part's text */
 };
 
@@ -95,6 +97,8 @@ enum field {
     F_CONTENT,
     F_PART_TYPE,
     F_PART_TEXT,
+    F_PART_IMAGE,
+    F_IMAGE_URL,
     F_N_FIELDS,
     F_UNKNOWN = F_N_FIELDS,
 };
@@ -154,11 +158,15 @@ static const field_def_t FIELDS[F_N_FIELDS] = {
     [F_PART_TYPE] = {"type", "type", O_PART, T_PART_TYPE, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE),
                      0, 0},
     [F_PART_TEXT] = {"text", "text", O_PART, T_TEXT, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 0, 0},
+    [F_PART_IMAGE] = {"image_url", "image_url", O_PART, T_OBJECT,
+                      EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), O_IMAGE, 0},
+    [F_IMAGE_URL] = {"url", "url", O_IMAGE, T_IMAGE_URL, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE),
+                     0, 0},
 };
 
-#define BIT(f) ((uint32_t)1 << (f))
+#define BIT(f) ((uint64_t)1 << (f))
 #define MESSAGE_BITS (BIT(F_ROLE) | BIT(F_CONTENT))
-#define PART_BITS (BIT(F_PART_TYPE) | BIT(F_PART_TEXT))
+#define PART_BITS (BIT(F_PART_TYPE) | BIT(F_PART_TEXT) | BIT(F_PART_IMAGE) | BIT(F_IMAGE_URL))
 
 const char *kvr_oai_endpoint_name(kvr_oai_endpoint_t e)
 {
@@ -207,8 +215,11 @@ struct kvr_oai_decoder {
 
     int endpoint, status;
     int state, obj, field;
-    uint32_t seen;      /* bit per field: key given (message and part bits per object) */
-    uint32_t present;   /* bit per field: non-null value given */
+    uint64_t seen;      /* bit per field: key given (message and part bits per object) */
+    uint64_t present;   /* bit per field: non-null value given */
+    bool part_image;    /* the content part being read is an image */
+    uint64_t *img;      /* the images' hashes, in order of appearance */
+    size_t n_img, img_cap;
 
     uint64_t ival[F_N_FIELDS];
     double dval[F_N_FIELDS];
@@ -258,6 +269,10 @@ static const char *where(const kvr_oai_decoder_t *d, int f, char *buf, size_t n)
         return buf;
     case O_PART:
         snprintf(buf, n, "messages[%zu].content[%zu].%s", d->n_msgs, d->part_idx,
+                 FIELDS[f].key);
+        return buf;
+    case O_IMAGE:
+        snprintf(buf, n, "messages[%zu].content[%zu].image_url.%s", d->n_msgs, d->part_idx,
                  FIELDS[f].key);
         return buf;
     default:
@@ -388,6 +403,7 @@ static int unexpected(kvr_oai_decoder_t *d)
         return fail(d, KVR_EINVAL, "%s: must be a string, an array of content parts or null", p);
     case T_PART_TYPE:
     case T_TEXT:
+    case T_IMAGE_URL:
         return fail(d, KVR_EINVAL, "%s: must be a string or null", p);
     default:
         return fail(d, KVR_EPARSE, "internal: unexpected value for %s", p);
@@ -409,6 +425,8 @@ static unsigned obj_depth(int obj)
     case O_HINTS:
     case O_SESSION:
         return 3;
+    case O_IMAGE:
+        return 6; /* {"messages": [{"content": [{"image_url": { */
     default:
         return 5;  /* {"messages": [{"content": [{ */
     }
@@ -598,12 +616,23 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
         break;
     }
     case T_PART_TYPE:
-        if (n != 4 || memcmp(s, "text", 4) != 0) {
+        d->part_image = n == 9 && memcmp(s, "image_url", 9) == 0;
+        if (!d->part_image && (n != 4 || memcmp(s, "text", 4) != 0)) {
             char shown[KVR_JD_CLIP_BYTES];
             kvr_jd_clip(shown, sizeof shown, s, n);
-            return fail(d, KVR_EINVAL, "%s: unsupported content part type '%s' (only text)", p,
-                        shown);
+            return fail(d, KVR_EINVAL, "%s: unsupported content part type '%s' (text or "
+                        "image_url)", p, shown);
         }
+        break;
+    case T_IMAGE_URL:
+        if (n == 0)
+            return fail(d, KVR_EINVAL, "%s: must not be empty", p);
+        if (d->n_img == d->img_cap &&
+            kvr_grow((void **)&d->img, &d->img_cap, d->n_img + 1, KVR_OAI_MAX_IMAGES,
+                     sizeof *d->img) != KVR_OK)
+            return fail(d, d->n_img >= KVR_OAI_MAX_IMAGES ? KVR_ETOOBIG : KVR_ENOMEM,
+                        "messages: more than %d images", KVR_OAI_MAX_IMAGES);
+        d->img[d->n_img++] = XXH3_64bits_withSeed(s, n, 0); /* the reference's id mapping */
         break;
     case T_TEXT:
         if (!content_text(d, p, s, n))
@@ -665,8 +694,12 @@ static int part_end(kvr_oai_decoder_t *d)
 {
     if (!has(d, F_PART_TYPE))
         return missing(d, F_PART_TYPE);
-    if (!has(d, F_PART_TEXT))
-        return missing(d, F_PART_TEXT);
+    if (d->part_image ? !has(d, F_IMAGE_URL) : !has(d, F_PART_TEXT))
+        return missing(d, d->part_image ? F_IMAGE_URL : F_PART_TEXT);
+    if (d->part_image && has(d, F_PART_TEXT))
+        return fail(d, KVR_EINVAL, "messages[%zu].content[%zu]: an image_url part has no text",
+                    d->n_msgs, d->part_idx);
+    d->part_image = false;
     d->part_idx++;
     d->obj = O_MESSAGE;
     d->state = S_PARTS;
@@ -769,6 +802,9 @@ static int on_end(void *ctx)
             return message_end(d);
         case O_PART:
             return part_end(d);
+        case O_IMAGE:
+            d->obj = O_PART; /* image_url sits in its content part */
+            return 1;
         case O_HINTS:
         case O_SESSION:
             d->obj = O_NVEXT; /* agent_hints and session_control sit in nvext */
@@ -873,6 +909,7 @@ void kvr_oai_decoder_free(kvr_oai_decoder_t *d)
     free(d->num_buf);
     free(d->msgs);
     free(d->msg_out);
+    free(d->img);
     kvr_yajl_arena_deinit(&d->arena);
     free(d);
 }
@@ -912,6 +949,8 @@ static void reset(kvr_oai_decoder_t *d, int endpoint)
     d->str_len = 0;
     d->n_msgs = 0;
     d->part_idx = 0;
+    d->n_img = 0;
+    d->part_image = false;
     d->content_total = 0;
 }
 
@@ -1176,6 +1215,8 @@ static int finish(kvr_oai_decoder_t *d, kvr_oai_request_t *out)
     out->stream = has(d, F_STREAM) && d->bval[F_STREAM];
     out->include_usage = has(d, F_INCLUDE_USAGE) && d->bval[F_INCLUDE_USAGE];
     out->has_nvext = has(d, F_NVEXT);
+    out->images = d->n_img > 0 ? d->img : NULL;
+    out->n_images = d->n_img;
     kvr_oai_nvext_t *x = &out->nvext;
     x->has_token_data = data;
     x->token_data = d->n_ttok > 0 ? d->ttok : NULL;

@@ -72,6 +72,7 @@
 #define KVR_OAI_MAX_ALLOWED_IDS ((size_t)4096)
 #define KVR_OAI_MAX_NAME_BYTES 1024                /* model, lora_name */
 #define KVR_OAI_MAX_SESSION_BYTES 128              /* nvext.session_control.session_id */
+#define KVR_OAI_MAX_IMAGES 64                      /* image_url parts in one chat request */
 #define KVR_OAI_MAX_ROLE_BYTES 64
 #define KVR_OAI_MAX_DEPTH 64
 
@@ -150,6 +151,10 @@ typedef struct kvr_oai_request {
     size_t text_len;
     const kvr_oai_message_t *messages;   /* MESSAGES (NULL when n_messages is 0) */
     size_t n_messages;
+    const uint64_t *images;              /* chat image_url parts: each url's XXH3-64 (seed 0,
+                                            the reference's mm identifier mapping), in order;
+                                            NULL when n_images is 0 */
+    size_t n_images;
     bool has_max_tokens;                 /* max_completion_tokens, else max_tokens */
     uint32_t max_tokens;
     bool stream;

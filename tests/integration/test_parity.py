@@ -536,6 +536,47 @@ def scenario_mocker_adapters():
         plain.stop()
 
 
+def scenario_chat_images():
+    """Chat requests with image parts go through the front end (before: a 400), and two chats
+    with the same text and other images never share a block in the router's view, while the
+    same images do (approximate mode learns from the first)."""
+    ms = [Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--model", "vlm",
+                 "--speedup", "100"], f"mocker {k}") for k in range(2)]
+    r = serve("--router-mode", "approx", "--worker", f"id=1,url={ms[0].url}",
+              "--worker", f"id=2,url={ms[1].url}")
+    try:
+        text = "Describe the picture in detail, please. " * 12
+
+        def chat(image):
+            content = [{"type": "text", "text": text}]
+            if image is not None:
+                content.append({"type": "image_url", "image_url": {"url": image}})
+            st, a, h = r.call_h("POST", "/v1/chat/completions", {
+                "model": "vlm", "max_tokens": 1,
+                "messages": [{"role": "user", "content": content}]})
+            return st, h.get("x-kvrouter-worker-id"), a
+
+        def overlaps():
+            return r.metric("kvr_routes_with_overlap_total") or 0
+
+        st, w1, a = chat("https://img.example/cat.png")
+        check("images: a chat with an image part is answered", st == 200, (st, a))
+        before = overlaps()
+        st, w2, _ = chat("https://img.example/cat.png")
+        check("images: the same image finds its blocks", st == 200 and w2 == w1 and
+              overlaps() == before + 1, (w1, w2, before, overlaps()))
+        st, _, _ = chat("https://img.example/dog.png")
+        check("images: another image shares none", st == 200 and overlaps() == before + 1,
+              overlaps())
+        st, _, _ = chat(None)
+        check("images: no image shares none either", st == 200 and overlaps() == before + 1,
+              overlaps())
+    finally:
+        r.stop()
+        for m in ms:
+            m.stop()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -552,6 +593,7 @@ def main():
         scenario_multimodal()
         scenario_learned_adapters()
         scenario_mocker_adapters()
+        scenario_chat_images()
     finally:
         kill_children()
         ctx.term()

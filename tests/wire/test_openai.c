@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <xxhash.h>
 #include <yajl/yajl_tree.h>
 
 #include "kvrouter.h"
@@ -425,6 +426,23 @@ static void test_nvext_all_fields(void **state)
         KVR_EINVAL, "nvext.agent_hints.latency_sensitivity: must be a finite number");
     err(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"agent_hints\":[]}}", KVR_EINVAL,
         "nvext.agent_hints: must be an object or null");
+    /* chat image parts: each url's XXH3-64 (seed 0), in order; the text parts as before */
+    r = ok(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                 "\"text\":\"look\"},{\"type\":\"image_url\",\"image_url\":{\"url\":"
+                 "\"http://x/a.png\",\"detail\":\"low\"}},{\"image_url\":{\"url\":\"b\"},"
+                 "\"type\":\"image_url\"}]}]}");
+    assert_int_equal(r->n_images, 2);
+    assert_true(r->images[0] == XXH3_64bits_withSeed("http://x/a.png", 14, 0));
+    assert_true(r->images[1] == XXH3_64bits_withSeed("b", 1, 0));
+    assert_int_equal(r->messages[0].content_len, 4);
+    err(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
+        KVR_EINVAL, "messages[0].content[0].image_url.url: missing");
+    err(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
+              "\"text\":\"t\",\"image_url\":{\"url\":\"u\"}}]}]}",
+        KVR_EINVAL, "messages[0].content[0]: an image_url part has no text");
+    err(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"audio\"}]}]}",
+        KVR_EINVAL, "messages[0].content[0].type: unsupported content part type 'audio' (text or "
+                    "image_url)");
     /* session_control */
     r = ok(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"session_control\":{\"session_id\":\"c1\","
                  "\"action\":\"close\"},\"dp_rank\":1}}");
@@ -607,9 +625,10 @@ static void test_chat_errors(void **state)
     err(CHAT, "{\"messages\":[{\"role\":\"u\",\"content\":[\"x\"]}]}", KVR_EINVAL,
         "messages[0].content[0]: must be an object");
     err(CHAT, "{\"messages\":[{\"role\":\"u\"},{\"role\":\"u\",\"content\":[{\"type\":\"text\","
-              "\"text\":\"a\"},{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}",
+              "\"text\":\"a\"},{\"type\":\"input_audio\",\"input_audio\":{\"data\":\"x\"}}]}]}",
         KVR_EINVAL,
-        "messages[1].content[1].type: unsupported content part type 'image_url' (only text)");
+        "messages[1].content[1].type: unsupported content part type 'input_audio' (text or "
+        "image_url)");
     err(CHAT, "{\"messages\":[{\"role\":\"u\",\"content\":[{\"text\":\"a\"}]}]}", KVR_EINVAL,
         "messages[0].content[0].type: missing");
     err(CHAT, "{\"messages\":[{\"role\":\"u\",\"content\":[{\"type\":null,\"text\":\"a\"}]}]}",
