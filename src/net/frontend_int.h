@@ -129,7 +129,7 @@ struct fe_req {
     unsigned n_tok_tried;
     /* routing */
     char *model; /* the request's model ("" when it named none) */
-    uint64_t *images;   /* its chat images' hashes (kvr_oai_request_t.images); NULL: none */
+    uint64_t *images; /* its chat images' hashes (kvr_oai_request_t.images); NULL: none */
     size_t n_images;
     kvr_block_mm_t *mm; /* every block carries the images (their positions are unknown) */
     size_t n_mm;

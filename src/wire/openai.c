@@ -160,8 +160,8 @@ static const field_def_t FIELDS[F_N_FIELDS] = {
     [F_PART_TEXT] = {"text", "text", O_PART, T_TEXT, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 0, 0},
     [F_PART_IMAGE] = {"image_url", "image_url", O_PART, T_OBJECT,
                       EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), O_IMAGE, 0},
-    [F_IMAGE_URL] = {"url", "url", O_IMAGE, T_IMAGE_URL, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE),
-                     0, 0},
+    [F_IMAGE_URL] = {"url", "url", O_IMAGE, T_IMAGE_URL, EB(KVR_OAI_CHAT) | EB(KVR_OAI_TOKENIZE), 0,
+                     0},
 };
 
 #define BIT(f) ((uint64_t)1 << (f))
@@ -215,10 +215,10 @@ struct kvr_oai_decoder {
 
     int endpoint, status;
     int state, obj, field;
-    uint64_t seen;      /* bit per field: key given (message and part bits per object) */
-    uint64_t present;   /* bit per field: non-null value given */
-    bool part_image;    /* the content part being read is an image */
-    uint64_t *img;      /* the images' hashes, in order of appearance */
+    uint64_t seen;    /* bit per field: key given (message and part bits per object) */
+    uint64_t present; /* bit per field: non-null value given */
+    bool part_image;  /* the content part being read is an image */
+    uint64_t *img;    /* the images' hashes, in order of appearance */
     size_t n_img, img_cap;
 
     uint64_t ival[F_N_FIELDS];
@@ -620,16 +620,17 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
         if (!d->part_image && (n != 4 || memcmp(s, "text", 4) != 0)) {
             char shown[KVR_JD_CLIP_BYTES];
             kvr_jd_clip(shown, sizeof shown, s, n);
-            return fail(d, KVR_EINVAL, "%s: unsupported content part type '%s' (text or "
-                        "image_url)", p, shown);
+            return fail(d, KVR_EINVAL,
+                        "%s: unsupported content part type '%s' (text or "
+                        "image_url)",
+                        p, shown);
         }
         break;
     case T_IMAGE_URL:
         if (n == 0)
             return fail(d, KVR_EINVAL, "%s: must not be empty", p);
-        if (d->n_img == d->img_cap &&
-            kvr_grow((void **)&d->img, &d->img_cap, d->n_img + 1, KVR_OAI_MAX_IMAGES,
-                     sizeof *d->img) != KVR_OK)
+        if (d->n_img == d->img_cap && kvr_grow((void **)&d->img, &d->img_cap, d->n_img + 1,
+                                               KVR_OAI_MAX_IMAGES, sizeof *d->img) != KVR_OK)
             return fail(d, d->n_img >= KVR_OAI_MAX_IMAGES ? KVR_ETOOBIG : KVR_ENOMEM,
                         "messages: more than %d images", KVR_OAI_MAX_IMAGES);
         d->img[d->n_img++] = XXH3_64bits_withSeed(s, n, 0); /* the reference's id mapping */

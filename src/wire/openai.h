@@ -151,9 +151,9 @@ typedef struct kvr_oai_request {
     size_t text_len;
     const kvr_oai_message_t *messages;   /* MESSAGES (NULL when n_messages is 0) */
     size_t n_messages;
-    const uint64_t *images;              /* chat image_url parts: each url's XXH3-64 (seed 0,
-                                            the reference's mm identifier mapping), in order;
-                                            NULL when n_images is 0 */
+    const uint64_t *images; /* chat image_url parts: each url's XXH3-64 (seed 0,
+                               the reference's mm identifier mapping), in order;
+                               NULL when n_images is 0 */
     size_t n_images;
     bool has_max_tokens;                 /* max_completion_tokens, else max_tokens */
     uint32_t max_tokens;

@@ -437,12 +437,13 @@ static void test_nvext_all_fields(void **state)
     assert_int_equal(r->messages[0].content_len, 4);
     err(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
         KVR_EINVAL, "messages[0].content[0].image_url.url: missing");
-    err(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
-              "\"text\":\"t\",\"image_url\":{\"url\":\"u\"}}]}]}",
+    err(CHAT,
+        "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
+        "\"text\":\"t\",\"image_url\":{\"url\":\"u\"}}]}]}",
         KVR_EINVAL, "messages[0].content[0]: an image_url part has no text");
-    err(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"audio\"}]}]}",
-        KVR_EINVAL, "messages[0].content[0].type: unsupported content part type 'audio' (text or "
-                    "image_url)");
+    err(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"audio\"}]}]}", KVR_EINVAL,
+        "messages[0].content[0].type: unsupported content part type 'audio' (text or "
+        "image_url)");
     /* session_control */
     r = ok(CMPL, "{\"prompt\":\"x\",\"nvext\":{\"session_control\":{\"session_id\":\"c1\","
                  "\"action\":\"close\"},\"dp_rank\":1}}");
@@ -624,8 +625,9 @@ static void test_chat_errors(void **state)
         "messages[0].content: must be a string, an array of content parts or null");
     err(CHAT, "{\"messages\":[{\"role\":\"u\",\"content\":[\"x\"]}]}", KVR_EINVAL,
         "messages[0].content[0]: must be an object");
-    err(CHAT, "{\"messages\":[{\"role\":\"u\"},{\"role\":\"u\",\"content\":[{\"type\":\"text\","
-              "\"text\":\"a\"},{\"type\":\"input_audio\",\"input_audio\":{\"data\":\"x\"}}]}]}",
+    err(CHAT,
+        "{\"messages\":[{\"role\":\"u\"},{\"role\":\"u\",\"content\":[{\"type\":\"text\","
+        "\"text\":\"a\"},{\"type\":\"input_audio\",\"input_audio\":{\"data\":\"x\"}}]}]}",
         KVR_EINVAL,
         "messages[1].content[1].type: unsupported content part type 'input_audio' (text or "
         "image_url)");
