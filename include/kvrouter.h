@@ -101,6 +101,11 @@ typedef struct kvr_hash_opts {
 /* The salted seed for these options (1337 when neither LoRA nor namespace is set). */
 uint64_t kvr_hash_seed(const kvr_hash_opts_t *opts);
 
+/* A multimodal object's identifier as the reference maps it to an mm_hash: a 64-character
+ * hex digest (vLLM's own) gives its first 16 hex digits; with any_string, any other non-empty
+ * string its XXH3-64 (seed 0). False (nothing written) when it maps to none. */
+bool kvr_hash_mm_identifier(const char *s, size_t n, bool any_string, uint64_t *out);
+
 /* Number of complete blocks (Eagle-aware). 0 when block_size is 0. */
 size_t kvr_hash_n_blocks(size_t n_tokens, uint32_t block_size, bool is_eagle);
 

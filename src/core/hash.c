@@ -42,6 +42,34 @@ uint64_t kvr_hash_seed(const kvr_hash_opts_t *opts)
     return seed;
 }
 
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+bool kvr_hash_mm_identifier(const char *s, size_t n, bool any_string, uint64_t *out)
+{
+    if (s == NULL || n == 0)
+        return false;
+    bool hex = n == 64;
+    for (size_t i = 0; hex && i < n; i++)
+        hex = hex_digit(s[i]) >= 0;
+    if (hex) {
+        uint64_t v = 0;
+        for (size_t i = 0; i < 16; i++)
+            v = v << 4 | (uint64_t)hex_digit(s[i]);
+        *out = v;
+        return true;
+    }
+    if (!any_string)
+        return false;
+    *out = XXH3_64bits_withSeed(s, n, 0);
+    return true;
+}
+
 size_t kvr_hash_n_blocks(size_t n_tokens, uint32_t block_size, bool is_eagle)
 {
     if (block_size == 0)

@@ -350,26 +350,6 @@ static int check_taint(kvr_api_decoder_t *d, const char *where, const unsigned c
 
 /* ---- block_mm_infos ---- */
 
-/* An mm identifier as the reference maps it: a 64-character hex digest gives its first 16 hex
- * digits as the u64; any other non-empty string its XXH3-64 (seed 0). */
-static bool mm_id_hash(const unsigned char *s, size_t n, uint64_t *out)
-{
-    if (n == 0)
-        return false;
-    bool hex = n == 64;
-    for (size_t i = 0; hex && i < n; i++)
-        hex = isxdigit(s[i]) != 0;
-    if (!hex) {
-        *out = XXH3_64bits_withSeed(s, n, 0);
-        return true;
-    }
-    uint64_t v = 0;
-    for (size_t i = 0; i < 16; i++)
-        v = v << 4 | (uint64_t)(isdigit(s[i]) ? s[i] - '0' : (tolower(s[i]) - 'a' + 10));
-    *out = v;
-    return true;
-}
-
 static int mm_push(kvr_api_decoder_t *d, uint64_t h)
 {
     if (d->n_mmh >= KVR_API_MAX_MM_HASHES)
@@ -645,7 +625,7 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
     }
     if (d->state == S_MM_HASH) {
         uint64_t h;
-        if (!mm_id_hash(s, n, &h)) {
+        if (!kvr_hash_mm_identifier((const char *)s, n, true, &h)) {
             d->state = S_MM_OKEY; /* "": no identifier */
             return 1;
         }

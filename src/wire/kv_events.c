@@ -37,7 +37,7 @@
 #define NONE SIZE_MAX  /* an absent offset */
 
 struct kvr_kv_offs {
-    size_t hash, tok, lora, salt, err;
+    size_t hash, tok, lora, salt, err, xk;
 };
 
 /* The cursor's codes, and the event-level one this file adds. */
@@ -377,6 +377,83 @@ static int f_name(dctx_t *c, const char *name, size_t *off, size_t *len)
     return R_OK;
 }
 
+/* One string of extra_keys (its offset in str_buf stands in s until finish()). */
+static int push_xkey(dctx_t *c, uint64_t block, const void *s, size_t len, bool tagged)
+{
+    kvr_kv_events_t *d = c->d;
+    size_t off;
+    if (block > UINT32_MAX || d->n_xk >= KVR_KV_MAX_EXTRA_KEYS)
+        return ev_fail(c, KVR_ETOOBIG, ".extra_keys: more than %d keys",
+                       KVR_KV_MAX_EXTRA_KEYS);
+    if (kvr_grow((void **)&d->xk_buf, &d->xk_cap, d->n_xk + 1, SIZE_MAX, sizeof *d->xk_buf) !=
+            KVR_OK ||
+        push_str(d, s, len, &off) != KVR_OK)
+        return ev_fail(c, KVR_ENOMEM, ".extra_keys: out of memory");
+    d->xk_buf[d->n_xk++] = (kvr_kv_extra_key_t){(uint32_t)block, tagged,
+                                                (const char *)(uintptr_t)off, len};
+    return R_OK;
+}
+
+/* One key of a block: a string, or a [string, offset] pair, is kept; anything else (bytes of
+ * prompt embeddings, numbers) is skipped. */
+static int f_extra_key(dctx_t *c, uint64_t block)
+{
+    kvr_mp_t it;
+    if (want(c, &it) != R_OK)
+        return R_FRAME;
+    if (it.type == KVR_MP_STR) {
+        int rc = push_xkey(c, block, it.data, (size_t)it.u, false);
+        c->r.pos += it.size;
+        return rc;
+    }
+    if (it.type != KVR_MP_ARRAY || it.u != 2)
+        return kvr_mp_skip(&c->r, 1, OPEN_EVENT + 2);
+    c->r.pos += it.size;
+    kvr_mp_t s;
+    if (want(c, &s) != R_OK)
+        return R_FRAME;
+    if (s.type != KVR_MP_STR)
+        return kvr_mp_skip(&c->r, 2, OPEN_EVENT + 3);
+    int rc = push_xkey(c, block, s.data, (size_t)s.u, true);
+    c->r.pos += s.size;
+    return rc == R_OK ? kvr_mp_skip(&c->r, 1, OPEN_EVENT + 3) : rc;
+}
+
+/* vLLM's extra_keys: nil, or per block nil or an array of keys. */
+static int f_extra_keys(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
+{
+    kvr_mp_t v;
+    if (want(c, &v) != R_OK)
+        return R_FRAME;
+    if (v.type == KVR_MP_NIL) {
+        c->r.pos += v.size;
+        return R_OK;
+    }
+    if (v.type != KVR_MP_ARRAY)
+        return ev_fail(c, KVR_EPARSE, ".extra_keys: expected an array or nil, found %s",
+                       kvr_mp_tname(v.type));
+    c->r.pos += v.size;
+    o->xk = c->d->n_xk;
+    for (uint64_t b = 0; b < v.u; b++) {
+        kvr_mp_t blk;
+        if (want(c, &blk) != R_OK)
+            return R_FRAME;
+        if (blk.type != KVR_MP_ARRAY) { /* nil: nothing in this block */
+            if (kvr_mp_skip(&c->r, 1, OPEN_EVENT + 1) != R_OK)
+                return R_FRAME;
+            continue;
+        }
+        c->r.pos += blk.size;
+        for (uint64_t k = 0; k < blk.u; k++) {
+            int rc = f_extra_key(c, b);
+            if (rc != R_OK)
+                return rc;
+        }
+    }
+    ev->n_extra_keys = c->d->n_xk - o->xk;
+    return R_OK;
+}
+
 static int f_medium(dctx_t *c, kvr_kv_event_t *ev)
 {
     kvr_mp_t v;
@@ -527,6 +604,7 @@ static int event_array(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, con
                     rc = f_name(c, "lora_name", &o->lora, &ev->lora_name_len);
                 break;
             }
+            case 8: rc = f_extra_keys(c, ev, o); break;
             case 9: rc = f_group_positional(c, ev); break;
             case 12: rc = f_locality(c, ev, true); break;
             default: rc = kvr_mp_skip(&c->r, 1, OPEN_EVENT); break;
@@ -548,14 +626,14 @@ static int event_array(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, con
 
 enum key {
     K_TYPE, K_HASHES, K_PARENT, K_TOKENS, K_BLOCK_SIZE, K_MEDIUM, K_LORA_NAME, K_GROUP_IDX,
-    K_LOCALITY, K_CACHE_SALT, K_IS_EAGLE, K_METADATA, K_OTHER,
+    K_LOCALITY, K_CACHE_SALT, K_IS_EAGLE, K_METADATA, K_EXTRA_KEYS, K_OTHER,
 };
 
 static const char *const KEY_NAMES[K_OTHER] = {
     "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "medium",
-    "lora_name", "group_idx", "locality", "cache_salt", "is_eagle", "metadata",
+    "lora_name", "group_idx", "locality", "cache_salt", "is_eagle", "metadata", "extra_keys",
 };
-static const uint8_t KEY_LENS[K_OTHER] = {4, 12, 17, 9, 10, 6, 9, 9, 8, 10, 8, 8};
+static const uint8_t KEY_LENS[K_OTHER] = {4, 12, 17, 9, 10, 6, 9, 9, 8, 10, 8, 8, 10};
 
 static enum key event_key(const kvr_mp_t *k)
 {
@@ -661,6 +739,9 @@ static int event_map(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, const
         case K_METADATA:
             rc = stored ? f_metadata(c, "metadata", ev, o) : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
+        case K_EXTRA_KEYS:
+            rc = stored ? f_extra_keys(c, ev, o) : kvr_mp_skip(&c->r, 1, OPEN_EVENT);
+            break;
         default:  /* K_TYPE (read above) and unknown keys */
             rc = kvr_mp_skip(&c->r, 1, OPEN_EVENT);
             break;
@@ -688,7 +769,7 @@ static void event_reset(kvr_kv_event_t *ev, struct kvr_kv_offs *o)
     ev->status = KVR_OK;
     ev->tier = KVR_TIER_DEVICE;
     *o = (struct kvr_kv_offs){.hash = NONE, .tok = NONE, .lora = NONE, .salt = NONE,
-                              .err = NONE};
+                              .err = NONE, .xk = NONE};
 }
 
 /* Decodes event i at the cursor. R_OK (the event has its own status) or R_FRAME. */
@@ -700,7 +781,8 @@ static int decode_event(dctx_t *c, size_t i)
     event_reset(ev, o);
     c->ev = i;
     c->ev_status = KVR_OK;
-    size_t start = c->r.pos, tok0 = d->n_tok, hash0 = d->n_hash, str0 = d->n_str;
+    size_t start = c->r.pos, tok0 = d->n_tok, hash0 = d->n_hash, str0 = d->n_str,
+           xk0 = d->n_xk;
 
     kvr_mp_t v;
     int rc;
@@ -720,6 +802,7 @@ static int decode_event(dctx_t *c, size_t i)
     d->n_tok = tok0;
     d->n_hash = hash0;
     d->n_str = str0;
+    d->n_xk = xk0;
     c->r.pos = start;
     if (kvr_mp_skip(&c->r, 1, OPEN_EVENT - 1) != R_OK)
         return R_FRAME;
@@ -884,6 +967,9 @@ static void finish(kvr_kv_events_t *d)
         if (ev->cache_salt == NULL)
             ev->cache_salt_len = 0;
         ev->err = o->err != NONE ? d->str_buf + o->err : empty;
+        ev->extra_keys = o->xk != NONE && ev->n_extra_keys > 0 ? d->xk_buf + o->xk : NULL;
+        for (size_t k = 0; ev->extra_keys != NULL && k < ev->n_extra_keys; k++)
+            d->xk_buf[o->xk + k].s = d->str_buf + (size_t)(uintptr_t)d->xk_buf[o->xk + k].s;
         if (ev->status != KVR_OK)
             d->counts.errors++;
         else if (ev->kind == KVR_KV_IGNORED)
@@ -920,6 +1006,9 @@ void kvr_kv_events_deinit(kvr_kv_events_t *d)
     free(d->str_buf);
     free(d->blk_buf);
     free(d->lbh_buf);
+    free(d->xk_buf);
+    free(d->mm_buf);
+    free(d->mmh_buf);
     kvr_kv_limits_t limits = d->limits;
     kvr_kv_stats_t stats = d->stats;
     kvr_kv_events_init(d);
@@ -937,7 +1026,7 @@ int kvr_kv_events_decode(kvr_kv_events_t *d, const void *payload, size_t len)
     memset(&d->counts, 0, sizeof d->counts);
     d->err[0] = '\0';
     d->conv_err[0] = '\0';
-    d->n_tok = d->n_hash = d->n_str = 0;
+    d->n_tok = d->n_hash = d->n_str = d->n_xk = 0;
     d->stats.batches++;
 
     int rc;
@@ -990,6 +1079,63 @@ static int conv_fail(kvr_kv_events_t *d, int status, const char *fmt, ...)
     vsnprintf(d->conv_err, sizeof d->conv_err, fmt, ap);
     va_end(ap);
     return status;
+}
+
+/* vLLM's extra_keys, read as the reference reads them:
+ *   - a cache namespace: in the first block, a bare key "dynamo-cache-salt:NAME" (after
+ *     skipping the first key equal to the LoRA name), when the event names no cache_salt;
+ *   - multimodal objects: a tagged key ([identifier, offset], vLLM >= 0.19) is an identifier
+ *     (a 64-digit hex digest gives its first 16 digits, another string its XXH3-64); a bare key
+ *     counts only as a 64-digit hex digest and never when it equals the LoRA name (bare
+ *     strings are also LoRA names and salts). */
+static bool is_lora(const kvr_kv_event_t *ev, const kvr_kv_extra_key_t *k)
+{
+    return ev->lora_name != NULL && k->len == ev->lora_name_len &&
+           memcmp(k->s, ev->lora_name, k->len) == 0;
+}
+
+static void salt_from_extra_keys(const kvr_kv_event_t *ev, kvr_hash_opts_t *o)
+{
+    static const char tag[] = "dynamo-cache-salt:";
+    bool lora_skipped = false;
+    for (size_t k = 0; k < ev->n_extra_keys && ev->extra_keys[k].block == 0; k++) {
+        const kvr_kv_extra_key_t *x = &ev->extra_keys[k];
+        if (x->tagged)
+            continue;
+        if (!lora_skipped && is_lora(ev, x)) {
+            lora_skipped = true;
+            continue;
+        }
+        if (x->len > sizeof tag - 1 && memcmp(x->s, tag, sizeof tag - 1) == 0) {
+            o->cache_namespace = x->s + sizeof tag - 1;
+            o->cache_namespace_len = x->len - (sizeof tag - 1);
+            return;
+        }
+    }
+}
+
+static int mm_from_extra_keys(kvr_kv_events_t *d, const kvr_kv_event_t *ev, kvr_hash_opts_t *o)
+{
+    size_t n = ev->n_extra_keys;
+    if ((n > d->mmh_cap &&
+         kvr_grow((void **)&d->mmh_buf, &d->mmh_cap, n, SIZE_MAX, sizeof *d->mmh_buf) != KVR_OK) ||
+        (n > d->mm_cap &&
+         kvr_grow((void **)&d->mm_buf, &d->mm_cap, n, SIZE_MAX, sizeof *d->mm_buf) != KVR_OK))
+        return KVR_ENOMEM;
+    size_t nh = 0, nb = 0;
+    for (size_t k = 0; k < n; k++) {
+        const kvr_kv_extra_key_t *x = &ev->extra_keys[k];
+        uint64_t h;
+        if ((!x->tagged && is_lora(ev, x)) || !kvr_hash_mm_identifier(x->s, x->len, x->tagged, &h))
+            continue;
+        if (nb == 0 || d->mm_buf[nb - 1].block != x->block)
+            d->mm_buf[nb++] = (kvr_block_mm_t){x->block, d->mmh_buf + nh, 0};
+        d->mmh_buf[nh++] = h;
+        d->mm_buf[nb - 1].n_hashes++;
+    }
+    o->mm = nb > 0 ? d->mm_buf : NULL;
+    o->n_mm = nb;
+    return KVR_OK;
 }
 
 int kvr_kv_events_convert(kvr_kv_events_t *d, size_t i, const kvr_kv_target_t *t,
@@ -1056,6 +1202,12 @@ int kvr_kv_events_convert(kvr_kv_events_t *d, size_t i, const kvr_kv_target_t *t
             .cache_namespace_len = ev->cache_salt_len,
             .is_eagle = ev->is_eagle,
         };
+        if (ev->n_extra_keys > 0) {
+            if (opts.cache_namespace == NULL)
+                salt_from_extra_keys(ev, &opts);
+            if (mm_from_extra_keys(d, ev, &opts) != KVR_OK)
+                return conv_fail(d, KVR_ENOMEM, "events[%zu]: out of memory", i);
+        }
         long got = kvr_hash_blocks(ev->tokens, (size_t)need, bs, &opts, d->lbh_buf, n);
         if (got < 0 || (size_t)got != n)
             return conv_fail(d, got < 0 ? (int)got : KVR_EINVAL, "events[%zu]: hashing gave "

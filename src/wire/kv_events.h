@@ -51,6 +51,7 @@
 #define KVR_KV_MAX_EVENTS ((size_t)1 << 16)
 #define KVR_KV_MAX_TOKENS ((size_t)1 << 21)
 #define KVR_KV_MAX_HASHES ((size_t)1 << 17)
+#define KVR_KV_MAX_EXTRA_KEYS (1 << 16) /* extra_keys strings in one batch */
 
 typedef struct kvr_kv_limits {
     size_t max_payload_bytes;  /* bytes per payload (batch error) */
@@ -90,7 +91,18 @@ typedef struct kvr_kv_event {
     size_t lora_name_len;
     const char *cache_salt;    /* NULL = none; vLLM "cache_salt" key or SGLang metadata */
     size_t cache_salt_len;
+    const struct kvr_kv_extra_key *extra_keys; /* STORED: vLLM extra_keys' string keys, in */
+    size_t n_extra_keys;                       /* block order (NULL / 0 when none) */
 } kvr_kv_event_t;
+
+/* One string of a block's vLLM extra_keys: bare (an mm digest, a LoRA name or a cache salt,
+ * told apart at conversion) or tagged (the first of a [string, offset] pair: an mm object). */
+typedef struct kvr_kv_extra_key {
+    uint32_t block;
+    bool tagged;
+    const char *s; /* NUL-terminated */
+    size_t len;
+} kvr_kv_extra_key_t;
 
 /* Per-batch tallies (of the last decode). */
 typedef struct kvr_kv_counts {
@@ -138,6 +150,12 @@ typedef struct kvr_kv_events {
     kvr_block_t *blk_buf;      /* conversion scratch */
     uint64_t *lbh_buf;
     size_t blk_cap;
+    kvr_kv_extra_key_t *xk_buf; /* every event's extra keys (s: an offset in str_buf until the
+                                   decode ends) */
+    size_t xk_cap, n_xk;
+    kvr_block_mm_t *mm_buf;     /* conversion scratch: a stored event's multimodal blocks */
+    uint64_t *mmh_buf;
+    size_t mm_cap, mmh_cap;
 } kvr_kv_events_t;
 
 void kvr_kv_events_init(kvr_kv_events_t *d);

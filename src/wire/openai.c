@@ -633,7 +633,7 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
                                                KVR_OAI_MAX_IMAGES, sizeof *d->img) != KVR_OK)
             return fail(d, d->n_img >= KVR_OAI_MAX_IMAGES ? KVR_ETOOBIG : KVR_ENOMEM,
                         "messages: more than %d images", KVR_OAI_MAX_IMAGES);
-        d->img[d->n_img++] = XXH3_64bits_withSeed(s, n, 0); /* the reference's id mapping */
+        (void)kvr_hash_mm_identifier((const char *)s, n, true, &d->img[d->n_img++]);
         break;
     case T_TEXT:
         if (!content_text(d, p, s, n))

@@ -577,6 +577,36 @@ def scenario_chat_images():
             m.stop()
 
 
+def scenario_vllm_mm_events(ctx):
+    """vLLM's extra_keys are read as the reference reads them: a block whose extra_keys name an
+    image (its 64-hex digest) is indexed with that image, so a request naming the same image in
+    block_mm_infos finds all of it, and one without the image only the blocks before it.
+    Before, extra_keys were skipped and the image blocks matched requests without images."""
+    eng = Engine(ctx)
+    try:
+        r = serve("--worker", f"id=1,events={eng.endpoint()},replay={eng.replay_endpoint()}")
+        try:
+            check("mm events: subscribed", eng.wait_subscribed(1))
+            toks = tokens_for(121, 3)
+            digest = "fedcba9876543210" * 4
+            ev = vllm_stored_array(engine_hashes(121, 3), None, toks) + [None, [None, [digest], None]]
+            eng.send(batch([ev]))
+            mm = [None, {"mm_objects": [{"mm_hash": int(digest[:16], 16)}]}, None]
+
+            def overlap(body):
+                st, x = r.call("POST", "/v1/route", dict(body, tokens=toks, update_state=False))
+                return x.get("overlap_blocks") if st == 200 else (st, x)
+            check("mm events: the same image finds all 3 blocks",
+                  eventually(lambda: overlap({"block_mm_infos": mm}) == 3),
+                  overlap({"block_mm_infos": mm}))
+            check("mm events: without the image only the block before it", overlap({}) == 1,
+                  overlap({}))
+        finally:
+            r.stop()
+    finally:
+        eng.close()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -594,6 +624,7 @@ def main():
         scenario_learned_adapters()
         scenario_mocker_adapters()
         scenario_chat_images()
+        scenario_vllm_mm_events(ctx)
     finally:
         kill_children()
         ctx.term()

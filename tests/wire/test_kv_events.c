@@ -22,6 +22,7 @@
 
 #include <cmocka.h>
 #include <msgpack.h>
+#include <xxhash.h>
 #include <yajl/yajl_tree.h>
 
 #include "kvrouter.h"
@@ -685,6 +686,75 @@ static void test_convert_sglang_salt_eagle_short(void **state)
     assert_true(d->stats.convert_short_tokens >= 1);
 }
 
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+    msgpack_pack_str(pk, strlen(s));
+    msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+/* vLLM's extra_keys, read as the reference reads them: a 64-digit hex digest (bare) or any
+ * identifier tagged with an offset is a multimodal object of its block; the LoRA name and
+ * other bare strings are not; "dynamo-cache-salt:NAME" in the first block is the namespace. */
+static void test_convert_extra_keys(void **state)
+{
+    kvr_kv_events_t *d = *state;
+    static const char digest[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_double(&pk, 1.0);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_array(&pk, 9);
+    pack_str(&pk, "BlockStored");
+    msgpack_pack_array(&pk, 3);
+    for (int k = 1; k <= 3; k++)
+        msgpack_pack_uint64(&pk, (uint64_t)k);
+    msgpack_pack_nil(&pk);
+    msgpack_pack_array(&pk, 6);
+    for (uint32_t k = 0; k < 6; k++)
+        msgpack_pack_uint32(&pk, 100 + k);
+    msgpack_pack_uint32(&pk, 2);
+    msgpack_pack_nil(&pk);
+    pack_str(&pk, "GPU");
+    pack_str(&pk, "sql");
+    msgpack_pack_array(&pk, 3); /* extra_keys */
+    msgpack_pack_array(&pk, 2);
+    pack_str(&pk, "sql");
+    pack_str(&pk, "dynamo-cache-salt:t1");
+    msgpack_pack_array(&pk, 2);
+    pack_str(&pk, digest);
+    msgpack_pack_bin(&pk, 3);
+    msgpack_pack_bin_body(&pk, "emb", 3);
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_array(&pk, 2);
+    pack_str(&pk, "opaque-img");
+    msgpack_pack_int(&pk, -3);
+    pack_str(&pk, "sql");
+    pack_str(&pk, "not-a-digest");
+    msgpack_pack_nil(&pk);
+    expect_ok(d, (const uint8_t *)sb.data, sb.size);
+    assert_int_equal(d->events[0].n_extra_keys, 6);
+    kvr_kv_target_t t = {.worker = {.worker_id = 1}, .block_size = 2};
+    kvr_event_t out;
+    assert_int_equal(kvr_kv_events_convert(d, 0, &t, &out), 1);
+    uint64_t img = XXH3_64bits_withSeed("opaque-img", 10, 0), dig = U64(0x0123456789abcdef);
+    kvr_block_mm_t mm[2] = {{1, &dig, 1}, {2, &img, 1}};
+    kvr_hash_opts_t o = {.lora_name = "sql", .lora_name_len = 3, .cache_namespace = "t1",
+                         .cache_namespace_len = 2, .mm = mm, .n_mm = 2};
+    static const uint32_t toks[] = {100, 101, 102, 103, 104, 105};
+    uint64_t lbh[3];
+    assert_int_equal(kvr_hash_blocks(toks, 6, 2, &o, lbh, 3), 3);
+    for (int k = 0; k < 3; k++)
+        assert_true(out.blocks[k].lbh == lbh[k]);
+    /* the images mattered: without them block 1 would hash otherwise */
+    o.n_mm = 0;
+    assert_int_equal(kvr_hash_blocks(toks, 6, 2, &o, lbh, 3), 3);
+    assert_true(out.blocks[0].lbh == lbh[0] && out.blocks[1].lbh != lbh[1]);
+    msgpack_sbuffer_destroy(&sb);
+}
+
 static void test_convert_removed_cleared_and_index(void **state)
 {
     kvr_kv_events_t *d = *state;
@@ -991,6 +1061,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tier_mapping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_convert_stored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_convert_sglang_salt_eagle_short, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_convert_extra_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_convert_removed_cleared_and_index, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fixtures, setup, teardown),
     };
