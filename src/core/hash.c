@@ -44,7 +44,7 @@ uint64_t kvr_hash_seed(const kvr_hash_opts_t *opts)
 
 static int hex_digit(char c)
 {
-    return c >= '0' && c <= '9' ? c - '0'
+    return c >= '0' && c <= '9'   ? c - '0'
            : c >= 'a' && c <= 'f' ? c - 'a' + 10
            : c >= 'A' && c <= 'F' ? c - 'A' + 10
                                   : -1;

@@ -383,14 +383,13 @@ static int push_xkey(dctx_t *c, uint64_t block, const void *s, size_t len, bool 
     kvr_kv_events_t *d = c->d;
     size_t off;
     if (block > UINT32_MAX || d->n_xk >= KVR_KV_MAX_EXTRA_KEYS)
-        return ev_fail(c, KVR_ETOOBIG, ".extra_keys: more than %d keys",
-                       KVR_KV_MAX_EXTRA_KEYS);
+        return ev_fail(c, KVR_ETOOBIG, ".extra_keys: more than %d keys", KVR_KV_MAX_EXTRA_KEYS);
     if (kvr_grow((void **)&d->xk_buf, &d->xk_cap, d->n_xk + 1, SIZE_MAX, sizeof *d->xk_buf) !=
             KVR_OK ||
         push_str(d, s, len, &off) != KVR_OK)
         return ev_fail(c, KVR_ENOMEM, ".extra_keys: out of memory");
-    d->xk_buf[d->n_xk++] = (kvr_kv_extra_key_t){(uint32_t)block, tagged,
-                                                (const char *)(uintptr_t)off, len};
+    d->xk_buf[d->n_xk++] =
+        (kvr_kv_extra_key_t){(uint32_t)block, tagged, (const char *)(uintptr_t)off, len};
     return R_OK;
 }
 
@@ -604,7 +603,9 @@ static int event_array(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, con
                     rc = f_name(c, "lora_name", &o->lora, &ev->lora_name_len);
                 break;
             }
-            case 8: rc = f_extra_keys(c, ev, o); break;
+            case 8:
+                rc = f_extra_keys(c, ev, o);
+                break;
             case 9: rc = f_group_positional(c, ev); break;
             case 12: rc = f_locality(c, ev, true); break;
             default: rc = kvr_mp_skip(&c->r, 1, OPEN_EVENT); break;
@@ -625,13 +626,26 @@ static int event_array(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o, con
 }
 
 enum key {
-    K_TYPE, K_HASHES, K_PARENT, K_TOKENS, K_BLOCK_SIZE, K_MEDIUM, K_LORA_NAME, K_GROUP_IDX,
-    K_LOCALITY, K_CACHE_SALT, K_IS_EAGLE, K_METADATA, K_EXTRA_KEYS, K_OTHER,
+    K_TYPE,
+    K_HASHES,
+    K_PARENT,
+    K_TOKENS,
+    K_BLOCK_SIZE,
+    K_MEDIUM,
+    K_LORA_NAME,
+    K_GROUP_IDX,
+    K_LOCALITY,
+    K_CACHE_SALT,
+    K_IS_EAGLE,
+    K_METADATA,
+    K_EXTRA_KEYS,
+    K_OTHER,
 };
 
 static const char *const KEY_NAMES[K_OTHER] = {
-    "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "medium",
-    "lora_name", "group_idx", "locality", "cache_salt", "is_eagle", "metadata", "extra_keys",
+    "type",     "block_hashes", "parent_block_hash", "token_ids", "block_size",
+    "medium",   "lora_name",    "group_idx",         "locality",  "cache_salt",
+    "is_eagle", "metadata",     "extra_keys",
 };
 static const uint8_t KEY_LENS[K_OTHER] = {4, 12, 17, 9, 10, 6, 9, 9, 8, 10, 8, 8, 10};
 
@@ -768,8 +782,8 @@ static void event_reset(kvr_kv_event_t *ev, struct kvr_kv_offs *o)
     ev->kind = KVR_KV_IGNORED;
     ev->status = KVR_OK;
     ev->tier = KVR_TIER_DEVICE;
-    *o = (struct kvr_kv_offs){.hash = NONE, .tok = NONE, .lora = NONE, .salt = NONE,
-                              .err = NONE, .xk = NONE};
+    *o = (struct kvr_kv_offs){
+        .hash = NONE, .tok = NONE, .lora = NONE, .salt = NONE, .err = NONE, .xk = NONE};
 }
 
 /* Decodes event i at the cursor. R_OK (the event has its own status) or R_FRAME. */
@@ -781,8 +795,7 @@ static int decode_event(dctx_t *c, size_t i)
     event_reset(ev, o);
     c->ev = i;
     c->ev_status = KVR_OK;
-    size_t start = c->r.pos, tok0 = d->n_tok, hash0 = d->n_hash, str0 = d->n_str,
-           xk0 = d->n_xk;
+    size_t start = c->r.pos, tok0 = d->n_tok, hash0 = d->n_hash, str0 = d->n_str, xk0 = d->n_xk;
 
     kvr_mp_t v;
     int rc;

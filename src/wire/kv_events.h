@@ -153,7 +153,7 @@ typedef struct kvr_kv_events {
     kvr_kv_extra_key_t *xk_buf; /* every event's extra keys (s: an offset in str_buf until the
                                    decode ends) */
     size_t xk_cap, n_xk;
-    kvr_block_mm_t *mm_buf;     /* conversion scratch: a stored event's multimodal blocks */
+    kvr_block_mm_t *mm_buf; /* conversion scratch: a stored event's multimodal blocks */
     uint64_t *mmh_buf;
     size_t mm_cap, mmh_cap;
 } kvr_kv_events_t;

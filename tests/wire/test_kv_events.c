@@ -741,8 +741,12 @@ static void test_convert_extra_keys(void **state)
     assert_int_equal(kvr_kv_events_convert(d, 0, &t, &out), 1);
     uint64_t img = XXH3_64bits_withSeed("opaque-img", 10, 0), dig = U64(0x0123456789abcdef);
     kvr_block_mm_t mm[2] = {{1, &dig, 1}, {2, &img, 1}};
-    kvr_hash_opts_t o = {.lora_name = "sql", .lora_name_len = 3, .cache_namespace = "t1",
-                         .cache_namespace_len = 2, .mm = mm, .n_mm = 2};
+    kvr_hash_opts_t o = {.lora_name = "sql",
+                         .lora_name_len = 3,
+                         .cache_namespace = "t1",
+                         .cache_namespace_len = 2,
+                         .mm = mm,
+                         .n_mm = 2};
     static const uint32_t toks[] = {100, 101, 102, 103, 104, 105};
     uint64_t lbh[3];
     assert_int_equal(kvr_hash_blocks(toks, 6, 2, &o, lbh, 3), 3);
