@@ -24,13 +24,11 @@
  */
 #include "wire/api_json.h"
 
-#include <ctype.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <xxhash.h>
 #include <yajl/yajl_parse.h>
 
 #include "core/grow.h"

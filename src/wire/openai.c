@@ -29,7 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <xxhash.h>
 #include <yajl/yajl_parse.h>
 
 #include "core/grow.h"
@@ -62,7 +61,7 @@ enum type {
     T_ONE,       /* n: the integer 1 */
     T_CONTENT,   /* string | array of parts | null */
     T_PART_TYPE, /* "text" or "image_url" */
-    T_IMAGE_URL, /* an image part's url: hashed (XXH3-64, seed 0), not kept */
+    T_IMAGE_URL, /* an image part's url: hashed (kvr_hash_mm_identifier), not kept */
     T_TEXT,      /* a content part's text */
 };
 
