@@ -23,6 +23,7 @@
 
 #include "core/endpoint.h"
 #include "core/grow.h"
+#include "core/namelist.h"
 #include "core/session.h"
 
 typedef struct wentry {
@@ -48,7 +49,12 @@ struct kvr_router {
     bool *wfit;      /* per worker (cap_w): serves the request being routed (model, adapter) */
     bool all_fit;    /* every worker serves it (wfit not consulted) */
     size_t n_pooled; /* workers registered with a model or adapters (0: no pool logic) */
-    uint32_t cur_bs; /* the request being routed: its model's block size */
+    struct pool {    /* the request being routed: how its prompt is hashed (pool_of) */
+        uint32_t bs;
+        bool eagle;
+        const char *lora;
+        size_t lora_len;
+    } cur;
 
     kvr_select_candidate_t *cands;
     kvr_load_projection_t *proj;
@@ -642,22 +648,10 @@ static bool model_is(const kvr_worker_spec_t *s, const char *m, size_t n)
     return strlen(s->model) == n && memcmp(s->model, m, n) == 0;
 }
 
-static bool in_list(const char *list, const char *l, size_t n)
-{
-    for (const char *p = list; *p != '\0';) {
-        const char *e = strchr(p, ';');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == n && memcmp(p, l, n) == 0)
-            return true;
-        p += len + (e ? 1 : 0);
-    }
-    return false;
-}
-
 /* The worker serves the adapter: registered with it, or its engine lists it. */
 static bool serves_lora(const wentry_t *w, const char *l, size_t n)
 {
-    return in_list(w->spec.loras, l, n) || in_list(w->learned, l, n);
+    return kvr_namelist_has(w->spec.loras, l, n) || kvr_namelist_has(w->learned, l, n);
 }
 
 /* The worker takes part in model pools (a model, or adapters registered or learned). */
@@ -691,15 +685,17 @@ const char *kvr_router_learned_loras(const kvr_router_t *r, uint64_t worker_id)
     return i < 0 ? "" : r->w[i].learned;
 }
 
-/* The worker whose settings the request's prompt is hashed with: its model's first worker,
- * else the first worker serving any model, else (no model named) the first worker. */
+/* The worker whose settings the request's prompt is hashed with: the first worker of its
+ * model (or serving the adapter it names as its model), else the first worker serving any
+ * model, else (no model named) the first worker. */
 static const kvr_worker_spec_t *pool_ref(const kvr_router_t *r, const kvr_route_req_t *q)
 {
     bool named = q->model != NULL && q->model_len > 0;
     const kvr_worker_spec_t *any = NULL;
     for (size_t i = 0; i < r->n_w; i++) {
         const kvr_worker_spec_t *s = &r->w[i].spec;
-        if (!named || model_is(s, q->model, q->model_len))
+        if (!named || model_is(s, q->model, q->model_len) ||
+            (r->n_pooled > 0 && serves_lora(&r->w[i], q->model, q->model_len)))
             return s;
         if (any == NULL && s->model[0] == '\0')
             any = s;
@@ -707,9 +703,21 @@ static const kvr_worker_spec_t *pool_ref(const kvr_router_t *r, const kvr_route_
     return any;
 }
 
-static uint32_t pool_bs(const kvr_router_t *r, const kvr_worker_spec_t *ref)
+typedef struct pool pool_t;
+
+/* How q's prompt is hashed: its model's block size and Eagle setting, and its adapter (its
+ * lora_name, or its model when that names an adapter, as vLLM's server takes adapters). */
+static pool_t pool_of(const kvr_router_t *r, const kvr_route_req_t *q)
 {
-    return ref != NULL && ref->block_size ? ref->block_size : r->cfg.block_size;
+    const kvr_worker_spec_t *ref = pool_ref(r, q);
+    pool_t p = {ref != NULL && ref->block_size ? ref->block_size : r->cfg.block_size,
+                ref != NULL && ref->eagle, q->lora_name, q->lora_name_len};
+    if ((p.lora == NULL || p.lora_len == 0) && q->model != NULL && q->model_len > 0 &&
+        kvr_router_is_adapter(r, q->model, q->model_len)) {
+        p.lora = q->model;
+        p.lora_len = q->model_len;
+    }
+    return p;
 }
 
 bool kvr_router_is_adapter(const kvr_router_t *r, const char *name, size_t len)
@@ -727,21 +735,20 @@ bool kvr_router_is_adapter(const kvr_router_t *r, const char *name, size_t len)
 
 size_t kvr_router_n_blocks(const kvr_router_t *r, const kvr_route_req_t *q)
 {
-    const kvr_worker_spec_t *ref = pool_ref(r, q);
-    return kvr_hash_n_blocks(q->n_tokens, pool_bs(r, ref), ref != NULL && ref->eagle);
+    pool_t p = pool_of(r, q);
+    return kvr_hash_n_blocks(q->n_tokens, p.bs, p.eagle);
 }
 
-/* Marks, per worker, whether it serves q (r->wfit) and sets r->cur_bs. KVR_ENOMODEL when no
+/* Marks, per worker, whether it serves q (r->wfit) and sets r->cur (pool_of). KVR_ENOMODEL when no
  * worker serves the named model, or (lora_strict) none declares the named adapter. */
 static int resolve_pool(kvr_router_t *r, const kvr_route_req_t *q, const char **field)
 {
     bool named = q->model != NULL && q->model_len > 0;
     bool lora = q->lora_name != NULL && q->lora_name_len > 0;
     r->all_fit = r->n_pooled == 0 || (!named && !lora);
-    if (r->all_fit) { /* no pool applies: the common case costs nothing per worker */
-        r->cur_bs = pool_bs(r, r->n_w > 0 ? &r->w[0].spec : NULL);
+    r->cur = pool_of(r, q); /* O(1) when no pool applies (the first worker is the reference) */
+    if (r->all_fit)
         return KVR_OK;
-    }
     size_t n_model = 0, n_lora = 0;
     for (size_t i = 0; i < r->n_w; i++) {
         const kvr_worker_spec_t *s = &r->w[i].spec;
@@ -751,7 +758,6 @@ static int resolve_pool(kvr_router_t *r, const kvr_route_req_t *q, const char **
         n_model += m;
         n_lora += m && lora && serves_lora(&r->w[i], q->lora_name, q->lora_name_len);
     }
-    r->cur_bs = pool_bs(r, pool_ref(r, q));
     if (named && n_model == 0 && r->n_w > 0) {
         *field = "model: no worker serves it";
         return KVR_ENOMODEL;
@@ -818,25 +824,24 @@ static int reserve_hash_scratch(kvr_router_t *r, size_t n)
     return rc;
 }
 
-static long hash_into(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *lbh, uint64_t *seq,
+static long hash_into(const kvr_route_req_t *q, const pool_t *p, uint64_t *lbh, uint64_t *seq,
                       size_t cap)
 {
-    const kvr_worker_spec_t *ref = pool_ref(r, q);
-    kvr_hash_opts_t o = {.lora_name = q->lora_name,
-                         .lora_name_len = q->lora_name_len,
+    kvr_hash_opts_t o = {.lora_name = p->lora,
+                         .lora_name_len = p->lora_len,
                          .cache_namespace = q->cache_namespace,
                          .cache_namespace_len = q->cache_namespace_len,
-                         .is_eagle = ref != NULL && ref->eagle,
+                         .is_eagle = p->eagle,
                          .mm = q->mm,
                          .n_mm = q->n_mm};
-    return kvr_hash_prompt(q->tokens, q->n_tokens, pool_bs(r, ref), &o, lbh, seq, cap);
+    return kvr_hash_prompt(q->tokens, q->n_tokens, p->bs, &o, lbh, seq, cap);
 }
 
 /* Points r->cur_lbh / r->cur_seq at the prompt's hashes (the request's own when it brings
  * them, else hashed into the scratch); returns the block count or a status. */
 static long hash_prompt(kvr_router_t *r, const kvr_route_req_t *q)
 {
-    size_t n = kvr_router_n_blocks(r, q);
+    size_t n = kvr_hash_n_blocks(q->n_tokens, r->cur.bs, r->cur.eagle); /* resolve_pool's */
     /* hashes made before the model's settings were known (a request queued while no
      * worker was registered) are remade from the tokens */
     if (q->hashed && (q->n_hashed == n || q->tokens == NULL)) {
@@ -857,7 +862,7 @@ static long hash_prompt(kvr_router_t *r, const kvr_route_req_t *q)
         return rc;
     r->cur_lbh = r->lbh; /* after the growth: it may have moved them */
     r->cur_seq = r->seq;
-    return hash_into(r, q, r->lbh, r->seq, r->cap_blocks);
+    return hash_into(q, &r->cur, r->lbh, r->seq, r->cap_blocks);
 }
 
 long kvr_router_hash(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *block_hashes,
@@ -865,7 +870,8 @@ long kvr_router_hash(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *
 {
     if (q->n_tokens > 0 && q->tokens == NULL)
         return KVR_EINVAL;
-    return hash_into(r, q, block_hashes, seq_hashes, cap);
+    pool_t p = pool_of(r, q);
+    return hash_into(q, &p, block_hashes, seq_hashes, cap);
 }
 
 /* Looks the prompt up and writes each rank's tiers into cands. */
@@ -899,7 +905,7 @@ static uint64_t cached_tokens_of(const kvr_router_t *r, const kvr_select_candida
 {
     double eff = c->device_blocks + r->sel.host_cache_hit_weight * c->host_blocks +
                  r->sel.disk_cache_hit_weight * c->disk_blocks;
-    return (uint64_t)llround(eff * r->cur_bs);
+    return (uint64_t)llround(eff * r->cur.bs);
 }
 
 /* A request's override of a load setting (kvr_load_opt_t). */
@@ -1048,7 +1054,7 @@ static int decide(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
     kvr_select_request_t sr = {
         .isl_tokens = q->n_tokens,
         .request_blocks = 0,
-        .block_size = r->cur_bs,
+        .block_size = r->cur.bs,
         .track_prefill_tokens = q->has_track_prefill_tokens ? q->track_prefill_tokens
                                                             : r->cfg.router_track_prefill_tokens,
         .has_pinned = q->has_pinned,
@@ -1112,7 +1118,7 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
         .cached_tokens = res->cached_tokens,
         .has_expected_output_tokens = q->has_expected_output_tokens,
         .expected_output_tokens = q->expected_output_tokens,
-        .block_size = r->cur_bs,
+        .block_size = r->cur.bs,
         .assume_kv_reuse = load_opt(q->has_assume_kv_reuse, q->assume_kv_reuse),
         .track_prefill_tokens = load_opt(q->has_track_prefill_tokens, q->track_prefill_tokens)};
     int rc = kvr_load_admit(r->load, &lr, now_ms, &res->handle);
@@ -1196,7 +1202,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         res->device_blocks = c->device_blocks;
         res->cached_tokens = sel.cached_tokens;
         res->overlap_blocks = (uint32_t)llround(sel.effective_overlap_blocks);
-        res->block_size = r->cur_bs;
+        res->block_size = r->cur.bs;
         if (r->cfg.router_mode != KVR_MODE_KV && r->cfg.router_mode != KVR_MODE_APPROX)
             res->cached_tokens = 0;
         rc = book(r, q, (size_t)n_blocks, now_ms, res);

@@ -10,6 +10,7 @@
 #include <event2/http.h>
 #include <yajl/yajl_tree.h>
 
+#include "core/namelist.h"
 #include "kvrouter/router.h"
 #include "net/api_server.h"
 #include "net/frontend_int.h"
@@ -43,12 +44,10 @@ static void add_registered(kvr_frontend_t *fe, kvr_oai_model_t *ms, size_t *n, c
             continue;
         if (sp->model[0] != '\0')
             add_named(ms, n, names, &used, sp->model, strlen(sp->model));
-        for (const char *l = sp->loras; *l != '\0';) {
-            const char *e = strchr(l, ';');
-            size_t len = e ? (size_t)(e - l) : strlen(l);
+        const char *cur = sp->loras, *l;
+        size_t len;
+        while (kvr_namelist_next(&cur, &l, &len))
             add_named(ms, n, names, &used, l, len);
-            l += len + (e ? 1 : 0);
-        }
     }
 }
 

@@ -930,12 +930,6 @@ static bool copy_routing(fe_req_t *p, const kvr_oai_request_t *rq)
         p->n_images = rq->n_images;
     }
     const kvr_oai_nvext_t *x = &rq->nvext;
-    if ((!rq->has_nvext || x->lora_name == NULL) && p->model_len > 0 &&
-        kvr_router_is_adapter(p->fe->r, p->model, p->model_len)) {
-        if ((p->lora = strdup(p->model)) == NULL) /* the model named is an adapter */
-            return false;
-        p->lora_len = p->model_len;
-    }
     if (!rq->has_nvext)
         return true;
     if (x->lora_name != NULL) {

@@ -31,6 +31,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "core/namelist.h"
 #include "kvrouter.h"
 #include "net/http_conn.h"
 #include "net/kv_publisher.h"
@@ -184,19 +185,16 @@ int kvr_mocker_config_validate(const kvr_mocker_config_t *c, char *err, size_t e
         snprintf(err, err_len, "event-format: must be array or map");
         return KVR_EINVAL;
     }
-    size_t n = 0;
-    for (const char *l = c->loras; *l != '\0';) {
-        const char *e = strchr(l, ';');
-        size_t len = e ? (size_t)(e - l) : strlen(l);
+    size_t n = 0, len;
+    const char *cur = c->loras, *l;
+    while (kvr_namelist_next(&cur, &l, &len)) {
         if (len == 0 || len >= 256 || ++n > MAX_LORAS ||
             (len == strlen(c->model) && memcmp(l, c->model, len) == 0)) {
             snprintf(err, err_len,
-                     "lora-modules: at most %d names of 1 to 255 bytes, none the "
-                     "model's",
+                     "lora-modules: at most %d names of 1 to 255 bytes, none the model's",
                      MAX_LORAS);
             return KVR_EINVAL;
         }
-        l += len + (e ? 1 : 0);
     }
     return kvr_engine_config_validate(&c->engine, err, err_len);
 }
@@ -1149,12 +1147,11 @@ kvr_mocker_t *kvr_mocker_new(struct event_base *base, void *zmq_ctx,
     if (!(m = calloc(1, sizeof *m)))
         goto fail;
     m->cfg = *cfg;
-    for (const char *l = cfg->loras; *l != '\0' && m->n_lora < MAX_LORAS;) { /* validated */
-        const char *e = strchr(l, ';');
-        size_t len = e ? (size_t)(e - l) : strlen(l);
+    const char *cur = cfg->loras, *l;
+    size_t len;
+    while (m->n_lora < MAX_LORAS && kvr_namelist_next(&cur, &l, &len)) { /* validated */
         memcpy(m->lora[m->n_lora], l, len);
         m->lora[m->n_lora++][len] = '\0';
-        l += len + (e ? 1 : 0);
     }
     m->base = base;
     m->rl_events = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);

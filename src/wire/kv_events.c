@@ -418,20 +418,27 @@ static int f_extra_key(dctx_t *c, uint64_t block)
     return rc == R_OK ? kvr_mp_skip(&c->r, 1, OPEN_EVENT + 3) : rc;
 }
 
+/* Opens an optional container field: nil is consumed and leaves *v as nil (absent);
+ * `type` is entered (v->u is its length); anything else fails naming the field. */
+static int open_opt(dctx_t *c, kvr_mp_t *v, enum kvr_mp_type type, const char *name,
+                    const char *what)
+{
+    if (want(c, v) != R_OK)
+        return R_FRAME;
+    if (v->type != KVR_MP_NIL && v->type != type)
+        return ev_fail(c, KVR_EPARSE, ".%s: expected %s or nil, found %s", name, what,
+                       kvr_mp_tname(v->type));
+    c->r.pos += v->size;
+    return R_OK;
+}
+
 /* vLLM's extra_keys: nil, or per block nil or an array of keys. */
 static int f_extra_keys(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
 {
     kvr_mp_t v;
-    if (want(c, &v) != R_OK)
-        return R_FRAME;
-    if (v.type == KVR_MP_NIL) {
-        c->r.pos += v.size;
-        return R_OK;
-    }
-    if (v.type != KVR_MP_ARRAY)
-        return ev_fail(c, KVR_EPARSE, ".extra_keys: expected an array or nil, found %s",
-                       kvr_mp_tname(v.type));
-    c->r.pos += v.size;
+    int rc = open_opt(c, &v, KVR_MP_ARRAY, "extra_keys", "an array");
+    if (rc != R_OK || v.type == KVR_MP_NIL)
+        return rc;
     o->xk = c->d->n_xk;
     for (uint64_t b = 0; b < v.u; b++) {
         kvr_mp_t blk;
@@ -444,7 +451,7 @@ static int f_extra_keys(dctx_t *c, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
         }
         c->r.pos += blk.size;
         for (uint64_t k = 0; k < blk.u; k++) {
-            int rc = f_extra_key(c, b);
+            rc = f_extra_key(c, b);
             if (rc != R_OK)
                 return rc;
         }
@@ -512,16 +519,9 @@ static int f_bool(dctx_t *c, const char *name, bool *out)
 static int f_metadata(dctx_t *c, const char *name, kvr_kv_event_t *ev, struct kvr_kv_offs *o)
 {
     kvr_mp_t v;
-    if (want(c, &v) != R_OK)
-        return R_FRAME;
-    if (v.type == KVR_MP_NIL) {
-        c->r.pos += v.size;
-        return R_OK;
-    }
-    if (v.type != KVR_MP_MAP)
-        return ev_fail(c, KVR_EPARSE, ".%s: expected a map or nil, found %s", name,
-                       kvr_mp_tname(v.type));
-    c->r.pos += v.size;
+    int rc = open_opt(c, &v, KVR_MP_MAP, name, "a map");
+    if (rc != R_OK || v.type == KVR_MP_NIL)
+        return rc;
     for (uint64_t k = 0; k < v.u; k++) {
         kvr_mp_t key;
         if (want(c, &key) != R_OK)
@@ -530,7 +530,7 @@ static int f_metadata(dctx_t *c, const char *name, kvr_kv_event_t *ev, struct kv
             c->r.pos += key.size;
             char fname[48];
             snprintf(fname, sizeof fname, "%s.cache_salt", name);
-            int rc = f_name(c, fname, &o->salt, &ev->cache_salt_len);
+            rc = f_name(c, fname, &o->salt, &ev->cache_salt_len);
             if (rc != R_OK)
                 return rc;
         } else if (kvr_mp_skip(&c->r, 2, OPEN_EVENT + 1) != R_OK) {
