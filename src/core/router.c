@@ -709,7 +709,9 @@ typedef struct pool pool_t;
  * lora_name, or its model when that names an adapter, as vLLM's server takes adapters). */
 static pool_t pool_of(const kvr_router_t *r, const kvr_route_req_t *q)
 {
-    const kvr_worker_spec_t *ref = pool_ref(r, q);
+    /* Without pools every worker is unpooled and pool_ref would find the first: skip the scan. */
+    const kvr_worker_spec_t *ref =
+        r->n_pooled > 0 ? pool_ref(r, q) : r->n_w > 0 ? &r->w[0].spec : NULL;
     pool_t p = {ref != NULL && ref->block_size ? ref->block_size : r->cfg.block_size,
                 ref != NULL && ref->eagle, q->lora_name, q->lora_name_len};
     if ((p.lora == NULL || p.lora_len == 0) && q->model != NULL && q->model_len > 0 &&
@@ -746,7 +748,7 @@ static int resolve_pool(kvr_router_t *r, const kvr_route_req_t *q, const char **
     bool named = q->model != NULL && q->model_len > 0;
     bool lora = q->lora_name != NULL && q->lora_name_len > 0;
     r->all_fit = r->n_pooled == 0 || (!named && !lora);
-    r->cur = pool_of(r, q); /* O(1) when no pool applies (the first worker is the reference) */
+    r->cur = pool_of(r, q); /* O(1) without pools: the first worker is the reference */
     if (r->all_fit)
         return KVR_OK;
     size_t n_model = 0, n_lora = 0;
