@@ -418,6 +418,9 @@ int kvr_load_first_token_h(kvr_load_t *lt, kvr_req_handle_t h, uint64_t now_ms);
 int kvr_load_output_block_h(kvr_load_t *lt, kvr_req_handle_t h, double decay_fraction,
                             uint64_t now_ms);
 int kvr_load_free_h(kvr_load_t *lt, kvr_req_handle_t h, uint64_t now_ms);
+/* The id of the live request h names (not counted when stale: KVR_ENOTFOUND); *id points into
+ * the tracker, valid until the request is freed. */
+int kvr_load_handle_id(const kvr_load_t *lt, kvr_req_handle_t h, const char **id, size_t *id_len);
 /* Frees requests added expiry_ms or more before now_ms (counted). Returns how many. */
 size_t kvr_load_expire(kvr_load_t *lt, uint64_t now_ms);
 /* When the oldest live request becomes stale (UINT64_MAX when none): a timer for expire(). */
@@ -477,6 +480,22 @@ typedef struct kvr_load_request_info {
 /* KVR_OK or KVR_ENOTFOUND (not counted: a query). */
 int kvr_load_request_info(const kvr_load_t *lt, const char *id, size_t id_len,
                           kvr_load_request_info_t *out);
+
+/* One live request as kvr_load_foreach shows it (valid during the callback only). */
+typedef struct kvr_load_request_view {
+    const char *id;
+    size_t id_len;
+    kvr_req_handle_t handle;
+    kvr_load_request_info_t info;
+    const uint64_t *prompt_hashes; /* info.n_prompt_blocks of them (random ones for a request
+                                      admitted with assume_kv_reuse off) */
+} kvr_load_request_view_t;
+/* Returns 0 to go on, anything else to stop (kvr_load_foreach returns it). */
+typedef int (*kvr_load_visit_fn)(void *arg, const kvr_load_request_view_t *v);
+/* Shows each live request, oldest first (a snapshot for a peer replica). KVR_OK, fn's nonzero
+ * value, KVR_EINVAL or KVR_ENOMEM (one scratch array of the longest prompt's hashes).
+ * fn must not change the tracker. O(live requests + their blocks). */
+int kvr_load_foreach(const kvr_load_t *lt, kvr_load_visit_fn fn, void *arg);
 
 /* Counters; monotonic unless marked as a gauge. */
 typedef struct kvr_load_stats {

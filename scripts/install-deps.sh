@@ -7,6 +7,7 @@ PKGS=(
   build-essential cmake pkg-config clang libclang-rt-dev
   libxxhash-dev libyajl-dev liburcu-dev libcmocka-dev
   libmsgpack-dev libzmq3-dev libevent-dev
+  libnats-dev nats-server
   python3 python3-msgpack python3-zmq
   gnuplot-nox
   libck-dev uthash-dev

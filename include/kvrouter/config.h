@@ -16,6 +16,10 @@
 
 #define KVR_CONFIG_DEFAULT_TREE_SIZE 1048576u /* router_max_tree_size's default */
 
+/* Where the router learns its workers: its flags and POST /v1/workers only, or also the
+ * NATS bucket <namespace>_workers. */
+typedef enum kvr_discovery { KVR_DISCOVERY_STATIC = 0, KVR_DISCOVERY_NATS } kvr_discovery_t;
+
 typedef enum kvr_router_mode {
     KVR_MODE_KV = 0,
     KVR_MODE_ROUND_ROBIN,
@@ -93,6 +97,12 @@ typedef struct kvr_router_config {
     char allowed_ipc_dirs[1024];     /* directories ipc:// events may be under; "" = none */
     char state_file[512];         /* warm restart: index + cursors saved on exit, reloaded at
                                      start; "" = off */
+    /* scale-out over NATS (net/nats_link.c, net/replica_sync.c) */
+    char nats_url[512];           /* "" = no NATS: a single router, as before */
+    char nats_namespace[65];      /* prefixes every subject and bucket (setting `namespace`) */
+    bool router_replica_sync;     /* share active load with the other replicas */
+    uint64_t nats_presence_ttl_ms; /* a presence entry older than this is gone */
+    kvr_discovery_t discovery;
     /* the OpenAI front end (net/frontend.c) */
     uint32_t frontend_max_retries;         /* other workers tried after an upstream failure */
     uint32_t frontend_fence_failures;      /* consecutive upstream failures before fencing */

@@ -218,6 +218,15 @@ int kvr_router_first_token_h(kvr_router_t *r, kvr_req_handle_t h, uint64_t now_m
 int kvr_router_output_block_h(kvr_router_t *r, kvr_req_handle_t h, double decay_fraction,
                               uint64_t now_ms);
 int kvr_router_free_h(kvr_router_t *r, kvr_req_handle_t h, uint64_t now_ms);
+/* What the last booking kvr_router_route made admitted into the load tracker (replica sync
+ * publishes it): NULL when the last route booked nothing. Its id points into that route's
+ * res and its hashes into the router's scratch: valid until the next route, while res lives. */
+const kvr_load_request_t *kvr_router_last_booking(const kvr_router_t *r);
+/* Admits a booking decided elsewhere (a peer replica's) into the load tracker only (no index,
+ * no session, no decision counted). KVR_OK with *handle; KVR_ENOWORKER when its rank is not
+ * one of this router's; the tracker's errors (KVR_EEXIST for a live id, KVR_EINVAL, ...). */
+int kvr_router_admit(kvr_router_t *r, const kvr_load_request_t *lr, uint64_t now_ms,
+                     kvr_req_handle_t *handle);
 /* Hashes q's prompt as a route would (block hashes and chained sequence hashes, cap each):
  * the block count, KVR_ETOOBIG when cap is short, KVR_EINVAL. Pure: any thread. */
 long kvr_router_hash(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *block_hashes,

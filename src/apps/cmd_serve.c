@@ -22,6 +22,9 @@
 #include "net/frontend.h"
 #include "net/ingest.h"
 #include "net/log.h"
+#include "net/nats_link.h"
+#include "net/replica_sync.h"
+#include "net/replicas.h"
 
 extern char **environ;
 
@@ -170,6 +173,9 @@ typedef struct daemon_parts {
     kvr_sched_t *sched;
     kvr_api_server_t *api;
     kvr_frontend_t *fe;
+    kvr_nats_t *nats;
+    kvr_replicas_t *replicas;
+    kvr_replica_sync_t *sync;
     struct event *sigint, *sigterm;
     struct event *drain;  /* watches the answers in flight while draining */
     uint64_t drain_deadline_ms, grace_ms;
@@ -236,6 +242,9 @@ static void teardown(daemon_parts_t *d)
         event_free(d->sigint);
     if (d->sigterm)
         event_free(d->sigterm);
+    kvr_replica_sync_free(d->sync); /* publishes its last batch */
+    kvr_replicas_free(d->replicas);
+    kvr_nats_free(d->nats); /* deletes this router's presence entry, then closes */
     kvr_frontend_free(d->fe); /* before the API server: it answers what is in flight */
     kvr_api_server_free(d->api);
     kvr_sched_free(d->sched); /* after both front doors: they hold tickets and handles */
@@ -281,6 +290,37 @@ static void save_state(kvr_ingest_t *g, const char *path)
                 "%llu bytes in %llu ms",
                 path, rep.ranks, rep.ranks_skipped, (unsigned long long)rep.events,
                 (unsigned long long)rep.bytes, (unsigned long long)(kvr_now_ms() - t0));
+}
+
+/* The NATS side (nats_url set): the link, this router among its peers, replica sync. */
+static int build_nats(daemon_parts_t *d, const kvr_router_config_t *c)
+{
+    char err[300] = "", name[96], url[160];
+    int st;
+    snprintf(name, sizeof name, "kvrouter %s", c->nats_namespace);
+    kvr_nats_config_t nc = {.url = c->nats_url, .name = name, .base = d->base};
+    if ((d->nats = kvr_nats_new(&nc, &st, err, sizeof err)) == NULL) {
+        fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(st));
+        return st;
+    }
+    snprintf(url, sizeof url, "http://%s:%u", c->bind, kvr_api_server_port(d->api));
+    kvr_replicas_config_t rc = {.base = d->base, .nats = d->nats, .api = d->api,
+                                .ns = c->nats_namespace, .ttl_ms = c->nats_presence_ttl_ms,
+                                .url = url, .replica_sync = c->router_replica_sync};
+    if ((d->replicas = kvr_replicas_new(&rc, &st)) == NULL) {
+        fprintf(stderr, "kvrouter serve: replicas: %s\n", kvr_strerror(st));
+        return st;
+    }
+    if (!c->router_replica_sync)
+        return KVR_OK;
+    kvr_replica_sync_config_t sc = {.base = d->base, .nats = d->nats, .sched = d->sched,
+                                    .replicas = d->replicas, .api = d->api,
+                                    .ns = c->nats_namespace};
+    if ((d->sync = kvr_replica_sync_new(&sc, &st)) == NULL) {
+        fprintf(stderr, "kvrouter serve: replica sync: %s\n", kvr_strerror(st));
+        return st;
+    }
+    return KVR_OK;
 }
 
 static int build(daemon_parts_t *d, const serve_args_t *a)
@@ -342,6 +382,8 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
             return st;
         }
     }
+    if (c->nats_url[0] != '\0' && (st = build_nats(d, c)) != KVR_OK)
+        return st;
     if (d->g != NULL && c->state_file[0] != '\0')
         load_state(d->g, c->state_file);
     if (d->g != NULL && (st = kvr_ingest_start(d->g)) != KVR_OK)

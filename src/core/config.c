@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "core/endpoint.h"
+#include "core/namelist.h"
 #include "kvrouter.h"
 
 typedef enum ftype {
@@ -52,6 +53,7 @@ typedef struct field {
 static const char *const MODES[] = {"kv", "round-robin", "random", "least-loaded", "approx", NULL};
 static const char *const QPOL[] = {"fcfs", "wspt", "lcfs", NULL};
 static const char *const SPOL[] = {"default", "lmetric", NULL};
+static const char *const DISC[] = {"static", "nats", NULL};
 
 static const field_t FIELDS[] = {
     {"block_size", T_U32, OFF(block_size), 1, 65536, false, NULL, 0, "16",
@@ -198,6 +200,24 @@ static const field_t FIELDS[] = {
      sizeof(((kvr_router_config_t *)0)->state_file), "",
      "warm restart: the index and each exact rank's event cursor are saved here on SIGTERM/SIGINT "
      "and reloaded at start, then caught up from the engines' replay buffers; empty = off"},
+    {"nats_url", T_STR, OFF(nats_url), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->nats_url), "",
+     "NATS server(s) for router replicas and discovery, e.g. nats://127.0.0.1:4222 (a comma-"
+     "separated list for a cluster); empty = no NATS (a single router)"},
+    {"namespace", T_STR, OFF(nats_namespace), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->nats_namespace), "kvrouter",
+     "prefix of every NATS subject and bucket, so several fleets can share one NATS "
+     "([A-Za-z0-9_-], at most 64 bytes)"},
+    {"router_replica_sync", T_BOOL, OFF(router_replica_sync), 0, 0, false, NULL, 0, "false",
+     "share active load with the other router replicas over NATS (needs nats_url): each "
+     "publishes its bookings, first tokens and frees on <namespace>.active_sequences"},
+    {"nats_presence_ttl_ms", T_U64, OFF(nats_presence_ttl_ms), 300, 3600000, false, NULL, 0,
+     "3000",
+     "a router's or worker's presence entry is refreshed every third of this; one not refreshed "
+     "for this long is gone (its requests freed, the worker fenced)"},
+    {"discovery", T_ENUM, OFF(discovery), 0, 0, false, DISC, 0, "static",
+     "static = workers come from --worker and POST /v1/workers only; nats = also from the "
+     "<namespace>_workers bucket, live (needs nats_url)"},
     {"seed", T_U64, OFF(seed), 0, U64MAX, false, NULL, 0, "0",
      "seed for random tie-breaks and sampling; 0 = from the clock"},
     {"frontend_max_retries", T_U32, OFF(frontend_max_retries), 0, 16, false, NULL, 0, "2",
@@ -415,7 +435,8 @@ static int set_field(kvr_router_config_t *cfg, const field_t *f, const char *v, 
 
 _Static_assert(sizeof(kvr_router_mode_t) == sizeof(int) &&
                    sizeof(kvr_queue_order_t) == sizeof(int) &&
-                   sizeof(kvr_select_policy_t) == sizeof(int),
+                   sizeof(kvr_select_policy_t) == sizeof(int) &&
+                   sizeof(kvr_discovery_t) == sizeof(int),
                "enum fields are stored as int");
 
 void kvr_config_defaults(kvr_router_config_t *cfg)
@@ -569,6 +590,19 @@ int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_le
     }
     if (cfg->admin_port.set && cfg->admin_bind[0] == '\0') {
         seterr(err, err_len, "admin_bind: must not be empty");
+        return KVR_EINVAL;
+    }
+    if (!kvr_token_ok(cfg->nats_namespace)) {
+        seterr(err, err_len, "namespace: '%s' must be 1 to 64 of [A-Za-z0-9_-] (it goes into "
+               "NATS subjects and bucket names)", cfg->nats_namespace);
+        return KVR_EINVAL;
+    }
+    if (cfg->router_replica_sync && cfg->nats_url[0] == '\0') {
+        seterr(err, err_len, "router_replica_sync: needs nats_url");
+        return KVR_EINVAL;
+    }
+    if (cfg->discovery == KVR_DISCOVERY_NATS && cfg->nats_url[0] == '\0') {
+        seterr(err, err_len, "discovery: nats needs nats_url");
         return KVR_EINVAL;
     }
     if (cfg->admin_port.set && cfg->admin_port.v != 0 && cfg->admin_port.v == cfg->http_port) {

@@ -764,6 +764,16 @@ static uint32_t lookup(kvr_load_t *lt, const char *id, size_t id_len, kvr_req_ha
     return s;
 }
 
+int kvr_load_handle_id(const kvr_load_t *lt, kvr_req_handle_t h, const char **id, size_t *id_len)
+{
+    uint32_t s = lt != NULL ? slot_of(lt, h) : NONE;
+    if (s == NONE)
+        return KVR_ENOTFOUND;
+    *id = lt->req[s].id;
+    *id_len = lt->req[s].id_len;
+    return KVR_OK;
+}
+
 static int first_token_at(kvr_load_t *lt, uint32_t s)
 {
     if (s == NONE)
@@ -1031,6 +1041,40 @@ int kvr_load_request_info(const kvr_load_t *lt, const char *id, size_t id_len,
         .expected_output_tokens = r->expected_output_tokens,
     };
     return KVR_OK;
+}
+
+static size_t copy_prompt(const kvr_load_t *lt, const req_t *r, uint64_t *out)
+{
+    size_t n = 0;
+    for (uint32_t c = r->head; c != NONE && n < r->n_prompt; c = lt->chk[c].next)
+        for (uint32_t i = 0; i < lt->chk[c].n && n < r->n_prompt; i++)
+            out[n++] = lt->chk[c].h[i];
+    return n;
+}
+
+int kvr_load_foreach(const kvr_load_t *lt, kvr_load_visit_fn fn, void *arg)
+{
+    if (lt == NULL || fn == NULL)
+        return KVR_EINVAL;
+    uint32_t most = 1;
+    for (uint32_t s = lt->age_head; s != NONE; s = lt->req[s].next)
+        most = lt->req[s].n_prompt > most ? lt->req[s].n_prompt : most;
+    uint64_t *hashes = malloc((size_t)most * sizeof *hashes);
+    if (hashes == NULL)
+        return KVR_ENOMEM;
+    int rc = KVR_OK;
+    for (uint32_t s = lt->age_head; s != NONE && rc == KVR_OK; s = lt->req[s].next) {
+        const req_t *r = &lt->req[s];
+        kvr_load_request_view_t v = {.id = r->id,
+                                     .id_len = r->id_len,
+                                     .handle = (uint64_t)r->gen << 32 | s,
+                                     .prompt_hashes = hashes};
+        (void)kvr_load_request_info(lt, r->id, r->id_len, &v.info);
+        v.info.n_prompt_blocks = (uint32_t)copy_prompt(lt, r, hashes);
+        rc = fn(arg, &v);
+    }
+    free(hashes);
+    return rc;
 }
 
 static uint64_t bytes_owned(const kvr_load_t *lt)

@@ -1,6 +1,7 @@
 /*
  * namelist.h: ';'-separated name lists ("sql;chat"), as worker registrations and the mocker's
- * --lora-modules carry LoRA adapters. One walker for every reader of such a list.
+ * --lora-modules carry LoRA adapters. One walker for every reader of such a list. And the one
+ * check of a name that goes into a NATS subject or bucket (a namespace, a router id).
  * Threads: none (pure). Cost: O(list length).
  */
 #ifndef KVR_CORE_NAMELIST_H
@@ -33,6 +34,20 @@ static inline bool kvr_namelist_has(const char *list, const char *s, size_t n)
         if (len == n && memcmp(name, s, n) == 0)
             return true;
     return false;
+}
+
+/* s is 1..64 of [A-Za-z0-9_-]: safe as one token of a NATS subject or a bucket name (no dot,
+ * no wildcard, no space). */
+static inline bool kvr_token_ok(const char *s)
+{
+    size_t n = s != NULL ? strlen(s) : 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return n > 0 && n <= 64;
 }
 
 #endif

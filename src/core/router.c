@@ -69,6 +69,7 @@ struct kvr_router {
     kvr_lookup_t lk;
     uint64_t rr;
     kvr_router_stats_t st;
+    kvr_load_request_t last; /* the last booking (replica sync); last.id NULL = none */
 };
 
 static bool pooled(const struct wentry *w);
@@ -1124,6 +1125,7 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
         .assume_kv_reuse = load_opt(q->has_assume_kv_reuse, q->assume_kv_reuse),
         .track_prefill_tokens = load_opt(q->has_track_prefill_tokens, q->track_prefill_tokens)};
     int rc = kvr_load_admit(r->load, &lr, now_ms, &res->handle);
+    r->last = rc == KVR_OK ? lr : (kvr_load_request_t){0};
     if (rc == KVR_OK && r->approx != NULL && n_blocks > 0)
         rc = kvr_approx_record(r->approx, res->worker, r->cur_lbh, r->cur_seq, n_blocks, now_ms);
     return rc;
@@ -1171,6 +1173,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
                      kvr_route_res_t *res)
 {
     memset(res, 0, sizeof *res);
+    r->last.id = NULL;
     uint64_t t0 = mono_ns();
     int rc = KVR_OK;
     if (q->n_tokens > r->cfg.router_max_prompt_tokens) {
@@ -1255,6 +1258,27 @@ int kvr_router_output_block_h(kvr_router_t *r, kvr_req_handle_t h, double decay_
 int kvr_router_free_h(kvr_router_t *r, kvr_req_handle_t h, uint64_t now_ms)
 {
     return kvr_load_free_h(r->load, h, now_ms);
+}
+
+const kvr_load_request_t *kvr_router_last_booking(const kvr_router_t *r)
+{
+    return r->last.id != NULL ? &r->last : NULL;
+}
+
+int kvr_router_admit(kvr_router_t *r, const kvr_load_request_t *lr, uint64_t now_ms,
+                     kvr_req_handle_t *handle)
+{
+    if (r == NULL || lr == NULL || handle == NULL)
+        return KVR_EINVAL;
+    *handle = KVR_REQ_HANDLE_NONE;
+    const kvr_worker_spec_t *w = kvr_router_worker(r, lr->worker.worker_id);
+    if (w == NULL || lr->worker.dp_rank < w->dp_start ||
+        lr->worker.dp_rank - w->dp_start >= w->dp_size)
+        return KVR_ENOWORKER;
+    kvr_load_request_t own = *lr;
+    if (!r->cfg.router_track_active_blocks)
+        own.seq = NULL, own.n_seq = 0;
+    return kvr_load_admit(r->load, &own, now_ms, handle);
 }
 
 void kvr_router_tick(kvr_router_t *r, uint64_t now_ms)

@@ -125,7 +125,8 @@ static void notify_routed(kvr_sched_t *s, const kvr_route_res_t *res)
                             .id = res->request_id,
                             .id_len = strlen(res->request_id),
                             .decay_fraction = NAN,
-                            .res = res};
+                            .res = res,
+                            .booking = kvr_router_last_booking(s->r)};
     notify(s, &ev);
 }
 
@@ -380,12 +381,40 @@ int kvr_sched_apply(kvr_sched_t *s, const kvr_sched_event_t *ev, uint64_t now_ms
 {
     if (ev == NULL || (ev->origin != KVR_SCHED_ORIGIN_LOCAL && ev->origin != KVR_SCHED_ORIGIN_PEER))
         return KVR_EINVAL;
+    /* observers get the id of an event by handle (replica sync publishes ids): copied first,
+     * since a free takes it with the request */
+    char idbuf[KVR_LOAD_MAX_ID_BYTES];
+    kvr_sched_event_t named = *ev;
+    const char *id;
+    if (s->n_obs > 0 && ev->id == NULL && ev->handle != KVR_REQ_HANDLE_NONE &&
+        kvr_load_handle_id(kvr_router_load(s->r), ev->handle, &id, &named.id_len) == KVR_OK) {
+        memcpy(idbuf, id, named.id_len);
+        named.id = idbuf;
+    }
     int rc = apply_to_router(s, ev, now_ms);
     if (rc != KVR_OK)
         return rc;
     s->applied[ev->origin]++;
-    notify(s, ev);
+    notify(s, &named);
     kvr_sched_dispatch(s, now_ms, KVR_SCHED_BY_EVENT); /* a load may have gone down */
+    return KVR_OK;
+}
+
+int kvr_sched_admit_peer(kvr_sched_t *s, const kvr_load_request_t *lr, uint64_t now_ms,
+                         kvr_req_handle_t *handle)
+{
+    int rc = kvr_router_admit(s->r, lr, now_ms, handle);
+    if (rc != KVR_OK)
+        return rc;
+    s->applied[KVR_SCHED_ORIGIN_PEER]++;
+    kvr_sched_event_t ev = {.kind = KVR_SCHED_ROUTED,
+                            .origin = KVR_SCHED_ORIGIN_PEER,
+                            .handle = *handle,
+                            .id = lr->id,
+                            .id_len = lr->id_len,
+                            .decay_fraction = NAN,
+                            .booking = lr};
+    notify(s, &ev);
     return KVR_OK;
 }
 

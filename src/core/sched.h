@@ -115,7 +115,9 @@ typedef struct kvr_sched_event {
     const char *id;          /* by id (handle NONE) */
     size_t id_len;
     double decay_fraction;      /* OUTPUT_BLOCK: NAN = none, else [0, 1] */
-    const kvr_route_res_t *res; /* ROUTED: the decision (worker, overlap, timing) */
+    const kvr_route_res_t *res; /* ROUTED, local: the decision (worker, overlap, timing) */
+    const kvr_load_request_t *booking; /* ROUTED: what the load tracker admitted (prompt
+                                          hashes, tokens), valid during the call */
 } kvr_sched_event_t;
 
 /* Applies a lifecycle event (FIRST_TOKEN, OUTPUT_BLOCK, FREE) to the router's load, tells the
@@ -123,6 +125,11 @@ typedef struct kvr_sched_event {
  * unknown id or stale handle (counted by the router, harmless); KVR_EINVAL; KVR_ERANGE (a
  * decay fraction outside [0, 1]). */
 int kvr_sched_apply(kvr_sched_t *s, const kvr_sched_event_t *ev, uint64_t now_ms);
+
+/* Admits a peer replica's booking (kvr_router_admit) and tells the observers (ROUTED, origin
+ * PEER, res NULL). KVR_OK with *handle, or kvr_router_admit's error (nothing told). */
+int kvr_sched_admit_peer(kvr_sched_t *s, const kvr_load_request_t *lr, uint64_t now_ms,
+                         kvr_req_handle_t *handle);
 
 /* The common calls, by handle, local origin. */
 int kvr_sched_first_token(kvr_sched_t *s, kvr_req_handle_t h, uint64_t now_ms);

@@ -16,7 +16,8 @@ kvr_access_class_t kvr_access_class(const char *path, bool get, bool post, bool 
     if ((post && strcmp(path, "/v1/workers") == 0) ||
         (del && strncmp(path, "/v1/workers/", 12) == 0) || (get && strcmp(path, "/v1/dump") == 0))
         return KVR_ACCESS_ADMIN;
-    if (get && (strcmp(path, "/v1/workers") == 0 || strcmp(path, "/metrics") == 0))
+    if (get && (strcmp(path, "/v1/workers") == 0 || strcmp(path, "/metrics") == 0 ||
+                strcmp(path, "/v1/routers") == 0))
         return KVR_ACCESS_READ;
     return KVR_ACCESS_CLIENT;
 }

@@ -79,7 +79,8 @@ struct kvr_api_server {
     kvr_ratelimit_t rl_health;
     kvr_ratelimit_t rl_silent; /* ranks whose KV events never came (warn_silent_ranks) */
     uint64_t first_routed_ms, last_silent_check_ms;
-    kvr_api_extension_t ext; /* the OpenAI front end; handle NULL = none */
+    kvr_api_extension_t ext[KVR_API_MAX_EXTENSIONS]; /* the OpenAI front end, replica sync */
+    size_t n_ext;
 };
 
 /* ---- api_server.c ------------------------------------------------------------------------ */

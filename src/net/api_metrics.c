@@ -244,8 +244,9 @@ void api_h_metrics(kvr_api_server_t *s, struct evhttp_request *req)
     if (s->g != NULL)
         metrics_ingest(s, &s->prom);
     metrics_workers(s, &s->prom);
-    if (s->ext.metrics != NULL)
-        s->ext.metrics(s->ext.arg, &s->prom);
+    for (size_t i = 0; i < s->n_ext; i++)
+        if (s->ext[i].metrics != NULL)
+            s->ext[i].metrics(s->ext[i].arg, &s->prom);
     api_reply_text(s, req, 200, "text/plain; version=0.0.4", s->prom.buf ? s->prom.buf : "",
                    s->prom.len);
 }

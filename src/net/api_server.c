@@ -224,7 +224,7 @@ static void reply_routed(kvr_api_server_t *s, struct evhttp_request *req,
 /* Every placement the scheduler booked or answered (both front doors): the histograms. */
 static void on_sched_event(void *arg, const kvr_sched_event_t *ev)
 {
-    if (ev->kind == KVR_SCHED_ROUTED)
+    if (ev->kind == KVR_SCHED_ROUTED && ev->origin == KVR_SCHED_ORIGIN_LOCAL)
         observe(arg, ev->res);
 }
 
@@ -633,6 +633,12 @@ static void h_workers_get(kvr_api_server_t *s, struct evhttp_request *req)
             write_worker(s, sp);
     }
     kvr_json_end_array(&s->w);
+    const char *k, *v;
+    for (size_t i = 0; i < s->n_ext; i++)
+        if (s->ext[i].detail != NULL && s->ext[i].detail(s->ext[i].arg, &k, &v)) {
+            kvr_json_key(&s->w, k);
+            kvr_json_string(&s->w, v);
+        }
     kvr_json_end_object(&s->w);
     api_reply_writer(s, req, 200);
 }
@@ -727,8 +733,9 @@ static void h_workers_delete(kvr_api_server_t *s, struct evhttp_request *req, co
     if (s->g != NULL)
         (void)kvr_ingest_remove_worker(s->g, id);
     api_remove_probe(s, id);
-    if (s->ext.worker_removed != NULL)
-        s->ext.worker_removed(s->ext.arg, id);
+    for (size_t i = 0; i < s->n_ext; i++)
+        if (s->ext[i].worker_removed != NULL)
+            s->ext[i].worker_removed(s->ext[i].arg, id);
     kvr_log(KVR_LOG_INFO, "worker %llu removed", id);
     kvr_json_writer_reset(&s->w);
     kvr_json_begin_object(&s->w);
@@ -856,9 +863,17 @@ static void h_dump(kvr_api_server_t *s, struct evhttp_request *req)
     api_reply_writer(s, req, 200);
 }
 
+/* 200 "OK", then a "key: value" line per extension detail (e.g. "nats: disconnected"). */
 static void h_health(kvr_api_server_t *s, struct evhttp_request *req)
 {
-    api_reply_text(s, req, 200, "text/plain", "OK\n", 3);
+    char body[512] = "OK\n";
+    size_t len = 3;
+    const char *k, *v;
+    for (size_t i = 0; i < s->n_ext; i++)
+        if (s->ext[i].detail != NULL && s->ext[i].detail(s->ext[i].arg, &k, &v) &&
+            len < sizeof body)
+            len += (size_t)snprintf(body + len, sizeof body - len, "%s: %s\n", k, v);
+    api_reply_text(s, req, 200, "text/plain", body, len < sizeof body ? len : sizeof body - 1);
 }
 
 /* Ready when at least one worker is registered and not fenced, and the start-up wait for
@@ -876,6 +891,12 @@ static void h_ready(kvr_api_server_t *s, struct evhttp_request *req)
                         kvr_router_config(s->r)->min_initial_workers, up);
         return;
     }
+    const char *why;
+    for (size_t i = 0; i < s->n_ext; i++)
+        if (s->ext[i].ready != NULL && !s->ext[i].ready(s->ext[i].arg, &why)) {
+            api_reply_error(s, req, 503, "service_unavailable", "%s", why);
+            return;
+        }
     api_reply_text(s, req, 200, "text/plain", "ready\n", 6);
 }
 
@@ -984,6 +1005,16 @@ static void reply_unauthorized(kvr_api_server_t *s, struct evhttp_request *req, 
     api_reply_writer(s, req, 401);
 }
 
+/* The extensions, in order: true when one answered. */
+static bool ext_handle(kvr_api_server_t *s, struct evhttp_request *req, const char *path,
+                       bool get, bool post)
+{
+    for (size_t i = 0; i < s->n_ext; i++)
+        if (s->ext[i].handle != NULL && s->ext[i].handle(s->ext[i].arg, req, path, get, post))
+            return true;
+    return false;
+}
+
 static void serve(kvr_api_server_t *s, struct evhttp_request *req, bool on_admin)
 {
     s->http_requests++;
@@ -1030,7 +1061,7 @@ static void serve(kvr_api_server_t *s, struct evhttp_request *req, bool on_admin
         api_h_metrics(s, req);
     else if (post && strcmp(path, "/router") == 0)
         h_router(s, req);
-    else if (s->ext.handle != NULL && s->ext.handle(s->ext.arg, req, path, get, post))
+    else if (ext_handle(s, req, path, get, post))
         ; /* the front end answers */
     else
         api_reply_error(s, req, 404, "not_found_error", "no endpoint %s %s",
@@ -1250,10 +1281,26 @@ int kvr_api_server_add_worker(kvr_api_server_t *s, const kvr_worker_spec_t *w, c
 /* ---------------------------------------------------------------------------------------- */
 /* Services for the OpenAI front end */
 
-void kvr_api_server_set_extension(kvr_api_server_t *s, const kvr_api_extension_t *ext)
+void kvr_api_server_reply(kvr_api_server_t *s, struct evhttp_request *req, int code,
+                          const char *ctype, const char *data, size_t len)
 {
-    if (ext != NULL)
-        s->ext = *ext;
-    else
-        memset(&s->ext, 0, sizeof s->ext);
+    api_reply_text(s, req, code, ctype, data, len);
+}
+
+int kvr_api_server_add_extension(kvr_api_server_t *s, const kvr_api_extension_t *ext)
+{
+    if (s->n_ext == KVR_API_MAX_EXTENSIONS)
+        return KVR_EFULL;
+    s->ext[s->n_ext++] = *ext;
+    return KVR_OK;
+}
+
+void kvr_api_server_remove_extension(kvr_api_server_t *s, void *arg)
+{
+    for (size_t i = 0; i < s->n_ext; i++)
+        if (s->ext[i].arg == arg) {
+            memmove(&s->ext[i], &s->ext[i + 1], (s->n_ext - i - 1) * sizeof s->ext[0]);
+            s->n_ext--;
+            return;
+        }
 }

@@ -59,10 +59,22 @@ typedef struct kvr_api_extension {
     void (*metrics)(void *arg, struct kvr_prom *p);
     /* a worker was removed (its bookings went with it); may be NULL */
     void (*worker_removed)(void *arg, uint64_t worker_id);
+    /* a state worth showing (e.g. "nats" = "disconnected"): a line of /health's body and a
+     * member of GET /v1/workers; may be NULL, or return false for none */
+    bool (*detail)(void *arg, const char **key, const char **value);
+    /* false while the extension keeps /ready at 503 (why says for what); may be NULL */
+    bool (*ready)(void *arg, const char **why);
     void *arg;
 } kvr_api_extension_t;
-/* ext NULL removes it. */
-void kvr_api_server_set_extension(kvr_api_server_t *s, const kvr_api_extension_t *ext);
+/* Answers req (an extension's) with the API's headers and counters. */
+void kvr_api_server_reply(kvr_api_server_t *s, struct evhttp_request *req, int code,
+                          const char *ctype, const char *data, size_t len);
+
+#define KVR_API_MAX_EXTENSIONS 4
+/* Adds one (KVR_EFULL past KVR_API_MAX_EXTENSIONS); asked in the order added. */
+int kvr_api_server_add_extension(kvr_api_server_t *s, const kvr_api_extension_t *ext);
+/* Removes the one added with this arg. */
+void kvr_api_server_remove_extension(kvr_api_server_t *s, void *arg);
 
 /* Fences a worker as failed health checks do (never picked, index state dropped); the
  * health probe readmits it once its /health answers 200. why is logged. */

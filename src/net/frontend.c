@@ -1219,7 +1219,7 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
     count_urlless(fe);
     kvr_api_extension_t ext = {.handle = fe_handle, .metrics = fe_metrics,
                                .worker_removed = fe_worker_removed, .arg = fe};
-    kvr_api_server_set_extension(api, &ext);
+    (void)kvr_api_server_add_extension(api, &ext);
     *status = KVR_OK;
     return fe;
 }
@@ -1249,7 +1249,7 @@ void kvr_frontend_free(kvr_frontend_t *fe)
     if (fe == NULL)
         return;
     if (fe->api != NULL)
-        kvr_api_server_set_extension(fe->api, NULL);
+        kvr_api_server_remove_extension(fe->api, fe);
     kvr_frontend_close(fe);
     for (size_t i = 0; i < fe->n_pools; i++)
         fe_pool_free(fe->pools[i]);

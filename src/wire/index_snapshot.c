@@ -5,6 +5,7 @@
  * hands out events from a buffer whose every record was checked by kvr_snap_open.
  */
 #include "wire/index_snapshot.h"
+#include "wire/le.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,34 +21,6 @@
 #define TRAILER_BYTES 16u
 
 enum { K_STORED = 1, K_REMOVED = 2, K_CLEARED = 3 };
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
 
 /* ---- writing ---- */
 
@@ -95,17 +68,17 @@ kvr_snap_writer_t *kvr_snap_writer_new(kvr_snap_sink_fn sink, void *ud, uint32_t
     w->n_ranks = n_ranks;
     uint8_t h[HEADER_BYTES] = {0};
     memcpy(h, MAGIC, 8);
-    put32(h + 8, KVR_SNAP_VERSION);
-    put32(h + 12, block_size);
-    put64(h + 16, saved_unix_ms);
-    put32(h + 24, n_ranks);
+    kvr_put_le32(h + 8, KVR_SNAP_VERSION);
+    kvr_put_le32(h + 12, block_size);
+    kvr_put_le64(h + 16, saved_unix_ms);
+    kvr_put_le32(h + 24, n_ranks);
     int rc = emit(w, h, sizeof h);
     for (uint32_t i = 0; rc == KVR_OK && i < n_ranks; i++) {
         uint8_t b[RANK_BYTES] = {0};
-        put64(b, ranks[i].worker_id);
-        put32(b + 8, ranks[i].dp_rank);
-        put64(b + 16, ranks[i].last_seq);
-        put64(b + 24, ranks[i].last_hash);
+        kvr_put_le64(b, ranks[i].worker_id);
+        kvr_put_le32(b + 8, ranks[i].dp_rank);
+        kvr_put_le64(b + 16, ranks[i].last_seq);
+        kvr_put_le64(b + 24, ranks[i].last_hash);
         rc = emit(w, b, sizeof b);
     }
     if (rc != KVR_OK) {
@@ -144,22 +117,22 @@ int kvr_snap_write_event(kvr_snap_writer_t *w, uint32_t rank, const kvr_event_t 
     }
     h[1] = (uint8_t)ev->tier;
     h[2] = ev->kind == KVR_EV_STORED && ev->has_parent;
-    put32(h + 4, rank);
-    put32(h + 8, n);
+    kvr_put_le32(h + 4, rank);
+    kvr_put_le32(h + 8, n);
     size_t hl = EVENT_HEAD_BYTES;
     if (ev->kind == KVR_EV_STORED) {
-        put64(h + hl, ev->has_parent ? ev->parent_ext : 0);
+        kvr_put_le64(h + hl, ev->has_parent ? ev->parent_ext : 0);
         hl += 8;
     }
     int rc = emit(w, h, hl);
     for (uint32_t i = 0; rc == KVR_OK && i < n; i++) {
         uint8_t b[16];
         if (ev->kind == KVR_EV_STORED) {
-            put64(b, ev->blocks[i].ext);
-            put64(b + 8, ev->blocks[i].lbh);
+            kvr_put_le64(b, ev->blocks[i].ext);
+            kvr_put_le64(b + 8, ev->blocks[i].lbh);
             rc = emit(w, b, 16);
         } else {
-            put64(b, ev->removed[i]);
+            kvr_put_le64(b, ev->removed[i]);
             rc = emit(w, b, 8);
         }
     }
@@ -173,11 +146,11 @@ int kvr_snap_writer_finish(kvr_snap_writer_t *w)
     if (w == NULL)
         return KVR_EINVAL;
     uint8_t t[TRAILER_BYTES];
-    put64(t, w->n_events);
+    kvr_put_le64(t, w->n_events);
     XXH3_64bits_update(w->hash, t, 8);
     if (w->failed != KVR_OK)
         return w->failed;
-    put64(t + 8, XXH3_64bits_digest(w->hash));
+    kvr_put_le64(t + 8, XXH3_64bits_digest(w->hash));
     int rc = w->sink(w->ud, t, sizeof t);
     return rc != 0 ? rc : KVR_OK;
 }
@@ -213,7 +186,7 @@ static size_t check_event(const uint8_t *base, const uint8_t *p, const uint8_t *
         return 0;
     }
     uint8_t kind = p[0], tier = p[1], par = p[2];
-    uint32_t rank = get32(p + 4), n = get32(p + 8);
+    uint32_t rank = kvr_le32(p + 4), n = kvr_le32(p + 8);
     if (kind < K_STORED || kind > K_CLEARED || tier >= KVR_N_TIERS || par > 1 || p[3] != 0 ||
         (kind != K_STORED && par != 0)) {
         fail(err, err_len, "event at byte %zu: bad kind %u, tier %u or flags", off, kind, tier);
@@ -255,22 +228,22 @@ int kvr_snap_open(kvr_snap_reader_t *r, const uint8_t *buf, size_t len, char *er
         return fail(err, err_len, "%zu bytes: shorter than a header and trailer", len);
     if (memcmp(buf, MAGIC, 8) != 0)
         return fail(err, err_len, "not a kvrouter state file (bad magic)");
-    uint32_t version = get32(buf + 8);
+    uint32_t version = kvr_le32(buf + 8);
     if (version != KVR_SNAP_VERSION)
         return fail(err, err_len, "format version %u, this build reads %u", version,
                     KVR_SNAP_VERSION);
     const uint8_t *tr = buf + len - TRAILER_BYTES;
-    if (XXH3_64bits(buf, len - 8) != get64(tr + 8))
+    if (XXH3_64bits(buf, len - 8) != kvr_le64(tr + 8))
         return fail(err, err_len, "checksum mismatch (a truncated or damaged file)");
-    uint32_t n_ranks = get32(buf + 24);
-    if (get32(buf + 12) == 0 || n_ranks > KVR_SNAP_MAX_RANKS || get32(buf + 28) != 0)
-        return fail(err, err_len, "bad header (block size %u, %u ranks)", get32(buf + 12),
+    uint32_t n_ranks = kvr_le32(buf + 24);
+    if (kvr_le32(buf + 12) == 0 || n_ranks > KVR_SNAP_MAX_RANKS || kvr_le32(buf + 28) != 0)
+        return fail(err, err_len, "bad header (block size %u, %u ranks)", kvr_le32(buf + 12),
                     n_ranks);
     size_t events_at = HEADER_BYTES + (size_t)n_ranks * RANK_BYTES;
     if (events_at > len - TRAILER_BYTES)
         return fail(err, err_len, "rank table of %u runs past the end", n_ranks);
     for (uint32_t i = 0; i < n_ranks; i++)
-        if (get32(buf + HEADER_BYTES + (size_t)i * RANK_BYTES + 12) != 0)
+        if (kvr_le32(buf + HEADER_BYTES + (size_t)i * RANK_BYTES + 12) != 0)
             return fail(err, err_len, "rank %u: unknown flags", i);
     const uint8_t *p = buf + events_at;
     uint64_t count = 0;
@@ -282,9 +255,9 @@ int kvr_snap_open(kvr_snap_reader_t *r, const uint8_t *buf, size_t len, char *er
         p += sz;
         count++;
     }
-    if (count != get64(tr))
+    if (count != kvr_le64(tr))
         return fail(err, err_len, "%llu events, the trailer says %llu",
-                    (unsigned long long)count, (unsigned long long)get64(tr));
+                    (unsigned long long)count, (unsigned long long)kvr_le64(tr));
     r->blocks = malloc(max_n * sizeof *r->blocks);
     r->removed = malloc(max_n * sizeof *r->removed);
     if (r->blocks == NULL || r->removed == NULL) {
@@ -296,8 +269,8 @@ int kvr_snap_open(kvr_snap_reader_t *r, const uint8_t *buf, size_t len, char *er
     r->buf = buf;
     r->len = len;
     r->info = (kvr_snap_info_t){.version = version,
-                                .block_size = get32(buf + 12),
-                                .saved_unix_ms = get64(buf + 16),
+                                .block_size = kvr_le32(buf + 12),
+                                .saved_unix_ms = kvr_le64(buf + 16),
                                 .n_ranks = n_ranks,
                                 .n_events = count};
     r->next = buf + events_at;
@@ -308,10 +281,10 @@ int kvr_snap_open(kvr_snap_reader_t *r, const uint8_t *buf, size_t len, char *er
 void kvr_snap_rank(const kvr_snap_reader_t *r, uint32_t i, kvr_snap_rank_t *out)
 {
     const uint8_t *b = r->buf + HEADER_BYTES + (size_t)i * RANK_BYTES;
-    *out = (kvr_snap_rank_t){.worker_id = get64(b),
-                             .dp_rank = get32(b + 8),
-                             .last_seq = get64(b + 16),
-                             .last_hash = get64(b + 24)};
+    *out = (kvr_snap_rank_t){.worker_id = kvr_le64(b),
+                             .dp_rank = kvr_le32(b + 8),
+                             .last_seq = kvr_le64(b + 16),
+                             .last_hash = kvr_le64(b + 24)};
 }
 
 int kvr_snap_next(kvr_snap_reader_t *r, uint32_t *rank, kvr_event_t *ev)
@@ -320,8 +293,8 @@ int kvr_snap_next(kvr_snap_reader_t *r, uint32_t *rank, kvr_event_t *ev)
         return KVR_ENOTFOUND;
     const uint8_t *p = r->next;
     uint8_t kind = p[0];
-    uint32_t n = get32(p + 8);
-    *rank = get32(p + 4);
+    uint32_t n = kvr_le32(p + 8);
+    *rank = kvr_le32(p + 4);
     kvr_snap_rank_t rk;
     kvr_snap_rank(r, *rank, &rk);
     *ev = (kvr_event_t){.worker = {rk.worker_id, rk.dp_rank}, .tier = (kvr_tier_t)p[1]};
@@ -329,16 +302,16 @@ int kvr_snap_next(kvr_snap_reader_t *r, uint32_t *rank, kvr_event_t *ev)
     if (kind == K_STORED) {
         ev->kind = KVR_EV_STORED;
         ev->has_parent = r->next[2] != 0;
-        ev->parent_ext = get64(p);
+        ev->parent_ext = kvr_le64(p);
         p += 8;
         for (uint32_t i = 0; i < n; i++, p += 16)
-            r->blocks[i] = (kvr_block_t){.ext = get64(p), .lbh = get64(p + 8)};
+            r->blocks[i] = (kvr_block_t){.ext = kvr_le64(p), .lbh = kvr_le64(p + 8)};
         ev->blocks = r->blocks;
         ev->n_blocks = n;
     } else if (kind == K_REMOVED) {
         ev->kind = KVR_EV_REMOVED;
         for (uint32_t i = 0; i < n; i++, p += 8)
-            r->removed[i] = get64(p);
+            r->removed[i] = kvr_le64(p);
         ev->removed = r->removed;
         ev->n_removed = n;
     } else {

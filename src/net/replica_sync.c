@@ -1,0 +1,724 @@
+/*
+ * replica_sync.c: see replica_sync.h.
+ *
+ * Invariants:
+ *   - the batch in progress holds local events only, at most BATCH_MAX, and is published
+ *     within FLUSH_US of its first event (a one-shot timer armed by that event) or as soon as
+ *     it is full or the next event would not fit the server's max_payload;
+ *   - every request admitted from a peer has an entry in origins (id -> origin router,
+ *     handle) until its free is applied or its origin goes; entries whose request the tracker
+ *     freed by itself (expiry, worker removal) are swept a slice at a time;
+ *   - while joining, peers' batches are held (in order) and applied after the snapshot, so
+ *     the state is the snapshot followed by everything published after the request;
+ *   - a peer's batch numbers are consecutive: a jump counts the batches lost in between.
+ */
+#include "net/replica_sync.h"
+
+#include <event2/event.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/grow.h"
+#include "core/peer_reqs.h"
+#include "kvrouter.h"
+#include "net/log.h"
+#include "wire/prom.h"
+#include "wire/sync_msg.h"
+
+#define BATCH_MAX 256u
+#define FLUSH_US 1000
+#define SWEEP_MS 1000
+#define SWEEP_SLOTS 8192
+#define HOLD_MAX_BYTES ((size_t)256 << 20)
+#define SUBJECT_BYTES 160
+
+typedef struct held {
+    struct held *next;
+    size_t len;
+    uint8_t data[];
+} held_t;
+
+typedef struct peer_seq {
+    uint64_t id, last;
+} peer_seq_t;
+
+typedef enum join_state { JOIN_IDLE = 0, JOIN_WAITING, JOIN_DONE } join_state_t;
+
+static const double LAG_BOUNDS[] = {0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005,
+                                    0.01,   0.025,   0.05,   0.1,   0.5,   1.0};
+
+struct kvr_replica_sync {
+    kvr_replica_sync_config_t cfg;
+    uint64_t self;
+    char subj_events[SUBJECT_BYTES], subj_snap[SUBJECT_BYTES], subj_reply[SUBJECT_BYTES];
+    kvr_router_t *r;
+    /* publishing */
+    kvr_sync_writer_t batch;
+    uint64_t batch_seq;
+    struct event *flush;
+    bool flush_armed;
+    size_t max_payload;
+    /* applying */
+    kvr_peer_reqs_t *origins;
+    peer_seq_t seqs[KVR_MAX_PEERS];
+    uint64_t *scratch; /* a peer's hashes, decoded */
+    size_t scratch_cap;
+    struct event *sweep;
+    /* joining */
+    join_state_t join;
+    bool connected; /* as last told: a join starts on each connection */
+    bool reconnect; /* the join follows a reconnect: drop what peers told before */
+    uint64_t join_deadline_ms, responder, next_chunk;
+    struct event *join_timer;
+    held_t *held, *held_tail;
+    size_t held_bytes;
+    kvr_sync_writer_t snap; /* serving a snapshot */
+    /* figures */
+    kvr_hist_t lag;
+    uint64_t pub_events, pub_batches, applied[4], ignored_self, duplicates, unknown_worker,
+        rejected, bad_messages, lost_batches, held_dropped, snap_requests, snap_served,
+        snap_entries, snap_timeouts, snap_incomplete, freed_gone, freed_reconnect, swept;
+    kvr_ratelimit_t rl;
+};
+
+static uint64_t wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* ---- publishing local events ---- */
+
+static void begin_batch(kvr_replica_sync_t *s)
+{
+    kvr_sync_header_t h = {.type = KVR_SYNC_EVENTS, .router_id = s->self};
+    kvr_sync_begin(&s->batch, &h);
+}
+
+static void publish_batch(kvr_replica_sync_t *s)
+{
+    if (s->batch.n_events == 0)
+        return;
+    /* the header's seq and time are set now: batches are numbered as published */
+    kvr_sync_header_t h = {.type = KVR_SYNC_EVENTS, .router_id = s->self,
+                           .seq = ++s->batch_seq, .sent_us = wall_us()};
+    kvr_sync_writer_t hdr = {0};
+    kvr_sync_begin(&hdr, &h);
+    if (hdr.len == KVR_SYNC_HEADER_BYTES) {
+        memcpy(s->batch.buf + 8, hdr.buf + 8, 24); /* router_id, seq, sent_us */
+        (void)kvr_nats_publish(s->cfg.nats, s->subj_events, NULL, s->batch.buf, s->batch.len);
+        s->pub_batches++;
+        s->pub_events += s->batch.n_events;
+    }
+    kvr_sync_writer_free(&hdr);
+    begin_batch(s);
+}
+
+static void on_flush(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    kvr_replica_sync_t *s = arg;
+    s->flush_armed = false;
+    publish_batch(s);
+}
+
+static void add_local(kvr_replica_sync_t *s, const kvr_sync_event_t *ev)
+{
+    size_t need = kvr_sync_event_bytes(ev);
+    if (s->batch.len + need > s->max_payload)
+        publish_batch(s);
+    if (kvr_sync_add(&s->batch, ev) != KVR_OK) {
+        s->rejected++;
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: an event of request %.*s could not be "
+                        "batched (out of memory, or %zu hashes); peers will not see it",
+                        (int)ev->id_len, ev->id, ev->n_seq);
+        return;
+    }
+    if (s->batch.n_events >= BATCH_MAX) {
+        publish_batch(s);
+    } else if (!s->flush_armed) {
+        struct timeval tv = {0, FLUSH_US};
+        s->flush_armed = event_add(s->flush, &tv) == 0;
+    }
+}
+
+/* The scheduler's observer: this router's bookings, first tokens and frees. */
+static void on_sched(void *arg, const kvr_sched_event_t *ev)
+{
+    kvr_replica_sync_t *s = arg;
+    if (ev->origin != KVR_SCHED_ORIGIN_LOCAL || ev->id == NULL)
+        return;
+    kvr_sync_event_t e = {.id = ev->id, .id_len = ev->id_len};
+    switch (ev->kind) {
+    case KVR_SCHED_ROUTED: {
+        const kvr_load_request_t *b = ev->booking;
+        if (b == NULL)
+            return;
+        e.kind = KVR_SYNC_ADD;
+        e.origin = s->self;
+        e.worker = b->worker;
+        e.block_size = b->block_size;
+        e.isl_tokens = b->isl_tokens;
+        e.cached_tokens = b->cached_tokens;
+        e.has_expected_output_tokens = b->has_expected_output_tokens;
+        e.expected_output_tokens = b->expected_output_tokens;
+        e.assume_kv_reuse = b->assume_kv_reuse;
+        e.track_prefill_tokens = b->track_prefill_tokens;
+        e.seq = b->seq;
+        e.n_seq = b->n_seq;
+        break;
+    }
+    case KVR_SCHED_FIRST_TOKEN:
+        e.kind = KVR_SYNC_PREFILL_DONE;
+        break;
+    case KVR_SCHED_FREE:
+        e.kind = KVR_SYNC_FREE;
+        break;
+    default:
+        return; /* output blocks are not synced (as the reference) */
+    }
+    add_local(s, &e);
+}
+
+/* ---- applying a peer's events ---- */
+
+static void on_gone_handle(void *arg, kvr_req_handle_t h)
+{
+    kvr_replica_sync_t *s = arg;
+    kvr_sched_event_t ev = {.kind = KVR_SCHED_FREE, .origin = KVR_SCHED_ORIGIN_PEER,
+                            .handle = h, .decay_fraction = NAN};
+    (void)kvr_sched_apply(s->cfg.sched, &ev, kvr_now_ms());
+}
+
+static const uint64_t *decode_seq(kvr_replica_sync_t *s, const kvr_sync_event_t *ev)
+{
+    if (ev->n_seq == 0)
+        return NULL;
+    if (kvr_grow((void **)&s->scratch, &s->scratch_cap, ev->n_seq, KVR_SYNC_MAX_SEQ,
+                 sizeof *s->scratch) != KVR_OK)
+        return NULL;
+    for (size_t i = 0; i < ev->n_seq; i++)
+        s->scratch[i] = kvr_sync_seq_at(ev, i);
+    return s->scratch;
+}
+
+static void apply_add(kvr_replica_sync_t *s, const kvr_sync_event_t *ev, uint64_t now)
+{
+    if (ev->origin == s->self || ev->origin == 0)
+        return; /* our own, come back in a peer's snapshot */
+    kvr_load_request_info_t info;
+    if (kvr_load_request_info(kvr_router_load(s->r), ev->id, ev->id_len, &info) == KVR_OK) {
+        s->duplicates++; /* already known (a snapshot and a held batch overlap) */
+        return;
+    }
+    const uint64_t *seq = decode_seq(s, ev);
+    kvr_load_request_t lr = {.id = ev->id,
+                             .id_len = ev->id_len,
+                             .worker = ev->worker,
+                             .seq = seq,
+                             .n_seq = seq != NULL ? ev->n_seq : 0,
+                             .isl_tokens = ev->isl_tokens,
+                             .cached_tokens = ev->cached_tokens,
+                             .has_expected_output_tokens = ev->has_expected_output_tokens,
+                             .expected_output_tokens = ev->expected_output_tokens,
+                             .block_size = ev->block_size,
+                             .assume_kv_reuse = ev->assume_kv_reuse,
+                             .track_prefill_tokens = ev->track_prefill_tokens};
+    kvr_req_handle_t h;
+    int rc = kvr_sched_admit_peer(s->cfg.sched, &lr, now, &h);
+    if (rc == KVR_ENOWORKER) {
+        s->unknown_worker++;
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: router %016llx booked worker %llu rank %u, "
+                        "which this router does not know; its load is not counted here",
+                        (unsigned long long)ev->origin,
+                        (unsigned long long)ev->worker.worker_id, ev->worker.dp_rank);
+        return;
+    }
+    if (rc != KVR_OK) {
+        s->rejected++;
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: request %.*s of router %016llx refused: %s",
+                        (int)ev->id_len, ev->id, (unsigned long long)ev->origin,
+                        kvr_strerror(rc));
+        return;
+    }
+    s->applied[KVR_SYNC_ADD]++;
+    if (kvr_peer_reqs_put(s->origins, ev->id, ev->id_len, ev->origin, h) != KVR_OK)
+        s->rejected++; /* out of memory: the request stays until its free or expiry */
+    if (ev->prefill_done) {
+        kvr_sched_event_t ft = {.kind = KVR_SCHED_FIRST_TOKEN, .origin = KVR_SCHED_ORIGIN_PEER,
+                                .handle = h, .decay_fraction = NAN};
+        (void)kvr_sched_apply(s->cfg.sched, &ft, now);
+    }
+}
+
+static void apply_event(kvr_replica_sync_t *s, const kvr_sync_event_t *ev, uint64_t now)
+{
+    if (ev->kind == KVR_SYNC_ADD) {
+        apply_add(s, ev, now);
+        return;
+    }
+    kvr_sched_event_t se = {.origin = KVR_SCHED_ORIGIN_PEER, .id = ev->id, .id_len = ev->id_len,
+                            .decay_fraction = NAN};
+    se.kind = ev->kind == KVR_SYNC_FREE ? KVR_SCHED_FREE : KVR_SCHED_FIRST_TOKEN;
+    if (ev->kind == KVR_SYNC_FREE)
+        (void)kvr_peer_reqs_take(s->origins, ev->id, ev->id_len, NULL, NULL);
+    if (kvr_sched_apply(s->cfg.sched, &se, now) == KVR_OK)
+        s->applied[ev->kind]++; /* else unknown: counted by the load tracker */
+}
+
+static void bad_message(kvr_replica_sync_t *s, const char *subject, const char *err)
+{
+    s->bad_messages++;
+    kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: message on %s refused: %s", subject, err);
+}
+
+/* Lost batches between the peer's last and this one (a new peer starts wherever it is). */
+static uint64_t lost_before(kvr_replica_sync_t *s, uint64_t peer, uint64_t seq)
+{
+    peer_seq_t *free_slot = NULL;
+    for (size_t i = 0; i < KVR_MAX_PEERS; i++) {
+        peer_seq_t *p = &s->seqs[i];
+        if (p->id == peer) {
+            uint64_t lost = seq > p->last + 1 ? seq - p->last - 1 : 0;
+            p->last = seq > p->last ? seq : p->last;
+            return lost;
+        }
+        if (p->id == 0 && free_slot == NULL)
+            free_slot = p;
+    }
+    if (free_slot == NULL)
+        free_slot = &s->seqs[peer % KVR_MAX_PEERS]; /* full: forget one */
+    *free_slot = (peer_seq_t){.id = peer, .last = seq};
+    return 0;
+}
+
+static void apply_batch(kvr_replica_sync_t *s, const uint8_t *data, size_t len)
+{
+    kvr_sync_reader_t rd;
+    char err[200];
+    if (kvr_sync_open(&rd, data, len, err, sizeof err) != KVR_OK) {
+        bad_message(s, s->subj_events, err);
+        return;
+    }
+    if (rd.h.type != KVR_SYNC_EVENTS) {
+        bad_message(s, s->subj_events, "not an events batch");
+        return;
+    }
+    if (rd.h.router_id == s->self) {
+        s->ignored_self++;
+        return;
+    }
+    uint64_t lost = lost_before(s, rd.h.router_id, rd.h.seq);
+    if (lost > 0) {
+        s->lost_batches += lost;
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: %llu batches of router %016llx were lost "
+                        "(its load here may be off until its requests end or expire)",
+                        (unsigned long long)lost, (unsigned long long)rd.h.router_id);
+    }
+    uint64_t now = kvr_now_ms(), wall = wall_us();
+    kvr_sync_event_t ev;
+    while (kvr_sync_next(&rd, &ev) == KVR_OK)
+        apply_event(s, &ev, now);
+    uint64_t lag = wall > rd.h.sent_us ? wall - rd.h.sent_us : 0;
+    kvr_hist_observe(&s->lag, (double)lag / 1e6);
+    kvr_replicas_seen(s->cfg.replicas, rd.h.router_id, lag, lost);
+}
+
+static void hold(kvr_replica_sync_t *s, const uint8_t *data, size_t len)
+{
+    held_t *h = s->held_bytes + len <= HOLD_MAX_BYTES ? malloc(sizeof *h + len) : NULL;
+    if (h == NULL) {
+        s->held_dropped++;
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: a batch that arrived while joining was "
+                        "dropped (%zu bytes held)", s->held_bytes);
+        return;
+    }
+    h->next = NULL;
+    h->len = len;
+    memcpy(h->data, data, len);
+    if (s->held_tail != NULL)
+        s->held_tail->next = h;
+    else
+        s->held = h;
+    s->held_tail = h;
+    s->held_bytes += len;
+}
+
+static void on_events(void *arg, const char *subject, const char *reply, const uint8_t *data,
+                      size_t len)
+{
+    (void)subject;
+    (void)reply;
+    kvr_replica_sync_t *s = arg;
+    if (s->join == JOIN_WAITING)
+        hold(s, data, len);
+    else
+        apply_batch(s, data, len);
+}
+
+/* ---- joining: asking for a snapshot ---- */
+
+static void join_done(kvr_replica_sync_t *s, const char *how)
+{
+    if (s->join != JOIN_WAITING)
+        return;
+    s->join = JOIN_DONE;
+    event_del(s->join_timer);
+    held_t *h = s->held;
+    size_t n = 0;
+    s->held = s->held_tail = NULL;
+    s->held_bytes = 0;
+    while (h != NULL) {
+        held_t *next = h->next;
+        apply_batch(s, h->data, h->len);
+        free(h);
+        h = next;
+        n++;
+    }
+    kvr_log(KVR_LOG_INFO, "sync: joined (%s); %zu batches held meanwhile applied, %zu requests "
+            "of peers known", how, n, kvr_peer_reqs_count(s->origins));
+}
+
+static void join_start(kvr_replica_sync_t *s)
+{
+    if (s->join == JOIN_WAITING)
+        return;
+    s->join = JOIN_WAITING;
+    s->responder = 0;
+    s->next_chunk = 0;
+    s->join_deadline_ms = kvr_now_ms() + s->cfg.snapshot_wait_ms;
+    kvr_sync_writer_t w = {0};
+    kvr_sync_header_t h = {.type = KVR_SYNC_SNAP_REQ, .router_id = s->self,
+                           .sent_us = wall_us()};
+    kvr_sync_begin(&w, &h);
+    if (w.len == KVR_SYNC_HEADER_BYTES &&
+        kvr_nats_publish(s->cfg.nats, s->subj_snap, s->subj_reply, w.buf, w.len) == KVR_OK)
+        s->snap_requests++;
+    kvr_sync_writer_free(&w);
+    struct timeval tv = {(time_t)(s->cfg.snapshot_wait_ms / 1000),
+                         (suseconds_t)(s->cfg.snapshot_wait_ms % 1000) * 1000};
+    event_add(s->join_timer, &tv);
+}
+
+static void on_join_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    kvr_replica_sync_t *s = arg;
+    if (s->responder == 0) {
+        if (kvr_replicas_live_for(s->cfg.replicas, s->cfg.snapshot_wait_ms) > 0) {
+            s->snap_timeouts++;
+            kvr_log(KVR_LOG_WARN, "sync: no peer answered the snapshot request within %llu ms; "
+                    "peers' requests already in flight are not counted until they end",
+                    (unsigned long long)s->cfg.snapshot_wait_ms);
+        }
+        join_done(s, "no snapshot: no peer answered");
+    } else {
+        s->snap_incomplete++;
+        join_done(s, "snapshot incomplete: its last chunk did not come in time");
+    }
+}
+
+static void on_reply(void *arg, const char *subject, const char *reply, const uint8_t *data,
+                     size_t len)
+{
+    (void)reply;
+    kvr_replica_sync_t *s = arg;
+    kvr_sync_reader_t rd;
+    char err[200];
+    if (kvr_sync_open(&rd, data, len, err, sizeof err) != KVR_OK ||
+        rd.h.type != KVR_SYNC_SNAPSHOT) {
+        bad_message(s, subject, rd.h.type != KVR_SYNC_SNAPSHOT ? "not a snapshot" : err);
+        return;
+    }
+    if (s->join != JOIN_WAITING)
+        return; /* late, or a second responder */
+    if (s->responder == 0 && rd.h.seq == 0) {
+        s->responder = rd.h.router_id;
+        if (s->reconnect) { /* what peers told before the break may be stale: start over */
+            int st;
+            s->freed_reconnect +=
+                kvr_peer_reqs_take_origin(s->origins, 0, on_gone_handle, s, &st);
+        }
+    }
+    if (rd.h.router_id != s->responder || rd.h.seq != s->next_chunk)
+        return; /* another responder's, or out of order (then the deadline ends the join) */
+    s->next_chunk++;
+    uint64_t now = kvr_now_ms();
+    kvr_sync_event_t ev;
+    while (kvr_sync_next(&rd, &ev) == KVR_OK) {
+        if (ev.kind == KVR_SYNC_ADD) {
+            apply_add(s, &ev, now);
+            s->snap_entries++;
+        }
+    }
+    if ((rd.h.flags & KVR_SYNC_FLAG_LAST) != 0) {
+        char how[96];
+        snprintf(how, sizeof how, "snapshot from router %016llx, %llu chunks",
+                 (unsigned long long)s->responder, (unsigned long long)s->next_chunk);
+        join_done(s, how);
+    }
+}
+
+/* ---- serving a snapshot ---- */
+
+typedef struct snap_ctx {
+    kvr_replica_sync_t *s;
+    const char *reply;
+    uint64_t chunk;
+    size_t limit;
+} snap_ctx_t;
+
+static void snap_begin(snap_ctx_t *c)
+{
+    kvr_sync_header_t h = {.type = KVR_SYNC_SNAPSHOT, .router_id = c->s->self,
+                           .seq = c->chunk, .sent_us = wall_us()};
+    kvr_sync_begin(&c->s->snap, &h);
+}
+
+static void snap_send(snap_ctx_t *c, bool last)
+{
+    kvr_replica_sync_t *s = c->s;
+    if (last)
+        kvr_sync_set_flags(&s->snap, KVR_SYNC_FLAG_LAST);
+    (void)kvr_nats_publish(s->cfg.nats, c->reply, NULL, s->snap.buf, s->snap.len);
+    c->chunk++;
+    snap_begin(c);
+}
+
+static int snap_visit(void *arg, const kvr_load_request_view_t *v)
+{
+    snap_ctx_t *c = arg;
+    kvr_replica_sync_t *s = c->s;
+    uint64_t origin = s->self;
+    (void)kvr_peer_reqs_get(s->origins, v->id, v->id_len, &origin);
+    kvr_sync_event_t e = {.kind = KVR_SYNC_ADD,
+                          .id = v->id,
+                          .id_len = v->id_len,
+                          .origin = origin,
+                          .worker = v->info.worker,
+                          .isl_tokens = v->info.prefill_tokens,
+                          .has_expected_output_tokens = v->info.has_expected_output_tokens,
+                          .expected_output_tokens = v->info.expected_output_tokens,
+                          .prefill_done = v->info.prefill_tokens == 0,
+                          .seq = v->prompt_hashes,
+                          .n_seq = v->info.n_prompt_blocks};
+    /* a prompt too long for one chunk goes with the hashes that fit (its leading blocks) */
+    size_t room = c->limit - KVR_SYNC_HEADER_BYTES - kvr_sync_event_bytes(&e) + 8 * e.n_seq;
+    if (8 * e.n_seq > room)
+        e.n_seq = room / 8;
+    if (s->snap.len + kvr_sync_event_bytes(&e) > c->limit)
+        snap_send(c, false);
+    (void)kvr_sync_add(&s->snap, &e);
+    return 0;
+}
+
+static void on_snap_request(void *arg, const char *subject, const char *reply,
+                            const uint8_t *data, size_t len)
+{
+    kvr_replica_sync_t *s = arg;
+    kvr_sync_reader_t rd;
+    char err[200];
+    if (kvr_sync_open(&rd, data, len, err, sizeof err) != KVR_OK ||
+        rd.h.type != KVR_SYNC_SNAP_REQ || reply[0] == '\0') {
+        bad_message(s, subject, reply[0] == '\0' ? "a snapshot request without a reply subject"
+                                                  : err);
+        return;
+    }
+    if (rd.h.router_id == s->self || s->join == JOIN_WAITING)
+        return; /* ours, or we are joining ourselves: another peer answers */
+    snap_ctx_t c = {.s = s, .reply = reply, .limit = s->max_payload};
+    snap_begin(&c);
+    (void)kvr_load_foreach(kvr_router_load(s->r), snap_visit, &c);
+    snap_send(&c, true);
+    s->snap_served++;
+}
+
+/* ---- upkeep, state, figures ---- */
+
+static bool handle_live(void *arg, kvr_req_handle_t h)
+{
+    const char *id;
+    size_t len;
+    return kvr_load_handle_id(kvr_router_load(((kvr_replica_sync_t *)arg)->r), h, &id, &len) ==
+           KVR_OK;
+}
+
+static void on_sweep(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    kvr_replica_sync_t *s = arg;
+    s->swept += kvr_peer_reqs_sweep(s->origins, handle_live, s, SWEEP_SLOTS);
+}
+
+static void on_peer_gone(void *arg, uint64_t router_id, const char *why)
+{
+    kvr_replica_sync_t *s = arg;
+    int st;
+    size_t n = kvr_peer_reqs_take_origin(s->origins, router_id, on_gone_handle, s, &st);
+    s->freed_gone += n;
+    if (n > 0)
+        kvr_log(KVR_LOG_INFO, "sync: %zu requests of router %016llx freed (%s)", n,
+                (unsigned long long)router_id, why);
+}
+
+static void on_state(void *arg, kvr_nats_state_t st)
+{
+    kvr_replica_sync_t *s = arg;
+    bool was = s->connected;
+    s->connected = st == KVR_NATS_CONNECTED;
+    if (!s->connected || was)
+        return;
+    s->max_payload = kvr_nats_max_payload(s->cfg.nats);
+    s->reconnect = s->join == JOIN_DONE;
+    s->join = JOIN_IDLE;
+    join_start(s);
+}
+
+bool kvr_replica_sync_ready(const kvr_replica_sync_t *s) { return s->join == JOIN_DONE; }
+
+static bool ext_ready(void *arg, const char **why)
+{
+    kvr_replica_sync_t *s = arg;
+    *why = "replica sync: waiting for NATS and a snapshot of the peers' active requests";
+    return kvr_replica_sync_ready(s);
+}
+
+static void ext_metrics(void *arg, kvr_prom_t *p)
+{
+    kvr_replica_sync_t *s = arg;
+    kvr_prom_counter(p, "kvr_sync_published_events_total",
+                     "local lifecycle events published to the other replicas",
+                     (double)s->pub_events);
+    kvr_prom_counter(p, "kvr_sync_published_batches_total", "batches published",
+                     (double)s->pub_batches);
+    kvr_prom_family(p, "kvr_sync_applied_events_total", "counter",
+                    "peers' lifecycle events applied here, by kind");
+    static const char *const kinds[] = {"", "add", "prefill_done", "free"};
+    for (int k = 1; k <= 3; k++) {
+        kvr_prom_label_t l = {"kind", kinds[k]};
+        kvr_prom_sample(p, "kvr_sync_applied_events_total", &l, 1, (double)s->applied[k]);
+    }
+    kvr_prom_counter(p, "kvr_sync_bad_messages_total",
+                     "sync messages refused (undecodable, wrong type)", (double)s->bad_messages);
+    kvr_prom_counter(p, "kvr_sync_lost_batches_total",
+                     "peers' batches missed (gaps in their numbering)", (double)s->lost_batches);
+    kvr_prom_counter(p, "kvr_sync_duplicate_adds_total",
+                     "peers' adds of a request already known here", (double)s->duplicates);
+    kvr_prom_counter(p, "kvr_sync_unknown_worker_total",
+                     "peers' adds for a worker this router does not know (not counted)",
+                     (double)s->unknown_worker);
+    kvr_prom_counter(p, "kvr_sync_rejected_total",
+                     "events refused by the load tracker or not batched", (double)s->rejected);
+    kvr_prom_counter(p, "kvr_sync_held_dropped_total",
+                     "batches dropped while joining (the hold was full)",
+                     (double)s->held_dropped);
+    kvr_prom_counter(p, "kvr_sync_snapshot_requests_total", "snapshots asked for (joins)",
+                     (double)s->snap_requests);
+    kvr_prom_counter(p, "kvr_sync_snapshots_served_total", "snapshots sent to joining peers",
+                     (double)s->snap_served);
+    kvr_prom_counter(p, "kvr_sync_snapshot_entries_total", "requests received in snapshots",
+                     (double)s->snap_entries);
+    kvr_prom_counter(p, "kvr_sync_snapshot_timeouts_total",
+                     "joins with live peers and no snapshot answer", (double)s->snap_timeouts);
+    kvr_prom_counter(p, "kvr_sync_snapshot_incomplete_total",
+                     "joins whose snapshot's last chunk never came", (double)s->snap_incomplete);
+    kvr_prom_family(p, "kvr_sync_peer_requests_freed_total", "counter",
+                    "peers' requests freed here without their free event, by why");
+    kvr_prom_label_t l = {"why", "peer_gone"};
+    kvr_prom_sample(p, "kvr_sync_peer_requests_freed_total", &l, 1, (double)s->freed_gone);
+    l.value = "reconnect";
+    kvr_prom_sample(p, "kvr_sync_peer_requests_freed_total", &l, 1, (double)s->freed_reconnect);
+    kvr_prom_gauge(p, "kvr_sync_peer_requests", "live requests booked by peers",
+                   (double)kvr_peer_reqs_count(s->origins));
+    kvr_prom_gauge(p, "kvr_sync_joined", "1 once the snapshot join is done",
+                   s->join == JOIN_DONE);
+    kvr_prom_hist(p, "kvr_sync_lag_seconds", NULL, 0, &s->lag);
+}
+
+kvr_replica_sync_t *kvr_replica_sync_new(const kvr_replica_sync_config_t *cfg, int *status)
+{
+    kvr_replica_sync_t *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        *status = KVR_ENOMEM;
+        return NULL;
+    }
+    s->cfg = *cfg;
+    if (s->cfg.snapshot_wait_ms == 0)
+        s->cfg.snapshot_wait_ms = 1000;
+    s->r = kvr_sched_router(cfg->sched);
+    s->self = kvr_replicas_self(cfg->replicas);
+    s->rl = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 3);
+    s->max_payload = kvr_nats_max_payload(cfg->nats);
+    kvr_hist_init(&s->lag, LAG_BOUNDS, sizeof LAG_BOUNDS / sizeof LAG_BOUNDS[0]);
+    snprintf(s->subj_events, SUBJECT_BYTES, "%s.active_sequences", cfg->ns);
+    snprintf(s->subj_snap, SUBJECT_BYTES, "%s.sync.snapshot", cfg->ns);
+    snprintf(s->subj_reply, SUBJECT_BYTES, "%s.sync.reply.%016llx", cfg->ns,
+             (unsigned long long)s->self);
+    begin_batch(s);
+    kvr_api_extension_t ext = {.metrics = ext_metrics, .ready = ext_ready, .arg = s};
+    struct timeval sweep = {SWEEP_MS / 1000, 0};
+    int rc = KVR_OK;
+    if ((s->origins = kvr_peer_reqs_new(s->self)) == NULL ||
+        (s->flush = event_new(cfg->base, -1, 0, on_flush, s)) == NULL ||
+        (s->join_timer = event_new(cfg->base, -1, 0, on_join_timeout, s)) == NULL ||
+        (s->sweep = event_new(cfg->base, -1, EV_PERSIST, on_sweep, s)) == NULL ||
+        event_add(s->sweep, &sweep) != 0)
+        rc = KVR_ENOMEM;
+    if (rc == KVR_OK)
+        rc = kvr_nats_subscribe(cfg->nats, s->subj_events, on_events, s);
+    if (rc == KVR_OK)
+        rc = kvr_nats_subscribe(cfg->nats, s->subj_snap, on_snap_request, s);
+    if (rc == KVR_OK)
+        rc = kvr_nats_subscribe(cfg->nats, s->subj_reply, on_reply, s);
+    if (rc == KVR_OK)
+        rc = kvr_nats_on_state(cfg->nats, on_state, s);
+    if (rc == KVR_OK)
+        rc = kvr_sched_observe(cfg->sched, on_sched, s);
+    if (rc == KVR_OK)
+        rc = kvr_api_server_add_extension(cfg->api, &ext);
+    if (rc != KVR_OK) {
+        *status = rc;
+        kvr_replica_sync_free(s);
+        return NULL;
+    }
+    kvr_replicas_on_gone(cfg->replicas, on_peer_gone, s);
+    if (kvr_nats_state(cfg->nats) == KVR_NATS_CONNECTED) {
+        s->connected = true;
+        join_start(s);
+    }
+    *status = KVR_OK;
+    return s;
+}
+
+void kvr_replica_sync_free(kvr_replica_sync_t *s)
+{
+    if (s == NULL)
+        return;
+    if (s->batch.len > 0)
+        publish_batch(s);
+    kvr_sched_unobserve(s->cfg.sched, on_sched, s);
+    kvr_api_server_remove_extension(s->cfg.api, s);
+    kvr_replicas_on_gone(s->cfg.replicas, NULL, NULL);
+    if (s->flush != NULL)
+        event_free(s->flush);
+    if (s->join_timer != NULL)
+        event_free(s->join_timer);
+    if (s->sweep != NULL)
+        event_free(s->sweep);
+    for (held_t *h = s->held, *next; h != NULL; h = next) {
+        next = h->next;
+        free(h);
+    }
+    kvr_peer_reqs_free(s->origins);
+    kvr_sync_writer_free(&s->batch);
+    kvr_sync_writer_free(&s->snap);
+    free(s->scratch);
+    free(s);
+}
