@@ -530,8 +530,10 @@ static void on_snap_request(void *arg, const char *subject, const char *reply,
                                                   : err);
         return;
     }
-    if (rd.h.router_id == s->self || s->join == JOIN_WAITING)
-        return; /* ours, or we are joining ourselves: another peer answers */
+    if (rd.h.router_id == s->self || (s->join == JOIN_WAITING && !s->reconnect))
+        return; /* ours, or we are new ourselves: another peer answers (a replica joining
+                   again after a reconnect answers with what it had: after a NATS restart
+                   every replica rejoins at once) */
     snap_ctx_t c = {.s = s, .reply = reply, .limit = s->max_payload};
     snap_begin(&c);
     (void)kvr_load_foreach(kvr_router_load(s->r), snap_visit, &c);

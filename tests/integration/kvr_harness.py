@@ -258,3 +258,57 @@ def run_scenarios(scenarios, seed):
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed "
           f"(seed {seed}, {time.monotonic() - t0:.1f} s)", flush=True)
     raise SystemExit(1 if RESULTS["failed"] else 0)
+
+
+class NatsServer:
+    """A real nats-server (Debian's) on a free loopback port, JetStream on, its store in a
+    temporary directory; restartable on the same port and store (a NATS outage)."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="kvr-nats-")
+        self.port = free_ports(1)
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.log = open(os.path.join(self.dir, "server.log"), "ab")
+        self.proc = subprocess.Popen(["nats-server", "-a", "127.0.0.1", "-p", str(self.port),
+                                      "-js", "-sd", os.path.join(self.dir, "js")],
+                                     stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+        if not eventually(self._accepts, timeout=20):
+            raise RuntimeError("nats-server did not start: " + self.server_log()[-2000:])
+
+    def _accepts(self):
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                return s.recv(4096).startswith(b"INFO ")
+        except OSError:
+            return False
+
+    def server_log(self):
+        with open(os.path.join(self.dir, "server.log"), "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.log.close()
+
+    def stop(self):
+        self.kill()
+        import shutil
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def publish(self, subject, payload, reply=None):
+        """Publishes raw bytes with NATS's text protocol (no client library: the test is a
+        stranger on the bus) and waits for the server's PONG, so the message is in."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
+            f = s.makefile("rb")
+            f.readline()  # INFO
+            head = f"PUB {subject} {reply + ' ' if reply else ''}{len(payload)}\r\n".encode()
+            s.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\n' + head + payload +
+                      b"\r\nPING\r\n")
+            line = f.readline()
+            return line.startswith(b"PONG")

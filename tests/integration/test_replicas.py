@@ -1,0 +1,269 @@
+#!/usr/bin/python3
+"""Router replicas over a real nats-server (started here on a free loopback port, JetStream on,
+a temporary store, killed at the end): replica sync of active load, the snapshot a late replica
+joins with, a peer that dies, a NATS outage while requests flow, and bad input on every subject
+and bucket. Usage: test_replicas.py <path to kvrouter>.
+"""
+import json
+import struct
+import sys
+import threading
+import time
+
+from kvr_harness import Child, NatsServer, check, eventually, finish, kill_children
+
+KVR = sys.argv[1]
+BS = 16
+WORKERS = ["--worker", "id=1", "--worker", "id=2", "--worker", "id=3"]
+TTL_MS = 1500
+
+
+def replica(nats, *extra):
+    return Child([KVR, "serve", "--http-port", "0", "--block-size", BS, "--nats-url", nats.url,
+                  "--router-replica-sync", "true", "--nats-presence-ttl-ms", TTL_MS,
+                  "--log-level", "info"] + WORKERS + [str(a) for a in extra], "replica")
+
+
+def tokens(seed, n=256):
+    return [(seed * 7919 + i) % 50000 for i in range(n)]
+
+
+def loads(r, seed=999):
+    """{worker_id: active_requests} as r sees it."""
+    st, body = r.call("POST", "/v1/loads", {"tokens": tokens(seed, 32)})
+    if st != 200:
+        return {}
+    return {w["worker_id"]: w["active_requests"] for w in body["loads"]}
+
+
+def route(r, rid, seed, **kw):
+    body = {"tokens": tokens(seed), "request_id": rid}
+    body.update(kw)
+    st, res = r.call("POST", "/v1/route", body)
+    check(f"route {rid} answered 200", st == 200, (st, res))
+    return res
+
+
+def free(r, rid):
+    st, _ = r.call("DELETE", f"/v1/requests/{rid}")
+    return st
+
+
+def ready(r):
+    return r.call("GET", "/ready")[0] == 200
+
+
+def peers(r):
+    st, body = r.call("GET", "/v1/routers")
+    return [p["router_id"] for p in body["routers"]] if st == 200 else []
+
+
+def scenario_sync(nats):
+    """A booking on A shows in B's loads; B avoids the worker A loaded; A's free frees it on B;
+    a first token on A ends its prefill tokens on B."""
+    a, b = replica(nats), replica(nats)
+    try:
+        check("both replicas ready", eventually(lambda: ready(a) and ready(b), 15))
+        check("each lists the other in /v1/routers",
+              eventually(lambda: len(peers(a)) == 1 and len(peers(b)) == 1, 10),
+              (peers(a), peers(b)))
+        res = route(a, "s-1", 1)
+        w = res["worker_id"]
+        check("a booking on A shows in B's loads",
+              eventually(lambda: loads(b).get(w) == 1, 5), loads(b))
+        # B's next decisions avoid the worker A loaded (three workers, two more requests)
+        picks = {route(b, f"s-b{i}", 100 + i)["worker_id"] for i in range(2)}
+        check("B spreads around the worker loaded through A", w not in picks, (w, picks))
+        _, before = b.call("POST", "/v1/loads", {"tokens": tokens(7, 32)})
+        pre = next(x for x in before["loads"] if x["worker_id"] == w)
+        st, _ = a.call("POST", "/v1/requests/s-1/first_token")
+        check("first token on A answered", st == 200, st)
+
+        def prefill_gone():
+            _, now = b.call("POST", "/v1/loads", {"tokens": tokens(7, 32)})
+            cur = next(x for x in now["loads"] if x["worker_id"] == w)
+            return cur["potential_prefill_tokens"] < pre["potential_prefill_tokens"]
+        check("A's first token ends the prefill load on B", eventually(prefill_gone, 5))
+        check("free on A answered 200", free(a, "s-1") == 200)
+        check("A's free frees it on B", eventually(lambda: loads(b).get(w) == 0, 5), loads(b))
+        for i in range(2):
+            free(b, f"s-b{i}")
+        check("B's frees reach A", eventually(lambda: sum(loads(a).values()) == 0, 5), loads(a))
+        check("B counts A's events as applied",
+              (b.metric("kvr_sync_applied_events_total", kind="add") or 0) >= 1 and
+              (b.metric("kvr_sync_applied_events_total", kind="free") or 0) >= 1)
+        lag = b.metric("kvr_sync_lag_seconds_count")
+        check("B measures the sync lag", lag is not None and lag >= 1, lag)
+        _, w_b = b.call("GET", "/v1/workers")
+        check("/v1/workers says nats: connected", w_b.get("nats") == "connected", w_b.get("nats"))
+    finally:
+        a.stop()
+        b.stop()
+
+
+def scenario_late_joiner(nats):
+    """A replica started after requests were booked gets them from a peer's snapshot."""
+    a = replica(nats)
+    try:
+        check("A ready", eventually(lambda: ready(a), 15))
+        booked = {}
+        for i in range(20):
+            booked[f"late-{i}"] = route(a, f"late-{i}", 200 + i)["worker_id"]
+        c = replica(nats)
+        check("the late replica is ready once joined", eventually(lambda: ready(c), 15))
+        want = {w: sum(1 for x in booked.values() if x == w) for w in (1, 2, 3)}
+        check("the late replica counts the requests already in flight",
+              eventually(lambda: loads(c) == want, 5), (loads(c), want))
+        check("it joined by a snapshot", (c.metric("kvr_sync_snapshot_entries_total") or 0) == 20,
+              c.metric("kvr_sync_snapshot_entries_total"))
+        for rid in booked:
+            free(a, rid)
+        check("A's frees reach the late replica",
+              eventually(lambda: sum(loads(c).values()) == 0, 5), loads(c))
+        c.stop()
+    finally:
+        a.stop()
+
+
+def scenario_peer_dies(nats):
+    """A replica killed without cleanup: the others free its requests once its presence
+    expires (nats_presence_ttl_ms)."""
+    a, b = replica(nats), replica(nats)
+    try:
+        check("both ready", eventually(lambda: ready(a) and ready(b), 15))
+        for i in range(5):
+            route(a, f"dead-{i}", 300 + i)
+        check("B sees A's five", eventually(lambda: sum(loads(b).values()) == 5, 5), loads(b))
+        a.kill()
+        t0 = time.monotonic()
+        check("B frees the dead replica's requests",
+              eventually(lambda: sum(loads(b).values()) == 0, 15), loads(b))
+        took = time.monotonic() - t0
+        check("... after its presence TTL, not at once", took >= TTL_MS / 1000 * 0.5, took)
+        check("B no longer lists it", eventually(lambda: peers(b) == [], 5), peers(b))
+        check("B counts them as freed for a gone peer",
+              b.metric("kvr_sync_peer_requests_freed_total", why="peer_gone") == 5)
+    finally:
+        b.stop()
+
+
+def scenario_nats_outage(nats):
+    """nats-server killed for 10 s while both replicas route: no request fails; the loss shows
+    in /metrics, /health and /v1/workers; once NATS is back the replicas reconverge."""
+    a, b = replica(nats), replica(nats)
+    failures, done = [], [0]
+    stop = threading.Event()
+
+    def client(r, tag):
+        i = 0
+        while not stop.is_set():
+            rid = f"{tag}-{i}"
+            st, body = r.call("POST", "/v1/route", {"tokens": tokens(i, 64), "request_id": rid})
+            if st != 200:
+                failures.append((rid, st, body))
+            elif free(r, rid) != 200:
+                failures.append((rid, "free"))
+            done[0] += 1
+            i += 1
+    try:
+        check("both ready", eventually(lambda: ready(a) and ready(b), 15))
+        threads = [threading.Thread(target=client, args=(r, t)) for r, t in ((a, "oa"), (b, "ob"))]
+        for t in threads:
+            t.start()
+        nats.kill()
+        check("A shows nats disconnected in /health",
+              eventually(lambda: "nats: disconnected" in a.call("GET", "/health")[1], 10),
+              a.call("GET", "/health"))
+        _, wk = b.call("GET", "/v1/workers")
+        check("B's /v1/workers says nats disconnected",
+              eventually(lambda: b.call("GET", "/v1/workers")[1].get("nats") == "disconnected",
+                         10))
+        check("/metrics counts the disconnect", (a.metric("kvr_nats_disconnects_total") or 0) >= 1
+              and a.metric("kvr_nats_connected") == 0)
+        n0 = done[0]
+        time.sleep(10)  # the outage itself (what is measured is that requests kept flowing)
+        check("requests kept flowing during the outage", done[0] > n0 + 20, (n0, done[0]))
+        # a request booked on A during the outage, still in flight when NATS returns
+        route(a, "outage-held", 4242)
+        nats.start()
+        check("A reconnects", eventually(lambda: a.metric("kvr_nats_connected") == 1, 20))
+        check("B reconnects", eventually(lambda: b.metric("kvr_nats_connected") == 1, 20))
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        check("no request failed because of the outage", failures == [], failures[:5])
+        check("the replicas reconverge: B sees the request A holds",
+              eventually(lambda: sum(loads(b).values()) == 1, 10), loads(b))
+        free(a, "outage-held")
+        check("... and its free", eventually(lambda: sum(loads(b).values()) == 0, 10), loads(b))
+        check("they list each other again",
+              eventually(lambda: len(peers(a)) == 1 and len(peers(b)) == 1, 10))
+    finally:
+        stop.set()
+        a.stop()
+        b.stop()
+
+
+def sync_header(msg_type, router_id, seq, n_events, flags=0):
+    return b"KVRS" + struct.pack("<BBHQQQII", 1, msg_type, flags, router_id, seq, 0, n_events, 0)
+
+
+def scenario_bad_input(nats):
+    """Malformed, truncated and oversized messages on the sync subjects, presence entries that
+    are not a router's: counted, logged, never a crash; the replica keeps working."""
+    a = replica(nats)
+    try:
+        check("ready", eventually(lambda: ready(a), 15))
+        add = (struct.pack("<BBH", 1, 0, 3) + b"bad" +
+               struct.pack("<QQIIQQII", 77, 1, 0, 16, 32, 0, 0, 1000))  # 1000 hashes announced
+        bad = [b"", b"garbage", b"KVRS" + b"\x00" * 36, sync_header(1, 77, 1, 1) + add,
+               sync_header(9, 77, 1, 0), sync_header(1, 77, 1, 5), sync_header(1, 0, 1, 0),
+               b"\xff" * 900000]
+        for m in bad:
+            check("a bad message is accepted by nats-server", nats.publish(
+                "kvrouter.active_sequences", m))
+        nats.publish("kvrouter.sync.snapshot", b"not a request", reply="kvrouter.x")
+        nats.publish("kvrouter.sync.snapshot", sync_header(2, 77, 0, 0))  # no reply subject
+        nats.publish("kvrouter.sync.reply.0000000000000001", b"junk")
+        # presence entries that are not routers' (a KV put is a publish on $KV.<bucket>.<key>)
+        nats.publish("$KV.kvrouter_routers.not-an-id", b"{}")
+        nats.publish("$KV.kvrouter_routers.00000000000000aa", b"[not json")
+        want = len(bad) + 2
+        check("every bad sync message is counted",
+              eventually(lambda: (a.metric("kvr_sync_bad_messages_total") or 0) >= want, 5),
+              a.metric("kvr_sync_bad_messages_total"))
+        check("bad presence entries are counted",
+              eventually(lambda: (a.metric("kvr_replicas_bad_entries_total") or 0) >= 2, 5),
+              a.metric("kvr_replicas_bad_entries_total"))
+        check("nothing was half-applied", sum(loads(a).values()) == 0, loads(a))
+        check("an add for a worker it does not know is counted, not applied",
+              nats.publish("kvrouter.active_sequences",
+                           sync_header(1, 78, 1, 1) + struct.pack("<BBH", 1, 0, 3) + b"unk" +
+                           struct.pack("<QQIIQQII", 78, 99, 0, 16, 32, 0, 0, 0)))
+        check("... counted", eventually(lambda: a.metric("kvr_sync_unknown_worker_total") == 1, 5))
+        route(a, "still-works", 5)
+        check("the replica still routes", sum(loads(a).values()) == 1)
+        err = a.stderr()
+        check("the refusals are logged, rate-limited",
+              "sync: message on kvrouter.active_sequences refused" in err and
+              err.count("refused:") < 10, err[-1500:])
+    finally:
+        a.stop()
+
+
+def main():
+    nats = NatsServer()
+    try:
+        scenario_sync(nats)
+        scenario_late_joiner(nats)
+        scenario_peer_dies(nats)
+        scenario_bad_input(nats)
+        scenario_nats_outage(nats)
+    finally:
+        kill_children()
+        nats.stop()
+    finish()
+
+
+if __name__ == "__main__":
+    main()
