@@ -502,6 +502,88 @@ static void test_observers_and_peer_events(void **st)
     unmake(&f);
 }
 
+/* What replica sync sees and does: a local booking's event carries what the tracker
+ * admitted (its hashes), lifecycle events by handle carry the id (even a free's), and a
+ * peer's booking admitted on another router carries the same load there; foreach shows it. */
+typedef struct synced {
+    char id[KVR_LOAD_MAX_ID_BYTES + 1];
+    kvr_load_request_t booking;
+    uint64_t seq[64];
+    int frees_with_id;
+} synced_t;
+
+static void on_sync_event(void *arg, const kvr_sched_event_t *ev)
+{
+    synced_t *s = arg;
+    if (ev->origin != KVR_SCHED_ORIGIN_LOCAL)
+        return;
+    if (ev->kind == KVR_SCHED_ROUTED) {
+        assert_non_null(ev->booking);
+        s->booking = *ev->booking;
+        assert_true(ev->booking->n_seq <= 64);
+        memcpy(s->seq, ev->booking->seq, ev->booking->n_seq * sizeof s->seq[0]);
+        s->booking.seq = s->seq;
+        memcpy(s->id, ev->id, ev->id_len);
+        s->id[ev->id_len] = '\0';
+        s->booking.id = s->id;
+    } else if (ev->kind == KVR_SCHED_FREE && ev->id != NULL &&
+               ev->id_len == strlen(s->id) && memcmp(ev->id, s->id, ev->id_len) == 0) {
+        s->frees_with_id++;
+    }
+}
+
+static int count_visit(void *arg, const kvr_load_request_view_t *v)
+{
+    synced_t *s = arg;
+    assert_int_equal(v->id_len, strlen(s->id));
+    assert_memory_equal(v->id, s->id, v->id_len);
+    assert_int_equal(v->info.n_prompt_blocks, s->booking.n_seq);
+    assert_memory_equal(v->prompt_hashes, s->seq, s->booking.n_seq * sizeof s->seq[0]);
+    return 0;
+}
+
+static void test_peer_admits(void **st)
+{
+    (void)st;
+    fx_t a, b;
+    make(&a, 2, false);
+    make(&b, 2, false);
+    synced_t sy = {0};
+    assert_int_equal(kvr_sched_observe(a.s, on_sync_event, &sy), KVR_OK);
+    kvr_route_res_t res;
+    kvr_ticket_t t;
+    prompt(toks, 3, 64);
+    assert_int_equal(place(&a, toks, 64, NULL, &res, &t), KVR_OK);
+    assert_int_equal(sy.booking.n_seq, 4);
+    assert_string_equal(sy.id, res.request_id);
+    /* the booking admitted on b: the same load on the same rank */
+    kvr_req_handle_t h;
+    assert_int_equal(kvr_sched_admit_peer(b.s, &sy.booking, 1000, &h), KVR_OK);
+    kvr_load_snapshot_t la, lb;
+    kvr_load_snapshot(kvr_router_load(a.r), res.worker, &la);
+    kvr_load_snapshot(kvr_router_load(b.r), res.worker, &lb);
+    assert_true(la.active_blocks == lb.active_blocks && la.active_prefill_tokens ==
+                lb.active_prefill_tokens && la.active_requests == lb.active_requests);
+    assert_int_equal(kvr_sched_admit_peer(b.s, &sy.booking, 1000, &h), KVR_EEXIST);
+    assert_int_equal(kvr_load_foreach(kvr_router_load(b.r), count_visit, &sy), KVR_OK);
+    /* a rank b does not have */
+    kvr_load_request_t other = sy.booking;
+    other.worker.worker_id = 99;
+    other.id = "x";
+    other.id_len = 1;
+    assert_int_equal(kvr_sched_admit_peer(b.s, &other, 1000, &h), KVR_ENOWORKER);
+    /* a free by handle tells the observers the id */
+    assert_int_equal(kvr_sched_release(a.s, res.handle, 1000), KVR_OK);
+    assert_int_equal(sy.frees_with_id, 1);
+    const char *id;
+    size_t len;
+    assert_int_equal(kvr_load_handle_id(kvr_router_load(a.r), res.handle, &id, &len),
+                     KVR_ENOTFOUND);
+    kvr_sched_unobserve(a.s, on_sync_event, &sy);
+    unmake(&a);
+    unmake(&b);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Model test */
 
@@ -671,6 +753,7 @@ int main(void)
         cmocka_unit_test(test_copy_and_hashes_survive),
         cmocka_unit_test(test_reentrant_release),
         cmocka_unit_test(test_observers_and_peer_events),
+        cmocka_unit_test(test_peer_admits),
         cmocka_unit_test(test_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
