@@ -18,7 +18,10 @@
 
 /* Where the router learns its workers: its flags and POST /v1/workers only, or also the
  * NATS bucket <namespace>_workers. */
-typedef enum kvr_discovery { KVR_DISCOVERY_STATIC = 0, KVR_DISCOVERY_NATS } kvr_discovery_t;
+typedef enum kvr_discovery_mode {
+    KVR_DISCOVERY_STATIC = 0,
+    KVR_DISCOVERY_NATS
+} kvr_discovery_mode_t;
 
 typedef enum kvr_router_mode {
     KVR_MODE_KV = 0,
@@ -102,7 +105,7 @@ typedef struct kvr_router_config {
     char nats_namespace[65];      /* prefixes every subject and bucket (setting `namespace`) */
     bool router_replica_sync;     /* share active load with the other replicas */
     uint64_t nats_presence_ttl_ms; /* a presence entry older than this is gone */
-    kvr_discovery_t discovery;
+    kvr_discovery_mode_t discovery;
     /* the OpenAI front end (net/frontend.c) */
     uint32_t frontend_max_retries;         /* other workers tried after an upstream failure */
     uint32_t frontend_fence_failures;      /* consecutive upstream failures before fencing */

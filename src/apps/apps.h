@@ -12,5 +12,6 @@ int kvr_cmd_mocker(int argc, char **argv);
 int kvr_cmd_sim(int argc, char **argv);
 int kvr_cmd_replay(int argc, char **argv);
 int kvr_cmd_demo(int argc, char **argv);
+int kvr_cmd_register(int argc, char **argv);
 
 #endif

@@ -2,6 +2,7 @@
  * cli.c: the subcommands' shared flag matching and value checks (cli.h).
  */
 #include "apps/cli.h"
+#include "core/namelist.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -233,6 +234,28 @@ static int set_poly(kvr_cli_t *c, double *a, double *b, double *d)
         *d = x[2];
     }
     return rc;
+}
+
+void kvr_cli_nats_defaults(kvr_cli_nats_t *o)
+{
+    memset(o, 0, sizeof *o);
+    snprintf(o->ns, sizeof o->ns, "kvrouter");
+    o->ttl_ms = 3000;
+}
+
+int kvr_cli_nats_option(kvr_cli_t *c, kvr_cli_nats_t *o)
+{
+    if (kvr_cli_is(c, "--nats-url"))
+        return kvr_cli_copy(c, kvr_cli_value(c), o->url, sizeof o->url);
+    if (kvr_cli_is(c, "--nats-presence-ttl-ms"))
+        return kvr_cli_u64(c, kvr_cli_value(c), 300, 3600000, &o->ttl_ms);
+    if (kvr_cli_is(c, "--namespace")) {
+        const char *v = kvr_cli_value(c);
+        if (v == NULL || !kvr_token_ok(v))
+            return kvr_cli_bad(c, v, "1 to 64 of [A-Za-z0-9_-]");
+        return kvr_cli_copy(c, v, o->ns, sizeof o->ns);
+    }
+    return -1;
 }
 
 int kvr_cli_engine_option(kvr_cli_t *c, struct kvr_engine_config *e)

@@ -94,6 +94,18 @@ int kvr_cli_parse(kvr_cli_t *c, kvr_cli_option_fn option, void *arg, void (*usag
  * A kvr_cli_option_fn's contract: 0, 2, or -1 when argv[i] is none of them. */
 int kvr_cli_engine_option(kvr_cli_t *c, struct kvr_engine_config *e);
 
+/* The NATS flags of the engine-side commands (`mocker`, `register`): --nats-url URL,
+ * --namespace NS ([A-Za-z0-9_-], default kvrouter), --nats-presence-ttl-ms MS (300..3600000,
+ * default 3000), as `serve` names the same settings. */
+typedef struct kvr_cli_nats {
+    char url[512];
+    char ns[65];
+    uint64_t ttl_ms;
+} kvr_cli_nats_t;
+void kvr_cli_nats_defaults(kvr_cli_nats_t *o);
+/* A kvr_cli_option_fn's contract: 0, 2, or -1 when argv[i] is none of them. */
+int kvr_cli_nats_option(kvr_cli_t *c, kvr_cli_nats_t *o);
+
 /* A data file shipped with the source tree (e.g. "data/traces/conversation_trace.jsonl"):
  * rel itself when readable from the working directory, else <binary's dir>/../rel written into
  * buf when readable there (build/kvrouter run from anywhere), else NULL. */

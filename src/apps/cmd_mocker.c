@@ -18,6 +18,9 @@
 
 #include "apps/apps.h"
 #include "apps/cli.h"
+#include "kvrouter/router.h"
+#include "net/discovery.h"
+#include "net/nats_link.h"
 #include "kvrouter.h"
 #include "net/log.h"
 #include "net/mocker_server.h"
@@ -64,11 +67,21 @@ static void usage(FILE *out)
         "  --max-waiting N               waiting-queue cap; beyond it 503 [65536]\n"
         "  --vocab-size N                generated ids are below it [32000]\n"
         "  --kv-events-drop-every N      fault injection: every Nth batch is lost (replayable)\n"
-        "  --log-level L                 debug | info | warn | error [info]\n");
+        "  --log-level L                 debug | info | warn | error [info]\n\n"
+        "Discovery (routers started with --discovery nats find it):\n"
+        "  --nats-url URL                register in <namespace>_workers while running\n"
+        "  --worker-id N                 its worker id there [the HTTP port]\n"
+        "  --advertise-host H            the host routers reach it at [--host, or 127.0.0.1\n"
+        "                                for 0.0.0.0]\n"
+        "  --namespace NS                the fleet's namespace [kvrouter]\n"
+        "  --nats-presence-ttl-ms MS     routers drop it when not refreshed this long [3000]\n");
 }
 
 typedef struct mocker_args {
     kvr_mocker_config_t cfg;
+    kvr_cli_nats_t nats;  /* --nats-url: registers itself for discovery */
+    uint64_t worker_id;   /* its id in the discovery entry */
+    char advertise[256];  /* the host routers reach it at */
     kvr_log_level_t log_level;
     bool served_name_set, positional_seen;
 } mocker_args_t;
@@ -125,6 +138,12 @@ static int parse_option(kvr_cli_t *c, void *arg)
     int rc = kvr_cli_engine_option(c, e);
     if (rc != -1)
         return rc;
+    if ((rc = kvr_cli_nats_option(c, &a->nats)) != -1)
+        return rc;
+    if (kvr_cli_is(c, "--worker-id"))
+        return kvr_cli_u64(c, kvr_cli_value(c), 0, UINT64_MAX, &a->worker_id);
+    if (kvr_cli_is(c, "--advertise-host"))
+        return kvr_cli_copy(c, kvr_cli_value(c), a->advertise, sizeof a->advertise);
     if (kvr_cli_is(c, "--host"))
         return kvr_cli_copy(c, kvr_cli_value(c), m->host, sizeof m->host);
     if (kvr_cli_is(c, "--port")) {
@@ -184,6 +203,7 @@ static int parse_args(int argc, char **argv, mocker_args_t *a)
 {
     memset(a, 0, sizeof *a);
     kvr_mocker_config_default(&a->cfg);
+    kvr_cli_nats_defaults(&a->nats);
     a->log_level = KVR_LOG_INFO;
     kvr_cli_t c;
     kvr_cli_init(&c, "kvrouter mocker", argc, argv);
@@ -194,6 +214,58 @@ static int parse_args(int argc, char **argv, mocker_args_t *a)
     if (kvr_mocker_config_validate(&a->cfg, err, sizeof err) != KVR_OK)
         return kvr_cli_fail(&c, "%s", err);
     return 0;
+}
+
+/* endpoint with its "*" (any interface) replaced by the advertised host. */
+static void reachable(char *out, size_t cap, const char *endpoint, const char *host)
+{
+    const char *star = strstr(endpoint, "://*");
+    if (star == NULL)
+        snprintf(out, cap, "%s", endpoint);
+    else
+        snprintf(out, cap, "%.*s://%s%s", (int)(star - endpoint), endpoint, host, star + 4);
+}
+
+/* --nats-url: this mocker's discovery entry, kept until it stops. NULL when not asked for (or
+ * on failure, reported). */
+static kvr_nats_t *register_self(mocker_args_t *a, kvr_mocker_t *m, int *failed)
+{
+    *failed = 0;
+    if (a->nats.url[0] == '\0')
+        return NULL;
+    const kvr_mocker_config_t *c = &a->cfg;
+    const char *host = a->advertise[0] ? a->advertise
+                       : (strcmp(c->host, "0.0.0.0") == 0 || c->host[0] == '\0') ? "127.0.0.1"
+                                                                                : c->host;
+    kvr_worker_spec_t w = {.worker_id = a->worker_id ? a->worker_id : kvr_mocker_port(m),
+                           .dp_size = c->dp_size,
+                           .block_size = c->engine.block_size,
+                           .total_kv_blocks = c->engine.num_gpu_blocks,
+                           .max_num_batched_tokens = c->engine.max_num_batched_tokens};
+    snprintf(w.url, sizeof w.url, "http://%.200s:%u", host, kvr_mocker_port(m));
+    snprintf(w.model, sizeof w.model, "%s", c->model);
+    snprintf(w.loras, sizeof w.loras, "%s", c->loras);
+    if (c->events.enabled) {
+        reachable(w.events, sizeof w.events, c->events.endpoint, host);
+        reachable(w.replay, sizeof w.replay, c->events.replay_endpoint, host);
+    }
+    char err[300] = "";
+    int st;
+    kvr_nats_config_t nc = {.url = a->nats.url, .name = "kvrouter mocker"};
+    kvr_nats_t *n = kvr_nats_new(&nc, &st, err, sizeof err);
+    if (n != NULL && (st = kvr_discovery_register(n, a->nats.ns, a->nats.ttl_ms, &w)) != KVR_OK) {
+        snprintf(err, sizeof err, "discovery entry: %s", kvr_strerror(st));
+        kvr_nats_free(n);
+        n = NULL;
+    }
+    if (n == NULL) {
+        fprintf(stderr, "kvrouter mocker: %s\n", err[0] ? err : kvr_strerror(st));
+        *failed = 1;
+        return NULL;
+    }
+    kvr_log(KVR_LOG_INFO, "mocker: registered as worker %llu in %s_workers",
+            (unsigned long long)w.worker_id, a->nats.ns);
+    return n;
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -233,7 +305,11 @@ int kvr_cmd_mocker(int argc, char **argv)
     char err[300] = "";
     kvr_mocker_t *m = kvr_mocker_new(base, zctx, &a.cfg, &st, err, sizeof err);
     struct event *sigint = NULL, *sigterm = NULL;
-    if (m) {
+    kvr_nats_t *nats = NULL;
+    int nats_failed = 0;
+    if (m)
+        nats = register_self(&a, m, &nats_failed);
+    if (m && !nats_failed) {
         sigint = evsignal_new(base, SIGINT, on_signal, base);
         sigterm = evsignal_new(base, SIGTERM, on_signal, base);
         if (sigint)
@@ -258,7 +334,8 @@ int kvr_cmd_mocker(int argc, char **argv)
         event_free(sigint);
     if (sigterm)
         event_free(sigterm);
-    int code = m ? 0 : 1;
+    int code = m && !nats_failed ? 0 : 1;
+    kvr_nats_free(nats); /* deletes its discovery entry */
     kvr_mocker_free(m);
     event_base_free(base);
     zmq_ctx_term(zctx);

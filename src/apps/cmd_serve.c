@@ -19,6 +19,7 @@
 #include "kvrouter/router.h"
 #include "core/sched.h"
 #include "net/api_server.h"
+#include "net/discovery.h"
 #include "net/frontend.h"
 #include "net/ingest.h"
 #include "net/log.h"
@@ -176,6 +177,7 @@ typedef struct daemon_parts {
     kvr_nats_t *nats;
     kvr_replicas_t *replicas;
     kvr_replica_sync_t *sync;
+    kvr_discovery_t *disc;
     struct event *sigint, *sigterm;
     struct event *drain;  /* watches the answers in flight while draining */
     uint64_t drain_deadline_ms, grace_ms;
@@ -242,6 +244,7 @@ static void teardown(daemon_parts_t *d)
         event_free(d->sigint);
     if (d->sigterm)
         event_free(d->sigterm);
+    kvr_discovery_free(d->disc);
     kvr_replica_sync_free(d->sync); /* publishes its last batch */
     kvr_replicas_free(d->replicas);
     kvr_nats_free(d->nats); /* deletes this router's presence entry, then closes */
@@ -310,6 +313,15 @@ static int build_nats(daemon_parts_t *d, const kvr_router_config_t *c)
     if ((d->replicas = kvr_replicas_new(&rc, &st)) == NULL) {
         fprintf(stderr, "kvrouter serve: replicas: %s\n", kvr_strerror(st));
         return st;
+    }
+    if (c->discovery == KVR_DISCOVERY_NATS) {
+        kvr_discovery_config_t dc = {.base = d->base, .nats = d->nats, .api = d->api,
+                                     .replicas = d->replicas, .ns = c->nats_namespace,
+                                     .ttl_ms = c->nats_presence_ttl_ms};
+        if ((d->disc = kvr_discovery_new(&dc, &st)) == NULL) {
+            fprintf(stderr, "kvrouter serve: discovery: %s\n", kvr_strerror(st));
+            return st;
+        }
     }
     if (!c->router_replica_sync)
         return KVR_OK;

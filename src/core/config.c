@@ -436,7 +436,7 @@ static int set_field(kvr_router_config_t *cfg, const field_t *f, const char *v, 
 _Static_assert(sizeof(kvr_router_mode_t) == sizeof(int) &&
                    sizeof(kvr_queue_order_t) == sizeof(int) &&
                    sizeof(kvr_select_policy_t) == sizeof(int) &&
-                   sizeof(kvr_discovery_t) == sizeof(int),
+                   sizeof(kvr_discovery_mode_t) == sizeof(int),
                "enum fields are stored as int");
 
 void kvr_config_defaults(kvr_router_config_t *cfg)

@@ -643,53 +643,6 @@ static void h_workers_get(kvr_api_server_t *s, struct evhttp_request *req)
     api_reply_writer(s, req, 200);
 }
 
-static int copy_field(char *dst, size_t cap, const char *src, size_t len, const char *name,
-                      char *err, size_t err_len)
-{
-    if (src == NULL)
-        return KVR_OK;
-    if (len >= cap) {
-        snprintf(err, err_len, "%s: longer than %zu bytes", name, cap - 1);
-        return KVR_EINVAL;
-    }
-    memcpy(dst, src, len);
-    dst[len] = '\0';
-    return KVR_OK;
-}
-
-static int spec_from_api(kvr_worker_spec_t *sp, const kvr_api_worker_t *a, char *err, size_t len)
-{
-    memset(sp, 0, sizeof *sp);
-    sp->worker_id = a->worker_id;
-    sp->dp_size = a->dp_size;
-    sp->dp_start = a->dp_start;
-    sp->max_num_batched_tokens = a->has_max_num_batched_tokens ? a->max_num_batched_tokens : 0;
-    sp->total_kv_blocks = a->has_total_kv_blocks ? a->total_kv_blocks : 0;
-    sp->eagle = a->eagle;
-    if (a->n_taints > KVR_MAX_TAINTS) {
-        snprintf(err, len, "taints: at most %d", KVR_MAX_TAINTS);
-        return KVR_EINVAL;
-    }
-    for (size_t t = 0; t < a->n_taints; t++) {
-        int rc = copy_field(sp->taints[t], KVR_TAINT_BYTES, a->taints[t], strlen(a->taints[t]),
-                            "taints", err, len);
-        if (rc != KVR_OK)
-            return rc;
-    }
-    sp->n_taints = a->n_taints;
-    int rc = copy_field(sp->url, sizeof sp->url, a->url, a->url_len, "url", err, len);
-    if (rc == KVR_OK)
-        rc = copy_field(sp->events, sizeof sp->events, a->events, a->events_len, "events", err, len);
-    if (rc == KVR_OK)
-        rc = copy_field(sp->replay, sizeof sp->replay, a->replay, a->replay_len, "replay", err, len);
-    if (rc == KVR_OK)
-        rc = copy_field(sp->model, sizeof sp->model, a->model, a->model_len, "model", err, len);
-    if (rc == KVR_OK)
-        rc = copy_field(sp->loras, sizeof sp->loras, a->loras, a->loras_len, "loras", err, len);
-    sp->block_size = a->block_size;
-    return rc;
-}
-
 static void h_workers_post(kvr_api_server_t *s, struct evhttp_request *req)
 {
     size_t len;
@@ -702,7 +655,7 @@ static void h_workers_post(kvr_api_server_t *s, struct evhttp_request *req)
     }
     kvr_worker_spec_t sp;
     char err[256] = "";
-    rc = spec_from_api(&sp, &a, err, sizeof err);
+    rc = kvr_api_worker_to_spec(&sp, &a, err, sizeof err);
     if (rc == KVR_OK)
         rc = kvr_api_server_add_worker(s, &sp, err, sizeof err);
     if (rc == KVR_EEXIST) {
@@ -726,24 +679,33 @@ static void h_workers_delete(kvr_api_server_t *s, struct evhttp_request *req, co
         api_reply_error(s, req, 400, "invalid_request_error", "worker id: not an unsigned integer");
         return;
     }
-    if (kvr_router_remove_worker(s->r, id) != KVR_OK) {
+    if (kvr_api_server_remove_worker(s, id) != KVR_OK) {
         api_reply_error(s, req, 404, "not_found_error", "unknown worker %llu", id);
         return;
     }
-    if (s->g != NULL)
-        (void)kvr_ingest_remove_worker(s->g, id);
-    api_remove_probe(s, id);
-    for (size_t i = 0; i < s->n_ext; i++)
-        if (s->ext[i].worker_removed != NULL)
-            s->ext[i].worker_removed(s->ext[i].arg, id);
-    kvr_log(KVR_LOG_INFO, "worker %llu removed", id);
     kvr_json_writer_reset(&s->w);
     kvr_json_begin_object(&s->w);
     kvr_json_key(&s->w, "removed");
     kvr_json_u64(&s->w, id);
     kvr_json_end_object(&s->w);
     api_reply_writer(s, req, 200);
+}
+
+kvr_router_t *kvr_api_server_router(const kvr_api_server_t *s) { return s->r; }
+
+int kvr_api_server_remove_worker(kvr_api_server_t *s, uint64_t id)
+{
+    if (kvr_router_remove_worker(s->r, id) != KVR_OK)
+        return KVR_ENOWORKER;
+    if (s->g != NULL)
+        (void)kvr_ingest_remove_worker(s->g, id);
+    api_remove_probe(s, id);
+    for (size_t i = 0; i < s->n_ext; i++)
+        if (s->ext[i].worker_removed != NULL)
+            s->ext[i].worker_removed(s->ext[i].arg, id);
+    kvr_log(KVR_LOG_INFO, "worker %llu removed", (unsigned long long)id);
     kvr_sched_dispatch(s->sched, kvr_now_ms(), KVR_SCHED_BY_EVENT);
+    return KVR_OK;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -41,6 +41,11 @@ uint16_t kvr_api_server_admin_port(const kvr_api_server_t *s);
 void kvr_api_server_drain(kvr_api_server_t *s);
 /* Client connections with a request being answered (streams included). */
 uint64_t kvr_api_server_busy(const kvr_api_server_t *s);
+/* The router it serves. */
+kvr_router_t *kvr_api_server_router(const kvr_api_server_t *s);
+/* Removes a worker everywhere (router, its bookings, event subscription, probe); the
+ * extensions are told. KVR_OK or KVR_ENOWORKER. */
+int kvr_api_server_remove_worker(kvr_api_server_t *s, uint64_t worker_id);
 /* Registers a worker everywhere (router, event subscription, health probe). */
 int kvr_api_server_add_worker(kvr_api_server_t *s, const kvr_worker_spec_t *w, char *err,
                               size_t err_len);

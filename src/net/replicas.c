@@ -202,6 +202,8 @@ bool kvr_replicas_settled(const kvr_replicas_t *r)
            kvr_now_ms() - r->connected_since_ms >= r->cfg.ttl_ms;
 }
 
+uint64_t kvr_replicas_connected_since(const kvr_replicas_t *r) { return r->connected_since_ms; }
+
 /* ---- what it shows ---- */
 
 static bool ext_detail(void *arg, const char **key, const char **value)

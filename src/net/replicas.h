@@ -58,5 +58,7 @@ size_t kvr_replicas_live_for(const kvr_replicas_t *r, uint64_t ms);
 /* Whether the link has been connected without a break for at least the TTL (a peer's
  * silence then means it is gone, not that this router is cut off). */
 bool kvr_replicas_settled(const kvr_replicas_t *r);
+/* When the link last connected (kvr_now_ms), 0 while it is not. */
+uint64_t kvr_replicas_connected_since(const kvr_replicas_t *r);
 
 #endif

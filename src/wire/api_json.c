@@ -1416,6 +1416,76 @@ int kvr_api_encode_worker(kvr_json_writer_t *w, const kvr_api_worker_t *r)
     return kvr_json_end_object(w);
 }
 
+static int copy_field(char *dst, size_t cap, const char *src, size_t len, const char *name,
+                      char *err, size_t err_len)
+{
+    if (src == NULL)
+        return KVR_OK;
+    if (len >= cap) {
+        snprintf(err, err_len, "%s: longer than %zu bytes", name, cap - 1);
+        return KVR_EINVAL;
+    }
+    memcpy(dst, src, len);
+    dst[len] = '\0';
+    return KVR_OK;
+}
+
+int kvr_api_worker_to_spec(kvr_worker_spec_t *sp, const kvr_api_worker_t *a, char *err, size_t len)
+{
+    memset(sp, 0, sizeof *sp);
+    sp->worker_id = a->worker_id;
+    sp->dp_size = a->dp_size;
+    sp->dp_start = a->dp_start;
+    sp->max_num_batched_tokens = a->has_max_num_batched_tokens ? a->max_num_batched_tokens : 0;
+    sp->total_kv_blocks = a->has_total_kv_blocks ? a->total_kv_blocks : 0;
+    sp->eagle = a->eagle;
+    if (a->n_taints > KVR_MAX_TAINTS) {
+        snprintf(err, len, "taints: at most %d", KVR_MAX_TAINTS);
+        return KVR_EINVAL;
+    }
+    for (size_t t = 0; t < a->n_taints; t++) {
+        int rc = copy_field(sp->taints[t], KVR_TAINT_BYTES, a->taints[t], strlen(a->taints[t]),
+                            "taints", err, len);
+        if (rc != KVR_OK)
+            return rc;
+    }
+    sp->n_taints = a->n_taints;
+    int rc = copy_field(sp->url, sizeof sp->url, a->url, a->url_len, "url", err, len);
+    if (rc == KVR_OK)
+        rc = copy_field(sp->events, sizeof sp->events, a->events, a->events_len, "events", err, len);
+    if (rc == KVR_OK)
+        rc = copy_field(sp->replay, sizeof sp->replay, a->replay, a->replay_len, "replay", err, len);
+    if (rc == KVR_OK)
+        rc = copy_field(sp->model, sizeof sp->model, a->model, a->model_len, "model", err, len);
+    if (rc == KVR_OK)
+        rc = copy_field(sp->loras, sizeof sp->loras, a->loras, a->loras_len, "loras", err, len);
+    sp->block_size = a->block_size;
+    return rc;
+}
+
+int kvr_api_encode_worker_spec(kvr_json_writer_t *w, const kvr_worker_spec_t *sp)
+{
+    const char *taints[KVR_MAX_TAINTS];
+    for (size_t t = 0; t < sp->n_taints && t < KVR_MAX_TAINTS; t++)
+        taints[t] = sp->taints[t];
+    kvr_api_worker_t a = {
+        .worker_id = sp->worker_id,
+        .url = sp->url[0] ? sp->url : NULL, .url_len = strlen(sp->url),
+        .events = sp->events[0] ? sp->events : NULL, .events_len = strlen(sp->events),
+        .replay = sp->replay[0] ? sp->replay : NULL, .replay_len = strlen(sp->replay),
+        .dp_size = sp->dp_size, .dp_start = sp->dp_start,
+        .taints = taints, .n_taints = sp->n_taints < KVR_MAX_TAINTS ? sp->n_taints : KVR_MAX_TAINTS,
+        .has_max_num_batched_tokens = sp->max_num_batched_tokens != 0,
+        .max_num_batched_tokens = sp->max_num_batched_tokens,
+        .has_total_kv_blocks = sp->total_kv_blocks != 0,
+        .total_kv_blocks = sp->total_kv_blocks,
+        .eagle = sp->eagle,
+        .model = sp->model[0] ? sp->model : NULL, .model_len = strlen(sp->model),
+        .block_size = sp->block_size,
+        .loras = sp->loras[0] ? sp->loras : NULL, .loras_len = strlen(sp->loras)};
+    return kvr_api_encode_worker(w, &a);
+}
+
 int kvr_api_encode_router(kvr_json_writer_t *w, const kvr_api_router_t *r)
 {
     kvr_json_begin_object(w);

@@ -62,6 +62,7 @@
 #include <stdint.h>
 
 #include "kvrouter.h"
+#include "kvrouter/router.h"
 #include "wire/json_writer.h"
 
 #define KVR_API_MAX_TOKENS ((size_t)4 << 20)
@@ -240,6 +241,12 @@ int kvr_api_encode_route(kvr_json_writer_t *w, const kvr_api_route_t *r);
 int kvr_api_encode_output_block(kvr_json_writer_t *w, const kvr_api_output_block_t *r);
 int kvr_api_encode_query(kvr_json_writer_t *w, const kvr_api_query_t *r);
 int kvr_api_encode_worker(kvr_json_writer_t *w, const kvr_api_worker_t *r);
+/* A decoded registration as the router's worker spec: KVR_OK, or KVR_EINVAL with err naming
+ * the field (a string too long for the spec, too many taints). */
+int kvr_api_worker_to_spec(kvr_worker_spec_t *sp, const kvr_api_worker_t *a, char *err,
+                           size_t err_len);
+/* A worker spec as the registration body (POST /v1/workers, a discovery entry). */
+int kvr_api_encode_worker_spec(kvr_json_writer_t *w, const kvr_worker_spec_t *sp);
 int kvr_api_encode_router(kvr_json_writer_t *w, const kvr_api_router_t *r);
 /* {"request_id","worker_id","dp_rank","overlap_blocks","cached_tokens"} */
 int kvr_api_encode_route_response(kvr_json_writer_t *w, const kvr_api_route_response_t *r);

@@ -5,12 +5,15 @@ joins with, a peer that dies, a NATS outage while requests flow, and bad input o
 and bucket. Usage: test_replicas.py <path to kvrouter>.
 """
 import json
+import signal
 import struct
+import subprocess
 import sys
 import threading
 import time
 
-from kvr_harness import Child, NatsServer, check, eventually, finish, kill_children
+from kvr_harness import (Child, NatsServer, check, eventually, finish, kill_children,
+                         with_free_ports)
 
 KVR = sys.argv[1]
 BS = 16
@@ -204,6 +207,108 @@ def scenario_nats_outage(nats):
         b.stop()
 
 
+def discovering(nats, *extra):
+    return Child([KVR, "serve", "--http-port", "0", "--block-size", BS, "--nats-url", nats.url,
+                  "--discovery", "nats", "--nats-presence-ttl-ms", TTL_MS, "--min-initial-workers",
+                  0, "--log-level", "info"] + [str(a) for a in extra], "discovering replica")
+
+
+def mocker(nats, worker_id, ports=None):
+    """A mocker registering itself as worker_id (KV events on fixed free ports, so a restart
+    comes back on the same ones). Returns (child, ports)."""
+    def start(ev, http):
+        return Child([KVR, "mocker", "--host", "127.0.0.1", "--port", http, "--speedup", "100",
+                      "--block-size", BS, "--nats-url", nats.url, "--worker-id", worker_id,
+                      "--nats-presence-ttl-ms", TTL_MS, "--kv-events-config",
+                      json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                  "endpoint": f"tcp://*:{ev}",
+                                  "replay_endpoint": f"tcp://*:{ev + 1}"})], "mocker")
+    if ports is not None:
+        return start(*ports), ports
+    (ev, http), m = with_free_ports(start, 2, 1)
+    return m, (ev, http)
+
+
+def worker_ids(r):
+    st, body = r.call("GET", "/v1/workers")
+    return sorted(w["worker_id"] for w in body["workers"]) if st == 200 else None
+
+
+def chat(r):
+    st, body = r.call("POST", "/v1/chat/completions", {
+        "model": "kvrouter-mocker", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "tell me about routers"}]})
+    return st
+
+
+def scenario_discovery(nats):
+    """Workers registered through discovery receive traffic on every replica; one killed
+    without cleanup is dropped within its TTL and comes back when restarted; `kvrouter
+    register` does the same for an engine that knows nothing of NATS; bad entries are counted."""
+    a, b = discovering(nats), discovering(nats, "--worker", "id=1")
+    m, ports = mocker(nats, 7)
+    try:
+        check("both replicas register the mocker",
+              eventually(lambda: worker_ids(a) == [7] and worker_ids(b) == [1, 7], 10),
+              (worker_ids(a), worker_ids(b)))
+        check("a chat through A is served by it", chat(a) == 200)
+        served = m.metric("vllm:request_success_total") or 0
+        check("... the mocker served it", served >= 1, served)
+        m.kill()
+        t0 = time.monotonic()
+        check("a mocker killed without cleanup is dropped by both replicas",
+              eventually(lambda: worker_ids(a) == [] and worker_ids(b) == [1], 15),
+              (worker_ids(a), worker_ids(b)))
+        took = time.monotonic() - t0
+        check("... after its TTL, not before", took >= TTL_MS / 1000 * 0.5, took)
+        check("A answers 503 with no worker", chat(a) == 503)
+        m, _ = mocker(nats, 7, ports)
+        check("restarted, it is back on both",
+              eventually(lambda: worker_ids(a) == [7] and worker_ids(b) == [1, 7], 10),
+              (worker_ids(a), worker_ids(b)))
+        check("and receives traffic again", eventually(lambda: chat(a) == 200, 10))
+        check("the expiry is counted",
+              a.metric("kvr_discovery_events_total", kind="expired") == 1)
+        # an engine without NATS, registered by the sidecar
+        plain = Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--speedup", "100"],
+                      "plain mocker")
+        reg = subprocess.Popen([KVR, "register", "--nats-url", nats.url, "--nats-presence-ttl-ms",
+                                str(TTL_MS), "--worker", f"id=8,url={plain.url}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL)
+        line = reg.stdout.readline().decode()
+        check("register says what it registered", "registered worker 8" in line, line)
+        check("the sidecar's worker appears",
+              eventually(lambda: worker_ids(a) == [7, 8], 10), worker_ids(a))
+        reg.send_signal(signal.SIGTERM)
+        check("register exits 0 on SIGTERM", reg.wait(timeout=15) == 0, reg.stderr.read())
+        t0 = time.monotonic()
+        check("its entry deleted, the worker goes at once",
+              eventually(lambda: worker_ids(a) == [7], 5), worker_ids(a))
+        check("... well before the TTL", time.monotonic() - t0 < TTL_MS / 1000, time.monotonic() - t0)
+        plain.stop()
+        # bad entries: not an id, undecodable, id mismatch, a block-size mismatch in a model,
+        # a worker registered by --worker
+        for key, val in (("abc", b"{}"), ("12", b"[1,2"), ("13", b'{"worker_id": 14}'),
+                         ("15", json.dumps({"worker_id": 15, "model": "kvrouter-mocker",
+                                            "block_size": 32}).encode()),
+                         ("1", b'{"worker_id": 1}')):
+            nats.publish(f"$KV.kvrouter_workers.{key}", val)
+        check("bad entries are counted on A",
+              eventually(lambda: (a.metric("kvr_discovery_refused_total") or 0) >= 4, 5),
+              a.metric("kvr_discovery_refused_total"))
+        check("the static worker's entry is a conflict on B",
+              eventually(lambda: (b.metric("kvr_discovery_conflicts_total") or 0) >= 1, 5))
+        check("none of the bad ones was registered (entry 1 is a plain worker on A)",
+              eventually(lambda: worker_ids(a) == [1, 7], 5) and worker_ids(b) == [1, 7],
+              (worker_ids(a), worker_ids(b)))
+        check("B keeps its static worker", 1 in worker_ids(b))
+    finally:
+        m.stop()
+        a.stop()
+        b.stop()
+
+
 def sync_header(msg_type, router_id, seq, n_events, flags=0):
     return b"KVRS" + struct.pack("<BBHQQQII", 1, msg_type, flags, router_id, seq, 0, n_events, 0)
 
@@ -258,6 +363,7 @@ def main():
         scenario_late_joiner(nats)
         scenario_peer_dies(nats)
         scenario_bad_input(nats)
+        scenario_discovery(nats)
         scenario_nats_outage(nats)
     finally:
         kill_children()
