@@ -60,7 +60,8 @@ typedef struct keep {
 
 typedef struct watch {
     kvr_nats_t *n;
-    char bucket[NAME_BYTES];
+    char bucket[NAME_BYTES], prefix[NAME_BYTES + 8];
+    natsSubscription *sub;
     uint64_t ttl_ms;
     kvr_nats_kv_fn fn;
     void *arg;
@@ -492,60 +493,79 @@ static void nap(kvr_nats_t *n, uint64_t ms)
     pthread_mutex_unlock(&n->mu);
 }
 
-/* One watch: (re)creates the watcher when the connection generation moves, delivers what it
- * yields. */
+/* A live change of a watched bucket: a core message on $KV.<bucket>.<key> (a delete or purge
+ * says so in its KV-Operation header). */
+static void on_kv_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
+{
+    (void)nc;
+    (void)sub;
+    watch_t *w = arg;
+    const char *subject = natsMsg_GetSubject(m), *op = NULL;
+    size_t skip = strlen(w->prefix);
+    if (strncmp(subject, w->prefix, skip) == 0 && subject[skip] != '\0') {
+        bool del = natsMsgHeader_Get(m, "KV-Operation", &op) == NATS_OK && op != NULL &&
+                   (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0);
+        count(w->n, &w->n->st.kv_entries_seen);
+        if (del)
+            post_kv(w, KVR_KV_DELETE, subject + skip, NULL, 0);
+        else
+            post_kv(w, KVR_KV_PUT, subject + skip, natsMsg_GetData(m),
+                    (size_t)natsMsg_GetDataLength(m));
+    }
+    natsMsg_Destroy(m);
+}
+
+/* Every entry the bucket holds now, then CAUGHT_UP. False when the bucket could not be read
+ * (retried). */
+static bool load_entries(watch_t *w)
+{
+    kvStore *kv = open_bucket(w->n, w->bucket, w->ttl_ms);
+    if (kv == NULL)
+        return false;
+    kvKeysList keys = {0};
+    natsStatus s = kvStore_Keys(&keys, kv, NULL);
+    if (s != NATS_OK && s != NATS_NOT_FOUND) {
+        kvStore_Destroy(kv);
+        return false;
+    }
+    for (int i = 0; s == NATS_OK && i < keys.Count; i++) {
+        kvEntry *e = NULL;
+        if (kvStore_Get(&e, kv, keys.Keys[i]) == NATS_OK && e != NULL) {
+            count(w->n, &w->n->st.kv_entries_seen);
+            post_kv(w, KVR_KV_PUT, kvEntry_Key(e), kvEntry_Value(e),
+                    (size_t)kvEntry_ValueLen(e));
+        }
+        kvEntry_Destroy(e);
+    }
+    kvKeysList_Destroy(&keys);
+    kvStore_Destroy(kv);
+    post_kv(w, KVR_KV_CAUGHT_UP, "", NULL, 0);
+    return true;
+}
+
+/* One watch's thread: at each (re)connection, the entries present (the live changes come by
+ * the subscription, which nats.c keeps across reconnects). A JetStream watcher is not used:
+ * its consumer does not survive a server restart, and tearing it down then hits a
+ * use-after-free inside libnats 3.4 (found by ASan in test_replicas' outage scenario). */
 static void *watch_main(void *arg)
 {
     watch_t *w = arg;
     kvr_nats_t *n = w->n;
-    kvStore *kv = NULL;
-    kvWatcher *wt = NULL;
-    uint64_t gen = 0;
+    uint64_t loaded = 0;
     while (!stopping(n)) {
         uint64_t g = conn_gen(n);
-        if (g == 0) {
+        if (g == 0 || g == loaded) {
             nap(n, 100);
             continue;
         }
-        if (wt == NULL || g != gen) {
-            kvWatcher_Destroy(wt);
-            kvStore_Destroy(kv);
-            wt = NULL;
-            kv = open_bucket(n, w->bucket, w->ttl_ms);
-            if (kv == NULL || kvStore_WatchAll(&wt, kv, NULL) != NATS_OK) {
-                kvStore_Destroy(kv);
-                kv = NULL;
-                wt = NULL;
-                nap(n, 500);
-                continue;
-            }
-            if (gen != 0)
+        if (load_entries(w)) {
+            if (loaded != 0)
                 count(n, &n->st.kv_watch_restarts);
-            gen = g;
+            loaded = g;
+        } else {
+            nap(n, 500);
         }
-        kvEntry *e = NULL;
-        natsStatus s = kvWatcher_Next(&e, wt, 200);
-        if (s == NATS_TIMEOUT)
-            continue;
-        if (s != NATS_OK) {
-            gen = 0; /* recreate */
-            nap(n, 200);
-            continue;
-        }
-        if (e == NULL) {
-            post_kv(w, KVR_KV_CAUGHT_UP, "", NULL, 0);
-            continue;
-        }
-        count(n, &n->st.kv_entries_seen);
-        kvOperation op = kvEntry_Operation(e);
-        if (op == kvOp_Put)
-            post_kv(w, KVR_KV_PUT, kvEntry_Key(e), kvEntry_Value(e), (size_t)kvEntry_ValueLen(e));
-        else if (op == kvOp_Delete || op == kvOp_Purge)
-            post_kv(w, KVR_KV_DELETE, kvEntry_Key(e), NULL, 0);
-        kvEntry_Destroy(e);
     }
-    kvWatcher_Destroy(wt);
-    kvStore_Destroy(kv);
     return NULL;
 }
 
@@ -560,7 +580,18 @@ int kvr_nats_kv_watch(kvr_nats_t *n, const char *bucket, uint64_t ttl_ms, kvr_na
         return KVR_ENOMEM;
     *w = (watch_t){.n = n, .ttl_ms = ttl_ms, .fn = fn, .arg = arg};
     snprintf(w->bucket, sizeof w->bucket, "%s", bucket);
+    snprintf(w->prefix, sizeof w->prefix, "$KV.%s.", bucket);
+    char subject[NAME_BYTES + 16];
+    snprintf(subject, sizeof subject, "%s>", w->prefix);
+    natsStatus s = natsConnection_Subscribe(&w->sub, n->nc, subject, on_kv_msg, w);
+    if (s != NATS_OK) {
+        kvr_log(KVR_LOG_ERROR, "nats: subscribe %s: %s", subject, natsStatus_GetText(s));
+        free(w);
+        return KVR_EIO;
+    }
+    natsSubscription_SetPendingLimits(w->sub, -1, 64 * 1024 * 1024);
     if (pthread_create(&w->th, NULL, watch_main, w) != 0) {
+        natsSubscription_Destroy(w->sub);
         free(w);
         return KVR_ENOMEM;
     }
@@ -768,15 +799,17 @@ void kvr_nats_free(kvr_nats_t *n)
     n->stop = true;
     pthread_cond_broadcast(&n->cv);
     pthread_mutex_unlock(&n->mu);
-    for (size_t i = 0; i < n->n_watches; i++) {
+    for (size_t i = 0; i < n->n_watches; i++)
         pthread_join(n->watches[i]->th, NULL);
-        free(n->watches[i]);
-    }
     if (n->kv_started)
         pthread_join(n->kv_th, NULL);
     for (size_t i = 0; i < n->n_subs; i++) {
         natsSubscription_Unsubscribe(n->subs[i]->s);
         natsSubscription_Destroy(n->subs[i]->s);
+    }
+    for (size_t i = 0; i < n->n_watches; i++) {
+        natsSubscription_Unsubscribe(n->watches[i]->sub);
+        natsSubscription_Destroy(n->watches[i]->sub);
     }
     jsCtx_Destroy(n->js);
     if (n->nc != NULL) {
@@ -784,8 +817,13 @@ void kvr_nats_free(kvr_nats_t *n)
         natsConnection_Destroy(n->nc);
     }
     natsOptions_Destroy(n->opts);
+    /* every library thread gone before what its callbacks use is freed: nats.c may still
+     * deliver the close's disconnect callback, or a message, after Close returns */
+    nats_CloseAndWait(5000);
     for (size_t i = 0; i < n->n_subs; i++)
         free(n->subs[i]);
+    for (size_t i = 0; i < n->n_watches; i++)
+        free(n->watches[i]);
     for (size_t i = 0; i < MAX_KEEP; i++)
         free(n->keep[i].val);
     for (item_t *it = n->head, *next; it != NULL; it = next) {
@@ -797,5 +835,4 @@ void kvr_nats_free(kvr_nats_t *n)
     pthread_cond_destroy(&n->cv);
     pthread_mutex_destroy(&n->mu);
     free(n);
-    nats_CloseAndWait(2000);
 }

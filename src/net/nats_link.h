@@ -22,7 +22,8 @@
  *
  * Ownership: the link owns the nats.c objects, its threads and the inbox; callers' strings and
  * buffers are copied. kvr_nats_free stops the threads, performs the deletes still queued (up
- * to 2 s), and closes the connection.
+ * to 2 s), closes the connection and waits for nats.c's threads to end (nats_CloseAndWait):
+ * one link per process.
  * Threads: kvr_nats_* calls come from the owner thread, except kvr_nats_publish and
  * kvr_nats_stats (any thread). Callbacks run on the owner's loop (cfg.base); with no base,
  * subscriptions and watches are refused (a heartbeat-only client: `kvrouter register`).

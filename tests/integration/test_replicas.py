@@ -216,17 +216,17 @@ def discovering(nats, *extra):
 def mocker(nats, worker_id, ports=None):
     """A mocker registering itself as worker_id (KV events on fixed free ports, so a restart
     comes back on the same ones). Returns (child, ports)."""
-    def start(ev, http):
+    def start(ev, replay, http):
         return Child([KVR, "mocker", "--host", "127.0.0.1", "--port", http, "--speedup", "100",
                       "--block-size", BS, "--nats-url", nats.url, "--worker-id", worker_id,
                       "--nats-presence-ttl-ms", TTL_MS, "--kv-events-config",
                       json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                   "endpoint": f"tcp://*:{ev}",
-                                  "replay_endpoint": f"tcp://*:{ev + 1}"})], "mocker")
+                                  "replay_endpoint": f"tcp://*:{replay}"})], "mocker")
     if ports is not None:
         return start(*ports), ports
-    (ev, http), m = with_free_ports(start, 2, 1)
-    return m, (ev, http)
+    ports, m = with_free_ports(start, 1, 1, 1)
+    return m, tuple(ports)
 
 
 def worker_ids(r):
