@@ -106,6 +106,7 @@ typedef struct kvr_router_config {
     bool router_replica_sync;     /* share active load with the other replicas */
     uint64_t nats_presence_ttl_ms; /* a presence entry older than this is gone */
     kvr_discovery_mode_t discovery;
+    char peers[2048]; /* routers to load the index from at start; "" = from <ns>_routers */
     /* the OpenAI front end (net/frontend.c) */
     uint32_t frontend_max_retries;         /* other workers tried after an upstream failure */
     uint32_t frontend_fence_failures;      /* consecutive upstream failures before fencing */

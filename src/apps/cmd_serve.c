@@ -20,12 +20,14 @@
 #include "core/sched.h"
 #include "net/api_server.h"
 #include "net/discovery.h"
+#include "net/http_fetch.h"
 #include "net/frontend.h"
 #include "net/ingest.h"
 #include "net/log.h"
 #include "net/nats_link.h"
 #include "net/replica_sync.h"
 #include "net/replicas.h"
+#include "net/secret.h"
 
 extern char **environ;
 
@@ -295,6 +297,111 @@ static void save_state(kvr_ingest_t *g, const char *path)
                 (unsigned long long)rep.bytes, (unsigned long long)(kvr_now_ms() - t0));
 }
 
+/* ---- a new replica's index, from a peer ---- */
+
+#define MAX_PEER_URLS 16
+#define PEER_SNAPSHOT_TIMEOUT_MS 30000
+#define PEER_SNAPSHOT_MAX_BYTES ((size_t)8 << 30)
+
+typedef struct peer_urls {
+    char url[MAX_PEER_URLS][256];
+    size_t n;
+    const char *self_key; /* this router's own presence key: skipped */
+    uint64_t ttl_ms;
+} peer_urls_t;
+
+static void add_peer_url(peer_urls_t *p, const char *url, size_t len)
+{
+    if (len == 0 || len >= sizeof p->url[0] || p->n == MAX_PEER_URLS)
+        return;
+    memcpy(p->url[p->n], url, len);
+    p->url[p->n++][len] = '\0';
+}
+
+static void on_router_entry(void *arg, const char *key, const void *val, size_t len,
+                            uint64_t age_ms)
+{
+    peer_urls_t *p = arg;
+    kvr_replica_entry_t e;
+    if (strcmp(key, p->self_key) == 0 || age_ms >= p->ttl_ms ||
+        !kvr_replicas_read_entry(val, len, &e))
+        return; /* ours, stale (a router that died), or unreadable */
+    const char *u = e.admin_url[0] ? e.admin_url : e.url;
+    add_peer_url(p, u, strlen(u));
+}
+
+/* The peers to ask: the `peers` setting, else the live routers of <ns>_routers. */
+static void find_peers(daemon_parts_t *d, const kvr_router_config_t *c, peer_urls_t *p)
+{
+    for (const char *q = c->peers; *q != '\0';) {
+        const char *comma = strchr(q, ',');
+        size_t n = comma ? (size_t)(comma - q) : strlen(q);
+        add_peer_url(p, q, n);
+        q += n + (comma ? 1 : 0);
+    }
+    if (p->n > 0 || d->nats == NULL)
+        return;
+    char bucket[80], self[17];
+    snprintf(bucket, sizeof bucket, "%s_routers", c->nats_namespace);
+    snprintf(self, sizeof self, "%016llx", (unsigned long long)kvr_replicas_self(d->replicas));
+    p->self_key = self;
+    p->ttl_ms = c->nats_presence_ttl_ms;
+    if (kvr_nats_kv_list(d->nats, bucket, c->nats_presence_ttl_ms, 3000, on_router_entry, p) !=
+        KVR_OK)
+        kvr_log(KVR_LOG_WARN, "index: could not list %s (NATS not reachable in 3 s); no peer "
+                "to load the index from", bucket);
+    p->self_key = NULL;
+}
+
+/* Loads the index from the first peer that gives a snapshot; KVR_OK when one did. */
+static int load_from_peers(daemon_parts_t *d, const kvr_router_config_t *c)
+{
+    peer_urls_t p = {.n = 0};
+    find_peers(d, c, &p);
+    if (p.n == 0)
+        return KVR_ENOTFOUND;
+    char bearer[KVR_SECRET_MAX] = "", err[400] = "";
+    const char *key_file = c->admin_key_file[0] ? c->admin_key_file : c->api_key_file;
+    if (key_file[0] != '\0' && kvr_secret_read("admin_key_file", key_file, bearer, err,
+                                               sizeof err) != KVR_OK)
+        kvr_log(KVR_LOG_WARN, "index: %s; asking peers without a token", err);
+    for (size_t i = 0; i < p.n; i++) {
+        uint64_t t0 = kvr_now_ms();
+        kvr_http_fetch_t q = {.url = p.url[i], .path = "/v1/index/snapshot", .bearer = bearer,
+                              .timeout_ms = PEER_SNAPSHOT_TIMEOUT_MS,
+                              .max_bytes = PEER_SNAPSHOT_MAX_BYTES};
+        uint8_t *body = NULL;
+        size_t len = 0;
+        int status = 0;
+        int rc = kvr_http_fetch(&q, &body, &len, &status, err, sizeof err);
+        if (rc == KVR_OK && status != 200) {
+            snprintf(err, sizeof err, "GET %s/v1/index/snapshot answered %d", p.url[i], status);
+            rc = KVR_EIO;
+        }
+        kvr_ingest_snap_report_t rep;
+        uint64_t t1 = kvr_now_ms();
+        if (rc == KVR_OK)
+            rc = kvr_ingest_load_mem(d->g, body, len, &rep, err, sizeof err);
+        free(body);
+        if (rc != KVR_OK) {
+            kvr_log(KVR_LOG_WARN, "index: peer %s: %s", p.url[i], err);
+            continue;
+        }
+        char origin[512];
+        snprintf(origin, sizeof origin, "peer %s: %u ranks, %llu events", p.url[i], rep.ranks,
+                 (unsigned long long)rep.events);
+        kvr_api_server_set_index_origin(d->api, origin);
+        kvr_log(KVR_LOG_INFO, "index: loaded from peer %s: %u ranks resumed (%u skipped), %llu "
+                "events (%llu refused), %llu bytes; fetched in %llu ms, applied in %llu ms; each "
+                "resumed rank catches up from its engine's replay buffer", p.url[i], rep.ranks,
+                rep.ranks_skipped, (unsigned long long)rep.events,
+                (unsigned long long)rep.events_failed, (unsigned long long)rep.bytes,
+                (unsigned long long)(t1 - t0), (unsigned long long)(kvr_now_ms() - t1));
+        return KVR_OK;
+    }
+    return KVR_ENOTFOUND;
+}
+
 /* The NATS side (nats_url set): the link, this router among its peers, replica sync. */
 static int build_nats(daemon_parts_t *d, const kvr_router_config_t *c)
 {
@@ -306,10 +413,15 @@ static int build_nats(daemon_parts_t *d, const kvr_router_config_t *c)
         fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(st));
         return st;
     }
+    char admin_url[160] = "";
     snprintf(url, sizeof url, "http://%s:%u", c->bind, kvr_api_server_port(d->api));
+    if (c->admin_port.set)
+        snprintf(admin_url, sizeof admin_url, "http://%s:%u", c->admin_bind,
+                 kvr_api_server_admin_port(d->api));
     kvr_replicas_config_t rc = {.base = d->base, .nats = d->nats, .api = d->api,
                                 .ns = c->nats_namespace, .ttl_ms = c->nats_presence_ttl_ms,
-                                .url = url, .replica_sync = c->router_replica_sync};
+                                .url = url, .admin_url = admin_url,
+                                .replica_sync = c->router_replica_sync};
     if ((d->replicas = kvr_replicas_new(&rc, &st)) == NULL) {
         fprintf(stderr, "kvrouter serve: replicas: %s\n", kvr_strerror(st));
         return st;
@@ -396,8 +508,15 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     }
     if (c->nats_url[0] != '\0' && (st = build_nats(d, c)) != KVR_OK)
         return st;
-    if (d->g != NULL && c->state_file[0] != '\0')
+    /* the index: a peer's (fresher), else the state file, else cold */
+    bool from_peer = d->g != NULL && (c->peers[0] != '\0' || d->nats != NULL) &&
+                     load_from_peers(d, c) == KVR_OK;
+    if (!from_peer && d->g != NULL && c->state_file[0] != '\0')
         load_state(d->g, c->state_file);
+    if (!from_peer && d->g != NULL)
+        kvr_api_server_set_index_origin(d->api, c->state_file[0] != '\0'
+                                                    ? "state_file (or cold if it had none)"
+                                                    : "cold: only events received since start");
     if (d->g != NULL && (st = kvr_ingest_start(d->g)) != KVR_OK)
         return st;
     d->grace_ms = c->shutdown_grace_ms;

@@ -218,6 +218,12 @@ static const field_t FIELDS[] = {
     {"discovery", T_ENUM, OFF(discovery), 0, 0, false, DISC, 0, "static",
      "static = workers come from --worker and POST /v1/workers only; nats = also from the "
      "<namespace>_workers bucket, live (needs nats_url)"},
+    {"peers", T_STR, OFF(peers), 0, 0, false, NULL, sizeof(((kvr_router_config_t *)0)->peers),
+     "",
+     "comma-separated urls of router replicas to load the index from at start (their GET "
+     "/v1/index/snapshot, the admin listener's when they have one), so a new replica starts "
+     "with the fleet's cache picture; empty = the live routers of <namespace>_routers when "
+     "nats_url is set (none: it starts cold)"},
     {"seed", T_U64, OFF(seed), 0, U64MAX, false, NULL, 0, "0",
      "seed for random tie-breaks and sampling; 0 = from the clock"},
     {"frontend_max_retries", T_U32, OFF(frontend_max_retries), 0, 16, false, NULL, 0, "2",

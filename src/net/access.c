@@ -14,7 +14,8 @@ kvr_access_class_t kvr_access_class(const char *path, bool get, bool post, bool 
     if (get && (strcmp(path, "/health") == 0 || strcmp(path, "/ready") == 0))
         return KVR_ACCESS_OPEN;
     if ((post && strcmp(path, "/v1/workers") == 0) ||
-        (del && strncmp(path, "/v1/workers/", 12) == 0) || (get && strcmp(path, "/v1/dump") == 0))
+        (del && strncmp(path, "/v1/workers/", 12) == 0) ||
+        (get && (strcmp(path, "/v1/dump") == 0 || strcmp(path, "/v1/index/snapshot") == 0)))
         return KVR_ACCESS_ADMIN;
     if (get && (strcmp(path, "/v1/workers") == 0 || strcmp(path, "/metrics") == 0 ||
                 strcmp(path, "/v1/routers") == 0))

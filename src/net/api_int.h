@@ -81,6 +81,7 @@ struct kvr_api_server {
     uint64_t first_routed_ms, last_silent_check_ms;
     kvr_api_extension_t ext[KVR_API_MAX_EXTENSIONS]; /* the OpenAI front end, replica sync */
     size_t n_ext;
+    char index_origin[512]; /* "" = not told (shown as nothing) */
 };
 
 /* ---- api_server.c ------------------------------------------------------------------------ */

@@ -633,6 +633,10 @@ static void h_workers_get(kvr_api_server_t *s, struct evhttp_request *req)
             write_worker(s, sp);
     }
     kvr_json_end_array(&s->w);
+    if (s->index_origin[0] != '\0') {
+        kvr_json_key(&s->w, "index_origin");
+        kvr_json_string(&s->w, s->index_origin);
+    }
     const char *k, *v;
     for (size_t i = 0; i < s->n_ext; i++)
         if (s->ext[i].detail != NULL && s->ext[i].detail(s->ext[i].arg, &k, &v)) {
@@ -692,6 +696,11 @@ static void h_workers_delete(kvr_api_server_t *s, struct evhttp_request *req, co
 }
 
 kvr_router_t *kvr_api_server_router(const kvr_api_server_t *s) { return s->r; }
+
+void kvr_api_server_set_index_origin(kvr_api_server_t *s, const char *origin)
+{
+    snprintf(s->index_origin, sizeof s->index_origin, "%s", origin ? origin : "");
+}
 
 int kvr_api_server_remove_worker(kvr_api_server_t *s, uint64_t id)
 {
@@ -793,6 +802,31 @@ const char *api_index_state(const kvr_api_server_t *s, const kvr_worker_spec_t *
 
 /* The index's replayable events: from the ingest thread in kv mode; in approximate mode the
  * index is the router's own, written on this thread, so it is walked here. */
+/* GET /v1/index/snapshot: the index of every exact rank with its cursor, in the warm-restart
+ * format (wire/index_snapshot.h), for a replica joining the fleet. */
+static void h_index_snapshot(kvr_api_server_t *s, struct evhttp_request *req)
+{
+    if (s->g == NULL) {
+        api_reply_error(s, req, 404, "not_found_error",
+                        "this router keeps no index fed by KV events (router_mode kv only)");
+        return;
+    }
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    char err[300] = "";
+    kvr_ingest_snap_report_t rep;
+    int rc = kvr_ingest_save_mem(s->g, &buf, &len, &rep, err, sizeof err);
+    if (rc != KVR_OK) {
+        api_reply_error(s, req, 500, "internal_error", "%s", err);
+        return;
+    }
+    kvr_log(KVR_LOG_INFO, "index snapshot served: %u exact ranks (%u not exact, left out), "
+            "%llu events, %zu bytes", rep.ranks, rep.ranks_skipped,
+            (unsigned long long)rep.events, len);
+    api_reply_text(s, req, 200, "application/octet-stream", (const char *)buf, len);
+    free(buf);
+}
+
 static void h_dump(kvr_api_server_t *s, struct evhttp_request *req)
 {
     kvr_index_t *approx_ix = NULL;
@@ -828,9 +862,11 @@ static void h_dump(kvr_api_server_t *s, struct evhttp_request *req)
 /* 200 "OK", then a "key: value" line per extension detail (e.g. "nats: disconnected"). */
 static void h_health(kvr_api_server_t *s, struct evhttp_request *req)
 {
-    char body[512] = "OK\n";
+    char body[1024] = "OK\n";
     size_t len = 3;
     const char *k, *v;
+    if (s->index_origin[0] != '\0')
+        len += (size_t)snprintf(body + len, sizeof body - len, "index: %s\n", s->index_origin);
     for (size_t i = 0; i < s->n_ext; i++)
         if (s->ext[i].detail != NULL && s->ext[i].detail(s->ext[i].arg, &k, &v) &&
             len < sizeof body)
@@ -1015,6 +1051,8 @@ static void serve(kvr_api_server_t *s, struct evhttp_request *req, bool on_admin
         h_workers_delete(s, req, path + 12);
     else if (get && strcmp(path, "/v1/dump") == 0)
         h_dump(s, req);
+    else if (get && strcmp(path, "/v1/index/snapshot") == 0)
+        h_index_snapshot(s, req);
     else if (get && strcmp(path, "/health") == 0)
         h_health(s, req);
     else if (get && strcmp(path, "/ready") == 0)

@@ -41,6 +41,9 @@ uint16_t kvr_api_server_admin_port(const kvr_api_server_t *s);
 void kvr_api_server_drain(kvr_api_server_t *s);
 /* Client connections with a request being answered (streams included). */
 uint64_t kvr_api_server_busy(const kvr_api_server_t *s);
+/* Where the index came from at start ("cold", "state_file ...", "peer URL ..."): shown as
+ * index_origin in GET /v1/workers and a line of /health. Copied. */
+void kvr_api_server_set_index_origin(kvr_api_server_t *s, const char *origin);
 /* The router it serves. */
 kvr_router_t *kvr_api_server_router(const kvr_api_server_t *s);
 /* Removes a worker everywhere (router, its bookings, event subscription, probe); the

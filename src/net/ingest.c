@@ -51,7 +51,10 @@ typedef struct cmd {
     uint64_t worker_id;
     kvr_dump_fn fn;
     void *ud;
-    const char *path;
+    const char *path;  /* SAVE / LOAD: the file; NULL = memory (mem, mem_len) */
+    uint8_t **mem;     /* SAVE to memory: malloc'd bytes handed over */
+    const uint8_t *in; /* LOAD from memory */
+    size_t *mem_len, in_len;
     kvr_ingest_snap_report_t *rep;
     char *err;
     size_t err_len;
@@ -346,6 +349,25 @@ static uint64_t wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* The snapshot of the exact ranks into f. */
+static int write_snapshot(kvr_ingest_t *g, FILE *f, kvr_ingest_snap_report_t *rep)
+{
+    save_ctx_t c = {.rep = rep, .f = f};
+    c.ranks = calloc(g->n_ranks + 1, sizeof *c.ranks);
+    if (c.ranks == NULL)
+        return KVR_ENOMEM;
+    c.n = saveable_ranks(g, c.ranks, &rep->ranks_skipped);
+    rep->ranks = c.n;
+    int rc = KVR_EIO;
+    c.w = kvr_snap_writer_new(save_sink, &c, g->cfg.block_size, wall_ms(), c.ranks, c.n,
+                              &rc);
+    if (c.w != NULL && (rc = kvr_index_dump(g->ix, save_event, &c)) == KVR_OK)
+        rc = kvr_snap_writer_finish(c.w);
+    kvr_snap_writer_free(c.w);
+    free(c.ranks);
+    return rc;
+}
+
 static int snap_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
                      char *err, size_t err_len)
 {
@@ -354,29 +376,18 @@ static int snap_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t
         snprintf(err, err_len, "state_file: path too long");
         return KVR_EINVAL;
     }
-    save_ctx_t c = {.rep = rep};
-    c.ranks = calloc(g->n_ranks + 1, sizeof *c.ranks);
-    if (c.ranks == NULL)
-        return KVR_ENOMEM;
-    c.n = saveable_ranks(g, c.ranks, &rep->ranks_skipped);
-    rep->ranks = c.n;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    int rc = KVR_EIO;
-    if (fd < 0 || (c.f = fdopen(fd, "wb")) == NULL) {
+    FILE *f = NULL;
+    if (fd < 0 || (f = fdopen(fd, "wb")) == NULL) {
         snprintf(err, err_len, "state_file: cannot write %s: %s", tmp, strerror(errno));
         if (fd >= 0)
             close(fd);
-        free(c.ranks);
         return KVR_EIO;
     }
-    c.w = kvr_snap_writer_new(save_sink, &c, g->cfg.block_size, wall_ms(), c.ranks, c.n,
-                              &rc);
-    if (c.w != NULL && (rc = kvr_index_dump(g->ix, save_event, &c)) == KVR_OK)
-        rc = kvr_snap_writer_finish(c.w);
-    kvr_snap_writer_free(c.w);
-    if (rc == KVR_OK && (fflush(c.f) != 0 || fsync(fileno(c.f)) != 0))
+    int rc = write_snapshot(g, f, rep);
+    if (rc == KVR_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
         rc = KVR_EIO;
-    if (fclose(c.f) != 0 && rc == KVR_OK)
+    if (fclose(f) != 0 && rc == KVR_OK)
         rc = KVR_EIO;
     if (rc == KVR_OK && rename(tmp, path) != 0)
         rc = KVR_EIO;
@@ -385,8 +396,29 @@ static int snap_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t
                  rc == KVR_EIO ? strerror(errno) : kvr_strerror(rc));
         (void)unlink(tmp);
     }
-    free(c.ranks);
     return rc;
+}
+
+/* The snapshot into memory (a peer replica asks for it: GET /v1/index/snapshot). */
+static int snap_save_mem(kvr_ingest_t *g, uint8_t **out, size_t *out_len,
+                         kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (f == NULL)
+        return KVR_ENOMEM;
+    int rc = write_snapshot(g, f, rep);
+    if (fclose(f) != 0 && rc == KVR_OK)
+        rc = KVR_ENOMEM;
+    if (rc != KVR_OK) {
+        snprintf(err, err_len, "index snapshot: %s", kvr_strerror(rc));
+        free(buf);
+        return rc;
+    }
+    *out = (uint8_t *)buf;
+    *out_len = len;
+    return KVR_OK;
 }
 
 /* Maps the file read-only; the caller unmaps. */
@@ -451,6 +483,27 @@ static void snap_apply(kvr_ingest_t *g, kvr_snap_reader_t *r, kvr_ingest_snap_re
     free(keep);
 }
 
+/* Checks and applies a snapshot's bytes; what names them in messages is label. */
+static int load_bytes(kvr_ingest_t *g, const uint8_t *buf, size_t len, const char *label,
+                      kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
+{
+    rep->bytes = len;
+    kvr_snap_reader_t r;
+    char why[200];
+    int rc = kvr_snap_open(&r, buf, len, why, sizeof why);
+    if (rc != KVR_OK) {
+        snprintf(err, err_len, "%s: %s", label, why);
+    } else if (r.info.block_size != g->cfg.block_size) {
+        snprintf(err, err_len, "%s was saved with block size %u, the router uses %u", label,
+                 r.info.block_size, g->cfg.block_size);
+        rc = KVR_EMISMATCH;
+    } else {
+        snap_apply(g, &r, rep);
+    }
+    kvr_snap_close(&r);
+    return rc;
+}
+
 static int snap_load(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
                      char *err, size_t err_len)
 {
@@ -459,20 +512,9 @@ static int snap_load(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t
     int rc = map_file(path, &buf, &len, err, err_len);
     if (rc != KVR_OK)
         return rc;
-    rep->bytes = len;
-    kvr_snap_reader_t r;
-    char why[200];
-    rc = kvr_snap_open(&r, buf, len, why, sizeof why);
-    if (rc != KVR_OK) {
-        snprintf(err, err_len, "state_file: %s: %s", path, why);
-    } else if (r.info.block_size != g->cfg.block_size) {
-        snprintf(err, err_len, "state_file: %s was saved with block size %u, the router uses %u",
-                 path, r.info.block_size, g->cfg.block_size);
-        rc = KVR_EMISMATCH;
-    } else {
-        snap_apply(g, &r, rep);
-    }
-    kvr_snap_close(&r);
+    char label[600];
+    snprintf(label, sizeof label, "state_file: %s", path);
+    rc = load_bytes(g, buf, len, label, rep, err, err_len);
     munmap((void *)buf, len);
     return rc;
 }
@@ -562,10 +604,14 @@ static void run_cmd(kvr_ingest_t *g)
         c->rc = kvr_index_dump(g->ix, c->fn, c->ud);
         break;
     case CMD_SAVE:
-        c->rc = snap_save(g, c->path, c->rep, c->err, c->err_len);
+        c->rc = c->path != NULL ? snap_save(g, c->path, c->rep, c->err, c->err_len)
+                                : snap_save_mem(g, c->mem, c->mem_len, c->rep, c->err,
+                                                c->err_len);
         break;
     case CMD_LOAD:
-        c->rc = snap_load(g, c->path, c->rep, c->err, c->err_len);
+        c->rc = c->path != NULL ? snap_load(g, c->path, c->rep, c->err, c->err_len)
+                                : load_bytes(g, c->in, c->in_len, "peer index snapshot", c->rep,
+                                             c->err, c->err_len);
         break;
     default:
         c->rc = KVR_EINVAL;
@@ -747,27 +793,44 @@ int kvr_ingest_dump(kvr_ingest_t *g, kvr_dump_fn fn, void *ud)
     return send_cmd(g, &c);
 }
 
-static int snap_cmd(kvr_ingest_t *g, cmd_kind_t kind, const char *path,
-                    kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
+static int snap_cmd(kvr_ingest_t *g, cmd_t *c, kvr_ingest_snap_report_t *rep, char *err,
+                    size_t err_len)
 {
     char dummy[8];
     kvr_ingest_snap_report_t r0;
-    cmd_t c = {.kind = kind, .path = path, .rep = rep ? rep : &r0,
-               .err = err ? err : dummy, .err_len = err ? err_len : sizeof dummy};
-    memset(c.rep, 0, sizeof *c.rep);
-    return send_cmd(g, &c);
+    c->rep = rep ? rep : &r0;
+    c->err = err ? err : dummy;
+    c->err_len = err ? err_len : sizeof dummy;
+    memset(c->rep, 0, sizeof *c->rep);
+    return send_cmd(g, c);
 }
 
 int kvr_ingest_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
                     char *err, size_t err_len)
 {
-    return snap_cmd(g, CMD_SAVE, path, rep, err, err_len);
+    cmd_t c = {.kind = CMD_SAVE, .path = path};
+    return snap_cmd(g, &c, rep, err, err_len);
 }
 
 int kvr_ingest_load(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
                     char *err, size_t err_len)
 {
-    return snap_cmd(g, CMD_LOAD, path, rep, err, err_len);
+    cmd_t c = {.kind = CMD_LOAD, .path = path};
+    return snap_cmd(g, &c, rep, err, err_len);
+}
+
+int kvr_ingest_save_mem(kvr_ingest_t *g, uint8_t **buf, size_t *len,
+                        kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
+{
+    cmd_t c = {.kind = CMD_SAVE, .mem = buf, .mem_len = len};
+    return snap_cmd(g, &c, rep, err, err_len);
+}
+
+int kvr_ingest_load_mem(kvr_ingest_t *g, const uint8_t *buf, size_t len,
+                        kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
+{
+    cmd_t c = {.kind = CMD_LOAD, .in = buf, .in_len = len};
+    return snap_cmd(g, &c, rep, err, err_len);
 }
 
 int kvr_ingest_rank_status(kvr_ingest_t *g, kvr_worker_t w, kvr_rank_status_t *out)

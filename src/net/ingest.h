@@ -77,6 +77,13 @@ int kvr_ingest_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t 
  * if there is no file. */
 int kvr_ingest_load(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
                     char *err, size_t err_len);
+/* The same snapshot in memory, for a peer replica (GET /v1/index/snapshot): *buf is malloc'd
+ * and the caller's. Any time. */
+int kvr_ingest_save_mem(kvr_ingest_t *g, uint8_t **buf, size_t *len,
+                        kvr_ingest_snap_report_t *rep, char *err, size_t err_len);
+/* kvr_ingest_load from bytes (a peer replica's snapshot), with the same checks and rules. */
+int kvr_ingest_load_mem(kvr_ingest_t *g, const uint8_t *buf, size_t len,
+                        kvr_ingest_snap_report_t *rep, char *err, size_t err_len);
 
 /* The address of data-parallel rank `offset` of a publisher whose rank 0 is at base: tcp ports
  * go up by the offset (vLLM and SGLang), ipc/inproc names get "_dp<offset>". */

@@ -600,6 +600,38 @@ int kvr_nats_kv_watch(kvr_nats_t *n, const char *bucket, uint64_t ttl_ms, kvr_na
     return KVR_OK;
 }
 
+int kvr_nats_kv_list(kvr_nats_t *n, const char *bucket, uint64_t ttl_ms, uint64_t wait_ms,
+                     kvr_nats_entry_fn fn, void *arg)
+{
+    if (n == NULL || fn == NULL || !kvr_token_ok(bucket))
+        return KVR_EINVAL;
+    uint64_t end = kvr_now_ms() + wait_ms;
+    while (conn_gen(n) == 0 && kvr_now_ms() < end)
+        nap(n, 20);
+    if (conn_gen(n) == 0)
+        return KVR_EIO;
+    kvStore *kv = open_bucket(n, bucket, ttl_ms);
+    if (kv == NULL)
+        return KVR_EIO;
+    kvKeysList keys = {0};
+    natsStatus s = kvStore_Keys(&keys, kv, NULL);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t now_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    for (int i = 0; s == NATS_OK && i < keys.Count; i++) {
+        kvEntry *e = NULL;
+        if (kvStore_Get(&e, kv, keys.Keys[i]) == NATS_OK && e != NULL) {
+            int64_t age = now_ns - kvEntry_Created(e);
+            fn(arg, kvEntry_Key(e), kvEntry_Value(e), (size_t)kvEntry_ValueLen(e),
+               age > 0 ? (uint64_t)age / 1000000u : 0);
+        }
+        kvEntry_Destroy(e);
+    }
+    kvKeysList_Destroy(&keys);
+    kvStore_Destroy(kv);
+    return s == NATS_OK || s == NATS_NOT_FOUND ? KVR_OK : KVR_EIO;
+}
+
 /* ---- kept entries: the kv thread ---- */
 
 static keep_t *find_keep(kvr_nats_t *n, const char *bucket, const char *key)

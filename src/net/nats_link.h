@@ -99,6 +99,16 @@ int kvr_nats_kv_keep(kvr_nats_t *n, const char *bucket, uint64_t ttl_ms, const c
 /* Stops keeping key and deletes it (on the kv thread, soon). */
 int kvr_nats_kv_drop(kvr_nats_t *n, const char *bucket, const char *key);
 
+/* One entry of a listing, on the caller's thread: age_ms since it was last written (by the
+ * server's clock against this host's). */
+typedef void (*kvr_nats_entry_fn)(void *arg, const char *key, const void *val, size_t len,
+                                  uint64_t age_ms);
+/* Lists bucket's entries now, blocking (start-up only: it waits up to wait_ms for the
+ * connection). KVR_OK (an empty or missing bucket lists nothing); KVR_EIO (not connected in
+ * time, or the bucket unreadable); KVR_EINVAL. */
+int kvr_nats_kv_list(kvr_nats_t *n, const char *bucket, uint64_t ttl_ms, uint64_t wait_ms,
+                     kvr_nats_entry_fn fn, void *arg);
+
 typedef struct kvr_nats_stats {
     kvr_nats_state_t state;
     uint64_t in_msgs, in_bytes, out_msgs, out_bytes, reconnects; /* nats.c's counters */

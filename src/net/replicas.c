@@ -107,12 +107,23 @@ static bool parse_id(const char *key, uint64_t *id)
     return v != 0;
 }
 
-/* The entry's "url" and "replica_sync" (other members are ignored); false if it is not an
- * object that scans. */
-static bool read_entry(const uint8_t *val, size_t len, peer_t *p)
+/* A JSON string member's value copied into out (cap bytes): false when it is not a plain
+ * string (escapes are not expected in a url) or does not fit. */
+static bool copy_plain_string(const char *b, const kvr_json_member_t *m, char *out, size_t cap)
 {
-    const char *b = (const char *)val;
-    size_t i = kvr_json_skip_ws(b, len, 0);
+    size_t vl = m->val_end - m->val;
+    if (b[m->val] != '"' || vl < 2 || vl - 2 >= cap || memchr(b + m->val + 1, '\\', vl - 2))
+        return false;
+    memcpy(out, b + m->val + 1, vl - 2);
+    out[vl - 2] = '\0';
+    return true;
+}
+
+bool kvr_replicas_read_entry(const void *val, size_t len, kvr_replica_entry_t *out)
+{
+    memset(out, 0, sizeof *out);
+    const char *b = val;
+    size_t i = b != NULL ? kvr_json_skip_ws(b, len, 0) : len;
     if (i >= len || b[i] != '{')
         return false;
     kvr_json_iter_t it;
@@ -120,16 +131,14 @@ static bool read_entry(const uint8_t *val, size_t len, peer_t *p)
     int rc;
     kvr_json_object_begin(&it, b, len, i, KVR_JSON_STRICT);
     while ((rc = kvr_json_object_next(&it, &m)) == 1) {
-        size_t vl = m.val_end - m.val;
-        if (kvr_json_key_is(b, &m, "url") && b[m.val] == '"' && vl >= 2 && vl - 2 < URL_BYTES &&
-            memchr(b + m.val + 1, '\\', vl - 2) == NULL) {
-            memcpy(p->url, b + m.val + 1, vl - 2);
-            p->url[vl - 2] = '\0';
-        } else if (kvr_json_key_is(b, &m, "replica_sync")) {
-            p->replica_sync = vl == 4 && memcmp(b + m.val, "true", 4) == 0;
-        }
+        if (kvr_json_key_is(b, &m, "url"))
+            (void)copy_plain_string(b, &m, out->url, sizeof out->url);
+        else if (kvr_json_key_is(b, &m, "admin_url"))
+            (void)copy_plain_string(b, &m, out->admin_url, sizeof out->admin_url);
+        else if (kvr_json_key_is(b, &m, "replica_sync"))
+            out->replica_sync = m.val_end - m.val == 4 && memcmp(b + m.val, "true", 4) == 0;
     }
-    return rc == 0 && kvr_json_skip_ws(b, len, it.close + 1) == len;
+    return rc == 0 && kvr_json_skip_ws(b, len, it.close + 1) == len && out->url[0] != '\0';
 }
 
 static void on_entry(void *arg, kvr_kv_op_t op, const char *key, const uint8_t *val, size_t len)
@@ -155,8 +164,8 @@ static void on_entry(void *arg, kvr_kv_op_t op, const char *key, const uint8_t *
             gone(r, p, "its presence entry was deleted");
         return;
     }
-    peer_t parsed = {0};
-    if (!read_entry(val, len, &parsed)) {
+    kvr_replica_entry_t parsed;
+    if (!kvr_replicas_read_entry(val, len, &parsed)) {
         r->bad_entries++;
         kvr_log_limited(&r->rl, KVR_LOG_WARN, "replicas: %s entry %s is not a JSON object "
                         "with a url; the router counts as present, without a url", r->bucket,
@@ -332,6 +341,10 @@ static void presence_value(kvr_replicas_t *r, char *out, size_t cap)
     kvr_json_string(&w, r->key);
     kvr_json_key(&w, "url");
     kvr_json_string(&w, r->url);
+    if (r->cfg.admin_url != NULL && r->cfg.admin_url[0] != '\0') {
+        kvr_json_key(&w, "admin_url");
+        kvr_json_string(&w, r->cfg.admin_url);
+    }
     kvr_json_key(&w, "replica_sync");
     kvr_json_bool(&w, r->cfg.replica_sync);
     kvr_json_key(&w, "started_unix_ms");

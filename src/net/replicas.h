@@ -35,6 +35,7 @@ typedef struct kvr_replicas_config {
     const char *ns;      /* namespace */
     uint64_t ttl_ms;     /* nats_presence_ttl_ms */
     const char *url;     /* this router's HTTP url, published in its entry */
+    const char *admin_url; /* its admin listener's, when it has one (else NULL) */
     bool replica_sync;   /* published too (peers show it) */
 } kvr_replicas_config_t;
 
@@ -60,5 +61,14 @@ size_t kvr_replicas_live_for(const kvr_replicas_t *r, uint64_t ms);
 bool kvr_replicas_settled(const kvr_replicas_t *r);
 /* When the link last connected (kvr_now_ms), 0 while it is not. */
 uint64_t kvr_replicas_connected_since(const kvr_replicas_t *r);
+
+/* A presence entry as routers write it. */
+typedef struct kvr_replica_entry {
+    char url[256], admin_url[256]; /* admin_url "" when the router has no admin listener */
+    bool replica_sync;
+} kvr_replica_entry_t;
+/* Reads an entry's value (a JSON object; other members ignored): false unless it scans and
+ * has a url. */
+bool kvr_replicas_read_entry(const void *val, size_t len, kvr_replica_entry_t *out);
 
 #endif

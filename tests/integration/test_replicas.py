@@ -309,6 +309,72 @@ def scenario_discovery(nats):
         b.stop()
 
 
+def plain_mocker(buffer_steps):
+    """A mocker (no NATS) whose engine keeps only buffer_steps batches for replay."""
+    def start(ev, replay):
+        return Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--speedup", "100",
+                      "--block-size", BS, "--kv-events-config",
+                      json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                  "endpoint": f"tcp://*:{ev}", "replay_endpoint": f"tcp://*:{replay}",
+                                  "buffer_steps": buffer_steps})], "mocker")
+    (ev, replay), m = with_free_ports(start, 1, 1)
+    m.spec = f"id=4,url={m.url},events=tcp://127.0.0.1:{ev},replay=tcp://127.0.0.1:{replay}"
+    return m
+
+
+def dump(r):
+    st, body = r.call("GET", "/v1/dump")
+    return json.dumps(body, sort_keys=True) if st == 200 else None
+
+
+def scenario_late_index(nats):
+    """A replica started late loads the index from a peer (found in <ns>_routers, or named by
+    --peers): its /v1/dump equals the peer's, although the engine's replay buffer no longer
+    holds the early events (a router started cold lacks them)."""
+    m = plain_mocker(4)
+    a = Child([KVR, "serve", "--http-port", "0", "--block-size", BS, "--nats-url", nats.url,
+               "--router-replica-sync", "true", "--worker", m.spec], "replica A")
+    late = cold = named = None
+    try:
+        check("A ready", eventually(lambda: ready(a), 15))
+        for i in range(30):
+            st, _ = a.call("POST", "/v1/completions", {
+                "model": "kvrouter-mocker", "max_tokens": 2,
+                "prompt": f"document {i}: " + "a long shared preamble of many words " * 6})
+            check(f"completion {i} answered", st == 200, st)
+
+        seen = []
+
+        def quiet_dump():  # the same dump on five polls in a row: events are quiet
+            seen.append(dump(a))
+            return seen[-1] if len(seen) >= 5 and len(set(seen[-5:])) == 1 else None
+        a_dump = eventually(quiet_dump, 10, interval=0.05)
+        check("A's index is quiet", a_dump is not None)
+        late = Child([KVR, "serve", "--http-port", "0", "--block-size", BS, "--nats-url", nats.url,
+                      "--router-replica-sync", "true", "--worker", m.spec], "late replica")
+        check("the late replica is ready", eventually(lambda: ready(late), 15))
+        check("its index equals A's (loaded from A)",
+              eventually(lambda: dump(late) == a_dump, 10),
+              (len(dump(late) or ""), len(a_dump)))
+        check("its /health says where the index came from",
+              "index: peer " + a.url in late.call("GET", "/health")[1], late.call("GET", "/health"))
+        named = Child([KVR, "serve", "--http-port", "0", "--block-size", BS, "--peers", a.url,
+                       "--worker", m.spec], "replica with --peers")
+        check("--peers loads it too", eventually(lambda: dump(named) == a_dump, 10))
+        cold = Child([KVR, "serve", "--http-port", "0", "--block-size", BS, "--worker", m.spec],
+                     "cold router")
+        check("a cold router cannot rebuild it from the engine's replay buffer",
+              eventually(lambda: dump(cold) is not None, 5) and dump(cold) != a_dump and
+              len(dump(cold)) < len(a_dump), (len(dump(cold) or ""), len(a_dump)))
+        _, wk = cold.call("GET", "/v1/workers")
+        check("... and says it started cold", wk.get("index_origin", "").startswith("cold"),
+              wk.get("index_origin"))
+    finally:
+        for r in (late, named, cold, a, m):
+            if r is not None:
+                r.stop()
+
+
 def sync_header(msg_type, router_id, seq, n_events, flags=0):
     return b"KVRS" + struct.pack("<BBHQQQII", 1, msg_type, flags, router_id, seq, 0, n_events, 0)
 
@@ -361,6 +427,7 @@ def main():
     try:
         scenario_sync(nats)
         scenario_late_joiner(nats)
+        scenario_late_index(nats)
         scenario_peer_dies(nats)
         scenario_bad_input(nats)
         scenario_discovery(nats)
