@@ -21,7 +21,9 @@
  * SIGTERM: the replay in progress stops (partial results are not reported), every child gets
  * SIGTERM (SIGKILL after 10 s), exit 130.
  */
+#define _XOPEN_SOURCE 700 /* nftw */
 #include <errno.h>
+#include <ftw.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
@@ -41,12 +43,15 @@
 #include "apps/apps.h"
 #include "apps/cli.h"
 #include "apps/replay_report.h"
+#include "net/http_fetch.h"
+#include "net/replay_driver.h"
 #include "kvrouter.h"
 #include "wire/trace.h"
 
 #define DEFAULT_TRACE "data/traces/conversation_trace.jsonl"
 #define MAX_POLICIES 8
 #define MAX_WORKERS 16
+#define MAX_ROUTERS 4
 #define START_TIMEOUT_S 30.0
 #define STOP_TIMEOUT_S 10.0
 
@@ -67,8 +72,11 @@ static void usage(FILE *out)
             "prefix-cache hit ratio against the trace's ceilings, the busiest worker's share.\n"
             "Writes the TTFT plot (gnuplot) and cleans up every process it started.\n\n"
             "options (defaults in brackets):\n"
-            "  --policies LIST       comma-separated: kv, round-robin, random, least-loaded\n"
-            "                        [kv,round-robin]\n"
+            "  --policies LIST       comma-separated: kv, round-robin, random, least-loaded;\n"
+            "                        kv+sync = kv with replica sync (with --routers 2 or more)\n"
+            "                        [kv,round-robin; with --routers: kv+sync,kv,round-robin]\n"
+            "  --routers N           router replicas sharing the fleet (1 to 4); requests\n"
+            "                        alternate between them; 2 or more start a nats-server [1]\n"
             "  --workers N           mocker engines [4]\n"
             "  --requests N          the first N rows of the trace [600]\n"
             "  --trace FILE          [data/traces/conversation_trace.jsonl]\n"
@@ -92,12 +100,13 @@ typedef struct demo_args {
     const char *trace, *plot, *keep;
     bool trace_set;
     double mocker_speedup, load;
-    bool json, quiet;
+    bool json, quiet, policies_set;
+    uint32_t routers;
 } demo_args_t;
 
 static int parse_policies(const kvr_cli_t *c, const char *v, demo_args_t *a)
 {
-    static const char *known[] = {"kv", "round-robin", "random", "least-loaded"};
+    static const char *known[] = {"kv", "round-robin", "random", "least-loaded", "kv+sync"};
     int rc = kvr_cli_copy(c, v, a->policy_buf, sizeof a->policy_buf);
     if (rc != 0)
         return rc;
@@ -108,7 +117,8 @@ static int parse_policies(const kvr_cli_t *c, const char *v, demo_args_t *a)
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
             ok = ok || strcmp(p, known[k]) == 0;
         if (!ok)
-            return kvr_cli_bad(c, v, "each must be kv, round-robin, random or least-loaded");
+            return kvr_cli_bad(c, v, "each must be kv, kv+sync, round-robin, random or "
+                                     "least-loaded");
         if (a->n_policies == MAX_POLICIES)
             return kvr_cli_bad(c, v, "at most 8");
         a->policies[a->n_policies++] = p;
@@ -131,8 +141,12 @@ static int parse_option(kvr_cli_t *c, void *args)
         a->quiet = true;
         return 0;
     }
-    if (kvr_cli_is(c, "--policies"))
+    if (kvr_cli_is(c, "--policies")) {
+        a->policies_set = true;
         return parse_policies(c, kvr_cli_value(c), a);
+    }
+    if (kvr_cli_is(c, "--routers"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, MAX_ROUTERS, &a->routers);
     if (kvr_cli_is(c, "--workers"))
         return kvr_cli_u32(c, kvr_cli_value(c), 1, MAX_WORKERS, &a->workers);
     if (kvr_cli_is(c, "--requests"))
@@ -178,11 +192,21 @@ static int parse_args(int argc, char **argv, demo_args_t *a)
     a->policies[0] = "kv";
     a->policies[1] = "round-robin";
     a->n_policies = 2;
+    a->routers = 1;
     kvr_cli_t c;
     kvr_cli_init(&c, "kvrouter demo", argc, argv);
     int rc = kvr_cli_parse(&c, parse_option, a, usage);
     if (rc != 0)
         return rc;
+    if (a->routers > 1 && !a->policies_set) {
+        a->policies[0] = "kv+sync";
+        a->policies[1] = "kv";
+        a->policies[2] = "round-robin";
+        a->n_policies = 3;
+    }
+    for (size_t i = 0; i < a->n_policies; i++)
+        if (strcmp(a->policies[i], "kv+sync") == 0 && a->routers < 2)
+            return kvr_cli_fail(&c, "--policies kv+sync needs --routers 2 or more");
     return 0;
 }
 
@@ -221,9 +245,10 @@ static void show_log(const child_t *c)
                 buf[n - 1] == '\n' ? "" : "\n");
 }
 
-/* Starts this binary with argv and waits for its "listening HOST:PORT" line. */
-static int child_start(child_t *c, const char *what, char *const argv[], const char *log,
-                       char *err, size_t err_len)
+/* Starts exe (NULL: this binary) with argv; for this binary, waits for its "listening
+ * HOST:PORT" line. */
+static int child_spawn(child_t *c, const char *exe, const char *what, char *const argv[],
+                       const char *log, char *err, size_t err_len)
 {
     memset(c, 0, sizeof *c);
     c->pid = -1;
@@ -258,13 +283,15 @@ static int child_start(child_t *c, const char *what, char *const argv[], const c
         dup2(p[1], STDOUT_FILENO);
         dup2(lf, STDERR_FILENO);
         close(p[0]);
-        execv("/proc/self/exe", argv);
-        dprintf(STDERR_FILENO, "exec /proc/self/exe: %s\n", strerror(errno));
+        execv(exe ? exe : "/proc/self/exe", argv);
+        dprintf(STDERR_FILENO, "exec %s: %s\n", exe ? exe : "/proc/self/exe", strerror(errno));
         _exit(127);
     }
     close(p[1]);
     c->pid = pid;
     c->out_fd = p[0];
+    if (exe != NULL)
+        return KVR_OK; /* not ours: the caller checks that it serves */
     char line[256];
     size_t len = 0;
     double deadline = now_s() + START_TIMEOUT_S;
@@ -293,6 +320,12 @@ static int child_start(child_t *c, const char *what, char *const argv[], const c
     }
     snprintf(c->addr, sizeof c->addr, "%.120s", line + 10);
     return KVR_OK;
+}
+
+static int child_start(child_t *c, const char *what, char *const argv[], const char *log,
+                       char *err, size_t err_len)
+{
+    return child_spawn(c, NULL, what, argv, log, err, err_len);
 }
 
 /* SIGTERM, then SIGKILL after STOP_TIMEOUT_S. Returns the exit status as waitpid gives it
@@ -352,20 +385,21 @@ static int free_port(void)
 typedef struct fleet {
     child_t mockers[MAX_WORKERS];
     size_t n_mockers;
-    child_t router;
-    bool router_up;
+    child_t routers[MAX_ROUTERS];
+    size_t n_routers;
 } fleet_t;
 
 static void fleet_stop(fleet_t *f, bool report)
 {
-    if (f->router_up) {
-        int st = child_stop(&f->router);
+    for (size_t i = 0; i < f->n_routers; i++) {
+        int st = child_stop(&f->routers[i]);
         if (report && st != 0) {
-            fprintf(stderr, "kvrouter demo: warning: the router exited with status %d\n", st);
-            show_log(&f->router);
+            fprintf(stderr, "kvrouter demo: warning: router %zu exited with status %d\n", i + 1,
+                    st);
+            show_log(&f->routers[i]);
         }
-        f->router_up = false;
     }
+    f->n_routers = 0;
     for (size_t i = 0; i < f->n_mockers; i++) {
         int st = child_stop(&f->mockers[i]);
         if (report && st != 0) {
@@ -377,8 +411,10 @@ static void fleet_stop(fleet_t *f, bool report)
     f->n_mockers = 0;
 }
 
+static unsigned g_fleets;
+
 static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, const char *dir,
-                       char *err, size_t err_len)
+                       const char *nats_url, char *err, size_t err_len)
 {
     memset(f, 0, sizeof *f);
     char speed[32], blocks[32], bs[32];
@@ -423,30 +459,110 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
             return rc;
         f->n_mockers++;
     }
-    char *argv[16 + 2 * MAX_WORKERS];
-    size_t k = 0;
-    char *fixed[] = {"kvrouter", "serve",      "--http-port", "0",    "--bind",
-                     "127.0.0.1", "--block-size", bs,          "--router-mode", (char *)policy,
-                     "--log-level", "warn",    "--seed",      "1"};
-    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
-        argv[k++] = fixed[i];
-    for (uint32_t i = 0; i < a->workers; i++) {
-        argv[k++] = "--worker";
-        argv[k++] = specs[i];
+    bool sync = strcmp(policy, "kv+sync") == 0;
+    char ns[32];
+    snprintf(ns, sizeof ns, "demo%u", ++g_fleets); /* each run its own namespace */
+    for (uint32_t r = 0; r < a->routers; r++) {
+        char *argv[24 + 2 * MAX_WORKERS];
+        size_t k = 0;
+        char *fixed[] = {"kvrouter", "serve",      "--http-port", "0",    "--bind",
+                         "127.0.0.1", "--block-size", bs,          "--router-mode",
+                         sync ? "kv" : (char *)policy, "--log-level", "warn", "--seed", "1"};
+        for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+            argv[k++] = fixed[i];
+        if (nats_url != NULL) {
+            argv[k++] = "--nats-url";
+            argv[k++] = (char *)nats_url;
+            argv[k++] = "--namespace";
+            argv[k++] = ns;
+            argv[k++] = "--router-replica-sync";
+            argv[k++] = sync ? "true" : "false";
+        }
+        for (uint32_t i = 0; i < a->workers; i++) {
+            argv[k++] = "--worker";
+            argv[k++] = specs[i];
+        }
+        argv[k] = NULL;
+        char log[PATH_MAX], what[64];
+        snprintf(log, sizeof log, "%.2000s/%.32s-router-%u.log", dir, policy, r + 1);
+        snprintf(what, sizeof what, "router %u", r + 1);
+        int rc = child_start(&f->routers[r], what, argv, log, err, err_len);
+        f->n_routers++;
+        if (rc != KVR_OK) {
+            show_log(&f->routers[r]);
+            return rc;
+        }
     }
-    argv[k] = NULL;
-    char log[PATH_MAX];
-    snprintf(log, sizeof log, "%.2000s/%.32s-router.log", dir, policy);
-    int rc = child_start(&f->router, "the router", argv, log, err, err_len);
-    f->router_up = true;
-    if (rc != KVR_OK) {
-        show_log(&f->router);
-        return rc;
+    /* ready: the ZeroMQ subscriptions connected (a slow joiner would miss the first batches,
+     * replayed later, but why wait) and, with replica sync, the peers' snapshot taken */
+    for (size_t r = 0; r < f->n_routers; r++) {
+        char url[160];
+        snprintf(url, sizeof url, "http://%s", f->routers[r].addr);
+        double deadline = now_s() + START_TIMEOUT_S;
+        int status = 0;
+        while (status != 200 && now_s() < deadline && !g_stop) {
+            kvr_http_fetch_t q = {.url = url, .path = "/ready", .timeout_ms = 2000,
+                                  .max_bytes = 4096};
+            uint8_t *body = NULL;
+            size_t len;
+            char why[300];
+            if (kvr_http_fetch(&q, &body, &len, &status, why, sizeof why) != KVR_OK)
+                status = 0;
+            free(body);
+            if (status != 200)
+                usleep(20000);
+        }
+        if (status != 200) {
+            snprintf(err, err_len, "router %zu did not become ready", r + 1);
+            return KVR_EIO;
+        }
     }
-    /* the router's ZeroMQ subscriptions connect in the background: give them a moment, as a
-     * slow joiner would otherwise miss the first batches (replayed later, but why wait) */
-    usleep(300000);
+    usleep(200000);
     return KVR_OK;
+}
+
+/* ---- nats-server, for router replicas ---------------------------------------------------- */
+
+/* Debian's nats-server (scripts/install-deps.sh installs it) on a free port, JetStream on,
+ * its store in dir; *url set once it accepts connections. */
+static int nats_start(child_t *c, const char *dir, char *url, size_t cap, char *err,
+                      size_t err_len)
+{
+    static const char *const where[] = {"/usr/sbin/nats-server", "/usr/bin/nats-server",
+                                        "/usr/local/bin/nats-server"};
+    const char *exe = NULL;
+    for (size_t i = 0; i < 3 && exe == NULL; i++)
+        if (access(where[i], X_OK) == 0)
+            exe = where[i];
+    if (exe == NULL) {
+        snprintf(err, err_len, "--routers needs nats-server (Debian: apt-get install "
+                 "nats-server; make demo installs it)");
+        return KVR_ENOTFOUND;
+    }
+    int port = free_port();
+    char p[16], store[PATH_MAX], log[PATH_MAX];
+    snprintf(p, sizeof p, "%d", port);
+    snprintf(store, sizeof store, "%.2000s/nats", dir);
+    snprintf(log, sizeof log, "%.2000s/nats-server.log", dir);
+    char *argv[] = {"nats-server", "-a", "127.0.0.1", "-p", p, "-js", "-sd", store, NULL};
+    int rc = child_spawn(c, exe, "nats-server", argv, log, err, err_len);
+    if (rc != KVR_OK)
+        return rc;
+    snprintf(url, cap, "http://127.0.0.1:%d", port);
+    kvr_http_target_t t;
+    char why[300];
+    double deadline = now_s() + START_TIMEOUT_S;
+    rc = kvr_http_target_parse(url, &t, why, sizeof why);
+    while (rc == KVR_OK && kvr_http_probe(&t, 1000, why, sizeof why) != KVR_OK) {
+        if (now_s() > deadline || g_stop) {
+            show_log(c);
+            snprintf(err, err_len, "nats-server did not start: %s", why);
+            return KVR_EIO;
+        }
+        usleep(20000);
+    }
+    snprintf(url, cap, "nats://127.0.0.1:%d", port);
+    return rc;
 }
 
 /* ---- the report -------------------------------------------------------------------------- */
@@ -476,6 +592,11 @@ static void print_comparison(const demo_args_t *a, const run_t *runs, size_t n, 
            "(latencies in modelled ms: measured x %g)\n\n",
            rows, a->trace, span_s, span_s / speedup, a->workers, a->num_gpu_blocks,
            a->block_size, a->mocker_speedup, a->load, a->mocker_speedup);
+    if (a->routers > 1)
+        printf("%u router replicas behind one client that alternates between them; kv+sync "
+               "shares their active load over NATS, kv does not (each sees only its own "
+               "requests' load)\n\n",
+               a->routers);
     printf("%-13s %10s %10s %10s %10s %10s %11s %8s\n", "policy", "TTFT p50", "TTFT p90",
            "TTFT p99", "E2E p50", "hit ratio", "max share", "errors");
     for (size_t i = 0; i < n; i++) {
@@ -503,22 +624,18 @@ static void print_comparison(const demo_args_t *a, const run_t *runs, size_t n, 
     }
 }
 
-static int rm_tree_files(const char *dir, const run_t *runs, size_t n, const demo_args_t *a)
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
-    /* only what this run wrote: the logs and the samples */
-    char path[PATH_MAX];
-    for (size_t i = 0; i < n; i++) {
-        if (runs[i].policy == NULL)
-            continue;
-        unlink(runs[i].tsv);
-        snprintf(path, sizeof path, "%.2000s/%.32s-router.log", dir, runs[i].policy);
-        unlink(path);
-        for (uint32_t w = 0; w < a->workers; w++) {
-            snprintf(path, sizeof path, "%.2000s/%.32s-mocker-%u.log", dir, runs[i].policy, w + 1);
-            unlink(path);
-        }
-    }
-    return rmdir(dir);
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* The demo's own temporary directory (mkdtemp), with the logs, samples and the NATS store. */
+static int rm_tree_files(const char *dir)
+{
+    return nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static const char *find_trace(const demo_args_t *a, char *buf, size_t cap)
@@ -595,6 +712,18 @@ int kvr_cmd_demo(int argc, char **argv)
     }
     int code = 0;
     size_t done = 0;
+    child_t nats;
+    char nats_url[64] = "";
+    bool nats_up = false;
+    if (a.routers > 1) {
+        if (nats_start(&nats, dir, nats_url, sizeof nats_url, err, sizeof err) != KVR_OK) {
+            fprintf(stderr, "kvrouter demo: %s\n", err);
+            child_stop(&nats);
+            code = 1;
+        } else {
+            nats_up = true;
+        }
+    }
     for (size_t p = 0; p < a.n_policies && code == 0 && !g_stop; p++) {
         run_t *r = &runs[p];
         r->policy = a.policies[p];
@@ -603,17 +732,26 @@ int kvr_cmd_demo(int argc, char **argv)
             fprintf(stderr, "kvrouter demo: %s: starting %u mockers and the router\n",
                     r->policy, a.workers);
         fleet_t fleet;
-        if (fleet_start(&fleet, &a, r->policy, dir, err, sizeof err) != KVR_OK) {
+        if (fleet_start(&fleet, &a, r->policy, dir, nats_up ? nats_url : NULL, err,
+                        sizeof err) != KVR_OK) {
             fprintf(stderr, "kvrouter demo: %s\n", err);
             fleet_stop(&fleet, false);
             code = 1;
             break;
         }
-        snprintf(r->url, sizeof r->url, "http://%s", fleet.router.addr);
+        snprintf(r->url, sizeof r->url, "http://%s", fleet.routers[0].addr);
+        char more[MAX_ROUTERS][160];
+        const char *more_urls[MAX_ROUTERS];
+        for (size_t k = 1; k < fleet.n_routers; k++) {
+            snprintf(more[k - 1], sizeof more[k - 1], "http://%s", fleet.routers[k].addr);
+            more_urls[k - 1] = more[k - 1];
+        }
         char label[64];
         snprintf(label, sizeof label, "kvrouter demo (%s)", r->policy);
         kvr_replay_job_t job = {
             .url = r->url,
+            .more_urls = more_urls,
+            .n_more_urls = fleet.n_routers - 1,
             .trace = &trace,
             .n = n,
             .speedup = a.mocker_speedup * a.load,
@@ -656,6 +794,8 @@ int kvr_cmd_demo(int argc, char **argv)
                     r->policy, r->m.ok, r->m.duration_s, r->m.r.ttft_ms.p50, r->m.r.hit_ratio);
         done++;
     }
+    if (nats_up && child_stop(&nats) != 0 && code == 0)
+        fprintf(stderr, "kvrouter demo: warning: nats-server did not stop cleanly\n");
     if (g_stop && code == 0)
         code = 130;
 
@@ -710,7 +850,7 @@ int kvr_cmd_demo(int argc, char **argv)
     if (code != 0 && code != 130)
         fprintf(stderr, "kvrouter demo: logs kept in %s\n", dir);
     else if (!a.keep)
-        rm_tree_files(dir, runs, a.n_policies, &a);
+        rm_tree_files(dir);
     if (code == 130)
         fprintf(stderr, "kvrouter demo: interrupted; every process it started is stopped\n");
     free(samples);

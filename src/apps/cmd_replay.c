@@ -267,22 +267,31 @@ int kvr_replay_trace(const kvr_replay_job_t *job, kvr_replay_sample_t *samples,
                      kvr_replay_stats_t *st, char *model_out, size_t model_cap, char *err,
                      size_t err_len)
 {
-    kvr_http_target_t target;
+    kvr_http_target_t targets[KVR_REPLAY_MAX_TARGETS];
+    kvr_http_target_t *const target = &targets[0];
     char why[400];
     memset(st, 0, sizeof *st);
-    if (kvr_http_target_parse(job->url, &target, why, sizeof why) != KVR_OK) {
-        snprintf(err, err_len, "--url: %s", why);
+    size_t n_targets = 1 + job->n_more_urls;
+    if (n_targets > KVR_REPLAY_MAX_TARGETS) {
+        snprintf(err, err_len, "at most %d urls", KVR_REPLAY_MAX_TARGETS);
         return KVR_EINVAL;
     }
-    if (kvr_http_probe(&target, 3000, why, sizeof why) != KVR_OK) {
-        snprintf(err, err_len, "%s is not reachable: %s", job->url, why);
-        return KVR_EIO;
+    for (size_t k = 0; k < n_targets; k++) {
+        const char *url = k == 0 ? job->url : job->more_urls[k - 1];
+        if (kvr_http_target_parse(url, &targets[k], why, sizeof why) != KVR_OK) {
+            snprintf(err, err_len, "--url: %s", why);
+            return KVR_EINVAL;
+        }
+        if (kvr_http_probe(&targets[k], 3000, why, sizeof why) != KVR_OK) {
+            snprintf(err, err_len, "%s is not reachable: %s", url, why);
+            return KVR_EIO;
+        }
     }
     char model[KVR_OAI_MAX_NAME_BYTES + 1];
     if (job->model) {
         snprintf(model, sizeof model, "%s", job->model);
     } else {
-        int rc = kvr_http_first_model(&target, 10000, model, sizeof model, why, sizeof why);
+        int rc = kvr_http_first_model(target, 10000, model, sizeof model, why, sizeof why);
         if (rc != KVR_OK) {
             snprintf(err, err_len, "%s: cannot find the model (give --model): %s", job->url,
                      why);
@@ -314,7 +323,8 @@ int kvr_replay_trace(const kvr_replay_job_t *job, kvr_replay_sample_t *samples,
     kvr_progress_bar_t bar;
     kvr_progress_bar_init(&bar, job->progress_label);
     kvr_replay_config_t cfg = {
-        .target = &target,
+        .targets = targets,
+        .n_targets = n_targets,
         .path = "/v1/completions",
         .n = n,
         .arrival_s = arrival,

@@ -107,6 +107,8 @@ void kvr_progress_bar_end(kvr_progress_bar_t *b);
 
 typedef struct kvr_replay_job {
     const char *url;              /* http://host:port of the router or engine */
+    const char *const *more_urls; /* other router replicas: requests alternate between url */
+    size_t n_more_urls;           /* and these (at most 3) */
     const kvr_trace_t *trace;     /* rows [0, n) are replayed */
     size_t n;
     double speedup;               /* arrivals at timestamp / speedup */

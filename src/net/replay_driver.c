@@ -257,6 +257,7 @@ typedef struct driver driver_t;
 typedef struct conn {
     struct evhttp_connection *evcon;
     int nodelay_fd;
+    size_t target; /* index into cfg->targets */
 } conn_t;
 
 typedef enum slot_state { SLOT_FREE = 0, SLOT_ACTIVE, SLOT_CANCELLING } slot_state_t;
@@ -294,10 +295,10 @@ struct driver {
     slot_t *slots;     /* max_inflight */
     slot_t *free_slots;
     size_t n_slots_used;
-    conn_t *conns;     /* max_inflight */
-    conn_t **idle;
-    size_t n_idle, n_conns;
-    char path[600];
+    conn_t *conns;     /* max_inflight x targets */
+    conn_t **idle;     /* per target, max_inflight each */
+    size_t n_idle[KVR_REPLAY_MAX_TARGETS], n_conns;
+    char path[KVR_REPLAY_MAX_TARGETS][600];
     int fatal;
     char *err;
     size_t err_len;
@@ -315,14 +316,23 @@ static void fatal(driver_t *d, int status)
     event_base_loopexit(d->base, NULL);
 }
 
-static conn_t *conn_get(driver_t *d)
+static size_t n_targets(const kvr_replay_config_t *c) { return c->n_targets ? c->n_targets : 1; }
+
+static const kvr_http_target_t *target_of(const kvr_replay_config_t *c, size_t k)
 {
-    if (d->n_idle > 0)
-        return d->idle[--d->n_idle];
-    if (d->n_conns == d->cfg->max_inflight)
+    return c->n_targets ? &c->targets[k] : c->target;
+}
+
+/* A connection to target k (request i goes to target i mod the number of targets). */
+static conn_t *conn_get(driver_t *d, size_t k)
+{
+    if (d->n_idle[k] > 0)
+        return d->idle[k * d->cfg->max_inflight + --d->n_idle[k]];
+    if (d->n_conns == (size_t)d->cfg->max_inflight * n_targets(d->cfg))
         return NULL; /* cannot happen: one connection per outstanding request */
     conn_t *c = &d->conns[d->n_conns];
-    const kvr_http_target_t *t = d->cfg->target;
+    c->target = k;
+    const kvr_http_target_t *t = target_of(d->cfg, k);
     c->evcon = evhttp_connection_base_new(d->base, NULL, t->addr[0] ? t->addr : t->host,
                                           t->port);
     if (c->evcon == NULL)
@@ -338,7 +348,7 @@ static conn_t *conn_get(driver_t *d)
 
 static void conn_put(driver_t *d, conn_t *c)
 {
-    d->idle[d->n_idle++] = c;
+    d->idle[c->target * d->cfg->max_inflight + d->n_idle[c->target]++] = c;
 }
 
 static void describe_failure(driver_t *d, const slot_t *s, const char *what)
@@ -545,7 +555,8 @@ static int send_next(driver_t *d)
     if (rc != KVR_OK)
         return rc;
     slot_t *s = slot_get(d);
-    conn_t *c = s ? conn_get(d) : NULL;
+    size_t k = i % n_targets(d->cfg);
+    conn_t *c = s ? conn_get(d, k) : NULL;
     struct evhttp_request *req = c ? evhttp_request_new(on_done, s) : NULL;
     if (req == NULL || evbuffer_add(evhttp_request_get_output_buffer(req), body, len) != 0) {
         if (req)
@@ -560,7 +571,7 @@ static int send_next(driver_t *d)
     evhttp_request_set_chunked_cb(req, on_chunk);
     evhttp_request_set_error_cb(req, on_error);
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Host", d->cfg->target->host_hdr);
+    evhttp_add_header(h, "Host", target_of(d->cfg, k)->host_hdr);
     evhttp_add_header(h, "Content-Type", "application/json");
     evhttp_add_header(h, "Accept", "text/event-stream");
     kvr_oai_stream_reset(s->stream);
@@ -585,7 +596,7 @@ static int send_next(driver_t *d)
     d->samples[i].sent_s = since_start_s(d, s->t_sent);
     struct timeval tv = tv_of(d->cfg->timeout_s);
     evtimer_add(s->timer, &tv);
-    if (evhttp_make_request(c->evcon, req, EVHTTP_REQ_POST, d->path) != 0) {
+    if (evhttp_make_request(c->evcon, req, EVHTTP_REQ_POST, d->path[k]) != 0) {
         /* the request is freed by evhttp; account for it as a connection failure */
         if (s->state == SLOT_ACTIVE)
             finish(s, KVR_REPLAY_CONNECT, 0, now_ns(), "cannot send");
@@ -724,8 +735,10 @@ static void driver_deinit(driver_t *d)
 static int check_config(const kvr_replay_config_t *c, char *err, size_t err_len)
 {
     const char *why = NULL;
-    if (c->target == NULL || c->path == NULL || c->body == NULL)
+    if ((c->target == NULL && c->n_targets == 0) || c->path == NULL || c->body == NULL)
         why = "target, path and body are required";
+    else if (c->n_targets > KVR_REPLAY_MAX_TARGETS)
+        why = "targets: at most KVR_REPLAY_MAX_TARGETS";
     else if (c->n > 0 && c->arrival_s == NULL)
         why = "arrival_s is required";
     else if (c->max_inflight == 0)
@@ -764,11 +777,12 @@ int kvr_replay_run(const kvr_replay_config_t *cfg, kvr_replay_sample_t *samples,
     d.st = stats;
     d.err = err;
     d.err_len = err_len;
-    snprintf(d.path, sizeof d.path, "%s%s", cfg->target->base_path, cfg->path);
+    for (size_t k = 0; k < n_targets(cfg); k++)
+        snprintf(d.path[k], sizeof d.path[k], "%s%s", target_of(cfg, k)->base_path, cfg->path);
     d.base = new_base();
     d.slots = calloc(cfg->max_inflight, sizeof *d.slots);
-    d.conns = calloc(cfg->max_inflight, sizeof *d.conns);
-    d.idle = calloc(cfg->max_inflight, sizeof *d.idle);
+    d.conns = calloc((size_t)cfg->max_inflight * n_targets(cfg), sizeof *d.conns);
+    d.idle = calloc((size_t)cfg->max_inflight * n_targets(cfg), sizeof *d.idle);
     if (d.base) {
         d.sched = evtimer_new(d.base, on_sched, &d);
         d.pump_ev = event_new(d.base, -1, 0, on_sched, &d);

@@ -101,8 +101,12 @@ typedef int (*kvr_replay_body_fn)(void *arg, size_t i, const char **data, size_t
                                   char *err, size_t err_len);
 typedef void (*kvr_replay_progress_fn)(void *arg, const kvr_replay_progress_t *p);
 
+#define KVR_REPLAY_MAX_TARGETS 4
+
 typedef struct kvr_replay_config {
-    const kvr_http_target_t *target; /* probed (addr set) */
+    const kvr_http_target_t *target; /* probed (addr set); used when n_targets is 0 */
+    const kvr_http_target_t *targets; /* or several (router replicas behind a balancer): */
+    size_t n_targets;                 /* request i goes to targets[i % n_targets] */
     const char *path;                /* appended to the base path, e.g. "/v1/completions" */
     size_t n;                        /* requests */
     const double *arrival_s;         /* n, non-decreasing, seconds after the start */

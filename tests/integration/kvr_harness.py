@@ -273,7 +273,9 @@ class NatsServer:
 
     def start(self):
         self.log = open(os.path.join(self.dir, "server.log"), "ab")
-        self.proc = subprocess.Popen(["nats-server", "-a", "127.0.0.1", "-p", str(self.port),
+        import shutil
+        exe = shutil.which("nats-server") or "/usr/sbin/nats-server"  # Debian puts it in sbin
+        self.proc = subprocess.Popen([exe, "-a", "127.0.0.1", "-p", str(self.port),
                                       "-js", "-sd", os.path.join(self.dir, "js")],
                                      stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
         if not eventually(self._accepts, timeout=20):
