@@ -218,6 +218,9 @@ int kvr_bench_hashtab(const kvr_bench_opts_t *o); /* bench_hashtab.c */
 int kvr_bench_ingest(const kvr_bench_opts_t *o);
 int kvr_bench_events(const kvr_bench_opts_t *o);
 int kvr_bench_route(const kvr_bench_opts_t *o);
+/* One point of bench route against o->url (its row printed), *per_s its median rate. */
+int kvr_bench_route_point(const kvr_bench_opts_t *o, uint64_t clients, uint64_t tokens,
+                          double *per_s);
 int kvr_bench_mocker(const kvr_bench_opts_t *o);
 void kvr_bench_mocker_usage(FILE *out); /* `kvrouter bench mocker --help` */
 #define KVR_BENCH_ROUTE_THREADS 1 /* default --threads */

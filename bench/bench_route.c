@@ -344,7 +344,7 @@ static double target_p99_us(uint64_t clients, uint64_t tokens)
 }
 
 static int one_point(const kvr_bench_opts_t *o, const target_t *t, uint64_t clients,
-                     uint64_t tokens)
+                     uint64_t tokens, double *per_s_out)
 {
     size_t per = bodies_per_client(clients, tokens);
     kvr_lg_body_t *bodies = make_bodies(o, clients, tokens, per);
@@ -432,6 +432,8 @@ static int one_point(const kvr_bench_opts_t *o, const target_t *t, uint64_t clie
                         "window closed (abandoned)\n",
                 (unsigned long long)stuck, (int)(ROUTE_DRAIN_NS / 1000000000u));
     double med_per_s = runs ? kvr_bench_median(r_per_s, runs) : NAN;
+    if (per_s_out != NULL)
+        *per_s_out = med_per_s;
     if (o->rate_per_s > 0 && med_per_s < 0.97 * o->rate_per_s)
         fprintf(stderr, "kvrouter bench route: --rate %.0f not sustained (%.0f/s): the router "
                         "or the generator is saturated\n", o->rate_per_s, med_per_s);
@@ -460,9 +462,25 @@ int kvr_bench_route(const kvr_bench_opts_t *o)
     kvr_bench_print_header(o, COLS, N_COLS);
     for (size_t ti = 0; ti < tokens->n; ti++)
         for (size_t ci = 0; ci < clients->n; ci++) {
-            int rc = one_point(o, &t, clients->v[ci], tokens->v[ti]);
+            int rc = one_point(o, &t, clients->v[ci], tokens->v[ti], NULL);
             if (rc != 0)
                 return rc;
         }
     return 0;
+}
+
+int kvr_bench_route_point(const kvr_bench_opts_t *o, uint64_t clients, uint64_t tokens,
+                          double *per_s)
+{
+    target_t t;
+    char why[512];
+    *per_s = NAN;
+    if (!parse_url(o->url, &t, why, sizeof why)) {
+        fprintf(stderr, "kvrouter bench: --url: %s\n", why);
+        return 2;
+    }
+    if (!probe(&t))
+        return 1;
+    t.update_state = o->update_state;
+    return one_point(o, &t, clients, tokens, per_s);
 }

@@ -41,9 +41,9 @@
 #include <unistd.h>
 
 #include "apps/apps.h"
+#include "apps/child.h"
 #include "apps/cli.h"
 #include "apps/replay_report.h"
-#include "net/http_fetch.h"
 #include "net/replay_driver.h"
 #include "kvrouter.h"
 #include "wire/trace.h"
@@ -52,8 +52,6 @@
 #define MAX_POLICIES 8
 #define MAX_WORKERS 16
 #define MAX_ROUTERS 4
-#define START_TIMEOUT_S 30.0
-#define STOP_TIMEOUT_S 10.0
 
 static volatile sig_atomic_t g_stop;
 
@@ -212,200 +210,32 @@ static int parse_args(int argc, char **argv, demo_args_t *a)
 
 /* ---- children ---------------------------------------------------------------------------- */
 
-typedef struct child {
-    pid_t pid;
-    int out_fd;
-    char what[64];
-    char log[PATH_MAX];
-    char addr[128]; /* from "listening HOST:PORT" */
-} child_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* The last lines of a child's log on stderr. */
-static void show_log(const child_t *c)
-{
-    FILE *f = fopen(c->log, "r");
-    if (f == NULL)
-        return;
-    char buf[4096];
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, size > (long)sizeof buf - 1 ? size - (long)sizeof buf + 1 : 0, SEEK_SET);
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    if (n > 0)
-        fprintf(stderr, "--- %s (%s):\n%s%s", c->what, c->log, buf,
-                buf[n - 1] == '\n' ? "" : "\n");
-}
-
-/* Starts exe (NULL: this binary) with argv; for this binary, waits for its "listening
- * HOST:PORT" line. */
-static int child_spawn(child_t *c, const char *exe, const char *what, char *const argv[],
-                       const char *log, char *err, size_t err_len)
-{
-    memset(c, 0, sizeof *c);
-    c->pid = -1;
-    c->out_fd = -1;
-    snprintf(c->what, sizeof c->what, "%s", what);
-    snprintf(c->log, sizeof c->log, "%s", log);
-    int p[2];
-    if (pipe(p) != 0) {
-        snprintf(err, err_len, "%s: pipe: %s", what, strerror(errno));
-        return KVR_EIO;
-    }
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(p[0]);
-        close(p[1]);
-        snprintf(err, err_len, "%s: fork: %s", what, strerror(errno));
-        return KVR_EIO;
-    }
-    if (pid == 0) {
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent)
-            _exit(127);
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        int in = open("/dev/null", O_RDONLY);
-        int lf = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (in < 0 || lf < 0)
-            _exit(127);
-        dup2(in, STDIN_FILENO);
-        dup2(p[1], STDOUT_FILENO);
-        dup2(lf, STDERR_FILENO);
-        close(p[0]);
-        execv(exe ? exe : "/proc/self/exe", argv);
-        dprintf(STDERR_FILENO, "exec %s: %s\n", exe ? exe : "/proc/self/exe", strerror(errno));
-        _exit(127);
-    }
-    close(p[1]);
-    c->pid = pid;
-    c->out_fd = p[0];
-    if (exe != NULL)
-        return KVR_OK; /* not ours: the caller checks that it serves */
-    char line[256];
-    size_t len = 0;
-    double deadline = now_s() + START_TIMEOUT_S;
-    while (len < sizeof line - 1 && !g_stop) {
-        double left = deadline - now_s();
-        if (left <= 0)
-            break;
-        struct pollfd pf = {c->out_fd, POLLIN, 0};
-        int r = poll(&pf, 1, (int)(left * 1000) + 1);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        ssize_t got = read(c->out_fd, line + len, 1);
-        if (got <= 0)
-            break;
-        if (line[len] == '\n')
-            break;
-        len++;
-    }
-    line[len] = '\0';
-    if (strncmp(line, "listening ", 10) != 0) {
-        snprintf(err, err_len, "%s did not start%s", what,
-                 g_stop ? " (interrupted)" : len ? "" : " (no 'listening' line)");
-        return KVR_EIO;
-    }
-    snprintf(c->addr, sizeof c->addr, "%.120s", line + 10);
-    return KVR_OK;
-}
-
-static int child_start(child_t *c, const char *what, char *const argv[], const char *log,
-                       char *err, size_t err_len)
-{
-    return child_spawn(c, NULL, what, argv, log, err, err_len);
-}
-
-/* SIGTERM, then SIGKILL after STOP_TIMEOUT_S. Returns the exit status as waitpid gives it
- * (-1 when it had to be killed). */
-static int child_stop(child_t *c)
-{
-    if (c->pid <= 0)
-        return 0;
-    kill(c->pid, SIGTERM);
-    int status = 0;
-    double deadline = now_s() + STOP_TIMEOUT_S;
-    for (;;) {
-        pid_t r = waitpid(c->pid, &status, WNOHANG);
-        if (r == c->pid)
-            break;
-        if (r < 0 && errno != EINTR) {
-            status = 0;
-            break;
-        }
-        if (now_s() > deadline) {
-            kill(c->pid, SIGKILL);
-            waitpid(c->pid, &status, 0);
-            status = -1;
-            break;
-        }
-        usleep(10000);
-    }
-    if (c->out_fd >= 0)
-        close(c->out_fd);
-    c->out_fd = -1;
-    c->pid = -1;
-    return status;
-}
-
-/* A free loopback TCP port (bound then released: another process may take it first, which
- * a failed start then reports). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    close(fd);
-    return port;
-}
-
 /* ---- one policy ------------------------------------------------------------------------- */
 
 typedef struct fleet {
-    child_t mockers[MAX_WORKERS];
+    kvr_child_t mockers[MAX_WORKERS];
     size_t n_mockers;
-    child_t routers[MAX_ROUTERS];
+    kvr_child_t routers[MAX_ROUTERS];
     size_t n_routers;
 } fleet_t;
 
 static void fleet_stop(fleet_t *f, bool report)
 {
     for (size_t i = 0; i < f->n_routers; i++) {
-        int st = child_stop(&f->routers[i]);
+        int st = kvr_child_stop(&f->routers[i]);
         if (report && st != 0) {
             fprintf(stderr, "kvrouter demo: warning: router %zu exited with status %d\n", i + 1,
                     st);
-            show_log(&f->routers[i]);
+            kvr_child_show_log(&f->routers[i]);
         }
     }
     f->n_routers = 0;
     for (size_t i = 0; i < f->n_mockers; i++) {
-        int st = child_stop(&f->mockers[i]);
+        int st = kvr_child_stop(&f->mockers[i]);
         if (report && st != 0) {
             fprintf(stderr, "kvrouter demo: warning: mocker %zu exited with status %d\n", i + 1,
                     st);
-            show_log(&f->mockers[i]);
+            kvr_child_show_log(&f->mockers[i]);
         }
     }
     f->n_mockers = 0;
@@ -425,7 +255,7 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
     for (uint32_t i = 0; i < a->workers; i++) {
         int rc = KVR_EIO;
         for (int attempt = 0; attempt < 3 && rc != KVR_OK && !g_stop; attempt++) {
-            int ev = free_port(), rp = free_port();
+            int ev = kvr_free_port(), rp = kvr_free_port();
             if (ev < 0 || rp < 0 || ev == rp)
                 continue;
             char kv[256], log[PATH_MAX], what[64];
@@ -444,11 +274,11 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
                             "--num-gpu-blocks",  blocks,     "--block-size", bs,
                             "--kv-events-config", kv,        "--log-level",  "warn",
                             NULL};
-            rc = child_start(&f->mockers[i], what, argv, log, err, err_len);
+            rc = kvr_child_start(&f->mockers[i], what, argv, log, err, err_len);
             if (rc != KVR_OK) {
-                child_stop(&f->mockers[i]);
+                kvr_child_stop(&f->mockers[i]);
                 if (attempt == 2 || g_stop)
-                    show_log(&f->mockers[i]);
+                    kvr_child_show_log(&f->mockers[i]);
                 continue;
             }
             snprintf(specs[i], sizeof specs[i],
@@ -486,83 +316,22 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
         char log[PATH_MAX], what[64];
         snprintf(log, sizeof log, "%.2000s/%.32s-router-%u.log", dir, policy, r + 1);
         snprintf(what, sizeof what, "router %u", r + 1);
-        int rc = child_start(&f->routers[r], what, argv, log, err, err_len);
+        int rc = kvr_child_start(&f->routers[r], what, argv, log, err, err_len);
         f->n_routers++;
         if (rc != KVR_OK) {
-            show_log(&f->routers[r]);
+            kvr_child_show_log(&f->routers[r]);
             return rc;
         }
     }
     /* ready: the ZeroMQ subscriptions connected (a slow joiner would miss the first batches,
      * replayed later, but why wait) and, with replica sync, the peers' snapshot taken */
-    for (size_t r = 0; r < f->n_routers; r++) {
-        char url[160];
-        snprintf(url, sizeof url, "http://%s", f->routers[r].addr);
-        double deadline = now_s() + START_TIMEOUT_S;
-        int status = 0;
-        while (status != 200 && now_s() < deadline && !g_stop) {
-            kvr_http_fetch_t q = {.url = url, .path = "/ready", .timeout_ms = 2000,
-                                  .max_bytes = 4096};
-            uint8_t *body = NULL;
-            size_t len;
-            char why[300];
-            if (kvr_http_fetch(&q, &body, &len, &status, why, sizeof why) != KVR_OK)
-                status = 0;
-            free(body);
-            if (status != 200)
-                usleep(20000);
-        }
-        if (status != 200) {
+    for (size_t r = 0; r < f->n_routers; r++)
+        if (kvr_child_wait_ready(&f->routers[r], 30.0) != KVR_OK) {
             snprintf(err, err_len, "router %zu did not become ready", r + 1);
             return KVR_EIO;
         }
-    }
     usleep(200000);
     return KVR_OK;
-}
-
-/* ---- nats-server, for router replicas ---------------------------------------------------- */
-
-/* Debian's nats-server (scripts/install-deps.sh installs it) on a free port, JetStream on,
- * its store in dir; *url set once it accepts connections. */
-static int nats_start(child_t *c, const char *dir, char *url, size_t cap, char *err,
-                      size_t err_len)
-{
-    static const char *const where[] = {"/usr/sbin/nats-server", "/usr/bin/nats-server",
-                                        "/usr/local/bin/nats-server"};
-    const char *exe = NULL;
-    for (size_t i = 0; i < 3 && exe == NULL; i++)
-        if (access(where[i], X_OK) == 0)
-            exe = where[i];
-    if (exe == NULL) {
-        snprintf(err, err_len, "--routers needs nats-server (Debian: apt-get install "
-                 "nats-server; make demo installs it)");
-        return KVR_ENOTFOUND;
-    }
-    int port = free_port();
-    char p[16], store[PATH_MAX], log[PATH_MAX];
-    snprintf(p, sizeof p, "%d", port);
-    snprintf(store, sizeof store, "%.2000s/nats", dir);
-    snprintf(log, sizeof log, "%.2000s/nats-server.log", dir);
-    char *argv[] = {"nats-server", "-a", "127.0.0.1", "-p", p, "-js", "-sd", store, NULL};
-    int rc = child_spawn(c, exe, "nats-server", argv, log, err, err_len);
-    if (rc != KVR_OK)
-        return rc;
-    snprintf(url, cap, "http://127.0.0.1:%d", port);
-    kvr_http_target_t t;
-    char why[300];
-    double deadline = now_s() + START_TIMEOUT_S;
-    rc = kvr_http_target_parse(url, &t, why, sizeof why);
-    while (rc == KVR_OK && kvr_http_probe(&t, 1000, why, sizeof why) != KVR_OK) {
-        if (now_s() > deadline || g_stop) {
-            show_log(c);
-            snprintf(err, err_len, "nats-server did not start: %s", why);
-            return KVR_EIO;
-        }
-        usleep(20000);
-    }
-    snprintf(url, cap, "nats://127.0.0.1:%d", port);
-    return rc;
 }
 
 /* ---- the report -------------------------------------------------------------------------- */
@@ -650,13 +419,14 @@ int kvr_cmd_demo(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc != 0)
         return rc == 1 ? 0 : rc;
-    double t_start = now_s();
+    double t_start = kvr_child_now_s();
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    kvr_child_stop_flag(&g_stop);
     signal(SIGPIPE, SIG_IGN);
 
     char trace_buf[PATH_MAX + 64];
@@ -712,13 +482,13 @@ int kvr_cmd_demo(int argc, char **argv)
     }
     int code = 0;
     size_t done = 0;
-    child_t nats;
+    kvr_child_t nats;
     char nats_url[64] = "";
     bool nats_up = false;
     if (a.routers > 1) {
-        if (nats_start(&nats, dir, nats_url, sizeof nats_url, err, sizeof err) != KVR_OK) {
+        if (kvr_nats_server_start(&nats, dir, nats_url, sizeof nats_url, err, sizeof err) != KVR_OK) {
             fprintf(stderr, "kvrouter demo: %s\n", err);
-            child_stop(&nats);
+            kvr_child_stop(&nats);
             code = 1;
         } else {
             nats_up = true;
@@ -794,7 +564,7 @@ int kvr_cmd_demo(int argc, char **argv)
                     r->policy, r->m.ok, r->m.duration_s, r->m.r.ttft_ms.p50, r->m.r.hit_ratio);
         done++;
     }
-    if (nats_up && child_stop(&nats) != 0 && code == 0)
+    if (nats_up && kvr_child_stop(&nats) != 0 && code == 0)
         fprintf(stderr, "kvrouter demo: warning: nats-server did not stop cleanly\n");
     if (g_stop && code == 0)
         code = 130;
@@ -844,7 +614,7 @@ int kvr_cmd_demo(int argc, char **argv)
         if (a.keep && !a.json)
             printf("samples and logs: %s\n", dir);
         if (!a.json)
-            printf("demo took %.0f s\n", now_s() - t_start);
+            printf("demo took %.0f s\n", kvr_child_now_s() - t_start);
     }
     fflush(stdout);
     if (code != 0 && code != 130)
