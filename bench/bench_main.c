@@ -407,6 +407,8 @@ static int parse_mocker_opt(int argc, char **argv, int *i, kvr_bench_opts_t *o,
 
 int kvr_cmd_bench(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "sync") == 0)
+        return kvr_bench_sync(argc - 1, argv + 1); /* its own flags (bench_sync.c) */
     kvr_bench_opts_t o;
     memset(&o, 0, sizeof o);
     o.runs = 3;

@@ -47,8 +47,9 @@ typedef struct peer_seq {
 
 typedef enum join_state { JOIN_IDLE = 0, JOIN_WAITING, JOIN_DONE } join_state_t;
 
-static const double LAG_BOUNDS[] = {0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005,
-                                    0.01,   0.025,   0.05,   0.1,   0.5,   1.0};
+static const double LAG_BOUNDS[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003,
+                                    0.004,  0.005,   0.01,   0.025, 0.05,   0.1,   0.5,
+                                    1.0};
 
 struct kvr_replica_sync {
     kvr_replica_sync_config_t cfg;
