@@ -134,6 +134,29 @@ static void test_cross_field_rules(void **s)
     assert_non_null(strstr(err, "router_max_tree_size: 4096 exceeds index_max_pairs 2048"));
     assert_int_equal(kvr_config_set(&c, "router_mode", "kv", err, sizeof err), KVR_OK);
     assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK);
+    /* NATS: sync and discovery need a url; the namespace goes into subjects */
+    static const char *const needs_url[][2] = {{"router_replica_sync", "true"},
+                                               {"discovery", "nats"}};
+    for (size_t i = 0; i < 2; i++) {
+        kvr_config_defaults(&c);
+        assert_int_equal(kvr_config_set(&c, needs_url[i][0], needs_url[i][1], err, sizeof err),
+                         KVR_OK);
+        assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_EINVAL);
+        assert_non_null(strstr(err, needs_url[i][0]));
+        assert_non_null(strstr(err, "nats_url"));
+        assert_int_equal(kvr_config_set(&c, "nats_url", "nats://127.0.0.1:4222", err, sizeof err),
+                         KVR_OK);
+        assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK);
+    }
+    static const char *const bad_ns[] = {"a.b", "a*", "a b", "", ">"};
+    for (size_t i = 0; i < sizeof bad_ns / sizeof bad_ns[0]; i++) {
+        kvr_config_defaults(&c);
+        assert_int_equal(kvr_config_set(&c, "namespace", bad_ns[i], err, sizeof err), KVR_OK);
+        assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_EINVAL);
+        assert_non_null(strstr(err, "namespace"));
+    }
+    assert_int_equal(kvr_config_set(&c, "discovery", "zookeeper", err, sizeof err), KVR_EINVAL);
+    assert_int_equal(kvr_config_set(&c, "nats_presence_ttl_ms", "10", err, sizeof err), KVR_EINVAL);
 }
 
 /* The reference's derived settings: the deprecated weight, use_kv_events false, credit 0. */
