@@ -35,8 +35,11 @@ $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
 # prometheus is here for its promtool (make test checks /metrics with it). Its package also
 # enables and starts a Prometheus server where systemd runs; one this script installed is
 # stopped and disabled again, so the machine gains a tool, not a daemon on :9090.
+# nats-server and libnats-dev: router replicas and discovery (docs/replicas.md).
+# nats-server likewise: the tests and the demo start their own on free ports.
 for p in "${missing[@]}"; do
-  if [ "$p" = prometheus ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+  if { [ "$p" = prometheus ] || [ "$p" = nats-server ]; } && command -v systemctl >/dev/null 2>&1 &&
+     [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now "$p" >/dev/null 2>&1 || true
   fi
 done

@@ -286,6 +286,10 @@ static int make_options(kvr_nats_t *n, const kvr_nats_config_t *cfg, char *err, 
      * a thread switch per publish) cost more than the write (bench sync, 2 cores) */
     if (s == NATS_OK)
         s = natsOptions_SetSendAsap(n->opts, true);
+    /* the server does not send a connection its own messages back: a replica never has to
+     * read (and check) its own batches to ignore them */
+    if (s == NATS_OK)
+        s = natsOptions_SetNoEcho(n->opts, true);
     if (s == NATS_OK)
         s = natsOptions_SetTimeout(n->opts, 2000);
     if (s == NATS_OK)

@@ -8,6 +8,7 @@
  *               and routes with what it knows. Subscriptions survive reconnects (nats.c
  *               re-subscribes); what was published while disconnected is buffered up to 8 MiB
  *               by nats.c and then dropped (counted: publish_errors).
+ *   echo        off: a subscription never receives what this connection published.
  *   delivery    every callback (a message, a bucket entry, a state change) runs on the owner's
  *               event loop, in arrival order per subscription: nats.c's threads copy what they
  *               get into one inbox (a mutex-protected list) and wake the loop (event_active).
