@@ -236,6 +236,17 @@ static int set_poly(kvr_cli_t *c, double *a, double *b, double *d)
     return rc;
 }
 
+int kvr_cli_trace_block_size(const kvr_cli_t *c, const char *v, uint32_t *out)
+{
+    uint32_t bs;
+    int rc = kvr_cli_u32(c, v, 1, 512, &bs);
+    if (rc == 0 && 512 % bs != 0)
+        return kvr_cli_bad(c, v, "must divide 512 (the trace's block)");
+    if (rc == 0)
+        *out = bs;
+    return rc;
+}
+
 void kvr_cli_nats_defaults(kvr_cli_nats_t *o)
 {
     memset(o, 0, sizeof *o);

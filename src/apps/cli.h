@@ -94,6 +94,10 @@ int kvr_cli_parse(kvr_cli_t *c, kvr_cli_option_fn option, void *arg, void (*usag
  * A kvr_cli_option_fn's contract: 0, 2, or -1 when argv[i] is none of them. */
 int kvr_cli_engine_option(kvr_cli_t *c, struct kvr_engine_config *e);
 
+/* The value of a --block-size for a Mooncake trace: 1..512 and dividing 512 (the trace's
+ * block), else reported. 0 or 2, as the kvr_cli_* value parsers. */
+int kvr_cli_trace_block_size(const kvr_cli_t *c, const char *v, uint32_t *out);
+
 /* The NATS flags of the engine-side commands (`mocker`, `register`): --nats-url URL,
  * --namespace NS ([A-Za-z0-9_-], default kvrouter), --nats-presence-ttl-ms MS (300..3600000,
  * default 3000), as `serve` names the same settings. */

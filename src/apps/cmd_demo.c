@@ -151,16 +151,8 @@ static int parse_option(kvr_cli_t *c, void *args)
         return kvr_cli_u64(c, kvr_cli_value(c), 1, UINT32_MAX, &a->requests);
     if (kvr_cli_is(c, "--num-gpu-blocks"))
         return kvr_cli_u32(c, kvr_cli_value(c), 1, UINT32_MAX, &a->num_gpu_blocks);
-    if (kvr_cli_is(c, "--block-size")) {
-        const char *v = kvr_cli_value(c);
-        uint32_t bs;
-        int rc = kvr_cli_u32(c, v, 1, 512, &bs);
-        if (rc == 0 && KVR_TRACE_BLOCK_TOKENS % bs != 0)
-            return kvr_cli_bad(c, v, "must divide 512 (the trace's block)");
-        if (rc == 0)
-            a->block_size = bs;
-        return rc;
-    }
+    if (kvr_cli_is(c, "--block-size"))
+        return kvr_cli_trace_block_size(c, kvr_cli_value(c), &a->block_size);
     if (kvr_cli_is(c, "--mocker-speedup"))
         return kvr_cli_pos(c, kvr_cli_value(c), &a->mocker_speedup);
     if (kvr_cli_is(c, "--load"))

@@ -178,7 +178,64 @@ def test_sessions():
         os.unlink(path)
 
 
+def trace_stats(args):
+    p = subprocess.run([BIN, "trace", "stats"] + args, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=60)
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def test_trace_stats():
+    """`kvrouter trace stats`: its figures against an independent computation from the file
+    (lengths, rate, repeats) and the ceilings the reference script gives for this slice
+    (tests/tools/trace_ceilings_ref.py: 345952 and 159232 hit tokens of 4269971)."""
+    rc, out, err = trace_stats([TRACE, "--workers", "1", "--blocks-per-worker", "65536",
+                                "--block-size", "16", "--json"])
+    check("trace stats --json exits 0", rc == 0, err)
+    try:
+        got = json.loads(out)
+    except ValueError:
+        check("trace stats prints one JSON object", False, out)
+        return
+    rows = [json.loads(l) for l in open(TRACE) if l.strip()]
+    seen, rep, tot = set(), 0, 0
+    for r in rows:
+        for k in range(len(r["hash_ids"])):
+            key = tuple(r["hash_ids"][:k + 1])
+            tot += 1
+            rep += key in seen
+            seen.add(key)
+    ins = sorted(r["input_length"] for r in rows)
+    check("rows", got["rows"] == len(rows), got["rows"])
+    check("prompt tokens", got["prompt_tokens"] == sum(ins), got["prompt_tokens"])
+    check("span", abs(got["span_s"] - (rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000) < 1e-6)
+    check("input mean", abs(got["input_length"]["mean"] - sum(ins) / len(ins)) < 0.1)
+    check("distinct prefix blocks", got["distinct_prefix_blocks"] == len(seen),
+          (got["distinct_prefix_blocks"], len(seen)))
+    check("repeat fraction", abs(got["repeat_fraction"] - rep / tot) < 1e-6,
+          (got["repeat_fraction"], rep / tot))
+    check("infinite ceiling = the reference's", abs(got["ceiling_infinite"] - 345952 / 4269971)
+          < 1e-6, got["ceiling_infinite"])
+    check("pooled ceiling = the reference's", abs(got["ceiling_pooled"] - 159232 / 4269971)
+          < 1e-6, got["ceiling_pooled"])
+    rc, out, _ = trace_stats([TRACE, "--rows", "10"])
+    check("the table form names the ceilings", rc == 0 and "hit-ratio ceilings" in out and
+          "10 requests" in out, out)
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        f.write('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
+        f.write('{"timestamp": 1, "input_length": "x"}\n')
+        bad = f.name
+    rc, _, err = trace_stats([bad])
+    os.unlink(bad)
+    check("a broken trace names its line, exit 1", rc == 1 and "2" in err, (rc, err))
+    rc, _, err = trace_stats([TRACE, "--block-size", "24"])
+    check("a block size not dividing 512 is refused, exit 2", rc == 2 and "--block-size" in err,
+          (rc, err))
+    rc, _, err = trace_stats([])
+    check("no file: exit 2 naming it", rc == 2 and "FILE" in err, (rc, err))
+
+
 def main():
+    test_trace_stats()
     test_json()
     test_sessions()
     test_table()
