@@ -6,6 +6,7 @@
  */
 #include "wire/index_snapshot.h"
 #include "wire/le.h"
+#include "wire/parse_fail.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -165,16 +166,6 @@ void kvr_snap_writer_free(kvr_snap_writer_t *w)
 
 /* ---- reading ---- */
 
-static int fail(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err != NULL && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return KVR_EPARSE;
-}
 
 /* The size of the event record at p (within [p, end)), or 0 with err set. */
 static size_t check_event(const uint8_t *base, const uint8_t *p, const uint8_t *end,
@@ -182,36 +173,36 @@ static size_t check_event(const uint8_t *base, const uint8_t *p, const uint8_t *
 {
     size_t off = (size_t)(p - base), left = (size_t)(end - p);
     if (left < EVENT_HEAD_BYTES) {
-        fail(err, err_len, "event at byte %zu: truncated header", off);
+        kvr_parse_fail(err, err_len, "event at byte %zu: truncated header", off);
         return 0;
     }
     uint8_t kind = p[0], tier = p[1], par = p[2];
     uint32_t rank = kvr_le32(p + 4), n = kvr_le32(p + 8);
     if (kind < K_STORED || kind > K_CLEARED || tier >= KVR_N_TIERS || par > 1 || p[3] != 0 ||
         (kind != K_STORED && par != 0)) {
-        fail(err, err_len, "event at byte %zu: bad kind %u, tier %u or flags", off, kind, tier);
+        kvr_parse_fail(err, err_len, "event at byte %zu: bad kind %u, tier %u or flags", off, kind, tier);
         return 0;
     }
     if (rank >= n_ranks) {
-        fail(err, err_len, "event at byte %zu: rank %u outside the table of %u", off, rank,
+        kvr_parse_fail(err, err_len, "event at byte %zu: rank %u outside the table of %u", off, rank,
              n_ranks);
         return 0;
     }
     size_t need = EVENT_HEAD_BYTES;
     if (kind == K_STORED) {
         if (n == 0) {
-            fail(err, err_len, "event at byte %zu: a store of no block", off);
+            kvr_parse_fail(err, err_len, "event at byte %zu: a store of no block", off);
             return 0;
         }
         need += 8 + (size_t)n * 16;
     } else if (kind == K_REMOVED) {
         need += (size_t)n * 8;
     } else if (n != 0) {
-        fail(err, err_len, "event at byte %zu: a clear with a count", off);
+        kvr_parse_fail(err, err_len, "event at byte %zu: a clear with a count", off);
         return 0;
     }
     if (need > left) {
-        fail(err, err_len, "event at byte %zu: %zu bytes past the end of the events", off,
+        kvr_parse_fail(err, err_len, "event at byte %zu: %zu bytes past the end of the events", off,
              need - left);
         return 0;
     }
@@ -225,26 +216,26 @@ int kvr_snap_open(kvr_snap_reader_t *r, const uint8_t *buf, size_t len, char *er
 {
     memset(r, 0, sizeof *r);
     if (buf == NULL || len < HEADER_BYTES + TRAILER_BYTES)
-        return fail(err, err_len, "%zu bytes: shorter than a header and trailer", len);
+        return kvr_parse_fail(err, err_len, "%zu bytes: shorter than a header and trailer", len);
     if (memcmp(buf, MAGIC, 8) != 0)
-        return fail(err, err_len, "not a kvrouter state file (bad magic)");
+        return kvr_parse_fail(err, err_len, "not a kvrouter state file (bad magic)");
     uint32_t version = kvr_le32(buf + 8);
     if (version != KVR_SNAP_VERSION)
-        return fail(err, err_len, "format version %u, this build reads %u", version,
+        return kvr_parse_fail(err, err_len, "format version %u, this build reads %u", version,
                     KVR_SNAP_VERSION);
     const uint8_t *tr = buf + len - TRAILER_BYTES;
     if (XXH3_64bits(buf, len - 8) != kvr_le64(tr + 8))
-        return fail(err, err_len, "checksum mismatch (a truncated or damaged file)");
+        return kvr_parse_fail(err, err_len, "checksum mismatch (a truncated or damaged file)");
     uint32_t n_ranks = kvr_le32(buf + 24);
     if (kvr_le32(buf + 12) == 0 || n_ranks > KVR_SNAP_MAX_RANKS || kvr_le32(buf + 28) != 0)
-        return fail(err, err_len, "bad header (block size %u, %u ranks)", kvr_le32(buf + 12),
+        return kvr_parse_fail(err, err_len, "bad header (block size %u, %u ranks)", kvr_le32(buf + 12),
                     n_ranks);
     size_t events_at = HEADER_BYTES + (size_t)n_ranks * RANK_BYTES;
     if (events_at > len - TRAILER_BYTES)
-        return fail(err, err_len, "rank table of %u runs past the end", n_ranks);
+        return kvr_parse_fail(err, err_len, "rank table of %u runs past the end", n_ranks);
     for (uint32_t i = 0; i < n_ranks; i++)
         if (kvr_le32(buf + HEADER_BYTES + (size_t)i * RANK_BYTES + 12) != 0)
-            return fail(err, err_len, "rank %u: unknown flags", i);
+            return kvr_parse_fail(err, err_len, "rank %u: unknown flags", i);
     const uint8_t *p = buf + events_at;
     uint64_t count = 0;
     size_t max_n = 1;
@@ -256,13 +247,13 @@ int kvr_snap_open(kvr_snap_reader_t *r, const uint8_t *buf, size_t len, char *er
         count++;
     }
     if (count != kvr_le64(tr))
-        return fail(err, err_len, "%llu events, the trailer says %llu",
+        return kvr_parse_fail(err, err_len, "%llu events, the trailer says %llu",
                     (unsigned long long)count, (unsigned long long)kvr_le64(tr));
     r->blocks = malloc(max_n * sizeof *r->blocks);
     r->removed = malloc(max_n * sizeof *r->removed);
     if (r->blocks == NULL || r->removed == NULL) {
         kvr_snap_close(r);
-        (void)fail(err, err_len, "out of memory");
+        (void)kvr_parse_fail(err, err_len, "out of memory");
         return KVR_ENOMEM;
     }
     r->cap = max_n;

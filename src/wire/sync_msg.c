@@ -11,6 +11,7 @@
 
 #include "core/grow.h"
 #include "wire/le.h"
+#include "wire/parse_fail.h"
 
 #define MAGIC "KVRS"
 #define EVENT_HEAD 4u
@@ -20,16 +21,6 @@
 #define OPT_KNOWN 0x3fu
 #define MAX_MESSAGE ((size_t)1 << 30)
 
-static int fail(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err != NULL && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return KVR_EPARSE;
-}
 
 /* Reads the event at r->pos into ev (pointers into the message); a problem named in err. */
 static int read_event(kvr_sync_reader_t *r, kvr_sync_event_t *ev, char *err, size_t err_len)
@@ -37,24 +28,24 @@ static int read_event(kvr_sync_reader_t *r, kvr_sync_event_t *ev, char *err, siz
     const uint8_t *p = r->buf + r->pos;
     size_t left = r->len - r->pos;
     if (left < EVENT_HEAD)
-        return fail(err, err_len, "truncated event header");
+        return kvr_parse_fail(err, err_len, "truncated event header");
     unsigned kind = p[0], opts = p[1];
     size_t id_len = kvr_le16(p + 2);
     if (kind < KVR_SYNC_ADD || kind > KVR_SYNC_FREE)
-        return fail(err, err_len, "unknown event kind %u", kind);
+        return kvr_parse_fail(err, err_len, "unknown event kind %u", kind);
     if ((opts & ~OPT_KNOWN) != 0 || ((opts >> 1) & 3) == 3 || ((opts >> 3) & 3) == 3)
-        return fail(err, err_len, "unknown option bits 0x%02x", opts);
+        return kvr_parse_fail(err, err_len, "unknown option bits 0x%02x", opts);
     if (id_len == 0 || id_len > KVR_SYNC_MAX_ID)
-        return fail(err, err_len, "request id of %zu bytes (1 to %u)", id_len, KVR_SYNC_MAX_ID);
+        return kvr_parse_fail(err, err_len, "request id of %zu bytes (1 to %u)", id_len, KVR_SYNC_MAX_ID);
     if (left - EVENT_HEAD < id_len)
-        return fail(err, err_len, "truncated request id");
+        return kvr_parse_fail(err, err_len, "truncated request id");
     *ev = (kvr_sync_event_t){.kind = (kvr_sync_kind_t)kind,
                              .id = (const char *)p + EVENT_HEAD,
                              .id_len = id_len};
     size_t used = EVENT_HEAD + id_len;
     if (kind == KVR_SYNC_ADD) {
         if (left - used < ADD_FIXED)
-            return fail(err, err_len, "truncated add");
+            return kvr_parse_fail(err, err_len, "truncated add");
         const uint8_t *a = p + used;
         ev->origin = kvr_le64(a);
         ev->worker.worker_id = kvr_le64(a + 8);
@@ -70,14 +61,14 @@ static int read_event(kvr_sync_reader_t *r, kvr_sync_event_t *ev, char *err, siz
         ev->prefill_done = (opts & OPT_PREFILL_DONE) != 0;
         used += ADD_FIXED;
         if (ev->n_seq > KVR_SYNC_MAX_SEQ)
-            return fail(err, err_len, "%zu hashes in one add (at most %u)", ev->n_seq,
+            return kvr_parse_fail(err, err_len, "%zu hashes in one add (at most %u)", ev->n_seq,
                         KVR_SYNC_MAX_SEQ);
         if ((left - used) / 8 < ev->n_seq)
-            return fail(err, err_len, "truncated hashes (%zu announced)", ev->n_seq);
+            return kvr_parse_fail(err, err_len, "truncated hashes (%zu announced)", ev->n_seq);
         ev->seq_bytes = p + used;
         used += ev->n_seq * 8;
     } else if (opts != 0) {
-        return fail(err, err_len, "options on a %s event", kind == KVR_SYNC_FREE ? "free" :
+        return kvr_parse_fail(err, err_len, "options on a %s event", kind == KVR_SYNC_FREE ? "free" :
                                                            "prefill-done");
     }
     r->pos += used;
@@ -89,16 +80,16 @@ int kvr_sync_open(kvr_sync_reader_t *r, const void *buf, size_t len, char *err, 
     memset(r, 0, sizeof *r);
     const uint8_t *b = buf;
     if (b == NULL || len < KVR_SYNC_HEADER_BYTES)
-        return fail(err, err_len, "message of %zu bytes is shorter than its header", len);
+        return kvr_parse_fail(err, err_len, "message of %zu bytes is shorter than its header", len);
     if (len > MAX_MESSAGE)
-        return fail(err, err_len, "message of %zu bytes is too large", len);
+        return kvr_parse_fail(err, err_len, "message of %zu bytes is too large", len);
     if (memcmp(b, MAGIC, 4) != 0)
-        return fail(err, err_len, "not a replica-sync message (bad magic)");
+        return kvr_parse_fail(err, err_len, "not a replica-sync message (bad magic)");
     if (b[4] != KVR_SYNC_VERSION)
-        return fail(err, err_len, "version %u (this build reads %u)", b[4], KVR_SYNC_VERSION);
+        return kvr_parse_fail(err, err_len, "version %u (this build reads %u)", b[4], KVR_SYNC_VERSION);
     unsigned type = b[5];
     if (type < KVR_SYNC_EVENTS || type > KVR_SYNC_SNAPSHOT)
-        return fail(err, err_len, "unknown message type %u", type);
+        return kvr_parse_fail(err, err_len, "unknown message type %u", type);
     r->h = (kvr_sync_header_t){.type = (kvr_sync_type_t)type,
                                .flags = kvr_le16(b + 6),
                                .router_id = kvr_le64(b + 8),
@@ -106,11 +97,11 @@ int kvr_sync_open(kvr_sync_reader_t *r, const void *buf, size_t len, char *err, 
                                .sent_us = kvr_le64(b + 24),
                                .n_events = kvr_le32(b + 32)};
     if ((r->h.flags & ~KVR_SYNC_FLAG_LAST) != 0 || kvr_le32(b + 36) != 0)
-        return fail(err, err_len, "reserved header bits set");
+        return kvr_parse_fail(err, err_len, "reserved header bits set");
     if (r->h.router_id == 0)
-        return fail(err, err_len, "router id 0");
+        return kvr_parse_fail(err, err_len, "router id 0");
     if (type == KVR_SYNC_SNAP_REQ && r->h.n_events != 0)
-        return fail(err, err_len, "a snapshot request carries events");
+        return kvr_parse_fail(err, err_len, "a snapshot request carries events");
     r->buf = b;
     r->len = len;
     r->pos = KVR_SYNC_HEADER_BYTES;
@@ -118,9 +109,9 @@ int kvr_sync_open(kvr_sync_reader_t *r, const void *buf, size_t len, char *err, 
     char why[160] = "";
     for (uint32_t i = 0; i < r->h.n_events; i++)
         if (read_event(r, &ev, why, sizeof why) != KVR_OK)
-            return fail(err, err_len, "event %u of %u: %s", i, r->h.n_events, why);
+            return kvr_parse_fail(err, err_len, "event %u of %u: %s", i, r->h.n_events, why);
     if (r->pos != len)
-        return fail(err, err_len, "%zu bytes after the last event", len - r->pos);
+        return kvr_parse_fail(err, err_len, "%zu bytes after the last event", len - r->pos);
     r->pos = KVR_SYNC_HEADER_BYTES;
     r->left = r->h.n_events;
     return KVR_OK;
