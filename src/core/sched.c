@@ -27,6 +27,7 @@
 typedef struct observer {
     kvr_sched_observer_fn fn;
     void *arg;
+    bool named; /* wants the id of events by handle */
 } observer_t;
 
 typedef struct entry {
@@ -43,7 +44,7 @@ struct kvr_sched {
     kvr_queue_t *queue; /* NULL: the queue is off and the start-up wait over */
     bool warm;          /* min_initial_workers were ready once: no start-up wait any more */
     observer_t obs[KVR_SCHED_MAX_OBSERVERS];
-    size_t n_obs;
+    size_t n_obs, n_named; /* n_named: observers that want ids */
     bool dispatching;        /* a pass is running (callbacks may re-enter) */
     kvr_sched_trigger_t why; /* of the running pass */
     uint64_t dispatched[KVR_SCHED_N_TRIGGERS];
@@ -386,7 +387,7 @@ int kvr_sched_apply(kvr_sched_t *s, const kvr_sched_event_t *ev, uint64_t now_ms
     char idbuf[KVR_LOAD_MAX_ID_BYTES];
     kvr_sched_event_t named = *ev;
     const char *id;
-    if (s->n_obs > 0 && ev->id == NULL && ev->handle != KVR_REQ_HANDLE_NONE &&
+    if (s->n_named > 0 && ev->id == NULL && ev->handle != KVR_REQ_HANDLE_NONE &&
         kvr_load_handle_id(kvr_router_load(s->r), ev->handle, &id, &named.id_len) == KVR_OK) {
         memcpy(idbuf, id, named.id_len);
         named.id = idbuf;
@@ -446,20 +447,32 @@ int kvr_sched_release(kvr_sched_t *s, kvr_req_handle_t h, uint64_t now_ms)
 /* ---------------------------------------------------------------------------------------- */
 /* Observers and figures */
 
-int kvr_sched_observe(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg)
+static int observe(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg, bool named)
 {
     if (fn == NULL)
         return KVR_EINVAL;
     if (s->n_obs == KVR_SCHED_MAX_OBSERVERS)
         return KVR_EFULL;
-    s->obs[s->n_obs++] = (observer_t){fn, arg};
+    s->obs[s->n_obs++] = (observer_t){fn, arg, named};
+    s->n_named += named;
     return KVR_OK;
+}
+
+int kvr_sched_observe(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg)
+{
+    return observe(s, fn, arg, false);
+}
+
+int kvr_sched_observe_named(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg)
+{
+    return observe(s, fn, arg, true);
 }
 
 void kvr_sched_unobserve(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg)
 {
     for (size_t i = 0; i < s->n_obs; i++) {
         if (s->obs[i].fn == fn && s->obs[i].arg == arg) {
+            s->n_named -= s->obs[i].named;
             memmove(&s->obs[i], &s->obs[i + 1], (s->n_obs - i - 1) * sizeof s->obs[0]);
             s->n_obs--;
             return;

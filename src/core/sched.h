@@ -112,7 +112,8 @@ typedef struct kvr_sched_event {
     kvr_sched_kind_t kind;
     kvr_sched_origin_t origin;
     kvr_req_handle_t handle; /* the booking; KVR_REQ_HANDLE_NONE: by id */
-    const char *id;          /* by id (handle NONE) */
+    const char *id;          /* by id (handle NONE); for an event by handle, its id when a
+                                named observer is registered (kvr_sched_observe_named) */
     size_t id_len;
     double decay_fraction;      /* OUTPUT_BLOCK: NAN = none, else [0, 1] */
     const kvr_route_res_t *res; /* ROUTED, local: the decision (worker, overlap, timing) */
@@ -159,6 +160,11 @@ typedef void (*kvr_sched_observer_fn)(void *arg, const kvr_sched_event_t *ev);
 /* Adds an observer (KVR_EFULL past KVR_SCHED_MAX_OBSERVERS); called on the owner thread after
  * each event took effect. Observers must not call back into the scheduler. */
 int kvr_sched_observe(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg);
+/* The same, for an observer that needs the request id of lifecycle events made by handle
+ * (replica sync publishes ids): while one is registered, such an event's id is looked up and
+ * copied before it is applied (a free takes it with the request); otherwise ev->id is NULL for
+ * them and nothing is looked up. */
+int kvr_sched_observe_named(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg);
 void kvr_sched_unobserve(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg);
 
 typedef struct kvr_sched_stats {

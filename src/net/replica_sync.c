@@ -104,18 +104,11 @@ static void publish_batch(kvr_replica_sync_t *s)
 {
     if (s->batch.n_events == 0)
         return;
-    /* the header's seq and time are set now: batches are numbered as published */
-    kvr_sync_header_t h = {.type = KVR_SYNC_EVENTS, .router_id = s->self,
-                           .seq = ++s->batch_seq, .sent_us = wall_us()};
-    kvr_sync_writer_t hdr = {0};
-    kvr_sync_begin(&hdr, &h);
-    if (hdr.len == KVR_SYNC_HEADER_BYTES) {
-        memcpy(s->batch.buf + 8, hdr.buf + 8, 24); /* router_id, seq, sent_us */
-        (void)kvr_nats_publish(s->cfg.nats, s->subj_events, NULL, s->batch.buf, s->batch.len);
-        s->pub_batches++;
-        s->pub_events += s->batch.n_events;
-    }
-    kvr_sync_writer_free(&hdr);
+    /* numbered and timed as published */
+    kvr_sync_stamp(&s->batch, ++s->batch_seq, wall_us());
+    (void)kvr_nats_publish(s->cfg.nats, s->subj_events, NULL, s->batch.buf, s->batch.len);
+    s->pub_batches++;
+    s->pub_events += s->batch.n_events;
     begin_batch(s);
 }
 
@@ -683,7 +676,7 @@ kvr_replica_sync_t *kvr_replica_sync_new(const kvr_replica_sync_config_t *cfg, i
     if (rc == KVR_OK)
         rc = kvr_nats_on_state(cfg->nats, on_state, s);
     if (rc == KVR_OK)
-        rc = kvr_sched_observe(cfg->sched, on_sched, s);
+        rc = kvr_sched_observe_named(cfg->sched, on_sched, s);
     if (rc == KVR_OK)
         rc = kvr_api_server_add_extension(cfg->api, &ext);
     if (rc != KVR_OK) {

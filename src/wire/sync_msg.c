@@ -208,6 +208,14 @@ int kvr_sync_add(kvr_sync_writer_t *w, const kvr_sync_event_t *ev)
     return KVR_OK;
 }
 
+void kvr_sync_stamp(kvr_sync_writer_t *w, uint64_t seq, uint64_t sent_us)
+{
+    if (w->len < KVR_SYNC_HEADER_BYTES)
+        return;
+    kvr_put_le64(w->buf + 16, seq);
+    kvr_put_le64(w->buf + 24, sent_us);
+}
+
 void kvr_sync_set_flags(kvr_sync_writer_t *w, uint16_t flags)
 {
     if (w->len >= KVR_SYNC_HEADER_BYTES)

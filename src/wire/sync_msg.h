@@ -112,6 +112,9 @@ void kvr_sync_begin(kvr_sync_writer_t *w, const kvr_sync_header_t *h);
 int kvr_sync_add(kvr_sync_writer_t *w, const kvr_sync_event_t *ev);
 /* Bytes one event takes. */
 size_t kvr_sync_event_bytes(const kvr_sync_event_t *ev);
+/* Sets the header's seq and sent_us of the message being written (a batch is numbered and
+ * timed when it is published, not when it was begun). */
+void kvr_sync_stamp(kvr_sync_writer_t *w, uint64_t seq, uint64_t sent_us);
 /* Sets the header's flags (e.g. KVR_SYNC_FLAG_LAST) of the message being written. */
 void kvr_sync_set_flags(kvr_sync_writer_t *w, uint16_t flags);
 void kvr_sync_writer_free(kvr_sync_writer_t *w);

@@ -549,7 +549,7 @@ static void test_peer_admits(void **st)
     make(&a, 2, false);
     make(&b, 2, false);
     synced_t sy = {0};
-    assert_int_equal(kvr_sched_observe(a.s, on_sync_event, &sy), KVR_OK);
+    assert_int_equal(kvr_sched_observe_named(a.s, on_sync_event, &sy), KVR_OK);
     kvr_route_res_t res;
     kvr_ticket_t t;
     prompt(toks, 3, 64);

@@ -108,6 +108,11 @@ static void round_trip(void **state)
             assert_same(&evs[i].ev, &got);
         }
         assert_int_equal(kvr_sync_next(&r, &got), KVR_ENOTFOUND);
+        /* stamped at publishing: the numbering and time change, nothing else */
+        kvr_sync_stamp(&w, h.seq + 1, h.sent_us + 7);
+        assert_int_equal(kvr_sync_open(&r, w.buf, w.len, err, sizeof err), KVR_OK);
+        assert_true(r.h.seq == h.seq + 1 && r.h.sent_us == h.sent_us + 7 &&
+                    r.h.router_id == h.router_id && r.h.n_events == n && r.h.flags == flags);
     }
     free(evs);
     kvr_sync_writer_free(&w);
