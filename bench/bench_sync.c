@@ -8,8 +8,9 @@
  *              --duration s. B's kvr_sync_lag_seconds histogram (publish on A to applied on
  *              B, by the two processes' wall clocks, the same host) gives p50 and p99 as the
  *              upper bound of their bucket; B must have applied every add and free A made.
- *   route      closed-loop POST /v1/route (update_state + DELETE, 32 clients) against A (sync
- *              on, B listening) and against C (the same router, no NATS): the ratio.
+ *   route      closed-loop POST /v1/route (update_state + DELETE, 32 clients) against C (the
+ *              same router, no NATS), then A (sync on, B applying on the same cores), then A
+ *              again with B stopped (only the publishing side's cost): both ratios to C.
  *   discovery  router D (--discovery nats, --nats-presence-ttl-ms --ttl-ms): a worker entry
  *              written by this process (net/discovery.c's register) until D lists it; then a
  *              `kvrouter register` child killed with SIGKILL until D drops it.
@@ -22,8 +23,8 @@
  * Targets (the issue's): lag p99 <= 5 ms at 10,000 mutations/s; route with sync >= 80% of
  * without; a new worker routable <= 1 s; a dead one dropped <= TTL + 1 s; a join of 1M pairs
  * ready <= 5 s. The numbers are this machine's, printed as measured.
- * Threads: main (setup, polling), the load generator's, the publishers' (none: published from
- * main). Children: nats-server and the routers (apps/child.h), stopped at the end.
+ * Threads: main (setup, polling, publishing the join's events), the load generator's.
+ * Children: nats-server and the routers (apps/child.h), stopped at the end.
  */
 #define _XOPEN_SOURCE 700
 #include <errno.h>

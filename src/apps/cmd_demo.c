@@ -24,19 +24,13 @@
 #define _XOPEN_SOURCE 700 /* nftw */
 #include <errno.h>
 #include <ftw.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -315,8 +309,9 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
             return rc;
         }
     }
-    /* ready: the ZeroMQ subscriptions connected (a slow joiner would miss the first batches,
-     * replayed later, but why wait) and, with replica sync, the peers' snapshot taken */
+    /* ready (with replica sync: the peers' snapshot taken), then a moment for the ZeroMQ
+     * subscriptions to connect: a slow joiner's first batches would be replayed later, but
+     * why wait (the demo only; nothing is asserted on it) */
     for (size_t r = 0; r < f->n_routers; r++)
         if (kvr_child_wait_ready(&f->routers[r], 30.0) != KVR_OK) {
             snprintf(err, err_len, "router %zu did not become ready", r + 1);
