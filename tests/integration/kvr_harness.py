@@ -48,18 +48,35 @@ def eventually(fn, timeout=10.0, interval=0.03):
         time.sleep(interval)
 
 
+def _ephemeral_low():
+    """The lowest port the kernel hands out for outgoing connections (and for bind to 0)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(n=1):
-    """A base port P with P .. P+n-1 free on 127.0.0.1 (bound then closed; racy but short)."""
-    for _ in range(200):
+    """A base port P with P .. P+n-1 free on 127.0.0.1 (bound then closed; racy but short).
+    Drawn below the kernel's ephemeral range: ports there are taken and left in TIME_WAIT by
+    every outgoing connection (a test's own HTTP clients make thousands), so a run of n
+    consecutive free ones there can be impossible to find while another suite runs."""
+    import random
+    rng = random.SystemRandom()
+    low, high = 10000, _ephemeral_low() - n
+    for _ in range(500):
         socks = []
         try:
-            s0 = socket.socket()
-            s0.bind(("127.0.0.1", 0))
-            socks.append(s0)
-            p = s0.getsockname()[1]
-            if p + n > 65535:
-                continue
-            for k in range(1, n):
+            p = rng.randrange(low, high) if high > low else 0
+            if p == 0:  # no room below the ephemeral range: let the kernel pick
+                s0 = socket.socket()
+                socks.append(s0)
+                s0.bind(("127.0.0.1", 0))
+                p = s0.getsockname()[1]
+                if p + n > 65535:
+                    continue
+            for k in range(len(socks), n):
                 s = socket.socket()
                 socks.append(s)
                 s.bind(("127.0.0.1", p + k))
