@@ -235,6 +235,8 @@ int kvr_index_apply(kvr_index_t *ix, const kvr_event_t *ev);
 
 /* Writer thread only. Drops every rank of worker_id. KVR_ENOWORKER if none is known. */
 int kvr_index_remove_worker(kvr_index_t *ix, uint64_t worker_id);
+/* Writer thread only. Drops one rank of a worker. KVR_ENOWORKER if it is not known. */
+int kvr_index_remove_rank(kvr_index_t *ix, kvr_worker_t worker);
 
 /* Writer thread only. Frees memory whose readers are gone (an RCU grace period). Cheap to call
  * often; apply() calls it itself when enough memory is waiting. */

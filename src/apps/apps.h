@@ -13,6 +13,7 @@ int kvr_cmd_sim(int argc, char **argv);
 int kvr_cmd_replay(int argc, char **argv);
 int kvr_cmd_demo(int argc, char **argv);
 int kvr_cmd_register(int argc, char **argv);
+int kvr_cmd_indexer(int argc, char **argv);
 int kvr_cmd_trace(int argc, char **argv);
 
 #endif

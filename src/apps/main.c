@@ -18,6 +18,8 @@ static const subcommand_t SUBCOMMANDS[] = {
     {"serve", kvr_cmd_serve, "the router daemon: OpenAI front end and routing API, KV events over ZeroMQ"},
     {"mocker", kvr_cmd_mocker,
      "a simulated vLLM engine: KV cache, batching, timing, KV events, OpenAI HTTP"},
+    {"indexer", kvr_cmd_indexer,
+     "a standalone KV indexer: per-model prefix indexes fed by KV events, HTTP queries"},
     {"register", kvr_cmd_register,
      "keep an engine's entry in the NATS discovery bucket until stopped (a sidecar)"},
     {"trace", kvr_cmd_trace, "what a Mooncake trace holds: lengths, rate, repeats, hit-ratio ceilings"},

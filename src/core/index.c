@@ -1617,7 +1617,8 @@ int kvr_index_apply(kvr_index_t *ix, const kvr_event_t *ev)
     return rc;
 }
 
-int kvr_index_remove_worker(kvr_index_t *ix, uint64_t worker_id)
+/* Drops the ranks of worker_id (one rank, or every rank when all is set). */
+static int remove_ranks(kvr_index_t *ix, uint64_t worker_id, bool all, uint32_t dp_rank)
 {
     if (ix == NULL)
         return KVR_EINVAL;
@@ -1626,7 +1627,7 @@ int kvr_index_remove_worker(kvr_index_t *ix, uint64_t worker_id)
     uint32_t hw = atomic_load_explicit(&ix->slots_hw, memory_order_relaxed);
     for (uint32_t s = 0; s < hw; s++) {
         wslot_t *ws = &ix->slots[s];
-        if (!ws->live || ws->worker_id != worker_id)
+        if (!ws->live || ws->worker_id != worker_id || (!all && ws->dp_rank != dp_rank))
             continue;
         any = true;
         drop_slot_pairs(ix, s);
@@ -1643,6 +1644,16 @@ int kvr_index_remove_worker(kvr_index_t *ix, uint64_t worker_id)
     reclaim_if_due(ix);
     wunlock(ix);
     return any ? KVR_OK : KVR_ENOWORKER;
+}
+
+int kvr_index_remove_worker(kvr_index_t *ix, uint64_t worker_id)
+{
+    return remove_ranks(ix, worker_id, true, 0);
+}
+
+int kvr_index_remove_rank(kvr_index_t *ix, kvr_worker_t worker)
+{
+    return remove_ranks(ix, worker.worker_id, false, worker.dp_rank);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -49,6 +49,8 @@ typedef struct cmd {
     cmd_kind_t kind;
     const kvr_worker_spec_t *spec;
     uint64_t worker_id;
+    uint32_t dp_rank; /* REMOVE with one_rank */
+    bool one_rank;
     kvr_dump_fn fn;
     void *ud;
     const char *path;  /* SAVE / LOAD: the file; NULL = memory (mem, mem_len) */
@@ -561,12 +563,17 @@ static int do_subscribe(kvr_ingest_t *g, const kvr_worker_spec_t *w, char *err, 
     return KVR_OK;
 }
 
-static void do_remove(kvr_ingest_t *g, uint64_t worker_id, bool unsubscribe)
+/* Drops the index state of a worker's ranks (one rank when one_rank), unsubscribing them or
+ * keeping them subscribed (marked dropped). */
+static void do_remove(kvr_ingest_t *g, kvr_worker_t w, bool one_rank, bool unsubscribe)
 {
-    (void)kvr_index_remove_worker(g->ix, worker_id);
+    if (one_rank)
+        (void)kvr_index_remove_rank(g->ix, w);
+    else
+        (void)kvr_index_remove_worker(g->ix, w.worker_id);
     for (size_t i = 0; i < g->n_ranks;) {
         rank_acc_t *a = &g->ranks[i];
-        if (a->w.worker_id != worker_id) {
+        if (a->w.worker_id != w.worker_id || (one_rank && a->w.dp_rank != w.dp_rank)) {
             i++;
             continue;
         }
@@ -593,11 +600,11 @@ static void run_cmd(kvr_ingest_t *g)
         c->rc = do_subscribe(g, c->spec, c->err, c->err_len);
         break;
     case CMD_REMOVE:
-        do_remove(g, c->worker_id, true);
+        do_remove(g, (kvr_worker_t){c->worker_id, c->dp_rank}, c->one_rank, true);
         c->rc = KVR_OK;
         break;
     case CMD_DROP:
-        do_remove(g, c->worker_id, false);
+        do_remove(g, (kvr_worker_t){c->worker_id, 0}, false, false);
         c->rc = KVR_OK;
         break;
     case CMD_DUMP:
@@ -778,6 +785,13 @@ int kvr_ingest_subscribe(kvr_ingest_t *g, const kvr_worker_spec_t *w, char *err,
 int kvr_ingest_remove_worker(kvr_ingest_t *g, uint64_t worker_id)
 {
     cmd_t c = {.kind = CMD_REMOVE, .worker_id = worker_id};
+    return send_cmd(g, &c);
+}
+
+int kvr_ingest_remove_rank(kvr_ingest_t *g, kvr_worker_t w)
+{
+    cmd_t c = {.kind = CMD_REMOVE, .worker_id = w.worker_id, .dp_rank = w.dp_rank,
+               .one_rank = true};
     return send_cmd(g, &c);
 }
 

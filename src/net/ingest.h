@@ -51,6 +51,8 @@ void kvr_ingest_free(kvr_ingest_t *g);
 int kvr_ingest_subscribe(kvr_ingest_t *g, const kvr_worker_spec_t *w, char *err, size_t err_len);
 /* Unsubscribes every rank of the worker and drops its index state. */
 int kvr_ingest_remove_worker(kvr_ingest_t *g, uint64_t worker_id);
+/* Unsubscribes one rank of a worker and drops its index state (the others are untouched). */
+int kvr_ingest_remove_rank(kvr_ingest_t *g, kvr_worker_t w);
 /* Drops the worker's index state but stays subscribed (a fenced, unhealthy worker). */
 int kvr_ingest_drop_state(kvr_ingest_t *g, uint64_t worker_id);
 /* Runs fn over a replayable dump of the index, on the ingest thread. */

@@ -40,7 +40,20 @@
 /* ------------------------------------------------------------------------------------------ */
 /* The field table. */
 
-enum kind { K_ROUTE, K_OUTPUT_BLOCK, K_QUERY, K_LOADS, K_WORKER, K_ROUTER, K_N };
+enum kind {
+    K_ROUTE,
+    K_OUTPUT_BLOCK,
+    K_QUERY,
+    K_LOADS,
+    K_WORKER,
+    K_ROUTER,
+    K_IX_REGISTER,   /* the indexer API: POST /register */
+    K_IX_UNREGISTER, /* POST /unregister */
+    K_IX_QUERY,      /* POST /query */
+    K_IX_HASH,       /* POST /query_by_hash */
+    K_IX_PEER,       /* POST /register_peer, /deregister_peer */
+    K_N
+};
 #define KB(k) (1u << (k))
 #define K_TOKENS (KB(K_ROUTE) | KB(K_QUERY) | KB(K_LOADS) | KB(K_ROUTER))
 
@@ -49,6 +62,7 @@ enum obj { O_TOP, O_PINNED, O_CONSTRAINTS, O_OVERRIDE, O_SESSION, O_MMR };
 enum type {
     T_TOKENS,    /* array of u32 */
     T_IDS,       /* array of u64 */
+    T_HASHES,    /* array of i64 or u64 (block hashes; a negative one is its two's complement) */
     T_TAINTS,    /* array of taint strings */
     T_OBJECT,    /* a known nested object (child obj in lo) */
     T_TAINT_MAP, /* {"taint": weight} */
@@ -107,6 +121,20 @@ enum field {
     F_MM_INFOS,
     F_MMR,
     F_MMR_INFOS,
+    F_IX_INSTANCE,
+    F_IX_ENDPOINT,
+    F_IX_MODEL,
+    F_IX_GROUP,
+    F_IX_TENANT,
+    F_IX_BLOCK_SIZE,
+    F_IX_DP_RANK,
+    F_IX_REPLAY,
+    F_IX_SALT,
+    F_IX_SALT_ALIAS,
+    F_IX_TOKEN_IDS,
+    F_IX_CACHE_SALT,
+    F_IX_HASHES,
+    F_IX_URL,
     F_N,
     F_UNKNOWN = F_N,
 };
@@ -124,13 +152,15 @@ typedef struct field_def {
 #define U32MAX ((uint64_t)UINT32_MAX)
 #define ROUTE_ROUTER (KB(K_ROUTE) | KB(K_ROUTER))
 #define NAMES (KB(K_ROUTE) | KB(K_QUERY) | KB(K_LOADS) | KB(K_ROUTER))
+#define IX_ALL (KB(K_IX_REGISTER) | KB(K_IX_UNREGISTER) | KB(K_IX_QUERY) | KB(K_IX_HASH))
+#define IX_QUERIES (KB(K_IX_QUERY) | KB(K_IX_HASH))
 
 static const field_def_t FIELDS[F_N] = {
     [F_TOKENS] = {"tokens", "tokens", O_TOP, T_TOKENS, 0, K_TOKENS, 0, 0},
     [F_REQUEST_ID] = {"request_id", "request_id", O_TOP, T_STRING, 0, ROUTE_ROUTER, 1,
                       KVR_API_MAX_REQUEST_ID_BYTES},
     [F_UPDATE_STATE] = {"update_state", "update_state", O_TOP, T_BOOL, 0, KB(K_ROUTE), 0, 0},
-    [F_LORA_NAME] = {"lora_name", "lora_name", O_TOP, T_STRING, 0, NAMES, 0,
+    [F_LORA_NAME] = {"lora_name", "lora_name", O_TOP, T_STRING, 0, NAMES | KB(K_IX_QUERY), 0,
                      KVR_API_MAX_NAME_BYTES},
     [F_CACHE_NAMESPACE] = {"cache_namespace", "cache_namespace", O_TOP, T_STRING, 0, NAMES, 0,
                            KVR_API_MAX_NAME_BYTES},
@@ -196,7 +226,36 @@ static const field_def_t FIELDS[F_N] = {
                      KB(K_ROUTE), 0, 0},
     [F_OV_TRACK] = {"track_prefill_tokens", "config_override.track_prefill_tokens", O_OVERRIDE,
                     T_BOOL, 0, KB(K_ROUTE), 0, 0},
+    [F_IX_INSTANCE] = {"instance_id", "instance_id", O_TOP, T_INT, 0,
+                       KB(K_IX_REGISTER) | KB(K_IX_UNREGISTER), 0, UINT64_MAX},
+    [F_IX_ENDPOINT] = {"endpoint", "endpoint", O_TOP, T_STRING, 0, KB(K_IX_REGISTER), 1,
+                       KVR_API_MAX_URL_BYTES},
+    [F_IX_MODEL] = {"model_name", "model_name", O_TOP, T_STRING, 0, IX_ALL, 1, 255},
+    [F_IX_GROUP] = {"routing_group", "routing_group", O_TOP, T_STRING, 0, IX_ALL, 1, 255},
+    [F_IX_TENANT] = {"tenant_id", "tenant_id", O_TOP, T_STRING, 0, IX_ALL, 0, 255},
+    [F_IX_BLOCK_SIZE] = {"block_size", "block_size", O_TOP, T_INT, 0, KB(K_IX_REGISTER), 1, 65536},
+    [F_IX_DP_RANK] = {"dp_rank", "dp_rank", O_TOP, T_INT, 0,
+                      KB(K_IX_REGISTER) | KB(K_IX_UNREGISTER), 0, U32MAX},
+    [F_IX_REPLAY] = {"replay_endpoint", "replay_endpoint", O_TOP, T_STRING, 0, KB(K_IX_REGISTER),
+                     1, KVR_API_MAX_URL_BYTES},
+    [F_IX_SALT] = {"additional_salt", "additional_salt", O_TOP, T_STRING, 0, KB(K_IX_REGISTER), 0,
+                   KVR_API_MAX_NAME_BYTES},
+    [F_IX_SALT_ALIAS] = {"additionalsalt", "additionalsalt", O_TOP, T_STRING, 0,
+                         KB(K_IX_REGISTER), 0, KVR_API_MAX_NAME_BYTES},
+    [F_IX_TOKEN_IDS] = {"token_ids", "token_ids", O_TOP, T_TOKENS, 0, KB(K_IX_QUERY), 0, 0},
+    [F_IX_CACHE_SALT] = {"cache_salt", "cache_salt", O_TOP, T_STRING, 0, IX_QUERIES, 0,
+                         KVR_API_MAX_NAME_BYTES},
+    [F_IX_HASHES] = {"block_hashes", "block_hashes", O_TOP, T_HASHES, 0, KB(K_IX_HASH), 0, 0},
+    [F_IX_URL] = {"url", "url", O_TOP, T_STRING, 0, KB(K_IX_PEER), 1, KVR_API_MAX_URL_BYTES},
 };
+
+/* The field holding a kind's token ids (the fast scanner reads it), or F_N. */
+static int tokens_field(int kind)
+{
+    if (kind == K_IX_QUERY)
+        return F_IX_TOKEN_IDS;
+    return (FIELDS[F_TOKENS].kinds & KB(kind)) ? F_TOKENS : F_N;
+}
 
 static const char *const METHOD_NAMES[] = {"new", "potential_loads", "mark_prefill", "mark_free"};
 #define N_METHODS (sizeof METHOD_NAMES / sizeof METHOD_NAMES[0])
@@ -443,6 +502,11 @@ static int unexpected(kvr_api_decoder_t *d)
         case T_IDS:
             return fail(d, KVR_EINVAL, "%s[%zu]: not an integer in [0, 18446744073709551615]",
                         f->path, d->n_ids);
+        case T_HASHES:
+            return fail(d, KVR_EINVAL,
+                        "%s[%zu]: not an integer in [-9223372036854775808, "
+                        "18446744073709551615]",
+                        f->path, d->n_ids);
         default:
             return fail(d, KVR_EINVAL, "%s[%zu]: must be a string", f->path, d->n_taint);
         }
@@ -451,6 +515,7 @@ static int unexpected(kvr_api_decoder_t *d)
     case T_TOKENS:
         return fail(d, KVR_EINVAL, "%s: must be an array of integers", f->path);
     case T_IDS:
+    case T_HASHES:
         return fail(d, KVR_EINVAL, "%s: must be an array of integers or null", f->path);
     case T_TAINTS:
         return fail(d, KVR_EINVAL, "%s: must be an array of strings or null", f->path);
@@ -537,6 +602,25 @@ static int on_boolean(void *ctx, int v)
     return unexpected(d);
 }
 
+/* One block hash of block_hashes: an i64 (the reference's type; a negative one stands for its
+ * two's complement) or a u64. At most max_tokens of them, a hash per block. */
+static int hash_push(kvr_api_decoder_t *d, const char *s, size_t n)
+{
+    uint64_t mag;
+    bool neg;
+    if (!kvr_jd_parse_int(s, n, &mag, &neg) || (neg && mag > ((uint64_t)1 << 63)))
+        return unexpected(d);
+    if (d->n_ids == d->ids_cap &&
+        kvr_grow((void **)&d->ids_buf, &d->ids_cap, d->n_ids + 1, d->opts.max_tokens,
+                 sizeof *d->ids_buf) != KVR_OK) {
+        if (d->n_ids >= d->opts.max_tokens)
+            return fail(d, KVR_ETOOBIG, "block_hashes: more than %zu hashes", d->opts.max_tokens);
+        return fail(d, KVR_ENOMEM, "block_hashes: out of memory");
+    }
+    d->ids_buf[d->n_ids++] = neg ? (uint64_t)0 - mag : mag;
+    return 1;
+}
+
 static int on_number(void *ctx, const char *s, size_t n)
 {
     kvr_api_decoder_t *d = ctx;
@@ -544,16 +628,16 @@ static int on_number(void *ctx, const char *s, size_t n)
     double x;
     switch (d->state) {
     case S_ARRAY:
-        if (d->field == F_TOKENS) {
+        if (FIELDS[d->field].type == T_TOKENS) {
             if (!kvr_jd_parse_u64(s, n, 0, UINT32_MAX, &v))
                 return unexpected(d);
             if (d->n_tokens == d->tok_cap &&
                 kvr_grow((void **)&d->tok_buf, &d->tok_cap, d->n_tokens + 1, d->opts.max_tokens,
                       sizeof *d->tok_buf) != KVR_OK) {
                 if (d->n_tokens >= d->opts.max_tokens)
-                    return fail(d, KVR_ETOOBIG, "tokens: more than %zu tokens",
-                                d->opts.max_tokens);
-                return fail(d, KVR_ENOMEM, "tokens: out of memory");
+                    return fail(d, KVR_ETOOBIG, "%s: more than %zu tokens",
+                                FIELDS[d->field].path, d->opts.max_tokens);
+                return fail(d, KVR_ENOMEM, "%s: out of memory", FIELDS[d->field].path);
             }
             d->tok_buf[d->n_tokens++] = (uint32_t)v;
             return 1;
@@ -572,6 +656,8 @@ static int on_number(void *ctx, const char *s, size_t n)
             d->ids_buf[d->n_ids++] = v;
             return 1;
         }
+        if (d->field == F_IX_HASHES)
+            return hash_push(d, s, n);
         break;
     case S_MM_HASH:
         if (!kvr_jd_parse_u64(s, n, 0, UINT64_MAX, &v))
@@ -707,6 +793,7 @@ static int on_start_array(void *ctx)
             d->tok_open_at = yajl_get_bytes_consumed(d->yh);
             /* fall through */
         case T_IDS:
+        case T_HASHES:
         case T_TAINTS:
             d->present |= (uint64_t)1 << d->field;
             d->state = S_ARRAY;
@@ -932,7 +1019,10 @@ static void parse_slow(kvr_api_decoder_t *d, const char *body, size_t len)
  * then resets and parses slowly). */
 static int parse_fast(kvr_api_decoder_t *d, const char *body, size_t len)
 {
-    size_t open = kvr_token_scan_find(body, len, 0, "\"tokens\"", 8);
+    int tf = tokens_field(d->kind);
+    char key[32];
+    int klen = snprintf(key, sizeof key, "\"%s\"", FIELDS[tf].key);
+    size_t open = kvr_token_scan_find(body, len, 0, key, (size_t)klen);
     if (open == 0)
         return 0;
     yajl_handle h = start_yajl(d);
@@ -941,7 +1031,7 @@ static int parse_fast(kvr_api_decoder_t *d, const char *body, size_t len)
     bool ok = false;
     size_t close, n;
     if (yajl_parse(h, (const unsigned char *)body, open) == yajl_status_ok &&
-        d->status == KVR_OK && d->state == S_ARRAY && d->field == F_TOKENS &&
+        d->status == KVR_OK && d->state == S_ARRAY && d->field == tf &&
         d->tok_open_at == open && d->n_tokens == 0 &&
         kvr_token_scan(body, len, open, &d->tok_buf, &d->tok_cap, d->opts.max_tokens, &close,
                        &n)) {
@@ -1148,6 +1238,80 @@ static int finish_router(kvr_api_decoder_t *d, kvr_api_router_t *out)
     return KVR_OK;
 }
 
+/* ---- the indexer API's bodies ------------------------------------------------------------ */
+
+static const char *group_of(const kvr_api_decoder_t *d, size_t *len)
+{
+    const char *g = str_of(d, F_IX_GROUP, len);
+    if (g != NULL)
+        return g;
+    *len = strlen(KVR_IX_DEFAULT_GROUP);
+    return KVR_IX_DEFAULT_GROUP;
+}
+
+static int finish_ix_register(kvr_api_decoder_t *d, kvr_ix_register_t *out)
+{
+    if (require(d, F_IX_INSTANCE) != KVR_OK || require(d, F_IX_ENDPOINT) != KVR_OK ||
+        require(d, F_IX_MODEL) != KVR_OK || require(d, F_IX_BLOCK_SIZE) != KVR_OK)
+        return d->status;
+    if (has(d, F_IX_SALT) && has(d, F_IX_SALT_ALIAS))
+        return fail(d, KVR_EINVAL, "additional_salt: given twice (and as additionalsalt)"),
+               d->status;
+    out->instance_id = d->ival[F_IX_INSTANCE];
+    out->endpoint = str_of(d, F_IX_ENDPOINT, &out->endpoint_len);
+    out->model_name = str_of(d, F_IX_MODEL, &out->model_name_len);
+    out->routing_group = group_of(d, &out->routing_group_len);
+    out->block_size = (uint32_t)d->ival[F_IX_BLOCK_SIZE];
+    out->dp_rank = has(d, F_IX_DP_RANK) ? (uint32_t)d->ival[F_IX_DP_RANK] : 0;
+    out->replay_endpoint = str_of(d, F_IX_REPLAY, &out->replay_endpoint_len);
+    return KVR_OK;
+}
+
+static int finish_ix_unregister(kvr_api_decoder_t *d, kvr_ix_unregister_t *out)
+{
+    if (require(d, F_IX_INSTANCE) != KVR_OK || require(d, F_IX_MODEL) != KVR_OK)
+        return d->status;
+    out->instance_id = d->ival[F_IX_INSTANCE];
+    out->model_name = str_of(d, F_IX_MODEL, &out->model_name_len);
+    out->routing_group = str_of(d, F_IX_GROUP, &out->routing_group_len);
+    out->has_dp_rank = has(d, F_IX_DP_RANK);
+    out->dp_rank = out->has_dp_rank ? (uint32_t)d->ival[F_IX_DP_RANK] : 0;
+    return KVR_OK;
+}
+
+static int finish_ix_query(kvr_api_decoder_t *d, kvr_ix_query_t *out)
+{
+    bool by_hash = d->kind == K_IX_HASH;
+    if (require(d, by_hash ? F_IX_HASHES : F_IX_TOKEN_IDS) != KVR_OK ||
+        require(d, F_IX_MODEL) != KVR_OK)
+        return d->status;
+    if (by_hash && has(d, F_IX_CACHE_SALT))
+        return fail(d, KVR_EINVAL, "cache_salt: not accepted by /query_by_hash (block_hashes "
+                                   "must already include the intended cache salt)"),
+               d->status;
+    out->by_hash = by_hash;
+    if (by_hash) {
+        out->hashes = d->n_ids > 0 ? d->ids_buf : NULL;
+        out->n_hashes = d->n_ids;
+    } else {
+        out->tokens = tokens_of(d);
+        out->n_tokens = d->n_tokens;
+    }
+    out->model_name = str_of(d, F_IX_MODEL, &out->model_name_len);
+    out->routing_group = group_of(d, &out->routing_group_len);
+    out->lora_name = str_of(d, F_LORA_NAME, &out->lora_name_len);
+    out->cache_salt = str_of(d, F_IX_CACHE_SALT, &out->cache_salt_len);
+    return KVR_OK;
+}
+
+static int finish_ix_peer(kvr_api_decoder_t *d, kvr_ix_peer_t *out)
+{
+    if (require(d, F_IX_URL) != KVR_OK)
+        return d->status;
+    out->url = str_of(d, F_IX_URL, &out->url_len);
+    return KVR_OK;
+}
+
 /* Parses body as kind; KVR_OK when the decoder's slots hold a well-formed body. */
 static int parse(kvr_api_decoder_t *d, int kind, const char *body, size_t len)
 {
@@ -1159,7 +1323,7 @@ static int parse(kvr_api_decoder_t *d, int kind, const char *body, size_t len)
             return KVR_OK;
         return fail(d, KVR_EPARSE, "empty body"), d->status;
     }
-    if (!d->opts.no_fast_path && (FIELDS[F_TOKENS].kinds & KB(kind))) {
+    if (!d->opts.no_fast_path && tokens_field(kind) != F_N) {
         int tried = parse_fast(d, body, len);
         if (tried > 0) {
             d->stats.fast_path++;
@@ -1220,6 +1384,30 @@ int kvr_api_decode_router(kvr_api_decoder_t *d, const char *body, size_t len,
                           kvr_api_router_t *out)
 {
     DECODE(K_ROUTER, finish_router);
+}
+
+int kvr_api_decode_ix_register(kvr_api_decoder_t *d, const char *body, size_t len,
+                               kvr_ix_register_t *out)
+{
+    DECODE(K_IX_REGISTER, finish_ix_register);
+}
+
+int kvr_api_decode_ix_unregister(kvr_api_decoder_t *d, const char *body, size_t len,
+                                 kvr_ix_unregister_t *out)
+{
+    DECODE(K_IX_UNREGISTER, finish_ix_unregister);
+}
+
+int kvr_api_decode_ix_query(kvr_api_decoder_t *d, const char *body, size_t len, bool by_hash,
+                            kvr_ix_query_t *out)
+{
+    DECODE(by_hash ? K_IX_HASH : K_IX_QUERY, finish_ix_query);
+}
+
+int kvr_api_decode_ix_peer(kvr_api_decoder_t *d, const char *body, size_t len,
+                           kvr_ix_peer_t *out)
+{
+    DECODE(K_IX_PEER, finish_ix_peer);
 }
 
 /* ------------------------------------------------------------------------------------------ */

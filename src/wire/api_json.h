@@ -201,6 +201,62 @@ typedef struct kvr_api_route_response {
     uint64_t cached_tokens;
 } kvr_api_route_response_t;
 
+/* The standalone indexer's API (kvrouter indexer; serve --serve-indexer), with the reference
+ * indexer's field names. tenant_id (legacy) and additional_salt / additionalsalt are read
+ * (strings or null) and ignored, as the reference does. */
+#define KVR_IX_DEFAULT_GROUP "default"
+
+/* POST /register: instance_id, endpoint, model_name, block_size required. */
+typedef struct kvr_ix_register {
+    uint64_t instance_id;
+    const char *endpoint; /* the engine's ZMQ PUB address */
+    size_t endpoint_len;
+    const char *model_name;
+    size_t model_name_len;
+    const char *routing_group; /* "default" when absent */
+    size_t routing_group_len;
+    uint32_t block_size;       /* [1, 65536] */
+    uint32_t dp_rank;          /* 0 when absent */
+    const char *replay_endpoint; /* NULL when absent */
+    size_t replay_endpoint_len;
+} kvr_ix_register_t;
+
+/* POST /unregister: instance_id, model_name required; no routing_group = every group; no
+ * dp_rank = every rank. */
+typedef struct kvr_ix_unregister {
+    uint64_t instance_id;
+    const char *model_name;
+    size_t model_name_len;
+    const char *routing_group; /* NULL when absent */
+    size_t routing_group_len;
+    bool has_dp_rank;
+    uint32_t dp_rank;
+} kvr_ix_unregister_t;
+
+/* POST /query (token_ids, lora_name, cache_salt) and POST /query_by_hash (block_hashes; a
+ * cache_salt is refused there). model_name required. */
+typedef struct kvr_ix_query {
+    bool by_hash;
+    const uint32_t *tokens; /* /query */
+    size_t n_tokens;
+    const uint64_t *hashes; /* /query_by_hash: local block hashes, as u64 bits */
+    size_t n_hashes;
+    const char *model_name;
+    size_t model_name_len;
+    const char *routing_group; /* "default" when absent */
+    size_t routing_group_len;
+    const char *lora_name;     /* NULL when absent */
+    size_t lora_name_len;
+    const char *cache_salt;    /* NULL when absent */
+    size_t cache_salt_len;
+} kvr_ix_query_t;
+
+/* POST /register_peer, POST /deregister_peer */
+typedef struct kvr_ix_peer {
+    const char *url;
+    size_t url_len;
+} kvr_ix_peer_t;
+
 /* Counters since the decoder was made (for /metrics: a falling fast-path share means clients
  * format token arrays in a way the scanner does not take). */
 typedef struct kvr_api_stats {
@@ -233,6 +289,15 @@ int kvr_api_decode_worker(kvr_api_decoder_t *d, const char *body, size_t len,
                           kvr_api_worker_t *out);
 int kvr_api_decode_router(kvr_api_decoder_t *d, const char *body, size_t len,
                           kvr_api_router_t *out);
+
+int kvr_api_decode_ix_register(kvr_api_decoder_t *d, const char *body, size_t len,
+                               kvr_ix_register_t *out);
+int kvr_api_decode_ix_unregister(kvr_api_decoder_t *d, const char *body, size_t len,
+                                 kvr_ix_unregister_t *out);
+int kvr_api_decode_ix_query(kvr_api_decoder_t *d, const char *body, size_t len, bool by_hash,
+                            kvr_ix_query_t *out);
+int kvr_api_decode_ix_peer(kvr_api_decoder_t *d, const char *body, size_t len,
+                           kvr_ix_peer_t *out);
 
 /* Encoders: one complete value each (absent optional fields omitted), so that decoding the
  * output gives back the same struct (for clients, tests and the fuzz round trip). They return

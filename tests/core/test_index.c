@@ -262,6 +262,30 @@ static void test_clear_only_emitting_rank_and_remove_worker(void **s)
     kvr_index_free(ix);
 }
 
+/* The standalone indexer unregisters one (instance, dp_rank) at a time: the other ranks of the
+ * worker keep what they hold, and the removed rank's slot is free again. */
+static void test_remove_one_rank(void **s)
+{
+    (void)s;
+    kvr_index_t *ix = mkindex(0);
+    prompt_t p = mk(1, 5, 5);
+    assert_int_equal(store(ix, W1, &p, 0, 5, KVR_TIER_DEVICE), KVR_OK);
+    assert_int_equal(store(ix, W1R1, &p, 0, 3, KVR_TIER_DEVICE), KVR_OK);
+    assert_int_equal(kvr_index_remove_rank(ix, W1R1), KVR_OK);
+    assert_int_equal(dev(ix, &p, W1R1), 0);
+    assert_int_equal(dev(ix, &p, W1), 5);
+    assert_int_equal(kvr_index_remove_rank(ix, W1R1), KVR_ENOWORKER);
+    kvr_index_stats_t st;
+    kvr_index_stats(ix, &st);
+    assert_int_equal(st.pairs, 5);
+    assert_int_equal(st.workers, 1);
+    verify(ix);
+    assert_int_equal(store(ix, W1R1, &p, 0, 2, KVR_TIER_DEVICE), KVR_OK);
+    assert_int_equal(dev(ix, &p, W1R1), 2);
+    verify(ix);
+    kvr_index_free(ix);
+}
+
 static void test_lower_tiers_extend_device_prefix(void **s)
 {
     (void)s;
@@ -474,6 +498,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_per_worker),
+        cmocka_unit_test(test_remove_one_rank),
         cmocka_unit_test(test_unknown_parent_applies_nothing),
         cmocka_unit_test(test_repeated_hash_rejected),
         cmocka_unit_test(test_duplicate_store_and_unknown_remove_counted),

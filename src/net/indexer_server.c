@@ -1,0 +1,909 @@
+/*
+ * indexer_server.c: `kvrouter indexer`'s daemon (API, start-up order and threads in
+ * indexer_server.h). The registry is two flat arrays (partitions, registrations) scanned
+ * linearly: a fleet has a handful of partitions and at most thousands of ranks, and every
+ * scan is on a registration, an unregistration or a listing, never on a query (a query finds
+ * its partition among the handful, then only touches the index).
+ */
+#include "net/indexer_server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "core/grow.h"
+#include "kvrouter.h"
+#include "kvrouter/router.h"
+#include "net/http_fetch.h"
+#include "net/ingest.h"
+#include "net/ix_api.h"
+#include "net/log.h"
+#include "wire/api_json.h"
+#include "wire/json_writer.h"
+#include "wire/prom.h"
+#include "wire/router_event_json.h"
+
+#define NAME_BYTES 256
+
+typedef struct part {
+    char model[NAME_BYTES], group[NAME_BYTES];
+    uint32_t block_size;
+    kvr_index_t *ix;
+    kvr_ingest_t *g;
+    bool started;
+    uint64_t recovered_events, recovered_rejected;
+} part_t;
+
+/* One (instance, dp_rank) registration. */
+typedef struct reg {
+    uint64_t id;
+    uint32_t rank;
+    size_t part;
+    char endpoint[KVR_ADDR_BYTES], replay[KVR_ADDR_BYTES];
+} reg_t;
+
+typedef struct ix_stats {
+    uint64_t registered, register_conflicts, register_refused;
+    uint64_t unregistered, unregister_unknown;
+} ix_stats_t;
+
+struct kvr_indexer {
+    struct event_base *base;
+    struct evhttp *http;
+    kvr_http_guard_t *guard;
+    uint16_t port;
+    kvr_indexer_config_t cfg;
+    bool running; /* past start-up: new partitions start their ingest at once */
+    part_t **parts;
+    size_t n_parts, cap_parts;
+    reg_t *regs;
+    size_t n_regs, cap_regs;
+    char *peers[KVR_INDEXER_MAX_PEERS];
+    size_t n_peers;
+    kvr_ix_api_t *api;
+    kvr_api_decoder_t *dec;
+    kvr_json_writer_t w;
+    kvr_prom_t prom;
+    struct evbuffer *out;
+    char origin[600];
+    ix_stats_t st;
+};
+
+/* ---- partitions ----------------------------------------------------------------------- */
+
+static part_t *part_find(kvr_indexer_t *x, const char *model, size_t ml, const char *group,
+                         size_t gl)
+{
+    for (size_t i = 0; i < x->n_parts; i++) {
+        part_t *p = x->parts[i];
+        if (strlen(p->model) == ml && memcmp(p->model, model, ml) == 0 && strlen(p->group) == gl &&
+            memcmp(p->group, group, gl) == 0)
+            return p;
+    }
+    return NULL;
+}
+
+static void part_free(part_t *p)
+{
+    if (p == NULL)
+        return;
+    kvr_ingest_free(p->g);
+    kvr_index_free(p->ix);
+    free(p);
+}
+
+static int part_start(part_t *p)
+{
+    if (p->started)
+        return KVR_OK;
+    int rc = kvr_ingest_start(p->g);
+    p->started = rc == KVR_OK;
+    return rc;
+}
+
+/* The partition, made (and, once running, started) when new; a block size other than the
+ * partition's is refused with both sizes in err. */
+static part_t *part_get(kvr_indexer_t *x, const char *model, size_t ml, const char *group,
+                        size_t gl, uint32_t block_size, char *err, size_t err_len)
+{
+    part_t *p = part_find(x, model, ml, group, gl);
+    if (p != NULL) {
+        if (p->block_size != block_size) {
+            snprintf(err, err_len,
+                     "block_size %u does not match the block size %u of model_name=%.200s "
+                     "routing_group=%.200s (fixed by its first registration)",
+                     block_size, p->block_size, p->model, p->group);
+            return NULL;
+        }
+        return p;
+    }
+    if (ml >= NAME_BYTES || gl >= NAME_BYTES) {
+        snprintf(err, err_len, "model_name and routing_group: at most %d bytes each",
+                 NAME_BYTES - 1);
+        return NULL;
+    }
+    if (x->n_parts >= x->cfg.max_partitions) {
+        snprintf(err, err_len, "more than %zu (model_name, routing_group) partitions",
+                 x->cfg.max_partitions);
+        return NULL;
+    }
+    if (kvr_grow((void **)&x->parts, &x->cap_parts, x->n_parts + 1, SIZE_MAX, sizeof *x->parts) !=
+        KVR_OK)
+        goto oom;
+    p = calloc(1, sizeof *p);
+    if (p == NULL)
+        goto oom;
+    memcpy(p->model, model, ml);
+    memcpy(p->group, group, gl);
+    p->block_size = block_size;
+    int st = KVR_OK;
+    kvr_index_config_t ic = {.max_pairs = x->cfg.max_pairs};
+    p->ix = kvr_index_new(&ic, &st);
+    kvr_ingest_config_t gc = {.block_size = block_size};
+    p->g = p->ix ? kvr_ingest_new(p->ix, &gc, &st) : NULL;
+    if (p->g == NULL || (x->running && part_start(p) != KVR_OK)) {
+        part_free(p);
+        goto oom;
+    }
+    x->parts[x->n_parts++] = p;
+    kvr_log(KVR_LOG_INFO, "partition model_name=%s routing_group=%s: block size %u", p->model,
+            p->group, block_size);
+    return p;
+oom:
+    snprintf(err, err_len, "out of memory making the partition's index");
+    return NULL;
+}
+
+static size_t part_pos(const kvr_indexer_t *x, const part_t *p)
+{
+    for (size_t i = 0; i < x->n_parts; i++)
+        if (x->parts[i] == p)
+            return i;
+    return SIZE_MAX;
+}
+
+/* ---- registrations -------------------------------------------------------------------- */
+
+static reg_t *reg_find(kvr_indexer_t *x, size_t part, uint64_t id, uint32_t rank)
+{
+    for (size_t i = 0; i < x->n_regs; i++)
+        if (x->regs[i].part == part && x->regs[i].id == id && x->regs[i].rank == rank)
+            return &x->regs[i];
+    return NULL;
+}
+
+static bool endpoint_ok(const char *s, size_t n)
+{
+    static const char *const schemes[] = {"tcp://", "ipc://", "inproc://"};
+    if (n == 0 || n >= KVR_ADDR_BYTES)
+        return false;
+    for (size_t i = 0; i < 3; i++) {
+        size_t k = strlen(schemes[i]);
+        if (n > k && strncmp(s, schemes[i], k) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* A registration: KVR_OK; KVR_EINVAL (err: a bad endpoint or block size), KVR_EEXIST. */
+static int do_register(kvr_indexer_t *x, const kvr_ix_register_t *r, char *err, size_t err_len)
+{
+    if (!endpoint_ok(r->endpoint, r->endpoint_len) ||
+        (r->replay_endpoint != NULL && !endpoint_ok(r->replay_endpoint, r->replay_endpoint_len))) {
+        snprintf(err, err_len, "%s: must be a tcp://, ipc:// or inproc:// address under %d bytes",
+                 endpoint_ok(r->endpoint, r->endpoint_len) ? "replay_endpoint" : "endpoint",
+                 KVR_ADDR_BYTES);
+        return KVR_EINVAL;
+    }
+    part_t *p = part_get(x, r->model_name, r->model_name_len, r->routing_group,
+                         r->routing_group_len, r->block_size, err, err_len);
+    if (p == NULL)
+        return KVR_EINVAL;
+    size_t pi = part_pos(x, p);
+    if (reg_find(x, pi, r->instance_id, r->dp_rank) != NULL) {
+        snprintf(err, err_len,
+                 "instance_id %llu dp_rank %u is already registered for model_name=%.200s "
+                 "routing_group=%.200s",
+                 (unsigned long long)r->instance_id, r->dp_rank, p->model, p->group);
+        return KVR_EEXIST;
+    }
+    if (kvr_grow((void **)&x->regs, &x->cap_regs, x->n_regs + 1, SIZE_MAX, sizeof *x->regs) !=
+        KVR_OK) {
+        snprintf(err, err_len, "out of memory");
+        return KVR_ENOMEM;
+    }
+    kvr_worker_spec_t sp = {.worker_id = r->instance_id,
+                            .dp_size = 1,
+                            .dp_start = r->dp_rank,
+                            .block_size = p->block_size};
+    memcpy(sp.events, r->endpoint, r->endpoint_len);
+    if (r->replay_endpoint != NULL)
+        memcpy(sp.replay, r->replay_endpoint, r->replay_endpoint_len);
+    int rc = kvr_ingest_subscribe(p->g, &sp, err, err_len);
+    if (rc != KVR_OK)
+        return rc == KVR_EEXIST ? KVR_EINVAL : rc;
+    reg_t *g = &x->regs[x->n_regs++];
+    *g = (reg_t){.id = r->instance_id, .rank = r->dp_rank, .part = pi};
+    memcpy(g->endpoint, sp.events, sizeof g->endpoint);
+    memcpy(g->replay, sp.replay, sizeof g->replay);
+    kvr_log(KVR_LOG_INFO,
+            "registered instance %llu dp_rank %u (%s) for model_name=%s "
+            "routing_group=%s",
+            (unsigned long long)r->instance_id, r->dp_rank, g->endpoint, p->model, p->group);
+    return KVR_OK;
+}
+
+static void reg_remove_at(kvr_indexer_t *x, size_t i)
+{
+    reg_t *g = &x->regs[i];
+    part_t *p = x->parts[g->part];
+    (void)kvr_ingest_remove_rank(p->g, (kvr_worker_t){g->id, g->rank});
+    kvr_log(KVR_LOG_INFO,
+            "unregistered instance %llu dp_rank %u from model_name=%s "
+            "routing_group=%s",
+            (unsigned long long)g->id, g->rank, p->model, p->group);
+    x->regs[i] = x->regs[--x->n_regs];
+}
+
+/* The registrations matching u removed: how many. */
+static size_t do_unregister(kvr_indexer_t *x, const kvr_ix_unregister_t *u)
+{
+    size_t removed = 0;
+    for (size_t i = 0; i < x->n_regs;) {
+        const reg_t *g = &x->regs[i];
+        const part_t *p = x->parts[g->part];
+        bool match = g->id == u->instance_id && strlen(p->model) == u->model_name_len &&
+                     memcmp(p->model, u->model_name, u->model_name_len) == 0 &&
+                     (u->routing_group == NULL ||
+                      (strlen(p->group) == u->routing_group_len &&
+                       memcmp(p->group, u->routing_group, u->routing_group_len) == 0)) &&
+                     (!u->has_dp_rank || g->rank == u->dp_rank);
+        if (!match) {
+            i++;
+            continue;
+        }
+        reg_remove_at(x, i);
+        removed++;
+    }
+    return removed;
+}
+
+/* ---- replies -------------------------------------------------------------------------- */
+
+static void reply(void *arg, struct evhttp_request *req, int code, const char *ctype,
+                  const char *data, size_t len)
+{
+    kvr_indexer_t *x = arg;
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", ctype);
+    evbuffer_drain(x->out, evbuffer_get_length(x->out));
+    evbuffer_add(x->out, data, len);
+    evhttp_send_reply(req, code, NULL, x->out);
+}
+
+static void reply_writer(kvr_indexer_t *x, struct evhttp_request *req, int code)
+{
+    const char *out;
+    size_t len;
+    if (kvr_json_writer_finish(&x->w, &out, &len) != KVR_OK) {
+        out = "{\"error\":\"out of memory\"}";
+        len = strlen(out);
+        code = 500;
+    }
+    reply(x, req, code, "application/json", out, len);
+}
+
+static void reply_error(kvr_indexer_t *x, struct evhttp_request *req, int code, const char *msg)
+{
+    kvr_ix_api_error_body(&x->w, msg);
+    reply_writer(x, req, code);
+}
+
+static void reply_ok(kvr_indexer_t *x, struct evhttp_request *req, int code)
+{
+    kvr_json_writer_reset(&x->w);
+    kvr_json_begin_object(&x->w);
+    kvr_json_key(&x->w, "status");
+    kvr_json_string(&x->w, "ok");
+    kvr_json_end_object(&x->w);
+    reply_writer(x, req, code);
+}
+
+static const char *body_of(struct evhttp_request *req, size_t *len)
+{
+    struct evbuffer *b = evhttp_request_get_input_buffer(req);
+    *len = evbuffer_get_length(b);
+    return *len > 0 ? (const char *)evbuffer_pullup(b, -1) : "";
+}
+
+/* ---- handlers ------------------------------------------------------------------------- */
+
+static void h_register(kvr_indexer_t *x, struct evhttp_request *req)
+{
+    size_t len;
+    const char *body = body_of(req, &len);
+    kvr_ix_register_t r;
+    if (kvr_api_decode_ix_register(x->dec, body, len, &r) != KVR_OK) {
+        x->st.register_refused++;
+        reply_error(x, req, 400, kvr_api_decoder_error(x->dec));
+        return;
+    }
+    char err[600] = "";
+    int rc = do_register(x, &r, err, sizeof err);
+    if (rc == KVR_OK) {
+        x->st.registered++;
+        reply_ok(x, req, 201);
+        return;
+    }
+    if (rc == KVR_EEXIST)
+        x->st.register_conflicts++;
+    else
+        x->st.register_refused++;
+    reply_error(x, req, rc == KVR_EEXIST ? 409 : rc == KVR_ENOMEM ? 500 : 400, err);
+}
+
+static void h_unregister(kvr_indexer_t *x, struct evhttp_request *req)
+{
+    size_t len;
+    const char *body = body_of(req, &len);
+    kvr_ix_unregister_t u;
+    if (kvr_api_decode_ix_unregister(x->dec, body, len, &u) != KVR_OK) {
+        reply_error(x, req, 400, kvr_api_decoder_error(x->dec));
+        return;
+    }
+    if (do_unregister(x, &u) == 0) {
+        x->st.unregister_unknown++;
+        char msg[700];
+        snprintf(msg, sizeof msg, "instance_id %llu is not registered for model_name=%s%s%s",
+                 (unsigned long long)u.instance_id, u.model_name,
+                 u.routing_group ? " routing_group=" : "", u.routing_group ? u.routing_group : "");
+        reply_error(x, req, 404, msg);
+        return;
+    }
+    x->st.unregistered++;
+    reply_ok(x, req, 200);
+}
+
+/* A listener's status as the reference names them, and its last error. */
+static const char *listener_status(const kvr_rank_status_t *st, char *why, size_t why_len)
+{
+    why[0] = '\0';
+    switch (st->state) {
+    case KVR_RANK_NO_EVENTS:
+        return "pending";
+    case KVR_RANK_ERROR:
+        snprintf(why, why_len, "block size mismatch: the engine sends blocks of %u tokens",
+                 st->engine_block_size);
+        return "failed";
+    case KVR_RANK_UNREACHABLE:
+        snprintf(why, why_len, "events connection lost");
+        return "failed";
+    default:
+        return "active";
+    }
+}
+
+static int status_rank(const char *s)
+{
+    return strcmp(s, "failed") == 0 ? 2 : strcmp(s, "pending") == 0 ? 1 : 0;
+}
+
+static void write_listener(kvr_json_writer_t *w, const part_t *p, const reg_t *g,
+                           const char **worst)
+{
+    kvr_rank_status_t st;
+    memset(&st, 0, sizeof st);
+    (void)kvr_ingest_rank_status(p->g, (kvr_worker_t){g->id, g->rank}, &st);
+    char why[160];
+    const char *s = listener_status(&st, why, sizeof why);
+    if (status_rank(s) > status_rank(*worst))
+        *worst = s;
+    char key[16];
+    snprintf(key, sizeof key, "%u", g->rank);
+    kvr_json_key(w, key);
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "endpoint");
+    kvr_json_string(w, g->endpoint);
+    kvr_json_key(w, "status");
+    kvr_json_string(w, s);
+    if (why[0] != '\0') {
+        kvr_json_key(w, "last_error");
+        kvr_json_string(w, why);
+    }
+    kvr_json_key(w, "index_state");
+    kvr_json_string(w, kvr_rank_state_name(st.state));
+    kvr_json_key(w, "events_applied");
+    kvr_json_u64(w, st.events_applied);
+    kvr_json_key(w, "index_blocks");
+    kvr_json_u64(w, st.index_blocks);
+    kvr_json_end_object(w);
+}
+
+/* One instance of one partition: its registrations are regs[i] and later ones alike. */
+static void write_instance(kvr_indexer_t *x, size_t first)
+{
+    kvr_json_writer_t *w = &x->w;
+    const reg_t *g0 = &x->regs[first];
+    const part_t *p = x->parts[g0->part];
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "instance_id");
+    kvr_json_u64(w, g0->id);
+    kvr_json_key(w, "source");
+    kvr_json_string(w, "zmq");
+    kvr_json_key(w, "model_name");
+    kvr_json_string(w, p->model);
+    kvr_json_key(w, "routing_group");
+    kvr_json_string(w, p->group);
+    kvr_json_key(w, "block_size");
+    kvr_json_u64(w, p->block_size);
+    kvr_json_key(w, "endpoints");
+    kvr_json_begin_object(w);
+    for (size_t i = first; i < x->n_regs; i++) {
+        const reg_t *g = &x->regs[i];
+        if (g->part != g0->part || g->id != g0->id)
+            continue;
+        char key[16];
+        snprintf(key, sizeof key, "%u", g->rank);
+        kvr_json_key(w, key);
+        kvr_json_string(w, g->endpoint);
+    }
+    kvr_json_end_object(w);
+    const char *worst = "active";
+    kvr_json_key(w, "listeners");
+    kvr_json_begin_object(w);
+    for (size_t i = first; i < x->n_regs; i++) {
+        const reg_t *g = &x->regs[i];
+        if (g->part == g0->part && g->id == g0->id)
+            write_listener(w, p, g, &worst);
+    }
+    kvr_json_end_object(w);
+    kvr_json_key(w, "status");
+    kvr_json_string(w, worst);
+    kvr_json_end_object(w);
+}
+
+static bool first_of_instance(const kvr_indexer_t *x, size_t i)
+{
+    for (size_t j = 0; j < i; j++)
+        if (x->regs[j].part == x->regs[i].part && x->regs[j].id == x->regs[i].id)
+            return false;
+    return true;
+}
+
+static void h_workers(kvr_indexer_t *x, struct evhttp_request *req)
+{
+    struct evkeyvalq q;
+    memset(&q, 0, sizeof q); /* an empty list: what evhttp_parse_query_str fills */
+    const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(req);
+    const char *qs = u ? evhttp_uri_get_query(u) : NULL;
+    if (qs != NULL && evhttp_parse_query_str(qs, &q) != 0) {
+        reply_error(x, req, 400, "query string: not application/x-www-form-urlencoded");
+        return;
+    }
+    const char *model = evhttp_find_header(&q, "model_name");
+    const char *group = evhttp_find_header(&q, "routing_group");
+    kvr_json_writer_reset(&x->w);
+    kvr_json_begin_array(&x->w);
+    for (size_t i = 0; i < x->n_regs; i++) {
+        const part_t *p = x->parts[x->regs[i].part];
+        if ((model && strcmp(model, p->model) != 0) || (group && strcmp(group, p->group) != 0) ||
+            !first_of_instance(x, i))
+            continue;
+        write_instance(x, i);
+    }
+    kvr_json_end_array(&x->w);
+    evhttp_clear_headers(&q);
+    reply_writer(x, req, 200);
+}
+
+static int peer_find(const kvr_indexer_t *x, const char *url, size_t n)
+{
+    for (size_t i = 0; i < x->n_peers; i++)
+        if (strlen(x->peers[i]) == n && memcmp(x->peers[i], url, n) == 0)
+            return (int)i;
+    return -1;
+}
+
+static int peer_add(kvr_indexer_t *x, const char *url, size_t n)
+{
+    if (peer_find(x, url, n) >= 0)
+        return KVR_OK;
+    if (x->n_peers >= KVR_INDEXER_MAX_PEERS)
+        return KVR_EFULL;
+    char *c = strndup(url, n);
+    if (c == NULL)
+        return KVR_ENOMEM;
+    x->peers[x->n_peers++] = c;
+    return KVR_OK;
+}
+
+static void h_peer(kvr_indexer_t *x, struct evhttp_request *req, bool add)
+{
+    size_t len;
+    const char *body = body_of(req, &len);
+    kvr_ix_peer_t pr;
+    if (kvr_api_decode_ix_peer(x->dec, body, len, &pr) != KVR_OK) {
+        reply_error(x, req, 400, kvr_api_decoder_error(x->dec));
+        return;
+    }
+    if (strncmp(pr.url, "http://", 7) != 0) {
+        reply_error(x, req, 400, "url: must be an http:// URL");
+        return;
+    }
+    if (add) {
+        int rc = peer_add(x, pr.url, pr.url_len);
+        if (rc != KVR_OK) {
+            reply_error(x, req, rc == KVR_EFULL ? 400 : 500,
+                        rc == KVR_EFULL ? "more than 64 peers" : "out of memory");
+            return;
+        }
+        reply_ok(x, req, 201);
+        return;
+    }
+    int i = peer_find(x, pr.url, pr.url_len);
+    if (i < 0) {
+        reply_error(x, req, 404, "peer not found");
+        return;
+    }
+    free(x->peers[i]);
+    x->peers[i] = x->peers[--x->n_peers];
+    reply_ok(x, req, 200);
+}
+
+static void h_peers(kvr_indexer_t *x, struct evhttp_request *req)
+{
+    kvr_json_writer_reset(&x->w);
+    kvr_json_begin_array(&x->w);
+    for (size_t i = 0; i < x->n_peers; i++)
+        kvr_json_string(&x->w, x->peers[i]);
+    kvr_json_end_array(&x->w);
+    reply_writer(x, req, 200);
+}
+
+static void part_metrics(kvr_indexer_t *x, kvr_prom_t *p)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } fams[] = {
+        {"kvr_indexer_pairs", "gauge", "(worker rank, block) pairs held by a partition's index."},
+        {"kvr_indexer_events_applied_total", "counter", "KV events applied to a partition."},
+        {"kvr_indexer_events_rejected_total", "counter",
+         "KV events a partition's index refused (unknown parent, repeated hash)."},
+        {"kvr_indexer_block_size_mismatch_total", "counter",
+         "KV events refused: the engine's block size is not the partition's."},
+        {"kvr_indexer_recovered_events_total", "counter",
+         "Events applied from a peer's dump at start."},
+    };
+    for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
+        kvr_prom_family(p, fams[f].name, fams[f].type, fams[f].help);
+        for (size_t i = 0; i < x->n_parts; i++) {
+            part_t *pt = x->parts[i];
+            kvr_ingest_stats_t gs;
+            kvr_ingest_stats(pt->g, &gs);
+            double v[] = {(double)gs.index.pairs, (double)gs.events_applied,
+                          (double)gs.events_rejected, (double)gs.block_size_mismatch,
+                          (double)pt->recovered_events};
+            kvr_prom_label_t l[] = {{"model_name", pt->model}, {"routing_group", pt->group}};
+            kvr_prom_sample(p, fams[f].name, l, 2, v[f]);
+        }
+    }
+}
+
+static void h_metrics(kvr_indexer_t *x, struct evhttp_request *req)
+{
+    kvr_prom_t *p = &x->prom;
+    kvr_prom_reset(p);
+    kvr_prom_gauge(p, "kvr_indexer_partitions", "(model_name, routing_group) partitions.",
+                   (double)x->n_parts);
+    kvr_prom_gauge(p, "kvr_indexer_registrations", "Registered (instance, dp_rank) listeners.",
+                   (double)x->n_regs);
+    kvr_prom_gauge(p, "kvr_indexer_peers", "Known peer indexers.", (double)x->n_peers);
+    kvr_prom_counter(p, "kvr_indexer_registered_total", "POST /register answered 201.",
+                     (double)x->st.registered);
+    kvr_prom_counter(p, "kvr_indexer_register_conflicts_total",
+                     "POST /register answered 409 (already registered).",
+                     (double)x->st.register_conflicts);
+    kvr_prom_counter(p, "kvr_indexer_register_refused_total",
+                     "POST /register answered 400 (malformed, bad endpoint, block size).",
+                     (double)x->st.register_refused);
+    kvr_prom_counter(p, "kvr_indexer_unregistered_total", "POST /unregister answered 200.",
+                     (double)x->st.unregistered);
+    kvr_prom_counter(p, "kvr_indexer_unregister_unknown_total", "POST /unregister answered 404.",
+                     (double)x->st.unregister_unknown);
+    part_metrics(x, p);
+    kvr_ix_api_metrics(x->api, p);
+    kvr_http_guard_metrics_all(&x->guard, 1, p);
+    if (p->oom) {
+        reply_error(x, req, 500, "out of memory");
+        return;
+    }
+    reply(x, req, 200, "text/plain; version=0.0.4", p->buf, p->len);
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+    kvr_indexer_t *x = arg;
+    enum evhttp_cmd_type m = evhttp_request_get_command(req);
+    const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(req);
+    const char *path = u && evhttp_uri_get_path(u) ? evhttp_uri_get_path(u) : "/";
+    bool get = m == EVHTTP_REQ_GET, post = m == EVHTTP_REQ_POST;
+    if (kvr_ix_api_handle(x->api, req, path, get, post))
+        return;
+    if (post && strcmp(path, "/register") == 0)
+        h_register(x, req);
+    else if (post && strcmp(path, "/unregister") == 0)
+        h_unregister(x, req);
+    else if (get && strcmp(path, "/workers") == 0)
+        h_workers(x, req);
+    else if (post && strcmp(path, "/register_peer") == 0)
+        h_peer(x, req, true);
+    else if (post && strcmp(path, "/deregister_peer") == 0)
+        h_peer(x, req, false);
+    else if (get && strcmp(path, "/peers") == 0)
+        h_peers(x, req);
+    else if (get && strcmp(path, "/health") == 0)
+        reply(x, req, 200, "text/plain", "OK", 2);
+    else if (get && strcmp(path, "/metrics") == 0)
+        h_metrics(x, req);
+    else
+        reply_error(x, req, 404, "no such route");
+}
+
+/* ---- the ix_api's view of the partitions ---------------------------------------------- */
+
+static int api_find(void *arg, const kvr_ix_query_t *q, kvr_ix_part_t *out)
+{
+    kvr_indexer_t *x = arg;
+    part_t *p =
+        part_find(x, q->model_name, q->model_name_len, q->routing_group, q->routing_group_len);
+    if (p == NULL)
+        return KVR_ENOTFOUND;
+    *out = (kvr_ix_part_t){.ix = p->ix, .block_size = p->block_size};
+    return KVR_OK;
+}
+
+static int dump_event(void *ud, const kvr_event_t *ev)
+{
+    return kvr_rev_encode(ud, ev) == KVR_OK ? 0 : 1;
+}
+
+static int api_dump(void *arg, kvr_json_writer_t *w)
+{
+    kvr_indexer_t *x = arg;
+    kvr_json_begin_object(w);
+    for (size_t i = 0; i < x->n_parts; i++) {
+        part_t *p = x->parts[i];
+        char key[2 * NAME_BYTES + 2];
+        snprintf(key, sizeof key, "%s:%s", p->model, p->group);
+        kvr_json_key(w, key);
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "block_size");
+        kvr_json_u64(w, p->block_size);
+        kvr_json_key(w, "events");
+        kvr_json_begin_array(w);
+        int rc = kvr_ingest_dump(p->g, dump_event, w);
+        if (rc != KVR_OK)
+            return rc;
+        kvr_json_end_array(w);
+        kvr_json_end_object(w);
+    }
+    kvr_json_end_object(w);
+    return kvr_json_writer_status(w);
+}
+
+/* ---- start-up: a peer's dump ---------------------------------------------------------- */
+
+typedef struct recover {
+    kvr_indexer_t *x;
+    bool apply; /* false: the checking pass */
+    part_t *cur;
+    char err[600];
+} recover_t;
+
+static int rec_partition(void *ud, const char *key, size_t len, uint32_t block_size)
+{
+    recover_t *rc = ud;
+    const char *colon = NULL;
+    for (size_t i = len; i-- > 0;)
+        if (key[i] == ':') {
+            colon = key + i;
+            break;
+        }
+    size_t ml = (size_t)(colon - key), gl = len - ml - 1;
+    part_t *p = part_find(rc->x, key, ml, colon + 1, gl);
+    if (p != NULL && p->block_size != block_size) {
+        snprintf(rc->err, sizeof rc->err, "partition %.*s has block size %u there and %u here",
+                 (int)len, key, block_size, p->block_size);
+        return KVR_EMISMATCH;
+    }
+    if (!rc->apply)
+        return KVR_OK;
+    rc->cur = part_get(rc->x, key, ml, colon + 1, gl, block_size, rc->err, sizeof rc->err);
+    return rc->cur != NULL ? KVR_OK : KVR_EINVAL;
+}
+
+static int rec_event(void *ud, const kvr_event_t *ev)
+{
+    recover_t *rc = ud;
+    if (!rc->apply)
+        return 0;
+    if (kvr_index_apply(rc->cur->ix, ev) == KVR_OK)
+        rc->cur->recovered_events++;
+    else
+        rc->cur->recovered_rejected++;
+    return 0;
+}
+
+/* Applies the first peer's dump that reads whole; KVR_OK if one did. */
+static int recover_from_peers(kvr_indexer_t *x, char *why, size_t why_len)
+{
+    uint64_t timeout = x->cfg.peer_timeout_ms ? x->cfg.peer_timeout_ms : 10000;
+    for (size_t i = 0; i < x->n_peers; i++) {
+        kvr_http_fetch_t q = {.url = x->peers[i],
+                              .path = "/dump",
+                              .timeout_ms = timeout,
+                              .max_bytes = (size_t)4 << 30};
+        uint8_t *body = NULL;
+        size_t len = 0;
+        int status = 0;
+        char err[300] = "";
+        int rc = kvr_http_fetch(&q, &body, &len, &status, err, sizeof err);
+        if (rc == KVR_OK && status != 200)
+            snprintf(err, sizeof err, "GET /dump answered %d", status), rc = KVR_EIO;
+        recover_t rec = {.x = x};
+        kvr_rev_sink_t sink = {rec_partition, rec_event, &rec};
+        kvr_rev_report_t rep;
+        if (rc == KVR_OK) /* the checking pass: nothing is applied unless all of it reads */
+            rc = kvr_rev_decode_dump((const char *)body, len, &sink, &rep, err, sizeof err);
+        if (rc == KVR_OK) {
+            rec.apply = true;
+            rc = kvr_rev_decode_dump((const char *)body, len, &sink, &rep, err, sizeof err);
+        }
+        free(body);
+        if (rc == KVR_OK) {
+            snprintf(x->origin, sizeof x->origin, "peer %s: %llu events in %llu partitions",
+                     x->peers[i], (unsigned long long)rep.events,
+                     (unsigned long long)rep.partitions);
+            kvr_log(KVR_LOG_INFO, "index recovered from %s", x->origin);
+            return KVR_OK;
+        }
+        kvr_log(KVR_LOG_WARN, "peer %s: no index recovered: %s%s%s", x->peers[i], err,
+                rec.err[0] ? ": " : "", rec.err);
+        snprintf(why, why_len, "%s: %s", x->peers[i], err);
+    }
+    return KVR_ENOTFOUND;
+}
+
+/* ---- life ----------------------------------------------------------------------------- */
+
+static int register_cli_workers(kvr_indexer_t *x, const kvr_indexer_config_t *given, char *err,
+                                size_t err_len)
+{
+    const kvr_indexer_config_t *c = &x->cfg;
+    for (size_t i = 0; i < given->n_workers; i++) {
+        const kvr_indexer_worker_t *wk = &given->workers[i];
+        kvr_ix_register_t r = {.instance_id = wk->instance_id,
+                               .endpoint = wk->endpoint,
+                               .endpoint_len = strlen(wk->endpoint),
+                               .model_name = c->model_name,
+                               .model_name_len = strlen(c->model_name),
+                               .routing_group = c->routing_group,
+                               .routing_group_len = strlen(c->routing_group),
+                               .block_size = c->block_size,
+                               .dp_rank = wk->dp_rank};
+        char why[600];
+        if (do_register(x, &r, why, sizeof why) != KVR_OK) {
+            snprintf(err, err_len, "--workers: %s", why);
+            return KVR_EINVAL;
+        }
+    }
+    return KVR_OK;
+}
+
+static int open_listener(kvr_indexer_t *x, char *err, size_t err_len)
+{
+    kvr_http_limits_t lim = x->cfg.limits;
+    lim.max_connections = lim.max_connections ? lim.max_connections : 4096;
+    lim.max_header_bytes = lim.max_header_bytes ? lim.max_header_bytes : 65536;
+    lim.max_body_bytes = lim.max_body_bytes ? lim.max_body_bytes : (uint64_t)64 << 20;
+    lim.header_timeout_ms = lim.header_timeout_ms ? lim.header_timeout_ms : 10000;
+    lim.body_timeout_ms = lim.body_timeout_ms ? lim.body_timeout_ms : 30000;
+    lim.idle_timeout_ms = lim.idle_timeout_ms ? lim.idle_timeout_ms : 60000;
+    x->http = evhttp_new(x->base);
+    if (x->http == NULL)
+        return snprintf(err, err_len, "out of memory"), KVR_ENOMEM;
+    evhttp_set_allowed_methods(x->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST);
+    x->guard = kvr_http_guard_new(x->base, x->http, "client", &lim, on_request, x);
+    if (x->guard == NULL)
+        return snprintf(err, err_len, "out of memory"), KVR_ENOMEM;
+    const char *host = x->cfg.bind ? x->cfg.bind : "127.0.0.1";
+    int rc = kvr_http_guard_listen(x->guard, host, x->cfg.port, &x->port);
+    if (rc != KVR_OK)
+        snprintf(err, err_len, "--bind/--port: cannot listen on %s:%u: %s", host, x->cfg.port,
+                 kvr_strerror(rc));
+    return rc;
+}
+
+kvr_indexer_t *kvr_indexer_new(struct event_base *base, const kvr_indexer_config_t *cfg, char *err,
+                               size_t err_len)
+{
+    kvr_indexer_t *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return snprintf(err, err_len, "out of memory"), NULL;
+    x->base = base;
+    x->cfg = *cfg;
+    x->cfg.model_name = cfg->model_name ? cfg->model_name : "default";
+    x->cfg.routing_group = cfg->routing_group ? cfg->routing_group : KVR_IX_DEFAULT_GROUP;
+    x->cfg.max_partitions = cfg->max_partitions ? cfg->max_partitions : 64;
+    x->cfg.workers = NULL; /* not kept */
+    x->cfg.peers = NULL;
+    snprintf(x->origin, sizeof x->origin, "cold");
+    kvr_json_writer_init(&x->w);
+    kvr_prom_init(&x->prom);
+    kvr_ix_api_ops_t ops = {api_find, api_dump, reply, x};
+    x->api = kvr_ix_api_new(&ops);
+    x->dec = kvr_api_decoder_new(NULL);
+    x->out = evbuffer_new();
+    kvr_index_reader_register();
+    if (x->api == NULL || x->dec == NULL || x->out == NULL) {
+        snprintf(err, err_len, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < cfg->n_peers; i++)
+        if (peer_add(x, cfg->peers[i], strlen(cfg->peers[i])) != KVR_OK) {
+            snprintf(err, err_len, "--peers: more than %d peers", KVR_INDEXER_MAX_PEERS);
+            goto fail;
+        }
+    if (register_cli_workers(x, cfg, err, err_len) != KVR_OK)
+        goto fail;
+    char why[700] = "";
+    if (x->n_peers > 0 && recover_from_peers(x, why, sizeof why) != KVR_OK) {
+        snprintf(x->origin, sizeof x->origin, "cold (no peer's dump read: %s)", why);
+        kvr_log(KVR_LOG_WARN, "starting with an empty index: no peer's dump read (last: %s)", why);
+    }
+    for (size_t i = 0; i < x->n_parts; i++)
+        if (part_start(x->parts[i]) != KVR_OK) {
+            snprintf(err, err_len, "cannot start an ingest thread");
+            goto fail;
+        }
+    x->running = true;
+    if (open_listener(x, err, err_len) != KVR_OK)
+        goto fail;
+    return x;
+fail:
+    kvr_indexer_free(x);
+    return NULL;
+}
+
+void kvr_indexer_free(kvr_indexer_t *x)
+{
+    if (x == NULL)
+        return;
+    if (x->http != NULL)
+        evhttp_free(x->http);
+    kvr_http_guard_free(x->guard);
+    for (size_t i = 0; i < x->n_parts; i++)
+        part_free(x->parts[i]);
+    free(x->parts);
+    free(x->regs);
+    for (size_t i = 0; i < x->n_peers; i++)
+        free(x->peers[i]);
+    kvr_ix_api_free(x->api);
+    kvr_api_decoder_free(x->dec);
+    kvr_json_writer_deinit(&x->w);
+    kvr_prom_deinit(&x->prom);
+    if (x->out != NULL)
+        evbuffer_free(x->out);
+    kvr_index_reader_unregister();
+    free(x);
+}
+
+uint16_t kvr_indexer_port(const kvr_indexer_t *x) { return x->port; }
+const char *kvr_indexer_origin(const kvr_indexer_t *x) { return x->origin; }
+void kvr_indexer_drain(kvr_indexer_t *x) { kvr_http_guard_drain(x->guard); }
+uint64_t kvr_indexer_busy(const kvr_indexer_t *x) { return kvr_http_guard_busy(x->guard); }

@@ -1,0 +1,72 @@
+/*
+ * indexer_server.h: the standalone KV indexer (`kvrouter indexer`): one prefix index per
+ * (model_name, routing_group) partition, each fed by its workers' ZeroMQ KV events through its
+ * own ingest thread (gap replay, restart detection and per-rank states as in `serve`), and the
+ * reference indexer's HTTP API on one event loop:
+ *   POST /register      201 {"status":"ok"}; 400 malformed or a block size other than the
+ *                       partition's (both named); 409 the (instance_id, dp_rank) is registered
+ *   POST /unregister    200; 404 not registered (no routing_group: every group; no dp_rank:
+ *                       every rank)
+ *   GET  /workers       [?model_name=&routing_group=] the registrations and their listeners
+ *   POST /query, POST /query_by_hash, GET /dump      net/ix_api.h
+ *   POST /register_peer, POST /deregister_peer, GET /peers
+ *   GET  /health, GET /metrics
+ * The block size of a partition is fixed by its first registration.
+ *
+ * Start-up (kvr_indexer_new): the --workers registrations (their SUB sockets connect, so live
+ * events queue), then with peers the first peer whose GET /dump answers is applied, then the
+ * partitions' ingest threads start (applying the queued events over the dump: stores and
+ * removals already reflected are idempotent), then the listener opens. Ready only then.
+ *
+ * Threads: the loop's thread owns the registry and answers every request (an index reader);
+ * each partition's ingest thread is its index's only writer. Ownership: the server owns its
+ * partitions, ingest threads and listener; base is borrowed.
+ */
+#ifndef KVR_NET_INDEXER_SERVER_H
+#define KVR_NET_INDEXER_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "net/http_guard.h"
+
+struct event_base;
+
+#define KVR_INDEXER_MAX_PEERS 64
+
+/* One --workers registration. */
+typedef struct kvr_indexer_worker {
+    uint64_t instance_id;
+    uint32_t dp_rank;
+    char endpoint[256];
+} kvr_indexer_worker_t;
+
+typedef struct kvr_indexer_config {
+    const char *bind;       /* "127.0.0.1" when NULL */
+    uint16_t port;          /* 0 = any free port */
+    uint32_t block_size;    /* for the --workers registrations */
+    const char *model_name; /* their partition ("default") */
+    const char *routing_group;
+    const kvr_indexer_worker_t *workers;
+    size_t n_workers;
+    const char *const *peers; /* recovered from at start, and listed by GET /peers */
+    size_t n_peers;
+    uint64_t peer_timeout_ms; /* the dump fetch; 0 = 10000 */
+    size_t max_pairs;         /* per partition; 0 = KVR_INDEX_DEFAULT_MAX_PAIRS */
+    size_t max_partitions;    /* 0 = 64 */
+    kvr_http_limits_t limits; /* 0 fields take the router's defaults */
+} kvr_indexer_config_t;
+
+typedef struct kvr_indexer kvr_indexer_t;
+
+/* NULL with err set (naming the flag or the peer) when start-up fails. */
+kvr_indexer_t *kvr_indexer_new(struct event_base *base, const kvr_indexer_config_t *cfg, char *err,
+                               size_t err_len);
+void kvr_indexer_free(kvr_indexer_t *x);
+uint16_t kvr_indexer_port(const kvr_indexer_t *x);
+/* Where the index came from ("cold", or "peer URL: N events"). */
+const char *kvr_indexer_origin(const kvr_indexer_t *x);
+void kvr_indexer_drain(kvr_indexer_t *x);
+uint64_t kvr_indexer_busy(const kvr_indexer_t *x);
+
+#endif
