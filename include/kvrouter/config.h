@@ -107,6 +107,10 @@ typedef struct kvr_router_config {
     uint64_t nats_presence_ttl_ms; /* a presence entry older than this is gone */
     kvr_discovery_mode_t discovery;
     char peers[2048]; /* routers to load the index from at start; "" = from <ns>_routers */
+    /* indexes shared between routers (net/ix_api.c, net/remote_indexer.c) */
+    bool serve_indexer;       /* answer the indexer API's /query, /query_by_hash, /dump */
+    char remote_indexer[512]; /* route with overlaps from this indexer; "" = the local index */
+    uint64_t remote_indexer_timeout_ms; /* a remote answer later than this: zero overlap */
     /* the OpenAI front end (net/frontend.c) */
     uint32_t frontend_max_retries;         /* other workers tried after an upstream failure */
     uint32_t frontend_fence_failures;      /* consecutive upstream failures before fencing */

@@ -1,7 +1,7 @@
 /*
  * cmd_indexer.c: `kvrouter indexer`, the standalone KV indexer daemon (net/indexer_server.h),
- * with the reference indexer's flags. Prints "indexer listening on HOST:PORT" on stdout once
- * it answers. SIGINT / SIGTERM close the listener and stop once the answers in flight are out.
+ * with the reference indexer's flags. Prints "listening HOST:PORT" on stdout once it
+ * answers. SIGINT / SIGTERM close the listener and stop once the answers in flight are out.
  */
 #include <event2/event.h>
 #include <event2/thread.h>
@@ -220,10 +220,10 @@ static int run(indexer_args_t *a)
         event_add(s1, NULL);
     if (s2 != NULL)
         event_add(s2, NULL);
-    printf("indexer listening on %s:%u (index: %s)\n", a->cfg.bind ? a->cfg.bind : "127.0.0.1",
-           kvr_indexer_port(r.x), kvr_indexer_origin(r.x));
+    printf("listening %s:%u\n", a->cfg.bind ? a->cfg.bind : "127.0.0.1", kvr_indexer_port(r.x));
     fflush(stdout);
-    kvr_log(KVR_LOG_INFO, "indexer listening on port %u", kvr_indexer_port(r.x));
+    kvr_log(KVR_LOG_INFO, "indexer listening on port %u (index: %s)", kvr_indexer_port(r.x),
+            kvr_indexer_origin(r.x));
     event_base_dispatch(r.base);
     if (s1)
         event_free(s1);

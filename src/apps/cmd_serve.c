@@ -23,6 +23,7 @@
 #include "net/http_fetch.h"
 #include "net/frontend.h"
 #include "net/ingest.h"
+#include "net/ix_serve.h"
 #include "net/log.h"
 #include "net/nats_link.h"
 #include "net/replica_sync.h"
@@ -180,6 +181,7 @@ typedef struct daemon_parts {
     kvr_replicas_t *replicas;
     kvr_replica_sync_t *sync;
     kvr_discovery_t *disc;
+    kvr_ix_serve_t *ixs; /* serve_indexer */
     struct event *sigint, *sigterm;
     struct event *drain;  /* watches the answers in flight while draining */
     uint64_t drain_deadline_ms, grace_ms;
@@ -250,6 +252,7 @@ static void teardown(daemon_parts_t *d)
     kvr_replica_sync_free(d->sync); /* publishes its last batch */
     kvr_replicas_free(d->replicas);
     kvr_nats_free(d->nats); /* deletes this router's presence entry, then closes */
+    kvr_ix_serve_free(d->ixs);
     kvr_frontend_free(d->fe); /* before the API server: it answers what is in flight */
     kvr_api_server_free(d->api);
     kvr_sched_free(d->sched); /* after both front doors: they hold tickets and handles */
@@ -497,6 +500,10 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     }
     if ((d->fe = kvr_frontend_new(d->base, d->api, d->sched, c, &st, err, sizeof err)) == NULL) {
         fprintf(stderr, "kvrouter serve: %s\n", err);
+        return st;
+    }
+    if (c->serve_indexer && (d->ixs = kvr_ix_serve_new(d->api, d->ix, d->g, &st)) == NULL) {
+        fprintf(stderr, "kvrouter serve: serve_indexer: %s\n", kvr_strerror(st));
         return st;
     }
     for (size_t i = 0; i < a->n_workers; i++) {

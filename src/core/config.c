@@ -211,19 +211,30 @@ static const field_t FIELDS[] = {
     {"router_replica_sync", T_BOOL, OFF(router_replica_sync), 0, 0, false, NULL, 0, "false",
      "share active load with the other router replicas over NATS (needs nats_url): each "
      "publishes its bookings, first tokens and frees on <namespace>.active_sequences"},
-    {"nats_presence_ttl_ms", T_U64, OFF(nats_presence_ttl_ms), 300, 3600000, false, NULL, 0,
-     "3000",
+    {"nats_presence_ttl_ms", T_U64, OFF(nats_presence_ttl_ms), 300, 3600000, false, NULL, 0, "3000",
      "a router's or worker's presence entry is refreshed every third of this; one not refreshed "
      "for this long is gone (its requests freed, the worker fenced)"},
     {"discovery", T_ENUM, OFF(discovery), 0, 0, false, DISC, 0, "static",
      "static = workers come from --worker and POST /v1/workers only; nats = also from the "
      "<namespace>_workers bucket, live (needs nats_url)"},
-    {"peers", T_STR, OFF(peers), 0, 0, false, NULL, sizeof(((kvr_router_config_t *)0)->peers),
-     "",
+    {"peers", T_STR, OFF(peers), 0, 0, false, NULL, sizeof(((kvr_router_config_t *)0)->peers), "",
      "comma-separated urls of router replicas to load the index from at start (their GET "
      "/v1/index/snapshot, the admin listener's when they have one), so a new replica starts "
      "with the fleet's cache picture; empty = the live routers of <namespace>_routers when "
      "nats_url is set (none: it starts cold)"},
+    {"serve_indexer", T_BOOL, OFF(serve_indexer), 0, 0, false, NULL, 0, "false",
+     "also answer the indexer API (POST /query, POST /query_by_hash, GET /dump) from this "
+     "router's index, so other routers can use it with remote_indexer (needs router_mode kv "
+     "and overlap_score_credit > 0)"},
+    {"remote_indexer", T_STR, OFF(remote_indexer), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->remote_indexer), "",
+     "http://host:port of an indexer (kvrouter indexer, a router with serve_indexer, or the "
+     "reference's indexer) whose overlaps this router routes with instead of a local index; "
+     "empty = the local index"},
+    {"remote_indexer_timeout_ms", T_U64, OFF(remote_indexer_timeout_ms), 1, 60000, false, NULL, 0,
+     "20",
+     "a remote indexer's answer later than this: the decision is taken with zero overlap "
+     "(counted, logged)"},
     {"seed", T_U64, OFF(seed), 0, U64MAX, false, NULL, 0, "0",
      "seed for random tie-breaks and sampling; 0 = from the clock"},
     {"frontend_max_retries", T_U32, OFF(frontend_max_retries), 0, 16, false, NULL, 0, "2",
@@ -564,6 +575,46 @@ int kvr_config_from_text(kvr_router_config_t *cfg, const char *text, size_t len,
     return KVR_OK;
 }
 
+/* serve_indexer / remote_indexer: which combinations make sense (the reference's checks). */
+static int check_indexer_settings(const kvr_router_config_t *cfg, char *err, size_t err_len)
+{
+    const char *mode = MODES[cfg->router_mode];
+    bool remote = cfg->remote_indexer[0] != '\0';
+    if (cfg->serve_indexer && remote) {
+        seterr(err, err_len,
+               "serve_indexer: cannot be combined with remote_indexer (a router "
+               "serves its own index or uses another's)");
+        return KVR_EINVAL;
+    }
+    if (cfg->serve_indexer && (cfg->router_mode != KVR_MODE_KV || !cfg->use_kv_events)) {
+        seterr(err, err_len, "serve_indexer: needs router_mode kv with KV events (got %s%s)", mode,
+               cfg->use_kv_events ? "" : ", use_kv_events false");
+        return KVR_EINVAL;
+    }
+    if ((cfg->serve_indexer || remote) && cfg->overlap_score_credit == 0) {
+        seterr(err, err_len, "%s: needs overlap_score_credit > 0 (0 keeps no prefix index)",
+               remote ? "remote_indexer" : "serve_indexer");
+        return KVR_EINVAL;
+    }
+    if (!remote)
+        return KVR_OK;
+    if (cfg->router_mode != KVR_MODE_KV && cfg->router_mode != KVR_MODE_APPROX) {
+        seterr(err, err_len, "remote_indexer: needs router_mode kv or approx (got %s)", mode);
+        return KVR_EINVAL;
+    }
+    if (strcmp(cfg->remote_indexer, "nats") == 0) {
+        if (cfg->nats_url[0] == '\0') {
+            seterr(err, err_len, "remote_indexer: nats needs nats_url");
+            return KVR_EINVAL;
+        }
+    } else if (strncmp(cfg->remote_indexer, "http://", 7) != 0 || cfg->remote_indexer[7] == '\0') {
+        seterr(err, err_len, "remote_indexer: '%.200s' is neither an http://host:port URL nor nats",
+               cfg->remote_indexer);
+        return KVR_EINVAL;
+    }
+    return KVR_OK;
+}
+
 int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_len)
 {
     if (cfg->router_track_output_blocks && !cfg->router_track_active_blocks) {
@@ -611,6 +662,9 @@ int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_le
         seterr(err, err_len, "discovery: nats needs nats_url");
         return KVR_EINVAL;
     }
+    rc = check_indexer_settings(cfg, err, err_len);
+    if (rc != KVR_OK)
+        return rc;
     if (cfg->admin_port.set && cfg->admin_port.v != 0 && cfg->admin_port.v == cfg->http_port) {
         seterr(err, err_len, "admin_port: must differ from http_port (%u)", cfg->http_port);
         return KVR_EINVAL;

@@ -2,9 +2,10 @@
  * access.h: who may call what. The router's HTTP endpoints fall in three classes:
  *   open   GET /health, GET /ready: probes; never need a token;
  *   client the OpenAI front end, /v1/route and the request lifecycle, /v1/query, /v1/loads,
- *          POST /router;
+ *          POST /router, the indexer API's POST /query and /query_by_hash (serve_indexer);
  *   read   GET /v1/workers, GET /metrics: client calls served on both listeners;
- *   admin  fleet changes: POST /v1/workers, DELETE /v1/workers/ID, GET /v1/dump.
+ *   admin  fleet changes: POST /v1/workers, DELETE /v1/workers/ID; index copies: GET /v1/dump,
+ *          GET /v1/index/snapshot, GET /dump.
  * With an admin listener (admin_port), admin calls are served there only and client calls on
  * the client port only (open and read calls on both): anything else is
  * 404 naming the right listener. Tokens (Authorization: Bearer): with api_key_file, client

@@ -78,7 +78,7 @@ typedef struct kvr_api_extension {
 void kvr_api_server_reply(kvr_api_server_t *s, struct evhttp_request *req, int code,
                           const char *ctype, const char *data, size_t len);
 
-#define KVR_API_MAX_EXTENSIONS 4
+#define KVR_API_MAX_EXTENSIONS 8
 /* Adds one (KVR_EFULL past KVR_API_MAX_EXTENSIONS); asked in the order added. */
 int kvr_api_server_add_extension(kvr_api_server_t *s, const kvr_api_extension_t *ext);
 /* Removes the one added with this arg. */

@@ -92,7 +92,8 @@ typedef struct rd {
     int status;
     char *err;
     size_t err_len;
-    char where[160]; /* "<partition>: events[i]" */
+    char where[160]; /* "<partition>" or "<partition>: events[i]" */
+    const char *sep; /* between where and the message: ": " or "." */
     kvr_block_t *blocks;
     size_t blocks_cap;
     uint64_t *removed;
@@ -110,7 +111,7 @@ __attribute__((format(printf, 3, 4))) static int rfail(rd_t *r, int st, const ch
     va_end(ap);
     r->status = st;
     if (r->err_len > 0)
-        snprintf(r->err, r->err_len, "%s%s%s", r->where, r->where[0] ? "." : "", msg);
+        snprintf(r->err, r->err_len, "%s%s%s", r->where, r->where[0] ? r->sep : "", msg);
     return st;
 }
 
@@ -303,6 +304,7 @@ static int event_elem(rd_t *r, size_t idx, size_t v, size_t e, void *ud)
     (void)e;
     part_ctx_t *pc = ud;
     snprintf(r->where, sizeof r->where, "%s: events[%zu]", pc->label, idx);
+    r->sep = ".";
     if (r->b[v] != '{')
         return rfail(r, KVR_EINVAL, "must be an object");
     kvr_event_t ev = {0};
@@ -339,6 +341,7 @@ static int read_partition(rd_t *r, const kvr_json_member_t *m, const kvr_rev_sin
     char label[80];
     kvr_jd_clip(label, sizeof label, (const unsigned char *)key, klen);
     snprintf(r->where, sizeof r->where, "%s", label);
+    r->sep = ": ";
     if (memchr(key, '\\', klen) != NULL || memchr(key, ':', klen) == NULL)
         return rfail(r, KVR_EINVAL, "partition key: must read <model>:<group> without escapes");
     if (r->b[m->val] != '{')

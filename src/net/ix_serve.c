@@ -1,0 +1,191 @@
+/*
+ * ix_serve.c: a router's index behind the indexer API (partitions and threads in
+ * ix_serve.h). The partition of a query is found by one pass over the router's workers (a
+ * router has at most max_workers; the pass is a few hundred nanoseconds at 64).
+ */
+#include "net/ix_serve.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvrouter/router.h"
+#include "net/ix_api.h"
+#include "wire/router_event_json.h"
+
+#define MAX_IDS 65536
+
+struct kvr_ix_serve {
+    kvr_api_server_t *api;
+    kvr_router_t *r;
+    kvr_index_t *ix;
+    kvr_ingest_t *g;
+    kvr_ix_api_t *ixa;
+    uint64_t *ids;
+    char model[KVR_MODEL_BYTES]; /* the partition of the query being answered */
+    bool any_model;              /* no worker declares a model: every worker counts */
+    /* the dump's current model filter */
+    const char *dump_model;
+    kvr_json_writer_t *dump_w;
+};
+
+static const char *model_of(const kvr_ix_serve_t *s, uint64_t id)
+{
+    const kvr_worker_spec_t *sp = kvr_router_worker(s->r, id);
+    return sp != NULL ? sp->model : NULL;
+}
+
+static bool keep(void *arg, kvr_worker_t w)
+{
+    kvr_ix_serve_t *s = arg;
+    if (s->any_model)
+        return true;
+    const char *m = model_of(s, w.worker_id);
+    return m != NULL && (m[0] == '\0' || strcmp(m, s->model) == 0);
+}
+
+static int find(void *arg, const kvr_ix_query_t *q, kvr_ix_part_t *out)
+{
+    kvr_ix_serve_t *s = arg;
+    if (strcmp(q->routing_group, "default") != 0 || q->model_name_len >= sizeof s->model)
+        return KVR_ENOTFOUND;
+    const kvr_router_config_t *c = kvr_router_config(s->r);
+    size_t n = kvr_router_worker_ids(s->r, s->ids, MAX_IDS);
+    bool named = false, match = false;
+    const kvr_worker_spec_t *first = NULL;
+    for (size_t i = 0; i < n; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(s->r, s->ids[i]);
+        if (sp == NULL || sp->model[0] == '\0')
+            continue;
+        named = true;
+        if (strcmp(sp->model, q->model_name) == 0) {
+            match = true;
+            first = first ? first : sp;
+        }
+    }
+    if (named && !match)
+        return KVR_ENOTFOUND;
+    s->any_model = !named;
+    memcpy(s->model, q->model_name, q->model_name_len + 1);
+    *out = (kvr_ix_part_t){.ix = s->ix,
+                           .block_size =
+                               first && first->block_size ? first->block_size : c->block_size,
+                           .eagle = first ? first->eagle : false,
+                           .keep = keep,
+                           .keep_arg = s};
+    return KVR_OK;
+}
+
+static int dump_event(void *ud, const kvr_event_t *ev)
+{
+    kvr_ix_serve_t *s = ud;
+    const char *m = model_of(s, ev->worker.worker_id);
+    if (m == NULL || strcmp(m, s->dump_model) != 0)
+        return 0; /* another model's (or a worker removed meanwhile) */
+    return kvr_rev_encode(s->dump_w, ev) == KVR_OK ? 0 : 1;
+}
+
+/* The distinct models of the workers, "" included, into models[0..n). */
+static size_t distinct_models(kvr_ix_serve_t *s, const char **models, size_t cap)
+{
+    size_t n = kvr_router_worker_ids(s->r, s->ids, MAX_IDS), k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *m = model_of(s, s->ids[i]);
+        bool seen = m == NULL;
+        for (size_t j = 0; j < k && !seen; j++)
+            seen = strcmp(models[j], m) == 0;
+        if (!seen && k < cap)
+            models[k++] = m;
+    }
+    return k;
+}
+
+static int dump(void *arg, kvr_json_writer_t *w)
+{
+    kvr_ix_serve_t *s = arg;
+    const uint32_t bs = kvr_router_config(s->r)->block_size;
+    const char *models[256];
+    size_t n = distinct_models(s, models, 256);
+    kvr_json_begin_object(w);
+    for (size_t i = 0; i < n; i++) {
+        char key[KVR_MODEL_BYTES + 16];
+        snprintf(key, sizeof key, "%s:default", models[i][0] ? models[i] : "default");
+        kvr_json_key(w, key);
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "block_size");
+        uint32_t mbs = bs;
+        for (size_t j = 0, m = kvr_router_worker_ids(s->r, s->ids, MAX_IDS); j < m; j++) {
+            const kvr_worker_spec_t *sp = kvr_router_worker(s->r, s->ids[j]);
+            if (sp && strcmp(sp->model, models[i]) == 0 && sp->block_size) {
+                mbs = sp->block_size;
+                break;
+            }
+        }
+        kvr_json_u64(w, mbs);
+        kvr_json_key(w, "events");
+        kvr_json_begin_array(w);
+        s->dump_model = models[i];
+        s->dump_w = w;
+        int rc = kvr_ingest_dump(s->g, dump_event, s);
+        if (rc != KVR_OK)
+            return rc;
+        kvr_json_end_array(w);
+        kvr_json_end_object(w);
+    }
+    kvr_json_end_object(w);
+    return kvr_json_writer_status(w);
+}
+
+static void reply(void *arg, struct evhttp_request *req, int code, const char *ctype,
+                  const char *data, size_t len)
+{
+    kvr_ix_serve_t *s = arg;
+    kvr_api_server_reply(s->api, req, code, ctype, data, len);
+}
+
+static bool ext_handle(void *arg, struct evhttp_request *req, const char *path, bool get, bool post)
+{
+    kvr_ix_serve_t *s = arg;
+    return kvr_ix_api_handle(s->ixa, req, path, get, post);
+}
+
+static void ext_metrics(void *arg, struct kvr_prom *p)
+{
+    kvr_ix_serve_t *s = arg;
+    kvr_ix_api_metrics(s->ixa, p);
+}
+
+kvr_ix_serve_t *kvr_ix_serve_new(kvr_api_server_t *api, kvr_index_t *ix, kvr_ingest_t *g,
+                                 int *status)
+{
+    kvr_ix_serve_t *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return *status = KVR_ENOMEM, NULL;
+    s->api = api;
+    s->r = kvr_api_server_router(api);
+    s->ix = ix;
+    s->g = g;
+    s->ids = calloc(MAX_IDS, sizeof *s->ids);
+    kvr_ix_api_ops_t ops = {find, dump, reply, s};
+    s->ixa = kvr_ix_api_new(&ops);
+    kvr_api_extension_t ext = {.handle = ext_handle, .metrics = ext_metrics, .arg = s};
+    if (s->ids == NULL || s->ixa == NULL ||
+        (*status = kvr_api_server_add_extension(api, &ext)) != KVR_OK) {
+        *status = *status != KVR_OK ? *status : KVR_ENOMEM;
+        kvr_ix_api_free(s->ixa);
+        free(s->ids);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void kvr_ix_serve_free(kvr_ix_serve_t *s)
+{
+    if (s == NULL)
+        return;
+    kvr_api_server_remove_extension(s->api, s);
+    kvr_ix_api_free(s->ixa);
+    free(s->ids);
+    free(s);
+}

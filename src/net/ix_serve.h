@@ -1,0 +1,28 @@
+/*
+ * ix_serve.h: `serve --serve-indexer`: the router's own index behind the indexer API
+ * (net/ix_api.h) on the router's HTTP port, as an API-server extension: POST /query and POST
+ * /query_by_hash (client class), GET /dump (admin class).
+ *
+ * Partitions: a router has one index for all its workers, so a partition is a model: a query
+ * naming model_name M counts the workers of M and those that declare no model; when no worker
+ * declares a model, any model_name is the router's one partition. routing_group must be
+ * "default" (a router has no routing groups). The block size and Eagle setting are the
+ * model's workers' (else the router's). The dump has one entry per model ("<model>:default",
+ * "default:default" for workers without one).
+ * Threads: the HTTP thread. Ownership: borrows the API server, router, index and ingest.
+ */
+#ifndef KVR_NET_IX_SERVE_H
+#define KVR_NET_IX_SERVE_H
+
+#include "kvrouter.h"
+#include "net/api_server.h"
+#include "net/ingest.h"
+
+typedef struct kvr_ix_serve kvr_ix_serve_t;
+
+/* Adds itself to the API server's extensions; NULL with *status on failure. */
+kvr_ix_serve_t *kvr_ix_serve_new(kvr_api_server_t *api, kvr_index_t *ix, kvr_ingest_t *g,
+                                 int *status);
+void kvr_ix_serve_free(kvr_ix_serve_t *s);
+
+#endif
