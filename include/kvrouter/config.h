@@ -157,7 +157,8 @@ int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_le
 void kvr_config_resolve(kvr_router_config_t *cfg, char *note, size_t note_len);
 
 /* Whether the router keeps a prefix index: approx mode, or kv mode with overlap_score_credit
- * > 0 (with credit 0 the reference runs no indexer and subscribes to no KV events). */
+ * > 0 (with credit 0 the reference runs no indexer and subscribes to no KV events) and no
+ * remote_indexer (whose index stands in for it). */
 bool kvr_config_uses_index(const kvr_router_config_t *cfg);
 
 /* Help text for every field: name, default, meaning; one per line into out. Returns the

@@ -177,6 +177,12 @@ typedef struct kvr_route_req {
     bool hashed;
     const uint64_t *block_hashes, *seq_hashes;
     size_t n_hashed;
+    /* Optional: the prompt's overlaps found elsewhere (a remote indexer's answer). The route
+     * takes them instead of looking its own index up (a rank not in the registry is
+     * skipped); n_matches 0 = no rank holds any of the prompt. */
+    bool has_matches;
+    const kvr_match_t *matches;
+    size_t n_matches;
 } kvr_route_req_t;
 
 /* Blocks of q's prompt as the router hashes it (its model's block size; Eagle: one token

@@ -24,6 +24,7 @@
 #include "net/frontend.h"
 #include "net/ingest.h"
 #include "net/ix_serve.h"
+#include "net/remote_indexer.h"
 #include "net/log.h"
 #include "net/nats_link.h"
 #include "net/replica_sync.h"
@@ -181,7 +182,8 @@ typedef struct daemon_parts {
     kvr_replicas_t *replicas;
     kvr_replica_sync_t *sync;
     kvr_discovery_t *disc;
-    kvr_ix_serve_t *ixs; /* serve_indexer */
+    kvr_ix_serve_t *ixs;  /* serve_indexer */
+    kvr_remote_ix_t *rix; /* remote_indexer */
     struct event *sigint, *sigterm;
     struct event *drain;  /* watches the answers in flight while draining */
     uint64_t drain_deadline_ms, grace_ms;
@@ -253,6 +255,7 @@ static void teardown(daemon_parts_t *d)
     kvr_replicas_free(d->replicas);
     kvr_nats_free(d->nats); /* deletes this router's presence entry, then closes */
     kvr_ix_serve_free(d->ixs);
+    kvr_remote_ix_free(d->rix); /* before the scheduler: its lookups end without a callback */
     kvr_frontend_free(d->fe); /* before the API server: it answers what is in flight */
     kvr_api_server_free(d->api);
     kvr_sched_free(d->sched); /* after both front doors: they hold tickets and handles */
@@ -505,6 +508,18 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     if (c->serve_indexer && (d->ixs = kvr_ix_serve_new(d->api, d->ix, d->g, &st)) == NULL) {
         fprintf(stderr, "kvrouter serve: serve_indexer: %s\n", kvr_strerror(st));
         return st;
+    }
+    if (c->remote_indexer[0] != '\0') {
+        kvr_remote_ix_config_t rc = {.base = d->base,
+                                     .api = d->api,
+                                     .sched = d->sched,
+                                     .url = c->remote_indexer,
+                                     .timeout_ms = c->remote_indexer_timeout_ms,
+                                     .block_size = c->block_size};
+        if ((d->rix = kvr_remote_ix_new(&rc, &st, err, sizeof err)) == NULL) {
+            fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(st));
+            return st;
+        }
     }
     for (size_t i = 0; i < a->n_workers; i++) {
         if ((st = kvr_api_server_add_worker(d->api, &a->workers[i], err, sizeof err)) != KVR_OK) {

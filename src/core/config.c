@@ -598,8 +598,11 @@ static int check_indexer_settings(const kvr_router_config_t *cfg, char *err, siz
     }
     if (!remote)
         return KVR_OK;
-    if (cfg->router_mode != KVR_MODE_KV && cfg->router_mode != KVR_MODE_APPROX) {
-        seterr(err, err_len, "remote_indexer: needs router_mode kv or approx (got %s)", mode);
+    if (cfg->router_mode != KVR_MODE_KV) {
+        seterr(err, err_len,
+               "remote_indexer: needs router_mode kv with KV events (got %s%s; approximate mode "
+               "records its decisions in its own index)",
+               mode, cfg->use_kv_events ? "" : ", use_kv_events false");
         return KVR_EINVAL;
     }
     if (strcmp(cfg->remote_indexer, "nats") == 0) {
@@ -717,7 +720,8 @@ void kvr_config_resolve(kvr_router_config_t *cfg, char *note, size_t note_len)
 bool kvr_config_uses_index(const kvr_router_config_t *cfg)
 {
     return cfg->router_mode == KVR_MODE_APPROX ||
-           (cfg->router_mode == KVR_MODE_KV && cfg->overlap_score_credit > 0);
+           (cfg->router_mode == KVR_MODE_KV && cfg->overlap_score_credit > 0 &&
+            cfg->remote_indexer[0] == '\0');
 }
 
 size_t kvr_config_help(char *out, size_t out_len)

@@ -877,8 +877,22 @@ long kvr_router_hash(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *
     return hash_into(q, &p, block_hashes, seq_hashes, cap);
 }
 
-/* Looks the prompt up and writes each rank's tiers into cands. */
-static int fill_overlap(kvr_router_t *r, size_t n_blocks)
+/* Writes matches' tiers into the candidates of the ranks they name. */
+static void apply_matches(kvr_router_t *r, const kvr_match_t *m, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        long k = rank_index(r, m[i].worker);
+        if (k < 0)
+            continue; /* a rank the registry no longer has */
+        r->cands[k].device_blocks = m[i].device_blocks;
+        r->cands[k].host_blocks = m[i].host_blocks;
+        r->cands[k].disk_blocks = m[i].disk_blocks;
+    }
+}
+
+/* Looks the prompt up (or takes the request's own matches) and writes each rank's tiers into
+ * cands. */
+static int fill_overlap(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks)
 {
     for (size_t i = 0; i < r->n_ranks; i++) {
         kvr_select_candidate_t *c = &r->cands[i];
@@ -886,21 +900,19 @@ static int fill_overlap(kvr_router_t *r, size_t n_blocks)
         c->fenced = r->w[r->rank_widx[i]].fenced;
         c->unfit = !r->all_fit && !r->wfit[r->rank_widx[i]];
     }
-    if (r->ix == NULL || n_blocks == 0 || r->cfg.router_mode == KVR_MODE_ROUND_ROBIN ||
+    if (n_blocks == 0 || r->cfg.router_mode == KVR_MODE_ROUND_ROBIN ||
         r->cfg.router_mode == KVR_MODE_RANDOM || r->cfg.router_mode == KVR_MODE_LEAST_LOADED)
+        return KVR_OK;
+    if (q->has_matches) {
+        apply_matches(r, q->matches, q->n_matches);
+        return KVR_OK;
+    }
+    if (r->ix == NULL)
         return KVR_OK;
     int rc = kvr_index_lookup(r->ix, r->cur_seq, n_blocks, &r->lk);
     if (rc != KVR_OK)
         return rc;
-    for (size_t m = 0; m < r->lk.n_matches; m++) {
-        const kvr_match_t *mt = &r->lk.matches[m];
-        long k = rank_index(r, mt->worker);
-        if (k < 0)
-            continue; /* a rank the registry no longer has */
-        r->cands[k].device_blocks = mt->device_blocks;
-        r->cands[k].host_blocks = mt->host_blocks;
-        r->cands[k].disk_blocks = mt->disk_blocks;
-    }
+    apply_matches(r, r->lk.matches, r->lk.n_matches);
     return KVR_OK;
 }
 
@@ -1190,7 +1202,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         rc = (int)n_blocks;
     uint64_t t1 = mono_ns();
     if (rc == KVR_OK)
-        rc = fill_overlap(r, (size_t)n_blocks);
+        rc = fill_overlap(r, q, (size_t)n_blocks);
     uint64_t t2 = mono_ns();
     if (rc == KVR_OK)
         rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
@@ -1307,7 +1319,7 @@ int kvr_router_query(kvr_router_t *r, const kvr_route_req_t *q, kvr_rank_score_t
     enum kvr_router_mode saved = r->cfg.router_mode;
     if (saved != KVR_MODE_APPROX)
         r->cfg.router_mode = KVR_MODE_KV; /* a query always reads the index */
-    int rc = fill_overlap(r, (size_t)n_blocks);
+    int rc = fill_overlap(r, q, (size_t)n_blocks);
     r->cfg.router_mode = saved;
     if (rc != KVR_OK)
         return rc;
@@ -1334,7 +1346,7 @@ int kvr_router_loads(kvr_router_t *r, const kvr_route_req_t *q, kvr_load_project
     long n_blocks = hash_prompt(r, q);
     if (n_blocks < 0)
         return (int)n_blocks;
-    rc = fill_overlap(r, (size_t)n_blocks);
+    rc = fill_overlap(r, q, (size_t)n_blocks);
     if (rc == KVR_OK)
         rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
     if (rc != KVR_OK)

@@ -36,6 +36,13 @@ typedef struct entry {
     kvr_sched_done_fn done;
     void *arg;
     bool warmup; /* queued by the start-up wait (expiry answers KVR_ENOWORKER) */
+    /* waiting for its overlaps (on the awaiting list until the source answers) */
+    struct entry *prev, *next;
+    kvr_ticket_t ticket;
+    uint32_t strict_priority;
+    bool cancelled; /* its client went away: freed when the source answers */
+    struct kvr_sched *sched;
+    kvr_match_t *matches; /* the source's answer (owned) */
 } entry_t;
 
 struct kvr_sched {
@@ -49,7 +56,19 @@ struct kvr_sched {
     kvr_sched_trigger_t why; /* of the running pass */
     uint64_t dispatched[KVR_SCHED_N_TRIGGERS];
     uint64_t applied[2];
+    kvr_overlap_source_t src; /* src.lookup NULL: the router's own index */
+    entry_t *awaiting;        /* placements waiting for their overlaps */
+    size_t n_awaiting;
+    uint64_t next_ticket; /* awaiting tickets: top bit set (the queue's never have it) */
 };
+
+#define AWAIT_TICKET_BIT ((kvr_ticket_t)1 << 63)
+
+static void entry_free(entry_t *e)
+{
+    free(e->matches);
+    free(e);
+}
 
 void kvr_sched_config_from(kvr_sched_config_t *out, const kvr_router_config_t *cfg)
 {
@@ -103,8 +122,13 @@ void kvr_sched_free(kvr_sched_t *s)
     if (s->queue != NULL) {
         kvr_queue_entry_t e;
         while (kvr_queue_pop(s->queue, &e) == KVR_OK)
-            free(e.item.user);
+            entry_free(e.item.user);
         kvr_queue_free(s->queue);
+    }
+    while (s->awaiting != NULL) { /* the source was freed first: it calls back no more */
+        entry_t *e = s->awaiting;
+        s->awaiting = e->next;
+        entry_free(e);
     }
     free(s);
 }
@@ -205,7 +229,7 @@ static int entry_new(kvr_sched_t *s, const kvr_place_t *p, entry_t **out)
     entry_t *e = malloc(bytes);
     if (e == NULL)
         return KVR_ENOMEM;
-    *e = (entry_t){.q = *q, .done = p->done, .arg = p->arg};
+    *e = (entry_t){.q = *q, .done = p->done, .arg = p->arg, .strict_priority = p->strict_priority};
     uint64_t *lbh = (uint64_t *)(void *)(e + 1), *seq = lbh + (own_hashes ? n : 0);
     if (!q->hashed) {
         long m = kvr_router_hash(s->r, q, lbh, seq, n);
@@ -239,33 +263,146 @@ static bool warm(kvr_sched_t *s)
 
 bool kvr_sched_warm(kvr_sched_t *s) { return warm(s); }
 
+/* Queues an entry (taken: freed on failure). */
+static int enqueue_entry(kvr_sched_t *s, entry_t *e, uint64_t now_ms, kvr_ticket_t *ticket)
+{
+    e->warmup = !s->warm;
+    kvr_queue_item_t it = {.isl_tokens = e->q.n_tokens,
+                           .cost_tokens = e->q.n_tokens,
+                           .priority_jump = e->q.priority_jump,
+                           .strict_priority = e->strict_priority,
+                           .timeout_ms =
+                               e->warmup ? s->cfg.initial_wait_ms : s->cfg.queue_timeout_ms,
+                           .user = e};
+    int rc = kvr_queue_push(s->queue, &it, now_ms, ticket);
+    if (rc != KVR_OK)
+        entry_free(e);
+    return rc;
+}
+
 static int enqueue(kvr_sched_t *s, const kvr_place_t *p, uint64_t now_ms, kvr_ticket_t *ticket)
 {
     entry_t *e = NULL;
     int rc = entry_new(s, p, &e);
     if (rc != KVR_OK)
         return rc;
-    e->warmup = !s->warm;
-    kvr_queue_item_t it = {.isl_tokens = p->q->n_tokens,
-                           .cost_tokens = p->q->n_tokens,
-                           .priority_jump = p->q->priority_jump,
-                           .strict_priority = p->strict_priority,
-                           .timeout_ms =
-                               e->warmup ? s->cfg.initial_wait_ms : s->cfg.queue_timeout_ms,
-                           .user = e};
-    rc = kvr_queue_push(s->queue, &it, now_ms, ticket);
-    if (rc != KVR_OK)
-        free(e);
-    return rc;
+    return enqueue_entry(s, e, now_ms, ticket);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Placing */
 
+/* ---- overlaps from a source ---- */
+
+void kvr_sched_set_overlap_source(kvr_sched_t *s, const kvr_overlap_source_t *src)
+{
+    s->src = src != NULL ? *src : (kvr_overlap_source_t){0};
+}
+
+size_t kvr_sched_awaiting(const kvr_sched_t *s) { return s->n_awaiting; }
+
+bool kvr_sched_has_overlap_source(const kvr_sched_t *s) { return s->src.lookup != NULL; }
+
+static void await_unlink(kvr_sched_t *s, entry_t *e)
+{
+    if (e->prev != NULL)
+        e->prev->next = e->next;
+    else
+        s->awaiting = e->next;
+    if (e->next != NULL)
+        e->next->prev = e->prev;
+    e->prev = e->next = NULL;
+    s->n_awaiting--;
+}
+
+/* An entry with its overlaps: routed now, queued while busy (or during the start-up wait), or
+ * its client told the outcome. */
+static void place_entry(kvr_sched_t *s, entry_t *e, uint64_t now_ms)
+{
+    kvr_sched_done_fn done = e->done;
+    void *arg = e->arg;
+    kvr_route_res_t res;
+    memset(&res, 0, sizeof res);
+    kvr_ticket_t t;
+    bool may_wait = e->q.update_state;
+    bool may_queue = s->cfg.queue && may_wait;
+    int rc;
+    if ((may_wait && !warm(s)) || (may_queue && kvr_queue_len(s->queue) > 0)) {
+        rc = enqueue_entry(s, e, now_ms, &t); /* the wait, or a backlog not to overtake */
+        if (rc == KVR_OK)
+            return;
+        done(arg, rc, &res);
+        return;
+    }
+    rc = kvr_router_route(s->r, &e->q, now_ms, &res);
+    if (rc == KVR_EBUSY && may_queue) {
+        rc = enqueue_entry(s, e, now_ms, &t);
+        if (rc == KVR_OK)
+            return;
+        done(arg, rc, &res);
+        return;
+    }
+    if (rc == KVR_OK)
+        notify_routed(s, &res);
+    entry_free(e);
+    done(arg, rc, &res);
+}
+
+/* The source's answer for entry ctx. */
+static void on_overlaps(void *ctx, int status, const kvr_match_t *m, size_t n, uint64_t now_ms)
+{
+    entry_t *e = ctx;
+    kvr_sched_t *s = e->sched;
+    await_unlink(s, e);
+    if (e->cancelled) {
+        entry_free(e);
+        return;
+    }
+    e->q.has_matches = true;
+    e->q.matches = NULL;
+    e->q.n_matches = 0;
+    if (status == KVR_OK && n > 0) {
+        e->matches = malloc(n * sizeof *m);
+        if (e->matches != NULL) { /* out of memory: zero overlap, as a failed lookup */
+            memcpy(e->matches, m, n * sizeof *m);
+            e->q.matches = e->matches;
+            e->q.n_matches = n;
+        }
+    }
+    place_entry(s, e, now_ms);
+}
+
+/* Starts the source's lookup for p: KVR_OK with *ticket, or an error (nothing started). */
+static int await_overlaps(kvr_sched_t *s, const kvr_place_t *p, kvr_ticket_t *ticket)
+{
+    entry_t *e = NULL;
+    int rc = entry_new(s, p, &e);
+    if (rc != KVR_OK)
+        return rc;
+    e->sched = s;
+    e->ticket = AWAIT_TICKET_BIT | ++s->next_ticket;
+    e->next = s->awaiting;
+    if (s->awaiting != NULL)
+        s->awaiting->prev = e;
+    s->awaiting = e;
+    s->n_awaiting++;
+    rc = s->src.lookup(s->src.arg, &e->q, on_overlaps, e);
+    if (rc != KVR_OK) {
+        await_unlink(s, e);
+        entry_free(e);
+        return rc;
+    }
+    *ticket = e->ticket;
+    return KVR_OK;
+}
+
 int kvr_sched_place(kvr_sched_t *s, const kvr_place_t *p, uint64_t now_ms, kvr_route_res_t *res,
                     kvr_ticket_t *ticket)
 {
     *ticket = 0;
+    if (s->src.lookup != NULL && p->done != NULL && !p->q->has_matches &&
+        await_overlaps(s, p, ticket) == KVR_OK)
+        return KVR_OK;
     bool may_wait = p->q->update_state && p->done != NULL;
     if (may_wait && !warm(s))
         return enqueue(s, p, now_ms, ticket); /* the start-up wait */
@@ -290,10 +427,18 @@ int kvr_sched_place(kvr_sched_t *s, const kvr_place_t *p, uint64_t now_ms, kvr_r
 
 bool kvr_sched_cancel(kvr_sched_t *s, kvr_ticket_t t)
 {
+    if (t & AWAIT_TICKET_BIT) {
+        for (entry_t *a = s->awaiting; a != NULL; a = a->next)
+            if (a->ticket == t && !a->cancelled) {
+                a->cancelled = true; /* freed when the source answers */
+                return true;
+            }
+        return false;
+    }
     kvr_queue_entry_t e;
     if (s->queue == NULL || t == 0 || kvr_queue_remove(s->queue, t, &e) != KVR_OK)
         return false;
-    free(e.item.user);
+    entry_free(e.item.user);
     return true;
 }
 
@@ -318,7 +463,7 @@ static void dispatch_pass(kvr_sched_t *s, uint64_t now_ms)
             notify_routed(s, &res);
         kvr_sched_done_fn done = e->done;
         void *arg = e->arg;
-        free(e);
+        entry_free(e);
         done(arg, rc, &res); /* may re-enter (returns at once); the loop peeks again */
     }
 }
@@ -343,7 +488,7 @@ static void expire_queue(kvr_sched_t *s, uint64_t now_ms)
         kvr_sched_done_fn done = e->done;
         void *arg = e->arg;
         int rc = e->warmup ? KVR_ENOWORKER : KVR_EBUSY;
-        free(e);
+        entry_free(e);
         done(arg, rc, NULL);
     }
 }

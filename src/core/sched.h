@@ -94,6 +94,31 @@ bool kvr_sched_warm(kvr_sched_t *s);
  * then never called. */
 bool kvr_sched_cancel(kvr_sched_t *s, kvr_ticket_t t);
 
+/* ---- overlaps from elsewhere ---- */
+/* An asynchronous source of a prompt's overlaps (a remote indexer, net/remote_indexer.h).
+ * With one set, a placement that may wait (done set) is not routed at once: its prompt is
+ * hashed, the source asked, and the placement returns a ticket; when the source answers, the
+ * request is routed with the overlaps given (kvr_route_req_t.matches), or queued as any other
+ * when every worker is busy, and done is called as for a queued request. A source that fails
+ * or times out answers with status != KVR_OK and no matches: the request is routed with zero
+ * overlap (the source counts it). Placements without done are routed at once with the
+ * router's own index (none: zero overlap). */
+typedef void (*kvr_overlap_done_fn)(void *ctx, int status, const kvr_match_t *matches, size_t n,
+                                    uint64_t now_ms);
+typedef struct kvr_overlap_source {
+    /* Starts a lookup of q's prompt (q->hashed: its local block hashes); calls done(ctx, ...)
+     * exactly once, on the owner thread, and never from inside lookup. Non-OK: nothing will
+     * be called (the request is routed at once with zero overlap). */
+    int (*lookup)(void *arg, const kvr_route_req_t *q, kvr_overlap_done_fn done, void *ctx);
+    void *arg;
+} kvr_overlap_source_t;
+/* src NULL: back to the router's own index. The source must outlive the lookups it started. */
+void kvr_sched_set_overlap_source(kvr_sched_t *s, const kvr_overlap_source_t *src);
+/* Whether an overlap source is set (a placement with done then always answers through it). */
+bool kvr_sched_has_overlap_source(const kvr_sched_t *s);
+/* Placements waiting for their overlaps. */
+size_t kvr_sched_awaiting(const kvr_sched_t *s);
+
 /* ---- lifecycle ---- */
 
 typedef enum kvr_sched_kind {

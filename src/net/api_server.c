@@ -285,7 +285,9 @@ static void on_queued_done(void *arg, int rc, const kvr_route_res_t *res)
 static void route_and_reply(kvr_api_server_t *s, struct evhttp_request *req,
                             const kvr_route_req_t *q, bool tagged, uint32_t strict_priority)
 {
-    waiter_t *w = q->update_state ? waiter_get(s) : NULL;
+    /* a placement answered later: one that may queue, or any with a remote indexer */
+    bool later = q->update_state || kvr_sched_has_overlap_source(s->sched);
+    waiter_t *w = later ? waiter_get(s) : NULL;
     kvr_place_t pl = {.q = q,
                       .strict_priority = strict_priority,
                       .copy = true,
@@ -443,6 +445,13 @@ static bool prepare_query(kvr_api_server_t *s, struct evhttp_request *req, query
 
 static void h_query(kvr_api_server_t *s, struct evhttp_request *req)
 {
+    if (s->cfg.remote_indexer[0] != '\0') {
+        api_reply_error(s, req, 409, "invalid_request_error",
+                        "this router keeps no index: it routes with the overlaps of "
+                        "remote_indexer %s (ask its POST /query)",
+                        s->cfg.remote_indexer);
+        return;
+    }
     size_t n = 0;
     kvr_route_req_t q;
     if (!prepare_query(s, req, kvr_api_decode_query, &q))
@@ -794,6 +803,8 @@ const char *api_index_state(const kvr_api_server_t *s, const kvr_worker_spec_t *
         const kvr_router_config_t *c = kvr_router_config(s->r);
         if (c->router_mode == KVR_MODE_APPROX)
             return "approximate";
+        if (c->remote_indexer[0] != '\0')
+            return "remote";
         if (!kvr_config_uses_index(c))
             return "not_indexed";
     }

@@ -1,0 +1,417 @@
+/*
+ * remote_indexer.c: the router's overlaps from a remote indexer (contract in
+ * remote_indexer.h).
+ *
+ * Invariants: a call is in exactly one place: the wait list, a slot (in flight), or the free
+ * list; its done has been called at most once (finished), always from the loop, never from
+ * inside kvr_sched's lookup call (sending is deferred to the kick event). A slot's connection
+ * lives as long as the module (evhttp reconnects it on the next request after a failure).
+ * Memory: calls are recycled through the free list; the matches buffer and the body writer
+ * are reused. Cost per lookup: one JSON body (~21 bytes a block) and one HTTP round trip.
+ */
+#include "net/remote_indexer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "core/endpoint.h"
+#include "net/log.h"
+#include "wire/ix_answer.h"
+#include "wire/json_writer.h"
+#include "wire/prom.h"
+
+#define MAX_SLOTS 64
+#define MAX_MATCHES 65536
+
+typedef struct call call_t;
+typedef struct slot {
+    struct evhttp_connection *conn;
+    call_t *call; /* in flight, or NULL */
+    struct kvr_remote_ix *x;
+} slot_t;
+
+struct call {
+    struct kvr_remote_ix *x;
+    kvr_overlap_done_fn done;
+    void *ctx;
+    struct event *timer;
+    struct evbuffer *body;
+    uint64_t start_ns;
+    bool finished; /* done called (the deadline passed first) */
+    call_t *next;  /* wait list or free list */
+};
+
+struct kvr_remote_ix {
+    kvr_remote_ix_config_t cfg;
+    kvr_url_t url;
+    char path[300];
+    char model[KVR_MODEL_BYTES];
+    slot_t slots[MAX_SLOTS];
+    size_t n_slots;
+    call_t *wait_head, *wait_tail, *free_calls;
+    struct event *kick;
+    kvr_json_writer_t w;
+    kvr_match_t *m;
+    size_t m_cap;
+    kvr_remote_ix_stats_t st;
+    kvr_ratelimit_t rl;
+    kvr_hist_t h_rtt;
+    bool closing;
+};
+
+static const double RTT_BUCKETS[] = {5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3,
+                                     5e-3, 1e-2, 2e-2, 5e-2, 0.1,  0.5};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void call_put(kvr_remote_ix_t *x, call_t *c)
+{
+    evtimer_del(c->timer);
+    evbuffer_drain(c->body, evbuffer_get_length(c->body));
+    c->finished = false;
+    c->next = x->free_calls;
+    x->free_calls = c;
+}
+
+static void on_timeout(evutil_socket_t fd, short what, void *arg);
+
+static call_t *call_get(kvr_remote_ix_t *x)
+{
+    call_t *c = x->free_calls;
+    if (c != NULL) {
+        x->free_calls = c->next;
+        c->next = NULL;
+        return c;
+    }
+    c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    c->x = x;
+    c->timer = evtimer_new(x->cfg.base, on_timeout, c);
+    c->body = evbuffer_new();
+    if (c->timer == NULL || c->body == NULL) {
+        if (c->timer)
+            event_free(c->timer);
+        if (c->body)
+            evbuffer_free(c->body);
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void call_destroy(call_t *c)
+{
+    event_free(c->timer);
+    evbuffer_free(c->body);
+    free(c);
+}
+
+/* The one place a caller is told (zero overlap unless status is KVR_OK). */
+static void finish(kvr_remote_ix_t *x, call_t *c, int status, size_t n)
+{
+    c->finished = true;
+    evtimer_del(c->timer);
+    x->st.reachable = status == KVR_OK;
+    c->done(c->ctx, status, status == KVR_OK ? x->m : NULL, status == KVR_OK ? n : 0, kvr_now_ms());
+}
+
+/* ---- sending ---- */
+
+static void on_answer(struct evhttp_request *req, void *arg);
+
+static void send_call(kvr_remote_ix_t *x, slot_t *sl, call_t *c)
+{
+    struct evhttp_request *req = evhttp_request_new(on_answer, sl);
+    sl->call = c;
+    x->st.in_flight++;
+    if (req == NULL) {
+        on_answer(NULL, sl);
+        return;
+    }
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Host", x->url.host_hdr);
+    evhttp_add_header(h, "Content-Type", "application/json");
+    evbuffer_add_buffer(evhttp_request_get_output_buffer(req), c->body);
+    if (evhttp_make_request(sl->conn, req, EVHTTP_REQ_POST, x->path) != 0 && sl->call == c)
+        on_answer(NULL, sl); /* refused before any callback: the request is freed by libevent */
+}
+
+/* Sends waiting calls on idle slots (from the loop, never inside a lookup). */
+static void on_kick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    kvr_remote_ix_t *x = arg;
+    for (size_t i = 0; i < x->n_slots && x->wait_head != NULL; i++) {
+        if (x->slots[i].call != NULL)
+            continue;
+        call_t *c = x->wait_head;
+        x->wait_head = c->next;
+        if (x->wait_head == NULL)
+            x->wait_tail = NULL;
+        c->next = NULL;
+        x->st.waiting--;
+        send_call(x, &x->slots[i], c);
+    }
+}
+
+static void kick(kvr_remote_ix_t *x)
+{
+    if (x->wait_head != NULL && !x->closing)
+        event_active(x->kick, EV_TIMEOUT, 0);
+}
+
+/* ---- answers and deadlines ---- */
+
+static int read_answer(kvr_remote_ix_t *x, struct evhttp_request *req, size_t *n)
+{
+    int code = req != NULL ? evhttp_request_get_response_code(req) : 0;
+    if (code == 0) {
+        x->st.failed_connect++;
+        kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                        "remote indexer %s:%u: no answer (connection refused or lost); this "
+                        "decision has zero overlap",
+                        x->url.host, x->url.port);
+        return KVR_EIO;
+    }
+    struct evbuffer *b = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(b);
+    const char *text = len > 0 ? (const char *)evbuffer_pullup(b, -1) : "";
+    if (code != 200) {
+        x->st.failed_status++;
+        kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                        "remote indexer %s:%u answered %d: %.200s; this decision has zero "
+                        "overlap",
+                        x->url.host, x->url.port, code, text);
+        return KVR_EIO;
+    }
+    char err[200];
+    int rc = kvr_ix_answer_parse(text, len, x->cfg.block_size, MAX_MATCHES, &x->m, &x->m_cap, n,
+                                 err, sizeof err);
+    if (rc != KVR_OK) {
+        x->st.failed_answer++;
+        kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                        "remote indexer %s:%u: its answer does not read: %s; this decision has "
+                        "zero overlap",
+                        x->url.host, x->url.port, err);
+    }
+    return rc;
+}
+
+static void on_answer(struct evhttp_request *req, void *arg)
+{
+    slot_t *sl = arg;
+    kvr_remote_ix_t *x = sl->x;
+    call_t *c = sl->call;
+    if (x->closing || c == NULL)
+        return;
+    sl->call = NULL;
+    x->st.in_flight--;
+    if (c->finished) {
+        x->st.late_answers++;
+        call_put(x, c);
+        kick(x);
+        return;
+    }
+    size_t n = 0;
+    int rc = read_answer(x, req, &n);
+    if (rc == KVR_OK) {
+        x->st.answered++;
+        kvr_hist_observe(&x->h_rtt, (double)(now_ns() - c->start_ns) * 1e-9);
+    }
+    finish(x, c, rc, n);
+    call_put(x, c);
+    kick(x);
+}
+
+static void on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    call_t *c = arg;
+    kvr_remote_ix_t *x = c->x;
+    x->st.timeouts++;
+    kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                    "remote indexer %s:%u: no answer within remote_indexer_timeout_ms (%llu "
+                    "ms); this decision has zero overlap",
+                    x->url.host, x->url.port, (unsigned long long)x->cfg.timeout_ms);
+    /* still waiting for a connection: out of the list; in flight: its answer is dropped */
+    for (call_t **p = &x->wait_head, *prev = NULL; *p != NULL; prev = *p, p = &(*p)->next) {
+        if (*p != c)
+            continue;
+        *p = c->next;
+        if (x->wait_tail == c)
+            x->wait_tail = prev;
+        x->st.waiting--;
+        finish(x, c, KVR_EIO, 0);
+        call_put(x, c);
+        return;
+    }
+    finish(x, c, KVR_EIO, 0);
+}
+
+/* ---- the scheduler's overlap source ---- */
+
+static int lookup(void *arg, const kvr_route_req_t *q, kvr_overlap_done_fn done, void *ctx)
+{
+    kvr_remote_ix_t *x = arg;
+    if (x->closing)
+        return KVR_EIO;
+    call_t *c = call_get(x);
+    if (c == NULL)
+        return KVR_ENOMEM;
+    const char *model = q->model != NULL && q->model_len > 0 ? q->model : x->model;
+    size_t model_len = q->model != NULL && q->model_len > 0 ? q->model_len : strlen(x->model);
+    const char *body;
+    size_t len;
+    if (kvr_ix_answer_encode_query(&x->w, q->block_hashes, q->n_hashed, model, model_len) !=
+            KVR_OK ||
+        kvr_json_writer_finish(&x->w, &body, &len) != KVR_OK ||
+        evbuffer_add(c->body, body, len) != 0) {
+        call_put(x, c);
+        return KVR_ENOMEM;
+    }
+    c->done = done;
+    c->ctx = ctx;
+    c->start_ns = now_ns();
+    struct timeval tv = {(time_t)(x->cfg.timeout_ms / 1000),
+                         (suseconds_t)(x->cfg.timeout_ms % 1000) * 1000};
+    evtimer_add(c->timer, &tv);
+    if (x->wait_tail != NULL)
+        x->wait_tail->next = c;
+    else
+        x->wait_head = c;
+    x->wait_tail = c;
+    x->st.waiting++;
+    x->st.lookups++;
+    kick(x);
+    return KVR_OK;
+}
+
+/* ---- the API extension: metrics and the state line ---- */
+
+static void ext_metrics(void *arg, struct kvr_prom *p)
+{
+    kvr_remote_ix_t *x = arg;
+    kvr_prom_counter(p, "kvr_remote_indexer_lookups_total",
+                     "Placements whose overlaps were asked of the remote indexer.",
+                     (double)x->st.lookups);
+    kvr_prom_counter(p, "kvr_remote_indexer_answered_total",
+                     "Lookups the remote indexer answered in time.", (double)x->st.answered);
+    kvr_prom_family(p, "kvr_remote_indexer_failures_total", "counter",
+                    "Lookups routed with zero overlap, by cause.");
+    const struct {
+        const char *cause;
+        uint64_t v;
+    } f[] = {{"timeout", x->st.timeouts},
+             {"connect", x->st.failed_connect},
+             {"status", x->st.failed_status},
+             {"answer", x->st.failed_answer}};
+    for (size_t i = 0; i < 4; i++) {
+        kvr_prom_label_t l = {"cause", f[i].cause};
+        kvr_prom_sample(p, "kvr_remote_indexer_failures_total", &l, 1, (double)f[i].v);
+    }
+    kvr_prom_counter(p, "kvr_remote_indexer_late_answers_total",
+                     "Answers that came after their deadline (dropped).",
+                     (double)x->st.late_answers);
+    kvr_prom_gauge(p, "kvr_remote_indexer_reachable",
+                   "1 when the last lookup was answered, else 0.", x->st.reachable ? 1 : 0);
+    kvr_prom_gauge(p, "kvr_remote_indexer_waiting", "Lookups waiting for a connection.",
+                   (double)x->st.waiting);
+    kvr_prom_hist(p, "kvr_remote_indexer_rtt_seconds", NULL, 0, &x->h_rtt);
+}
+
+static bool ext_detail(void *arg, const char **key, const char **value)
+{
+    kvr_remote_ix_t *x = arg;
+    *key = "remote";
+    *value = x->st.lookups == 0 ? "unknown" : x->st.reachable ? "reachable" : "unreachable";
+    return true;
+}
+
+/* ---- life ---- */
+
+kvr_remote_ix_t *kvr_remote_ix_new(const kvr_remote_ix_config_t *cfg, int *status, char *err,
+                                   size_t err_len)
+{
+    kvr_remote_ix_t *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return *status = KVR_ENOMEM, NULL;
+    x->cfg = *cfg;
+    x->rl = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    kvr_json_writer_init(&x->w);
+    kvr_hist_init(&x->h_rtt, RTT_BUCKETS, sizeof RTT_BUCKETS / sizeof *RTT_BUCKETS);
+    snprintf(x->model, sizeof x->model, "%s", cfg->default_model ? cfg->default_model : "default");
+    char why[300];
+    if (kvr_endpoint_parse_url(cfg->url, NULL, &x->url, why, sizeof why) != KVR_OK) {
+        snprintf(err, err_len, "remote_indexer: %s", why);
+        kvr_remote_ix_free(x);
+        return *status = KVR_EINVAL, NULL;
+    }
+    snprintf(x->path, sizeof x->path, "%s/query_by_hash", x->url.base_path);
+    x->n_slots = cfg->max_connections ? cfg->max_connections : 16;
+    x->n_slots = x->n_slots > MAX_SLOTS ? MAX_SLOTS : x->n_slots;
+    uint64_t conn_ms = cfg->timeout_ms * 10 < 1000 ? 1000 : cfg->timeout_ms * 10;
+    struct timeval ctv = {(time_t)(conn_ms / 1000), (suseconds_t)(conn_ms % 1000) * 1000};
+    for (size_t i = 0; i < x->n_slots; i++) {
+        x->slots[i].x = x;
+        x->slots[i].conn = evhttp_connection_base_new(cfg->base, NULL, x->url.host, x->url.port);
+        if (x->slots[i].conn == NULL) {
+            kvr_remote_ix_free(x);
+            return *status = KVR_ENOMEM, NULL;
+        }
+        evhttp_connection_set_timeout_tv(x->slots[i].conn, &ctv);
+    }
+    x->kick = event_new(cfg->base, -1, 0, on_kick, x);
+    kvr_api_extension_t ext = {.metrics = ext_metrics, .detail = ext_detail, .arg = x};
+    if (x->kick == NULL || (*status = kvr_api_server_add_extension(cfg->api, &ext)) != KVR_OK) {
+        *status = x->kick == NULL ? KVR_ENOMEM : *status;
+        kvr_remote_ix_free(x);
+        return NULL;
+    }
+    kvr_overlap_source_t src = {lookup, x};
+    kvr_sched_set_overlap_source(cfg->sched, &src);
+    *status = KVR_OK;
+    return x;
+}
+
+void kvr_remote_ix_free(kvr_remote_ix_t *x)
+{
+    if (x == NULL)
+        return;
+    x->closing = true;
+    if (x->cfg.sched != NULL)
+        kvr_sched_set_overlap_source(x->cfg.sched, NULL);
+    if (x->cfg.api != NULL)
+        kvr_api_server_remove_extension(x->cfg.api, x);
+    for (size_t i = 0; i < x->n_slots; i++) {
+        if (x->slots[i].conn != NULL)
+            evhttp_connection_free(x->slots[i].conn); /* in-flight requests: no callback */
+        if (x->slots[i].call != NULL)
+            call_destroy(x->slots[i].call);
+    }
+    for (call_t *c = x->wait_head, *n; c != NULL; c = n) {
+        n = c->next;
+        call_destroy(c);
+    }
+    for (call_t *c = x->free_calls, *n; c != NULL; c = n) {
+        n = c->next;
+        call_destroy(c);
+    }
+    if (x->kick != NULL)
+        event_free(x->kick);
+    kvr_json_writer_deinit(&x->w);
+    free(x->m);
+    free(x);
+}
+
+void kvr_remote_ix_stats(const kvr_remote_ix_t *x, kvr_remote_ix_stats_t *out) { *out = x->st; }

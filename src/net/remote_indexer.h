@@ -1,0 +1,59 @@
+/*
+ * remote_indexer.h: `serve --remote-indexer URL`: the router's overlaps come from another
+ * indexer (a `kvrouter indexer`, a router with serve_indexer, or the reference's indexer)
+ * instead of a local index. It is the scheduler's overlap source (core/sched.h): for each
+ * placement it POSTs the prompt's local block hashes to URL/query_by_hash (model_name: the
+ * request's model, else remote_indexer_model) and hands the scores back as the request's
+ * matches (device tier; the answer's tokens divided by this router's block size).
+ *
+ * A failure (connection refused or reset, a non-200 answer, an answer that does not read, a
+ * block-size mismatch) or no answer within remote_indexer_timeout_ms degrades that one
+ * decision to zero overlap: counted by cause in /metrics, logged with a rate limit, and shown
+ * as "remote: unreachable" in /health and GET /v1/workers until an answer comes again.
+ *
+ * Connections: up to 16 keep-alive connections, one request in flight on each; lookups beyond
+ * wait in FIFO order (their deadline runs from the placement). A late answer after its
+ * deadline is read and dropped (its connection stays usable); an answer that never comes is
+ * ended by the connection's own timeout (10x the deadline, at least 1 s).
+ * Threads: the HTTP thread only. Ownership: borrows the base and the API server; free it
+ * before the scheduler (lookups in flight are dropped without a callback).
+ */
+#ifndef KVR_NET_REMOTE_INDEXER_H
+#define KVR_NET_REMOTE_INDEXER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/sched.h"
+#include "net/api_server.h"
+
+struct event_base;
+
+typedef struct kvr_remote_ix_config {
+    struct event_base *base;
+    kvr_api_server_t *api; /* its extension: metrics, detail line */
+    kvr_sched_t *sched;    /* set as its overlap source */
+    const char *url;       /* http://host:port[/base] */
+    uint64_t timeout_ms;
+    uint32_t block_size;       /* what the router hashes with */
+    const char *default_model; /* model_name for requests without one ("default" if NULL) */
+    size_t max_connections;    /* 0 = 16 */
+} kvr_remote_ix_config_t;
+
+typedef struct kvr_remote_ix_stats {
+    uint64_t lookups, answered, timeouts, failed_connect, failed_status, failed_answer;
+    uint64_t late_answers; /* came after their deadline: dropped */
+    uint64_t waiting;      /* gauge: lookups waiting for a connection */
+    uint64_t in_flight;    /* gauge */
+    bool reachable;        /* the last lookup was answered */
+} kvr_remote_ix_stats_t;
+
+typedef struct kvr_remote_ix kvr_remote_ix_t;
+
+/* NULL with err naming the setting (remote_indexer: a bad url). */
+kvr_remote_ix_t *kvr_remote_ix_new(const kvr_remote_ix_config_t *cfg, int *status, char *err,
+                                   size_t err_len);
+void kvr_remote_ix_free(kvr_remote_ix_t *x);
+void kvr_remote_ix_stats(const kvr_remote_ix_t *x, kvr_remote_ix_stats_t *out);
+
+#endif
