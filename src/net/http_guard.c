@@ -371,7 +371,8 @@ static void evhttp_error_message(const kvr_http_guard_t *g, int code, char *msg,
         snprintf(msg, cap, "request body larger than %llu bytes (http_max_body_bytes)",
                  (unsigned long long)g->lim.max_body_bytes);
     else if (code == 405 || code == 501)
-        snprintf(msg, cap, "method not allowed (GET, POST and DELETE are served)");
+        snprintf(msg, cap, "method not allowed (%s are served)",
+                 g->lim.methods ? g->lim.methods : "GET, POST and DELETE");
     else if (code == 400)
         snprintf(msg, cap, "malformed HTTP request");
     else

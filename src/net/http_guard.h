@@ -44,6 +44,8 @@ typedef struct kvr_http_limits {
     uint64_t header_timeout_ms; /* from the first byte of a request (or the accept) to its head */
     uint64_t body_timeout_ms;   /* from the head to the end of the body */
     uint64_t idle_timeout_ms;   /* a kept-alive connection between requests */
+    const char *methods;        /* named in the 501 for others ("GET and POST"); NULL: "GET,
+                                   POST and DELETE" */
 } kvr_http_limits_t;
 
 typedef struct kvr_http_guard_stats {

@@ -814,6 +814,7 @@ static int open_listener(kvr_indexer_t *x, char *err, size_t err_len)
     lim.header_timeout_ms = lim.header_timeout_ms ? lim.header_timeout_ms : 10000;
     lim.body_timeout_ms = lim.body_timeout_ms ? lim.body_timeout_ms : 30000;
     lim.idle_timeout_ms = lim.idle_timeout_ms ? lim.idle_timeout_ms : 60000;
+    lim.methods = "GET and POST";
     x->http = evhttp_new(x->base);
     if (x->http == NULL)
         return snprintf(err, err_len, "out of memory"), KVR_ENOMEM;
@@ -863,7 +864,7 @@ kvr_indexer_t *kvr_indexer_new(struct event_base *base, const kvr_indexer_config
         goto fail;
     char why[700] = "";
     if (x->n_peers > 0 && recover_from_peers(x, why, sizeof why) != KVR_OK) {
-        snprintf(x->origin, sizeof x->origin, "cold (no peer's dump read: %s)", why);
+        snprintf(x->origin, sizeof x->origin, "cold (no peer's dump read: %.500s)", why);
         kvr_log(KVR_LOG_WARN, "starting with an empty index: no peer's dump read (last: %s)", why);
     }
     for (size_t i = 0; i < x->n_parts; i++)

@@ -7,6 +7,8 @@
  *     overlap is found when dispatched, with no tokens);
  *   - a callback that frees a booking re-enters: the running pass places the next one;
  *   - observers see local and peer events; a peer's free applies by id;
+ *   - an overlap source (a remote indexer): a placement waits for its answer, a failure
+ *     routes with zero overlap, a cancel is never called back, a busy fleet queues it;
  *   - a model test: random places, lifecycle calls, cancels and ticks against a model of the
  *     bookings and the queue. After every step: kvr_sched_verify, the router holds exactly the
  *     model's bookings, every ticket is answered once (never after a cancel), and the queue
@@ -733,6 +735,113 @@ static int run_seed(unsigned long seed, int steps)
     return failures;
 }
 
+/* ---- an asynchronous overlap source (a remote indexer's contract) ---- */
+
+typedef struct fake_src {
+    int lookups;
+    size_t n_hashed;
+    kvr_overlap_done_fn done[8];
+    void *ctx[8];
+    int refuse; /* lookup returns this when non-zero */
+} fake_src_t;
+
+static int fake_lookup(void *arg, const kvr_route_req_t *q, kvr_overlap_done_fn done, void *ctx)
+{
+    fake_src_t *fs = arg;
+    if (fs->refuse)
+        return fs->refuse;
+    assert_true(q->hashed);
+    fs->n_hashed = q->n_hashed;
+    fs->done[fs->lookups] = done;
+    fs->ctx[fs->lookups++] = ctx;
+    return KVR_OK;
+}
+
+/* With a source, a placement that may wait returns a ticket and is routed only when the source
+ * answers, with its matches; a failed answer routes with zero overlap; a cancelled one is
+ * dropped when the answer comes (never called back); a busy fleet queues the answered one;
+ * a placement without a callback, or a refused lookup, routes at once. */
+static void test_overlap_source(void **st)
+{
+    (void)st;
+    fx_t f;
+    make(&f, 3, true);
+    fake_src_t fs = {0};
+    kvr_overlap_source_t src = {fake_lookup, &fs};
+    kvr_sched_set_overlap_source(f.s, &src);
+    assert_true(kvr_sched_has_overlap_source(f.s));
+    kvr_route_res_t res;
+    kvr_ticket_t t;
+    outcome_t o = {.f = &f};
+    prompt(toks, 5, 64);
+    assert_int_equal(place(&f, toks, 64, &o, &res, &t), KVR_OK);
+    assert_true(t != 0);
+    assert_int_equal(fs.lookups, 1);
+    assert_int_equal(fs.n_hashed, 4);
+    assert_int_equal(kvr_sched_awaiting(f.s), 1);
+    assert_int_equal(o.calls, 0);
+    assert_int_equal(live(&f), 0);
+    /* worker 3 holds 3 of the 4 blocks: the decision follows the source */
+    kvr_match_t m[2] = {{.worker = {3, 0}, .device_blocks = 3},
+                        {.worker = {99, 0}, .device_blocks = 4}};
+    fs.done[0](fs.ctx[0], KVR_OK, m, 2, 1001);
+    assert_int_equal(o.calls, 1);
+    assert_int_equal(o.rc, KVR_OK);
+    assert_int_equal(o.res.worker.worker_id, 3);
+    assert_int_equal(o.res.device_blocks, 3);
+    assert_int_equal(kvr_sched_awaiting(f.s), 0);
+    assert_int_equal(live(&f), 1);
+    /* a failed lookup: zero overlap, still routed */
+    outcome_t o2 = {.f = &f};
+    assert_int_equal(place(&f, toks, 64, &o2, &res, &t), KVR_OK);
+    fs.done[1](fs.ctx[1], KVR_EIO, NULL, 0, 1002);
+    assert_int_equal(o2.calls, 1);
+    assert_int_equal(o2.rc, KVR_OK);
+    assert_int_equal(o2.res.device_blocks, 0);
+    /* cancelled while waiting: never called back, freed when the answer comes */
+    outcome_t o3 = {.f = &f};
+    assert_int_equal(place(&f, toks, 64, &o3, &res, &t), KVR_OK);
+    assert_true(kvr_sched_cancel(f.s, t));
+    assert_false(kvr_sched_cancel(f.s, t));
+    fs.done[2](fs.ctx[2], KVR_OK, m, 1, 1003);
+    assert_int_equal(o3.calls, 0);
+    assert_int_equal(kvr_sched_awaiting(f.s), 0);
+    assert_int_equal(live(&f), 2);
+    /* without a callback, or when the source refuses: routed at once (no index match) */
+    assert_int_equal(place(&f, toks, 64, NULL, &res, &t), KVR_OK);
+    assert_int_equal(t, 0);
+    fs.refuse = KVR_ENOMEM;
+    outcome_t o4 = {.f = &f};
+    assert_int_equal(place(&f, toks, 64, &o4, &res, &t), KVR_OK);
+    assert_int_equal(t, 0);
+    assert_int_equal(o4.calls, 0);
+    fs.refuse = 0;
+    assert_int_equal(live(&f), 4);
+    /* busy everywhere: the answered request joins the queue, then goes on a load change */
+    static uint32_t big[3][2048];
+    kvr_route_res_t held[3];
+    kvr_sched_set_overlap_source(f.s, NULL);
+    for (int i = 0; i < 3; i++) {
+        prompt(big[i], 10 + (uint32_t)i, 2048);
+        assert_int_equal(place(&f, big[i], 2048, NULL, &held[i], &t), KVR_OK);
+    }
+    kvr_sched_set_overlap_source(f.s, &src);
+    outcome_t o5 = {.f = &f};
+    assert_int_equal(place(&f, toks, 64, &o5, &res, &t), KVR_OK);
+    fs.done[3](fs.ctx[3], KVR_OK, m, 1, 1004);
+    assert_int_equal(o5.calls, 0);
+    assert_int_equal(kvr_sched_queued(f.s), 1);
+    assert_int_equal(kvr_sched_first_token(f.s, held[2].handle, 1005), KVR_OK);
+    assert_int_equal(o5.calls, 1);
+    assert_int_equal(o5.rc, KVR_OK);
+    /* a request left waiting when the scheduler goes is freed with it (no callback) */
+    outcome_t o6 = {.f = &f};
+    assert_int_equal(place(&f, toks, 64, &o6, &res, &t), KVR_OK);
+    assert_int_equal(kvr_sched_awaiting(f.s), 1);
+    unmake(&f);
+    assert_int_equal(o6.calls, 0);
+}
+
 static void test_model(void **st)
 {
     (void)st;
@@ -754,6 +863,7 @@ int main(void)
         cmocka_unit_test(test_reentrant_release),
         cmocka_unit_test(test_observers_and_peer_events),
         cmocka_unit_test(test_peer_admits),
+        cmocka_unit_test(test_overlap_source),
         cmocka_unit_test(test_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,8 @@
 /*
  * test_ix_bodies.c: the indexer API's bodies: the JSON decoders (wire/api_json.c, indexer
  * kinds), the MessagePack query decoder (wire/ix_query_mp.c), and the RouterEvent dump
- * writer and reader (wire/router_event_json.c).
+ * writer and reader (wire/router_event_json.c), and the /query_by_hash answer a router with a
+ * remote indexer reads (wire/ix_answer.c).
  *
  * Checked: every field and default, the reference's aliases and ignored fields, i64 / u64
  * block hashes, each error with its message, the JSON and MessagePack forms (map and array)
@@ -21,6 +22,7 @@
 
 #include "kvrouter.h"
 #include "wire/api_json.h"
+#include "wire/ix_answer.h"
 #include "wire/ix_query_mp.h"
 #include "wire/json_writer.h"
 #include "wire/router_event_json.h"
@@ -466,12 +468,73 @@ static void test_dump_errors(void **s)
                       "m:g: events[0].event.dp_rank: not an integer in [0, 4294967295]");
 }
 
+/* ---- the answer a remote-indexer router reads, and the body it sends ---- */
+
+static void test_answer(void **s)
+{
+    (void)s;
+    kvr_match_t *m = NULL;
+    size_t cap = 0, n = 0;
+    char err[256];
+    const char *a = "{\"scores\":{\"7\":{\"0\":48,\"1\":0},\"18446744073709551615\":{\"3\":16}},"
+                    "\"frequencies\":[2,1,1],\"instances\":{\"7\":{\"gpu\":48}}}";
+    assert_int_equal(kvr_ix_answer_parse(a, strlen(a), 16, 100, &m, &cap, &n, err, sizeof err),
+                     KVR_OK);
+    assert_int_equal(n, 2); /* the rank with 0 tokens holds nothing */
+    assert_int_equal(m[0].worker.worker_id, 7);
+    assert_int_equal(m[0].device_blocks, 3);
+    assert_true(m[1].worker.worker_id == UINT64_MAX);
+    assert_int_equal(m[1].worker.dp_rank, 3);
+    assert_int_equal(m[1].device_blocks, 1);
+    struct {
+        const char *text, *msg;
+        size_t max;
+    } bad[] = {
+        {"{\"scores\":{\"7\":{\"0\":40}}}",
+         "scores: 40 tokens is not a whole number of "
+         "16-token blocks (the indexer's block size differs "
+         "from this router's)",
+         100},
+        {"{\"scores\":{\"07\":{\"0\":16}}}", "scores: a key is not an instance id in [0, 2^64)",
+         100},
+        {"{\"scores\":{\"7\":{\"x\":16}}}", "scores.7: a key is not a dp_rank in [0, 4294967295]",
+         100},
+        {"{\"scores\":{\"7\":{\"0\":-16}}}", "scores.7.0: not a token count", 100},
+        {"{\"scores\":{\"7\":[]}}", "scores.7: must be an object", 100},
+        {"{\"scores\":{\"7\":{\"0\":16,\"1\":16}}}", "scores: more than 1 ranks", 1},
+        {"{\"error\":\"no indexer\"}", "answer: no scores member", 100},
+        {"{\"scores\":{}} x", "answer: not one JSON object", 100},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_not_equal(kvr_ix_answer_parse(bad[i].text, strlen(bad[i].text), 16, bad[i].max,
+                                                 &m, &cap, &n, err, sizeof err),
+                             KVR_OK);
+        assert_string_equal(err, bad[i].msg);
+    }
+    free(m);
+    /* the body: hashes as i64, so the reference's indexer reads it */
+    kvr_json_writer_t w;
+    kvr_json_writer_init(&w);
+    uint64_t h[3] = {1, UINT64_MAX, (uint64_t)1 << 63};
+    assert_int_equal(kvr_ix_answer_encode_query(&w, h, 3, "m", 1), KVR_OK);
+    const char *text;
+    size_t len;
+    assert_int_equal(kvr_json_writer_finish(&w, &text, &len), KVR_OK);
+    assert_string_equal(text,
+                        "{\"block_hashes\":[1,-1,-9223372036854775808],\"model_name\":\"m\"}");
+    kvr_ix_query_t q;
+    assert_int_equal(kvr_api_decode_ix_query(dec, text, len, true, &q), KVR_OK);
+    assert_memory_equal(q.hashes, h, sizeof h);
+    kvr_json_writer_deinit(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_register),        cmocka_unit_test(test_unregister_and_peer),
         cmocka_unit_test(test_query_json),      cmocka_unit_test(test_query_msgpack),
         cmocka_unit_test(test_dump_round_trip), cmocka_unit_test(test_dump_errors),
+        cmocka_unit_test(test_answer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,449 @@
+#!/usr/bin/python3
+"""The standalone indexer (`kvrouter indexer`), a router serving its index (`serve
+--serve-indexer`) and a router routing with a remote one (`serve --remote-indexer`), all real
+processes on loopback, fed by real mockers' KV events: the same answers as a router's own
+index, recovery from a peer's dump, routing with a remote indexer and through its outage, the
+start-up validation, bad bodies on every route, and registrations racing live events.
+Usage: test_indexer.py <path to kvrouter>.
+"""
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import msgpack
+
+from kvr_harness import (Child, check, eventually, kill_children, run_scenarios,
+                         with_free_ports)
+
+KVR = sys.argv[1]
+BS = 16
+SEED = int(time.time()) % 100000
+RNG = random.Random(SEED)
+
+
+def mocker(model="m", bs=BS):
+    """A mocker publishing KV events (with a replay socket) on free ports."""
+    def start(ev, rp):
+        return Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--model", model,
+                      "--block-size", bs, "--speedup", "200", "--kv-events-config",
+                      json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                  "endpoint": f"tcp://*:{ev}",
+                                  "replay_endpoint": f"tcp://*:{rp}"})], f"mocker {model}")
+    (ev, rp), m = with_free_ports(start, 1, 1)
+    m.events = f"tcp://127.0.0.1:{ev}"
+    m.replay = f"tcp://127.0.0.1:{rp}"
+    return m
+
+
+def indexer(*extra, port=0):
+    return Child([KVR, "indexer", "--port", port, "--log-level", "info"] +
+                 [str(a) for a in extra], "indexer")
+
+
+def serve(*extra):
+    return Child([KVR, "serve", "--http-port", "0", "--block-size", BS, "--log-level", "info"] +
+                 [str(a) for a in extra], "router")
+
+
+def prompt(seed, n_blocks, extra=0):
+    return [(seed * 7919 + i) % 150000 for i in range(n_blocks * BS + extra)]
+
+
+def complete(m, toks, model="m"):
+    st, a = m.call("POST", "/v1/completions", {"model": model, "prompt": toks, "max_tokens": 2})
+    check("mocker answers a completion", st == 200, (st, a))
+    return a
+
+
+def query(ix, toks, model="m", path="/query"):
+    st, a = ix.call("POST", path, {"token_ids": toks, "model_name": model})
+    return a if st == 200 else {"status": st, "body": a}
+
+
+def scores(ans):
+    """{(instance, rank): tokens} of a query answer."""
+    return {(int(i), int(r)): t for i, ranks in ans.get("scores", {}).items()
+            for r, t in ranks.items()}
+
+
+def workload(ms, n=24):
+    """Prompts sharing prefixes, sent to the mockers in turn; returns the prompts."""
+    sent = []
+    for k in range(n):
+        base = prompt(1000 + k % 6, 3 + k % 5)
+        toks = base + prompt(50 + k, 1 + k % 3)
+        complete(ms[k % len(ms)], toks)
+        sent.append(toks)
+    return sent
+
+
+def events_applied(ix):
+    st, ws = ix.call("GET", "/workers")
+    return sum(l["events_applied"] for w in ws for l in w["listeners"].values()) if st == 200 else -1
+
+
+def probes(sent, n=200):
+    """Prompts to ask about: the sent ones cut at random lengths, and new ones."""
+    out = []
+    for i in range(n):
+        if i % 4 == 3:
+            out.append(prompt(90000 + i, 1 + i % 6))
+        else:
+            s = sent[RNG.randrange(len(sent))]
+            out.append(s[:RNG.randrange(1, len(s) + 1)])
+    return out
+
+
+def scenario_same_answers_as_a_router():
+    """An indexer fed by two mockers answers /query exactly as a router fed by the same
+    mockers (serve --serve-indexer), for 200 prompts; MessagePack bodies (map and array form)
+    get the same answers as JSON; /query_by_hash with the router's hashes agrees too."""
+    m1, m2 = mocker(), mocker()
+    ix = indexer("--workers", f"1={m1.events},2={m2.events}", "--block-size", BS,
+                 "--model-name", "m")
+    r = serve("--serve-indexer", "true",
+              "--worker", f"id=1,url={m1.url},events={m1.events},replay={m1.replay},model=m",
+              "--worker", f"id=2,url={m2.url},events={m2.events},replay={m2.replay},model=m")
+    try:
+        check("indexer: both listeners registered",
+              eventually(lambda: len(ix.call("GET", "/workers")[1]) == 2, 10))
+        sent = workload([m1, m2])
+        last = sent[-1]
+        check("both indexes saw the workload",
+              eventually(lambda: scores(query(ix, last)) and
+                         scores(query(ix, last)) == scores(query(r, last)), 20),
+              (query(ix, last), query(r, last)))
+        asked = probes(sent)
+        diff = [p for p in asked if query(ix, p) != query(r, p)]
+        check("200 prompts: the indexer's answers equal the router's", diff == [],
+              (len(diff), diff[:1] and (query(ix, diff[0]), query(r, diff[0]))))
+        hit = sum(1 for p in asked if scores(query(ix, p)))
+        check("the comparison is not vacuous (most prompts have an overlap)", hit >= 100, hit)
+        p = sent[3]
+        a = query(ix, p)
+        check("answer: scores in tokens, frequencies per block, instances per worker",
+              all(t % BS == 0 for t in scores(a).values()) and len(a["frequencies"]) ==
+              max(scores(a).values()) // BS and
+              all(v["gpu"] == max(v["dp"].values()) and v["longest_matched"] >= v["gpu"]
+                  for v in a["instances"].values()), a)
+        for form, body in (("map", {"token_ids": p, "model_name": "m"}), ("array", [p, "m"])):
+            st, h, raw = ix.request("POST", "/query", msgpack.packb(body),
+                                    {"Content-Type": "application/msgpack"})
+            check(f"MessagePack ({form}) gets the JSON answer", st == 200 and json.loads(raw) == a,
+                  (st, raw[:200]))
+        # the router's own block hashes (its /v1/query does not give them; hash with the CLI)
+        out = subprocess.run([KVR, "hash"], input=json.dumps({"tokens": p, "block_size": BS}) +
+                             "\n", capture_output=True, text=True, timeout=30)
+        lbh = ([int(h) for h in json.loads(out.stdout.splitlines()[0])["local_block_hashes"]]
+               if out.returncode == 0 else [])
+        st, b = ix.call("POST", "/query_by_hash", {"block_hashes": lbh, "model_name": "m"})
+        check("/query_by_hash with the prompt's block hashes: the /query answer",
+              st == 200 and b == a, (st, b, out.stderr[-300:]))
+        signed = [h - (1 << 64) if h >= 1 << 63 else h for h in lbh]
+        st, b = ix.call("POST", "/query_by_hash", {"block_hashes": signed, "model_name": "m"})
+        check("/query_by_hash with i64 hashes (the reference's type): the same answer",
+              st == 200 and b == a, (st, b))
+        st, d = r.call("GET", "/dump")
+        check("the router's /dump: the reference's shape, one partition per model",
+              st == 200 and list(d) == ["m:default"] and d["m:default"]["block_size"] == BS and
+              d["m:default"]["events"] and "event" in d["m:default"]["events"][0], (st, str(d)[:300]))
+        st, e = r.call("POST", "/query", {"token_ids": p, "model_name": "other"})
+        check("the router: a model it does not serve is 404", st == 404 and "error" in e, (st, e))
+    finally:
+        r.stop()
+        ix.stop()
+        m1.stop()
+        m2.stop()
+
+
+def normalized_dump(d):
+    """{partition: set of (worker, rank, tier, block_hash, tokens_hash)} held."""
+    out = {}
+    for key, part in d.items():
+        held = set()
+        for ev in part.get("events", []):
+            data = ev["event"]["data"]
+            if isinstance(data, dict) and "stored" in data:
+                for b in data["stored"]["blocks"]:
+                    held.add((ev["worker_id"], ev["event"]["dp_rank"], ev.get("storage_tier"),
+                              b["block_hash"], b["tokens_hash"]))
+        out[key] = held
+    return out
+
+
+def scenario_peer_recovery():
+    """A second indexer started late with --peers recovers the first one's index from its
+    GET /dump before it listens: equal dumps, equal answers; a peer that does not answer is
+    skipped for the next; no reachable peer starts cold, saying so."""
+    m1, m2 = mocker(), mocker()
+    workers = f"1={m1.events},2={m2.events}"
+    a = indexer("--workers", workers, "--block-size", BS, "--model-name", "m")
+    b = c = None
+    try:
+        check("first indexer: listeners up",
+              eventually(lambda: len(a.call("GET", "/workers")[1]) == 2, 10))
+        sent = workload([m1, m2], 18)
+        check("first indexer: the workload applied",
+              eventually(lambda: events_applied(a) >= 18, 20), events_applied(a))
+        dead = "http://127.0.0.1:9"  # nothing listens on the discard port
+        b = indexer("--workers", workers, "--block-size", BS, "--model-name", "m",
+                    "--peers", f"{dead},{a.url}")
+        _, da = a.call("GET", "/dump")
+        _, db = b.call("GET", "/dump")
+        na, nb = normalized_dump(da), normalized_dump(db)
+        check("the late indexer's dump equals its peer's", na == nb and na["m:default"],
+              (len(na.get("m:default", ())), len(nb.get("m:default", ()))))
+        diff = [p for p in probes(sent, 60) if query(a, p) != query(b, p)]
+        check("and so do its answers", diff == [], len(diff))
+        check("its log names the peer it recovered from", a.url in b.stderr(), b.stderr()[-500:])
+        check("recovered events are counted",
+              (b.metric("kvr_indexer_recovered_events_total") or 0) > 0,
+              b.metric("kvr_indexer_recovered_events_total"))
+        # live events keep both in step after the recovery
+        complete(m1, prompt(4242, 6))
+        check("a live event after recovery reaches both",
+              eventually(lambda: scores(query(b, prompt(4242, 6))) ==
+                         scores(query(a, prompt(4242, 6))) != {}, 20))
+        c = indexer("--peers", dead)
+        check("no peer answers: it starts cold and says why",
+              "no peer" in c.stderr() and c.call("GET", "/dump")[1] == {}, c.stderr()[-400:])
+    finally:
+        for x in (c, b, a, m1, m2):
+            if x is not None:
+                x.stop()
+
+
+def scenario_remote_indexer_routing_and_outage():
+    """A router with --remote-indexer routes a repeated prompt to the worker that cached it;
+    with the indexer killed, routing goes on with zero overlap (counted by cause, /health and
+    /v1/workers say remote: unreachable), and comes back when the indexer returns."""
+    m1, m2 = mocker(), mocker()
+    workers = f"1={m1.events},2={m2.events}"
+    ix = indexer("--workers", workers, "--block-size", BS, "--model-name", "m")
+    port = ix.port
+    r = serve("--remote-indexer", ix.url, "--remote-indexer-timeout-ms", "200",
+              "--worker", f"id=1,url={m1.url},model=m", "--worker", f"id=2,url={m2.url},model=m")
+    ix2 = None
+    try:
+        check("indexer listeners up", eventually(lambda: len(ix.call("GET", "/workers")[1]) == 2, 10))
+        cached = []
+        for k in range(6):
+            toks = prompt(7000 + k, 8)
+            st, a = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks,
+                                                        "max_tokens": 2})
+            check("routed through the remote indexer", st == 200, (st, a))
+            eventually(lambda: scores(query(ix, toks)), 10)
+            st, b = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks + [1, 2, 3],
+                                                        "max_tokens": 2})
+            cached.append(b.get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens"))
+        check("every repeated prompt went where its prefix was cached",
+              cached == [8 * BS] * 6, cached)
+        check("lookups answered, none failed",
+              r.metric("kvr_remote_indexer_answered_total") >= 12 and
+              r.metric("kvr_remote_indexer_failures_total") == 0,
+              (r.metric("kvr_remote_indexer_answered_total"),
+               r.metric("kvr_remote_indexer_failures_total")))
+        check("/health says remote: reachable", "remote: reachable" in r.call("GET", "/health")[1])
+        st, q = r.call("POST", "/v1/query", {"tokens": prompt(7000, 8)})
+        check("/v1/query on a router without an index: 409 naming the remote indexer",
+              st == 409 and ix.url in q["error"]["message"], (st, q))
+        ix.kill()
+        for k in range(4):
+            st, a = r.call("POST", "/v1/completions", {"model": "m", "prompt": prompt(7000 + k, 8),
+                                                        "max_tokens": 2})
+            check("indexer down: requests are still served", st == 200, (st, a))
+        check("the failures are counted by cause",
+              r.metric("kvr_remote_indexer_failures_total", cause="connect") >= 4,
+              r.metric("kvr_remote_indexer_failures_total", cause="connect"))
+        _, w = r.call("GET", "/v1/workers")
+        check("/v1/workers and /health say remote: unreachable",
+              w.get("remote") == "unreachable" and
+              "remote: unreachable" in r.call("GET", "/health")[1], w.get("remote"))
+        check("the outage is logged", "remote indexer" in r.stderr() and "zero overlap" in r.stderr())
+        ix2 = indexer("--workers", workers, "--block-size", BS, "--model-name", "m", port=port)
+        toks = prompt(8000, 8)
+        r.call("POST", "/v1/completions", {"model": "m", "prompt": toks, "max_tokens": 2})
+        check("the new indexer learns the new prompt", eventually(lambda: scores(query(ix2, toks)), 10))
+        st, b = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks + [9],
+                                                    "max_tokens": 2})
+        check("indexer back: overlaps route again",
+              b.get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens") == 8 * BS
+              and "remote: reachable" in r.call("GET", "/health")[1], b.get("usage"))
+    finally:
+        r.stop()
+        if ix2 is not None:
+            ix2.stop()
+        m1.stop()
+        m2.stop()
+
+
+def exits(args, code, needle):
+    p = subprocess.run([KVR] + args, capture_output=True, text=True, timeout=30,
+                       stdin=subprocess.DEVNULL)
+    check(f"{' '.join(args)}: exit {code} naming {needle!r}",
+          p.returncode == code and needle in p.stderr, (p.returncode, p.stderr[-300:]))
+
+
+def scenario_validation():
+    """Every bad combination of the indexer flags exits 2 before anything starts, naming them."""
+    exits(["serve", "--serve-indexer", "true", "--remote-indexer", "http://h:1"], 2,
+          "serve_indexer: cannot be combined with remote_indexer")
+    exits(["serve", "--serve-indexer", "true", "--router-mode", "round-robin"], 2,
+          "serve_indexer: needs router_mode kv")
+    exits(["serve", "--serve-indexer", "true", "--use-kv-events", "false"], 2,
+          "serve_indexer: needs router_mode kv")
+    exits(["serve", "--serve-indexer", "true", "--overlap-score-credit", "0"], 2,
+          "serve_indexer: needs overlap_score_credit > 0")
+    exits(["serve", "--remote-indexer", "http://h:1", "--overlap-score-credit", "0"], 2,
+          "remote_indexer: needs overlap_score_credit > 0")
+    exits(["serve", "--remote-indexer", "http://h:1", "--router-mode", "least-loaded"], 2,
+          "remote_indexer: needs router_mode kv")
+    exits(["serve", "--remote-indexer", "ftp://h:1"], 2, "remote_indexer: 'ftp://h:1'")
+    exits(["serve", "--remote-indexer", "nats"], 2, "remote_indexer: nats needs nats_url")
+    exits(["serve", "--remote-indexer-timeout-ms", "0"], 2, "remote_indexer_timeout_ms")
+    exits(["indexer", "--workers", "1=tcp://127.0.0.1:5557"], 2,
+          "--block-size is required with --workers")
+    exits(["indexer", "--workers", "x=tcp://h:1", "--block-size", "16"], 2, "--workers")
+    exits(["indexer", "--workers", "1=http://h:1", "--block-size", "16"], 2,
+          "--workers: endpoint: must be a tcp://")
+    exits(["indexer", "--peers", "h:1"], 2, "--peers: 'h:1' is not an http:// URL")
+    exits(["indexer", "--block-size", "0"], 2, "--block-size")
+    exits(["indexer", "--port", "70000"], 2, "--port")
+
+
+def scenario_api_errors():
+    """Bad input on every route gets a clear error naming the problem, never a crash; the
+    reference's statuses (201, 409, 400 naming both block sizes, 404)."""
+    ix = indexer()
+    try:
+        reg = {"instance_id": 1, "endpoint": "tcp://127.0.0.1:1", "model_name": "m",
+               "block_size": 16}
+        st, a = ix.call("POST", "/register", reg)
+        check("register: 201 ok", st == 201 and a == {"status": "ok"}, (st, a))
+        st, a = ix.call("POST", "/register", reg)
+        check("register twice: 409 naming the rank", st == 409 and "dp_rank 0" in a["error"], (st, a))
+        st, a = ix.call("POST", "/register", dict(reg, instance_id=2, block_size=32))
+        check("another block size: 400 naming both",
+              st == 400 and "32" in a["error"] and "16" in a["error"], (st, a))
+        st, a = ix.call("POST", "/register", dict(reg, instance_id=3, dp_rank=1,
+                                                  routing_group="g2", block_size=32))
+        check("another routing group may have its own block size", st == 201, (st, a))
+        st, a = ix.call("GET", "/workers?routing_group=g2")
+        check("/workers filters by routing_group",
+              st == 200 and [w["instance_id"] for w in a] == [3] and a[0]["block_size"] == 32 and
+              a[0]["listeners"]["1"]["status"] == "pending", (st, a))
+        bad = ["", "{", "[]", "null", '{"instance_id": "1"}', '{"instance_id": -1}',
+               '{"token_ids": [1, "x"], "model_name": "m"}', '{"token_ids": [1]}',
+               '{"block_hashes": [1.5], "model_name": "m"}', '{"url": 7}',
+               '{"instance_id": 1, "instance_id": 1}', '{"a":' * 100 + "1" + "}" * 100]
+        routes = ["/register", "/unregister", "/query", "/query_by_hash", "/register_peer",
+                  "/deregister_peer"]
+        for route in routes:
+            for b in bad:
+                st, a = ix.call("POST", route, b)
+                check(f"{route} {b[:20]!r}: 400 with a message",
+                      st == 400 and isinstance(a, dict) and a.get("error"), (st, a))
+        for route in ("/query", "/query_by_hash"):
+            for b in (b"", b"\xc1", b"\x93\x01", msgpack.packb({"model_name": "m"}),
+                      msgpack.packb({"token_ids": [-1], "block_hashes": ["x"], "model_name": "m"}),
+                      msgpack.packb([[1], "m"]) + b"x", b"\xdd\xff\xff\xff\xff"):
+                st, a = ix.call("POST", route, b, {"Content-Type": "application/msgpack"})
+                check(f"{route} msgpack {b[:12]!r}: 400 with a message",
+                      st == 400 and a.get("error"), (st, a))
+            st, a = ix.call("POST", route, "{}", {"Content-Type": "text/plain"})
+            check(f"{route} text/plain: 415", st == 415 and "Content-Type" in a["error"], (st, a))
+        st, a = ix.call("POST", "/query_by_hash", {"block_hashes": [1], "model_name": "m",
+                                                   "cache_salt": "s"})
+        check("/query_by_hash refuses a cache_salt", st == 400 and "cache_salt" in a["error"], (st, a))
+        st, a = ix.call("POST", "/query", {"token_ids": [1] * 64, "model_name": "nope"})
+        check("unknown model: 404 naming it", st == 404 and "model=nope" in a["error"], (st, a))
+        st, a = ix.call("POST", "/query", {"token_ids": [1] * 64, "model_name": "m"})
+        check("a query with no match: empty answer",
+              st == 200 and a == {"scores": {}, "frequencies": [], "instances": {}}, (st, a))
+        st, a = ix.call("POST", "/unregister", {"instance_id": 9, "model_name": "m"})
+        check("unregister an unknown instance: 404", st == 404 and "error" in a, (st, a))
+        st, a = ix.call("POST", "/unregister", {"instance_id": 3, "model_name": "m"})
+        check("unregister without a group: every group", st == 200, (st, a))
+        st, a = ix.call("POST", "/register_peer", {"url": "http://127.0.0.1:1"})
+        st2, peers = ix.call("GET", "/peers")
+        check("peers: registered and listed", st == 201 and peers == ["http://127.0.0.1:1"],
+              (st, peers))
+        st, a = ix.call("POST", "/deregister_peer", {"url": "http://127.0.0.1:1"})
+        st2, a2 = ix.call("POST", "/deregister_peer", {"url": "http://127.0.0.1:1"})
+        check("peers: deregistered once, then 404", st == 200 and st2 == 404, (st, st2))
+        st, a = ix.call("GET", "/nope")
+        check("an unknown route: 404", st == 404, (st, a))
+        st, a = ix.call("DELETE", "/workers")
+        check("a method it does not serve: 501 naming the ones it does",
+              st == 501 and "GET and POST are served" in a["error"]["message"], (st, a))
+        check("the refusals are counted",
+              ix.metric("kvr_indexer_bad_requests_total") >= 2 * (len(bad) + 8) and
+              ix.metric("kvr_indexer_register_conflicts_total") == 1,
+              (ix.metric("kvr_indexer_bad_requests_total"),
+               ix.metric("kvr_indexer_register_conflicts_total")))
+        check("/health: 200 OK", ix.call("GET", "/health") == (200, "OK"))
+    finally:
+        ix.stop()
+
+
+def scenario_register_races():
+    """Registrations and unregistrations race live events: the indexer stays up, its states
+    stay true, and a final registration catches up through replay."""
+    m1, m2 = mocker(), mocker()
+    ix = indexer("--workers", f"1={m1.events}", "--block-size", BS, "--model-name", "m")
+    stop = threading.Event()
+    errors = []
+
+    def churn():
+        reg = {"instance_id": 2, "endpoint": m2.events, "replay_endpoint": m2.replay,
+               "model_name": "m", "block_size": BS}
+        n = 0
+        while not stop.is_set() and n < 60:
+            st, a = ix.call("POST", "/register", reg)
+            st2, a2 = ix.call("POST", "/unregister", {"instance_id": 2, "model_name": "m"})
+            if st != 201 or st2 != 200:
+                errors.append((st, a, st2, a2))
+            n += 1
+
+    t = threading.Thread(target=churn)
+    try:
+        t.start()
+        for k in range(30):
+            complete(m1 if k % 2 else m2, prompt(600 + k, 4))
+        stop.set()
+        t.join(60)
+        check("every register / unregister answered 201 / 200", errors == [], errors[:3])
+        st, a = ix.call("POST", "/register", {"instance_id": 2, "endpoint": m2.events,
+                                              "replay_endpoint": m2.replay, "model_name": "m",
+                                              "block_size": BS})
+        check("the final registration", st == 201, (st, a))
+        complete(m2, prompt(999, 5))
+        check("worker 2's listener catches up (replay from 0) and is active",
+              eventually(lambda: scores(query(ix, prompt(999, 5))).get((2, 0)) == 5 * BS and
+                         scores(query(ix, prompt(601, 4))).get((2, 0)) is None and
+                         scores(query(ix, prompt(600, 4))).get((2, 0)) == 4 * BS, 20),
+              (query(ix, prompt(999, 5)), query(ix, prompt(600, 4))))
+        _, ws = ix.call("GET", "/workers")
+        check("/workers shows both instances active",
+              sorted((w["instance_id"], w["status"]) for w in ws) == [(1, "active"), (2, "active")],
+              ws)
+    finally:
+        stop.set()
+        ix.stop()
+        m1.stop()
+        m2.stop()
+
+
+if __name__ == "__main__":
+    print(f"seed {SEED}", flush=True)
+    run_scenarios([
+        ("same_answers_as_a_router", scenario_same_answers_as_a_router),
+        ("peer_recovery", scenario_peer_recovery),
+        ("remote_indexer_routing_and_outage", scenario_remote_indexer_routing_and_outage),
+        ("validation", scenario_validation),
+        ("api_errors", scenario_api_errors),
+        ("register_races", scenario_register_races),
+    ], SEED)
