@@ -13,28 +13,33 @@
 
 static void usage(FILE *out)
 {
+    fprintf(out, "usage: kvrouter bench "
+                 "{hash|index|ingest|snapshot|route|events|mocker|frontend|indexer|sync|\n"
+                 "                      hashtab|all} "
+                 "[options]\n"
+                 "\n"
+                 "  hash     us per prompt: local block hashes + sequence hashes\n"
+                 "  index    us per prefix-index lookup, with and without a concurrent writer,\n"
+                 "           against the machine's floor (dependent random loads)\n"
+                 "  ingest   block mutations per second applied by one thread\n"
+                 "  snapshot warm restart: ms to save the index to a state file, check it and\n"
+                 "           reload it (--pairs, 1M; --workers, 64)\n"
+                 "  route    requests/s and latency of a running router's POST /v1/route, from\n"
+                 "           closed-loop keep-alive HTTP clients (needs `kvrouter serve`)\n"
+                 "  events   KV events per second through `kvrouter serve`'s ingest thread, from\n"
+                 "           in-process engine publishers over ZeroMQ to the index (blocks/s)\n"
+                 "  mocker   requests/s one `kvrouter mocker` serves on one CPU (it spawns one,\n"
+                 "           pinned, KV events on), its CPU and step lag; see\n"
+                 "           'kvrouter bench mocker --help'\n"
+                 "  frontend the time to first token the router's OpenAI front end adds: spawns a\n"
+                 "           mocker and `kvrouter serve` in front of it, sends streaming prompts\n"
+                 "           from 1 client straight and through the router, alternately\n"
+                 "           (--tokens, 8192; --requests per path and run, 200; --runs; --rate R:\n"
+                 "           paced; --speedup, 1000; --max-tokens; --mocker-arg F or -- F...)\n");
     fprintf(out,
-            "usage: kvrouter bench {hash|index|ingest|snapshot|route|events|mocker|frontend|hashtab|all} "
-            "[options]\n"
-            "\n"
-            "  hash     us per prompt: local block hashes + sequence hashes\n"
-            "  index    us per prefix-index lookup, with and without a concurrent writer,\n"
-            "           against the machine's floor (dependent random loads)\n"
-            "  ingest   block mutations per second applied by one thread\n"
-            "  snapshot warm restart: ms to save the index to a state file, check it and\n"
-            "           reload it (--pairs, 1M; --workers, 64)\n"
-            "  route    requests/s and latency of a running router's POST /v1/route, from\n"
-            "           closed-loop keep-alive HTTP clients (needs `kvrouter serve`)\n"
-            "  events   KV events per second through `kvrouter serve`'s ingest thread, from\n"
-            "           in-process engine publishers over ZeroMQ to the index (blocks/s)\n"
-            "  mocker   requests/s one `kvrouter mocker` serves on one CPU (it spawns one,\n"
-            "           pinned, KV events on), its CPU and step lag; see\n"
-            "           'kvrouter bench mocker --help'\n"
-            "  frontend the time to first token the router's OpenAI front end adds: spawns a\n"
-            "           mocker and `kvrouter serve` in front of it, sends streaming prompts\n"
-            "           from 1 client straight and through the router, alternately\n"
-            "           (--tokens, 8192; --requests per path and run, 200; --runs; --rate R:\n"
-            "           paced; --speedup, 1000; --max-tokens; --mocker-arg F or -- F...)\n"
+            "  indexer  the standalone indexer: POST /query_by_hash per second and latency, a\n"
+            "           router's decision with a remote indexer, peer recovery (spawns them;\n"
+            "           see 'kvrouter bench indexer --help')\n"
             "  hashtab  ns per find / insert / delete on the load tracker's block table:\n"
             "           our table template against ck_hs and uthash (--pairs, 1M)\n"
             "  all      hash, index and ingest, with their default parameters\n"
@@ -409,6 +414,8 @@ int kvr_cmd_bench(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "sync") == 0)
         return kvr_bench_sync(argc - 1, argv + 1); /* its own flags (bench_sync.c) */
+    if (argc >= 2 && strcmp(argv[1], "indexer") == 0)
+        return kvr_bench_indexer(argc - 1, argv + 1); /* its own flags (bench_indexer.c) */
     kvr_bench_opts_t o;
     memset(&o, 0, sizeof o);
     o.runs = 3;

@@ -109,45 +109,6 @@ static kvr_child_t *router(env_t *e, const char *what, const char *const *extra,
     return c;
 }
 
-static char *get(const kvr_child_t *c, const char *path, int *status)
-{
-    char url[160], err[300];
-    snprintf(url, sizeof url, "http://%s", c->addr);
-    kvr_http_fetch_t q = {.url = url, .path = path, .timeout_ms = 10000,
-                          .max_bytes = (size_t)64 << 20};
-    uint8_t *body = NULL;
-    size_t len = 0;
-    *status = 0;
-    if (kvr_http_fetch(&q, &body, &len, status, err, sizeof err) != KVR_OK)
-        return NULL;
-    char *s = realloc(body, len + 1);
-    if (s == NULL) {
-        free(body);
-        return NULL;
-    }
-    s[len] = '\0';
-    return s;
-}
-
-/* The value of the first /metrics line that starts with sample (a name, or name{labels}). */
-static double metric(const kvr_child_t *c, const char *sample)
-{
-    int st;
-    char *m = get(c, "/metrics", &st);
-    double v = NAN;
-    size_t n = strlen(sample);
-    for (char *line = m; line != NULL && *line;) {
-        char *end = strchr(line, '\n');
-        if (strncmp(line, sample, n) == 0 && line[n] == ' ') {
-            v = strtod(line + n + 1, NULL);
-            break;
-        }
-        line = end ? end + 1 : NULL;
-    }
-    free(m);
-    return v;
-}
-
 /* The upper bound of the bucket holding quantile q of histogram name on c. */
 static double hist_quantile(const kvr_child_t *c, const char *name, double q, double *count)
 {
@@ -156,10 +117,10 @@ static double hist_quantile(const kvr_child_t *c, const char *name, double q, do
                                       "0.025",  "0.05",    "0.1",    "0.5",   "1"};
     char sample[128];
     snprintf(sample, sizeof sample, "%s_count", name);
-    *count = metric(c, sample);
+    *count = kvr_child_metric(c, sample);
     for (size_t i = 0; i < sizeof les / sizeof les[0] && *count > 0; i++) {
         snprintf(sample, sizeof sample, "%s_bucket{le=\"%s\"}", name, les[i]);
-        if (metric(c, sample) >= q * *count)
+        if (kvr_child_metric(c, sample) >= q * *count)
             return strtod(les[i], NULL) * 1000.0;
     }
     return INFINITY;
@@ -169,7 +130,7 @@ static double hist_quantile(const kvr_child_t *c, const char *name, double q, do
 static bool lists_worker(const kvr_child_t *c, uint64_t id)
 {
     int st;
-    char *w = get(c, "/v1/workers", &st), needle[48];
+    char *w = kvr_child_get(c, "/v1/workers", &st), needle[48];
     snprintf(needle, sizeof needle, "\"worker_id\":%llu,", (unsigned long long)id);
     bool yes = w != NULL && strstr(w, needle) != NULL;
     free(w);
@@ -209,10 +170,11 @@ static int part_lag(env_t *e, const sync_args_t *a, kvr_child_t **out_a, kvr_chi
     int rc = kvr_bench_route_point(&o, 32, 1024, &per_s);
     if (rc != 0)
         return rc;
-    double published = metric(ra, "kvr_sync_published_events_total"), applied_add, applied_free;
+    double published = kvr_child_metric(ra, "kvr_sync_published_events_total"), applied_add,
+           applied_free;
     for (int i = 0; i < 200; i++) { /* until B has applied everything A published */
-        applied_add = metric(rb, "kvr_sync_applied_events_total{kind=\"add\"}");
-        applied_free = metric(rb, "kvr_sync_applied_events_total{kind=\"free\"}");
+        applied_add = kvr_child_metric(rb, "kvr_sync_applied_events_total{kind=\"add\"}");
+        applied_free = kvr_child_metric(rb, "kvr_sync_applied_events_total{kind=\"free\"}");
         if (applied_add + applied_free >= published)
             break;
         usleep(10000);
@@ -223,7 +185,7 @@ static int part_lag(env_t *e, const sync_args_t *a, kvr_child_t **out_a, kvr_chi
            "(target p99 <= 5)  published %.0f  applied %.0f (%.0f adds, %.0f frees)  "
            "lost_batches %.0f\n",
            2.0 * per_s, n, p50, p99, published, applied_add + applied_free, applied_add,
-           applied_free, metric(rb, "kvr_sync_lost_batches_total"));
+           applied_free, kvr_child_metric(rb, "kvr_sync_lost_batches_total"));
     *out_a = ra;
     *out_b = rb;
     return 0;
@@ -434,11 +396,11 @@ static int part_join(env_t *e, const sync_args_t *a)
     }
     if (re != NULL && engines_publish(&g, a->pairs) == 0) {
         double t1 = kvr_child_now_s();
-        while (metric(re, "kvr_index_pairs") < want && kvr_child_now_s() - t1 < 120) {
+        while (kvr_child_metric(re, "kvr_index_pairs") < want && kvr_child_now_s() - t1 < 120) {
             engines_serve(&g);
             usleep(20000);
         }
-        double held = metric(re, "kvr_index_pairs");
+        double held = kvr_child_metric(re, "kvr_index_pairs");
         char peer[160];
         snprintf(peer, sizeof peer, "http://%s", re->addr);
         argv[k++] = "--peers";
@@ -450,7 +412,7 @@ static int part_join(env_t *e, const sync_args_t *a)
         while (rf != NULL && kvr_child_now_s() - t2 < 60) {
             engines_serve(&g); /* answers the joining router's replay requests */
             int st;
-            char *b = get(rf, "/ready", &st);
+            char *b = kvr_child_get(rf, "/ready", &st);
             free(b);
             if (st == 200) {
                 ready_s = kvr_child_now_s() - t2;
@@ -459,7 +421,7 @@ static int part_join(env_t *e, const sync_args_t *a)
             usleep(2000);
         }
         if (rf != NULL)
-            joined = metric(rf, "kvr_index_pairs");
+            joined = kvr_child_metric(rf, "kvr_index_pairs");
         printf("== join: a router holding %.0f pairs (%d workers); a new one with --peers\n",
                held, JOIN_WORKERS);
         printf("join  pairs %.0f  ready_s %.2f  (target <= 5, from spawn to /ready 200)  "

@@ -368,7 +368,8 @@ static void send_req(kvr_lg_client_t *c)
         cfg->drv->prepare(c, req);
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Host", cfg->host_hdr);
-    evhttp_add_header(h, "Content-Type", "application/json");
+    evhttp_add_header(h, "Content-Type",
+                      cfg->content_type ? cfg->content_type : "application/json");
     evhttp_add_header(h, "Content-Length", b->len_str);
     evbuffer_add_reference(evhttp_request_get_output_buffer(req), b->data, b->len, NULL, NULL);
     c->t0 = kvr_bench_now_ns();

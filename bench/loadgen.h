@@ -99,6 +99,7 @@ typedef struct kvr_lg_config {
     const char *addr, *host_hdr; /* numeric address; Host header */
     uint16_t port;
     const char *path; /* POST target */
+    const char *content_type; /* of the bodies; NULL = application/json */
     size_t clients, threads;
     const kvr_lg_body_t *bodies;
     size_t n_bodies;

@@ -5,6 +5,7 @@
 #include "apps/child.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -255,4 +256,43 @@ int kvr_child_wait_ready(const kvr_child_t *c, double timeout_s)
             usleep(20000);
     }
     return status == 200 ? KVR_OK : KVR_EIO;
+}
+
+char *kvr_child_get(const kvr_child_t *c, const char *path, int *status)
+{
+    char url[160], err[300];
+    snprintf(url, sizeof url, "http://%s", c->addr);
+    kvr_http_fetch_t q = {
+        .url = url, .path = path, .timeout_ms = 10000, .max_bytes = (size_t)64 << 20};
+    uint8_t *body = NULL;
+    size_t len = 0;
+    *status = 0;
+    if (kvr_http_fetch(&q, &body, &len, status, err, sizeof err) != KVR_OK)
+        return NULL;
+    char *s = realloc(body, len + 1);
+    if (s == NULL) {
+        free(body);
+        return NULL;
+    }
+    s[len] = '\0';
+    return s;
+}
+
+/* The value of the first /metrics line that starts with sample (a name, or name{labels}). */
+double kvr_child_metric(const kvr_child_t *c, const char *sample)
+{
+    int st;
+    char *m = kvr_child_get(c, "/metrics", &st);
+    double v = NAN;
+    size_t n = strlen(sample);
+    for (char *line = m; line != NULL && *line;) {
+        char *end = strchr(line, '\n');
+        if (strncmp(line, sample, n) == 0 && line[n] == ' ') {
+            v = strtod(line + n + 1, NULL);
+            break;
+        }
+        line = end ? end + 1 : NULL;
+    }
+    free(m);
+    return v;
 }

@@ -42,6 +42,12 @@ void kvr_child_show_log(const kvr_child_t *c);
 double kvr_child_now_s(void);
 /* A free loopback TCP port (bound then released), -1 on failure. */
 int kvr_free_port(void);
+/* GET path on the child (addr): the body (malloc'd, NUL-terminated; NULL when no answer) and
+ * the status. */
+char *kvr_child_get(const kvr_child_t *c, const char *path, int *status);
+/* The value of the first /metrics line of the child that starts with sample (a name, or
+ * name{labels}); NAN when absent. */
+double kvr_child_metric(const kvr_child_t *c, const char *sample);
 /* Debian's nats-server on a free loopback port, JetStream on, its store under dir; url set
  * (nats://127.0.0.1:PORT) once it accepts connections. KVR_ENOTFOUND when not installed. */
 int kvr_nats_server_start(kvr_child_t *c, const char *dir, char *url, size_t cap, char *err,

@@ -203,7 +203,14 @@ static int run(indexer_args_t *a)
     evthread_use_pthreads();
     signal(SIGPIPE, SIG_IGN);
     run_t r = {0};
-    r.base = event_base_new();
+    /* the changelist folds the per-request enable/disable of write events into one epoll_ctl
+     * (as serve's loop does) */
+    struct event_config *ec = event_config_new();
+    if (ec != NULL)
+        event_config_set_flag(ec, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+    r.base = ec != NULL ? event_base_new_with_config(ec) : event_base_new();
+    if (ec != NULL)
+        event_config_free(ec);
     if (r.base == NULL)
         return fprintf(stderr, "kvrouter indexer: out of memory\n"), 1;
     char err[800] = "";

@@ -746,6 +746,7 @@ int kvr_ingest_start(kvr_ingest_t *g)
 {
     if (g->started)
         return KVR_OK;
+    publish(g); /* what was applied before the start (a state file, a peer) shows at once */
     if (pthread_create(&g->thread, NULL, ingest_main, g) != 0)
         return KVR_ENOMEM;
     g->started = true;

@@ -17,9 +17,12 @@
  */
 #include "net/zmq_listener.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
@@ -28,6 +31,10 @@
 #include "net/log.h"
 
 #define DRAIN_PER_RANK 256 /* messages handled per socket per poll, so no rank starves others */
+
+/* The sockets of a rank, as epoll's data names them (rank index * 4 + kind) and as bits of
+ * rank_t.hot. */
+enum sock_kind { K_SUB = 0, K_MON = 1, K_DEALER = 2 };
 
 /* A live batch that arrived while its rank was recovering: a copy, applied later. */
 typedef struct held {
@@ -63,6 +70,8 @@ typedef struct rank {
     uint64_t hash_seq;  /* the number of that batch; valid while has_hash */
     bool has_hash;
     void *mon;          /* PAIR: the SUB's monitor events */
+    int fd[3];          /* each socket's ZMQ_FD (-1: none), watched by the listener's epoll */
+    uint8_t hot;        /* bit per kind: check the socket's ZMQ_EVENTS at the next poll */
     int peers;          /* live connections of the SUB */
     bool verify;        /* reconnected: the next batch may come from a new process */
     kvr_zmq_rank_info_t info;
@@ -75,8 +84,8 @@ struct kvr_zmq_listener {
     kvr_zmq_handlers_t h;
     rank_t *ranks;
     size_t cap;
-    zmq_pollitem_t *items; /* per poll: each rank's SUB, and its DEALER while recovering */
-    size_t *item_rank;
+    int epfd;                /* every socket's ZMQ_FD (level-triggered) */
+    struct epoll_event *evs; /* epoll_wait's output, 3 per rank */
     kvr_zmq_stats_t st;
     kvr_ratelimit_t rl;
     uint64_t mon_seq; /* names each monitor's inproc address uniquely */
@@ -147,10 +156,10 @@ kvr_zmq_listener_t *kvr_zmq_listener_new(const kvr_zmq_config_t *cfg,
     l->rl = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     l->cap = l->cfg.max_ranks;
     l->ranks = calloc(l->cap, sizeof *l->ranks);
-    l->items = calloc(3 * l->cap, sizeof *l->items);
-    l->item_rank = calloc(3 * l->cap, sizeof *l->item_rank);
+    l->evs = calloc(3 * l->cap, sizeof *l->evs);
+    l->epfd = epoll_create1(EPOLL_CLOEXEC);
     l->ctx = zmq_ctx_new();
-    if (l->ranks == NULL || l->items == NULL || l->item_rank == NULL || l->ctx == NULL) {
+    if (l->ranks == NULL || l->evs == NULL || l->epfd < 0 || l->ctx == NULL) {
         kvr_zmq_listener_free(l);
         *status = KVR_ENOMEM;
         return NULL;
@@ -172,11 +181,40 @@ static void hold_clear(kvr_zmq_listener_t *l, rank_t *r)
     r->rec.n_held = r->rec.held_bytes = 0;
 }
 
+/* Watches a socket's ZMQ_FD: the fd is readable while the socket has commands to process
+ * (new messages among them); its ZMQ_EVENTS processes them and says what is ready. A new
+ * socket is hot: checked at the next poll whatever its fd says. */
+static bool watch(kvr_zmq_listener_t *l, rank_t *r, int kind, void *sock)
+{
+    r->fd[kind] = -1;
+    if (sock == NULL)
+        return true;
+    int fd;
+    size_t len = sizeof fd;
+    struct epoll_event ev = {.events = EPOLLIN,
+                             .data.u64 = (uint64_t)(r - l->ranks) * 4 + (uint64_t)kind};
+    if (zmq_getsockopt(sock, ZMQ_FD, &fd, &len) != 0 ||
+        epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
+        return false;
+    r->fd[kind] = fd;
+    r->hot |= (uint8_t)(1u << kind);
+    return true;
+}
+
+static void unwatch(kvr_zmq_listener_t *l, rank_t *r, int kind)
+{
+    if (r->fd[kind] >= 0)
+        (void)epoll_ctl(l->epfd, EPOLL_CTL_DEL, r->fd[kind], NULL);
+    r->fd[kind] = -1;
+}
+
 static void close_rank(kvr_zmq_listener_t *l, rank_t *r)
 {
     if (r->rec.active)
         l->st.replays_in_progress--;
     hold_clear(l, r);
+    for (int k = K_SUB; k <= K_DEALER; k++)
+        unwatch(l, r, k);
     if (r->sub != NULL)
         zmq_close(r->sub);
     if (r->mon != NULL)
@@ -196,8 +234,9 @@ void kvr_zmq_listener_free(kvr_zmq_listener_t *l)
     if (l->ctx != NULL)
         zmq_ctx_term(l->ctx);
     free(l->ranks);
-    free(l->items);
-    free(l->item_rank);
+    free(l->evs);
+    if (l->epfd >= 0)
+        close(l->epfd);
     free(l);
 }
 
@@ -306,6 +345,11 @@ int kvr_zmq_listener_add(kvr_zmq_listener_t *l, const kvr_zmq_endpoint_t *ep, ch
     r->sub = sub;
     r->mon = mon;
     r->dealer = dealer;
+    if (!watch(l, r, K_SUB, sub) || !watch(l, r, K_MON, mon) || !watch(l, r, K_DEALER, dealer)) {
+        snprintf(err, err_len, "cannot watch the sockets: %s", strerror(errno));
+        close_rank(l, r);
+        return KVR_ENOMEM;
+    }
     if (ep->replay != NULL)
         snprintf(r->replay_addr, sizeof r->replay_addr, "%s", ep->replay);
     return KVR_OK;
@@ -374,9 +418,14 @@ static void reopen_dealer(kvr_zmq_listener_t *l, rank_t *r)
 {
     if (r->dealer == NULL)
         return;
+    unwatch(l, r, K_DEALER);
     zmq_close(r->dealer);
     char err[128];
     r->dealer = open_socket(l->ctx, ZMQ_DEALER, r->replay_addr, NULL, err, sizeof err);
+    if (!watch(l, r, K_DEALER, r->dealer) && r->dealer != NULL) {
+        zmq_close(r->dealer); /* unwatched it would never be read: no replay socket then */
+        r->dealer = NULL;
+    }
 }
 
 /* Receives one multipart message: its first three frames in f (*nf of them, to be closed by
@@ -856,47 +905,73 @@ int kvr_zmq_listener_resume(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t 
     return KVR_OK;
 }
 
+/* Whether sock has a message to read (processing its pending commands, which resets its fd). */
+static bool readable(void *sock)
+{
+    int ev = 0;
+    size_t len = sizeof ev;
+    return sock != NULL && zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &len) == 0 && (ev & ZMQ_POLLIN);
+}
+
+/* Checks one rank's hot sockets (a recovering rank's DEALER always), in the order that keeps
+ * the rules: the monitor before the SUB (a reconnect is known before the batches that follow
+ * it). Sockets left readable (a drain stopped at DRAIN_PER_RANK) stay hot. */
+static void serve_rank(kvr_zmq_listener_t *l, rank_t *r)
+{
+    uint8_t hot = r->hot;
+    r->hot = 0;
+    if (r->rec.active || (hot & (1u << K_DEALER))) {
+        /* an idle DEALER's signal is consumed too (a level-triggered fd must not stay set) */
+        if (readable(r->dealer) && r->rec.active)
+            read_replay(l, r);
+        if (r->rec.active && r->used && readable(r->dealer))
+            r->hot |= 1u << K_DEALER;
+    }
+    if (r->used && (hot & (1u << K_MON)) && readable(r->mon)) {
+        read_monitor(l, r);
+        if (readable(r->mon))
+            r->hot |= 1u << K_MON;
+    }
+    if (r->used && (hot & (1u << K_SUB)) && readable(r->sub)) {
+        for (int m = 0; m < DRAIN_PER_RANK && r->used && read_one(l, r); m++) {
+        }
+        if (r->used && readable(r->sub))
+            r->hot |= 1u << K_SUB;
+    }
+}
+
 int kvr_zmq_listener_poll(kvr_zmq_listener_t *l, int timeout_ms)
 {
     if (l == NULL)
         return KVR_EINVAL;
     uint64_t now = kvr_now_ms();
     long wait = timeout_ms < 0 ? -1 : timeout_ms;
-    size_t n = 0;
     for (size_t i = 0; i < l->cap; i++) {
         rank_t *r = &l->ranks[i];
         if (!r->used)
             continue;
+        if (r->hot)
+            wait = 0;
         if (r->rec.active) {
             uint64_t left = r->rec.deadline_ms > now ? r->rec.deadline_ms - now : 0;
             if (wait < 0 || left < (uint64_t)wait)
                 wait = (long)left;
-            l->items[n] = (zmq_pollitem_t){.socket = r->dealer, .events = ZMQ_POLLIN};
-            l->item_rank[n++] = i;
         }
-        /* the monitor first: a reconnect is known before the batches that follow it */
-        l->items[n] = (zmq_pollitem_t){.socket = r->mon, .events = ZMQ_POLLIN};
-        l->item_rank[n++] = i;
-        l->items[n] = (zmq_pollitem_t){.socket = r->sub, .events = ZMQ_POLLIN};
-        l->item_rank[n++] = i;
     }
-    if (zmq_poll(l->items, (int)n, wait) < 0)
-        return zmq_errno() == EINTR ? 0 : KVR_EIO;
+    int n = epoll_wait(l->epfd, l->evs, (int)(3 * l->cap), (int)wait);
+    if (n < 0)
+        return errno == EINTR ? 0 : KVR_EIO;
+    for (int k = 0; k < n; k++) {
+        uint64_t d = l->evs[k].data.u64;
+        rank_t *r = &l->ranks[d / 4];
+        if (r->used)
+            r->hot |= (uint8_t)(1u << (d % 4));
+    }
     uint64_t before = l->st.batches;
-    for (size_t k = 0; k < n; k++) {
-        if (!(l->items[k].revents & ZMQ_POLLIN))
-            continue;
-        rank_t *r = &l->ranks[l->item_rank[k]];
-        if (!r->used)
-            continue;
-        if (l->items[k].socket == r->sub) {
-            for (int m = 0; m < DRAIN_PER_RANK && r->used && read_one(l, r); m++) {
-            }
-        } else if (l->items[k].socket == r->mon) {
-            read_monitor(l, r);
-        } else if (r->rec.active && l->items[k].socket == r->dealer) {
-            read_replay(l, r);
-        } /* else: a DEALER reopened or done since the poll began */
+    for (size_t i = 0; i < l->cap; i++) {
+        rank_t *r = &l->ranks[i];
+        if (r->used && (r->hot || r->rec.active))
+            serve_rank(l, r);
     }
     expire_recoveries(l, kvr_now_ms());
     return (int)(l->st.batches - before);

@@ -249,11 +249,13 @@ static const field_def_t FIELDS[F_N] = {
     [F_IX_URL] = {"url", "url", O_TOP, T_STRING, 0, KB(K_IX_PEER), 1, KVR_API_MAX_URL_BYTES},
 };
 
-/* The field holding a kind's token ids (the fast scanner reads it), or F_N. */
+/* The field holding a kind's token ids or hashes (the fast scanner reads it), or F_N. */
 static int tokens_field(int kind)
 {
     if (kind == K_IX_QUERY)
         return F_IX_TOKEN_IDS;
+    if (kind == K_IX_HASH)
+        return F_IX_HASHES;
     return (FIELDS[F_TOKENS].kinds & KB(kind)) ? F_TOKENS : F_N;
 }
 
@@ -790,10 +792,10 @@ static int on_start_array(void *ctx)
     case S_VALUE:
         switch (FIELDS[d->field].type) {
         case T_TOKENS:
+        case T_HASHES:
             d->tok_open_at = yajl_get_bytes_consumed(d->yh);
             /* fall through */
         case T_IDS:
-        case T_HASHES:
         case T_TAINTS:
             d->present |= (uint64_t)1 << d->field;
             d->state = S_ARRAY;
@@ -1028,14 +1030,19 @@ static int parse_fast(kvr_api_decoder_t *d, const char *body, size_t len)
     yajl_handle h = start_yajl(d);
     if (h == NULL)
         return -1;
-    bool ok = false;
+    bool ok = false, hashes = FIELDS[tf].type == T_HASHES;
     size_t close, n;
-    if (yajl_parse(h, (const unsigned char *)body, open) == yajl_status_ok &&
-        d->status == KVR_OK && d->state == S_ARRAY && d->field == tf &&
-        d->tok_open_at == open && d->n_tokens == 0 &&
-        kvr_token_scan(body, len, open, &d->tok_buf, &d->tok_cap, d->opts.max_tokens, &close,
-                       &n)) {
-        d->n_tokens = n;
+    if (yajl_parse(h, (const unsigned char *)body, open) == yajl_status_ok && d->status == KVR_OK &&
+        d->state == S_ARRAY && d->field == tf && d->tok_open_at == open && d->n_tokens == 0 &&
+        d->n_ids == 0 &&
+        (hashes ? kvr_int64_scan(body, len, open, &d->ids_buf, &d->ids_cap, d->opts.max_tokens,
+                                 &close, &n)
+                : kvr_token_scan(body, len, open, &d->tok_buf, &d->tok_cap, d->opts.max_tokens,
+                                 &close, &n))) {
+        if (hashes)
+            d->n_ids = n;
+        else
+            d->n_tokens = n;
         ok = yajl_parse(h, (const unsigned char *)body + close, len - close) == yajl_status_ok &&
              yajl_complete_parse(h) == yajl_status_ok && d->status == KVR_OK &&
              d->state == S_DONE;

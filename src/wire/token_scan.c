@@ -232,3 +232,69 @@ bool kvr_token_scan(const char *b, size_t len, size_t p, uint32_t **buf, size_t 
         p++;
     }
 }
+
+/* One canonical decimal integer starting at b[p] (after its sign), read in one pass: its end
+ * in *q. false for no digit, a leading zero, or a magnitude above 2^64 - 1 (2^63 when
+ * negative). The first 19 digits always fit in 64 bits; only a 20th costs a check (a check
+ * per digit cost more than yajl's whole reading). */
+static bool read_i64(const char *b, size_t len, size_t p, bool neg, size_t *q, uint64_t *out)
+{
+    size_t i = p, stop = len - p > 19 ? p + 19 : len;
+    uint64_t v = 0;
+    unsigned d;
+    while (i < stop && (d = (unsigned)((unsigned char)b[i] - '0')) <= 9) {
+        v = v * 10 + d;
+        i++;
+    }
+    if (i == p || (i - p > 1 && b[p] == '0'))
+        return false;
+    if (i == p + 19 && i < len && (d = (unsigned)((unsigned char)b[i] - '0')) <= 9) {
+        if (v > (UINT64_MAX - d) / 10)
+            return false;
+        v = v * 10 + d;
+        i++;
+        if (i < len && (unsigned)((unsigned char)b[i] - '0') <= 9)
+            return false; /* 21 digits */
+    }
+    if (neg && v > ((uint64_t)1 << 63))
+        return false;
+    *q = i;
+    *out = neg ? (uint64_t)0 - v : v;
+    return true;
+}
+
+bool kvr_int64_scan(const char *b, size_t len, size_t p, uint64_t **buf, size_t *cap, size_t max,
+                    size_t *close, size_t *n_out)
+{
+    size_t n = 0;
+    while (p < len && is_ws(b[p]))
+        p++;
+    if (p < len && b[p] == ']') {
+        *close = p;
+        *n_out = 0;
+        return true;
+    }
+    for (;;) {
+        while (p < len && is_ws(b[p]))
+            p++;
+        bool neg = p < len && b[p] == '-';
+        size_t q;
+        uint64_t v;
+        if (!read_i64(b, len, p + neg, neg, &q, &v))
+            return false;
+        if (n == *cap && kvr_grow((void **)buf, cap, n + 1, max, sizeof **buf) != KVR_OK)
+            return false;
+        (*buf)[n++] = v;
+        p = q;
+        while (p < len && is_ws(b[p]))
+            p++;
+        if (p < len && b[p] == ']') {
+            *close = p;
+            *n_out = n;
+            return true;
+        }
+        if (p >= len || b[p] != ',')
+            return false;
+        p++;
+    }
+}

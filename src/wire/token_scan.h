@@ -1,6 +1,7 @@
 /*
  * token_scan.h: the fast reader of JSON token-id arrays shared by the JSON decoders
- * (wire/api_json.c for "tokens", wire/openai.c for "prompt" and "nvext.token_data").
+ * (wire/api_json.c for "tokens" and "token_ids", wire/openai.c for "prompt" and
+ * "nvext.token_data"), and of 64-bit hash arrays (the indexer API's "block_hashes").
  * Internal to the wire layer; pure functions, no I/O.
  *
  * A decoder using it parses a body with yajl up to where kvr_token_scan_find() guesses a
@@ -35,5 +36,11 @@ size_t kvr_token_scan_find(const char *b, size_t len, size_t from, const char *k
  * (*buf)[0..*n_out), *close is the index of the ']', and true is returned. */
 bool kvr_token_scan(const char *b, size_t len, size_t p, uint32_t **buf, size_t *cap,
                     size_t max, size_t *close, size_t *n_out);
+
+/* The same for an array of 64-bit integers (block hashes): `ws (i (ws , ws i)*)? ws ]` where
+ * i is a canonical decimal integer in [-2^63, 2^64) (a negative one stored as its two's
+ * complement), as yajl reads them. One number at a time (~1 ns per digit). */
+bool kvr_int64_scan(const char *b, size_t len, size_t p, uint64_t **buf, size_t *cap, size_t max,
+                    size_t *close, size_t *n_out);
 
 #endif /* KVR_WIRE_TOKEN_SCAN_H */

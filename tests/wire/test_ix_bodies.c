@@ -174,6 +174,18 @@ static void test_query_json(void **s)
     assert_true(q.hashes[2] == (uint64_t)1 << 63);
     assert_true(q.hashes[3] == UINT64_MAX);
     assert_string_equal(q.routing_group, "g");
+    /* the hash scanner read them (not yajl), and yajl alone agrees */
+    kvr_api_decoder_stats(dec, &st);
+    uint64_t fast = st.fast_path;
+    b = "{\"model_name\":\"m\",\"block_hashes\":[ 0, -0,\n7 ,-9223372036854775808,"
+        "18446744073709551615]}";
+    assert_int_equal(kvr_api_decode_ix_query(dec, b, strlen(b), true, &q), KVR_OK);
+    kvr_api_decoder_stats(dec, &st);
+    assert_int_equal(st.fast_path, fast + 1);
+    assert_int_equal(kvr_api_decode_ix_query(slow, b, strlen(b), true, &q2), KVR_OK);
+    assert_int_equal(q.n_hashes, 5);
+    assert_memory_equal(q.hashes, q2.hashes, 5 * sizeof *q.hashes);
+    assert_true(q.hashes[3] == (uint64_t)1 << 63 && q.hashes[4] == UINT64_MAX);
     b = "{\"block_hashes\":[-9223372036854775809],\"model_name\":\"m\"}";
     assert_int_not_equal(kvr_api_decode_ix_query(dec, b, strlen(b), true, &q), KVR_OK);
     assert_string_equal(kvr_api_decoder_error(dec),
