@@ -56,6 +56,7 @@ typedef struct cmd {
     const char *path;  /* SAVE / LOAD: the file; NULL = memory (mem, mem_len) */
     uint8_t **mem;     /* SAVE to memory: malloc'd bytes handed over */
     const uint8_t *in; /* LOAD from memory */
+    bool all;          /* LOAD: every rank's events, resumed or not */
     size_t *mem_len, in_len;
     kvr_ingest_snap_report_t *rep;
     char *err;
@@ -455,7 +456,10 @@ static int map_file(const char *path, const uint8_t **buf, size_t *len, char *er
 
 /* Resumes the ranks of the file that are subscribed now (keep[i]), then applies their
  * events: nothing is applied for a rank whose cursor the listener refused. */
-static void snap_apply(kvr_ingest_t *g, kvr_snap_reader_t *r, kvr_ingest_snap_report_t *rep)
+/* all: every rank's events are applied (a standalone indexer recovering from a peer, as the
+ * reference's dump is), a rank resumed where it can be; else only the resumed ranks'. */
+static void snap_apply(kvr_ingest_t *g, kvr_snap_reader_t *r, bool all,
+                       kvr_ingest_snap_report_t *rep)
 {
     bool *keep = calloc(r->info.n_ranks + 1, sizeof *keep);
     if (keep == NULL)
@@ -475,7 +479,7 @@ static void snap_apply(kvr_ingest_t *g, kvr_snap_reader_t *r, kvr_ingest_snap_re
     uint32_t rank;
     kvr_event_t ev;
     while (kvr_snap_next(r, &rank, &ev) == KVR_OK) {
-        if (!keep[rank])
+        if (!keep[rank] && !all)
             continue;
         if (kvr_index_apply(g->ix, &ev) == KVR_OK)
             rep->events++;
@@ -486,7 +490,7 @@ static void snap_apply(kvr_ingest_t *g, kvr_snap_reader_t *r, kvr_ingest_snap_re
 }
 
 /* Checks and applies a snapshot's bytes; what names them in messages is label. */
-static int load_bytes(kvr_ingest_t *g, const uint8_t *buf, size_t len, const char *label,
+static int load_bytes(kvr_ingest_t *g, const uint8_t *buf, size_t len, const char *label, bool all,
                       kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
 {
     rep->bytes = len;
@@ -500,7 +504,7 @@ static int load_bytes(kvr_ingest_t *g, const uint8_t *buf, size_t len, const cha
                  r.info.block_size, g->cfg.block_size);
         rc = KVR_EMISMATCH;
     } else {
-        snap_apply(g, &r, rep);
+        snap_apply(g, &r, all, rep);
     }
     kvr_snap_close(&r);
     return rc;
@@ -516,7 +520,7 @@ static int snap_load(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t
         return rc;
     char label[600];
     snprintf(label, sizeof label, "state_file: %s", path);
-    rc = load_bytes(g, buf, len, label, rep, err, err_len);
+    rc = load_bytes(g, buf, len, label, false, rep, err, err_len);
     munmap((void *)buf, len);
     return rc;
 }
@@ -617,8 +621,8 @@ static void run_cmd(kvr_ingest_t *g)
         break;
     case CMD_LOAD:
         c->rc = c->path != NULL ? snap_load(g, c->path, c->rep, c->err, c->err_len)
-                                : load_bytes(g, c->in, c->in_len, "peer index snapshot", c->rep,
-                                             c->err, c->err_len);
+                                : load_bytes(g, c->in, c->in_len, "peer index snapshot", c->all,
+                                             c->rep, c->err, c->err_len);
         break;
     default:
         c->rc = KVR_EINVAL;
@@ -845,6 +849,13 @@ int kvr_ingest_load_mem(kvr_ingest_t *g, const uint8_t *buf, size_t len,
                         kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
 {
     cmd_t c = {.kind = CMD_LOAD, .in = buf, .in_len = len};
+    return snap_cmd(g, &c, rep, err, err_len);
+}
+
+int kvr_ingest_load_all_mem(kvr_ingest_t *g, const uint8_t *buf, size_t len,
+                            kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
+{
+    cmd_t c = {.kind = CMD_LOAD, .in = buf, .in_len = len, .all = true};
     return snap_cmd(g, &c, rep, err, err_len);
 }
 

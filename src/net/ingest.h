@@ -87,6 +87,12 @@ int kvr_ingest_save_mem(kvr_ingest_t *g, uint8_t **buf, size_t *len,
 int kvr_ingest_load_mem(kvr_ingest_t *g, const uint8_t *buf, size_t len,
                         kvr_ingest_snap_report_t *rep, char *err, size_t err_len);
 
+/* The same, but every rank's events are applied (resumed where the rank can be, else as a
+ * dump without a cursor), whether this side subscribes the rank or not: a standalone indexer
+ * recovering from a peer (`kvrouter indexer --peers`). rep->ranks counts the resumed ones. */
+int kvr_ingest_load_all_mem(kvr_ingest_t *g, const uint8_t *buf, size_t len,
+                            kvr_ingest_snap_report_t *rep, char *err, size_t err_len);
+
 /* The address of data-parallel rank `offset` of a publisher whose rank 0 is at base: tcp ports
  * go up by the offset (vLLM and SGLang), ipc/inproc names get "_dp<offset>". */
 int kvr_ingest_rank_address(const char *base, uint32_t offset, char *out, size_t cap);
