@@ -29,7 +29,10 @@
  * or deadline whatever it did not bring is given up, then the held batches go through the
  * live path in arrival order (they may reveal another gap: a new recovery). A hold that would
  * overflow gives the gap up at once (counted in hold_overflows). Other ranks are never
- * delayed: poll waits on every SUB and every recovering rank's DEALER together.
+ * delayed: poll waits on every SUB and every recovering rank's DEALER together, with epoll
+ * over their ZMQ_FDs (zmq_poll checks each socket with two syscalls on every wake-up: with
+ * 64 ranks an idle listener made ~19,000 syscalls/s; epoll touches only the sockets that
+ * signalled, and those a drain left readable).
  *
  * Threads: one thread owns a listener (the ingest thread): add, remove, poll and the stats
  * calls are made on it, and the handlers are called from poll on it (they must not call back
