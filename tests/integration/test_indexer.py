@@ -357,7 +357,8 @@ def scenario_validation():
     exits(["serve", "--remote-indexer", "http://h:1", "--router-mode", "least-loaded"], 2,
           "remote_indexer: needs router_mode kv")
     exits(["serve", "--remote-indexer", "ftp://h:1"], 2, "remote_indexer: 'ftp://h:1'")
-    exits(["serve", "--remote-indexer", "nats"], 2, "remote_indexer: nats needs nats_url")
+    exits(["serve", "--remote-indexer", "nats"], 2,
+          "remote_indexer: nats (the NATS transport) is not implemented yet")
     exits(["serve", "--remote-indexer-timeout-ms", "0"], 2, "remote_indexer_timeout_ms")
     exits(["indexer", "--workers", "1=tcp://127.0.0.1:5557"], 2,
           "--block-size is required with --workers")
