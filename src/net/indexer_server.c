@@ -674,6 +674,15 @@ static void h_snapshot(kvr_indexer_t *x, struct evhttp_request *req)
         reply_error(x, req, 500, err);
         return;
     }
+    if (rep.ranks_skipped > 0) { /* the snapshot keeps exact ranks only: the dump has all */
+        free(buf);
+        snprintf(err, sizeof err,
+                 "%u ranks are not exact (their history is partial) and a snapshot keeps exact "
+                 "ranks only: read GET /dump",
+                 rep.ranks_skipped);
+        reply_error(x, req, 409, err);
+        return;
+    }
     reply(x, req, 200, "application/octet-stream", (const char *)buf, len);
     free(buf);
 }
@@ -864,7 +873,8 @@ static size_t read_partitions(const char *b, size_t len, peer_part_t *out, size_
 }
 
 /* A kvrouter peer: every partition's binary snapshot fetched and checked first, then applied
- * (a failure applies nothing). KVR_ENOTFOUND when the peer has no such route (not kvrouter). */
+ * (a failure applies nothing). KVR_ENOTFOUND when the peer has no such route (not kvrouter)
+ * or holds a rank that is not exact (a snapshot would leave it out): read its dump then. */
 static int recover_binary(kvr_indexer_t *x, const char *url, uint64_t timeout, char *err,
                           size_t err_len)
 {
@@ -896,6 +906,8 @@ static int recover_binary(kvr_indexer_t *x, const char *url, uint64_t timeout, c
             break;
         }
         rc = fetch(url, path, timeout, &pp[i].snap, &pp[i].len, &status, err, err_len);
+        if (rc != KVR_OK && status == 409)
+            rc = KVR_ENOTFOUND; /* a rank that is not exact: its dump has it, the snapshot not */
     }
     uint64_t events = 0;
     for (size_t i = 0; rc == KVR_OK && i < n; i++) {

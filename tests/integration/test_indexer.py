@@ -194,16 +194,20 @@ def normalized_dump(d):
 
 
 def scenario_peer_recovery():
-    """A second indexer started late with --peers recovers the first one's index from its
-    GET /dump before it listens: equal dumps, equal answers; a peer that does not answer is
+    """A second indexer started late with --peers recovers the first one's index before it
+    listens (its binary snapshots; its JSON dump when a rank is not exact, or when the peer has
+    only the reference's API): equal dumps, equal answers; a peer that does not answer is
     skipped for the next; no reachable peer starts cold, saying so."""
     m1, m2 = mocker(), mocker()
     workers = f"1={m1.events},2={m2.events}"
-    a = indexer("--workers", workers, "--block-size", BS, "--model-name", "m")
+    a = indexer()
     b = c = None
     try:
-        check("first indexer: listeners up",
-              eventually(lambda: len(a.call("GET", "/workers")[1]) == 2, 10))
+        for i, m in ((1, m1), (2, m2)):  # with replay: every rank exact (a lost batch replayed)
+            st, r = a.call("POST", "/register", {"instance_id": i, "endpoint": m.events,
+                                                 "replay_endpoint": m.replay, "model_name": "m",
+                                                 "block_size": BS})
+            check(f"first indexer: worker {i} registered", st == 201, (st, r))
         subscribed(m1, 1, a)
         subscribed(m2, 2, a)
         sent = workload([m1, m2], 18)
@@ -258,6 +262,20 @@ def scenario_peer_recovery():
             d.stop()
         finally:
             srv.shutdown()
+        # a rank that is not exact (registered, nothing received): the snapshot would leave it
+        # out, so the peer refuses it (409) and the dump is read instead
+        st, r = a.call("POST", "/register", {"instance_id": 9, "endpoint": dead.replace(
+            "http", "tcp"), "model_name": "m", "block_size": BS})
+        st, r = a.call("GET", "/v1/index/snapshot?model_name=m&routing_group=default")
+        check("a snapshot with a rank that is not exact: 409 naming /dump",
+              st == 409 and "GET /dump" in r["error"], (st, r))
+        e = indexer("--peers", a.url)
+        _, de = e.call("GET", "/dump")
+        check("then the peer is read from its dump, whole",
+              normalized_dump(de) == normalized_dump(a.call("GET", "/dump")[1]) and
+              "(binary)" not in e.stderr() and "recovered from peer" in e.stderr(),
+              e.stderr()[-400:])
+        e.stop()
         c = indexer("--peers", dead)
         check("no peer answers: it starts cold and says why",
               "no peer" in c.stderr() and c.call("GET", "/dump")[1] == {}, c.stderr()[-400:])
@@ -275,7 +293,9 @@ def scenario_remote_indexer_routing_and_outage():
     workers = f"1={m1.events},2={m2.events}"
     ix = indexer("--workers", workers, "--block-size", BS, "--model-name", "m")
     port = ix.port
-    r = serve("--remote-indexer", ix.url, "--remote-indexer-timeout-ms", "200",
+    # a deadline no answer misses on a loaded machine: failures here are real ones (the
+    # deadline itself is checked against an indexer that never answers, below)
+    r = serve("--remote-indexer", ix.url, "--remote-indexer-timeout-ms", "10000",
               "--worker", f"id=1,url={m1.url},model=m", "--worker", f"id=2,url={m2.url},model=m")
     ix2 = None
     try:
@@ -333,6 +353,33 @@ def scenario_remote_indexer_routing_and_outage():
             ix2.stop()
         m1.stop()
         m2.stop()
+
+
+def scenario_remote_indexer_deadline():
+    """An indexer that accepts and never answers: each decision waits no longer than
+    --remote-indexer-timeout-ms, then routes with zero overlap (counted as a timeout)."""
+    import socket
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)  # accepted by the kernel, never read or answered
+    m = mocker()
+    r = serve("--remote-indexer", f"http://127.0.0.1:{hole.getsockname()[1]}",
+              "--remote-indexer-timeout-ms", "50", "--worker", f"id=1,url={m.url},model=m")
+    try:
+        for k in range(3):
+            t0 = time.monotonic()
+            st, a = r.call("POST", "/v1/completions", {"model": "m", "prompt": prompt(9100 + k, 2),
+                                                        "max_tokens": 2})
+            check("a silent indexer: the request is still served", st == 200, (st, a))
+            check("and waited at least the deadline", time.monotonic() - t0 >= 0.05)
+        check("the timeouts are counted",
+              r.metric("kvr_remote_indexer_failures_total", cause="timeout") == 3,
+              r.metric("kvr_remote_indexer_failures_total", cause="timeout"))
+        check("/health says remote: unreachable", "remote: unreachable" in r.call("GET", "/health")[1])
+    finally:
+        r.stop()
+        m.stop()
+        hole.close()
 
 
 def exits(args, code, needle):
@@ -504,6 +551,7 @@ if __name__ == "__main__":
         ("same_answers_as_a_router", scenario_same_answers_as_a_router),
         ("peer_recovery", scenario_peer_recovery),
         ("remote_indexer_routing_and_outage", scenario_remote_indexer_routing_and_outage),
+        ("remote_indexer_deadline", scenario_remote_indexer_deadline),
         ("validation", scenario_validation),
         ("api_errors", scenario_api_errors),
         ("register_races", scenario_register_races),
