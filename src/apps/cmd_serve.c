@@ -509,18 +509,6 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
         fprintf(stderr, "kvrouter serve: serve_indexer: %s\n", kvr_strerror(st));
         return st;
     }
-    if (c->remote_indexer[0] != '\0') {
-        kvr_remote_ix_config_t rc = {.base = d->base,
-                                     .api = d->api,
-                                     .sched = d->sched,
-                                     .url = c->remote_indexer,
-                                     .timeout_ms = c->remote_indexer_timeout_ms,
-                                     .block_size = c->block_size};
-        if ((d->rix = kvr_remote_ix_new(&rc, &st, err, sizeof err)) == NULL) {
-            fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(st));
-            return st;
-        }
-    }
     for (size_t i = 0; i < a->n_workers; i++) {
         if ((st = kvr_api_server_add_worker(d->api, &a->workers[i], err, sizeof err)) != KVR_OK) {
             fprintf(stderr, "kvrouter serve: --worker id=%llu: %s\n",
@@ -530,6 +518,25 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     }
     if (c->nats_url[0] != '\0' && (st = build_nats(d, c)) != KVR_OK)
         return st;
+    if (d->ixs != NULL && d->nats != NULL &&
+        (st = kvr_ix_serve_attach_nats(d->ixs, d->nats, c->nats_namespace)) != KVR_OK) {
+        fprintf(stderr, "kvrouter serve: serve_indexer over NATS: %s\n", kvr_strerror(st));
+        return st;
+    }
+    if (c->remote_indexer[0] != '\0') {
+        kvr_remote_ix_config_t rc = {.base = d->base,
+                                     .api = d->api,
+                                     .sched = d->sched,
+                                     .url = c->remote_indexer,
+                                     .nats = d->nats,
+                                     .ns = c->nats_namespace,
+                                     .timeout_ms = c->remote_indexer_timeout_ms,
+                                     .block_size = c->block_size};
+        if ((d->rix = kvr_remote_ix_new(&rc, &st, err, sizeof err)) == NULL) {
+            fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(st));
+            return st;
+        }
+    }
     /* the index: a peer's (fresher), else the state file, else cold */
     bool from_peer = d->g != NULL && (c->peers[0] != '\0' || d->nats != NULL) &&
                      load_from_peers(d, c) == KVR_OK;

@@ -230,7 +230,8 @@ static const field_t FIELDS[] = {
      sizeof(((kvr_router_config_t *)0)->remote_indexer), "",
      "http://host:port of an indexer (kvrouter indexer, a router with serve_indexer, or the "
      "reference's indexer) whose overlaps this router routes with instead of a local index "
-     "(router_mode kv); empty = the local index"},
+     "(router_mode kv), or nats: a router with serve_indexer on the same NATS (<namespace>."
+     "indexer.query); empty = the local index"},
     {"remote_indexer_timeout_ms", T_U64, OFF(remote_indexer_timeout_ms), 1, 60000, false, NULL, 0,
      "20",
      "a remote indexer's answer later than this: the decision is taken with zero overlap "
@@ -606,9 +607,10 @@ static int check_indexer_settings(const kvr_router_config_t *cfg, char *err, siz
         return KVR_EINVAL;
     }
     if (strcmp(cfg->remote_indexer, "nats") == 0) {
-        seterr(err, err_len, "remote_indexer: nats (the NATS transport) is not implemented yet; "
-                             "give the indexer's http://host:port");
-        return KVR_EINVAL;
+        if (cfg->nats_url[0] == '\0') {
+            seterr(err, err_len, "remote_indexer: nats needs nats_url");
+            return KVR_EINVAL;
+        }
     } else if (strncmp(cfg->remote_indexer, "http://", 7) != 0 || cfg->remote_indexer[7] == '\0') {
         seterr(err, err_len, "remote_indexer: '%.200s' is neither an http://host:port URL nor nats",
                cfg->remote_indexer);

@@ -11,6 +11,10 @@
 
 #include "kvrouter/router.h"
 #include "net/ix_api.h"
+#include "net/log.h"
+#include "net/nats_link.h"
+#include "wire/json_scan.h"
+#include "wire/prom.h"
 #include "wire/router_event_json.h"
 
 #define MAX_IDS 65536
@@ -27,6 +31,9 @@ struct kvr_ix_serve {
     /* the dump's current model filter */
     const char *dump_model;
     kvr_json_writer_t *dump_w;
+    kvr_nats_t *nats;
+    uint64_t nats_requests, nats_unanswerable; /* the latter: no reply subject */
+    kvr_ratelimit_t rl;
 };
 
 static const char *model_of(const kvr_ix_serve_t *s, uint64_t id)
@@ -153,6 +160,58 @@ static void ext_metrics(void *arg, struct kvr_prom *p)
 {
     kvr_ix_serve_t *s = arg;
     kvr_ix_api_metrics(s->ixa, p);
+    if (s->nats != NULL) {
+        kvr_prom_counter(p, "kvr_indexer_nats_requests_total",
+                         "Indexer queries received on <ns>.indexer.query.",
+                         (double)s->nats_requests);
+        kvr_prom_counter(p, "kvr_indexer_nats_unanswerable_total",
+                         "Of those, without a reply subject (dropped).",
+                         (double)s->nats_unanswerable);
+    }
+}
+
+/* Whether the JSON object body has a top-level block_hashes member (a /query_by_hash). */
+static bool by_hash_body(const char *b, size_t len)
+{
+    size_t i = kvr_json_skip_ws(b, len, 0);
+    if (i >= len || b[i] != '{')
+        return false;
+    kvr_json_iter_t it;
+    kvr_json_member_t m;
+    kvr_json_object_begin(&it, b, len, i, KVR_JSON_LENIENT);
+    while (kvr_json_object_next(&it, &m) > 0)
+        if (kvr_json_key_is(b, &m, "block_hashes"))
+            return true;
+    return false;
+}
+
+static void on_nats_query(void *arg, const char *subject, const char *reply, const uint8_t *data,
+                          size_t len)
+{
+    (void)subject;
+    kvr_ix_serve_t *s = arg;
+    s->nats_requests++;
+    if (reply == NULL || reply[0] == '\0') {
+        s->nats_unanswerable++;
+        kvr_log_limited(&s->rl, KVR_LOG_WARN,
+                        "indexer query over NATS without a reply subject: "
+                        "dropped");
+        return;
+    }
+    int code;
+    const char *out;
+    size_t out_len;
+    kvr_ix_api_answer(s->ixa, "application/json", (const char *)data, len,
+                      by_hash_body((const char *)data, len), &code, &out, &out_len);
+    (void)kvr_nats_publish(s->nats, reply, NULL, out, out_len);
+}
+
+int kvr_ix_serve_attach_nats(kvr_ix_serve_t *s, kvr_nats_t *nats, const char *ns)
+{
+    char subj[160];
+    snprintf(subj, sizeof subj, "%s.indexer.query", ns);
+    s->nats = nats;
+    return kvr_nats_subscribe(nats, subj, on_nats_query, s);
 }
 
 kvr_ix_serve_t *kvr_ix_serve_new(kvr_api_server_t *api, kvr_index_t *ix, kvr_ingest_t *g,
@@ -166,6 +225,7 @@ kvr_ix_serve_t *kvr_ix_serve_new(kvr_api_server_t *api, kvr_index_t *ix, kvr_ing
     s->ix = ix;
     s->g = g;
     s->ids = calloc(MAX_IDS, sizeof *s->ids);
+    s->rl = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     kvr_ix_api_ops_t ops = {find, dump, reply, s};
     s->ixa = kvr_ix_api_new(&ops);
     kvr_api_extension_t ext = {.handle = ext_handle, .metrics = ext_metrics, .arg = s};

@@ -24,5 +24,10 @@ typedef struct kvr_ix_serve kvr_ix_serve_t;
 kvr_ix_serve_t *kvr_ix_serve_new(kvr_api_server_t *api, kvr_index_t *ix, kvr_ingest_t *g,
                                  int *status);
 void kvr_ix_serve_free(kvr_ix_serve_t *s);
+/* Also answers on NATS: requests on <ns>.indexer.query (a /query or, with a "block_hashes"
+ * member, a /query_by_hash JSON body) answered on their reply subject with the same JSON
+ * (`serve --remote-indexer nats` asks so). Free the link after the server. */
+struct kvr_nats;
+int kvr_ix_serve_attach_nats(kvr_ix_serve_t *s, struct kvr_nats *nats, const char *ns);
 
 #endif

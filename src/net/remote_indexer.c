@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -21,6 +22,7 @@
 
 #include "core/endpoint.h"
 #include "net/log.h"
+#include "net/nats_link.h"
 #include "wire/ix_answer.h"
 #include "wire/json_writer.h"
 #include "wire/prom.h"
@@ -42,14 +44,20 @@ struct call {
     struct event *timer;
     struct evbuffer *body;
     uint64_t start_ns;
+    uint64_t seq;  /* over NATS: the last token of its reply subject */
     bool finished; /* done called (the deadline passed first) */
-    call_t *next;  /* wait list or free list */
+    call_t *next;  /* wait list, NATS in-flight list, or free list */
 };
 
 struct kvr_remote_ix {
     kvr_remote_ix_config_t cfg;
     kvr_url_t url;
     char path[300];
+    char where[200]; /* for log lines: the url, or the NATS subject */
+    bool over_nats;
+    char subj_query[160], reply_prefix[160];
+    uint64_t next_seq;
+    call_t *nats_calls; /* over NATS: in flight, waiting for their reply */
     char model[KVR_MODEL_BYTES];
     slot_t slots[MAX_SLOTS];
     size_t n_slots;
@@ -173,15 +181,31 @@ static void kick(kvr_remote_ix_t *x)
 
 /* ---- answers and deadlines ---- */
 
+/* An answer's body: its matches in x->m (*n), or a failure counted and logged. */
+static int read_body(kvr_remote_ix_t *x, const char *text, size_t len, size_t *n)
+{
+    char err[200];
+    int rc = kvr_ix_answer_parse(text, len, x->cfg.block_size, MAX_MATCHES, &x->m, &x->m_cap, n,
+                                 err, sizeof err);
+    if (rc != KVR_OK) {
+        x->st.failed_answer++;
+        kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                        "remote indexer %s: its answer does not read: %s (%.120s); this decision "
+                        "has zero overlap",
+                        x->where, err, text);
+    }
+    return rc;
+}
+
 static int read_answer(kvr_remote_ix_t *x, struct evhttp_request *req, size_t *n)
 {
     int code = req != NULL ? evhttp_request_get_response_code(req) : 0;
     if (code == 0) {
         x->st.failed_connect++;
         kvr_log_limited(&x->rl, KVR_LOG_WARN,
-                        "remote indexer %s:%u: no answer (connection refused or lost); this "
+                        "remote indexer %s: no answer (connection refused or lost); this "
                         "decision has zero overlap",
-                        x->url.host, x->url.port);
+                        x->where);
         return KVR_EIO;
     }
     struct evbuffer *b = evhttp_request_get_input_buffer(req);
@@ -190,22 +214,11 @@ static int read_answer(kvr_remote_ix_t *x, struct evhttp_request *req, size_t *n
     if (code != 200) {
         x->st.failed_status++;
         kvr_log_limited(&x->rl, KVR_LOG_WARN,
-                        "remote indexer %s:%u answered %d: %.200s; this decision has zero "
-                        "overlap",
-                        x->url.host, x->url.port, code, text);
+                        "remote indexer %s answered %d: %.200s; this decision has zero overlap",
+                        x->where, code, text);
         return KVR_EIO;
     }
-    char err[200];
-    int rc = kvr_ix_answer_parse(text, len, x->cfg.block_size, MAX_MATCHES, &x->m, &x->m_cap, n,
-                                 err, sizeof err);
-    if (rc != KVR_OK) {
-        x->st.failed_answer++;
-        kvr_log_limited(&x->rl, KVR_LOG_WARN,
-                        "remote indexer %s:%u: its answer does not read: %s; this decision has "
-                        "zero overlap",
-                        x->url.host, x->url.port, err);
-    }
-    return rc;
+    return read_body(x, text, len, n);
 }
 
 static void on_answer(struct evhttp_request *req, void *arg)
@@ -241,9 +254,20 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
     kvr_remote_ix_t *x = c->x;
     x->st.timeouts++;
     kvr_log_limited(&x->rl, KVR_LOG_WARN,
-                    "remote indexer %s:%u: no answer within remote_indexer_timeout_ms (%llu "
-                    "ms); this decision has zero overlap",
-                    x->url.host, x->url.port, (unsigned long long)x->cfg.timeout_ms);
+                    "remote indexer %s: no answer within remote_indexer_timeout_ms (%llu ms); "
+                    "this decision has zero overlap",
+                    x->where, (unsigned long long)x->cfg.timeout_ms);
+    if (x->over_nats) { /* off the in-flight list: a late reply finds no lookup */
+        for (call_t **p = &x->nats_calls; *p != NULL; p = &(*p)->next)
+            if (*p == c) {
+                *p = c->next;
+                break;
+            }
+        x->st.in_flight--;
+        finish(x, c, KVR_EIO, 0);
+        call_put(x, c);
+        return;
+    }
     /* still waiting for a connection: out of the list; in flight: its answer is dropped */
     for (call_t **p = &x->wait_head, *prev = NULL; *p != NULL; prev = *p, p = &(*p)->next) {
         if (*p != c)
@@ -286,6 +310,20 @@ static int lookup(void *arg, const kvr_route_req_t *q, kvr_overlap_done_fn done,
     struct timeval tv = {(time_t)(x->cfg.timeout_ms / 1000),
                          (suseconds_t)(x->cfg.timeout_ms % 1000) * 1000};
     evtimer_add(c->timer, &tv);
+    if (x->over_nats) {
+        char reply[200];
+        c->seq = ++x->next_seq;
+        snprintf(reply, sizeof reply, "%s.%llu", x->reply_prefix, (unsigned long long)c->seq);
+        if (kvr_nats_publish(x->cfg.nats, x->subj_query, reply, body, len) != KVR_OK) {
+            call_put(x, c);
+            return KVR_EIO; /* routed at once with zero overlap (the link counts it) */
+        }
+        c->next = x->nats_calls;
+        x->nats_calls = c;
+        x->st.in_flight++;
+        x->st.lookups++;
+        return KVR_OK;
+    }
     if (x->wait_tail != NULL)
         x->wait_tail->next = c;
     else
@@ -294,6 +332,67 @@ static int lookup(void *arg, const kvr_route_req_t *q, kvr_overlap_done_fn done,
     x->st.waiting++;
     x->st.lookups++;
     kick(x);
+    return KVR_OK;
+}
+
+/* An answer over NATS: its lookup named by the subject's last token. */
+static void on_reply(void *arg, const char *subject, const char *reply, const uint8_t *data,
+                     size_t len)
+{
+    (void)reply;
+    kvr_remote_ix_t *x = arg;
+    const char *dot = strrchr(subject, '.');
+    uint64_t seq = dot ? strtoull(dot + 1, NULL, 10) : 0;
+    call_t *c = NULL;
+    for (call_t **p = &x->nats_calls; *p != NULL; p = &(*p)->next)
+        if ((*p)->seq == seq) {
+            c = *p;
+            *p = c->next;
+            break;
+        }
+    if (c == NULL) {
+        x->st.late_answers++; /* its deadline passed (or an answer nobody asked for) */
+        return;
+    }
+    x->st.in_flight--;
+    size_t n = 0;
+    int rc;
+    if (len == 0) { /* the server's "no responders" status: nobody serves the subject */
+        x->st.failed_connect++;
+        kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                        "remote indexer %s: no router serves it (no responders); this decision "
+                        "has zero overlap",
+                        x->where);
+        rc = KVR_EIO;
+    } else {
+        rc = read_body(x, (const char *)data, len, &n);
+    }
+    if (rc == KVR_OK) {
+        x->st.answered++;
+        kvr_hist_observe(&x->h_rtt, (double)(now_ns() - c->start_ns) * 1e-9);
+    }
+    finish(x, c, rc, n);
+    call_put(x, c);
+}
+
+static int init_nats(kvr_remote_ix_t *x, char *err, size_t err_len)
+{
+    if (x->cfg.nats == NULL || x->cfg.ns == NULL) {
+        snprintf(err, err_len, "remote_indexer: nats needs nats_url");
+        return KVR_EINVAL;
+    }
+    x->over_nats = true;
+    uint64_t rid = now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)x;
+    snprintf(x->subj_query, sizeof x->subj_query, "%s.indexer.query", x->cfg.ns);
+    snprintf(x->reply_prefix, sizeof x->reply_prefix, "%s.indexer.reply.%016llx", x->cfg.ns,
+             (unsigned long long)rid);
+    snprintf(x->where, sizeof x->where, "nats %s", x->subj_query);
+    char sub[200];
+    snprintf(sub, sizeof sub, "%s.*", x->reply_prefix);
+    if (kvr_nats_subscribe(x->cfg.nats, sub, on_reply, x) != KVR_OK) {
+        snprintf(err, err_len, "remote_indexer: cannot subscribe to %s", sub);
+        return KVR_EIO;
+    }
     return KVR_OK;
 }
 
@@ -352,13 +451,21 @@ kvr_remote_ix_t *kvr_remote_ix_new(const kvr_remote_ix_config_t *cfg, int *statu
     kvr_hist_init(&x->h_rtt, RTT_BUCKETS, sizeof RTT_BUCKETS / sizeof *RTT_BUCKETS);
     snprintf(x->model, sizeof x->model, "%s", cfg->default_model ? cfg->default_model : "default");
     char why[300];
-    if (kvr_endpoint_parse_url(cfg->url, NULL, &x->url, why, sizeof why) != KVR_OK) {
+    bool nats = strcmp(cfg->url, "nats") == 0;
+    int rc = nats ? init_nats(x, err, err_len) : KVR_OK;
+    if (rc != KVR_OK) {
+        kvr_remote_ix_free(x);
+        return *status = rc, NULL;
+    }
+    if (!nats && kvr_endpoint_parse_url(cfg->url, NULL, &x->url, why, sizeof why) != KVR_OK) {
         snprintf(err, err_len, "remote_indexer: %s", why);
         kvr_remote_ix_free(x);
         return *status = KVR_EINVAL, NULL;
     }
+    if (!nats)
+        snprintf(x->where, sizeof x->where, "%s", cfg->url);
     snprintf(x->path, sizeof x->path, "%s/query_by_hash", x->url.base_path);
-    x->n_slots = cfg->max_connections ? cfg->max_connections : 16;
+    x->n_slots = nats ? 0 : cfg->max_connections ? cfg->max_connections : 16;
     x->n_slots = x->n_slots > MAX_SLOTS ? MAX_SLOTS : x->n_slots;
     uint64_t conn_ms = cfg->timeout_ms * 10 < 1000 ? 1000 : cfg->timeout_ms * 10;
     struct timeval ctv = {(time_t)(conn_ms / 1000), (suseconds_t)(conn_ms % 1000) * 1000};
@@ -400,6 +507,10 @@ void kvr_remote_ix_free(kvr_remote_ix_t *x)
             call_destroy(x->slots[i].call);
     }
     for (call_t *c = x->wait_head, *n; c != NULL; c = n) {
+        n = c->next;
+        call_destroy(c);
+    }
+    for (call_t *c = x->nats_calls, *n; c != NULL; c = n) {
         n = c->next;
         call_destroy(c);
     }

@@ -15,6 +15,10 @@
  * wait in FIFO order (their deadline runs from the placement). A late answer after its
  * deadline is read and dropped (its connection stays usable); an answer that never comes is
  * ended by the connection's own timeout (10x the deadline, at least 1 s).
+ * Over NATS (url "nats"): the same body is a request on <ns>.indexer.query (answered by a
+ * router with serve_indexer, net/ix_serve.h) with the reply subject
+ * <ns>.indexer.reply.<this router's random id>.<sequence>, so an answer finds its lookup by
+ * its subject; no answer before the deadline is a timeout (also with no responder at all).
  * Threads: the HTTP thread only. Ownership: borrows the base and the API server; free it
  * before the scheduler (lookups in flight are dropped without a callback).
  */
@@ -33,7 +37,9 @@ typedef struct kvr_remote_ix_config {
     struct event_base *base;
     kvr_api_server_t *api; /* its extension: metrics, detail line */
     kvr_sched_t *sched;    /* set as its overlap source */
-    const char *url;       /* http://host:port[/base] */
+    const char *url;       /* http://host:port[/base], or "nats" */
+    struct kvr_nats *nats; /* url "nats": the link, and the fleet's namespace */
+    const char *ns;
     uint64_t timeout_ms;
     uint32_t block_size;       /* what the router hashes with */
     const char *default_model; /* model_name for requests without one ("default" if NULL) */

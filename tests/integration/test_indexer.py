@@ -16,7 +16,7 @@ import time
 
 import msgpack
 
-from kvr_harness import (Child, check, eventually, kill_children, run_scenarios,
+from kvr_harness import (Child, NatsServer, check, eventually, kill_children, run_scenarios,
                          with_free_ports)
 
 KVR = sys.argv[1]
@@ -382,6 +382,61 @@ def scenario_remote_indexer_deadline():
         hole.close()
 
 
+def scenario_remote_indexer_over_nats():
+    """Over a real nats-server: router A serves its index on <ns>.indexer.query, router B
+    (--remote-indexer nats) routes with it and needs no address of it; A gone, B goes on with
+    zero overlap (no responders: counted), and a malformed query to A's subject is answered
+    with an error, never a crash."""
+    nats = NatsServer()
+    m1, m2 = mocker(), mocker()
+    spec = [f"id=1,url={m1.url},events={m1.events},replay={m1.replay},model=m",
+            f"id=2,url={m2.url},events={m2.events},replay={m2.replay},model=m"]
+    a = serve("--nats-url", nats.url, "--serve-indexer", "true", "--worker", spec[0],
+              "--worker", spec[1])
+    b = serve("--nats-url", nats.url, "--remote-indexer", "nats", "--remote-indexer-timeout-ms",
+              "10000", "--worker", f"id=1,url={m1.url},model=m",
+              "--worker", f"id=2,url={m2.url},model=m")
+    try:
+        subscribed(m1, 1, a)
+        subscribed(m2, 2, a)
+        check("B's NATS link is up", eventually(lambda: "nats: connected" in b.call("GET", "/health")[1]))
+        cached = []
+        for k in range(4):
+            toks = prompt(7700 + k, 8)
+            b.call("POST", "/v1/completions", {"model": "m", "prompt": toks, "max_tokens": 2})
+            eventually(lambda: scores(query(a, toks)), 10)
+            st, r = b.call("POST", "/v1/completions", {"model": "m", "prompt": toks + [5],
+                                                        "max_tokens": 2})
+            cached.append(r.get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens"))
+        check("over NATS: every repeated prompt went where its prefix was cached",
+              cached == [8 * BS] * 4, cached)
+        check("A answered them on its subject",
+              (a.metric("kvr_indexer_nats_requests_total") or 0) >= 8 and
+              b.metric("kvr_remote_indexer_answered_total") >= 8,
+              (a.metric("kvr_indexer_nats_requests_total"),
+               b.metric("kvr_remote_indexer_answered_total")))
+        nats.publish("kvrouter.indexer.query", b'{"token_ids": "x"}', reply="kvrouter.test.x")
+        nats.publish("kvrouter.indexer.query", b'{"model_name": "m"}')
+        check("malformed or reply-less queries on the subject: counted, A still serves",
+              eventually(lambda: (a.metric("kvr_indexer_bad_requests_total") or 0) >= 1 and
+                         (a.metric("kvr_indexer_nats_unanswerable_total") or 0) >= 1) and
+              a.call("GET", "/health")[0] == 200)
+        a.stop()
+        st, r = b.call("POST", "/v1/completions", {"model": "m", "prompt": prompt(7800, 4),
+                                                    "max_tokens": 2})
+        check("no router serves the index: B still serves the request", st == 200, (st, r))
+        check("the lookup is counted as failed and B says remote: unreachable",
+              b.metric("kvr_remote_indexer_failures_total") >= 1 and
+              "remote: unreachable" in b.call("GET", "/health")[1],
+              (b.metric("kvr_remote_indexer_failures_total"), b.call("GET", "/health")[1]))
+    finally:
+        b.stop()
+        a.stop()
+        m1.stop()
+        m2.stop()
+        nats.stop()
+
+
 def exits(args, code, needle):
     p = subprocess.run([KVR] + args, capture_output=True, text=True, timeout=30,
                        stdin=subprocess.DEVNULL)
@@ -404,8 +459,7 @@ def scenario_validation():
     exits(["serve", "--remote-indexer", "http://h:1", "--router-mode", "least-loaded"], 2,
           "remote_indexer: needs router_mode kv")
     exits(["serve", "--remote-indexer", "ftp://h:1"], 2, "remote_indexer: 'ftp://h:1'")
-    exits(["serve", "--remote-indexer", "nats"], 2,
-          "remote_indexer: nats (the NATS transport) is not implemented yet")
+    exits(["serve", "--remote-indexer", "nats"], 2, "remote_indexer: nats needs nats_url")
     exits(["serve", "--remote-indexer-timeout-ms", "0"], 2, "remote_indexer_timeout_ms")
     exits(["indexer", "--workers", "1=tcp://127.0.0.1:5557"], 2,
           "--block-size is required with --workers")
@@ -552,6 +606,7 @@ if __name__ == "__main__":
         ("peer_recovery", scenario_peer_recovery),
         ("remote_indexer_routing_and_outage", scenario_remote_indexer_routing_and_outage),
         ("remote_indexer_deadline", scenario_remote_indexer_deadline),
+        ("remote_indexer_over_nats", scenario_remote_indexer_over_nats),
         ("validation", scenario_validation),
         ("api_errors", scenario_api_errors),
         ("register_races", scenario_register_races),
