@@ -236,6 +236,8 @@ static int run(indexer_args_t *a)
         event_free(s1);
     if (s2)
         event_free(s2);
+    signal(SIGTERM, SIG_IGN); /* past the loop: the orderly end is not cut short */
+    signal(SIGINT, SIG_IGN);
     if (r.tick)
         event_free(r.tick);
     kvr_indexer_free(r.x);

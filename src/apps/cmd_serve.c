@@ -250,6 +250,10 @@ static void teardown(daemon_parts_t *d)
         event_free(d->sigint);
     if (d->sigterm)
         event_free(d->sigterm);
+    /* freeing them restored the default action: a later signal must not cut the orderly end
+     * short (the ingest thread, the NATS entry) and turn exit 0 into death by signal */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
     kvr_discovery_free(d->disc);
     kvr_replica_sync_free(d->sync); /* publishes its last batch */
     kvr_replicas_free(d->replicas);

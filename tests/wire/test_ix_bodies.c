@@ -367,8 +367,10 @@ static int on_event(void *ud, const kvr_event_t *ev)
     got_t *g = ud;
     kvr_event_t *e = &g->ev[g->n_ev];
     *e = *ev;
-    memcpy(g->blocks[g->n_ev], ev->blocks, ev->n_blocks * sizeof *ev->blocks);
-    memcpy(g->removed[g->n_ev], ev->removed, ev->n_removed * sizeof *ev->removed);
+    if (ev->n_blocks > 0) /* (NULL with none: memcpy may not be given NULL) */
+        memcpy(g->blocks[g->n_ev], ev->blocks, ev->n_blocks * sizeof *ev->blocks);
+    if (ev->n_removed > 0)
+        memcpy(g->removed[g->n_ev], ev->removed, ev->n_removed * sizeof *ev->removed);
     e->blocks = g->blocks[g->n_ev];
     e->removed = g->removed[g->n_ev];
     g->n_ev++;
