@@ -234,7 +234,8 @@ static int answer(kvr_ix_api_t *a, const kvr_ix_query_t *q)
     for (size_t i = 0; i < a->lk.n_matches; i++)
         if (p.keep == NULL || p.keep(p.keep_arg, a->lk.matches[i].worker))
             a->lk.matches[m++] = a->lk.matches[i];
-    qsort(a->lk.matches, m, sizeof *a->lk.matches, match_cmp);
+    if (m > 1) /* (matches is NULL until a lookup has found something) */
+        qsort(a->lk.matches, m, sizeof *a->lk.matches, match_cmp);
     uint32_t depth = 0;
     for (size_t i = 0; i < m; i++)
         depth = a->lk.matches[i].device_blocks > depth ? a->lk.matches[i].device_blocks : depth;
