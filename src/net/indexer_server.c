@@ -712,6 +712,8 @@ static void on_request(struct evhttp_request *req, void *arg)
         h_partitions(x, req);
     else if (get && strcmp(path, "/v1/index/snapshot") == 0)
         h_snapshot(x, req);
+    else if (post && strcmp(path, "/reopen_logs") == 0)
+        reply_ok(x, req, 200); /* the reference's log rotation hook: no log file to reopen */
     else if (get && strcmp(path, "/health") == 0)
         reply(x, req, 200, "text/plain", "OK", 2);
     else if (get && strcmp(path, "/metrics") == 0)

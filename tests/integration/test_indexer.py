@@ -542,6 +542,8 @@ def scenario_api_errors():
               (ix.metric("kvr_indexer_bad_requests_total"),
                ix.metric("kvr_indexer_register_conflicts_total")))
         check("/health: 200 OK", ix.call("GET", "/health") == (200, "OK"))
+        check("/reopen_logs (the reference's rotation hook): 200 ok",
+              ix.call("POST", "/reopen_logs") == (200, {"status": "ok"}))
     finally:
         ix.stop()
 
