@@ -854,7 +854,8 @@ static size_t read_partitions(const char *b, size_t len, peer_part_t *out, size_
         peer_part_t *p = &out[n];
         memset(p, 0, sizeof *p);
         kvr_json_object_begin(&it, b, len, i, KVR_JSON_STRICT);
-        while (kvr_json_object_next(&it, &m) > 0) {
+        int got;
+        while ((got = kvr_json_object_next(&it, &m)) > 0) {
             size_t vl = m.val_end - m.val;
             if (kvr_json_key_is(b, &m, "block_size"))
                 p->block_size = small_uint(b + m.val, vl, 65536);
@@ -864,8 +865,8 @@ static size_t read_partitions(const char *b, size_t len, peer_part_t *out, size_
                 memcpy(kvr_json_key_is(b, &m, "model_name") ? p->model : p->group, b + m.val + 1,
                        vl - 2);
         }
-        if (p->block_size == 0 || p->model[0] == '\0' || p->group[0] == '\0')
-            return SIZE_MAX;
+        if (got < 0 || p->block_size == 0 || p->model[0] == '\0' || p->group[0] == '\0')
+            return SIZE_MAX; /* an object that does not scan, or a field missing */
         n++;
         i = kvr_json_skip_ws(b, len, it.close + 1);
         if (i < len && b[i] == ',')

@@ -276,6 +276,28 @@ def scenario_peer_recovery():
               "(binary)" not in e.stderr() and "recovered from peer" in e.stderr(),
               e.stderr()[-400:])
         e.stop()
+        # a peer whose partitions list does not read: refused whole, nothing applied
+        class BadPeer(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = b'[{"model_name":"m","routing_group":"default","block_size":16 x'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        bad = http.server.ThreadingHTTPServer(("127.0.0.1", 0), BadPeer)
+        threading.Thread(target=bad.serve_forever, daemon=True).start()
+        try:
+            f = indexer("--peers", f"http://127.0.0.1:{bad.server_address[1]}")
+            check("a peer whose partitions list does not read: cold, saying why",
+                  "not a list of partitions" in f.stderr() and f.call("GET", "/dump")[1] == {},
+                  f.stderr()[-400:])
+            f.stop()
+        finally:
+            bad.shutdown()
         c = indexer("--peers", dead)
         check("no peer answers: it starts cold and says why",
               "no peer" in c.stderr() and c.call("GET", "/dump")[1] == {}, c.stderr()[-400:])
