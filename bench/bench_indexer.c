@@ -24,7 +24,6 @@
  */
 #define _XOPEN_SOURCE 700
 #include <errno.h>
-#include <ftw.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -62,12 +61,6 @@ typedef struct env {
     uint64_t n_prompts, per_worker;
     uint32_t *tokens; /* n_prompts x blocks x BS */
 } env_t;
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
 
 static kvr_child_t *spawn(env_t *e, const char *what, char **argv)
 {
@@ -535,10 +528,9 @@ int kvr_bench_indexer(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     signal(SIGPIPE, SIG_IGN);
     env_t e = {.n_kids = 0};
-    const char *tmp = getenv("TMPDIR");
-    snprintf(e.dir, sizeof e.dir, "%s/kvrouter-bench-indexer-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (mkdtemp(e.dir) == NULL) {
-        fprintf(stderr, "kvrouter bench indexer: mkdtemp: %s\n", strerror(errno));
+    char werr[300];
+    if (kvr_child_workdir(e.dir, sizeof e.dir, "bench-indexer", werr, sizeof werr) != KVR_OK) {
+        fprintf(stderr, "kvrouter bench indexer: %s\n", werr);
         return 1;
     }
     kvr_child_t *ix = NULL;
@@ -556,6 +548,6 @@ int kvr_bench_indexer(int argc, char **argv)
     if (rc != 0)
         fprintf(stderr, "kvrouter bench indexer: failed; logs kept in %s\n", e.dir);
     else
-        nftw(e.dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        kvr_child_rmtree(e.dir);
     return rc;
 }

@@ -28,7 +28,6 @@
  */
 #define _XOPEN_SOURCE 700
 #include <errno.h>
-#include <ftw.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -66,14 +65,6 @@ typedef struct env {
 } env_t;
 
 /* ---- small helpers ------------------------------------------------------------------------ */
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
 
 /* A router child with these extra flags (NULL-terminated), 8 workers by id unless no_workers. */
 static kvr_child_t *router(env_t *e, const char *what, const char *const *extra,
@@ -468,10 +459,9 @@ int kvr_bench_sync(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     signal(SIGPIPE, SIG_IGN);
     env_t e = {.n_kids = 0};
-    const char *tmp = getenv("TMPDIR");
-    snprintf(e.dir, sizeof e.dir, "%s/kvrouter-bench-sync-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (mkdtemp(e.dir) == NULL) {
-        fprintf(stderr, "kvrouter bench sync: mkdtemp: %s\n", strerror(errno));
+    char werr[300];
+    if (kvr_child_workdir(e.dir, sizeof e.dir, "bench-sync", werr, sizeof werr) != KVR_OK) {
+        fprintf(stderr, "kvrouter bench sync: %s\n", werr);
         return 1;
     }
     char err[300];
@@ -494,6 +484,6 @@ int kvr_bench_sync(int argc, char **argv)
     if (rc != 0)
         fprintf(stderr, "kvrouter bench sync: failed; logs kept in %s\n", e.dir);
     else
-        nftw(e.dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        kvr_child_rmtree(e.dir);
     return rc;
 }

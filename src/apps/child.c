@@ -5,6 +5,7 @@
 #include "apps/child.h"
 
 #include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -296,3 +297,23 @@ double kvr_child_metric(const kvr_child_t *c, const char *sample)
     free(m);
     return v;
 }
+
+int kvr_child_workdir(char *dir, size_t cap, const char *name, char *err, size_t err_len)
+{
+    const char *tmp = getenv("TMPDIR");
+    int n = snprintf(dir, cap, "%s/kvrouter-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", name);
+    if (n < 0 || (size_t)n >= cap || mkdtemp(dir) == NULL) {
+        snprintf(err, err_len, "cannot make a temporary directory: %s",
+                 n < 0 || (size_t)n >= cap ? "path too long" : strerror(errno));
+        return KVR_EIO;
+    }
+    return KVR_OK;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+int kvr_child_rmtree(const char *dir) { return nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }

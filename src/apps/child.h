@@ -42,6 +42,11 @@ void kvr_child_show_log(const kvr_child_t *c);
 double kvr_child_now_s(void);
 /* A free loopback TCP port (bound then released), -1 on failure. */
 int kvr_free_port(void);
+/* A fresh directory $TMPDIR/kvrouter-<name>-XXXXXX (/tmp without TMPDIR) for the logs and
+ * stores of a run: KVR_OK, or KVR_EIO with err. */
+int kvr_child_workdir(char *dir, size_t cap, const char *name, char *err, size_t err_len);
+/* Removes dir and everything under it (links not followed): 0, or -1. */
+int kvr_child_rmtree(const char *dir);
 /* GET path on the child (addr): the body (malloc'd, NUL-terminated; NULL when no answer) and
  * the status. */
 char *kvr_child_get(const kvr_child_t *c, const char *path, int *status);

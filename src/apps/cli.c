@@ -187,6 +187,16 @@ int kvr_cli_copy(const kvr_cli_t *c, const char *v, char *out, size_t cap)
     return 0;
 }
 
+int kvr_cli_log_level(const kvr_cli_t *c, const char *v, int *out)
+{
+    static const char *const LEVELS[] = {"debug", "info", "warn", "error"};
+    size_t k;
+    int rc = kvr_cli_choice(c, v, LEVELS, 4, &k);
+    if (rc == 0)
+        *out = (int)k;
+    return rc;
+}
+
 int kvr_cli_choice(const kvr_cli_t *c, const char *v, const char *const *names, size_t n,
                    size_t *out)
 {

@@ -78,6 +78,9 @@ int kvr_cli_copy(const kvr_cli_t *c, const char *v, char *out, size_t cap);
 int kvr_cli_choice(const kvr_cli_t *c, const char *v, const char *const *names, size_t n,
                    size_t *out);
 
+/* debug | info | warn | error: *out the level (net/log.h's order). */
+int kvr_cli_log_level(const kvr_cli_t *c, const char *v, int *out);
+
 /* One option at argv[i] (and its value): 0 handled, 2 error (reported), -1 not an option of
  * the command. */
 typedef int (*kvr_cli_option_fn)(kvr_cli_t *c, void *arg);

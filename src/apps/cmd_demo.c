@@ -21,9 +21,8 @@
  * SIGTERM: the replay in progress stops (partial results are not reported), every child gets
  * SIGTERM (SIGKILL after 10 s), exit 130.
  */
-#define _XOPEN_SOURCE 700 /* nftw */
+#define _XOPEN_SOURCE 700 /* mkdtemp */
 #include <errno.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -380,20 +379,6 @@ static void print_comparison(const demo_args_t *a, const run_t *runs, size_t n, 
     }
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-/* The demo's own temporary directory (mkdtemp), with the logs, samples and the NATS store. */
-static int rm_tree_files(const char *dir)
-{
-    return nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 static const char *find_trace(const demo_args_t *a, char *buf, size_t cap)
 {
     const char *p = a->trace_set ? NULL : kvr_cli_data_file(DEFAULT_TRACE, buf, cap);
@@ -448,11 +433,8 @@ int kvr_cmd_demo(int argc, char **argv)
             return 1;
         }
     } else {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/kvrouter-demo-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (mkdtemp(dir) == NULL) {
-            fprintf(stderr, "kvrouter demo: cannot make a temporary directory: %s\n",
-                    strerror(errno));
+        if (kvr_child_workdir(dir, sizeof dir, "demo", err, sizeof err) != KVR_OK) {
+            fprintf(stderr, "kvrouter demo: %s\n", err);
             kvr_trace_free(&trace);
             return 1;
         }
@@ -607,7 +589,7 @@ int kvr_cmd_demo(int argc, char **argv)
     if (code != 0 && code != 130)
         fprintf(stderr, "kvrouter demo: logs kept in %s\n", dir);
     else if (!a.keep)
-        rm_tree_files(dir);
+        kvr_child_rmtree(dir); /* the demo's own temporary directory */
     if (code == 130)
         fprintf(stderr, "kvrouter demo: interrupted; every process it started is stopped\n");
     free(samples);

@@ -50,8 +50,6 @@ static void usage(FILE *out)
             "  --log-level L         debug | info | warn | error [info]\n");
 }
 
-static const char *const LOG_LEVELS[] = {"debug", "info", "warn", "error"};
-
 /* "id[:dp]=addr" items, comma-separated. */
 static int parse_workers(const kvr_cli_t *c, indexer_args_t *a)
 {
@@ -157,10 +155,10 @@ static int parse_option(kvr_cli_t *c, void *arg)
     if (kvr_cli_is(c, "--threads"))
         return kvr_cli_u64(c, kvr_cli_value(c), 1, 1024, &v64);
     if (kvr_cli_is(c, "--log-level")) {
-        size_t k;
-        rc = kvr_cli_choice(c, kvr_cli_value(c), LOG_LEVELS, 4, &k);
+        int level;
+        rc = kvr_cli_log_level(c, kvr_cli_value(c), &level);
         if (rc == 0)
-            kvr_log_set_level((kvr_log_level_t)k);
+            kvr_log_set_level((kvr_log_level_t)level);
         return rc;
     }
     return -1;

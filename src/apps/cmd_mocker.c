@@ -86,7 +86,6 @@ typedef struct mocker_args {
     bool served_name_set, positional_seen;
 } mocker_args_t;
 
-static const char *const LOG_LEVELS[] = {"debug", "info", "warn", "error"};
 static const char *const EVENT_FORMATS[] = {"array", "map"};
 
 /* --lora-modules NAME[=PATH][,NAME[=PATH]...]: the names, appended to list (';'-separated). */
@@ -190,10 +189,10 @@ static int parse_option(kvr_cli_t *c, void *arg)
         return 0;
     }
     if (kvr_cli_is(c, "--log-level")) {
-        size_t k;
-        rc = kvr_cli_choice(c, kvr_cli_value(c), LOG_LEVELS, 4, &k);
+        int level;
+        rc = kvr_cli_log_level(c, kvr_cli_value(c), &level);
         if (rc == 0)
-            a->log_level = (kvr_log_level_t)k;
+            a->log_level = (kvr_log_level_t)level;
         return rc;
     }
     return -1;

@@ -43,8 +43,6 @@ static void usage(FILE *out)
             "  --log-level L                 debug | info | warn | error [info]\n");
 }
 
-static const char *const LOG_LEVELS[] = {"debug", "info", "warn", "error"};
-
 static int parse_option(kvr_cli_t *c, void *arg)
 {
     register_args_t *a = arg;
@@ -60,10 +58,10 @@ static int parse_option(kvr_cli_t *c, void *arg)
         return 0;
     }
     if (kvr_cli_is(c, "--log-level")) {
-        size_t k;
-        rc = kvr_cli_choice(c, kvr_cli_value(c), LOG_LEVELS, 4, &k);
+        int level;
+        rc = kvr_cli_log_level(c, kvr_cli_value(c), &level);
         if (rc == 0)
-            kvr_log_set_level((kvr_log_level_t)k);
+            kvr_log_set_level((kvr_log_level_t)level);
         return rc;
     }
     return -1;

@@ -94,8 +94,6 @@ static int read_file(const char *path, char **text, size_t *len)
     return KVR_OK;
 }
 
-static const char *const LOG_LEVELS[] = {"debug", "info", "warn", "error"};
-
 /* The config file goes first, whatever its position. */
 static int read_config_file(kvr_cli_t *c, serve_args_t *a)
 {
@@ -130,10 +128,10 @@ static int parse_flag(kvr_cli_t *c, void *arg)
     if (strcmp(name, "--config") == 0)
         return 0;
     if (strcmp(name, "--log-level") == 0) {
-        size_t k;
-        int rc = kvr_cli_choice(c, v, LOG_LEVELS, 4, &k);
+        int level;
+        int rc = kvr_cli_log_level(c, v, &level);
         if (rc == 0)
-            a->log_level = (kvr_log_level_t)k;
+            a->log_level = (kvr_log_level_t)level;
         return rc;
     }
     if (strcmp(name, "--worker") == 0) {

@@ -735,30 +735,15 @@ static int api_find(void *arg, const kvr_ix_query_t *q, kvr_ix_part_t *out)
     return KVR_OK;
 }
 
-static int dump_event(void *ud, const kvr_event_t *ev)
-{
-    return kvr_rev_encode(ud, ev) == KVR_OK ? 0 : 1;
-}
-
 static int api_dump(void *arg, kvr_json_writer_t *w)
 {
     kvr_indexer_t *x = arg;
     kvr_json_begin_object(w);
     for (size_t i = 0; i < x->n_parts; i++) {
         part_t *p = x->parts[i];
-        char key[2 * NAME_BYTES + 2];
-        snprintf(key, sizeof key, "%s:%s", p->model, p->group);
-        kvr_json_key(w, key);
-        kvr_json_begin_object(w);
-        kvr_json_key(w, "block_size");
-        kvr_json_u64(w, p->block_size);
-        kvr_json_key(w, "events");
-        kvr_json_begin_array(w);
-        int rc = kvr_ingest_dump(p->g, dump_event, w);
+        int rc = kvr_ix_api_dump_partition(w, p->model, p->group, p->block_size, p->g, NULL, NULL);
         if (rc != KVR_OK)
             return rc;
-        kvr_json_end_array(w);
-        kvr_json_end_object(w);
     }
     kvr_json_end_object(w);
     return kvr_json_writer_status(w);

@@ -12,7 +12,9 @@
 #include <event2/http.h>
 
 #include "core/grow.h"
+#include "net/ingest.h"
 #include "wire/ix_query_mp.h"
+#include "wire/router_event_json.h"
 #include "wire/prom.h"
 
 struct kvr_ix_api {
@@ -60,6 +62,41 @@ void kvr_ix_api_free(kvr_ix_api_t *a)
     free(a->freq);
     free(a->body);
     free(a);
+}
+
+typedef struct dump_ctx {
+    kvr_json_writer_t *w;
+    bool (*keep)(void *arg, uint64_t worker_id);
+    void *keep_arg;
+} dump_ctx_t;
+
+static int dump_event(void *ud, const kvr_event_t *ev)
+{
+    dump_ctx_t *d = ud;
+    if (d->keep != NULL && !d->keep(d->keep_arg, ev->worker.worker_id))
+        return 0;
+    return kvr_rev_encode(d->w, ev) == KVR_OK ? 0 : 1;
+}
+
+int kvr_ix_api_dump_partition(kvr_json_writer_t *w, const char *model, const char *group,
+                              uint32_t block_size, struct kvr_ingest *g,
+                              bool (*keep)(void *arg, uint64_t worker_id), void *keep_arg)
+{
+    char key[600];
+    snprintf(key, sizeof key, "%s:%s", model, group);
+    kvr_json_key(w, key);
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "block_size");
+    kvr_json_u64(w, block_size);
+    kvr_json_key(w, "events");
+    kvr_json_begin_array(w);
+    dump_ctx_t d = {w, keep, keep_arg};
+    int rc = kvr_ingest_dump(g, dump_event, &d);
+    if (rc != KVR_OK)
+        return rc;
+    kvr_json_end_array(w);
+    kvr_json_end_object(w);
+    return kvr_json_writer_status(w);
 }
 
 void kvr_ix_api_error_body(kvr_json_writer_t *w, const char *msg)

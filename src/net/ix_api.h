@@ -80,6 +80,14 @@ bool kvr_ix_api_handle(kvr_ix_api_t *a, struct evhttp_request *req, const char *
 void kvr_ix_api_answer(kvr_ix_api_t *a, const char *ctype, const char *body, size_t len,
                        bool by_hash, int *code, const char **out, size_t *out_len);
 
+/* One entry of the dump: "<model>:<group>": {"block_size": N, "events": [RouterEvent...]},
+ * the events those of g's index (on its ingest thread) whose worker keep accepts (NULL:
+ * all). The writer's status, or kvr_ingest_dump's. */
+struct kvr_ingest;
+int kvr_ix_api_dump_partition(kvr_json_writer_t *w, const char *model, const char *group,
+                              uint32_t block_size, struct kvr_ingest *g,
+                              bool (*keep)(void *arg, uint64_t worker_id), void *keep_arg);
+
 /* {"error": msg} into w (for the owner's own errors). */
 void kvr_ix_api_error_body(kvr_json_writer_t *w, const char *msg);
 

@@ -15,7 +15,6 @@
 #include "net/nats_link.h"
 #include "wire/json_scan.h"
 #include "wire/prom.h"
-#include "wire/router_event_json.h"
 
 #define MAX_IDS 65536
 
@@ -29,8 +28,7 @@ struct kvr_ix_serve {
     char model[KVR_MODEL_BYTES]; /* the partition of the query being answered */
     bool any_model;              /* no worker declares a model: every worker counts */
     /* the dump's current model filter */
-    const char *dump_model;
-    kvr_json_writer_t *dump_w;
+    const char *dump_model; /* the model whose dump entry is being written */
     kvr_nats_t *nats;
     uint64_t nats_requests, nats_unanswerable; /* the latter: no reply subject */
     kvr_ratelimit_t rl;
@@ -83,13 +81,12 @@ static int find(void *arg, const kvr_ix_query_t *q, kvr_ix_part_t *out)
     return KVR_OK;
 }
 
-static int dump_event(void *ud, const kvr_event_t *ev)
+/* The dump's filter: the workers of the model being written. */
+static bool of_dump_model(void *arg, uint64_t worker_id)
 {
-    kvr_ix_serve_t *s = ud;
-    const char *m = model_of(s, ev->worker.worker_id);
-    if (m == NULL || strcmp(m, s->dump_model) != 0)
-        return 0; /* another model's (or a worker removed meanwhile) */
-    return kvr_rev_encode(s->dump_w, ev) == KVR_OK ? 0 : 1;
+    kvr_ix_serve_t *s = arg;
+    const char *m = model_of(s, worker_id);
+    return m != NULL && strcmp(m, s->dump_model) == 0; /* (a worker removed meanwhile: no) */
 }
 
 /* The distinct models of the workers, "" included, into models[0..n). */
@@ -115,11 +112,6 @@ static int dump(void *arg, kvr_json_writer_t *w)
     size_t n = distinct_models(s, models, 256);
     kvr_json_begin_object(w);
     for (size_t i = 0; i < n; i++) {
-        char key[KVR_MODEL_BYTES + 16];
-        snprintf(key, sizeof key, "%s:default", models[i][0] ? models[i] : "default");
-        kvr_json_key(w, key);
-        kvr_json_begin_object(w);
-        kvr_json_key(w, "block_size");
         uint32_t mbs = bs;
         for (size_t j = 0, m = kvr_router_worker_ids(s->r, s->ids, MAX_IDS); j < m; j++) {
             const kvr_worker_spec_t *sp = kvr_router_worker(s->r, s->ids[j]);
@@ -128,16 +120,11 @@ static int dump(void *arg, kvr_json_writer_t *w)
                 break;
             }
         }
-        kvr_json_u64(w, mbs);
-        kvr_json_key(w, "events");
-        kvr_json_begin_array(w);
         s->dump_model = models[i];
-        s->dump_w = w;
-        int rc = kvr_ingest_dump(s->g, dump_event, s);
+        int rc = kvr_ix_api_dump_partition(w, models[i][0] ? models[i] : "default", "default", mbs,
+                                           s->g, of_dump_model, s);
         if (rc != KVR_OK)
             return rc;
-        kvr_json_end_array(w);
-        kvr_json_end_object(w);
     }
     kvr_json_end_object(w);
     return kvr_json_writer_status(w);
