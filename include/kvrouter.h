@@ -319,6 +319,8 @@ uint64_t kvr_approx_next_expiry(const kvr_approx_t *ap);
 size_t kvr_approx_size(const kvr_approx_t *ap);
 /* Drops every entry of worker_id (all ranks) from the tracker and the index. */
 int kvr_approx_remove_worker(kvr_approx_t *ap, uint64_t worker_id);
+/* The same for one rank of a worker. */
+int kvr_approx_remove_rank(kvr_approx_t *ap, kvr_worker_t w);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Load tracker (core/load.c).                                                                 */

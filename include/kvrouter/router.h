@@ -240,6 +240,30 @@ long kvr_router_hash(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *
 /* Periodic upkeep: expires stale requests and (approximate mode) stale decisions. */
 void kvr_router_tick(kvr_router_t *r, uint64_t now_ms);
 
+/* Approximate mode, decisions recorded elsewhere (a remote indexer): a router without a local
+ * index hands each booked decision (its prompt's local block hashes and their chained
+ * sequence hashes, valid during the call) to the sink, on the router's thread. */
+typedef struct kvr_decision {
+    kvr_worker_t worker;
+    const uint64_t *lbh, *seq;
+    size_t n;
+    const char *model; /* the request's model; NULL when it named none */
+    size_t model_len;
+} kvr_decision_t;
+typedef void (*kvr_decision_fn)(void *arg, const kvr_decision_t *d);
+typedef struct kvr_decision_sink {
+    kvr_decision_fn fn;
+    void *arg;
+} kvr_decision_sink_t;
+/* sink NULL: none. */
+void kvr_router_set_decision_sink(kvr_router_t *r, const kvr_decision_sink_t *sink);
+/* Approximate mode: records another router's decision in this router's index, as its own are
+ * (TTL, size bound). The caller checked that seq chains from lbh. KVR_OK; KVR_ENOTFOUND when
+ * this router records no decisions (not approximate, or no local index); the recorder's
+ * errors. */
+int kvr_router_record(kvr_router_t *r, kvr_worker_t w, const uint64_t *lbh, const uint64_t *seq,
+                      size_t n, uint64_t now_ms);
+
 /* Per rank: what the index says of a prompt (POST /v1/query), every known rank listed. */
 typedef struct kvr_rank_score {
     kvr_worker_t worker;

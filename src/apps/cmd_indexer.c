@@ -45,6 +45,9 @@ static void usage(FILE *out)
             "  --peer-timeout-ms MS  how long a peer's dump may take [10000]\n"
             "  --max-pairs N         (worker rank, block) pairs each partition's index keeps\n"
             "                        [16777216]\n"
+            "  --router-ttl-secs S   how long a recorded routing decision (POST\n"
+            "                        /record_routing_decision, from routers in approximate\n"
+            "                        mode) counts as cached [120]\n"
             "  --threads N           accepted for the reference's command line; each partition\n"
             "                        has one ingest thread and queries run on the HTTP thread\n"
             "  --log-level L         debug | info | warn | error [info]\n");
@@ -150,6 +153,11 @@ static int parse_option(kvr_cli_t *c, void *arg)
     if (kvr_cli_is(c, "--max-pairs")) {
         rc = kvr_cli_u64(c, kvr_cli_value(c), 1024, (uint64_t)1 << 34, &v64);
         a->cfg.max_pairs = (size_t)v64;
+        return rc;
+    }
+    if (kvr_cli_is(c, "--router-ttl-secs")) {
+        rc = kvr_cli_u64(c, kvr_cli_value(c), 1, 86400 * 365, &v64);
+        a->cfg.decision_ttl_ms = v64 * 1000;
         return rc;
     }
     if (kvr_cli_is(c, "--threads"))

@@ -533,7 +533,8 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
                                      .nats = d->nats,
                                      .ns = c->nats_namespace,
                                      .timeout_ms = c->remote_indexer_timeout_ms,
-                                     .block_size = c->block_size};
+                                     .block_size = c->block_size,
+                                     .record_decisions = approx};
         if ((d->rix = kvr_remote_ix_new(&rc, &st, err, sizeof err)) == NULL) {
             fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(st));
             return st;

@@ -357,17 +357,31 @@ uint64_t kvr_approx_next_expiry(const kvr_approx_t *ap)
 
 size_t kvr_approx_size(const kvr_approx_t *ap) { return ap == NULL ? 0 : ap->live; }
 
-int kvr_approx_remove_worker(kvr_approx_t *ap, uint64_t worker_id)
+/* Drops the timers of worker_id (one rank, or all); the caller drops the index state. */
+static void drop_timers(kvr_approx_t *ap, uint64_t worker_id, bool one_rank, uint32_t dp_rank)
 {
-    if (ap == NULL)
-        return KVR_EINVAL;
     for (size_t i = 0; i <= ap->mask;) {
         timer_t_ *e = &ap->t[i];
-        if (e->used && e->worker_id == worker_id)
+        if (e->used && e->worker_id == worker_id && (!one_rank || e->dp_rank == dp_rank))
             tdel(ap, e); /* an entry may have shifted into i: look at i again */
         else
             i++;
     }
     heap_rebuild(ap);
+}
+
+int kvr_approx_remove_worker(kvr_approx_t *ap, uint64_t worker_id)
+{
+    if (ap == NULL)
+        return KVR_EINVAL;
+    drop_timers(ap, worker_id, false, 0);
     return kvr_index_remove_worker(ap->ix, worker_id);
+}
+
+int kvr_approx_remove_rank(kvr_approx_t *ap, kvr_worker_t w)
+{
+    if (ap == NULL)
+        return KVR_EINVAL;
+    drop_timers(ap, w.worker_id, true, w.dp_rank);
+    return kvr_index_remove_rank(ap->ix, w);
 }

@@ -587,9 +587,12 @@ static int check_indexer_settings(const kvr_router_config_t *cfg, char *err, siz
                "serves its own index or uses another's)");
         return KVR_EINVAL;
     }
-    if (cfg->serve_indexer && (cfg->router_mode != KVR_MODE_KV || !cfg->use_kv_events)) {
-        seterr(err, err_len, "serve_indexer: needs router_mode kv with KV events (got %s%s)", mode,
-               cfg->use_kv_events ? "" : ", use_kv_events false");
+    bool kv_or_approx = cfg->router_mode == KVR_MODE_KV || cfg->router_mode == KVR_MODE_APPROX;
+    if (cfg->serve_indexer && !kv_or_approx) {
+        seterr(err, err_len,
+               "serve_indexer: needs router_mode kv (with KV events, or use_kv_events false "
+               "for approximate mode; got %s)",
+               mode);
         return KVR_EINVAL;
     }
     if ((cfg->serve_indexer || remote) && cfg->overlap_score_credit == 0) {
@@ -599,11 +602,11 @@ static int check_indexer_settings(const kvr_router_config_t *cfg, char *err, siz
     }
     if (!remote)
         return KVR_OK;
-    if (cfg->router_mode != KVR_MODE_KV) {
+    if (!kv_or_approx) {
         seterr(err, err_len,
-               "remote_indexer: needs router_mode kv with KV events (got %s%s; approximate mode "
-               "records its decisions in its own index)",
-               mode, cfg->use_kv_events ? "" : ", use_kv_events false");
+               "remote_indexer: needs router_mode kv (with KV events, or use_kv_events false "
+               "for approximate mode; got %s)",
+               mode);
         return KVR_EINVAL;
     }
     if (strcmp(cfg->remote_indexer, "nats") == 0) {
@@ -720,9 +723,11 @@ void kvr_config_resolve(kvr_router_config_t *cfg, char *note, size_t note_len)
 
 bool kvr_config_uses_index(const kvr_router_config_t *cfg)
 {
+    /* with a remote indexer the overlaps (and, approximate, the decisions) live there */
+    if (cfg->remote_indexer[0] != '\0')
+        return false;
     return cfg->router_mode == KVR_MODE_APPROX ||
-           (cfg->router_mode == KVR_MODE_KV && cfg->overlap_score_credit > 0 &&
-            cfg->remote_indexer[0] == '\0');
+           (cfg->router_mode == KVR_MODE_KV && cfg->overlap_score_credit > 0);
 }
 
 size_t kvr_config_help(char *out, size_t out_len)

@@ -38,6 +38,7 @@ struct kvr_router {
     kvr_router_config_t cfg;
     kvr_index_t *ix;
     kvr_approx_t *approx;
+    kvr_decision_sink_t sink; /* approximate mode without a local index: decisions go there */
     kvr_load_t *load;
     kvr_sessions_t *sessions; /* NULL: session_ttl_secs 0 */
     kvr_select_config_t sel;
@@ -419,7 +420,7 @@ kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, in
     int rc = setup_select(r, err, err_len);
     if (rc == KVR_OK)
         rc = setup_load(r, err, err_len);
-    if (rc == KVR_OK && r->cfg.router_mode == KVR_MODE_APPROX) {
+    if (rc == KVR_OK && r->cfg.router_mode == KVR_MODE_APPROX && r->ix != NULL) {
         kvr_approx_config_t ac = {.ttl_ms = (uint64_t)(cfg->router_ttl_secs * 1000.0),
                                   .max_tree_size =
                                       rc_cfg.router_max_tree_size < rc_cfg.index_max_pairs
@@ -1140,6 +1141,13 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
     r->last = rc == KVR_OK ? lr : (kvr_load_request_t){0};
     if (rc == KVR_OK && r->approx != NULL && n_blocks > 0)
         rc = kvr_approx_record(r->approx, res->worker, r->cur_lbh, r->cur_seq, n_blocks, now_ms);
+    else if (rc == KVR_OK && r->sink.fn != NULL && n_blocks > 0)
+        r->sink.fn(r->sink.arg, &(kvr_decision_t){.worker = res->worker,
+                                                  .lbh = r->cur_lbh,
+                                                  .seq = r->cur_seq,
+                                                  .n = n_blocks,
+                                                  .model = q->model,
+                                                  .model_len = q->model_len});
     return rc;
 }
 
@@ -1299,6 +1307,19 @@ void kvr_router_tick(kvr_router_t *r, uint64_t now_ms)
     kvr_sessions_expire(r->sessions, now_ms);
     if (r->approx != NULL)
         (void)kvr_approx_expire(r->approx, now_ms);
+}
+
+void kvr_router_set_decision_sink(kvr_router_t *r, const kvr_decision_sink_t *sink)
+{
+    r->sink = sink != NULL ? *sink : (kvr_decision_sink_t){0};
+}
+
+int kvr_router_record(kvr_router_t *r, kvr_worker_t w, const uint64_t *lbh, const uint64_t *seq,
+                      size_t n, uint64_t now_ms)
+{
+    if (r->approx == NULL)
+        return KVR_ENOTFOUND;
+    return kvr_approx_record(r->approx, w, lbh, seq, n, now_ms);
 }
 
 size_t kvr_router_n_ranks(const kvr_router_t *r) { return r->n_ranks; }

@@ -145,7 +145,7 @@ static part_t *part_get(kvr_indexer_t *x, const char *model, size_t ml, const ch
     int st = KVR_OK;
     kvr_index_config_t ic = {.max_pairs = x->cfg.max_pairs};
     p->ix = kvr_index_new(&ic, &st);
-    kvr_ingest_config_t gc = {.block_size = block_size};
+    kvr_ingest_config_t gc = {.block_size = block_size, .approx_ttl_ms = x->cfg.decision_ttl_ms};
     p->g = p->ix ? kvr_ingest_new(p->ix, &gc, &st) : NULL;
     if (p->g == NULL || (x->running && part_start(p) != KVR_OK)) {
         part_free(p);
@@ -348,6 +348,24 @@ static void h_register(kvr_indexer_t *x, struct evhttp_request *req)
     reply_error(x, req, rc == KVR_EEXIST ? 409 : rc == KVR_ENOMEM ? 500 : 400, err);
 }
 
+/* The partitions matching u whose recorded decisions (approximate mode) of the instance were
+ * dropped: how many. */
+static size_t forget_recorded(kvr_indexer_t *x, const kvr_ix_unregister_t *u)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < x->n_parts; i++) {
+        const part_t *p = x->parts[i];
+        bool match = strlen(p->model) == u->model_name_len &&
+                     memcmp(p->model, u->model_name, u->model_name_len) == 0 &&
+                     (u->routing_group == NULL ||
+                      (strlen(p->group) == u->routing_group_len &&
+                       memcmp(p->group, u->routing_group, u->routing_group_len) == 0));
+        if (match && kvr_ingest_forget(p->g, u->instance_id, u->has_dp_rank, u->dp_rank) == KVR_OK)
+            n++;
+    }
+    return n;
+}
+
 static void h_unregister(kvr_indexer_t *x, struct evhttp_request *req)
 {
     size_t len;
@@ -357,7 +375,8 @@ static void h_unregister(kvr_indexer_t *x, struct evhttp_request *req)
         reply_error(x, req, 400, kvr_api_decoder_error(x->dec));
         return;
     }
-    if (do_unregister(x, &u) == 0) {
+    size_t removed = do_unregister(x, &u);
+    if (removed + forget_recorded(x, &u) == 0) {
         x->st.unregister_unknown++;
         char msg[700];
         snprintf(msg, sizeof msg, "instance_id %llu is not registered for model_name=%s%s%s",
@@ -579,6 +598,10 @@ static void part_metrics(kvr_indexer_t *x, kvr_prom_t *p)
          "KV events refused: the engine's block size is not the partition's."},
         {"kvr_indexer_recovered_events_total", "counter",
          "Events applied from a peer's dump at start."},
+        {"kvr_indexer_decisions_recorded_total", "counter",
+         "Routing decisions recorded in a partition (approximate mode)."},
+        {"kvr_indexer_recorded_pairs", "gauge",
+         "Of the pairs, those held by recorded decisions (expire after their TTL)."},
     };
     for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
         kvr_prom_family(p, fams[f].name, fams[f].type, fams[f].help);
@@ -586,9 +609,10 @@ static void part_metrics(kvr_indexer_t *x, kvr_prom_t *p)
             part_t *pt = x->parts[i];
             kvr_ingest_stats_t gs;
             kvr_ingest_stats(pt->g, &gs);
-            double v[] = {(double)gs.index.pairs, (double)gs.events_applied,
-                          (double)gs.events_rejected, (double)gs.block_size_mismatch,
-                          (double)pt->recovered_events};
+            double v[] = {(double)gs.index.pairs,       (double)gs.events_applied,
+                          (double)gs.events_rejected,   (double)gs.block_size_mismatch,
+                          (double)pt->recovered_events, (double)gs.records,
+                          (double)gs.recorded_pairs};
             kvr_prom_label_t l[] = {{"model_name", pt->model}, {"routing_group", pt->group}};
             kvr_prom_sample(p, fams[f].name, l, 2, v[f]);
         }
@@ -735,13 +759,48 @@ static int api_find(void *arg, const kvr_ix_query_t *q, kvr_ix_part_t *out)
     return KVR_OK;
 }
 
+/* A router's decision (approximate mode). A partition is made by the first decision that
+ * names its block size, as by a registration. */
+static int api_record(void *arg, const kvr_ix_record_t *rec, char *msg, size_t msg_len)
+{
+    kvr_indexer_t *x = arg;
+    part_t *p = part_find(x, rec->model_name, rec->model_name_len, rec->routing_group,
+                          rec->routing_group_len);
+    if (p == NULL && rec->block_size == 0) {
+        snprintf(msg, msg_len,
+                 "no index for model_name=%.200s routing_group=%.200s (a decision with its "
+                 "block_size makes one)",
+                 rec->model_name, rec->routing_group);
+        return KVR_ENOTFOUND;
+    }
+    if (rec->block_size != 0 &&
+        (p = part_get(x, rec->model_name, rec->model_name_len, rec->routing_group,
+                      rec->routing_group_len, rec->block_size, msg, msg_len)) == NULL)
+        return part_find(x, rec->model_name, rec->model_name_len, rec->routing_group,
+                         rec->routing_group_len) != NULL
+                   ? KVR_EMISMATCH
+               : strncmp(msg, "out of memory", 13) == 0 ? KVR_ENOMEM
+                                                        : KVR_EINVAL;
+    int rc = kvr_ingest_record(p->g, (kvr_worker_t){rec->instance_id, rec->dp_rank},
+                               rec->local_hashes, rec->sequence_hashes, rec->n);
+    if (rc == KVR_EEXIST)
+        snprintf(msg, msg_len,
+                 "instance_id %llu dp_rank %u is registered with KV events for model_name=%s "
+                 "routing_group=%s: its events say what it holds",
+                 (unsigned long long)rec->instance_id, rec->dp_rank, p->model, p->group);
+    else if (rc != KVR_OK)
+        snprintf(msg, msg_len, "recording the decision failed: %s", kvr_strerror(rc));
+    return rc;
+}
+
 static int api_dump(void *arg, kvr_json_writer_t *w)
 {
     kvr_indexer_t *x = arg;
     kvr_json_begin_object(w);
     for (size_t i = 0; i < x->n_parts; i++) {
         part_t *p = x->parts[i];
-        int rc = kvr_ix_api_dump_partition(w, p->model, p->group, p->block_size, p->g, NULL, NULL);
+        kvr_ix_dump_src_t src = {.g = p->g};
+        int rc = kvr_ix_api_dump_partition(w, p->model, p->group, p->block_size, &src);
         if (rc != KVR_OK)
             return rc;
     }
@@ -1038,7 +1097,8 @@ kvr_indexer_t *kvr_indexer_new(struct event_base *base, const kvr_indexer_config
     snprintf(x->origin, sizeof x->origin, "cold");
     kvr_json_writer_init(&x->w);
     kvr_prom_init(&x->prom);
-    kvr_ix_api_ops_t ops = {api_find, api_dump, reply, x};
+    kvr_ix_api_ops_t ops = {
+        .find = api_find, .dump = api_dump, .record = api_record, .reply = reply, .arg = x};
     x->api = kvr_ix_api_new(&ops);
     x->dec = kvr_api_decoder_new(NULL);
     x->out = evbuffer_new();

@@ -54,6 +54,7 @@ typedef struct kvr_indexer_config {
     uint64_t peer_timeout_ms; /* the dump fetch; 0 = 10000 */
     size_t max_pairs;         /* per partition; 0 = KVR_INDEX_DEFAULT_MAX_PAIRS */
     size_t max_partitions;    /* 0 = 64 */
+    uint64_t decision_ttl_ms; /* recorded routing decisions (approximate mode); 0 = 120000 */
     kvr_http_limits_t limits; /* 0 fields take the router's defaults */
 } kvr_indexer_config_t;
 

@@ -43,6 +43,8 @@ typedef enum cmd_kind {
     CMD_DUMP,
     CMD_SAVE,
     CMD_LOAD,
+    CMD_RECORD,
+    CMD_FORGET,
 } cmd_kind_t;
 
 typedef struct cmd {
@@ -57,6 +59,8 @@ typedef struct cmd {
     uint8_t **mem;     /* SAVE to memory: malloc'd bytes handed over */
     const uint8_t *in; /* LOAD from memory */
     bool all;          /* LOAD: every rank's events, resumed or not */
+    const uint64_t *lbh, *seq; /* RECORD: the decision's hashes (n pairs) */
+    size_t n;
     size_t *mem_len, in_len;
     kvr_ingest_snap_report_t *rep;
     char *err;
@@ -79,6 +83,7 @@ struct kvr_ingest {
     size_t n_ranks;
     kvr_ingest_stats_t acc; /* events_applied etc.; the rest is filled at snapshot time */
     kvr_ratelimit_t rl_mismatch, rl_reject, rl_decode, rl_reset;
+    kvr_approx_t *approx; /* recorded routing decisions; made by the first one */
 
     pthread_t thread;
     bool started;
@@ -284,6 +289,7 @@ static void publish(kvr_ingest_t *g)
     kvr_zmq_listener_stats(g->l, &g->snap_stats.zmq);
     g->snap_stats.decode = g->dec.stats;
     kvr_index_stats(g->ix, &g->snap_stats.index);
+    g->snap_stats.recorded_pairs = kvr_approx_size(g->approx);
     pthread_mutex_unlock(&g->snap_mu);
 }
 
@@ -558,6 +564,9 @@ static int do_subscribe(kvr_ingest_t *g, const kvr_worker_spec_t *w, char *err, 
         }
     }
     for (uint32_t d = 0; d < w->dp_size; d++) {
+        kvr_worker_t rw = {w->worker_id, w->dp_start + d};
+        if (g->approx != NULL) /* its events are the truth from now on */
+            (void)kvr_approx_remove_rank(g->approx, rw);
         rank_acc_t *a = &g->ranks[g->n_ranks++];
         memset(a, 0, sizeof *a);
         a->w = (kvr_worker_t){w->worker_id, w->dp_start + d};
@@ -571,6 +580,10 @@ static int do_subscribe(kvr_ingest_t *g, const kvr_worker_spec_t *w, char *err, 
  * keeping them subscribed (marked dropped). */
 static void do_remove(kvr_ingest_t *g, kvr_worker_t w, bool one_rank, bool unsubscribe)
 {
+    if (g->approx != NULL && one_rank)
+        (void)kvr_approx_remove_rank(g->approx, w);
+    else if (g->approx != NULL)
+        (void)kvr_approx_remove_worker(g->approx, w.worker_id);
     if (one_rank)
         (void)kvr_index_remove_rank(g->ix, w);
     else
@@ -590,6 +603,46 @@ static void do_remove(kvr_ingest_t *g, kvr_worker_t w, bool one_rank, bool unsub
         (void)kvr_zmq_listener_remove(g->l, a->w.worker_id, a->w.dp_rank);
         *a = g->ranks[--g->n_ranks];
     }
+}
+
+/* A routing decision, recorded as if the worker had stored the blocks (approximate mode). */
+static int do_record(kvr_ingest_t *g, const cmd_t *c)
+{
+    kvr_worker_t w = {c->worker_id, c->dp_rank};
+    if (acc_find(g, w) != NULL) {
+        g->acc.records_refused++;
+        return KVR_EEXIST; /* its engine's events say what it holds */
+    }
+    if (g->approx == NULL) {
+        kvr_index_stats_t st;
+        kvr_index_stats(g->ix, &st);
+        kvr_approx_config_t ac = {.ttl_ms = g->cfg.approx_ttl_ms, .max_tree_size = st.max_pairs};
+        int rc;
+        if ((g->approx = kvr_approx_new(g->ix, &ac, &rc)) == NULL)
+            return rc;
+    }
+    int rc = kvr_approx_record(g->approx, w, c->lbh, c->seq, c->n, kvr_now_ms());
+    if (rc == KVR_OK)
+        g->acc.records++;
+    return rc;
+}
+
+/* Drops the recorded decisions of a worker (one rank, or all): KVR_ENOTFOUND when it had
+ * none (its event-fed state is untouched). */
+static int do_forget(kvr_ingest_t *g, const cmd_t *c)
+{
+    if (g->approx == NULL)
+        return KVR_ENOTFOUND;
+    for (size_t i = 0; i < g->n_ranks; i++) /* a subscribed rank is not a recorded one */
+        if (g->ranks[i].w.worker_id == c->worker_id &&
+            (!c->one_rank || g->ranks[i].w.dp_rank == c->dp_rank))
+            return KVR_ENOTFOUND;
+    size_t before = kvr_approx_size(g->approx);
+    if (c->one_rank)
+        (void)kvr_approx_remove_rank(g->approx, (kvr_worker_t){c->worker_id, c->dp_rank});
+    else
+        (void)kvr_approx_remove_worker(g->approx, c->worker_id);
+    return kvr_approx_size(g->approx) < before ? KVR_OK : KVR_ENOTFOUND;
 }
 
 static void run_cmd(kvr_ingest_t *g)
@@ -613,6 +666,12 @@ static void run_cmd(kvr_ingest_t *g)
         break;
     case CMD_DUMP:
         c->rc = kvr_index_dump(g->ix, c->fn, c->ud);
+        break;
+    case CMD_RECORD:
+        c->rc = do_record(g, c);
+        break;
+    case CMD_FORGET:
+        c->rc = do_forget(g, c);
         break;
     case CMD_SAVE:
         c->rc = c->path != NULL ? snap_save(g, c->path, c->rep, c->err, c->err_len)
@@ -659,6 +718,8 @@ static void *ingest_main(void *arg)
             last_zs = zs;
             last_resets = g->acc.resets;
         }
+        if (g->approx != NULL && kvr_approx_next_expiry(g->approx) <= now)
+            (void)kvr_approx_expire(g->approx, now);
         if (now - last_reclaim >= 1000) {
             kvr_index_reclaim(g->ix);
             last_reclaim = now;
@@ -680,6 +741,7 @@ static int send_cmd(kvr_ingest_t *g, cmd_t *c)
     pthread_mutex_lock(&g->cmd_mu);
     pthread_mutex_lock(&g->mu);
     g->cmd = c;
+    kvr_zmq_listener_wake(g->l); /* not a poll's timeout later */
     while (!c->done)
         pthread_cond_wait(&g->cv, &g->mu);
     pthread_mutex_unlock(&g->mu);
@@ -774,6 +836,7 @@ void kvr_ingest_free(kvr_ingest_t *g)
         pthread_cond_destroy(&g->cv);
     }
     kvr_kv_events_deinit(&g->dec);
+    kvr_approx_free(g->approx);
     free(g->ranks);
     free(g->snap);
     free(g);
@@ -803,6 +866,27 @@ int kvr_ingest_remove_rank(kvr_ingest_t *g, kvr_worker_t w)
 int kvr_ingest_drop_state(kvr_ingest_t *g, uint64_t worker_id)
 {
     cmd_t c = {.kind = CMD_DROP, .worker_id = worker_id};
+    return send_cmd(g, &c);
+}
+
+int kvr_ingest_record(kvr_ingest_t *g, kvr_worker_t w, const uint64_t *lbh, const uint64_t *seq,
+                      size_t n)
+{
+    if (n == 0 || lbh == NULL || seq == NULL)
+        return KVR_EINVAL;
+    cmd_t c = {.kind = CMD_RECORD,
+               .worker_id = w.worker_id,
+               .dp_rank = w.dp_rank,
+               .lbh = lbh,
+               .seq = seq,
+               .n = n};
+    return send_cmd(g, &c);
+}
+
+int kvr_ingest_forget(kvr_ingest_t *g, uint64_t worker_id, bool one_rank, uint32_t dp_rank)
+{
+    cmd_t c = {
+        .kind = CMD_FORGET, .worker_id = worker_id, .dp_rank = dp_rank, .one_rank = one_rank};
     return send_cmd(g, &c);
 }
 

@@ -2,7 +2,8 @@
  * ingest.h: the KV-event ingest thread of `kvrouter serve`. It owns the ZeroMQ listener, the
  * event decoder and the write side of the prefix index: receive -> decode -> recompute block
  * hashes -> apply, off the HTTP thread. Other threads talk to it through synchronous commands
- * (subscribe, unsubscribe, drop a worker's state, dump) and read per-rank status snapshots
+ * (subscribe, unsubscribe, drop a worker's state, dump, record a routing decision; each wakes
+ * the thread's poll) and read per-rank status snapshots
  * (republished after every poll that changed anything and after every command, so a
  * snapshot is never older than the index it describes; idle, every 100 ms).
  *
@@ -29,6 +30,7 @@ typedef struct kvr_ingest_config {
     uint32_t block_size;      /* the router's block size */
     int replay_timeout_ms;    /* 0 = 2000 */
     size_t max_ranks;         /* 0 = 1024 */
+    uint64_t approx_ttl_ms;   /* recorded routing decisions' lifetime; 0 = 120000 */
 } kvr_ingest_config_t;
 
 typedef struct kvr_ingest_stats {
@@ -40,6 +42,9 @@ typedef struct kvr_ingest_stats {
     uint64_t block_size_mismatch; /* events refused: engine block size != router's */
     uint64_t resets;              /* rank states dropped (restart, lost gap, undecodable) */
     uint64_t rank_out_of_range;   /* batches naming a dp_rank the worker does not have */
+    uint64_t records;             /* routing decisions recorded (approximate mode) */
+    uint64_t records_refused;     /* ... refused: the rank's KV events are subscribed */
+    uint64_t recorded_pairs;      /* gauge: (worker, block) pairs held by recorded decisions */
 } kvr_ingest_stats_t;
 
 kvr_ingest_t *kvr_ingest_new(kvr_index_t *ix, const kvr_ingest_config_t *cfg, int *status);
@@ -55,6 +60,17 @@ int kvr_ingest_remove_worker(kvr_ingest_t *g, uint64_t worker_id);
 int kvr_ingest_remove_rank(kvr_ingest_t *g, kvr_worker_t w);
 /* Drops the worker's index state but stays subscribed (a fenced, unhealthy worker). */
 int kvr_ingest_drop_state(kvr_ingest_t *g, uint64_t worker_id);
+/* Approximate mode (routers without KV events write their decisions here): records that w
+ * was sent a prompt with these local and chained sequence hashes, as if its engine had stored
+ * the blocks, for approx_ttl_ms (refreshed by a later decision; the index's pair budget
+ * bounds them, oldest first). The caller checked the pairing. KVR_EEXIST when w's KV events
+ * are subscribed here (they say what it holds); a rank subscribed later drops its recorded
+ * state; removing a worker or rank drops it too. */
+int kvr_ingest_record(kvr_ingest_t *g, kvr_worker_t w, const uint64_t *lbh, const uint64_t *seq,
+                      size_t n);
+/* Drops a worker's recorded decisions (one rank, or all): KVR_OK, or KVR_ENOTFOUND when it had
+ * none (or its events are subscribed: unsubscribe it instead). */
+int kvr_ingest_forget(kvr_ingest_t *g, uint64_t worker_id, bool one_rank, uint32_t dp_rank);
 /* Runs fn over a replayable dump of the index, on the ingest thread. */
 int kvr_ingest_dump(kvr_ingest_t *g, kvr_dump_fn fn, void *ud);
 

@@ -79,8 +79,7 @@ static int dump_event(void *ud, const kvr_event_t *ev)
 }
 
 int kvr_ix_api_dump_partition(kvr_json_writer_t *w, const char *model, const char *group,
-                              uint32_t block_size, struct kvr_ingest *g,
-                              bool (*keep)(void *arg, uint64_t worker_id), void *keep_arg)
+                              uint32_t block_size, const kvr_ix_dump_src_t *src)
 {
     char key[600];
     snprintf(key, sizeof key, "%s:%s", model, group);
@@ -90,8 +89,9 @@ int kvr_ix_api_dump_partition(kvr_json_writer_t *w, const char *model, const cha
     kvr_json_u64(w, block_size);
     kvr_json_key(w, "events");
     kvr_json_begin_array(w);
-    dump_ctx_t d = {w, keep, keep_arg};
-    int rc = kvr_ingest_dump(g, dump_event, &d);
+    dump_ctx_t d = {w, src->keep, src->keep_arg};
+    int rc = src->g != NULL ? kvr_ingest_dump(src->g, dump_event, &d)
+                            : kvr_index_dump(src->ix, dump_event, &d);
     if (rc != KVR_OK)
         return rc;
     kvr_json_end_array(w);
@@ -296,6 +296,16 @@ static int answer(kvr_ix_api_t *a, const kvr_ix_query_t *q)
     return kvr_json_writer_status(w) == KVR_OK ? 200 : fail(a, 500, "out of memory");
 }
 
+/* The writer's text into *out (or an out-of-memory answer). */
+static void finish(kvr_ix_api_t *a, int *code, const char **out, size_t *out_len)
+{
+    if (kvr_json_writer_finish(&a->w, out, out_len) != KVR_OK) {
+        *out = "{\"error\":\"out of memory\"}";
+        *out_len = strlen(*out);
+        *code = 500;
+    }
+}
+
 void kvr_ix_api_answer(kvr_ix_api_t *a, const char *ctype, const char *body, size_t len,
                        bool by_hash, int *code, const char **out, size_t *out_len)
 {
@@ -314,11 +324,41 @@ void kvr_ix_api_answer(kvr_ix_api_t *a, const char *ctype, const char *body, siz
                     ? answer(a, &q)
                     : fail(a, 400, kvr_api_decoder_error(a->dec));
     }
-    if (kvr_json_writer_finish(&a->w, out, out_len) != KVR_OK) {
-        *out = "{\"error\":\"out of memory\"}";
-        *out_len = strlen(*out);
-        *code = 500;
-    }
+    finish(a, code, out, out_len);
+}
+
+static int record(kvr_ix_api_t *a, const char *body, size_t len)
+{
+    a->st.records++;
+    kvr_ix_record_t rec;
+    if (kvr_api_decode_ix_record(a->dec, body, len, &rec) != KVR_OK)
+        return fail(a, 400, kvr_api_decoder_error(a->dec));
+    if (a->ops.record == NULL)
+        return fail(a, 501, "this indexer does not record routing decisions");
+    char msg[200] = "";
+    int rc = a->ops.record(a->ops.arg, &rec, msg, sizeof msg);
+    if (rc != KVR_OK)
+        return fail(a,
+                    rc == KVR_ENOTFOUND                       ? 404
+                    : rc == KVR_EEXIST                        ? 409
+                    : rc == KVR_EMISMATCH || rc == KVR_EINVAL ? 400
+                                                              : 500,
+                    msg[0] ? msg : kvr_strerror(rc));
+    kvr_json_writer_reset(&a->w);
+    kvr_json_begin_object(&a->w);
+    kvr_json_key(&a->w, "status");
+    kvr_json_string(&a->w, "ok");
+    kvr_json_end_object(&a->w);
+    return 200;
+}
+
+void kvr_ix_api_record(kvr_ix_api_t *a, const char *body, size_t len, int *code, const char **out,
+                       size_t *out_len)
+{
+    *code = record(a, body, len);
+    if (*code != 200)
+        a->st.records_refused++;
+    finish(a, code, out, out_len);
 }
 
 /* The request body, contiguous (a pullup of evhttp's buffer). */
@@ -341,6 +381,10 @@ bool kvr_ix_api_handle(kvr_ix_api_t *a, struct evhttp_request *req, const char *
         const char *body = body_of(req, &len);
         const char *ct = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Type");
         kvr_ix_api_answer(a, ct, body, len, by_hash, &code, &out, &out_len);
+    } else if (post && strcmp(path, "/record_routing_decision") == 0) {
+        size_t len;
+        const char *body = body_of(req, &len);
+        kvr_ix_api_record(a, body, len, &code, &out, &out_len);
     } else if (get && strcmp(path, "/dump") == 0) {
         a->st.dumps++;
         kvr_json_writer_reset(&a->w);
@@ -351,11 +395,7 @@ bool kvr_ix_api_handle(kvr_ix_api_t *a, struct evhttp_request *req, const char *
             snprintf(msg, sizeof msg, "dump failed: %s", kvr_strerror(rc));
             code = fail(a, 500, msg);
         }
-        if (kvr_json_writer_finish(&a->w, &out, &out_len) != KVR_OK) {
-            out = "{\"error\":\"out of memory\"}";
-            out_len = strlen(out);
-            code = 500;
-        }
+        finish(a, &code, &out, &out_len);
     } else {
         return false;
     }
@@ -379,4 +419,11 @@ void kvr_ix_api_metrics(const kvr_ix_api_t *a, struct kvr_prom *p)
                      "Queries naming a model_name / routing_group with no index (404).",
                      (double)a->st.not_found);
     kvr_prom_counter(p, "kvr_indexer_dumps_total", "GET /dump calls.", (double)a->st.dumps);
+    kvr_prom_counter(p, "kvr_indexer_routing_decisions_total",
+                     "POST /record_routing_decision calls (and NATS records).",
+                     (double)a->st.records);
+    kvr_prom_counter(p, "kvr_indexer_routing_decisions_refused_total",
+                     "Of those, refused (malformed, mismatched pair, unknown partition, a "
+                     "partition fed by KV events).",
+                     (double)a->st.records_refused);
 }

@@ -17,6 +17,12 @@
  * body, naming the field), 404 (no partition for model_name / routing_group), 415 (a
  * Content-Type that is neither JSON nor MessagePack), 500.
  *
+ * POST /record_routing_decision (approximate mode: another router's decision, its local and
+ * sequence hashes paired; wire/api_json.h checks the pairing) goes to the owner's record op:
+ * 200 {"status":"ok"}, 400 (malformed, a mismatched pair, or a block_size other than the
+ * partition's), 404 (no partition), 409 (this
+ * indexer's partition is fed by KV events, or it records no decisions), 501 (no record op).
+ *
  * The owner answers "which partition" (find) and writes the dump; this module decodes,
  * hashes, looks up and encodes. Threads: the owner's HTTP thread, registered as an index
  * reader. Ownership: the api borrows ops->arg. Cost per query: the decode (one pass), the
@@ -52,6 +58,10 @@ typedef struct kvr_ix_api_ops {
     int (*find)(void *arg, const kvr_ix_query_t *q, kvr_ix_part_t *out);
     /* writes the whole dump object ({"<model>:<group>": {...}}): KVR_OK or a status */
     int (*dump)(void *arg, kvr_json_writer_t *w);
+    /* records a routing decision: KVR_OK; KVR_ENOTFOUND (no such partition); KVR_EEXIST (the
+     * partition or this rank is fed by KV events); KVR_EMISMATCH (another block size);
+     * another status; msg says why. NULL: the owner records none (501). */
+    int (*record)(void *arg, const kvr_ix_record_t *rec, char *msg, size_t msg_len);
     /* sends an answer (the owner's headers and counters) */
     void (*reply)(void *arg, struct evhttp_request *req, int code, const char *ctype,
                   const char *data, size_t len);
@@ -63,6 +73,7 @@ typedef struct kvr_ix_api_stats {
     uint64_t bad_requests; /* 400 and 415 */
     uint64_t not_found;    /* 404: no such partition */
     uint64_t dumps;
+    uint64_t records, records_refused; /* routing decisions: taken, refused (any non-200) */
 } kvr_ix_api_stats_t;
 
 typedef struct kvr_ix_api kvr_ix_api_t;
@@ -70,7 +81,8 @@ typedef struct kvr_ix_api kvr_ix_api_t;
 kvr_ix_api_t *kvr_ix_api_new(const kvr_ix_api_ops_t *ops);
 void kvr_ix_api_free(kvr_ix_api_t *a);
 
-/* Answers POST /query, POST /query_by_hash and GET /dump; false for any other request. */
+/* Answers POST /query, POST /query_by_hash, POST /record_routing_decision and GET /dump;
+ * false for any other request. */
 bool kvr_ix_api_handle(kvr_ix_api_t *a, struct evhttp_request *req, const char *path, bool get,
                        bool post);
 
@@ -80,13 +92,22 @@ bool kvr_ix_api_handle(kvr_ix_api_t *a, struct evhttp_request *req, const char *
 void kvr_ix_api_answer(kvr_ix_api_t *a, const char *ctype, const char *body, size_t len,
                        bool by_hash, int *code, const char **out, size_t *out_len);
 
+/* A routing decision without HTTP (a NATS message): JSON body; as kvr_ix_api_answer. */
+void kvr_ix_api_record(kvr_ix_api_t *a, const char *body, size_t len, int *code, const char **out,
+                       size_t *out_len);
+
 /* One entry of the dump: "<model>:<group>": {"block_size": N, "events": [RouterEvent...]},
- * the events those of g's index (on its ingest thread) whose worker keep accepts (NULL:
- * all). The writer's status, or kvr_ingest_dump's. */
+ * the events those of the index whose worker keep accepts (NULL: all). The writer's
+ * status, or the dump's. */
 struct kvr_ingest;
+typedef struct kvr_ix_dump_src {
+    struct kvr_ingest *g; /* the index is dumped on its ingest thread; NULL: */
+    kvr_index_t *ix;      /* ... on the caller's, its writer (a router in approximate mode) */
+    bool (*keep)(void *arg, uint64_t worker_id);
+    void *keep_arg;
+} kvr_ix_dump_src_t;
 int kvr_ix_api_dump_partition(kvr_json_writer_t *w, const char *model, const char *group,
-                              uint32_t block_size, struct kvr_ingest *g,
-                              bool (*keep)(void *arg, uint64_t worker_id), void *keep_arg);
+                              uint32_t block_size, const kvr_ix_dump_src_t *src);
 
 /* {"error": msg} into w (for the owner's own errors). */
 void kvr_ix_api_error_body(kvr_json_writer_t *w, const char *msg);

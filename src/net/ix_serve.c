@@ -31,6 +31,7 @@ struct kvr_ix_serve {
     const char *dump_model; /* the model whose dump entry is being written */
     kvr_nats_t *nats;
     uint64_t nats_requests, nats_unanswerable; /* the latter: no reply subject */
+    uint64_t nats_records, nats_records_refused;
     kvr_ratelimit_t rl;
 };
 
@@ -121,13 +122,50 @@ static int dump(void *arg, kvr_json_writer_t *w)
             }
         }
         s->dump_model = models[i];
+        kvr_ix_dump_src_t src = {.g = s->g, .ix = s->ix, .keep = of_dump_model, .keep_arg = s};
         int rc = kvr_ix_api_dump_partition(w, models[i][0] ? models[i] : "default", "default", mbs,
-                                           s->g, of_dump_model, s);
+                                           &src);
         if (rc != KVR_OK)
             return rc;
     }
     kvr_json_end_object(w);
     return kvr_json_writer_status(w);
+}
+
+/* Another router's decision (approximate mode), into this router's index as its own are. The
+ * partition must be one a query would find (its model), and the pairs must be hashed with
+ * the partition's block size: the decoder checked they chain, not which size made them. */
+static int record(void *arg, const kvr_ix_record_t *rec, char *msg, size_t msg_len)
+{
+    kvr_ix_serve_t *s = arg;
+    if (kvr_router_config(s->r)->router_mode != KVR_MODE_APPROX) {
+        snprintf(msg, msg_len,
+                 "this router's index is fed by KV events: routing decisions are "
+                 "recorded only by a router in approximate mode");
+        return KVR_EEXIST;
+    }
+    kvr_ix_query_t q = {.model_name = rec->model_name,
+                        .model_name_len = rec->model_name_len,
+                        .routing_group = rec->routing_group,
+                        .routing_group_len = rec->routing_group_len};
+    kvr_ix_part_t part;
+    if (find(s, &q, &part) != KVR_OK) {
+        snprintf(msg, msg_len, "no index for model_name '%.*s' and routing_group '%.*s'",
+                 (int)(rec->model_name_len > 200 ? 200 : rec->model_name_len), rec->model_name,
+                 (int)(rec->routing_group_len > 200 ? 200 : rec->routing_group_len),
+                 rec->routing_group);
+        return KVR_ENOTFOUND;
+    }
+    if (rec->block_size != 0 && rec->block_size != part.block_size) {
+        snprintf(msg, msg_len, "block_size %u does not match the block size %u of model_name=%s",
+                 rec->block_size, part.block_size, s->model);
+        return KVR_EMISMATCH;
+    }
+    int rc = kvr_router_record(s->r, (kvr_worker_t){rec->instance_id, rec->dp_rank},
+                               rec->local_hashes, rec->sequence_hashes, rec->n, kvr_now_ms());
+    if (rc != KVR_OK)
+        snprintf(msg, msg_len, "recording the decision failed: %s", kvr_strerror(rc));
+    return rc;
 }
 
 static void reply(void *arg, struct evhttp_request *req, int code, const char *ctype,
@@ -154,6 +192,12 @@ static void ext_metrics(void *arg, struct kvr_prom *p)
         kvr_prom_counter(p, "kvr_indexer_nats_unanswerable_total",
                          "Of those, without a reply subject (dropped).",
                          (double)s->nats_unanswerable);
+        kvr_prom_counter(p, "kvr_indexer_nats_records_total",
+                         "Routing decisions received on <ns>.indexer.record.",
+                         (double)s->nats_records);
+        kvr_prom_counter(p, "kvr_indexer_nats_records_refused_total",
+                         "Of those, refused (no answer goes back: the reason is logged).",
+                         (double)s->nats_records_refused);
     }
 }
 
@@ -193,12 +237,36 @@ static void on_nats_query(void *arg, const char *subject, const char *reply, con
     (void)kvr_nats_publish(s->nats, reply, NULL, out, out_len);
 }
 
+/* A routing decision published by a router in approximate mode: no reply is expected (a
+ * refusal is counted and logged here). */
+static void on_nats_record(void *arg, const char *subject, const char *reply, const uint8_t *data,
+                           size_t len)
+{
+    (void)subject;
+    (void)reply;
+    kvr_ix_serve_t *s = arg;
+    s->nats_records++;
+    int code;
+    const char *out;
+    size_t out_len;
+    kvr_ix_api_record(s->ixa, (const char *)data, len, &code, &out, &out_len);
+    if (code != 200) {
+        s->nats_records_refused++;
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "routing decision over NATS refused (%d): %.*s", code,
+                        (int)(out_len > 300 ? 300 : out_len), out);
+    }
+}
+
 int kvr_ix_serve_attach_nats(kvr_ix_serve_t *s, kvr_nats_t *nats, const char *ns)
 {
     char subj[160];
     snprintf(subj, sizeof subj, "%s.indexer.query", ns);
     s->nats = nats;
-    return kvr_nats_subscribe(nats, subj, on_nats_query, s);
+    int rc = kvr_nats_subscribe(nats, subj, on_nats_query, s);
+    if (rc != KVR_OK || kvr_router_config(s->r)->router_mode != KVR_MODE_APPROX)
+        return rc;
+    snprintf(subj, sizeof subj, "%s.indexer.record", ns);
+    return kvr_nats_subscribe(nats, subj, on_nats_record, s);
 }
 
 kvr_ix_serve_t *kvr_ix_serve_new(kvr_api_server_t *api, kvr_index_t *ix, kvr_ingest_t *g,
@@ -213,7 +281,7 @@ kvr_ix_serve_t *kvr_ix_serve_new(kvr_api_server_t *api, kvr_index_t *ix, kvr_ing
     s->g = g;
     s->ids = calloc(MAX_IDS, sizeof *s->ids);
     s->rl = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
-    kvr_ix_api_ops_t ops = {find, dump, reply, s};
+    kvr_ix_api_ops_t ops = {.find = find, .dump = dump, .record = record, .reply = reply, .arg = s};
     s->ixa = kvr_ix_api_new(&ops);
     kvr_api_extension_t ext = {.handle = ext_handle, .metrics = ext_metrics, .arg = s};
     if (s->ids == NULL || s->ixa == NULL ||

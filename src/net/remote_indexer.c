@@ -29,6 +29,7 @@
 
 #define MAX_SLOTS 64
 #define MAX_MATCHES 65536
+#define MAX_RECORDS_IN_FLIGHT 1024
 
 typedef struct call call_t;
 typedef struct slot {
@@ -55,7 +56,10 @@ struct kvr_remote_ix {
     char path[300];
     char where[200]; /* for log lines: the url, or the NATS subject */
     bool over_nats;
-    char subj_query[160], reply_prefix[160];
+    char subj_query[160], reply_prefix[160], subj_record[160];
+    char record_path[300];
+    struct evhttp_connection *rec_conn; /* approximate mode: decisions, one queued connection */
+    size_t records_in_flight;
     uint64_t next_seq;
     call_t *nats_calls; /* over NATS: in flight, waiting for their reply */
     char model[KVR_MODEL_BYTES];
@@ -384,6 +388,7 @@ static int init_nats(kvr_remote_ix_t *x, char *err, size_t err_len)
     x->over_nats = true;
     uint64_t rid = now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)x;
     snprintf(x->subj_query, sizeof x->subj_query, "%s.indexer.query", x->cfg.ns);
+    snprintf(x->subj_record, sizeof x->subj_record, "%s.indexer.record", x->cfg.ns);
     snprintf(x->reply_prefix, sizeof x->reply_prefix, "%s.indexer.reply.%016llx", x->cfg.ns,
              (unsigned long long)rid);
     snprintf(x->where, sizeof x->where, "nats %s", x->subj_query);
@@ -393,6 +398,106 @@ static int init_nats(kvr_remote_ix_t *x, char *err, size_t err_len)
         snprintf(err, err_len, "remote_indexer: cannot subscribe to %s", sub);
         return KVR_EIO;
     }
+    return KVR_OK;
+}
+
+/* ---- approximate mode: each decision recorded remotely ---- */
+
+static void on_record_answer(struct evhttp_request *req, void *arg)
+{
+    kvr_remote_ix_t *x = arg;
+    if (x->closing)
+        return;
+    x->records_in_flight--;
+    int code = req != NULL ? evhttp_request_get_response_code(req) : 0;
+    if (code == 200) {
+        x->st.records_ok++;
+        return;
+    }
+    x->st.records_failed++;
+    const char *text = "";
+    size_t len = 0;
+    if (req != NULL) {
+        struct evbuffer *b = evhttp_request_get_input_buffer(req);
+        len = evbuffer_get_length(b);
+        text = len > 0 ? (const char *)evbuffer_pullup(b, -1) : "";
+    }
+    kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                    "remote indexer %s: a routing decision was not recorded (%s%d): %.*s", x->where,
+                    code == 0 ? "no answer, " : "", code, (int)(len > 200 ? 200 : len), text);
+}
+
+static void record_failed(kvr_remote_ix_t *x, const char *why)
+{
+    x->st.records_failed++;
+    kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                    "remote indexer %s: a routing decision was not "
+                    "recorded: %s",
+                    x->where, why);
+}
+
+static void on_decision(void *arg, const kvr_decision_t *d)
+{
+    kvr_remote_ix_t *x = arg;
+    if (x->closing)
+        return;
+    x->st.records++;
+    bool named = d->model != NULL && d->model_len > 0;
+    kvr_ix_record_t rec = {.instance_id = d->worker.worker_id,
+                           .dp_rank = d->worker.dp_rank,
+                           .block_size = x->cfg.block_size,
+                           .local_hashes = d->lbh,
+                           .sequence_hashes = d->seq,
+                           .n = d->n,
+                           .model_name = named ? d->model : x->model,
+                           .model_name_len = named ? d->model_len : strlen(x->model)};
+    const char *body;
+    size_t len;
+    if (kvr_ix_answer_encode_record(&x->w, &rec) != KVR_OK ||
+        kvr_json_writer_finish(&x->w, &body, &len) != KVR_OK) {
+        record_failed(x, "out of memory");
+        return;
+    }
+    if (x->over_nats) {
+        if (kvr_nats_publish(x->cfg.nats, x->subj_record, NULL, body, len) != KVR_OK)
+            record_failed(x, "the NATS link refused the message");
+        else
+            x->st.records_ok++; /* published: the serving router counts refusals */
+        return;
+    }
+    if (x->records_in_flight >= MAX_RECORDS_IN_FLIGHT) {
+        record_failed(x, "too many decisions waiting for the indexer (1024)");
+        return;
+    }
+    struct evhttp_request *req = evhttp_request_new(on_record_answer, x);
+    if (req == NULL) {
+        record_failed(x, "out of memory");
+        return;
+    }
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Host", x->url.host_hdr);
+    evhttp_add_header(h, "Content-Type", "application/json");
+    evbuffer_add(evhttp_request_get_output_buffer(req), body, len);
+    x->records_in_flight++;
+    if (evhttp_make_request(x->rec_conn, req, EVHTTP_REQ_POST, x->record_path) != 0) {
+        x->records_in_flight--; /* libevent freed the request without a callback */
+        record_failed(x, "the request could not be queued");
+    }
+}
+
+/* Approximate mode: the router's decisions go to the indexer. */
+static int init_records(kvr_remote_ix_t *x, const struct timeval *ctv)
+{
+    if (!x->over_nats) {
+        snprintf(x->record_path, sizeof x->record_path, "%s/record_routing_decision",
+                 x->url.base_path);
+        x->rec_conn = evhttp_connection_base_new(x->cfg.base, NULL, x->url.host, x->url.port);
+        if (x->rec_conn == NULL)
+            return KVR_ENOMEM;
+        evhttp_connection_set_timeout_tv(x->rec_conn, ctv);
+    }
+    kvr_decision_sink_t sink = {on_decision, x};
+    kvr_router_set_decision_sink(kvr_sched_router(x->cfg.sched), &sink);
     return KVR_OK;
 }
 
@@ -427,6 +532,14 @@ static void ext_metrics(void *arg, struct kvr_prom *p)
     kvr_prom_gauge(p, "kvr_remote_indexer_waiting", "Lookups waiting for a connection.",
                    (double)x->st.waiting);
     kvr_prom_hist(p, "kvr_remote_indexer_rtt_seconds", NULL, 0, &x->h_rtt);
+    if (!x->cfg.record_decisions)
+        return;
+    kvr_prom_counter(p, "kvr_remote_indexer_records_total",
+                     "Routing decisions sent to the remote indexer (approximate mode).",
+                     (double)x->st.records);
+    kvr_prom_counter(p, "kvr_remote_indexer_records_failed_total",
+                     "Of those, not recorded (refused, no answer, queue full).",
+                     (double)x->st.records_failed);
 }
 
 static bool ext_detail(void *arg, const char **key, const char **value)
@@ -478,6 +591,10 @@ kvr_remote_ix_t *kvr_remote_ix_new(const kvr_remote_ix_config_t *cfg, int *statu
         }
         evhttp_connection_set_timeout_tv(x->slots[i].conn, &ctv);
     }
+    if (cfg->record_decisions && init_records(x, &ctv) != KVR_OK) {
+        kvr_remote_ix_free(x);
+        return *status = KVR_ENOMEM, NULL;
+    }
     x->kick = event_new(cfg->base, -1, 0, on_kick, x);
     kvr_api_extension_t ext = {.metrics = ext_metrics, .detail = ext_detail, .arg = x};
     if (x->kick == NULL || (*status = kvr_api_server_add_extension(cfg->api, &ext)) != KVR_OK) {
@@ -496,8 +613,13 @@ void kvr_remote_ix_free(kvr_remote_ix_t *x)
     if (x == NULL)
         return;
     x->closing = true;
-    if (x->cfg.sched != NULL)
+    if (x->cfg.sched != NULL) {
         kvr_sched_set_overlap_source(x->cfg.sched, NULL);
+        if (x->cfg.record_decisions)
+            kvr_router_set_decision_sink(kvr_sched_router(x->cfg.sched), NULL);
+    }
+    if (x->rec_conn != NULL)
+        evhttp_connection_free(x->rec_conn); /* decisions in flight: no callback */
     if (x->cfg.api != NULL)
         kvr_api_server_remove_extension(x->cfg.api, x);
     for (size_t i = 0; i < x->n_slots; i++) {

@@ -19,6 +19,13 @@
  * router with serve_indexer, net/ix_serve.h) with the reply subject
  * <ns>.indexer.reply.<this router's random id>.<sequence>, so an answer finds its lookup by
  * its subject; no answer before the deadline is a timeout (also with no responder at all).
+ * Approximate mode (record_decisions; use_kv_events false): the indexer's index holds the
+ * routers' decisions, not the engines' events. After each booked decision the router writes
+ * it there, POST URL/record_routing_decision {instance_id, dp_rank, model_name, local_hashes,
+ * sequence_hashes} on a connection of its own (queued, at most 1024 waiting; beyond, dropped
+ * and counted), or over NATS a message on <ns>.indexer.record. Not recorded = counted in
+ * kvr_remote_indexer_records_failed_total and logged with a rate limit; the routing itself
+ * never waits for it.
  * Threads: the HTTP thread only. Ownership: borrows the base and the API server; free it
  * before the scheduler (lookups in flight are dropped without a callback).
  */
@@ -44,6 +51,7 @@ typedef struct kvr_remote_ix_config {
     uint32_t block_size;       /* what the router hashes with */
     const char *default_model; /* model_name for requests without one ("default" if NULL) */
     size_t max_connections;    /* 0 = 16 */
+    bool record_decisions;     /* approximate mode: each decision is written to the indexer */
 } kvr_remote_ix_config_t;
 
 typedef struct kvr_remote_ix_stats {
@@ -52,6 +60,7 @@ typedef struct kvr_remote_ix_stats {
     uint64_t waiting;      /* gauge: lookups waiting for a connection */
     uint64_t in_flight;    /* gauge */
     bool reachable;        /* the last lookup was answered */
+    uint64_t records, records_ok, records_failed; /* approximate mode: decisions sent */
 } kvr_remote_ix_stats_t;
 
 typedef struct kvr_remote_ix kvr_remote_ix_t;

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <zmq.h>
@@ -30,6 +31,7 @@
 #include "kvrouter.h"
 #include "net/log.h"
 
+#define WAKE_TOKEN UINT64_MAX /* the wake eventfd's epoll data (rank data is slot*4+kind) */
 #define DRAIN_PER_RANK 256 /* messages handled per socket per poll, so no rank starves others */
 
 /* The sockets of a rank, as epoll's data names them (rank index * 4 + kind) and as bits of
@@ -85,6 +87,7 @@ struct kvr_zmq_listener {
     rank_t *ranks;
     size_t cap;
     int epfd;                /* every socket's ZMQ_FD (level-triggered) */
+    int wakefd;              /* an eventfd in epfd: kvr_zmq_listener_wake */
     struct epoll_event *evs; /* epoll_wait's output, 3 per rank */
     kvr_zmq_stats_t st;
     kvr_ratelimit_t rl;
@@ -156,10 +159,13 @@ kvr_zmq_listener_t *kvr_zmq_listener_new(const kvr_zmq_config_t *cfg,
     l->rl = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     l->cap = l->cfg.max_ranks;
     l->ranks = calloc(l->cap, sizeof *l->ranks);
-    l->evs = calloc(3 * l->cap, sizeof *l->evs);
+    l->evs = calloc(3 * l->cap + 1, sizeof *l->evs);
     l->epfd = epoll_create1(EPOLL_CLOEXEC);
+    l->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    struct epoll_event wev = {.events = EPOLLIN, .data.u64 = WAKE_TOKEN};
     l->ctx = zmq_ctx_new();
-    if (l->ranks == NULL || l->evs == NULL || l->epfd < 0 || l->ctx == NULL) {
+    if (l->ranks == NULL || l->evs == NULL || l->epfd < 0 || l->wakefd < 0 || l->ctx == NULL ||
+        epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->wakefd, &wev) != 0) {
         kvr_zmq_listener_free(l);
         *status = KVR_ENOMEM;
         return NULL;
@@ -208,6 +214,16 @@ static void unwatch(kvr_zmq_listener_t *l, rank_t *r, int kind)
     r->fd[kind] = -1;
 }
 
+/* Closes a socket with a monitor, the monitor first: libzmq's I/O thread sends a socket's
+ * connection events to its monitor with a blocking send, so an event of the closing socket (a
+ * disconnect) sent after our end of the monitor pair is gone would block that thread for good,
+ * and with it every socket of the context (seen with fast register / unregister cycles). */
+static void close_monitored(void *s)
+{
+    (void)zmq_socket_monitor(s, NULL, 0);
+    zmq_close(s);
+}
+
 static void close_rank(kvr_zmq_listener_t *l, rank_t *r)
 {
     if (r->rec.active)
@@ -216,7 +232,7 @@ static void close_rank(kvr_zmq_listener_t *l, rank_t *r)
     for (int k = K_SUB; k <= K_DEALER; k++)
         unwatch(l, r, k);
     if (r->sub != NULL)
-        zmq_close(r->sub);
+        close_monitored(r->sub);
     if (r->mon != NULL)
         zmq_close(r->mon);
     if (r->dealer != NULL)
@@ -237,7 +253,16 @@ void kvr_zmq_listener_free(kvr_zmq_listener_t *l)
     free(l->evs);
     if (l->epfd >= 0)
         close(l->epfd);
+    if (l->wakefd >= 0)
+        close(l->wakefd);
     free(l);
+}
+
+void kvr_zmq_listener_wake(kvr_zmq_listener_t *l)
+{
+    uint64_t one = 1;
+    ssize_t n = write(l->wakefd, &one, sizeof one); /* a full counter is still readable */
+    (void)n;
 }
 
 /* mon: the inproc address to publish the socket's connection events on, or NULL. */
@@ -265,6 +290,8 @@ static void *open_socket(void *ctx, int type, const char *addr, const char *mon,
     int rc = zmq_connect(s, addr);
     if (rc != 0) {
         snprintf(err, err_len, "%s: %s", addr, zmq_strerror(zmq_errno()));
+        if (mon != NULL)
+            (void)zmq_socket_monitor(s, NULL, 0);
         zmq_close(s);
         return NULL;
     }
@@ -324,7 +351,7 @@ int kvr_zmq_listener_add(kvr_zmq_listener_t *l, const kvr_zmq_endpoint_t *ep, ch
     if (sub == NULL || zmq_connect(mon, mon_addr) != 0) {
         if (sub != NULL) {
             snprintf(err, err_len, "monitor: %s", zmq_strerror(zmq_errno()));
-            zmq_close(sub);
+            close_monitored(sub);
         }
         zmq_close(mon);
         return KVR_EINVAL;
@@ -333,7 +360,7 @@ int kvr_zmq_listener_add(kvr_zmq_listener_t *l, const kvr_zmq_endpoint_t *ep, ch
     if (ep->replay != NULL) {
         dealer = open_socket(l->ctx, ZMQ_DEALER, ep->replay, NULL, err, err_len);
         if (dealer == NULL) {
-            zmq_close(sub);
+            close_monitored(sub);
             zmq_close(mon);
             return KVR_EINVAL;
         }
@@ -958,11 +985,17 @@ int kvr_zmq_listener_poll(kvr_zmq_listener_t *l, int timeout_ms)
                 wait = (long)left;
         }
     }
-    int n = epoll_wait(l->epfd, l->evs, (int)(3 * l->cap), (int)wait);
+    int n = epoll_wait(l->epfd, l->evs, (int)(3 * l->cap + 1), (int)wait);
     if (n < 0)
         return errno == EINTR ? 0 : KVR_EIO;
     for (int k = 0; k < n; k++) {
         uint64_t d = l->evs[k].data.u64;
+        if (d == WAKE_TOKEN) {
+            uint64_t v;
+            ssize_t got = read(l->wakefd, &v, sizeof v);
+            (void)got;
+            continue;
+        }
         rank_t *r = &l->ranks[d / 4];
         if (r->used)
             r->hot |= (uint8_t)(1u << (d % 4));

@@ -161,6 +161,10 @@ int kvr_zmq_listener_remove(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t 
  * request could not be sent: the rank is reset). */
 int kvr_zmq_listener_resume(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t dp_rank,
                             uint64_t last_seq, uint64_t last_hash);
+/* Ends a poll that is waiting (or the next one) at once: any thread (the only call that is
+ * not the owner thread's). */
+void kvr_zmq_listener_wake(kvr_zmq_listener_t *l);
+
 /* Waits up to timeout_ms (< 0: until something happens) for messages and handles all that
  * are ready, and gives up the replays whose deadline has passed (it wakes for them early).
  * Returns the number of batches handed over, or a negative status. */

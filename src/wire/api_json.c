@@ -52,6 +52,7 @@ enum kind {
     K_IX_QUERY,      /* POST /query */
     K_IX_HASH,       /* POST /query_by_hash */
     K_IX_PEER,       /* POST /register_peer, /deregister_peer */
+    K_IX_RECORD,     /* POST /record_routing_decision */
     K_N
 };
 #define KB(k) (1u << (k))
@@ -135,6 +136,8 @@ enum field {
     F_IX_CACHE_SALT,
     F_IX_HASHES,
     F_IX_URL,
+    F_IX_LOCAL,
+    F_IX_SEQ,
     F_N,
     F_UNKNOWN = F_N,
 };
@@ -152,7 +155,9 @@ typedef struct field_def {
 #define U32MAX ((uint64_t)UINT32_MAX)
 #define ROUTE_ROUTER (KB(K_ROUTE) | KB(K_ROUTER))
 #define NAMES (KB(K_ROUTE) | KB(K_QUERY) | KB(K_LOADS) | KB(K_ROUTER))
-#define IX_ALL (KB(K_IX_REGISTER) | KB(K_IX_UNREGISTER) | KB(K_IX_QUERY) | KB(K_IX_HASH))
+#define IX_ALL \
+    (KB(K_IX_REGISTER) | KB(K_IX_UNREGISTER) | KB(K_IX_QUERY) | KB(K_IX_HASH) | KB(K_IX_RECORD))
+#define IX_WORKER (KB(K_IX_REGISTER) | KB(K_IX_UNREGISTER) | KB(K_IX_RECORD))
 #define IX_QUERIES (KB(K_IX_QUERY) | KB(K_IX_HASH))
 
 static const field_def_t FIELDS[F_N] = {
@@ -226,28 +231,30 @@ static const field_def_t FIELDS[F_N] = {
                      KB(K_ROUTE), 0, 0},
     [F_OV_TRACK] = {"track_prefill_tokens", "config_override.track_prefill_tokens", O_OVERRIDE,
                     T_BOOL, 0, KB(K_ROUTE), 0, 0},
-    [F_IX_INSTANCE] = {"instance_id", "instance_id", O_TOP, T_INT, 0,
-                       KB(K_IX_REGISTER) | KB(K_IX_UNREGISTER), 0, UINT64_MAX},
+    [F_IX_INSTANCE] = {"instance_id", "instance_id", O_TOP, T_INT, 0, IX_WORKER, 0, UINT64_MAX},
     [F_IX_ENDPOINT] = {"endpoint", "endpoint", O_TOP, T_STRING, 0, KB(K_IX_REGISTER), 1,
                        KVR_API_MAX_URL_BYTES},
     [F_IX_MODEL] = {"model_name", "model_name", O_TOP, T_STRING, 0, IX_ALL, 1, 255},
     [F_IX_GROUP] = {"routing_group", "routing_group", O_TOP, T_STRING, 0, IX_ALL, 1, 255},
     [F_IX_TENANT] = {"tenant_id", "tenant_id", O_TOP, T_STRING, 0, IX_ALL, 0, 255},
-    [F_IX_BLOCK_SIZE] = {"block_size", "block_size", O_TOP, T_INT, 0, KB(K_IX_REGISTER), 1, 65536},
-    [F_IX_DP_RANK] = {"dp_rank", "dp_rank", O_TOP, T_INT, 0,
-                      KB(K_IX_REGISTER) | KB(K_IX_UNREGISTER), 0, U32MAX},
-    [F_IX_REPLAY] = {"replay_endpoint", "replay_endpoint", O_TOP, T_STRING, 0, KB(K_IX_REGISTER),
-                     1, KVR_API_MAX_URL_BYTES},
+    [F_IX_BLOCK_SIZE] = {"block_size", "block_size", O_TOP, T_INT, 0,
+                         KB(K_IX_REGISTER) | KB(K_IX_RECORD), 1, 65536},
+    [F_IX_DP_RANK] = {"dp_rank", "dp_rank", O_TOP, T_INT, 0, IX_WORKER, 0, U32MAX},
+    [F_IX_REPLAY] = {"replay_endpoint", "replay_endpoint", O_TOP, T_STRING, 0, KB(K_IX_REGISTER), 1,
+                     KVR_API_MAX_URL_BYTES},
     [F_IX_SALT] = {"additional_salt", "additional_salt", O_TOP, T_STRING, 0, KB(K_IX_REGISTER), 0,
                    KVR_API_MAX_NAME_BYTES},
-    [F_IX_SALT_ALIAS] = {"additionalsalt", "additionalsalt", O_TOP, T_STRING, 0,
-                         KB(K_IX_REGISTER), 0, KVR_API_MAX_NAME_BYTES},
+    [F_IX_SALT_ALIAS] = {"additionalsalt", "additionalsalt", O_TOP, T_STRING, 0, KB(K_IX_REGISTER),
+                         0, KVR_API_MAX_NAME_BYTES},
     [F_IX_TOKEN_IDS] = {"token_ids", "token_ids", O_TOP, T_TOKENS, 0, KB(K_IX_QUERY), 0, 0},
     [F_IX_CACHE_SALT] = {"cache_salt", "cache_salt", O_TOP, T_STRING, 0, IX_QUERIES, 0,
                          KVR_API_MAX_NAME_BYTES},
     [F_IX_HASHES] = {"block_hashes", "block_hashes", O_TOP, T_HASHES, 0, KB(K_IX_HASH), 0, 0},
     [F_IX_URL] = {"url", "url", O_TOP, T_STRING, 0, KB(K_IX_PEER), 1, KVR_API_MAX_URL_BYTES},
+    [F_IX_LOCAL] = {"local_hashes", "local_hashes", O_TOP, T_HASHES, 0, KB(K_IX_RECORD), 0, 0},
+    [F_IX_SEQ] = {"sequence_hashes", "sequence_hashes", O_TOP, T_HASHES, 0, KB(K_IX_RECORD), 0, 0},
 };
+_Static_assert(F_N <= 64, "seen and present hold a bit per field");
 
 /* The field holding a kind's token ids or hashes (the fast scanner reads it), or F_N. */
 static int tokens_field(int kind)
@@ -309,6 +316,8 @@ struct kvr_api_decoder {
     size_t tok_cap, n_tokens;
     uint64_t *ids_buf;
     size_t ids_cap, n_ids;
+    size_t arr_off;                /* where the open hash array's values start in ids_buf */
+    size_t span_off[2], span_n[2]; /* local_hashes, sequence_hashes: their part of ids_buf */
     char *str_buf;
     size_t str_cap, str_len;
     char *num_buf;
@@ -616,8 +625,9 @@ static int hash_push(kvr_api_decoder_t *d, const char *s, size_t n)
         kvr_grow((void **)&d->ids_buf, &d->ids_cap, d->n_ids + 1, d->opts.max_tokens,
                  sizeof *d->ids_buf) != KVR_OK) {
         if (d->n_ids >= d->opts.max_tokens)
-            return fail(d, KVR_ETOOBIG, "block_hashes: more than %zu hashes", d->opts.max_tokens);
-        return fail(d, KVR_ENOMEM, "block_hashes: out of memory");
+            return fail(d, KVR_ETOOBIG, "%s: more than %zu hashes", FIELDS[d->field].path,
+                        d->opts.max_tokens);
+        return fail(d, KVR_ENOMEM, "%s: out of memory", FIELDS[d->field].path);
     }
     d->ids_buf[d->n_ids++] = neg ? (uint64_t)0 - mag : mag;
     return 1;
@@ -658,7 +668,7 @@ static int on_number(void *ctx, const char *s, size_t n)
             d->ids_buf[d->n_ids++] = v;
             return 1;
         }
-        if (d->field == F_IX_HASHES)
+        if (FIELDS[d->field].type == T_HASHES)
             return hash_push(d, s, n);
         break;
     case S_MM_HASH:
@@ -794,6 +804,7 @@ static int on_start_array(void *ctx)
         case T_TOKENS:
         case T_HASHES:
             d->tok_open_at = yajl_get_bytes_consumed(d->yh);
+            d->arr_off = d->n_ids;
             /* fall through */
         case T_IDS:
         case T_TAINTS:
@@ -835,6 +846,11 @@ static int on_end(void *ctx)
         d->obj = O_TOP;  /* every nested known object sits in the top level */
         return 1;
     case S_ARRAY:
+        if (d->field == F_IX_LOCAL || d->field == F_IX_SEQ) {
+            int k = d->field == F_IX_SEQ;
+            d->span_off[k] = d->arr_off;
+            d->span_n[k] = d->n_ids - d->arr_off;
+        }
         return value_done(d);
     case S_PREF_KEY:
         d->obj = O_CONSTRAINTS;
@@ -974,6 +990,7 @@ static void reset(kvr_api_decoder_t *d, int kind)
     d->present = 0;
     d->n_tokens = 0;
     d->n_ids = 0;
+    d->span_n[0] = d->span_n[1] = 0;
     d->str_len = 0;
     d->n_taint = 0;
     d->n_pref = 0;
@@ -1311,6 +1328,44 @@ static int finish_ix_query(kvr_api_decoder_t *d, kvr_ix_query_t *out)
     return KVR_OK;
 }
 
+/* Each sequence hash must chain from its local hash and the previous sequence hash: a pair
+ * that does not was computed with another hash, salt or block size, and would poison the
+ * index with blocks no query can reach. */
+static int finish_ix_record(kvr_api_decoder_t *d, kvr_ix_record_t *out)
+{
+    if (require(d, F_IX_INSTANCE) != KVR_OK || require(d, F_IX_MODEL) != KVR_OK ||
+        require(d, F_IX_LOCAL) != KVR_OK || require(d, F_IX_SEQ) != KVR_OK)
+        return d->status;
+    size_t n = d->span_n[0];
+    if (n != d->span_n[1])
+        return fail(d, KVR_EINVAL,
+                    "local_hashes and sequence_hashes: %zu and %zu hashes (one pair per block)", n,
+                    d->span_n[1]),
+               d->status;
+    if (n == 0)
+        return fail(d, KVR_EINVAL, "local_hashes: empty (a decision records at least one block)"),
+               d->status;
+    const uint64_t *lbh = d->ids_buf + d->span_off[0], *seq = d->ids_buf + d->span_off[1];
+    for (size_t i = 0; i < n; i++) {
+        uint64_t want = i == 0 ? lbh[0] : kvr_hash_chain_next(seq[i - 1], lbh[i]);
+        if (seq[i] != want)
+            return fail(d, KVR_EINVAL,
+                        "sequence_hashes[%zu]: does not chain from local_hashes[%zu]%s "
+                        "(mismatched pair)",
+                        i, i, i == 0 ? "" : " and the previous sequence hash"),
+                   d->status;
+    }
+    out->instance_id = d->ival[F_IX_INSTANCE];
+    out->dp_rank = has(d, F_IX_DP_RANK) ? (uint32_t)d->ival[F_IX_DP_RANK] : 0;
+    out->block_size = has(d, F_IX_BLOCK_SIZE) ? (uint32_t)d->ival[F_IX_BLOCK_SIZE] : 0;
+    out->local_hashes = lbh;
+    out->sequence_hashes = seq;
+    out->n = n;
+    out->model_name = str_of(d, F_IX_MODEL, &out->model_name_len);
+    out->routing_group = group_of(d, &out->routing_group_len);
+    return KVR_OK;
+}
+
 static int finish_ix_peer(kvr_api_decoder_t *d, kvr_ix_peer_t *out)
 {
     if (require(d, F_IX_URL) != KVR_OK)
@@ -1415,6 +1470,12 @@ int kvr_api_decode_ix_peer(kvr_api_decoder_t *d, const char *body, size_t len,
                            kvr_ix_peer_t *out)
 {
     DECODE(K_IX_PEER, finish_ix_peer);
+}
+
+int kvr_api_decode_ix_record(kvr_api_decoder_t *d, const char *body, size_t len,
+                             kvr_ix_record_t *out)
+{
+    DECODE(K_IX_RECORD, finish_ix_record);
 }
 
 /* ------------------------------------------------------------------------------------------ */

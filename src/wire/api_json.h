@@ -257,6 +257,23 @@ typedef struct kvr_ix_peer {
     size_t url_len;
 } kvr_ix_peer_t;
 
+/* POST /record_routing_decision (approximate mode: a router's decision, written into the
+ * index of the indexer it uses): instance_id, model_name, local_hashes and sequence_hashes
+ * required (i64 or u64 each, as many of one as of the other, the sequence hashes chained from
+ * the local ones: a mismatched pair is refused). */
+typedef struct kvr_ix_record {
+    uint64_t instance_id;
+    uint32_t dp_rank;    /* 0 when absent */
+    uint32_t block_size; /* what the router hashed with; 0 when absent (then the partition
+                            must exist: a standalone indexer makes one with it) */
+    const uint64_t *local_hashes, *sequence_hashes;
+    size_t n;
+    const char *model_name;
+    size_t model_name_len;
+    const char *routing_group; /* "default" when absent */
+    size_t routing_group_len;
+} kvr_ix_record_t;
+
 /* Counters since the decoder was made (for /metrics: a falling fast-path share means clients
  * format token arrays in a way the scanner does not take). */
 typedef struct kvr_api_stats {
@@ -298,6 +315,8 @@ int kvr_api_decode_ix_query(kvr_api_decoder_t *d, const char *body, size_t len, 
                             kvr_ix_query_t *out);
 int kvr_api_decode_ix_peer(kvr_api_decoder_t *d, const char *body, size_t len,
                            kvr_ix_peer_t *out);
+int kvr_api_decode_ix_record(kvr_api_decoder_t *d, const char *body, size_t len,
+                             kvr_ix_record_t *out);
 
 /* Encoders: one complete value each (absent optional fields omitted), so that decoding the
  * output gives back the same struct (for clients, tests and the fuzz round trip). They return

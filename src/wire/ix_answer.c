@@ -109,21 +109,51 @@ int kvr_ix_answer_parse(const char *text, size_t len, uint32_t block_size, size_
     return fail(err, err_len, KVR_EPARSE, "answer: no scores member");
 }
 
+/* key: [hashes as i64] */
+static void i64_array(kvr_json_writer_t *w, const char *key, const uint64_t *v, size_t n)
+{
+    kvr_json_key(w, key);
+    kvr_json_begin_array(w);
+    for (size_t i = 0; i < n; i++) {
+        int64_t x;
+        memcpy(&x, &v[i], sizeof x);
+        kvr_json_i64(w, x);
+    }
+    kvr_json_end_array(w);
+}
+
 int kvr_ix_answer_encode_query(kvr_json_writer_t *w, const uint64_t *lbh, size_t n,
                                const char *model_name, size_t model_name_len)
 {
     kvr_json_writer_reset(w);
     kvr_json_begin_object(w);
-    kvr_json_key(w, "block_hashes");
-    kvr_json_begin_array(w);
-    for (size_t i = 0; i < n; i++) {
-        int64_t v;
-        memcpy(&v, &lbh[i], sizeof v);
-        kvr_json_i64(w, v);
-    }
-    kvr_json_end_array(w);
+    i64_array(w, "block_hashes", lbh, n);
     kvr_json_key(w, "model_name");
     kvr_json_string_n(w, model_name, model_name_len);
+    kvr_json_end_object(w);
+    return kvr_json_writer_status(w);
+}
+
+int kvr_ix_answer_encode_record(kvr_json_writer_t *w, const kvr_ix_record_t *r)
+{
+    kvr_json_writer_reset(w);
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "instance_id");
+    kvr_json_u64(w, r->instance_id);
+    kvr_json_key(w, "dp_rank");
+    kvr_json_u64(w, r->dp_rank);
+    if (r->block_size != 0) {
+        kvr_json_key(w, "block_size");
+        kvr_json_u64(w, r->block_size);
+    }
+    kvr_json_key(w, "model_name");
+    kvr_json_string_n(w, r->model_name, r->model_name_len);
+    if (r->routing_group != NULL) {
+        kvr_json_key(w, "routing_group");
+        kvr_json_string_n(w, r->routing_group, r->routing_group_len);
+    }
+    i64_array(w, "local_hashes", r->local_hashes, r->n);
+    i64_array(w, "sequence_hashes", r->sequence_hashes, r->n);
     kvr_json_end_object(w);
     return kvr_json_writer_status(w);
 }

@@ -4,7 +4,7 @@
 processes on loopback, fed by real mockers' KV events: the same answers as a router's own
 index, recovery from a peer's dump, routing with a remote indexer and through its outage, the
 start-up validation, bad bodies on every route, and registrations racing live events.
-Usage: test_indexer.py <path to kvrouter>.
+Usage: test_indexer.py <path to kvrouter> [scenario ...] (all when none is named).
 """
 import http.server
 import json
@@ -377,6 +377,119 @@ def scenario_remote_indexer_routing_and_outage():
         m2.stop()
 
 
+def hashes_of(toks):
+    """(local block hashes, sequence hashes) of toks, as `kvrouter hash` computes them."""
+    out = subprocess.run([KVR, "hash"], input=json.dumps({"tokens": toks, "block_size": BS}),
+                         capture_output=True, text=True, timeout=30).stdout
+    h = json.loads(out)
+    return [int(x) for x in h["local_block_hashes"]], [int(x) for x in h["sequence_hashes"]]
+
+
+def cached_of(answer):
+    return answer.get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens")
+
+
+def shared_decisions(first, second, holder, tag):
+    """A prompt routed by `first` is recorded in `holder`'s index (eventually: the write is
+    asynchronous), and the same prompt extended, routed by `second`, goes to the worker the
+    first decision chose (the mocker there has it cached)."""
+    cached = []
+    for k in range(4):
+        toks = prompt(tag + k, 8)
+        st, a = first.call("POST", "/v1/completions", {"model": "m", "prompt": toks,
+                                                        "max_tokens": 2})
+        check("routed in approximate mode", st == 200, (st, a))
+        eventually(lambda: scores(query(holder, toks)), 10)
+        st, b = second.call("POST", "/v1/completions", {"model": "m", "prompt": toks + [3, 4],
+                                                         "max_tokens": 2})
+        cached.append(cached_of(b))
+    return cached
+
+
+def scenario_approximate_remote():
+    """Routers without KV events (approximate mode) share one index of their decisions: two
+    routers writing to a standalone indexer, and over NATS a router writing to one that serves
+    its own approximate index; a prompt routed by one router is recorded there, and the same
+    prompt through the other goes to the worker the first chose. Mismatched pairs are refused
+    with 400, a decision for a rank fed by KV events with 409, an expired decision is gone."""
+    m1, m2 = mocker(), mocker()
+    ws = ["--worker", f"id=1,url={m1.url},model=m", "--worker", f"id=2,url={m2.url},model=m"]
+    ix = indexer("--router-ttl-secs", "3")
+    b1 = serve("--use-kv-events", "false", "--remote-indexer", ix.url,
+               "--remote-indexer-timeout-ms", "10000", *ws)
+    b2 = serve("--use-kv-events", "false", "--remote-indexer", ix.url,
+               "--remote-indexer-timeout-ms", "10000", *ws)
+    nats = a = c = None
+    try:
+        cached = shared_decisions(b1, b2, ix, 9100)
+        check("a prompt routed by one router went, through the other, where the first sent it",
+              cached == [8 * BS] * 4, cached)
+        check("the decisions were recorded, none failed",
+              b1.metric("kvr_remote_indexer_records_total") >= 4 and
+              b1.metric("kvr_remote_indexer_records_failed_total") == 0 and
+              ix.metric("kvr_indexer_decisions_recorded_total") >= 8,
+              (b1.metric("kvr_remote_indexer_records_total"),
+               b1.metric("kvr_remote_indexer_records_failed_total"),
+               ix.metric("kvr_indexer_decisions_recorded_total")))
+        toks = prompt(9200, 4)
+        lbh, seq = hashes_of(toks)
+        st, r = ix.call("POST", "/record_routing_decision",
+                        {"instance_id": 7, "model_name": "m", "local_hashes": lbh,
+                         "sequence_hashes": seq[:2] + [seq[3], seq[2]]})
+        check("a mismatched pair is refused with 400 naming it",
+              st == 400 and "sequence_hashes[2]" in r["error"] and "mismatched" in r["error"],
+              (st, r))
+        st, r = ix.call("POST", "/record_routing_decision",
+                        {"instance_id": 7, "model_name": "m", "block_size": 32,
+                         "local_hashes": lbh, "sequence_hashes": seq})
+        check("another block size is refused with 400 naming both",
+              st == 400 and "32" in r["error"] and "16" in r["error"], (st, r))
+        st, r = ix.call("POST", "/record_routing_decision",
+                        {"instance_id": 7, "model_name": "m", "local_hashes": lbh,
+                         "sequence_hashes": seq})
+        check("a well-formed decision is recorded", st == 200 and
+              scores(query(ix, toks)).get((7, 0)) == 4 * BS, (st, r, query(ix, toks)))
+        check("an expired decision is gone (router_ttl_secs 3)",
+              eventually(lambda: (7, 0) not in scores(query(ix, toks)), 15))
+        m3 = mocker()
+        try:
+            st, _ = ix.call("POST", "/register", {"instance_id": 8, "endpoint": m3.events,
+                                                   "model_name": "m", "block_size": BS})
+            st, r = ix.call("POST", "/record_routing_decision",
+                            {"instance_id": 8, "model_name": "m", "local_hashes": lbh,
+                             "sequence_hashes": seq})
+            check("a decision for a rank fed by KV events is refused with 409", st == 409 and
+                  "KV events" in r["error"], (st, r))
+        finally:
+            m3.stop()
+        b1.stop()
+        b2.stop()
+        nats = NatsServer()
+        a = serve("--nats-url", nats.url, "--use-kv-events", "false", "--serve-indexer", "true",
+                  *ws)
+        c = serve("--nats-url", nats.url, "--use-kv-events", "false", "--remote-indexer", "nats",
+                  "--remote-indexer-timeout-ms", "10000", *ws)
+        check("C's NATS link is up",
+              eventually(lambda: "nats: connected" in c.call("GET", "/health")[1]))
+        cached = shared_decisions(c, a, a, 9300)
+        check("over NATS: C's decisions are in A's index and A routes by them",
+              cached == [8 * BS] * 4, cached)
+        cached = shared_decisions(a, c, a, 9400)
+        check("and C routes by A's own decisions", cached == [8 * BS] * 4, cached)
+        check("A counted C's decisions", (a.metric("kvr_indexer_nats_records_total") or 0) >= 4 and
+              a.metric("kvr_indexer_nats_records_refused_total") == 0,
+              a.metric("kvr_indexer_nats_records_total"))
+        st, r = a.call("POST", "/record_routing_decision",
+                       {"instance_id": 1, "model_name": "m", "local_hashes": lbh,
+                        "sequence_hashes": seq[:3]})
+        check("A refuses unpaired hashes with 400", st == 400 and "one pair per block" in r["error"],
+              (st, r))
+    finally:
+        for x in (c, a, nats, b1, b2, ix, m1, m2):
+            if x is not None:
+                x.stop()
+
+
 def scenario_remote_indexer_deadline():
     """An indexer that accepts and never answers: each decision waits no longer than
     --remote-indexer-timeout-ms, then routes with zero overlap (counted as a timeout)."""
@@ -472,7 +585,7 @@ def scenario_validation():
           "serve_indexer: cannot be combined with remote_indexer")
     exits(["serve", "--serve-indexer", "true", "--router-mode", "round-robin"], 2,
           "serve_indexer: needs router_mode kv")
-    exits(["serve", "--serve-indexer", "true", "--use-kv-events", "false"], 2,
+    exits(["serve", "--serve-indexer", "true", "--router-mode", "random"], 2,
           "serve_indexer: needs router_mode kv")
     exits(["serve", "--serve-indexer", "true", "--overlap-score-credit", "0"], 2,
           "serve_indexer: needs overlap_score_credit > 0")
@@ -625,13 +738,14 @@ def scenario_register_races():
 
 if __name__ == "__main__":
     print(f"seed {SEED}", flush=True)
-    run_scenarios([
+    run_scenarios([s for s in [
         ("same_answers_as_a_router", scenario_same_answers_as_a_router),
         ("peer_recovery", scenario_peer_recovery),
         ("remote_indexer_routing_and_outage", scenario_remote_indexer_routing_and_outage),
         ("remote_indexer_deadline", scenario_remote_indexer_deadline),
         ("remote_indexer_over_nats", scenario_remote_indexer_over_nats),
+        ("approximate_remote", scenario_approximate_remote),
         ("validation", scenario_validation),
         ("api_errors", scenario_api_errors),
         ("register_races", scenario_register_races),
-    ], SEED)
+    ] if len(sys.argv) < 3 or s[0] in sys.argv[2:]], SEED)

@@ -542,13 +542,99 @@ static void test_answer(void **s)
     kvr_json_writer_deinit(&w);
 }
 
+/* POST /record_routing_decision: the router's body read back, every refusal named. */
+static void test_record(void **s)
+{
+    (void)s;
+    uint64_t lbh[4] = {11, UINT64_MAX, (uint64_t)1 << 63, 42}, seq[4];
+    kvr_hash_chain(lbh, 4, seq);
+    kvr_ix_record_t in = {.instance_id = UINT64_MAX,
+                          .dp_rank = 3,
+                          .block_size = 16,
+                          .local_hashes = lbh,
+                          .sequence_hashes = seq,
+                          .n = 4,
+                          .model_name = "m",
+                          .model_name_len = 1,
+                          .routing_group = "g",
+                          .routing_group_len = 1};
+    kvr_json_writer_t w;
+    kvr_json_writer_init(&w);
+    assert_int_equal(kvr_ix_answer_encode_record(&w, &in), KVR_OK);
+    const char *text;
+    size_t len;
+    assert_int_equal(kvr_json_writer_finish(&w, &text, &len), KVR_OK);
+    assert_non_null(strstr(text, "\"local_hashes\":[11,-1,-9223372036854775808,42]"));
+    for (int k = 0; k < 2; k++) {
+        kvr_ix_record_t out;
+        memset(&out, 0, sizeof out);
+        assert_int_equal(kvr_api_decode_ix_record(k ? slow : dec, text, len, &out), KVR_OK);
+        assert_true(out.instance_id == UINT64_MAX);
+        assert_int_equal(out.dp_rank, 3);
+        assert_int_equal(out.block_size, 16);
+        assert_int_equal(out.n, 4);
+        assert_memory_equal(out.local_hashes, lbh, sizeof lbh);
+        assert_memory_equal(out.sequence_hashes, seq, sizeof seq);
+        assert_string_equal(out.model_name, "m");
+        assert_string_equal(out.routing_group, "g");
+    }
+    kvr_json_writer_deinit(&w);
+    /* defaults: dp_rank 0, routing_group "default", no block size; order does not matter */
+    char body[600];
+    snprintf(body, sizeof body,
+             "{\"sequence_hashes\":[%llu,%llu],\"local_hashes\":[11,-1],\"model_name\":\"m\","
+             "\"instance_id\":2}",
+             (unsigned long long)seq[0], (unsigned long long)seq[1]);
+    kvr_ix_record_t out;
+    assert_int_equal(kvr_api_decode_ix_record(dec, body, strlen(body), &out), KVR_OK);
+    assert_int_equal(out.n, 2);
+    assert_int_equal(out.dp_rank, 0);
+    assert_int_equal(out.block_size, 0);
+    assert_string_equal(out.routing_group, "default");
+    struct {
+        const char *body, *msg;
+    } bad[] = {
+        {"{\"instance_id\":1,\"model_name\":\"m\",\"local_hashes\":[1]}",
+         "sequence_hashes: missing"},
+        {"{\"instance_id\":1,\"model_name\":\"m\",\"local_hashes\":[1],"
+         "\"sequence_hashes\":[1,2]}",
+         "local_hashes and sequence_hashes: 1 and 2 hashes (one pair per block)"},
+        {"{\"instance_id\":1,\"model_name\":\"m\",\"local_hashes\":[],\"sequence_hashes\":[]}",
+         "local_hashes: empty (a decision records at least one block)"},
+        {"{\"instance_id\":1,\"model_name\":\"m\",\"local_hashes\":[1],\"sequence_hashes\":[2]}",
+         "sequence_hashes[0]: does not chain from local_hashes[0] (mismatched pair)"},
+        {"{\"instance_id\":1,\"model_name\":\"m\",\"local_hashes\":[1,2],"
+         "\"sequence_hashes\":[1,2]}",
+         "sequence_hashes[1]: does not chain from local_hashes[1] and the previous sequence hash "
+         "(mismatched pair)"},
+        {"{\"instance_id\":1,\"model_name\":\"m\",\"local_hashes\":[\"1\"],"
+         "\"sequence_hashes\":[1]}",
+         "local_hashes[0]: not an integer in [-9223372036854775808, 18446744073709551615]"},
+        {"{\"instance_id\":1,\"model_name\":\"m\",\"block_size\":0,\"local_hashes\":[1],"
+         "\"sequence_hashes\":[1]}",
+         NULL},
+        {"{\"model_name\":\"m\",\"local_hashes\":[1],\"sequence_hashes\":[1]}",
+         "instance_id: missing"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(&out, 0, sizeof out);
+        assert_int_not_equal(kvr_api_decode_ix_record(dec, bad[i].body, strlen(bad[i].body), &out),
+                             KVR_OK);
+        if (bad[i].msg != NULL)
+            assert_string_equal(kvr_api_decoder_error(dec), bad[i].msg);
+        else
+            assert_non_null(strstr(kvr_api_decoder_error(dec), "block_size"));
+        assert_int_equal(out.n, 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_register),        cmocka_unit_test(test_unregister_and_peer),
         cmocka_unit_test(test_query_json),      cmocka_unit_test(test_query_msgpack),
         cmocka_unit_test(test_dump_round_trip), cmocka_unit_test(test_dump_errors),
-        cmocka_unit_test(test_answer),
+        cmocka_unit_test(test_answer),          cmocka_unit_test(test_record),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
