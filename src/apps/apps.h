@@ -15,5 +15,7 @@ int kvr_cmd_demo(int argc, char **argv);
 int kvr_cmd_register(int argc, char **argv);
 int kvr_cmd_indexer(int argc, char **argv);
 int kvr_cmd_trace(int argc, char **argv);
+int kvr_cmd_trace_gen(int argc, char **argv);   /* kvrouter trace gen */
+int kvr_cmd_trace_synth(int argc, char **argv); /* kvrouter trace synth */
 
 #endif

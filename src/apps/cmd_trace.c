@@ -29,7 +29,9 @@ typedef struct trace_args {
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: kvrouter trace stats FILE [options]\n\n"
+            "usage: kvrouter trace stats FILE [options]\n"
+            "       kvrouter trace gen [options]        (a synthetic workload: --help)\n"
+            "       kvrouter trace synth --from FILE    (a scaled copy of FILE's shape: --help)\n\n"
             "What a Mooncake trace (JSONL: timestamp, input_length, output_length, hash_ids)\n"
             "holds, and its hit-ratio ceilings for a fleet.\n\n"
             "  --rows N               the first N rows [all]\n"
@@ -182,12 +184,16 @@ static void print_text(const trace_args_t *a, const figures_t *f)
 
 int kvr_cmd_trace(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "gen") == 0)
+        return kvr_cmd_trace_gen(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "synth") == 0)
+        return kvr_cmd_trace_synth(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "stats") != 0) {
         if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
             usage(stdout);
             return 0;
         }
-        fprintf(stderr, "kvrouter trace: which? (stats)\n");
+        fprintf(stderr, "kvrouter trace: which? (stats, gen, synth)\n");
         usage(stderr);
         return 2;
     }

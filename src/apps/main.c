@@ -22,7 +22,9 @@ static const subcommand_t SUBCOMMANDS[] = {
      "a standalone KV indexer: per-model prefix indexes fed by KV events, HTTP queries"},
     {"register", kvr_cmd_register,
      "keep an engine's entry in the NATS discovery bucket until stopped (a sidecar)"},
-    {"trace", kvr_cmd_trace, "what a Mooncake trace holds: lengths, rate, repeats, hit-ratio ceilings"},
+    {"trace", kvr_cmd_trace,
+     "Mooncake traces: stats (lengths, rate, repeats, hit-ratio ceilings), gen (synthetic "
+     "workloads), synth (a scaled copy of a trace's shape)"},
     {"hash", kvr_cmd_hash, "block and sequence hashes of JSON-lines prompts (engine parity)"},
     {"bench", kvr_cmd_bench, "benchmarks: hash, index, ingest, events, route, mocker, frontend, all"},
     {"sim", kvr_cmd_sim, "a trace through the router core and simulated engines in virtual time"},

@@ -404,6 +404,19 @@ void kvr_trace_free(kvr_trace_t *t)
     memset(t, 0, sizeof *t);
 }
 
+int kvr_trace_write(FILE *f, const kvr_trace_t *t)
+{
+    for (size_t i = 0; i < t->n_rows; i++) {
+        const kvr_trace_row_t *r = &t->rows[i];
+        fprintf(f, "{\"timestamp\":%llu,\"input_length\":%u,\"output_length\":%u,\"hash_ids\":[",
+                (unsigned long long)r->timestamp_ms, r->input_length, r->output_length);
+        for (uint32_t k = 0; k < r->n_hash_ids; k++)
+            fprintf(f, k ? ",%llu" : "%llu", (unsigned long long)r->hash_ids[k]);
+        fputs("]}\n", f);
+    }
+    return fflush(f) == 0 && !ferror(f) ? KVR_OK : KVR_EIO;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Tokens. */
 

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define KVR_TRACE_BLOCK_TOKENS 512u
 #define KVR_TRACE_TOKEN_LO 1000u
@@ -52,6 +53,9 @@ int kvr_trace_parse(const char *text, size_t len, size_t max_rows, kvr_trace_t *
 int kvr_trace_load(const char *path, size_t max_rows, kvr_trace_t *out, char *err,
                    size_t err_len);
 void kvr_trace_free(kvr_trace_t *t);
+/* Writes the rows as JSON lines (the format above; kvr_trace_parse reads them back equal).
+ * KVR_OK or KVR_EIO. */
+int kvr_trace_write(FILE *f, const kvr_trace_t *t);
 
 /* The row's prompt tokens into out[0..row->input_length) (cap must be >= input_length;
  * KVR_ETOOBIG otherwise). */

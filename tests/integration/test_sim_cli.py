@@ -234,8 +234,47 @@ def test_trace_stats():
     check("no file: exit 2 naming it", rc == 2 and "FILE" in err, (rc, err))
 
 
+def test_trace_gen_synth():
+    """`kvrouter trace gen` and `trace synth`: seeded files that `trace stats` and `sim` read,
+    the rate asked for, a synth of the slice with every scale 1 having its stats, and usage
+    errors naming the flag (exit 2)."""
+    def gen(args):
+        p = subprocess.run([BIN, "trace", "gen"] + args, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=120)
+        return p.returncode, p.stdout.decode(), p.stderr.decode()
+    rc, a, err = gen(["--workload", "mix", "--rate", "5", "--duration", "120", "--seed", "3"])
+    rc2, b, _ = gen(["--workload", "mix", "--rate", "5", "--duration", "120", "--seed", "3"])
+    check("trace gen: exit 0, the same file for the same seed", rc == 0 and rc2 == 0 and a == b
+          and a.count("\n") > 300, err)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "g.jsonl")
+        open(path, "w").write(a)
+        rc, out, err = trace_stats([path, "--json"])
+        got = json.loads(out) if rc == 0 else {}
+        check("trace stats reads it: about 5 requests/s",
+              rc == 0 and 4.0 < got.get("rate_per_s", 0) < 6.0, (rc, err, got.get("rate_per_s")))
+        rc, out, err = run(["--trace", path, "--requests", "60", "--workers", "2", "--json"])
+        check("sim runs it", rc == 0 and '"requests":60' in out, err)
+        p = subprocess.run([BIN, "trace", "synth", "--from", TRACE, "--output",
+                            os.path.join(d, "s.jsonl")], stderr=subprocess.PIPE, timeout=60)
+        rc1, s1, _ = trace_stats([TRACE, "--json"])
+        rc2, s2, _ = trace_stats([os.path.join(d, "s.jsonl"), "--json"])
+        check("trace synth with every scale 1: the same stats as its source",
+              p.returncode == 0 and rc1 == 0 and rc2 == 0 and json.loads(s1) == json.loads(s2),
+              (p.stderr, s1, s2))
+    rc, _, err = gen(["--workload", "video"])
+    check("trace gen: an unknown workload names the flag, exit 2", rc == 2 and "--workload" in err,
+          (rc, err))
+    rc, _, err = gen(["--rate", "0"])
+    check("trace gen: rate 0 refused, exit 2", rc == 2 and "--rate" in err, (rc, err))
+    p = subprocess.run([BIN, "trace", "synth"], stderr=subprocess.PIPE, timeout=60)
+    check("trace synth without --from: exit 2 naming it",
+          p.returncode == 2 and b"--from" in p.stderr, p.stderr)
+
+
 def main():
     test_trace_stats()
+    test_trace_gen_synth()
     test_json()
     test_sessions()
     test_table()
