@@ -546,8 +546,11 @@ uint64_t kvr_rng_below(kvr_rng_t *rng, uint64_t n);
 /* -- Selector (core/select.c), reference 5.2-5.5 and 5.8. ---------------------------------- */
 
 typedef enum kvr_select_policy {
-    KVR_SELECT_POLICY_DEFAULT = 0, /* prefill_load_scale * adjusted prefill + decode (+ requests) */
-    KVR_SELECT_POLICY_LMETRIC = 1, /* adjusted prefill * (decode + 1) */
+    KVR_SELECT_POLICY_DYNAMO = 0,   /* the reference's: prefill_load_scale * adjusted prefill +
+                                       decode (+ requests) */
+    KVR_SELECT_POLICY_LMETRIC = 1,  /* adjusted prefill * (decode + 1) */
+    KVR_SELECT_POLICY_LOCALITY = 2, /* lmetric with cached device blocks credited twice (the
+                                       router's default: docs/sim.md) */
 } kvr_select_policy_t;
 
 /* Every knob of the cost function, with the reference defaults (kvr_select_config_default).

@@ -52,7 +52,7 @@ typedef struct field {
 
 static const char *const MODES[] = {"kv", "round-robin", "random", "least-loaded", "approx", NULL};
 static const char *const QPOL[] = {"fcfs", "wspt", "lcfs", NULL};
-static const char *const SPOL[] = {"default", "lmetric", NULL};
+static const char *const SPOL[] = {"dynamo", "lmetric", "locality", NULL};
 static const char *const DISC[] = {"static", "nats", NULL};
 
 static const field_t FIELDS[] = {
@@ -88,7 +88,8 @@ static const field_t FIELDS[] = {
     {"router_temperature", T_F64, OFF(router_temperature), 0, 1e9, false, NULL, 0, "0.0",
      "softmax temperature; 0 = pick the cheapest worker (random among ties)"},
     {"router_selection_policy", T_ENUM, OFF(router_selection_policy), 0, 0, false, SPOL, 0,
-     "default", "default | lmetric"},
+     "locality",
+     "locality | dynamo (the reference's cost) | lmetric (docs/sim.md); default = locality"},
     {"router_track_active_blocks", T_BOOL, OFF(router_track_active_blocks), 0, 0, false, NULL, 0,
      "true", "track the prompt blocks of in-flight requests per worker"},
     {"router_track_output_blocks", T_BOOL, OFF(router_track_output_blocks), 0, 0, false, NULL, 0,
@@ -382,6 +383,8 @@ static int parse_bool(const field_t *f, const char *v, bool *out, char *err, siz
 
 static int parse_enum(const field_t *f, const char *v, int *out, char *err, size_t len)
 {
+    if (strcmp(v, "default") == 0 && strcmp(f->def, "default") != 0)
+        v = f->def; /* "default" names the setting's default */
     char list[160] = "";
     for (int i = 0; f->choices[i] != NULL; i++) {
         if (strcmp(v, f->choices[i]) == 0) {

@@ -10,7 +10,8 @@
  *                       + shared_mult * shared
  *   adjusted          = max(raw_prefill - credit, 0)
  *   logit             = scale * adjusted + potential_decode + request_w * active_requests
- *                       (lmetric: adjusted * (potential_decode + 1))
+ *                       (lmetric: adjusted * (potential_decode + 1); locality: the same
+ *                       with adjusted = max(raw_prefill - 2 credit, adjusted / 10 + 1))
  *   cost              = logit * exp(-tanh(sum of preferred-taint weights present))
  *
  * Pick: temperature 0 takes a minimum cost, ties broken uniformly (reservoir sampling: the
@@ -73,7 +74,7 @@ void kvr_select_config_default(kvr_select_config_t *cfg)
         .disk_cache_hit_weight = 0.25,
         .shared_cache_multiplier = 0.0,
         .temperature = 0.0,
-        .policy = KVR_SELECT_POLICY_DEFAULT,
+        .policy = KVR_SELECT_POLICY_DYNAMO,
         .decode_pool = false,
     };
 }
@@ -105,7 +106,8 @@ int kvr_select_config_validate(const kvr_select_config_t *cfg, const char **fiel
         {unit(cfg->disk_cache_hit_weight), "disk_cache_hit_weight"},
         {unit(cfg->shared_cache_multiplier), "shared_cache_multiplier"},
         {finite_nonneg(cfg->temperature), "router_temperature"},
-        {cfg->policy == KVR_SELECT_POLICY_DEFAULT || cfg->policy == KVR_SELECT_POLICY_LMETRIC,
+        {cfg->policy == KVR_SELECT_POLICY_DYNAMO || cfg->policy == KVR_SELECT_POLICY_LMETRIC ||
+             cfg->policy == KVR_SELECT_POLICY_LOCALITY,
          "router_selection_policy"},
     };
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
@@ -352,6 +354,16 @@ static void cost_terms(const ctx_t *x, const kvr_select_candidate_t *c, kvr_sele
         t->prefill_cost = 0;
         t->logit = fmax(t->decode_cost_blocks - t->overlap_credit_blocks, 0.0) +
                    t->active_request_cost;
+    } else if (k->policy == KVR_SELECT_POLICY_LOCALITY) {
+        /* a cached block counts twice: it saves its prefill now and keeps its prefix where
+         * the next request with it will look; but the prefill term never falls below a tenth
+         * of what the worker really has to prefill plus one block, so among workers that all
+         * hold most of the prompt the load still decides */
+        double real = t->adjusted_prefill_blocks;
+        t->adjusted_prefill_blocks =
+            fmax(t->raw_prefill_blocks - 2.0 * t->overlap_credit_blocks, 0.1 * real + 1.0);
+        t->prefill_cost = t->adjusted_prefill_blocks;
+        t->logit = t->adjusted_prefill_blocks * (t->decode_cost_blocks + 1.0);
     } else {
         t->prefill_cost = k->prefill_load_scale * t->adjusted_prefill_blocks;
         t->logit = t->prefill_cost + t->decode_cost_blocks + t->active_request_cost;
