@@ -321,6 +321,13 @@ size_t kvr_approx_size(const kvr_approx_t *ap);
 int kvr_approx_remove_worker(kvr_approx_t *ap, uint64_t worker_id);
 /* The same for one rank of a worker. */
 int kvr_approx_remove_rank(kvr_approx_t *ap, kvr_worker_t w);
+/* A rank's cache capacity in blocks (0 = unknown: only the TTL and the size bound apply).
+ * With one, the rank holds at most that many recorded blocks: recording more evicts its least
+ * recently recorded ones (of one decision, the deepest first), as its engine's LRU would, so
+ * the router stops crediting it with prefixes it has evicted. */
+int kvr_approx_set_capacity(kvr_approx_t *ap, kvr_worker_t w, uint64_t blocks);
+/* Blocks evicted by capacity so far. */
+uint64_t kvr_approx_evicted(const kvr_approx_t *ap);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Load tracker (core/load.c).                                                                 */

@@ -11,7 +11,14 @@
  * Pop order: earliest expiry first; ties by larger position first (deepest blocks go first,
  * so shared prefixes outlive their extensions), then by hash and worker.
  *
- * Memory: timers and heap are bounded by max_tree_size (plus the stale allowance).
+ * Capacity (kvr_approx_set_capacity): a rank with a known cache size keeps a queue of its
+ * blocks' touches, oldest first (entries whose timer was touched again are stale and
+ * skipped); recording past the capacity evicts from its front. Invariant: a bounded rank's
+ * `count` is its number of live timers, and every live timer of it has one entry in its queue
+ * with the timer's stamp.
+ *
+ * Memory: timers and heap are bounded by max_tree_size (plus the stale allowance); a bounded
+ * rank's queue by 4x its live blocks + 1024.
  * Threads: the index's writer thread.
  * Cost: record O(n log size); expire and prune O(removed log size).
  */
@@ -25,10 +32,26 @@ typedef struct timer {
     uint64_t seq;
     uint64_t worker_id;
     uint64_t expiry_ms;
+    uint64_t stamp; /* its last touch (the capacity queue's entries name it) */
     uint32_t dp_rank;
     uint32_t pos;
     uint8_t used;
 } timer_t_;
+
+/* A worker rank with a known cache capacity: its recorded blocks, oldest touch first. */
+typedef struct qent {
+    uint64_t seq, stamp;
+} qent_t;
+
+typedef struct wcap {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+    uint8_t used;
+    uint64_t cap;   /* blocks; 0 = not bounded */
+    uint64_t count; /* its live timers */
+    qent_t *q;      /* touches in order; an entry whose timer has another stamp is stale */
+    size_t head, n, cap_q;
+} wcap_t;
 
 typedef struct hent {
     uint64_t expiry_ms;
@@ -47,6 +70,10 @@ struct kvr_approx {
     size_t n_heap, cap_heap;
     kvr_block_t *blocks;
     size_t cap_blocks;
+    wcap_t *w; /* per worker rank, never shrinks (a removed rank is reset) */
+    size_t wmask, n_w;
+    uint64_t stamp;
+    uint64_t evicted; /* by capacity */
 };
 
 static size_t thash(uint64_t seq, uint64_t wid, uint32_t rank)
@@ -121,8 +148,52 @@ static timer_t_ *tget(kvr_approx_t *ap, uint64_t seq, kvr_worker_t w, bool *crea
     return &ap->t[i];
 }
 
+/* ---- worker ranks: a second core/oatab.h table ---- */
+
+#define W_HOME(c, e) thash(0, (e)->worker_id, (e)->dp_rank)
+#define W_EMPTY(e) (!(e)->used)
+#define W_CLEAR(e) ((e)->used = 0)
+KVR_OATAB_DEFINE(wt, kvr_approx_t, wcap_t, W_HOME, W_EMPTY, W_CLEAR)
+
+static bool wmatch(const kvr_approx_t *ap, const wcap_t *e, const void *key)
+{
+    (void)ap;
+    const kvr_worker_t *w = key;
+    return e->worker_id == w->worker_id && e->dp_rank == w->dp_rank;
+}
+
+static wcap_t *wfind(const kvr_approx_t *ap, kvr_worker_t w)
+{
+    if (ap->w == NULL)
+        return NULL;
+    return wt_find(ap, ap->w, ap->wmask, thash(0, w.worker_id, w.dp_rank), wmatch, &w);
+}
+
+/* The rank's entry, made when absent; NULL on allocation failure. */
+static wcap_t *wget(kvr_approx_t *ap, kvr_worker_t w)
+{
+    wcap_t *e = wfind(ap, w);
+    if (e != NULL)
+        return e;
+    if (ap->w == NULL) {
+        if ((ap->w = calloc(64, sizeof *ap->w)) == NULL)
+            return NULL;
+        ap->wmask = 63;
+    }
+    if ((ap->n_w + 1) * 2 > ap->wmask + 1 &&
+        wt_rehash(ap, &ap->w, &ap->wmask, (ap->wmask + 1) * 2) != KVR_OK)
+        return NULL;
+    size_t i = wt_free_slot(ap->w, ap->wmask, thash(0, w.worker_id, w.dp_rank));
+    ap->w[i] = (wcap_t){.worker_id = w.worker_id, .dp_rank = w.dp_rank, .used = 1};
+    ap->n_w++;
+    return &ap->w[i];
+}
+
 static void tdel(kvr_approx_t *ap, timer_t_ *e)
 {
+    wcap_t *w = wfind(ap, (kvr_worker_t){e->worker_id, e->dp_rank});
+    if (w != NULL && w->count > 0)
+        w->count--;
     tt_remove_at(ap, ap->t, ap->mask, (size_t)(e - ap->t));
     ap->live--;
 }
@@ -256,6 +327,10 @@ void kvr_approx_free(kvr_approx_t *ap)
 {
     if (ap == NULL)
         return;
+    for (size_t i = 0; ap->w != NULL && i <= ap->wmask; i++)
+        if (ap->w[i].used)
+            free(ap->w[i].q);
+    free(ap->w);
     free(ap->t);
     free(ap->heap);
     free(ap->blocks);
@@ -295,6 +370,63 @@ static size_t pop_while(kvr_approx_t *ap, uint64_t now_ms, size_t target)
     return removed;
 }
 
+/* ---- capacity: each bounded rank keeps its recorded blocks, least recently touched first ---- */
+
+static int queue_push(wcap_t *w, qent_t e)
+{
+    if (w->head + w->n == w->cap_q) {
+        if (w->head > 0) { /* slide the live part to the front */
+            memmove(w->q, w->q + w->head, w->n * sizeof *w->q);
+            w->head = 0;
+        }
+        if (w->n == w->cap_q) {
+            size_t cap = w->cap_q ? w->cap_q * 2 : 1024;
+            qent_t *q = realloc(w->q, cap * sizeof *q);
+            if (q == NULL)
+                return KVR_ENOMEM;
+            w->q = q;
+            w->cap_q = cap;
+        }
+    }
+    w->q[w->head + w->n++] = e;
+    return KVR_OK;
+}
+
+/* Drops the stale entries (their block was touched again or removed) when they are most of
+ * the queue, so it stays within a few times the rank's live blocks. */
+static void queue_compact(kvr_approx_t *ap, wcap_t *w, kvr_worker_t rank)
+{
+    if (w->n < 4 * w->count + 1024)
+        return;
+    size_t k = 0;
+    for (size_t i = 0; i < w->n; i++) {
+        qent_t e = w->q[w->head + i];
+        const timer_t_ *t = tfind(ap, e.seq, rank);
+        if (t != NULL && t->stamp == e.stamp)
+            w->q[k++] = e;
+    }
+    w->head = 0;
+    w->n = k;
+}
+
+/* Evicts the rank's least recently touched blocks while it holds more than its capacity. */
+static void evict_over_capacity(kvr_approx_t *ap, kvr_worker_t rank)
+{
+    wcap_t *w = wfind(ap, rank);
+    while (w != NULL && w->count > w->cap && w->n > 0) {
+        qent_t e = w->q[w->head++];
+        w->n--;
+        timer_t_ *t = tfind(ap, e.seq, rank);
+        if (t == NULL || t->stamp != e.stamp)
+            continue; /* touched again later (its newer entry is further on), or gone */
+        remove_one(ap, t);
+        ap->evicted++;
+        w = wfind(ap, rank);
+    }
+    if (w != NULL)
+        queue_compact(ap, w, rank);
+}
+
 int kvr_approx_record(kvr_approx_t *ap, kvr_worker_t worker, const uint64_t *lbh,
                       const uint64_t *seq, size_t n, uint64_t now_ms)
 {
@@ -330,19 +462,72 @@ int kvr_approx_record(kvr_approx_t *ap, kvr_worker_t worker, const uint64_t *lbh
     if (rc != KVR_OK)
         return rc;
     uint64_t expiry = now_ms + ap->cfg.ttl_ms;
-    for (size_t i = 0; i < n; i++) {
+    wcap_t *wc = wget(ap, worker);
+    if (wc == NULL)
+        return KVR_ENOMEM;
+    /* deepest first: of one decision's blocks, the capacity queue evicts the deepest first,
+     * as an engine frees a sequence's last blocks before its shared prefix */
+    for (size_t i = n; i-- > 0;) {
         bool created;
         timer_t_ *e = tget(ap, seq[i], worker, &created);
         if (e == NULL)
             return KVR_ENOMEM;
+        wc = wfind(ap, worker); /* tget may not move it, but stay safe */
+        wc->count += created;
         e->expiry_ms = expiry;
         e->pos = (uint32_t)i;
+        e->stamp = ++ap->stamp;
         rc = heap_push(ap, (hent_t){expiry, seq[i], worker.worker_id, worker.dp_rank, (uint32_t)i});
+        if (rc == KVR_OK && wc->cap > 0)
+            rc = queue_push(wc, (qent_t){seq[i], e->stamp});
         if (rc != KVR_OK)
             return rc;
     }
+    if (wc->cap > 0)
+        evict_over_capacity(ap, worker);
     return KVR_OK;
 }
+
+static int stamp_cmp(const void *a, const void *b)
+{
+    const qent_t *x = a, *y = b;
+    return x->stamp < y->stamp ? -1 : x->stamp > y->stamp;
+}
+
+/* Blocks recorded before the rank's capacity was known: queued in their touch order. */
+static int queue_existing(kvr_approx_t *ap, wcap_t *wc, kvr_worker_t worker)
+{
+    wc->head = wc->n = 0;
+    for (size_t i = 0; i <= ap->mask; i++) {
+        const timer_t_ *e = &ap->t[i];
+        if (e->used && e->worker_id == worker.worker_id && e->dp_rank == worker.dp_rank &&
+            queue_push(wc, (qent_t){e->seq, e->stamp}) != KVR_OK)
+            return KVR_ENOMEM;
+    }
+    if (wc->n > 1)
+        qsort(wc->q, wc->n, sizeof *wc->q, stamp_cmp);
+    return KVR_OK;
+}
+
+int kvr_approx_set_capacity(kvr_approx_t *ap, kvr_worker_t worker, uint64_t blocks)
+{
+    if (ap == NULL)
+        return KVR_EINVAL;
+    wcap_t *wc = wget(ap, worker);
+    if (wc == NULL)
+        return KVR_ENOMEM;
+    if (wc->cap == 0 && blocks > 0 && wc->count > 0 && queue_existing(ap, wc, worker) != KVR_OK)
+        return KVR_ENOMEM;
+    wc->cap = blocks;
+    if (blocks == 0) {
+        wc->head = wc->n = 0;
+        return KVR_OK;
+    }
+    evict_over_capacity(ap, worker);
+    return KVR_OK;
+}
+
+uint64_t kvr_approx_evicted(const kvr_approx_t *ap) { return ap == NULL ? 0 : ap->evicted; }
 
 size_t kvr_approx_expire(kvr_approx_t *ap, uint64_t now_ms)
 {
@@ -360,6 +545,11 @@ size_t kvr_approx_size(const kvr_approx_t *ap) { return ap == NULL ? 0 : ap->liv
 /* Drops the timers of worker_id (one rank, or all); the caller drops the index state. */
 static void drop_timers(kvr_approx_t *ap, uint64_t worker_id, bool one_rank, uint32_t dp_rank)
 {
+    for (size_t i = 0; ap->w != NULL && i <= ap->wmask; i++) {
+        wcap_t *w = &ap->w[i];
+        if (w->used && w->worker_id == worker_id && (!one_rank || w->dp_rank == dp_rank))
+            w->head = w->n = 0;
+    }
     for (size_t i = 0; i <= ap->mask;) {
         timer_t_ *e = &ap->t[i];
         if (e->used && e->worker_id == worker_id && (!one_rank || e->dp_rank == dp_rank))

@@ -180,10 +180,11 @@ static int spec_kv(kvr_worker_spec_t *w, const char *key, const char *v, bool *h
         w->dp_start = (uint32_t)x;
     else if (strcmp(key, "max_num_batched_tokens") == 0 && num)
         w->max_num_batched_tokens = x;
-    else if (strcmp(key, "total_kv_blocks") == 0 && num)
+    else if ((strcmp(key, "total_kv_blocks") == 0 || strcmp(key, "num_blocks") == 0) && num)
         w->total_kv_blocks = x;
     else if (strcmp(key, "dp_size") == 0 || strcmp(key, "dp_start") == 0 ||
-             strcmp(key, "max_num_batched_tokens") == 0 || strcmp(key, "total_kv_blocks") == 0)
+             strcmp(key, "max_num_batched_tokens") == 0 || strcmp(key, "total_kv_blocks") == 0 ||
+             strcmp(key, "num_blocks") == 0)
         return spec_err(err, len, "worker %s: not an unsigned integer ('%s')", key, v);
     else
         return spec_err(err, len, "worker: unknown key '%s'%s", key, "");
@@ -586,6 +587,10 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
         return rc;
     }
     r->n_pooled += pooled(we);
+    for (uint32_t d = 0; r->approx != NULL && w->total_kv_blocks > 0 && d < w->dp_size; d++)
+        if (kvr_approx_set_capacity(r->approx, (kvr_worker_t){w->worker_id, w->dp_start + d},
+                                    w->total_kv_blocks) != KVR_OK)
+            return KVR_ENOMEM; /* registered; its cache is modelled without a bound */
     return rc;
 }
 

@@ -1,6 +1,11 @@
 /*
  * test_approx.c: approximate mode: routing decisions become overlap, expire after the TTL,
- * and the recorded size is pruned (deepest blocks of the oldest decisions first).
+ * and the recorded size is pruned (deepest blocks of the oldest decisions first); with a rank's
+ * capacity known, its least recently recorded blocks are evicted past it (deepest first within
+ * a decision), a re-recorded prefix moves to the back, other ranks are untouched, a capacity
+ * set late trims at once, and a removed rank starts empty; a model-based run checks that a
+ * bounded rank never holds more than its capacity and holds exactly the blocks an LRU of its
+ * decisions would.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -153,9 +158,95 @@ static void test_remove_worker_and_validation(void **s)
     kvr_index_free(ix);
 }
 
+static void test_capacity_evicts_lru(void **s)
+{
+    (void)s;
+    kvr_index_t *ix = mkindex();
+    kvr_approx_config_t cfg = {.ttl_ms = 1000000};
+    int st;
+    kvr_approx_t *ap = kvr_approx_new(ix, &cfg, &st);
+    assert_non_null(ap);
+    kvr_worker_t w = {7, 0}, v = {7, 1};
+    assert_int_equal(kvr_approx_set_capacity(ap, w, 10), KVR_OK);
+    prompt_t a = mk(1, 8), b = mk(2, 8), c = mk(3, 3);
+    assert_int_equal(kvr_approx_record(ap, w, a.lbh, a.seq, a.n, 1), KVR_OK);
+    assert_int_equal(kvr_approx_record(ap, v, b.lbh, b.seq, b.n, 1), KVR_OK); /* unbounded */
+    assert_int_equal(kvr_approx_record(ap, w, b.lbh, b.seq, b.n, 2), KVR_OK);
+    /* 16 on w, capacity 10: a's 6 deepest blocks go, its first 2 stay */
+    assert_int_equal(dev(ix, &a, w), 2);
+    assert_int_equal(dev(ix, &b, w), 8);
+    assert_int_equal(dev(ix, &b, v), 8);
+    assert_int_equal(kvr_approx_evicted(ap), 6);
+    /* a's prefix recorded again moves to the back: c then evicts b's deepest, not a's */
+    prompt_t a2 = mk(1, 2);
+    assert_int_equal(kvr_approx_record(ap, w, a2.lbh, a2.seq, a2.n, 3), KVR_OK);
+    assert_int_equal(kvr_approx_record(ap, w, c.lbh, c.seq, c.n, 4), KVR_OK);
+    assert_int_equal(dev(ix, &a, w), 2);
+    assert_int_equal(dev(ix, &b, w), 5);
+    assert_int_equal(dev(ix, &c, w), 3);
+    /* a capacity set late trims at once; 0 lifts the bound */
+    assert_int_equal(kvr_approx_set_capacity(ap, v, 4), KVR_OK);
+    assert_int_equal(dev(ix, &b, v), 4);
+    /* a removed rank starts empty, its bound kept */
+    assert_int_equal(kvr_approx_remove_rank(ap, w), KVR_OK);
+    assert_int_equal(dev(ix, &b, w), 0);
+    assert_int_equal(kvr_approx_record(ap, w, a.lbh, a.seq, a.n, 5), KVR_OK);
+    assert_int_equal(kvr_approx_record(ap, w, c.lbh, c.seq, c.n, 6), KVR_OK);
+    assert_int_equal(dev(ix, &a, w), 7);
+    assert_int_equal(dev(ix, &c, w), 3);
+    kvr_approx_free(ap);
+    kvr_index_free(ix);
+}
+
+/* Model: a bounded rank's recorded blocks equal an LRU list of its decisions' blocks (touched
+ * deepest first within a decision), over random prompts sharing prefixes. */
+static void test_capacity_model(void **s)
+{
+    (void)s;
+    kvr_index_t *ix = mkindex();
+    kvr_approx_config_t cfg = {.ttl_ms = UINT64_C(1) << 40};
+    int st;
+    kvr_approx_t *ap = kvr_approx_new(ix, &cfg, &st);
+    kvr_worker_t w = {1, 0};
+    const size_t cap = 37;
+    assert_int_equal(kvr_approx_set_capacity(ap, w, cap), KVR_OK);
+    uint64_t lru[4096]; /* seq hashes, least recent first */
+    size_t n_lru = 0;
+    kvr_rng_t rng;
+    kvr_rng_seed(&rng, 42);
+    for (int step = 0; step < 3000; step++) {
+        prompt_t p = mk(1 + kvr_rng_below(&rng, 6), 1 + (size_t)kvr_rng_below(&rng, 20));
+        assert_int_equal(kvr_approx_record(ap, w, p.lbh, p.seq, p.n, (uint64_t)step), KVR_OK);
+        for (size_t i = p.n; i-- > 0;) {
+            for (size_t k = 0; k < n_lru; k++)
+                if (lru[k] == p.seq[i]) {
+                    memmove(lru + k, lru + k + 1, (n_lru - k - 1) * sizeof *lru);
+                    n_lru--;
+                    break;
+                }
+            lru[n_lru++] = p.seq[i];
+        }
+        while (n_lru > cap) {
+            memmove(lru, lru + 1, (n_lru - 1) * sizeof *lru);
+            n_lru--;
+        }
+        assert_int_equal(kvr_approx_size(ap), n_lru);
+        assert_true(kvr_approx_size(ap) <= cap);
+        if (step % 97 == 0) {
+            kvr_index_stats_t xs;
+            kvr_index_stats(ix, &xs);
+            assert_int_equal(xs.pairs, n_lru);
+        }
+    }
+    kvr_approx_free(ap);
+    kvr_index_free(ix);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_capacity_evicts_lru),
+        cmocka_unit_test(test_capacity_model),
         cmocka_unit_test(test_decisions_expire_after_ttl),
         cmocka_unit_test(test_size_pruning_keeps_prefixes),
         cmocka_unit_test(test_remove_worker_and_validation),
