@@ -14,7 +14,7 @@
 static void usage(FILE *out)
 {
     fprintf(out, "usage: kvrouter bench "
-                 "{hash|index|ingest|snapshot|route|events|mocker|frontend|indexer|sync|\n"
+                 "{hash|index|ingest|snapshot|route|events|mocker|frontend|indexer|mooncake|sync|\n"
                  "                      hashtab|all} "
                  "[options]\n"
                  "\n"
@@ -37,6 +37,9 @@ static void usage(FILE *out)
                  "           (--tokens, 8192; --requests per path and run, 200; --runs; --rate R:\n"
                  "           paced; --speedup, 1000; --max-tokens; --mocker-arg F or -- F...)\n");
     fprintf(out,
+            "  mooncake the reference's indexer harness: a trace's events and lookups replayed\n"
+            "           together open loop over thousands of simulated workers (see 'kvrouter\n"
+            "           bench mooncake --help')\n"
             "  indexer  the standalone indexer: POST /query_by_hash per second and latency, a\n"
             "           router's decision with a remote indexer, peer recovery (spawns them;\n"
             "           see 'kvrouter bench indexer --help')\n"
@@ -416,6 +419,8 @@ int kvr_cmd_bench(int argc, char **argv)
         return kvr_bench_sync(argc - 1, argv + 1); /* its own flags (bench_sync.c) */
     if (argc >= 2 && strcmp(argv[1], "indexer") == 0)
         return kvr_bench_indexer(argc - 1, argv + 1); /* its own flags (bench_indexer.c) */
+    if (argc >= 2 && strcmp(argv[1], "mooncake") == 0)
+        return kvr_bench_mooncake(argc - 1, argv + 1); /* its own flags (bench_mooncake.c) */
     kvr_bench_opts_t o;
     memset(&o, 0, sizeof o);
     o.runs = 3;
