@@ -272,8 +272,34 @@ def test_trace_gen_synth():
           p.returncode == 2 and b"--from" in p.stderr, p.stderr)
 
 
+def test_bench_mooncake():
+    """`kvrouter bench mooncake` on the 300-row slice: one JSON point with the reference's
+    keys, every lookup of every copy made, events applied without error; too many worker
+    ranks refused naming the flags."""
+    p = subprocess.run([BIN, "bench", "mooncake", "--trace", TRACE, "--workers", "20",
+                        "--duplication", "3", "--window-s", "1", "--json"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    try:
+        pt = json.loads(p.stdout.splitlines()[0])
+    except (ValueError, IndexError):
+        check("bench mooncake prints a JSON point", False, (p.returncode, p.stdout, p.stderr))
+        return
+    keys = ["workers", "duplication", "offered_per_s", "achieved_per_s", "block_ops_per_s",
+            "p50_us", "p99_us", "p999_us", "bytes_per_pair"]
+    check("bench mooncake: exit 0 and the reference's keys",
+          p.returncode == 0 and all(k in pt for k in keys), (p.returncode, pt))
+    check("every row's lookup made for each copy, events applied cleanly",
+          pt.get("lookups") == 300 * 3 and pt.get("events", 0) > 300 * 3 and
+          pt.get("event_errors") == 0 and pt.get("workers") == 60, pt)
+    p = subprocess.run([BIN, "bench", "mooncake", "--workers", "1000", "--duplication", "224"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    check("224,000 worker ranks refused, exit 2 naming the flags",
+          p.returncode == 2 and "--duplication" in p.stderr, (p.returncode, p.stderr))
+
+
 def main():
     test_trace_stats()
+    test_bench_mooncake()
     test_trace_gen_synth()
     test_json()
     test_sessions()
