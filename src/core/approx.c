@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
 #include "core/oatab.h"
 #include "kvrouter.h"
 
@@ -379,14 +380,8 @@ static int queue_push(wcap_t *w, qent_t e)
             memmove(w->q, w->q + w->head, w->n * sizeof *w->q);
             w->head = 0;
         }
-        if (w->n == w->cap_q) {
-            size_t cap = w->cap_q ? w->cap_q * 2 : 1024;
-            qent_t *q = realloc(w->q, cap * sizeof *q);
-            if (q == NULL)
-                return KVR_ENOMEM;
-            w->q = q;
-            w->cap_q = cap;
-        }
+        if (kvr_grow((void **)&w->q, &w->cap_q, w->n + 1, SIZE_MAX, sizeof *w->q) != KVR_OK)
+            return KVR_ENOMEM;
     }
     w->q[w->head + w->n++] = e;
     return KVR_OK;

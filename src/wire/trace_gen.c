@@ -18,6 +18,7 @@
 
 #include "core/grow.h"
 #include "core/oatab.h"
+#include "core/u64map.h"
 
 #define BLOCK KVR_TRACE_BLOCK_TOKENS
 #define GEN_S_PER_TOKEN 0.03 /* an answer's generation time, for the next request's arrival */
@@ -194,17 +195,11 @@ typedef struct seg {
     uint32_t len;
 } seg_t;
 
-typedef struct ient {
-    uint64_t h, id;
-    uint8_t used;
-} ient_t;
-
 typedef struct gen {
     const kvr_tracegen_config_t *cfg;
     kvr_rng_t rng;
     kvr_trace_builder_t *b;
-    ient_t *tab; /* chained prefix hash -> dense id */
-    size_t mask, n_tab;
+    kvr_u64map_t tab; /* chained prefix hash -> dense id */
     uint64_t next_content;
     uint64_t *ids;
     size_t cap_ids;
@@ -216,30 +211,17 @@ typedef struct gen {
     bool pilot;  /* counting: every request counts, whenever it comes */
 } gen_t;
 
-#define I_HOME(c, e) kvr_mix64((e)->h)
-#define I_EMPTY(e) (!(e)->used)
-#define I_CLEAR(e) ((e)->used = 0)
-KVR_OATAB_DEFINE(itab, gen_t, ient_t, I_HOME, I_EMPTY, I_CLEAR)
-
-static bool imatch(const gen_t *g, const ient_t *e, const void *key)
-{
-    (void)g;
-    return e->h == *(const uint64_t *)key;
-}
-
 static uint64_t intern(gen_t *g, uint64_t h)
 {
-    ient_t *e = itab_find(g, g->tab, g->mask, kvr_mix64(h), imatch, &h);
-    if (e != NULL)
-        return e->id;
-    if ((g->n_tab + 1) * 2 > g->mask + 1 &&
-        itab_rehash(g, &g->tab, &g->mask, (g->mask + 1) * 2) != KVR_OK) {
+    bool created;
+    uint64_t *v = kvr_u64map_get(&g->tab, h, &created);
+    if (v == NULL) {
         g->oom = true;
         return 0;
     }
-    size_t i = itab_free_slot(g->tab, g->mask, kvr_mix64(h));
-    g->tab[i] = (ient_t){.h = h, .id = g->n_tab, .used = 1};
-    return g->n_tab++;
+    if (created)
+        *v = g->tab.n - 1;
+    return *v;
 }
 
 static uint64_t fresh(gen_t *g) { return (UINT64_C(3) << 60) | g->next_content++; }
@@ -424,9 +406,8 @@ static int setup_contents(gen_t *g)
     g->sys_cdf = calloc(14, sizeof *g->sys_cdf);
     g->doc_len = calloc(g->n_docs, sizeof *g->doc_len);
     g->doc_cdf = calloc(g->n_docs, sizeof *g->doc_cdf);
-    g->tab = calloc(1024, sizeof *g->tab);
-    g->mask = 1023;
-    if (!g->sys_len || !g->sys_cdf || !g->doc_len || !g->doc_cdf || !g->tab)
+    if (!g->sys_len || !g->sys_cdf || !g->doc_len || !g->doc_cdf ||
+        kvr_u64map_init(&g->tab) != KVR_OK)
         return KVR_ENOMEM;
     for (uint32_t i = 0; i < 8; i++)
         g->sys_len[i] = 300 + (uint32_t)kvr_rng_below(&r, 1201);
@@ -529,7 +510,7 @@ int kvr_tracegen_run(const kvr_tracegen_config_t *cfg, kvr_trace_t *out, char *e
     }
     free(p.s);
     free(g.ids);
-    free(g.tab);
+    kvr_u64map_deinit(&g.tab);
     free(g.sys_len);
     free(g.sys_cdf);
     free(g.doc_len);

@@ -17,57 +17,12 @@
 
 #include "core/grow.h"
 #include "core/oatab.h"
+#include "core/u64map.h"
 #include "wire/trace_gen.h"
-
-typedef struct cent {
-    uint64_t key, val;
-    uint8_t used;
-} cent_t;
-
-typedef struct map {
-    cent_t *t;
-    size_t mask, n;
-} map_t;
-
-#define C_HOME(c, e) kvr_mix64((e)->key)
-#define C_EMPTY(e) (!(e)->used)
-#define C_CLEAR(e) ((e)->used = 0)
-KVR_OATAB_DEFINE(cmap, map_t, cent_t, C_HOME, C_EMPTY, C_CLEAR)
-
-static bool cmatch(const map_t *m, const cent_t *e, const void *key)
-{
-    (void)m;
-    return e->key == *(const uint64_t *)key;
-}
-
-/* The entry for key (made with val 0 when new); NULL when out of memory. */
-static cent_t *map_get(map_t *m, uint64_t key, bool *created)
-{
-    *created = false;
-    cent_t *e = cmap_find(m, m->t, m->mask, kvr_mix64(key), cmatch, &key);
-    if (e != NULL)
-        return e;
-    if ((m->n + 1) * 2 > m->mask + 1 &&
-        cmap_rehash(m, &m->t, &m->mask, (m->mask + 1) * 2) != KVR_OK)
-        return NULL;
-    size_t i = cmap_free_slot(m->t, m->mask, kvr_mix64(key));
-    m->t[i] = (cent_t){.key = key, .used = 1};
-    m->n++;
-    *created = true;
-    return &m->t[i];
-}
-
-static int map_init(map_t *m)
-{
-    m->t = calloc(1024, sizeof *m->t);
-    m->mask = 1023;
-    m->n = 0;
-    return m->t ? KVR_OK : KVR_ENOMEM;
-}
 
 typedef struct synth {
     const kvr_synth_config_t *cfg;
-    map_t counts, ids;
+    kvr_u64map_t counts, ids;
     uint64_t next_id, next_fresh;
     uint64_t *out_ids;
     size_t cap_out;
@@ -77,12 +32,12 @@ typedef struct synth {
 static int new_id(synth_t *s, uint64_t h, uint64_t *id)
 {
     bool created;
-    cent_t *e = map_get(&s->ids, h, &created);
-    if (e == NULL)
+    uint64_t *v = kvr_u64map_get(&s->ids, h, &created);
+    if (v == NULL)
         return KVR_ENOMEM;
     if (created)
-        e->val = s->next_id++;
-    *id = e->val;
+        *v = s->next_id++;
+    *id = *v;
     return KVR_OK;
 }
 
@@ -90,18 +45,18 @@ static int count_ids(synth_t *s, const kvr_trace_t *src)
 {
     for (size_t i = 0; i < src->n_ids; i++) {
         bool created;
-        cent_t *e = map_get(&s->counts, src->ids[i], &created);
-        if (e == NULL)
+        uint64_t *v = kvr_u64map_get(&s->counts, src->ids[i], &created);
+        if (v == NULL)
             return KVR_ENOMEM;
-        e->val++;
+        (*v)++;
     }
     return KVR_OK;
 }
 
 static uint64_t count_of(synth_t *s, uint64_t id)
 {
-    cent_t *e = cmap_find(&s->counts, s->counts.t, s->counts.mask, kvr_mix64(id), cmatch, &id);
-    return e ? e->val : 0;
+    const uint64_t *v = kvr_u64map_find(&s->counts, id);
+    return v ? *v : 0;
 }
 
 /* One new row from source row r, copy c. */
@@ -166,9 +121,9 @@ int kvr_trace_synth(const kvr_trace_t *src, const kvr_synth_config_t *cfg, kvr_t
     synth_t s = {.cfg = cfg};
     kvr_trace_builder_t b;
     kvr_trace_builder_init(&b);
-    rc = map_init(&s.counts);
+    rc = kvr_u64map_init(&s.counts);
     if (rc == KVR_OK)
-        rc = map_init(&s.ids);
+        rc = kvr_u64map_init(&s.ids);
     if (rc == KVR_OK)
         rc = count_ids(&s, src);
     for (size_t i = 0; i < src->n_rows && rc == KVR_OK; i++) {
@@ -187,8 +142,8 @@ int kvr_trace_synth(const kvr_trace_t *src, const kvr_synth_config_t *cfg, kvr_t
     if (rc != KVR_OK && err[0] == '\0')
         snprintf(err, err_len, "%s", kvr_strerror(rc));
     kvr_trace_builder_deinit(&b);
-    free(s.counts.t);
-    free(s.ids.t);
+    kvr_u64map_deinit(&s.counts);
+    kvr_u64map_deinit(&s.ids);
     free(s.out_ids);
     return rc;
 }
