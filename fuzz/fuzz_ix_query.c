@@ -62,8 +62,8 @@ static void check_record(kvr_api_decoder_t *d, kvr_api_decoder_t *again, const c
     for (size_t i = 1; i < r.n; i++)
         check(r.sequence_hashes[i] ==
               kvr_hash_chain_next(r.sequence_hashes[i - 1], r.local_hashes[i]));
-    const char *text;
-    size_t n;
+    const char *text = NULL;
+    size_t n = 0;
     check(kvr_ix_answer_encode_record(&w, &r) == KVR_OK &&
           kvr_json_writer_finish(&w, &text, &n) == KVR_OK);
     check(kvr_api_decode_ix_record(again, text, n, &r2) == KVR_OK);
