@@ -414,9 +414,8 @@ static void evict_over_capacity(kvr_approx_t *ap, kvr_worker_t rank)
         timer_t_ *t = tfind(ap, e.seq, rank);
         if (t == NULL || t->stamp != e.stamp)
             continue; /* touched again later (its newer entry is further on), or gone */
-        remove_one(ap, t);
+        remove_one(ap, t); /* the rank table does not move: only tdel's count changes */
         ap->evicted++;
-        w = wfind(ap, rank);
     }
     if (w != NULL)
         queue_compact(ap, w, rank);
@@ -467,7 +466,6 @@ int kvr_approx_record(kvr_approx_t *ap, kvr_worker_t worker, const uint64_t *lbh
         timer_t_ *e = tget(ap, seq[i], worker, &created);
         if (e == NULL)
             return KVR_ENOMEM;
-        wc = wfind(ap, worker); /* tget may not move it, but stay safe */
         wc->count += created;
         e->expiry_ms = expiry;
         e->pos = (uint32_t)i;

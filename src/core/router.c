@@ -558,6 +558,12 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
         snprintf(err, err_len, "max_workers: %u ranks already registered", r->cfg.max_workers);
         return KVR_EFULL;
     }
+    /* its cache size first, so that a failure leaves nothing registered (a bound on a rank
+     * with no decisions recorded is harmless if a later step fails) */
+    for (uint32_t d = 0; r->approx != NULL && w->total_kv_blocks > 0 && d < w->dp_size; d++)
+        if (kvr_approx_set_capacity(r->approx, (kvr_worker_t){w->worker_id, w->dp_start + d},
+                                    w->total_kv_blocks) != KVR_OK)
+            return KVR_ENOMEM;
     if (r->n_w == r->cap_w) {
         size_t cap = r->cap_w ? r->cap_w * 2 : 16;
         wentry_t *nw = realloc(r->w, cap * sizeof *nw);
@@ -587,10 +593,6 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
         return rc;
     }
     r->n_pooled += pooled(we);
-    for (uint32_t d = 0; r->approx != NULL && w->total_kv_blocks > 0 && d < w->dp_size; d++)
-        if (kvr_approx_set_capacity(r->approx, (kvr_worker_t){w->worker_id, w->dp_start + d},
-                                    w->total_kv_blocks) != KVR_OK)
-            return KVR_ENOMEM; /* registered; its cache is modelled without a bound */
     return rc;
 }
 

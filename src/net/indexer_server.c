@@ -110,8 +110,11 @@ static int part_start(part_t *p)
 /* The partition, made (and, once running, started) when new; a block size other than the
  * partition's is refused with both sizes in err. */
 static part_t *part_get(kvr_indexer_t *x, const char *model, size_t ml, const char *group,
-                        size_t gl, uint32_t block_size, char *err, size_t err_len)
+                        size_t gl, uint32_t block_size, char *err, size_t err_len, int *status)
 {
+    int dummy;
+    status = status != NULL ? status : &dummy;
+    *status = KVR_OK;
     part_t *p = part_find(x, model, ml, group, gl);
     if (p != NULL) {
         if (p->block_size != block_size) {
@@ -119,6 +122,7 @@ static part_t *part_get(kvr_indexer_t *x, const char *model, size_t ml, const ch
                      "block_size %u does not match the block size %u of model_name=%.200s "
                      "routing_group=%.200s (fixed by its first registration)",
                      block_size, p->block_size, p->model, p->group);
+            *status = KVR_EMISMATCH;
             return NULL;
         }
         return p;
@@ -126,11 +130,13 @@ static part_t *part_get(kvr_indexer_t *x, const char *model, size_t ml, const ch
     if (ml >= NAME_BYTES || gl >= NAME_BYTES) {
         snprintf(err, err_len, "model_name and routing_group: at most %d bytes each",
                  NAME_BYTES - 1);
+        *status = KVR_EINVAL;
         return NULL;
     }
     if (x->n_parts >= x->cfg.max_partitions) {
         snprintf(err, err_len, "more than %zu (model_name, routing_group) partitions",
                  x->cfg.max_partitions);
+        *status = KVR_EINVAL;
         return NULL;
     }
     if (kvr_grow((void **)&x->parts, &x->cap_parts, x->n_parts + 1, SIZE_MAX, sizeof *x->parts) !=
@@ -157,6 +163,7 @@ static part_t *part_get(kvr_indexer_t *x, const char *model, size_t ml, const ch
     return p;
 oom:
     snprintf(err, err_len, "out of memory making the partition's index");
+    *status = KVR_ENOMEM;
     return NULL;
 }
 
@@ -201,10 +208,11 @@ static int do_register(kvr_indexer_t *x, const kvr_ix_register_t *r, char *err, 
                  KVR_ADDR_BYTES);
         return KVR_EINVAL;
     }
+    int st;
     part_t *p = part_get(x, r->model_name, r->model_name_len, r->routing_group,
-                         r->routing_group_len, r->block_size, err, err_len);
+                         r->routing_group_len, r->block_size, err, err_len, &st);
     if (p == NULL)
-        return KVR_EINVAL;
+        return st == KVR_ENOMEM ? KVR_ENOMEM : KVR_EINVAL;
     size_t pi = part_pos(x, p);
     if (reg_find(x, pi, r->instance_id, r->dp_rank) != NULL) {
         snprintf(err, err_len,
@@ -773,14 +781,11 @@ static int api_record(void *arg, const kvr_ix_record_t *rec, char *msg, size_t m
                  rec->model_name, rec->routing_group);
         return KVR_ENOTFOUND;
     }
+    int st;
     if (rec->block_size != 0 &&
         (p = part_get(x, rec->model_name, rec->model_name_len, rec->routing_group,
-                      rec->routing_group_len, rec->block_size, msg, msg_len)) == NULL)
-        return part_find(x, rec->model_name, rec->model_name_len, rec->routing_group,
-                         rec->routing_group_len) != NULL
-                   ? KVR_EMISMATCH
-               : strncmp(msg, "out of memory", 13) == 0 ? KVR_ENOMEM
-                                                        : KVR_EINVAL;
+                      rec->routing_group_len, rec->block_size, msg, msg_len, &st)) == NULL)
+        return st;
     int rc = kvr_ingest_record(p->g, (kvr_worker_t){rec->instance_id, rec->dp_rank},
                                rec->local_hashes, rec->sequence_hashes, rec->n);
     if (rc == KVR_EEXIST)
@@ -835,7 +840,7 @@ static int rec_partition(void *ud, const char *key, size_t len, uint32_t block_s
     }
     if (!rc->apply)
         return KVR_OK;
-    rc->cur = part_get(rc->x, key, ml, colon + 1, gl, block_size, rc->err, sizeof rc->err);
+    rc->cur = part_get(rc->x, key, ml, colon + 1, gl, block_size, rc->err, sizeof rc->err, NULL);
     return rc->cur != NULL ? KVR_OK : KVR_EINVAL;
 }
 
@@ -959,7 +964,7 @@ static int recover_binary(kvr_indexer_t *x, const char *url, uint64_t timeout, c
     uint64_t events = 0;
     for (size_t i = 0; rc == KVR_OK && i < n; i++) {
         part_t *p = part_get(x, pp[i].model, strlen(pp[i].model), pp[i].group, strlen(pp[i].group),
-                             pp[i].block_size, err, err_len);
+                             pp[i].block_size, err, err_len, NULL);
         kvr_ingest_snap_report_t rep;
         rc = p ? kvr_ingest_load_all_mem(p->g, pp[i].snap, pp[i].len, &rep, err, err_len)
                : KVR_EINVAL;

@@ -185,20 +185,23 @@ static void ext_metrics(void *arg, struct kvr_prom *p)
 {
     kvr_ix_serve_t *s = arg;
     kvr_ix_api_metrics(s->ixa, p);
-    if (s->nats != NULL) {
-        kvr_prom_counter(p, "kvr_indexer_nats_requests_total",
-                         "Indexer queries received on <ns>.indexer.query.",
-                         (double)s->nats_requests);
-        kvr_prom_counter(p, "kvr_indexer_nats_unanswerable_total",
-                         "Of those, without a reply subject (dropped).",
-                         (double)s->nats_unanswerable);
-        kvr_prom_counter(p, "kvr_indexer_nats_records_total",
-                         "Routing decisions received on <ns>.indexer.record.",
-                         (double)s->nats_records);
-        kvr_prom_counter(p, "kvr_indexer_nats_records_refused_total",
-                         "Of those, refused (no answer goes back: the reason is logged).",
-                         (double)s->nats_records_refused);
-    }
+    if (s->nats == NULL)
+        return;
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+    } c[] = {
+        {"kvr_indexer_nats_requests_total", "Indexer queries received on <ns>.indexer.query.",
+         s->nats_requests},
+        {"kvr_indexer_nats_unanswerable_total", "Of those, without a reply subject (dropped).",
+         s->nats_unanswerable},
+        {"kvr_indexer_nats_records_total", "Routing decisions received on <ns>.indexer.record.",
+         s->nats_records},
+        {"kvr_indexer_nats_records_refused_total",
+         "Of those, refused (no answer goes back: the reason is logged).", s->nats_records_refused},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++)
+        kvr_prom_counter(p, c[i].name, c[i].help, (double)c[i].v);
 }
 
 /* Whether the JSON object body has a top-level block_hashes member (a /query_by_hash). */

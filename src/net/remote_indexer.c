@@ -313,6 +313,9 @@ static int lookup(void *arg, const kvr_route_req_t *q, kvr_overlap_done_fn done,
     c->start_ns = now_ns();
     struct timeval tv = {(time_t)(x->cfg.timeout_ms / 1000),
                          (suseconds_t)(x->cfg.timeout_ms % 1000) * 1000};
+    /* the deadline runs from now, not from the loop's cached time (older by whatever this
+     * iteration has done so far: the timer fired that much early) */
+    (void)event_base_update_cache_time(x->cfg.base);
     evtimer_add(c->timer, &tv);
     if (x->over_nats) {
         char reply[200];
