@@ -38,6 +38,19 @@
 #define KVR_LORAS_BYTES 1024 /* a worker's adapters, ';'-separated, with the NUL */
 #define KVR_MAX_DP_SIZE 256
 
+/* What a worker does in a disaggregated fleet. A prefill worker computes prompts' KV and
+ * hands it to a decode worker; it never serves a whole request. "both" (the default) serves
+ * whole requests and, in a fleet with prefill workers, is part of the decode pool. */
+typedef enum kvr_worker_role {
+    KVR_ROLE_BOTH = 0,
+    KVR_ROLE_PREFILL,
+    KVR_ROLE_DECODE,
+} kvr_worker_role_t;
+
+const char *kvr_worker_role_name(kvr_worker_role_t role);
+/* "prefill", "decode", "both": KVR_OK; else KVR_EINVAL. */
+int kvr_worker_role_parse(const char *s, size_t len, kvr_worker_role_t *out);
+
 /* A worker as operators describe it (command line or POST /v1/workers). */
 typedef struct kvr_worker_spec {
     uint64_t worker_id;
@@ -58,11 +71,16 @@ typedef struct kvr_worker_spec {
     char model[KVR_MODEL_BYTES]; /* "" = any */
     uint32_t block_size;         /* its engine's block size; 0 = the router's block_size */
     char loras[KVR_LORAS_BYTES]; /* LoRA adapters it serves, ';'-separated; "" = none known */
+    kvr_worker_role_t role;
+    /* A prefill worker of the bootstrap convention (SGLang): where decode workers fetch the
+     * KV it computed. port 0 = none (the pull convention, vLLM's); host "" = the url's. */
+    char bootstrap_host[KVR_ADDR_BYTES];
+    uint32_t bootstrap_port;
 } kvr_worker_spec_t;
 
 /* Parses "id=7,url=http://h:8001,events=tcp://h:5557,replay=tcp://h:5558,dp_size=2,
- * taints=a;b,eagle=true,model=llama,block_size=32,loras=sql;chat" (only id required). err
- * names the key and problem. */
+ * taints=a;b,eagle=true,model=llama,block_size=32,loras=sql;chat,role=prefill,
+ * bootstrap_port=8998,bootstrap_host=h" (only id required). err names the key and problem. */
 int kvr_worker_spec_parse(const char *text, kvr_worker_spec_t *out, char *err, size_t err_len);
 /* Range and consistency checks (dp_size, lengths); err names the field. */
 int kvr_worker_spec_validate(const kvr_worker_spec_t *w, char *err, size_t err_len);
@@ -131,8 +149,17 @@ typedef struct kvr_session_stats {
 void kvr_router_session_stats(const kvr_router_t *r, kvr_session_stats_t *out);
 /* Workers registered and not fenced (min_initial_workers counts these). */
 size_t kvr_router_n_ready(const kvr_router_t *r);
+/* Workers of a role registered (ready_only: and not fenced). */
+size_t kvr_router_n_role(const kvr_router_t *r, kvr_worker_role_t role, bool ready_only);
 int kvr_router_set_rank_status(kvr_router_t *r, kvr_worker_t w, const kvr_rank_status_t *st);
 int kvr_router_rank_status(const kvr_router_t *r, kvr_worker_t w, kvr_rank_status_t *out);
+
+/* The workers a route chooses among. In a fleet without prefill workers KVR_POOL_SERVE is
+ * every worker and KVR_POOL_PREFILL finds none (KVR_ENOWORKER). */
+typedef enum kvr_pool {
+    KVR_POOL_SERVE = 0, /* workers that run whole requests or decode: roles both and decode */
+    KVR_POOL_PREFILL,   /* the prefill pool: role prefill */
+} kvr_pool_t;
 
 /* One routing request (the decoded body of POST /v1/route). Borrowed for the call. */
 typedef struct kvr_route_req {
@@ -157,6 +184,10 @@ typedef struct kvr_route_req {
     double priority_jump;
     bool has_expected_output_tokens;
     uint32_t expected_output_tokens;
+    kvr_pool_t pool;
+    bool no_active_blocks; /* book without the prompt's blocks in the worker's active set (a
+                              prefill pool's track_active_blocks = false: its blocks leave for
+                              a decode worker) */
     const char *const *required_taints;
     size_t n_required;
     const kvr_taint_weight_t *preferred_taints;

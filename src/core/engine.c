@@ -25,7 +25,7 @@
 #include "core/oatab.h"
 #include "kvrouter.h"
 
-typedef enum { REQ_WAITING = 0, REQ_RUNNING } req_state_t;
+typedef enum { REQ_WAITING = 0, REQ_RUNNING, REQ_HELD } req_state_t;
 
 typedef struct eng_req {
     uint64_t id;
@@ -41,6 +41,9 @@ typedef struct eng_req {
     uint32_t n_sched;      /* tokens scheduled in the current step */
     int64_t cached_tokens; /* -1 until first admission */
     bool cancelled;        /* cancelled during a step that scheduled it: freed at step_end */
+    bool hold_kv;          /* finished: blocks kept until released (REQ_HELD) */
+    bool kv_loaded;        /* the prompt's KV arrives with it (cleared by a preemption) */
+    uint32_t held_at;      /* REQ_HELD: its index in held */
     uint64_t prompt_key;   /* seeds the generated tokens */
     req_state_t state;
     kvr_kvcache_seq_t seq;
@@ -56,8 +59,11 @@ struct kvr_engine {
     eng_req_t **ring;      /* waiting deque, capacity ring_cap (power of two) */
     uint32_t ring_cap, ring_head, n_waiting;
 
+    eng_req_t **held; /* finished hold_kv requests (REQ_HELD), unordered */
+    uint32_t n_held, cap_held;
+
     eng_req_t **by_id;     /* open addressing; NULL = empty */
-    size_t id_cap, n_live;
+    size_t id_cap, n_live; /* n_live: running + waiting + held */
 
     bool in_step;
     kvr_engine_stats_t st;
@@ -312,6 +318,7 @@ void kvr_engine_free(kvr_engine_t *e)
                 req_free(e, e->by_id[i]);
     }
     free(e->by_id);
+    free(e->held);
     free(e->ring);
     free(e->running);
     kvr_kvcache_free(e->cache);
@@ -356,6 +363,8 @@ int kvr_engine_add(kvr_engine_t *e, const kvr_engine_request_t *req)
     r->prompt_key = kvr_xxh3(r->tokens, (size_t)r->n_prompt * sizeof *r->tokens, e->cfg.seed);
     kvr_kvcache_seq_init(&r->seq);
     r->seq.lora_name = req->lora_name;
+    r->hold_kv = req->hold_kv;
+    r->kv_loaded = req->kv_loaded;
     r->state = REQ_WAITING;
     id_put(e, r);
     e->n_live++;
@@ -372,7 +381,9 @@ int kvr_engine_cancel(kvr_engine_t *e, uint64_t id)
         r->cancelled = true;
         return KVR_OK;
     }
-    if (r->state == REQ_WAITING) {
+    if (r->state == REQ_HELD) {
+        return kvr_engine_release_held(e, id);
+    } else if (r->state == REQ_WAITING) {
         wq_remove(e, r);
     } else {
         for (uint32_t k = 0; k < e->n_running; k++)
@@ -385,6 +396,47 @@ int kvr_engine_cancel(kvr_engine_t *e, uint64_t id)
     req_free(e, r);
     e->st.requests_cancelled++;
     return KVR_OK;
+}
+
+static void held_remove(kvr_engine_t *e, eng_req_t *r)
+{
+    eng_req_t *last = e->held[--e->n_held];
+    e->held[r->held_at] = last;
+    last->held_at = r->held_at;
+    e->st.held_blocks -= r->seq.n_blocks;
+}
+
+int kvr_engine_release_held(kvr_engine_t *e, uint64_t id)
+{
+    eng_req_t *r = id_get(e, id);
+    if (!r)
+        return KVR_ENOTFOUND;
+    if (r->state != REQ_HELD)
+        return KVR_EINVAL;
+    held_remove(e, r);
+    id_remove(e, id);
+    req_free(e, r);
+    e->st.held_released++;
+    return KVR_OK;
+}
+
+/* A finished hold_kv request keeps its blocks: false when there is no room to track it (it
+ * is then freed as any finished request). */
+static bool hold(kvr_engine_t *e, eng_req_t *r)
+{
+    if (e->n_held == e->cap_held) {
+        uint32_t cap = e->cap_held ? e->cap_held * 2 : 64;
+        eng_req_t **h = realloc(e->held, (size_t)cap * sizeof *h);
+        if (!h)
+            return false;
+        e->held = h;
+        e->cap_held = cap;
+    }
+    r->state = REQ_HELD;
+    r->held_at = e->n_held;
+    e->held[e->n_held++] = r;
+    e->st.held_blocks += r->seq.n_blocks;
+    return true;
 }
 
 /* Sequence hashes of the request's full blocks up to n_full (from its known tokens). */
@@ -416,6 +468,7 @@ static void preempt(kvr_engine_t *e, eng_req_t *r)
     kvr_kvcache_release(e->cache, &r->seq);
     r->n_computed = 0;
     r->n_sched = 0;
+    r->kv_loaded = false; /* the transferred KV is gone: recomputed on readmission */
     r->state = REQ_WAITING;
     wq_push_front(e, r);
     e->st.preemptions++;
@@ -470,7 +523,7 @@ static bool cannot_fit(const kvr_engine_t *e, const eng_req_t *r, uint32_t budge
     uint32_t bs = e->cfg.block_size;
     uint32_t max_hit = e->cfg.enable_prefix_caching ? (r->n_tokens - 1) / bs : 0;
     uint32_t rest = r->n_tokens - max_hit * bs; /* >= 1 */
-    uint32_t n_new = rest <= budget ? rest : budget;
+    uint32_t n_new = rest <= budget || r->kv_loaded ? rest : budget; /* loaded: all blocks */
     uint64_t new_blocks = ((uint64_t)n_new + bs - 1) / bs;
     return new_blocks > kvr_kvcache_n_free(e->cache);
 }
@@ -493,16 +546,24 @@ static void schedule_waiting(kvr_engine_t *e, uint32_t *budget)
                 n_hit = max_hit;
         }
         uint32_t computed = (uint32_t)n_hit * bs;
+        uint32_t hit = computed;
+        if (r->kv_loaded) /* the transferred KV: all but the last prompt token */
+            computed = r->n_tokens - 1;
         uint32_t n_new = tokens_to_schedule(e, r, computed, *budget);
         if (n_new == 0)
             break;
         if (kvr_kvcache_allocate(e->cache, &r->seq, r->hashes, n_hit,
                                  (uint64_t)computed + n_new) != KVR_OK)
             break;
+        if (r->kv_loaded) { /* its blocks are in the cache now: committed, STORED */
+            kvr_kvcache_commit(e->cache, &r->seq, r->hashes, r->tokens, computed / bs);
+            e->st.kv_loaded_requests++;
+            e->st.kv_loaded_tokens += computed - hit;
+        }
         if (r->cached_tokens < 0) {
-            r->cached_tokens = computed;
+            r->cached_tokens = hit;
             e->st.prefix_queries_tokens += r->n_prompt;
-            e->st.prefix_hits_tokens += computed < r->n_prompt ? computed : r->n_prompt;
+            e->st.prefix_hits_tokens += hit < r->n_prompt ? hit : r->n_prompt;
         }
         r->n_computed = computed;
         r->n_sched = n_new;
@@ -542,7 +603,8 @@ int kvr_engine_step_begin(kvr_engine_t *e, kvr_engine_step_t *step)
         if (r->n_sched == 0)
             continue;
         n++;
-        bool decode = r->n_output > 0 && r->n_sched == 1 && r->n_computed + 1 == r->n_tokens;
+        bool decode = (r->n_output > 0 || r->kv_loaded) && r->n_sched == 1 &&
+                      r->n_computed + 1 == r->n_tokens;
         if (decode)
             step->n_decode++;
         else
@@ -584,8 +646,8 @@ static bool apply_one(kvr_engine_t *e, eng_req_t *r, kvr_engine_output_fn cb, vo
         .prompt_tokens = r->n_prompt,
         .cached_tokens = r->cached_tokens > 0 ? (uint32_t)r->cached_tokens : 0,
         .first = r->n_output == 1,
-        .finish = r->n_output >= r->max_tokens ? KVR_ENGINE_FINISHED_LENGTH
-                                               : KVR_ENGINE_RUNNING,
+        .finish = r->n_output >= r->max_tokens ? KVR_ENGINE_FINISHED_LENGTH : KVR_ENGINE_RUNNING,
+        .kv_blocks = r->seq.n_blocks,
     };
     if (cb)
         cb(ctx, &out);
@@ -607,9 +669,11 @@ int kvr_engine_step_end(kvr_engine_t *e, kvr_engine_output_fn cb, void *ctx)
             continue;
         }
         if (r->n_sched > 0 && apply_one(e, r, cb, ctx)) {
+            e->st.requests_finished++;
+            if (r->hold_kv && hold(e, r))
+                continue;
             id_remove(e, r->id);
             req_free(e, r);
-            e->st.requests_finished++;
             continue;
         }
         e->running[keep++] = r;
@@ -624,7 +688,7 @@ bool kvr_engine_in_step(const kvr_engine_t *e) { return e->in_step; }
 
 int kvr_engine_reset_prefix_cache(kvr_engine_t *e)
 {
-    if (e->in_step || e->n_running > 0)
+    if (e->in_step || e->n_running > 0 || e->n_held > 0)
         return KVR_EBUSY;
     return kvr_kvcache_reset(e->cache);
 }
@@ -634,6 +698,7 @@ void kvr_engine_get_stats(const kvr_engine_t *e, kvr_engine_stats_t *out)
     *out = e->st;
     out->running = e->n_running;
     out->waiting = e->n_waiting;
+    out->held = e->n_held;
     out->kv_usage = kvr_kvcache_usage(e->cache);
     kvr_kvcache_get_stats(e->cache, &out->cache);
 }
@@ -663,11 +728,13 @@ static int verify_req(const kvr_engine_t *e, const eng_req_t *r)
 
 int kvr_engine_verify(const kvr_engine_t *e)
 {
-    if (e->n_running > e->cfg.max_num_seqs || e->n_live != (size_t)e->n_running + e->n_waiting)
+    if (e->n_running > e->cfg.max_num_seqs ||
+        e->n_live != (size_t)e->n_running + e->n_waiting + e->n_held)
         return KVR_EINVAL;
     const kvr_kvcache_seq_t **seqs = NULL;
-    if (e->n_running) {
-        seqs = malloc(e->n_running * sizeof *seqs);
+    size_t n_seqs = (size_t)e->n_running + e->n_held;
+    if (n_seqs) {
+        seqs = malloc(n_seqs * sizeof *seqs);
         if (!seqs)
             return KVR_ENOMEM;
     }
@@ -683,8 +750,18 @@ int kvr_engine_verify(const kvr_engine_t *e)
         const eng_req_t *r = wq_at(e, k);
         st = r->state == REQ_WAITING ? verify_req(e, r) : KVR_EINVAL;
     }
+    uint64_t held_blocks = 0;
+    for (uint32_t k = 0; k < e->n_held && st == KVR_OK; k++) {
+        const eng_req_t *r = e->held[k];
+        if (r->state != REQ_HELD || r->held_at != k || id_get(e, r->id) != r)
+            st = KVR_EINVAL;
+        held_blocks += r->seq.n_blocks;
+        seqs[e->n_running + k] = &r->seq;
+    }
+    if (st == KVR_OK && held_blocks != e->st.held_blocks)
+        st = KVR_EINVAL;
     if (st == KVR_OK)
-        st = kvr_kvcache_verify(e->cache, (const kvr_kvcache_seq_t *const *)seqs, e->n_running);
+        st = kvr_kvcache_verify(e->cache, (const kvr_kvcache_seq_t *const *)seqs, n_seqs);
     free(seqs);
     return st;
 }

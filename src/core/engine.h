@@ -82,6 +82,15 @@ typedef struct kvr_engine_request {
     const char *lora_name; /* a LoRA adapter (its blocks are its own: hashes salted by it, and
                               its KV events name it); NULL = the base model. Borrowed: must
                               outlive the request */
+    /* Disaggregation. hold_kv (a prefill worker's request): when it finishes, its blocks stay
+     * held (counted in use, never evicted) until kvr_engine_release_held, as a prefill engine
+     * keeps a prompt's KV until the decode worker has read it. kv_loaded (a decode worker's):
+     * the prompt's KV was transferred in; at its first admission every prompt token but the
+     * last counts as computed, their full blocks are committed (STORED events) and only the
+     * last token is computed, in a step costed as a decode (vLLM's decode side recomputes the
+     * last prompt token). A preempted kv_loaded request loses the KV and recomputes. */
+    bool hold_kv;
+    bool kv_loaded;
 } kvr_engine_request_t;
 
 typedef enum kvr_engine_finish {
@@ -99,6 +108,7 @@ typedef struct kvr_engine_output {
     uint32_t cached_tokens;  /* prompt tokens found in the prefix cache at first admission */
     bool first;              /* the first output: the prefill is done */
     kvr_engine_finish_t finish;
+    uint32_t kv_blocks; /* blocks the request holds (the prompt's KV, hold_kv) */
 } kvr_engine_output_t;
 
 typedef void (*kvr_engine_output_fn)(void *ctx, const kvr_engine_output_t *out);
@@ -114,6 +124,11 @@ typedef struct kvr_engine_step {
 
 typedef struct kvr_engine_stats {
     uint32_t running, waiting;
+    uint32_t held;                   /* finished hold_kv requests whose blocks are still held */
+    uint64_t held_blocks;            /* blocks they hold */
+    uint64_t kv_loaded_requests;     /* kv_loaded requests admitted with their KV */
+    uint64_t kv_loaded_tokens;       /* prompt tokens they did not compute */
+    uint64_t held_released;          /* holds released (kvr_engine_release_held or cancel) */
     double kv_usage;                 /* active blocks / all blocks */
     uint64_t prefix_queries_tokens;  /* prompt tokens looked up at first admission */
     uint64_t prefix_hits_tokens;     /* of which found cached */
@@ -137,9 +152,14 @@ void kvr_engine_free(kvr_engine_t *e);
  * KVR_ENOMEM. Allowed during a step (it waits for the next one). */
 int kvr_engine_add(kvr_engine_t *e, const kvr_engine_request_t *req);
 
-/* Drops a live request and frees its blocks. KVR_OK; KVR_ENOTFOUND. During a step, a request
- * the step scheduled is dropped at step_end (no output; its id stays live until then). */
+/* Drops a live request (or a held one) and frees its blocks. KVR_OK; KVR_ENOTFOUND. During a step,
+ * a request the step scheduled is dropped at step_end (no output; its id stays live until then). */
 int kvr_engine_cancel(kvr_engine_t *e, uint64_t id);
+
+/* Frees the blocks a finished hold_kv request kept (its id is no longer live). KVR_OK;
+ * KVR_ENOTFOUND (no such request); KVR_EINVAL (it is not held: still running or waiting,
+ * or not hold_kv; cancel it instead). */
+int kvr_engine_release_held(kvr_engine_t *e, uint64_t id);
 
 /* See above. KVR_EBUSY if a step is already begun. */
 int kvr_engine_step_begin(kvr_engine_t *e, kvr_engine_step_t *step);

@@ -50,6 +50,7 @@ struct kvr_router {
     bool *wfit;      /* per worker (cap_w): serves the request being routed (model, adapter) */
     bool all_fit;    /* every worker serves it (wfit not consulted) */
     size_t n_pooled; /* workers registered with a model or adapters (0: no pool logic) */
+    size_t n_prefill; /* workers of role prefill (0: no role logic) */
     struct pool {    /* the request being routed: how its prompt is hashed (pool_of) */
         uint32_t bs;
         bool eagle;
@@ -135,10 +136,41 @@ static int set_taints(kvr_worker_spec_t *w, const char *v, char *err, size_t len
     return KVR_OK;
 }
 
+static const char *const ROLE_NAMES[] = {"both", "prefill", "decode"};
+
+const char *kvr_worker_role_name(kvr_worker_role_t role)
+{
+    return (unsigned)role < 3 ? ROLE_NAMES[role] : "?";
+}
+
+int kvr_worker_role_parse(const char *s, size_t len, kvr_worker_role_t *out)
+{
+    for (unsigned i = 0; i < 3; i++)
+        if (strlen(ROLE_NAMES[i]) == len && memcmp(ROLE_NAMES[i], s, len) == 0) {
+            *out = (kvr_worker_role_t)i;
+            return KVR_OK;
+        }
+    return KVR_EINVAL;
+}
+
 static int spec_kv(kvr_worker_spec_t *w, const char *key, const char *v, bool *has_id, char *err,
                    size_t len)
 {
     uint64_t x;
+    if (strcmp(key, "role") == 0) {
+        if (kvr_worker_role_parse(v, strlen(v), &w->role) != KVR_OK)
+            return spec_err(err, len, "worker role: prefill, decode or both ('%s')%s", v, "");
+        return KVR_OK;
+    }
+    if (strcmp(key, "bootstrap_host") == 0)
+        return set_str(w->bootstrap_host, sizeof w->bootstrap_host, v, key, err, len);
+    if (strcmp(key, "bootstrap_port") == 0) {
+        if (parse_u64(v, &x) != 0 || x == 0 || x > 65535)
+            return spec_err(err, len, "worker bootstrap_port: an integer in [1, 65535] ('%s')%s", v,
+                            "");
+        w->bootstrap_port = (uint32_t)x;
+        return KVR_OK;
+    }
     if (strcmp(key, "id") == 0 || strcmp(key, "worker_id") == 0) {
         if (parse_u64(v, &w->worker_id) != 0)
             return spec_err(err, len, "worker id: not an unsigned integer ('%s')%s", v, "");
@@ -225,6 +257,24 @@ int kvr_worker_spec_validate(const kvr_worker_spec_t *w, char *err, size_t err_l
         return spec_err(err, err_len, "worker replay: needs events too%s%s", "", "");
     if (w->block_size > 65536)
         return spec_err(err, err_len, "worker block_size: must be in [1, 65536]%s%s", "", "");
+    if ((unsigned)w->role > KVR_ROLE_DECODE)
+        return spec_err(err, err_len, "worker role: prefill, decode or both%s%s", "", "");
+    if (w->bootstrap_port > 65535)
+        return spec_err(err, err_len, "worker bootstrap_port: must be in [1, 65535]%s%s", "", "");
+    if ((w->bootstrap_port != 0 || w->bootstrap_host[0] != '\0') && w->role != KVR_ROLE_PREFILL)
+        return spec_err(err, err_len,
+                        "worker bootstrap_port: only a prefill worker (role=prefill) has a "
+                        "bootstrap server%s%s",
+                        "", "");
+    if (w->bootstrap_host[0] != '\0' && w->bootstrap_port == 0)
+        return spec_err(err, err_len, "worker bootstrap_host: needs bootstrap_port too%s%s", "",
+                        "");
+    for (const char *h = w->bootstrap_host; *h != '\0'; h++)
+        if ((unsigned char)*h <= 0x20 || *h == '/' || *h == '@' || *h == '?' || *h == '#')
+            return spec_err(err, err_len,
+                            "worker bootstrap_host: a host name or address only (no scheme, "
+                            "port, path or space)%s%s",
+                            "", "");
     for (const char *l = w->loras; *l != '\0'; l++)
         if ((*l == ';' && (l == w->loras || l[1] == ';' || l[1] == '\0')) ||
             (unsigned char)*l < 0x20)
@@ -593,6 +643,7 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
         return rc;
     }
     r->n_pooled += pooled(we);
+    r->n_prefill += we->spec.role == KVR_ROLE_PREFILL;
     return rc;
 }
 
@@ -603,6 +654,7 @@ int kvr_router_remove_worker(kvr_router_t *r, uint64_t worker_id)
         return KVR_ENOTFOUND;
     free(r->w[i].rs);
     r->n_pooled -= pooled(&r->w[i]);
+    r->n_prefill -= r->w[i].spec.role == KVR_ROLE_PREFILL;
     memmove(&r->w[i], &r->w[i + 1], (r->n_w - (size_t)i - 1) * sizeof *r->w);
     r->n_w--;
     for (size_t k = (size_t)i; k < r->n_w; k++)
@@ -752,28 +804,42 @@ size_t kvr_router_n_blocks(const kvr_router_t *r, const kvr_route_req_t *q)
 
 /* Marks, per worker, whether it serves q (r->wfit) and sets r->cur (pool_of). KVR_ENOMODEL when no
  * worker serves the named model, or (lora_strict) none declares the named adapter. */
+static bool in_pool(const kvr_worker_spec_t *s, kvr_pool_t pool)
+{
+    return pool == KVR_POOL_PREFILL ? s->role == KVR_ROLE_PREFILL : s->role != KVR_ROLE_PREFILL;
+}
+
 static int resolve_pool(kvr_router_t *r, const kvr_route_req_t *q, const char **field)
 {
     bool named = q->model != NULL && q->model_len > 0;
     bool lora = q->lora_name != NULL && q->lora_name_len > 0;
-    r->all_fit = r->n_pooled == 0 || (!named && !lora);
+    bool models = r->n_pooled > 0 && (named || lora);
+    bool roles = r->n_prefill > 0 || q->pool == KVR_POOL_PREFILL;
+    r->all_fit = !models && !roles;
     r->cur = pool_of(r, q); /* O(1) without pools: the first worker is the reference */
     if (r->all_fit)
         return KVR_OK;
-    size_t n_model = 0, n_lora = 0;
+    size_t n_model = 0, n_role = 0, n_lora = 0;
     for (size_t i = 0; i < r->n_w; i++) {
         const kvr_worker_spec_t *s = &r->w[i].spec;
-        bool m = !named || s->model[0] == '\0' || model_is(s, q->model, q->model_len) ||
+        bool m = !models || !named || s->model[0] == '\0' || model_is(s, q->model, q->model_len) ||
                  serves_lora(&r->w[i], q->model, q->model_len); /* one of its adapters */
-        r->wfit[i] = m;
+        bool in = m && in_pool(s, q->pool);
+        r->wfit[i] = in;
         n_model += m;
-        n_lora += m && lora && serves_lora(&r->w[i], q->lora_name, q->lora_name_len);
+        n_role += in;
+        n_lora += in && models && lora && serves_lora(&r->w[i], q->lora_name, q->lora_name_len);
     }
     if (named && n_model == 0 && r->n_w > 0) {
         *field = "model: no worker serves it";
         return KVR_ENOMODEL;
     }
-    if (lora && n_lora == 0 && r->cfg.lora_strict && r->n_w > 0) {
+    if (n_role == 0) {
+        *field = q->pool == KVR_POOL_PREFILL ? "no prefill worker (role=prefill) serves it"
+                                             : "no decode worker (role=decode or both) serves it";
+        return KVR_ENOWORKER;
+    }
+    if (models && lora && n_lora == 0 && r->cfg.lora_strict) {
         *field = "lora_name: no worker serves this adapter (lora_strict)";
         return KVR_ENOMODEL;
     }
@@ -781,6 +847,14 @@ static int resolve_pool(kvr_router_t *r, const kvr_route_req_t *q, const char **
         for (size_t i = 0; i < r->n_w; i++)
             r->wfit[i] = r->wfit[i] && serves_lora(&r->w[i], q->lora_name, q->lora_name_len);
     return KVR_OK;
+}
+
+size_t kvr_router_n_role(const kvr_router_t *r, kvr_worker_role_t role, bool ready_only)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_w; i++)
+        n += r->w[i].spec.role == role && !(ready_only && r->w[i].fenced);
+    return n;
 }
 
 size_t kvr_router_n_ready(const kvr_router_t *r)
@@ -944,8 +1018,9 @@ static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_block
         r->proj[i].worker = r->cands[i].worker;
         r->proj[i].cached_tokens = cached_tokens_of(r, &r->cands[i]);
     }
-    kvr_load_query_t q = {.seq = r->cfg.router_track_active_blocks ? r->cur_seq : NULL,
-                          .n_seq = r->cfg.router_track_active_blocks ? n_blocks : 0,
+    bool track = r->cfg.router_track_active_blocks && !rq->no_active_blocks;
+    kvr_load_query_t q = {.seq = track ? r->cur_seq : NULL,
+                          .n_seq = track ? n_blocks : 0,
                           .isl_tokens = isl,
                           .assume_kv_reuse =
                               load_opt(rq->has_assume_kv_reuse, rq->assume_kv_reuse)};
@@ -1135,8 +1210,8 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
         .id = res->request_id,
         .id_len = id_len,
         .worker = res->worker,
-        .seq = r->cfg.router_track_active_blocks ? r->cur_seq : NULL,
-        .n_seq = r->cfg.router_track_active_blocks ? n_blocks : 0,
+        .seq = r->cfg.router_track_active_blocks && !q->no_active_blocks ? r->cur_seq : NULL,
+        .n_seq = r->cfg.router_track_active_blocks && !q->no_active_blocks ? n_blocks : 0,
         .isl_tokens = q->n_tokens,
         .cached_tokens = res->cached_tokens,
         .has_expected_output_tokens = q->has_expected_output_tokens,

@@ -560,6 +560,14 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
     kvr_json_string(w, sp->loras);
     kvr_json_key(w, "learned_loras");
     kvr_json_string(w, kvr_router_learned_loras(s->r, sp->worker_id));
+    kvr_json_key(w, "role");
+    kvr_json_string(w, kvr_worker_role_name(sp->role));
+    if (sp->bootstrap_port != 0) {
+        kvr_json_key(w, "bootstrap_host");
+        kvr_json_string(w, sp->bootstrap_host);
+        kvr_json_key(w, "bootstrap_port");
+        kvr_json_u64(w, sp->bootstrap_port);
+    }
     kvr_json_key(w, "taints");
     kvr_json_begin_array(w);
     for (size_t t = 0; t < sp->n_taints; t++)

@@ -119,6 +119,9 @@ enum field {
     F_W_MODEL,
     F_W_BLOCK_SIZE,
     F_W_LORAS,
+    F_W_ROLE,
+    F_W_BOOT_HOST,
+    F_W_BOOT_PORT,
     F_MM_INFOS,
     F_MMR,
     F_MMR_INFOS,
@@ -196,6 +199,10 @@ static const field_def_t FIELDS[F_N] = {
     [F_W_MODEL] = {"model", "model", O_TOP, T_STRING, 0, KB(K_WORKER) | KB(K_ROUTE), 0, 255},
     [F_W_BLOCK_SIZE] = {"block_size", "block_size", O_TOP, T_INT, 0, KB(K_WORKER), 1, 65536},
     [F_W_LORAS] = {"loras", "loras", O_TOP, T_STRING, 0, KB(K_WORKER), 0, 1023},
+    [F_W_ROLE] = {"role", "role", O_TOP, T_STRING, 0, KB(K_WORKER), 1, 16},
+    [F_W_BOOT_HOST] = {"bootstrap_host", "bootstrap_host", O_TOP, T_STRING, 0, KB(K_WORKER), 1,
+                       255},
+    [F_W_BOOT_PORT] = {"bootstrap_port", "bootstrap_port", O_TOP, T_INT, 0, KB(K_WORKER), 1, 65535},
     [F_MM_INFOS] = {"block_mm_infos", "block_mm_infos", O_TOP, T_MM_LIST, 0, ROUTE_ROUTER, 0, 0},
     [F_MMR] = {"mm_routing_info", "mm_routing_info", O_TOP, T_OBJECT, 0, KB(K_ROUTE), O_MMR, 0},
     [F_MMR_INFOS] = {"block_mm_infos", "mm_routing_info.block_mm_infos", O_MMR, T_MM_LIST, 0,
@@ -1228,6 +1235,12 @@ static int finish_worker(kvr_api_decoder_t *d, kvr_api_worker_t *out)
     out->model = str_of(d, F_W_MODEL, &out->model_len);
     out->block_size = has(d, F_W_BLOCK_SIZE) ? (uint32_t)d->ival[F_W_BLOCK_SIZE] : 0;
     out->loras = str_of(d, F_W_LORAS, &out->loras_len);
+    size_t role_len = 0;
+    const char *role = str_of(d, F_W_ROLE, &role_len);
+    if (role != NULL && kvr_worker_role_parse(role, role_len, &out->role) != KVR_OK)
+        return fail(d, KVR_EINVAL, "role: must be prefill, decode or both"), d->status;
+    out->bootstrap_host = str_of(d, F_W_BOOT_HOST, &out->bootstrap_host_len);
+    out->bootstrap_port = has(d, F_W_BOOT_PORT) ? (uint32_t)d->ival[F_W_BOOT_PORT] : 0;
     return KVR_OK;
 }
 
@@ -1669,6 +1682,13 @@ int kvr_api_encode_worker(kvr_json_writer_t *w, const kvr_api_worker_t *r)
     if (r->block_size)
         key_u64(w, "block_size", r->block_size);
     key_str(w, "loras", r->loras, r->loras_len);
+    if (r->role != KVR_ROLE_BOTH) {
+        kvr_json_key(w, "role");
+        kvr_json_string(w, kvr_worker_role_name(r->role));
+    }
+    key_str(w, "bootstrap_host", r->bootstrap_host, r->bootstrap_host_len);
+    if (r->bootstrap_port)
+        key_u64(w, "bootstrap_port", r->bootstrap_port);
     return kvr_json_end_object(w);
 }
 
@@ -1715,7 +1735,12 @@ int kvr_api_worker_to_spec(kvr_worker_spec_t *sp, const kvr_api_worker_t *a, cha
         rc = copy_field(sp->model, sizeof sp->model, a->model, a->model_len, "model", err, len);
     if (rc == KVR_OK)
         rc = copy_field(sp->loras, sizeof sp->loras, a->loras, a->loras_len, "loras", err, len);
+    if (rc == KVR_OK)
+        rc = copy_field(sp->bootstrap_host, sizeof sp->bootstrap_host, a->bootstrap_host,
+                        a->bootstrap_host_len, "bootstrap_host", err, len);
     sp->block_size = a->block_size;
+    sp->role = a->role;
+    sp->bootstrap_port = a->bootstrap_port;
     return rc;
 }
 
@@ -1724,21 +1749,31 @@ int kvr_api_encode_worker_spec(kvr_json_writer_t *w, const kvr_worker_spec_t *sp
     const char *taints[KVR_MAX_TAINTS];
     for (size_t t = 0; t < sp->n_taints && t < KVR_MAX_TAINTS; t++)
         taints[t] = sp->taints[t];
-    kvr_api_worker_t a = {
-        .worker_id = sp->worker_id,
-        .url = sp->url[0] ? sp->url : NULL, .url_len = strlen(sp->url),
-        .events = sp->events[0] ? sp->events : NULL, .events_len = strlen(sp->events),
-        .replay = sp->replay[0] ? sp->replay : NULL, .replay_len = strlen(sp->replay),
-        .dp_size = sp->dp_size, .dp_start = sp->dp_start,
-        .taints = taints, .n_taints = sp->n_taints < KVR_MAX_TAINTS ? sp->n_taints : KVR_MAX_TAINTS,
-        .has_max_num_batched_tokens = sp->max_num_batched_tokens != 0,
-        .max_num_batched_tokens = sp->max_num_batched_tokens,
-        .has_total_kv_blocks = sp->total_kv_blocks != 0,
-        .total_kv_blocks = sp->total_kv_blocks,
-        .eagle = sp->eagle,
-        .model = sp->model[0] ? sp->model : NULL, .model_len = strlen(sp->model),
-        .block_size = sp->block_size,
-        .loras = sp->loras[0] ? sp->loras : NULL, .loras_len = strlen(sp->loras)};
+    kvr_api_worker_t a = {.worker_id = sp->worker_id,
+                          .url = sp->url[0] ? sp->url : NULL,
+                          .url_len = strlen(sp->url),
+                          .events = sp->events[0] ? sp->events : NULL,
+                          .events_len = strlen(sp->events),
+                          .replay = sp->replay[0] ? sp->replay : NULL,
+                          .replay_len = strlen(sp->replay),
+                          .dp_size = sp->dp_size,
+                          .dp_start = sp->dp_start,
+                          .taints = taints,
+                          .n_taints = sp->n_taints < KVR_MAX_TAINTS ? sp->n_taints : KVR_MAX_TAINTS,
+                          .has_max_num_batched_tokens = sp->max_num_batched_tokens != 0,
+                          .max_num_batched_tokens = sp->max_num_batched_tokens,
+                          .has_total_kv_blocks = sp->total_kv_blocks != 0,
+                          .total_kv_blocks = sp->total_kv_blocks,
+                          .eagle = sp->eagle,
+                          .model = sp->model[0] ? sp->model : NULL,
+                          .model_len = strlen(sp->model),
+                          .block_size = sp->block_size,
+                          .loras = sp->loras[0] ? sp->loras : NULL,
+                          .loras_len = strlen(sp->loras),
+                          .role = sp->role,
+                          .bootstrap_host = sp->bootstrap_host[0] ? sp->bootstrap_host : NULL,
+                          .bootstrap_host_len = strlen(sp->bootstrap_host),
+                          .bootstrap_port = sp->bootstrap_port};
     return kvr_api_encode_worker(w, &a);
 }
 

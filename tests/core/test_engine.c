@@ -563,6 +563,82 @@ static run_summary_t random_run(uint64_t seed, uint32_t n_requests, bool check_e
     return s;
 }
 
+/* Disaggregation: a prefill engine's hold_kv request keeps its blocks after its one token
+ * (in use, not evictable, not resettable) until released; a decode engine's kv_loaded
+ * request commits the transferred prompt blocks (STORED, so its index learns them), computes
+ * only the last prompt token in a step costed as a decode, and generates what an aggregated
+ * engine generates. */
+static void test_disagg_hold_and_load(void **state)
+{
+    (void)state;
+    kvr_engine_config_t c;
+    kvr_engine_config_default(&c);
+    harness_t *pf = harness_new(&c), *dc = harness_new(&c), *ag = harness_new(&c);
+    uint32_t *p = make_prompt(1000, 9); /* 62 full blocks + 8 tokens */
+    kvr_engine_request_t r = {
+        .id = 1, .tokens = p, .n_tokens = 1000, .max_tokens = 1, .hold_kv = true};
+    assert_int_equal(kvr_engine_add(pf->e, &r), KVR_OK);
+    run_to_idle(pf);
+    assert_int_equal(pf->n_out, 1);
+    assert_int_equal(pf->out[0].kv_blocks, 63);
+    kvr_engine_stats_t st;
+    kvr_engine_get_stats(pf->e, &st);
+    assert_int_equal(st.held, 1);
+    assert_int_equal(st.held_blocks, 63);
+    assert_int_equal(st.cache.n_active, 63);
+    assert_int_equal(kvr_engine_reset_prefix_cache(pf->e), KVR_EBUSY);
+    assert_int_equal(kvr_engine_release_held(pf->e, 2), KVR_ENOTFOUND);
+    assert_int_equal(kvr_engine_release_held(pf->e, 1), KVR_OK);
+    assert_int_equal(kvr_engine_release_held(pf->e, 1), KVR_ENOTFOUND);
+    assert_int_equal(kvr_engine_verify(pf->e), KVR_OK);
+    kvr_engine_get_stats(pf->e, &st);
+    assert_int_equal(st.held, 0);
+    assert_int_equal(st.held_blocks, 0);
+    assert_int_equal(st.cache.n_active, 0);
+    assert_int_equal(st.held_released, 1);
+    check_faithful(pf);
+    /* a held request is cancelled like a live one */
+    r.id = 3;
+    assert_int_equal(kvr_engine_add(pf->e, &r), KVR_OK);
+    assert_int_equal(kvr_engine_release_held(pf->e, 3), KVR_EINVAL); /* still waiting */
+    run_to_idle(pf);
+    assert_int_equal(kvr_engine_cancel(pf->e, 3), KVR_OK);
+    kvr_engine_get_stats(pf->e, &st);
+    assert_int_equal(st.held, 0);
+    assert_int_equal(st.cache.n_active, 0);
+    assert_int_equal(kvr_engine_verify(pf->e), KVR_OK);
+
+    kvr_engine_request_t d = {
+        .id = 5, .tokens = p, .n_tokens = 1000, .max_tokens = 4, .kv_loaded = true};
+    assert_int_equal(kvr_engine_add(dc->e, &d), KVR_OK);
+    kvr_engine_step_t s;
+    assert_true(step(dc, &s));
+    assert_int_equal(s.n_prefill_tokens, 0);
+    assert_int_equal(s.n_decode, 1);
+    assert_true(s.duration_ms < 10.0); /* a decode step, not prefill(1000) = 32 ms */
+    assert_int_equal(dc->n_out, 1);
+    assert_int_equal(dc->out[0].cached_tokens, 0); /* none of it was in its own cache */
+    assert_int_equal(dc->n_stored, 62);
+    run_to_idle(dc);
+    kvr_engine_get_stats(dc->e, &st);
+    assert_int_equal(st.kv_loaded_requests, 1);
+    assert_int_equal(st.kv_loaded_tokens, 999);
+    check_faithful(dc);
+    add(ag, 6, p, 1000, 4);
+    run_to_idle(ag);
+    assert_int_equal(ag->n_out, 4);
+    for (size_t i = 0; i < 4; i++)
+        assert_int_equal(ag->out[i].token, dc->out[i].token);
+    /* the decode engine's cache now answers the prompt as the prefill engine's did */
+    add(dc, 7, p, 1000, 1);
+    run_to_idle(dc);
+    assert_int_equal(last_of(dc, 7)->cached_tokens, 992);
+    free(p);
+    harness_free(pf);
+    harness_free(dc);
+    harness_free(ag);
+}
+
 static void test_random_workloads(void **state)
 {
     (void)state;
@@ -596,6 +672,7 @@ int main(void)
         cmocka_unit_test(test_max_num_seqs),
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_disagg_hold_and_load),
         cmocka_unit_test(test_random_workloads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -177,6 +177,59 @@ static void test_prefix_holder_wins(void **s)
     unmake(&f);
 }
 
+/* Worker roles: the prefill pool is the prefill workers, the serving pool the others; each
+ * route stays in its pool, a pool without workers is KVR_ENOWORKER naming it, a prefill
+ * booking without active blocks holds none, and a bootstrap port needs role=prefill. */
+static void test_roles_split_pools(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL); /* workers 1..3, role both */
+    char err[200];
+    kvr_worker_spec_t w;
+    assert_int_equal(
+        kvr_worker_spec_parse("id=3,role=decode,bootstrap_port=8998", &w, err, sizeof err),
+        KVR_EINVAL);
+    assert_non_null(strstr(err, "bootstrap_port"));
+    assert_int_equal(kvr_worker_spec_parse("id=3,role=middle", &w, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "role"));
+    prompt(4, 512);
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 512, .pool = KVR_POOL_PREFILL};
+    kvr_route_res_t res;
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_ENOWORKER);
+    assert_non_null(strstr(res.error_field, "prefill"));
+    for (uint64_t id = 10; id <= 11; id++) {
+        char text[80];
+        snprintf(text, sizeof text, "id=%llu,role=prefill%s", (unsigned long long)id,
+                 id == 11 ? ",bootstrap_port=8998" : "");
+        assert_int_equal(kvr_worker_spec_parse(text, &w, err, sizeof err), KVR_OK);
+        assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    }
+    assert_int_equal(kvr_router_n_role(f.r, KVR_ROLE_PREFILL, true), 2);
+    assert_int_equal(kvr_router_n_role(f.r, KVR_ROLE_BOTH, true), 3);
+    engine_stores(&f, 10, 32); /* the prefill worker 10 holds the prompt */
+    q.update_state = true;
+    q.no_active_blocks = true;
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+        assert_true(res.worker.worker_id == 10 || res.worker.worker_id == 11);
+    }
+    kvr_load_snapshot_t snap;
+    kvr_load_snapshot(kvr_router_load(f.r), (kvr_worker_t){10, 0}, &snap);
+    assert_int_equal(snap.active_blocks, 0);
+    assert_true(snap.active_requests > 0);
+    /* the serving pool never picks a prefill worker, even the one holding the prompt */
+    kvr_route_req_t d = {.tokens = toks, .n_tokens = 512, .update_state = true};
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(kvr_router_route(f.r, &d, 1000, &res), KVR_OK);
+        assert_true(res.worker.worker_id >= 1 && res.worker.worker_id <= 3);
+    }
+    assert_int_equal(kvr_router_set_fenced(f.r, 10, true), KVR_OK);
+    assert_int_equal(kvr_router_n_role(f.r, KVR_ROLE_PREFILL, true), 1);
+    assert_int_equal(kvr_router_n_role(f.r, KVR_ROLE_PREFILL, false), 2);
+    unmake(&f);
+}
+
 static void test_booking_spreads_load_and_free_releases(void **s)
 {
     (void)s;
@@ -651,6 +704,7 @@ int main(void)
         cmocka_unit_test(test_generated_ids_unguessable),
         cmocka_unit_test(test_prefix_holder_wins),
         cmocka_unit_test(test_booking_spreads_load_and_free_releases),
+        cmocka_unit_test(test_roles_split_pools),
         cmocka_unit_test(test_load_overrides_reach_the_booking),
         cmocka_unit_test(test_queue_threshold_does_not_filter),
         cmocka_unit_test(test_sticky_sessions),
