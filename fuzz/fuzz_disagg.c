@@ -62,6 +62,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else if (a.kvt == KVR_KVT_ABSENT) {
         check(a.kvt_len == 0);
     }
+    uint64_t v = 1;
+    int rv = kvr_disagg_read_u64(b, size, "blocks", &v);
+    check(rv == KVR_OK || v == 0);
     if (size >= 12) {
         uint64_t x;
         uint32_t dp;

@@ -67,7 +67,22 @@ static void usage(FILE *out)
         "  --max-waiting N               waiting-queue cap; beyond it 503 [65536]\n"
         "  --vocab-size N                generated ids are below it [32000]\n"
         "  --kv-events-drop-every N      fault injection: every Nth batch is lost (replayable)\n"
-        "  --log-level L                 debug | info | warn | error [info]\n\n"
+        "  --log-level L                 debug | info | warn | error [info]\n"
+        "Disaggregated prefill/decode:\n"
+        "  --role prefill|decode|both    what this worker does [both]: a prefill worker keeps a\n"
+        "                                prompt's KV until its decode worker reads it; a decode\n"
+        "                                worker reads it, stores it and decodes without prefill\n"
+        "  --kv-transfer pull|bootstrap  vLLM's kv_transfer_params (pull) or SGLang's bootstrap\n"
+        "                                room [pull]\n"
+        "  --bootstrap-port P            prefill + bootstrap: the bootstrap server's port, 0 =\n"
+        "                                a free one (printed) [0]\n"
+        "  --kv-host H                   the address decode workers reach this one at\n"
+        "                                (remote_host) [127.0.0.1]\n"
+        "  --kv-bytes-per-block N        modelled KV bytes of one block [2097152]\n"
+        "  --kv-transfer-gbps X          modelled transfer bandwidth, Gbit/s [100]\n"
+        "  --kv-hold-timeout S           held KV nobody reads is freed after S s [30]\n"
+        "  --kv-wait-timeout S           a bootstrap read waits S s for its prefill [30]\n"
+        "  --kv-load-failure fail|recompute  a decode worker's failed read [fail]\n\n"
         "Discovery (routers started with --discovery nats find it):\n"
         "  --nats-url URL                register in <namespace>_workers while running\n"
         "  --worker-id N                 its worker id there [the HTTP port]\n"
@@ -87,6 +102,48 @@ typedef struct mocker_args {
 } mocker_args_t;
 
 static const char *const EVENT_FORMATS[] = {"array", "map"};
+static const char *const ROLES[] = {"both", "prefill", "decode"};
+static const char *const TRANSFERS[] = {"pull", "bootstrap"};
+static const char *const LOAD_FAILURES[] = {"fail", "recompute"};
+
+/* The disaggregation options; -1 when the option is not one of them. */
+static int parse_disagg(kvr_cli_t *c, kvr_mocker_config_t *m)
+{
+    size_t k;
+    int rc;
+    uint32_t v;
+    if (kvr_cli_is(c, "--role")) {
+        if ((rc = kvr_cli_choice(c, kvr_cli_value(c), ROLES, 3, &k)) == 0)
+            m->role = (kvr_mocker_role_t)k;
+        return rc;
+    }
+    if (kvr_cli_is(c, "--kv-transfer")) {
+        if ((rc = kvr_cli_choice(c, kvr_cli_value(c), TRANSFERS, 2, &k)) == 0)
+            m->kv_transfer = (kvr_mocker_kvt_t)k;
+        return rc;
+    }
+    if (kvr_cli_is(c, "--kv-load-failure")) {
+        if ((rc = kvr_cli_choice(c, kvr_cli_value(c), LOAD_FAILURES, 2, &k)) == 0)
+            m->kv_load_recompute = k == 1;
+        return rc;
+    }
+    if (kvr_cli_is(c, "--bootstrap-port")) {
+        if ((rc = kvr_cli_u32(c, kvr_cli_value(c), 0, 65535, &v)) == 0)
+            m->bootstrap_port = (uint16_t)v;
+        return rc;
+    }
+    if (kvr_cli_is(c, "--kv-host"))
+        return kvr_cli_copy(c, kvr_cli_value(c), m->kv_host, sizeof m->kv_host);
+    if (kvr_cli_is(c, "--kv-bytes-per-block"))
+        return kvr_cli_u64(c, kvr_cli_value(c), 1, UINT64_MAX / 8, &m->kv_bytes_per_block);
+    if (kvr_cli_is(c, "--kv-transfer-gbps"))
+        return kvr_cli_pos(c, kvr_cli_value(c), &m->kv_transfer_gbps);
+    if (kvr_cli_is(c, "--kv-hold-timeout"))
+        return kvr_cli_pos(c, kvr_cli_value(c), &m->kv_hold_timeout_s);
+    if (kvr_cli_is(c, "--kv-wait-timeout"))
+        return kvr_cli_pos(c, kvr_cli_value(c), &m->kv_wait_timeout_s);
+    return -1;
+}
 
 /* --lora-modules NAME[=PATH][,NAME[=PATH]...]: the names, appended to list (';'-separated). */
 static int add_loras(const kvr_cli_t *c, const char *v, char *list, size_t cap)
@@ -188,6 +245,8 @@ static int parse_option(kvr_cli_t *c, void *arg)
             return kvr_cli_fail(c, "--kv-events-config: %s", err);
         return 0;
     }
+    if ((rc = parse_disagg(c, m)) != -1)
+        return rc;
     if (kvr_cli_is(c, "--log-level")) {
         int level;
         rc = kvr_cli_log_level(c, kvr_cli_value(c), &level);
@@ -244,6 +303,13 @@ static kvr_nats_t *register_self(mocker_args_t *a, kvr_mocker_t *m, int *failed)
     snprintf(w.url, sizeof w.url, "http://%.200s:%u", host, kvr_mocker_port(m));
     snprintf(w.model, sizeof w.model, "%s", c->model);
     snprintf(w.loras, sizeof w.loras, "%s", c->loras);
+    w.role = c->role == KVR_MOCKER_PREFILL  ? KVR_ROLE_PREFILL
+             : c->role == KVR_MOCKER_DECODE ? KVR_ROLE_DECODE
+                                            : KVR_ROLE_BOTH;
+    if (kvr_mocker_bootstrap_port(m) != 0) {
+        w.bootstrap_port = kvr_mocker_bootstrap_port(m);
+        snprintf(w.bootstrap_host, sizeof w.bootstrap_host, "%s", host);
+    }
     if (c->events.enabled) {
         reachable(w.events, sizeof w.events, c->events.endpoint, host);
         reachable(w.replay, sizeof w.replay, c->events.replay_endpoint, host);
@@ -323,6 +389,8 @@ int kvr_cmd_mocker(int argc, char **argv)
                 e->block_size, e->max_num_seqs, e->max_num_batched_tokens, a.cfg.speedup,
                 a.cfg.events.enabled ? a.cfg.events.endpoint : "off",
                 a.cfg.events.enabled && a.cfg.events.replay_endpoint[0] ? " (replay on)" : "");
+        if (kvr_mocker_bootstrap_port(m) != 0)
+            printf("bootstrap %s:%u\n", a.cfg.host, kvr_mocker_bootstrap_port(m));
         printf("listening %s:%u\n", a.cfg.host, kvr_mocker_port(m));
         fflush(stdout);
         event_base_dispatch(base);

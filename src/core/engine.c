@@ -420,6 +420,17 @@ int kvr_engine_release_held(kvr_engine_t *e, uint64_t id)
     return KVR_OK;
 }
 
+size_t kvr_engine_held_blocks(const kvr_engine_t *e, uint64_t id, const uint32_t **ids)
+{
+    const eng_req_t *r = id_get(e, id);
+    if (!r || r->state != REQ_HELD) {
+        *ids = NULL;
+        return 0;
+    }
+    *ids = r->seq.blocks;
+    return r->seq.n_blocks;
+}
+
 /* A finished hold_kv request keeps its blocks: false when there is no room to track it (it
  * is then freed as any finished request). */
 static bool hold(kvr_engine_t *e, eng_req_t *r)
@@ -649,6 +660,8 @@ static bool apply_one(kvr_engine_t *e, eng_req_t *r, kvr_engine_output_fn cb, vo
         .finish = r->n_output >= r->max_tokens ? KVR_ENGINE_FINISHED_LENGTH : KVR_ENGINE_RUNNING,
         .kv_blocks = r->seq.n_blocks,
     };
+    if (out.finish != KVR_ENGINE_RUNNING && r->hold_kv)
+        (void)hold(e, r); /* before the output: its reader may ask for the held blocks */
     if (cb)
         cb(ctx, &out);
     return out.finish != KVR_ENGINE_RUNNING;
@@ -670,7 +683,7 @@ int kvr_engine_step_end(kvr_engine_t *e, kvr_engine_output_fn cb, void *ctx)
         }
         if (r->n_sched > 0 && apply_one(e, r, cb, ctx)) {
             e->st.requests_finished++;
-            if (r->hold_kv && hold(e, r))
+            if (r->state == REQ_HELD)
                 continue;
             id_remove(e, r->id);
             req_free(e, r);

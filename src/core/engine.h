@@ -161,6 +161,11 @@ int kvr_engine_cancel(kvr_engine_t *e, uint64_t id);
  * or not hold_kv; cancel it instead). */
 int kvr_engine_release_held(kvr_engine_t *e, uint64_t id);
 
+/* The physical block ids a held request keeps (its KV's place, as a prefill engine names
+ * them to its decode worker): their count, *ids pointing into the engine (valid until the
+ * hold is released); 0 when id is not held. */
+size_t kvr_engine_held_blocks(const kvr_engine_t *e, uint64_t id, const uint32_t **ids);
+
 /* See above. KVR_EBUSY if a step is already begun. */
 int kvr_engine_step_begin(kvr_engine_t *e, kvr_engine_step_t *step);
 /* KVR_EINVAL if no step is begun. cb may be NULL. */

@@ -18,6 +18,7 @@
  *    request is queued. kvr_http_nodelay() sets TCP_NODELAY on the connection's current socket
  *    once (*last remembers the socket done; start it at -1): call it after each
  *    evhttp_make_request().
+ * 4. kvr_http_bound_port(): the port a listening socket got (bound with port 0: a free one).
  * Threads: the connection's loop thread. Cost: one syscall / O(1).
  */
 #ifndef KVR_NET_HTTP_CONN_H
@@ -25,11 +26,15 @@
 
 #include <stdbool.h>
 
+#include <stdint.h>
+
 struct evhttp_connection;
 struct evhttp_request;
+struct evhttp_bound_socket;
 
 bool kvr_http_client_gone(struct evhttp_connection *conn);
 void kvr_http_release_orphan(struct evhttp_request *req);
 void kvr_http_nodelay(struct evhttp_connection *conn, int *last);
+uint16_t kvr_http_bound_port(struct evhttp_bound_socket *bs); /* 0 when unknown */
 
 #endif /* KVR_NET_HTTP_CONN_H */

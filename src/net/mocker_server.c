@@ -36,50 +36,18 @@
 #include "net/http_conn.h"
 #include "net/kv_publisher.h"
 #include "net/log.h"
+#include "wire/json_splice.h"
 #include "wire/json_writer.h"
 #include "wire/openai.h"
 #include "wire/prom.h"
 #include "wire/toytok.h"
 
+#include "net/mocker_int.h"
+
 #define MAX_BODY_BYTES ((size_t)256 << 20)
 #define REPLAY_POLL_US 10000 /* backstop; requests are answered on arrival (on_replay_ready) */
 #define SWEEP_US 50000
 #define MOCKER_VERSION "kvrouter-mocker 0.1.0"
-
-typedef struct kvr_mocker kvr_mocker_t;
-
-typedef struct rank {
-    kvr_mocker_t *m;
-    uint32_t idx;
-    kvr_engine_t *eng;
-    kvr_kv_enc_t *enc;
-    kvr_kv_pub_t *pub;
-    bool batch_open;
-    uint64_t *scratch; /* engine hashes of one event */
-    size_t scratch_cap;
-    struct event *timer;
-    struct event *replay_ev; /* the replay socket's ZMQ_FD: requests answered on arrival */
-    bool stepping;
-    uint64_t step_due_ns; /* when the current step's modelled time is up */
-    uint64_t n_live;      /* admitted requests not yet finished */
-    uint64_t encode_errors, publish_errors;
-    double lag_s;         /* real time beyond the modelled, summed over steps */
-} rank_t;
-
-typedef struct mreq {
-    kvr_mocker_t *m;
-    rank_t *rk;
-    uint64_t id;
-    struct evhttp_request *req;
-    struct evhttp_connection *conn;
-    bool chat, stream, include_usage, want_worker;
-    uint32_t prompt_tokens;
-    uint64_t created;
-    uint64_t arrival_ns;
-    struct evbuffer *text; /* non-streaming: the output so far */
-    struct mreq *prev, *next; /* non-streaming: the list the disconnect sweep probes */
-    char rid[KVR_OAI_ID_BYTES];
-} mreq_t;
 
 static const double TTFT_BOUNDS[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
                                      0.5,   0.75,  1.0,  2.5,  5.0,  7.5,  10.0, 20.0, 40.0};
@@ -87,35 +55,6 @@ static const double E2E_BOUNDS[] = {0.01, 0.05, 0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10
                                     20.0, 30.0, 40.0, 50.0, 60.0, 120.0};
 #define N_TTFT (sizeof TTFT_BOUNDS / sizeof TTFT_BOUNDS[0])
 #define N_E2E (sizeof E2E_BOUNDS / sizeof E2E_BOUNDS[0])
-
-#define MAX_LORAS 16
-
-struct kvr_mocker {
-    kvr_mocker_config_t cfg;
-    char lora[MAX_LORAS][256]; /* cfg.loras split (engine requests borrow these names) */
-    size_t n_lora;
-    struct event_base *base;
-    struct evhttp *http;
-    uint16_t port;
-    rank_t ranks[KVR_MOCKER_MAX_DP];
-    uint32_t rr;            /* round-robin start for ties */
-    uint64_t next_id;
-    struct event *replay_tick;
-    struct event *sweep_tick;  /* probes non-streaming clients for a disconnect */
-    mreq_t *waiting_whole;     /* non-streaming requests in flight (list head) */
-    kvr_oai_decoder_t *dec;
-    kvr_json_writer_t w;
-    struct evbuffer *out;   /* reply bodies and stream chunks */
-    uint32_t *toks;         /* tokenized text prompts */
-    size_t toks_cap;
-    char *chat;             /* rendered chat templates */
-    size_t chat_cap;
-    kvr_prom_t prom;
-    kvr_hist_t h_ttft, h_e2e;
-    uint64_t http_errors[6]; /* 400, 404, 413, 500, 503, other */
-    uint64_t requests_disconnected;
-    kvr_ratelimit_t rl_events;
-};
 
 /* ---- engine hashes: a bijection of the sequence hash ----------------------------------- */
 
@@ -165,6 +104,11 @@ void kvr_mocker_config_default(kvr_mocker_config_t *c)
     c->speedup = 1.0;
     kvr_kv_events_config_default(&c->events);
     c->event_format = KVR_KV_FMT_VLLM_ARRAY;
+    c->kv_bytes_per_block = (uint64_t)2 << 20;
+    c->kv_transfer_gbps = 100.0;
+    c->kv_hold_timeout_s = 30.0;
+    c->kv_wait_timeout_s = 30.0;
+    snprintf(c->kv_host, sizeof c->kv_host, "127.0.0.1");
 }
 
 int kvr_mocker_config_validate(const kvr_mocker_config_t *c, char *err, size_t err_len)
@@ -185,6 +129,23 @@ int kvr_mocker_config_validate(const kvr_mocker_config_t *c, char *err, size_t e
         snprintf(err, err_len, "event-format: must be array or map");
         return KVR_EINVAL;
     }
+    if ((unsigned)c->role > KVR_MOCKER_DECODE || (unsigned)c->kv_transfer > KVR_MOCKER_BOOTSTRAP) {
+        snprintf(err, err_len, "role: prefill, decode or both; kv-transfer: pull or bootstrap");
+        return KVR_EINVAL;
+    }
+    if (!isfinite(c->kv_transfer_gbps) || c->kv_transfer_gbps <= 0) {
+        snprintf(err, err_len, "kv-transfer-gbps: must be a finite number > 0");
+        return KVR_EINVAL;
+    }
+    if (!isfinite(c->kv_hold_timeout_s) || c->kv_hold_timeout_s <= 0 ||
+        !isfinite(c->kv_wait_timeout_s) || c->kv_wait_timeout_s <= 0) {
+        snprintf(err, err_len, "kv-hold-timeout / kv-wait-timeout: must be finite numbers > 0");
+        return KVR_EINVAL;
+    }
+    if (c->kv_host[0] == '\0' || strpbrk(c->kv_host, " /\\\"") != NULL) {
+        snprintf(err, err_len, "kv-host: a host name or address (no space, slash or quote)");
+        return KVR_EINVAL;
+    }
     size_t n = 0, len;
     const char *cur = c->loras, *l;
     while (kvr_namelist_next(&cur, &l, &len)) {
@@ -201,7 +162,7 @@ int kvr_mocker_config_validate(const kvr_mocker_config_t *c, char *err, size_t e
 
 /* ---- time ------------------------------------------------------------------------------ */
 
-static uint64_t mono_ns(void)
+uint64_t mk_mono_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -334,8 +295,8 @@ static void count_error(kvr_mocker_t *m, int code)
     m->http_errors[k]++;
 }
 
-static void reply_body(kvr_mocker_t *m, struct evhttp_request *req, int code, const char *ctype,
-                       const char *body, size_t len)
+void mk_reply_body(kvr_mocker_t *m, struct evhttp_request *req, int code, const char *ctype,
+                   const char *body, size_t len)
 {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Content-Type", ctype);
@@ -344,7 +305,7 @@ static void reply_body(kvr_mocker_t *m, struct evhttp_request *req, int code, co
     evhttp_send_reply(req, code, NULL, m->out);
 }
 
-static void reply_json(kvr_mocker_t *m, struct evhttp_request *req, int code)
+void mk_reply_json(kvr_mocker_t *m, struct evhttp_request *req, int code)
 {
     const char *body;
     size_t len;
@@ -352,13 +313,10 @@ static void reply_json(kvr_mocker_t *m, struct evhttp_request *req, int code)
         evhttp_send_error(req, 500, "response encoding failed");
         return;
     }
-    reply_body(m, req, code, "application/json", body, len);
+    mk_reply_body(m, req, code, "application/json", body, len);
 }
 
-static void reply_error(kvr_mocker_t *m, struct evhttp_request *req, int code, const char *fmt,
-                        ...) __attribute__((format(printf, 4, 5)));
-static void reply_error(kvr_mocker_t *m, struct evhttp_request *req, int code, const char *fmt,
-                        ...)
+void mk_reply_error(kvr_mocker_t *m, struct evhttp_request *req, int code, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -368,7 +326,7 @@ static void reply_error(kvr_mocker_t *m, struct evhttp_request *req, int code, c
     count_error(m, code);
     kvr_json_writer_reset(&m->w);
     kvr_oai_encode_error(&m->w, msg, NULL, code);
-    reply_json(m, req, code);
+    mk_reply_json(m, req, code);
 }
 
 static const char *body_of(struct evhttp_request *req, size_t *len)
@@ -382,10 +340,15 @@ static const char *body_of(struct evhttp_request *req, size_t *len)
 
 /* ---- the token stream ---------------------------------------------------------------------- */
 
-static void mreq_free(mreq_t *q)
+void mk_mreq_free(mreq_t *q)
 {
     if (q->text)
         evbuffer_free(q->text);
+    if (q->xfer_timer)
+        event_free(q->xfer_timer);
+    if (q->fetch_conn) /* the fetch, if still pending, is cancelled with it */
+        evhttp_connection_free(q->fetch_conn);
+    free(q->tokens);
     free(q);
 }
 
@@ -416,6 +379,7 @@ static void on_sweep_tick(evutil_socket_t fd, short what, void *arg)
         if (kvr_http_client_gone(q->conn))
             evhttp_connection_free(q->conn);
     }
+    mk_kv_sweep(m, mk_mono_ns());
 }
 
 static void fill_response(const mreq_t *q, kvr_oai_response_t *r)
@@ -473,7 +437,8 @@ static void stream_token(mreq_t *q, const kvr_engine_output_t *o, const char *pi
         evhttp_send_reply_end(q->req);
 }
 
-static void finish_whole(mreq_t *q, const kvr_engine_output_t *o)
+/* The whole answer; member (a prefill's "kv_transfer_params":{...}, or "") is added to it. */
+static void finish_whole(mreq_t *q, const kvr_engine_output_t *o, const char *member)
 {
     kvr_mocker_t *m = q->m;
     kvr_oai_response_t r;
@@ -487,7 +452,19 @@ static void finish_whole(mreq_t *q, const kvr_engine_output_t *o)
                                 .cached_tokens = o->cached_tokens};
     kvr_json_writer_reset(&m->w);
     kvr_oai_encode_response(&m->w, &r);
-    reply_json(m, q->req, 200);
+    const char *j;
+    size_t jl, ml = strlen(member), n = 0;
+    if (ml == 0 || kvr_json_writer_finish(&m->w, &j, &jl) != KVR_OK) {
+        mk_reply_json(m, q->req, 200);
+        return;
+    }
+    size_t cap = KVR_JSON_SPLICE_OUT_BYTES(jl, ml);
+    char *buf = malloc(cap);
+    if (buf != NULL && kvr_json_splice(j, jl, NULL, member, ml, buf, cap, &n) == KVR_OK)
+        mk_reply_body(m, q->req, 200, "application/json", buf, n);
+    else
+        mk_reply_body(m, q->req, 200, "application/json", j, jl);
+    free(buf);
 }
 
 static void on_output(void *ctx, const kvr_engine_output_t *o)
@@ -496,23 +473,27 @@ static void on_output(void *ctx, const kvr_engine_output_t *o)
     kvr_mocker_t *m = q->m;
     char piece[KVR_TOYTOK_MAX_PIECE + 1];
     size_t plen = kvr_toytok_piece(o->token, piece);
-    uint64_t now = mono_ns();
+    uint64_t now = mk_mono_ns();
     bool last = o->finish != KVR_ENGINE_RUNNING;
     if (o->first)
         kvr_hist_observe(&m->h_ttft, (double)(now - q->arrival_ns) * 1e-9);
+    char *member = NULL;
     if (last) {
         kvr_hist_observe(&m->h_e2e, (double)(now - q->arrival_ns) * 1e-9);
         mreq_detach(q); /* before the last send: a failing write must not reach q */
+        if (q->hold)
+            member = mk_kv_held(q, o);
     }
     if (q->stream)
         stream_token(q, o, piece, plen);
     else {
         evbuffer_add(q->text, piece, plen);
         if (last)
-            finish_whole(q, o);
+            finish_whole(q, o, member != NULL ? member : "");
     }
+    free(member);
     if (last)
-        mreq_free(q);
+        mk_mreq_free(q);
 }
 
 /* ---- stepping ---------------------------------------------------------------------------- */
@@ -522,7 +503,7 @@ static void kick(rank_t *rk);
 static void on_step_done(evutil_socket_t fd, short what, void *arg)
 {
     rank_t *rk = arg;
-    uint64_t now = mono_ns();
+    uint64_t now = mk_mono_ns();
     if (now > rk->step_due_ns)
         rk->lag_s += (double)(now - rk->step_due_ns) * 1e-9;
     kvr_engine_step_end(rk->eng, on_output, rk);
@@ -549,7 +530,7 @@ static void kick(rank_t *rk)
     double us = s.duration_ms * 1000.0 / rk->m->cfg.speedup;
     if (us > 3.6e9)
         us = 3.6e9;
-    uint64_t ns = (uint64_t)(us * 1000.0), now = mono_ns();
+    uint64_t ns = (uint64_t)(us * 1000.0), now = mk_mono_ns();
     uint64_t start = rk->step_due_ns > now ? rk->step_due_ns : now;
     rk->step_due_ns = start + ns;
     if (rk->step_due_ns <= now + RUN_NOW_NS) {
@@ -567,11 +548,14 @@ static void kick(rank_t *rk)
 static void on_client_close(struct evhttp_connection *conn, void *arg)
 {
     mreq_t *q = arg;
-    (void)kvr_engine_cancel(q->rk->eng, q->id);
+    if (q->phase == MQ_ENGINE)
+        (void)kvr_engine_cancel(q->rk->eng, q->id);
     q->m->requests_disconnected++;
     kvr_http_release_orphan(q->req); /* net/http_conn.h */
     mreq_detach(q);
-    mreq_free(q);
+    q->req = NULL;
+    if (!mk_kv_client_gone(q)) /* a fetch in flight keeps q until it ends */
+        mk_mreq_free(q);
 }
 
 static bool fit_tokens(kvr_mocker_t *m, size_t n)
@@ -656,14 +640,14 @@ static bool check_lengths(kvr_mocker_t *m, struct evhttp_request *req,
 {
     uint32_t mml = kvr_engine_config(m->ranks[0].eng)->max_model_len;
     if (n_prompt == 0) {
-        reply_error(m, req, 400, "the prompt is empty after tokenization");
+        mk_reply_error(m, req, 400, "the prompt is empty after tokenization");
         return false;
     }
     if (n_prompt >= mml) {
-        reply_error(m, req, 400,
-                    "This model's maximum context length is %u tokens. However, your request "
-                    "has %zu input tokens. Please reduce the length of the input.",
-                    mml, n_prompt);
+        mk_reply_error(m, req, 400,
+                       "This model's maximum context length is %u tokens. However, your request "
+                       "has %zu input tokens. Please reduce the length of the input.",
+                       mml, n_prompt);
         return false;
     }
     uint64_t room = mml - n_prompt;
@@ -672,11 +656,11 @@ static bool check_lengths(kvr_mocker_t *m, struct evhttp_request *req,
         return true;
     }
     if (rq->max_tokens > room) {
-        reply_error(m, req, 400,
-                    "'max_tokens' or 'max_completion_tokens' is too large: %u. This model's "
-                    "maximum context length is %u tokens and your request has %zu input tokens "
-                    "(%u > %u - %zu).",
-                    rq->max_tokens, mml, n_prompt, rq->max_tokens, mml, n_prompt);
+        mk_reply_error(m, req, 400,
+                       "'max_tokens' or 'max_completion_tokens' is too large: %u. This model's "
+                       "maximum context length is %u tokens and your request has %zu input tokens "
+                       "(%u > %u - %zu).",
+                       rq->max_tokens, mml, n_prompt, rq->max_tokens, mml, n_prompt);
         return false;
     }
     *max_tokens = rq->max_tokens;
@@ -699,7 +683,7 @@ static bool check_model(kvr_mocker_t *m, struct evhttp_request *req, const kvr_o
     char name[128];
     snprintf(name, sizeof name, "%.*s", (int)(rq->model_len < 100 ? rq->model_len : 100),
              rq->model);
-    reply_error(m, req, 404, "The model `%s` does not exist.", name);
+    mk_reply_error(m, req, 404, "The model `%s` does not exist.", name);
     return false;
 }
 
@@ -720,7 +704,7 @@ static mreq_t *mreq_new(kvr_mocker_t *m, struct evhttp_request *req, const kvr_o
     q->want_worker = rq->has_nvext && rq->nvext.want_worker_id;
     q->prompt_tokens = (uint32_t)n_prompt;
     q->created = (uint64_t)time(NULL);
-    q->arrival_ns = mono_ns();
+    q->arrival_ns = mk_mono_ns();
     kvr_oai_make_id(q->rid, q->chat, q->id);
     if (!q->stream && !(q->text = evbuffer_new())) {
         free(q);
@@ -737,55 +721,36 @@ static void start_stream(mreq_t *q)
     evhttp_send_reply_start(q->req, 200, "OK");
 }
 
-static void h_generate(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_endpoint_t ep)
+/* Queues q in its rank's engine: KVR_OK or the engine's refusal (see refusal()). */
+static int engine_add(mreq_t *q, const uint32_t *toks, uint32_t n, uint32_t max_tokens,
+                      const char *lora, bool kv_loaded)
 {
-    size_t blen;
-    const char *body = body_of(req, &blen);
-    kvr_oai_request_t rq;
-    int st = kvr_oai_decode(m->dec, ep, body, blen, &rq);
-    if (st != KVR_OK) {
-        reply_error(m, req, kvr_oai_http_status(st), "%s", kvr_oai_decoder_error(m->dec));
-        return;
-    }
-    if (!check_model(m, req, &rq))
-        return;
-    const uint32_t *toks;
-    size_t n;
-    if ((st = prompt_tokens(m, &rq, &toks, &n)) != KVR_OK) {
-        reply_error(m, req, 500, "tokenization failed: %s", kvr_strerror(st));
-        return;
-    }
-    uint32_t max_tokens;
-    if (!check_lengths(m, req, &rq, n, &max_tokens))
-        return;
-    rank_t *rk;
-    if ((st = pick_rank(m, req, &rq, &rk)) != KVR_OK) {
-        reply_error(m, req, 400, "data parallel rank: must be an integer in [0, %u]",
-                    m->cfg.dp_size - 1);
-        return;
-    }
-    mreq_t *q = mreq_new(m, req, &rq, rk, n);
-    if (!q) {
-        reply_error(m, req, 500, "out of memory");
-        return;
-    }
     kvr_engine_request_t er = {.id = q->id,
                                .tokens = toks,
-                               .n_tokens = (uint32_t)n,
+                               .n_tokens = n,
                                .max_tokens = max_tokens,
                                .user = q,
-                               .lora_name = adapter_of(m, &rq)};
-    if ((st = kvr_engine_add(rk->eng, &er)) != KVR_OK) {
-        mreq_free(q);
-        if (st == KVR_EQUEUEFULL)
-            reply_error(m, req, 503, "the engine's waiting queue is full (%u requests)",
-                        m->cfg.engine.max_waiting);
-        else
-            reply_error(m, req, st == KVR_ETOOBIG ? 400 : 500, "request rejected: %s",
-                        kvr_strerror(st));
-        return;
-    }
-    rk->n_live++;
+                               .lora_name = lora,
+                               .hold_kv = q->hold,
+                               .kv_loaded = kv_loaded};
+    return kvr_engine_add(q->rk->eng, &er);
+}
+
+static void refusal(kvr_mocker_t *m, struct evhttp_request *req, int st)
+{
+    if (st == KVR_EQUEUEFULL)
+        mk_reply_error(m, req, 503, "the engine's waiting queue is full (%u requests)",
+                       m->cfg.engine.max_waiting);
+    else
+        mk_reply_error(m, req, st == KVR_ETOOBIG ? 400 : 500, "request rejected: %s",
+                       kvr_strerror(st));
+}
+
+/* q's client is watched for a disconnect from here on (and counted in its rank). */
+static void watch(mreq_t *q)
+{
+    kvr_mocker_t *m = q->m;
+    q->rk->n_live++;
     evhttp_connection_set_closecb(q->conn, on_client_close, q);
     if (!q->stream) {
         q->next = m->waiting_whole;
@@ -795,6 +760,160 @@ static void h_generate(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_endp
     }
     if (q->stream)
         start_stream(q);
+}
+
+int mk_admit(mreq_t *q, bool kv_loaded)
+{
+    q->phase = MQ_ENGINE;
+    int st = engine_add(q, q->tokens, q->n_tokens, q->max_tokens, q->lora, kv_loaded);
+    if (st != KVR_OK) {
+        mk_fail(q,
+                st == KVR_EQUEUEFULL ? 503
+                : st == KVR_ETOOBIG  ? 400
+                                     : 500,
+                "request rejected: %s", kvr_strerror(st));
+        return st;
+    }
+    free(q->tokens);
+    q->tokens = NULL;
+    kick(q->rk);
+    return KVR_OK;
+}
+
+void mk_fail(mreq_t *q, int code, const char *fmt, ...)
+{
+    kvr_mocker_t *m = q->m;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (q->stream) { /* the stream has begun: an error event ends it, as vLLM's does */
+        evbuffer_drain(m->out, evbuffer_get_length(m->out));
+        kvr_json_writer_reset(&m->w);
+        kvr_oai_encode_error(&m->w, msg, NULL, code);
+        add_sse(m);
+        evbuffer_add(m->out, KVR_OAI_SSE_DONE, sizeof KVR_OAI_SSE_DONE - 1);
+        count_error(m, code);
+        mreq_detach(q);
+        evhttp_send_reply_chunk(q->req, m->out);
+        evhttp_send_reply_end(q->req);
+    } else {
+        mreq_detach(q);
+        mk_reply_error(m, q->req, code, "%s", msg);
+    }
+    mk_mreq_free(q);
+}
+
+/* What a disaggregated role does with a request: hold its KV (prefill), fetch it first
+ * (decode), or neither. False after answering an error. */
+static bool disagg_plan(kvr_mocker_t *m, struct evhttp_request *req, const char *body, size_t blen,
+                        kvr_disagg_req_t *d, bool *hold, bool *fetch)
+{
+    *hold = *fetch = false;
+    memset(d, 0, sizeof *d);
+    if (m->cfg.role == KVR_MOCKER_BOTH)
+        return true;
+    char err[200];
+    if (kvr_disagg_parse_req(body, blen, d, err, sizeof err) != KVR_OK) {
+        mk_reply_error(m, req, 400, "%s", err);
+        return false;
+    }
+    bool pull = m->cfg.kv_transfer == KVR_MOCKER_PULL;
+    if (m->cfg.role == KVR_MOCKER_PREFILL) {
+        if (!pull && !d->has_room) { /* SGLang's prefill server refuses it */
+            mk_reply_error(m, req, 400,
+                           "bootstrap_room: missing (a prefill worker serves only "
+                           "requests a router pairs with a decode worker)");
+            return false;
+        }
+        *hold = pull ? d->kvt == KVR_KVT_OBJECT && d->do_remote_decode : true;
+        return true;
+    }
+    if (!pull) {
+        *fetch = d->has_room;
+        if (*fetch && d->bootstrap_host[0] == '\0') {
+            mk_reply_error(m, req, 400, "bootstrap_host: missing with bootstrap_room");
+            return false;
+        }
+        return true;
+    }
+    *fetch = kvr_disagg_pull_ready(d);
+    if (!*fetch && d->kvt == KVR_KVT_OBJECT && d->do_remote_prefill) {
+        m->kv.transfers_invalid++; /* as vLLM: "will not utilize KVTransfer", recomputed */
+        kvr_log_limited(&m->rl_kv, KVR_LOG_WARN,
+                        "kv_transfer_params without remote_host, remote_port, remote_request_id "
+                        "or remote_engine_id: the prompt is recomputed");
+    }
+    return true;
+}
+
+static void h_generate(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_endpoint_t ep)
+{
+    size_t blen;
+    const char *body = body_of(req, &blen);
+    kvr_oai_request_t rq;
+    int st = kvr_oai_decode(m->dec, ep, body, blen, &rq);
+    if (st != KVR_OK) {
+        mk_reply_error(m, req, kvr_oai_http_status(st), "%s", kvr_oai_decoder_error(m->dec));
+        return;
+    }
+    if (!check_model(m, req, &rq))
+        return;
+    const uint32_t *toks;
+    size_t n;
+    if ((st = prompt_tokens(m, &rq, &toks, &n)) != KVR_OK) {
+        mk_reply_error(m, req, 500, "tokenization failed: %s", kvr_strerror(st));
+        return;
+    }
+    uint32_t max_tokens;
+    if (!check_lengths(m, req, &rq, n, &max_tokens))
+        return;
+    kvr_disagg_req_t d;
+    bool hold, fetch;
+    if (!disagg_plan(m, req, body, blen, &d, &hold, &fetch))
+        return;
+    rank_t *rk;
+    if ((st = pick_rank(m, req, &rq, &rk)) != KVR_OK) {
+        mk_reply_error(m, req, 400, "data parallel rank: must be an integer in [0, %u]",
+                       m->cfg.dp_size - 1);
+        return;
+    }
+    if (hold && d.has_room &&
+        !evhttp_find_header(evhttp_request_get_input_headers(req), "x-data-parallel-rank"))
+        rk = &m->ranks[d.bootstrap_room % m->cfg.dp_size]; /* SGLang's follow_bootstrap_room */
+    mreq_t *q = mreq_new(m, req, &rq, rk, n);
+    if (!q) {
+        mk_reply_error(m, req, 500, "out of memory");
+        return;
+    }
+    q->hold = hold;
+    q->by_room = hold && d.has_room;
+    q->room = d.bootstrap_room;
+    if (hold)
+        max_tokens = 1; /* a prefill worker computes the prompt and its first token only */
+    if (fetch) {
+        q->tokens = malloc(n * sizeof *q->tokens);
+        if (!q->tokens) {
+            mk_mreq_free(q);
+            mk_reply_error(m, req, 500, "out of memory");
+            return;
+        }
+        memcpy(q->tokens, toks, n * sizeof *toks);
+        q->n_tokens = (uint32_t)n;
+        q->max_tokens = max_tokens;
+        q->lora = adapter_of(m, &rq);
+        q->phase = MQ_FETCH;
+        watch(q);
+        mk_kv_fetch(q, &d);
+        return;
+    }
+    if ((st = engine_add(q, toks, (uint32_t)n, max_tokens, adapter_of(m, &rq), false)) != KVR_OK) {
+        mk_mreq_free(q);
+        refusal(m, req, st);
+        return;
+    }
+    watch(q);
     kick(rk);
 }
 
@@ -805,7 +924,7 @@ static void h_tokenize(kvr_mocker_t *m, struct evhttp_request *req)
     kvr_oai_request_t rq;
     int st = kvr_oai_decode(m->dec, KVR_OAI_TOKENIZE, body, blen, &rq);
     if (st != KVR_OK) {
-        reply_error(m, req, kvr_oai_http_status(st), "%s", kvr_oai_decoder_error(m->dec));
+        mk_reply_error(m, req, kvr_oai_http_status(st), "%s", kvr_oai_decoder_error(m->dec));
         return;
     }
     if (!check_model(m, req, &rq))
@@ -813,12 +932,12 @@ static void h_tokenize(kvr_mocker_t *m, struct evhttp_request *req)
     const uint32_t *toks;
     size_t n;
     if ((st = prompt_tokens(m, &rq, &toks, &n)) != KVR_OK) {
-        reply_error(m, req, 500, "tokenization failed: %s", kvr_strerror(st));
+        mk_reply_error(m, req, 500, "tokenization failed: %s", kvr_strerror(st));
         return;
     }
     kvr_json_writer_reset(&m->w);
     kvr_oai_encode_tokenize(&m->w, toks, n, kvr_engine_config(m->ranks[0].eng)->max_model_len);
-    reply_json(m, req, 200);
+    mk_reply_json(m, req, 200);
 }
 
 static void h_models(kvr_mocker_t *m, struct evhttp_request *req)
@@ -830,7 +949,7 @@ static void h_models(kvr_mocker_t *m, struct evhttp_request *req)
         md[1 + i] = (kvr_oai_model_t){m->lora[i], now, "kvrouter", mml, m->cfg.model};
     kvr_json_writer_reset(&m->w);
     kvr_oai_encode_models(&m->w, md, 1 + m->n_lora);
-    reply_json(m, req, 200);
+    mk_reply_json(m, req, 200);
 }
 
 static void h_reset(kvr_mocker_t *m, struct evhttp_request *req)
@@ -838,13 +957,13 @@ static void h_reset(kvr_mocker_t *m, struct evhttp_request *req)
     for (uint32_t r = 0; r < m->cfg.dp_size; r++) {
         if (kvr_engine_in_step(m->ranks[r].eng) ||
             kvr_engine_reset_prefix_cache(m->ranks[r].eng) != KVR_OK) {
-            reply_error(m, req, 409, "rank %u has requests running; the prefix cache is kept",
-                        r);
+            mk_reply_error(m, req, 409, "rank %u has requests running; the prefix cache is kept",
+                           r);
             return;
         }
         flush_events(&m->ranks[r]);
     }
-    reply_body(m, req, 200, "application/json", "{\"reset\":true}", 14);
+    mk_reply_body(m, req, 200, "application/json", "{\"reset\":true}", 14);
 }
 
 /* GET /debug/kv_blocks: the engine hashes each rank's prefix cache holds, as its KV events
@@ -860,7 +979,7 @@ static void h_kv_blocks(kvr_mocker_t *m, struct evhttp_request *req)
         size_t n = kvr_kvcache_cached_hashes(kc, NULL, 0);
         uint64_t *hs = malloc((n + 1) * sizeof *hs);
         if (!hs) {
-            reply_error(m, req, 500, "out of memory");
+            mk_reply_error(m, req, 500, "out of memory");
             return;
         }
         kvr_kvcache_cached_hashes(kc, hs, n);
@@ -877,7 +996,7 @@ static void h_kv_blocks(kvr_mocker_t *m, struct evhttp_request *req)
     }
     kvr_json_end_array(&m->w);
     kvr_json_end_object(&m->w);
-    reply_json(m, req, 200);
+    mk_reply_json(m, req, 200);
 }
 
 /* ---- /metrics ------------------------------------------------------------------------------ */
@@ -898,11 +1017,39 @@ static void metric_per_rank(kvr_mocker_t *m, const char *name, const char *type,
 }
 
 enum {
-    MF_RUNNING, MF_WAITING, MF_KV_USAGE, MF_GPU_USAGE, MF_PREFIX_Q, MF_PREFIX_H, MF_HIT_RATE,
-    MF_PROMPT, MF_GEN, MF_PREEMPT, MF_SUCCESS, MF_CANCELLED, MF_STEPS, MF_LAG, MF_CACHED,
-    MF_ACTIVE, MF_STORED, MF_REMOVED, MF_PUBLISHED, MF_DROPPED, MF_ENC_ERR, MF_PUB_ERR,
-    MF_REPLAY_REQ, MF_REPLAYED, MF_REPLAY_TRUNC, MF_REPLAY_INVALID, MF_REPLAY_SEND_ERR,
-    MF_SUBSCRIBERS, MF_COUNT
+    MF_RUNNING,
+    MF_WAITING,
+    MF_KV_USAGE,
+    MF_GPU_USAGE,
+    MF_PREFIX_Q,
+    MF_PREFIX_H,
+    MF_HIT_RATE,
+    MF_PROMPT,
+    MF_GEN,
+    MF_PREEMPT,
+    MF_SUCCESS,
+    MF_CANCELLED,
+    MF_STEPS,
+    MF_LAG,
+    MF_CACHED,
+    MF_ACTIVE,
+    MF_STORED,
+    MF_REMOVED,
+    MF_PUBLISHED,
+    MF_DROPPED,
+    MF_ENC_ERR,
+    MF_PUB_ERR,
+    MF_REPLAY_REQ,
+    MF_REPLAYED,
+    MF_REPLAY_TRUNC,
+    MF_REPLAY_INVALID,
+    MF_REPLAY_SEND_ERR,
+    MF_SUBSCRIBERS,
+    MF_HELD,
+    MF_HELD_BLOCKS,
+    MF_KV_LOADED,
+    MF_KV_LOADED_TOK,
+    MF_COUNT
 };
 
 static const struct {
@@ -942,6 +1089,13 @@ static const struct {
                             "Replay answers abandoned (the subscriber went away)"},
     [MF_SUBSCRIBERS] = {"kvr_mocker_kv_event_subscribers", "gauge",
                         "Subscriptions that have reached the KV-event publisher"},
+    [MF_HELD] = {"kvr_mocker_kv_held_requests", "gauge",
+                 "Finished prefills whose KV is held for a decode worker"},
+    [MF_HELD_BLOCKS] = {"kvr_mocker_kv_held_blocks", "gauge", "Blocks those prefills hold"},
+    [MF_KV_LOADED] = {"kvr_mocker_kv_loaded_requests", "counter",
+                      "Requests admitted with their KV transferred from a prefill worker"},
+    [MF_KV_LOADED_TOK] = {"kvr_mocker_kv_loaded_tokens", "counter",
+                          "Prompt tokens those requests did not compute"},
 };
 
 static double metric_value(const rank_t *rk, int f, const kvr_engine_stats_t *s,
@@ -978,6 +1132,14 @@ static double metric_value(const rank_t *rk, int f, const kvr_engine_stats_t *s,
     case MF_REPLAY_TRUNC: return (double)p->replay_truncated;
     case MF_REPLAY_INVALID: return (double)p->invalid_requests;
     case MF_SUBSCRIBERS: return (double)p->subscribers;
+    case MF_HELD:
+        return s->held;
+    case MF_HELD_BLOCKS:
+        return (double)s->held_blocks;
+    case MF_KV_LOADED:
+        return (double)s->kv_loaded_requests;
+    case MF_KV_LOADED_TOK:
+        return (double)s->kv_loaded_tokens;
     default: return 0;
     }
 }
@@ -1019,8 +1181,9 @@ static void h_metrics(kvr_mocker_t *m, struct evhttp_request *req)
                     "Requests whose client went away before the end (cancelled)");
     kvr_prom_sample(&m->prom, "kvr_mocker_requests_disconnected_total", NULL, 0,
                     (double)m->requests_disconnected);
-    reply_body(m, req, 200, "text/plain; version=0.0.4", m->prom.buf ? m->prom.buf : "",
-               m->prom.len);
+    mk_kv_metrics(m);
+    mk_reply_body(m, req, 200, "text/plain; version=0.0.4", m->prom.buf ? m->prom.buf : "",
+                  m->prom.len);
 }
 
 /* ---- dispatch ------------------------------------------------------------------------------ */
@@ -1043,19 +1206,24 @@ static void on_request(struct evhttp_request *req, void *arg)
     else if (get && strcmp(path, "/v1/models") == 0)
         h_models(m, req);
     else if (get && strcmp(path, "/health") == 0)
-        reply_body(m, req, 200, "text/plain", "", 0);
+        mk_reply_body(m, req, 200, "text/plain", "", 0);
     else if (get && strcmp(path, "/metrics") == 0)
         h_metrics(m, req);
     else if (get && strcmp(path, "/version") == 0)
-        reply_body(m, req, 200, "application/json", "{\"version\":\"" MOCKER_VERSION "\"}",
-                   sizeof "{\"version\":\"" MOCKER_VERSION "\"}" - 1);
+        mk_reply_body(m, req, 200, "application/json", "{\"version\":\"" MOCKER_VERSION "\"}",
+                      sizeof "{\"version\":\"" MOCKER_VERSION "\"}" - 1);
     else if (get && strcmp(path, "/debug/kv_blocks") == 0)
         h_kv_blocks(m, req);
     else if (post && strcmp(path, "/reset_prefix_cache") == 0)
         h_reset(m, req);
+    else if (post && strcmp(path, "/kv/pull") == 0)
+        mk_h_pull(m, req);
     else
-        reply_error(m, req, 404, "no route for %s %s", post ? "POST" : get ? "GET" : "this",
-                    path);
+        mk_reply_error(m, req, 404, "no route for %s %s",
+                       post  ? "POST"
+                       : get ? "GET"
+                             : "this",
+                       path);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------------ */
@@ -1126,11 +1294,7 @@ static int http_init(kvr_mocker_t *m, char *err, size_t err_len)
      * sockets inherit the flag on Linux. vLLM's server sets it too. */
     int one = 1;
     (void)setsockopt(evhttp_bound_socket_get_fd(bs), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    struct sockaddr_storage ss;
-    ev_socklen_t sl = sizeof ss;
-    if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0)
-        m->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    m->port = kvr_http_bound_port(bs);
     return KVR_OK;
 }
 
@@ -1155,6 +1319,7 @@ kvr_mocker_t *kvr_mocker_new(struct event_base *base, void *zmq_ctx,
     }
     m->base = base;
     m->rl_events = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    m->rl_kv = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     kvr_json_writer_init(&m->w);
     kvr_prom_init(&m->prom);
     kvr_hist_init(&m->h_ttft, TTFT_BOUNDS, N_TTFT);
@@ -1178,7 +1343,7 @@ kvr_mocker_t *kvr_mocker_new(struct event_base *base, void *zmq_ctx,
         st = KVR_ENOMEM;
         goto fail;
     }
-    if ((st = http_init(m, err, err_len)) != KVR_OK)
+    if ((st = http_init(m, err, err_len)) != KVR_OK || (st = mk_kv_init(m, err, err_len)) != KVR_OK)
         goto fail;
     *status = KVR_OK;
     err[0] = '\0';
@@ -1195,6 +1360,7 @@ void kvr_mocker_free(kvr_mocker_t *m)
         return;
     if (m->http)
         evhttp_free(m->http); /* closes connections: their close callbacks free requests */
+    mk_kv_free(m);
     if (m->replay_tick)
         event_free(m->replay_tick);
     if (m->sweep_tick)
@@ -1221,3 +1387,4 @@ void kvr_mocker_free(kvr_mocker_t *m)
 }
 
 uint16_t kvr_mocker_port(const kvr_mocker_t *m) { return m->port; }
+uint16_t kvr_mocker_bootstrap_port(const kvr_mocker_t *m) { return m->boot_port; }

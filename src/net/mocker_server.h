@@ -34,6 +34,19 @@
 
 #define KVR_MOCKER_MAX_DP 64
 
+typedef enum kvr_mocker_role {
+    KVR_MOCKER_BOTH = 0, /* aggregated: prefill and decode */
+    KVR_MOCKER_PREFILL,
+    KVR_MOCKER_DECODE,
+} kvr_mocker_role_t;
+
+typedef enum kvr_mocker_kvt {
+    KVR_MOCKER_PULL = 0,  /* vLLM's NixlConnector: the decode worker reads the KV named by
+                             kv_transfer_params */
+    KVR_MOCKER_BOOTSTRAP, /* SGLang: both legs carry a bootstrap room; the decode worker reads
+                             the room from the prefill worker's bootstrap server */
+} kvr_mocker_kvt_t;
+
 typedef struct kvr_mocker_config {
     kvr_engine_config_t engine;  /* per rank */
     char host[256];              /* HTTP bind address */
@@ -48,6 +61,22 @@ typedef struct kvr_mocker_config {
      * with the model as parent, taken as a request's model; an adapter's blocks are its own
      * (hashes salted by its name) and its KV events name it */
     char loras[1024];
+    /* Disaggregation. A prefill worker keeps a prompt's KV (max_tokens forced to 1) until its
+     * decode worker reads it over a real loopback connection (POST /kv/pull on the HTTP port,
+     * or the bootstrap server's POST /kv/bootstrap) or kv_hold_timeout_s passes; a decode
+     * worker reads it, waits blocks x kv_bytes_per_block / kv_transfer_gbps (modelled, divided
+     * by speedup), stores it (STORED events) and decodes without prefilling. */
+    kvr_mocker_role_t role;
+    kvr_mocker_kvt_t kv_transfer;
+    uint64_t kv_bytes_per_block; /* 2 MiB: an 8B model's 16 tokens in fp16 */
+    double kv_transfer_gbps;     /* 100 */
+    double kv_hold_timeout_s;    /* 30 (vLLM's lease) */
+    double kv_wait_timeout_s;    /* 30: a bootstrap read waits this long for its prefill */
+    uint16_t bootstrap_port;     /* prefill + bootstrap: 0 = a free port */
+    bool kv_load_recompute;      /* decode: a failed read recomputes (vLLM's "recompute");
+                                    false: the request fails ("fail", vLLM's default) */
+    char kv_host[256];           /* the address decode workers reach this one at (remote_host;
+                                    VLLM_NIXL_SIDE_CHANNEL_HOST): 127.0.0.1 */
 } kvr_mocker_config_t;
 
 void kvr_mocker_config_default(kvr_mocker_config_t *c);
@@ -63,6 +92,8 @@ kvr_mocker_t *kvr_mocker_new(struct event_base *base, void *zmq_ctx,
                              size_t err_len);
 void kvr_mocker_free(kvr_mocker_t *m);
 uint16_t kvr_mocker_port(const kvr_mocker_t *m);
+/* The bootstrap server's port (prefill role, bootstrap convention); 0 otherwise. */
+uint16_t kvr_mocker_bootstrap_port(const kvr_mocker_t *m);
 
 /* The engine block hash published for a block with this sequence hash (and its inverse). */
 uint64_t kvr_mocker_engine_hash(uint64_t seq_hash);

@@ -248,6 +248,28 @@ int kvr_disagg_scan_answer(const char *json, size_t len, kvr_disagg_answer_t *ou
     return KVR_OK;
 }
 
+int kvr_disagg_read_u64(const char *json, size_t len, const char *key, uint64_t *out)
+{
+    *out = 0;
+    size_t i = kvr_json_skip_ws(json, len, 0);
+    if (i >= len || json[i] != '{')
+        return KVR_EPARSE;
+    size_t end = kvr_json_skip_value(json, len, i, KVR_JSON_STRICT);
+    if (end == KVR_JSON_BAD || kvr_json_skip_ws(json, len, end) != len)
+        return KVR_EPARSE;
+    kvr_json_iter_t it;
+    kvr_json_member_t m;
+    kvr_json_object_begin(&it, json, len, i, KVR_JSON_STRICT);
+    while (kvr_json_object_next(&it, &m) == 1) {
+        if (!kvr_json_key_is(json, &m, key))
+            continue;
+        if (is_lit(json, &m, "null"))
+            return KVR_ENOTFOUND;
+        return read_u64(json, &m, UINT64_MAX, out) ? KVR_OK : KVR_EINVAL;
+    }
+    return KVR_ENOTFOUND;
+}
+
 uint64_t kvr_disagg_room(uint64_t rnd, uint32_t dp_size, uint32_t rank)
 {
     if (dp_size <= 1)

@@ -71,6 +71,11 @@ typedef struct kvr_disagg_answer {
 /* KVR_OK; KVR_EPARSE when json is not one valid JSON object (strict). */
 int kvr_disagg_scan_answer(const char *json, size_t len, kvr_disagg_answer_t *out);
 
+/* A top-level integer member of one JSON object (the KV reads' answers, {"blocks":N}).
+ * KVR_OK; KVR_ENOTFOUND (no such member, or null); KVR_EINVAL (not an integer in
+ * [0, 2^64 - 1]); KVR_EPARSE (not one JSON object). */
+int kvr_disagg_read_u64(const char *json, size_t len, const char *key, uint64_t *out);
+
 /* A bootstrap room from a random 64-bit value: uniform in [0, 2^63 - 1] with
  * room mod dp_size = rank (the prefill engine's data-parallel controller sends room mod
  * dp_size to that rank). rank < dp_size, dp_size >= 1. */

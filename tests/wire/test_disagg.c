@@ -128,6 +128,22 @@ static void test_answer_scan(void **s)
     assert_int_equal(kvr_disagg_scan_answer(j, strlen(j), &a), KVR_EPARSE);
 }
 
+static void test_read_u64(void **s)
+{
+    (void)s;
+    uint64_t v;
+    const char *j = "{\"blocks\":63,\"dp_rank\":0}";
+    assert_int_equal(kvr_disagg_read_u64(j, strlen(j), "blocks", &v), KVR_OK);
+    assert_int_equal(v, 63);
+    assert_int_equal(kvr_disagg_read_u64(j, strlen(j), "other", &v), KVR_ENOTFOUND);
+    j = "{\"blocks\":-1}";
+    assert_int_equal(kvr_disagg_read_u64(j, strlen(j), "blocks", &v), KVR_EINVAL);
+    j = "{\"blocks\":null}";
+    assert_int_equal(kvr_disagg_read_u64(j, strlen(j), "blocks", &v), KVR_ENOTFOUND);
+    j = "{\"blocks\":1";
+    assert_int_equal(kvr_disagg_read_u64(j, strlen(j), "blocks", &v), KVR_EPARSE);
+}
+
 /* room mod dp_size is the rank, the room stays in [0, 2^63 - 1], and it is spread. */
 static void test_room_rule(void **s)
 {
@@ -149,11 +165,9 @@ static void test_room_rule(void **s)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pull_fields),
-        cmocka_unit_test(test_bad_fields_named),
-        cmocka_unit_test(test_bootstrap_fields),
-        cmocka_unit_test(test_answer_scan),
-        cmocka_unit_test(test_room_rule),
+        cmocka_unit_test(test_pull_fields),      cmocka_unit_test(test_bad_fields_named),
+        cmocka_unit_test(test_bootstrap_fields), cmocka_unit_test(test_answer_scan),
+        cmocka_unit_test(test_read_u64),         cmocka_unit_test(test_room_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
