@@ -23,6 +23,14 @@ typedef enum kvr_discovery_mode {
     KVR_DISCOVERY_NATS
 } kvr_discovery_mode_t;
 
+/* When a request of a disaggregated fleet skips its remote prefill (docs/disagg.md). */
+typedef enum kvr_disagg_policy {
+    KVR_DISAGG_ALWAYS = 0, /* every request is prefilled remotely while prefill workers serve */
+    KVR_DISAGG_ISL,        /* not when the best decode worker's cache leaves few new tokens */
+    KVR_DISAGG_LOAD,       /* not when every prefill worker is busy */
+    KVR_DISAGG_ISL_OR_LOAD,
+} kvr_disagg_policy_t;
+
 typedef enum kvr_router_mode {
     KVR_MODE_KV = 0,
     KVR_MODE_ROUND_ROBIN,
@@ -122,6 +130,10 @@ typedef struct kvr_router_config {
     uint32_t frontend_max_idle_connections;  /* kept-alive idle upstream connections per worker */
     uint64_t frontend_max_client_buffer_bytes; /* SSE bytes pending to a slow client; above:
                                                   * the request is aborted (no 0 = no cap) */
+    /* disaggregated prefill/decode (net/fe_disagg.c) */
+    bool enforce_disagg; /* no prefill worker: 503 (false: served aggregated) */
+    kvr_disagg_policy_t disagg_policy;
+    uint64_t disagg_isl_threshold; /* isl policy: effective new tokens below it stay local */
     uint64_t seed;                /* random tie-breaks and sampling; 0 = from the clock */
 } kvr_router_config_t;
 

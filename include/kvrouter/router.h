@@ -149,6 +149,16 @@ typedef struct kvr_session_stats {
 void kvr_router_session_stats(const kvr_router_t *r, kvr_session_stats_t *out);
 /* Workers registered and not fenced (min_initial_workers counts these). */
 size_t kvr_router_n_ready(const kvr_router_t *r);
+/* The prefill pool's lifecycle: pending (no prefill worker ever registered: an aggregated
+ * fleet), active (one is registered and not fenced), unavailable (every prefill worker is gone
+ * or fenced; active again when one returns). */
+typedef enum kvr_disagg_state {
+    KVR_DISAGG_PENDING = 0,
+    KVR_DISAGG_ACTIVE,
+    KVR_DISAGG_UNAVAILABLE,
+} kvr_disagg_state_t;
+const char *kvr_disagg_state_name(kvr_disagg_state_t s);
+kvr_disagg_state_t kvr_router_disagg_state(const kvr_router_t *r);
 /* Workers of a role registered (ready_only: and not fenced). */
 size_t kvr_router_n_role(const kvr_router_t *r, kvr_worker_role_t role, bool ready_only);
 int kvr_router_set_rank_status(kvr_router_t *r, kvr_worker_t w, const kvr_rank_status_t *st);
@@ -215,6 +225,13 @@ typedef struct kvr_route_req {
     const kvr_match_t *matches;
     size_t n_matches;
 } kvr_route_req_t;
+
+/* The reference's PrefillRouter settings for the legs of a disaggregated request, applied to
+ * q: prefill: the prefill pool, no active blocks, no session (a session binds to its decode
+ * worker); decode: the serving pool with overlap credit 0 (ovr replaced), assume_kv_reuse and
+ * track_prefill_tokens off. */
+void kvr_route_req_prefill_leg(kvr_route_req_t *q);
+void kvr_route_req_decode_leg(kvr_route_req_t *q);
 
 /* Blocks of q's prompt as the router hashes it (its model's block size; Eagle: one token
  * fewer). */

@@ -54,6 +54,7 @@ static const char *const MODES[] = {"kv", "round-robin", "random", "least-loaded
 static const char *const QPOL[] = {"fcfs", "wspt", "lcfs", NULL};
 static const char *const SPOL[] = {"dynamo", "lmetric", "locality", NULL};
 static const char *const DISC[] = {"static", "nats", NULL};
+static const char *const DPOL[] = {"always", "isl", "load", "isl-or-load", NULL};
 
 static const field_t FIELDS[] = {
     {"block_size", T_U32, OFF(block_size), 1, 65536, false, NULL, 0, "16",
@@ -270,6 +271,16 @@ static const field_t FIELDS[] = {
      false, NULL, 0, "16777216",
      "OpenAI front end: bytes of a streamed answer waiting for a slow client; above it the "
      "request is aborted as if it had disconnected"},
+    {"enforce_disagg", T_BOOL, OFF(enforce_disagg), 0, 0, false, NULL, 0, "false",
+     "disaggregated fleets: with no prefill worker serving (or a failed prefill), answer 503 "
+     "instead of serving the request aggregated on the decode pool"},
+    {"disagg_policy", T_ENUM, OFF(disagg_policy), 0, 0, false, DPOL, 0, "always",
+     "always | isl | load | isl-or-load: when a request skips its remote prefill (isl: the best "
+     "decode worker's cache leaves fewer than disagg_isl_threshold new tokens and under 70% of "
+     "the prompt; load: every prefill worker is busy)"},
+    {"disagg_isl_threshold", T_U64, OFF(disagg_isl_threshold), 0, 1e9, false, NULL, 0, "2048",
+     "disagg_policy isl: effective new prompt tokens below which the decode worker prefills "
+     "locally"},
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 

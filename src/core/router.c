@@ -51,6 +51,7 @@ struct kvr_router {
     bool all_fit;    /* every worker serves it (wfit not consulted) */
     size_t n_pooled; /* workers registered with a model or adapters (0: no pool logic) */
     size_t n_prefill; /* workers of role prefill (0: no role logic) */
+    bool prefill_seen; /* a prefill worker was registered once (the pool left "pending") */
     struct pool {    /* the request being routed: how its prompt is hashed (pool_of) */
         uint32_t bs;
         bool eagle;
@@ -644,6 +645,7 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
     }
     r->n_pooled += pooled(we);
     r->n_prefill += we->spec.role == KVR_ROLE_PREFILL;
+    r->prefill_seen = r->prefill_seen || we->spec.role == KVR_ROLE_PREFILL;
     return rc;
 }
 
@@ -796,6 +798,27 @@ bool kvr_router_is_adapter(const kvr_router_t *r, const char *name, size_t len)
     return adapter;
 }
 
+void kvr_route_req_prefill_leg(kvr_route_req_t *q)
+{
+    q->pool = KVR_POOL_PREFILL;
+    q->no_active_blocks = true;
+    q->session_id = NULL;
+    q->session_id_len = 0;
+    q->session_close = false;
+}
+
+void kvr_route_req_decode_leg(kvr_route_req_t *q)
+{
+    static const kvr_select_override_t decode = {.has_overlap_score_credit = true,
+                                                 .overlap_score_credit = 0.0};
+    q->pool = KVR_POOL_SERVE;
+    q->ovr = &decode;
+    q->has_assume_kv_reuse = true;
+    q->assume_kv_reuse = false;
+    q->has_track_prefill_tokens = true;
+    q->track_prefill_tokens = false;
+}
+
 size_t kvr_router_n_blocks(const kvr_router_t *r, const kvr_route_req_t *q)
 {
     pool_t p = pool_of(r, q);
@@ -847,6 +870,19 @@ static int resolve_pool(kvr_router_t *r, const kvr_route_req_t *q, const char **
         for (size_t i = 0; i < r->n_w; i++)
             r->wfit[i] = r->wfit[i] && serves_lora(&r->w[i], q->lora_name, q->lora_name_len);
     return KVR_OK;
+}
+
+const char *kvr_disagg_state_name(kvr_disagg_state_t s)
+{
+    static const char *const names[] = {"pending", "active", "unavailable"};
+    return (unsigned)s < 3 ? names[s] : "?";
+}
+
+kvr_disagg_state_t kvr_router_disagg_state(const kvr_router_t *r)
+{
+    if (r->n_prefill > 0 && kvr_router_n_role(r, KVR_ROLE_PREFILL, true) > 0)
+        return KVR_DISAGG_ACTIVE;
+    return r->prefill_seen ? KVR_DISAGG_UNAVAILABLE : KVR_DISAGG_PENDING;
 }
 
 size_t kvr_router_n_role(const kvr_router_t *r, kvr_worker_role_t role, bool ready_only)

@@ -319,6 +319,100 @@ static int apply_by_id(kvr_api_server_t *s, kvr_sched_kind_t kind, const char *i
     return kvr_sched_apply(s->sched, &ev, kvr_now_ms());
 }
 
+/* POST /v1/route with "disagg": true: the prefill choice, then the decode choice, each as its
+ * leg of a disaggregated request would be placed; booked (update_state) under request_id and
+ * request_id + "-prefill", or not at all. Nothing is queued (busy: 429). Without a prefill
+ * worker serving: the aggregated answer, or 503 with enforce_disagg. */
+static void route_disagg(kvr_api_server_t *s, struct evhttp_request *req, const kvr_route_req_t *q)
+{
+    kvr_disagg_state_t st = kvr_router_disagg_state(s->r);
+    if (st != KVR_DISAGG_ACTIVE) {
+        if (s->cfg.enforce_disagg) {
+            api_reply_error(s, req, 503, "service_unavailable",
+                            "no prefill worker is serving (the prefill pool is %s) and "
+                            "enforce_disagg is set",
+                            kvr_disagg_state_name(st));
+            return;
+        }
+        route_and_reply(s, req, q, false, 0);
+        return;
+    }
+    char pid[KVR_API_MAX_REQUEST_ID_BYTES + 16];
+    kvr_route_req_t pq = *q, dq = *q;
+    kvr_route_req_prefill_leg(&pq);
+    pq.has_pinned = false; /* pinned_worker names the decode worker */
+    if (q->request_id != NULL) {
+        int n = snprintf(pid, sizeof pid, "%.*s-prefill", (int)q->request_id_len, q->request_id);
+        if (n > KVR_API_MAX_REQUEST_ID_BYTES) {
+            api_reply_error(s, req, 400, "invalid_request_error",
+                            "request_id: at most %d bytes with disagg (its prefill booking is "
+                            "request_id-prefill)",
+                            KVR_API_MAX_REQUEST_ID_BYTES - 8);
+            return;
+        }
+        pq.request_id = pid;
+        pq.request_id_len = (size_t)n;
+    }
+    if (q->ovr == NULL)
+        kvr_route_req_decode_leg(&dq);
+    else { /* the caller's overrides stand; the load options are the decode leg's */
+        const kvr_select_override_t *keep = q->ovr;
+        kvr_route_req_decode_leg(&dq);
+        dq.ovr = keep;
+    }
+    kvr_route_res_t pres, dres;
+    kvr_ticket_t ticket = 0;
+    kvr_place_t pl = {.q = &pq, .copy = true};
+    int rc = kvr_sched_place(s->sched, &pl, kvr_now_ms(), &pres, &ticket);
+    if (rc == KVR_OK) {
+        pl.q = &dq;
+        rc = kvr_sched_place(s->sched, &pl, kvr_now_ms(), &dres, &ticket);
+        if (rc != KVR_OK && q->update_state) /* nothing half-booked */
+            (void)kvr_sched_release(s->sched, pres.handle, kvr_now_ms());
+        if (rc != KVR_OK)
+            pres = dres;
+    }
+    if (rc != KVR_OK) {
+        api_reply_status(s, req, rc,
+                         rc == KVR_EINVAL || rc == KVR_ENOMODEL || rc == KVR_ENOWORKER
+                             ? pres.error_field
+                             : NULL);
+        return;
+    }
+    kvr_json_writer_t *w = &s->w;
+    kvr_json_writer_reset(w);
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "request_id");
+    kvr_json_string(w, dres.request_id);
+    kvr_json_key(w, "worker_id");
+    kvr_json_u64(w, dres.worker.worker_id);
+    kvr_json_key(w, "dp_rank");
+    kvr_json_u64(w, dres.worker.dp_rank);
+    kvr_json_key(w, "overlap_blocks");
+    kvr_json_u64(w, dres.overlap_blocks);
+    kvr_json_key(w, "cached_tokens");
+    kvr_json_u64(w, dres.cached_tokens);
+    kvr_json_key(w, "disagg");
+    kvr_json_bool(w, true);
+    kvr_json_key(w, "prefill_request_id");
+    kvr_json_string(w, pres.request_id);
+    kvr_json_key(w, "prefill_worker_id");
+    kvr_json_u64(w, pres.worker.worker_id);
+    kvr_json_key(w, "prefill_dp_rank");
+    kvr_json_u64(w, pres.worker.dp_rank);
+    kvr_json_key(w, "prefill_overlap_blocks");
+    kvr_json_u64(w, pres.overlap_blocks);
+    kvr_json_key(w, "prefill_cached_tokens");
+    kvr_json_u64(w, pres.cached_tokens);
+    const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pres.worker.worker_id);
+    if (sp != NULL && sp->bootstrap_port != 0) {
+        kvr_json_key(w, "bootstrap_port");
+        kvr_json_u64(w, sp->bootstrap_port);
+    }
+    kvr_json_end_object(w);
+    api_reply_writer(s, req, 200);
+}
+
 static void h_route(kvr_api_server_t *s, struct evhttp_request *req)
 {
     size_t len;
@@ -331,7 +425,10 @@ static void h_route(kvr_api_server_t *s, struct evhttp_request *req)
     }
     kvr_route_req_t q;
     route_req_from_api(&q, &a);
-    route_and_reply(s, req, &q, false, 0);
+    if (a.disagg)
+        route_disagg(s, req, &q);
+    else
+        route_and_reply(s, req, &q, false, 0);
 }
 
 /* POST /v1/requests/{id}/first_token|output_block, DELETE /v1/requests/{id} */

@@ -68,9 +68,20 @@ static void put_ids(cursor_t *c, const uint32_t *t, size_t n)
     *c->o++ = ']';
 }
 
-/* The body sent to workers when the client's cannot go verbatim (see the top). KVR_OK,
- * KVR_ETOOBIG (more members than we splice) or KVR_ENOMEM. */
-int fe_build_forward_body(fe_req_t *p)
+static bool dropped(const char *b, const kvr_json_member_t *m, const char *const *drop,
+                    unsigned *seen)
+{
+    for (unsigned i = 0; drop != NULL && drop[i] != NULL; i++)
+        if (kvr_json_key_is(b, m, drop[i])) {
+            *seen |= 1u << i;
+            return true;
+        }
+    return false;
+}
+
+/* The forward body (see the top) without drop's members, then tail: into a new buffer. */
+static int build_body(fe_req_t *p, const char *const *drop, unsigned *seen, const char *tail,
+                      size_t tail_len, char **out_body, size_t *out_len)
 {
     kvr_frontend_t *fe = p->fe;
     const char *b = p->client_body;
@@ -78,17 +89,19 @@ int fe_build_forward_body(fe_req_t *p)
     if (k < 0)
         return KVR_ETOOBIG; /* the decoder accepted it: only the member cap can refuse it */
     /* the kept members are a part of the body; the rest is the ids and fixed text */
-    size_t cap = p->client_body_len + p->n_tokens * 11 + 96;
+    size_t cap = p->client_body_len + p->n_tokens * 11 + 96 + tail_len;
     char *out = malloc(cap);
     if (out == NULL)
         return KVR_ENOMEM;
     cursor_t c = {out};
     put(&c, "{", 1);
     bool first = true;
+    unsigned seen_local = 0;
     for (int i = 0; i < k; i++) {
         const kvr_json_member_t *m = &fe->members[i];
         if (kvr_json_key_is(b, m, "nvext") || (p->drop_prompt && kvr_json_key_is(b, m, "prompt")) ||
-            (p->has_priority && kvr_json_key_is(b, m, "priority")))
+            (p->has_priority && kvr_json_key_is(b, m, "priority")) ||
+            dropped(b, m, drop, &seen_local))
             continue;
         if (!first)
             put(&c, ",", 1);
@@ -105,28 +118,59 @@ int fe_build_forward_body(fe_req_t *p)
         if (p->drop_prompt) {
             put_str(&c, first ? "\"prompt\":" : ",\"prompt\":");
             put_ids(&c, p->tokens, p->n_tokens);
+            first = false;
         }
     } else {
         put_str(&c, first ? "\"nvext\":{\"token_data\":" : ",\"nvext\":{\"token_data\":");
         put_ids(&c, p->tokens, p->n_tokens);
         put(&c, "}", 1);
+        first = false;
+    }
+    if (tail_len > 0) {
+        if (!first)
+            put(&c, ",", 1);
+        put(&c, tail, tail_len);
     }
     put(&c, "}", 1);
     assert((size_t)(c.o - out) <= cap);
-    free(p->body_own);
-    p->body_own = out;
-    p->body = out;
-    p->body_len = (size_t)(c.o - out);
+    if (seen != NULL)
+        *seen = seen_local;
+    *out_body = out;
+    *out_len = (size_t)(c.o - out);
     return KVR_OK;
 }
 
-/* "nvext":{"worker_id":{...}} for the chosen worker. */
+/* The body sent to workers when the client's cannot go verbatim (see the top). KVR_OK,
+ * KVR_ETOOBIG (more members than we splice) or KVR_ENOMEM. */
+int fe_build_forward_body(fe_req_t *p)
+{
+    char *out;
+    size_t len;
+    int rc = build_body(p, NULL, NULL, NULL, 0, &out, &len);
+    if (rc != KVR_OK)
+        return rc;
+    free(p->body_own);
+    p->body_own = out;
+    p->body = out;
+    p->body_len = len;
+    return KVR_OK;
+}
+
+int fe_build_leg_body(fe_req_t *p, const char *const *drop, unsigned *seen, const char *tail,
+                      size_t tail_len, char **out, size_t *out_len)
+{
+    return build_body(p, drop, seen, tail, tail_len, out, out_len);
+}
+
+/* "nvext":{"worker_id":{...}} for the chosen workers (the prefill worker's when the request
+ * was prefilled elsewhere, else the one worker's). */
 void fe_make_nvext(fe_req_t *p)
 {
+    kvr_worker_t pf = p->has_pf ? p->pf : p->worker;
     int n = snprintf(p->nvext, sizeof p->nvext,
                      "\"nvext\":{\"worker_id\":{\"prefill_worker_id\":%llu,\"prefill_dp_rank\":%u,"
                      "\"decode_worker_id\":%llu,\"decode_dp_rank\":%u}}",
-                     (unsigned long long)p->worker.worker_id, p->worker.dp_rank,
+                     (unsigned long long)pf.worker_id, pf.dp_rank,
                      (unsigned long long)p->worker.worker_id, p->worker.dp_rank);
     p->nvext_len = n > 0 && (size_t)n < sizeof p->nvext ? (size_t)n : 0;
 }

@@ -118,4 +118,5 @@ void fe_metrics(void *arg, struct kvr_prom *p)
                     "Request received to request sent to the worker (first attempt), seconds.");
     kvr_prom_hist(p, "kvr_frontend_forward_delay_seconds", NULL, 0, &fe->h_forward);
     fe_reqm_metrics(fe, p);
+    fe_disagg_metrics(fe, p);
 }

@@ -78,7 +78,7 @@ void fe_add_upstream_auth(const fe_req_t *p, struct evkeyvalq *h)
         evhttp_add_header(h, "Authorization", p->fe->worker_auth);
 }
 static void end_stream(fe_req_t *p, const char *error);
-static void route_attempt(fe_req_t *p);
+void fe_route_attempt(fe_req_t *p);
 
 static uint64_t mono_ns(void)
 {
@@ -165,6 +165,7 @@ void fe_req_fail(fe_req_t *p, int code, const char *fmt, ...)
     struct evhttp_request *c = fe_client_take(p);
     if (c != NULL)
         fe_send_error(p->fe, c, code, "%s", msg);
+    fe_disagg_release(p, true); /* a bootstrap prefill would wait for a decode that won't come */
     fe_req_finish(p);
 }
 
@@ -242,11 +243,12 @@ static void fe_worker_removed(void *arg, uint64_t worker_id)
     for (fe_req_t *p = fe->live; p != NULL; p = p->next)
         if (p->booked && p->worker.worker_id == worker_id)
             p->booked = false;
+    fe_disagg_worker_removed(fe, worker_id);
 }
 
 /* Drops the upstream call without any callback (the connection is closed: the worker sees
  * the disconnect and cancels its request). */
-static void cancel_upstream(fe_req_t *p)
+void fe_cancel_upstream(fe_req_t *p)
 {
     if (p->up != NULL) {
         evhttp_request_set_error_cb(p->up, NULL);
@@ -259,7 +261,7 @@ static void cancel_upstream(fe_req_t *p)
 }
 
 /* Frees the router's booking (the queue may place something now). */
-static void unbook(fe_req_t *p)
+void fe_unbook(fe_req_t *p)
 {
     if (!p->booked)
         return;
@@ -271,7 +273,7 @@ static void unbook(fe_req_t *p)
 void fe_req_finish(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
-    cancel_upstream(p);
+    fe_cancel_upstream(p);
     if (p->phase == PH_QUEUED)
         (void)kvr_sched_cancel(fe->sched, p->ticket);
     if (p->retry_ev != NULL)
@@ -285,6 +287,7 @@ void fe_req_finish(fe_req_t *p)
             fe_send_error(fe, c, 500, "internal error: the request was dropped");
         }
     }
+    fe_disagg_release(p, false); /* a bootstrap prefill call runs to its end on its own */
     unlink_req(fe, p);
     bool booked = p->booked;
     kvr_req_handle_t handle = p->handle;
@@ -292,6 +295,7 @@ void fe_req_finish(fe_req_t *p)
         evbuffer_free(p->sse);
     free(p->tokens);
     free(p->body_own);
+    free(p->leg_body);
     free(p->auth);
     free(p->tok_body);
     free(p->lora);
@@ -313,7 +317,8 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
         p->fe->st.client_disconnects++;
     struct evhttp_request *c = p->client;
     p->client = NULL;
-    cancel_upstream(p); /* first: nothing of ours may reach the client's buffers after this */
+    fe_cancel_upstream(p); /* first: nothing of ours may reach the client's buffers after this */
+    fe_disagg_release(p, true);
     kvr_http_release_orphan(c); /* net/http_conn.h */
     fe_req_finish(p);
 }
@@ -366,7 +371,8 @@ void fe_ids_ready(fe_req_t *p)
             fe_req_fail(p, 500, "out of memory");
         return;
     }
-    route_attempt(p);
+    if (fe_disagg_plan(p))
+        fe_route_attempt(p);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -398,7 +404,10 @@ static const uint64_t *attempt_allowed(fe_req_t *p, size_t *n, bool *oom)
 {
     kvr_frontend_t *fe = p->fe;
     *oom = false;
-    bool pin_only = p->has_pin_worker && !p->has_pin_rank;
+    bool pf = p->pf_leg;
+    uint64_t pin = pf ? p->pin_pf : p->pin_worker;
+    bool pin_only =
+        pf ? p->has_pin_pf && !p->has_pin_pf_rank : p->has_pin_worker && !p->has_pin_rank;
     if (!p->has_allowed && !pin_only && p->n_tried == 0 && fe->n_urlless == 0)
         return NULL;
     size_t cap = p->has_allowed || pin_only ? p->n_allowed + 1 : FE_MAX_WORKERS;
@@ -414,10 +423,10 @@ static const uint64_t *attempt_allowed(fe_req_t *p, size_t *n, bool *oom)
     size_t m = 0;
     if (p->has_allowed) {
         for (size_t i = 0; i < p->n_allowed; i++)
-            if (!pin_only || p->allowed[i] == p->pin_worker)
+            if (!pin_only || p->allowed[i] == pin)
                 p->scratch[m++] = p->allowed[i];
     } else if (pin_only) {
-        p->scratch[m++] = p->pin_worker;
+        p->scratch[m++] = pin;
     } else {
         m = kvr_router_worker_ids(fe->r, p->scratch, FE_MAX_WORKERS);
         if (m > FE_MAX_WORKERS)
@@ -440,6 +449,10 @@ static void send_upstream(fe_req_t *p);
 
 static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
 {
+    if (rc != KVR_OK && p->pf_leg && (rc == KVR_ENOWORKER || rc == KVR_ENOTALLOWED)) {
+        fe_disagg_fallback(p, p->n_tried > 0 ? p->last_fail : "no prefill worker can serve it");
+        return;
+    }
     if (rc != KVR_OK) {
         req_fail_route(p, rc, res);
         return;
@@ -451,6 +464,8 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
     p->worker = res->worker;
     p->cached_tokens = res->cached_tokens;
     p->block_size = res->block_size;
+    if (!fe_disagg_placed(p, res))
+        return; /* it goes on by itself (a bootstrap pair, or a fallback) */
     if (p->want_worker)
         fe_make_nvext(p);
     send_upstream(p);
@@ -474,7 +489,7 @@ static bool image_blocks(fe_req_t *p)
     return true;
 }
 
-static void route_attempt(fe_req_t *p)
+void fe_route_attempt(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
     size_t n_allowed = 0;
@@ -506,6 +521,7 @@ static void route_attempt(fe_req_t *p)
         .has_expected_output_tokens = p->has_eot,
         .expected_output_tokens = p->eot,
     };
+    fe_disagg_route_req(p, &q);
     /* borrowed while queued: tokens, lora and allowed ids live in p until it is placed or
      * cancelled (fe_req_finish) */
     kvr_place_t pl = {.q = &q, .copy = false, .done = on_placed, .arg = p};
@@ -578,7 +594,12 @@ static void attempt_failed(fe_req_t *p, up_kind_t kind)
         fe_worker_failed(fe, p->up_pool, kind);
     if (p->n_tried < FE_MAX_ATTEMPTS)
         p->tried[p->n_tried++] = p->worker.worker_id;
-    unbook(p);
+    fe_unbook(p);
+    if (p->dmode == FD_BOOTSTRAP && !p->pf_leg) { /* a new pair, a new room */
+        fe_disagg_release(p, true);
+        p->pf_leg = true;
+        p->has_pf = false;
+    }
     fe_schedule_retry(p);
 }
 
@@ -595,6 +616,10 @@ void fe_start_reply(fe_req_t *p)
     evhttp_add_header(h, "x-kvrouter-worker-id", v);
     snprintf(v, sizeof v, "%u", p->worker.dp_rank);
     evhttp_add_header(h, "x-kvrouter-dp-rank", v);
+    if (p->has_pf) {
+        snprintf(v, sizeof v, "%llu", (unsigned long long)p->pf.worker_id);
+        evhttp_add_header(h, "x-kvrouter-prefill-worker-id", v);
+    }
     /* events are small writes: without this, Nagle holds one back until the client's
      * delayed ACK */
     struct bufferevent *bev = evhttp_connection_get_bufferevent(p->client_conn);
@@ -652,7 +677,7 @@ static int on_up_header(struct evhttp_request *up, void *arg)
     if (p->up_pool != NULL)
         p->up_pool->consecutive_failures = 0;
     const char *ct = evhttp_find_header(evhttp_request_get_input_headers(up), "Content-Type");
-    p->sse_mode = p->up_code == 200 && p->stream && ct != NULL &&
+    p->sse_mode = p->up_code == 200 && fe_leg_streams(p) && ct != NULL &&
                   strncasecmp(ct, "text/event-stream", 17) == 0;
     if (!p->sse_mode)
         evhttp_request_set_chunked_cb(up, NULL); /* the body accumulates for on_up_done */
@@ -692,7 +717,7 @@ static uint64_t completion_tokens(struct evbuffer *in)
     return v;
 }
 
-static void reply_whole(fe_req_t *p, struct evhttp_request *up)
+void fe_reply_whole(fe_req_t *p, struct evhttp_request *up)
 {
     kvr_frontend_t *fe = p->fe;
     struct evhttp_request *c = fe_client_take(p);
@@ -707,6 +732,10 @@ static void reply_whole(fe_req_t *p, struct evhttp_request *up)
     evhttp_add_header(h, "x-kvrouter-worker-id", v);
     snprintf(v, sizeof v, "%u", p->worker.dp_rank);
     evhttp_add_header(h, "x-kvrouter-dp-rank", v);
+    if (p->has_pf) {
+        snprintf(v, sizeof v, "%llu", (unsigned long long)p->pf.worker_id);
+        evhttp_add_header(h, "x-kvrouter-prefill-worker-id", v);
+    }
     evbuffer_drain(fe->out, evbuffer_get_length(fe->out));
     size_t len = evbuffer_get_length(in);
     bool done = false;
@@ -767,6 +796,16 @@ static void on_up_done(struct evhttp_request *up, void *arg)
             attempt_failed(p, kind);
             return;
         }
+        if (p->pf_leg) { /* a prefill that broke after its first byte, or went silent */
+            fe_up_count_error(fe, kind, p->worker.worker_id, !p->got_headers);
+            fe_worker_failed(fe, p->up_pool, kind);
+            char why[96];
+            snprintf(why, sizeof why, "%s on prefill worker %llu", UPK_NAMES[kind],
+                     (unsigned long long)p->worker.worker_id);
+            fe_unbook(p);
+            fe_disagg_fallback(p, why);
+            return;
+        }
         if (!p->got_headers) { /* accepted, then silent: maybe still generating; not retried */
             fe_up_count_error(fe, kind, p->worker.worker_id, true);
             fe_worker_failed(fe, p->up_pool, kind);
@@ -797,6 +836,10 @@ static void on_up_done(struct evhttp_request *up, void *arg)
         }
         return;
     }
+    if (p->pf_leg) { /* the prefill's whole answer: the decode leg next */
+        fe_disagg_prefill_done(p, up, code);
+        return;
+    }
     uint64_t osl;
     if (p->sse_mode) {
         fe_relay(p, true);
@@ -804,7 +847,7 @@ static void on_up_done(struct evhttp_request *up, void *arg)
         end_stream(p, NULL);
     } else {
         osl = completion_tokens(evhttp_request_get_input_buffer(up));
-        reply_whole(p, up);
+        fe_reply_whole(p, up);
     }
     if (code == 200)
         fe_reqm_observe(fe, p, mono_ns(), osl);
@@ -844,10 +887,13 @@ static void send_upstream(fe_req_t *p)
     evhttp_add_header(h, "Host", u->loc.host_hdr);
     evhttp_add_header(h, "Content-Type", "application/json");
     evhttp_add_header(h, "x-data-parallel-rank", rank);
-    if (p->stream)
+    if (fe_leg_streams(p))
         evhttp_add_header(h, "Accept", "text/event-stream");
     fe_add_upstream_auth(p, h);
-    evbuffer_add(evhttp_request_get_output_buffer(up), p->body, p->body_len);
+    if (p->leg_body != NULL)
+        evbuffer_add(evhttp_request_get_output_buffer(up), p->leg_body, p->leg_body_len);
+    else
+        evbuffer_add(evhttp_request_get_output_buffer(up), p->body, p->body_len);
     char path[KVR_ADDR_BYTES + 32];
     snprintf(path, sizeof path, "%s%s", u->loc.base_path,
              p->ep == KVR_OAI_CHAT ? "/v1/chat/completions" : "/v1/completions");
@@ -887,6 +933,16 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
         fe_start_tokenize(p);
         return;
     }
+    if (p->leg_switch) { /* the next leg of a disaggregated request, not a retry */
+        p->leg_switch = false;
+        fe_route_attempt(p);
+        return;
+    }
+    if (p->pf_leg && (p->attempts >= 1 + fe->cfg.frontend_max_retries ||
+                      (p->has_pin_pf && was_tried(p, p->pin_pf)))) {
+        fe_disagg_fallback(p, p->last_fail);
+        return;
+    }
     if (p->attempts >= 1 + fe->cfg.frontend_max_retries) {
         fe_req_fail(p, 503, "no worker could serve this request (%s)", p->last_fail);
         return;
@@ -896,7 +952,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
         return;
     }
     fe->st.retries++;
-    route_attempt(p);
+    fe_route_attempt(p);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -951,6 +1007,14 @@ static bool copy_routing(fe_req_t *p, const kvr_oai_request_t *rq)
         p->has_pin_worker = true;
         p->pin_worker = x->backend_instance_id;
     }
+    if (x->has_decode_worker_id) {
+        p->has_pin_worker = true;
+        p->pin_worker = x->decode_worker_id;
+    }
+    if (x->has_prefill_worker_id) {
+        p->has_pin_pf = true;
+        p->pin_pf = x->prefill_worker_id;
+    }
     if (x->has_dp_rank) {
         p->has_pin_rank = true;
         p->pin_rank = x->dp_rank;
@@ -973,7 +1037,11 @@ static bool copy_routing(fe_req_t *p, const kvr_oai_request_t *rq)
 static bool read_headers(fe_req_t *p, struct evhttp_request *req)
 {
     struct evkeyvalq *h = evhttp_request_get_input_headers(req);
-    const char *wid = evhttp_find_header(h, "x-worker-instance-id");
+    const char *wid = evhttp_find_header(h, "x-decode-instance-id");
+    if (wid == NULL)
+        wid = evhttp_find_header(h, "x-worker-instance-id");
+    const char *pid = evhttp_find_header(h, "x-prefill-instance-id");
+    const char *pdr = evhttp_find_header(h, "x-prefill-dp-rank");
     const char *dpr = evhttp_find_header(h, "x-dp-rank");
     if (dpr == NULL)
         dpr = evhttp_find_header(h, "x-data-parallel-rank");
@@ -994,8 +1062,26 @@ static bool read_headers(fe_req_t *p, struct evhttp_request *req)
         p->has_pin_rank = true;
         p->pin_rank = (uint32_t)v;
     }
+    if (pid != NULL) {
+        if (!parse_u64(pid, UINT64_MAX, &v)) {
+            fe_send_error(p->fe, req, 400, "x-prefill-instance-id: not an unsigned integer");
+            return false;
+        }
+        p->has_pin_pf = true;
+        p->pin_pf = v;
+    }
+    if (pdr != NULL) {
+        if (!parse_u64(pdr, UINT32_MAX, &v)) {
+            fe_send_error(p->fe, req, 400, "x-prefill-dp-rank: not an integer in [0, 4294967295]");
+            return false;
+        }
+        p->has_pin_pf_rank = true;
+        p->pin_pf_rank = (uint32_t)v;
+    }
     if (!p->has_pin_worker)
         p->has_pin_rank = false; /* a rank means nothing without its worker */
+    if (!p->has_pin_pf)
+        p->has_pin_pf_rank = false;
     const char *sid = evhttp_find_header(h, "x-session-id");
     if (sid == NULL)
         sid = evhttp_find_header(h, "x-dynamo-session-id");
@@ -1144,6 +1230,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     fe_pool_upkeep(fe);
     count_urlless(fe);
     fe_models_tick(fe);
+    fe_disagg_tick(fe);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1210,7 +1297,8 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
     fe->tick = event_new(base, -1, EV_PERSIST, on_tick, fe);
     struct timeval tv = {0, FE_TICK_US};
     if (fe->dec == NULL || fe->out == NULL || fe->members == NULL || fe->tick == NULL ||
-        fe_reqm_init(fe) != KVR_OK || event_add(fe->tick, &tv) != 0) {
+        fe_reqm_init(fe) != KVR_OK || fe_disagg_init(fe) != KVR_OK ||
+        event_add(fe->tick, &tv) != 0) {
         kvr_frontend_free(fe);
         *status = KVR_ENOMEM;
         snprintf(err, err_len, "out of memory");
@@ -1229,7 +1317,7 @@ void kvr_frontend_close(kvr_frontend_t *fe)
     fe->closing = true; /* new requests and placements the queue still makes: 503 */
     while (fe->live != NULL) {
         fe_req_t *p = fe->live;
-        cancel_upstream(p);
+        fe_cancel_upstream(p);
         if (p->client != NULL && p->reply_started) {
             end_stream(p, "the router is shutting down");
             fe_req_finish(p);
@@ -1251,6 +1339,7 @@ void kvr_frontend_free(kvr_frontend_t *fe)
     if (fe->api != NULL)
         kvr_api_server_remove_extension(fe->api, fe);
     kvr_frontend_close(fe);
+    fe_disagg_free(fe);
     for (size_t i = 0; i < fe->n_pools; i++)
         fe_pool_free(fe->pools[i]);
     free(fe->pools);

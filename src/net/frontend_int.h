@@ -93,6 +93,17 @@ typedef enum fe_phase {
 
 typedef struct fe_req fe_req_t;
 
+/* How a request is served (fe_disagg.c). */
+typedef enum fe_dmode {
+    FD_AGG = 0,   /* by one worker (no prefill worker, or the policy kept it local) */
+    FD_PULL,      /* vLLM: the prefill worker first, then the decode worker with its
+                     kv_transfer_params */
+    FD_BOOTSTRAP, /* SGLang: both at once, with a bootstrap room */
+} fe_dmode_t;
+
+/* A bootstrap prefill call, running beside its request's decode call. */
+typedef struct fe_bg fe_bg_t;
+
 struct fe_req {
     kvr_frontend_t *fe;
     fe_req_t *prev, *next;
@@ -175,6 +186,22 @@ struct fe_req {
     struct evbuffer *sse;            /* upstream bytes of an event not yet complete */
     uint64_t gen_tokens;
     struct event *retry_ev;
+    /* disaggregation (fe_disagg.c): the current booking and upstream call are the prefill's
+     * while pf_leg; afterwards the decode's (the fields above) */
+    fe_dmode_t dmode;
+    bool disagg_planned; /* the mode was decided */
+    bool pf_leg;
+    bool has_pf; /* pf: the prefill worker that served (or serves) it */
+    kvr_worker_t pf;
+    uint64_t pf_cached_tokens;
+    uint64_t pf_start_ns;
+    char *leg_body; /* the current leg's body when it is not p->body (owned) */
+    size_t leg_body_len;
+    bool has_pin_pf, has_pin_pf_rank; /* pre-routed prefill worker */
+    uint64_t pin_pf;
+    uint32_t pin_pf_rank;
+    fe_bg_t *bg;     /* bootstrap: its prefill call (NULL when none or finished) */
+    bool leg_switch; /* retry_ev continues on the next leg (not a retry) */
 };
 
 /* One model's request histograms (fe_reqmetrics.c). */
@@ -195,7 +222,18 @@ typedef struct fe_stats {
     uint64_t models_refreshes;
 } fe_stats_t;
 
-
+/* Disaggregation counters (fe_disagg.c). */
+enum { FDB_UNAVAILABLE, FDB_ISL, FDB_LOAD, FDB_PREFILL_FAILED, FDB_COUNT };         /* bypasses */
+enum { FDP_OK, FDP_TERMINAL, FDP_NO_PARAMS, FDP_BAD_PARAMS, FDP_ERROR, FDP_COUNT }; /* prefills */
+typedef struct fe_dstats {
+    uint64_t mode[3];                 /* requests served aggregated, pull, bootstrap */
+    uint64_t bypass[FDB_COUNT];       /* remote prefill skipped, by reason */
+    uint64_t prefill[FDP_COUNT];      /* prefill answers, by outcome */
+    uint64_t bg_failed, bg_cancelled; /* bootstrap prefill calls that failed / were cancelled */
+    uint64_t transitions[3];          /* the prefill pool entered pending, active, unavailable */
+    uint64_t refused_enforced;        /* 503: enforce_disagg and no prefill */
+    uint64_t pool_routed[2], pool_prompt_tokens[2], pool_cached_tokens[2]; /* prefill, decode */
+} fe_dstats_t;
 
 struct kvr_frontend {
     struct event_base *base;
@@ -231,6 +269,12 @@ struct kvr_frontend {
     uint16_t n_mm;
     kvr_ratelimit_t rl_up, rl_proto, rl_slow;
     char worker_auth[KVR_SECRET_MAX + 8]; /* "Bearer <worker_api_key_file>"; "" = none */
+    /* disaggregation (fe_disagg.c) */
+    fe_dstats_t ds;
+    int dstate;           /* the prefill pool's state last seen (kvr_disagg_state_t) */
+    kvr_hist_t h_prefill; /* the prefill call: sent -> answered, seconds */
+    fe_bg_t *bgs;         /* bootstrap prefill calls in flight */
+    kvr_ratelimit_t rl_disagg;
 };
 
 /* ---- frontend.c -------------------------------------------------------------------------- */
@@ -263,10 +307,23 @@ void fe_ids_ready(fe_req_t *p);
 void fe_up_count_error(kvr_frontend_t *fe, up_kind_t kind, uint64_t worker_id, bool before);
 void fe_on_up_error(enum evhttp_request_error err, void *arg);
 
+/* Routing and answering, shared with fe_disagg.c. */
+void fe_route_attempt(fe_req_t *p);
+void fe_unbook(fe_req_t *p);
+/* Drops p's upstream call without any callback (the worker sees its connection close). */
+void fe_cancel_upstream(fe_req_t *p);
+/* The whole (non-SSE) answer in up relayed to the client with its status. */
+void fe_reply_whole(fe_req_t *p, struct evhttp_request *up);
+
 /* ---- fe_body.c: the workers' body, the nvext naming the worker ------------------------- */
 /* The body for the workers when the client's cannot go verbatim (p->rewrite). KVR_OK,
  * KVR_ETOOBIG (more than FE_MAX_MEMBERS members) or KVR_ENOMEM. */
 int fe_build_forward_body(fe_req_t *p);
+/* A leg of a disaggregated request: the forward body without the top-level members named in
+ * drop (NULL-terminated; *seen gets bit i set when drop[i] was present), then tail (members
+ * text, no leading comma). Into a new buffer (*out, owned by the caller). */
+int fe_build_leg_body(fe_req_t *p, const char *const *drop, unsigned *seen, const char *tail,
+                      size_t tail_len, char **out, size_t *out_len);
 /* "nvext":{"worker_id":{...}} for the chosen worker, into p->nvext. */
 void fe_make_nvext(fe_req_t *p);
 /* json with the worker's nvext added (when the client asked for it) into out; false when it is
@@ -282,6 +339,32 @@ void fe_start_tokenize(fe_req_t *p);
 /* ---- fe_models.c: GET /v1/models; the adapters each engine lists ------------------------ */
 /* Asks every worker for its models when the last round is FE_ADAPTERS_REFRESH_MS old. */
 void fe_models_tick(kvr_frontend_t *fe);
+
+/* ---- fe_disagg.c: disaggregated prefill/decode ---------------------------------------- */
+int fe_disagg_init(kvr_frontend_t *fe);
+void fe_disagg_free(kvr_frontend_t *fe);
+/* Decides how p is served (before its first route); false after failing p (enforce). */
+bool fe_disagg_plan(fe_req_t *p);
+/* The route request's pool and overrides for p's current leg. */
+void fe_disagg_route_req(fe_req_t *p, kvr_route_req_t *q);
+/* p's current leg was placed (res): counted per pool; the prefill leg's body and, for
+ * bootstrap, its call (then p continues on its decode leg by itself). True when p's upstream
+ * call is to be sent now. */
+bool fe_disagg_placed(fe_req_t *p, const kvr_route_res_t *res);
+/* The prefill leg's whole answer (pull): continues p (decode leg, or the answer itself). */
+void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code);
+/* The prefill leg cannot go on (no prefill worker left, retries spent, a failed answer):
+ * served aggregated (or 503 with enforce_disagg). */
+void fe_disagg_fallback(fe_req_t *p, const char *why);
+/* p ends: its bootstrap prefill call is cancelled (cancel) or left to finish. */
+void fe_disagg_release(fe_req_t *p, bool cancel);
+/* The pool state, checked from the tick (transitions logged and counted). */
+void fe_disagg_tick(kvr_frontend_t *fe);
+void fe_disagg_metrics(const kvr_frontend_t *fe, struct kvr_prom *pr);
+/* A worker left: bootstrap calls booked on it have nothing left to release. */
+void fe_disagg_worker_removed(kvr_frontend_t *fe, uint64_t worker_id);
+/* Whether the upstream call of p's current leg streams. */
+static inline bool fe_leg_streams(const fe_req_t *p) { return p->stream && !p->pf_leg; }
 
 /* ---- fe_reqmetrics.c: per-model request histograms --------------------------------------- */
 int fe_reqm_init(kvr_frontend_t *fe);

@@ -81,6 +81,7 @@ enum field {
     F_TOKENS,
     F_REQUEST_ID,
     F_UPDATE_STATE,
+    F_DISAGG,
     F_LORA_NAME,
     F_CACHE_NAMESPACE,
     F_ALLOWED,
@@ -168,6 +169,7 @@ static const field_def_t FIELDS[F_N] = {
     [F_REQUEST_ID] = {"request_id", "request_id", O_TOP, T_STRING, 0, ROUTE_ROUTER, 1,
                       KVR_API_MAX_REQUEST_ID_BYTES},
     [F_UPDATE_STATE] = {"update_state", "update_state", O_TOP, T_BOOL, 0, KB(K_ROUTE), 0, 0},
+    [F_DISAGG] = {"disagg", "disagg", O_TOP, T_BOOL, 0, KB(K_ROUTE), 0, 0},
     [F_LORA_NAME] = {"lora_name", "lora_name", O_TOP, T_STRING, 0, NAMES | KB(K_IX_QUERY), 0,
                      KVR_API_MAX_NAME_BYTES},
     [F_CACHE_NAMESPACE] = {"cache_namespace", "cache_namespace", O_TOP, T_STRING, 0, NAMES, 0,
@@ -1140,6 +1142,7 @@ static int finish_route(kvr_api_decoder_t *d, kvr_api_route_t *out)
     out->n_tokens = d->n_tokens;
     copy_request_id(d, &out->has_request_id, out->request_id);
     out->update_state = has(d, F_UPDATE_STATE) ? d->bval[F_UPDATE_STATE] : true;
+    out->disagg = has(d, F_DISAGG) && d->bval[F_DISAGG];
     out->lora_name = str_of(d, F_LORA_NAME, &out->lora_name_len);
     out->cache_namespace = str_of(d, F_CACHE_NAMESPACE, &out->cache_namespace_len);
     out->has_allowed = has(d, F_ALLOWED);
@@ -1586,6 +1589,10 @@ int kvr_api_encode_route(kvr_json_writer_t *w, const kvr_api_route_t *r)
         key_str(w, "request_id", r->request_id, strlen(r->request_id));
     kvr_json_key(w, "update_state");
     kvr_json_bool(w, r->update_state);
+    if (r->disagg) {
+        kvr_json_key(w, "disagg");
+        kvr_json_bool(w, true);
+    }
     key_str(w, "lora_name", r->lora_name, r->lora_name_len);
     key_str(w, "cache_namespace", r->cache_namespace, r->cache_namespace_len);
     if (r->has_allowed) {

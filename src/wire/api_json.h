@@ -91,6 +91,7 @@ typedef struct kvr_api_route {
     bool has_request_id;
     char request_id[KVR_API_MAX_REQUEST_ID_BYTES + 1];
     bool update_state;                    /* default true */
+    bool disagg;                          /* both choices of a disaggregated fleet */
     const char *lora_name;                /* NULL when absent, null or "" */
     size_t lora_name_len;
     const char *cache_namespace;          /* NULL when absent, null or "" */

@@ -78,6 +78,8 @@ enum field {
     F_INCLUDE_USAGE,
     F_TOKEN_DATA,
     F_BACKEND_ID,
+    F_PREFILL_ID,
+    F_DECODE_ID,
     F_DP_RANK,
     F_LORA,
     F_PRIORITY,
@@ -130,6 +132,10 @@ static const field_def_t FIELDS[F_N_FIELDS] = {
     [F_INCLUDE_USAGE] = {"include_usage", "stream_options.include_usage", O_STREAM_OPTIONS, T_BOOL,
                          E_CC, 0, 0},
     [F_TOKEN_DATA] = {"token_data", "nvext.token_data", O_NVEXT, T_TOKENS, E_CC, 0, 0},
+    [F_PREFILL_ID] = {"prefill_worker_id", "nvext.prefill_worker_id", O_NVEXT, T_INT, E_CC, 0,
+                      UINT64_MAX},
+    [F_DECODE_ID] = {"decode_worker_id", "nvext.decode_worker_id", O_NVEXT, T_INT, E_CC, 0,
+                     UINT64_MAX},
     [F_BACKEND_ID] = {"backend_instance_id", "nvext.backend_instance_id", O_NVEXT, T_INT, E_CC, 0,
                       UINT64_MAX},
     [F_DP_RANK] = {"dp_rank", "nvext.dp_rank", O_NVEXT, T_INT, E_CC, 0, U32MAX},
@@ -1223,6 +1229,10 @@ static int finish(kvr_oai_decoder_t *d, kvr_oai_request_t *out)
     x->n_token_data = d->n_ttok;
     x->has_backend_instance_id = has(d, F_BACKEND_ID);
     x->backend_instance_id = has(d, F_BACKEND_ID) ? d->ival[F_BACKEND_ID] : 0;
+    x->has_prefill_worker_id = has(d, F_PREFILL_ID);
+    x->prefill_worker_id = has(d, F_PREFILL_ID) ? d->ival[F_PREFILL_ID] : 0;
+    x->has_decode_worker_id = has(d, F_DECODE_ID);
+    x->decode_worker_id = has(d, F_DECODE_ID) ? d->ival[F_DECODE_ID] : 0;
     x->has_dp_rank = has(d, F_DP_RANK);
     x->dp_rank = has(d, F_DP_RANK) ? (uint32_t)d->ival[F_DP_RANK] : 0;
     x->lora_name = str_of(d, F_LORA, &x->lora_name_len);

@@ -112,6 +112,10 @@ typedef struct kvr_oai_nvext {
     size_t n_token_data;
     bool has_backend_instance_id;        /* route to this worker, skip selection */
     uint64_t backend_instance_id;
+    bool has_prefill_worker_id; /* disaggregated: the prefill leg's worker */
+    uint64_t prefill_worker_id;
+    bool has_decode_worker_id; /* disaggregated: the decode leg's worker */
+    uint64_t decode_worker_id;
     bool has_dp_rank;
     uint32_t dp_rank;
     const char *lora_name;               /* NULL when absent, null or "" */

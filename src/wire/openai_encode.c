@@ -116,6 +116,10 @@ int kvr_oai_encode_request(kvr_json_writer_t *w, const kvr_oai_request_t *r)
             u32_array(w, "token_data", x->token_data, x->n_token_data);
         if (x->has_backend_instance_id)
             key_u64(w, "backend_instance_id", x->backend_instance_id);
+        if (x->has_prefill_worker_id)
+            key_u64(w, "prefill_worker_id", x->prefill_worker_id);
+        if (x->has_decode_worker_id)
+            key_u64(w, "decode_worker_id", x->decode_worker_id);
         if (x->has_dp_rank)
             key_u64(w, "dp_rank", x->dp_rank);
         if (x->lora_name != NULL)

@@ -1,0 +1,629 @@
+/*
+ * fe_disagg.c: disaggregated prefill/decode in the OpenAI front end (docs/disagg.md).
+ *
+ * A request of a fleet with prefill workers is placed twice, through the same scheduler:
+ * first on the prefill pool (KV-aware, booked without active blocks: its KV leaves), then on
+ * the decode pool with the reference's decode overrides (overlap credit 0, assume_kv_reuse and
+ * track_prefill_tokens off). The prefill worker's registration picks the wire convention:
+ *   pull (vLLM, no bootstrap_port)  the prefill leg (stream false, max_tokens 1,
+ *       kv_transfer_params {"do_remote_decode":true,...}) runs first and alone; its answer's
+ *       kv_transfer_params go verbatim into the decode leg (no parameters: the decode worker
+ *       recomputes; an answer already complete, EOS on its one token, is the client's answer);
+ *   bootstrap (SGLang, bootstrap_port) the same body, with bootstrap_host, bootstrap_port and
+ *       a bootstrap_room (room mod dp_size = the prefill rank), goes to both: the prefill call
+ *       runs in the background (fe_bg_t, holding the prefill booking until it answers), the
+ *       decode call is the request's own.
+ * The front end's request state machine (frontend.c) runs each leg as it runs an aggregated
+ * request: p->pf_leg says which leg the booking and the upstream call belong to; failures
+ * before the first byte are retried within the leg (the pools are disjoint, so one tried list
+ * serves both). When the prefill leg cannot go on (no prefill worker left, retries spent, a
+ * 5xx or broken answer) the request is served aggregated on the decode pool, or refused 503
+ * with enforce_disagg. Switching legs continues from the request's zero-delay timer.
+ *
+ * States (kvr_router_disagg_state): pending (no prefill worker ever: an aggregated fleet),
+ * active, unavailable (every prefill worker gone or fenced); transitions are logged once and
+ * counted. Conditional disaggregation (disagg_policy) keeps a request local when the best
+ * decode worker's cache leaves few new tokens (isl) or every prefill worker is busy (load).
+ *
+ * Invariants: a bootstrap call (fe_bg_t) is in fe->bgs from its start to its end; while its
+ * request lives, p->bg and g->owner point at each other; it holds the prefill booking until
+ * it ends. Ownership: the front end owns the calls; a request's leg body is the request's.
+ * Threads: the HTTP thread. Cost: a leg body is one pass over the client's body.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "net/frontend_int.h"
+#include "wire/disagg.h"
+
+/* seconds: 1 ms to 60 s */
+static const double PREFILL_BUCKETS[] = {1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
+                                         0.5,  1,      2.5,  5,    10,     30,   60};
+#define N_PREFILL_BUCKETS (sizeof PREFILL_BUCKETS / sizeof PREFILL_BUCKETS[0])
+
+static const char *const BYPASS_NAMES[FDB_COUNT] = {"unavailable", "isl", "load",
+                                                     "prefill_failed"};
+static const char *const PREFILL_NAMES[FDP_COUNT] = {"ok", "terminal", "no_params", "bad_params",
+                                                      "error"};
+
+/* What the prefill leg of the pull convention carries (vLLM's proxy, field for field). */
+static const char PULL_KVT[] =
+    "\"kv_transfer_params\":{\"do_remote_decode\":true,\"do_remote_prefill\":false,"
+    "\"remote_engine_id\":null,\"remote_block_ids\":null,\"remote_host\":null,"
+    "\"remote_port\":null}";
+static const char *const PULL_DROP[] = {"stream",     "stream_options", "max_tokens",
+                                        "max_completion_tokens", "min_tokens",
+                                        "min_completion_tokens", "kv_transfer_params", NULL};
+static const char *const DECODE_DROP[] = {"kv_transfer_params", NULL};
+static const char *const BOOT_DROP[] = {"bootstrap_host", "bootstrap_port", "bootstrap_room",
+                                        NULL};
+
+struct fe_bg {
+    kvr_frontend_t *fe;
+    fe_bg_t *prev, *next;
+    fe_req_t *owner; /* NULL once its request ended */
+    upool_t *pool;
+    upconn_t *uc;
+    struct evhttp_request *up;
+    bool booked, failed;
+    kvr_req_handle_t handle;
+    kvr_worker_t worker;
+};
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- the pool's state ------------------------------------------------------------------ */
+
+void fe_disagg_tick(kvr_frontend_t *fe)
+{
+    kvr_disagg_state_t st = kvr_router_disagg_state(fe->r);
+    if ((int)st == fe->dstate)
+        return;
+    fe->ds.transitions[st]++;
+    kvr_log(st == KVR_DISAGG_UNAVAILABLE ? KVR_LOG_WARN : KVR_LOG_INFO,
+            "prefill pool %s -> %s (%zu prefill workers registered, %zu serving): %s",
+            kvr_disagg_state_name((kvr_disagg_state_t)fe->dstate), kvr_disagg_state_name(st),
+            kvr_router_n_role(fe->r, KVR_ROLE_PREFILL, false),
+            kvr_router_n_role(fe->r, KVR_ROLE_PREFILL, true),
+            st == KVR_DISAGG_ACTIVE     ? "requests are prefilled remotely"
+            : fe->cfg.enforce_disagg    ? "requests are refused (enforce_disagg)"
+                                        : "requests are served aggregated on the decode pool");
+    fe->dstate = (int)st;
+}
+
+/* ---- planning ------------------------------------------------------------------------------ */
+
+/* disagg_policy: the reason p stays local, or -1. */
+static int policy_bypass(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    kvr_disagg_policy_t pol = fe->cfg.disagg_policy;
+    kvr_route_req_t q = {.tokens = p->tokens,
+                         .n_tokens = p->n_tokens,
+                         .model = p->model,
+                         .model_len = p->model_len,
+                         .lora_name = p->lora,
+                         .lora_name_len = p->lora_len,
+                         .mm = p->mm,
+                         .n_mm = p->n_mm};
+    kvr_route_res_t res;
+    uint64_t now = kvr_now_ms();
+    if (pol == KVR_DISAGG_ISL || pol == KVR_DISAGG_ISL_OR_LOAD) {
+        /* the decode pool as an aggregated request would see it: cache-hot workers credited */
+        if (kvr_router_route(fe->r, &q, now, &res) == KVR_OK) {
+            uint64_t eff = p->n_tokens > res.cached_tokens ? p->n_tokens - res.cached_tokens : 0;
+            if (eff < fe->cfg.disagg_isl_threshold && (double)eff < 0.7 * (double)p->n_tokens)
+                return FDB_ISL;
+        }
+    }
+    if (pol == KVR_DISAGG_LOAD || pol == KVR_DISAGG_ISL_OR_LOAD) {
+        kvr_route_req_prefill_leg(&q);
+        if (kvr_router_route(fe->r, &q, now, &res) == KVR_EBUSY)
+            return FDB_LOAD;
+    }
+    return -1;
+}
+
+static void serve_aggregated(fe_req_t *p)
+{
+    p->dmode = FD_AGG;
+    p->pf_leg = false;
+    p->fe->ds.mode[FD_AGG]++;
+}
+
+bool fe_disagg_plan(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    if (p->disagg_planned)
+        return true;
+    p->disagg_planned = true;
+    fe_disagg_tick(fe);
+    if (p->has_pin_pf) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, p->pin_pf);
+        if (sp == NULL || sp->role != KVR_ROLE_PREFILL) {
+            fe_req_fail(p, 400, "x-prefill-instance-id: worker %" PRIu64 " is not a registered "
+                                "prefill worker (role=prefill)", p->pin_pf);
+            return false;
+        }
+    }
+    kvr_disagg_state_t st = kvr_router_disagg_state(fe->r);
+    if (st != KVR_DISAGG_ACTIVE) {
+        if (fe->cfg.enforce_disagg) {
+            fe->ds.refused_enforced++;
+            fe_req_fail(p, 503, "no prefill worker is serving (the prefill pool is %s) and "
+                                "enforce_disagg is set", kvr_disagg_state_name(st));
+            return false;
+        }
+        if (st == KVR_DISAGG_UNAVAILABLE)
+            fe->ds.bypass[FDB_UNAVAILABLE]++;
+        serve_aggregated(p);
+        return true;
+    }
+    int why = fe->cfg.disagg_policy != KVR_DISAGG_ALWAYS && !p->has_pin_pf ? policy_bypass(p)
+                                                                            : -1;
+    if (why >= 0) {
+        fe->ds.bypass[why]++;
+        serve_aggregated(p);
+        return true;
+    }
+    p->dmode = FD_PULL; /* the prefill worker's registration decides at its placement */
+    p->pf_leg = true;
+    return true;
+}
+
+void fe_disagg_route_req(fe_req_t *p, kvr_route_req_t *q)
+{
+    q->pool = KVR_POOL_SERVE;
+    if (p->dmode == FD_AGG)
+        return;
+    if (p->pf_leg) {
+        kvr_route_req_prefill_leg(q);
+        q->has_pinned = p->has_pin_pf && p->has_pin_pf_rank;
+        q->pinned = (kvr_worker_t){p->pin_pf, p->pin_pf_rank};
+        return;
+    }
+    kvr_route_req_decode_leg(q);
+}
+
+static void count_pool(fe_req_t *p, int pool, uint64_t cached)
+{
+    fe_dstats_t *d = &p->fe->ds;
+    d->pool_routed[pool]++;
+    d->pool_prompt_tokens[pool] += p->n_tokens;
+    d->pool_cached_tokens[pool] += cached < p->n_tokens ? cached : p->n_tokens;
+}
+
+/* Continues p on its next leg from its timer (never inside the libevent call that ended the
+ * last one). */
+static void next_leg(fe_req_t *p)
+{
+    p->leg_switch = true;
+    p->first_token_sent = false;
+    p->attempts = 0;
+    if (!fe_ensure_retry_ev(p)) {
+        fe_req_fail(p, 500, "out of memory");
+        return;
+    }
+    fe_schedule_retry(p);
+}
+
+/* ---- the bootstrap prefill call ------------------------------------------------------------ */
+
+static void bg_free(fe_bg_t *g)
+{
+    kvr_frontend_t *fe = g->fe;
+    if (g->up != NULL) { /* dropped: its connection closes, the engine aborts the request */
+        evhttp_request_set_error_cb(g->up, NULL);
+        evhttp_cancel_request(g->up);
+        g->up = NULL;
+    }
+    fe_pool_release(g->uc);
+    if (g->prev)
+        g->prev->next = g->next;
+    else
+        fe->bgs = g->next;
+    if (g->next)
+        g->next->prev = g->prev;
+    if (g->owner != NULL)
+        g->owner->bg = NULL;
+    bool booked = g->booked;
+    kvr_req_handle_t h = g->handle;
+    free(g);
+    if (booked) /* last: the queue may place a request, which may start a call */
+        (void)kvr_sched_release(fe->sched, h, kvr_now_ms());
+}
+
+static int bg_header(struct evhttp_request *up, void *arg)
+{
+    fe_bg_t *g = arg;
+    if (evhttp_request_get_response_code(up) == 200 && g->booked)
+        (void)kvr_sched_first_token(g->fe->sched, g->handle, kvr_now_ms()); /* prefill done */
+    if (g->pool != NULL)
+        g->pool->consecutive_failures = 0;
+    return 0;
+}
+
+static void bg_error(enum evhttp_request_error err, void *arg)
+{
+    (void)err;
+    ((fe_bg_t *)arg)->failed = true;
+}
+
+/* The prefill call's end: read to the end and dropped (the decode worker's answer is the
+ * client's). A failure before the decode worker answered restarts the pair elsewhere. */
+static void bg_done(struct evhttp_request *up, void *arg)
+{
+    fe_bg_t *g = arg;
+    kvr_frontend_t *fe = g->fe;
+    g->up = NULL; /* libevent frees it after this call */
+    fe_pool_release(g->uc);
+    g->uc = NULL;
+    int code = up != NULL ? evhttp_request_get_response_code(up) : 0;
+    if (code == 200) {
+        fe->ds.prefill[FDP_OK]++;
+        bg_free(g);
+        return;
+    }
+    fe->ds.bg_failed++;
+    fe->ds.prefill[FDP_ERROR]++;
+    kvr_log_limited(&fe->rl_disagg, KVR_LOG_WARN, "bootstrap prefill on worker %" PRIu64
+                    " failed (%s%d)", g->worker.worker_id, code ? "status " : "no answer, ",
+                    code);
+    if (code == 0 && g->pool != NULL)
+        fe_worker_failed(fe, g->pool, UPK_CONNECT);
+    fe_req_t *p = g->owner;
+    if (p != NULL && !p->got_headers && p->phase == PH_UPSTREAM) {
+        /* its decode call waits for a room that will not come: the pair again, elsewhere */
+        fe_cancel_upstream(p);
+        fe_unbook(p);
+        if (p->n_tried < FE_MAX_ATTEMPTS)
+            p->tried[p->n_tried++] = g->worker.worker_id;
+        snprintf(p->last_fail, sizeof p->last_fail, "the bootstrap prefill on worker %" PRIu64
+                 " failed", g->worker.worker_id);
+        bg_free(g);
+        p->pf_leg = true;
+        p->has_pf = false;
+        fe_schedule_retry(p);
+        return;
+    }
+    bg_free(g);
+}
+
+/* Starts the prefill call of p's bootstrap pair with its booking; false when it could not
+ * be sent (the booking is then released). */
+static bool bg_start(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, p->worker.worker_id);
+    upool_t *u = sp != NULL ? fe_pool_for(fe, sp) : NULL;
+    fe_bg_t *g = u != NULL && !u->bad_url ? calloc(1, sizeof *g) : NULL;
+    if (g == NULL) {
+        fe_unbook(p);
+        return false;
+    }
+    g->fe = fe;
+    g->owner = p;
+    g->pool = u;
+    g->worker = p->worker;
+    g->booked = p->booked; /* the prefill booking moves to the call */
+    g->handle = p->handle;
+    p->booked = false;
+    g->next = fe->bgs;
+    if (g->next)
+        g->next->prev = g;
+    fe->bgs = g;
+    p->bg = g;
+    g->uc = fe_pool_acquire(fe, u);
+    g->up = g->uc != NULL ? evhttp_request_new(bg_done, g) : NULL;
+    if (g->up == NULL) {
+        bg_free(g);
+        return false;
+    }
+    evhttp_request_set_header_cb(g->up, bg_header);
+    evhttp_request_set_error_cb(g->up, bg_error);
+    struct evkeyvalq *h = evhttp_request_get_output_headers(g->up);
+    char rank[16];
+    snprintf(rank, sizeof rank, "%u", g->worker.dp_rank - (sp->dp_start <= g->worker.dp_rank
+                                                               ? sp->dp_start : 0));
+    evhttp_add_header(h, "Host", u->loc.host_hdr);
+    evhttp_add_header(h, "Content-Type", "application/json");
+    evhttp_add_header(h, "x-data-parallel-rank", rank);
+    fe_add_upstream_auth(p, h);
+    evbuffer_add(evhttp_request_get_output_buffer(g->up), p->leg_body, p->leg_body_len);
+    char path[KVR_ADDR_BYTES + 32];
+    snprintf(path, sizeof path, "%s%s", u->loc.base_path,
+             p->ep == KVR_OAI_CHAT ? "/v1/chat/completions" : "/v1/completions");
+    evhttp_connection_set_max_body_size(g->uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
+    fe->st.forwarded++;
+    struct evhttp_request *up = g->up;
+    if (evhttp_make_request(g->uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->bg == g &&
+        g->up == up) {
+        g->up = NULL; /* freed by libevent */
+        bg_free(g);
+        return false;
+    }
+    return p->bg != NULL; /* false when it already failed (a connection refused at once) */
+}
+
+void fe_disagg_release(fe_req_t *p, bool cancel)
+{
+    fe_bg_t *g = p->bg;
+    if (g == NULL)
+        return;
+    g->owner = NULL;
+    p->bg = NULL;
+    if (cancel) {
+        p->fe->ds.bg_cancelled++;
+        bg_free(g);
+    }
+}
+
+/* ---- the legs ------------------------------------------------------------------------------ */
+
+/* The bootstrap triple for p's prefill placement (p->worker) into p->leg_body. */
+static int bootstrap_body(fe_req_t *p, const kvr_worker_spec_t *sp)
+{
+    char host[KVR_ADDR_BYTES];
+    if (sp->bootstrap_host[0] != '\0') {
+        snprintf(host, sizeof host, "%s", sp->bootstrap_host);
+    } else {
+        kvr_url_t u;
+        char err[64];
+        if (kvr_endpoint_parse_url(sp->url, NULL, &u, err, sizeof err) != KVR_OK)
+            return KVR_EINVAL;
+        snprintf(host, sizeof host, "%s", u.host);
+    }
+    uint64_t rnd;
+    if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+        rnd = mono_ns() * UINT64_C(0x9E3779B97F4A7C15);
+    uint32_t rank = p->worker.dp_rank >= sp->dp_start ? p->worker.dp_rank - sp->dp_start : 0;
+    uint64_t room = kvr_disagg_room(rnd, sp->dp_size, rank);
+    char tail[KVR_ADDR_BYTES + 96];
+    int n = snprintf(tail, sizeof tail,
+                     "\"bootstrap_host\":\"%s\",\"bootstrap_port\":%u,\"bootstrap_room\":%" PRIu64,
+                     host, sp->bootstrap_port, room);
+    free(p->leg_body);
+    p->leg_body = NULL;
+    return fe_build_leg_body(p, BOOT_DROP, NULL, tail, (size_t)n, &p->leg_body,
+                             &p->leg_body_len);
+}
+
+bool fe_disagg_placed(fe_req_t *p, const kvr_route_res_t *res)
+{
+    kvr_frontend_t *fe = p->fe;
+    count_pool(p, p->pf_leg ? 0 : 1, res->cached_tokens);
+    if (!p->pf_leg)
+        return true;
+    p->pf = res->worker;
+    p->pf_cached_tokens = res->cached_tokens;
+    p->has_pf = true;
+    p->pf_start_ns = mono_ns();
+    const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, res->worker.worker_id);
+    int rc;
+    if (sp != NULL && sp->bootstrap_port != 0) {
+        p->dmode = FD_BOOTSTRAP;
+        if ((rc = bootstrap_body(p, sp)) != KVR_OK) {
+            fe_unbook(p);
+            fe_disagg_fallback(p, rc == KVR_ENOMEM ? "out of memory"
+                                                   : "its bootstrap host is unknown");
+            return false;
+        }
+        if (!bg_start(p)) {
+            if (p->n_tried < FE_MAX_ATTEMPTS)
+                p->tried[p->n_tried++] = res->worker.worker_id;
+            snprintf(p->last_fail, sizeof p->last_fail, "the bootstrap prefill on worker %" PRIu64
+                     " could not be sent", res->worker.worker_id);
+            p->has_pf = false;
+            fe_schedule_retry(p); /* another prefill worker */
+            return false;
+        }
+        fe->ds.mode[FD_BOOTSTRAP]++;
+        p->pf_leg = false; /* the decode leg now, with the same body */
+        next_leg(p);
+        return false;
+    }
+    p->dmode = FD_PULL;
+    static const char chat_cap[] = ",\"max_completion_tokens\":1";
+    char tail[sizeof PULL_KVT + 64];
+    int n = snprintf(tail, sizeof tail, "\"stream\":false,\"max_tokens\":1%s,%s",
+                     p->ep == KVR_OAI_CHAT ? chat_cap : "", PULL_KVT);
+    free(p->leg_body);
+    p->leg_body = NULL;
+    if ((rc = fe_build_leg_body(p, PULL_DROP, NULL, tail, (size_t)n, &p->leg_body,
+                                &p->leg_body_len)) != KVR_OK) {
+        fe_unbook(p);
+        fe_disagg_fallback(p, "out of memory");
+        return false;
+    }
+    return true;
+}
+
+void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code)
+{
+    kvr_frontend_t *fe = p->fe;
+    kvr_hist_observe(&fe->h_prefill, (double)(mono_ns() - p->pf_start_ns) / 1e9);
+    if (code >= 500) {
+        fe->ds.prefill[FDP_ERROR]++;
+        char why[64];
+        snprintf(why, sizeof why, "prefill worker %" PRIu64 " answered %d", p->worker.worker_id,
+                 code);
+        fe_unbook(p);
+        fe_disagg_fallback(p, why);
+        return;
+    }
+    if (code != 200) { /* the engine refused the request itself: the client's answer */
+        fe->ds.prefill[FDP_ERROR]++;
+        fe_reply_whole(p, up);
+        fe_req_finish(p);
+        return;
+    }
+    struct evbuffer *in = evhttp_request_get_input_buffer(up);
+    size_t len = evbuffer_get_length(in);
+    const char *b = len ? (const char *)evbuffer_pullup(in, -1) : "";
+    kvr_disagg_answer_t a;
+    if (kvr_disagg_scan_answer(b, len, &a) != KVR_OK)
+        a.kvt = KVR_KVT_OTHER;
+    fe_unbook(p); /* the prefill is done: its KV moves on */
+    if (a.kvt != KVR_KVT_OBJECT && a.finish_stop && !p->stream) {
+        fe->ds.prefill[FDP_TERMINAL]++; /* EOS on the one token: that is the whole answer */
+        fe_reply_whole(p, up);
+        fe_req_finish(p);
+        return;
+    }
+    free(p->leg_body);
+    p->leg_body = NULL;
+    if (a.kvt == KVR_KVT_OBJECT) {
+        fe->ds.prefill[FDP_OK]++;
+        static const char key[] = "\"kv_transfer_params\":";
+        size_t tl = sizeof key - 1 + a.kvt_len;
+        char *tail = malloc(tl);
+        int rc = KVR_ENOMEM;
+        if (tail != NULL) {
+            memcpy(tail, key, sizeof key - 1);
+            memcpy(tail + sizeof key - 1, b + a.kvt_at, a.kvt_len);
+            rc = fe_build_leg_body(p, DECODE_DROP, NULL, tail, tl, &p->leg_body,
+                                   &p->leg_body_len);
+            free(tail);
+        }
+        if (rc != KVR_OK) {
+            fe_req_fail(p, 500, "out of memory");
+            return;
+        }
+    } else {
+        int k = a.kvt == KVR_KVT_OTHER ? FDP_BAD_PARAMS : FDP_NO_PARAMS;
+        fe->ds.prefill[k]++;
+        kvr_log_limited(&fe->rl_disagg, KVR_LOG_WARN,
+                        "prefill worker %" PRIu64 " answered %s: the decode worker recomputes "
+                        "the prompt", p->worker.worker_id,
+                        k == FDP_BAD_PARAMS ? "kv_transfer_params that are not an object (or "
+                                              "not JSON)"
+                                            : "no kv_transfer_params");
+    }
+    fe->ds.mode[FD_PULL]++;
+    p->pf_leg = false;
+    next_leg(p);
+}
+
+void fe_disagg_fallback(fe_req_t *p, const char *why)
+{
+    kvr_frontend_t *fe = p->fe;
+    fe_disagg_release(p, true);
+    fe_unbook(p);
+    if (fe->cfg.enforce_disagg) {
+        fe->ds.refused_enforced++;
+        fe_req_fail(p, 503, "the prefill failed (%s) and enforce_disagg is set", why);
+        return;
+    }
+    fe->ds.bypass[FDB_PREFILL_FAILED]++;
+    kvr_log_limited(&fe->rl_disagg, KVR_LOG_WARN,
+                    "prefill failed (%s): the request is served aggregated on the decode pool",
+                    why);
+    free(p->leg_body);
+    p->leg_body = NULL;
+    p->has_pf = false;
+    serve_aggregated(p);
+    next_leg(p);
+}
+
+/* ---- lifecycle, metrics ---------------------------------------------------------------------- */
+
+int fe_disagg_init(kvr_frontend_t *fe)
+{
+    fe->rl_disagg = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    kvr_hist_init(&fe->h_prefill, PREFILL_BUCKETS, N_PREFILL_BUCKETS);
+    fe->dstate = KVR_DISAGG_PENDING;
+    fe_disagg_tick(fe);
+    return KVR_OK;
+}
+
+void fe_disagg_free(kvr_frontend_t *fe)
+{
+    while (fe->bgs != NULL)
+        bg_free(fe->bgs);
+}
+
+void fe_disagg_worker_removed(kvr_frontend_t *fe, uint64_t worker_id)
+{
+    for (fe_bg_t *g = fe->bgs; g != NULL; g = g->next)
+        if (g->booked && g->worker.worker_id == worker_id)
+            g->booked = false;
+}
+
+void fe_disagg_metrics(const kvr_frontend_t *fe, struct kvr_prom *pr)
+{
+    const fe_dstats_t *d = &fe->ds;
+    static const char *const modes[] = {"aggregated", "pull", "bootstrap"};
+    kvr_prom_family(pr, "kvr_disagg_requests_total", "counter",
+                    "Front-end requests by how they were served (aggregated: one worker).");
+    for (int i = 0; i < 3; i++) {
+        kvr_prom_label_t l = {"mode", modes[i]};
+        kvr_prom_sample(pr, "kvr_disagg_requests_total", &l, 1, (double)d->mode[i]);
+    }
+    kvr_prom_family(pr, "kvr_disagg_bypass_total", "counter",
+                    "Requests of a disaggregated fleet served without a remote prefill, by "
+                    "reason.");
+    for (int i = 0; i < FDB_COUNT; i++) {
+        kvr_prom_label_t l = {"reason", BYPASS_NAMES[i]};
+        kvr_prom_sample(pr, "kvr_disagg_bypass_total", &l, 1, (double)d->bypass[i]);
+    }
+    kvr_prom_family(pr, "kvr_disagg_prefill_total", "counter",
+                    "Prefill answers by outcome (ok: KV handed on; terminal: the answer itself; "
+                    "no_params / bad_params: the decode worker recomputes; error).");
+    for (int i = 0; i < FDP_COUNT; i++) {
+        kvr_prom_label_t l = {"outcome", PREFILL_NAMES[i]};
+        kvr_prom_sample(pr, "kvr_disagg_prefill_total", &l, 1, (double)d->prefill[i]);
+    }
+    kvr_prom_counter(pr, "kvr_disagg_bootstrap_prefill_failed_total",
+                     "Bootstrap prefill calls that failed.", (double)d->bg_failed);
+    kvr_prom_counter(pr, "kvr_disagg_bootstrap_prefill_cancelled_total",
+                     "Bootstrap prefill calls cancelled (client gone, request failed).",
+                     (double)d->bg_cancelled);
+    kvr_prom_counter(pr, "kvr_disagg_refused_total",
+                     "Requests refused 503 for want of a prefill (enforce_disagg).",
+                     (double)d->refused_enforced);
+    kvr_prom_gauge(pr, "kvr_disagg_state",
+                   "The prefill pool: 0 pending (none ever), 1 active, 2 unavailable.",
+                   (double)fe->dstate);
+    kvr_prom_family(pr, "kvr_disagg_state_transitions_total", "counter",
+                    "Times the prefill pool entered each state.");
+    static const char *const states[] = {"pending", "active", "unavailable"};
+    for (int i = 0; i < 3; i++) {
+        kvr_prom_label_t l = {"to", states[i]};
+        kvr_prom_sample(pr, "kvr_disagg_state_transitions_total", &l, 1,
+                        (double)d->transitions[i]);
+    }
+    static const char *const pools[] = {"prefill", "decode"};
+    static const struct {
+        const char *name, *help;
+    } P[3] = {{"kvr_pool_routed_total", "Placements per pool (decode: every request's worker)."},
+              {"kvr_pool_prompt_tokens_total", "Prompt tokens placed per pool."},
+              {"kvr_pool_cached_tokens_total",
+               "Of those, cached on the chosen worker per the index (hit ratio = cached / "
+               "prompt)."}};
+    for (int k = 0; k < 3; k++) {
+        kvr_prom_family(pr, P[k].name, "counter", P[k].help);
+        const uint64_t *v = k == 0 ? d->pool_routed : k == 1 ? d->pool_prompt_tokens
+                                                             : d->pool_cached_tokens;
+        for (int i = 0; i < 2; i++) {
+            kvr_prom_label_t l = {"pool", pools[i]};
+            kvr_prom_sample(pr, P[k].name, &l, 1, (double)v[i]);
+        }
+    }
+    kvr_prom_family(pr, "kvr_disagg_prefill_seconds", "histogram",
+                    "Pull convention: the prefill call, sent to answered.");
+    kvr_prom_hist(pr, "kvr_disagg_prefill_seconds", NULL, 0, &fe->h_prefill);
+}
