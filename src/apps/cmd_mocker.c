@@ -67,7 +67,8 @@ static void usage(FILE *out)
         "  --max-waiting N               waiting-queue cap; beyond it 503 [65536]\n"
         "  --vocab-size N                generated ids are below it [32000]\n"
         "  --kv-events-drop-every N      fault injection: every Nth batch is lost (replayable)\n"
-        "  --log-level L                 debug | info | warn | error [info]\n"
+        "  --log-level L                 debug | info | warn | error [info]\n");
+    fputs(
         "Disaggregated prefill/decode:\n"
         "  --role prefill|decode|both    what this worker does [both]: a prefill worker keeps a\n"
         "                                prompt's KV until its decode worker reads it; a decode\n"
@@ -82,14 +83,20 @@ static void usage(FILE *out)
         "  --kv-transfer-gbps X          modelled transfer bandwidth, Gbit/s [100]\n"
         "  --kv-hold-timeout S           held KV nobody reads is freed after S s [30]\n"
         "  --kv-wait-timeout S           a bootstrap read waits S s for its prefill [30]\n"
-        "  --kv-load-failure fail|recompute  a decode worker's failed read [fail]\n\n"
+        "  --kv-load-failure fail|recompute  a decode worker's failed read [fail]\n"
+        "  --kv-transfer-fault none|bad-params|bad-port  fault injection (prefill, pull): the\n"
+        "                                answer's kv_transfer_params are a string, or name a\n"
+        "                                port nobody listens on [none]\n\n",
+        out);
+    fputs(
         "Discovery (routers started with --discovery nats find it):\n"
         "  --nats-url URL                register in <namespace>_workers while running\n"
         "  --worker-id N                 its worker id there [the HTTP port]\n"
         "  --advertise-host H            the host routers reach it at [--host, or 127.0.0.1\n"
         "                                for 0.0.0.0]\n"
         "  --namespace NS                the fleet's namespace [kvrouter]\n"
-        "  --nats-presence-ttl-ms MS     routers drop it when not refreshed this long [3000]\n");
+        "  --nats-presence-ttl-ms MS     routers drop it when not refreshed this long [3000]\n",
+        out);
 }
 
 typedef struct mocker_args {
@@ -105,6 +112,7 @@ static const char *const EVENT_FORMATS[] = {"array", "map"};
 static const char *const ROLES[] = {"both", "prefill", "decode"};
 static const char *const TRANSFERS[] = {"pull", "bootstrap"};
 static const char *const LOAD_FAILURES[] = {"fail", "recompute"};
+static const char *const KV_FAULTS[] = {"none", "bad-params", "bad-port"};
 
 /* The disaggregation options; -1 when the option is not one of them. */
 static int parse_disagg(kvr_cli_t *c, kvr_mocker_config_t *m)
@@ -125,6 +133,11 @@ static int parse_disagg(kvr_cli_t *c, kvr_mocker_config_t *m)
     if (kvr_cli_is(c, "--kv-load-failure")) {
         if ((rc = kvr_cli_choice(c, kvr_cli_value(c), LOAD_FAILURES, 2, &k)) == 0)
             m->kv_load_recompute = k == 1;
+        return rc;
+    }
+    if (kvr_cli_is(c, "--kv-transfer-fault")) {
+        if ((rc = kvr_cli_choice(c, kvr_cli_value(c), KV_FAULTS, 3, &k)) == 0)
+            m->kv_fault = (uint32_t)k;
         return rc;
     }
     if (kvr_cli_is(c, "--bootstrap-port")) {
@@ -389,9 +402,9 @@ int kvr_cmd_mocker(int argc, char **argv)
                 e->block_size, e->max_num_seqs, e->max_num_batched_tokens, a.cfg.speedup,
                 a.cfg.events.enabled ? a.cfg.events.endpoint : "off",
                 a.cfg.events.enabled && a.cfg.events.replay_endpoint[0] ? " (replay on)" : "");
-        if (kvr_mocker_bootstrap_port(m) != 0)
-            printf("bootstrap %s:%u\n", a.cfg.host, kvr_mocker_bootstrap_port(m));
         printf("listening %s:%u\n", a.cfg.host, kvr_mocker_port(m));
+        if (kvr_mocker_bootstrap_port(m) != 0) /* after: launchers read "listening" first */
+            printf("bootstrap %s:%u\n", a.cfg.host, kvr_mocker_bootstrap_port(m));
         fflush(stdout);
         event_base_dispatch(base);
     } else {

@@ -156,7 +156,8 @@ int kvr_engine_add(kvr_engine_t *e, const kvr_engine_request_t *req);
  * a request the step scheduled is dropped at step_end (no output; its id stays live until then). */
 int kvr_engine_cancel(kvr_engine_t *e, uint64_t id);
 
-/* Frees the blocks a finished hold_kv request kept (its id is no longer live). KVR_OK;
+/* Frees the blocks a finished hold_kv request kept (its id is no longer live); not from an
+ * output callback (the step still holds the request). KVR_OK;
  * KVR_ENOTFOUND (no such request); KVR_EINVAL (it is not held: still running or waiting,
  * or not hold_kv; cancel it instead). */
 int kvr_engine_release_held(kvr_engine_t *e, uint64_t id);

@@ -747,6 +747,17 @@ static void h_workers_get(kvr_api_server_t *s, struct evhttp_request *req)
             write_worker(s, sp);
     }
     kvr_json_end_array(&s->w);
+    kvr_json_key(&s->w, "disagg"); /* the prefill pool (docs/disagg.md) */
+    kvr_json_begin_object(&s->w);
+    kvr_json_key(&s->w, "state");
+    kvr_json_string(&s->w, kvr_disagg_state_name(kvr_router_disagg_state(s->r)));
+    kvr_json_key(&s->w, "prefill_workers");
+    kvr_json_u64(&s->w, kvr_router_n_role(s->r, KVR_ROLE_PREFILL, false));
+    kvr_json_key(&s->w, "prefill_workers_serving");
+    kvr_json_u64(&s->w, kvr_router_n_role(s->r, KVR_ROLE_PREFILL, true));
+    kvr_json_key(&s->w, "enforce_disagg");
+    kvr_json_bool(&s->w, s->cfg.enforce_disagg);
+    kvr_json_end_object(&s->w);
     if (s->index_origin[0] != '\0') {
         kvr_json_key(&s->w, "index_origin");
         kvr_json_string(&s->w, s->index_origin);

@@ -597,7 +597,7 @@ void fe_disagg_metrics(const kvr_frontend_t *fe, struct kvr_prom *pr)
                      (double)d->refused_enforced);
     kvr_prom_gauge(pr, "kvr_disagg_state",
                    "The prefill pool: 0 pending (none ever), 1 active, 2 unavailable.",
-                   (double)fe->dstate);
+                   (double)kvr_router_disagg_state(fe->r));
     kvr_prom_family(pr, "kvr_disagg_state_transitions_total", "counter",
                     "Times the prefill pool entered each state.");
     static const char *const states[] = {"pending", "active", "unavailable"};

@@ -139,6 +139,7 @@ struct kvr_mocker {
     mk_hold_t *holds;
     mk_park_t *parks;
     struct evhttp *boot_http; /* prefill role, bootstrap convention: the bootstrap server */
+    struct event *park_ev;    /* serves parked reads once their room is held */
     uint16_t boot_port;
     mk_kv_stats_t kv;
     kvr_ratelimit_t rl_kv;

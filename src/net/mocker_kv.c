@@ -113,6 +113,8 @@ static void park_free(kvr_mocker_t *m, mk_park_t *k)
 static char *pull_member(mreq_t *q, const mk_hold_t *h)
 {
     kvr_mocker_t *m = q->m;
+    if (m->cfg.kv_fault == 1)
+        return strdup("\"kv_transfer_params\":\"garbage\"");
     const uint32_t *ids;
     size_t n = kvr_engine_held_blocks(q->rk->eng, q->id, &ids);
     char eid[96];
@@ -129,7 +131,7 @@ static char *pull_member(mreq_t *q, const mk_hold_t *h)
     snprintf(out + k, cap - k,
              "]],\"remote_engine_id\":\"%s\",\"remote_request_id\":\"%s\","
              "\"remote_host\":\"%s\",\"remote_port\":%u,\"tp_size\":1}",
-             eid, h->xfer_id, m->cfg.kv_host, m->port);
+             eid, h->xfer_id, m->cfg.kv_host, m->cfg.kv_fault == 2 ? 1u : m->port);
     return out;
 }
 
@@ -151,12 +153,10 @@ char *mk_kv_held(mreq_t *q, const kvr_engine_output_t *o)
     h->next = m->holds;
     m->holds = h;
     m->kv.holds++;
-    if (h->by_room) { /* a read may be waiting already */
+    if (h->by_room) { /* a read may be waiting already: served after this engine step */
         for (mk_park_t *k = m->parks; k; k = k->next)
             if (k->room == h->room) {
-                struct evhttp_request *req = k->req;
-                park_free(m, k);
-                serve_read(m, h, req);
+                event_active(m->park_ev, EV_TIMEOUT, 1);
                 break;
             }
         return NULL;
@@ -195,6 +195,25 @@ void mk_h_pull(kvr_mocker_t *m, struct evhttp_request *req)
     m->kv.pulls_unknown++;
     mk_reply_error(m, req, 404, "no KV held for request %s on engine %s (read already, expired "
                                 "or never made)", d.remote_request_id, d.remote_engine_id);
+}
+
+/* Parked reads whose room is now held (run from the loop, never inside an engine step: a
+ * read frees the hold, which the engine may not do while it steps). */
+static void on_parks(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    kvr_mocker_t *m = arg;
+    mk_park_t *next;
+    for (mk_park_t *k = m->parks; k; k = next) {
+        next = k->next;
+        mk_hold_t *h = hold_by_room(m, k->room);
+        if (h) {
+            struct evhttp_request *req = k->req;
+            park_free(m, k);
+            serve_read(m, h, req);
+        }
+    }
 }
 
 static void on_park_close(struct evhttp_connection *conn, void *arg)
@@ -425,7 +444,8 @@ int mk_kv_init(kvr_mocker_t *m, char *err, size_t err_len)
 {
     if (m->cfg.role != KVR_MOCKER_PREFILL || m->cfg.kv_transfer != KVR_MOCKER_BOOTSTRAP)
         return KVR_OK;
-    if (!(m->boot_http = evhttp_new(m->base)))
+    if (!(m->boot_http = evhttp_new(m->base)) ||
+        !(m->park_ev = event_new(m->base, -1, 0, on_parks, m)))
         return KVR_ENOMEM;
     evhttp_set_max_body_size(m->boot_http, 4096);
     evhttp_set_gencb(m->boot_http, on_bootstrap, m);
@@ -450,6 +470,8 @@ void mk_kv_free(kvr_mocker_t *m)
     }
     if (m->boot_http)
         evhttp_free(m->boot_http);
+    if (m->park_ev)
+        event_free(m->park_ev);
     while (m->holds)
         hold_free(m, m->holds);
 }

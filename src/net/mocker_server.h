@@ -77,6 +77,8 @@ typedef struct kvr_mocker_config {
                                     false: the request fails ("fail", vLLM's default) */
     char kv_host[256];           /* the address decode workers reach this one at (remote_host;
                                     VLLM_NIXL_SIDE_CHANNEL_HOST): 127.0.0.1 */
+    uint32_t kv_fault;           /* fault injection (prefill, pull): 1 = kv_transfer_params are a
+                                    string, 2 = they name port 1 (nobody listens) */
 } kvr_mocker_config_t;
 
 void kvr_mocker_config_default(kvr_mocker_config_t *c);
