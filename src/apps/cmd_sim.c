@@ -58,6 +58,11 @@ static void usage(FILE *out)
             "  --seed N                      the random policy and tie-breaks (prompts never\n"
             "                                change: trace tokens use seed 0) [1]\n"
             "  --json                        one JSON object per policy per line\n"
+            "  --prefill-workers P --decode-workers D  disaggregated: P prefill and D decode\n"
+            "                                workers (instead of --workers); the KV of each\n"
+            "                                prefill travels to its decode worker in\n"
+            "                                blocks x --kv-bytes-per-block [2097152] /\n"
+            "                                --kv-transfer-gbps [100]\n"
             "  --sessions                    sticky sessions inferred from the trace: a request\n"
             "                                whose prompt extends an earlier one's (all of its\n"
             "                                blocks but the last, at least 2) continues that\n"
@@ -102,6 +107,7 @@ typedef struct sim_args {
     kvr_router_mode_t policies[MAX_POLICIES];
     size_t n_policies;
     char setting[96]; /* the router setting being parsed, named in messages */
+    uint32_t prefill_workers, decode_workers; /* disaggregated when both are set */
 } sim_args_t;
 
 static int parse_policies(const kvr_cli_t *c, const char *v, sim_args_t *a)
@@ -148,6 +154,14 @@ static int parse_run_flag(kvr_cli_t *c, sim_args_t *a)
         return kvr_cli_u32(c, kvr_cli_value(c), 1, KVR_SIM_MAX_WORKERS, &a->cfg.n_workers);
     if (kvr_cli_is(c, "--policy"))
         return parse_policies(c, kvr_cli_value(c), a);
+    if (kvr_cli_is(c, "--prefill-workers"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, KVR_SIM_MAX_WORKERS - 1, &a->prefill_workers);
+    if (kvr_cli_is(c, "--decode-workers"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, KVR_SIM_MAX_WORKERS - 1, &a->decode_workers);
+    if (kvr_cli_is(c, "--kv-bytes-per-block"))
+        return kvr_cli_u64(c, kvr_cli_value(c), 1, UINT64_MAX / 8, &a->cfg.kv_bytes_per_block);
+    if (kvr_cli_is(c, "--kv-transfer-gbps"))
+        return kvr_cli_pos(c, kvr_cli_value(c), &a->cfg.kv_transfer_gbps);
     if (kvr_cli_is(c, "--speedup"))
         return kvr_cli_pos(c, kvr_cli_value(c), &a->speedup);
     if (kvr_cli_is(c, "--seed"))
@@ -221,6 +235,15 @@ static int parse_args(int argc, char **argv, sim_args_t *a)
     if (rc != 0)
         return rc;
     a->cfg.router.block_size = a->cfg.engine.block_size; /* --block-size sets both */
+    if ((a->prefill_workers > 0) != (a->decode_workers > 0))
+        return kvr_cli_fail(&c, "--prefill-workers and --decode-workers go together");
+    if (a->prefill_workers > 0) {
+        if ((uint64_t)a->prefill_workers + a->decode_workers > KVR_SIM_MAX_WORKERS)
+            return kvr_cli_fail(&c, "--prefill-workers + --decode-workers: at most %u",
+                                KVR_SIM_MAX_WORKERS);
+        a->cfg.n_workers = a->prefill_workers + a->decode_workers;
+        a->cfg.n_prefill = a->prefill_workers;
+    }
     char err[300];
     if (kvr_sim_config_validate(&a->cfg, err, sizeof err) != KVR_OK)
         return kvr_cli_fail(&c, "%s", err);
@@ -253,6 +276,7 @@ static double mono_s(void)
 typedef struct report {
     const char *policy;
     uint32_t workers;
+    uint32_t prefill_workers;
     double speedup;
     uint64_t seed;
     kvr_trace_ceilings_t ceil;
@@ -330,6 +354,16 @@ static int print_json(kvr_json_writer_t *w, const report_t *r)
     kvr_json_u64(w, s->router_live_at_end);
     kvr_json_key(w, "router_unknown_ids");
     kvr_json_u64(w, s->router_unknown_ids);
+    json_pcts(w, "itl_pcts_ms", s->itl_ms);
+    kvr_json_key(w, "prefill_workers");
+    kvr_json_u64(w, r->prefill_workers);
+    if (r->prefill_workers > 0) {
+        kvr_json_key(w, "transfers");
+        kvr_json_u64(w, s->transfers);
+        kvr_json_key(w, "transfer_ms_mean");
+        kvr_json_double(w, s->transfers ? s->transfer_ms / (double)s->transfers : 0.0);
+        json_pcts(w, "prefill_ms", s->prefill_ms);
+    }
     kvr_json_key(w, "virtual_s");
     kvr_json_double(w, s->virtual_ms / 1000.0);
     kvr_json_key(w, "run_s");
@@ -355,22 +389,23 @@ static void fmt_ms(char *buf, size_t cap, double v)
 
 static void print_header(void)
 {
-    printf("%-13s %8s %9s %9s %9s %8s %9s %6s %6s %6s %6s %8s %6s\n", "policy", "requests",
-           "ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "e2e_p50", "hit", "c_inf", "c_pool",
-           "share", "virt_s", "run_s");
+    printf("%-19s %8s %9s %9s %9s %8s %8s %9s %6s %6s %6s %6s %8s %6s\n", "policy", "requests",
+           "ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p90", "e2e_p50", "hit", "c_inf",
+           "c_pool", "share", "virt_s", "run_s");
 }
 
 static void print_row(const report_t *r)
 {
     const kvr_sim_result_t *s = &r->res;
-    char a[24], b[24], c[24], d[24], e[24];
+    char a[24], b[24], c[24], d[24], e[24], f[24];
+    fmt_ms(f, sizeof f, s->itl_ms.p90);
     fmt_ms(a, sizeof a, s->ttft_ms.p50);
     fmt_ms(b, sizeof b, s->ttft_ms.p90);
     fmt_ms(c, sizeof c, s->ttft_ms.p99);
     fmt_ms(d, sizeof d, s->itl_ms.p50);
     fmt_ms(e, sizeof e, s->e2e_ms.p50);
-    printf("%-13s %8llu %9s %9s %9s %8s %9s %6.3f %6.3f %6.3f %6.3f %8.1f %6.2f\n", r->policy,
-           (unsigned long long)s->requests, a, b, c, d, e, s->hit_ratio, r->ceil.infinite,
+    printf("%-19s %8llu %9s %9s %9s %8s %8s %9s %6.3f %6.3f %6.3f %6.3f %8.1f %6.2f\n", r->policy,
+           (unsigned long long)s->requests, a, b, c, d, f, e, s->hit_ratio, r->ceil.infinite,
            r->ceil.pooled, s->max_worker_share, s->virtual_ms / 1000.0, r->run_s);
     fflush(stdout);
 }
@@ -462,8 +497,12 @@ static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim
         kvr_sim_config_t cfg = a->cfg;
         cfg.router.router_mode = a->policies[k];
         cfg.router.use_kv_events = a->policies[k] != KVR_MODE_APPROX;
-        report_t r = {.policy = POLICY_NAMES[a->policies[k]],
+        char label[48];
+        snprintf(label, sizeof label, "%s%s", POLICY_NAMES[a->policies[k]],
+                 cfg.n_prefill ? "/disagg" : "");
+        report_t r = {.policy = label,
                       .workers = cfg.n_workers,
+                      .prefill_workers = cfg.n_prefill,
                       .speedup = a->speedup,
                       .seed = cfg.seed,
                       .ceil = *ceil};

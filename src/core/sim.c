@@ -33,10 +33,16 @@ typedef struct sim_worker {
     uint64_t placed;  /* requests routed here */
 } sim_worker_t;
 
+/* A timed event: a worker's step ends (kind 0), or request i's KV arrives at worker w (kind
+ * 1, disaggregated). */
 typedef struct step_end {
     double t;
+    uint32_t kind;
     uint32_t w;
+    size_t i;
 } step_end_t;
+
+#define PF_BIT ((uintptr_t)1 << (sizeof(uintptr_t) * 8 - 1)) /* engine user: a prefill leg */
 
 struct sim {
     const kvr_sim_config_t *cfg;
@@ -83,6 +89,13 @@ static size_t req_id(size_t i, char *buf, size_t cap)
     return n > 0 ? (size_t)n : 0;
 }
 
+/* The id of request i's prefill leg. */
+static size_t pf_id(size_t i, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "r%zup", i);
+    return n > 0 ? (size_t)n : 0;
+}
+
 /* ---- config -------------------------------------------------------------------------------- */
 
 void kvr_sim_config_default(kvr_sim_config_t *cfg)
@@ -94,6 +107,8 @@ void kvr_sim_config_default(kvr_sim_config_t *cfg)
     cfg->router.block_size = cfg->engine.block_size;
     cfg->router.router_request_expiry_ms = UINT64_C(1000000000000); /* the field's maximum */
     cfg->seed = 1;
+    cfg->kv_bytes_per_block = (uint64_t)2 << 20;
+    cfg->kv_transfer_gbps = 100.0;
 }
 
 int kvr_sim_config_validate(const kvr_sim_config_t *cfg, char *err, size_t err_len)
@@ -106,6 +121,18 @@ int kvr_sim_config_validate(const kvr_sim_config_t *cfg, char *err, size_t err_l
     if (cfg->n_workers < 1 || cfg->n_workers > KVR_SIM_MAX_WORKERS) {
         if (err != NULL && err_len > 0)
             snprintf(err, err_len, "workers: must be in [1, %u]", KVR_SIM_MAX_WORKERS);
+        return KVR_EINVAL;
+    }
+    const char *why = NULL;
+    if (cfg->n_prefill >= cfg->n_workers)
+        why = "prefill-workers: leaves no decode worker";
+    else if (cfg->n_prefill > 0 && cfg->router.router_queue_threshold.set)
+        why = "prefill-workers: the router queue is not modelled with disaggregation";
+    else if (cfg->n_prefill > 0 && !(cfg->kv_transfer_gbps > 0 && isfinite(cfg->kv_transfer_gbps)))
+        why = "kv-transfer-gbps: must be a finite number > 0";
+    if (why != NULL) {
+        if (err != NULL && err_len > 0)
+            snprintf(err, err_len, "%s", why);
         return KVR_EINVAL;
     }
     int rc = kvr_engine_config_validate(&cfg->engine, err, err_len);
@@ -149,7 +176,11 @@ static int validate_input(const kvr_sim_input_t *in, char *err, size_t err_len)
 
 static bool before(const step_end_t *a, const step_end_t *b)
 {
-    return a->t < b->t || (a->t == b->t && a->w < b->w);
+    if (a->t != b->t)
+        return a->t < b->t;
+    if (a->kind != b->kind)
+        return a->kind < b->kind;
+    return a->w < b->w || (a->w == b->w && a->i < b->i);
 }
 
 static void heap_push(sim_t *s, step_end_t x)
@@ -242,10 +273,16 @@ static void on_kv_event(void *ctx, const kvr_kvcache_event_t *ev)
 }
 
 /* Output tokens of worker k: the request lifecycle into the router and the record. */
+static void prefilled(sim_t *s, size_t i, const kvr_engine_output_t *o);
+
 static void on_output(void *ctx, const kvr_engine_output_t *o)
 {
     sim_worker_t *k = ctx;
     sim_t *s = k->s;
+    if ((uintptr_t)o->user & PF_BIT) {
+        prefilled(s, (size_t)((uintptr_t)o->user & ~PF_BIT), o);
+        return;
+    }
     size_t i = (size_t)(uintptr_t)o->user;
     kvr_sim_record_t *rc = &s->rec[i];
     char id[32];
@@ -253,7 +290,8 @@ static void on_output(void *ctx, const kvr_engine_output_t *o)
     uint64_t t = now_ms(s);
     if (o->first) {
         rc->first_ms = s->now;
-        rc->cached_tokens = o->cached_tokens;
+        if (rc->prefill_worker < 0) /* disaggregated: the prefill worker's hits */
+            rc->cached_tokens = o->cached_tokens;
         (void)kvr_router_first_token(s->r, id, idl, t);
     }
     if (o->n_output % s->bs == 0)
@@ -303,7 +341,13 @@ static int place(sim_t *s, size_t i)
                          .request_id = id,
                          .request_id_len = idl,
                          .update_state = true};
-    if (rq->session != 0) {
+    bool pf = s->cfg->n_prefill > 0;
+    if (pf) { /* the prefill leg first */
+        idl = pf_id(i, id, sizeof id);
+        q.request_id_len = idl;
+        kvr_route_req_prefill_leg(&q);
+    }
+    if (rq->session != 0 && !pf) {
         q.session_id = sid;
         q.session_id_len =
             (size_t)snprintf(sid, sizeof sid, "s%llu", (unsigned long long)rq->session);
@@ -330,8 +374,9 @@ static int place(sim_t *s, size_t i)
     kvr_engine_request_t er = {.id = i,
                                .tokens = s->tok,
                                .n_tokens = rq->n_tokens,
-                               .max_tokens = rq->max_tokens,
-                               .user = (void *)(uintptr_t)i};
+                               .max_tokens = pf ? 1 : rq->max_tokens,
+                               .user = (void *)((uintptr_t)i | (pf ? PF_BIT : 0)),
+                               .hold_kv = pf};
     rc = kvr_engine_add(k->e, &er);
     if (rc != KVR_OK) {
         (void)kvr_router_free_request(s->r, id, idl, now_ms(s));
@@ -341,13 +386,98 @@ static int place(sim_t *s, size_t i)
         return rc;
     }
     kvr_sim_record_t *r = &s->rec[i];
-    r->worker = (int32_t)w;
+    if (pf)
+        r->prefill_worker = (int32_t)w;
+    else
+        r->worker = (int32_t)w;
     r->routed_ms = s->now;
     r->predicted_cached_tokens = res.cached_tokens;
     r->best_cached_tokens = best;
     k->placed++;
     kick(s, k);
     return KVR_OK;
+}
+
+/* Request i's prefill token is out (disaggregated): the prefill booking ends, the decode leg
+ * is routed, and the KV starts its way there. */
+static void prefilled(sim_t *s, size_t i, const kvr_engine_output_t *o)
+{
+    char id[32];
+    size_t idl = pf_id(i, id, sizeof id);
+    uint64_t t = now_ms(s);
+    (void)kvr_router_first_token(s->r, id, idl, t);
+    (void)kvr_router_free_request(s->r, id, idl, t);
+    kvr_sim_record_t *rc = &s->rec[i];
+    rc->prefilled_ms = s->now;
+    rc->cached_tokens = o->cached_tokens;
+    const kvr_sim_request_t *rq = &s->in->reqs[i];
+    int st = s->in->tokens(s->in->ud, i, s->tok, s->tok_cap);
+    if (st != KVR_OK) {
+        set_err(s, st, "the tokens callback failed");
+        return;
+    }
+    idl = req_id(i, id, sizeof id);
+    kvr_route_req_t q = {.tokens = s->tok,
+                         .n_tokens = rq->n_tokens,
+                         .request_id = id,
+                         .request_id_len = idl,
+                         .update_state = true};
+    char sid[24];
+    if (rq->session != 0) {
+        q.session_id = sid;
+        q.session_id_len =
+            (size_t)snprintf(sid, sizeof sid, "s%llu", (unsigned long long)rq->session);
+    }
+    kvr_route_req_decode_leg(&q);
+    kvr_route_res_t res;
+    st = kvr_router_route(s->r, &q, t, &res);
+    if (st != KVR_OK) { /* nowhere to decode: the held KV is freed with the request */
+        heap_push(s, (step_end_t){s->now, 2, (uint32_t)rc->prefill_worker, i}); /* freed */
+        if (st == KVR_ENOMEM)
+            set_err(s, st, "out of memory (router)");
+        else
+            drop(s, i, KVR_SIM_REJECTED, st);
+        return;
+    }
+    rc->worker = (int32_t)res.worker.worker_id;
+    s->w[rc->worker].placed++;
+    double ms = (double)o->kv_blocks * (double)s->cfg->kv_bytes_per_block * 8.0 /
+                (s->cfg->kv_transfer_gbps * 1e9) * 1e3;
+    s->res->transfer_ms += ms;
+    heap_push(s, (step_end_t){s->now + ms, 1, (uint32_t)rc->worker, i});
+}
+
+/* Request i's KV arrived at its decode worker: freed on the prefill worker, admitted there
+ * with it. */
+static void kv_arrived(sim_t *s, uint32_t w, size_t i)
+{
+    kvr_sim_record_t *rc = &s->rec[i];
+    (void)kvr_engine_release_held(s->w[rc->prefill_worker].e, i);
+    s->res->transfers++;
+    const kvr_sim_request_t *rq = &s->in->reqs[i];
+    int st = s->in->tokens(s->in->ud, i, s->tok, s->tok_cap);
+    if (st != KVR_OK) {
+        set_err(s, st, "the tokens callback failed");
+        return;
+    }
+    kvr_engine_request_t er = {.id = i,
+                               .tokens = s->tok,
+                               .n_tokens = rq->n_tokens,
+                               .max_tokens = rq->max_tokens,
+                               .user = (void *)(uintptr_t)i,
+                               .kv_loaded = true};
+    st = kvr_engine_add(s->w[w].e, &er);
+    if (st != KVR_OK) {
+        char id[32];
+        size_t idl = req_id(i, id, sizeof id);
+        (void)kvr_router_free_request(s->r, id, idl, now_ms(s));
+        if (st == KVR_ENOMEM)
+            set_err(s, st, "out of memory (engine)");
+        else
+            drop(s, i, KVR_SIM_REJECTED, st);
+        return;
+    }
+    kick(s, &s->w[w]);
 }
 
 static void enqueue(sim_t *s, size_t i)
@@ -428,7 +558,7 @@ static void begin_steps(sim_t *s)
         k->in_step = true;
         s->res->steps++;
         s->res->preemptions += st.n_preempted;
-        heap_push(s, (step_end_t){s->now + st.duration_ms, k->idx});
+        heap_push(s, (step_end_t){s->now + st.duration_ms, 0, k->idx, 0});
     }
     s->n_kick = 0;
 }
@@ -477,7 +607,8 @@ static int setup(sim_t *s)
             return set_err(s, rc, "router queue: cannot create");
     }
     s->w = calloc(c->n_workers, sizeof *s->w);
-    s->heap = calloc(c->n_workers, sizeof *s->heap);
+    s->heap = calloc((size_t)c->n_workers + 2 * s->in->n + 1, sizeof *s->heap); /* steps,
+                                                                                transfers */
     s->kick = calloc(c->n_workers, sizeof *s->kick);
     s->scores = calloc(c->n_workers, sizeof *s->scores);
     if (s->w == NULL || s->heap == NULL || s->kick == NULL || s->scores == NULL)
@@ -495,6 +626,9 @@ static int setup(sim_t *s)
         spec.dp_size = 1;
         spec.max_num_batched_tokens = c->engine.max_num_batched_tokens;
         spec.total_kv_blocks = c->engine.num_gpu_blocks;
+        spec.role = c->n_prefill == 0 ? KVR_ROLE_BOTH
+                    : w < c->n_prefill ? KVR_ROLE_PREFILL
+                                       : KVR_ROLE_DECODE;
         rc = kvr_router_add_worker(s->r, &spec, e, sizeof e);
         if (rc != KVR_OK)
             return set_err(s, rc, e);
@@ -516,7 +650,9 @@ static int setup(sim_t *s)
                                        .routed_ms = NAN,
                                        .first_ms = NAN,
                                        .finish_ms = NAN,
-                                       .best_cached_tokens = 0};
+                                       .best_cached_tokens = 0,
+                                       .prefill_worker = -1,
+                                       .prefilled_ms = NAN};
     return KVR_OK;
 }
 
@@ -559,7 +695,13 @@ static void run_loop(sim_t *s)
             s->now = t;
         bool ended = false;
         while (s->n_heap > 0 && s->heap[0].t <= s->now) {
-            end_step(s, heap_pop(s).w);
+            step_end_t x = heap_pop(s);
+            if (x.kind == 0)
+                end_step(s, x.w);
+            else if (x.kind == 1)
+                kv_arrived(s, x.w, x.i);
+            else /* a held prefill whose request found no decode worker */
+                (void)kvr_engine_release_held(s->w[x.w].e, x.i);
             ended = true;
         }
         if (s->q != NULL && ended)
@@ -613,6 +755,11 @@ static void summarize(sim_t *s, double *buf)
         if (s->rec[i].outcome == KVR_SIM_DONE && s->rec[i].n_output >= 2)
             buf[k++] = (s->rec[i].finish_ms - s->rec[i].first_ms) / (s->rec[i].n_output - 1);
     res->itl_ms = kvr_stats_pcts(buf, k);
+    k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (s->rec[i].outcome == KVR_SIM_DONE && s->rec[i].prefill_worker >= 0)
+            buf[k++] = s->rec[i].prefilled_ms - s->rec[i].arrival_ms;
+    res->prefill_ms = kvr_stats_pcts(buf, k);
     res->hit_ratio =
         res->prompt_tokens ? (double)res->cached_tokens / (double)res->prompt_tokens : 0.0;
     uint64_t placed = 0;

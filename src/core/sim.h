@@ -21,8 +21,18 @@
  * recomputed from the event's tokens), synchronously when the engine emits them. Approximate
  * mode: the router writes the index itself and engine events are ignored.
  *
+ * Disaggregated (n_prefill > 0): workers 0 .. n_prefill-1 are prefill workers (role prefill),
+ * the others decode workers. A request is routed on the prefill pool (id "r<i>p", without
+ * active blocks), prefilled there (max_tokens 1, its KV held: hold_kv); when that prefill's
+ * token is out it is routed on the decode pool with the reference's decode overrides, and
+ * its KV travels for blocks x kv_bytes_per_block x 8 / (kv_transfer_gbps x 1e9) s; then the
+ * prefill worker frees it and the decode worker admits the request kv_loaded (the vLLM pull
+ * flow). Its first token, TTFT and ITL are the decode worker's; its cached tokens the
+ * prefill worker's (the prefill pool's hits).
+ *
  * Not modelled: network and HTTP latency, event propagation delay (the index is exact at every
- * instant), tokenisation, engine restarts and faults, lower KV tiers, disaggregated prefill.
+ * instant), tokenisation, engine restarts and faults, lower KV tiers; with disaggregation,
+ * the router queue (refused by validation).
  *
  * Ownership: the caller owns the request array and the records; the simulator owns the router,
  * index, queue and engines of a run and frees them before returning. Threads: one (the
@@ -64,6 +74,9 @@ typedef struct kvr_sim_input {
 
 typedef struct kvr_sim_config {
     uint32_t n_workers;         /* 1 .. KVR_SIM_MAX_WORKERS */
+    uint32_t n_prefill;         /* of which prefill workers (0: aggregated); < n_workers */
+    uint64_t kv_bytes_per_block; /* disaggregated: the KV transfer's size per block */
+    double kv_transfer_gbps;     /* ... and bandwidth (Gbit/s, > 0) */
     kvr_engine_config_t engine; /* every worker's engine */
     kvr_router_config_t router; /* router_mode is the policy; block_size must be engine's */
     uint64_t seed;              /* the router's and the load tracker's randomness */
@@ -96,6 +109,8 @@ typedef struct kvr_sim_record {
     uint32_t cached_tokens;  /* engine: prompt tokens found cached at first admission */
     uint64_t predicted_cached_tokens; /* router: cached tokens it expected on that worker */
     uint64_t best_cached_tokens;      /* router: the most any worker had cached (KV mode) */
+    int32_t prefill_worker;  /* disaggregated: its prefill worker (-1: none) */
+    double prefilled_ms;     /* disaggregated: the prefill's token came out */
 } kvr_sim_record_t;
 
 typedef struct kvr_sim_result {
@@ -119,6 +134,9 @@ typedef struct kvr_sim_result {
     double virtual_ms;        /* time of the last event */
     uint64_t steps, preemptions;
     uint64_t index_events, index_errors; /* engine events applied to the index / refused */
+    uint64_t transfers;       /* disaggregated: KV transfers completed */
+    double transfer_ms;       /* ... and their modelled time, summed */
+    kvr_pcts_t prefill_ms;    /* disaggregated: arrival -> the prefill's token, finished ones */
     uint64_t router_live_at_end;  /* requests the load tracker still held (0 when consistent) */
     uint64_t router_unknown_ids;  /* lifecycle calls for ids the tracker did not know (0) */
 } kvr_sim_result_t;

@@ -18,9 +18,9 @@
  *
  * Invariants: a hold is in m->holds exactly while its engine request is held; a parked read
  * is in m->parks exactly while its HTTP request is unanswered and its connection's close
- * callback points at it. A decode request in MQ_FETCH owns one outgoing connection, freed by
- * libevent when its one request completes (free_on_completion); the completion only records
- * the result and arms the request's timer, so nothing is freed under libevent's caller.
+ * callback points at it. A decode request in MQ_FETCH owns one outgoing connection, freed from
+ * its timer once its one request completed (or with the request); the completion only records
+ * the result and arms the timer, so nothing is freed under libevent's caller.
  * Memory: one hold per held prefill, one park per early read. Cost: holds and parks are
  * lists searched linearly (a mocker holds at most its running prefills). Threads: the loop.
  */
@@ -310,7 +310,16 @@ static void on_xfer_timer(evutil_socket_t fd, short what, void *arg)
     (void)what;
     mreq_t *q = arg;
     kvr_mocker_t *m = q->m;
-    if (q->phase == MQ_FETCH) { /* the read failed: q->peer and the reason in tokens' place */
+    if (q->fetch_conn != NULL) { /* its read is over: the connection goes (not in its callback) */
+        evhttp_connection_free(q->fetch_conn);
+        q->fetch_conn = NULL;
+    }
+    if (q->gone) { /* the client left: the prefill worker has freed its KV, so do we */
+        m->kv.abandoned++;
+        mk_mreq_free(q);
+        return;
+    }
+    if (q->phase == MQ_FETCH) { /* the read failed: the reason in xfer_id */
         read_failed(q, q->xfer_id);
         return;
     }
@@ -341,11 +350,10 @@ static void on_fetched(struct evhttp_request *req, void *arg)
 {
     mreq_t *q = arg;
     kvr_mocker_t *m = q->m;
-    q->fetch_conn = NULL; /* freed by libevent after this call (free_on_completion) */
-    q->fetch_req = NULL;
-    if (q->gone) { /* the client left: the prefill worker has freed its KV, so do we */
-        m->kv.abandoned++;
-        mk_mreq_free(q);
+    q->fetch_req = NULL; /* libevent frees it after this call; the connection is ours */
+    if (q->gone) { /* finished from the timer (nothing is freed inside this callback) */
+        struct timeval now = {0, 0};
+        evtimer_add(q->xfer_timer, &now);
         return;
     }
     int code = req ? evhttp_request_get_response_code(req) : 0;
@@ -415,16 +423,11 @@ void mk_kv_fetch(mreq_t *q, const kvr_disagg_req_t *d)
     evbuffer_add(evhttp_request_get_output_buffer(r), body, (size_t)n);
     q->fetch_conn = c;
     q->fetch_req = r;
-    if (evhttp_make_request(c, r, EVHTTP_REQ_POST, pull ? "/kv/pull" : "/kv/bootstrap") != 0) {
-        if (q->fetch_conn == c) { /* not reported through on_fetched */
-            q->fetch_conn = NULL;
-            q->fetch_req = NULL;
-            evhttp_connection_free(c);
-            fetch_result(q, "the request could not be sent");
-        }
-        return;
+    if (evhttp_make_request(c, r, EVHTTP_REQ_POST, pull ? "/kv/pull" : "/kv/bootstrap") != 0 &&
+        q->fetch_req == r) { /* not reported through on_fetched (the request is freed) */
+        q->fetch_req = NULL;
+        fetch_result(q, "the request could not be sent");
     }
-    evhttp_connection_free_on_completion(c);
 }
 
 bool mk_kv_client_gone(mreq_t *q)
