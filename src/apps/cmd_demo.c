@@ -37,6 +37,7 @@
 #include "apps/child.h"
 #include "apps/cli.h"
 #include "apps/replay_report.h"
+#include "net/http_fetch.h"
 #include "net/replay_driver.h"
 #include "kvrouter.h"
 #include "wire/trace.h"
@@ -77,6 +78,9 @@ static void usage(FILE *out)
             "  --load X              arrivals compressed X times more than the engines' time,\n"
             "                        i.e. X times the trace's request rate [4]\n"
             "  --plot FILE           .png or .svg [demo-ttft.png]\n"
+            "  --disagg PxD          e.g. 2P2D: compares P + D aggregated workers (kv) with P\n"
+            "                        prefill and D decode workers (kv/PxD: the prefill leg\n"
+            "                        on the prefill pool, its KV pulled by the decode worker)\n"
             "  --keep DIR            keep the logs and per-request samples in DIR\n"
             "  --json                one JSON object per policy (kvrouter replay --json's keys)\n"
             "  --quiet               no progress on stderr\n");
@@ -93,6 +97,8 @@ typedef struct demo_args {
     double mocker_speedup, load;
     bool json, quiet, policies_set;
     uint32_t routers;
+    uint32_t prefill, decode; /* --disagg PxD */
+    char disagg_label[32];
 } demo_args_t;
 
 static int parse_policies(const kvr_cli_t *c, const char *v, demo_args_t *a)
@@ -158,6 +164,17 @@ static int parse_option(kvr_cli_t *c, void *args)
         return kvr_cli_str(c, kvr_cli_value(c), &a->plot);
     if (kvr_cli_is(c, "--keep"))
         return kvr_cli_str(c, kvr_cli_value(c), &a->keep);
+    if (kvr_cli_is(c, "--disagg")) {
+        const char *v = kvr_cli_value(c);
+        unsigned p = 0, d = 0;
+        char tail;
+        if (v == NULL || sscanf(v, "%uP%uD%c", &p, &d, &tail) != 2 || p == 0 || d == 0 ||
+            p + d > MAX_WORKERS)
+            return kvr_cli_bad(c, v, "PxD as in 2P2D (P, D >= 1, P + D <= 16)");
+        a->prefill = p;
+        a->decode = d;
+        return 0;
+    }
     return -1;
 }
 
@@ -190,6 +207,16 @@ static int parse_args(int argc, char **argv, demo_args_t *a)
     for (size_t i = 0; i < a->n_policies; i++)
         if (strcmp(a->policies[i], "kv+sync") == 0 && a->routers < 2)
             return kvr_cli_fail(&c, "--policies kv+sync needs --routers 2 or more");
+    if (a->prefill > 0) { /* aggregated kv against the same number of workers split */
+        if (a->routers > 1 || a->policies_set)
+            return kvr_cli_fail(&c, "--disagg compares kv with kv/PxD: no --routers or "
+                                    "--policies with it");
+        a->workers = a->prefill + a->decode;
+        snprintf(a->disagg_label, sizeof a->disagg_label, "kv/%uP%uD", a->prefill, a->decode);
+        a->policies[0] = "kv";
+        a->policies[1] = a->disagg_label;
+        a->n_policies = 2;
+    }
     return 0;
 }
 
@@ -228,10 +255,23 @@ static void fleet_stop(fleet_t *f, bool report)
 
 static unsigned g_fleets;
 
+/* A policy label as a file name part ("kv/2P2D" -> "kv-2P2D"). */
+static const char *slug(const char *policy, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s", policy);
+    for (char *c = buf; *c != '\0'; c++)
+        if (*c == '/')
+            *c = '-';
+    return buf;
+}
+
 static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, const char *dir,
                        const char *nats_url, char *err, size_t err_len)
 {
     memset(f, 0, sizeof *f);
+    uint32_t n_prefill = strchr(policy, '/') != NULL ? a->prefill : 0; /* kv/PxD */
+    char name[64];
+    slug(policy, name, sizeof name);
     char speed[32], blocks[32], bs[32];
     snprintf(speed, sizeof speed, "%g", a->mocker_speedup);
     snprintf(blocks, sizeof blocks, "%u", a->num_gpu_blocks);
@@ -252,13 +292,14 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
                      "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":"
                      "\"tcp://*:%d\",\"replay_endpoint\":\"tcp://127.0.0.1:%d\"}",
                      ev, rp);
-            snprintf(log, sizeof log, "%.2000s/%.32s-mocker-%u.log", dir, policy, i + 1);
+            snprintf(log, sizeof log, "%.2000s/%.32s-mocker-%u.log", dir, name, i + 1);
             snprintf(what, sizeof what, "mocker %u", i + 1);
+            const char *role = n_prefill == 0 ? "both" : i < n_prefill ? "prefill" : "decode";
             char *argv[] = {"kvrouter",          "mocker",   "--host",       "127.0.0.1",
                             "--port",            "0",        "--speedup",    speed,
                             "--num-gpu-blocks",  blocks,     "--block-size", bs,
                             "--kv-events-config", kv,        "--log-level",  "warn",
-                            NULL};
+                            "--role",            (char *)role, NULL};
             rc = kvr_child_start(&f->mockers[i], what, argv, log, err, err_len);
             if (rc != KVR_OK) {
                 kvr_child_stop(&f->mockers[i]);
@@ -267,8 +308,9 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
                 continue;
             }
             snprintf(specs[i], sizeof specs[i],
-                     "id=%u,url=http://%s,events=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d",
-                     i + 1, f->mockers[i].addr, ev, rp);
+                     "id=%u,url=http://%s,events=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d,"
+                     "role=%s",
+                     i + 1, f->mockers[i].addr, ev, rp, role);
         }
         if (rc != KVR_OK)
             return rc;
@@ -282,7 +324,8 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
         size_t k = 0;
         char *fixed[] = {"kvrouter", "serve",      "--http-port", "0",    "--bind",
                          "127.0.0.1", "--block-size", bs,          "--router-mode",
-                         sync ? "kv" : (char *)policy, "--log-level", "warn", "--seed", "1"};
+                         sync || n_prefill ? "kv" : (char *)policy, "--log-level", "warn",
+                         "--seed", "1"};
         for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
             argv[k++] = fixed[i];
         if (nats_url != NULL) {
@@ -299,7 +342,7 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
         }
         argv[k] = NULL;
         char log[PATH_MAX], what[64];
-        snprintf(log, sizeof log, "%.2000s/%.32s-router-%u.log", dir, policy, r + 1);
+        snprintf(log, sizeof log, "%.2000s/%.32s-router-%u.log", dir, name, r + 1);
         snprintf(what, sizeof what, "router %u", r + 1);
         int rc = kvr_child_start(&f->routers[r], what, argv, log, err, err_len);
         f->n_routers++;
@@ -325,10 +368,57 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
 typedef struct run {
     const char *policy;
     kvr_replay_summary_t m;
+    double pool_hit[2]; /* the router's per-pool hit ratio: prefill, decode (NAN: none) */
     char tsv[PATH_MAX];
     char url[160];
     char model[256];
 } run_t;
+
+/* The value of the sample `name{label}` in Prometheus text (NAN when absent). */
+static double sample(const char *text, const char *name, const char *label)
+{
+    size_t nl = strlen(name);
+    for (const char *l = text; l != NULL && *l != '\0'; l = strchr(l, '\n'), l = l ? l + 1 : l) {
+        if (strncmp(l, name, nl) != 0 || l[nl] != '{')
+            continue;
+        const char *close = strchr(l, '}');
+        const char *eol = strchr(l, '\n');
+        const char *hit = strstr(l, label);
+        if (close == NULL || hit == NULL || hit > close || (eol != NULL && close > eol))
+            continue;
+        return strtod(close + 1, NULL);
+    }
+    return NAN;
+}
+
+/* The router's hit ratio per pool (cached / prompt tokens placed), from its /metrics. */
+static void pool_hits(const char *url, double out[2])
+{
+    out[0] = out[1] = NAN;
+    uint8_t *body = NULL;
+    size_t len = 0;
+    int status = 0;
+    char err[256];
+    kvr_http_fetch_t q = {.url = url, .path = "/metrics", .timeout_ms = 5000,
+                          .max_bytes = (size_t)8 << 20};
+    if (kvr_http_fetch(&q, &body, &len, &status, err, sizeof err) != KVR_OK || status != 200) {
+        free(body);
+        return;
+    }
+    char *text = realloc(body, len + 1);
+    if (text == NULL) {
+        free(body);
+        return;
+    }
+    text[len] = '\0';
+    static const char *const pools[2] = {"pool=\"prefill\"", "pool=\"decode\""};
+    for (int i = 0; i < 2; i++) {
+        double c = sample(text, "kvr_pool_cached_tokens_total", pools[i]);
+        double p = sample(text, "kvr_pool_prompt_tokens_total", pools[i]);
+        out[i] = p > 0 ? c / p : NAN;
+    }
+    free(text);
+}
 
 static void fmt_ms(char *buf, size_t len, double x)
 {
@@ -352,23 +442,43 @@ static void print_comparison(const demo_args_t *a, const run_t *runs, size_t n, 
                "shares their active load over NATS, kv does not (each sees only its own "
                "requests' load)\n\n",
                a->routers);
-    printf("%-13s %10s %10s %10s %10s %10s %11s %8s\n", "policy", "TTFT p50", "TTFT p90",
-           "TTFT p99", "E2E p50", "hit ratio", "max share", "errors");
+    bool dis = a->prefill > 0;
+    printf("%-13s %10s %10s %10s %10s %10s %10s %10s %11s %8s\n", "policy", "TTFT p50",
+           "TTFT p90", "TTFT p99", "ITL p50", "ITL p90", "E2E p50", dis ? "hit P/D" : "hit ratio",
+           "max share", "errors");
     for (size_t i = 0; i < n; i++) {
         const kvr_replay_summary_t *m = &runs[i].m;
-        char p50[32], p90[32], p99[32], e2e[32];
+        char p50[32], p90[32], p99[32], e2e[32], i50[32], i90[32], hit[32];
         fmt_ms(p50, sizeof p50, m->r.ttft_ms.p50);
         fmt_ms(p90, sizeof p90, m->r.ttft_ms.p90);
         fmt_ms(p99, sizeof p99, m->r.ttft_ms.p99);
+        fmt_ms(i50, sizeof i50, m->r.itl_ms.p50);
+        fmt_ms(i90, sizeof i90, m->r.itl_ms.p90);
         fmt_ms(e2e, sizeof e2e, m->r.e2e_ms.p50);
-        printf("%-13s %10s %10s %10s %10s %10.3f %11.3f %8zu\n", runs[i].policy, p50, p90, p99,
-               e2e, m->r.hit_ratio, m->r.max_worker_share, m->failed);
+        if (!dis)
+            snprintf(hit, sizeof hit, "%.3f", m->r.hit_ratio);
+        else if (isnan(runs[i].pool_hit[0])) /* aggregated: one pool */
+            snprintf(hit, sizeof hit, "%.3f", runs[i].pool_hit[1]);
+        else
+            snprintf(hit, sizeof hit, "%.2f/%.2f", runs[i].pool_hit[0], runs[i].pool_hit[1]);
+        printf("%-13s %10s %10s %10s %10s %10s %10s %10s %11.3f %8zu\n", runs[i].policy, p50,
+               p90, p99, i50, i90, e2e, hit, m->r.max_worker_share, m->failed);
     }
+    if (dis)
+        printf("(hit P/D: the router's index hit ratio of its placements on the prefill pool / "
+               "on the decode pool; the decode choice ignores the cache (overlap credit 0), so "
+               "its number is what the chosen decode worker happened to hold)\n");
     printf("%-13s %10s %10s %10s %10s %10.3f\n", "ceiling", "", "", "", "", c_inf);
     printf("\nhit-ratio ceilings of the slice: %.3f with an infinite cache, %.3f with one LRU cache "
            "of all %u x %u blocks\n",
            c_inf, c_pool, a->workers, a->num_gpu_blocks);
-    if (n >= 2) {
+    if (n >= 2 && dis) {
+        const kvr_replay_summary_t *x = &runs[1].m, *y = &runs[0].m;
+        printf("%s vs %s: TTFT p50 x%.2f, p99 x%.2f; ITL p50 x%.2f, p90 x%.2f; E2E p50 x%.2f\n",
+               runs[1].policy, runs[0].policy, x->r.ttft_ms.p50 / y->r.ttft_ms.p50,
+               x->r.ttft_ms.p99 / y->r.ttft_ms.p99, x->r.itl_ms.p50 / y->r.itl_ms.p50,
+               x->r.itl_ms.p90 / y->r.itl_ms.p90, x->r.e2e_ms.p50 / y->r.e2e_ms.p50);
+    } else if (n >= 2) {
         const kvr_replay_summary_t *x = &runs[0].m, *y = &runs[1].m;
         printf("%s vs %s: TTFT p50 %+.0f%%, p99 %+.0f%%; hit ratio %.3f vs %.3f (%.0f%% vs "
                "%.0f%% of the infinite-cache ceiling)\n",
@@ -466,7 +576,8 @@ int kvr_cmd_demo(int argc, char **argv)
     for (size_t p = 0; p < a.n_policies && code == 0 && !g_stop; p++) {
         run_t *r = &runs[p];
         r->policy = a.policies[p];
-        snprintf(r->tsv, sizeof r->tsv, "%.2000s/%.32s.tsv", dir, r->policy);
+        char name[64];
+        snprintf(r->tsv, sizeof r->tsv, "%.2000s/%.32s.tsv", dir, slug(r->policy, name, sizeof name));
         if (!a.quiet)
             fprintf(stderr, "kvrouter demo: %s: starting %u mockers and the router\n",
                     r->policy, a.workers);
@@ -507,6 +618,7 @@ int kvr_cmd_demo(int argc, char **argv)
         if (rc == KVR_OK && st.interrupted)
             g_stop = 1;
         bool ok = rc == KVR_OK && !g_stop;
+        pool_hits(r->url, r->pool_hit);
         if (rc != KVR_OK)
             fprintf(stderr, "kvrouter demo: %s: %s\n", r->policy, err);
         fleet_stop(&fleet, ok);
@@ -561,9 +673,9 @@ int kvr_cmd_demo(int argc, char **argv)
                 series[i] = (kvr_plot_series_t){runs[i].policy, runs[i].tsv};
             char title[512];
             snprintf(title, sizeof title,
-                     "kvrouter demo: %zu requests of the conversation trace, %u workers, "
+                     "kvrouter demo: %zu requests of the conversation trace, %u workers%s%s, "
                      "load x%g (modelled ms)",
-                     n, a.workers, a.load);
+                     n, a.workers, a.prefill ? " vs " : "", a.disagg_label, a.load);
             if (kvr_replay_plot(a.plot, title, series, done, err, sizeof err) == KVR_OK) {
                 char abs_path[PATH_MAX];
                 const char *shown = a.plot[0] != '/' && realpath(a.plot, abs_path) ? abs_path
