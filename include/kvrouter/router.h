@@ -233,6 +233,19 @@ typedef struct kvr_route_req {
 void kvr_route_req_prefill_leg(kvr_route_req_t *q);
 void kvr_route_req_decode_leg(kvr_route_req_t *q);
 
+/* Conditional disaggregation (the router's disagg_policy): whether q, in a fleet whose
+ * prefill pool is active, skips its remote prefill and is served by a decode worker alone.
+ * isl: the decode pool's best placement (as an aggregated request: cache credited) leaves
+ * fewer than disagg_isl_threshold new tokens and under 70% of the prompt; load: every prefill
+ * worker is busy (the busy thresholds). Looks only (no booking). */
+typedef enum kvr_disagg_bypass {
+    KVR_BYPASS_NONE = 0,
+    KVR_BYPASS_ISL,
+    KVR_BYPASS_LOAD,
+} kvr_disagg_bypass_t;
+kvr_disagg_bypass_t kvr_router_disagg_bypass(kvr_router_t *r, const kvr_route_req_t *q,
+                                             uint64_t now_ms);
+
 /* Blocks of q's prompt as the router hashes it (its model's block size; Eagle: one token
  * fewer). */
 size_t kvr_router_n_blocks(const kvr_router_t *r, const kvr_route_req_t *q);

@@ -360,6 +360,8 @@ static int print_json(kvr_json_writer_t *w, const report_t *r)
     if (r->prefill_workers > 0) {
         kvr_json_key(w, "transfers");
         kvr_json_u64(w, s->transfers);
+        kvr_json_key(w, "bypassed");
+        kvr_json_u64(w, s->bypassed);
         kvr_json_key(w, "transfer_ms_mean");
         kvr_json_double(w, s->transfers ? s->transfer_ms / (double)s->transfers : 0.0);
         json_pcts(w, "prefill_ms", s->prefill_ms);

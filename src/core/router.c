@@ -819,6 +819,32 @@ void kvr_route_req_decode_leg(kvr_route_req_t *q)
     q->track_prefill_tokens = false;
 }
 
+kvr_disagg_bypass_t kvr_router_disagg_bypass(kvr_router_t *r, const kvr_route_req_t *q,
+                                             uint64_t now_ms)
+{
+    kvr_disagg_policy_t pol = r->cfg.disagg_policy;
+    if (pol == KVR_DISAGG_ALWAYS)
+        return KVR_BYPASS_NONE;
+    kvr_route_req_t look = *q;
+    look.update_state = false;
+    look.request_id = NULL;
+    look.request_id_len = 0;
+    look.pool = KVR_POOL_SERVE;
+    kvr_route_res_t res;
+    if ((pol == KVR_DISAGG_ISL || pol == KVR_DISAGG_ISL_OR_LOAD) &&
+        kvr_router_route(r, &look, now_ms, &res) == KVR_OK) {
+        uint64_t n = q->n_tokens, eff = n > res.cached_tokens ? n - res.cached_tokens : 0;
+        if (eff < r->cfg.disagg_isl_threshold && (double)eff < 0.7 * (double)n)
+            return KVR_BYPASS_ISL;
+    }
+    if (pol == KVR_DISAGG_LOAD || pol == KVR_DISAGG_ISL_OR_LOAD) {
+        kvr_route_req_prefill_leg(&look);
+        if (kvr_router_route(r, &look, now_ms, &res) == KVR_EBUSY)
+            return KVR_BYPASS_LOAD;
+    }
+    return KVR_BYPASS_NONE;
+}
+
 size_t kvr_router_n_blocks(const kvr_router_t *r, const kvr_route_req_t *q)
 {
     pool_t p = pool_of(r, q);

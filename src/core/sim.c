@@ -342,6 +342,10 @@ static int place(sim_t *s, size_t i)
                          .request_id_len = idl,
                          .update_state = true};
     bool pf = s->cfg->n_prefill > 0;
+    if (pf && kvr_router_disagg_bypass(s->r, &q, now_ms(s)) != KVR_BYPASS_NONE) {
+        pf = false; /* conditional disaggregation: a decode worker prefills it */
+        s->res->bypassed++;
+    }
     if (pf) { /* the prefill leg first */
         idl = pf_id(i, id, sizeof id);
         q.request_id_len = idl;

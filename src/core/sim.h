@@ -28,7 +28,8 @@
  * its KV travels for blocks x kv_bytes_per_block x 8 / (kv_transfer_gbps x 1e9) s; then the
  * prefill worker frees it and the decode worker admits the request kv_loaded (the vLLM pull
  * flow). Its first token, TTFT and ITL are the decode worker's; its cached tokens the
- * prefill worker's (the prefill pool's hits).
+ * prefill worker's (the prefill pool's hits). The router's disagg_policy applies: a request
+ * it keeps local is routed on the decode pool as an aggregated request.
  *
  * Not modelled: network and HTTP latency, event propagation delay (the index is exact at every
  * instant), tokenisation, engine restarts and faults, lower KV tiers; with disaggregation,
@@ -135,6 +136,8 @@ typedef struct kvr_sim_result {
     uint64_t steps, preemptions;
     uint64_t index_events, index_errors; /* engine events applied to the index / refused */
     uint64_t transfers;       /* disaggregated: KV transfers completed */
+    uint64_t bypassed;        /* disaggregated: requests the router's disagg_policy kept on a
+                                 decode worker alone */
     double transfer_ms;       /* ... and their modelled time, summed */
     kvr_pcts_t prefill_ms;    /* disaggregated: arrival -> the prefill's token, finished ones */
     uint64_t router_live_at_end;  /* requests the load tracker still held (0 when consistent) */

@@ -111,7 +111,6 @@ void fe_disagg_tick(kvr_frontend_t *fe)
 static int policy_bypass(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
-    kvr_disagg_policy_t pol = fe->cfg.disagg_policy;
     kvr_route_req_t q = {.tokens = p->tokens,
                          .n_tokens = p->n_tokens,
                          .model = p->model,
@@ -120,22 +119,14 @@ static int policy_bypass(fe_req_t *p)
                          .lora_name_len = p->lora_len,
                          .mm = p->mm,
                          .n_mm = p->n_mm};
-    kvr_route_res_t res;
-    uint64_t now = kvr_now_ms();
-    if (pol == KVR_DISAGG_ISL || pol == KVR_DISAGG_ISL_OR_LOAD) {
-        /* the decode pool as an aggregated request would see it: cache-hot workers credited */
-        if (kvr_router_route(fe->r, &q, now, &res) == KVR_OK) {
-            uint64_t eff = p->n_tokens > res.cached_tokens ? p->n_tokens - res.cached_tokens : 0;
-            if (eff < fe->cfg.disagg_isl_threshold && (double)eff < 0.7 * (double)p->n_tokens)
-                return FDB_ISL;
-        }
+    switch (kvr_router_disagg_bypass(fe->r, &q, kvr_now_ms())) {
+    case KVR_BYPASS_ISL:
+        return FDB_ISL;
+    case KVR_BYPASS_LOAD:
+        return FDB_LOAD;
+    default:
+        return -1;
     }
-    if (pol == KVR_DISAGG_LOAD || pol == KVR_DISAGG_ISL_OR_LOAD) {
-        kvr_route_req_prefill_leg(&q);
-        if (kvr_router_route(fe->r, &q, now, &res) == KVR_EBUSY)
-            return FDB_LOAD;
-    }
-    return -1;
 }
 
 static void serve_aggregated(fe_req_t *p)
