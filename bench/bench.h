@@ -105,6 +105,7 @@ typedef struct kvr_bench_opts {
     double speedup;           /* the spawned mocker's --speedup */
     unsigned mocker_cpu;      /* the CPU the spawned mocker is pinned to */
     bool speedup_set, mocker_cpu_set;
+    bool disagg;              /* frontend: a prefill and a decode mocker (vLLM's pull) */
     size_t n_mocker_args;     /* extra flags for the spawned mocker (pointers into argv) */
     const char *mocker_args[KVR_BENCH_MAX_MOCKER_ARGS];
 } kvr_bench_opts_t;

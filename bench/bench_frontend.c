@@ -14,6 +14,12 @@
  * Figures per point (medians of --runs runs): p50 / p99 of each path, the difference of the
  * p50s and the median of the paired differences (router minus direct for neighbouring
  * requests, which cancels slow drift on a shared machine); target: <= 200 us added at p50.
+ * --disagg: a prefill and a decode mocker (vLLM's pull convention, the modelled KV transfer made
+ * negligible: --kv-transfer-gbps 1e9) behind a router with their roles; the direct path is the
+ * client doing vLLM's proxy protocol itself (the prefill request with max_tokens 1 and
+ * kv_transfer_params, then the streaming request to the decode mocker with the answer's
+ * parameters), so both paths do the same engine work and the same KV read between the
+ * mockers, and the difference is what the router's two legs add; target: <= 150 us at p50.
  * --rate R paces the requests (both paths together) to R per second: the gap lets the
  * router's ingest thread apply the previous request's KV events before the next is timed,
  * which on a 2-core machine otherwise competes with the request path for a core.
@@ -37,6 +43,7 @@
 #include <arpa/inet.h>
 
 #include "bench.h"
+#include "wire/disagg.h"
 
 /* Declared here and in bench_main.c (bench.h belongs to the benchmarks shared by others). */
 int kvr_bench_frontend(const kvr_bench_opts_t *o);
@@ -45,6 +52,7 @@ int kvr_bench_frontend(const kvr_bench_opts_t *o);
 #define FB_WARMUP 10
 #define FB_DEFAULT_REQUESTS 200
 #define FB_TARGET_US 200.0
+#define FB_DISAGG_TARGET_US 150.0
 
 typedef struct child {
     pid_t pid;
@@ -53,7 +61,7 @@ typedef struct child {
 } child_t;
 
 static const kvr_bench_col_t COLS[] = {
-    {"bench", KVR_BENCH_STR, 8, 0},            {"tokens", KVR_BENCH_INT, 6, 0},
+    {"bench", KVR_BENCH_STR, 15, 0},            {"tokens", KVR_BENCH_INT, 6, 0},
     {"runs", KVR_BENCH_INT, 4, 0},             {"requests", KVR_BENCH_INT, 8, 0},
     {"direct_p50_us", KVR_BENCH_NUM, 13, 1},   {"direct_p99_us", KVR_BENCH_NUM, 13, 1},
     {"router_p50_us", KVR_BENCH_NUM, 13, 1},   {"router_p99_us", KVR_BENCH_NUM, 13, 1},
@@ -242,6 +250,51 @@ static uint64_t ttft_once(int fd, const char *head, size_t head_len, const char 
     }
 }
 
+/* One whole (Content-Length) answer on a keep-alive connection into r; the body's offset, 0
+ * on failure (why printed). */
+static size_t whole_once(int fd, const char *head, size_t head_len, const char *body,
+                         size_t body_len, resp_t *r, const char *path_name)
+{
+    r->len = 0;
+    if (!send_all(fd, head, head_len) || !send_all(fd, body, body_len)) {
+        fprintf(stderr, "kvrouter bench frontend: %s: send failed\n", path_name);
+        return 0;
+    }
+    size_t body_at = 0, want = 0;
+    for (;;) {
+        if (body_at != 0 && r->len >= body_at + want)
+            return body_at;
+        if (r->cap - r->len < 65536) {
+            size_t cap = r->cap ? r->cap * 2 : 1 << 17;
+            char *b = realloc(r->buf, cap);
+            if (b == NULL)
+                return 0;
+            r->buf = b;
+            r->cap = cap;
+        }
+        ssize_t k = recv(fd, r->buf + r->len, r->cap - r->len, 0);
+        if (k <= 0) {
+            fprintf(stderr, "kvrouter bench frontend: %s: connection closed or timed out\n",
+                    path_name);
+            return 0;
+        }
+        r->len += (size_t)k;
+        if (body_at == 0) {
+            const char *e = find(r->buf, r->len, "\r\n\r\n");
+            if (e == NULL)
+                continue;
+            body_at = (size_t)(e - r->buf) + 4;
+            const char *cl = find(r->buf, body_at, "Content-Length: ");
+            if (r->len < 12 || memcmp(r->buf + 9, "200", 3) != 0 || cl == NULL) {
+                fprintf(stderr, "kvrouter bench frontend: %s: answer '%.60s'\n", path_name,
+                        r->buf);
+                return 0;
+            }
+            want = (size_t)strtoull(cl + 16, NULL, 10);
+        }
+    }
+}
+
 /* The request line and headers for a body of len bytes. */
 static size_t make_head(char *out, size_t cap, size_t len)
 {
@@ -270,6 +323,53 @@ static size_t make_body(char **buf, size_t *cap, kvr_bench_rng_t *rng, uint64_t 
     return (size_t)(o - *buf);
 }
 
+/* The direct path of --disagg: the client runs vLLM's proxy protocol on the prompt of body
+ * (a make_body result): the prefill request to fds[0], then the decode request with the
+ * answer's kv_transfer_params to fds[1]. TTFT from the prefill request's first byte to the
+ * decode stream's first event; 0 on failure. */
+static uint64_t ttft_disagg_direct(const int fds[2], const char *body, size_t bl, resp_t *r)
+{
+    static const char tail[] = ",\"max_tokens\":1,\"stream\":false,\"kv_transfer_params\":{"
+                               "\"do_remote_decode\":true,\"do_remote_prefill\":false,"
+                               "\"remote_engine_id\":null,\"remote_block_ids\":null,"
+                               "\"remote_host\":null,\"remote_port\":null}}";
+    const char *mt = find(body, bl, ",\"max_tokens\"");
+    if (mt == NULL)
+        return 0;
+    size_t plen = (size_t)(mt - body);
+    char *pb = malloc(plen + sizeof tail), head[256];
+    if (pb == NULL)
+        return 0;
+    memcpy(pb, body, plen);
+    memcpy(pb + plen, tail, sizeof tail - 1);
+    size_t pbl = plen + sizeof tail - 1, hl = make_head(head, sizeof head, pbl);
+    uint64_t t0 = kvr_bench_now_ns();
+    size_t at = hl ? whole_once(fds[0], head, hl, pb, pbl, r, "prefill (direct)") : 0;
+    free(pb);
+    kvr_disagg_answer_t a;
+    if (at == 0 || kvr_disagg_scan_answer(r->buf + at, r->len - at, &a) != KVR_OK ||
+        a.kvt != KVR_KVT_OBJECT) {
+        fprintf(stderr, "kvrouter bench frontend: the prefill mocker's answer has no "
+                        "kv_transfer_params\n");
+        return 0;
+    }
+    /* the decode body: the client's, with the parameters before its closing brace */
+    char *db = malloc(bl + a.kvt_len + 32);
+    if (db == NULL)
+        return 0;
+    size_t dl = bl - 1;
+    memcpy(db, body, dl);
+    dl += (size_t)sprintf(db + dl, ",\"kv_transfer_params\":");
+    memcpy(db + dl, r->buf + at + a.kvt_at, a.kvt_len);
+    dl += a.kvt_len;
+    db[dl++] = '}';
+    hl = make_head(head, sizeof head, dl);
+    uint64_t t1 = kvr_bench_now_ns();
+    uint64_t d = hl ? ttft_once(fds[1], head, hl, db, dl, r, "decode (direct)") : 0;
+    free(db);
+    return d ? t1 - t0 + d : 0;
+}
+
 static bool wait_ready(int port)
 {
     static const char req[] = "GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
@@ -296,17 +396,19 @@ typedef struct run_fig {
     double d50, d99, r50, r99, paired;
 } run_fig_t;
 
-static bool one_run(int mport, int rport, uint64_t tokens, uint64_t max_tokens, size_t n,
-                    double rate, kvr_bench_rng_t *rng, run_fig_t *f)
+static bool one_run(int mport, int dport, int rport, uint64_t tokens, uint64_t max_tokens,
+                    size_t n, double rate, kvr_bench_rng_t *rng, run_fig_t *f)
 {
     uint64_t gap_ns = rate > 0 ? (uint64_t)(1e9 / rate) : 0, next = kvr_bench_now_ns();
     int fds[2] = {connect_to(mport), connect_to(rport)};
+    int dfds[2] = {fds[0], dport > 0 ? connect_to(dport) : -1}; /* --disagg: prefill, decode */
     double *lat[2] = {malloc(n * sizeof(double)), malloc(n * sizeof(double))};
     double *diff = malloc(n * sizeof(double));
     char *body = NULL, head[256];
     size_t cap = 0;
     resp_t r = {0};
-    bool ok = fds[0] >= 0 && fds[1] >= 0 && lat[0] && lat[1] && diff;
+    bool ok = fds[0] >= 0 && fds[1] >= 0 && lat[0] && lat[1] && diff &&
+              (dport <= 0 || dfds[1] >= 0);
     static const char *const names[2] = {"direct", "via router"};
     for (size_t i = 0; ok && i < FB_WARMUP + n; i++) {
         uint64_t t[2];
@@ -318,7 +420,11 @@ static bool one_run(int mport, int rport, uint64_t tokens, uint64_t max_tokens, 
             if (gap_ns && now < next)
                 kvr_bench_sleep_ns(next - now);
             next = (now > next ? now : next) + gap_ns;
-            t[path] = bl && hl ? ttft_once(fds[path], head, hl, body, bl, &r, names[path]) : 0;
+            if (dport > 0 && path == 0)
+                t[path] = bl ? ttft_disagg_direct(dfds, body, bl, &r) : 0;
+            else
+                t[path] = bl && hl ? ttft_once(fds[path], head, hl, body, bl, &r, names[path])
+                                   : 0;
             ok = t[path] != 0;
         }
         if (ok && i >= FB_WARMUP) {
@@ -338,10 +444,34 @@ static bool one_run(int mport, int rport, uint64_t tokens, uint64_t max_tokens, 
             close(fds[k]);
         free(lat[k]);
     }
+    if (dfds[1] >= 0)
+        close(dfds[1]);
     free(diff);
     free(body);
     free(r.buf);
     return ok;
+}
+
+/* A mocker with the bench's arguments and extra (NULL-terminated); ev: its events port. */
+static bool spawn_mocker(const kvr_bench_opts_t *o, const char *speed, int ev,
+                         const char *const *extra, const char *what, child_t *c)
+{
+    char kvcfg[160];
+    snprintf(kvcfg, sizeof kvcfg, "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\","
+             "\"endpoint\":\"tcp://*:%d\"}", ev);
+    char *margs[24 + KVR_BENCH_MAX_MOCKER_ARGS];
+    size_t na = 0;
+    const char *base_m[] = {"kvrouter", "mocker", "--host", "127.0.0.1", "--port", "0",
+                            "--model", "m", "--speedup", speed, "--kv-events-config", kvcfg,
+                            "--log-level", "warn"};
+    for (size_t i = 0; i < sizeof base_m / sizeof base_m[0]; i++)
+        margs[na++] = (char *)base_m[i];
+    for (size_t i = 0; extra != NULL && extra[i] != NULL; i++)
+        margs[na++] = (char *)extra[i];
+    for (size_t i = 0; i < o->n_mocker_args; i++)
+        margs[na++] = (char *)o->mocker_args[i];
+    margs[na] = NULL;
+    return spawn(margs, what, c);
 }
 
 int kvr_bench_frontend(const kvr_bench_opts_t *o)
@@ -349,36 +479,38 @@ int kvr_bench_frontend(const kvr_bench_opts_t *o)
     static const kvr_bench_list_t def_tokens = {1, {8192}};
     const kvr_bench_list_t *tl = kvr_bench_pick(&o->tokens, &def_tokens);
     size_t n = o->requests ? (size_t)o->requests : FB_DEFAULT_REQUESTS;
-    int ev = free_port();
-    char speed[32], kvcfg[160], worker[256];
+    int ev = free_port(), ev2 = o->disagg ? free_port() : 0;
+    char speed[32], worker[256], worker2[256];
     snprintf(speed, sizeof speed, "%g", o->speedup);
-    snprintf(kvcfg, sizeof kvcfg, "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\","
-             "\"endpoint\":\"tcp://*:%d\"}", ev);
-    char *margs[16 + KVR_BENCH_MAX_MOCKER_ARGS];
-    size_t na = 0;
-    const char *base_m[] = {"kvrouter", "mocker", "--host", "127.0.0.1", "--port", "0",
-                            "--model", "m", "--speedup", speed, "--kv-events-config", kvcfg,
-                            "--log-level", "warn"};
-    for (size_t i = 0; i < sizeof base_m / sizeof base_m[0]; i++)
-        margs[na++] = (char *)base_m[i];
-    for (size_t i = 0; i < o->n_mocker_args; i++)
-        margs[na++] = (char *)o->mocker_args[i];
-    margs[na] = NULL;
-    child_t m = {.out_fd = -1}, rt = {.out_fd = -1};
+    static const char *const pf_args[] = {"--role", "prefill", NULL};
+    static const char *const dc_args[] = {"--role", "decode", "--kv-transfer-gbps", "1e9", NULL};
+    child_t m = {.out_fd = -1}, d = {.out_fd = -1}, rt = {.out_fd = -1};
     int rc = 1;
-    if (ev <= 0 || !spawn(margs, "mocker", &m))
+    if (ev <= 0 || (o->disagg && (ev2 <= 0 || ev2 == ev)) ||
+        !spawn_mocker(o, speed, ev, o->disagg ? pf_args : NULL,
+                      o->disagg ? "prefill mocker" : "mocker", &m) ||
+        (o->disagg && !spawn_mocker(o, speed, ev2, dc_args, "decode mocker", &d)))
         goto out;
-    snprintf(worker, sizeof worker, "id=1,url=http://127.0.0.1:%d,events=tcp://127.0.0.1:%d",
-             m.port, ev);
-    char *rargs[] = {"kvrouter", "serve", "--http-port", "0", "--log-level", "warn",
-                     "--worker", worker, NULL};
+    snprintf(worker, sizeof worker, "id=1,url=http://127.0.0.1:%d,events=tcp://127.0.0.1:%d%s",
+             m.port, ev, o->disagg ? ",role=prefill" : "");
+    snprintf(worker2, sizeof worker2,
+             "id=2,url=http://127.0.0.1:%d,events=tcp://127.0.0.1:%d,role=decode", d.port, ev2);
+    char *rargs[] = {"kvrouter", "serve",  "--http-port",                     "0",
+                     "--log-level", "warn", "--worker",                        worker,
+                     o->disagg ? "--worker" : NULL, worker2, NULL};
     if (!spawn(rargs, "router", &rt))
         goto out;
     if (!wait_ready(rt.port)) {
         fprintf(stderr, "kvrouter bench frontend: the router never became ready\n");
         goto out;
     }
-    if (!o->json)
+    if (!o->json && o->disagg)
+        printf("# TTFT of streaming completions, 1 client: vLLM's disaggregation protocol run "
+               "by the client against a prefill and a decode `kvrouter mocker --speedup %s` "
+               "(transfer time ~0) vs the same through `kvrouter serve` with their roles; %zu "
+               "requests per path per run, %s\n",
+               speed, n, o->rate_per_s > 0 ? "paced (--rate)" : "back to back");
+    else if (!o->json)
         printf("# TTFT of streaming completions, 1 client, direct to `kvrouter mocker --speedup "
                "%s` vs through `kvrouter serve` (kv mode) on loopback; %zu requests per path "
                "per run, %s\n", speed, n, o->rate_per_s > 0 ? "paced (--rate)" : "back to back");
@@ -393,7 +525,8 @@ int kvr_bench_frontend(const kvr_bench_opts_t *o)
             runs = 64;
         for (unsigned k = 0; k < runs && rc == 0; k++) {
             run_fig_t f;
-            if (!one_run(m.port, rt.port, tl->v[t], o->max_tokens, n, o->rate_per_s, &rng, &f)) {
+            if (!one_run(m.port, o->disagg ? d.port : 0, rt.port, tl->v[t], o->max_tokens, n,
+                         o->rate_per_s, &rng, &f)) {
                 rc = 1;
                 break;
             }
@@ -404,7 +537,7 @@ int kvr_bench_frontend(const kvr_bench_opts_t *o)
             break;
         kvr_bench_row_t row;
         kvr_bench_row_init(&row, COLS, N_COLS);
-        kvr_bench_set_str(&row, "bench", "frontend");
+        kvr_bench_set_str(&row, "bench", o->disagg ? "frontend-disagg" : "frontend");
         kvr_bench_set_int(&row, "tokens", (int64_t)tl->v[t]);
         kvr_bench_set_int(&row, "runs", runs);
         kvr_bench_set_int(&row, "requests", (int64_t)n);
@@ -414,7 +547,7 @@ int kvr_bench_frontend(const kvr_bench_opts_t *o)
         kvr_bench_set_num(&row, "router_p99_us", kvr_bench_median(r99, runs));
         kvr_bench_set_num(&row, "added_p50_us", kvr_bench_median(add, runs));
         kvr_bench_set_num(&row, "added_paired_us", kvr_bench_median(pd, runs));
-        kvr_bench_set_num(&row, "target_us", FB_TARGET_US);
+        kvr_bench_set_num(&row, "target_us", o->disagg ? FB_DISAGG_TARGET_US : FB_TARGET_US);
         kvr_bench_set_num(&row, "speedup", o->speedup);
         kvr_bench_set_int(&row, "max_tokens", (int64_t)o->max_tokens);
         kvr_bench_set_num(&row, "rate_per_s", o->rate_per_s > 0 ? o->rate_per_s : NAN);
@@ -422,6 +555,7 @@ int kvr_bench_frontend(const kvr_bench_opts_t *o)
     }
 out:
     reap(&rt);
+    reap(&d);
     reap(&m);
     return rc;
 }

@@ -35,7 +35,9 @@ static void usage(FILE *out)
                  "           mocker and `kvrouter serve` in front of it, sends streaming prompts\n"
                  "           from 1 client straight and through the router, alternately\n"
                  "           (--tokens, 8192; --requests per path and run, 200; --runs; --rate R:\n"
-                 "           paced; --speedup, 1000; --max-tokens; --mocker-arg F or -- F...)\n");
+                 "           paced; --speedup, 1000; --max-tokens; --mocker-arg F or -- F...;\n"
+            "           --disagg: a prefill and a decode mocker, the client doing vLLM's\n"
+            "           proxy protocol itself against the router doing it)\n");
     fprintf(out,
             "  mooncake the reference's indexer harness: a trace's events and lookups replayed\n"
             "           together open loop over thousands of simulated workers (see 'kvrouter\n"
@@ -481,6 +483,10 @@ int kvr_cmd_bench(int argc, char **argv)
         }
         if (strcmp(a, "--quick") == 0) {
             o.quick = true;
+            continue;
+        }
+        if (strcmp(a, "--disagg") == 0) {
+            o.disagg = true;
             continue;
         }
         if ((v = opt_value(argc, argv, &i, "--runs", &missing)) != NULL) {
