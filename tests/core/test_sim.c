@@ -4,7 +4,8 @@
  * policy changes), sanity on a slice of the conversation trace (everything finishes, the router
  * ends with nothing in flight, KV routing hits at least as much as round-robin and never more
  * than the infinite-cache ceiling), rows too long for the engines, the router queue, approximate
- * mode, and configuration / input errors.
+ * mode, disaggregated runs (exact timings of the prefill, transfer and decode legs; the isl
+ * bypass), and configuration / input errors.
  * KVR_TEST_DATA names tests/data (the 300-row slice); KVR_TEST_SCALE=asan runs fewer rows.
  */
 #include <math.h>
@@ -147,6 +148,62 @@ static void test_lone_request_timing(void **state)
 }
 
 /* Chunked prefill: a 20000-token prompt takes three steps of 8192, 8192, 3616 tokens. */
+/* Disaggregated (1 prefill, 1 decode worker): TTFT = prefill(T) on the prefill worker + the
+ * transfer (63 blocks x 2 MiB x 8 / 100 Gbit/s) + one decode step on the decode worker, which
+ * never prefills; ITL is its decode steps. A repeat hits the prefill worker's cache (its
+ * cached tokens are the prefill pool's). With disagg_policy isl, the repeat stays on the
+ * decode worker instead, which holds the transferred blocks. */
+static void test_disaggregated_timing(void **state)
+{
+    (void)state;
+    hand_t h = {.base = {100, 100}};
+    kvr_sim_request_t reqs[2] = {{.arrival_ms = 50, .n_tokens = 1000, .max_tokens = 3},
+                                 {.arrival_ms = 10000, .n_tokens = 1000, .max_tokens = 2}};
+    kvr_sim_input_t in = {.reqs = reqs, .n = 2, .tokens = hand_tokens, .ud = &h};
+    kvr_sim_config_t c;
+    small_config(&c, 2, KVR_MODE_KV);
+    c.n_prefill = 1;
+    c.engine.num_gpu_blocks = 4096;
+    kvr_sim_result_t res;
+    kvr_sim_record_t rec[2];
+    char err[256];
+    assert_int_equal(kvr_sim_run(&c, &in, &res, rec, err, sizeof err), KVR_OK);
+    assert_int_equal(res.requests, 2);
+    assert_int_equal(res.transfers, 2);
+    double xfer = 63.0 * 2097152.0 * 8.0 / 100e9 * 1e3;
+    double d = decode_ms(63.0 / 4096.0);
+    assert_int_equal(rec[0].prefill_worker, 0);
+    assert_int_equal(rec[0].worker, 1);
+    near(rec[0].prefilled_ms - rec[0].arrival_ms, prefill_ms(1000));
+    near(rec[0].first_ms - rec[0].prefilled_ms, xfer + d);
+    near(rec[0].finish_ms - rec[0].first_ms, 2 * d);
+    assert_int_equal(rec[0].cached_tokens, 0);
+    assert_int_equal(rec[1].prefill_worker, 0);
+    assert_int_equal(rec[1].cached_tokens, 992);
+    near(rec[1].prefilled_ms - rec[1].arrival_ms, prefill_ms(8));
+    near(rec[1].first_ms - rec[1].prefilled_ms, xfer + d);
+    near(res.transfer_ms, 2 * xfer);
+    assert_int_equal(res.router_live_at_end, 0);
+    assert_int_equal(res.router_unknown_ids, 0);
+    assert_int_equal(res.index_errors, 0);
+
+    char e[200];
+    assert_int_equal(kvr_config_set(&c.router, "disagg_policy", "isl", e, sizeof e), KVR_OK);
+    assert_int_equal(kvr_sim_run(&c, &in, &res, rec, err, sizeof err), KVR_OK);
+    assert_int_equal(res.requests, 2);
+    assert_int_equal(res.bypassed, 1);
+    assert_int_equal(res.transfers, 1);
+    assert_int_equal(rec[1].prefill_worker, -1);
+    assert_int_equal(rec[1].worker, 1);
+    assert_int_equal(rec[1].cached_tokens, 992); /* the decode worker's own copy */
+    near(rec[1].first_ms - rec[1].arrival_ms, prefill_ms(8));
+    assert_int_equal(res.router_live_at_end, 0);
+
+    c.n_prefill = 2; /* no decode worker left */
+    assert_int_equal(kvr_sim_run(&c, &in, &res, NULL, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "prefill-workers"));
+}
+
 static void test_chunked_ttft(void **state)
 {
     (void)state;
@@ -468,6 +525,7 @@ int main(int argc, char **argv)
         cmocka_set_test_filter(argv[1]); /* one test by name (or a glob) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lone_request_timing),
+        cmocka_unit_test(test_disaggregated_timing),
         cmocka_unit_test(test_chunked_ttft),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_sanity),

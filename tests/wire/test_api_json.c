@@ -209,6 +209,7 @@ static void test_route_minimal(void **state)
     assert_false(r->has_request_id);
     assert_string_equal(r->request_id, "");
     assert_true(r->update_state);
+    assert_false(r->disagg);
     assert_null(r->lora_name);
     assert_int_equal(r->lora_name_len, 0);
     assert_null(r->cache_namespace);
@@ -427,6 +428,10 @@ static void test_u64_extremes(void **state)
 static void test_route_errors(void **state)
 {
     (void)state;
+    assert_true(ok(K_ROUTE, "{\"tokens\":[1],\"disagg\":true}")->route.disagg);
+    assert_false(ok(K_ROUTE, "{\"tokens\":[1],\"disagg\":null}")->route.disagg);
+    err(K_ROUTE, "{\"tokens\":[1],\"disagg\":1}", KVR_EINVAL,
+        "disagg: must be true, false or null");
     /* tokens */
     const char *t3 = "tokens[3]: not an integer in [0, 4294967295]";
     err(K_ROUTE, "{\"tokens\":[0,1,2,1.5]}", KVR_EINVAL, t3);
@@ -944,6 +949,36 @@ static void test_worker(void **state)
     assert_int_equal(ok(K_WORKER, body)->worker.url_len, 2048);
     snprintf(body, sizeof body, "{\"worker_id\":1,\"url\":\"%.2049s\"}", s);
     err(K_WORKER, body, KVR_EINVAL, "url: must be 1 to 2048 bytes");
+    /* disaggregation: the role, a prefill worker's bootstrap server */
+    w = &ok(K_WORKER, "{\"worker_id\":1,\"role\":\"prefill\",\"bootstrap_port\":8998,"
+                      "\"bootstrap_host\":\"10.0.0.9\"}")->worker;
+    assert_int_equal(w->role, KVR_ROLE_PREFILL);
+    assert_int_equal(w->bootstrap_port, 8998);
+    assert_string_equal(w->bootstrap_host, "10.0.0.9");
+    assert_int_equal(ok(K_WORKER, "{\"worker_id\":1,\"role\":\"decode\"}")->worker.role,
+                     KVR_ROLE_DECODE);
+    assert_int_equal(ok(K_WORKER, "{\"worker_id\":1,\"role\":null}")->worker.role,
+                     KVR_ROLE_BOTH);
+    err(K_WORKER, "{\"worker_id\":1,\"role\":\"middle\"}", KVR_EINVAL,
+        "role: must be prefill, decode or both");
+    err(K_WORKER, "{\"worker_id\":1,\"bootstrap_port\":65536}", KVR_EINVAL,
+        "bootstrap_port: not an integer in [1, 65535]");
+    kvr_worker_spec_t sp;
+    char e[200];
+    w = &ok(K_WORKER, "{\"worker_id\":3,\"role\":\"prefill\",\"bootstrap_port\":9000}")->worker;
+    assert_int_equal(kvr_api_worker_to_spec(&sp, w, e, sizeof e), KVR_OK);
+    assert_int_equal(sp.role, KVR_ROLE_PREFILL);
+    assert_int_equal(sp.bootstrap_port, 9000);
+    kvr_json_writer_t jw;
+    kvr_json_writer_init(&jw);
+    assert_int_equal(kvr_api_encode_worker_spec(&jw, &sp), KVR_OK);
+    const char *j;
+    size_t jl;
+    assert_int_equal(kvr_json_writer_finish(&jw, &j, &jl), KVR_OK);
+    const kvr_api_worker_t *back = &ok(K_WORKER, j)->worker; /* the encoding reads back */
+    assert_int_equal(back->role, KVR_ROLE_PREFILL);
+    assert_int_equal(back->bootstrap_port, 9000);
+    kvr_json_writer_deinit(&jw);
 }
 
 static void test_router(void **state)
