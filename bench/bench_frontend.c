@@ -203,45 +203,62 @@ static bool send_all(int fd, const char *p, size_t n)
     return true;
 }
 
+/* Sends head and body; false (why printed) on failure. */
+static bool send_request(int fd, const char *head, size_t head_len, const char *body,
+                         size_t body_len, resp_t *r, const char *path_name)
+{
+    r->len = 0;
+    if (send_all(fd, head, head_len) && send_all(fd, body, body_len))
+        return true;
+    fprintf(stderr, "kvrouter bench frontend: %s: send failed\n", path_name);
+    return false;
+}
+
+/* Reads more of the answer into r; once its head is complete, *body_at is the body's offset
+ * (a non-200 answer is a failure). False (why printed) on failure. */
+static bool recv_more(int fd, resp_t *r, size_t *body_at, const char *path_name)
+{
+    if (r->cap - r->len < 65536) {
+        size_t cap = r->cap ? r->cap * 2 : 1 << 17;
+        char *b = realloc(r->buf, cap);
+        if (b == NULL)
+            return false;
+        r->buf = b;
+        r->cap = cap;
+    }
+    ssize_t k = recv(fd, r->buf + r->len, r->cap - r->len, 0);
+    if (k <= 0) {
+        fprintf(stderr, "kvrouter bench frontend: %s: connection closed or timed out\n", path_name);
+        return false;
+    }
+    r->len += (size_t)k;
+    if (*body_at != 0)
+        return true;
+    const char *e = find(r->buf, r->len, "\r\n\r\n");
+    if (e == NULL)
+        return true;
+    *body_at = (size_t)(e - r->buf) + 4;
+    if (r->len < 12 || memcmp(r->buf + 9, "200", 3) != 0) {
+        fprintf(stderr, "kvrouter bench frontend: %s: answer '%.60s'\n", path_name, r->buf);
+        return false;
+    }
+    return true;
+}
+
 /* One request on a keep-alive connection: its TTFT (send to the first `data:` event) in ns,
  * 0 on failure (why printed). The whole streamed answer is read. */
 static uint64_t ttft_once(int fd, const char *head, size_t head_len, const char *body,
                           size_t body_len, resp_t *r, const char *path_name)
 {
-    r->len = 0;
     uint64_t t0 = kvr_bench_now_ns(), first = 0;
-    if (!send_all(fd, head, head_len) || !send_all(fd, body, body_len)) {
-        fprintf(stderr, "kvrouter bench frontend: %s: send failed\n", path_name);
+    if (!send_request(fd, head, head_len, body, body_len, r, path_name))
         return 0;
-    }
     size_t body_at = 0;
     for (;;) {
-        if (r->cap - r->len < 65536) {
-            size_t cap = r->cap ? r->cap * 2 : 1 << 17;
-            char *b = realloc(r->buf, cap);
-            if (b == NULL)
-                return 0;
-            r->buf = b;
-            r->cap = cap;
-        }
-        ssize_t k = recv(fd, r->buf + r->len, r->cap - r->len, 0);
-        if (k <= 0) {
-            fprintf(stderr, "kvrouter bench frontend: %s: connection closed or timed out\n",
-                    path_name);
+        if (!recv_more(fd, r, &body_at, path_name))
             return 0;
-        }
-        r->len += (size_t)k;
-        if (body_at == 0) {
-            const char *e = find(r->buf, r->len, "\r\n\r\n");
-            if (e == NULL)
-                continue;
-            body_at = (size_t)(e - r->buf) + 4;
-            if (r->len < 12 || memcmp(r->buf + 9, "200", 3) != 0) {
-                fprintf(stderr, "kvrouter bench frontend: %s: answer '%.60s'\n", path_name,
-                        r->buf);
-                return 0;
-            }
-        }
+        if (body_at == 0)
+            continue;
         if (first == 0 && find(r->buf + body_at, r->len - body_at, "data: ") != NULL)
             first = kvr_bench_now_ns();
         if (first != 0 && r->len >= 5 && memcmp(r->buf + r->len - 5, "0\r\n\r\n", 5) == 0 &&
@@ -255,43 +272,21 @@ static uint64_t ttft_once(int fd, const char *head, size_t head_len, const char 
 static size_t whole_once(int fd, const char *head, size_t head_len, const char *body,
                          size_t body_len, resp_t *r, const char *path_name)
 {
-    r->len = 0;
-    if (!send_all(fd, head, head_len) || !send_all(fd, body, body_len)) {
-        fprintf(stderr, "kvrouter bench frontend: %s: send failed\n", path_name);
+    if (!send_request(fd, head, head_len, body, body_len, r, path_name))
         return 0;
-    }
-    size_t body_at = 0, want = 0;
+    size_t body_at = 0;
+    const char *cl = NULL;
     for (;;) {
-        if (body_at != 0 && r->len >= body_at + want)
-            return body_at;
-        if (r->cap - r->len < 65536) {
-            size_t cap = r->cap ? r->cap * 2 : 1 << 17;
-            char *b = realloc(r->buf, cap);
-            if (b == NULL)
-                return 0;
-            r->buf = b;
-            r->cap = cap;
-        }
-        ssize_t k = recv(fd, r->buf + r->len, r->cap - r->len, 0);
-        if (k <= 0) {
-            fprintf(stderr, "kvrouter bench frontend: %s: connection closed or timed out\n",
-                    path_name);
+        if (!recv_more(fd, r, &body_at, path_name))
+            return 0;
+        if (body_at == 0)
+            continue;
+        if (cl == NULL && (cl = find(r->buf, body_at, "Content-Length: ")) == NULL) {
+            fprintf(stderr, "kvrouter bench frontend: %s: no Content-Length\n", path_name);
             return 0;
         }
-        r->len += (size_t)k;
-        if (body_at == 0) {
-            const char *e = find(r->buf, r->len, "\r\n\r\n");
-            if (e == NULL)
-                continue;
-            body_at = (size_t)(e - r->buf) + 4;
-            const char *cl = find(r->buf, body_at, "Content-Length: ");
-            if (r->len < 12 || memcmp(r->buf + 9, "200", 3) != 0 || cl == NULL) {
-                fprintf(stderr, "kvrouter bench frontend: %s: answer '%.60s'\n", path_name,
-                        r->buf);
-                return 0;
-            }
-            want = (size_t)strtoull(cl + 16, NULL, 10);
-        }
+        if (r->len >= body_at + (size_t)strtoull(cl + 16, NULL, 10))
+            return body_at;
     }
 }
 

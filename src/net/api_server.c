@@ -197,6 +197,24 @@ static void observe(kvr_api_server_t *s, const kvr_route_res_t *res)
         s->routes_with_overlap++;
 }
 
+/* A placement's fields, each key prefixed ("" or "prefill_"). */
+static void write_choice(kvr_json_writer_t *w, const char *prefix, const kvr_route_res_t *res)
+{
+    static const char *const keys[] = {"request_id", "worker_id", "dp_rank", "overlap_blocks",
+                                       "cached_tokens"};
+    const uint64_t v[] = {0, res->worker.worker_id, res->worker.dp_rank, res->overlap_blocks,
+                          res->cached_tokens};
+    char key[48];
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        snprintf(key, sizeof key, "%s%s", prefix, keys[i]);
+        kvr_json_key(w, key);
+        if (i == 0)
+            kvr_json_string(w, res->request_id);
+        else
+            kvr_json_u64(w, v[i]);
+    }
+}
+
 static void reply_routed(kvr_api_server_t *s, struct evhttp_request *req,
                          const kvr_route_res_t *res, bool tagged)
 {
@@ -207,16 +225,7 @@ static void reply_routed(kvr_api_server_t *s, struct evhttp_request *req,
         kvr_json_key(w, "method");
         kvr_json_string(w, "new");
     }
-    kvr_json_key(w, "request_id");
-    kvr_json_string(w, res->request_id);
-    kvr_json_key(w, "worker_id");
-    kvr_json_u64(w, res->worker.worker_id);
-    kvr_json_key(w, "dp_rank");
-    kvr_json_u64(w, res->worker.dp_rank);
-    kvr_json_key(w, "overlap_blocks");
-    kvr_json_u64(w, res->overlap_blocks);
-    kvr_json_key(w, "cached_tokens");
-    kvr_json_u64(w, res->cached_tokens);
+    write_choice(w, "", res);
     kvr_json_end_object(w);
     api_reply_writer(s, req, 200);
 }
@@ -382,28 +391,10 @@ static void route_disagg(kvr_api_server_t *s, struct evhttp_request *req, const 
     kvr_json_writer_t *w = &s->w;
     kvr_json_writer_reset(w);
     kvr_json_begin_object(w);
-    kvr_json_key(w, "request_id");
-    kvr_json_string(w, dres.request_id);
-    kvr_json_key(w, "worker_id");
-    kvr_json_u64(w, dres.worker.worker_id);
-    kvr_json_key(w, "dp_rank");
-    kvr_json_u64(w, dres.worker.dp_rank);
-    kvr_json_key(w, "overlap_blocks");
-    kvr_json_u64(w, dres.overlap_blocks);
-    kvr_json_key(w, "cached_tokens");
-    kvr_json_u64(w, dres.cached_tokens);
+    write_choice(w, "", &dres);
     kvr_json_key(w, "disagg");
     kvr_json_bool(w, true);
-    kvr_json_key(w, "prefill_request_id");
-    kvr_json_string(w, pres.request_id);
-    kvr_json_key(w, "prefill_worker_id");
-    kvr_json_u64(w, pres.worker.worker_id);
-    kvr_json_key(w, "prefill_dp_rank");
-    kvr_json_u64(w, pres.worker.dp_rank);
-    kvr_json_key(w, "prefill_overlap_blocks");
-    kvr_json_u64(w, pres.overlap_blocks);
-    kvr_json_key(w, "prefill_cached_tokens");
-    kvr_json_u64(w, pres.cached_tokens);
+    write_choice(w, "prefill_", &pres);
     const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pres.worker.worker_id);
     if (sp != NULL && sp->bootstrap_port != 0) {
         kvr_json_key(w, "bootstrap_port");

@@ -18,6 +18,19 @@ static int bad(char *err, size_t err_len, const char *field, const char *problem
     return KVR_EINVAL;
 }
 
+/* The start of the one strict JSON object json[0..len) (whitespace around allowed), or
+ * KVR_JSON_BAD. */
+static size_t one_object(const char *json, size_t len)
+{
+    size_t i = kvr_json_skip_ws(json, len, 0);
+    if (i >= len || json[i] != '{')
+        return KVR_JSON_BAD;
+    size_t end = kvr_json_skip_value(json, len, i, KVR_JSON_STRICT);
+    if (end == KVR_JSON_BAD || kvr_json_skip_ws(json, len, end) != len)
+        return KVR_JSON_BAD;
+    return i;
+}
+
 static bool is_lit(const char *b, const kvr_json_member_t *m, const char *lit)
 {
     size_t n = strlen(lit);
@@ -166,9 +179,8 @@ int kvr_disagg_parse_req(const char *body, size_t len, kvr_disagg_req_t *out, ch
     memset(out, 0, sizeof *out);
     if (err != NULL && err_len > 0)
         err[0] = '\0';
-    size_t i = kvr_json_skip_ws(body, len, 0);
-    if (i >= len || body[i] != '{' || kvr_json_skip_value(body, len, i, KVR_JSON_STRICT) ==
-                                          KVR_JSON_BAD) {
+    size_t i = one_object(body, len);
+    if (i == KVR_JSON_BAD) {
         bad(err, err_len, "body", "not one JSON object");
         return KVR_EPARSE;
     }
@@ -222,11 +234,8 @@ static bool first_choice_stopped(const char *b, size_t n, const kvr_json_member_
 int kvr_disagg_scan_answer(const char *json, size_t len, kvr_disagg_answer_t *out)
 {
     memset(out, 0, sizeof *out);
-    size_t i = kvr_json_skip_ws(json, len, 0);
-    if (i >= len || json[i] != '{')
-        return KVR_EPARSE;
-    size_t end = kvr_json_skip_value(json, len, i, KVR_JSON_STRICT);
-    if (end == KVR_JSON_BAD || kvr_json_skip_ws(json, len, end) != len)
+    size_t i = one_object(json, len);
+    if (i == KVR_JSON_BAD)
         return KVR_EPARSE;
     kvr_json_iter_t it;
     kvr_json_member_t m;
@@ -251,11 +260,8 @@ int kvr_disagg_scan_answer(const char *json, size_t len, kvr_disagg_answer_t *ou
 int kvr_disagg_read_u64(const char *json, size_t len, const char *key, uint64_t *out)
 {
     *out = 0;
-    size_t i = kvr_json_skip_ws(json, len, 0);
-    if (i >= len || json[i] != '{')
-        return KVR_EPARSE;
-    size_t end = kvr_json_skip_value(json, len, i, KVR_JSON_STRICT);
-    if (end == KVR_JSON_BAD || kvr_json_skip_ws(json, len, end) != len)
+    size_t i = one_object(json, len);
+    if (i == KVR_JSON_BAD)
         return KVR_EPARSE;
     kvr_json_iter_t it;
     kvr_json_member_t m;

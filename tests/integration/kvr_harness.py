@@ -1,7 +1,8 @@
 """Helpers shared by the integration tests (run as /usr/bin/python3 tests/integration/test_X.py,
 so this directory is on sys.path): polling with a deadline, free loopback ports, reading a
-child's stdout line without hanging, splitting an SSE body strictly, counting checks, and a
-kvrouter child process (serve or mocker) with its HTTP calls and metrics."""
+child's stdout line without hanging, splitting an SSE body strictly, counting checks, a
+kvrouter child process (serve or mocker) with its HTTP calls and metrics, and streaming
+requests (parsed, or on a socket of their own to leave mid-answer)."""
 import http.client
 import json
 import os
@@ -141,6 +142,48 @@ def sse_events(raw):
             problems.append("event spans several lines: %r" % p[:120])
         events.append(p[len("data: "):])
     return events, problems
+
+
+def stream(r, path, body, headers=None):
+    """(status, headers, [parsed chunks], problems) of a streaming request to child r; on a
+    non-200 answer, (status, headers, raw body, [])."""
+    st, h, raw = r.request("POST", path, dict(body, stream=True), headers)
+    if st != 200:
+        return st, h, raw, []
+    evs, problems = sse_events(raw)
+    if not evs or evs[-1] != "[DONE]":
+        problems.append("no [DONE] at the end")
+    chunks = []
+    for e in evs[:-1]:
+        try:
+            chunks.append(json.loads(e))
+        except ValueError:
+            problems.append("not JSON: %r" % e[:100])
+    return st, h, chunks, problems
+
+
+def raw_request(r, path, body):
+    """A POST to child r on a socket of our own (to close it mid-answer)."""
+    s = socket.create_connection((r.host, r.port), timeout=10)
+    data = json.dumps(body).encode()
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+def read_events(s, n, got=b"", limit_s=30.0):
+    """Reads from socket s until n `data: ` events arrived, EOF, or limit_s passed."""
+    end = time.monotonic() + limit_s
+    while got.count(b"data: ") < n and time.monotonic() < end:
+        s.settimeout(max(0.01, end - time.monotonic()))
+        try:
+            c = s.recv(65536)
+        except socket.timeout:
+            break
+        if not c:
+            break
+        got += c
+    return got
 
 
 CHILDREN = []  # every Child started, killed by kill_children() if still running

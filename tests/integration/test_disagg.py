@@ -21,12 +21,11 @@ Usage: test_disagg.py <path to kvrouter>.
 import json
 import os
 import random
-import socket
 import sys
 import time
 
-from kvr_harness import (RESULTS as results, Child, check, eventually, read_line,
-                         run_scenarios, sse_events, with_free_ports)
+from kvr_harness import (RESULTS as results, Child, check, eventually, raw_request,
+                         read_events, read_line, run_scenarios, stream, with_free_ports)
 
 KVR = sys.argv[1]
 SEED = int(os.environ.get("KVR_TEST_SEED", str(int(time.time()) % 100000)))
@@ -76,20 +75,6 @@ def toks(n):
     return [rng.randrange(1000, 30000) for _ in range(n)]
 
 
-def stream(r, path, body, headers=None):
-    st, h, raw = r.request("POST", path, dict(body, stream=True), headers)
-    if st != 200:
-        return st, h, raw, []
-    evs, problems = sse_events(raw)
-    if not evs or evs[-1] != "[DONE]":
-        problems.append("no [DONE] at the end")
-    chunks = []
-    for e in evs[:-1]:
-        try:
-            chunks.append(json.loads(e))
-        except ValueError:
-            problems.append("not JSON: %r" % e[:100])
-    return st, h, chunks, problems
 
 
 def text_of(ep, body):
@@ -122,12 +107,6 @@ def idle(r, ps, ds):
             and held(ps) == 0 and active_blocks(ps + ds) == 0)
 
 
-def raw_request(r, path, body):
-    s = socket.create_connection((r.host, r.port), timeout=10)
-    data = json.dumps(body).encode()
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-    return s
 
 
 def body_for(ep, prompt, **kw):
@@ -270,13 +249,7 @@ def disconnects(r, ps, ds):
     # during the decode: the stream is running
     s = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(64), "max_tokens": 20000,
                                            "stream": True})
-    got = b""
-    end = time.monotonic() + 10
-    while got.count(b"data: ") < 3 and time.monotonic() < end:
-        c = s.recv(65536)
-        if not c:
-            break
-        got += c
+    got = read_events(s, 3, limit_s=10)
     check("leave during decode: tokens arrived", got.count(b"data: ") >= 3, got[:200])
     s.close()
     check("leave during decode: everything freed", eventually(lambda: idle(r, ps, ds), 10),
@@ -454,14 +427,9 @@ def scenario_bootstrap():
         s = raw_request(r, "/v1/chat/completions", {"model": "m", "messages": [
             {"role": "user", "content": "stay a while " * 30}], "max_tokens": 20000,
             "stream": True})
-        got = b""
-        end = time.monotonic() + 10
-        while got.count(b"data: ") < 3 and time.monotonic() < end:
-            c = s.recv(65536)
-            if not c:
-                break
-            got += c
+        got = read_events(s, 3, limit_s=10)
         s.close()
+        check("bootstrap: tokens arrived before leaving", got.count(b"data: ") >= 3, got[:200])
         check("bootstrap: a client leaving mid-stream frees everything",
               eventually(lambda: idle(r, ps, ds), 10),
               (r.metric("kvr_requests_in_flight"), held(ps), active_blocks(ps + ds)))

@@ -27,8 +27,8 @@ import tempfile
 import threading
 import time
 
-from kvr_harness import (RESULTS as results, Child, check, eventually, free_ports,
-                         run_scenarios, sse_events, with_free_ports)
+from kvr_harness import (RESULTS as results, Child, check, eventually, free_ports, raw_request,
+                         read_events, run_scenarios, sse_events, stream, with_free_ports)
 
 KVR = sys.argv[1]
 SEED = int(os.environ.get("KVR_TEST_SEED", str(int(time.time()) % 100000)))
@@ -69,21 +69,6 @@ def toks(n):
     return [rng.randrange(1000, 30000) for _ in range(n)]
 
 
-def stream(r, path, body, headers=None):
-    """(status, headers, [parsed chunks], problems) of a streaming request."""
-    st, h, raw = r.request("POST", path, dict(body, stream=True), headers)
-    if st != 200:
-        return st, h, raw, []
-    evs, problems = sse_events(raw)
-    if not evs or evs[-1] != "[DONE]":
-        problems.append("no [DONE] at the end")
-    chunks = []
-    for e in evs[:-1]:
-        try:
-            chunks.append(json.loads(e))
-        except ValueError:
-            problems.append("not JSON: %r" % e[:100])
-    return st, h, chunks, problems
 
 
 def worker_of(h):
@@ -114,12 +99,6 @@ def blocks_active(ms):
     return sum(m.metric("kvr_mocker_blocks_active") or 0 for m in ms)
 
 
-def raw_request(r, path, body):
-    s = socket.create_connection((r.host, r.port), timeout=10)
-    data = json.dumps(body).encode()
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-    return s
 
 
 # ------------------------------------------------------------------------------------------
@@ -306,13 +285,7 @@ def cancellation(r, ms):
     gone0 = r.metric("kvr_frontend_client_disconnects_total")
     s = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(64), "max_tokens": 20000,
                                            "stream": True})
-    got = b""
-    end = time.monotonic() + 10
-    while got.count(b"data: ") < 3 and time.monotonic() < end:
-        c = s.recv(65536)
-        if not c:
-            break
-        got += c
+    got = read_events(s, 3, limit_s=10)
     check("cancel (stream): tokens arrived", got.count(b"data: ") >= 3, got[:300])
     check("cancel (stream): the router holds it", (r.metric("kvr_requests_in_flight") or 0) >= 1)
     s.close()
@@ -518,13 +491,6 @@ def read_to_end(s, got=b"", limit_s=30):
     return got
 
 
-def read_events(s, n, got=b""):
-    while got.count(b"data: ") < n:
-        c = s.recv(65536)
-        if not c:
-            break
-        got += c
-    return got
 
 
 def refused(r):
