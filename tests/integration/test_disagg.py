@@ -24,8 +24,8 @@ import random
 import sys
 import time
 
-from kvr_harness import (RESULTS as results, Child, check, eventually, raw_request,
-                         read_events, read_line, run_scenarios, stream, with_free_ports)
+from kvr_harness import (Child, check, eventually, free_ports, raw_request, read_events,
+                         read_line, run_scenarios, stream, with_free_ports)
 
 KVR = sys.argv[1]
 SEED = int(os.environ.get("KVR_TEST_SEED", str(int(time.time()) % 100000)))
@@ -338,6 +338,39 @@ def scenario_faults():
             m.stop()
 
 
+def scenario_retry():
+    """A prefill worker that refuses connections: the prefill is retried on another prefill
+    worker (chosen first because the live one is busy with a long prefill)."""
+    p = mocker("--speedup", 0.5, role="prefill", what="prefill-slow", events=False)
+    dead = free_ports(1)
+    d = mocker("--speedup", 20, role="decode", what="decode", events=False)
+    r = router([f"id=1,url={p.url},role=prefill", f"id=2,url=http://127.0.0.1:{dead},role=prefill",
+                f"id=3,url={d.url},role=decode"], "--health-interval-ms", "60000")
+    try:
+        busy = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(6000),
+                                                  "max_tokens": 1},)
+        check("retry: the live prefill worker is busy",
+              eventually(lambda: (p.metric("vllm:num_requests_running") or 0) >= 1, 10))
+        st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": toks(64),
+                                                         "max_tokens": 2})
+        check("retry: answered by the live prefill worker after the dead one refused",
+              st == 200 and h.get("x-kvrouter-prefill-worker-id") == "1", (st, b, dict(h)))
+        check("retry: counted as a retry after a refused connection",
+              (r.metric("kvr_frontend_retries_total") or 0) >= 1
+              and (r.metric("kvr_frontend_upstream_errors_total", kind="connect") or 0) >= 1,
+              (r.metric("kvr_frontend_retries_total"),
+               r.metric("kvr_frontend_upstream_errors_total", kind="connect")))
+        check("retry: still disaggregated", r.metric("kvr_disagg_requests_total", mode="pull")
+              >= 1 and (r.metric("kvr_disagg_bypass_total", reason="prefill_failed") or 0) == 0)
+        busy.close()
+        check("retry: the router holds nothing at the end", eventually(
+            lambda: r.metric("kvr_requests_in_flight") == 0, 10))
+    finally:
+        r.stop()
+        p.stop()
+        d.stop()
+
+
 def scenario_unavailable():
     """Every prefill worker killed: aggregated (counted) or 503 with enforce; active again
     when one restarts on its address."""
@@ -474,7 +507,7 @@ def scenario_conditional():
 
 
 def main():
-    run_scenarios((("pull", scenario_pull), ("faults", scenario_faults),
+    run_scenarios((("pull", scenario_pull), ("faults", scenario_faults), ("retry", scenario_retry),
                    ("unavailable", scenario_unavailable), ("bootstrap", scenario_bootstrap),
                    ("conditional", scenario_conditional)), SEED)
 
