@@ -25,10 +25,16 @@
  * counted. Conditional disaggregation (disagg_policy) keeps a request local when the best
  * decode worker's cache leaves few new tokens (isl) or every prefill worker is busy (load).
  *
- * Invariants: a bootstrap call (fe_bg_t) is in fe->bgs from its start to its end; while its
- * request lives, p->bg and g->owner point at each other; it holds the prefill booking until
- * it ends. Ownership: the front end owns the calls; a request's leg body is the request's.
- * Threads: the HTTP thread. Cost: a leg body is one pass over the client's body.
+ * A client that leaves after its prefill (pull) but before its decode leg reached a decode
+ * worker would leave the KV held on the prefill worker until that engine's timeout: a release
+ * call (a decode request with max_tokens 1 and the prefill's parameters, answer dropped) makes
+ * a decode worker read it at once (fe_disagg_orphan).
+ *
+ * Invariants: a background call (fe_bg_t: a bootstrap prefill, or a release) is in fe->bgs
+ * from its start to its end; while a bootstrap call's request lives, p->bg and g->owner point
+ * at each other, and it holds the prefill booking until it ends. Ownership: the front end owns the
+ * calls; a request's leg body is the request's. Threads: the HTTP thread. Cost: a leg body is one
+ * pass over the client's body.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -70,7 +76,8 @@ static const char *const BOOT_DROP[] = {"bootstrap_host", "bootstrap_port", "boo
 struct fe_bg {
     kvr_frontend_t *fe;
     fe_bg_t *prev, *next;
-    fe_req_t *owner; /* NULL once its request ended */
+    bool release;    /* an orphan's release call (else a bootstrap prefill call) */
+    fe_req_t *owner; /* NULL once its request ended (a release call has none) */
     upool_t *pool;
     upconn_t *uc;
     struct evhttp_request *up;
@@ -264,6 +271,16 @@ static void bg_done(struct evhttp_request *up, void *arg)
     fe_pool_release(g->uc);
     g->uc = NULL;
     int code = up != NULL ? evhttp_request_get_response_code(up) : 0;
+    if (g->release) {
+        fe->ds.orphans[code == 200 ? 0 : 1]++;
+        if (code != 200)
+            kvr_log_limited(&fe->rl_disagg, KVR_LOG_WARN,
+                            "release call on decode worker %" PRIu64 " failed (%s%d): the "
+                            "prefill worker frees that KV by its own timeout",
+                            g->worker.worker_id, code ? "status " : "no answer, ", code);
+        bg_free(g);
+        return;
+    }
     if (code == 200) {
         fe->ds.prefill[FDP_OK]++;
         bg_free(g);
@@ -294,60 +311,136 @@ static void bg_done(struct evhttp_request *up, void *arg)
     bg_free(g);
 }
 
-/* Starts the prefill call of p's bootstrap pair with its booking; false when it could not
- * be sent (the booking is then released). */
-static bool bg_start(fe_req_t *p)
+/* A background call of p's (the owner, or NULL for a release call) to worker w: body sent
+ * on p's endpoint path. NULL when it could not be made; it may have ended already when this
+ * returns (a connection refused at once): the caller checks its owner's p->bg. */
+static fe_bg_t *bg_send(fe_req_t *p, kvr_worker_t w, bool owned, const char *body, size_t len)
 {
     kvr_frontend_t *fe = p->fe;
-    const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, p->worker.worker_id);
+    const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, w.worker_id);
     upool_t *u = sp != NULL ? fe_pool_for(fe, sp) : NULL;
     fe_bg_t *g = u != NULL && !u->bad_url ? calloc(1, sizeof *g) : NULL;
-    if (g == NULL) {
-        fe_unbook(p);
-        return false;
-    }
+    if (g == NULL)
+        return NULL;
     g->fe = fe;
-    g->owner = p;
+    g->owner = owned ? p : NULL;
+    g->release = !owned;
     g->pool = u;
-    g->worker = p->worker;
-    g->booked = p->booked; /* the prefill booking moves to the call */
-    g->handle = p->handle;
-    p->booked = false;
+    g->worker = w;
     g->next = fe->bgs;
     if (g->next)
         g->next->prev = g;
     fe->bgs = g;
-    p->bg = g;
+    if (owned)
+        p->bg = g;
     g->uc = fe_pool_acquire(fe, u);
     g->up = g->uc != NULL ? evhttp_request_new(bg_done, g) : NULL;
     if (g->up == NULL) {
         bg_free(g);
-        return false;
+        return NULL;
     }
     evhttp_request_set_header_cb(g->up, bg_header);
     evhttp_request_set_error_cb(g->up, bg_error);
     struct evkeyvalq *h = evhttp_request_get_output_headers(g->up);
     char rank[16];
-    snprintf(rank, sizeof rank, "%u", g->worker.dp_rank - (sp->dp_start <= g->worker.dp_rank
-                                                               ? sp->dp_start : 0));
+    snprintf(rank, sizeof rank, "%u", w.dp_rank - (sp->dp_start <= w.dp_rank ? sp->dp_start : 0));
     evhttp_add_header(h, "Host", u->loc.host_hdr);
     evhttp_add_header(h, "Content-Type", "application/json");
     evhttp_add_header(h, "x-data-parallel-rank", rank);
     fe_add_upstream_auth(p, h);
-    evbuffer_add(evhttp_request_get_output_buffer(g->up), p->leg_body, p->leg_body_len);
+    evbuffer_add(evhttp_request_get_output_buffer(g->up), body, len);
     char path[KVR_ADDR_BYTES + 32];
     snprintf(path, sizeof path, "%s%s", u->loc.base_path,
              p->ep == KVR_OAI_CHAT ? "/v1/chat/completions" : "/v1/completions");
     evhttp_connection_set_max_body_size(g->uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
     fe->st.forwarded++;
     struct evhttp_request *up = g->up;
-    if (evhttp_make_request(g->uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->bg == g &&
-        g->up == up) {
-        g->up = NULL; /* freed by libevent */
-        bg_free(g);
+    bool alive = true;
+    if (evhttp_make_request(g->uc->conn, up, EVHTTP_REQ_POST, path) != 0) {
+        /* not reported through bg_done when g->up is still the request: free it here */
+        for (fe_bg_t *x = fe->bgs; x != NULL; x = x->next)
+            if (x == g && g->up == up) {
+                g->up = NULL; /* freed by libevent */
+                bg_free(g);
+                alive = false;
+                break;
+            }
+    }
+    return alive ? g : NULL;
+}
+
+/* Starts the prefill call of p's bootstrap pair with its booking; false when it could not
+ * be sent (the booking is then released). */
+static bool bg_start(fe_req_t *p)
+{
+    bool booked = p->booked;
+    kvr_req_handle_t handle = p->handle;
+    p->booked = false; /* the prefill booking moves to the call */
+    fe_bg_t *g = bg_send(p, p->worker, true, p->leg_body, p->leg_body_len);
+    if (g == NULL || p->bg != g) { /* not made, or failed at once */
+        if (booked)
+            (void)kvr_sched_release(p->fe->sched, handle, kvr_now_ms());
         return false;
     }
-    return p->bg != NULL; /* false when it already failed (a connection refused at once) */
+    g->booked = booked;
+    g->handle = handle;
+    return true;
+}
+
+/* A request whose prefill is done (pull) but whose decode leg never reached a decode worker
+ * (its client left while it waited in the queue or between its legs): a decode worker is
+ * sent the prompt with the prefill's kv_transfer_params and max_tokens 1, so that it reads
+ * the KV and the prefill worker frees it now rather than at its own timeout. */
+void fe_disagg_orphan(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    if (p->dmode != FD_PULL || p->kvt == NULL || p->d_sent)
+        return;
+    kvr_route_req_t q = {.tokens = p->tokens,
+                         .n_tokens = p->n_tokens,
+                         .model = p->model,
+                         .model_len = p->model_len,
+                         .lora_name = p->lora,
+                         .lora_name_len = p->lora_len};
+    kvr_route_req_decode_leg(&q);
+    kvr_route_res_t res;
+    kvr_worker_t w = {0, 0};
+    bool found = kvr_router_route(fe->r, &q, kvr_now_ms(), &res) == KVR_OK;
+    if (found) {
+        w = res.worker;
+    } else { /* every decode worker busy: any that serves (no booking is made) */
+        uint64_t ids[FE_MAX_WORKERS];
+        size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
+        for (size_t i = 0; i < n && i < FE_MAX_WORKERS && !found; i++) {
+            const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, ids[i]);
+            if (sp != NULL && sp->role != KVR_ROLE_PREFILL && sp->url[0] != '\0' &&
+                !kvr_router_fenced(fe->r, ids[i])) {
+                w = (kvr_worker_t){ids[i], sp->dp_start};
+                found = true;
+            }
+        }
+    }
+    char *body = NULL, *tail = malloc(sizeof PULL_KVT + p->kvt_len + 64);
+    size_t len = 0;
+    int n = tail == NULL ? -1
+                         : snprintf(tail, sizeof PULL_KVT + 64,
+                                    "\"stream\":false,\"max_tokens\":1%s,"
+                                    "\"kv_transfer_params\":",
+                                    p->ep == KVR_OAI_CHAT ? ",\"max_completion_tokens\":1" : "");
+    if (found && n > 0) {
+        memcpy(tail + n, p->kvt, p->kvt_len);
+        if (fe_build_leg_body(p, PULL_DROP, NULL, tail, (size_t)n + p->kvt_len, &body, &len) !=
+            KVR_OK)
+            body = NULL;
+    }
+    if (body == NULL || bg_send(p, w, false, body, len) == NULL) {
+        fe->ds.orphans[1]++;
+        kvr_log_limited(&fe->rl_disagg, KVR_LOG_WARN,
+                        "a prefill's KV could not be released (no decode worker, or out of "
+                        "memory): the prefill worker frees it by its own timeout");
+    }
+    free(tail);
+    free(body);
 }
 
 void fe_disagg_release(fe_req_t *p, bool cancel)
@@ -479,6 +572,11 @@ void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code)
     p->leg_body = NULL;
     if (a.kvt == KVR_KVT_OBJECT) {
         fe->ds.prefill[FDP_OK]++;
+        free(p->kvt);
+        if ((p->kvt = malloc(a.kvt_len)) != NULL) { /* kept for an orphan's release */
+            memcpy(p->kvt, b + a.kvt_at, a.kvt_len);
+            p->kvt_len = a.kvt_len;
+        }
         static const char key[] = "\"kv_transfer_params\":";
         size_t tl = sizeof key - 1 + a.kvt_len;
         char *tail = malloc(tl);
@@ -583,6 +681,14 @@ void fe_disagg_metrics(const kvr_frontend_t *fe, struct kvr_prom *pr)
     kvr_prom_counter(pr, "kvr_disagg_bootstrap_prefill_cancelled_total",
                      "Bootstrap prefill calls cancelled (client gone, request failed).",
                      (double)d->bg_cancelled);
+    kvr_prom_family(pr, "kvr_disagg_orphan_releases_total", "counter",
+                    "Prefilled requests whose client left before their decode leg was sent: a "
+                    "decode worker was asked to read and free the KV (ok), or could not be "
+                    "(failed: the prefill worker frees it by its own timeout).");
+    for (int i = 0; i < 2; i++) {
+        kvr_prom_label_t l = {"result", i ? "failed" : "ok"};
+        kvr_prom_sample(pr, "kvr_disagg_orphan_releases_total", &l, 1, (double)d->orphans[i]);
+    }
     kvr_prom_counter(pr, "kvr_disagg_refused_total",
                      "Requests refused 503 for want of a prefill (enforce_disagg).",
                      (double)d->refused_enforced);

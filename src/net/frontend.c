@@ -166,6 +166,7 @@ void fe_req_fail(fe_req_t *p, int code, const char *fmt, ...)
     if (c != NULL)
         fe_send_error(p->fe, c, code, "%s", msg);
     fe_disagg_release(p, true); /* a bootstrap prefill would wait for a decode that won't come */
+    fe_disagg_orphan(p);        /* a pulled prefill's KV would wait for its timeout */
     fe_req_finish(p);
 }
 
@@ -296,6 +297,7 @@ void fe_req_finish(fe_req_t *p)
     free(p->tokens);
     free(p->body_own);
     free(p->leg_body);
+    free(p->kvt);
     free(p->auth);
     free(p->tok_body);
     free(p->lora);
@@ -319,6 +321,7 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
     p->client = NULL;
     fe_cancel_upstream(p); /* first: nothing of ours may reach the client's buffers after this */
     fe_disagg_release(p, true);
+    fe_disagg_orphan(p);
     kvr_http_release_orphan(c); /* net/http_conn.h */
     fe_req_finish(p);
 }
@@ -910,6 +913,8 @@ static void send_upstream(fe_req_t *p)
      * the failure continues from the timer */
     /* a whole answer is buffered: bounded (lifted in on_up_header for an event stream) */
     evhttp_connection_set_max_body_size(uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
+    if (!p->pf_leg && p->dmode == FD_PULL)
+        p->d_sent = true; /* from here a client that leaves closes the decode worker's call */
     if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up == up) {
         p->up = NULL;
         fe_pool_release(p->uc);

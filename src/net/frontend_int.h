@@ -202,6 +202,9 @@ struct fe_req {
     uint32_t pin_pf_rank;
     fe_bg_t *bg;     /* bootstrap: its prefill call (NULL when none or finished) */
     bool leg_switch; /* retry_ev continues on the next leg (not a retry) */
+    char *kvt;       /* pull: the prefill answer's kv_transfer_params (owned) */
+    size_t kvt_len;
+    bool d_sent; /* the decode leg was sent to a decode worker */
 };
 
 /* One model's request histograms (fe_reqmetrics.c). */
@@ -232,6 +235,7 @@ typedef struct fe_dstats {
     uint64_t bg_failed, bg_cancelled; /* bootstrap prefill calls that failed / were cancelled */
     uint64_t transitions[3];          /* the prefill pool entered pending, active, unavailable */
     uint64_t refused_enforced;        /* 503: enforce_disagg and no prefill */
+    uint64_t orphans[2];              /* release calls made, and those that could not be */
     uint64_t pool_routed[2], pool_prompt_tokens[2], pool_cached_tokens[2]; /* prefill, decode */
 } fe_dstats_t;
 
@@ -356,6 +360,8 @@ void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code);
 /* The prefill leg cannot go on (no prefill worker left, retries spent, a failed answer):
  * served aggregated (or 503 with enforce_disagg). */
 void fe_disagg_fallback(fe_req_t *p, const char *why);
+/* p's client left: its prefilled KV (pull) is released if no decode worker got it. */
+void fe_disagg_orphan(fe_req_t *p);
 /* p ends: its bootstrap prefill call is cancelled (cancel) or left to finish. */
 void fe_disagg_release(fe_req_t *p, bool cancel);
 /* The pool state, checked from the tick (transitions logged and counted). */

@@ -371,6 +371,40 @@ def scenario_retry():
         d.stop()
 
 
+def scenario_orphan():
+    """A request prefilled whose decode leg cannot be placed (every decode worker busy: 429):
+    the router asks a decode worker to read the held KV at once instead of leaving it held on
+    the prefill worker until its timeout (30 s here)."""
+    p = mocker("--speedup", 20, role="prefill", what="prefill", events=False)
+    d = mocker("--speedup", 20, "--num-gpu-blocks", 1024, role="decode", what="decode",
+               events=False)
+    r = router([f"id=1,url={p.url},role=prefill", f"id=3,url={d.url},role=decode,num_blocks=1024"],
+               "--active-decode-blocks-threshold", "0.001", "--health-interval-ms", "60000")
+    try:
+        s = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(64),
+                                               "max_tokens": 16000, "stream": True})
+        got = read_events(s, 2, limit_s=10)
+        check("orphan: a long decode holds the decode worker", got.count(b"data: ") >= 2,
+              got[:300])
+        st, b = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks(64),
+                                                   "max_tokens": 4})
+        check("orphan: the decode pool is busy: 429", st == 429, (st, b))
+        check("orphan: the prefill ran", (p.metric("kvr_mocker_kv_holds_total") or 0) == 2)
+        check("orphan: a release call was made",
+              eventually(lambda: r.metric("kvr_disagg_orphan_releases_total", result="ok") == 1,
+                         10), r.metric("kvr_disagg_orphan_releases_total", result="ok"))
+        check("orphan: the prefill worker's KV is freed by the read, not its timeout",
+              held([p]) == 0 and p.metric("kvr_mocker_kv_reads_served_total") == 2
+              and p.metric("kvr_mocker_kv_holds_expired_total") == 0)
+        s.close()
+        check("orphan: everything freed", eventually(lambda: idle(r, [p], [d]), 10),
+              (r.metric("kvr_requests_in_flight"), held([p]), active_blocks([p, d])))
+    finally:
+        r.stop()
+        p.stop()
+        d.stop()
+
+
 def scenario_unavailable():
     """Every prefill worker killed: aggregated (counted) or 503 with enforce; active again
     when one restarts on its address."""
@@ -508,6 +542,7 @@ def scenario_conditional():
 
 def main():
     run_scenarios((("pull", scenario_pull), ("faults", scenario_faults), ("retry", scenario_retry),
+                   ("orphan", scenario_orphan),
                    ("unavailable", scenario_unavailable), ("bootstrap", scenario_bootstrap),
                    ("conditional", scenario_conditional)), SEED)
 
