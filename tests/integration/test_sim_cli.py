@@ -297,7 +297,33 @@ def test_bench_mooncake():
           p.returncode == 2 and "--duplication" in p.stderr, (p.returncode, p.stderr))
 
 
+def test_disagg():
+    """--prefill-workers P --decode-workers D: every finished request was transferred, the
+    label says so, TTFT is at least the prefill's, and the flags are checked."""
+    rc, rows, err = sim_json(["--policy", "kv,round-robin", "--prefill-workers", "1",
+                              "--decode-workers", "3"])
+    check("disagg: exit 0", rc == 0, f"rc={rc} {err}")
+    check("disagg: one row per policy, labelled",
+          [r.get("policy") for r in rows] == ["kv/disagg", "round-robin/disagg"], rows)
+    for r in rows:
+        check(f"disagg {r['policy']}: 4 workers, 1 of them prefill",
+              r["workers"] == 4 and r["prefill_workers"] == 1, r)
+        check(f"disagg {r['policy']}: every finished request transferred",
+              r["requests"] > 0 and r["transfers"] == r["requests"] and r["bypassed"] == 0, r)
+        check(f"disagg {r['policy']}: TTFT covers the prefill",
+              r["ttft_ms"]["p50"] >= r["prefill_ms"]["p50"] > 0, r)
+        check(f"disagg {r['policy']}: the router ends with nothing in flight",
+              r["router_live_at_end"] == 0 and r["router_unknown_ids"] == 0, r)
+    rc, out, err = run(["--trace", TRACE, "--prefill-workers", "2"])
+    check("disagg: --prefill-workers alone is a usage error naming both",
+          rc == 2 and "--prefill-workers and --decode-workers" in err, (rc, err))
+    rc, out, err = run(["--trace", TRACE, "--prefill-workers", "1", "--decode-workers", "1",
+                        "--router-queue-threshold", "0.5"])
+    check("disagg: the queue is refused (not modelled)", rc == 2 and "queue" in err, (rc, err))
+
+
 def main():
+    test_disagg()
     test_trace_stats()
     test_bench_mooncake()
     test_trace_gen_synth()
