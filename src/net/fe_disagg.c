@@ -387,6 +387,40 @@ static bool bg_start(fe_req_t *p)
     return true;
 }
 
+/* The client's body without the members a prefill leg drops (kept when a client leaves while
+ * a call goes on: its own body is freed with it). */
+int fe_disagg_keep_body(fe_req_t *p)
+{
+    if (p->rel_base != NULL)
+        return KVR_OK;
+    return fe_build_leg_body(p, PULL_DROP, NULL, NULL, 0, &p->rel_base, &p->rel_base_len);
+}
+
+/* The release call's body: the prompt, "stream":false, "max_tokens":1 and the prefill's
+ * kv_transfer_params (p->kvt). From the kept body when there is one. */
+static int release_body(fe_req_t *p, char **out, size_t *out_len)
+{
+    int rc = fe_disagg_keep_body(p);
+    if (rc != KVR_OK || p->rel_base_len < 2)
+        return rc != KVR_OK ? rc : KVR_EINVAL;
+    char head[96];
+    int n = snprintf(head, sizeof head,
+                     ",\"stream\":false,\"max_tokens\":1%s,"
+                     "\"kv_transfer_params\":",
+                     p->ep == KVR_OAI_CHAT ? ",\"max_completion_tokens\":1" : "");
+    size_t base = p->rel_base_len - 1; /* without its closing brace */
+    char *b = malloc(base + (size_t)n + p->kvt_len + 1);
+    if (b == NULL)
+        return KVR_ENOMEM;
+    memcpy(b, p->rel_base, base);
+    memcpy(b + base, head, (size_t)n);
+    memcpy(b + base + (size_t)n, p->kvt, p->kvt_len);
+    b[base + (size_t)n + p->kvt_len] = '}';
+    *out = b;
+    *out_len = base + (size_t)n + p->kvt_len + 1;
+    return KVR_OK;
+}
+
 /* A request whose prefill is done (pull) but whose decode leg never reached a decode worker
  * (its client left while it waited in the queue or between its legs): a decode worker is
  * sent the prompt with the prefill's kv_transfer_params and max_tokens 1, so that it reads
@@ -420,26 +454,16 @@ void fe_disagg_orphan(fe_req_t *p)
             }
         }
     }
-    char *body = NULL, *tail = malloc(sizeof PULL_KVT + p->kvt_len + 64);
+    char *body = NULL;
     size_t len = 0;
-    int n = tail == NULL ? -1
-                         : snprintf(tail, sizeof PULL_KVT + 64,
-                                    "\"stream\":false,\"max_tokens\":1%s,"
-                                    "\"kv_transfer_params\":",
-                                    p->ep == KVR_OAI_CHAT ? ",\"max_completion_tokens\":1" : "");
-    if (found && n > 0) {
-        memcpy(tail + n, p->kvt, p->kvt_len);
-        if (fe_build_leg_body(p, PULL_DROP, NULL, tail, (size_t)n + p->kvt_len, &body, &len) !=
-            KVR_OK)
-            body = NULL;
-    }
+    if (found && release_body(p, &body, &len) != KVR_OK)
+        body = NULL;
     if (body == NULL || bg_send(p, w, false, body, len) == NULL) {
         fe->ds.orphans[1]++;
         kvr_log_limited(&fe->rl_disagg, KVR_LOG_WARN,
                         "a prefill's KV could not be released (no decode worker, or out of "
                         "memory): the prefill worker frees it by its own timeout");
     }
-    free(tail);
     free(body);
 }
 
@@ -536,6 +560,19 @@ bool fe_disagg_placed(fe_req_t *p, const kvr_route_res_t *res)
     return true;
 }
 
+/* Keeps the answer's kv_transfer_params (for a release call); false when it has none. */
+static bool keep_kvt(fe_req_t *p, const char *b, const kvr_disagg_answer_t *a)
+{
+    if (a->kvt != KVR_KVT_OBJECT)
+        return false;
+    free(p->kvt);
+    if ((p->kvt = malloc(a->kvt_len)) == NULL)
+        return false;
+    memcpy(p->kvt, b + a->kvt_at, a->kvt_len);
+    p->kvt_len = a->kvt_len;
+    return true;
+}
+
 void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code)
 {
     kvr_frontend_t *fe = p->fe;
@@ -572,11 +609,7 @@ void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code)
     p->leg_body = NULL;
     if (a.kvt == KVR_KVT_OBJECT) {
         fe->ds.prefill[FDP_OK]++;
-        free(p->kvt);
-        if ((p->kvt = malloc(a.kvt_len)) != NULL) { /* kept for an orphan's release */
-            memcpy(p->kvt, b + a.kvt_at, a.kvt_len);
-            p->kvt_len = a.kvt_len;
-        }
+        (void)keep_kvt(p, b, &a); /* for a release call, should the decode leg not happen */
         static const char key[] = "\"kv_transfer_params\":";
         size_t tl = sizeof key - 1 + a.kvt_len;
         char *tail = malloc(tl);
@@ -605,6 +638,20 @@ void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code)
     fe->ds.mode[FD_PULL]++;
     p->pf_leg = false;
     next_leg(p);
+}
+
+void fe_disagg_abandoned(fe_req_t *p, struct evhttp_request *up, int code)
+{
+    fe_unbook(p);
+    if (p->pf_leg && code == 200) {
+        struct evbuffer *in = evhttp_request_get_input_buffer(up);
+        size_t len = evbuffer_get_length(in);
+        const char *b = len ? (const char *)evbuffer_pullup(in, -1) : "";
+        kvr_disagg_answer_t a;
+        if (kvr_disagg_scan_answer(b, len, &a) == KVR_OK && keep_kvt(p, b, &a))
+            fe_disagg_orphan(p);
+    }
+    fe_req_finish(p);
 }
 
 void fe_disagg_fallback(fe_req_t *p, const char *why)

@@ -162,11 +162,12 @@ void fe_req_fail(fe_req_t *p, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    fe_disagg_release(p, true); /* a bootstrap prefill would wait for a decode that won't come */
+    fe_disagg_orphan(p);        /* a pulled prefill's KV would wait for its timeout (first:
+                                   it reads the client's body) */
     struct evhttp_request *c = fe_client_take(p);
     if (c != NULL)
         fe_send_error(p->fe, c, code, "%s", msg);
-    fe_disagg_release(p, true); /* a bootstrap prefill would wait for a decode that won't come */
-    fe_disagg_orphan(p);        /* a pulled prefill's KV would wait for its timeout */
     fe_req_finish(p);
 }
 
@@ -298,6 +299,7 @@ void fe_req_finish(fe_req_t *p)
     free(p->body_own);
     free(p->leg_body);
     free(p->kvt);
+    free(p->rel_base);
     free(p->auth);
     free(p->tok_body);
     free(p->lora);
@@ -319,6 +321,18 @@ static void on_client_close(struct evhttp_connection *conn, void *arg)
         p->fe->st.client_disconnects++;
     struct evhttp_request *c = p->client;
     p->client = NULL;
+    if (!p->slow_abort && p->dmode == FD_PULL && p->up != NULL && (p->pf_leg || !p->got_headers)) {
+        /* the call goes on: a prefill's until it answers (its KV is then released), a
+         * decode's until the worker answers (it has then read the KV, and is closed) */
+        evhttp_connection_set_closecb(p->client_conn, NULL, NULL);
+        p->abandoned = true;
+        (void)fe_disagg_keep_body(p); /* the client's body goes with it (out of memory: the
+                                         release call is not made, and counted) */
+        p->client_body = NULL;
+        p->client_body_len = 0;
+        kvr_http_release_orphan(c);
+        return;
+    }
     fe_cancel_upstream(p); /* first: nothing of ours may reach the client's buffers after this */
     fe_disagg_release(p, true);
     fe_disagg_orphan(p);
@@ -664,7 +678,7 @@ static void on_up_chunk(struct evhttp_request *up, void *arg)
 {
     fe_req_t *p = arg;
     struct evbuffer *in = evhttp_request_get_input_buffer(up);
-    if (p->slow_abort) { /* being aborted: nothing more for this client */
+    if (p->slow_abort || p->abandoned) { /* nothing more for this client */
         evbuffer_drain(in, evbuffer_get_length(in));
         return;
     }
@@ -677,6 +691,11 @@ static int on_up_header(struct evhttp_request *up, void *arg)
     fe_req_t *p = arg;
     p->got_headers = true;
     p->up_code = evhttp_request_get_response_code(up);
+    if (p->abandoned && !p->pf_leg) { /* the decode worker has it: closed from the timer */
+        evhttp_request_set_chunked_cb(up, NULL);
+        fe_schedule_retry(p);
+        return 0;
+    }
     if (p->up_pool != NULL)
         p->up_pool->consecutive_failures = 0;
     const char *ct = evhttp_find_header(evhttp_request_get_input_headers(up), "Content-Type");
@@ -793,6 +812,10 @@ static void on_up_done(struct evhttp_request *up, void *arg)
     if (p->slow_abort)
         return; /* retry_ev is pending: it closes the client */
     int code = up != NULL ? evhttp_request_get_response_code(up) : 0;
+    if (p->abandoned) { /* its client left during the prefill call (pull) */
+        fe_disagg_abandoned(p, up, code);
+        return;
+    }
     if (up == NULL || code == 0) {
         up_kind_t kind = up != NULL ? UPK_CONNECT : p->up_err_set ? p->up_err : UPK_EOF;
         if (!p->got_headers && kind != UPK_TIMEOUT) {
@@ -931,6 +954,11 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
     kvr_frontend_t *fe = p->fe;
     if (p->slow_abort) {
         fe_abort_slow_client(p);
+        return;
+    }
+    if (p->abandoned) { /* its decode worker answered after its client left */
+        fe_cancel_upstream(p);
+        fe_req_finish(p);
         return;
     }
     p->phase = PH_START;

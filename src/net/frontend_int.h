@@ -205,6 +205,10 @@ struct fe_req {
     char *kvt;       /* pull: the prefill answer's kv_transfer_params (owned) */
     size_t kvt_len;
     bool d_sent; /* the decode leg was sent to a decode worker */
+    bool abandoned; /* pull: its client left while a call must go on (a prefill call until
+                       it answers, a decode call until its worker answers) */
+    char *rel_base; /* pull: the body for a release call, kept when its client left */
+    size_t rel_base_len;
 };
 
 /* One model's request histograms (fe_reqmetrics.c). */
@@ -360,6 +364,11 @@ void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code);
 /* The prefill leg cannot go on (no prefill worker left, retries spent, a failed answer):
  * served aggregated (or 503 with enforce_disagg). */
 void fe_disagg_fallback(fe_req_t *p, const char *why);
+/* The call of p, whose client left, ended (code; 0: failed): a prefill answer's KV is
+ * released; p finishes. */
+void fe_disagg_abandoned(fe_req_t *p, struct evhttp_request *up, int code);
+/* Keeps what a release call of p needs of its client's body (before the client is freed). */
+int fe_disagg_keep_body(fe_req_t *p);
 /* p's client left: its prefilled KV (pull) is released if no decode worker got it. */
 void fe_disagg_orphan(fe_req_t *p);
 /* p ends: its bootstrap prefill call is cancelled (cancel) or left to finish. */

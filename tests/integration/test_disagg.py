@@ -246,6 +246,12 @@ def query_only(r, ps, ds):
 
 
 def disconnects(r, ps, ds):
+    # before the prefill (or wherever the close finds it): sent and dropped at once
+    for _ in range(5):
+        raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(512),
+                                           "max_tokens": 50, "stream": True}).close()
+    check("leave at once: everything freed", eventually(lambda: idle(r, ps, ds), 10),
+          (r.metric("kvr_requests_in_flight"), held(ps), active_blocks(ps + ds)))
     # during the decode: the stream is running
     s = raw_request(r, "/v1/completions", {"model": "m", "prompt": toks(64), "max_tokens": 20000,
                                            "stream": True})
@@ -263,8 +269,11 @@ def disconnects(r, ps, ds):
     s.close()
     check("leave during prefill: everything freed", eventually(lambda: idle(r, ps, ds), 10),
           (r.metric("kvr_requests_in_flight"), held(ps), active_blocks(ps + ds)))
-    check("leave during prefill: the prefill engine cancelled it",
-          eventually(lambda: (ps[1].metric("kvr_mocker_requests_cancelled_total") or 0) >= 1, 5))
+    check("leave during prefill: the prefill ran out and its KV was released through a "
+          "decode worker", (r.metric("kvr_disagg_orphan_releases_total", result="ok") or 0) >= 1
+          and ps[1].metric("kvr_mocker_kv_holds_expired_total") == 0,
+          (r.metric("kvr_disagg_orphan_releases_total", result="ok"),
+           ps[1].metric("kvr_mocker_kv_holds_expired_total")))
 
 
 def scenario_pull():
