@@ -676,7 +676,8 @@ int kvr_cmd_demo(int argc, char **argv)
                      "kvrouter demo: %zu requests of the conversation trace, %u workers%s%s, "
                      "load x%g (modelled ms)",
                      n, a.workers, a.prefill ? " vs " : "", a.disagg_label, a.load);
-            if (kvr_replay_plot(a.plot, title, series, done, err, sizeof err) == KVR_OK) {
+            if (kvr_replay_plot(a.plot, title, series, done, a.prefill > 0, err, sizeof err) ==
+                KVR_OK) {
                 char abs_path[PATH_MAX];
                 const char *shown = a.plot[0] != '/' && realpath(a.plot, abs_path) ? abs_path
                                                                                   : a.plot;

@@ -367,7 +367,7 @@ static int plot_only(const replay_args_t *a)
 {
     char err[512];
     if (kvr_replay_plot(a->plot, "kvrouter replay: time to first token", a->compare,
-                        a->n_compare, err, sizeof err) != KVR_OK) {
+                        a->n_compare, false, err, sizeof err) != KVR_OK) {
         fprintf(stderr, "kvrouter replay: %s\n", err);
         return 1;
     }
@@ -404,7 +404,7 @@ static int write_plot(const replay_args_t *a, const kvr_replay_sample_t *s, size
     for (size_t i = 0; i < a->n_compare; i++)
         series[k++] = a->compare[i];
     series[k++] = (kvr_plot_series_t){a->label, tsv};
-    int rc = kvr_replay_plot(a->plot, title, series, k, err, sizeof err);
+    int rc = kvr_replay_plot(a->plot, title, series, k, false, err, sizeof err);
     if (tmp[0])
         unlink(tmp);
     if (rc != KVR_OK) {

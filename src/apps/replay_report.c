@@ -434,7 +434,7 @@ static int check_tsv(const char *path, char *err, size_t err_len)
 }
 
 int kvr_replay_plot(const char *out, const char *title, const kvr_plot_series_t *series,
-                    size_t n, char *err, size_t err_len)
+                    size_t n, bool itl, char *err, size_t err_len)
 {
     bool svg = ends_with(out, ".svg");
     if (!svg && !ends_with(out, ".png")) {
@@ -470,14 +470,17 @@ int kvr_replay_plot(const char *out, const char *title, const kvr_plot_series_t 
         return KVR_EIO;
     }
     if (svg)
-        fputs("set terminal svg size 1400,640 dynamic noenhanced font 'sans,12'\n", f);
+        fprintf(f, "set terminal svg size %d,640 dynamic noenhanced font 'sans,12'\n",
+                itl ? 2000 : 1400);
     else
-        fputs("set terminal pngcairo size 1400,640 noenhanced font 'sans,10'\n", f);
+        fprintf(f, "set terminal pngcairo size %d,640 noenhanced font 'sans,10'\n",
+                itl ? 2000 : 1400);
     fputs("set output ", f);
     gp_str(f, out);
     fputs("\nset datafile separator '\\t'\nset datafile missing '-'\nset key below horizontal\n"
-          "set grid\nset multiplot layout 1,2 title ",
+          "set grid\n",
           f);
+    fprintf(f, "set multiplot layout 1,%d title ", itl ? 3 : 2);
     gp_str(f, title ? title : "kvrouter replay");
     fputs("\nset title 'TTFT over time'\nset xlabel 'arrival (s since the run started)'\n"
           "set ylabel 'time to first token (ms)'\nset logscale y\nplot ",
@@ -497,6 +500,15 @@ int kvr_replay_plot(const char *out, const char *title, const kvr_plot_series_t 
         gp_str(f, series[i].tsv);
         fprintf(f, " using 3:(1.0) smooth cnormal with lines lw 2 lc %zu title ", i + 1);
         gp_str(f, series[i].label);
+    }
+    if (itl) { /* per request: (finish - first token) / (outputs - 1) */
+        fputs("\nset title 'ITL distribution'\nset xlabel 'inter-token latency (ms)'\nplot ", f);
+        for (size_t i = 0; i < n; i++) {
+            fputs(i ? ", " : "", f);
+            gp_str(f, series[i].tsv);
+            fprintf(f, " using 4:(1.0) smooth cnormal with lines lw 2 lc %zu title ", i + 1);
+            gp_str(f, series[i].label);
+        }
     }
     fputs("\nunset multiplot\nset output\n", f);
     bool bad = ferror(f) != 0;

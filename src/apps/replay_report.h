@@ -71,10 +71,11 @@ typedef struct kvr_plot_series {
 } kvr_plot_series_t;
 
 /* Writes out (.png or .svg, chosen by its extension) with gnuplot: TTFT over time (scatter)
- * and the TTFT CDF, one series each. KVR_OK; KVR_EINVAL (extension, a series file that is not
- * such a TSV), KVR_ENOTFOUND (gnuplot not installed: err says how to install it), KVR_EIO. */
+ * and the TTFT CDF, one series each (itl: and the ITL CDF beside them). KVR_OK; KVR_EINVAL
+ * (extension, a series file that is not such a TSV), KVR_ENOTFOUND (gnuplot not installed:
+ * err says how to install it), KVR_EIO. */
 int kvr_replay_plot(const char *out, const char *title, const kvr_plot_series_t *series,
-                    size_t n, char *err, size_t err_len);
+                    size_t n, bool itl, char *err, size_t err_len);
 
 /* Whether gnuplot is on PATH. */
 bool kvr_replay_have_gnuplot(void);
