@@ -230,6 +230,50 @@ static void test_roles_split_pools(void **s)
     unmake(&f);
 }
 
+/* Conditional disaggregation: isl keeps a prompt the serving pool already caches (few new
+ * tokens, under 70% of the prompt) local; load keeps it local when every prefill worker is
+ * busy; always never does. */
+static void test_disagg_bypass(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL); /* 1..3 serve */
+    char err[200];
+    kvr_worker_spec_t w;
+    assert_int_equal(kvr_worker_spec_parse("id=10,role=prefill", &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_disagg_state(f.r), KVR_DISAGG_ACTIVE);
+    prompt(7, 512);
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 512};
+    assert_int_equal(kvr_router_disagg_bypass(f.r, &q, 1000), KVR_BYPASS_NONE); /* always */
+    kvr_router_free(f.r);
+    kvr_config_set(&f.cfg, "disagg_policy", "isl-or-load", err, sizeof err);
+    kvr_config_set(&f.cfg, "active_prefill_tokens_threshold", "100", err, sizeof err);
+    int st;
+    f.r = kvr_router_new(&f.cfg, f.ix, &st, err, sizeof err);
+    assert_non_null(f.r);
+    for (uint64_t id = 1; id <= 3; id++) {
+        char text[32];
+        snprintf(text, sizeof text, "id=%llu", (unsigned long long)id);
+        assert_int_equal(kvr_worker_spec_parse(text, &w, err, sizeof err), KVR_OK);
+        assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    }
+    assert_int_equal(kvr_worker_spec_parse("id=10,role=prefill", &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_disagg_bypass(f.r, &q, 1000), KVR_BYPASS_NONE); /* cold, idle */
+    engine_stores(&f, 2, 31); /* a serving worker holds 496 of the 512 tokens */
+    assert_int_equal(kvr_router_disagg_bypass(f.r, &q, 1000), KVR_BYPASS_ISL);
+    prompt(8, 512); /* a new prompt, the prefill worker busy */
+    kvr_route_req_t busy = {.tokens = toks, .n_tokens = 512, .update_state = true};
+    kvr_route_req_prefill_leg(&busy);
+    kvr_route_res_t res;
+    assert_int_equal(kvr_router_route(f.r, &busy, 1000, &res), KVR_OK);
+    assert_int_equal(res.worker.worker_id, 10);
+    prompt(9, 512);
+    assert_int_equal(kvr_router_disagg_bypass(f.r, &q, 1000), KVR_BYPASS_LOAD);
+    unmake(&f);
+}
+
 static void test_booking_spreads_load_and_free_releases(void **s)
 {
     (void)s;
@@ -705,6 +749,7 @@ int main(void)
         cmocka_unit_test(test_prefix_holder_wins),
         cmocka_unit_test(test_booking_spreads_load_and_free_releases),
         cmocka_unit_test(test_roles_split_pools),
+        cmocka_unit_test(test_disagg_bypass),
         cmocka_unit_test(test_load_overrides_reach_the_booking),
         cmocka_unit_test(test_queue_threshold_does_not_filter),
         cmocka_unit_test(test_sticky_sessions),
