@@ -134,6 +134,9 @@ typedef struct kvr_router_config {
     bool enforce_disagg; /* no prefill worker: 503 (false: served aggregated) */
     kvr_disagg_policy_t disagg_policy;
     uint64_t disagg_isl_threshold; /* isl policy: effective new tokens below it stay local */
+    kvr_opt_f64_t disagg_load_threshold; /* load policy: prefill tokens in flight on the chosen
+                                            prefill worker at which it counts as busy; unset =
+                                            the busy thresholds decide */
     uint64_t seed;                /* random tie-breaks and sampling; 0 = from the clock */
 } kvr_router_config_t;
 

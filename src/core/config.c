@@ -281,6 +281,11 @@ static const field_t FIELDS[] = {
     {"disagg_isl_threshold", T_U64, OFF(disagg_isl_threshold), 0, 1e9, false, NULL, 0, "2048",
      "disagg_policy isl: effective new prompt tokens below which the decode worker prefills "
      "locally"},
+    {"disagg_load_threshold", T_OPT_F64, OFF(disagg_load_threshold), 0, 1e12, false, NULL, 0,
+     "unset",
+     "disagg_policy load: prefill tokens in flight on the chosen prefill worker at which the "
+     "request is prefilled by a decode worker instead (when one is not busy); unset = when every "
+     "prefill worker is busy by the busy thresholds"},
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 

@@ -838,9 +838,19 @@ kvr_disagg_bypass_t kvr_router_disagg_bypass(kvr_router_t *r, const kvr_route_re
             return KVR_BYPASS_ISL;
     }
     if (pol == KVR_DISAGG_LOAD || pol == KVR_DISAGG_ISL_OR_LOAD) {
-        kvr_route_req_prefill_leg(&look);
-        if (kvr_router_route(r, &look, now_ms, &res) == KVR_EBUSY)
+        kvr_route_req_t pf = look;
+        kvr_route_req_prefill_leg(&pf);
+        int rc = kvr_router_route(r, &pf, now_ms, &res);
+        if (rc == KVR_EBUSY)
             return KVR_BYPASS_LOAD;
+        if (rc == KVR_OK && r->cfg.disagg_load_threshold.set) {
+            kvr_load_snapshot_t ls;
+            kvr_load_snapshot(r->load, res.worker, &ls);
+            /* busy, and a decode worker can take it (the serving pool's look succeeds) */
+            if ((double)ls.active_prefill_tokens >= r->cfg.disagg_load_threshold.v &&
+                kvr_router_route(r, &look, now_ms, &res) == KVR_OK)
+                return KVR_BYPASS_LOAD;
+        }
     }
     return KVR_BYPASS_NONE;
 }

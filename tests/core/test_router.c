@@ -271,6 +271,24 @@ static void test_disagg_bypass(void **s)
     assert_int_equal(res.worker.worker_id, 10);
     prompt(9, 512);
     assert_int_equal(kvr_router_disagg_bypass(f.r, &q, 1000), KVR_BYPASS_LOAD);
+    /* disagg_load_threshold: busy by the prefill worker's tokens in flight alone */
+    kvr_router_free(f.r);
+    kvr_config_defaults(&f.cfg);
+    kvr_config_set(&f.cfg, "disagg_policy", "load", err, sizeof err);
+    kvr_config_set(&f.cfg, "disagg_load_threshold", "1000", err, sizeof err);
+    f.r = kvr_router_new(&f.cfg, f.ix, &st, err, sizeof err);
+    assert_non_null(f.r);
+    assert_int_equal(kvr_worker_spec_parse("id=10,role=prefill", &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_worker_spec_parse("id=1", &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    busy.request_id = "b1";
+    busy.request_id_len = 2;
+    assert_int_equal(kvr_router_route(f.r, &busy, 1000, &res), KVR_OK); /* 512 in flight */
+    assert_int_equal(kvr_router_disagg_bypass(f.r, &q, 1000), KVR_BYPASS_NONE);
+    busy.request_id = "b2";
+    assert_int_equal(kvr_router_route(f.r, &busy, 1000, &res), KVR_OK); /* 1024 */
+    assert_int_equal(kvr_router_disagg_bypass(f.r, &q, 1000), KVR_BYPASS_LOAD);
     unmake(&f);
 }
 
