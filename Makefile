@@ -18,7 +18,7 @@ FLAKE_RUNS ?= 10
 PREFIX ?= /usr/local
 # The suites with more than one thread: the ingest thread, the listener it owns, the index's
 # concurrent readers and writer, the mocker's loop and the processes driven end to end.
-TSAN_TESTS = ^(test_index_concurrent|test_ingest|test_zmq_listener|test_kv_publisher|integration_test_(serve_events|mocker|frontend|warm_restart|replicas|indexer)|faults)$$
+TSAN_TESTS = ^(test_index_concurrent|test_ingest|test_zmq_listener|test_kv_publisher|integration_test_(serve_events|mocker|frontend|warm_restart|replicas|indexer|disagg)|faults)$$
 CMAKE ?= cmake
 
 .PHONY: all deps build build-werror build-asan build-tsan build-fuzz test test-release \
