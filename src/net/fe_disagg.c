@@ -536,6 +536,10 @@ bool fe_disagg_placed(fe_req_t *p, const kvr_route_res_t *res)
             snprintf(p->last_fail, sizeof p->last_fail, "the bootstrap prefill on worker %" PRIu64
                      " could not be sent", res->worker.worker_id);
             p->has_pf = false;
+            if (!fe_ensure_retry_ev(p)) {
+                fe_req_fail(p, 500, "out of memory");
+                return false;
+            }
             fe_schedule_retry(p); /* another prefill worker */
             return false;
         }
