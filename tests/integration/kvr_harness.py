@@ -311,6 +311,11 @@ def run_scenarios(scenarios, seed):
                 import traceback
                 traceback.print_exc()
                 check(f"scenario {name} ran to the end", False, repr(e))
+                for c in CHILDREN:  # what the processes said, for the failure's cause
+                    if not c.stopped:
+                        rc = c.proc.poll()
+                        print(f"--- {c.what} ({'running' if rc is None else f'exited {rc}'}), "
+                              f"stderr tail:\n{c.stderr()[-1500:]}", flush=True)
             print(f"  {name}: {time.monotonic() - ts:.1f} s, {RESULTS['passed']} passed, "
                   f"{RESULTS['failed']} failed so far", flush=True)
     finally:
