@@ -10,6 +10,9 @@
  * Threads: one thread calls every function. Hot path (kvr_router_route): no allocation once
  * its scratch has grown to the largest prompt and the worker count.
  * Cost of a route: O(prompt blocks) hashing and lookup, O(ranks) candidates and selection.
+ * Disaggregated fleets: workers have roles; a route chooses within one pool (kvr_pool_t: the
+ * prefill workers, or the others), and the legs' settings are kvr_route_req_prefill_leg /
+ * _decode_leg.
  *
  * Embedding, in order (examples/embed.c does each step):
  *   kvr_config_defaults + kvr_config_set     the settings, validated by name

@@ -7,7 +7,8 @@
  * The other jobs have their own files, over frontend_int.h: fe_tokenize.c (ids from a
  * worker's /tokenize, cached), fe_body.c (the workers' body, the nvext naming the worker),
  * fe_relay.c (streamed answers to the client), fe_upstream.c (per-worker connection pools),
- * fe_models.c (GET /v1/models), fe_metrics.c.
+ * fe_models.c (GET /v1/models), fe_metrics.c, fe_disagg.c (disaggregated requests: their two
+ * legs run through this state machine, p->pf_leg saying which one is current).
  *
  * Invariants: a request (fe_req_t) is in the live list from arrival until its client is
  * answered or gone. While it has an upstream call (up != NULL) it holds one busy pooled

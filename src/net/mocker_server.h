@@ -6,8 +6,9 @@
  *
  * HTTP: POST /v1/completions, POST /v1/chat/completions (streaming or not), POST /tokenize,
  * GET /v1/models, GET /health, GET /metrics (vLLM metric names), POST /reset_prefix_cache,
- * GET /version, GET /debug/kv_blocks (the engine hashes each rank's cache holds). Errors in vLLM's OpenAI shape. A client that disconnects cancels its request,
- * freeing its blocks.
+ * GET /version, GET /debug/kv_blocks (the engine hashes each rank's cache holds), POST /kv/pull
+ * (a prefill role's held KV, read by a decode role; mocker_kv.c). Errors in vLLM's OpenAI shape.
+ * A client that disconnects cancels its request, freeing its blocks.
  *
  * Time: each rank runs one engine step at a time; a step's modelled duration / speedup later
  * (a precise timer) its tokens are delivered and its KV events are published as one batch
