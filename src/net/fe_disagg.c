@@ -95,11 +95,11 @@ static uint64_t mono_ns(void)
 
 /* ---- the pool's state ------------------------------------------------------------------ */
 
-void fe_disagg_tick(kvr_frontend_t *fe)
+kvr_disagg_state_t fe_disagg_tick(kvr_frontend_t *fe)
 {
     kvr_disagg_state_t st = kvr_router_disagg_state(fe->r);
     if ((int)st == fe->dstate)
-        return;
+        return st;
     fe->ds.transitions[st]++;
     kvr_log(st == KVR_DISAGG_UNAVAILABLE ? KVR_LOG_WARN : KVR_LOG_INFO,
             "prefill pool %s -> %s (%zu prefill workers registered, %zu serving): %s",
@@ -110,23 +110,29 @@ void fe_disagg_tick(kvr_frontend_t *fe)
             : fe->cfg.enforce_disagg    ? "requests are refused (enforce_disagg)"
                                         : "requests are served aggregated on the decode pool");
     fe->dstate = (int)st;
+    return st;
 }
 
 /* ---- planning ------------------------------------------------------------------------------ */
 
+/* p's prompt as a route request that only looks (no id, no booking, no pool settings). */
+static kvr_route_req_t look_req(const fe_req_t *p)
+{
+    return (kvr_route_req_t){.tokens = p->tokens,
+                             .n_tokens = p->n_tokens,
+                             .model = p->model,
+                             .model_len = p->model_len,
+                             .lora_name = p->lora,
+                             .lora_name_len = p->lora_len,
+                             .mm = p->mm,
+                             .n_mm = p->n_mm};
+}
+
 /* disagg_policy: the reason p stays local, or -1. */
 static int policy_bypass(fe_req_t *p)
 {
-    kvr_frontend_t *fe = p->fe;
-    kvr_route_req_t q = {.tokens = p->tokens,
-                         .n_tokens = p->n_tokens,
-                         .model = p->model,
-                         .model_len = p->model_len,
-                         .lora_name = p->lora,
-                         .lora_name_len = p->lora_len,
-                         .mm = p->mm,
-                         .n_mm = p->n_mm};
-    switch (kvr_router_disagg_bypass(fe->r, &q, kvr_now_ms())) {
+    kvr_route_req_t q = look_req(p);
+    switch (kvr_router_disagg_bypass(p->fe->r, &q, kvr_now_ms())) {
     case KVR_BYPASS_ISL:
         return FDB_ISL;
     case KVR_BYPASS_LOAD:
@@ -149,7 +155,7 @@ bool fe_disagg_plan(fe_req_t *p)
     if (p->disagg_planned)
         return true;
     p->disagg_planned = true;
-    fe_disagg_tick(fe);
+    kvr_disagg_state_t st = fe_disagg_tick(fe); /* transitions logged as they are seen */
     if (p->has_pin_pf) {
         const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, p->pin_pf);
         if (sp == NULL || sp->role != KVR_ROLE_PREFILL) {
@@ -158,7 +164,6 @@ bool fe_disagg_plan(fe_req_t *p)
             return false;
         }
     }
-    kvr_disagg_state_t st = kvr_router_disagg_state(fe->r);
     if (st != KVR_DISAGG_ACTIVE) {
         if (fe->cfg.enforce_disagg) {
             fe->ds.refused_enforced++;
@@ -430,12 +435,7 @@ void fe_disagg_orphan(fe_req_t *p)
     kvr_frontend_t *fe = p->fe;
     if (p->dmode != FD_PULL || p->kvt == NULL || p->d_sent)
         return;
-    kvr_route_req_t q = {.tokens = p->tokens,
-                         .n_tokens = p->n_tokens,
-                         .model = p->model,
-                         .model_len = p->model_len,
-                         .lora_name = p->lora,
-                         .lora_name_len = p->lora_len};
+    kvr_route_req_t q = look_req(p);
     kvr_route_req_decode_leg(&q);
     kvr_route_res_t res;
     kvr_worker_t w = {0, 0};

@@ -374,7 +374,7 @@ void fe_disagg_orphan(fe_req_t *p);
 /* p ends: its bootstrap prefill call is cancelled (cancel) or left to finish. */
 void fe_disagg_release(fe_req_t *p, bool cancel);
 /* The pool state, checked from the tick (transitions logged and counted). */
-void fe_disagg_tick(kvr_frontend_t *fe);
+kvr_disagg_state_t fe_disagg_tick(kvr_frontend_t *fe); /* the state now */
 void fe_disagg_metrics(const kvr_frontend_t *fe, struct kvr_prom *pr);
 /* A worker left: bootstrap calls booked on it have nothing left to release. */
 void fe_disagg_worker_removed(kvr_frontend_t *fe, uint64_t worker_id);
