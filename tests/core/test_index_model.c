@@ -32,7 +32,8 @@
 #define DEPTH 6
 #define N_PATHS 5461 /* (4^7 - 1) / 3 */
 #define N_EXT (8192 * 16)
-#define N_WORKERS 6
+#define N_WORKERS 6    /* the usual fleet */
+#define MAX_WORKERS 72 /* a wide fleet: blocks with more holders than fit inline or scan fast */
 #define NONE 0xFFFF
 
 typedef struct mworker {
@@ -42,7 +43,8 @@ typedef struct mworker {
 } mworker_t;
 
 typedef struct model {
-    mworker_t w[N_WORKERS];
+    mworker_t w[MAX_WORKERS];
+    int nw; /* workers of this seed: N_WORKERS or MAX_WORKERS */
     kvr_index_t *ix;
     uint64_t rng;
     unsigned long seed, step;
@@ -50,13 +52,23 @@ typedef struct model {
     int failed;
 } model_t;
 
-static const kvr_worker_t WORKERS[N_WORKERS] = {
+static kvr_worker_t WORKERS[MAX_WORKERS] = {
     {11, 0}, {11, 1}, {22, 0}, {33, 0}, {33, 1}, {44, 0},
 };
 
+/* The wide fleet's other workers: ids 100.., two ranks for every other one. */
+static void workers_init(void)
+{
+    for (int i = N_WORKERS; i < MAX_WORKERS; i++)
+        WORKERS[i] =
+            (kvr_worker_t){.worker_id = 100 + (uint64_t)(i / 2) * 2 + (uint64_t)(i % 4 == 3),
+                           .dp_rank = (uint32_t)(i % 2)};
+}
+
 /* coverage of the run, so the test fails if it stops exercising a behaviour */
 static struct {
-    unsigned long evicted, rebound, parent_missing, invalid, dup, lookups_hit, lower_hits, holes;
+    unsigned long evicted, rebound, parent_missing, invalid, dup, lookups_hit, lower_hits, holes,
+        wide_hits;
 } cov;
 
 static uint64_t rnd(model_t *m)
@@ -112,7 +124,7 @@ static void on_evict(void *ud, kvr_worker_t worker, uint64_t ext, unsigned tiers
 {
     model_t *m = ud;
     int wi = -1;
-    for (int i = 0; i < N_WORKERS; i++)
+    for (int i = 0; i < m->nw; i++)
         if (WORKERS[i].worker_id == worker.worker_id && WORKERS[i].dp_rank == worker.dp_rank)
             wi = i;
     CHECK(m, wi >= 0 && ext < N_EXT, "evicted an unknown worker or hash");
@@ -125,7 +137,7 @@ static void on_evict(void *ud, kvr_worker_t worker, uint64_t ext, unsigned tiers
     if (m->failed)
         return;
     /* leaf-first: nobody may hold a longer prefix through this one */
-    for (int o = 0; o < N_WORKERS; o++)
+    for (int o = 0; o < m->nw; o++)
         for (unsigned c = 1; c < N_PATHS; c++) {
             if (m->w[o].tiers[c] == 0 || path_depth(c) <= path_depth(p))
                 continue;
@@ -145,7 +157,7 @@ static uint32_t pick_ext(model_t *m, int wi, unsigned p)
     if (r < 65)
         return p;
     if (r < 90)
-        return p + 8192u * (unsigned)(wi + 1);
+        return p + 8192u * (unsigned)(wi % N_WORKERS + 1);
     if (r < 95)
         return below(m, N_PATHS) + 8192u * 15; /* may name another path: rebinding */
     return p + 8192u * (7 + below(m, 8));
@@ -153,7 +165,7 @@ static uint32_t pick_ext(model_t *m, int wi, unsigned p)
 
 static void op_store(model_t *m)
 {
-    int wi = (int)below(m, N_WORKERS);
+    int wi = (int)below(m, m->nw);
     mworker_t *w = &m->w[wi];
     kvr_tier_t tier = below(m, 4) == 0 ? (kvr_tier_t)(1 + below(m, 3)) : KVR_TIER_DEVICE;
     /* parent: root, a held path (by its hash), or an unknown hash */
@@ -231,7 +243,7 @@ static void op_store(model_t *m)
 
 static void op_remove(model_t *m)
 {
-    int wi = (int)below(m, N_WORKERS);
+    int wi = (int)below(m, m->nw);
     mworker_t *w = &m->w[wi];
     kvr_tier_t tier = below(m, 4) == 0 ? (kvr_tier_t)(1 + below(m, 3)) : KVR_TIER_DEVICE;
     uint64_t hashes[6];
@@ -263,7 +275,7 @@ static void op_remove(model_t *m)
 
 static void op_clear(model_t *m)
 {
-    int wi = (int)below(m, N_WORKERS);
+    int wi = (int)below(m, m->nw);
     for (unsigned p = 1; p < N_PATHS; p++)
         if (m->w[wi].tiers[p])
             model_drop(&m->w[wi], p);
@@ -274,9 +286,9 @@ static void op_clear(model_t *m)
 
 static void op_remove_worker(model_t *m)
 {
-    uint64_t id = WORKERS[below(m, N_WORKERS)].worker_id;
+    uint64_t id = WORKERS[below(m, m->nw)].worker_id;
     bool any = false;
-    for (int wi = 0; wi < N_WORKERS; wi++) {
+    for (int wi = 0; wi < m->nw; wi++) {
         if (WORKERS[wi].worker_id != id)
             continue;
         for (unsigned p = 1; p < N_PATHS; p++)
@@ -319,10 +331,12 @@ static void check_lookup(model_t *m, kvr_index_t *ix, kvr_lookup_t *lk, unsigned
     CHECK(m, rc == KVR_OK, "lookup rc %s", kvr_status_name(rc));
     if (lk->n_matches > 0)
         cov.lookups_hit++;
+    if (lk->n_matches > 40)
+        cov.wide_hits++; /* a first block with over 40 holders: the position table's regime */
     for (size_t k = 0; k < lk->n_matches; k++)
         if (lk->matches[k].host_blocks + lk->matches[k].disk_blocks > 0)
             cov.lower_hits++;
-    for (int wi = 0; wi < N_WORKERS; wi++) {
+    for (int wi = 0; wi < m->nw; wi++) {
         uint32_t want[3];
         expect_for(m, wi, pos, d, want);
         uint32_t got[3] = {0, 0, 0};
@@ -368,7 +382,7 @@ static void check_dump(model_t *m, kvr_lookup_t *lk)
     char msg[256];
     CHECK(m, kvr_index_verify(copy, msg, sizeof msg) == KVR_OK, "replayed index: %s", msg);
     size_t pairs = 0;
-    for (int wi = 0; wi < N_WORKERS && !m->failed; wi++)
+    for (int wi = 0; wi < m->nw && !m->failed; wi++)
         for (unsigned p = 1; p < N_PATHS; p++) {
             if (m->w[wi].tiers[p] == 0)
                 continue;
@@ -390,14 +404,21 @@ static int run_seed(unsigned long seed, int steps, kvr_index_sync_t sync)
 {
     model_t *m = calloc(1, sizeof *m);
     assert_non_null(m);
-    for (int i = 0; i < N_WORKERS; i++)
+    workers_init();
+    /* every fourth seed (with the large budget) runs a wide fleet, so blocks gather more
+     * holders than the index keeps inline or scans (its position tables) */
+    m->nw = seed % 4 == 3 ? MAX_WORKERS : N_WORKERS;
+    for (int i = 0; i < m->nw; i++)
         memset(m->w[i].ext_to_path, 0xFF, sizeof m->w[i].ext_to_path);
     m->seed = seed;
     m->rng = seed * 7919 + 1;
     /* half the seeds run under a small budget so eviction is exercised */
     size_t budget = (seed % 2 == 0) ? 30 + below(m, 200) : 1 << 20;
-    kvr_index_config_t cfg = {
-        .sync = sync, .max_pairs = budget, .max_workers = 16, .on_evict = on_evict, .on_evict_ud = m};
+    kvr_index_config_t cfg = {.sync = sync,
+                              .max_pairs = budget,
+                              .max_workers = MAX_WORKERS + 8,
+                              .on_evict = on_evict,
+                              .on_evict_ud = m};
     int st;
     m->ix = kvr_index_new(&cfg, &st);
     assert_non_null(m->ix);
@@ -455,9 +476,9 @@ static void test_model_random(void **state)
     if (kvr_test_seed(&(unsigned long){0}))
         return; /* one seed: the coverage bounds are for the whole sweep */
     printf("coverage: evicted %lu rebound %lu parent_missing %lu invalid %lu dup %lu "
-           "lookups_hit %lu lower_hits %lu\n",
+           "lookups_hit %lu lower_hits %lu wide_hits %lu\n",
            cov.evicted, cov.rebound, cov.parent_missing, cov.invalid, cov.dup, cov.lookups_hit,
-           cov.lower_hits);
+           cov.lower_hits, cov.wide_hits);
     assert_true(cov.evicted > 100);
     assert_true(cov.rebound > 10);
     assert_true(cov.parent_missing > 10);
@@ -465,6 +486,7 @@ static void test_model_random(void **state)
     assert_true(cov.dup > 10);
     assert_true(cov.lookups_hit > 1000);
     assert_true(cov.lower_hits > 100);
+    assert_true(cov.wide_hits > 100);
 }
 
 int main(void)
