@@ -18,6 +18,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,7 @@
 
 typedef struct mc_args {
     const char *trace;
-    uint32_t workers, duplication, blocks, block_size;
+    uint32_t workers, duplication, trace_duplication, blocks, block_size, readers;
     double simulate_s, window_s;
     bool sweep, json;
     uint64_t rows, seed;
@@ -135,6 +136,43 @@ static int op_cmp(const void *a, const void *b)
     return x->order < y->order ? -1 : x->order > y->order;
 }
 
+/* The reference's --trace-duplication-factor: f structurally identical copies of every row,
+ * copy d with every hash id offset by (max id + 1) x d (disjoint hash spaces), each copy
+ * right after its row (same timestamp). Replaces t's arrays. */
+static int duplicate_trace(kvr_trace_t *t, uint32_t f)
+{
+    if (f <= 1)
+        return KVR_OK;
+    uint64_t max_id = 0;
+    for (size_t i = 0; i < t->n_ids; i++)
+        max_id = t->ids[i] > max_id ? t->ids[i] : max_id;
+    kvr_trace_row_t *rows = malloc(t->n_rows * f * sizeof *rows);
+    uint64_t *ids = malloc((t->n_ids * f + 1) * sizeof *ids);
+    if (rows == NULL || ids == NULL) {
+        free(rows);
+        free(ids);
+        return KVR_ENOMEM;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < t->n_rows; i++) {
+        const kvr_trace_row_t *r = &t->rows[i];
+        for (uint32_t d = 0; d < f; d++) {
+            kvr_trace_row_t *c = &rows[i * f + d];
+            *c = *r;
+            c->hash_ids = ids + k;
+            for (uint32_t j = 0; j < r->n_hash_ids; j++)
+                ids[k++] = r->hash_ids[j] + (max_id + 1) * d;
+        }
+    }
+    free(t->rows);
+    free(t->ids);
+    t->rows = rows;
+    t->ids = ids;
+    t->n_rows *= f;
+    t->n_ids = k;
+    return KVR_OK;
+}
+
 /* Every unique worker's requests through its simulated engine; ops sorted by time. */
 static int prepare(const mc_args_t *a, const kvr_trace_t *t, gen_t *g)
 {
@@ -223,10 +261,12 @@ typedef struct replay {
     uint64_t start_ns;
     /* writer */
     uint64_t writer_end_ns, events, event_errors;
-    /* reader */
-    uint64_t reader_end_ns, lookups;
-    double *service_ns, *sched_ns;
-    size_t n_lat;
+    /* readers: lookup units (lookup op x copy) taken in order from one cursor */
+    const size_t *lookup_ops; /* indices into g->ops of the lookups, in time order */
+    size_t n_units;
+    _Atomic size_t next_unit;
+    _Atomic uint64_t reader_end_ns;
+    double *service_ns, *sched_ns; /* per unit */
 } replay_t;
 
 static void wait_until(uint64_t at_ns)
@@ -271,31 +311,34 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
+/* One of --readers threads: takes the next lookup unit (a lookup op of one copy), waits
+ * until it is due, makes it, records its service time and its due-to-answered time. */
 static void *reader_main(void *arg)
 {
     replay_t *p = arg;
     const gen_t *g = p->g;
+    uint32_t dup = p->a->duplication;
     kvr_index_reader_register();
     kvr_lookup_t lk;
     kvr_lookup_init(&lk);
-    for (size_t i = 0; i < g->n_ops; i++) {
-        const op_t *o = &g->ops[i];
-        if (o->kind != OP_LOOKUP)
-            continue;
+    for (;;) {
+        size_t u = atomic_fetch_add_explicit(&p->next_unit, 1, memory_order_relaxed);
+        if (u >= p->n_units)
+            break;
+        const op_t *o = &g->ops[p->lookup_ops[u / dup]];
         uint64_t at = p->start_ns + (uint64_t)(o->t * p->window_ns);
         wait_until(at);
-        for (uint32_t d = 0; d < p->a->duplication; d++) {
-            uint64_t t0 = kvr_bench_now_ns();
-            (void)kvr_index_lookup(p->ix, g->hashes + o->off, o->n, &lk);
-            uint64_t t1 = kvr_bench_now_ns();
-            p->service_ns[p->n_lat] = (double)(t1 - t0);
-            p->sched_ns[p->n_lat++] = (double)(t1 - at);
-            p->lookups++;
-        }
+        uint64_t t0 = kvr_bench_now_ns();
+        (void)kvr_index_lookup(p->ix, g->hashes + o->off, o->n, &lk);
+        uint64_t t1 = kvr_bench_now_ns();
+        p->service_ns[u] = (double)(t1 - t0);
+        p->sched_ns[u] = (double)(t1 - at);
     }
     kvr_lookup_deinit(&lk);
     kvr_index_reader_unregister();
-    p->reader_end_ns = kvr_bench_now_ns();
+    uint64_t end = kvr_bench_now_ns(), prev = atomic_load(&p->reader_end_ns);
+    while (end > prev && !atomic_compare_exchange_weak(&p->reader_end_ns, &prev, end)) {
+    }
     return NULL;
 }
 
@@ -305,8 +348,8 @@ typedef struct point {
     uint64_t events, event_errors, lookups, pairs;
 } point_t;
 
-static int run_point(const mc_args_t *a, const gen_t *g, size_t n_lookups, double window_s,
-                     point_t *pt)
+static int run_point(const mc_args_t *a, const gen_t *g, const size_t *lookup_ops, size_t n_lookups,
+                     double window_s, point_t *pt)
 {
     uint64_t workers = (uint64_t)a->workers * a->duplication;
     kvr_index_config_t ic = {.max_pairs = (size_t)((g->stored + 1024) * a->duplication),
@@ -315,31 +358,45 @@ static int run_point(const mc_args_t *a, const gen_t *g, size_t n_lookups, doubl
     kvr_index_t *ix = kvr_index_new(&ic, &st);
     if (ix == NULL)
         return st;
-    replay_t p = {.a = a, .g = g, .ix = ix, .window_ns = window_s * 1e9};
-    p.service_ns = malloc((n_lookups * a->duplication + 1) * sizeof(double));
-    p.sched_ns = malloc((n_lookups * a->duplication + 1) * sizeof(double));
-    if (p.service_ns == NULL || p.sched_ns == NULL) {
+    replay_t p = {.a = a,
+                  .g = g,
+                  .ix = ix,
+                  .window_ns = window_s * 1e9,
+                  .lookup_ops = lookup_ops,
+                  .n_units = n_lookups * a->duplication};
+    atomic_init(&p.next_unit, 0);
+    atomic_init(&p.reader_end_ns, 0);
+    p.service_ns = malloc((p.n_units + 1) * sizeof(double));
+    p.sched_ns = malloc((p.n_units + 1) * sizeof(double));
+    pthread_t *rt = calloc(a->readers, sizeof *rt);
+    if (p.service_ns == NULL || p.sched_ns == NULL || rt == NULL) {
         free(p.service_ns);
         free(p.sched_ns);
+        free(rt);
         kvr_index_free(ix);
         return KVR_ENOMEM;
     }
-    pthread_t wt, rt;
-    p.start_ns = kvr_bench_now_ns() + 20000000; /* both threads up before the first op */
+    pthread_t wt;
+    p.start_ns = kvr_bench_now_ns() + 20000000; /* every thread up before the first op */
     int rc = KVR_OK;
+    uint32_t started = 0;
     if (pthread_create(&wt, NULL, writer_main, &p) != 0)
         rc = KVR_ENOMEM;
-    else if (pthread_create(&rt, NULL, reader_main, &p) != 0) {
+    for (; rc == KVR_OK && started < a->readers; started++)
+        if (pthread_create(&rt[started], NULL, reader_main, &p) != 0)
+            rc = KVR_ENOMEM;
+    if (rc != KVR_OK)
+        atomic_store(&p.next_unit, p.n_units); /* the readers started stop at once */
+    for (uint32_t r = 0; r < started; r++)
+        pthread_join(rt[r], NULL);
+    if (rc == KVR_OK || started > 0)
         pthread_join(wt, NULL);
-        rc = KVR_ENOMEM;
-    } else {
-        pthread_join(wt, NULL);
-        pthread_join(rt, NULL);
-    }
+    free(rt);
     if (rc == KVR_OK) {
-        uint64_t end = p.writer_end_ns > p.reader_end_ns ? p.writer_end_ns : p.reader_end_ns;
+        uint64_t rend = atomic_load(&p.reader_end_ns);
+        uint64_t end = p.writer_end_ns > rend ? p.writer_end_ns : rend;
         double took = (double)(end - p.start_ns) * 1e-9;
-        double ops = (double)(p.events + p.lookups);
+        double ops = (double)(p.events + p.n_units);
         double blocks = (double)(g->stored + g->removed + g->looked_up) * a->duplication;
         kvr_index_stats_t xs;
         kvr_index_stats(ix, &xs);
@@ -350,10 +407,10 @@ static int run_point(const mc_args_t *a, const gen_t *g, size_t n_lookups, doubl
                         .bytes_per_pair = xs.pairs ? (double)xs.bytes / (double)xs.pairs : 0,
                         .events = p.events,
                         .event_errors = p.event_errors,
-                        .lookups = p.lookups,
+                        .lookups = p.n_units,
                         .pairs = xs.pairs};
-        kvr_bench_summarize(p.service_ns, p.n_lat, &pt->service);
-        kvr_bench_summarize(p.sched_ns, p.n_lat, &pt->sched);
+        kvr_bench_summarize(p.service_ns, p.n_units, &pt->service);
+        kvr_bench_summarize(p.sched_ns, p.n_units, &pt->sched);
     }
     free(p.service_ns);
     free(p.sched_ns);
@@ -364,15 +421,16 @@ static int run_point(const mc_args_t *a, const gen_t *g, size_t n_lookups, doubl
 static void print_point(const mc_args_t *a, const point_t *p)
 {
     if (a->json) {
-        printf("{\"workers\":%llu,\"unique_workers\":%u,\"duplication\":%u,\"window_s\":%.4f,"
+        printf("{\"workers\":%llu,\"unique_workers\":%u,\"duplication\":%u,"
+               "\"trace_duplication\":%u,\"block_size\":%u,\"readers\":%u,\"window_s\":%.4f,"
                "\"offered_per_s\":%.0f,\"achieved_per_s\":%.0f,\"block_ops_per_s\":%.0f,"
                "\"p50_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,\"sched_p50_us\":%.2f,"
                "\"sched_p99_us\":%.2f,\"sched_p999_us\":%.2f,\"events\":%llu,"
                "\"event_errors\":%llu,\"lookups\":%llu,\"pairs\":%llu,\"bytes_per_pair\":%.1f}\n",
                (unsigned long long)a->workers * a->duplication, a->workers, a->duplication,
-               p->window_s, p->offered, p->achieved, p->block_ops, p->service.p50_us,
-               p->service.p99_us, p->service.p999_us, p->sched.p50_us, p->sched.p99_us,
-               p->sched.p999_us, (unsigned long long)p->events,
+               a->trace_duplication, a->block_size, a->readers, p->window_s, p->offered,
+               p->achieved, p->block_ops, p->service.p50_us, p->service.p99_us, p->service.p999_us,
+               p->sched.p50_us, p->sched.p99_us, p->sched.p999_us, (unsigned long long)p->events,
                (unsigned long long)p->event_errors, (unsigned long long)p->lookups,
                (unsigned long long)p->pairs, p->bytes_per_pair);
     } else {
@@ -391,19 +449,24 @@ static void usage(FILE *out)
             "The reference's indexer benchmark (mooncake_bench) on kvrouter's index: the trace\n"
             "split across simulated workers, each a simulated engine (paged KV cache, prefix\n"
             "caching) turning its requests into KV events; then the lookups and the events\n"
-            "replayed together, open loop, in a window (one writer thread, one reader).\n\n"
+            "replayed together, open loop, in a window (one writer thread, --readers reader\n"
+            "threads).\n\n"
             "  --trace FILE       [" DEFAULT_TRACE "]\n"
             "  --rows N           the first N rows [all]\n"
+            "  --trace-duplication F  F copies of every row with disjoint hash ids (the\n"
+            "                     reference's --trace-duplication-factor) [1]\n"
             "  --workers N        unique simulated workers [1000]\n"
             "  --duplication D    each worker's stream replayed for D copies with distinct ids\n"
-            "                     (the reference's --trace-duplication-factor) [7]\n"
+            "                     (the reference's -d, --inference-worker-duplication-factor) [7]\n"
             "  --blocks N         KV blocks per simulated engine [16384]\n"
-            "  --block-size N     [16]\n"
+            "  --block-size N     tokens per block; 512 (the reference's default) makes one\n"
+            "                     block of each trace hash id [512]\n"
+            "  --readers N        lookup threads taking the due lookups in order [2]\n"
             "  --simulate-s S     accepted for the reference's command line: the engines here\n"
             "                     release a request's blocks at once (docs/index.md)\n"
             "  --window-s S       the replay window [10]\n"
-            "  --sweep            halve the window until the achieved rate is below 99%% of\n"
-            "                     the offered one (at most 12 points)\n"
+            "  --sweep            shrink the window by sqrt(2) until the achieved rate is below\n"
+            "                     99%% of the offered one (at most 16 points)\n"
             "  --seed N           the assignment of rows to workers [1]\n"
             "  --json             one JSON object per point\n");
 }
@@ -428,6 +491,10 @@ static int parse_option(kvr_cli_t *c, void *arg)
         return kvr_cli_u32(c, kvr_cli_value(c), 1, KVR_INDEX_MAX_WORKERS, &a->workers);
     if (kvr_cli_is(c, "--duplication"))
         return kvr_cli_u32(c, kvr_cli_value(c), 1, KVR_INDEX_MAX_WORKERS, &a->duplication);
+    if (kvr_cli_is(c, "--trace-duplication"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, 1024, &a->trace_duplication);
+    if (kvr_cli_is(c, "--readers"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 1, 64, &a->readers);
     if (kvr_cli_is(c, "--blocks"))
         return kvr_cli_u32(c, kvr_cli_value(c), 16, 1u << 24, &a->blocks);
     if (kvr_cli_is(c, "--block-size"))
@@ -443,8 +510,16 @@ static int parse_option(kvr_cli_t *c, void *arg)
 
 int kvr_bench_mooncake(int argc, char **argv)
 {
-    mc_args_t a = {.trace = DEFAULT_TRACE, .workers = 1000, .duplication = 7, .blocks = 16384,
-                   .block_size = 16, .simulate_s = 60, .window_s = 10, .seed = 1};
+    mc_args_t a = {.trace = DEFAULT_TRACE,
+                   .workers = 1000,
+                   .duplication = 7,
+                   .trace_duplication = 1,
+                   .blocks = 16384,
+                   .block_size = 512,
+                   .readers = 2,
+                   .simulate_s = 60,
+                   .window_s = 10,
+                   .seed = 1};
     kvr_cli_t c;
     kvr_cli_init(&c, "kvrouter bench mooncake", argc, argv);
     int rc = kvr_cli_parse(&c, parse_option, &a, usage);
@@ -463,32 +538,42 @@ int kvr_bench_mooncake(int argc, char **argv)
     gen_t g;
     memset(&g, 0, sizeof g);
     uint64_t t0 = kvr_bench_now_ns();
-    rc = prepare(&a, &t, &g);
+    rc = duplicate_trace(&t, a.trace_duplication);
+    if (rc == KVR_OK)
+        rc = prepare(&a, &t, &g);
     kvr_trace_free(&t);
     size_t n_lookups = 0;
     for (size_t i = 0; i < g.n_ops; i++)
         n_lookups += g.ops[i].kind == OP_LOOKUP;
+    size_t *lookup_ops = malloc((n_lookups + 1) * sizeof *lookup_ops);
+    if (lookup_ops == NULL && rc == KVR_OK)
+        rc = KVR_ENOMEM;
+    for (size_t i = 0, k = 0; lookup_ops != NULL && i < g.n_ops; i++)
+        if (g.ops[i].kind == OP_LOOKUP)
+            lookup_ops[k++] = i;
     fprintf(stderr,
             "mooncake: %zu lookups, %zu events (%llu blocks stored, %llu removed) from %u "
-            "workers x %u blocks, prepared in %.1f s; replayed x%u (%llu worker ranks)\n",
+            "workers x %u blocks of %u tokens (trace x%u), prepared in %.1f s; replayed x%u "
+            "(%llu worker ranks), %u reader threads\n",
             n_lookups, g.n_ops - n_lookups, (unsigned long long)g.stored,
-            (unsigned long long)g.removed, a.workers, a.blocks,
+            (unsigned long long)g.removed, a.workers, a.blocks, a.block_size, a.trace_duplication,
             (double)(kvr_bench_now_ns() - t0) * 1e-9, a.duplication,
-            (unsigned long long)a.workers * a.duplication);
+            (unsigned long long)a.workers * a.duplication, a.readers);
     if (rc == KVR_OK && !a.json)
         printf("%9s %12s %12s %6s %13s %9s %9s %9s %10s %10s %8s\n", "window_s", "offered/s",
                "achieved/s", "ratio", "block_ops/s", "p50_us", "p99_us", "p999_us", "sched_p50",
                "sched_p99", "B/pair");
     double window = a.window_s;
-    for (int k = 0; rc == KVR_OK && k < (a.sweep ? 12 : 1); k++, window /= 2) {
+    for (int k = 0; rc == KVR_OK && k < (a.sweep ? 16 : 1); k++, window /= M_SQRT2) {
         point_t p;
-        rc = run_point(&a, &g, n_lookups, window, &p);
+        rc = run_point(&a, &g, lookup_ops, n_lookups, window, &p);
         if (rc != KVR_OK)
             break;
         print_point(&a, &p);
         if (p.achieved < 0.99 * p.offered)
             break;
     }
+    free(lookup_ops);
     free(g.ops);
     free(g.blocks);
     free(g.hashes);

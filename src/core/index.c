@@ -208,6 +208,7 @@ struct kvr_index {
 
     wslot_t *slots;
     _Atomic uint32_t slots_hw; /* slots [0, hw) have been used */
+    kvr_worker_t *wids;        /* slot -> its worker, compact for readers emitting matches */
     uint32_t *smap;            /* (worker_id, dp_rank) -> live slot + 1 (writer only) */
     size_t smap_mask;
     u32vec_t free_slots;
@@ -811,6 +812,7 @@ static long slot_get(kvr_index_t *ix, kvr_worker_t w)
     }
     wslot_t *ws = &ix->slots[ns];
     ws->worker_id = w.worker_id;
+    ix->wids[ns] = w;
     ws->dp_rank = w.dp_rank;
     ws->n_pairs = 0;
     ws->n_orphan = 0;
@@ -1339,6 +1341,7 @@ kvr_index_t *kvr_index_new(const kvr_index_config_t *cfg, int *status)
     ix->max_pairs = c.max_pairs ? c.max_pairs : KVR_INDEX_DEFAULT_MAX_PAIRS;
     ix->st.max_pairs = ix->max_pairs;
     ix->slots = calloc(ix->max_workers, sizeof *ix->slots);
+    ix->wids = calloc(ix->max_workers, sizeof *ix->wids);
     size_t smap_cap = 2;
     while (smap_cap < 2 * (size_t)ix->max_workers)
         smap_cap *= 2;
@@ -1354,7 +1357,7 @@ kvr_index_t *kvr_index_new(const kvr_index_config_t *cfg, int *status)
         lock_ok = pthread_rwlock_init(&ix->lock, &attr) == 0;
         pthread_rwlockattr_destroy(&attr);
     }
-    if (ix->slots == NULL || ix->smap == NULL || t1 == NULL || ix->t2 == NULL ||
+    if (ix->slots == NULL || ix->wids == NULL || ix->smap == NULL || t1 == NULL || ix->t2 == NULL ||
         node_reserve(ix, 1) != KVR_OK || !lock_ok) {
         free(t1);
         atomic_store(&ix->t1, NULL);
@@ -1363,8 +1366,8 @@ kvr_index_t *kvr_index_new(const kvr_index_config_t *cfg, int *status)
         return NULL;
     }
     atomic_store(&ix->t1, t1);
-    ix->st.bytes += sizeof *ix + ix->max_workers * sizeof *ix->slots + smap_cap * sizeof *ix->smap +
-                    ntab_bytes(t1) + ntab_bytes(ix->t2);
+    ix->st.bytes += sizeof *ix + ix->max_workers * (sizeof *ix->slots + sizeof *ix->wids) +
+                    smap_cap * sizeof *ix->smap + ntab_bytes(t1) + ntab_bytes(ix->t2);
     /* node 0 is the root: never in a table, never freed */
     uint32_t root = node_alloc(ix);
     N(ix, root)->live = 1;
@@ -1393,6 +1396,7 @@ void kvr_index_free(kvr_index_t *ix)
     free(ix->by_ext.e);
     free(ix->by_node.e);
     free(ix->slots);
+    free(ix->wids);
     free(ix->smap);
     free(ix->free_nodes.v);
     free(ix->free_slots.v);
@@ -1804,11 +1808,14 @@ int kvr_index_remove_rank(kvr_index_t *ix, kvr_worker_t worker)
 
 /* The index's half of a kvr_lookup_t: per-slot scratch no caller needs to see. */
 struct kvr_lookup_scratch {
-    uint64_t *active;      /* bitset over worker slots */
-    uint64_t *dropped;
-    uint32_t *depth;       /* per worker slot */
+    uint32_t *mark;        /* per worker slot: a stamp (see device_walk) */
+    uint32_t *alist;       /* the active slots after the walk's first drop */
+    uint64_t *dropped;     /* bitset over worker slots: matched (for the lower-tier walk) */
+    uint32_t *depth;       /* per worker slot: its device depth once matched (same) */
     uint32_t *chain;       /* node per block position */
     size_t cap_slots, cap_chain;
+    uint32_t epoch; /* the last stamp handed out */
+    uint32_t end;   /* the furthest position any tier matched (lower tiers included) */
 };
 
 static int lookup_reserve(kvr_lookup_t *lk, size_t slots, size_t n)
@@ -1818,26 +1825,31 @@ static int lookup_reserve(kvr_lookup_t *lk, size_t slots, size_t n)
     struct kvr_lookup_scratch *sc = lk->priv;
     if (sc->cap_slots < slots) {
         size_t words = (slots + 63) / 64;
-        uint64_t *a = calloc(words, sizeof *a);
+        uint32_t *mk = calloc(slots, sizeof *mk);
+        uint32_t *al = malloc(slots * sizeof *al);
         uint64_t *d = calloc(words, sizeof *d);
         uint32_t *dep = calloc(slots, sizeof *dep);
         kvr_match_t *m = malloc(slots * sizeof *m);
-        if (a == NULL || d == NULL || dep == NULL || m == NULL) {
-            free(a);
+        if (mk == NULL || al == NULL || d == NULL || dep == NULL || m == NULL) {
+            free(mk);
+            free(al);
             free(d);
             free(dep);
             free(m);
             return KVR_ENOMEM;
         }
-        free(sc->active);
+        free(sc->mark);
+        free(sc->alist);
         free(sc->dropped);
         free(sc->depth);
         free(lk->matches);
-        sc->active = a;
+        sc->mark = mk;
+        sc->alist = al;
         sc->dropped = d;
         sc->depth = dep;
         lk->matches = m;
         sc->cap_slots = slots;
+        sc->epoch = 0;
     }
     return kvr_grow((void **)&sc->chain, &sc->cap_chain, n, SIZE_MAX, sizeof *sc->chain);
 }
@@ -1850,7 +1862,8 @@ void kvr_lookup_deinit(kvr_lookup_t *lk)
         return;
     free(lk->matches);
     if (lk->priv != NULL) {
-        free(lk->priv->active);
+        free(lk->priv->mark);
+        free(lk->priv->alist);
         free(lk->priv->dropped);
         free(lk->priv->depth);
         free(lk->priv->chain);
@@ -1909,82 +1922,132 @@ static size_t resolve_chain(const kvr_index_t *ix, const ntab_t *t, const uint64
 
 static inline bool bit_test(const uint64_t *b, uint32_t i) { return b[i >> 6] >> (i & 63) & 1; }
 static inline void bit_set(uint64_t *b, uint32_t i) { b[i >> 6] |= UINT64_C(1) << (i & 63); }
-static inline void bit_clear(uint64_t *b, uint32_t i)
+
+/* Slot's match, device_blocks = depth (its final depth: the slot leaves the walk). The
+ * lower-tier walk, when there is one, reads which slots matched and at what depth. */
+static inline void emit(kvr_lookup_t *lk, const kvr_index_t *ix, uint32_t slot, uint32_t depth,
+                        bool lower)
 {
-    b[i >> 6] &= ~(UINT64_C(1) << (i & 63));
+    if (lower) {
+        bit_set(lk->priv->dropped, slot);
+        lk->priv->depth[slot] = depth;
+    }
+    kvr_match_t *m = &lk->matches[lk->n_matches++];
+    m->worker = ix->wids[slot];
+    m->device_blocks = depth;
+    m->host_blocks = m->disk_blocks = 0;
+    if (depth > lk->max_depth)
+        lk->max_depth = depth;
 }
 
+/* Slot's match with its recorded depth, unless it has one already (lower-tier walk). */
 static void touch(kvr_lookup_t *lk, const kvr_index_t *ix, uint32_t slot)
 {
-    if (bit_test(lk->priv->dropped, slot))
-        return;
-    bit_set(lk->priv->dropped, slot);
-    kvr_match_t *m = &lk->matches[lk->n_matches++];
-    m->worker.worker_id = ix->slots[slot].worker_id;
-    m->worker.dp_rank = ix->slots[slot].dp_rank;
-    m->device_blocks = lk->priv->depth[slot];
-    m->host_blocks = m->disk_blocks = 0;
+    if (!bit_test(lk->priv->dropped, slot))
+        emit(lk, ix, slot, lk->priv->depth[slot], true);
 }
 
-/* Device walk over chain[0, len): per slot, the depth at which it drops out. The active set
- * is a bitset; depth[] doubles as a per-level stamp (i + 1) for active slots, and holds the
- * final depth once a slot dropped out. A level is inspected only when its REACH count differs
- * from the active count (REACH sets only shrink along a path). */
-static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uint32_t max_slot)
+/* A stamp no mark[] entry holds yet (marks are only ever set to stamps handed out before). */
+static uint32_t fresh_stamp(struct kvr_lookup_scratch *sc)
 {
-    uint32_t n_active = 0, words = (max_slot + 63) / 64;
-    size_t i = 0;
-    for (; i < len && (i == 0 || n_active > 0); i++) {
-        const node_t *nd = N(ix, lk->priv->chain[i]);
-        uint32_t rc = atomic_load_explicit(&nd->rc, memory_order_acquire);
-        if (i > 0 && rc == n_active)
+    if (++sc->epoch == 0) {
+        memset(sc->mark, 0, sc->cap_slots * sizeof *sc->mark);
+        sc->epoch = 1;
+    }
+    return sc->epoch;
+}
+
+/* Device walk over chain[0, len): per slot, the depth at which it drops out. REACH sets only
+ * shrink along a path, so a level is inspected only when its REACH count differs from the
+ * active count. The active set starts as the REACH holders of chain[0], not listed: most
+ * lookups of a shared prefix drop nearly every holder at one level, so the first drop scans
+ * that level's holders (the survivors, stamped), then chain[0]'s holders once, emitting
+ * every unstamped one and listing the survivors; later drops work on that list. Stamps
+ * (mark[]) also keep a slot seen twice in a torn holder array from being emitted twice, and
+ * a slot is active only if chain[0] listed it. Cost: holders of chain[0] + holders of each
+ * drop level + active list at each later drop, and one write per match. */
+static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uint32_t max_slot,
+                        bool lower)
+{
+    struct kvr_lookup_scratch *sc = lk->priv;
+    if (len == 0)
+        return;
+    uint32_t *mark = sc->mark;
+    uint32_t done = fresh_stamp(sc); /* emitted */
+    uint32_t live = 0;               /* the active list's stamp; 0: chain[0] not scanned yet */
+    size_t n_list = 0;
+    uint32_t n_active = atomic_load_explicit(&N(ix, sc->chain[0])->rc, memory_order_acquire);
+    size_t i = 1;
+    for (; i < len && n_active > 0; i++) {
+        const node_t *nd = N(ix, sc->chain[i]);
+        if (atomic_load_explicit(&nd->rc, memory_order_acquire) == n_active)
             continue;
+        /* survivors: REACH holders of level i that are active */
+        uint32_t keep = fresh_stamp(sc), kept = 0;
         hview_t v = holders_read(nd);
-        uint32_t stamp = (uint32_t)i + 1, kept = 0;
         for (uint32_t k = 0; k < v.n; k++) {
             holder_t h = atomic_load_explicit(&v.h[k], memory_order_acquire);
             uint32_t s = h_slot(h);
             if (!(h_flags(h) & HF_REACH) || s >= max_slot)
                 continue;
-            if (i == 0 && !bit_test(lk->priv->active, s)) {
-                bit_set(lk->priv->active, s);
-                lk->priv->depth[s] = stamp;
-                kept++;
-            } else if (i > 0 && bit_test(lk->priv->active, s) && lk->priv->depth[s] != stamp) {
-                lk->priv->depth[s] = stamp;
-                kept++;
+            if (live == 0 || mark[s] == live) {
+                mark[s] = keep;
+                kept += live != 0;
             }
         }
-        if (i > 0 && kept < n_active) {
-            for (uint32_t w = 0; w < words; w++) {
-                uint64_t bits = lk->priv->active[w];
-                while (bits) {
-                    uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
-                    bits &= bits - 1;
-                    if (lk->priv->depth[s] != stamp) {
-                        bit_clear(lk->priv->active, s);
-                        lk->priv->depth[s] = (uint32_t)i; /* held positions 0 .. i-1 */
-                        touch(lk, ix, s);
-                    }
+        if (live == 0) {
+            /* the first drop: chain[0]'s holders, once */
+            uint32_t conf = fresh_stamp(sc);
+            hview_t v0 = holders_read(N(ix, sc->chain[0]));
+            for (uint32_t k = 0; k < v0.n; k++) {
+                holder_t h = atomic_load_explicit(&v0.h[k], memory_order_acquire);
+                uint32_t s = h_slot(h);
+                if (!(h_flags(h) & HF_REACH) || s >= max_slot)
+                    continue;
+                uint32_t ms = mark[s];
+                if (ms == keep) {
+                    mark[s] = conf;
+                    sc->alist[n_list++] = s;
+                } else if (ms != done && ms != conf) {
+                    mark[s] = done;
+                    emit(lk, ix, s, (uint32_t)i, lower); /* held positions 0 .. i-1 */
                 }
             }
+            /* later drops: survivors are marked with the list's stamp */
+            live = conf;
+            n_active = (uint32_t)n_list;
+            continue;
         }
+        size_t w = 0;
+        for (size_t k = 0; k < n_list; k++) {
+            uint32_t s = sc->alist[k];
+            if (mark[s] == keep) {
+                sc->alist[w++] = s;
+            } else {
+                mark[s] = done;
+                emit(lk, ix, s, (uint32_t)i, lower);
+            }
+        }
+        n_list = w;
+        live = keep;
         n_active = kept;
     }
     /* survivors hold every position walked */
-    for (uint32_t w = 0; w < words; w++) {
-        uint64_t bits = lk->priv->active[w];
-        while (bits) {
-            uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
-            bits &= bits - 1;
-            lk->priv->depth[s] = (uint32_t)i;
-            touch(lk, ix, s);
+    if (live == 0) {
+        hview_t v0 = holders_read(N(ix, sc->chain[0]));
+        for (uint32_t k = 0; k < v0.n; k++) {
+            holder_t h = atomic_load_explicit(&v0.h[k], memory_order_acquire);
+            uint32_t s = h_slot(h);
+            if (!(h_flags(h) & HF_REACH) || s >= max_slot || mark[s] == done)
+                continue;
+            mark[s] = done;
+            emit(lk, ix, s, (uint32_t)i, lower);
         }
-        lk->priv->active[w] = 0;
+    } else {
+        for (size_t k = 0; k < n_list; k++)
+            emit(lk, ix, sc->alist[k], (uint32_t)i, lower);
     }
-    for (size_t m = 0; m < lk->n_matches; m++)
-        if (lk->matches[m].device_blocks > lk->max_depth)
-            lk->max_depth = lk->matches[m].device_blocks;
+    sc->end = lk->max_depth;
 }
 
 /* Holder of slot in nd (reader side), or 0 with *found = false. */
@@ -2039,6 +2102,8 @@ static void lower_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uint
                 lk->matches[m].worker.dp_rank == ix->slots[s].dp_rank) {
                 lk->matches[m].host_blocks = h;
                 lk->matches[m].disk_blocks = d;
+                if (start + h + d > lk->priv->end)
+                    lk->priv->end = (uint32_t)(start + h + d);
                 break;
             }
         }
@@ -2050,12 +2115,7 @@ static void lower_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uint
 static void mark_used(const kvr_index_t *ix, const kvr_lookup_t *lk)
 {
     uint32_t now = atomic_load_explicit(&ix->tick, memory_order_relaxed);
-    uint32_t end = lk->max_depth;
-    for (size_t m = 0; m < lk->n_matches; m++) {
-        const kvr_match_t *mt = &lk->matches[m];
-        uint32_t e = mt->device_blocks + mt->host_blocks + mt->disk_blocks;
-        end = e > end ? e : end;
-    }
+    uint32_t end = lk->priv->end;
     for (uint32_t i = 0; i < end; i++) {
         node_t *nd = N(ix, lk->priv->chain[i]);
         if (atomic_load_explicit(&nd->tick, memory_order_relaxed) != now)
@@ -2071,13 +2131,13 @@ static void lookup_locked(kvr_index_t *ix, const uint64_t *seq, size_t n, kvr_lo
         max_slot = (uint32_t)lk->priv->cap_slots;
     bool lower = atomic_load_explicit(&ix->lower_pairs, memory_order_relaxed) > 0;
     size_t len = resolve_chain(ix, t, seq, n, lk->priv->chain);
-    device_walk(ix, lk, len, max_slot);
-    if (lower)
+    device_walk(ix, lk, len, max_slot, lower);
+    if (lower) {
         lower_walk(ix, lk, len, max_slot);
+        for (uint32_t w = 0; w < (max_slot + 63) / 64; w++)
+            lk->priv->dropped[w] = 0; /* reset for the next lookup */
+    }
     mark_used(ix, lk);
-    /* reset scratch for the next lookup */
-    for (uint32_t w = 0; w < (max_slot + 63) / 64; w++)
-        lk->priv->dropped[w] = 0;
 }
 
 int kvr_index_lookup(kvr_index_t *ix, const uint64_t *seq, size_t n, kvr_lookup_t *lk)
