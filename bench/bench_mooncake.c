@@ -18,6 +18,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,6 +270,8 @@ typedef struct replay {
     double *service_ns, *sched_ns; /* per unit */
 } replay_t;
 
+/* Sleeps until shortly before at_ns, then yields until it: the writer and the readers
+ * outnumber the cores, so a thread waiting for its next op must not spin on one. */
 static void wait_until(uint64_t at_ns)
 {
     for (;;) {
@@ -277,6 +280,8 @@ static void wait_until(uint64_t at_ns)
             return;
         if (at_ns - now > 200000)
             kvr_bench_sleep_ns(at_ns - now - 100000);
+        else
+            sched_yield();
     }
 }
 

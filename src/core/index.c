@@ -1970,6 +1970,7 @@ static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uin
                         bool lower)
 {
     struct kvr_lookup_scratch *sc = lk->priv;
+    sc->end = 0;
     if (len == 0)
         return;
     uint32_t *mark = sc->mark;
