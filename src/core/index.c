@@ -1936,11 +1936,10 @@ static inline void emit(kvr_lookup_t *lk, const kvr_index_t *ix, uint32_t slot, 
     m->worker = ix->wids[slot];
     m->device_blocks = depth;
     m->host_blocks = m->disk_blocks = 0;
-    if (depth > lk->max_depth)
-        lk->max_depth = depth;
 }
 
-/* Slot's match with its recorded depth, unless it has one already (lower-tier walk). */
+/* Slot's match with its recorded depth, unless it has one already (lower-tier walk: the
+ * device walk has matched every slot with a device block, so this one's depth is 0). */
 static void touch(kvr_lookup_t *lk, const kvr_index_t *ix, uint32_t slot)
 {
     if (!bit_test(lk->priv->dropped, slot))
@@ -2048,6 +2047,8 @@ static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uin
         for (size_t k = 0; k < n_list; k++)
             emit(lk, ix, sc->alist[k], (uint32_t)i, lower);
     }
+    /* matches were emitted in order of depth */
+    lk->max_depth = lk->n_matches ? lk->matches[lk->n_matches - 1].device_blocks : 0;
     sc->end = lk->max_depth;
 }
 
