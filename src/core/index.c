@@ -129,7 +129,7 @@ typedef struct node {
     _Atomic uint32_t tick;  /* last use (index ticks), set by lookups and stores */
     _Atomic uint8_t is_ovf; /* holders live in ovf (never reverts while the node lives) */
     uint8_t live;
-    uint16_t pad;
+    _Atomic uint16_t hseq; /* odd while a removal moves a holder (readers' seqcount) */
     _Atomic holder_t inl[INLINE_HOLDERS];
     _Atomic(hblock_t *) ovf;
 } node_t;
@@ -704,10 +704,15 @@ static int holder_add(kvr_index_t *ix, node_t *nd, holder_t hv)
     return KVR_OK;
 }
 
+/* A removal moves the last holder into the hole, so a reader scanning meanwhile may see that
+ * holder twice: the node's seqcount (odd during the move) tells it to rescan with a check. */
 static void holder_remove_at(node_t *nd, uint32_t i)
 {
     _Atomic holder_t *h = holders_w(nd);
     uint32_t n = n_holders(nd);
+    uint16_t sq = atomic_load_explicit(&nd->hseq, memory_order_relaxed);
+    atomic_store_explicit(&nd->hseq, (uint16_t)(sq + 1), memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
     hblock_t *b = hblock_w(nd);
     if (b != NULL && b->pmask != 0) {
         hpos_erase(b, hpos_entry(b, h_slot(hget(h, i)), i));
@@ -717,6 +722,7 @@ static void holder_remove_at(node_t *nd, uint32_t i)
     if (i != n - 1)
         hset(h, i, hget(h, n - 1));
     atomic_store_explicit(&nd->n_holders, (uint16_t)(n - 1), memory_order_release);
+    atomic_store_explicit(&nd->hseq, (uint16_t)(sq + 2), memory_order_release);
 }
 
 static inline void rc_add(node_t *nd, int d)
@@ -1923,27 +1929,32 @@ static size_t resolve_chain(const kvr_index_t *ix, const ntab_t *t, const uint64
 static inline bool bit_test(const uint64_t *b, uint32_t i) { return b[i >> 6] >> (i & 63) & 1; }
 static inline void bit_set(uint64_t *b, uint32_t i) { b[i >> 6] |= UINT64_C(1) << (i & 63); }
 
-/* Slot's match, device_blocks = depth (its final depth: the slot leaves the walk). The
- * lower-tier walk, when there is one, reads which slots matched and at what depth. */
-static inline void emit(kvr_lookup_t *lk, const kvr_index_t *ix, uint32_t slot, uint32_t depth,
-                        bool lower)
+/* Writes slot's match at m (device_blocks = depth, its final depth: the slot leaves the walk)
+ * and returns the next one. The lower-tier walk, when there is one, reads which slots matched
+ * and at what depth. The cursor is a local, not lk->n_matches: a store to a match could alias
+ * that counter, which would then be reloaded for every match. */
+static inline kvr_match_t *put_match(kvr_match_t *m, const kvr_index_t *ix,
+                                     struct kvr_lookup_scratch *sc, uint32_t slot, uint32_t depth,
+                                     bool lower)
 {
     if (lower) {
-        bit_set(lk->priv->dropped, slot);
-        lk->priv->depth[slot] = depth;
+        bit_set(sc->dropped, slot);
+        sc->depth[slot] = depth;
     }
-    kvr_match_t *m = &lk->matches[lk->n_matches++];
     m->worker = ix->wids[slot];
     m->device_blocks = depth;
     m->host_blocks = m->disk_blocks = 0;
+    return m + 1;
 }
 
 /* Slot's match with its recorded depth, unless it has one already (lower-tier walk: the
  * device walk has matched every slot with a device block, so this one's depth is 0). */
 static void touch(kvr_lookup_t *lk, const kvr_index_t *ix, uint32_t slot)
 {
-    if (!bit_test(lk->priv->dropped, slot))
-        emit(lk, ix, slot, lk->priv->depth[slot], true);
+    if (!bit_test(lk->priv->dropped, slot)) {
+        put_match(&lk->matches[lk->n_matches], ix, lk->priv, slot, lk->priv->depth[slot], true);
+        lk->n_matches++;
+    }
 }
 
 /* A stamp no mark[] entry holds yet (marks are only ever set to stamps handed out before). */
@@ -1965,6 +1976,51 @@ static uint32_t fresh_stamp(struct kvr_lookup_scratch *sc)
  * (mark[]) also keep a slot seen twice in a torn holder array from being emitted twice, and
  * a slot is active only if chain[0] listed it. Cost: holders of chain[0] + holders of each
  * drop level + active list at each later drop, and one write per match. */
+/* Every REACH holder of nd (below max_slot) matched at depth, nothing emitted before: one
+ * plain pass when no removal moved a holder meanwhile (the node's seqcount is unchanged and
+ * even), else a pass that stamps each slot so none is emitted twice. */
+static kvr_match_t *emit_holders(const kvr_index_t *ix, struct kvr_lookup_scratch *sc,
+                                 const node_t *nd, uint32_t max_slot, uint32_t depth, bool lower,
+                                 kvr_match_t *mo)
+{
+    uint16_t sq = atomic_load_explicit(&nd->hseq, memory_order_acquire);
+    if (!(sq & 1) && !lower) {
+        kvr_match_t *start = mo;
+        hview_t v = holders_read(nd);
+        for (uint32_t k = 0; k < v.n; k++) {
+            holder_t h = atomic_load_explicit(&v.h[k], memory_order_acquire);
+            uint32_t s = h_slot(h);
+            if ((h_flags(h) & HF_REACH) && s < max_slot)
+                mo = put_match(mo, ix, sc, s, depth, false);
+        }
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&nd->hseq, memory_order_relaxed) == sq)
+            return mo;
+        mo = start;
+    }
+    uint32_t done = fresh_stamp(sc);
+    hview_t v = holders_read(nd);
+    for (uint32_t k = 0; k < v.n; k++) {
+        holder_t h = atomic_load_explicit(&v.h[k], memory_order_acquire);
+        uint32_t s = h_slot(h);
+        if (!(h_flags(h) & HF_REACH) || s >= max_slot || sc->mark[s] == done)
+            continue;
+        sc->mark[s] = done;
+        mo = put_match(mo, ix, sc, s, depth, lower);
+    }
+    return mo;
+}
+
+/* Device walk over chain[0, len): per slot, the depth at which it drops out. REACH sets only
+ * shrink along a path, so a level is inspected only when its REACH count differs from the
+ * active count. The active set starts as the REACH holders of chain[0], not listed: most
+ * lookups of a shared prefix drop nearly every holder at one level (or none), so the first
+ * drop scans that level's holders (the survivors, stamped), then chain[0]'s holders once,
+ * emitting every unstamped one and listing the survivors; later drops work on that list.
+ * Stamps (mark[]) also keep a slot seen twice in a torn holder array from being emitted
+ * twice, and a slot is active only if chain[0] listed it. Matches come out in order of depth.
+ * Cost: holders of chain[0] + holders of each drop level + the active list at each later
+ * drop, and one write per match. */
 static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uint32_t max_slot,
                         bool lower)
 {
@@ -1973,6 +2029,7 @@ static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uin
     if (len == 0)
         return;
     uint32_t *mark = sc->mark;
+    kvr_match_t *mo = lk->matches + lk->n_matches;
     uint32_t done = fresh_stamp(sc); /* emitted */
     uint32_t live = 0;               /* the active list's stamp; 0: chain[0] not scanned yet */
     size_t n_list = 0;
@@ -2010,7 +2067,7 @@ static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uin
                     sc->alist[n_list++] = s;
                 } else if (ms != done && ms != conf) {
                     mark[s] = done;
-                    emit(lk, ix, s, (uint32_t)i, lower); /* held positions 0 .. i-1 */
+                    mo = put_match(mo, ix, sc, s, (uint32_t)i, lower); /* held 0 .. i-1 */
                 }
             }
             /* later drops: survivors are marked with the list's stamp */
@@ -2025,7 +2082,7 @@ static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uin
                 sc->alist[w++] = s;
             } else {
                 mark[s] = done;
-                emit(lk, ix, s, (uint32_t)i, lower);
+                mo = put_match(mo, ix, sc, s, (uint32_t)i, lower);
             }
         }
         n_list = w;
@@ -2034,20 +2091,12 @@ static void device_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uin
     }
     /* survivors hold every position walked */
     if (live == 0) {
-        hview_t v0 = holders_read(N(ix, sc->chain[0]));
-        for (uint32_t k = 0; k < v0.n; k++) {
-            holder_t h = atomic_load_explicit(&v0.h[k], memory_order_acquire);
-            uint32_t s = h_slot(h);
-            if (!(h_flags(h) & HF_REACH) || s >= max_slot || mark[s] == done)
-                continue;
-            mark[s] = done;
-            emit(lk, ix, s, (uint32_t)i, lower);
-        }
+        mo = emit_holders(ix, sc, N(ix, sc->chain[0]), max_slot, (uint32_t)i, lower, mo);
     } else {
         for (size_t k = 0; k < n_list; k++)
-            emit(lk, ix, sc->alist[k], (uint32_t)i, lower);
+            mo = put_match(mo, ix, sc, sc->alist[k], (uint32_t)i, lower);
     }
-    /* matches were emitted in order of depth */
+    lk->n_matches = (size_t)(mo - lk->matches);
     lk->max_depth = lk->n_matches ? lk->matches[lk->n_matches - 1].device_blocks : 0;
     sc->end = lk->max_depth;
 }
