@@ -217,6 +217,7 @@ struct kvr_index {
     /* RCU limbo: freed by the writer, reclaimed after a grace period */
     u32vec_t limbo_nodes;
     ptrvec_t limbo_ptrs;
+    size_t limbo_bytes; /* of limbo_ptrs */
 
     pthread_rwlock_t lock; /* KVR_SYNC_RWLOCK */
 
@@ -307,8 +308,9 @@ static void rcu_wait(kvr_index_t *ix)
     TSAN_ACQUIRE(&ix->tsan_grace);
 }
 
-/* Frees p now (no concurrent readers possible) or after the next grace period. */
-static void retire_ptr(kvr_index_t *ix, void *p)
+/* Frees p (of bytes bytes) now (no concurrent readers possible) or after the next grace
+ * period. */
+static void retire_ptr(kvr_index_t *ix, void *p, size_t bytes)
 {
     if (p == NULL)
         return;
@@ -316,7 +318,9 @@ static void retire_ptr(kvr_index_t *ix, void *p)
         if (ix->cfg.sync == KVR_SYNC_RCU)
             rcu_wait(ix); /* out of memory for the limbo list: wait now */
         free(p);
+        return;
     }
+    ix->limbo_bytes += bytes;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -335,6 +339,11 @@ static inline size_t ntab_bytes(const ntab_t *t)
     return sizeof *t + ((size_t)t->mask + 1) * sizeof(uint64_t);
 }
 
+/* A key's home slot: from the high half of its hash, the half a slot stores as its tag, so a
+ * rebuild re-homes every entry from the table alone, without reading a node (at 60M pairs the
+ * node reads of rebuilds were 14% of the writer's time in `bench mooncake`). */
+static inline size_t ntab_home(const ntab_t *t, uint64_t h) { return (size_t)(h >> 32) & t->mask; }
+
 static inline uint64_t t1_key(const kvr_index_t *ix, uint32_t n)
 {
     return atomic_load_explicit(&N(ix, n)->seq, memory_order_relaxed);
@@ -342,10 +351,14 @@ static inline uint64_t t1_key(const kvr_index_t *ix, uint32_t n)
 
 static inline uint64_t t2_key(const kvr_index_t *ix, uint32_t n) { return N(ix, n)->ext; }
 
-static void ntab_put(ntab_t *t, uint64_t key, uint32_t n)
+static void ntab_put_hashed(ntab_t *t, uint64_t h, uint32_t n);
+
+static void ntab_put(ntab_t *t, uint64_t key, uint32_t n) { ntab_put_hashed(t, kvr_mix64(key), n); }
+
+/* The same with the key's hash h (only its high half is used). */
+static void ntab_put_hashed(ntab_t *t, uint64_t h, uint32_t n)
 {
-    uint64_t h = kvr_mix64(key);
-    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+    for (size_t i = ntab_home(t, h);; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (s == SLOT_EMPTY || s_node(s) == NODE_TOMB) {
             if (s != SLOT_EMPTY)
@@ -363,7 +376,7 @@ static void ntab_put(ntab_t *t, uint64_t key, uint32_t n)
  * concurrent readers too, since no live entry is reached through those slots. */
 static void ntab_del(ntab_t *t, uint64_t key, uint32_t n)
 {
-    for (size_t i = kvr_mix64(key) & t->mask;; i = (i + 1) & t->mask) {
+    for (size_t i = ntab_home(t, kvr_mix64(key));; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (s_node(s) == n) {
             t->live--;
@@ -389,11 +402,8 @@ static void ntab_del(ntab_t *t, uint64_t key, uint32_t n)
     }
 }
 
-typedef uint64_t (*ntab_key_fn)(const kvr_index_t *, uint32_t);
-
-/* A table sized for `want` live entries at load <= 1/2, filled from old. */
-static ntab_t *ntab_rebuilt(const kvr_index_t *ix, const ntab_t *old, size_t want,
-                            ntab_key_fn key)
+/* A table sized for `want` live entries at load <= 1/2, filled from old (homes from tags). */
+static ntab_t *ntab_rebuilt(const ntab_t *old, size_t want)
 {
     size_t cap = 1024;
     while (cap < want * 2)
@@ -406,7 +416,7 @@ static ntab_t *ntab_rebuilt(const kvr_index_t *ix, const ntab_t *old, size_t wan
     for (size_t i = 0; i <= old->mask; i++) {
         uint64_t s = atomic_load_explicit(&old->slots[i], memory_order_relaxed);
         if (s != SLOT_EMPTY && s_node(s) != NODE_TOMB)
-            ntab_put(t, key(ix, s_node(s)), s_node(s));
+            ntab_put_hashed(t, s, s_node(s)); /* the slot's high half is the hash's */
     }
     return t;
 }
@@ -414,7 +424,7 @@ static ntab_t *ntab_rebuilt(const kvr_index_t *ix, const ntab_t *old, size_t wan
 /* Makes room for `extra` more entries (grows at load 3/4 counting tombstones, cleans when
  * tombstones dominate, shrinks when nearly empty). */
 static int ntab_reserve(kvr_index_t *ix, ntab_t **slot_or_null, _Atomic(ntab_t *) *shared,
-                        size_t extra, ntab_key_fn key)
+                        size_t extra)
 {
     ntab_t *t = shared ? atomic_load_explicit(shared, memory_order_relaxed) : *slot_or_null;
     size_t cap = (size_t)t->mask + 1;
@@ -428,14 +438,14 @@ static int ntab_reserve(kvr_index_t *ix, ntab_t **slot_or_null, _Atomic(ntab_t *
      * otherwise a table just under half full is rebuilt every few hundred thousand deletes. */
     bool churn = ((size_t)t->live + extra) * 8 <= cap * 5 && !too_empty;
     size_t want = (size_t)t->live + extra;
-    ntab_t *nt = ntab_rebuilt(ix, t, churn ? want + want / 2 : want, key);
+    ntab_t *nt = ntab_rebuilt(t, churn ? want + want / 2 : want);
     if (nt == NULL)
         return KVR_ENOMEM;
     ix->st.bytes += ntab_bytes(nt);
     ix->st.bytes -= ntab_bytes(t);
     if (shared) {
         atomic_store_explicit(shared, nt, memory_order_release);
-        retire_ptr(ix, t);
+        retire_ptr(ix, t, ntab_bytes(t));
     } else {
         *slot_or_null = nt;
         free(t);
@@ -693,7 +703,7 @@ static int holder_add(kvr_index_t *ix, node_t *nd, holder_t hv)
         ix->bytes_ovf += hblock_bytes(b);
         if (ob != NULL) {
             ix->bytes_ovf -= hblock_bytes(ob);
-            retire_ptr(ix, ob);
+            retire_ptr(ix, ob, hblock_bytes(ob));
         }
     }
     hset(holders_w(nd), n, hv);
@@ -915,7 +925,7 @@ static uint32_t node_create(kvr_index_t *ix, uint32_t parent, uint64_t seq, uint
 static void t2_del(kvr_index_t *ix, uint64_t key, uint32_t n)
 {
     ntab_t *t = ix->t2;
-    size_t i = kvr_mix64(key) & t->mask;
+    size_t i = ntab_home(t, kvr_mix64(key));
     for (;; i = (i + 1) & t->mask) {
         uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (sl == SLOT_EMPTY)
@@ -930,7 +940,7 @@ static void t2_del(kvr_index_t *ix, uint64_t key, uint32_t n)
             break;
         if (s_node(sl) == NODE_TOMB)
             continue; /* a tombstone left by a rebuild-free era: skip over it */
-        size_t home = kvr_mix64(t2_key(ix, s_node(sl))) & t->mask;
+        size_t home = ntab_home(t, sl);
         bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
         if (movable) {
             atomic_store_explicit(&t->slots[i], sl, memory_order_relaxed);
@@ -949,7 +959,7 @@ static void node_free(kvr_index_t *ix, uint32_t n)
     if (atomic_load_explicit(&nd->is_ovf, memory_order_relaxed)) {
         hblock_t *b = atomic_load_explicit(&nd->ovf, memory_order_relaxed);
         ix->bytes_ovf -= hblock_bytes(b);
-        retire_ptr(ix, b);
+        retire_ptr(ix, b, hblock_bytes(b));
     }
     nd->live = 0;
     ix->st.nodes--;
@@ -995,7 +1005,7 @@ static uint32_t pair_by_ext(const kvr_index_t *ix, uint32_t slot, uint64_t ext)
 {
     const ntab_t *t = ix->t2;
     uint64_t h = kvr_mix64(ext);
-    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+    for (size_t i = ntab_home(t, h);; i = (i + 1) & t->mask) {
         uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (sl == SLOT_EMPTY)
             break;
@@ -1287,6 +1297,7 @@ void kvr_index_reclaim(kvr_index_t *ix)
     for (size_t i = 0; i < ix->limbo_ptrs.n; i++)
         free(ix->limbo_ptrs.v[i]);
     ix->limbo_ptrs.n = 0;
+    ix->limbo_bytes = 0;
     for (size_t i = 0; i < ix->limbo_nodes.n; i++) {
         uint32_t n = ix->limbo_nodes.v[i];
         atomic_store_explicit(&N(ix, n)->is_ovf, 0, memory_order_relaxed);
@@ -1304,7 +1315,11 @@ static void kvr_index_reclaim_(kvr_index_t *ix) { kvr_index_reclaim(ix); }
 
 static void reclaim_if_due(kvr_index_t *ix)
 {
-    if (ix->limbo_nodes.n >= 8192 || ix->limbo_ptrs.n >= 1024 || ix->limbo_slots.n >= 64)
+    /* a grace period is a membarrier (an IPI to every CPU running a reader): batched, but
+     * bounded in memory (holder arrays outgrown by popular blocks come by the million in
+     * `bench mooncake`: at 1,024 a batch the writer waited 68 times a second) */
+    if (ix->limbo_nodes.n >= 65536 || ix->limbo_ptrs.n >= 65536 ||
+        ix->limbo_bytes >= ((size_t)16 << 20) || ix->limbo_slots.n >= 64)
         kvr_index_reclaim(ix);
 }
 
@@ -1476,7 +1491,7 @@ static uint32_t child_by_seq(const kvr_index_t *ix, uint32_t parent, uint64_t se
         return NIL; /* a leaf has no child to find: most blocks of a new chain end here */
     const ntab_t *t = atomic_load_explicit(&ix->t1, memory_order_relaxed);
     uint64_t h = kvr_mix64(seq);
-    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+    for (size_t i = ntab_home(t, h);; i = (i + 1) & t->mask) {
         uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (sl == SLOT_EMPTY)
             return NIL;
@@ -1546,7 +1561,7 @@ static int seq_reserve(kvr_index_t *ix, size_t n)
  * at our load factors is nearly always within those two lines. */
 static inline void prefetch_slots(const ntab_t *t, uint64_t key)
 {
-    size_t i = kvr_mix64(key) & t->mask;
+    size_t i = ntab_home(t, kvr_mix64(key));
     __builtin_prefetch(&t->slots[i]);
     __builtin_prefetch(&t->slots[(i + 8) & t->mask]);
 }
@@ -1603,8 +1618,8 @@ static int apply_stored(kvr_index_t *ix, const kvr_event_t *ev)
     /* reserve everything that can fail before mutating */
     if ((rc = seq_reserve(ix, ev->n_blocks)) != KVR_OK ||
         (rc = node_reserve(ix, ev->n_blocks)) != KVR_OK ||
-        (rc = ntab_reserve(ix, NULL, &ix->t1, ev->n_blocks, t1_key)) != KVR_OK ||
-        (rc = ntab_reserve(ix, &ix->t2, NULL, ev->n_blocks, t2_key)) != KVR_OK) {
+        (rc = ntab_reserve(ix, NULL, &ix->t1, ev->n_blocks)) != KVR_OK ||
+        (rc = ntab_reserve(ix, &ix->t2, NULL, ev->n_blocks)) != KVR_OK) {
         ix->st.err_capacity++;
         return rc;
     }
@@ -1640,7 +1655,7 @@ static void prefetch_ext_nodes(const kvr_index_t *ix, uint64_t ext)
 {
     const ntab_t *t = ix->t2;
     uint64_t h = kvr_mix64(ext);
-    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+    for (size_t i = ntab_home(t, h);; i = (i + 1) & t->mask) {
         uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (sl == SLOT_EMPTY)
             return;
@@ -1886,7 +1901,7 @@ static inline uint32_t probe(const kvr_index_t *ix, const ntab_t *t, uint64_t se
                              uint32_t parent)
 {
     uint64_t h = kvr_mix64(seq);
-    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+    for (size_t i = ntab_home(t, h);; i = (i + 1) & t->mask) {
         uint64_t sl = atomic_load_explicit(&t->slots[i], memory_order_acquire);
         if (sl == SLOT_EMPTY)
             return NIL;
@@ -1910,10 +1925,10 @@ static size_t resolve_chain(const kvr_index_t *ix, const ntab_t *t, const uint64
     uint32_t parent = ROOT;
     for (size_t i = 0; i < n; i++) {
         if (i + PREFETCH_SLOT < n)
-            __builtin_prefetch(&t->slots[kvr_mix64(seq[i + PREFETCH_SLOT]) & t->mask]);
+            __builtin_prefetch(&t->slots[ntab_home(t, kvr_mix64(seq[i + PREFETCH_SLOT]))]);
         if (i + PREFETCH_NODE < n) {
-            uint64_t s = atomic_load_explicit(&t->slots[kvr_mix64(seq[i + PREFETCH_NODE]) & t->mask],
-                                              memory_order_acquire);
+            uint64_t s = atomic_load_explicit(
+                &t->slots[ntab_home(t, kvr_mix64(seq[i + PREFETCH_NODE]))], memory_order_acquire);
             if (s != SLOT_EMPTY && s_node(s) != NODE_TOMB)
                 __builtin_prefetch(N(ix, s_node(s)));
         }
@@ -2403,7 +2418,7 @@ int kvr_index_dump(kvr_index_t *ix, kvr_dump_fn fn, void *ud)
 static bool ntab_has(const ntab_t *t, uint64_t key, uint32_t n)
 {
     uint64_t h = kvr_mix64(key);
-    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+    for (size_t i = ntab_home(t, h);; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (s_node(s) == n)
             return s_tag(s) == (uint32_t)(h >> 32);
