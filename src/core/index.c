@@ -1318,7 +1318,7 @@ static void reclaim_if_due(kvr_index_t *ix)
     /* a grace period is a membarrier (an IPI to every CPU running a reader): batched, but
      * bounded in memory (holder arrays outgrown by popular blocks come by the million in
      * `bench mooncake`: at 1,024 a batch the writer waited 68 times a second) */
-    if (ix->limbo_nodes.n >= 65536 || ix->limbo_ptrs.n >= 65536 ||
+    if (ix->limbo_nodes.n >= 8192 || ix->limbo_ptrs.n >= 65536 ||
         ix->limbo_bytes >= ((size_t)16 << 20) || ix->limbo_slots.n >= 64)
         kvr_index_reclaim(ix);
 }
