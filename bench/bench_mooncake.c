@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "apps/cli.h"
 #include "bench.h"
@@ -466,7 +467,8 @@ static void usage(FILE *out)
             "  --blocks N         KV blocks per simulated engine [16384]\n"
             "  --block-size N     tokens per block; 512 (the reference's default) makes one\n"
             "                     block of each trace hash id [512]\n"
-            "  --readers N        lookup threads taking the due lookups in order [2]\n"
+            "  --readers N        lookup threads taking the due lookups in order [one per\n"
+            "                     core but one, at least 1: the writer has a core]\n"
             "  --simulate-s S     accepted for the reference's command line: the engines here\n"
             "                     release a request's blocks at once (docs/index.md)\n"
             "  --window-s S       the replay window [10]\n"
@@ -530,6 +532,10 @@ int kvr_bench_mooncake(int argc, char **argv)
     int rc = kvr_cli_parse(&c, parse_option, &a, usage);
     if (rc != 0)
         return rc == 1 ? 0 : rc;
+    if (a.readers == 0) { /* a core for the writer, the others for lookups */
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        a.readers = cpus > 2 ? (uint32_t)(cpus > 65 ? 64 : cpus - 1) : 1;
+    }
     if ((uint64_t)a.workers * a.duplication > KVR_INDEX_MAX_WORKERS)
         return kvr_cli_fail(&c, "--workers x --duplication: %llu worker ranks, more than the "
                                 "index's %u",
