@@ -468,7 +468,7 @@ static void usage(FILE *out)
             "  --block-size N     tokens per block; 512 (the reference's default) makes one\n"
             "                     block of each trace hash id [512]\n"
             "  --readers N        lookup threads taking the due lookups in order [one per\n"
-            "                     core but one, at least 1: the writer has a core]\n"
+            "                     core]\n"
             "  --simulate-s S     accepted for the reference's command line: the engines here\n"
             "                     release a request's blocks at once (docs/index.md)\n"
             "  --window-s S       the replay window [10]\n"
@@ -523,7 +523,7 @@ int kvr_bench_mooncake(int argc, char **argv)
                    .trace_duplication = 1,
                    .blocks = 16384,
                    .block_size = 512,
-                   .readers = 2,
+                   .readers = 0,
                    .simulate_s = 60,
                    .window_s = 10,
                    .seed = 1};
@@ -532,9 +532,10 @@ int kvr_bench_mooncake(int argc, char **argv)
     int rc = kvr_cli_parse(&c, parse_option, &a, usage);
     if (rc != 0)
         return rc == 1 ? 0 : rc;
-    if (a.readers == 0) { /* a core for the writer, the others for lookups */
+    if (a.readers == 0) { /* one per core: on 2 cores two readers beside the writer sustain
+                           * more than one (the writer sleeps between its events) */
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        a.readers = cpus > 2 ? (uint32_t)(cpus > 65 ? 64 : cpus - 1) : 1;
+        a.readers = cpus < 1 ? 1 : (uint32_t)(cpus > 64 ? 64 : cpus);
     }
     if ((uint64_t)a.workers * a.duplication > KVR_INDEX_MAX_WORKERS)
         return kvr_cli_fail(&c, "--workers x --duplication: %llu worker ranks, more than the "
