@@ -291,6 +291,22 @@ def test_bench_mooncake():
     check("every row's lookup made for each copy, events applied cleanly",
           pt.get("lookups") == 300 * 3 and pt.get("events", 0) > 300 * 3 and
           pt.get("event_errors") == 0 and pt.get("workers") == 60, pt)
+    # the reference's --trace-duplication-factor: twice the rows in disjoint hash spaces,
+    # lookups taken by two reader threads, each made once per copy
+    p2 = subprocess.run([BIN, "bench", "mooncake", "--trace", TRACE, "--workers", "20",
+                         "--duplication", "3", "--trace-duplication", "2", "--readers", "2",
+                         "--window-s", "1", "--json"],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    try:
+        pt2 = json.loads(p2.stdout.splitlines()[0])
+    except (ValueError, IndexError):
+        pt2 = {}
+    check("trace duplication: twice the lookups, each made by one of two readers",
+          p2.returncode == 0 and pt2.get("lookups") == 300 * 2 * 3 and
+          pt2.get("trace_duplication") == 2 and pt2.get("readers") == 2 and
+          pt2.get("event_errors") == 0, (p2.returncode, pt2, p2.stderr[-300:]))
+    check("trace duplication: disjoint hash spaces (over 1.5x the pairs)",
+          pt2.get("pairs", 0) > 1.5 * pt.get("pairs", 0), (pt2.get("pairs"), pt.get("pairs")))
     p = subprocess.run([BIN, "bench", "mooncake", "--workers", "1000", "--duplication", "224"],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     check("224,000 worker ranks refused, exit 2 naming the flags",
