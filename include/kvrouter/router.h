@@ -131,6 +131,10 @@ const kvr_worker_spec_t *kvr_router_worker(const kvr_router_t *r, uint64_t worke
 size_t kvr_router_worker_ids(const kvr_router_t *r, uint64_t *ids, size_t cap);
 /* Health: fenced workers are never picked. */
 int kvr_router_set_fenced(kvr_router_t *r, uint64_t worker_id, bool fenced);
+/* Sets a worker's KV-cache size in the router's blocks (learnt after registration, from the
+ * engine's /metrics): its spec's total_kv_blocks and, in approximate mode, every rank's cache
+ * model. KVR_ENOTFOUND, KVR_EINVAL (0 blocks), KVR_ENOMEM. */
+int kvr_router_set_capacity(kvr_router_t *r, uint64_t worker_id, uint64_t blocks);
 bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id);
 /* Whether name is a LoRA adapter some worker declares (loras=) and no worker's model: a
  * request naming it as its model (as vLLM's OpenAI server takes adapters) is an adapter

@@ -690,6 +690,22 @@ int kvr_router_set_fenced(kvr_router_t *r, uint64_t worker_id, bool fenced)
     return KVR_OK;
 }
 
+int kvr_router_set_capacity(kvr_router_t *r, uint64_t worker_id, uint64_t blocks)
+{
+    long i = worker_pos(r, worker_id);
+    if (i < 0)
+        return KVR_ENOTFOUND;
+    if (blocks == 0)
+        return KVR_EINVAL;
+    kvr_worker_spec_t *w = &r->w[i].spec;
+    for (uint32_t d = 0; r->approx != NULL && d < w->dp_size; d++)
+        if (kvr_approx_set_capacity(r->approx, (kvr_worker_t){w->worker_id, w->dp_start + d},
+                                    blocks) != KVR_OK)
+            return KVR_ENOMEM;
+    w->total_kv_blocks = blocks;
+    return KVR_OK;
+}
+
 bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id)
 {
     long i = worker_pos(r, worker_id);

@@ -5,7 +5,12 @@
  * and a 200 readmits it and re-runs the scheduler's queue. The ingest thread's per-rank status
  * is copied into the router on the tick (and on GET /v1/workers), and ranks whose KV events
  * never came are warned about (rate-limited). Threads: the HTTP thread.
- * Cost: one small HTTP request per worker per interval.
+ * A worker registered without its KV-cache size (num_blocks= / total_kv_blocks) gets, after a
+ * healthy probe, GET /metrics on the same connection: vLLM's cache_config_info or SGLang's
+ * pool gauge gives it (wire/engine_capacity.h), in the worker's blocks; CAP_TRIES answers
+ * without one and the router stops asking. Every outcome is counted
+ * (kvr_worker_capacity_fetches_total) and a failure logged, rate-limited.
+ * Cost: one small HTTP request per worker per interval, and one /metrics read per worker.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,8 +18,15 @@
 
 #include <event2/http.h>
 
+#include <event2/buffer.h>
+
 #include "core/endpoint.h"
 #include "net/api_int.h"
+#include "net/log.h"
+#include "wire/engine_capacity.h"
+
+#define CAP_TRIES 3
+#define CAP_MAX_BYTES ((size_t)8 << 20) /* an engine's whole exposition text */
 
 void api_remove_probe(kvr_api_server_t *s, uint64_t id)
 {
@@ -25,6 +37,9 @@ void api_remove_probe(kvr_api_server_t *s, uint64_t id)
         if (pr->conn != NULL)
             evhttp_connection_free(pr->conn); /* cancels an in-flight probe */
         pr->conn = NULL;
+        if (pr->cap_conn != NULL)
+            evhttp_connection_free(pr->cap_conn);
+        pr->cap_conn = NULL;
         pr->dead = true;
         /* move it past the live ones */
         s->probes[i] = s->probes[s->n_probes - 1];
@@ -59,6 +74,92 @@ static void probe_result(probe_t *pr, bool ok)
     }
 }
 
+enum { CAP_LEARNT, CAP_NONE, CAP_FAILED };
+
+static void cap_outcome(probe_t *pr, int outcome, const char *why)
+{
+    kvr_api_server_t *s = pr->s;
+    s->cap_fetches[outcome]++;
+    if (outcome == CAP_LEARNT)
+        return;
+    if (++pr->cap_tries == CAP_TRIES)
+        kvr_log_limited(&s->rl_cap, KVR_LOG_WARN,
+                        "worker %llu: no KV-cache size from its /metrics after %d tries (%s); "
+                        "approximate mode keeps only a TTL for it: give num_blocks= on "
+                        "--worker or total_kv_blocks in POST /v1/workers",
+                        (unsigned long long)pr->worker_id, CAP_TRIES, why);
+    else
+        kvr_log_limited(&s->rl_cap, KVR_LOG_WARN, "worker %llu: KV-cache size from /metrics: %s",
+                        (unsigned long long)pr->worker_id, why);
+}
+
+static void on_cap_done(struct evhttp_request *req, void *arg)
+{
+    probe_t *pr = arg;
+    pr->cap_in_flight = false;
+    if (pr->dead)
+        return;
+    kvr_api_server_t *s = pr->s;
+    const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pr->worker_id);
+    if (sp == NULL || sp->total_kv_blocks != 0)
+        return; /* gone, or given meanwhile */
+    int code = req ? evhttp_request_get_response_code(req) : 0;
+    struct evbuffer *in = req ? evhttp_request_get_input_buffer(req) : NULL;
+    size_t len = in ? evbuffer_get_length(in) : 0;
+    if (code != 200 || len > CAP_MAX_BYTES) {
+        char why[64];
+        if (code != 200)
+            snprintf(why, sizeof why, "GET /metrics answered %d", code);
+        else
+            snprintf(why, sizeof why, "an answer over %zu bytes", CAP_MAX_BYTES);
+        cap_outcome(pr, CAP_FAILED, why);
+        return;
+    }
+    const char *text = len ? (const char *)evbuffer_pullup(in, (ev_ssize_t)len) : "";
+    uint32_t bs = sp->block_size ? sp->block_size : s->cfg.block_size;
+    kvr_engine_capacity_t c;
+    char err[160];
+    int rc = kvr_engine_capacity_parse(text, len, bs, &c, err, sizeof err);
+    if (rc == KVR_OK)
+        rc = kvr_router_set_capacity(s->r, pr->worker_id, c.blocks);
+    if (rc != KVR_OK) {
+        cap_outcome(pr, rc == KVR_ENOTFOUND ? CAP_NONE : CAP_FAILED,
+                    rc == KVR_ENOMEM ? "out of memory" : err);
+        return;
+    }
+    cap_outcome(pr, CAP_LEARNT, NULL);
+    kvr_log(KVR_LOG_INFO, "worker %llu: KV cache of %llu blocks of %u tokens (from %s)",
+            (unsigned long long)pr->worker_id, (unsigned long long)c.blocks, bs,
+            c.source == KVR_CAPACITY_VLLM ? "vllm:cache_config_info"
+                                          : "sglang:max_total_num_tokens");
+}
+
+/* After a healthy probe: GET /metrics if the worker's cache size is still unknown. */
+static void cap_fetch(probe_t *pr, const kvr_url_t *u)
+{
+    kvr_api_server_t *s = pr->s;
+    const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pr->worker_id);
+    if (sp == NULL || sp->total_kv_blocks != 0 || pr->cap_in_flight || pr->cap_tries >= CAP_TRIES)
+        return;
+    if (pr->cap_conn == NULL) {
+        pr->cap_conn = evhttp_connection_base_new(s->base, NULL, u->host, u->port);
+        if (pr->cap_conn == NULL)
+            return;
+        evhttp_connection_set_timeout(pr->cap_conn, 5);
+    }
+    struct evhttp_request *req = evhttp_request_new(on_cap_done, pr);
+    if (req == NULL)
+        return;
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", u->host_hdr);
+    char path[sizeof u->base_path + 16];
+    snprintf(path, sizeof path, "%s/metrics", u->base_path);
+    pr->cap_in_flight = true;
+    if (evhttp_make_request(pr->cap_conn, req, EVHTTP_REQ_GET, path) != 0) {
+        pr->cap_in_flight = false;
+        cap_outcome(pr, CAP_FAILED, "the request could not be sent");
+    }
+}
+
 static void on_probe_done(struct evhttp_request *req, void *arg)
 {
     probe_t *pr = arg;
@@ -68,6 +169,10 @@ static void on_probe_done(struct evhttp_request *req, void *arg)
     int code = req ? evhttp_request_get_response_code(req) : 0;
     probe_result(pr, code == 200);
     pr->suspect[0] = '\0';
+    const kvr_worker_spec_t *sp = kvr_router_worker(pr->s->r, pr->worker_id);
+    kvr_url_t u;
+    if (code == 200 && sp != NULL && kvr_endpoint_parse_url(sp->url, NULL, &u, NULL, 0) == KVR_OK)
+        cap_fetch(pr, &u);
 }
 
 static void probe_one(probe_t *pr)

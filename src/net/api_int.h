@@ -36,6 +36,10 @@ typedef struct probe {
     bool dead; /* its worker was removed; kept until the server goes (a late callback) */
     uint32_t failures;
     char suspect[96]; /* non-empty: a probe sent on other evidence; its failure fences */
+    /* its KV-cache size from GET /metrics, when registered without one (api_health.c) */
+    struct evhttp_connection *cap_conn; /* its own: a health connection may be closing */
+    bool cap_in_flight;
+    uint8_t cap_tries; /* failed fetches; it gives up after CAP_TRIES */
 } probe_t;
 
 /* A JSON API request waiting in the scheduler's queue: the client to answer when it leaves.
@@ -78,6 +82,8 @@ struct kvr_api_server {
     size_t cap_ranks;
     kvr_ratelimit_t rl_health;
     kvr_ratelimit_t rl_silent; /* ranks whose KV events never came (warn_silent_ranks) */
+    kvr_ratelimit_t rl_cap;    /* capacity fetches that failed */
+    uint64_t cap_fetches[3];   /* capacity from /metrics: learnt, none there, failed */
     uint64_t first_routed_ms, last_silent_check_ms;
     kvr_api_extension_t ext[KVR_API_MAX_EXTENSIONS]; /* the OpenAI front end, replica sync */
     size_t n_ext;

@@ -234,6 +234,24 @@ static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
             }
         }
     }
+    kvr_prom_family(p, "kvr_worker_kv_capacity_blocks", "gauge",
+                    "The worker's KV-cache size in its blocks (0: unknown), given or learnt "
+                    "from its /metrics.");
+    for (size_t i = 0; i < n && i < 4096; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(s->r, ids[i]);
+        char wid[24];
+        snprintf(wid, sizeof wid, "%llu", (unsigned long long)ids[i]);
+        kvr_prom_label_t l[] = {{"worker_id", wid}};
+        kvr_prom_sample(p, "kvr_worker_kv_capacity_blocks", l, 1,
+                        sp ? (double)sp->total_kv_blocks : 0);
+    }
+    kvr_prom_family(p, "kvr_worker_capacity_fetches_total", "counter",
+                    "Reads of a worker's KV-cache size from its /metrics, by result.");
+    static const char *const results[] = {"learnt", "not_exposed", "failed"};
+    for (int k = 0; k < 3; k++) {
+        kvr_prom_label_t l[] = {{"result", results[k]}};
+        kvr_prom_sample(p, "kvr_worker_capacity_fetches_total", l, 1, (double)s->cap_fetches[k]);
+    }
 }
 
 void api_h_metrics(kvr_api_server_t *s, struct evhttp_request *req)

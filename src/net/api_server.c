@@ -644,6 +644,11 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
     kvr_json_string(w, sp->model);
     kvr_json_key(w, "block_size");
     kvr_json_u64(w, sp->block_size ? sp->block_size : s->cfg.block_size);
+    kvr_json_key(w, "total_kv_blocks"); /* given, or learnt from its /metrics; null: unknown */
+    if (sp->total_kv_blocks != 0)
+        kvr_json_u64(w, sp->total_kv_blocks);
+    else
+        kvr_json_null(w);
     kvr_json_key(w, "loras");
     kvr_json_string(w, sp->loras);
     kvr_json_key(w, "learned_loras");
@@ -1249,6 +1254,7 @@ kvr_api_server_t *kvr_api_server_new(struct event_base *base, kvr_sched_t *sched
     s->cfg = *cfg;
     s->rl_health = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     s->rl_silent = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(60000, 8);
+    s->rl_cap = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(60000, 8);
     kvr_json_writer_init(&s->w);
     kvr_prom_init(&s->prom);
     kvr_hist_init(&s->h_hash, OVERHEAD_BUCKETS, N_OVERHEAD_BUCKETS);
@@ -1318,6 +1324,8 @@ void kvr_api_server_free(kvr_api_server_t *s)
     for (size_t i = 0; s->probes != NULL && i < s->n_all; i++) {
         if (s->probes[i]->conn != NULL)
             evhttp_connection_free(s->probes[i]->conn);
+        if (s->probes[i]->cap_conn != NULL)
+            evhttp_connection_free(s->probes[i]->cap_conn);
         free(s->probes[i]);
     }
     if (s->sched != NULL)

@@ -1163,6 +1163,22 @@ static void h_metrics(kvr_mocker_t *m, struct evhttp_request *req)
             v[r] = metric_value(&m->ranks[r], f, &st[r], &ps[r]);
         metric_per_rank(m, MF[f].name, MF[f].type, MF[f].help, v);
     }
+    /* vLLM's info gauge of its cache config, one line per engine core: a router learns the
+     * cache size from it (num_gpu_blocks of block_size tokens) */
+    kvr_prom_family(&m->prom, "vllm:cache_config_info", "gauge",
+                    "Information of the LLMEngine CacheConfig");
+    for (uint32_t r = 0; r < m->cfg.dp_size; r++) {
+        char bs[16], nb[16], en[16];
+        snprintf(bs, sizeof bs, "%u", m->cfg.engine.block_size);
+        snprintf(nb, sizeof nb, "%u", m->cfg.engine.num_gpu_blocks);
+        snprintf(en, sizeof en, "%u", r);
+        kvr_prom_label_t cl[] = {
+            {"block_size", bs},
+            {"enable_prefix_caching", m->cfg.engine.enable_prefix_caching ? "True" : "False"},
+            {"engine", en},
+            {"num_gpu_blocks", nb}};
+        kvr_prom_sample(&m->prom, "vllm:cache_config_info", cl, 4, 1.0);
+    }
     kvr_prom_label_t l[] = {{"model_name", m->cfg.model}};
     kvr_prom_family(&m->prom, "vllm:time_to_first_token_seconds", "histogram",
                     "Time to first token (real time, arrival to first token sent)");

@@ -607,6 +607,93 @@ def scenario_vllm_mm_events(ctx):
         eng.close()
 
 
+class FakeMetricsEngine:
+    """An engine's HTTP face reduced to /health (200) and /metrics (the given text)."""
+
+    def __init__(self, text):
+        body = text.encode()
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.server.gets.append(self.path)
+                out = body if self.path == "/metrics" else b"ok"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.gets = []
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def metrics_gets(self):
+        return sum(1 for g in self.srv.gets if g == "/metrics")
+
+    def health_gets(self):
+        return sum(1 for g in self.srv.gets if g == "/health")
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def scenario_capacity_from_metrics():
+    """A worker registered without num_blocks= gets its KV-cache size from its /metrics: vLLM's
+    cache_config_info (here the mocker's, which exports it as vLLM does), SGLang's
+    max_total_num_tokens in tokens; a worker given one is never asked; a worker whose metrics
+    are malformed is asked three times, counted and logged, then left alone."""
+    m = Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--block-size", BS,
+               "--num-gpu-blocks", "500", "--speedup", "100"], "mocker capacity")
+    sgl = FakeMetricsEngine("# TYPE sglang:max_total_num_tokens gauge\n"
+                            'sglang:max_total_num_tokens{model_name="m"} 1.6e+04\n')
+    bad = FakeMetricsEngine('vllm:cache_config_info{block_size="16",num_gpu_blocks="lots"} 1\n')
+    given = FakeMetricsEngine('vllm:cache_config_info{block_size="16",num_gpu_blocks="9"} 1\n')
+    r = None
+    try:
+        r = serve("--use-kv-events", "false", "--health-interval-ms", "100",
+                  "--worker", f"id=1,url={m.url}", "--worker", f"id=2,url={sgl.url}",
+                  "--worker", f"id=3,url={bad.url}",
+                  "--worker", f"id=4,url={given.url},num_blocks=77")
+
+        def caps():
+            _, w = r.call("GET", "/v1/workers")
+            return {wk["worker_id"]: wk.get("total_kv_blocks") for wk in w["workers"]}
+        check("capacity: learnt from vLLM's cache_config_info (the mocker's 500 blocks) and "
+              "SGLang's pool (16,000 tokens / 16)",
+              eventually(lambda: caps().get(1) == 500 and caps().get(2) == 1000), caps())
+
+        def fetches(result):
+            return r.metric("kvr_worker_capacity_fetches_total", result=result)
+        check("capacity: the malformed one asked 3 times, counted failed",
+              eventually(lambda: fetches("failed") == 3 and bad.metrics_gets() == 3),
+              (fetches("failed"), bad.metrics_gets()))
+        check("capacity: learnt counted once a worker", fetches("learnt") == 2, fetches("learnt"))
+        gets_1, health_1 = bad.metrics_gets(), bad.health_gets()
+        check("capacity: health probes go on (five more)",
+              eventually(lambda: bad.health_gets() >= health_1 + 5), bad.health_gets())
+        check("capacity: then left alone; a worker given num_blocks never asked",
+              bad.metrics_gets() == gets_1 and given.metrics_gets() == 0 and caps().get(4) == 77
+              and caps().get(3) is None, (bad.metrics_gets(), given.metrics_gets(), caps()))
+        check("capacity: the gauge per worker",
+              r.metric("kvr_worker_kv_capacity_blocks", worker_id=1) == 500 and
+              r.metric("kvr_worker_kv_capacity_blocks", worker_id=3) == 0,
+              (r.metric("kvr_worker_kv_capacity_blocks", worker_id=1),
+               r.metric("kvr_worker_kv_capacity_blocks", worker_id=3)))
+        check("capacity: the failure logged naming the metric and the way out",
+              "num_gpu_blocks is not a count" in r.stderr() and "num_blocks=" in r.stderr(),
+              r.stderr()[-800:])
+    finally:
+        if r is not None:
+            r.stop()
+        m.stop()
+        for e in (sgl, bad, given):
+            e.close()
+
+
 def main():
     ctx = zmq.Context()
     try:
@@ -625,6 +712,7 @@ def main():
         scenario_mocker_adapters()
         scenario_chat_images()
         scenario_vllm_mm_events(ctx)
+        scenario_capacity_from_metrics()
     finally:
         kill_children()
         ctx.term()
