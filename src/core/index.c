@@ -349,8 +349,6 @@ static inline uint64_t t1_key(const kvr_index_t *ix, uint32_t n)
     return atomic_load_explicit(&N(ix, n)->seq, memory_order_relaxed);
 }
 
-static inline uint64_t t2_key(const kvr_index_t *ix, uint32_t n) { return N(ix, n)->ext; }
-
 static void ntab_put_hashed(ntab_t *t, uint64_t h, uint32_t n);
 
 static void ntab_put(ntab_t *t, uint64_t key, uint32_t n) { ntab_put_hashed(t, kvr_mix64(key), n); }
