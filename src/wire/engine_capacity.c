@@ -7,28 +7,17 @@
 #include "wire/engine_capacity.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvrouter.h"
+#include "wire/parse_fail.h"
 
 #define VLLM_NAME "vllm:cache_config_info"
 #define SGL_NAME "sglang:max_total_num_tokens"
 #define MAX_TOKENS (UINT64_C(1) << 52) /* 4.5e15 tokens: no engine comes near */
-
-static int fail(char *err, size_t err_len, int rc, const char *fmt, ...)
-{
-    if (err != NULL && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 typedef struct line {
     const char *p, *end; /* the cursor and the end of the line (its newline excluded) */
@@ -147,29 +136,29 @@ static int take_line(line_t *l, found_t *f, char *err, size_t err_len)
     labels_t lb = {0};
     double v;
     if (!read_labels(l, &lb) || !read_value(l, &v))
-        return fail(err, err_len, KVR_EPARSE, "%s: a malformed sample line", what);
+        return kvr_parse_fail(err, err_len, "%s: a malformed sample line", what);
     if (sgl) {
         if (v >= (double)MAX_TOKENS)
-            return fail(err, err_len, KVR_EPARSE, "%s: %g tokens is not a KV pool", what, v);
+            return kvr_parse_fail(err, err_len, "%s: %g tokens is not a KV pool", what, v);
         uint64_t t = (uint64_t)v;
         if (f->sgl_tokens == 0 || t < f->sgl_tokens)
             f->sgl_tokens = t;
         return KVR_OK;
     }
     if (lb.blocks == NULL)
-        return fail(err, err_len, KVR_EPARSE, "%s: no num_gpu_blocks label", what);
+        return kvr_parse_fail(err, err_len, "%s: no num_gpu_blocks label", what);
     if (lb.blocks_end - lb.blocks == 4 && memcmp(lb.blocks, "None", 4) == 0) {
         f->vllm_unsized = true;
         return KVR_OK;
     }
     uint64_t blocks, bs;
     if (!dec_u64(lb.blocks, lb.blocks_end, &blocks))
-        return fail(err, err_len, KVR_EPARSE, "%s: num_gpu_blocks is not a count", what);
+        return kvr_parse_fail(err, err_len, "%s: num_gpu_blocks is not a count", what);
     if (lb.block_size == NULL || !dec_u64(lb.block_size, lb.block_size_end, &bs) || bs == 0 ||
         bs > 65536)
-        return fail(err, err_len, KVR_EPARSE, "%s: block_size missing or not a block size", what);
+        return kvr_parse_fail(err, err_len, "%s: block_size missing or not a block size", what);
     if (blocks > MAX_TOKENS / bs)
-        return fail(err, err_len, KVR_EPARSE, "%s: num_gpu_blocks out of range", what);
+        return kvr_parse_fail(err, err_len, "%s: num_gpu_blocks out of range", what);
     uint64_t t = blocks * bs;
     if (f->vllm_tokens == 0 || t < f->vllm_tokens)
         f->vllm_tokens = t;
@@ -179,8 +168,10 @@ static int take_line(line_t *l, found_t *f, char *err, size_t err_len)
 int kvr_engine_capacity_parse(const char *text, size_t len, uint32_t block_size,
                               kvr_engine_capacity_t *out, char *err, size_t err_len)
 {
-    if (block_size == 0 || out == NULL || (text == NULL && len > 0))
-        return fail(err, err_len, KVR_EINVAL, "block size 0 or no text");
+    if (block_size == 0 || out == NULL || (text == NULL && len > 0)) {
+        (void)kvr_parse_fail(err, err_len, "block size 0 or no text");
+        return KVR_EINVAL;
+    }
     found_t f = {0};
     const char *p = text, *end = text + len;
     while (p < end) {
@@ -194,13 +185,18 @@ int kvr_engine_capacity_parse(const char *text, size_t len, uint32_t block_size,
         p = nl ? nl + 1 : end;
     }
     uint64_t tokens = f.vllm_tokens ? f.vllm_tokens : f.sgl_tokens;
-    if (tokens == 0)
-        return fail(err, err_len, KVR_ENOTFOUND,
-                    f.vllm_unsized ? VLLM_NAME " says num_gpu_blocks=\"None\" (not sized yet)"
-                                   : "no " VLLM_NAME " or " SGL_NAME " in the metrics");
-    if (tokens < block_size)
-        return fail(err, err_len, KVR_EINVAL, "a KV pool of %llu tokens is under one block",
-                    (unsigned long long)tokens);
+    if (tokens == 0) {
+        (void)kvr_parse_fail(err, err_len, "%s",
+                             f.vllm_unsized ? VLLM_NAME
+                                 " says num_gpu_blocks=\"None\" (not sized yet)"
+                                            : "no " VLLM_NAME " or " SGL_NAME " in the metrics");
+        return KVR_ENOTFOUND;
+    }
+    if (tokens < block_size) {
+        (void)kvr_parse_fail(err, err_len, "a KV pool of %llu tokens is under one block",
+                             (unsigned long long)tokens);
+        return KVR_EINVAL;
+    }
     out->tokens = tokens;
     out->blocks = tokens / block_size;
     out->source = f.vllm_tokens ? KVR_CAPACITY_VLLM : KVR_CAPACITY_SGLANG;
