@@ -1,5 +1,5 @@
 /*
- * parse_fail.h: the one way the binary-format readers (index_snapshot.c, sync_msg.c) refuse
+ * parse_fail.h: the one way the wire readers (index_snapshot.c, sync_msg.c, engine_capacity.c) refuse
  * bytes: the message formatted into the caller's (err, err_len) when given, KVR_EPARSE
  * returned. Threads: none. Cost: one vsnprintf.
  */
