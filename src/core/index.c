@@ -713,14 +713,16 @@ static int holder_add(kvr_index_t *ix, node_t *nd, holder_t hv)
 }
 
 /* A removal moves the last holder into the hole, so a reader scanning meanwhile may see that
- * holder twice: the node's seqcount (odd during the move) tells it to rescan with a check. */
+ * holder twice: the node's seqcount (odd during the move) tells it to rescan with a check.
+ * No fence is needed (nor allowed under TSan): a reader can see a holder twice only by reading
+ * the moved one, which hset stores with release after the odd count, and it reads holders with
+ * acquire, so its second look at the count sees the odd value or a later one. */
 static void holder_remove_at(node_t *nd, uint32_t i)
 {
     _Atomic holder_t *h = holders_w(nd);
     uint32_t n = n_holders(nd);
     uint16_t sq = atomic_load_explicit(&nd->hseq, memory_order_relaxed);
     atomic_store_explicit(&nd->hseq, (uint16_t)(sq + 1), memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
     hblock_t *b = hblock_w(nd);
     if (b != NULL && b->pmask != 0) {
         hpos_erase(b, hpos_entry(b, h_slot(hget(h, i)), i));
@@ -2006,7 +2008,7 @@ static kvr_match_t *emit_holders(const kvr_index_t *ix, struct kvr_lookup_scratc
             if ((h_flags(h) & HF_REACH) && s < max_slot)
                 mo = put_match(mo, ix, sc, s, depth, false);
         }
-        atomic_thread_fence(memory_order_acquire);
+        /* after the holders' acquire loads, so it sees any removal whose move was read */
         if (atomic_load_explicit(&nd->hseq, memory_order_relaxed) == sq)
             return mo;
         mo = start;
