@@ -170,9 +170,9 @@ typedef struct otab {
 /* ---------------------------------------------------------------------------------------- */
 /* Worker slots */
 
+/* A worker slot's state; its identity (worker id, rank) is ix->wids[slot], one copy for the
+ * writer and for readers emitting matches. */
 typedef struct wslot {
-    uint64_t worker_id;
-    uint32_t dp_rank;
     uint8_t live;
     uint8_t limbo;
     _Atomic uint32_t n_lower; /* pairs with a lower-tier bit; read by lookups */
@@ -208,7 +208,7 @@ struct kvr_index {
 
     wslot_t *slots;
     _Atomic uint32_t slots_hw; /* slots [0, hw) have been used */
-    kvr_worker_t *wids;        /* slot -> its worker, compact for readers emitting matches */
+    kvr_worker_t *wids;        /* slot -> its worker (compact: readers copy it per match) */
     uint32_t *smap;            /* (worker_id, dp_rank) -> live slot + 1 (writer only) */
     size_t smap_mask;
     u32vec_t free_slots;
@@ -752,16 +752,15 @@ static inline uint64_t worker_home(uint64_t worker_id, uint32_t dp_rank)
 {
     return kvr_mix64(worker_id ^ kvr_mix64((uint64_t)dp_rank + 1));
 }
-#define SMAP_HOME(ix, e) worker_home((ix)->slots[*(e)-1].worker_id, (ix)->slots[*(e)-1].dp_rank)
+#define SMAP_HOME(ix, e) worker_home((ix)->wids[*(e)-1].worker_id, (ix)->wids[*(e)-1].dp_rank)
 #define SMAP_EMPTY(e) (*(e) == 0)
 #define SMAP_CLEAR(e) (*(e) = 0)
 KVR_OATAB_DEFINE(smap, kvr_index_t, uint32_t, SMAP_HOME, SMAP_EMPTY, SMAP_CLEAR)
 
 static bool smap_match(const kvr_index_t *ix, const uint32_t *e, const void *key)
 {
-    const kvr_worker_t *w = key;
-    const wslot_t *ws = &ix->slots[*e - 1];
-    return ws->worker_id == w->worker_id && ws->dp_rank == w->dp_rank;
+    const kvr_worker_t *w = key, *sw = &ix->wids[*e - 1];
+    return sw->worker_id == w->worker_id && sw->dp_rank == w->dp_rank;
 }
 
 static long slot_find(const kvr_index_t *ix, kvr_worker_t w)
@@ -774,16 +773,15 @@ static long slot_find(const kvr_index_t *ix, kvr_worker_t w)
 /* Slot s (live, its worker set) enters the map. */
 static void smap_insert(kvr_index_t *ix, uint32_t s)
 {
-    const wslot_t *ws = &ix->slots[s];
+    const kvr_worker_t *w = &ix->wids[s];
     ix->smap[smap_free_slot(ix->smap, ix->smap_mask,
-                            (size_t)worker_home(ws->worker_id, ws->dp_rank))] = s + 1;
+                            (size_t)worker_home(w->worker_id, w->dp_rank))] = s + 1;
 }
 
 /* Slot s (still naming its worker) leaves the map. */
 static void smap_erase(kvr_index_t *ix, uint32_t s)
 {
-    const wslot_t *ws = &ix->slots[s];
-    kvr_worker_t w = {.worker_id = ws->worker_id, .dp_rank = ws->dp_rank};
+    kvr_worker_t w = ix->wids[s];
     uint32_t *e = smap_find(ix, ix->smap, ix->smap_mask,
                             (size_t)worker_home(w.worker_id, w.dp_rank), smap_match, &w);
     if (e != NULL)
@@ -801,7 +799,8 @@ static long slot_get(kvr_index_t *ix, kvr_worker_t w)
      * that saw its old pairs and sees its new ones still counts it once */
     for (size_t i = 0; i < ix->limbo_slots.n; i++) {
         wslot_t *old = &ix->slots[ix->limbo_slots.v[i]];
-        if (old->worker_id == w.worker_id && old->dp_rank == w.dp_rank) {
+        const kvr_worker_t *ow = &ix->wids[ix->limbo_slots.v[i]];
+        if (ow->worker_id == w.worker_id && ow->dp_rank == w.dp_rank) {
             uint32_t os = ix->limbo_slots.v[i];
             ix->limbo_slots.v[i] = ix->limbo_slots.v[--ix->limbo_slots.n];
             old->limbo = 0;
@@ -827,9 +826,7 @@ static long slot_get(kvr_index_t *ix, kvr_worker_t w)
         ns = hw;
     }
     wslot_t *ws = &ix->slots[ns];
-    ws->worker_id = w.worker_id;
     ix->wids[ns] = w;
-    ws->dp_rank = w.dp_rank;
     ws->n_pairs = 0;
     ws->n_orphan = 0;
     atomic_store_explicit(&ws->n_lower, 0, memory_order_relaxed);
@@ -1182,10 +1179,8 @@ static void evict_node(kvr_index_t *ix, uint32_t n)
         uint32_t i = n_holders(nd) - 1;
         holder_t hv = hget(holders_w(nd), i);
         if (ix->cfg.on_evict != NULL) {
-            const wslot_t *ws = &ix->slots[h_slot(hv)];
-            kvr_worker_t w = {ws->worker_id, ws->dp_rank};
-            ix->cfg.on_evict(ix->cfg.on_evict_ud, w, pair_ext(ix, h_slot(hv), n, hv),
-                             h_tiers(hv));
+            ix->cfg.on_evict(ix->cfg.on_evict_ud, ix->wids[h_slot(hv)],
+                             pair_ext(ix, h_slot(hv), n, hv), h_tiers(hv));
         }
         ix->st.evicted_pairs++;
         pair_drop(ix, n, i, false);
@@ -1794,7 +1789,8 @@ static int remove_ranks(kvr_index_t *ix, uint64_t worker_id, bool all, uint32_t 
     uint32_t hw = atomic_load_explicit(&ix->slots_hw, memory_order_relaxed);
     for (uint32_t s = 0; s < hw; s++) {
         wslot_t *ws = &ix->slots[s];
-        if (!ws->live || ws->worker_id != worker_id || (!all && ws->dp_rank != dp_rank))
+        if (!ws->live || ix->wids[s].worker_id != worker_id ||
+            (!all && ix->wids[s].dp_rank != dp_rank))
             continue;
         any = true;
         drop_slot_pairs(ix, s);
@@ -1982,15 +1978,6 @@ static uint32_t fresh_stamp(struct kvr_lookup_scratch *sc)
     return sc->epoch;
 }
 
-/* Device walk over chain[0, len): per slot, the depth at which it drops out. REACH sets only
- * shrink along a path, so a level is inspected only when its REACH count differs from the
- * active count. The active set starts as the REACH holders of chain[0], not listed: most
- * lookups of a shared prefix drop nearly every holder at one level, so the first drop scans
- * that level's holders (the survivors, stamped), then chain[0]'s holders once, emitting
- * every unstamped one and listing the survivors; later drops work on that list. Stamps
- * (mark[]) also keep a slot seen twice in a torn holder array from being emitted twice, and
- * a slot is active only if chain[0] listed it. Cost: holders of chain[0] + holders of each
- * drop level + active list at each later drop, and one write per match. */
 /* Every REACH holder of nd (below max_slot) matched at depth, nothing emitted before: one
  * plain pass when no removal moved a holder meanwhile (the node's seqcount is unchanged and
  * even), else a pass that stamps each slot so none is emitted twice. */
@@ -2164,8 +2151,8 @@ static void lower_walk(const kvr_index_t *ix, kvr_lookup_t *lk, size_t len, uint
             touch(lk, ix, s);
         }
         for (size_t m = 0; m < lk->n_matches; m++) {
-            if (lk->matches[m].worker.worker_id == ix->slots[s].worker_id &&
-                lk->matches[m].worker.dp_rank == ix->slots[s].dp_rank) {
+            if (lk->matches[m].worker.worker_id == ix->wids[s].worker_id &&
+                lk->matches[m].worker.dp_rank == ix->wids[s].dp_rank) {
                 lk->matches[m].host_blocks = h;
                 lk->matches[m].disk_blocks = d;
                 if (start + h + d > lk->priv->end)
@@ -2286,10 +2273,9 @@ typedef struct dump_ctx {
 static int dump_emit_store(dump_ctx_t *d, uint32_t slot, unsigned tier, bool has_parent,
                            uint64_t parent_ext, uint64_t ext, uint64_t lbh)
 {
-    const wslot_t *ws = &d->ix->slots[slot];
     kvr_block_t b = {.ext = ext, .lbh = lbh};
     kvr_event_t ev = {.kind = KVR_EV_STORED,
-                      .worker = {ws->worker_id, ws->dp_rank},
+                      .worker = d->ix->wids[slot],
                       .tier = (kvr_tier_t)tier,
                       .event_id = d->next_id++,
                       .has_parent = has_parent,
@@ -2370,9 +2356,8 @@ static int dump_remove_temps(dump_ctx_t *d)
         uint32_t slot = d->temp_n.v[i], n = d->temp_n.v[i + 1];
         oent_t *e = otab_find(&d->temp, slot, n);
         uint64_t ext = e ? e->val : 0;
-        const wslot_t *ws = &d->ix->slots[slot];
         kvr_event_t ev = {.kind = KVR_EV_REMOVED,
-                          .worker = {ws->worker_id, ws->dp_rank},
+                          .worker = d->ix->wids[slot],
                           .tier = KVR_TIER_DEVICE,
                           .event_id = d->next_id++,
                           .removed = &ext,
@@ -2566,7 +2551,7 @@ int kvr_index_verify(const kvr_index_t *ix, char *msg, size_t msg_len)
         if (!ix->slots[s].live)
             continue;
         live_slots++;
-        kvr_worker_t w = {.worker_id = ix->slots[s].worker_id, .dp_rank = ix->slots[s].dp_rank};
+        kvr_worker_t w = ix->wids[s];
         if (slot_find(ix, w) != (long)s)
             FAIL("slot map: slot %u (worker %llu rank %u) not found", s,
                  (unsigned long long)w.worker_id, w.dp_rank);
