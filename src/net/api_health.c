@@ -135,14 +135,16 @@ static void on_cap_done(struct evhttp_request *req, void *arg)
 }
 
 /* After a healthy probe: GET /metrics if the worker's cache size is still unknown. */
-static void cap_fetch(probe_t *pr, const kvr_url_t *u)
+static void cap_fetch(probe_t *pr)
 {
     kvr_api_server_t *s = pr->s;
     const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pr->worker_id);
-    if (sp == NULL || sp->total_kv_blocks != 0 || pr->cap_in_flight || pr->cap_tries >= CAP_TRIES)
+    kvr_url_t u;
+    if (sp == NULL || sp->total_kv_blocks != 0 || pr->cap_in_flight || pr->cap_tries >= CAP_TRIES ||
+        kvr_endpoint_parse_url(sp->url, NULL, &u, NULL, 0) != KVR_OK)
         return;
     if (pr->cap_conn == NULL) {
-        pr->cap_conn = evhttp_connection_base_new(s->base, NULL, u->host, u->port);
+        pr->cap_conn = evhttp_connection_base_new(s->base, NULL, u.host, u.port);
         if (pr->cap_conn == NULL)
             return;
         evhttp_connection_set_timeout(pr->cap_conn, 5);
@@ -150,9 +152,9 @@ static void cap_fetch(probe_t *pr, const kvr_url_t *u)
     struct evhttp_request *req = evhttp_request_new(on_cap_done, pr);
     if (req == NULL)
         return;
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", u->host_hdr);
-    char path[sizeof u->base_path + 16];
-    snprintf(path, sizeof path, "%s/metrics", u->base_path);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", u.host_hdr);
+    char path[sizeof u.base_path + 16];
+    snprintf(path, sizeof path, "%s/metrics", u.base_path);
     pr->cap_in_flight = true;
     if (evhttp_make_request(pr->cap_conn, req, EVHTTP_REQ_GET, path) != 0) {
         pr->cap_in_flight = false;
@@ -169,10 +171,8 @@ static void on_probe_done(struct evhttp_request *req, void *arg)
     int code = req ? evhttp_request_get_response_code(req) : 0;
     probe_result(pr, code == 200);
     pr->suspect[0] = '\0';
-    const kvr_worker_spec_t *sp = kvr_router_worker(pr->s->r, pr->worker_id);
-    kvr_url_t u;
-    if (code == 200 && sp != NULL && kvr_endpoint_parse_url(sp->url, NULL, &u, NULL, 0) == KVR_OK)
-        cap_fetch(pr, &u);
+    if (code == 200)
+        cap_fetch(pr);
 }
 
 static void probe_one(probe_t *pr)
