@@ -327,6 +327,24 @@ int kvr_approx_remove_rank(kvr_approx_t *ap, kvr_worker_t w);
  * the router stops crediting it with prefixes it has evicted. */
 int kvr_approx_set_capacity(kvr_approx_t *ap, kvr_worker_t w, uint64_t blocks);
 /* Blocks evicted by capacity so far. */
+/* A request's life on a rank with a known capacity, as its engine's cache sees it:
+ *   begin   routed: its blocks recorded (kvr_approx_record), kept under key (the load tracker's
+ *           handle, never 0); a key whose slot holds an unended request ends that one first;
+ *   start   its engine admitted it (the first token): its blocks touched again and held (not
+ *           evictable) until it ends, as an engine holds a running request's blocks;
+ *   output  it filled an output block: held too, and evictable once it ends, though no prompt
+ *           asks for it;
+ *   end     finished: its blocks touched again, outputs first, then its prompt deepest first,
+ *           as an engine frees them into its LRU.
+ * KVR_ENOTFOUND: no request under key. */
+int kvr_approx_begin(kvr_approx_t *ap, uint64_t key, kvr_worker_t worker, const uint64_t *lbh,
+                     const uint64_t *seq, size_t n, uint64_t now_ms);
+int kvr_approx_start(kvr_approx_t *ap, uint64_t key, uint64_t now_ms);
+int kvr_approx_output(kvr_approx_t *ap, uint64_t key);
+/* Checks the invariants core/approx.c states (KVR_OK; KVR_EINVAL with msg; KVR_ENOMEM). O(size
+ * x ranks); for tests. Not const: it marks timers while it runs, and leaves them as they were. */
+int kvr_approx_verify(kvr_approx_t *ap, char *msg, size_t msg_len);
+int kvr_approx_end(kvr_approx_t *ap, uint64_t key, uint64_t now_ms);
 uint64_t kvr_approx_evicted(const kvr_approx_t *ap);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -432,6 +450,10 @@ int kvr_load_free_h(kvr_load_t *lt, kvr_req_handle_t h, uint64_t now_ms);
 /* The id of the live request h names (not counted when stale: KVR_ENOTFOUND); *id points into
  * the tracker, valid until the request is freed. */
 int kvr_load_handle_id(const kvr_load_t *lt, kvr_req_handle_t h, const char **id, size_t *id_len);
+/* A live request, found by id (id != NULL) or by handle: the worker rank it is booked on and
+ * its handle. KVR_ENOTFOUND when none is live. */
+int kvr_load_request_ref(const kvr_load_t *lt, const char *id, size_t id_len, kvr_req_handle_t h,
+                         kvr_worker_t *w, kvr_req_handle_t *handle);
 /* Frees requests added expiry_ms or more before now_ms (counted). Returns how many. */
 size_t kvr_load_expire(kvr_load_t *lt, uint64_t now_ms);
 /* When the oldest live request becomes stale (UINT64_MAX when none): a timer for expire(). */

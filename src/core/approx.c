@@ -13,12 +13,23 @@
  *
  * Capacity (kvr_approx_set_capacity): a rank with a known cache size keeps a queue of its
  * blocks' touches, oldest first (entries whose timer was touched again are stale and
- * skipped); recording past the capacity evicts from its front. Invariant: a bounded rank's
- * `count` is its number of live timers, and every live timer of it has one entry in its queue
- * with the timer's stamp.
+ * skipped); recording past the capacity evicts from its front. Requests in flight
+ * (kvr_approx_begin .. _end, kept by the load tracker's slot) model what an engine does with
+ * them: from its start (first token) to its end a request pins its blocks (not evictable, as an
+ * engine holds a running request's blocks) and holds its output blocks (`anon_held`: capacity
+ * used by content no prompt asks for); at its end its outputs, then its prompt deepest first,
+ * are touched again (an engine frees a request's blocks into its LRU when it finishes, last
+ * block first). Against the engine's own block pool (core/kvcache.h) this model caches
+ * exactly the same prompt blocks (tests/core/test_approx.c); without it, the conversation
+ * trace's prediction was 16% high.
+ * Invariants (kvr_approx_verify): a bounded rank's `count` is its number of live timers,
+ * `anon` the anonymous entries of its queue, `anon_held` the output blocks of its requests in
+ * flight, and every live unpinned timer of it has an entry in its queue with the timer's stamp;
+ * a timer's pins are the started requests in flight holding it.
  *
  * Memory: timers and heap are bounded by max_tree_size (plus the stale allowance); a bounded
- * rank's queue by 4x its live blocks + 1024.
+ * rank's queue by 4x its live blocks + 1024; a request in flight keeps a copy of its hashes
+ * (16 bytes a block), in buffers reused by its slot.
  * Threads: the index's writer thread.
  * Cost: record O(n log size); expire and prune O(removed log size).
  */
@@ -27,6 +38,7 @@
 
 #include "core/grow.h"
 #include "core/oatab.h"
+#include "core/verify.h"
 #include "kvrouter.h"
 
 typedef struct timer {
@@ -36,6 +48,7 @@ typedef struct timer {
     uint64_t stamp; /* its last touch (the capacity queue's entries name it) */
     uint32_t dp_rank;
     uint32_t pos;
+    uint32_t pins; /* requests in flight holding it (kvr_approx_begin .. _end) */
     uint8_t used;
 } timer_t_;
 
@@ -50,9 +63,22 @@ typedef struct wcap {
     uint8_t used;
     uint64_t cap;   /* blocks; 0 = not bounded */
     uint64_t count; /* its live timers */
+    uint64_t anon;  /* freed output blocks in its queue (content no prompt asks for) */
+    uint64_t anon_held; /* output blocks of its requests in flight (not evictable) */
     qent_t *q;      /* touches in order; an entry whose timer has another stamp is stale */
     size_t head, n, cap_q;
 } wcap_t;
+
+/* A routed request in flight (kvr_approx_begin): its blocks, to touch again when it ends.
+ * Kept in a slot named by the key's low half (the load tracker's slot); buffers are reused. */
+typedef struct areq {
+    uint64_t key; /* 0 = empty */
+    kvr_worker_t w;
+    size_t n, cap;
+    uint64_t n_out; /* its output blocks so far (kvr_approx_output) */
+    bool started;   /* its engine admitted it (kvr_approx_start): its blocks are pinned */
+    uint64_t *lbh, *seq;
+} areq_t;
 
 typedef struct hent {
     uint64_t expiry_ms;
@@ -75,6 +101,8 @@ struct kvr_approx {
     size_t wmask, n_w;
     uint64_t stamp;
     uint64_t evicted; /* by capacity */
+    areq_t *reqs;     /* in flight, by the key's low half */
+    size_t cap_reqs;
 };
 
 static size_t thash(uint64_t seq, uint64_t wid, uint32_t rank)
@@ -331,6 +359,11 @@ void kvr_approx_free(kvr_approx_t *ap)
     for (size_t i = 0; ap->w != NULL && i <= ap->wmask; i++)
         if (ap->w[i].used)
             free(ap->w[i].q);
+    for (size_t i = 0; i < ap->cap_reqs; i++) {
+        free(ap->reqs[i].lbh);
+        free(ap->reqs[i].seq);
+    }
+    free(ap->reqs);
     free(ap->w);
     free(ap->t);
     free(ap->heap);
@@ -391,29 +424,35 @@ static int queue_push(wcap_t *w, qent_t e)
  * the queue, so it stays within a few times the rank's live blocks. */
 static void queue_compact(kvr_approx_t *ap, wcap_t *w, kvr_worker_t rank)
 {
-    if (w->n < 4 * w->count + 1024)
+    if (w->n < 4 * (w->count + w->anon) + 1024)
         return;
     size_t k = 0;
     for (size_t i = 0; i < w->n; i++) {
         qent_t e = w->q[w->head + i];
-        const timer_t_ *t = tfind(ap, e.seq, rank);
-        if (t != NULL && t->stamp == e.stamp)
+        const timer_t_ *t = e.stamp == 0 ? NULL : tfind(ap, e.seq, rank);
+        if (e.stamp == 0 || (t != NULL && t->stamp == e.stamp))
             w->q[k++] = e;
     }
     w->head = 0;
     w->n = k;
 }
 
-/* Evicts the rank's least recently touched blocks while it holds more than its capacity. */
+/* Evicts the rank's least recently touched blocks while it holds more than its capacity. A
+ * block held by a request in flight cannot go (an engine evicts only freed blocks): its entry
+ * is dropped, and the request's end queues it again. So each entry is popped once. */
 static void evict_over_capacity(kvr_approx_t *ap, kvr_worker_t rank)
 {
     wcap_t *w = wfind(ap, rank);
-    while (w != NULL && w->count > w->cap && w->n > 0) {
+    while (w != NULL && w->cap > 0 && w->count + w->anon + w->anon_held > w->cap && w->n > 0) {
         qent_t e = w->q[w->head++];
         w->n--;
+        if (e.stamp == 0) { /* a freed output block */
+            w->anon--;
+            continue;
+        }
         timer_t_ *t = tfind(ap, e.seq, rank);
-        if (t == NULL || t->stamp != e.stamp)
-            continue; /* touched again later (its newer entry is further on), or gone */
+        if (t == NULL || t->stamp != e.stamp || t->pins > 0)
+            continue;      /* touched again later (its newer entry is further on), gone, or held */
         remove_one(ap, t); /* the rank table does not move: only tdel's count changes */
         ap->evicted++;
     }
@@ -421,11 +460,10 @@ static void evict_over_capacity(kvr_approx_t *ap, kvr_worker_t rank)
         queue_compact(ap, w, rank);
 }
 
-int kvr_approx_record(kvr_approx_t *ap, kvr_worker_t worker, const uint64_t *lbh,
-                      const uint64_t *seq, size_t n, uint64_t now_ms)
+/* Records (stores and touches) the blocks; the capacity bound is the caller's to apply. */
+static int record_blocks(kvr_approx_t *ap, kvr_worker_t worker, const uint64_t *lbh,
+                         const uint64_t *seq, size_t n, uint64_t now_ms)
 {
-    if (ap == NULL || (n > 0 && (lbh == NULL || seq == NULL)))
-        return KVR_EINVAL;
     size_t max = ap->cfg.max_tree_size;
     if (n > max)
         n = max; /* the prefix is what can be reused */
@@ -476,9 +514,216 @@ int kvr_approx_record(kvr_approx_t *ap, kvr_worker_t worker, const uint64_t *lbh
         if (rc != KVR_OK)
             return rc;
     }
-    if (wc->cap > 0)
-        evict_over_capacity(ap, worker);
     return KVR_OK;
+}
+
+int kvr_approx_record(kvr_approx_t *ap, kvr_worker_t worker, const uint64_t *lbh,
+                      const uint64_t *seq, size_t n, uint64_t now_ms)
+{
+    if (ap == NULL || (n > 0 && (lbh == NULL || seq == NULL)))
+        return KVR_EINVAL;
+    int rc = record_blocks(ap, worker, lbh, seq, n, now_ms);
+    evict_over_capacity(ap, worker);
+    return rc;
+}
+
+/* Pins (+1) or unpins (-1) the request's blocks still recorded. */
+static void pin(kvr_approx_t *ap, const areq_t *q, int d)
+{
+    for (size_t i = 0; i < q->n; i++) {
+        timer_t_ *t = tfind(ap, q->seq[i], q->w);
+        if (t != NULL && (d > 0 || t->pins > 0))
+            t->pins = (uint32_t)((int64_t)t->pins + d);
+    }
+}
+
+/* Drops the request: unpins its blocks and gives back its outputs' hold (they are not queued:
+ * the caller queues them when the request ended normally). */
+static void forget(kvr_approx_t *ap, areq_t *q)
+{
+    if (q->started)
+        pin(ap, q, -1);
+    wcap_t *wc = wfind(ap, q->w);
+    if (wc != NULL)
+        wc->anon_held -= q->n_out < wc->anon_held ? q->n_out : wc->anon_held;
+    q->key = 0;
+}
+
+int kvr_approx_begin(kvr_approx_t *ap, uint64_t key, kvr_worker_t worker, const uint64_t *lbh,
+                     const uint64_t *seq, size_t n, uint64_t now_ms)
+{
+    if (ap == NULL || key == 0 || (n > 0 && (lbh == NULL || seq == NULL)))
+        return KVR_EINVAL;
+    size_t slot = (uint32_t)key, old = ap->cap_reqs;
+    if (slot >= old) {
+        if (kvr_grow((void **)&ap->reqs, &ap->cap_reqs, slot + 1, SIZE_MAX, sizeof *ap->reqs) !=
+            KVR_OK)
+            return KVR_ENOMEM;
+        memset(ap->reqs + old, 0, (ap->cap_reqs - old) * sizeof *ap->reqs);
+    }
+    areq_t *q = &ap->reqs[slot];
+    if (q->key != 0) /* the slot's earlier request never ended here: it ends now */
+        (void)kvr_approx_end(ap, q->key, now_ms);
+    if (q->cap < n) {
+        uint64_t *a = realloc(q->lbh, n * sizeof *a);
+        if (a != NULL)
+            q->lbh = a;
+        uint64_t *b = realloc(q->seq, n * sizeof *b);
+        if (b != NULL)
+            q->seq = b;
+        if (a == NULL || b == NULL)
+            return KVR_ENOMEM;
+        q->cap = n;
+    }
+    int rc = record_blocks(ap, worker, lbh, seq, n, now_ms);
+    if (rc == KVR_OK) {
+        memcpy(q->lbh, lbh, n * sizeof *lbh);
+        memcpy(q->seq, seq, n * sizeof *seq);
+        *q = (areq_t){.key = key, .w = worker, .n = n, .cap = q->cap, .lbh = q->lbh, .seq = q->seq};
+    }
+    evict_over_capacity(ap, worker);
+    return rc;
+}
+
+/* The request in slot key, or NULL. */
+static areq_t *req_of(kvr_approx_t *ap, uint64_t key)
+{
+    size_t slot = (uint32_t)key;
+    if (ap == NULL || key == 0 || slot >= ap->cap_reqs || ap->reqs[slot].key != key)
+        return NULL;
+    return &ap->reqs[slot];
+}
+
+int kvr_approx_start(kvr_approx_t *ap, uint64_t key, uint64_t now_ms)
+{
+    areq_t *q = req_of(ap, key);
+    if (q == NULL)
+        return ap == NULL ? KVR_EINVAL : KVR_ENOTFOUND;
+    if (q->started)
+        return KVR_OK;
+    /* its engine allocated its blocks: touched now (those gone meanwhile are computed again),
+     * and held until it ends; pinned before the bound, as an engine evicts none it admits */
+    int rc = record_blocks(ap, q->w, q->lbh, q->seq, q->n, now_ms);
+    q->started = true;
+    pin(ap, q, 1);
+    evict_over_capacity(ap, q->w);
+    return rc;
+}
+
+int kvr_approx_output(kvr_approx_t *ap, uint64_t key)
+{
+    areq_t *q = req_of(ap, key);
+    if (q == NULL)
+        return ap == NULL ? KVR_EINVAL : KVR_ENOTFOUND;
+    q->n_out++;
+    wcap_t *wc = wfind(ap, q->w);
+    if (wc != NULL) {
+        wc->anon_held++;
+        evict_over_capacity(ap, q->w);
+    }
+    return KVR_OK;
+}
+
+int kvr_approx_end(kvr_approx_t *ap, uint64_t key, uint64_t now_ms)
+{
+    areq_t *q = req_of(ap, key);
+    if (q == NULL)
+        return ap == NULL ? KVR_EINVAL : KVR_ENOTFOUND;
+    forget(ap, q);
+    /* freed as an engine frees a sequence, last block first: its outputs, then its prompt
+     * deepest first, all behind every block freed before */
+    wcap_t *wc = wfind(ap, q->w);
+    for (uint64_t i = 0; wc != NULL && wc->cap > 0 && i < q->n_out; i++) {
+        if (queue_push(wc, (qent_t){0, 0}) != KVR_OK)
+            return KVR_ENOMEM;
+        wc->anon++;
+    }
+    int rc = record_blocks(ap, q->w, q->lbh, q->seq, q->n, now_ms);
+    evict_over_capacity(ap, q->w);
+    return rc;
+}
+
+/* Marks (used = 2) every timer of rank that a current entry of its queue names. */
+static void mark_queued(kvr_approx_t *ap, const wcap_t *w, kvr_worker_t rank)
+{
+    for (size_t i = 0; i < w->n; i++) {
+        qent_t e = w->q[w->head + i];
+        timer_t_ *t = e.stamp == 0 ? NULL : tfind(ap, e.seq, rank);
+        if (t != NULL && t->stamp == e.stamp)
+            t->used = 2;
+    }
+}
+
+static int verify_rank(kvr_approx_t *ap, const wcap_t *w, const uint32_t *pins, char *msg,
+                       size_t msg_len)
+{
+    kvr_worker_t rank = {w->worker_id, w->dp_rank};
+    uint64_t live = 0, anon = 0, held = 0;
+    for (size_t i = 0; i < w->n; i++)
+        anon += w->q[w->head + i].stamp == 0;
+    for (size_t i = 0; i < ap->cap_reqs; i++)
+        if (ap->reqs[i].key != 0 && ap->reqs[i].w.worker_id == rank.worker_id &&
+            ap->reqs[i].w.dp_rank == rank.dp_rank)
+            held += ap->reqs[i].n_out;
+    if (w->cap > 0)
+        mark_queued(ap, w, rank);
+    size_t bad_pins = SIZE_MAX, unqueued = SIZE_MAX; /* the first timer breaking each rule */
+    for (size_t i = 0; i <= ap->mask; i++) { /* every mark is cleared, even past a failure */
+        timer_t_ *t = &ap->t[i];
+        bool queued = t->used == 2;
+        if (queued)
+            t->used = 1;
+        if (!t->used || t->worker_id != rank.worker_id || t->dp_rank != rank.dp_rank)
+            continue;
+        live++;
+        if (t->pins != pins[i] && bad_pins == SIZE_MAX)
+            bad_pins = i;
+        if (w->cap > 0 && t->pins == 0 && !queued && unqueued == SIZE_MAX)
+            unqueued = i;
+    }
+    if (bad_pins != SIZE_MAX)
+        KVR_VERIFY_FAIL(
+            "approx: worker %llu rank %u: a block has %u pins, %u started requests hold it",
+            (unsigned long long)rank.worker_id, rank.dp_rank, ap->t[bad_pins].pins, pins[bad_pins]);
+    if (unqueued != SIZE_MAX)
+        KVR_VERIFY_FAIL("approx: worker %llu rank %u: an unpinned block has no queue entry",
+                        (unsigned long long)rank.worker_id, rank.dp_rank);
+    if (live != w->count)
+        KVR_VERIFY_FAIL("approx: worker %llu rank %u: count %llu, %llu live blocks",
+                        (unsigned long long)rank.worker_id, rank.dp_rank,
+                        (unsigned long long)w->count, (unsigned long long)live);
+    if (w->cap > 0 && anon != w->anon)
+        KVR_VERIFY_FAIL("approx: worker %llu rank %u: anon %llu, %llu queued",
+                        (unsigned long long)rank.worker_id, rank.dp_rank,
+                        (unsigned long long)w->anon, (unsigned long long)anon);
+    if (held != w->anon_held)
+        KVR_VERIFY_FAIL("approx: worker %llu rank %u: anon_held %llu, its requests hold %llu",
+                        (unsigned long long)rank.worker_id, rank.dp_rank,
+                        (unsigned long long)w->anon_held, (unsigned long long)held);
+    return KVR_OK;
+}
+
+int kvr_approx_verify(kvr_approx_t *ap, char *msg, size_t msg_len)
+{
+    if (ap == NULL)
+        KVR_VERIFY_FAIL("approx: NULL");
+    uint32_t *pins = calloc(ap->mask + 1, sizeof *pins);
+    if (pins == NULL)
+        return KVR_ENOMEM;
+    for (size_t i = 0; i < ap->cap_reqs; i++) {
+        const areq_t *q = &ap->reqs[i];
+        for (size_t k = 0; q->key != 0 && q->started && k < q->n; k++) {
+            const timer_t_ *t = tfind(ap, q->seq[k], q->w);
+            if (t != NULL)
+                pins[t - ap->t]++;
+        }
+    }
+    int rc = KVR_OK;
+    for (size_t i = 0; rc == KVR_OK && ap->w != NULL && i <= ap->wmask; i++)
+        if (ap->w[i].used)
+            rc = verify_rank(ap, &ap->w[i], pins, msg, msg_len);
+    free(pins);
+    return rc;
 }
 
 static int stamp_cmp(const void *a, const void *b)
@@ -513,7 +758,7 @@ int kvr_approx_set_capacity(kvr_approx_t *ap, kvr_worker_t worker, uint64_t bloc
         return KVR_ENOMEM;
     wc->cap = blocks;
     if (blocks == 0) {
-        wc->head = wc->n = 0;
+        wc->head = wc->n = wc->anon = 0;
         return KVR_OK;
     }
     evict_over_capacity(ap, worker);
@@ -541,7 +786,12 @@ static void drop_timers(kvr_approx_t *ap, uint64_t worker_id, bool one_rank, uin
     for (size_t i = 0; ap->w != NULL && i <= ap->wmask; i++) {
         wcap_t *w = &ap->w[i];
         if (w->used && w->worker_id == worker_id && (!one_rank || w->dp_rank == dp_rank))
-            w->head = w->n = 0;
+            w->head = w->n = w->anon = w->anon_held = 0;
+    }
+    for (size_t i = 0; i < ap->cap_reqs; i++) { /* its requests in flight end unrecorded */
+        areq_t *q = &ap->reqs[i];
+        if (q->key != 0 && q->w.worker_id == worker_id && (!one_rank || q->w.dp_rank == dp_rank))
+            q->key = 0;
     }
     for (size_t i = 0; i <= ap->mask;) {
         timer_t_ *e = &ap->t[i];

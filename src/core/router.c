@@ -1310,7 +1310,8 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
     int rc = kvr_load_admit(r->load, &lr, now_ms, &res->handle);
     r->last = rc == KVR_OK ? lr : (kvr_load_request_t){0};
     if (rc == KVR_OK && r->approx != NULL && n_blocks > 0)
-        rc = kvr_approx_record(r->approx, res->worker, r->cur_lbh, r->cur_seq, n_blocks, now_ms);
+        rc = kvr_approx_begin(r->approx, res->handle, res->worker, r->cur_lbh, r->cur_seq, n_blocks,
+                              now_ms);
     else if (rc == KVR_OK && r->sink.fn != NULL && n_blocks > 0)
         r->sink.fn(r->sink.arg, &(kvr_decision_t){.worker = res->worker,
                                                   .lbh = r->cur_lbh,
@@ -1418,35 +1419,61 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
 /* ---------------------------------------------------------------------------------------- */
 /* Lifecycle, upkeep, introspection */
 
+/* Approximate mode: a request's life as its worker's modelled cache sees it (core/approx.c):
+ * the first token says its engine admitted it and holds its blocks; an output block fills the
+ * cache as it fills the engine's; the end frees its blocks into the LRU. */
+typedef enum { APPROX_START, APPROX_OUTPUT, APPROX_END } approx_step_t;
+
+static void approx_step(kvr_router_t *r, const char *id, size_t id_len, kvr_req_handle_t h,
+                        approx_step_t step, uint64_t now_ms)
+{
+    kvr_worker_t w;
+    kvr_req_handle_t key;
+    if (r->approx == NULL || kvr_load_request_ref(r->load, id, id_len, h, &w, &key) != KVR_OK)
+        return;
+    if (step == APPROX_START)
+        (void)kvr_approx_start(r->approx, key, now_ms);
+    else if (step == APPROX_OUTPUT)
+        (void)kvr_approx_output(r->approx, key);
+    else
+        (void)kvr_approx_end(r->approx, key, now_ms);
+}
+
 int kvr_router_first_token(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms)
 {
+    approx_step(r, id, id_len, 0, APPROX_START, now_ms);
     return kvr_load_first_token(r->load, id, id_len, now_ms);
 }
 
 int kvr_router_output_block(kvr_router_t *r, const char *id, size_t id_len, double decay_fraction,
                             uint64_t now_ms)
 {
+    approx_step(r, id, id_len, 0, APPROX_OUTPUT, now_ms);
     return kvr_load_output_block(r->load, id, id_len, decay_fraction, now_ms);
 }
 
 int kvr_router_free_request(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms)
 {
+    approx_step(r, id, id_len, 0, APPROX_END, now_ms);
     return kvr_load_free_request(r->load, id, id_len, now_ms);
 }
 
 int kvr_router_first_token_h(kvr_router_t *r, kvr_req_handle_t h, uint64_t now_ms)
 {
+    approx_step(r, NULL, 0, h, APPROX_START, now_ms);
     return kvr_load_first_token_h(r->load, h, now_ms);
 }
 
 int kvr_router_output_block_h(kvr_router_t *r, kvr_req_handle_t h, double decay_fraction,
                               uint64_t now_ms)
 {
+    approx_step(r, NULL, 0, h, APPROX_OUTPUT, now_ms);
     return kvr_load_output_block_h(r->load, h, decay_fraction, now_ms);
 }
 
 int kvr_router_free_h(kvr_router_t *r, kvr_req_handle_t h, uint64_t now_ms)
 {
+    approx_step(r, NULL, 0, h, APPROX_END, now_ms);
     return kvr_load_free_h(r->load, h, now_ms);
 }
 
