@@ -34,9 +34,12 @@
 #define DEFAULT_TRACE "data/traces/conversation_trace.jsonl"
 #define MAX_POLICIES 16
 
-static const char *const POLICY_NAMES[] = {"kv", "round-robin", "random", "least-loaded",
-                                           "approx"};
+/* Indexed by kvr_router_mode_t, then the simulator's own clairvoyant yardstick. */
+static const char *const POLICY_NAMES[] = {"kv",           "round-robin", "random",
+                                           "least-loaded", "approx",      "oracle"};
 #define N_POLICY_NAMES (sizeof POLICY_NAMES / sizeof POLICY_NAMES[0])
+#define POLICY_ORACLE (N_POLICY_NAMES - 1)
+#define N_ROUTER_POLICIES POLICY_ORACLE /* "all" */
 
 static void usage(FILE *out)
 {
@@ -52,7 +55,10 @@ static void usage(FILE *out)
             "  --requests N                  only the first N rows [all]\n"
             "  --workers N                   simulated engines [8]\n"
             "  --policy LIST                 comma-separated: kv, round-robin, random,\n"
-            "                                least-loaded, approx, or all [all]\n"
+            "                                least-loaded, approx, or all [all]; or oracle:\n"
+            "                                clairvoyant, each request to the worker where a\n"
+            "                                copy of every engine run forward gives its first\n"
+            "                                token soonest (a yardstick; slow)\n"
             "  --speedup X                   arrival = trace timestamp / X; the engines keep\n"
             "                                their modelled times [1]\n"
             "  --seed N                      the random policy and tie-breaks (prompts never\n"
@@ -104,7 +110,7 @@ typedef struct sim_args {
     double speedup;
     bool json;
     bool sessions; /* infer sessions from successive turns (--sessions) */
-    kvr_router_mode_t policies[MAX_POLICIES];
+    size_t policies[MAX_POLICIES]; /* into POLICY_NAMES */
     size_t n_policies;
     char setting[96]; /* the router setting being parsed, named in messages */
     uint32_t prefill_workers, decode_workers; /* disaggregated when both are set */
@@ -121,21 +127,21 @@ static int parse_policies(const kvr_cli_t *c, const char *v, sim_args_t *a)
         size_t n = comma ? (size_t)(comma - p) : strlen(p);
         bool found = false;
         if (n == 3 && strncmp(p, "all", 3) == 0) {
-            for (size_t k = 0; k < N_POLICY_NAMES && a->n_policies < MAX_POLICIES; k++)
-                a->policies[a->n_policies++] = (kvr_router_mode_t)k;
+            for (size_t k = 0; k < N_ROUTER_POLICIES && a->n_policies < MAX_POLICIES; k++)
+                a->policies[a->n_policies++] = k;
             found = true;
         }
         for (size_t k = 0; !found && k < N_POLICY_NAMES; k++) {
             if (strlen(POLICY_NAMES[k]) == n && strncmp(p, POLICY_NAMES[k], n) == 0) {
                 if (a->n_policies == MAX_POLICIES)
                     return kvr_cli_bad(c, v, "at most 16 policies");
-                a->policies[a->n_policies++] = (kvr_router_mode_t)k;
+                a->policies[a->n_policies++] = k;
                 found = true;
             }
         }
         if (!found)
-            return kvr_cli_bad(c, v,
-                               "each must be kv, round-robin, random, least-loaded, approx or all");
+            return kvr_cli_bad(
+                c, v, "each must be kv, round-robin, random, least-loaded, approx, oracle or all");
         p += n + (comma ? 1 : 0);
         if (comma && *p == '\0')
             return kvr_cli_bad(c, v, "empty policy name");
@@ -227,8 +233,8 @@ static int parse_args(int argc, char **argv, sim_args_t *a)
     memset(a, 0, sizeof *a);
     kvr_sim_config_default(&a->cfg);
     a->speedup = 1.0;
-    for (size_t k = 0; k < N_POLICY_NAMES; k++)
-        a->policies[a->n_policies++] = (kvr_router_mode_t)k;
+    for (size_t k = 0; k < N_ROUTER_POLICIES; k++)
+        a->policies[a->n_policies++] = k;
     kvr_cli_t c;
     kvr_cli_init(&c, "kvrouter sim", argc, argv);
     int rc = kvr_cli_parse(&c, parse_option, a, usage);
@@ -497,8 +503,10 @@ static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim
     int code = 0;
     for (size_t k = 0; k < a->n_policies && code == 0; k++) {
         kvr_sim_config_t cfg = a->cfg;
-        cfg.router.router_mode = a->policies[k];
-        cfg.router.use_kv_events = a->policies[k] != KVR_MODE_APPROX;
+        bool oracle = a->policies[k] == POLICY_ORACLE;
+        cfg.oracle = oracle;
+        cfg.router.router_mode = oracle ? KVR_MODE_LEAST_LOADED : (kvr_router_mode_t)a->policies[k];
+        cfg.router.use_kv_events = cfg.router.router_mode != KVR_MODE_APPROX;
         char label[48];
         snprintf(label, sizeof label, "%s%s", POLICY_NAMES[a->policies[k]],
                  cfg.n_prefill ? "/disagg" : "");

@@ -325,6 +325,85 @@ void kvr_engine_free(kvr_engine_t *e)
     free(e);
 }
 
+/* ---- cloning ----------------------------------------------------------------------------- */
+
+/* A deep copy of request r: its buffers and its block table (the same block ids). */
+static eng_req_t *req_clone(const kvr_engine_t *e, const eng_req_t *r)
+{
+    uint32_t total = r->n_prompt + r->max_tokens;
+    eng_req_t *c = malloc(sizeof *c);
+    if (c == NULL)
+        return NULL;
+    *c = *r;
+    c->tokens = malloc((size_t)total * sizeof *c->tokens);
+    c->hashes = malloc(((size_t)total / e->cfg.block_size + 1) * sizeof *c->hashes);
+    c->seq.blocks = r->seq.cap ? malloc((size_t)r->seq.cap * sizeof *c->seq.blocks) : NULL;
+    if (c->tokens == NULL || c->hashes == NULL || (r->seq.cap && c->seq.blocks == NULL)) {
+        free(c->tokens);
+        free(c->hashes);
+        free(c->seq.blocks);
+        free(c);
+        return NULL;
+    }
+    memcpy(c->tokens, r->tokens, (size_t)r->n_tokens * sizeof *c->tokens);
+    memcpy(c->hashes, r->hashes, (size_t)r->n_hashed * sizeof *c->hashes);
+    if (r->seq.n_blocks)
+        memcpy(c->seq.blocks, r->seq.blocks, (size_t)r->seq.n_blocks * sizeof *c->seq.blocks);
+    return c;
+}
+
+/* src's copy in dst of a live request of src (same slot of the id table). */
+static eng_req_t *mapped(const kvr_engine_t *src, const kvr_engine_t *dst, const eng_req_t *r)
+{
+    return dst->by_id[id_entry(src, r->id) - src->by_id];
+}
+
+kvr_engine_t *kvr_engine_clone(const kvr_engine_t *src, int *status)
+{
+    int st = KVR_ENOMEM;
+    kvr_engine_t *e = calloc(1, sizeof *e);
+    if (e == NULL)
+        goto fail;
+    e->cfg = src->cfg;
+    e->cache = kvr_kvcache_clone(src->cache, &st);
+    e->ring_cap = src->ring_cap;
+    e->id_cap = src->id_cap;
+    e->cap_held = src->cap_held;
+    e->running = calloc(src->cfg.max_num_seqs, sizeof *e->running);
+    e->ring = calloc(e->ring_cap, sizeof *e->ring);
+    e->by_id = calloc(e->id_cap, sizeof *e->by_id);
+    e->held = e->cap_held ? calloc(e->cap_held, sizeof *e->held) : NULL;
+    st = KVR_ENOMEM;
+    if (!e->cache || !e->running || !e->ring || !e->by_id || (e->cap_held && !e->held))
+        goto fail;
+    for (size_t i = 0; i < src->id_cap; i++)
+        if (src->by_id[i] != NULL && (e->by_id[i] = req_clone(src, src->by_id[i])) == NULL)
+            goto fail;
+    for (uint32_t k = 0; k < src->n_running; k++)
+        e->running[k] = mapped(src, e, src->running[k]);
+    for (uint32_t k = 0; k < src->n_waiting; k++) {
+        uint32_t at = (src->ring_head + k) & (src->ring_cap - 1);
+        e->ring[at] = mapped(src, e, src->ring[at]);
+    }
+    for (uint32_t k = 0; k < src->n_held; k++)
+        e->held[k] = mapped(src, e, src->held[k]);
+    e->n_running = src->n_running;
+    e->ring_head = src->ring_head;
+    e->n_waiting = src->n_waiting;
+    e->n_held = src->n_held;
+    e->n_live = src->n_live;
+    e->in_step = src->in_step;
+    e->st = src->st;
+    if (status)
+        *status = KVR_OK;
+    return e;
+fail:
+    kvr_engine_free(e);
+    if (status)
+        *status = st;
+    return NULL;
+}
+
 /* ---- requests ---------------------------------------------------------------------------- */
 
 int kvr_engine_add(kvr_engine_t *e, const kvr_engine_request_t *req)

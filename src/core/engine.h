@@ -146,6 +146,11 @@ typedef struct kvr_engine kvr_engine_t;
 kvr_engine_t *kvr_engine_new(const kvr_engine_config_t *cfg, kvr_kvcache_sink_fn sink,
                              void *sink_ctx, int *status);
 void kvr_engine_free(kvr_engine_t *e);
+/* A deep copy of src, in the same state (mid-step included), whose cache emits no events: run
+ * forward, it does exactly what src would with the same calls (the simulator's clairvoyant
+ * policy asks it what a request would meet). NULL with *status KVR_ENOMEM. O(num_blocks +
+ * the live requests' buffers). */
+kvr_engine_t *kvr_engine_clone(const kvr_engine_t *src, int *status);
 
 /* Queues a request. KVR_OK; KVR_EINVAL (empty prompt, max_tokens 0); KVR_ETOOBIG (prompt +
  * max_tokens > max_model_len); KVR_EEXIST (id live); KVR_EQUEUEFULL (max_waiting);

@@ -230,6 +230,23 @@ kvr_kvcache_t *kvr_kvcache_new(const kvr_kvcache_config_t *cfg, kvr_kvcache_sink
     return kc;
 }
 
+kvr_kvcache_t *kvr_kvcache_clone(const kvr_kvcache_t *src, int *status)
+{
+    kvr_kvcache_t *kc = kvr_kvcache_new(&src->cfg, NULL, NULL, status);
+    if (kc == NULL)
+        return NULL;
+    kvr_kvcache_t keep = *kc; /* the clone's own arrays */
+    *kc = *src;
+    kc->sink = NULL;
+    kc->sink_ctx = NULL;
+    kc->blk = keep.blk;
+    kc->tab = keep.tab;
+    kc->evicted = keep.evicted;
+    memcpy(kc->blk, src->blk, (size_t)src->cfg.num_blocks * sizeof *kc->blk);
+    memcpy(kc->tab, src->tab, (src->mask + 1) * sizeof *kc->tab);
+    return kc;
+}
+
 void kvr_kvcache_free(kvr_kvcache_t *kc)
 {
     if (kc == NULL)

@@ -101,6 +101,10 @@ typedef struct kvr_kvcache kvr_kvcache_t;
 kvr_kvcache_t *kvr_kvcache_new(const kvr_kvcache_config_t *cfg, kvr_kvcache_sink_fn sink,
                                void *sink_ctx, int *status);
 void kvr_kvcache_free(kvr_kvcache_t *kc);
+/* A deep copy of src without its sink (the copy emits no events): the same blocks, queue and
+ * table, so a sequence table of src names the same blocks in it. NULL with *status KVR_ENOMEM.
+ * O(num_blocks). */
+kvr_kvcache_t *kvr_kvcache_clone(const kvr_kvcache_t *src, int *status);
 
 void kvr_kvcache_seq_init(kvr_kvcache_seq_t *seq);
 /* Frees the table's memory; the sequence must hold no blocks (release() first). */

@@ -126,6 +126,8 @@ int kvr_sim_config_validate(const kvr_sim_config_t *cfg, char *err, size_t err_l
     const char *why = NULL;
     if (cfg->n_prefill >= cfg->n_workers)
         why = "prefill-workers: leaves no decode worker";
+    else if (cfg->n_prefill > 0 && cfg->oracle)
+        why = "oracle: aggregated fleets only (no prefill workers)";
     else if (cfg->n_prefill > 0 && cfg->router.router_queue_threshold.set)
         why = "prefill-workers: the router queue is not modelled with disaggregation";
     else if (cfg->n_prefill > 0 && !(cfg->kv_transfer_gbps > 0 && isfinite(cfg->kv_transfer_gbps)))
@@ -324,6 +326,87 @@ static void drop(sim_t *s, size_t i, kvr_sim_outcome_t why, int status)
         s->res->rejected++;
 }
 
+/* ---- the clairvoyant placement (cfg.oracle) -------------------------------------------------- */
+
+typedef struct probe {
+    const void *user; /* the probe request's */
+    bool first;
+} probe_t;
+
+static void probe_out(void *ctx, const kvr_engine_output_t *o)
+{
+    probe_t *p = ctx;
+    if (o->user == p->user && o->first)
+        p->first = true;
+}
+
+/* When worker w's step in flight ends (it is in a step). */
+static double step_end_at(const sim_t *s, uint32_t w)
+{
+    for (size_t j = 0; j < s->n_heap; j++)
+        if (s->heap[j].kind == 0 && s->heap[j].w == w)
+            return s->heap[j].t;
+    return s->now;
+}
+
+/* The time request i (prompt in s->tok) would get its first token on worker w had nothing
+ * arrived after it: a copy of w's engine run forward. INFINITY when w would refuse it. */
+static int probe_first_token(sim_t *s, uint32_t w, size_t i, double *t)
+{
+    const kvr_sim_request_t *rq = &s->in->reqs[i];
+    int st;
+    kvr_engine_t *c = kvr_engine_clone(s->w[w].e, &st);
+    if (c == NULL)
+        return st;
+    probe_t p = {.user = &p};
+    kvr_engine_request_t er = {.id = i,
+                               .tokens = s->tok,
+                               .n_tokens = rq->n_tokens,
+                               .max_tokens = rq->max_tokens,
+                               .user = (void *)p.user};
+    *t = INFINITY;
+    st = kvr_engine_add(c, &er);
+    if (st != KVR_OK) {
+        kvr_engine_free(c);
+        return st == KVR_ENOMEM ? st : KVR_OK;
+    }
+    double now = s->now;
+    if (kvr_engine_in_step(c)) {
+        now = step_end_at(s, w);
+        (void)kvr_engine_step_end(c, probe_out, &p);
+    }
+    while (!p.first) {
+        kvr_engine_step_t step;
+        if (kvr_engine_step_begin(c, &step) != KVR_OK || step.idle)
+            break; /* it cannot be scheduled without a departure that never comes */
+        now += step.duration_ms;
+        (void)kvr_engine_step_end(c, probe_out, &p);
+    }
+    if (p.first)
+        *t = now;
+    kvr_engine_free(c);
+    return KVR_OK;
+}
+
+/* The worker where request i gets its first token soonest (ties: fewer placed, then lower
+ * index). */
+static int oracle_pick(sim_t *s, size_t i, uint32_t *best)
+{
+    double best_t = INFINITY;
+    *best = 0;
+    for (uint32_t w = 0; w < s->cfg->n_workers; w++) {
+        double t = INFINITY;
+        int rc = probe_first_token(s, w, i, &t);
+        if (rc != KVR_OK)
+            return rc;
+        if (t < best_t || (t == best_t && s->w[w].placed < s->w[*best].placed)) {
+            best_t = t;
+            *best = w;
+        }
+    }
+    return KVR_OK;
+}
+
 /* Routes request i and hands it to its engine. KVR_OK (placed); KVR_EBUSY (nothing changed:
  * every eligible worker is busy); any other refusal is recorded as rejected and returned;
  * hard errors (the tokens callback, out of memory) also set s->status. */
@@ -355,6 +438,14 @@ static int place(sim_t *s, size_t i)
         q.session_id = sid;
         q.session_id_len =
             (size_t)snprintf(sid, sizeof sid, "s%llu", (unsigned long long)rq->session);
+    }
+    if (s->cfg->oracle) {
+        uint32_t w;
+        rc = oracle_pick(s, i, &w);
+        if (rc != KVR_OK)
+            return set_err(s, rc, "out of memory (oracle)");
+        q.has_pinned = true;
+        q.pinned = (kvr_worker_t){w, 0};
     }
     uint64_t best = 0;
     if (s->feed_index) { /* diagnostics: what the best-cached worker had (an extra lookup) */

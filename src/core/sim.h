@@ -81,6 +81,13 @@ typedef struct kvr_sim_config {
     kvr_engine_config_t engine; /* every worker's engine */
     kvr_router_config_t router; /* router_mode is the policy; block_size must be engine's */
     uint64_t seed;              /* the router's and the load tracker's randomness */
+    /* Clairvoyant placement (aggregated fleets only): each request goes to the worker where
+     * it would get its first token soonest had nothing arrived after it, found by running a
+     * copy of every engine forward (kvr_engine_clone); the router books it there (pinned), so
+     * its load view is right. Knows what no router can (every engine's exact queue, steps and
+     * cache): a yardstick for online policies, not one. Cost: a copy of each engine per
+     * request. */
+    bool oracle;
 } kvr_sim_config_t;
 
 /* Engine and router defaults, with two sim-specific router changes:

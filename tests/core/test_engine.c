@@ -660,6 +660,120 @@ static void test_random_workloads(void **state)
     assert_true(random_run(1, 120, false).digest != random_run(2, 120, false).digest);
 }
 
+/* A clone (kvr_engine_clone), taken between steps or in the middle of one, does exactly what
+ * its original does from then on: the same outputs, step times, preemptions and cache, over
+ * random workloads with shared prefixes, cancellations, preemption and eviction. */
+typedef struct outlog {
+    kvr_engine_output_t out[4096];
+    size_t n;
+} outlog_t;
+
+static void log_out(void *ctx, const kvr_engine_output_t *o)
+{
+    outlog_t *l = ctx;
+    assert_true(l->n < 4096);
+    l->out[l->n++] = *o;
+}
+
+static void same_step(kvr_engine_t *a, kvr_engine_t *b, outlog_t *la, outlog_t *lb)
+{
+    la->n = lb->n = 0;
+    assert_int_equal(kvr_engine_step_end(a, log_out, la), KVR_OK);
+    assert_int_equal(kvr_engine_step_end(b, log_out, lb), KVR_OK);
+    assert_int_equal(la->n, lb->n);
+    for (size_t i = 0; i < la->n; i++) {
+        const kvr_engine_output_t *x = &la->out[i], *y = &lb->out[i];
+        assert_int_equal(x->id, y->id);
+        assert_int_equal(x->token, y->token);
+        assert_int_equal(x->n_output, y->n_output);
+        assert_int_equal(x->cached_tokens, y->cached_tokens);
+        assert_int_equal(x->first, y->first);
+        assert_int_equal(x->finish, y->finish);
+    }
+}
+
+static void test_clone_runs_alike(void **state)
+{
+    (void)state;
+    static outlog_t la, lb;
+    kvr_engine_config_t c;
+    kvr_engine_config_default(&c);
+    c.block_size = 4;
+    c.num_gpu_blocks = 64;
+    c.max_num_seqs = 8;
+    c.max_num_batched_tokens = 48;
+    uint64_t compared_steps = 0, preempted = 0;
+    for (uint64_t seed = 1; seed <= 12; seed++) {
+        harness_t *h = harness_new(&c);
+        kvr_engine_t *b = NULL;
+        uint64_t x = seed * 2 + 1, next_id = 1;
+        uint32_t prefix[64], prompt[96];
+        for (uint32_t i = 0; i < 64; i++)
+            prefix[i] = i * 31u + 7u;
+        int clone_at = 20 + (int)(seed * 13 % 60);
+        for (int op = 0; op < 600; op++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t r = (uint32_t)(x >> 33);
+            if (op == clone_at) { /* between steps, or (odd seeds) in the middle of one */
+                kvr_engine_step_t st;
+                bool mid = seed % 2 == 1 && kvr_engine_step_begin(h->e, &st) == KVR_OK && !st.idle;
+                int rc;
+                b = kvr_engine_clone(h->e, &rc);
+                assert_non_null(b);
+                assert_int_equal(kvr_engine_verify(b), KVR_OK);
+                if (mid)
+                    same_step(h->e, b, &la, &lb);
+            }
+            if (r % 3 == 0) {
+                uint32_t shared = (r >> 4) % 40, len = shared + 1 + (r >> 10) % 40;
+                memcpy(prompt, prefix, shared * sizeof *prompt);
+                for (uint32_t i = shared; i < len; i++)
+                    prompt[i] = (uint32_t)((x >> 20) + i * 7919u) % 30000u + 1u;
+                kvr_engine_request_t rq = {.id = next_id++,
+                                           .tokens = prompt,
+                                           .n_tokens = len,
+                                           .max_tokens = 1 + (r >> 16) % 24};
+                int ra = kvr_engine_add(h->e, &rq);
+                if (b != NULL)
+                    assert_int_equal(kvr_engine_add(b, &rq), ra);
+            } else if (r % 17 == 1 && next_id > 1) {
+                uint64_t id = 1 + (r >> 8) % (next_id - 1);
+                int ra = kvr_engine_cancel(h->e, id);
+                if (b != NULL)
+                    assert_int_equal(kvr_engine_cancel(b, id), ra);
+            } else {
+                kvr_engine_step_t sa, sb;
+                assert_int_equal(kvr_engine_step_begin(h->e, &sa), KVR_OK);
+                if (b == NULL) {
+                    if (!sa.idle)
+                        assert_int_equal(kvr_engine_step_end(h->e, NULL, NULL), KVR_OK);
+                    continue;
+                }
+                assert_int_equal(kvr_engine_step_begin(b, &sb), KVR_OK);
+                assert_int_equal(sa.idle, sb.idle);
+                assert_true(sa.duration_ms == sb.duration_ms);
+                assert_int_equal(sa.n_preempted, sb.n_preempted);
+                preempted += sa.n_preempted;
+                if (!sa.idle) {
+                    same_step(h->e, b, &la, &lb);
+                    compared_steps++;
+                }
+            }
+        }
+        assert_non_null(b);
+        assert_int_equal(kvr_engine_verify(b), KVR_OK);
+        kvr_engine_stats_t xa, xb;
+        kvr_engine_get_stats(h->e, &xa);
+        kvr_engine_get_stats(b, &xb);
+        assert_int_equal(xa.cache.n_cached, xb.cache.n_cached);
+        assert_int_equal(xa.cache.removed_blocks, xb.cache.removed_blocks);
+        kvr_engine_free(b);
+        harness_free(h);
+    }
+    assert_true(compared_steps > 1000);
+    assert_true(preempted > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -674,6 +788,7 @@ int main(void)
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_disagg_hold_and_load),
         cmocka_unit_test(test_random_workloads),
+        cmocka_unit_test(test_clone_runs_alike),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -554,6 +554,50 @@ static void test_approx_tracks_engines(void **state)
     slice_free(s);
 }
 
+/* The clairvoyant placement (cfg.oracle) puts each request where its first token comes
+ * soonest. A (4,000 tokens) starts on worker 0 at 0 ms; B, the same prompt, arrives while A
+ * prefills: at 10 ms, waiting for A's step and then hitting its cache (64 ms + prefill(16))
+ * loses to worker 1's cold prefill (prefill(4000) = 84 ms); at 60 ms it wins. */
+static void test_oracle(void **state)
+{
+    (void)state;
+    double arrivals[2] = {10, 60};
+    for (int k = 0; k < 2; k++) {
+        hand_t h = {.base = {100, 100}};
+        kvr_sim_request_t reqs[2] = {
+            {.arrival_ms = 0, .n_tokens = 4000, .max_tokens = 50},
+            {.arrival_ms = arrivals[k], .n_tokens = 4000, .max_tokens = 1}};
+        kvr_sim_input_t in = {.reqs = reqs, .n = 2, .tokens = hand_tokens, .ud = &h};
+        kvr_sim_config_t c;
+        small_config(&c, 2, KVR_MODE_LEAST_LOADED);
+        c.engine.num_gpu_blocks = 4096;
+        c.oracle = true;
+        kvr_sim_result_t res;
+        kvr_sim_record_t rec[2];
+        assert_int_equal(kvr_sim_run(&c, &in, &res, rec, NULL, 0), KVR_OK);
+        assert_int_equal(res.requests, 2);
+        assert_int_equal(rec[0].worker, 0);
+        double ttft = rec[1].first_ms - rec[1].arrival_ms;
+        if (k == 0) {
+            assert_int_equal(rec[1].worker, 1);
+            assert_int_equal(rec[1].cached_tokens, 0);
+            near(ttft, prefill_ms(4000));
+        } else {
+            assert_int_equal(rec[1].worker, 0);
+            assert_int_equal(rec[1].cached_tokens, 3984);
+            near(ttft, prefill_ms(4000) - 60 + prefill_ms(16));
+            assert_true(ttft < prefill_ms(4000));
+        }
+    }
+    kvr_sim_config_t c;
+    small_config(&c, 4, KVR_MODE_KV);
+    c.oracle = true;
+    c.n_prefill = 1;
+    char err[256] = "";
+    assert_int_equal(kvr_sim_config_validate(&c, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "oracle"));
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -566,6 +610,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sanity),
         cmocka_unit_test(test_conversations),
         cmocka_unit_test(test_approx_tracks_engines),
+        cmocka_unit_test(test_oracle),
         cmocka_unit_test(test_too_long),
         cmocka_unit_test(test_queue),
         cmocka_unit_test(test_errors),

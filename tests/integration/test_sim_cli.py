@@ -338,7 +338,26 @@ def test_disagg():
     check("disagg: the queue is refused (not modelled)", rc == 2 and "queue" in err, (rc, err))
 
 
+def test_oracle():
+    """--policy oracle: its own row (not part of "all"), every request finished, and no
+    worse TTFT p50 than round-robin on the same requests; refused with prefill workers."""
+    rc, rows, err = sim_json(["--policy", "oracle,round-robin"])
+    check("oracle: exit 0", rc == 0, f"rc={rc} {err}")
+    check("oracle: labelled", [r.get("policy") for r in rows] == ["oracle", "round-robin"], rows)
+    if rc == 0 and len(rows) == 2:
+        o, rr = rows
+        check("oracle: every request finished", o["requests"] == 80 and o["rejected"] == 0, o)
+        check("oracle: TTFT p50 no worse than round-robin's",
+              o["ttft_ms"]["p50"] <= rr["ttft_ms"]["p50"], (o["ttft_ms"], rr["ttft_ms"]))
+        check("oracle: the router ends with nothing in flight",
+              o["router_live_at_end"] == 0 and o["router_unknown_ids"] == 0, o)
+    rc, out, err = run(["--trace", TRACE, "--policy", "oracle", "--prefill-workers", "1",
+                        "--decode-workers", "1"])
+    check("oracle: refused with prefill workers, named", rc != 0 and "oracle" in err, (rc, err))
+
+
 def main():
+    test_oracle()
     test_disagg()
     test_trace_stats()
     test_bench_mooncake()
