@@ -326,7 +326,6 @@ int kvr_approx_remove_rank(kvr_approx_t *ap, kvr_worker_t w);
  * recently recorded ones (of one decision, the deepest first), as its engine's LRU would, so
  * the router stops crediting it with prefixes it has evicted. */
 int kvr_approx_set_capacity(kvr_approx_t *ap, kvr_worker_t w, uint64_t blocks);
-/* Blocks evicted by capacity so far. */
 /* A request's life on a rank with a known capacity, as its engine's cache sees it:
  *   begin   routed: its blocks recorded (kvr_approx_record), kept under key (the load tracker's
  *           handle, never 0); a key whose slot holds an unended request ends that one first;
@@ -341,11 +340,12 @@ int kvr_approx_begin(kvr_approx_t *ap, uint64_t key, kvr_worker_t worker, const 
                      const uint64_t *seq, size_t n, uint64_t now_ms);
 int kvr_approx_start(kvr_approx_t *ap, uint64_t key, uint64_t now_ms);
 int kvr_approx_output(kvr_approx_t *ap, uint64_t key);
+int kvr_approx_end(kvr_approx_t *ap, uint64_t key, uint64_t now_ms);
+/* Blocks evicted by capacity so far. */
+uint64_t kvr_approx_evicted(const kvr_approx_t *ap);
 /* Checks the invariants core/approx.c states (KVR_OK; KVR_EINVAL with msg; KVR_ENOMEM). O(size
  * x ranks); for tests. Not const: it marks timers while it runs, and leaves them as they were. */
 int kvr_approx_verify(kvr_approx_t *ap, char *msg, size_t msg_len);
-int kvr_approx_end(kvr_approx_t *ap, uint64_t key, uint64_t now_ms);
-uint64_t kvr_approx_evicted(const kvr_approx_t *ap);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Load tracker (core/load.c).                                                                 */

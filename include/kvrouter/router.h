@@ -317,6 +317,7 @@ typedef struct kvr_decision {
     size_t n;
     const char *model; /* the request's model; NULL when it named none */
     size_t model_len;
+    uint64_t capacity_blocks; /* the rank's KV cache (its spec's total_kv_blocks); 0 unknown */
 } kvr_decision_t;
 typedef void (*kvr_decision_fn)(void *arg, const kvr_decision_t *d);
 typedef struct kvr_decision_sink {

@@ -1312,13 +1312,16 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
     if (rc == KVR_OK && r->approx != NULL && n_blocks > 0)
         rc = kvr_approx_begin(r->approx, res->handle, res->worker, r->cur_lbh, r->cur_seq, n_blocks,
                               now_ms);
-    else if (rc == KVR_OK && r->sink.fn != NULL && n_blocks > 0)
+    else if (rc == KVR_OK && r->sink.fn != NULL && n_blocks > 0) {
+        const kvr_worker_spec_t *ws = kvr_router_worker(r, res->worker.worker_id);
         r->sink.fn(r->sink.arg, &(kvr_decision_t){.worker = res->worker,
                                                   .lbh = r->cur_lbh,
                                                   .seq = r->cur_seq,
                                                   .n = n_blocks,
                                                   .model = q->model,
-                                                  .model_len = q->model_len});
+                                                  .model_len = q->model_len,
+                                                  .capacity_blocks = ws ? ws->total_kv_blocks : 0});
+    }
     return rc;
 }
 

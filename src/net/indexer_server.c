@@ -786,8 +786,9 @@ static int api_record(void *arg, const kvr_ix_record_t *rec, char *msg, size_t m
         (p = part_get(x, rec->model_name, rec->model_name_len, rec->routing_group,
                       rec->routing_group_len, rec->block_size, msg, msg_len, &st)) == NULL)
         return st;
-    int rc = kvr_ingest_record(p->g, (kvr_worker_t){rec->instance_id, rec->dp_rank},
-                               rec->local_hashes, rec->sequence_hashes, rec->n);
+    int rc =
+        kvr_ingest_record(p->g, (kvr_worker_t){rec->instance_id, rec->dp_rank}, rec->local_hashes,
+                          rec->sequence_hashes, rec->n, rec->kv_capacity_blocks);
     if (rc == KVR_EEXIST)
         snprintf(msg, msg_len,
                  "instance_id %llu dp_rank %u is registered with KV events for model_name=%s "

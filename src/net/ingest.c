@@ -61,6 +61,7 @@ typedef struct cmd {
     bool all;          /* LOAD: every rank's events, resumed or not */
     const uint64_t *lbh, *seq; /* RECORD: the decision's hashes (n pairs) */
     size_t n;
+    uint64_t capacity; /* RECORD: the rank's cache in blocks, 0 = unknown */
     size_t *mem_len, in_len;
     kvr_ingest_snap_report_t *rep;
     char *err;
@@ -621,7 +622,11 @@ static int do_record(kvr_ingest_t *g, const cmd_t *c)
         if ((g->approx = kvr_approx_new(g->ix, &ac, &rc)) == NULL)
             return rc;
     }
-    int rc = kvr_approx_record(g->approx, w, c->lbh, c->seq, c->n, kvr_now_ms());
+    int rc = KVR_OK;
+    if (c->capacity > 0) /* the router knows the rank's cache size: model it, not a TTL alone */
+        rc = kvr_approx_set_capacity(g->approx, w, c->capacity);
+    if (rc == KVR_OK)
+        rc = kvr_approx_record(g->approx, w, c->lbh, c->seq, c->n, kvr_now_ms());
     if (rc == KVR_OK)
         g->acc.records++;
     return rc;
@@ -870,7 +875,7 @@ int kvr_ingest_drop_state(kvr_ingest_t *g, uint64_t worker_id)
 }
 
 int kvr_ingest_record(kvr_ingest_t *g, kvr_worker_t w, const uint64_t *lbh, const uint64_t *seq,
-                      size_t n)
+                      size_t n, uint64_t capacity)
 {
     if (n == 0 || lbh == NULL || seq == NULL)
         return KVR_EINVAL;
@@ -879,7 +884,8 @@ int kvr_ingest_record(kvr_ingest_t *g, kvr_worker_t w, const uint64_t *lbh, cons
                .dp_rank = w.dp_rank,
                .lbh = lbh,
                .seq = seq,
-               .n = n};
+               .n = n,
+               .capacity = capacity};
     return send_cmd(g, &c);
 }
 

@@ -67,7 +67,7 @@ int kvr_ingest_drop_state(kvr_ingest_t *g, uint64_t worker_id);
  * are subscribed here (they say what it holds); a rank subscribed later drops its recorded
  * state; removing a worker or rank drops it too. */
 int kvr_ingest_record(kvr_ingest_t *g, kvr_worker_t w, const uint64_t *lbh, const uint64_t *seq,
-                      size_t n);
+                      size_t n, uint64_t capacity);
 /* Drops a worker's recorded decisions (one rank, or all): KVR_OK, or KVR_ENOTFOUND when it had
  * none (or its events are subscribed: unsubscribe it instead). */
 int kvr_ingest_forget(kvr_ingest_t *g, uint64_t worker_id, bool one_rank, uint32_t dp_rank);

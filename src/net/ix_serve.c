@@ -161,6 +161,10 @@ static int record(void *arg, const kvr_ix_record_t *rec, char *msg, size_t msg_l
                  rec->block_size, part.block_size, s->model);
         return KVR_EMISMATCH;
     }
+    /* a registered worker's cache size, from its router, when this one does not know it */
+    const kvr_worker_spec_t *ws = kvr_router_worker(s->r, rec->instance_id);
+    if (rec->kv_capacity_blocks > 0 && ws != NULL && ws->total_kv_blocks == 0)
+        (void)kvr_router_set_capacity(s->r, rec->instance_id, rec->kv_capacity_blocks);
     int rc = kvr_router_record(s->r, (kvr_worker_t){rec->instance_id, rec->dp_rank},
                                rec->local_hashes, rec->sequence_hashes, rec->n, kvr_now_ms());
     if (rc != KVR_OK)

@@ -453,7 +453,8 @@ static void on_decision(void *arg, const kvr_decision_t *d)
                            .sequence_hashes = d->seq,
                            .n = d->n,
                            .model_name = named ? d->model : x->model,
-                           .model_name_len = named ? d->model_len : strlen(x->model)};
+                           .model_name_len = named ? d->model_len : strlen(x->model),
+                           .kv_capacity_blocks = d->capacity_blocks};
     const char *body;
     size_t len;
     if (kvr_ix_answer_encode_record(&x->w, &rec) != KVR_OK ||

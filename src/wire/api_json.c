@@ -142,6 +142,7 @@ enum field {
     F_IX_URL,
     F_IX_LOCAL,
     F_IX_SEQ,
+    F_IX_CAPACITY,
     F_N,
     F_UNKNOWN = F_N,
 };
@@ -262,8 +263,18 @@ static const field_def_t FIELDS[F_N] = {
     [F_IX_URL] = {"url", "url", O_TOP, T_STRING, 0, KB(K_IX_PEER), 1, KVR_API_MAX_URL_BYTES},
     [F_IX_LOCAL] = {"local_hashes", "local_hashes", O_TOP, T_HASHES, 0, KB(K_IX_RECORD), 0, 0},
     [F_IX_SEQ] = {"sequence_hashes", "sequence_hashes", O_TOP, T_HASHES, 0, KB(K_IX_RECORD), 0, 0},
+    [F_IX_CAPACITY] = {"kv_capacity_blocks", "kv_capacity_blocks", O_TOP, T_INT, 0, KB(K_IX_RECORD),
+                       1, UINT64_MAX},
 };
-_Static_assert(F_N <= 64, "seen and present hold a bit per field");
+_Static_assert(F_N <= 128, "seen and present hold a bit per field");
+
+/* A bit per field. */
+typedef struct fbits {
+    uint64_t w[2];
+} fbits_t;
+
+static inline void fb_set(fbits_t *b, int f) { b->w[f >> 6] |= (uint64_t)1 << (f & 63); }
+static inline bool fb_has(const fbits_t *b, int f) { return (b->w[f >> 6] >> (f & 63)) & 1; }
 
 /* The field holding a kind's token ids or hashes (the fast scanner reads it), or F_N. */
 static int tokens_field(int kind)
@@ -313,8 +324,8 @@ struct kvr_api_decoder {
 
     int kind, status;
     int state, obj, field;
-    uint64_t seen;      /* bit per field: key given */
-    uint64_t present;   /* bit per field: non-null value given */
+    fbits_t seen;    /* bit per field: key given */
+    fbits_t present; /* bit per field: non-null value given */
 
     uint64_t ival[F_N];
     double dval[F_N];
@@ -616,7 +627,7 @@ static int on_boolean(void *ctx, int v)
     kvr_api_decoder_t *d = ctx;
     if (d->state == S_VALUE && FIELDS[d->field].type == T_BOOL) {
         d->bval[d->field] = v != 0;
-        d->present |= (uint64_t)1 << d->field;
+        fb_set(&d->present, d->field);
         return value_done(d);
     }
     return unexpected(d);
@@ -703,7 +714,7 @@ static int on_number(void *ctx, const char *s, size_t n)
         } else {
             break;
         }
-        d->present |= (uint64_t)1 << d->field;
+        fb_set(&d->present, d->field);
         return value_done(d);
     }
     default:
@@ -753,14 +764,14 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
             return value_done(d);  /* "" names nothing: absent */
         if (!store_str(d, s, n, &d->sval[d->field]))
             return 0;
-        d->present |= (uint64_t)1 << d->field;
+        fb_set(&d->present, d->field);
         return value_done(d);
     }
     if (f->type == T_METHOD) {
         for (size_t m = 0; m < N_METHODS; m++) {
             if (strlen(METHOD_NAMES[m]) == n && memcmp(METHOD_NAMES[m], s, n) == 0) {
                 d->ival[d->field] = m;
-                d->present |= (uint64_t)1 << d->field;
+                fb_set(&d->present, d->field);
                 return value_done(d);
             }
         }
@@ -787,13 +798,13 @@ static int on_start_map(void *ctx)
         return 1;
     case S_VALUE:
         if (FIELDS[d->field].type == T_OBJECT) {
-            d->present |= (uint64_t)1 << d->field;
+            fb_set(&d->present, d->field);
             d->obj = (int)FIELDS[d->field].lo;
             d->state = S_KEY;
             return 1;
         }
         if (FIELDS[d->field].type == T_TAINT_MAP) {
-            d->present |= (uint64_t)1 << d->field;
+            fb_set(&d->present, d->field);
             d->state = S_PREF_KEY;
             return 1;
         }
@@ -817,15 +828,15 @@ static int on_start_array(void *ctx)
             /* fall through */
         case T_IDS:
         case T_TAINTS:
-            d->present |= (uint64_t)1 << d->field;
+            fb_set(&d->present, d->field);
             d->state = S_ARRAY;
             return 1;
         case T_MM_LIST:
-            if ((d->seen >> F_MM_INFOS & 1) && (d->seen >> F_MMR_INFOS & 1))
+            if (fb_has(&d->seen, F_MM_INFOS) && fb_has(&d->seen, F_MMR_INFOS))
                 return fail(d, KVR_EINVAL,
                             "block_mm_infos: given twice (top level and "
                             "mm_routing_info)");
-            d->present |= (uint64_t)1 << d->field;
+            fb_set(&d->present, d->field);
             d->mm_block = 0;
             d->state = S_MM_LIST;
             return 1;
@@ -898,9 +909,9 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n)
             if (def->obj != d->obj || !(def->kinds & kb) || strlen(def->key) != n ||
                 memcmp(def->key, s, n) != 0)
                 continue;
-            if (d->seen & ((uint64_t)1 << f))
+            if (fb_has(&d->seen, f))
                 return fail(d, KVR_EINVAL, "%s: duplicate key", def->path);
-            d->seen |= (uint64_t)1 << f;
+            fb_set(&d->seen, f);
             d->field = f;
             d->state = S_VALUE;
             return 1;
@@ -995,8 +1006,8 @@ static void reset(kvr_api_decoder_t *d, int kind)
     d->obj = O_TOP;
     d->field = F_UNKNOWN;
     kvr_jd_skip_reset(&d->skip, &SKIP_OPS);
-    d->seen = 0;
-    d->present = 0;
+    d->seen = (fbits_t){{0, 0}};
+    d->present = (fbits_t){{0, 0}};
     d->n_tokens = 0;
     d->n_ids = 0;
     d->span_n[0] = d->span_n[1] = 0;
@@ -1079,16 +1090,13 @@ static int parse_fast(kvr_api_decoder_t *d, const char *body, size_t len)
 
 /* ---- finishing: required fields and the caller's struct ---------------------------------- */
 
-static bool has(const kvr_api_decoder_t *d, int f)
-{
-    return (d->present >> f) & 1;
-}
+static bool has(const kvr_api_decoder_t *d, int f) { return fb_has(&d->present, f); }
 
 static int require(kvr_api_decoder_t *d, int f)
 {
     if (has(d, f))
         return KVR_OK;
-    if ((d->seen >> f) & 1)
+    if (fb_has(&d->seen, f))
         fail(d, KVR_EINVAL, "%s: must not be null", FIELDS[f].path);
     else
         fail(d, KVR_EINVAL, "%s: missing", FIELDS[f].path);
@@ -1374,6 +1382,7 @@ static int finish_ix_record(kvr_api_decoder_t *d, kvr_ix_record_t *out)
     out->instance_id = d->ival[F_IX_INSTANCE];
     out->dp_rank = has(d, F_IX_DP_RANK) ? (uint32_t)d->ival[F_IX_DP_RANK] : 0;
     out->block_size = has(d, F_IX_BLOCK_SIZE) ? (uint32_t)d->ival[F_IX_BLOCK_SIZE] : 0;
+    out->kv_capacity_blocks = has(d, F_IX_CAPACITY) ? d->ival[F_IX_CAPACITY] : 0;
     out->local_hashes = lbh;
     out->sequence_hashes = seq;
     out->n = n;

@@ -277,6 +277,10 @@ typedef struct kvr_ix_record {
     size_t model_name_len;
     const char *routing_group; /* "default" when absent */
     size_t routing_group_len;
+    /* Ours, optional: the worker rank's KV cache in blocks, as the router knows it (its
+     * registration or its engine's /metrics); an indexer in approximate mode then models that
+     * rank as a cache of this size (LRU of the decisions) instead of a TTL alone. 0 = absent. */
+    uint64_t kv_capacity_blocks;
 } kvr_ix_record_t;
 
 /* Counters since the decoder was made (for /metrics: a falling fast-path share means clients

@@ -154,6 +154,10 @@ int kvr_ix_answer_encode_record(kvr_json_writer_t *w, const kvr_ix_record_t *r)
     }
     i64_array(w, "local_hashes", r->local_hashes, r->n);
     i64_array(w, "sequence_hashes", r->sequence_hashes, r->n);
+    if (r->kv_capacity_blocks != 0) {
+        kvr_json_key(w, "kv_capacity_blocks");
+        kvr_json_u64(w, r->kv_capacity_blocks);
+    }
     kvr_json_end_object(w);
     return kvr_json_writer_status(w);
 }

@@ -691,6 +691,11 @@ static void test_busy_and_filters(void **s)
     unmake(&f);
 }
 
+static void sink_capacity(void *arg, const kvr_decision_t *d)
+{
+    *(uint64_t *)arg = d->capacity_blocks;
+}
+
 static void test_approx_mode_learns_from_decisions(void **s)
 {
     (void)s;
@@ -712,6 +717,75 @@ static void test_approx_mode_learns_from_decisions(void **s)
     assert_int_equal(kvr_router_query(f.r, &q, sc, 8, &n), KVR_OK);
     for (size_t i = 0; i < n; i++)
         assert_int_equal(sc[i].device_blocks, 0);
+    unmake(&f);
+}
+
+/* Device blocks of the current prompt (first n_tokens) on worker id. */
+static uint32_t held_by(fx_t *f, size_t n_tokens, uint64_t id)
+{
+    kvr_rank_score_t sc[8];
+    size_t n;
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = n_tokens};
+    assert_int_equal(kvr_router_query(f->r, &q, sc, 8, &n), KVR_OK);
+    for (size_t i = 0; i < n; i++)
+        if (sc[i].worker.worker_id == id)
+            return sc[i].device_blocks;
+    return 0;
+}
+
+/* Approximate mode with a known cache size: the router's request lifecycle drives the model
+ * (routed: recorded; first token: held; free: back in the LRU), so a running request's blocks
+ * outlive newer decisions and a finished one's age out in the order they were freed. */
+static void test_approx_mode_follows_requests(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, "approx");
+    assert_int_equal(kvr_router_set_capacity(f.r, 1, 60), KVR_OK);
+    kvr_route_req_t q = {.tokens = toks,
+                         .n_tokens = 800,
+                         .update_state = true,
+                         .has_pinned = true,
+                         .pinned = {1, 0}};
+    kvr_route_res_t a, b, c;
+    prompt(21, 800);
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &a), KVR_OK);
+    assert_int_equal(kvr_router_first_token_h(f.r, a.handle, 1100), KVR_OK);
+    prompt(22, 800);
+    assert_int_equal(kvr_router_route(f.r, &q, 1200, &b), KVR_OK);
+    /* 100 blocks on a 60-block cache: A runs (held), so B's deepest 40 went */
+    assert_int_equal(held_by(&f, 800, 1), 10);
+    prompt(21, 800);
+    assert_int_equal(held_by(&f, 800, 1), 50);
+    /* A ends: its blocks go back in the LRU behind B's; C then evicts B's 10 and A's 40 */
+    assert_int_equal(kvr_router_free_h(f.r, a.handle, 1300), KVR_OK);
+    prompt(23, 800);
+    assert_int_equal(kvr_router_route(f.r, &q, 1400, &c), KVR_OK);
+    assert_int_equal(held_by(&f, 800, 1), 50);
+    prompt(22, 800);
+    assert_int_equal(held_by(&f, 800, 1), 0);
+    prompt(21, 800);
+    assert_int_equal(held_by(&f, 800, 1), 10);
+    unmake(&f);
+    /* a router without a local index hands its decisions on with the rank's cache size */
+    kvr_config_defaults(&f.cfg);
+    char err[200];
+    assert_int_equal(kvr_config_set(&f.cfg, "router_mode", "approx", err, sizeof err), KVR_OK);
+    assert_int_equal(
+        kvr_config_set(&f.cfg, "remote_indexer", "http://127.0.0.1:1", err, sizeof err), KVR_OK);
+    int st;
+    f.r = kvr_router_new(&f.cfg, NULL, &st, err, sizeof err);
+    if (f.r == NULL)
+        fail_msg("router: %s", err);
+    f.ix = NULL;
+    kvr_worker_spec_t w;
+    assert_int_equal(kvr_worker_spec_parse("id=4,num_blocks=123", &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    uint64_t got = 0;
+    kvr_router_set_decision_sink(f.r, &(kvr_decision_sink_t){.fn = sink_capacity, .arg = &got});
+    q.pinned = (kvr_worker_t){4, 0};
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &a), KVR_OK);
+    assert_int_equal(got, 123);
     unmake(&f);
 }
 
@@ -774,6 +848,7 @@ int main(void)
         cmocka_unit_test(test_model_pools_and_adapters),
         cmocka_unit_test(test_busy_and_filters),
         cmocka_unit_test(test_approx_mode_learns_from_decisions),
+        cmocka_unit_test(test_approx_mode_follows_requests),
         cmocka_unit_test(test_round_robin_cycles),
         cmocka_unit_test(test_query_lists_every_rank),
     };

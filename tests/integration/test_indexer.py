@@ -449,6 +449,24 @@ def scenario_approximate_remote():
                          "sequence_hashes": seq})
         check("a well-formed decision is recorded", st == 200 and
               scores(query(ix, toks)).get((7, 0)) == 4 * BS, (st, r, query(ix, toks)))
+        # a router that knows the rank's cache size sends it: the indexer then models the
+        # rank as a cache of that many blocks, its least recently recorded blocks out first
+        other = prompt(9250, 4)
+        olbh, oseq = hashes_of(other)
+        for l, q in ((lbh, seq), (olbh, oseq)):
+            st, r = ix.call("POST", "/record_routing_decision",
+                            {"instance_id": 9, "model_name": "m", "local_hashes": l,
+                             "sequence_hashes": q, "kv_capacity_blocks": 6})
+            check("a decision with kv_capacity_blocks is recorded", st == 200, (st, r))
+        check("a rank of 6 blocks keeps the newer prompt's 4 and the older's first 2",
+              scores(query(ix, other)).get((9, 0)) == 4 * BS and
+              scores(query(ix, toks)).get((9, 0)) == 2 * BS,
+              (query(ix, other), query(ix, toks)))
+        st, r = ix.call("POST", "/record_routing_decision",
+                        {"instance_id": 9, "model_name": "m", "local_hashes": lbh,
+                         "sequence_hashes": seq, "kv_capacity_blocks": 0})
+        check("kv_capacity_blocks 0 is refused with 400 naming it",
+              st == 400 and "kv_capacity_blocks" in r["error"], (st, r))
         check("an expired decision is gone (router_ttl_secs 3)",
               eventually(lambda: (7, 0) not in scores(query(ix, toks)), 15))
         m3 = mocker()

@@ -557,7 +557,8 @@ static void test_record(void **s)
                           .model_name = "m",
                           .model_name_len = 1,
                           .routing_group = "g",
-                          .routing_group_len = 1};
+                          .routing_group_len = 1,
+                          .kv_capacity_blocks = 16384};
     kvr_json_writer_t w;
     kvr_json_writer_init(&w);
     assert_int_equal(kvr_ix_answer_encode_record(&w, &in), KVR_OK);
@@ -577,6 +578,7 @@ static void test_record(void **s)
         assert_memory_equal(out.sequence_hashes, seq, sizeof seq);
         assert_string_equal(out.model_name, "m");
         assert_string_equal(out.routing_group, "g");
+        assert_int_equal(out.kv_capacity_blocks, 16384);
     }
     kvr_json_writer_deinit(&w);
     /* defaults: dp_rank 0, routing_group "default", no block size; order does not matter */
@@ -590,6 +592,7 @@ static void test_record(void **s)
     assert_int_equal(out.n, 2);
     assert_int_equal(out.dp_rank, 0);
     assert_int_equal(out.block_size, 0);
+    assert_int_equal(out.kv_capacity_blocks, 0); /* unknown: the indexer keeps a TTL alone */
     assert_string_equal(out.routing_group, "default");
     struct {
         const char *body, *msg;
@@ -615,6 +618,9 @@ static void test_record(void **s)
          NULL},
         {"{\"model_name\":\"m\",\"local_hashes\":[1],\"sequence_hashes\":[1]}",
          "instance_id: missing"},
+        {"{\"instance_id\":1,\"model_name\":\"m\",\"local_hashes\":[1],"
+         "\"sequence_hashes\":[1],\"kv_capacity_blocks\":0}",
+         "kv_capacity_blocks: not an integer in [1, 18446744073709551615]"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         memset(&out, 0, sizeof out);
