@@ -69,10 +69,16 @@ static void usage(FILE *out)
             "                                prefill travels to its decode worker in\n"
             "                                blocks x --kv-bytes-per-block [2097152] /\n"
             "                                --kv-transfer-gbps [100]\n"
+            "  --event-delay-ms D            KV events reach the index D ms late [0: at once]\n"
+            "  --event-jitter-ms J           ... give or take up to J ms [D / 2]\n"
+            "  --event-loss P                a batch is lost with probability P and replayed\n"
+            "                                after --event-replay-ms [1000]; later batches of\n"
+            "                                its worker wait for it (in-order replay) [0]\n"
             "  --sessions                    sticky sessions inferred from the trace: a request\n"
             "                                whose prompt extends an earlier one's (all of its\n"
             "                                blocks but the last, at least 2) continues that\n"
-            "                                conversation (see --session-ttl-secs)\n"
+            "                                conversation (see --session-ttl-secs)\n");
+    fprintf(out,
             "Engine options (as kvrouter mocker):\n"
             "  --block-size N                tokens per KV block, engines and router [16]\n"
             "  --num-gpu-blocks N            KV blocks per worker (alias\n"
@@ -110,6 +116,7 @@ typedef struct sim_args {
     double speedup;
     bool json;
     bool sessions; /* infer sessions from successive turns (--sessions) */
+    bool jitter_set;               /* --event-jitter-ms given (else half the delay) */
     size_t policies[MAX_POLICIES]; /* into POLICY_NAMES */
     size_t n_policies;
     char setting[96]; /* the router setting being parsed, named in messages */
@@ -149,6 +156,16 @@ static int parse_policies(const kvr_cli_t *c, const char *v, sim_args_t *a)
     return 0;
 }
 
+/* A finite number >= 0 (the event link's settings; kvr_sim_config_validate checks the rest). */
+static int nonneg(kvr_cli_t *c, double *out)
+{
+    const char *v = kvr_cli_value(c);
+    int rc = kvr_cli_double(c, v, out);
+    if (rc == 0 && *out < 0)
+        return kvr_cli_bad(c, v, "must be >= 0");
+    return rc;
+}
+
 /* Run flags: 0 handled, 2 error, -1 not a run flag. */
 static int parse_run_flag(kvr_cli_t *c, sim_args_t *a)
 {
@@ -170,6 +187,16 @@ static int parse_run_flag(kvr_cli_t *c, sim_args_t *a)
         return kvr_cli_pos(c, kvr_cli_value(c), &a->cfg.kv_transfer_gbps);
     if (kvr_cli_is(c, "--speedup"))
         return kvr_cli_pos(c, kvr_cli_value(c), &a->speedup);
+    if (kvr_cli_is(c, "--event-delay-ms"))
+        return nonneg(c, &a->cfg.link.delay_ms);
+    if (kvr_cli_is(c, "--event-jitter-ms")) {
+        a->jitter_set = true;
+        return nonneg(c, &a->cfg.link.jitter_ms);
+    }
+    if (kvr_cli_is(c, "--event-loss"))
+        return nonneg(c, &a->cfg.link.loss);
+    if (kvr_cli_is(c, "--event-replay-ms"))
+        return nonneg(c, &a->cfg.link.replay_ms);
     if (kvr_cli_is(c, "--seed"))
         return kvr_cli_u64(c, kvr_cli_value(c), 0, UINT64_MAX, &a->cfg.seed);
     if (strcmp(c->argv[c->i], "--json") == 0) {
@@ -233,6 +260,7 @@ static int parse_args(int argc, char **argv, sim_args_t *a)
     memset(a, 0, sizeof *a);
     kvr_sim_config_default(&a->cfg);
     a->speedup = 1.0;
+    a->cfg.link.replay_ms = 1000;
     for (size_t k = 0; k < N_ROUTER_POLICIES; k++)
         a->policies[a->n_policies++] = k;
     kvr_cli_t c;
@@ -241,6 +269,8 @@ static int parse_args(int argc, char **argv, sim_args_t *a)
     if (rc != 0)
         return rc;
     a->cfg.router.block_size = a->cfg.engine.block_size; /* --block-size sets both */
+    if (!a->jitter_set)
+        a->cfg.link.jitter_ms = a->cfg.link.delay_ms / 2;
     if ((a->prefill_workers > 0) != (a->decode_workers > 0))
         return kvr_cli_fail(&c, "--prefill-workers and --decode-workers go together");
     if (a->prefill_workers > 0) {
@@ -340,6 +370,14 @@ static int print_json(kvr_json_writer_t *w, const report_t *r)
     kvr_json_u64(w, s->prompt_tokens);
     kvr_json_key(w, "cached_tokens");
     kvr_json_u64(w, s->cached_tokens);
+    if (s->event_batches > 0) {
+        kvr_json_key(w, "event_batches");
+        kvr_json_u64(w, s->event_batches);
+        kvr_json_key(w, "events_lost");
+        kvr_json_u64(w, s->events_lost);
+        kvr_json_key(w, "event_delay_ms");
+        kvr_json_double(w, s->event_delay_ms);
+    }
     kvr_json_key(w, "predicted_hit_ratio");
     kvr_json_double(w, s->prompt_tokens
                            ? (double)s->predicted_cached_tokens / (double)s->prompt_tokens

@@ -33,8 +33,9 @@ typedef struct sim_worker {
     uint64_t placed;  /* requests routed here */
 } sim_worker_t;
 
-/* A timed event: a worker's step ends (kind 0), or request i's KV arrives at worker w (kind
- * 1, disaggregated). */
+/* A timed event: a worker's step ends (kind 0), request i's KV arrives at worker w (kind 1,
+ * disaggregated), a held prefill is released (kind 2), worker w's oldest KV-event batch in
+ * flight reaches the index (kind 3, with a link model). */
 typedef struct step_end {
     double t;
     uint32_t kind;
@@ -51,6 +52,7 @@ struct sim {
     kvr_sim_record_t *rec;
     kvr_router_t *r;
     kvr_index_t *ix;
+    kvr_evlink_t *link; /* KV events' way to the index; NULL = instant */
     kvr_queue_t *q;
     bool feed_index;          /* KV mode: engine events go into the index */
     uint32_t bs;
@@ -132,6 +134,8 @@ int kvr_sim_config_validate(const kvr_sim_config_t *cfg, char *err, size_t err_l
         why = "prefill-workers: the router queue is not modelled with disaggregation";
     else if (cfg->n_prefill > 0 && !(cfg->kv_transfer_gbps > 0 && isfinite(cfg->kv_transfer_gbps)))
         why = "kv-transfer-gbps: must be a finite number > 0";
+    if (why == NULL)
+        why = kvr_evlink_config_check(&cfg->link);
     if (why != NULL) {
         if (err != NULL && err_len > 0)
             snprintf(err, err_len, "%s", why);
@@ -236,7 +240,14 @@ static bool grow_blocks(sim_t *s, size_t n)
     return true;
 }
 
-/* KV events of worker k into the index (KV mode only). */
+static void apply_event(sim_t *s, const kvr_event_t *e)
+{
+    s->res->index_events++;
+    if (kvr_index_apply(s->ix, e) != KVR_OK)
+        s->res->index_errors++;
+}
+
+/* KV events of worker k into the index (KV mode only): at once, or through the link model. */
 static void on_kv_event(void *ctx, const kvr_kvcache_event_t *ev)
 {
     sim_worker_t *k = ctx;
@@ -269,9 +280,30 @@ static void on_kv_event(void *ctx, const kvr_kvcache_event_t *ev)
         e.kind = KVR_EV_CLEARED;
         break;
     }
-    s->res->index_events++;
-    if (kvr_index_apply(s->ix, &e) != KVR_OK)
-        s->res->index_errors++;
+    if (s->link == NULL) {
+        apply_event(s, &e);
+        return;
+    }
+    double at;
+    bool first;
+    if (kvr_evlink_push(s->link, k->idx, s->now, &e, &at, &first) != KVR_OK) {
+        set_err(s, KVR_ENOMEM, "out of memory (KV event in flight)");
+        return;
+    }
+    if (first) /* one delivery per worker in the heap: its oldest batch in flight */
+        heap_push(s, (step_end_t){at, 3, k->idx, 0});
+}
+
+/* Worker w's oldest KV-event batch in flight reaches the index. */
+static void deliver_event(sim_t *s, uint32_t w)
+{
+    kvr_event_t e;
+    double next;
+    if (kvr_evlink_pop(s->link, w, &e, &next) != KVR_OK)
+        return;
+    apply_event(s, &e);
+    if (next < INFINITY)
+        heap_push(s, (step_end_t){next, 3, w, 0});
 }
 
 /* Output tokens of worker k: the request lifecycle into the router and the record. */
@@ -684,6 +716,12 @@ static int setup(sim_t *s)
             return set_err(s, rc, "index: cannot create");
     }
     s->feed_index = mode == KVR_MODE_KV;
+    if (s->feed_index && kvr_evlink_config_active(&c->link)) {
+        kvr_evlink_config_t lc = c->link;
+        lc.seed = mix_seed(c->seed ^ UINT64_C(0x6c696e6b)); /* its own stream */
+        if ((s->link = kvr_evlink_new(c->n_workers, &lc, &rc, NULL)) == NULL)
+            return set_err(s, rc, "event link: cannot create");
+    }
     kvr_router_config_t rcfg = c->router;
     rcfg.seed = mix_seed(c->seed);
     rcfg.max_workers = c->n_workers > rcfg.max_workers ? c->n_workers : rcfg.max_workers;
@@ -702,8 +740,8 @@ static int setup(sim_t *s)
             return set_err(s, rc, "router queue: cannot create");
     }
     s->w = calloc(c->n_workers, sizeof *s->w);
-    s->heap = calloc((size_t)c->n_workers + 2 * s->in->n + 1, sizeof *s->heap); /* steps,
-                                                                                transfers */
+    /* steps and event deliveries (one each per worker), transfers and releases */
+    s->heap = calloc((size_t)2 * c->n_workers + 2 * s->in->n + 1, sizeof *s->heap);
     s->kick = calloc(c->n_workers, sizeof *s->kick);
     s->scores = calloc(c->n_workers, sizeof *s->scores);
     if (s->w == NULL || s->heap == NULL || s->kick == NULL || s->scores == NULL)
@@ -763,6 +801,7 @@ static void teardown(sim_t *s)
     free(s->tok);
     free(s->blocks);
     kvr_queue_free(s->q);
+    kvr_evlink_free(s->link);
     kvr_router_free(s->r);
     kvr_index_free(s->ix);
 }
@@ -795,6 +834,8 @@ static void run_loop(sim_t *s)
                 end_step(s, x.w);
             else if (x.kind == 1)
                 kv_arrived(s, x.w, x.i);
+            else if (x.kind == 3)
+                deliver_event(s, x.w);
             else /* a held prefill whose request found no decode worker */
                 (void)kvr_engine_release_held(s->w[x.w].e, x.i);
             ended = true;
@@ -828,6 +869,14 @@ static void summarize(sim_t *s, double *buf)
         res->cached_tokens += r->cached_tokens;
         res->predicted_cached_tokens += r->predicted_cached_tokens;
         res->best_cached_tokens += r->best_cached_tokens;
+    }
+    if (s->link != NULL) {
+        kvr_evlink_stats_t ls;
+        kvr_evlink_stats(s->link, &ls);
+        res->event_batches = ls.batches;
+        res->events_lost = ls.lost;
+        uint64_t delivered = res->index_events;
+        res->event_delay_ms = delivered > 0 ? ls.delay_sum_ms / (double)delivered : 0;
     }
     k = 0;
     for (size_t i = 0; i < n; i++)

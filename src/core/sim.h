@@ -50,6 +50,7 @@
 
 #include "kvrouter/config.h"
 #include "core/engine.h"
+#include "core/evlink.h"
 #include "core/stats.h"
 
 #define KVR_SIM_MAX_WORKERS 4096u
@@ -88,6 +89,9 @@ typedef struct kvr_sim_config {
      * cache): a yardstick for online policies, not one. Cost: a copy of each engine per
      * request. */
     bool oracle;
+    /* KV mode: the events' way to the index (core/evlink.h): delay, jitter, loss and replay.
+     * All 0 (the default): applied the instant the engine changes. Its seed is the run's. */
+    kvr_evlink_config_t link;
 } kvr_sim_config_t;
 
 /* Engine and router defaults, with two sim-specific router changes:
@@ -143,6 +147,9 @@ typedef struct kvr_sim_result {
     uint64_t steps, preemptions;
     uint64_t index_events, index_errors; /* engine events applied to the index / refused */
     uint64_t transfers;       /* disaggregated: KV transfers completed */
+    uint64_t event_batches;   /* KV mode with a link model: batches sent, ... */
+    uint64_t events_lost;     /* ... of which lost and replayed */
+    double event_delay_ms;    /* ... and their mean delay to the index */
     uint64_t bypassed;        /* disaggregated: requests the router's disagg_policy kept on a
                                  decode worker alone */
     double transfer_ms;       /* ... and their modelled time, summed */

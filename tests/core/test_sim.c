@@ -598,6 +598,52 @@ static void test_oracle(void **state)
     assert_non_null(strstr(err, "oracle"));
 }
 
+/* KV events through the link model: B repeats A's prompt 500 ms after it. Applied at once,
+ * the router knows A's worker holds it; 1 s late (no jitter), it does not yet, and every batch
+ * arrived exactly 1 s after it was published; with losses, the lost batches are counted and
+ * the index still ends consistent (nothing refused). */
+static void test_event_delay(void **state)
+{
+    (void)state;
+    hand_t h = {.base = {100, 100}};
+    kvr_sim_request_t reqs[2] = {{.arrival_ms = 0, .n_tokens = 1000, .max_tokens = 3},
+                                 {.arrival_ms = 500, .n_tokens = 1000, .max_tokens = 3}};
+    kvr_sim_input_t in = {.reqs = reqs, .n = 2, .tokens = hand_tokens, .ud = &h};
+    for (int k = 0; k < 3; k++) {
+        kvr_sim_config_t c;
+        small_config(&c, 2, KVR_MODE_KV);
+        c.engine.num_gpu_blocks = 4096;
+        if (k == 1)
+            c.link = (kvr_evlink_config_t){.delay_ms = 1000, .replay_ms = 1000};
+        if (k == 2)
+            c.link = (kvr_evlink_config_t){.delay_ms = 1, .loss = 0.5, .replay_ms = 50};
+        kvr_sim_result_t res;
+        kvr_sim_record_t rec[2];
+        assert_int_equal(kvr_sim_run(&c, &in, &res, rec, NULL, 0), KVR_OK);
+        assert_int_equal(res.requests, 2);
+        assert_int_equal(res.index_errors, 0);
+        if (k == 0) {
+            assert_int_equal(rec[1].predicted_cached_tokens, 992);
+            assert_int_equal(rec[1].worker, rec[0].worker);
+            assert_int_equal(res.event_batches, 0);
+        } else if (k == 1) {
+            assert_int_equal(rec[1].predicted_cached_tokens, 0);
+            assert_true(res.event_batches > 0);
+            assert_int_equal(res.events_lost, 0);
+            near(res.event_delay_ms, 1000);
+        } else {
+            assert_true(res.events_lost <= res.event_batches);
+            assert_true(res.event_delay_ms >= 1);
+        }
+    }
+    kvr_sim_config_t c;
+    small_config(&c, 2, KVR_MODE_KV);
+    c.link.loss = 1;
+    char err[256] = "";
+    assert_int_equal(kvr_sim_config_validate(&c, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "event-loss"));
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -611,6 +657,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_conversations),
         cmocka_unit_test(test_approx_tracks_engines),
         cmocka_unit_test(test_oracle),
+        cmocka_unit_test(test_event_delay),
         cmocka_unit_test(test_too_long),
         cmocka_unit_test(test_queue),
         cmocka_unit_test(test_errors),

@@ -356,7 +356,30 @@ def test_oracle():
     check("oracle: refused with prefill workers, named", rc != 0 and "oracle" in err, (rc, err))
 
 
+def test_event_link():
+    """--event-delay-ms / --event-loss: KV-mode rows report the batches, losses and mean delay;
+    bad settings are usage errors naming the flag."""
+    rc, rows, err = sim_json(["--policy", "kv,round-robin", "--event-delay-ms", "100",
+                              "--event-loss", "0.02"])
+    check("event link: exit 0", rc == 0, f"rc={rc} {err}")
+    if rc == 0 and len(rows) == 2:
+        kv, rr = rows
+        check("event link: kv reports its batches, some lost",
+              kv.get("event_batches", 0) > 0 and 0 < kv.get("events_lost", 0) < kv["event_batches"],
+              kv)
+        check("event link: mean delay at least the jittered delay's floor (50 ms)",
+              kv.get("event_delay_ms", 0) >= 50, kv.get("event_delay_ms"))
+        check("event link: round-robin has no events to delay", "event_batches" not in rr, rr)
+    for args, flag in ((["--event-loss", "1"], "event-loss"),
+                       (["--event-delay-ms", "5", "--event-jitter-ms", "6"], "event-jitter-ms"),
+                       (["--event-delay-ms", "-1"], "--event-delay-ms")):
+        rc, out, err = run(["--trace", TRACE, "--requests", "5"] + args)
+        check(f"event link: {' '.join(args)} refused naming {flag}", rc != 0 and flag in err,
+              (rc, err))
+
+
 def main():
+    test_event_link()
     test_oracle()
     test_disagg()
     test_trace_stats()
