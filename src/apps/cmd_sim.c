@@ -19,11 +19,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "apps/apps.h"
 #include "apps/cli.h"
+#include "apps/gnuplot.h"
 #include "kvrouter/config.h"
 #include "core/sim.h"
 #include "kvrouter.h"
@@ -33,6 +35,7 @@
 
 #define DEFAULT_TRACE "data/traces/conversation_trace.jsonl"
 #define MAX_POLICIES 16
+#define MAX_SPEEDUPS 32
 
 /* Indexed by kvr_router_mode_t, then the simulator's own clairvoyant yardstick. */
 static const char *const POLICY_NAMES[] = {"kv",           "round-robin", "random",
@@ -59,8 +62,12 @@ static void usage(FILE *out)
             "                                clairvoyant, each request to the worker where a\n"
             "                                copy of every engine run forward gives its first\n"
             "                                token soonest (a yardstick; slow)\n"
-            "  --speedup X                   arrival = trace timestamp / X; the engines keep\n"
-            "                                their modelled times [1]\n"
+            "  --speedup X[,Y,...]           arrival = trace timestamp / X; the engines keep\n"
+            "                                their modelled times; a list runs every policy at\n"
+            "                                each [1]\n"
+            "  --sweep N                     N loads evenly up to --speedup: X/N, 2X/N, ..., X\n"
+            "  --plot FILE                   .png or .svg (gnuplot) of a sweep: hit ratio and\n"
+            "                                TTFT p50 / p90 against load, a line per policy\n"
             "  --seed N                      the random policy and tie-breaks (prompts never\n"
             "                                change: trace tokens use seed 0) [1]\n"
             "  --json                        one JSON object per policy per line\n"
@@ -113,7 +120,11 @@ typedef struct sim_args {
     kvr_sim_config_t cfg;
     const char *trace;
     uint64_t requests;
-    double speedup;
+    double speedup;                /* the run's (one of speedups) */
+    double speedups[MAX_SPEEDUPS]; /* --speedup A[,B,...], or made by --sweep */
+    size_t n_speedups;
+    uint32_t sweep;   /* --sweep N: N loads up to the highest speedup */
+    const char *plot; /* --plot FILE */
     bool json;
     bool sessions; /* infer sessions from successive turns (--sessions) */
     bool jitter_set;               /* --event-jitter-ms given (else half the delay) */
@@ -156,6 +167,32 @@ static int parse_policies(const kvr_cli_t *c, const char *v, sim_args_t *a)
     return 0;
 }
 
+/* --speedup X or X,Y,...: each finite and > 0, at most MAX_SPEEDUPS. */
+static int parse_speedups(const kvr_cli_t *c, const char *v, sim_args_t *a)
+{
+    if (v == NULL || *v == '\0')
+        return kvr_cli_bad(c, v, "a value is required");
+    a->n_speedups = 0;
+    for (const char *p = v; *p != '\0';) {
+        size_t n = strcspn(p, ",");
+        char one[64];
+        if (n == 0 || n >= sizeof one)
+            return kvr_cli_bad(c, v, "a comma-separated list of numbers > 0");
+        if (a->n_speedups == MAX_SPEEDUPS)
+            return kvr_cli_bad(c, v, "at most 32 speedups");
+        memcpy(one, p, n);
+        one[n] = '\0';
+        int rc = kvr_cli_pos(c, one, &a->speedups[a->n_speedups]);
+        if (rc != 0)
+            return rc;
+        a->n_speedups++;
+        p += n;
+        if (*p == ',' && *++p == '\0')
+            return kvr_cli_bad(c, v, "a comma-separated list of numbers > 0");
+    }
+    return 0;
+}
+
 /* A finite number >= 0 (the event link's settings; kvr_sim_config_validate checks the rest). */
 static int nonneg(kvr_cli_t *c, double *out)
 {
@@ -186,7 +223,11 @@ static int parse_run_flag(kvr_cli_t *c, sim_args_t *a)
     if (kvr_cli_is(c, "--kv-transfer-gbps"))
         return kvr_cli_pos(c, kvr_cli_value(c), &a->cfg.kv_transfer_gbps);
     if (kvr_cli_is(c, "--speedup"))
-        return kvr_cli_pos(c, kvr_cli_value(c), &a->speedup);
+        return parse_speedups(c, kvr_cli_value(c), a);
+    if (kvr_cli_is(c, "--sweep"))
+        return kvr_cli_u32(c, kvr_cli_value(c), 2, MAX_SPEEDUPS, &a->sweep);
+    if (kvr_cli_is(c, "--plot"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->plot);
     if (kvr_cli_is(c, "--event-delay-ms"))
         return nonneg(c, &a->cfg.link.delay_ms);
     if (kvr_cli_is(c, "--event-jitter-ms")) {
@@ -259,7 +300,8 @@ static int parse_args(int argc, char **argv, sim_args_t *a)
 {
     memset(a, 0, sizeof *a);
     kvr_sim_config_default(&a->cfg);
-    a->speedup = 1.0;
+    a->speedups[0] = 1.0;
+    a->n_speedups = 1;
     a->cfg.link.replay_ms = 1000;
     for (size_t k = 0; k < N_ROUTER_POLICIES; k++)
         a->policies[a->n_policies++] = k;
@@ -271,6 +313,25 @@ static int parse_args(int argc, char **argv, sim_args_t *a)
     a->cfg.router.block_size = a->cfg.engine.block_size; /* --block-size sets both */
     if (!a->jitter_set)
         a->cfg.link.jitter_ms = a->cfg.link.delay_ms / 2;
+    if (a->sweep > 0) {
+        if (a->n_speedups != 1)
+            return kvr_cli_fail(&c, "--sweep N takes one --speedup (the highest load)");
+        double top = a->speedups[0];
+        for (uint32_t k = 0; k < a->sweep; k++)
+            a->speedups[k] = top * (double)(k + 1) / (double)a->sweep;
+        a->n_speedups = a->sweep;
+    }
+    if (a->plot != NULL && a->n_speedups < 2)
+        return kvr_cli_fail(&c, "--plot draws against load: give a sweep (--speedup A,B,... or "
+                                "--sweep N)");
+    size_t pl = a->plot != NULL ? strlen(a->plot) : 0;
+    if (a->plot != NULL && (pl < 4 || (strcasecmp(a->plot + pl - 4, ".png") != 0 &&
+                                       strcasecmp(a->plot + pl - 4, ".svg") != 0)))
+        return kvr_cli_fail(&c, "--plot %s: the plot's name must end in .png or .svg", a->plot);
+    if (a->plot != NULL && !kvr_gnuplot_available()) /* before the runs, not after */
+        return kvr_cli_fail(&c, "--plot needs gnuplot, which is not installed (Debian: apt-get "
+                                "install gnuplot-nox; scripts/install-deps.sh installs it)");
+    a->speedup = a->speedups[0];
     if ((a->prefill_workers > 0) != (a->decode_workers > 0))
         return kvr_cli_fail(&c, "--prefill-workers and --decode-workers go together");
     if (a->prefill_workers > 0) {
@@ -532,8 +593,19 @@ static int infer_sessions(const kvr_trace_t *t, kvr_sim_request_t *reqs, uint64_
     return KVR_OK;
 }
 
+/* One run's figures for the plot. */
+typedef struct point {
+    size_t policy; /* into POLICY_NAMES */
+    double speedup, hit, p50, p90;
+} point_t;
+
+typedef struct points {
+    point_t p[MAX_SPEEDUPS * MAX_POLICIES];
+    size_t n;
+} points_t;
+
 static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim_request_t *reqs,
-                        const kvr_trace_ceilings_t *ceil)
+                        const kvr_trace_ceilings_t *ceil, points_t *pts)
 {
     kvr_json_writer_t w;
     kvr_json_writer_init(&w);
@@ -565,9 +637,107 @@ static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim
         }
         if (a->json ? print_json(&w, &r) != KVR_OK : (print_row(&r), false))
             code = 1;
+        pts->p[pts->n++] = (point_t){a->policies[k], a->speedup, r.res.hit_ratio, r.res.ttft_ms.p50,
+                                     r.res.ttft_ms.p90};
     }
     kvr_json_writer_deinit(&w);
     return code;
+}
+
+/* Every policy at a->speedup: the requests (and sessions) at that load, the table's block. */
+static int run_load(const sim_args_t *a, const kvr_trace_t *t, const kvr_trace_ceilings_t *ceil,
+                    points_t *pts)
+{
+    kvr_sim_request_t *reqs = make_requests(t, a->speedup);
+    if (reqs == NULL) {
+        fprintf(stderr, "kvrouter sim: %s\n", kvr_strerror(KVR_ENOMEM));
+        return 1;
+    }
+    uint64_t n_sessions = 0;
+    int rc;
+    if (a->sessions && (rc = infer_sessions(t, reqs, &n_sessions)) != KVR_OK) {
+        fprintf(stderr, "kvrouter sim: sessions: %s\n", kvr_strerror(rc));
+        free(reqs);
+        return 1;
+    }
+    if (a->sessions && !a->json && pts->n == 0)
+        printf("sessions: %llu inferred from successive turns (session_ttl_secs %llu)\n",
+               (unsigned long long)n_sessions, (unsigned long long)a->cfg.router.session_ttl_secs);
+    if (!a->json) {
+        if (a->n_speedups > 1)
+            printf("speedup %g\n", a->speedup);
+        print_header();
+    }
+    int code = run_policies(a, t, reqs, ceil, pts);
+    free(reqs);
+    return code;
+}
+
+/* ---- the plot: hit ratio and TTFT p50 / p90 against load, a line per policy ---------------- */
+
+typedef struct sweep_plot {
+    const sim_args_t *a;
+    const points_t *pts;
+    char title[512];
+} sweep_plot_t;
+
+/* One inline data block per policy: speedup, hit, p50, p90. */
+static void plot_data(FILE *f, const sweep_plot_t *sp)
+{
+    for (size_t k = 0; k < sp->a->n_policies; k++) {
+        fprintf(f, "$p%zu << EOD\n", k);
+        for (size_t i = 0; i < sp->pts->n; i++) {
+            const point_t *p = &sp->pts->p[i];
+            if (p->policy == sp->a->policies[k])
+                fprintf(f, "%.17g %.17g %.17g %.17g\n", p->speedup, p->hit, p->p50, p->p90);
+        }
+        fputs("EOD\n", f);
+    }
+}
+
+static void plot_body(FILE *f, void *arg)
+{
+    const sweep_plot_t *sp = arg;
+    const sim_args_t *a = sp->a;
+    plot_data(f, sp);
+    fputs("set key below horizontal\nset grid\nset xlabel 'speedup (load)'\n", f);
+    fputs("set multiplot layout 1,2 title ", f);
+    kvr_gnuplot_str(f, sp->title);
+    fputs("\nset title 'prefix-cache hit ratio'\nset ylabel 'hit ratio'\nset yrange [0:*]\nplot ",
+          f);
+    for (size_t k = 0; k < a->n_policies; k++) {
+        fprintf(f, "%s$p%zu using 1:2 with linespoints lw 2 pt 7 lc %zu title ", k ? ", " : "", k,
+                k + 1);
+        kvr_gnuplot_str(f, POLICY_NAMES[a->policies[k]]);
+    }
+    fputs("\nset title 'time to first token: p50 (solid), p90 (dashed)'\n"
+          "set ylabel 'TTFT (ms)'\nset yrange [*:*]\nset logscale y\nplot ",
+          f);
+    for (size_t k = 0; k < a->n_policies; k++) {
+        fprintf(f, "%s$p%zu using 1:3 with linespoints lw 2 pt 7 lc %zu title ", k ? ", " : "", k,
+                k + 1);
+        kvr_gnuplot_str(f, POLICY_NAMES[a->policies[k]]);
+        fprintf(f, ", $p%zu using 1:4 with linespoints lw 1 dt 2 pt 6 lc %zu notitle", k, k + 1);
+    }
+    fputs("\nunset multiplot\n", f);
+}
+
+static int plot_sweep(const sim_args_t *a, const kvr_trace_t *t, const char *path,
+                      const points_t *pts)
+{
+    sweep_plot_t sp = {.a = a, .pts = pts};
+    snprintf(sp.title, sizeof sp.title, "kvrouter sim: %zu requests of %s, %u workers x %u blocks",
+             t->n_rows, path, (unsigned)a->cfg.n_workers, (unsigned)a->cfg.engine.num_gpu_blocks);
+    kvr_gnuplot_t g = {.out = a->plot, .width = 1400, .height = 600, .body = plot_body, .arg = &sp};
+    char err[512];
+    int rc = kvr_gnuplot_draw(&g, err, sizeof err);
+    if (rc != KVR_OK) {
+        fprintf(stderr, "kvrouter sim: plot: %s\n", err);
+        return rc == KVR_EINVAL ? 2 : 1;
+    }
+    if (!a->json)
+        printf("plot: %s\n", a->plot);
+    return 0;
 }
 
 int kvr_cmd_sim(int argc, char **argv)
@@ -611,38 +781,36 @@ int kvr_cmd_sim(int argc, char **argv)
     rc = kvr_trace_ceilings(&t, bs, (uint64_t)a.cfg.n_workers * a.cfg.engine.num_gpu_blocks,
                             &ceil);
     double ceil_s = mono_s() - t0;
-    kvr_sim_request_t *reqs = rc == KVR_OK ? make_requests(&t, a.speedup) : NULL;
-    if (rc != KVR_OK || reqs == NULL) {
-        fprintf(stderr, "kvrouter sim: ceilings: %s\n", kvr_strerror(rc != KVR_OK ? rc : KVR_ENOMEM));
+    if (rc != KVR_OK) {
+        fprintf(stderr, "kvrouter sim: ceilings: %s\n", kvr_strerror(rc));
         kvr_trace_free(&t);
         return 1;
     }
-    uint64_t n_sessions = 0;
-    if (a.sessions && (rc = infer_sessions(&t, reqs, &n_sessions)) != KVR_OK) {
-        fprintf(stderr, "kvrouter sim: sessions: %s\n", kvr_strerror(rc));
-        free(reqs);
-        kvr_trace_free(&t);
-        return 1;
-    }
-    if (a.sessions && !a.json)
-        printf("sessions: %llu inferred from successive turns (session_ttl_secs %llu)\n",
-               (unsigned long long)n_sessions, (unsigned long long)a.cfg.router.session_ttl_secs);
     if (!a.json) {
-        printf("sim: %zu requests from %s, %u workers x %u blocks x %u tokens, speedup %g, "
+        char sp[MAX_SPEEDUPS * 24] = "";
+        for (size_t k = 0, used = 0; k < a.n_speedups && used < sizeof sp; k++)
+            used +=
+                (size_t)snprintf(sp + used, sizeof sp - used, "%s%g", k ? "," : "", a.speedups[k]);
+        printf("sim: %zu requests from %s, %u workers x %u blocks x %u tokens, speedup %s, "
                "seed %llu\n"
                "ceilings (block %u): infinite cache %.4f, pooled LRU of %llu blocks %.4f "
                "(%.2f s)\n",
                t.n_rows, path, (unsigned)a.cfg.n_workers, (unsigned)a.cfg.engine.num_gpu_blocks,
-               (unsigned)bs, a.speedup, (unsigned long long)a.cfg.seed, (unsigned)bs,
-               ceil.infinite,
+               (unsigned)bs, sp, (unsigned long long)a.cfg.seed, (unsigned)bs, ceil.infinite,
                (unsigned long long)((uint64_t)a.cfg.n_workers * a.cfg.engine.num_gpu_blocks),
                ceil.pooled, ceil_s);
-        print_header();
     }
-    int code = run_policies(&a, &t, reqs, &ceil);
+    static points_t pts;
+    pts.n = 0;
+    int code = 0;
+    for (size_t k = 0; k < a.n_speedups && code == 0; k++) {
+        a.speedup = a.speedups[k];
+        code = run_load(&a, &t, &ceil, &pts);
+    }
+    if (code == 0 && a.plot != NULL)
+        code = plot_sweep(&a, &t, path, &pts);
     if (!a.json && code == 0)
         printf("total %.2f s\n", mono_s() - t_start);
-    free(reqs);
     kvr_trace_free(&t);
     return code;
 }

@@ -3,21 +3,18 @@
  */
 #include "apps/replay_report.h"
 
+#include "apps/gnuplot.h"
+
 #include <errno.h>
 #include <math.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/sort.h"
 #include "core/stats.h"
 #include "kvrouter.h"
 #include "wire/json_writer.h"
-
-extern char **environ;
 
 /* ---- summary ---------------------------------------------------------------------------- */
 
@@ -378,42 +375,7 @@ int kvr_replay_write_tsv(const char *path, const kvr_replay_sample_t *s, size_t 
 
 /* ---- plot ------------------------------------------------------------------------------- */
 
-bool kvr_replay_have_gnuplot(void)
-{
-    const char *path = getenv("PATH");
-    if (path == NULL || *path == '\0')
-        path = "/usr/local/bin:/usr/bin:/bin";
-    char dir[4096];
-    while (*path) {
-        size_t n = strcspn(path, ":");
-        snprintf(dir, sizeof dir, "%.*s/gnuplot", (int)n, n ? path : ".");
-        if (access(dir, X_OK) == 0)
-            return true;
-        path += n;
-        if (*path == ':')
-            path++;
-    }
-    return false;
-}
-
-/* A gnuplot single-quoted string: ' doubled. */
-static void gp_str(FILE *f, const char *s)
-{
-    fputc('\'', f);
-    for (; *s; s++) {
-        if (*s == '\'')
-            fputc('\'', f);
-        if ((unsigned char)*s >= 0x20)
-            fputc(*s, f);
-    }
-    fputc('\'', f);
-}
-
-static bool ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcasecmp(s + n - k, suffix) == 0;
-}
+bool kvr_replay_have_gnuplot(void) { return kvr_gnuplot_available(); }
 
 /* The series file must be a replay TSV (its header line). */
 static int check_tsv(const char *path, char *err, size_t err_len)
@@ -433,14 +395,57 @@ static int check_tsv(const char *path, char *err, size_t err_len)
     return KVR_OK;
 }
 
-int kvr_replay_plot(const char *out, const char *title, const kvr_plot_series_t *series,
-                    size_t n, bool itl, char *err, size_t err_len)
+typedef struct replay_plot {
+    const char *title;
+    const kvr_plot_series_t *series;
+    size_t n;
+    bool itl;
+} replay_plot_t;
+
+static void replay_plot_body(FILE *f, void *arg)
 {
-    bool svg = ends_with(out, ".svg");
-    if (!svg && !ends_with(out, ".png")) {
-        snprintf(err, err_len, "%s: the plot's name must end in .png or .svg", out);
-        return KVR_EINVAL;
+    const replay_plot_t *p = arg;
+    const kvr_plot_series_t *series = p->series;
+    size_t n = p->n;
+    fputs("set datafile separator '\\t'\nset datafile missing '-'\nset key below horizontal\n"
+          "set grid\n",
+          f);
+    fprintf(f, "set multiplot layout 1,%d title ", p->itl ? 3 : 2);
+    kvr_gnuplot_str(f, p->title ? p->title : "kvrouter replay");
+    fputs("\nset title 'TTFT over time'\nset xlabel 'arrival (s since the run started)'\n"
+          "set ylabel 'time to first token (ms)'\nset logscale y\nplot ",
+          f);
+    for (size_t i = 0; i < n; i++) {
+        fputs(i ? ", " : "", f);
+        kvr_gnuplot_str(f, series[i].tsv);
+        fprintf(f, " using 1:3 with points pt 7 ps 0.5 lc %zu title ", i + 1);
+        kvr_gnuplot_str(f, series[i].label);
     }
+    fputs("\nunset logscale y\nset title 'TTFT distribution'\n"
+          "set xlabel 'time to first token (ms)'\nset ylabel 'fraction of requests'\n"
+          "set logscale x\nset yrange [0:1]\nplot ",
+          f);
+    for (size_t i = 0; i < n; i++) {
+        fputs(i ? ", " : "", f);
+        kvr_gnuplot_str(f, series[i].tsv);
+        fprintf(f, " using 3:(1.0) smooth cnormal with lines lw 2 lc %zu title ", i + 1);
+        kvr_gnuplot_str(f, series[i].label);
+    }
+    if (p->itl) { /* per request: (finish - first token) / (outputs - 1) */
+        fputs("\nset title 'ITL distribution'\nset xlabel 'inter-token latency (ms)'\nplot ", f);
+        for (size_t i = 0; i < n; i++) {
+            fputs(i ? ", " : "", f);
+            kvr_gnuplot_str(f, series[i].tsv);
+            fprintf(f, " using 4:(1.0) smooth cnormal with lines lw 2 lc %zu title ", i + 1);
+            kvr_gnuplot_str(f, series[i].label);
+        }
+    }
+    fputs("\nunset multiplot\n", f);
+}
+
+int kvr_replay_plot(const char *out, const char *title, const kvr_plot_series_t *series, size_t n,
+                    bool itl, char *err, size_t err_len)
+{
     if (n == 0) {
         snprintf(err, err_len, "nothing to plot");
         return KVR_EINVAL;
@@ -450,94 +455,10 @@ int kvr_replay_plot(const char *out, const char *title, const kvr_plot_series_t 
         if (rc != KVR_OK)
             return rc;
     }
-    if (!kvr_replay_have_gnuplot()) {
-        snprintf(err, err_len, "--plot needs gnuplot, which is not installed (Debian: apt-get "
-                               "install gnuplot-nox; scripts/install-deps.sh installs it)");
-        return KVR_ENOTFOUND;
-    }
-    const char *tmp = getenv("TMPDIR");
-    char script[4096];
-    snprintf(script, sizeof script, "%s/kvrouter-plot-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    int fd = mkstemp(script);
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (f == NULL) {
-        snprintf(err, err_len, "cannot write a gnuplot script in %s: %s",
-                 tmp && *tmp ? tmp : "/tmp", strerror(errno));
-        if (fd >= 0) {
-            close(fd);
-            unlink(script);
-        }
-        return KVR_EIO;
-    }
-    if (svg)
-        fprintf(f, "set terminal svg size %d,640 dynamic noenhanced font 'sans,12'\n",
-                itl ? 2000 : 1400);
-    else
-        fprintf(f, "set terminal pngcairo size %d,640 noenhanced font 'sans,10'\n",
-                itl ? 2000 : 1400);
-    fputs("set output ", f);
-    gp_str(f, out);
-    fputs("\nset datafile separator '\\t'\nset datafile missing '-'\nset key below horizontal\n"
-          "set grid\n",
-          f);
-    fprintf(f, "set multiplot layout 1,%d title ", itl ? 3 : 2);
-    gp_str(f, title ? title : "kvrouter replay");
-    fputs("\nset title 'TTFT over time'\nset xlabel 'arrival (s since the run started)'\n"
-          "set ylabel 'time to first token (ms)'\nset logscale y\nplot ",
-          f);
-    for (size_t i = 0; i < n; i++) {
-        fputs(i ? ", " : "", f);
-        gp_str(f, series[i].tsv);
-        fprintf(f, " using 1:3 with points pt 7 ps 0.5 lc %zu title ", i + 1);
-        gp_str(f, series[i].label);
-    }
-    fputs("\nunset logscale y\nset title 'TTFT distribution'\n"
-          "set xlabel 'time to first token (ms)'\nset ylabel 'fraction of requests'\n"
-          "set logscale x\nset yrange [0:1]\nplot ",
-          f);
-    for (size_t i = 0; i < n; i++) {
-        fputs(i ? ", " : "", f);
-        gp_str(f, series[i].tsv);
-        fprintf(f, " using 3:(1.0) smooth cnormal with lines lw 2 lc %zu title ", i + 1);
-        gp_str(f, series[i].label);
-    }
-    if (itl) { /* per request: (finish - first token) / (outputs - 1) */
-        fputs("\nset title 'ITL distribution'\nset xlabel 'inter-token latency (ms)'\nplot ", f);
-        for (size_t i = 0; i < n; i++) {
-            fputs(i ? ", " : "", f);
-            gp_str(f, series[i].tsv);
-            fprintf(f, " using 4:(1.0) smooth cnormal with lines lw 2 lc %zu title ", i + 1);
-            gp_str(f, series[i].label);
-        }
-    }
-    fputs("\nunset multiplot\nset output\n", f);
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad) {
-        snprintf(err, err_len, "cannot write the gnuplot script %s", script);
-        unlink(script);
-        return KVR_EIO;
-    }
-    char *argv[] = {"gnuplot", script, NULL};
-    pid_t pid;
-    int rc = posix_spawnp(&pid, "gnuplot", NULL, NULL, argv, environ);
-    int status = 0;
-    if (rc == 0) {
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-            ;
-    }
-    unlink(script);
-    if (rc != 0) {
-        snprintf(err, err_len, "cannot run gnuplot: %s", strerror(rc));
-        return KVR_EIO;
-    }
-    struct stat sb;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || stat(out, &sb) != 0 ||
-        sb.st_size == 0) {
-        snprintf(err, err_len, "gnuplot failed to write %s (exit status %d)", out,
-                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-        return KVR_EIO;
-    }
-    return KVR_OK;
+    replay_plot_t p = {title, series, n, itl};
+    kvr_gnuplot_t g = {
+        .out = out, .width = itl ? 2000 : 1400, .height = 640, .body = replay_plot_body, .arg = &p};
+    return kvr_gnuplot_draw(&g, err, err_len);
 }
 
 /* ---- progress --------------------------------------------------------------------------- */

@@ -11,6 +11,7 @@ errors name the flag and exit 2; a broken trace names its line and exits 1; --he
 Kept small (--requests) so it runs in a few seconds.
 """
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -378,7 +379,40 @@ def test_event_link():
               (rc, err))
 
 
+def test_sweep_plot():
+    """--speedup A,B and --sweep N run every policy at each load (JSON rows say which);
+    --plot draws the sweep (a PNG when gnuplot is installed, an error naming it when not);
+    a plot without a sweep, or a sweep with a list, is a usage error."""
+    rc, rows, err = sim_json(["--policy", "kv,round-robin", "--speedup", "0.5,2"])
+    check("speedup list: a row per policy per load",
+          rc == 0 and [(r["policy"], r["speedup"]) for r in rows] ==
+          [("kv", 0.5), ("round-robin", 0.5), ("kv", 2), ("round-robin", 2)], (rc, err, rows))
+    rc, rows, err = sim_json(["--policy", "kv", "--speedup", "3", "--sweep", "3"])
+    check("--sweep 3 up to 3: loads 1, 2, 3",
+          rc == 0 and [r["speedup"] for r in rows] == [1, 2, 3], (rc, err, rows))
+    with tempfile.TemporaryDirectory() as d:
+        png = os.path.join(d, "sweep.png")
+        rc, out, err = run(["--trace", TRACE, "--requests", "80", "--workers", "4", "--policy",
+                            "kv,round-robin", "--speedup", "4", "--sweep", "2", "--plot", png])
+        if shutil.which("gnuplot"):
+            ok = rc == 0 and os.path.exists(png)
+            with open(png, "rb") if ok else open(os.devnull, "rb") as f:
+                head = f.read(8)
+            check("--plot writes a PNG", ok and head == b"\x89PNG\r\n\x1a\n", (rc, err, head))
+            check("--plot names it", f"plot: {png}" in out, out[-300:])
+        else:
+            check("--plot without gnuplot: an error naming it", rc != 0 and "gnuplot" in err,
+                  (rc, err))
+    for args, want in ((["--plot", "x.png"], "sweep"),
+                       (["--speedup", "1,2", "--sweep", "3"], "--sweep"),
+                       (["--speedup", "1,,2"], "--speedup"),
+                       (["--speedup", "1,2", "--plot", "x.jpg"], ".png or .svg")):
+        rc, out, err = run(["--trace", TRACE, "--requests", "5", "--policy", "kv"] + args)
+        check(f"{' '.join(args)}: refused, naming {want}", rc != 0 and want in err, (rc, err))
+
+
 def main():
+    test_sweep_plot()
     test_event_link()
     test_oracle()
     test_disagg()
