@@ -12,11 +12,9 @@ e.g. --trace conversation=data/traces/conversation_trace.jsonl --load conversati
      --load chat=7.815,8.410
 """
 import argparse
-import os
-import subprocess
 import tempfile
 
-from policy_table import sim
+from policy_table import gen_trace, sim
 
 
 def main():
@@ -35,12 +33,7 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for spec in a.load:
         name, speeds = spec.split("=", 1)
-        path = files.get(name)
-        if path is None:
-            path = os.path.join(tmp, name + ".jsonl")
-            subprocess.run([a.kvrouter, "trace", "gen", "--workload", name, "--rate",
-                            str(a.rate), "--duration", str(a.duration), "--seed", a.seed,
-                            "--output", path], check=True)
+        path = files.get(name) or gen_trace(a.kvrouter, name, tmp, a.rate, a.duration, a.seed)
         for sp in speeds.split(","):
             kv = sim(a.kvrouter, path, sp, ["--policy", "kv"])
             ax = sim(a.kvrouter, path, sp, ["--policy", "approx"])

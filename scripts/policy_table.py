@@ -31,6 +31,15 @@ def sim(kvr, trace, speedup, args):
     return json.loads(p.stdout.splitlines()[0])
 
 
+def gen_trace(kvr, workload, directory, rate, duration, seed):
+    """`kvrouter trace gen --workload W` into directory/W.jsonl; its path."""
+    path = os.path.join(directory, workload + ".jsonl")
+    subprocess.run([kvr, "trace", "gen", "--workload", workload, "--rate", str(rate),
+                    "--duration", str(duration), "--seed", str(seed), "--output", path],
+                   check=True)
+    return path
+
+
 def rr_p50(kvr, trace, speedup):
     return sim(kvr, trace, speedup, ["--policy", "round-robin"])["ttft_ms"]["p50"]
 
@@ -66,11 +75,7 @@ def main():
     tmp = tempfile.mkdtemp()
     traces = [(os.path.basename(t), t) for t in a.trace]
     for w in [x for x in a.gen.split(",") if x]:
-        path = os.path.join(tmp, w + ".jsonl")
-        subprocess.run([a.kvrouter, "trace", "gen", "--workload", w, "--rate", str(a.rate),
-                        "--duration", str(a.duration), "--seed", a.seed, "--output", path],
-                       check=True)
-        traces.append((w, path))
+        traces.append((w, gen_trace(a.kvrouter, w, tmp, a.rate, a.duration, a.seed)))
     if a.markdown:
         print("| workload | load | policy | hit | % of pooled | TTFT p50 | p90 | p99 | ITL p50 "
               "| max share |")

@@ -7,11 +7,9 @@ Usage: robustness_table.py KVROUTER --load NAME=SPEEDUP ... [--trace NAME=FILE .
        [--rate R] [--duration S] [--seed N]
 """
 import argparse
-import os
-import subprocess
 import tempfile
 
-from policy_table import sim
+from policy_table import gen_trace, sim
 
 POLICIES = [("locality (default)", ["--policy", "kv"]),
             ("dynamo", ["--policy", "kv", "--router-selection-policy", "dynamo"]),
@@ -36,12 +34,7 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for spec in a.load:
         name, sp = spec.split("=", 1)
-        path = files.get(name)
-        if path is None:
-            path = os.path.join(tmp, name + ".jsonl")
-            subprocess.run([a.kvrouter, "trace", "gen", "--workload", name, "--rate",
-                            str(a.rate), "--duration", str(a.duration), "--seed", a.seed,
-                            "--output", path], check=True)
+        path = files.get(name) or gen_trace(a.kvrouter, name, tmp, a.rate, a.duration, a.seed)
         base = {}
         for lname, largs in LINKS:
             for pname, pargs in POLICIES:

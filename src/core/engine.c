@@ -262,6 +262,17 @@ static uint32_t pow2_at_least(uint64_t n)
     return c;
 }
 
+/* The end of a constructor: e with *status KVR_OK, or e freed and NULL with *status st. */
+static kvr_engine_t *made(kvr_engine_t *e, int st, int *status)
+{
+    if (status)
+        *status = st;
+    if (st == KVR_OK)
+        return e;
+    kvr_engine_free(e);
+    return NULL;
+}
+
 kvr_engine_t *kvr_engine_new(const kvr_engine_config_t *cfg, kvr_kvcache_sink_fn sink,
                              void *sink_ctx, int *status)
 {
@@ -289,14 +300,9 @@ kvr_engine_t *kvr_engine_new(const kvr_engine_config_t *cfg, kvr_kvcache_sink_fn
     e->by_id = calloc(e->id_cap, sizeof *e->by_id);
     if (!e->running || !e->ring || !e->by_id)
         goto fail;
-    if (status)
-        *status = KVR_OK;
-    return e;
+    st = KVR_OK;
 fail:
-    kvr_engine_free(e);
-    if (status)
-        *status = st;
-    return NULL;
+    return made(e, st, status);
 }
 
 static void req_free(kvr_engine_t *e, eng_req_t *r)
@@ -394,14 +400,9 @@ kvr_engine_t *kvr_engine_clone(const kvr_engine_t *src, int *status)
     e->n_live = src->n_live;
     e->in_step = src->in_step;
     e->st = src->st;
-    if (status)
-        *status = KVR_OK;
-    return e;
+    st = KVR_OK;
 fail:
-    kvr_engine_free(e);
-    if (status)
-        *status = st;
-    return NULL;
+    return made(e, st, status);
 }
 
 /* ---- requests ---------------------------------------------------------------------------- */

@@ -509,7 +509,8 @@ typedef struct run_summary {
     uint64_t preempted, stored, removed;
 } run_summary_t;
 
-static run_summary_t random_run(uint64_t seed, uint32_t n_requests, bool check_each)
+/* A tiny engine under pressure: 64 blocks of 4 tokens, 8 sequences, 48 tokens a step. */
+static kvr_engine_config_t tight_config(uint64_t seed)
 {
     kvr_engine_config_t c;
     kvr_engine_config_default(&c);
@@ -518,6 +519,12 @@ static run_summary_t random_run(uint64_t seed, uint32_t n_requests, bool check_e
     c.max_num_seqs = 8;
     c.max_num_batched_tokens = 48;
     c.seed = seed;
+    return c;
+}
+
+static run_summary_t random_run(uint64_t seed, uint32_t n_requests, bool check_each)
+{
+    kvr_engine_config_t c = tight_config(seed);
     harness_t *h = harness_new(&c);
     uint64_t x = seed * 2 + 1;
     uint32_t *prefixes[4];
@@ -696,12 +703,7 @@ static void test_clone_runs_alike(void **state)
 {
     (void)state;
     static outlog_t la, lb;
-    kvr_engine_config_t c;
-    kvr_engine_config_default(&c);
-    c.block_size = 4;
-    c.num_gpu_blocks = 64;
-    c.max_num_seqs = 8;
-    c.max_num_batched_tokens = 48;
+    kvr_engine_config_t c = tight_config(0);
     uint64_t compared_steps = 0, preempted = 0;
     for (uint64_t seed = 1; seed <= 12; seed++) {
         harness_t *h = harness_new(&c);
