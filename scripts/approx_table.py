@@ -11,30 +11,15 @@ Usage: approx_table.py KVROUTER --load NAME=SPEEDUP[,SPEEDUP...] ... [--trace NA
 e.g. --trace conversation=data/traces/conversation_trace.jsonl --load conversation=2.456,2.641
      --load chat=7.815,8.410
 """
-import argparse
-import tempfile
-
-from policy_table import gen_trace, sim
+from policy_table import sim, workloads_at_loads
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("kvrouter")
-    ap.add_argument("--trace", action="append", default=[])
-    ap.add_argument("--load", action="append", default=[], required=True)
-    ap.add_argument("--rate", type=float, default=8)
-    ap.add_argument("--duration", type=float, default=600)
-    ap.add_argument("--seed", default="1")
-    a = ap.parse_args()
-    files = dict(t.split("=", 1) for t in a.trace)
-    tmp = tempfile.mkdtemp()
     print("| workload | speedup | kv hit | kv TTFT p50 | approx hit (% of kv) "
           "| approx TTFT p50 (x kv) | approx predicted hit (% of measured) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for spec in a.load:
-        name, speeds = spec.split("=", 1)
-        path = files.get(name) or gen_trace(a.kvrouter, name, tmp, a.rate, a.duration, a.seed)
-        for sp in speeds.split(","):
+    for a, name, path, speeds in workloads_at_loads():
+        for sp in speeds:
             kv = sim(a.kvrouter, path, sp, ["--policy", "kv"])
             ax = sim(a.kvrouter, path, sp, ["--policy", "approx"])
             kh, ah, pr = kv["hit_ratio"], ax["hit_ratio"], ax["predicted_hit_ratio"]

@@ -40,6 +40,26 @@ def gen_trace(kvr, workload, directory, rate, duration, seed):
     return path
 
 
+def workloads_at_loads():
+    """The command line of the tables that run given workloads at given loads: KVROUTER,
+    --load NAME=SPEEDUP[,...] (repeatable), --trace NAME=FILE (else `trace gen`), --rate,
+    --duration, --seed. Yields (parsed arguments, name, trace path, speedups)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kvrouter")
+    ap.add_argument("--trace", action="append", default=[])
+    ap.add_argument("--load", action="append", default=[], required=True)
+    ap.add_argument("--rate", type=float, default=8)
+    ap.add_argument("--duration", type=float, default=600)
+    ap.add_argument("--seed", default="1")
+    a = ap.parse_args()
+    files = dict(t.split("=", 1) for t in a.trace)
+    tmp = tempfile.mkdtemp()
+    for spec in a.load:
+        name, speeds = spec.split("=", 1)
+        path = files.get(name) or gen_trace(a.kvrouter, name, tmp, a.rate, a.duration, a.seed)
+        yield a, name, path, speeds.split(",")
+
+
 def rr_p50(kvr, trace, speedup):
     return sim(kvr, trace, speedup, ["--policy", "round-robin"])["ttft_ms"]["p50"]
 

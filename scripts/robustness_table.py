@@ -6,10 +6,7 @@ replayed (--event-loss, --event-replay-ms), at given loads.
 Usage: robustness_table.py KVROUTER --load NAME=SPEEDUP ... [--trace NAME=FILE ...]
        [--rate R] [--duration S] [--seed N]
 """
-import argparse
-import tempfile
-
-from policy_table import gen_trace, sim
+from policy_table import sim, workloads_at_loads
 
 POLICIES = [("locality (default)", ["--policy", "kv"]),
             ("dynamo", ["--policy", "kv", "--router-selection-policy", "dynamo"]),
@@ -20,30 +17,19 @@ LINKS = [("at once", []), ("10 ms", ["--event-delay-ms", "10"]),
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("kvrouter")
-    ap.add_argument("--trace", action="append", default=[])
-    ap.add_argument("--load", action="append", default=[], required=True)
-    ap.add_argument("--rate", type=float, default=8)
-    ap.add_argument("--duration", type=float, default=600)
-    ap.add_argument("--seed", default="1")
-    a = ap.parse_args()
-    files = dict(t.split("=", 1) for t in a.trace)
-    tmp = tempfile.mkdtemp()
     print("| workload | speedup | events | policy | hit | % of at once | TTFT p50 | p90 |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for spec in a.load:
-        name, sp = spec.split("=", 1)
-        path = files.get(name) or gen_trace(a.kvrouter, name, tmp, a.rate, a.duration, a.seed)
-        base = {}
-        for lname, largs in LINKS:
-            for pname, pargs in POLICIES:
-                r = sim(a.kvrouter, path, sp, pargs + largs)
-                h = r["hit_ratio"]
-                base.setdefault(pname, h)
-                pct = f"{100 * h / base[pname]:.1f}%" if base[pname] else "-"
-                print(f"| {name} | {sp} | {lname} | {pname} | {h:.3f} | {pct} "
-                      f"| {r['ttft_ms']['p50']:.0f} | {r['ttft_ms']['p90']:.0f} |", flush=True)
+    for a, name, path, speeds in workloads_at_loads():
+        for sp in speeds:
+            base = {}
+            for lname, largs in LINKS:
+                for pname, pargs in POLICIES:
+                    r = sim(a.kvrouter, path, sp, pargs + largs)
+                    h = r["hit_ratio"]
+                    base.setdefault(pname, h)
+                    pct = f"{100 * h / base[pname]:.1f}%" if base[pname] else "-"
+                    print(f"| {name} | {sp} | {lname} | {pname} | {h:.3f} | {pct} "
+                          f"| {r['ttft_ms']['p50']:.0f} | {r['ttft_ms']['p90']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
