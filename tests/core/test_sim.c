@@ -526,13 +526,14 @@ static void test_tokens_failure(void **state)
 }
 
 /* Approximate mode models each engine's cache (core/approx.c: capacity, blocks held by running
- * requests, outputs, freeing at the end), so with caches that evict (1,000 conversation rows,
+ * requests, outputs, freeing at the end), so with caches that evict (700 conversation rows,
  * ~750-block prompts on 8 x 16,384 blocks) it routes as well as KV events do and predicts the
- * hits it gets. A TTL-and-route-order model got 89% of KV mode's hits here, predicted 17% high. */
+ * hits it gets. A TTL-and-route-order model got 98% of KV mode's hits here, predicted 10%
+ * high. */
 static void test_approx_tracks_engines(void **state)
 {
     (void)state;
-    slice_t *s = slice_load(1000, 2.0);
+    slice_t *s = slice_load(700, 2.0);
     kvr_sim_result_t res[2];
     kvr_router_mode_t modes[2] = {KVR_MODE_KV, KVR_MODE_APPROX};
     for (int m = 0; m < 2; m++) {
