@@ -37,12 +37,17 @@
 #define MAX_POLICIES 16
 #define MAX_SPEEDUPS 32
 
-/* Indexed by kvr_router_mode_t, then the simulator's own clairvoyant yardstick. */
+/* Indexed by kvr_router_mode_t ("all" is these), then the simulator's clairvoyant yardstick,
+ * then kv mode with one cost function each (to compare them in one run or one plot; "kv" is
+ * kv mode with --router-selection-policy, locality by default). */
 static const char *const POLICY_NAMES[] = {"kv",           "round-robin", "random",
-                                           "least-loaded", "approx",      "oracle"};
+                                           "least-loaded", "approx",      "oracle",
+                                           "dynamo",       "lmetric",     "locality"};
 #define N_POLICY_NAMES (sizeof POLICY_NAMES / sizeof POLICY_NAMES[0])
-#define POLICY_ORACLE (N_POLICY_NAMES - 1)
+#define POLICY_ORACLE 5
+#define POLICY_DYNAMO 6                 /* .. POLICY_DYNAMO + 2: kv mode with that cost */
 #define N_ROUTER_POLICIES POLICY_ORACLE /* "all" */
+_Static_assert(KVR_MODE_APPROX + 1 == POLICY_ORACLE, "router modes come first");
 
 static void usage(FILE *out)
 {
@@ -61,7 +66,8 @@ static void usage(FILE *out)
             "                                least-loaded, approx, or all [all]; or oracle:\n"
             "                                clairvoyant, each request to the worker where a\n"
             "                                copy of every engine run forward gives its first\n"
-            "                                token soonest (a yardstick; slow)\n"
+            "                                token soonest (a yardstick; slow); or dynamo,\n"
+            "                                lmetric, locality: kv with that cost function\n"
             "  --speedup X[,Y,...]           arrival = trace timestamp / X; the engines keep\n"
             "                                their modelled times; a list runs every policy at\n"
             "                                each [1]\n"
@@ -159,7 +165,9 @@ static int parse_policies(const kvr_cli_t *c, const char *v, sim_args_t *a)
         }
         if (!found)
             return kvr_cli_bad(
-                c, v, "each must be kv, round-robin, random, least-loaded, approx, oracle or all");
+                c, v,
+                "each must be kv, round-robin, random, least-loaded, approx, oracle, "
+                "dynamo, lmetric, locality or all");
         p += n + (comma ? 1 : 0);
         if (comma && *p == '\0')
             return kvr_cli_bad(c, v, "empty policy name");
@@ -613,9 +621,14 @@ static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim
     int code = 0;
     for (size_t k = 0; k < a->n_policies && code == 0; k++) {
         kvr_sim_config_t cfg = a->cfg;
-        bool oracle = a->policies[k] == POLICY_ORACLE;
+        size_t pk = a->policies[k];
+        bool oracle = pk == POLICY_ORACLE, cost = pk >= POLICY_DYNAMO;
         cfg.oracle = oracle;
-        cfg.router.router_mode = oracle ? KVR_MODE_LEAST_LOADED : (kvr_router_mode_t)a->policies[k];
+        cfg.router.router_mode = oracle ? KVR_MODE_LEAST_LOADED
+                                 : cost ? KVR_MODE_KV
+                                        : (kvr_router_mode_t)pk;
+        if (cost) /* the names are in kvr_select_policy_t's order */
+            cfg.router.router_selection_policy = (kvr_select_policy_t)(pk - POLICY_DYNAMO);
         cfg.router.use_kv_events = cfg.router.router_mode != KVR_MODE_APPROX;
         char label[48];
         snprintf(label, sizeof label, "%s%s", POLICY_NAMES[a->policies[k]],

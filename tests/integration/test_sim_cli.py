@@ -411,7 +411,19 @@ def test_sweep_plot():
         check(f"{' '.join(args)}: refused, naming {want}", rc != 0 and want in err, (rc, err))
 
 
+def test_cost_policies():
+    """--policy dynamo / lmetric / locality: kv mode with that cost function, labelled so;
+    locality is the default, so its row equals kv's."""
+    rc, rows, err = sim_json(["--policy", "kv,dynamo,lmetric,locality"])
+    check("cost policies: labelled", rc == 0 and [r.get("policy") for r in rows] ==
+          ["kv", "dynamo", "lmetric", "locality"], (rc, err, rows))
+    if rc == 0 and len(rows) == 4:
+        strip = lambda r: {k: v for k, v in r.items() if k not in ("run_s", "policy")}
+        check("cost policies: locality is kv's default", strip(rows[0]) == strip(rows[3]))
+
+
 def main():
+    test_cost_policies()
     test_sweep_plot()
     test_event_link()
     test_oracle()
