@@ -134,6 +134,41 @@ static void on_cap_done(struct evhttp_request *req, void *arg)
                                           : "sglang:max_total_num_tokens");
 }
 
+/* One GET to a worker: on its connection (made on first use, with its timeout), the path
+ * under the worker's base path, in_flight set while it is out. */
+typedef struct get {
+    struct evhttp_connection **conn;
+    const kvr_url_t *u;
+    int timeout_s;
+    const char *suffix; /* "/health", "/metrics" */
+    void (*done)(struct evhttp_request *, void *);
+    bool *in_flight;
+} get_t;
+
+/* KVR_OK: sent; KVR_ENOMEM: no connection or request could be made (nothing sent, retried at
+ * the next probe); KVR_EIO: libevent refused to send it. */
+static int send_get(kvr_api_server_t *s, const get_t *g, void *arg)
+{
+    if (*g->conn == NULL) {
+        *g->conn = evhttp_connection_base_new(s->base, NULL, g->u->host, g->u->port);
+        if (*g->conn == NULL)
+            return KVR_ENOMEM;
+        evhttp_connection_set_timeout(*g->conn, g->timeout_s);
+    }
+    struct evhttp_request *req = evhttp_request_new(g->done, arg);
+    if (req == NULL)
+        return KVR_ENOMEM;
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", g->u->host_hdr);
+    char path[sizeof g->u->base_path + 16];
+    snprintf(path, sizeof path, "%s%s", g->u->base_path, g->suffix);
+    *g->in_flight = true;
+    if (evhttp_make_request(*g->conn, req, EVHTTP_REQ_GET, path) != 0) {
+        *g->in_flight = false;
+        return KVR_EIO;
+    }
+    return KVR_OK;
+}
+
 /* After a healthy probe: GET /metrics if the worker's cache size is still unknown. */
 static void cap_fetch(probe_t *pr)
 {
@@ -143,23 +178,9 @@ static void cap_fetch(probe_t *pr)
     if (sp == NULL || sp->total_kv_blocks != 0 || pr->cap_in_flight || pr->cap_tries >= CAP_TRIES ||
         kvr_endpoint_parse_url(sp->url, NULL, &u, NULL, 0) != KVR_OK)
         return;
-    if (pr->cap_conn == NULL) {
-        pr->cap_conn = evhttp_connection_base_new(s->base, NULL, u.host, u.port);
-        if (pr->cap_conn == NULL)
-            return;
-        evhttp_connection_set_timeout(pr->cap_conn, 5);
-    }
-    struct evhttp_request *req = evhttp_request_new(on_cap_done, pr);
-    if (req == NULL)
-        return;
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", u.host_hdr);
-    char path[sizeof u.base_path + 16];
-    snprintf(path, sizeof path, "%s/metrics", u.base_path);
-    pr->cap_in_flight = true;
-    if (evhttp_make_request(pr->cap_conn, req, EVHTTP_REQ_GET, path) != 0) {
-        pr->cap_in_flight = false;
+    get_t g = {&pr->cap_conn, &u, 5, "/metrics", on_cap_done, &pr->cap_in_flight};
+    if (send_get(s, &g, pr) == KVR_EIO)
         cap_outcome(pr, CAP_FAILED, "the request could not be sent");
-    }
 }
 
 static void on_probe_done(struct evhttp_request *req, void *arg)
@@ -186,24 +207,10 @@ static void probe_one(probe_t *pr)
         probe_result(pr, false);
         return;
     }
-    if (pr->conn == NULL) {
-        pr->conn = evhttp_connection_base_new(s->base, NULL, u.host, u.port);
-        if (pr->conn == NULL)
-            return;
-        int secs = (int)(s->cfg.health_interval_ms / 1000);
-        evhttp_connection_set_timeout(pr->conn, secs > 0 ? secs : 1);
-    }
-    struct evhttp_request *req = evhttp_request_new(on_probe_done, pr);
-    if (req == NULL)
-        return;
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", u.host_hdr);
-    char path[sizeof u.base_path + 8];
-    snprintf(path, sizeof path, "%s/health", u.base_path);
-    pr->in_flight = true;
-    if (evhttp_make_request(pr->conn, req, EVHTTP_REQ_GET, path) != 0) {
-        pr->in_flight = false;
+    int secs = (int)(s->cfg.health_interval_ms / 1000);
+    get_t g = {&pr->conn, &u, secs > 0 ? secs : 1, "/health", on_probe_done, &pr->in_flight};
+    if (send_get(s, &g, pr) == KVR_EIO)
         probe_result(pr, false);
-    }
 }
 
 void kvr_api_server_suspect(kvr_api_server_t *s, uint64_t worker_id, const char *why)
