@@ -601,9 +601,16 @@ int kvr_approx_start(kvr_approx_t *ap, uint64_t key, uint64_t now_ms)
         return ap == NULL ? KVR_EINVAL : KVR_ENOTFOUND;
     if (q->started)
         return KVR_OK;
-    /* its engine allocated its blocks: touched now (those gone meanwhile are computed again),
-     * and held until it ends; pinned before the bound, as an engine evicts none it admits */
-    int rc = record_blocks(ap, q->w, q->lbh, q->seq, q->n, now_ms);
+    /* its engine allocated its blocks and holds them until it ends: pinned before the bound,
+     * as an engine evicts none it admits. Blocks gone since its routing are computed again:
+     * recorded again (the whole chain, as an index store needs it); when none is gone there is
+     * nothing to touch (a pinned block is never evicted, and the end touches them all) */
+    int rc = KVR_OK;
+    for (size_t i = 0; i < q->n; i++)
+        if (tfind(ap, q->seq[i], q->w) == NULL) {
+            rc = record_blocks(ap, q->w, q->lbh, q->seq, q->n, now_ms);
+            break;
+        }
     q->started = true;
     pin(ap, q, 1);
     evict_over_capacity(ap, q->w);
