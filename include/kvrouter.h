@@ -329,8 +329,9 @@ int kvr_approx_set_capacity(kvr_approx_t *ap, kvr_worker_t w, uint64_t blocks);
 /* A request's life on a rank with a known capacity, as its engine's cache sees it:
  *   begin   routed: its blocks recorded (kvr_approx_record), kept under key (the load tracker's
  *           handle, never 0); a key whose slot holds an unended request ends that one first;
- *   start   its engine admitted it (the first token): its blocks touched again and held (not
- *           evictable) until it ends, as an engine holds a running request's blocks;
+ *   start   its engine admitted it (the first token): its blocks held (not evictable) until
+ *           it ends, as an engine holds a running request's blocks (recorded again first
+ *           when one was evicted since the routing: the engine computes it again);
  *   output  it filled an output block: held too, and evictable once it ends, though no prompt
  *           asks for it;
  *   end     finished: its blocks touched again, outputs first, then its prompt deepest first,
