@@ -451,10 +451,10 @@ int kvr_load_free_h(kvr_load_t *lt, kvr_req_handle_t h, uint64_t now_ms);
 /* The id of the live request h names (not counted when stale: KVR_ENOTFOUND); *id points into
  * the tracker, valid until the request is freed. */
 int kvr_load_handle_id(const kvr_load_t *lt, kvr_req_handle_t h, const char **id, size_t *id_len);
-/* A live request, found by id (id != NULL) or by handle: the worker rank it is booked on and
- * its handle. KVR_ENOTFOUND when none is live. */
-int kvr_load_request_ref(const kvr_load_t *lt, const char *id, size_t id_len, kvr_req_handle_t h,
-                         kvr_worker_t *w, kvr_req_handle_t *handle);
+/* A live request's handle, found by id (id != NULL) or by handle (then the same, when it is
+ * live). KVR_ENOTFOUND when none is live. */
+int kvr_load_request_handle(const kvr_load_t *lt, const char *id, size_t id_len, kvr_req_handle_t h,
+                            kvr_req_handle_t *handle);
 /* Frees requests added expiry_ms or more before now_ms (counted). Returns how many. */
 size_t kvr_load_expire(kvr_load_t *lt, uint64_t now_ms);
 /* When the oldest live request becomes stale (UINT64_MAX when none): a timer for expire(). */

@@ -774,15 +774,14 @@ int kvr_load_handle_id(const kvr_load_t *lt, kvr_req_handle_t h, const char **id
     return KVR_OK;
 }
 
-int kvr_load_request_ref(const kvr_load_t *lt, const char *id, size_t id_len, kvr_req_handle_t h,
-                         kvr_worker_t *w, kvr_req_handle_t *handle)
+int kvr_load_request_handle(const kvr_load_t *lt, const char *id, size_t id_len, kvr_req_handle_t h,
+                            kvr_req_handle_t *handle)
 {
-    if (lt == NULL || w == NULL || handle == NULL || (id != NULL && !id_ok(id, id_len)))
+    if (lt == NULL || handle == NULL || (id != NULL && !id_ok(id, id_len)))
         return KVR_EINVAL;
     uint32_t s = id != NULL ? find_req(lt, id, id_len) : slot_of(lt, h);
     if (s == NONE)
         return KVR_ENOTFOUND;
-    *w = lt->wrk[lt->req[s].wslot].w;
     *handle = (uint64_t)lt->req[s].gen << 32 | s;
     return KVR_OK;
 }

@@ -1430,9 +1430,8 @@ typedef enum { APPROX_START, APPROX_OUTPUT, APPROX_END } approx_step_t;
 static void approx_step(kvr_router_t *r, const char *id, size_t id_len, kvr_req_handle_t h,
                         approx_step_t step, uint64_t now_ms)
 {
-    kvr_worker_t w;
     kvr_req_handle_t key;
-    if (r->approx == NULL || kvr_load_request_ref(r->load, id, id_len, h, &w, &key) != KVR_OK)
+    if (r->approx == NULL || kvr_load_request_handle(r->load, id, id_len, h, &key) != KVR_OK)
         return;
     if (step == APPROX_START)
         (void)kvr_approx_start(r->approx, key, now_ms);
