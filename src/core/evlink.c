@@ -3,9 +3,9 @@
  *
  *   per worker   a FIFO (a growable array used as a queue, compacted when its head passes
  *                half) of batches in flight, each with its publication and delivery times
- *                and its own copy of the blocks or removed hashes; `last_ms` the delivery of
- *                the newest, so a later batch never overtakes it; `taken` the arrays of the
- *                batch last popped (freed at the next pop).
+ *                and its own copy of the blocks or removed hashes (a new batch is delivered no
+ *                earlier than the newest in flight, so none overtakes another); `taken` the
+ *                arrays of the batch last popped (freed at the next pop).
  *
  * Randomness: one splitmix64 stream (core rng) from the seed, drawn in publication order, so
  * a run is a function of its inputs. Threads: one.
@@ -29,7 +29,6 @@ typedef struct lev {
 typedef struct wq {
     lev_t *q;
     size_t head, n, cap;
-    double last_ms;
     lev_t taken;
 } wq_t;
 
@@ -160,13 +159,13 @@ int kvr_evlink_push(kvr_evlink_t *l, uint32_t w, double now_ms, const kvr_event_
         return KVR_ENOMEM;
     }
     double at = delivery(l, now_ms);
-    if (q->n > 0 && at < q->last_ms)
-        at = q->last_ms; /* in order: never before the batch published before it */
+    double newest = q->n > 0 ? q->q[q->head + q->n - 1].at_ms : 0;
+    if (at < newest)
+        at = newest; /* in order: never before the batch published before it */
     v.pub_ms = now_ms;
     v.at_ms = at;
     *was_empty = q->n == 0;
     q->q[q->head + q->n++] = v;
-    q->last_ms = at;
     l->st.batches++;
     *deliver_ms = at;
     return KVR_OK;
