@@ -594,6 +594,8 @@ typedef struct kvr_select_config {
     double disk_cache_hit_weight;        /* 0.25; [0, 1] (disk and external tiers) */
     double shared_cache_multiplier;      /* 0.0; [0, 1] */
     double temperature;                  /* 0.0 (router_temperature); finite >= 0 */
+    double step_wait_weight;             /* 0.0 (router_step_wait_weight); finite >= 0;
+                                            locality policy: blocks per ms of step wait */
     kvr_select_policy_t policy;          /* router_selection_policy */
     bool decode_pool;                    /* workers are a decode pool (5.4 special case) */
 } kvr_select_config_t;
@@ -627,6 +629,7 @@ typedef struct kvr_select_candidate {
     uint64_t potential_prefill_tokens; /* tracker: active + this prompt's uncached tokens (4.5) */
     uint64_t potential_decode_blocks;  /* tracker: active blocks + this prompt's new ones */
     uint32_t active_requests;
+    double step_wait_ms;               /* its engine step under way: time left (stepclock.h) */
     const char *const *taints;         /* the worker's taints */
     size_t n_taints;
     bool has_load;                     /* false: the tracker knows nothing (loads read as 0) */
@@ -679,7 +682,8 @@ typedef struct kvr_select_explain {
     double raw_prefill_blocks;       /* prefill tokens (tracker + prompt) / block_size */
     double decay;                    /* device-credit decay in (0, 1] */
     double overlap_credit_blocks;
-    double adjusted_prefill_blocks;  /* max(raw - credit, 0) */
+    double adjusted_prefill_blocks;  /* max(raw - credit, 0) (locality: + the step wait's) */
+    double step_wait_blocks;         /* locality: step_wait_weight * the candidate's wait */
     double prefill_cost;             /* prefill_load_scale * adjusted (default policy) */
     double decode_cost_blocks;
     double active_request_cost;

@@ -62,6 +62,7 @@ typedef struct kvr_router_config {
     double disk_cache_hit_weight;
     double router_temperature;
     kvr_select_policy_t router_selection_policy;
+    double router_step_wait_weight; /* locality: blocks per ms of the running step's wait */
     /* load tracking (4) */
     bool router_track_active_blocks;
     bool router_track_output_blocks;

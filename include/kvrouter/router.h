@@ -185,6 +185,8 @@ typedef struct kvr_route_req {
     const char *request_id; /* NULL = the router names it */
     size_t request_id_len;
     bool update_state;      /* false: only look (no booking) */
+    uint64_t now_us;        /* the time on the step clocks' scale (kvr_router_worker_step);
+                               0 = now_ms * 1000 */
     const char *model;      /* the model pool; NULL or "" = any worker */
     size_t model_len;
     const char *lora_name; /* also: only workers serving the adapter (lora_policy) */
@@ -281,6 +283,19 @@ typedef struct kvr_route_res {
  * already in flight); KVR_EFULL (too many requests in flight). */
 int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *req, uint64_t now_ms,
                      kvr_route_res_t *res);
+
+/* One of the rank's engine steps ended at now_us (microseconds, any monotonic origin the
+ * caller keeps for kvr_route_req_t.now_us): its streamed tokens arrived, or the simulator
+ * ended a step. The locality policy prices the time a busy rank's running step has left
+ * (core/stepclock.h). KVR_ENOTFOUND if the rank is not registered. */
+int kvr_router_worker_step(kvr_router_t *r, kvr_worker_t w, uint64_t now_us);
+/* A streamed token of one request arrived from the rank at now_us; *seen is the request's own
+ * counter (0 before its first token). The rank's step ends are inferred from which requests
+ * get tokens (core/stepclock.h). KVR_ENOTFOUND if the rank is not registered. */
+int kvr_router_worker_token(kvr_router_t *r, kvr_worker_t w, uint64_t *seen, uint64_t now_us);
+/* What the rank's step clock has learnt: steps measured and their weighted mean (ms; 0 while
+ * none is). KVR_ENOTFOUND if the rank is not registered. */
+int kvr_router_step_mean(const kvr_router_t *r, kvr_worker_t w, uint64_t *steps, double *mean_ms);
 
 /* Request lifecycle. KVR_ENOTFOUND for unknown ids (counted, harmless). */
 int kvr_router_first_token(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms);

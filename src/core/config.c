@@ -91,6 +91,9 @@ static const field_t FIELDS[] = {
     {"router_selection_policy", T_ENUM, OFF(router_selection_policy), 0, 0, false, SPOL, 0,
      "locality",
      "locality | dynamo (the reference's cost) | lmetric (docs/sim.md); default = locality"},
+    {"router_step_wait_weight", T_F64, OFF(router_step_wait_weight), 0, 1e6, false, NULL, 0, "1.0",
+     "locality policy: prefill blocks charged per millisecond a worker's engine step under way "
+     "has left (learnt from when its steps end); 0 = off"},
     {"router_track_active_blocks", T_BOOL, OFF(router_track_active_blocks), 0, 0, false, NULL, 0,
      "true", "track the prompt blocks of in-flight requests per worker"},
     {"router_track_output_blocks", T_BOOL, OFF(router_track_output_blocks), 0, 0, false, NULL, 0,

@@ -25,12 +25,18 @@
 #include "core/grow.h"
 #include "core/namelist.h"
 #include "core/session.h"
+#include "core/stepclock.h"
+
+typedef struct rank {
+    kvr_rank_status_t st; /* what the ingest side reports */
+    kvr_stepclock_t clk;  /* its engine's steps */
+} rank_t;
 
 typedef struct wentry {
     kvr_worker_spec_t spec;
     const char *taint_ptrs[KVR_MAX_TAINTS];
     bool fenced;
-    kvr_rank_status_t *rs; /* dp_size entries */
+    rank_t *rk;                    /* dp_size entries */
     char learned[KVR_LORAS_BYTES]; /* adapters its engine lists (/v1/models), ';'-separated */
 } wentry_t;
 
@@ -385,6 +391,7 @@ static int setup_select(kvr_router_t *r, char *err, size_t err_len)
     r->sel.host_cache_hit_weight = c->host_cache_hit_weight;
     r->sel.disk_cache_hit_weight = c->disk_cache_hit_weight;
     r->sel.temperature = c->router_temperature;
+    r->sel.step_wait_weight = c->router_step_wait_weight;
     r->sel.policy = c->router_selection_policy;
     const char *field = NULL;
     if (kvr_select_config_validate(&r->sel, &field) != KVR_OK) {
@@ -507,7 +514,7 @@ void kvr_router_free(kvr_router_t *r)
     if (r == NULL)
         return;
     for (size_t i = 0; i < r->n_w; i++)
-        free(r->w[i].rs);
+        free(r->w[i].rk);
     free(r->w);
     free(r->wfit);
     free(r->cands);
@@ -632,14 +639,14 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
     wentry_t *we = &r->w[r->n_w];
     memset(we, 0, sizeof *we);
     we->spec = *w;
-    we->rs = calloc(w->dp_size, sizeof *we->rs);
-    if (we->rs == NULL)
+    we->rk = calloc(w->dp_size, sizeof *we->rk);
+    if (we->rk == NULL)
         return KVR_ENOMEM;
     fix_taint_ptrs(we);
     r->n_w++;
     rc = rebuild_ranks(r);
     if (rc != KVR_OK) {
-        free(we->rs);
+        free(we->rk);
         r->n_w--;
         return rc;
     }
@@ -654,7 +661,7 @@ int kvr_router_remove_worker(kvr_router_t *r, uint64_t worker_id)
     long i = worker_pos(r, worker_id);
     if (i < 0)
         return KVR_ENOTFOUND;
-    free(r->w[i].rs);
+    free(r->w[i].rk);
     r->n_pooled -= pooled(&r->w[i]);
     r->n_prefill -= r->w[i].spec.role == KVR_ROLE_PREFILL;
     memmove(&r->w[i], &r->w[i + 1], (r->n_w - (size_t)i - 1) * sizeof *r->w);
@@ -961,7 +968,7 @@ static kvr_rank_status_t *rank_status(const kvr_router_t *r, kvr_worker_t w)
     const wentry_t *we = &r->w[i];
     if (w.dp_rank < we->spec.dp_start || w.dp_rank - we->spec.dp_start >= we->spec.dp_size)
         return NULL;
-    return &we->rs[w.dp_rank - we->spec.dp_start];
+    return &we->rk[w.dp_rank - we->spec.dp_start].st;
 }
 
 int kvr_router_set_rank_status(kvr_router_t *r, kvr_worker_t w, const kvr_rank_status_t *st)
@@ -1131,6 +1138,51 @@ static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_block
         c->busy = kvr_busy(&r->busy, &bl);
         c->queue_busy = kvr_busy(&r->queue_busy, &bl);
     }
+    return KVR_OK;
+}
+
+static kvr_stepclock_t *clock_of(const kvr_router_t *r, size_t k)
+{
+    const wentry_t *we = &r->w[r->rank_widx[k]];
+    return &we->rk[r->cands[k].worker.dp_rank - we->spec.dp_start].clk;
+}
+
+/* The time each busy rank's running engine step has left (an idle rank starts at once). */
+static void fill_step_waits(kvr_router_t *r, uint64_t now_us)
+{
+    for (size_t k = 0; k < r->n_ranks; k++) {
+        kvr_select_candidate_t *c = &r->cands[k];
+        c->step_wait_ms =
+            c->active_requests > 0 ? kvr_stepclock_wait_ms(clock_of(r, k), now_us) : 0.0;
+    }
+}
+
+int kvr_router_worker_step(kvr_router_t *r, kvr_worker_t w, uint64_t now_us)
+{
+    long k = rank_index(r, w);
+    if (k < 0)
+        return KVR_ENOTFOUND;
+    kvr_stepclock_end(clock_of(r, (size_t)k), now_us);
+    return KVR_OK;
+}
+
+int kvr_router_worker_token(kvr_router_t *r, kvr_worker_t w, uint64_t *seen, uint64_t now_us)
+{
+    long k = rank_index(r, w);
+    if (k < 0)
+        return KVR_ENOTFOUND;
+    kvr_stepclock_token(clock_of(r, (size_t)k), seen, now_us);
+    return KVR_OK;
+}
+
+int kvr_router_step_mean(const kvr_router_t *r, kvr_worker_t w, uint64_t *steps, double *mean_ms)
+{
+    long k = rank_index(r, w);
+    if (k < 0)
+        return KVR_ENOTFOUND;
+    const kvr_stepclock_t *c = clock_of(r, (size_t)k);
+    *steps = c->steps;
+    *mean_ms = c->mean_us / 1000.0;
     return KVR_OK;
 }
 
@@ -1386,8 +1438,11 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
     if (rc == KVR_OK)
         rc = fill_overlap(r, q, (size_t)n_blocks);
     uint64_t t2 = mono_ns();
-    if (rc == KVR_OK)
+    uint64_t now_us = q->now_us ? q->now_us : now_ms * 1000;
+    if (rc == KVR_OK) {
         rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
+        fill_step_waits(r, now_us);
+    }
     kvr_select_result_t sel = {0};
     if (rc == KVR_OK) {
         rc = decide(r, q, now_ms, &sel);
@@ -1404,9 +1459,12 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         res->block_size = r->cur.bs;
         if (r->cfg.router_mode != KVR_MODE_KV && r->cfg.router_mode != KVR_MODE_APPROX)
             res->cached_tokens = 0;
+        bool idle = c->active_requests == 0;
         rc = book(r, q, (size_t)n_blocks, now_ms, res);
         if (rc == KVR_OK && q->update_state)
             session_after(r, q, res->worker, now_ms);
+        if (rc == KVR_OK && q->update_state && idle) /* its engine starts a step now */
+            kvr_stepclock_wake(clock_of(r, sel.index), now_us);
     }
     res->timing = (kvr_route_timing_t){t1 - t0, t2 - t1, t3 - t2, mono_ns() - t0};
     r->st.hash_ns += res->timing.hash_ns;

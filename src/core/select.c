@@ -11,7 +11,8 @@
  *   adjusted          = max(raw_prefill - credit, 0)
  *   logit             = scale * adjusted + potential_decode + request_w * active_requests
  *                       (lmetric: adjusted * (potential_decode + 1); locality: the same
- *                       with adjusted = max(raw_prefill - 2 credit, adjusted / 10 + 1))
+ *                       with adjusted = max(raw_prefill - 2 credit, adjusted / 10 + 1)
+ *                       + step_wait_weight * step_wait_ms)
  *   cost              = logit * exp(-tanh(sum of preferred-taint weights present))
  *
  * Pick: temperature 0 takes a minimum cost, ties broken uniformly (reservoir sampling: the
@@ -74,6 +75,7 @@ void kvr_select_config_default(kvr_select_config_t *cfg)
         .disk_cache_hit_weight = 0.25,
         .shared_cache_multiplier = 0.0,
         .temperature = 0.0,
+        .step_wait_weight = 0.0,
         .policy = KVR_SELECT_POLICY_DYNAMO,
         .decode_pool = false,
     };
@@ -106,6 +108,7 @@ int kvr_select_config_validate(const kvr_select_config_t *cfg, const char **fiel
         {unit(cfg->disk_cache_hit_weight), "disk_cache_hit_weight"},
         {unit(cfg->shared_cache_multiplier), "shared_cache_multiplier"},
         {finite_nonneg(cfg->temperature), "router_temperature"},
+        {finite_nonneg(cfg->step_wait_weight), "router_step_wait_weight"},
         {cfg->policy == KVR_SELECT_POLICY_DYNAMO || cfg->policy == KVR_SELECT_POLICY_LMETRIC ||
              cfg->policy == KVR_SELECT_POLICY_LOCALITY,
          "router_selection_policy"},
@@ -345,6 +348,7 @@ static void cost_terms(const ctx_t *x, const kvr_select_candidate_t *c, kvr_sele
 {
     const kvr_select_config_t *k = &x->cfg;
     prefill_terms(x, c, t);
+    t->step_wait_blocks = 0;
     t->decode_cost_blocks = (double)c->potential_decode_blocks;
     t->active_request_cost = k->decode_active_request_weight * c->active_requests;
     if (k->policy == KVR_SELECT_POLICY_LMETRIC) {
@@ -358,10 +362,13 @@ static void cost_terms(const ctx_t *x, const kvr_select_candidate_t *c, kvr_sele
         /* a cached block counts twice: it saves its prefill now and keeps its prefix where
          * the next request with it will look; but the prefill term never falls below a tenth
          * of what the worker really has to prefill plus one block, so among workers that all
-         * hold most of the prompt the load still decides */
+         * hold most of the prompt the load still decides. The engine step under way delays
+         * the prefill by the same time whatever the prompt: its wait is priced in blocks */
         double real = t->adjusted_prefill_blocks;
+        t->step_wait_blocks = k->step_wait_weight * c->step_wait_ms;
         t->adjusted_prefill_blocks =
-            fmax(t->raw_prefill_blocks - 2.0 * t->overlap_credit_blocks, 0.1 * real + 1.0);
+            fmax(t->raw_prefill_blocks - 2.0 * t->overlap_credit_blocks, 0.1 * real + 1.0) +
+            t->step_wait_blocks;
         t->prefill_cost = t->adjusted_prefill_blocks;
         t->logit = t->adjusted_prefill_blocks * (t->decode_cost_blocks + 1.0);
     } else {

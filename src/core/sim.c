@@ -84,6 +84,8 @@ static int set_err(sim_t *s, int status, const char *msg)
 }
 
 static uint64_t now_ms(const sim_t *s) { return (uint64_t)floor(s->now); }
+/* the step clocks' scale (kvr_router_worker_step): +1 so that time 0 is not "unset" */
+static uint64_t now_us(const sim_t *s) { return (uint64_t)floor(s->now * 1000.0) + 1; }
 
 static size_t req_id(size_t i, char *buf, size_t cap)
 {
@@ -455,7 +457,8 @@ static int place(sim_t *s, size_t i)
                          .n_tokens = rq->n_tokens,
                          .request_id = id,
                          .request_id_len = idl,
-                         .update_state = true};
+                         .update_state = true,
+                         .now_us = now_us(s)};
     bool pf = s->cfg->n_prefill > 0;
     if (pf && kvr_router_disagg_bypass(s->r, &q, now_ms(s)) != KVR_BYPASS_NONE) {
         pf = false; /* conditional disaggregation: a decode worker prefills it */
@@ -548,7 +551,8 @@ static void prefilled(sim_t *s, size_t i, const kvr_engine_output_t *o)
                          .n_tokens = rq->n_tokens,
                          .request_id = id,
                          .request_id_len = idl,
-                         .update_state = true};
+                         .update_state = true,
+                         .now_us = now_us(s)};
     char sid[24];
     if (rq->session != 0) {
         q.session_id = sid;
@@ -669,6 +673,7 @@ static void end_step(sim_t *s, uint32_t w)
     sim_worker_t *k = &s->w[w];
     k->in_step = false;
     (void)kvr_engine_step_end(k->e, on_output, k);
+    (void)kvr_router_worker_step(s->r, (kvr_worker_t){w, 0}, now_us(s)); /* its tokens are out */
     kick(s, k);
 }
 

@@ -720,6 +720,16 @@ static void write_worker(kvr_api_server_t *s, const kvr_worker_spec_t *sp)
         kvr_json_u64(w, ls.active_prefill_tokens);
         kvr_json_key(w, "active_blocks");
         kvr_json_u64(w, ls.active_blocks);
+        uint64_t steps = 0;
+        double step_ms = 0;
+        (void)kvr_router_step_mean(s->r, wk, &steps, &step_ms);
+        kvr_json_key(w, "steps_timed"); /* engine steps seen end (streamed tokens) */
+        kvr_json_u64(w, steps);
+        kvr_json_key(w, "step_ms"); /* their weighted mean: null until one is timed */
+        if (steps > 0)
+            kvr_json_double(w, step_ms);
+        else
+            kvr_json_null(w);
         kvr_json_end_object(w);
     }
     kvr_json_end_array(w);

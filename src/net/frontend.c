@@ -480,6 +480,7 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
     p->rid_len = strlen(res->request_id);
     memcpy(p->rid, res->request_id, p->rid_len + 1);
     p->worker = res->worker;
+    p->step_seen = 0; /* a new worker: its step clock, not the last one's */
     p->cached_tokens = res->cached_tokens;
     p->block_size = res->block_size;
     if (!fe_disagg_placed(p, res))
@@ -659,6 +660,10 @@ void fe_mark_token(fe_req_t *p)
     fe->st.stream_tokens++;
     if (!p->booked)
         return; /* its worker was removed, and its booking with it */
+    /* its worker's engine steps, told by whose tokens arrive: the clock the locality cost
+     * reads (route time is kvr_now_ms() x 1000, the same monotonic clock) */
+    (void)kvr_router_worker_token(kvr_sched_router(fe->sched), p->worker, &p->step_seen,
+                                  p->last_token_ns / 1000);
     if (!p->first_token_sent) {
         p->first_token_sent = true;
         (void)kvr_sched_first_token(fe->sched, p->handle, now); /* the queue may move */

@@ -185,6 +185,7 @@ struct fe_req {
     int up_code;
     struct evbuffer *sse;            /* upstream bytes of an event not yet complete */
     uint64_t gen_tokens;
+    uint64_t step_seen; /* its worker's step clock: the step it last had a token of */
     struct event *retry_ev;
     /* disaggregation (fe_disagg.c): the current booking and upstream call are the prefill's
      * while pf_leg; afterwards the decode's (the fields above) */

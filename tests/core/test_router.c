@@ -4,6 +4,7 @@
  * booking and freeing, busy ranks, filters, approximate mode learning from its own decisions,
  * the non-KV modes, and /v1/query's every-rank listing.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -789,6 +790,89 @@ static void test_approx_mode_follows_requests(void **s)
     unmake(&f);
 }
 
+/* One running request on each of the three workers, worker 2's a block longer (more load),
+ * and 30 ms engine steps from 1 s to 2 s, each worker's first beginning at its routing: at
+ * 2.01 s worker 1's step has just begun, worker 3's is half done, worker 2's ends in 1 ms. */
+static void busy_fleet(fx_t *f)
+{
+    static const uint64_t phase[4] = {0, 0, 29000, 15000};
+    for (uint64_t id = 1; id <= 3; id++) {
+        uint64_t first_end = 1020000 - phase[id];
+        prompt(50 + (uint32_t)id, id == 2 ? 528 : 512);
+        kvr_route_req_t q = {.tokens = toks,
+                             .n_tokens = id == 2 ? 528 : 512,
+                             .update_state = true,
+                             .has_pinned = true,
+                             .pinned = {id, 0},
+                             .now_us = first_end - 30000};
+        kvr_route_res_t res;
+        assert_int_equal(kvr_router_route(f->r, &q, (first_end - 30000) / 1000, &res), KVR_OK);
+        assert_int_equal(kvr_router_first_token_h(f->r, res.handle, first_end / 1000), KVR_OK);
+        for (uint64_t t = first_end; t <= 2010000; t += 30000)
+            assert_int_equal(kvr_router_worker_step(f->r, (kvr_worker_t){id, 0}, t), KVR_OK);
+    }
+}
+
+/* The locality cost hears of each worker's engine steps and sends a request where the running
+ * step ends soonest; a worker that sat idle starts its step when work arrives. */
+static void test_step_clock_steers(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL);
+    uint64_t steps;
+    double mean;
+    assert_int_equal(kvr_router_worker_step(f.r, (kvr_worker_t){9, 0}, 1), KVR_ENOTFOUND);
+    assert_int_equal(kvr_router_step_mean(f.r, (kvr_worker_t){9, 0}, &steps, &mean), KVR_ENOTFOUND);
+    busy_fleet(&f);
+    assert_int_equal(kvr_router_step_mean(f.r, (kvr_worker_t){1, 0}, &steps, &mean), KVR_OK);
+    assert_int_equal(steps, 34);
+    assert_true(fabs(mean - 30.0) < 1e-9);
+    prompt(60, 512);
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 512, .now_us = 2010000};
+    kvr_route_res_t res;
+    assert_int_equal(kvr_router_route(f.r, &q, 2010, &res), KVR_OK);
+    assert_int_equal(res.worker.worker_id, 2);
+    unmake(&f);
+    /* without the term a lighter worker wins */
+    f.cfg.router_step_wait_weight = 0;
+    kvr_index_config_t ic = {.sync = KVR_SYNC_NONE};
+    int st;
+    char err[200];
+    f.ix = kvr_index_new(&ic, &st);
+    f.r = kvr_router_new(&f.cfg, f.ix, &st, err, sizeof err);
+    assert_non_null(f.r);
+    for (uint64_t id = 1; id <= 3; id++) {
+        kvr_worker_spec_t w;
+        char text[64];
+        snprintf(text, sizeof text, "id=%llu", (unsigned long long)id);
+        assert_int_equal(kvr_worker_spec_parse(text, &w, err, sizeof err), KVR_OK);
+        assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    }
+    busy_fleet(&f);
+    prompt(60, 512);
+    assert_int_equal(kvr_router_route(f.r, &q, 2010, &res), KVR_OK);
+    assert_int_not_equal(res.worker.worker_id, 2);
+    /* an idle worker's step starts with its work: 30 ms steps until 1.03 s, idle, a request
+     * routed to it at 1.5 s, its step's tokens at 1.52 s: a 20 ms step, not 490 ms */
+    make(&f, NULL);
+    assert_int_equal(kvr_router_worker_step(f.r, (kvr_worker_t){1, 0}, 1000000), KVR_OK);
+    assert_int_equal(kvr_router_worker_step(f.r, (kvr_worker_t){1, 0}, 1030000), KVR_OK);
+    prompt(80, 512);
+    kvr_route_req_t b = {.tokens = toks,
+                         .n_tokens = 512,
+                         .update_state = true,
+                         .has_pinned = true,
+                         .pinned = {1, 0}};
+    assert_int_equal(kvr_router_route(f.r, &b, 1500, &res), KVR_OK);
+    uint64_t seen = 0;
+    assert_int_equal(kvr_router_worker_token(f.r, (kvr_worker_t){1, 0}, &seen, 1520000), KVR_OK);
+    assert_int_equal(kvr_router_step_mean(f.r, (kvr_worker_t){1, 0}, &steps, &mean), KVR_OK);
+    assert_int_equal(steps, 2);
+    assert_true(fabs(mean - 29.0) < 1e-9); /* 30 + (20 - 30) / 10 */
+    unmake(&f);
+}
+
 static void test_round_robin_cycles(void **s)
 {
     (void)s;
@@ -849,6 +933,7 @@ int main(void)
         cmocka_unit_test(test_busy_and_filters),
         cmocka_unit_test(test_approx_mode_learns_from_decisions),
         cmocka_unit_test(test_approx_mode_follows_requests),
+        cmocka_unit_test(test_step_clock_steers),
         cmocka_unit_test(test_round_robin_cycles),
         cmocka_unit_test(test_query_lists_every_rank),
     };

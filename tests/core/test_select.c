@@ -525,6 +525,48 @@ static void test_lmetric_and_decode_pool(void **s)
     assert_near(ex[1].cost, 20);
 }
 
+/* Locality: the time a worker's running engine step has left is priced at step_wait_weight
+ * blocks per ms on top of its prefill term; the other policies ignore it. */
+static void test_step_wait(void **s)
+{
+    (void)s;
+    uint64_t isl = 10 * BS;
+    /* equal caches and loads; worker 1 has just begun a 30 ms step, worker 2's ends in 2 ms */
+    kvr_select_candidate_t c[2] = {cand(1, 0, 0, 9, isl), cand(2, 0, 0, 9, isl)};
+    c[0].step_wait_ms = 30;
+    c[1].step_wait_ms = 2;
+    kvr_select_request_t rq = request(isl, c, 2);
+    kvr_select_explain_t ex[2];
+    kvr_select_result_t r;
+    kvr_select_config_t cfg = defaults();
+    cfg.policy = KVR_SELECT_POLICY_LOCALITY;
+    cfg.step_wait_weight = 1;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_near(ex[0].step_wait_blocks, 30);
+    assert_near(ex[0].cost, (10 + 30) * 10);
+    assert_near(ex[1].cost, (10 + 2) * 10);
+    assert_int_equal(r.index, 1);
+    /* it is weighed against the prefill: 25 more queued blocks on worker 2 outweigh 28 ms at
+     * a weight of 0.5 blocks per ms (14 blocks), not at 1 (28) */
+    c[1] = cand(2, 0, 25 * BS, 9, isl);
+    c[1].step_wait_ms = 2;
+    cfg.step_wait_weight = 0.5;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_int_equal(r.index, 0);
+    cfg.step_wait_weight = 1;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_int_equal(r.index, 1);
+    /* weight 0, and the reference's cost: no wait term */
+    cfg.step_wait_weight = 0;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_near(ex[0].cost, 10 * 10);
+    cfg = defaults();
+    cfg.step_wait_weight = 1;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_near(ex[0].step_wait_blocks, 0);
+    assert_near(ex[0].cost, 10 + 9);
+}
+
 /* ---- picking ---- */
 
 /* Ties at temperature 0 are broken uniformly: every tied candidate is picked about equally
@@ -728,6 +770,7 @@ static void test_config_validation_names_fields(void **s)
         {offsetof(kvr_select_config_t, disk_cache_hit_weight), "disk_cache_hit_weight", true},
         {offsetof(kvr_select_config_t, shared_cache_multiplier), "shared_cache_multiplier", true},
         {offsetof(kvr_select_config_t, temperature), "router_temperature", false},
+        {offsetof(kvr_select_config_t, step_wait_weight), "router_step_wait_weight", false},
     };
     const double bad[] = {NAN, -1, INFINITY, -INFINITY, -1e-300};
     for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
@@ -903,6 +946,7 @@ int main(void)
         cmocka_unit_test(test_queue_threshold_only_decides_waiting),
         cmocka_unit_test(test_zero_length_prompt),
         cmocka_unit_test(test_lmetric_and_decode_pool),
+        cmocka_unit_test(test_step_wait),
         cmocka_unit_test(test_ties_uniform),
         cmocka_unit_test(test_deterministic_given_seed),
         cmocka_unit_test(test_softmax_temperature),

@@ -1,0 +1,62 @@
+/*
+ * stepclock.h: how long a worker's running engine step has left, learnt from when its steps
+ * end. An engine runs one step (one batch: prefill chunks and a decode token per running
+ * request) at a time while it has work, so a request routed to a busy worker cannot start its
+ * prefill before the step under way ends. That wait is the same for every prompt and differs
+ * between workers by up to a whole step: a worker that has just begun a long prefill step
+ * makes a new request wait for all of it, one about to end for almost nothing.
+ *
+ * The router learns the ends in one of two ways: told of each (the simulator,
+ * kvr_stepclock_end), or from streamed tokens (kvr_stepclock_token): every running request
+ * gets one token per step, so a request receiving a second token since the last end known
+ * proves a new step ended; a request's first token does so only when it comes more than half
+ * a mean step after the last end. Tokens of one step reach the router one request at a time,
+ * over a few milliseconds when many run: this rule never takes that spread for steps, where a
+ * rule on time alone would, and learn a "step" of the spacing between two streams' tokens.
+ * It keeps the time of the last end and an exponentially weighted mean of step durations
+ * (weight 1/10 on the newest). The predicted wait is that mean less the time since the last
+ * end, at least 0. A rank that had no work starts a step when work arrives
+ * (kvr_stepclock_wake), so the time it sat idle is never taken for a step's length.
+ *
+ * Rules: ends closer to the last than a quarter of the mean (at least KVR_STEPCLOCK_SAME_US)
+ * are the same step's; a gap longer than KVR_STEPCLOCK_MAX_US is not a step (an idle time the
+ * router did not see begin) and only moves the clock. Time is the caller's, in microseconds;
+ * an end earlier than the last is ignored, and a wait asked for at a time before the last end
+ * (a caller whose route time is coarser than its step times) counts as asked at that end.
+ * Memory: none. Threads: the caller's lock. Cost: O(1) per call.
+ */
+#ifndef KVR_CORE_STEPCLOCK_H
+#define KVR_CORE_STEPCLOCK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define KVR_STEPCLOCK_SAME_US 500u
+#define KVR_STEPCLOCK_MAX_US 10000000u
+
+typedef struct kvr_stepclock {
+    uint64_t last_us; /* the last step end or wake; 0 = none yet */
+    uint64_t ends;    /* step ends recorded: the serial of the step under way */
+    double mean_us;   /* weighted mean step duration; 0 = no step measured */
+    uint64_t steps;   /* step durations measured */
+} kvr_stepclock_t;
+
+/* A step of this rank ended at now_us. */
+void kvr_stepclock_end(kvr_stepclock_t *c, uint64_t now_us);
+
+/* A streamed token of one request on this rank arrived at now_us. *seen is the request's own
+ * (0 before its first token): the step it last had a token of. */
+void kvr_stepclock_token(kvr_stepclock_t *c, uint64_t *seen, uint64_t now_us);
+
+/* The rank had no work and got some at now_us: its next step begins now. */
+void kvr_stepclock_wake(kvr_stepclock_t *c, uint64_t now_us);
+
+/* Milliseconds the step under way at now_us is expected still to run (0 when the rank's step
+ * length is not known yet, or its mean is over). Only meaningful while the rank has work. */
+double kvr_stepclock_wait_ms(const kvr_stepclock_t *c, uint64_t now_us);
+
+/* Checks the stated invariants: a finite mean >= 0, no mean without a step, no more steps
+ * measured than ends recorded. */
+bool kvr_stepclock_verify(const kvr_stepclock_t *c);
+
+#endif

@@ -1,0 +1,118 @@
+/*
+ * test_stepclock.c: a rank's step clock (core/stepclock.c): the time a running step has left,
+ * the weighted mean of step lengths, the streamed tokens of one step taken as one end however
+ * spread, idle time never taken for a step, and time running backwards ignored.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "core/stepclock.h"
+
+#define MS 1000u
+
+static void test_wait_left_in_the_step(void **s)
+{
+    (void)s;
+    kvr_stepclock_t c = {0};
+    assert_true(kvr_stepclock_verify(&c));
+    assert_true(kvr_stepclock_wait_ms(&c, 5 * MS) == 0); /* nothing known: no wait */
+    kvr_stepclock_end(&c, 100 * MS);
+    assert_int_equal(c.steps, 0); /* one end alone measures nothing */
+    kvr_stepclock_end(&c, 120 * MS);
+    assert_int_equal(c.steps, 1);
+    assert_true(c.mean_us == 20 * MS);
+    assert_true(kvr_stepclock_wait_ms(&c, 125 * MS) == 15.0);
+    assert_true(kvr_stepclock_wait_ms(&c, 140 * MS) == 0);    /* overdue: ends any moment */
+    assert_true(kvr_stepclock_wait_ms(&c, 119 * MS) == 20.0); /* asked before the end */
+    /* a 40 ms step moves the mean a tenth of the way */
+    kvr_stepclock_end(&c, 160 * MS);
+    assert_true(c.mean_us == 22 * MS);
+    assert_true(kvr_stepclock_verify(&c));
+}
+
+static void test_one_step_many_tokens(void **s)
+{
+    (void)s;
+    /* steps of 24 ms; each of 21 running requests gets one token per step, reaching the router
+     * 250 us after the one before (5 ms from first to last): the tokens of one step are one
+     * end, at its first token, and the mean is the step's length, not the tokens' spacing */
+    kvr_stepclock_t c = {0};
+    uint64_t seen[21] = {0};
+    uint64_t t = 1000 * MS;
+    for (int step = 0; step < 60; step++, t += 24 * MS)
+        for (size_t r = 0; r < 21; r++)
+            kvr_stepclock_token(&c, &seen[r], t + r * 250);
+    assert_int_equal(c.ends, 59); /* the first burst's end is not known to be one */
+    assert_int_equal(c.steps, 58);
+    assert_true(c.mean_us > 23.99 * MS && c.mean_us < 24.01 * MS);
+    uint64_t last = t - 24 * MS;
+    assert_int_equal(c.last_us, last);
+    double w = kvr_stepclock_wait_ms(&c, last + 10 * MS);
+    assert_true(w > 13.99 && w < 14.01);
+    /* a new request's first token, alone and late (more than half a step after the end):
+     * a step of its own */
+    uint64_t fresh = 0;
+    kvr_stepclock_token(&c, &fresh, last + 20 * MS);
+    assert_int_equal(c.ends, 60);
+    assert_int_equal(c.last_us, last + 20 * MS);
+    /* one alone, early: part of the step that just ended */
+    uint64_t other = 0;
+    kvr_stepclock_token(&c, &other, last + 22 * MS);
+    assert_int_equal(c.ends, 60);
+    /* a single running request: each of its tokens is a step */
+    kvr_stepclock_t one = {0};
+    uint64_t r1 = 0;
+    for (uint64_t k = 0; k < 10; k++)
+        kvr_stepclock_token(&one, &r1, 5000 * MS + k * 7 * MS);
+    assert_int_equal(one.steps, 8);
+    assert_true(one.mean_us == 7 * MS);
+    assert_true(kvr_stepclock_verify(&c) && kvr_stepclock_verify(&one));
+}
+
+static void test_idle_is_not_a_step(void **s)
+{
+    (void)s;
+    kvr_stepclock_t c = {0};
+    kvr_stepclock_end(&c, 100 * MS);
+    kvr_stepclock_end(&c, 130 * MS);
+    assert_true(c.mean_us == 30 * MS);
+    /* idle from 130 ms; work arrives at 900 ms and its step ends at 920 ms */
+    kvr_stepclock_wake(&c, 900 * MS);
+    kvr_stepclock_end(&c, 920 * MS);
+    assert_true(c.mean_us == 29 * MS); /* 30 + (20 - 30) / 10, not the 790 ms since 130 */
+    /* an idle time the router did not see begin, longer than any step: only moves the clock */
+    kvr_stepclock_end(&c, 920 * MS + KVR_STEPCLOCK_MAX_US + 1);
+    assert_int_equal(c.steps, 2);
+    assert_true(c.mean_us == 29 * MS);
+    assert_int_equal(c.last_us, 920 * MS + KVR_STEPCLOCK_MAX_US + 1);
+    /* a time from the past changes nothing */
+    kvr_stepclock_t before = c;
+    kvr_stepclock_end(&c, 50 * MS);
+    kvr_stepclock_wake(&c, 50 * MS);
+    assert_memory_equal(&c, &before, sizeof c);
+    assert_true(kvr_stepclock_verify(&c));
+}
+
+static void test_verify_catches(void **s)
+{
+    (void)s;
+    kvr_stepclock_t c = {.last_us = 1, .mean_us = 5}; /* a mean with no step */
+    assert_false(kvr_stepclock_verify(&c));
+    c = (kvr_stepclock_t){.last_us = 1, .ends = 4, .mean_us = -1, .steps = 3};
+    assert_false(kvr_stepclock_verify(&c));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wait_left_in_the_step),
+        cmocka_unit_test(test_one_step_many_tokens),
+        cmocka_unit_test(test_idle_is_not_a_step),
+        cmocka_unit_test(test_verify_catches),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
