@@ -87,6 +87,7 @@ def main():
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
     policies = [p.split("=", 1) for p in a.policy] or [
+        ["locality (default)", "--policy kv"],
         ["dynamo", "--policy kv --router-selection-policy dynamo"],
         ["lmetric", "--policy kv --router-selection-policy lmetric"],
         ["round-robin", "--policy round-robin"],

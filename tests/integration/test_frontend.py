@@ -810,8 +810,48 @@ def scenario_dp():
         m.stop()
 
 
+def scenario_step_clock():
+    """The router times each worker's engine steps from whose streamed tokens arrive (the
+    locality cost prices the time a busy worker's running step has left): after concurrent
+    streams, /v1/workers shows a step length near the mocker's modelled decode step (about
+    6 ms in real time), not the sub-millisecond spacing between the streams' tokens."""
+    m = mocker("--speedup", 1, events=False, what="mocker(steps)")
+    r = router([spec(1, m, events=False)], what="router(steps)")
+
+    def rank():
+        st, ws, _ = r.call_h("GET", "/v1/workers")
+        return ws["workers"][0]["ranks"][0]
+    try:
+        first = rank()
+        check("steps: none timed before any stream",
+              first["steps_timed"] == 0 and first["step_ms"] is None, first)
+        out = []
+
+        def one(i):
+            try:
+                st, h, chunks, problems = stream(r, "/v1/completions", {
+                    "model": "m", "prompt": toks(40 + i), "max_tokens": 40})
+                out.append(st == 200 and not problems)
+            except Exception as e:  # noqa: BLE001
+                out.append(repr(e))
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        check("steps: 8 concurrent streams of 40 tokens complete", out.count(True) == 8, out)
+        got, steps = rank(), m.metric("kvr_mocker_steps_total")
+        check("steps: the router timed the engine's steps, at most as many as it ran",
+              steps is not None and 20 <= got["steps_timed"] <= steps, (got, steps))
+        check("steps: their length is the engine's (3-40 ms), not the tokens' spacing",
+              got["step_ms"] is not None and 3 <= got["step_ms"] <= 40, got)
+    finally:
+        r.stop()
+        m.stop()
+
+
 def main():
-    run_scenarios((("main", scenario_main), ("queue", scenario_queue),
+    run_scenarios((("main", scenario_main), ("step_clock", scenario_step_clock), ("queue", scenario_queue),
                    ("queue_first_token", scenario_queue_first_token),
                    ("faults", scenario_faults), ("dp", scenario_dp),
                    ("shutdown", scenario_shutdown),
