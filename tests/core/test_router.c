@@ -853,6 +853,7 @@ static void test_step_clock_steers(void **s)
     prompt(60, 512);
     assert_int_equal(kvr_router_route(f.r, &q, 2010, &res), KVR_OK);
     assert_int_not_equal(res.worker.worker_id, 2);
+    unmake(&f);
     /* an idle worker's step starts with its work: 30 ms steps until 1.03 s, idle, a request
      * routed to it at 1.5 s, its step's tokens at 1.52 s: a 20 ms step, not 490 ms */
     make(&f, NULL);
