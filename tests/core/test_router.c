@@ -33,13 +33,17 @@ static void prompt(uint32_t base, size_t n)
         toks[i] = base * 100000u + (uint32_t)i;
 }
 
-static void make(fx_t *f, const char *mode)
+/* A router of three workers (ids 1-3) in mode (NULL: the default), with one more setting
+ * (name NULL: none). */
+static void make_set(fx_t *f, const char *mode, const char *name, const char *value)
 {
     kvr_config_defaults(&f->cfg);
     char err[200];
     assert_int_equal(kvr_config_set(&f->cfg, "seed", "42", err, sizeof err), KVR_OK);
     if (mode != NULL)
         assert_int_equal(kvr_config_set(&f->cfg, "router_mode", mode, err, sizeof err), KVR_OK);
+    if (name != NULL)
+        assert_int_equal(kvr_config_set(&f->cfg, name, value, err, sizeof err), KVR_OK);
     kvr_index_config_t ic = {.sync = KVR_SYNC_NONE};
     int st;
     f->ix = kvr_index_new(&ic, &st);
@@ -55,6 +59,8 @@ static void make(fx_t *f, const char *mode)
         assert_int_equal(kvr_router_add_worker(f->r, &w, err, sizeof err), KVR_OK);
     }
 }
+
+static void make(fx_t *f, const char *mode) { make_set(f, mode, NULL, NULL); }
 
 static void unmake(fx_t *f)
 {
@@ -835,20 +841,7 @@ static void test_step_clock_steers(void **s)
     assert_int_equal(res.worker.worker_id, 2);
     unmake(&f);
     /* without the term a lighter worker wins */
-    f.cfg.router_step_wait_weight = 0;
-    kvr_index_config_t ic = {.sync = KVR_SYNC_NONE};
-    int st;
-    char err[200];
-    f.ix = kvr_index_new(&ic, &st);
-    f.r = kvr_router_new(&f.cfg, f.ix, &st, err, sizeof err);
-    assert_non_null(f.r);
-    for (uint64_t id = 1; id <= 3; id++) {
-        kvr_worker_spec_t w;
-        char text[64];
-        snprintf(text, sizeof text, "id=%llu", (unsigned long long)id);
-        assert_int_equal(kvr_worker_spec_parse(text, &w, err, sizeof err), KVR_OK);
-        assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
-    }
+    make_set(&f, NULL, "router_step_wait_weight", "0");
     busy_fleet(&f);
     prompt(60, 512);
     assert_int_equal(kvr_router_route(f.r, &q, 2010, &res), KVR_OK);

@@ -262,21 +262,29 @@ def text_prompts(r, ms):
           st == 404 and is_openai_error(b, 404), (st, b))
 
 
-def concurrent(r, ms):
+def concurrent_streams(r, n, prompt_tokens, max_tokens):
+    """n streaming completions at once (prompt i has prompt_tokens + i tokens): per stream,
+    True when it streamed max_tokens tokens without a problem, else what went wrong."""
     out = []
 
     def one(i):
         try:
             st, h, chunks, problems = stream(r, "/v1/completions", {
-                "model": "m", "prompt": toks(30 + i), "max_tokens": 8})
-            out.append(st == 200 and not problems and sum(1 for c in chunks if c["choices"]) == 8)
+                "model": "m", "prompt": toks(prompt_tokens + i), "max_tokens": max_tokens})
+            out.append(st == 200 and not problems
+                       and sum(1 for c in chunks if c["choices"]) == max_tokens)
         except Exception as e:  # noqa: BLE001
             out.append(repr(e))
-    ts = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in ts:
         t.start()
     for t in ts:
         t.join(30)
+    return out
+
+
+def concurrent(r, ms):
+    out = concurrent_streams(r, 16, 30, 8)
     check("16 concurrent streams complete", out.count(True) == 16, out)
     check("load drains to 0 after them", eventually(lambda: loads_idle(r), 5))
 
@@ -825,20 +833,7 @@ def scenario_step_clock():
         first = rank()
         check("steps: none timed before any stream",
               first["steps_timed"] == 0 and first["step_ms"] is None, first)
-        out = []
-
-        def one(i):
-            try:
-                st, h, chunks, problems = stream(r, "/v1/completions", {
-                    "model": "m", "prompt": toks(40 + i), "max_tokens": 40})
-                out.append(st == 200 and not problems)
-            except Exception as e:  # noqa: BLE001
-                out.append(repr(e))
-        ts = [threading.Thread(target=one, args=(i,)) for i in range(8)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(30)
+        out = concurrent_streams(r, 8, 40, 40)
         check("steps: 8 concurrent streams of 40 tokens complete", out.count(True) == 8, out)
         got, steps = rank(), m.metric("kvr_mocker_steps_total")
         check("steps: the router timed the engine's steps, at most as many as it ran",
