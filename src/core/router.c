@@ -1147,9 +1147,13 @@ static kvr_stepclock_t *clock_of(const kvr_router_t *r, size_t k)
     return &we->rk[r->cands[k].worker.dp_rank - we->spec.dp_start].clk;
 }
 
-/* The time each busy rank's running engine step has left (an idle rank starts at once). */
+/* The time each busy rank's running engine step has left (an idle rank starts at once).
+ * Only the locality cost reads it, and only with a weight: otherwise the field keeps the 0 of
+ * rebuild_ranks (the policy and weight are fixed for the router's life). */
 static void fill_step_waits(kvr_router_t *r, uint64_t now_us)
 {
+    if (r->sel.policy != KVR_SELECT_POLICY_LOCALITY || r->sel.step_wait_weight == 0)
+        return;
     for (size_t k = 0; k < r->n_ranks; k++) {
         kvr_select_candidate_t *c = &r->cands[k];
         c->step_wait_ms =

@@ -25,7 +25,7 @@ void kvr_stepclock_token(kvr_stepclock_t *c, uint64_t *seen, uint64_t now_us)
 {
     uint64_t current = c->ends + 1; /* 0 stays "no token yet" */
     bool again = *seen == current;  /* its second token since the last end */
-    bool late = *seen == 0 && c->steps > 0 && c->last_us != 0 &&
+    bool late = *seen == 0 && c->steps > 0 && /* a step measured: last_us is set */
                 (double)now_us > (double)c->last_us + c->mean_us / 2;
     if (again || late)
         kvr_stepclock_end(c, now_us);
