@@ -126,6 +126,8 @@ typedef struct kvr_router_config {
     uint64_t frontend_upstream_timeout_ms; /* silence on an upstream connection before giving up */
     uint64_t frontend_max_answer_bytes;    /* a non-streaming worker answer above: 502 */
     bool frontend_forward_authorization;   /* client's Authorization header sent to workers */
+    bool frontend_trust_kv_transfer;       /* client's kv_transfer_params / bootstrap_* forwarded
+                                              (a trusted gateway sets them); off: stripped */
     char worker_api_key_file[512];         /* token sent to workers as Bearer; "" = none */
     uint64_t frontend_tokenize_cache_tokens; /* token ids the tokenize cache holds; 0 = off */
     uint32_t frontend_max_idle_connections;  /* kept-alive idle upstream connections per worker */

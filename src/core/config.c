@@ -257,6 +257,12 @@ static const field_t FIELDS[] = {
      NULL, 0, "false",
      "OpenAI front end: send the client's Authorization header on to the worker (off: a "
      "client's credentials never reach a worker)"},
+    {"frontend_trust_kv_transfer", T_BOOL, OFF(frontend_trust_kv_transfer), 0, 0, false, NULL, 0,
+     "false",
+     "OpenAI front end: forward a client's kv_transfer_params, bootstrap_host, bootstrap_port, "
+     "bootstrap_room and bootstrap_pair_key to workers (only behind a gateway that sets them "
+     "itself); off: they are stripped from every body, so no client can choose where an engine "
+     "reads or sends KV"},
     {"worker_api_key_file", T_STR, OFF(worker_api_key_file), 0, 0, false, NULL,
      sizeof(((kvr_router_config_t *)0)->worker_api_key_file), "",
      "OpenAI front end: file holding the token sent to workers as `Authorization: Bearer` "

@@ -4,13 +4,16 @@
  *     (found by wire/json_scan.c's object walk, lenient: the OpenAI decoder validated the
  *     body before) but nvext, then nvext's engine priority as the top-level "priority"
  *     vLLM and SGLang read (replacing the client's own), then the ids to run ("prompt" for
- *     completions, nvext.token_data for chat);
+ *     completions, nvext.token_data for chat); the KV-transfer members (kv_transfer_params,
+ *     bootstrap_*) are never taken from a client unless frontend_trust_kv_transfer is on: they
+ *     name the host an engine reads KV from or sends it to, so only the router sets them;
  *   - the nvext naming the chosen worker, spliced into a worker's JSON answer or event when
  *     the client asked for it (wire/json_splice.c, strict: the worker's bytes are untrusted).
  * Ownership: the built body belongs to the request (p->body_own). Threads: the HTTP thread.
  * Cost: the body is sized once from an upper bound (the client's body plus 11 bytes an id)
  * and written in one pass: one allocation, no growth.
  */
+#define _GNU_SOURCE /* memmem */
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +82,19 @@ static bool dropped(const char *b, const kvr_json_member_t *m, const char *const
     return false;
 }
 
+/* The members through which a client would choose where an engine moves KV: vLLM's
+ * (kv_transfer_params, read by its KV connectors) and SGLang's (the bootstrap server). */
+static const char *const KVT_MEMBERS[] = {"kv_transfer_params", "bootstrap_host",
+                                          "bootstrap_port",     "bootstrap_room",
+                                          "bootstrap_pair_key", NULL};
+
+bool fe_body_may_name_kvt(const char *b, size_t n)
+{
+    /* a member named in KVT_MEMBERS holds one of these; "\\u" is a key spelt with escapes */
+    return memmem(b, n, "kv_transfer_params", 18) != NULL ||
+           memmem(b, n, "bootstrap_", 10) != NULL || memmem(b, n, "\\u", 2) != NULL;
+}
+
 /* The forward body (see the top) without drop's members, then tail: into a new buffer. */
 static int build_body(fe_req_t *p, const char *const *drop, unsigned *seen, const char *tail,
                       size_t tail_len, char **out_body, size_t *out_len)
@@ -96,12 +112,13 @@ static int build_body(fe_req_t *p, const char *const *drop, unsigned *seen, cons
     cursor_t c = {out};
     put(&c, "{", 1);
     bool first = true;
-    unsigned seen_local = 0;
+    unsigned seen_local = 0, kvt_seen = 0;
+    const char *const *kvt = fe->cfg.frontend_trust_kv_transfer ? NULL : KVT_MEMBERS;
     for (int i = 0; i < k; i++) {
         const kvr_json_member_t *m = &fe->members[i];
         if (kvr_json_key_is(b, m, "nvext") || (p->drop_prompt && kvr_json_key_is(b, m, "prompt")) ||
             (p->has_priority && kvr_json_key_is(b, m, "priority")) ||
-            dropped(b, m, drop, &seen_local))
+            dropped(b, m, drop, &seen_local) || dropped(b, m, kvt, &kvt_seen))
             continue;
         if (!first)
             put(&c, ",", 1);
@@ -135,6 +152,13 @@ static int build_body(fe_req_t *p, const char *const *drop, unsigned *seen, cons
     assert((size_t)(c.o - out) <= cap);
     if (seen != NULL)
         *seen = seen_local;
+    if (kvt_seen != 0 && !p->kvt_counted) { /* once a request, whichever body saw it first */
+        p->kvt_counted = true;
+        fe->st.kvt_stripped++;
+        kvr_log_limited(&fe->rl_proto, KVR_LOG_WARN,
+                        "a client's KV-transfer fields (kv_transfer_params / bootstrap_*) were "
+                        "stripped: only the router sets them (frontend_trust_kv_transfer is off)");
+    }
     *out_body = out;
     *out_len = (size_t)(c.o - out);
     return KVR_OK;

@@ -85,6 +85,10 @@ void fe_metrics(void *arg, struct kvr_prom *p)
                      "Upstream stream bytes forwarded without an "
                      "event boundary (stream end or over 1 MiB).",
                      (double)s->sse_raw);
+    kvr_prom_counter(p, "kvr_frontend_kv_transfer_stripped_total",
+                     "Requests whose client-set kv_transfer_params / bootstrap_* were stripped "
+                     "(frontend_trust_kv_transfer off).",
+                     (double)s->kvt_stripped);
     kvr_prom_counter(p, "kvr_frontend_inject_failed_total",
                      "Answers that could not carry nvext.worker_id "
                      "(not one valid JSON object: forwarded as they were).",

@@ -113,6 +113,7 @@ struct fe_req {
     fe_phase_t phase;
     bool stream, want_worker;
     bool rewrite;          /* the body cannot go verbatim */
+    bool kvt_counted;      /* its KV-transfer members were stripped (counted once) */
     bool drop_prompt;      /* completions: the prompt member becomes the ids */
     bool reply_started;    /* SSE headers sent to the client */
     bool got_headers;      /* the upstream answered (its first byte): no retry from here */
@@ -228,6 +229,7 @@ typedef struct fe_stats {
     uint64_t upstream_errors[UPK_COUNT];
     uint64_t tokenize_calls, stream_events, stream_tokens, sse_raw, inject_failed;
     uint64_t models_refreshes;
+    uint64_t kvt_stripped; /* requests whose kv_transfer_params / bootstrap_* were dropped */
 } fe_stats_t;
 
 /* Disaggregation counters (fe_disagg.c). */
@@ -328,6 +330,9 @@ void fe_reply_whole(fe_req_t *p, struct evhttp_request *up);
 /* The body for the workers when the client's cannot go verbatim (p->rewrite). KVR_OK,
  * KVR_ETOOBIG (more than FE_MAX_MEMBERS members) or KVR_ENOMEM. */
 int fe_build_forward_body(fe_req_t *p);
+/* Whether the client's body b may hold a KV-transfer member (kv_transfer_params, bootstrap_*),
+ * which must then be stripped: a byte search, false positives only cost a rewrite. */
+bool fe_body_may_name_kvt(const char *b, size_t n);
 /* A leg of a disaggregated request: the forward body without the top-level members named in
  * drop (NULL-terminated; *seen gets bit i set when drop[i] was present), then tail (members
  * text, no leading comma). Into a new buffer (*out, owned by the caller). */

@@ -21,7 +21,9 @@ Usage: test_disagg.py <path to kvrouter>.
 import json
 import os
 import random
+import socket
 import sys
+import threading
 import time
 
 from kvr_harness import (Child, check, eventually, free_ports, raw_request, read_events,
@@ -549,8 +551,92 @@ def scenario_conditional():
         d.stop()
 
 
+class Trap:
+    """A listener on a free loopback port that an engine must never be steered to."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+
+    def hit(self):
+        """Whether a connection came in (accepted and closed at once)."""
+        try:
+            c, _ = self.sock.accept()
+        except BlockingIOError:
+            return False
+        c.close()
+        return True
+
+    def close(self):
+        self.sock.close()
+
+
+def scenario_client_kvt():
+    """A client's kv_transfer_params and bootstrap_* never reach an engine: on a fleet that
+    serves aggregated (here: decode workers alone), in both conventions, on the verbatim path
+    (token prompts, no nvext) and with the key spelt with escapes; stripped, counted. With
+    frontend_trust_kv_transfer (a gateway that sets them itself) they go through."""
+    trap = Trap()
+    d = mocker("--speedup", 20, role="decode", what="decode")
+    bd = mocker("--speedup", 20, "--kv-transfer", "bootstrap", role="decode", what="bdecode")
+    r = router([spec(3, d, "decode")], "--health-interval-ms", "60000")
+    rb = router([spec(4, bd, "decode")], "--health-interval-ms", "60000", what="router-boot")
+    rt = router([spec(3, d, "decode")], "--health-interval-ms", "60000",
+                "--frontend-trust-kv-transfer", "true", what="router-trusting")
+    pull = {"do_remote_prefill": True, "do_remote_decode": False, "remote_host": "127.0.0.1",
+            "remote_port": trap.port, "remote_request_id": "stolen", "remote_engine_id": "e0",
+            "remote_block_ids": [1, 2, 3]}
+    boot = {"bootstrap_host": "127.0.0.1", "bootstrap_port": trap.port, "bootstrap_room": 7}
+    try:
+        check("client kvt: subscribed", subscribed(d) and subscribed(bd))
+        cases = [(r, "pull, token prompt", {"model": "m", "prompt": toks(40), "max_tokens": 2,
+                                           "kv_transfer_params": pull}),
+                 (r, "pull, chat", {"model": "m", "max_tokens": 2, "kv_transfer_params": pull,
+                                    "messages": [{"role": "user", "content": "hello there"}]}),
+                 (rb, "bootstrap, token prompt", dict({"model": "m", "prompt": toks(40),
+                                                      "max_tokens": 2}, **boot)),
+                 (rb, "bootstrap, text prompt", dict({"model": "m", "prompt": "x y z",
+                                                     "max_tokens": 2}, **boot))]
+        for i, (x, what, body) in enumerate(cases):
+            st, b = x.call("POST", "/v1/chat/completions" if "messages" in body
+                           else "/v1/completions", body, timeout=20)
+            check(f"client kvt: {what}: served", st == 200, (st, b))
+            check(f"client kvt: {what}: the engine never connected to the client's host",
+                  not trap.hit())
+            check(f"client kvt: {what}: stripped, counted", x.metric(
+                "kvr_frontend_kv_transfer_stripped_total") == (i % 2) + 1)
+        # a key spelt with escapes is the same key to the engine's JSON parser
+        raw = ('{"model":"m","max_tokens":2,"prompt":%s,"kv\\u005ftransfer_params":%s}'
+               % (json.dumps(toks(40)), json.dumps(pull)))
+        st, b = r.call("POST", "/v1/completions", raw, timeout=20)
+        check("client kvt: an escaped key is stripped too", st == 200 and not trap.hit(), (st, b))
+        check("client kvt: the engine read no KV", d.metric("kvr_mocker_kv_transfers_total") in
+              (0, None) and d.metric("kvr_mocker_kv_transfer_failures_total") in (0, None))
+        # a trusted gateway's fields go through: the trap sees the engine (this proves the
+        # checks above could fail)
+        got = []
+        t = threading.Thread(target=lambda: got.append(rt.call(
+            "POST", "/v1/completions", {"model": "m", "prompt": toks(40), "max_tokens": 2,
+                                        "kv_transfer_params": pull}, timeout=30)))
+        t.start()
+        check("client kvt: trusted: forwarded (the engine dialled the named host)",
+              eventually(trap.hit, 10))
+        t.join(40)
+        check("client kvt: trusted: answered once the named host hung up", got and
+              got[0][0] in (200, 500, 502), got)
+        check("client kvt: trusted: not counted as stripped",
+              rt.metric("kvr_frontend_kv_transfer_stripped_total") == 0)
+    finally:
+        for x in (r, rb, rt, d, bd):
+            x.stop()
+        trap.close()
+
+
 def main():
-    run_scenarios((("pull", scenario_pull), ("faults", scenario_faults), ("retry", scenario_retry),
+    run_scenarios((("client_kvt", scenario_client_kvt), ("pull", scenario_pull), ("faults", scenario_faults), ("retry", scenario_retry),
                    ("orphan", scenario_orphan),
                    ("unavailable", scenario_unavailable), ("bootstrap", scenario_bootstrap),
                    ("conditional", scenario_conditional)), SEED)
