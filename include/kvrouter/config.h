@@ -116,6 +116,10 @@ typedef struct kvr_router_config {
     uint64_t nats_presence_ttl_ms; /* a presence entry older than this is gone */
     kvr_discovery_mode_t discovery;
     char peers[2048]; /* routers to load the index from at start; "" = from <ns>_routers */
+    char allowed_peer_hosts[1024]; /* hosts a peer url learnt from NATS may name; "" = the
+                                      hosts of peers, bind and admin_bind */
+    char peer_key_file[512];       /* token replicas send each other for GET /v1/index/snapshot
+                                      (accepted there besides the admin key); "" = none */
     /* indexes shared between routers (net/ix_api.c, net/remote_indexer.c) */
     bool serve_indexer;       /* answer the indexer API's /query, /query_by_hash, /dump */
     char remote_indexer[512]; /* route with overlaps from this indexer; "" = the local index */

@@ -17,6 +17,7 @@
 #include "apps/cli.h"
 #include "kvrouter/config.h"
 #include "kvrouter/router.h"
+#include "core/endpoint.h"
 #include "core/sched.h"
 #include "net/api_server.h"
 #include "net/discovery.h"
@@ -30,6 +31,7 @@
 #include "net/replica_sync.h"
 #include "net/replicas.h"
 #include "net/secret.h"
+#include "wire/index_snapshot.h"
 
 extern char **environ;
 
@@ -316,6 +318,9 @@ typedef struct peer_urls {
     size_t n;
     const char *self_key; /* this router's own presence key: skipped */
     uint64_t ttl_ms;
+    char allowed[2048];   /* hosts a url learnt from NATS may name */
+    size_t refused;       /* urls learnt from NATS on other hosts */
+    kvr_replicas_t *replicas;
 } peer_urls_t;
 
 static void add_peer_url(peer_urls_t *p, const char *url, size_t len)
@@ -324,6 +329,58 @@ static void add_peer_url(peer_urls_t *p, const char *url, size_t len)
         return;
     memcpy(p->url[p->n], url, len);
     p->url[p->n++][len] = '\0';
+}
+
+/* Calls fn on each entry of a comma-separated list (empty entries included). */
+static void each_listed(const char *list, void (*fn)(void *, const char *, size_t), void *arg)
+{
+    for (const char *q = list; *q != '\0';) {
+        const char *comma = strchr(q, ',');
+        size_t n = comma ? (size_t)(comma - q) : strlen(q);
+        fn(arg, q, n);
+        q += n + (comma ? 1 : 0);
+    }
+}
+
+static void add_listed_url(void *arg, const char *url, size_t len)
+{
+    add_peer_url(arg, url, len);
+}
+
+typedef struct host_list {
+    char *out;
+    size_t cap;
+} host_list_t;
+
+/* The host of url appended to the comma-separated list (nothing when it does not parse). */
+static void add_host_of(void *arg, const char *url, size_t len)
+{
+    host_list_t *h = arg;
+    char *out = h->out;
+    size_t cap = h->cap;
+    char u[256];
+    kvr_url_t parsed;
+    if (len == 0 || len >= sizeof u)
+        return;
+    memcpy(u, url, len);
+    u[len] = '\0';
+    size_t n = strlen(out);
+    if (kvr_endpoint_parse_url(u, NULL, &parsed, NULL, 0) == KVR_OK && n + 1 < cap)
+        snprintf(out + n, cap - n, "%s%s", n > 0 ? "," : "", parsed.host);
+}
+
+/* allowed_peer_hosts, else the hosts of `peers` and the router's own listeners. */
+static void allowed_peer_hosts(const kvr_router_config_t *c, char *out, size_t cap)
+{
+    if (c->allowed_peer_hosts[0] != '\0') {
+        snprintf(out, cap, "%s", c->allowed_peer_hosts);
+        return;
+    }
+    out[0] = '\0';
+    host_list_t h = {out, cap};
+    each_listed(c->peers, add_host_of, &h);
+    size_t n = strlen(out);
+    snprintf(out + n, cap - n, "%s%s,%s", n > 0 ? "," : "", c->bind, c->admin_bind);
 }
 
 static void on_router_entry(void *arg, const char *key, const void *val, size_t len,
@@ -335,18 +392,25 @@ static void on_router_entry(void *arg, const char *key, const void *val, size_t 
         !kvr_replicas_read_entry(val, len, &e))
         return; /* ours, stale (a router that died), or unreadable */
     const char *u = e.admin_url[0] ? e.admin_url : e.url;
+    kvr_url_t parsed;
+    if (kvr_endpoint_parse_url(u, NULL, &parsed, NULL, 0) != KVR_OK ||
+        !kvr_endpoint_host_listed(p->allowed, parsed.host)) {
+        /* anyone who can write to the bucket can name any host: never ask it (the token, the
+         * index it would send) unless the operator allowed the host */
+        p->refused++;
+        kvr_replicas_count_refused_url(p->replicas);
+        kvr_log(KVR_LOG_WARN, "index: router entry %s names %s, whose host is not in "
+                "allowed_peer_hosts (%s): not asked", key, u, p->allowed);
+        return;
+    }
     add_peer_url(p, u, strlen(u));
 }
 
-/* The peers to ask: the `peers` setting, else the live routers of <ns>_routers. */
+/* The peers to ask: the `peers` setting, else the live routers of <ns>_routers whose host is
+ * allowed. */
 static void find_peers(daemon_parts_t *d, const kvr_router_config_t *c, peer_urls_t *p)
 {
-    for (const char *q = c->peers; *q != '\0';) {
-        const char *comma = strchr(q, ',');
-        size_t n = comma ? (size_t)(comma - q) : strlen(q);
-        add_peer_url(p, q, n);
-        q += n + (comma ? 1 : 0);
-    }
+    each_listed(c->peers, add_listed_url, p);
     if (p->n > 0 || d->nats == NULL)
         return;
     char bucket[80], self[17];
@@ -354,6 +418,8 @@ static void find_peers(daemon_parts_t *d, const kvr_router_config_t *c, peer_url
     snprintf(self, sizeof self, "%016llx", (unsigned long long)kvr_replicas_self(d->replicas));
     p->self_key = self;
     p->ttl_ms = c->nats_presence_ttl_ms;
+    p->replicas = d->replicas;
+    allowed_peer_hosts(c, p->allowed, sizeof p->allowed);
     if (kvr_nats_kv_list(d->nats, bucket, c->nats_presence_ttl_ms, 3000, on_router_entry, p) !=
         KVR_OK)
         kvr_log(KVR_LOG_WARN, "index: could not list %s (NATS not reachable in 3 s); no peer "
@@ -361,7 +427,9 @@ static void find_peers(daemon_parts_t *d, const kvr_router_config_t *c, peer_url
     p->self_key = NULL;
 }
 
-/* Loads the index from the first peer that gives a snapshot; KVR_OK when one did. */
+/* Loads the index from the first peer that gives a snapshot; KVR_OK when one did. The only
+ * credential sent is peer_key_file's (never the admin or api key), and only to `peers` or to
+ * allowed hosts; the answer must start as a snapshot does, or it is refused unread. */
 static int load_from_peers(daemon_parts_t *d, const kvr_router_config_t *c)
 {
     peer_urls_t p = {.n = 0};
@@ -369,21 +437,22 @@ static int load_from_peers(daemon_parts_t *d, const kvr_router_config_t *c)
     if (p.n == 0)
         return KVR_ENOTFOUND;
     char bearer[KVR_SECRET_MAX] = "", err[400] = "";
-    const char *key_file = c->admin_key_file[0] ? c->admin_key_file : c->api_key_file;
-    if (key_file[0] != '\0' && kvr_secret_read("admin_key_file", key_file, bearer, err,
-                                               sizeof err) != KVR_OK)
+    if (c->peer_key_file[0] != '\0' && kvr_secret_read("peer_key_file", c->peer_key_file, bearer,
+                                                       err, sizeof err) != KVR_OK)
         kvr_log(KVR_LOG_WARN, "index: %s; asking peers without a token", err);
     for (size_t i = 0; i < p.n; i++) {
         uint64_t t0 = kvr_now_ms();
         kvr_http_fetch_t q = {.url = p.url[i], .path = "/v1/index/snapshot", .bearer = bearer,
                               .timeout_ms = PEER_SNAPSHOT_TIMEOUT_MS,
-                              .max_bytes = PEER_SNAPSHOT_MAX_BYTES};
+                              .max_bytes = PEER_SNAPSHOT_MAX_BYTES,
+                              .magic = KVR_SNAP_MAGIC, .magic_len = KVR_SNAP_MAGIC_LEN};
         uint8_t *body = NULL;
         size_t len = 0;
         int status = 0;
         int rc = kvr_http_fetch(&q, &body, &len, &status, err, sizeof err);
         if (rc == KVR_OK && status != 200) {
-            snprintf(err, sizeof err, "GET %s/v1/index/snapshot answered %d", p.url[i], status);
+            snprintf(err, sizeof err, "GET %s/v1/index/snapshot answered %d%s", p.url[i], status,
+                     status == 401 ? " (the peers need the same peer_key_file)" : "");
             rc = KVR_EIO;
         }
         kvr_ingest_snap_report_t rep;

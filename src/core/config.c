@@ -227,6 +227,16 @@ static const field_t FIELDS[] = {
      "/v1/index/snapshot, the admin listener's when they have one), so a new replica starts "
      "with the fleet's cache picture; empty = the live routers of <namespace>_routers when "
      "nats_url is set (none: it starts cold)"},
+    {"allowed_peer_hosts", T_STR, OFF(allowed_peer_hosts), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->allowed_peer_hosts), "",
+     "comma-separated hosts that a replica's url learnt from <namespace>_routers may name for "
+     "this router to load its index from (and send it peer_key_file's token); a url on any "
+     "other host is skipped (counted, logged); empty = the hosts of peers, bind and admin_bind"},
+    {"peer_key_file", T_STR, OFF(peer_key_file), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->peer_key_file), "",
+     "file holding the token router replicas send each other for GET /v1/index/snapshot (it "
+     "is accepted there besides the admin key, and is the only credential a joining replica "
+     "sends: never the admin key); empty = none"},
     {"serve_indexer", T_BOOL, OFF(serve_indexer), 0, 0, false, NULL, 0, "false",
      "also answer the indexer API (POST /query, POST /query_by_hash, GET /dump) from this "
      "router's index, so other routers can use it with remote_indexer (needs router_mode kv "

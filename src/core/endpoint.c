@@ -6,7 +6,9 @@
  */
 #include "core/endpoint.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
+#include <net/if.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -64,6 +66,31 @@ static bool port_ok(const char *s, size_t n)
     return v >= 1 && v <= 65535;
 }
 
+/* Why the host of [s, s+n) (as host_ok accepted it) can only be a local bind address and
+ * never a remote engine's: an unspecified address (0.0.0.0, ::, in any spelling: ZeroMQ and
+ * the kernel take it for this machine) or the name of one of this machine's network
+ * interfaces (ZeroMQ reads "tcp://eth0:5557" as that interface's address). NULL when neither. */
+static const char *bind_only(const char *s, size_t n)
+{
+    char h[64];
+    if (s[0] == '[') { /* [v6] */
+        s++;
+        n -= 2;
+    }
+    if (n == 0 || n >= sizeof h)
+        return NULL;
+    memcpy(h, s, n);
+    h[n] = '\0';
+    struct in_addr a4;
+    struct in6_addr a6;
+    if ((inet_pton(AF_INET, h, &a4) == 1 && a4.s_addr == 0) ||
+        (inet_pton(AF_INET6, h, &a6) == 1 && IN6_IS_ADDR_UNSPECIFIED(&a6)))
+        return "an unspecified address (it means every address of the router's own host)";
+    if (n < IF_NAMESIZE && if_nametoindex(h) != 0)
+        return "the name of a network interface of the router's host";
+    return NULL;
+}
+
 /* True when [s, s+n) equals an entry of the comma-separated list (case-insensitive). */
 static bool in_list(const char *list, const char *s, size_t n)
 {
@@ -110,6 +137,10 @@ static int check_authority(const char *field, const char *s, size_t n, bool need
     if (colon != NULL && !port_ok(colon + 1, n - hn - 1))
         return fail(err, len, "%s: port '%.*s' is not in [1, 65535]", field, (int)(n - hn - 1),
                     colon + 1);
+    const char *why = p != NULL ? bind_only(s, hn) : NULL;
+    if (why != NULL)
+        return fail(err, len, "%s: host '%.*s' is %s, not an engine's address", field, (int)hn,
+                    s, why);
     if (p != NULL && p->hosts != NULL && p->hosts[0] != '\0' && !in_list(p->hosts, s, hn))
         return fail(err, len, "%s: host '%.*s' is not in allowed_worker_hosts", field, (int)hn, s);
     return KVR_OK;
@@ -257,4 +288,9 @@ int kvr_endpoint_check_ipc_dirs(const char *dirs, char *err, size_t err_len)
         p = e + 1;
     }
     return KVR_OK;
+}
+
+bool kvr_endpoint_host_listed(const char *list, const char *host)
+{
+    return list != NULL && host != NULL && in_list(list, host, strlen(host));
 }

@@ -9,12 +9,16 @@
  *                    with that reason rather than sent in clear)
  * HOST is a DNS name, an IPv4 address or a bracketed IPv6 address, never a wildcard; with
  * allowed_worker_hosts set, it must be one of them (case-insensitive), for urls and tcp events.
- * Errors name the field and the reason. Pure string checks: no I/O, no allocation, any thread;
+ * A registration (a policy given) may not name a bind-only host either: an unspecified address
+ * (0.0.0.0, [::]) or the name of one of the router's network interfaces.
+ * Errors name the field and the reason. String checks (the interface lookup aside: one
+ * if_nametoindex call per registration): no allocation, any thread;
  * O(length of the address + length of the allow lists).
  */
 #ifndef KVR_ENDPOINT_H
 #define KVR_ENDPOINT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +47,9 @@ int kvr_endpoint_parse_url(const char *url, const kvr_endpoint_policy_t *p, kvr_
 /* A worker's base URL. KVR_OK or KVR_EINVAL. */
 int kvr_endpoint_check_url(const char *url, const kvr_endpoint_policy_t *p, char *err,
                            size_t err_len);
+/* Whether host equals an entry of the comma-separated list (case-insensitive, entries
+ * trimmed of spaces). */
+bool kvr_endpoint_host_listed(const char *list, const char *host);
 /* An allowed_ipc_dirs value: every entry an absolute, normalised directory. */
 int kvr_endpoint_check_ipc_dirs(const char *dirs, char *err, size_t err_len);
 

@@ -5,7 +5,9 @@
  *          POST /router, the indexer API's POST /query and /query_by_hash (serve_indexer);
  *   read   GET /v1/workers, GET /metrics: client calls served on both listeners;
  *   admin  fleet changes: POST /v1/workers, DELETE /v1/workers/ID; index copies: GET /v1/dump,
- *          GET /v1/index/snapshot, GET /dump.
+ *          GET /dump;
+ *   peer   GET /v1/index/snapshot (a joining replica): an admin call that also takes the peer
+ *          key (peer_key_file), so that replicas never need to hold or send the admin key.
  * With an admin listener (admin_port), admin calls are served there only and client calls on
  * the client port only (open and read calls on both): anything else is
  * 404 naming the right listener. Tokens (Authorization: Bearer): with api_key_file, client
@@ -27,11 +29,13 @@ typedef enum kvr_access_class {
     KVR_ACCESS_CLIENT,
     KVR_ACCESS_READ,
     KVR_ACCESS_ADMIN,
+    KVR_ACCESS_PEER,
 } kvr_access_class_t;
 
 typedef struct kvr_access {
     char api_key[KVR_SECRET_MAX];
     char admin_key[KVR_SECRET_MAX];
+    char peer_key[KVR_SECRET_MAX]; /* peer_key_file's; "" = peer calls are admin calls */
     bool admin_listener; /* admin_port is set */
 } kvr_access_t;
 

@@ -47,7 +47,7 @@ struct kvr_replicas {
     bool caught_up;
     kvr_json_writer_t w;
     /* counters */
-    uint64_t joined, gone_deleted, gone_silent, bad_entries, table_full;
+    uint64_t joined, gone_deleted, gone_silent, bad_entries, table_full, peer_urls_refused;
     kvr_ratelimit_t rl;
 };
 
@@ -328,6 +328,16 @@ static void ext_metrics(void *arg, kvr_prom_t *p)
     kvr_prom_sample(p, "kvr_replicas_gone_total", &l, 1, (double)r->gone_silent);
     kvr_prom_counter(p, "kvr_replicas_bad_entries_total",
                      "presence entries refused (bad key or value)", (double)r->bad_entries);
+    kvr_prom_counter(p, "kvr_replicas_peer_urls_refused_total",
+                     "peer urls learnt from <namespace>_routers that name a host outside "
+                     "allowed_peer_hosts (never asked, never sent a token)",
+                     (double)r->peer_urls_refused);
+}
+
+void kvr_replicas_count_refused_url(kvr_replicas_t *r)
+{
+    if (r != NULL)
+        r->peer_urls_refused++;
 }
 
 /* ---- lifecycle ---- */

@@ -62,6 +62,9 @@ bool kvr_replicas_settled(const kvr_replicas_t *r);
 /* When the link last connected (kvr_now_ms), 0 while it is not. */
 uint64_t kvr_replicas_connected_since(const kvr_replicas_t *r);
 
+/* A peer url read from the bucket was not asked (its host is not allowed): counted. */
+void kvr_replicas_count_refused_url(kvr_replicas_t *r);
+
 /* A presence entry as routers write it. */
 typedef struct kvr_replica_entry {
     char url[256], admin_url[256]; /* admin_url "" when the router has no admin listener */

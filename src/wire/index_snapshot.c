@@ -15,7 +15,7 @@
 
 #include <xxhash.h>
 
-#define MAGIC "KVRSNAP1"
+#define MAGIC KVR_SNAP_MAGIC
 #define HEADER_BYTES 32u
 #define RANK_BYTES 32u
 #define EVENT_HEAD_BYTES 12u

@@ -36,6 +36,8 @@
 
 #include "kvrouter.h"
 
+#define KVR_SNAP_MAGIC "KVRSNAP1" /* the first bytes of a snapshot */
+#define KVR_SNAP_MAGIC_LEN 8u
 #define KVR_SNAP_VERSION 1u
 #define KVR_SNAP_MAX_RANKS 65536u
 

@@ -56,6 +56,13 @@ static void test_binding_and_file_addresses_refused(void **state)
     (void)state;
     expect_zmq("tcp://*:5557", &OPEN, KVR_EINVAL, "wildcard");
     expect_zmq("tcp://10.0.0.1*:5557", &OPEN, KVR_EINVAL, "wildcard");
+    /* bind-only hosts: the unspecified address in its spellings, an interface's name */
+    expect_zmq("tcp://0.0.0.0:5557", &OPEN, KVR_EINVAL, "unspecified address");
+    expect_zmq("tcp://[::]:5557", &OPEN, KVR_EINVAL, "unspecified address");
+    expect_zmq("tcp://[0:0::0]:5557", &OPEN, KVR_EINVAL, "unspecified address");
+    expect_zmq("tcp://lo:5557", &OPEN, KVR_EINVAL, "network interface");
+    expect_url("http://0.0.0.0:8000", &OPEN, KVR_EINVAL, "unspecified address");
+    expect_url("http://lo:8000", &OPEN, KVR_EINVAL, "network interface");
     expect_zmq("ipc:///tmp/kv", &OPEN, KVR_EINVAL, "allowed_ipc_dirs");
     expect_zmq("inproc://kv", &OPEN, KVR_EINVAL, "only tcp://");
     expect_zmq("pgm://eth0;239.192.1.1:5555", &OPEN, KVR_EINVAL, "only tcp://");
@@ -146,6 +153,10 @@ static void test_url_parts(void **state)
 
 static void test_host_allow_list(void **state)
 {
+    assert_true(kvr_endpoint_host_listed("a.example, 10.0.0.5 ,B.example", "10.0.0.5"));
+    assert_true(kvr_endpoint_host_listed("a.example,B.example", "b.EXAMPLE"));
+    assert_false(kvr_endpoint_host_listed("a.example,B.example", "example"));
+    assert_false(kvr_endpoint_host_listed("", "a.example"));
     (void)state;
     kvr_endpoint_policy_t p = {.hosts = "10.0.0.5, engine-1.local ,[::1]"};
     expect_url("http://10.0.0.5:8001", &p, KVR_OK, NULL);
