@@ -385,6 +385,12 @@ typedef struct kvr_load_config {
     uint64_t check_interval_ms; /* <= expiry_ms: add() sweeps stale requests at most this often */
     uint32_t max_requests;      /* 1..KVR_LOAD_MAX_REQUESTS live requests; past it add() fails */
     uint64_t seed;              /* random hashes and the request-id hash seed */
+    uint32_t max_peer_requests; /* 0..KVR_LOAD_MAX_REQUESTS: requests admitted with .peer (other
+                                   replicas' bookings) get this budget of their own, and
+                                   max_requests is then the local requests' alone, so peers can
+                                   never crowd local requests out; 0 = one shared budget */
+    uint64_t max_peer_blocks;   /* prompt blocks of .peer requests held at most (their memory);
+                                   0 = no bound */
 } kvr_load_config_t;
 
 /* Fills cfg with the defaults above (track_active_blocks, assume_kv_reuse and
@@ -417,6 +423,7 @@ typedef struct kvr_load_request {
     uint32_t block_size;                 /* of its prompt's blocks; 0 = the tracker's */
     kvr_load_opt_t assume_kv_reuse;      /* off: its blocks never dedup with others' */
     kvr_load_opt_t track_prefill_tokens; /* off: its prompt is not counted as prefill load */
+    bool peer;                           /* another replica's booking (max_peer_requests) */
 } kvr_load_request_t;
 
 /* Names a live request without its id: (generation << 32 | slot), never 0. Once the request
@@ -536,6 +543,8 @@ typedef struct kvr_load_stats {
     uint64_t adds, frees, first_tokens, output_blocks;
     uint64_t duplicates;       /* adds rejected: the id is live */
     uint64_t full;             /* adds rejected: max_requests live */
+    uint64_t peer_full;        /* peers' adds rejected: max_peer_requests live, or their blocks
+                                  would pass max_peer_blocks */
     uint64_t unknown_frees;    /* free_request of an unknown id */
     uint64_t unknown_marks;    /* first_token / output_block of an unknown id */
     uint64_t expired;          /* requests freed by expiry */
@@ -547,6 +556,9 @@ typedef struct kvr_load_stats {
     uint64_t active_prefill_tokens; /* gauge: over all workers */
     uint64_t bytes;            /* gauge: memory owned by the tracker */
     uint64_t max_requests;     /* the cap */
+    uint64_t peer_requests;    /* gauge: live requests admitted with .peer */
+    uint64_t max_peer_requests; /* their cap (0 = they share max_requests) */
+    uint64_t peer_blocks;      /* gauge: prompt blocks those hold */
 } kvr_load_stats_t;
 void kvr_load_stats(const kvr_load_t *lt, kvr_load_stats_t *out);
 

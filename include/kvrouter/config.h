@@ -113,6 +113,9 @@ typedef struct kvr_router_config {
     char nats_url[512];           /* "" = no NATS: a single router, as before */
     char nats_namespace[65];      /* prefixes every subject and bucket (setting `namespace`) */
     bool router_replica_sync;     /* share active load with the other replicas */
+    uint64_t router_sync_max_peer_requests; /* peers' bookings held at most (apart from local) */
+    uint64_t router_sync_max_requests_per_peer; /* ... and at most this many of one peer */
+    uint64_t router_sync_max_peer_blocks; /* ... holding at most this many prompt blocks */
     uint64_t nats_presence_ttl_ms; /* a presence entry older than this is gone */
     kvr_discovery_mode_t discovery;
     char peers[2048]; /* routers to load the index from at start; "" = from <ns>_routers */

@@ -216,6 +216,19 @@ static const field_t FIELDS[] = {
     {"router_replica_sync", T_BOOL, OFF(router_replica_sync), 0, 0, false, NULL, 0, "false",
      "share active load with the other router replicas over NATS (needs nats_url): each "
      "publishes its bookings, first tokens and frees on <namespace>.active_sequences"},
+    {"router_sync_max_peer_requests", T_U64, OFF(router_sync_max_peer_requests), 1, 16777216,
+     false, NULL, 0, "262144",
+     "replica sync: the other replicas' bookings held here at most, all peers together, in a "
+     "budget of their own beside router_max_requests (so that no peer, nor anyone publishing "
+     "on NATS, can make this router refuse its own clients); beyond it peers' adds are refused "
+     "(counted)"},
+    {"router_sync_max_requests_per_peer", T_U64, OFF(router_sync_max_requests_per_peer), 1,
+     16777216, false, NULL, 0, "65536",
+     "replica sync: one peer's bookings held here at most (of router_sync_max_peer_requests)"},
+    {"router_sync_max_peer_blocks", T_U64, OFF(router_sync_max_peer_blocks), 1, 1e12, false,
+     NULL, 0, "8388608",
+     "replica sync: prompt blocks the other replicas' bookings hold here at most (each costs "
+     "about 60-100 bytes of the load tracker); beyond it peers' adds are refused (counted)"},
     {"nats_presence_ttl_ms", T_U64, OFF(nats_presence_ttl_ms), 300, 3600000, false, NULL, 0, "3000",
      "a router's or worker's presence entry is refreshed every third of this; one not refreshed "
      "for this long is gone (its requests freed, the worker fenced)"},

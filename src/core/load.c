@@ -102,6 +102,7 @@ typedef struct req {
     uint16_t id_len;
     uint8_t live;
     uint8_t has_expected;
+    uint8_t peer; /* admitted with .peer: counted in n_peer */
     char id[KVR_LOAD_MAX_ID_BYTES];
 } req_t;
 
@@ -128,6 +129,8 @@ struct kvr_load {
     /* requests */
     req_t *req;
     uint32_t cap_req, n_req, free_req, age_head, age_tail;
+    uint32_t n_peer;      /* live requests admitted with .peer */
+    uint64_t peer_blocks; /* their prompt blocks (n_prompt) */
     ident_t *ids;
     size_t ids_mask;
     /* workers */
@@ -228,10 +231,18 @@ int kvr_load_config_validate(const kvr_load_config_t *cfg, const char **field)
         *field = "check_interval_ms";
     else if (cfg->max_requests == 0 || cfg->max_requests > KVR_LOAD_MAX_REQUESTS)
         *field = "max_requests";
+    else if (cfg->max_peer_requests > KVR_LOAD_MAX_REQUESTS)
+        *field = "max_peer_requests";
     return *field == NULL ? KVR_OK : KVR_EINVAL;
 }
 
 /* ---- growth (each keeps tables at most half full) ---- */
+/* Request slots at most: both budgets. */
+static uint32_t slot_limit(const kvr_load_t *lt)
+{
+    return lt->cfg.max_requests + lt->cfg.max_peer_requests;
+}
+
 
 static int grow_array(void **p, uint32_t *cap, uint32_t want, uint32_t limit, size_t elem)
 {
@@ -255,7 +266,7 @@ static int reserve_requests(kvr_load_t *lt)
     if (lt->free_req != NONE)
         return KVR_OK;
     uint32_t old = lt->cap_req;
-    int rc = grow_array((void **)&lt->req, &lt->cap_req, old + 1, lt->cfg.max_requests,
+    int rc = grow_array((void **)&lt->req, &lt->cap_req, old + 1, slot_limit(lt),
                         sizeof *lt->req);
     if (rc != KVR_OK)
         return rc;
@@ -273,7 +284,7 @@ static int reserve_workers(kvr_load_t *lt)
     if (lt->free_wrk != NONE)
         return KVR_OK;
     uint32_t old = lt->cap_wrk;
-    int rc = grow_array((void **)&lt->wrk, &lt->cap_wrk, old + 1, lt->cfg.max_requests,
+    int rc = grow_array((void **)&lt->wrk, &lt->cap_wrk, old + 1, slot_limit(lt),
                         sizeof *lt->wrk);
     if (rc != KVR_OK)
         return rc;
@@ -521,6 +532,14 @@ static void link_request(kvr_load_t *lt, uint32_t s)
     lt->ids[ids_free_slot(lt->ids, lt->ids_mask, (size_t)r->id_hash)] =
         (ident_t){.hash = r->id_hash, .slot = s};
     lt->n_req++;
+    lt->n_peer += r->peer;
+}
+
+/* Counted once the prompt blocks are in (n_prompt set), uncounted at unlink. */
+static void count_peer_blocks(kvr_load_t *lt, const req_t *r)
+{
+    if (r->peer)
+        lt->peer_blocks += r->n_prompt;
 }
 
 static void unlink_request(kvr_load_t *lt, uint32_t s)
@@ -544,6 +563,9 @@ static void unlink_request(kvr_load_t *lt, uint32_t s)
     w->n_requests--;
     ids_del(lt, s);
     lt->n_req--;
+    lt->n_peer -= r->peer;
+    if (r->peer)
+        lt->peer_blocks -= r->n_prompt;
 }
 
 static void end_prefill(kvr_load_t *lt, req_t *r)
@@ -673,7 +695,33 @@ static void fill_request(kvr_load_t *lt, req_t *r, const kvr_load_request_t *rq,
     r->id_len = (uint16_t)rq->id_len;
     memcpy(r->id, rq->id, rq->id_len);
     r->live = 1;
+    r->peer = rq->peer && lt->cfg.max_peer_requests > 0;
 }
+
+/* Whether rq fits its budget: peers' own when they have one, else max_requests (the local
+ * requests', or everyone's with no peer budget). Counts a refusal. */
+static bool has_room(kvr_load_t *lt, const kvr_load_request_t *rq)
+{
+    if (lt->cfg.max_peer_requests == 0) {
+        if (lt->n_req < lt->cfg.max_requests)
+            return true;
+        lt->st.full++;
+        return false;
+    }
+    if (rq->peer) {
+        uint64_t blocks = lt->cfg.track_active_blocks ? rq->n_seq : 0;
+        if (lt->n_peer < lt->cfg.max_peer_requests &&
+            (lt->cfg.max_peer_blocks == 0 || lt->peer_blocks + blocks <= lt->cfg.max_peer_blocks))
+            return true;
+        lt->st.peer_full++;
+        return false;
+    }
+    if (lt->n_req - lt->n_peer < lt->cfg.max_requests)
+        return true;
+    lt->st.full++;
+    return false;
+}
+
 
 /* A request's own setting, or the tracker's. */
 static bool opt_on(kvr_load_opt_t o, bool config)
@@ -717,10 +765,8 @@ int kvr_load_admit(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms
         lt->st.duplicates++;
         return KVR_EEXIST;
     }
-    if (lt->n_req >= lt->cfg.max_requests) {
-        lt->st.full++;
+    if (!has_room(lt, rq))
         return KVR_EFULL;
-    }
     size_t n_blocks = lt->cfg.track_active_blocks ? rq->n_seq : 0;
     rc = reserve_add(lt, n_blocks);
     if (rc != KVR_OK)
@@ -732,6 +778,7 @@ int kvr_load_admit(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms
     r->wslot = worker_get(lt, rq->worker);
     link_request(lt, s);
     add_prompt_blocks(lt, r, rq);
+    count_peer_blocks(lt, r);
     add_prefill(lt, r, rq);
     lt->st.adds++;
     if (handle != NULL)
@@ -1112,6 +1159,9 @@ void kvr_load_stats(const kvr_load_t *lt, kvr_load_stats_t *out)
     out->active_prefill_tokens = lt->prefill_total;
     out->bytes = bytes_owned(lt);
     out->max_requests = lt->cfg.max_requests;
+    out->peer_requests = lt->n_peer;
+    out->max_peer_requests = lt->cfg.max_peer_requests;
+    out->peer_blocks = lt->peer_blocks;
 }
 
 /* ---- verify ---- */
@@ -1159,8 +1209,25 @@ static int verify_lists(const kvr_load_t *lt, char *msg, size_t msg_len)
             FAIL("request free list broken at slot %u", s);
     if (nf + lt->n_req != lt->cap_req)
         FAIL("request slots: %u free + %u live != %u", nf, lt->n_req, lt->cap_req);
-    if (lt->n_req > lt->cfg.max_requests)
+    uint32_t peers = 0;
+    uint64_t pblocks = 0;
+    for (uint32_t i = 0; i < lt->cap_req; i++)
+        if (lt->req[i].live && lt->req[i].peer) {
+            peers++;
+            pblocks += lt->req[i].n_prompt;
+        }
+    if (peers != lt->n_peer || pblocks != lt->peer_blocks)
+        FAIL("%u live peer requests holding %llu blocks, counters %u and %llu", peers,
+             (unsigned long long)pblocks, lt->n_peer, (unsigned long long)lt->peer_blocks);
+    if (lt->cfg.max_peer_blocks > 0 && lt->peer_blocks > lt->cfg.max_peer_blocks)
+        FAIL("peer requests hold %llu blocks, over max_peer_blocks %llu",
+             (unsigned long long)lt->peer_blocks, (unsigned long long)lt->cfg.max_peer_blocks);
+    if (lt->cfg.max_peer_requests == 0 && lt->n_req > lt->cfg.max_requests)
         FAIL("%u live requests over max_requests %u", lt->n_req, lt->cfg.max_requests);
+    if (lt->cfg.max_peer_requests > 0 && (lt->n_peer > lt->cfg.max_peer_requests ||
+                                          lt->n_req - lt->n_peer > lt->cfg.max_requests))
+        FAIL("%u peer requests (cap %u), %u local (cap %u)", lt->n_peer,
+             lt->cfg.max_peer_requests, lt->n_req - lt->n_peer, lt->cfg.max_requests);
     return KVR_OK;
 }
 

@@ -4,8 +4,12 @@
  * not who booked them). Keyed by the request id's 64-bit hash (seeded XXH3; a collision would
  * only mislabel one request's origin), holding the origin router and the tracker's handle.
  *
+ * It also counts the entries of each origin (a fixed table of KVR_PEER_REQS_MAX_ORIGINS
+ * origins with at least one entry), so that replica sync can bound what one peer books.
+ *
  * Invariants (kvr_peer_reqs_verify): every entry is reachable from its home (oatab.h); the
- * count is the number of entries; the table is at most half full; no entry has handle 0.
+ * count is the number of entries; the table is at most half full; no entry has handle 0;
+ * each origin's count is the number of its entries, and only origins with entries are held.
  * Ownership: owns its table. Threads: one (the event loop). Cost: put / take O(1) expected;
  * take_origin and sweep O(capacity) and O(budget); memory 24 bytes a slot, 2 to 4 slots an
  * entry.
@@ -23,7 +27,11 @@ typedef struct kvr_peer_reqs kvr_peer_reqs_t;
 
 kvr_peer_reqs_t *kvr_peer_reqs_new(uint64_t seed);
 void kvr_peer_reqs_free(kvr_peer_reqs_t *t);
-/* Records (or replaces) id's origin and handle. KVR_OK, KVR_EINVAL (handle 0), KVR_ENOMEM. */
+#define KVR_PEER_REQS_MAX_ORIGINS 256u
+
+/* Records (or replaces) id's origin and handle. KVR_OK, KVR_EINVAL (handle 0), KVR_ENOMEM,
+ * KVR_EFULL (origin is new and KVR_PEER_REQS_MAX_ORIGINS origins have entries); on error
+ * nothing changes. */
 int kvr_peer_reqs_put(kvr_peer_reqs_t *t, const char *id, size_t id_len, uint64_t origin,
                       kvr_req_handle_t h);
 /* Removes id's entry: true with its origin and handle (either may be NULL), false if none. */
@@ -42,6 +50,9 @@ size_t kvr_peer_reqs_take_origin(kvr_peer_reqs_t *t, uint64_t origin,
 size_t kvr_peer_reqs_sweep(kvr_peer_reqs_t *t, bool (*live)(void *arg, kvr_req_handle_t h),
                            void *arg, size_t budget);
 size_t kvr_peer_reqs_count(const kvr_peer_reqs_t *t);
+/* The entries of origin; the origins that have any. O(1) expected. */
+size_t kvr_peer_reqs_origin_count(const kvr_peer_reqs_t *t, uint64_t origin);
+size_t kvr_peer_reqs_origins(const kvr_peer_reqs_t *t);
 int kvr_peer_reqs_verify(const kvr_peer_reqs_t *t, char *msg, size_t msg_len);
 
 #endif

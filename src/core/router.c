@@ -429,6 +429,12 @@ static int setup_load(kvr_router_t *r, char *err, size_t err_len)
     lc.max_requests = (uint32_t)(c->router_max_requests > KVR_LOAD_MAX_REQUESTS
                                      ? KVR_LOAD_MAX_REQUESTS
                                      : c->router_max_requests);
+    if (c->router_replica_sync) /* peers' bookings get a budget of their own */
+        lc.max_peer_requests = (uint32_t)(c->router_sync_max_peer_requests > KVR_LOAD_MAX_REQUESTS
+                                              ? KVR_LOAD_MAX_REQUESTS
+                                              : c->router_sync_max_peer_requests);
+    if (c->router_replica_sync)
+        lc.max_peer_blocks = c->router_sync_max_peer_blocks;
     lc.seed = c->seed;
     const char *field = NULL;
     int st;

@@ -67,6 +67,17 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
     kvr_load_stats(kvr_router_load(s->r), &ls);
     kvr_prom_gauge(p, "kvr_requests_in_flight", "Requests the load tracker holds.",
                    (double)ls.live_requests);
+    kvr_prom_gauge(p, "kvr_requests_in_flight_peers",
+                   "Of those, other replicas' bookings (replica sync), in their own budget.",
+                   (double)ls.peer_requests);
+    kvr_prom_gauge(p, "kvr_requests_in_flight_peer_blocks",
+                   "Prompt blocks those peers' bookings hold (router_sync_max_peer_blocks).",
+                   (double)ls.peer_blocks);
+    kvr_prom_counter(p, "kvr_requests_refused_full_total",
+                     "Requests refused: router_max_requests in flight.", (double)ls.full);
+    kvr_prom_counter(p, "kvr_sync_peer_budget_full_total",
+                     "Peers' bookings refused: router_sync_max_peer_requests in flight.",
+                     (double)ls.peer_full);
     kvr_prom_counter(p, "kvr_requests_expired_total",
                      "In-flight requests freed by expiry (lost frees).", (double)ls.expired);
     kvr_prom_counter(p, "kvr_requests_unknown_total",

@@ -1007,8 +1007,8 @@ static void h_health(kvr_api_server_t *s, struct evhttp_request *req)
     api_reply_text(s, req, 200, "text/plain", body, len < sizeof body ? len : sizeof body - 1);
 }
 
-/* Ready when at least one worker is registered and not fenced, and the start-up wait for
- * min_initial_workers is over. */
+/* Ready when at least one worker is registered and not fenced, the start-up wait for
+ * min_initial_workers is over, and the load tracker has room for a local request. */
 static void h_ready(kvr_api_server_t *s, struct evhttp_request *req)
 {
     size_t up = kvr_router_n_ready(s->r);
@@ -1020,6 +1020,15 @@ static void h_ready(kvr_api_server_t *s, struct evhttp_request *req)
         api_reply_error(s, req, 503, "service_unavailable",
                         "waiting for min_initial_workers (%u; %zu ready)",
                         kvr_router_config(s->r)->min_initial_workers, up);
+        return;
+    }
+    kvr_load_stats_t ls;
+    kvr_load_stats(kvr_router_load(s->r), &ls);
+    if (ls.live_requests - ls.peer_requests >= ls.max_requests) {
+        api_reply_error(s, req, 503, "service_unavailable",
+                        "%llu requests in flight (router_max_requests): every new request "
+                        "is refused until some end",
+                        (unsigned long long)(ls.live_requests - ls.peer_requests));
         return;
     }
     const char *why;

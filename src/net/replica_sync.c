@@ -11,6 +11,19 @@
  *   - while joining, peers' batches are held (in order) and applied after the snapshot, so
  *     the state is the snapshot followed by everything published after the request;
  *   - a peer's batch numbers are consecutive: a jump counts the batches lost in between.
+ *
+ * Trust: anyone who can publish on NATS can send a batch in any router's name, so what a
+ * message can do is bounded here, whoever sent it:
+ *   - a batch's add is taken only when its origin is the batch's router; a free or first token
+ *     only for a request learnt from that same router (a local booking is never touched from
+ *     NATS: its id is not in origins);
+ *   - peers' bookings live in the load tracker's peer budget (router_sync_max_peer_requests,
+ *     apart from router_max_requests: local requests are never crowded out), at most
+ *     router_sync_max_requests_per_peer of one origin, from at most KVR_PEER_REQS_MAX_ORIGINS
+ *     origins; an add's numbers are range-checked (block size, a prompt within
+ *     router_max_prompt_tokens, so its hashes are bounded too);
+ *   - snapshots are served at most SNAP_BURST at once, then one per SNAP_REFILL_MS (each
+ *     costs O(live requests) of loop time), and once per SNAP_SAME_MS to one requester.
  */
 #include "net/replica_sync.h"
 
@@ -34,6 +47,10 @@
 #define SWEEP_SLOTS 8192
 #define HOLD_MAX_BYTES ((size_t)256 << 20)
 #define SUBJECT_BYTES 160
+#define SNAP_BURST 8
+#define SNAP_REFILL_MS 2000
+#define SNAP_SAME_MS 2000
+#define MAX_BLOCK_SIZE 65536u /* the block_size setting's range */
 
 typedef struct held {
     struct held *next;
@@ -77,11 +94,14 @@ struct kvr_replica_sync {
     held_t *held, *held_tail;
     size_t held_bytes;
     kvr_sync_writer_t snap; /* serving a snapshot */
+    double snap_tokens;     /* token bucket: snapshots that may be served now */
+    uint64_t snap_refill_ms, snap_last_to, snap_last_ms;
     /* figures */
     kvr_hist_t lag;
     uint64_t pub_events, pub_batches, applied[4], ignored_self, duplicates, unknown_worker,
         rejected, bad_messages, lost_batches, held_dropped, snap_requests, snap_served,
         snap_entries, snap_timeouts, snap_incomplete, freed_gone, freed_reconnect, swept;
+    uint64_t forged_origin, unowned, out_of_range, peer_limited, snap_refused;
     kvr_ratelimit_t rl;
 };
 
@@ -201,15 +221,65 @@ static const uint64_t *decode_seq(kvr_replica_sync_t *s, const kvr_sync_event_t 
     return s->scratch;
 }
 
-static void apply_add(kvr_replica_sync_t *s, const kvr_sync_event_t *ev, uint64_t now)
+/* Why a peer's add cannot be a real booking (NULL when it can): its numbers are out of the
+ * ranges a router publishes. */
+static const char *add_out_of_range(const kvr_replica_sync_t *s, const kvr_sync_event_t *ev)
+{
+    const kvr_router_config_t *c = kvr_router_config(s->r);
+    uint32_t bs = ev->block_size != 0 ? ev->block_size : c->block_size; /* 0: this router's */
+    if (bs > MAX_BLOCK_SIZE)
+        return "block_size out of range";
+    if (ev->isl_tokens > c->router_max_prompt_tokens)
+        return "isl_tokens above router_max_prompt_tokens";
+    if (ev->cached_tokens > ev->isl_tokens)
+        return "cached_tokens above isl_tokens";
+    if (ev->n_seq > ev->isl_tokens / bs)
+        return "more block hashes than the prompt has blocks";
+    return NULL;
+}
+
+/* Whether origin may book one more here (its own bound; the total is the tracker's). */
+static bool origin_has_room(kvr_replica_sync_t *s, uint64_t origin)
+{
+    uint64_t cap = kvr_router_config(s->r)->router_sync_max_requests_per_peer;
+    if (kvr_peer_reqs_origin_count(s->origins, origin) < cap)
+        return true;
+    s->peer_limited++;
+    kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: router %016llx already has %llu requests "
+                    "booked here (router_sync_max_requests_per_peer); its add is refused",
+                    (unsigned long long)origin, (unsigned long long)cap);
+    return false;
+}
+
+/* A peer's add. publisher: the router whose batch carried it (0 for a snapshot's, which
+ * relays every router's requests). */
+static void apply_add(kvr_replica_sync_t *s, const kvr_sync_event_t *ev, uint64_t now,
+                      uint64_t publisher)
 {
     if (ev->origin == s->self || ev->origin == 0)
         return; /* our own, come back in a peer's snapshot */
+    if (publisher != 0 && ev->origin != publisher) {
+        s->forged_origin++;
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: router %016llx published an add in the "
+                        "name of router %016llx; refused (a router publishes its own bookings)",
+                        (unsigned long long)publisher, (unsigned long long)ev->origin);
+        return;
+    }
+    const char *bad = add_out_of_range(s, ev);
+    if (bad != NULL) {
+        s->out_of_range++;
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: add of request %.*s from router %016llx "
+                        "refused: %s", (int)ev->id_len, ev->id, (unsigned long long)ev->origin,
+                        bad);
+        return;
+    }
     kvr_load_request_info_t info;
     if (kvr_load_request_info(kvr_router_load(s->r), ev->id, ev->id_len, &info) == KVR_OK) {
         s->duplicates++; /* already known (a snapshot and a held batch overlap) */
         return;
     }
+    if (!origin_has_room(s, ev->origin))
+        return;
     const uint64_t *seq = decode_seq(s, ev);
     kvr_load_request_t lr = {.id = ev->id,
                              .id_len = ev->id_len,
@@ -222,7 +292,8 @@ static void apply_add(kvr_replica_sync_t *s, const kvr_sync_event_t *ev, uint64_
                              .expected_output_tokens = ev->expected_output_tokens,
                              .block_size = ev->block_size,
                              .assume_kv_reuse = ev->assume_kv_reuse,
-                             .track_prefill_tokens = ev->track_prefill_tokens};
+                             .track_prefill_tokens = ev->track_prefill_tokens,
+                             .peer = true};
     kvr_req_handle_t h;
     int rc = kvr_sched_admit_peer(s->cfg.sched, &lr, now, &h);
     if (rc == KVR_ENOWORKER) {
@@ -235,14 +306,23 @@ static void apply_add(kvr_replica_sync_t *s, const kvr_sync_event_t *ev, uint64_
     }
     if (rc != KVR_OK) {
         s->rejected++;
-        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: request %.*s of router %016llx refused: %s",
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: request %.*s of router %016llx refused: %s%s",
                         (int)ev->id_len, ev->id, (unsigned long long)ev->origin,
-                        kvr_strerror(rc));
+                        kvr_strerror(rc), rc == KVR_EFULL ? " (router_sync_max_peer_requests)"
+                                                          : "");
+        return;
+    }
+    if ((rc = kvr_peer_reqs_put(s->origins, ev->id, ev->id_len, ev->origin, h)) != KVR_OK) {
+        /* untracked, nobody could free it: undone (too many origins, or out of memory) */
+        on_gone_handle(s, h);
+        s->rejected++;
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: request %.*s of router %016llx refused: "
+                        "%s", (int)ev->id_len, ev->id, (unsigned long long)ev->origin,
+                        rc == KVR_EFULL ? "more than 256 routers have requests booked here"
+                                        : kvr_strerror(rc));
         return;
     }
     s->applied[KVR_SYNC_ADD]++;
-    if (kvr_peer_reqs_put(s->origins, ev->id, ev->id_len, ev->origin, h) != KVR_OK)
-        s->rejected++; /* out of memory: the request stays until its free or expiry */
     if (ev->prefill_done) {
         kvr_sched_event_t ft = {.kind = KVR_SCHED_FIRST_TOKEN, .origin = KVR_SCHED_ORIGIN_PEER,
                                 .handle = h, .decay_fraction = NAN};
@@ -250,19 +330,37 @@ static void apply_add(kvr_replica_sync_t *s, const kvr_sync_event_t *ev, uint64_
     }
 }
 
-static void apply_event(kvr_replica_sync_t *s, const kvr_sync_event_t *ev, uint64_t now)
+/* A batch's event; publisher: the batch's router. A free or first token applies only to a
+ * request learnt from that router, by its handle. */
+static void apply_event(kvr_replica_sync_t *s, const kvr_sync_event_t *ev, uint64_t now,
+                        uint64_t publisher)
 {
     if (ev->kind == KVR_SYNC_ADD) {
-        apply_add(s, ev, now);
+        apply_add(s, ev, now, publisher);
         return;
     }
-    kvr_sched_event_t se = {.origin = KVR_SCHED_ORIGIN_PEER, .id = ev->id, .id_len = ev->id_len,
-                            .decay_fraction = NAN};
-    se.kind = ev->kind == KVR_SYNC_FREE ? KVR_SCHED_FREE : KVR_SCHED_FIRST_TOKEN;
+    uint64_t origin = 0;
+    if (!kvr_peer_reqs_get(s->origins, ev->id, ev->id_len, &origin) || origin != publisher) {
+        s->unowned++; /* unknown here (missed add), or not that router's to end */
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: %s of request %.*s from router %016llx "
+                        "ignored: %s", ev->kind == KVR_SYNC_FREE ? "free" : "first token",
+                        (int)ev->id_len, ev->id, (unsigned long long)publisher,
+                        origin == 0 ? "no request of that router by that id is known here"
+                                    : "the request was booked by another router");
+        return;
+    }
+    kvr_req_handle_t h = KVR_REQ_HANDLE_NONE;
     if (ev->kind == KVR_SYNC_FREE)
-        (void)kvr_peer_reqs_take(s->origins, ev->id, ev->id_len, NULL, NULL);
-    if (kvr_sched_apply(s->cfg.sched, &se, now) == KVR_OK)
-        s->applied[ev->kind]++; /* else unknown: counted by the load tracker */
+        (void)kvr_peer_reqs_take(s->origins, ev->id, ev->id_len, NULL, &h);
+    else
+        (void)kvr_load_request_handle(kvr_router_load(s->r), ev->id, ev->id_len,
+                                      KVR_REQ_HANDLE_NONE, &h);
+    kvr_sched_event_t se = {.origin = KVR_SCHED_ORIGIN_PEER, .handle = h,
+                            .kind = ev->kind == KVR_SYNC_FREE ? KVR_SCHED_FREE
+                                                              : KVR_SCHED_FIRST_TOKEN,
+                            .decay_fraction = NAN};
+    if (h != KVR_REQ_HANDLE_NONE && kvr_sched_apply(s->cfg.sched, &se, now) == KVR_OK)
+        s->applied[ev->kind]++; /* else it ended here already (expiry): nothing to do */
 }
 
 static void bad_message(kvr_replica_sync_t *s, const char *subject, const char *err)
@@ -317,7 +415,7 @@ static void apply_batch(kvr_replica_sync_t *s, const uint8_t *data, size_t len)
     uint64_t now = kvr_now_ms(), wall = wall_us();
     kvr_sync_event_t ev;
     while (kvr_sync_next(&rd, &ev) == KVR_OK)
-        apply_event(s, &ev, now);
+        apply_event(s, &ev, now, rd.h.router_id);
     uint64_t lag = wall > rd.h.sent_us ? wall - rd.h.sent_us : 0;
     kvr_hist_observe(&s->lag, (double)lag / 1e6);
     kvr_replicas_seen(s->cfg.replicas, rd.h.router_id, lag, lost);
@@ -447,7 +545,7 @@ static void on_reply(void *arg, const char *subject, const char *reply, const ui
     kvr_sync_event_t ev;
     while (kvr_sync_next(&rd, &ev) == KVR_OK) {
         if (ev.kind == KVR_SYNC_ADD) {
-            apply_add(s, &ev, now);
+            apply_add(s, &ev, now, 0);
             s->snap_entries++;
         }
     }
@@ -491,12 +589,19 @@ static int snap_visit(void *arg, const kvr_load_request_view_t *v)
     kvr_replica_sync_t *s = c->s;
     uint64_t origin = s->self;
     (void)kvr_peer_reqs_get(s->origins, v->id, v->id_len, &origin);
+    /* the tracker keeps what is left to prefill, not the prompt's length: a prompt as long as
+     * its blocks (at this router's block size, which the joiner's tracker assumes for 0) with
+     * the rest cached gives the same prefill load and a consistent add */
+    uint64_t prefill = v->info.prefill_tokens;
+    uint64_t blocks = (uint64_t)v->info.n_prompt_blocks * kvr_router_config(s->r)->block_size;
+    uint64_t isl = prefill > blocks ? prefill : blocks;
     kvr_sync_event_t e = {.kind = KVR_SYNC_ADD,
                           .id = v->id,
                           .id_len = v->id_len,
                           .origin = origin,
                           .worker = v->info.worker,
-                          .isl_tokens = v->info.prefill_tokens,
+                          .isl_tokens = isl,
+                          .cached_tokens = isl - prefill,
                           .has_expected_output_tokens = v->info.has_expected_output_tokens,
                           .expected_output_tokens = v->info.expected_output_tokens,
                           .prefill_done = v->info.prefill_tokens == 0,
@@ -510,6 +615,35 @@ static int snap_visit(void *arg, const kvr_load_request_view_t *v)
         snap_send(c, false);
     (void)kvr_sync_add(&s->snap, &e);
     return 0;
+}
+
+/* The snapshot rate limit (see the top): true when one may be served to requester now. */
+static bool snap_allowed(kvr_replica_sync_t *s, uint64_t requester)
+{
+    uint64_t now = kvr_now_ms();
+    if (s->snap_refill_ms == 0) {
+        s->snap_tokens = SNAP_BURST;
+        s->snap_refill_ms = now;
+    }
+    s->snap_tokens += (double)(now - s->snap_refill_ms) / SNAP_REFILL_MS;
+    if (s->snap_tokens > SNAP_BURST)
+        s->snap_tokens = SNAP_BURST;
+    s->snap_refill_ms = now;
+    const char *why = NULL;
+    if (requester == s->snap_last_to && now - s->snap_last_ms < SNAP_SAME_MS)
+        why = "it was sent one less than 2 s ago";
+    else if (s->snap_tokens < 1)
+        why = "more than 8 requests at once, then one per 2 s, are served";
+    if (why != NULL) {
+        s->snap_refused++;
+        kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: snapshot request of router %016llx "
+                        "refused: %s", (unsigned long long)requester, why);
+        return false;
+    }
+    s->snap_tokens -= 1;
+    s->snap_last_to = requester;
+    s->snap_last_ms = now;
+    return true;
 }
 
 static void on_snap_request(void *arg, const char *subject, const char *reply,
@@ -528,6 +662,8 @@ static void on_snap_request(void *arg, const char *subject, const char *reply,
         return; /* ours, or we are new ourselves: another peer answers (a replica joining
                    again after a reconnect answers with what it had: after a NATS restart
                    every replica rejoins at once) */
+    if (!snap_allowed(s, rd.h.router_id))
+        return;
     snap_ctx_t c = {.s = s, .reply = reply, .limit = s->max_payload};
     snap_begin(&c);
     (void)kvr_load_foreach(kvr_router_load(s->r), snap_visit, &c);
@@ -625,6 +761,21 @@ static void ext_metrics(void *arg, kvr_prom_t *p)
                      "joins with live peers and no snapshot answer", (double)s->snap_timeouts);
     kvr_prom_counter(p, "kvr_sync_snapshot_incomplete_total",
                      "joins whose snapshot's last chunk never came", (double)s->snap_incomplete);
+    kvr_prom_counter(p, "kvr_sync_forged_origin_total",
+                     "adds refused: their origin was not the router that published the batch",
+                     (double)s->forged_origin);
+    kvr_prom_counter(p, "kvr_sync_unowned_events_total",
+                     "frees and first tokens ignored: no request of the publishing router by that "
+                     "id is known here (a local request is never ended from NATS)",
+                     (double)s->unowned);
+    kvr_prom_counter(p, "kvr_sync_out_of_range_total",
+                     "adds refused: block size, prompt length or hash count out of range",
+                     (double)s->out_of_range);
+    kvr_prom_counter(p, "kvr_sync_peer_limited_total",
+                     "adds refused: the peer already had router_sync_max_requests_per_peer here",
+                     (double)s->peer_limited);
+    kvr_prom_counter(p, "kvr_sync_snapshot_requests_refused_total",
+                     "snapshot requests not served (rate limit)", (double)s->snap_refused);
     kvr_prom_family(p, "kvr_sync_peer_requests_freed_total", "counter",
                     "peers' requests freed here without their free event, by why");
     kvr_prom_label_t l = {"why", "peer_gone"};

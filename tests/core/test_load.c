@@ -529,6 +529,72 @@ static void test_max_requests(void **state)
     kvr_load_free(lt);
 }
 
+static int add_peer(kvr_load_t *lt, const char *id, const prompt_t *p)
+{
+    kvr_load_request_t rq = {.id = id, .id_len = strlen(id), .worker = W2, .seq = p->seq,
+                             .n_seq = p->n, .isl_tokens = p->n * BS, .peer = true};
+    int rc = kvr_load_add(lt, &rq, 0);
+    verify(lt);
+    return rc;
+}
+
+/* With a peer budget, other replicas' bookings fill their own and never the local one: a
+ * flood of forged peer adds cannot make a replica refuse its own clients. */
+static void test_peer_budget(void **state)
+{
+    (void)state;
+    kvr_load_config_t cfg = defaults();
+    cfg.max_requests = 2;
+    cfg.max_peer_requests = 3;
+    kvr_load_t *lt = mk(&cfg);
+    prompt_t a = mkprompt(1, 0, 1, 2);
+    char id[16];
+    for (int i = 0; i < 3; i++) {
+        snprintf(id, sizeof id, "p%d", i);
+        assert_int_equal(add_peer(lt, id, &a), KVR_OK);
+    }
+    assert_int_equal(add_peer(lt, "p3", &a), KVR_EFULL);
+    assert_int_equal(add(lt, "a", W1, &a, 0, 0), KVR_OK); /* local: its own budget */
+    assert_int_equal(add(lt, "b", W1, &a, 0, 0), KVR_OK);
+    assert_int_equal(add(lt, "c", W1, &a, 0, 0), KVR_EFULL);
+    kvr_load_stats_t st;
+    kvr_load_stats(lt, &st);
+    assert_int_equal(st.peer_full, 1);
+    assert_int_equal(st.full, 1);
+    assert_int_equal(st.peer_requests, 3);
+    assert_int_equal(st.live_requests, 5);
+    assert_int_equal(fin(lt, "p1"), KVR_OK); /* a peer's free makes room for peers only */
+    assert_int_equal(add(lt, "c", W1, &a, 0, 0), KVR_EFULL);
+    assert_int_equal(add_peer(lt, "p3", &a), KVR_OK);
+    assert_int_equal(fin(lt, "a"), KVR_OK);
+    assert_int_equal(add(lt, "c", W1, &a, 0, 0), KVR_OK);
+    kvr_load_free(lt);
+    /* their blocks are bounded too: 2 requests of 2 blocks fit in 5, a third does not */
+    cfg.max_peer_blocks = 5;
+    lt = mk(&cfg);
+    prompt_t b = mkprompt(2, 0, 1, 2);
+    assert_int_equal(add_peer(lt, "p0", &a), KVR_OK);
+    assert_int_equal(add_peer(lt, "p1", &b), KVR_OK);
+    assert_int_equal(add_peer(lt, "p2", &a), KVR_EFULL);
+    kvr_load_stats(lt, &st);
+    assert_int_equal(st.peer_blocks, 2 * a.n);
+    assert_int_equal(fin(lt, "p0"), KVR_OK);
+    assert_int_equal(add_peer(lt, "p2", &a), KVR_OK);
+    kvr_load_free(lt);
+    cfg.max_peer_blocks = 0;
+    /* without a peer budget they share max_requests, as before */
+    cfg.max_peer_requests = 0;
+    lt = mk(&cfg);
+    assert_int_equal(add_peer(lt, "p0", &a), KVR_OK);
+    assert_int_equal(add_peer(lt, "p1", &a), KVR_OK);
+    assert_int_equal(add(lt, "a", W1, &a, 0, 0), KVR_EFULL);
+    kvr_load_free(lt);
+    cfg.max_peer_requests = KVR_LOAD_MAX_REQUESTS + 1;
+    const char *field;
+    assert_int_equal(kvr_load_config_validate(&cfg, &field), KVR_EINVAL);
+    assert_string_equal(field, "max_peer_requests");
+}
+
 static void test_bad_arguments_change_nothing(void **state)
 {
     (void)state;
@@ -674,6 +740,7 @@ int main(void)
         cmocka_unit_test(test_projection),
         cmocka_unit_test(test_remove_worker),
         cmocka_unit_test(test_max_requests),
+        cmocka_unit_test(test_peer_budget),
         cmocka_unit_test(test_bad_arguments_change_nothing),
         cmocka_unit_test(test_config_validation),
         cmocka_unit_test(test_steady_state_memory_is_flat),

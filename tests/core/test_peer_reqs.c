@@ -69,6 +69,44 @@ static void check_same(kvr_peer_reqs_t *t, const model_t *m)
         n += m->live[i];
     }
     assert_int_equal(kvr_peer_reqs_count(t), n);
+    for (uint64_t o = 1; o <= 5; o++) { /* each origin's count, as the model has it */
+        size_t want = 0;
+        for (size_t i = 0; i < N_IDS; i++)
+            want += m->live[i] && m->origin[i] == o;
+        assert_int_equal(kvr_peer_reqs_origin_count(t, o), want);
+    }
+}
+
+/* At most KVR_PEER_REQS_MAX_ORIGINS origins hold entries: one more is refused with nothing
+ * changed, and a slot frees once an origin's last entry goes (also when replaced). */
+static void origin_cap(void **state)
+{
+    (void)state;
+    kvr_peer_reqs_t *t = kvr_peer_reqs_new(7);
+    char id[32];
+    for (size_t o = 1; o <= KVR_PEER_REQS_MAX_ORIGINS; o++)
+        assert_int_equal(kvr_peer_reqs_put(t, id, id_of(o, id), o, o << 8 | 1), KVR_OK);
+    assert_int_equal(kvr_peer_reqs_origins(t), KVR_PEER_REQS_MAX_ORIGINS);
+    size_t extra = id_of(100000, id);
+    assert_int_equal(kvr_peer_reqs_put(t, id, extra, 9999, 1ull << 40), KVR_EFULL);
+    assert_false(kvr_peer_reqs_get(t, id, extra, NULL));
+    assert_int_equal(kvr_peer_reqs_count(t), KVR_PEER_REQS_MAX_ORIGINS);
+    /* an existing origin still books more */
+    assert_int_equal(kvr_peer_reqs_put(t, id, extra, 3, 1ull << 40), KVR_OK);
+    assert_int_equal(kvr_peer_reqs_origin_count(t, 3), 2);
+    /* replacing an entry's origin by a new one while full: refused, unchanged */
+    assert_int_equal(kvr_peer_reqs_put(t, id, extra, 9999, 1ull << 40), KVR_EFULL);
+    assert_int_equal(kvr_peer_reqs_origin_count(t, 3), 2);
+    /* origin 1's only entry goes: its slot is free for a new origin */
+    assert_true(kvr_peer_reqs_take(t, id, id_of(1, id), NULL, NULL));
+    assert_int_equal(kvr_peer_reqs_origin_count(t, 1), 0);
+    extra = id_of(100000, id);
+    assert_int_equal(kvr_peer_reqs_put(t, id, extra, 9999, 1ull << 40), KVR_OK);
+    assert_int_equal(kvr_peer_reqs_origin_count(t, 9999), 1);
+    assert_int_equal(kvr_peer_reqs_origin_count(t, 3), 1);
+    char msg[200] = "";
+    assert_int_equal(kvr_peer_reqs_verify(t, msg, sizeof msg), KVR_OK);
+    kvr_peer_reqs_free(t);
 }
 
 static void model_based(void **state)
@@ -147,6 +185,7 @@ static void model_based(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(model_based)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(model_based),
+                                       cmocka_unit_test(origin_cap)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

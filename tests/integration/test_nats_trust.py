@@ -150,10 +150,166 @@ def scenario_forged_entry(nats):
         trap.close()
 
 
+def sync_msg(msg_type, router_id, seq, events, flags=0):
+    """A replica-sync message (wire format in src/wire/sync_msg.h)."""
+    return (b"KVRS" + struct.pack("<BBHQQQII", 1, msg_type, flags, router_id, seq,
+                                  int(time.time() * 1e6), len(events), 0) + b"".join(events))
+
+
+def ev_add(rid, origin, worker=1, isl=64, n_seq=2, bs=BS, base=0):
+    rid = rid.encode()
+    return (struct.pack("<BBH", 1, 0, len(rid)) + rid +
+            struct.pack("<QQIIQQII", origin, worker, 0, bs, isl, 0, 0, n_seq) +
+            b"".join(struct.pack("<Q", base + i + 1) for i in range(n_seq)))
+
+
+def ev_end(kind, rid):
+    rid = rid.encode()
+    return struct.pack("<BBH", kind, 0, len(rid)) + rid
+
+
+def my_id(r):
+    st, body = r.call("GET", "/v1/routers")
+    return int(body["self"], 16)
+
+
+def route(r, rid, seed):
+    return r.call("POST", "/v1/route", {"tokens": tokens(seed), "request_id": rid})
+
+
+def active(r):
+    st, body = r.call("POST", "/v1/loads", {"tokens": tokens(999, 32)})
+    return sum(w["active_requests"] for w in body["loads"]) if st == 200 else -1
+
+
+def flood(nats, router_id, origin, n, start_seq=1, per_msg=4000, tag="f"):
+    """n forged adds in router_id's batches (numbered on from start_seq); True when all in."""
+    ok, seq = True, start_seq
+    for first in range(0, n, per_msg):
+        evs = [ev_add(f"{tag}{origin:x}-{i}", origin, worker=1 + i % 3, base=i * 8)
+               for i in range(first, min(n, first + per_msg))]
+        ok = nats.publish("kvrouter.active_sequences", sync_msg(1, router_id, seq, evs)) and ok
+        seq += 1
+    return ok
+
+
+def scenario_flood(nats):
+    """A million-add flood, scaled down with the budgets: the replica keeps serving its own
+    clients, peers' bookings stop at their budgets, memory stays bounded; a replica whose
+    own budget is full says so on /ready."""
+    a = replica(nats, "--router-max-requests", 50, "--router-sync-max-peer-requests", 6000,
+                "--router-sync-max-requests-per-peer", 4000, "--router-sync-max-peer-blocks",
+                40000, what="flooded replica")
+    b = replica(nats, what="live peer")
+    try:
+        check("flood: both ready", eventually(lambda: ready(a) and ready(b), 15))
+        b_id = my_id(b)
+        rss0 = rss_kb(a)
+        check("flood: published in a live peer's name and in a stranger's",
+              flood(nats, b_id, b_id, 5000, start_seq=10**6) and
+              flood(nats, 0xf00d, 0xf00d, 5000))
+        check("flood: the peer budget holds (6000), one origin at most 4000",
+              eventually(lambda: a.metric("kvr_requests_in_flight_peers") == 6000, 20),
+              a.metric("kvr_requests_in_flight_peers"))
+        check("flood: refusals counted", (a.metric("kvr_sync_peer_limited_total") or 0) >= 1000
+              and (a.metric("kvr_sync_peer_budget_full_total") or 0) >= 1,
+              (a.metric("kvr_sync_peer_limited_total"),
+               a.metric("kvr_sync_peer_budget_full_total")))
+        for i in range(50):  # the whole local budget is still there
+            st, res = route(a, f"local-{i}", i)
+            if st != 200:
+                break
+        check("flood: all 50 local requests admitted", st == 200, (i, st, res))
+        check("flood: /ready says every request would be refused",
+              (lambda x: x[0] == 503 and "router_max_requests" in json.dumps(x[1]))(
+                  a.call("GET", "/ready")), a.call("GET", "/ready"))
+        st, res = route(a, "local-50", 50)
+        check("flood: the 51st is refused 429 (its own budget)", st == 429, (st, res))
+        for i in range(50):
+            a.call("DELETE", f"/v1/requests/local-{i}")
+        check("flood: ready again once they end", eventually(lambda: ready(a), 5))
+        check("flood: big adds bounded by their blocks (40000)",
+              flood(nats, 0xb10c, 0xb10c, 100, per_msg=10, tag="big") and eventually(
+                  lambda: (a.metric("kvr_requests_in_flight_peer_blocks") or 0) <= 40000, 5))
+        rss1 = rss_kb(a)
+        check("flood: memory bounded (RSS grew < 64 MiB)", rss1 - rss0 < 65536, (rss0, rss1))
+        check("flood: the live peer is unharmed", ready(b) and route(b, "b-1", 1)[0] == 200)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def rss_kb(r):
+    with open(f"/proc/{r.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def scenario_forged_frees(nats):
+    """Frees and first tokens from NATS end only the publishing router's own requests; an add
+    in another router's name, or with impossible numbers, is refused; all counted."""
+    a = replica(nats, what="replica")
+    try:
+        check("frees: ready", eventually(lambda: ready(a), 15))
+        a_id = my_id(a)
+        check("frees: a local booking", route(a, "mine", 7)[0] == 200 and active(a) == 1)
+        for rid in (0x77, a_id):  # a stranger's id, and the replica's own
+            nats.publish("kvrouter.active_sequences",
+                         sync_msg(1, rid, 1, [ev_end(3, "mine"), ev_end(2, "mine")]))
+        check("frees: counted as not theirs",
+              eventually(lambda: (a.metric("kvr_sync_unowned_events_total") or 0) >= 2, 5),
+              a.metric("kvr_sync_unowned_events_total"))
+        check("frees: the local booking is still there", active(a) == 1, active(a))
+        nats.publish("kvrouter.active_sequences",
+                     sync_msg(1, 0x88, 1, [ev_add("theirs", 0x99)]))
+        check("frees: an add in another router's name is refused",
+              eventually(lambda: a.metric("kvr_sync_forged_origin_total") == 1, 5) and
+              active(a) == 1, (a.metric("kvr_sync_forged_origin_total"), active(a)))
+        nats.publish("kvrouter.active_sequences", sync_msg(1, 0x88, 2, [
+            ev_add("huge-isl", 0x88, isl=2**64 - 1), ev_add("bs0-too-many", 0x88, isl=32, n_seq=3),
+            ev_add("bs-huge", 0x88, bs=2**31)]))
+        check("frees: out-of-range adds refused",
+              eventually(lambda: a.metric("kvr_sync_out_of_range_total") == 3, 5) and
+              active(a) == 1, (a.metric("kvr_sync_out_of_range_total"), active(a)))
+        nats.publish("kvrouter.active_sequences", sync_msg(1, 0x88, 3, [ev_add("ok", 0x88)]))
+        check("frees: a well-formed peer add is applied", eventually(lambda: active(a) == 2, 5))
+        nats.publish("kvrouter.active_sequences", sync_msg(1, 0x77, 4, [ev_end(3, "ok")]))
+        check("frees: another router cannot end it",
+              eventually(lambda: (a.metric("kvr_sync_unowned_events_total") or 0) >= 3, 5) and
+              active(a) == 2)
+        nats.publish("kvrouter.active_sequences", sync_msg(1, 0x88, 4, [ev_end(3, "ok")]))
+        check("frees: its own router can", eventually(lambda: active(a) == 1, 5))
+    finally:
+        a.stop()
+
+
+def scenario_snapshot_storm(nats):
+    """Snapshot requests beyond the rate limit are refused and counted; the loop stays free."""
+    a = replica(nats, what="replica")
+    try:
+        check("storm: ready", eventually(lambda: ready(a), 15))
+        for i in range(40):
+            nats.publish("kvrouter.sync.snapshot", sync_msg(2, 0x5000 + i, 0, []),
+                         reply=f"kvrouter.sync.reply.{0x5000 + i:016x}")
+        check("storm: at most 8 (+1 a 2 s) served, the rest refused",
+              eventually(lambda: (a.metric("kvr_sync_snapshot_requests_refused_total") or 0) >= 28,
+                         10) and (a.metric("kvr_sync_snapshots_served_total") or 0) <= 12,
+              (a.metric("kvr_sync_snapshots_served_total"),
+               a.metric("kvr_sync_snapshot_requests_refused_total")))
+        check("storm: still serving", ready(a) and route(a, "after", 3)[0] == 200)
+    finally:
+        a.stop()
+
+
 def main():
     nats = NatsServer()
     try:
         scenario_forged_entry(nats)
+        scenario_forged_frees(nats)
+        scenario_flood(nats)
+        scenario_snapshot_storm(nats)
     finally:
         kill_children()
         nats.stop()
