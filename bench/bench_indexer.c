@@ -371,7 +371,7 @@ static int part_query(env_t *e, const ix_args_t *a, kvr_child_t **out_ix, double
     snprintf(budget, sizeof budget, "%llu", (unsigned long long)(a->pairs * 2));
     char *argv[] = {"kvrouter",  "indexer",      "--port", "0",           "--log-level",
                     "warn",      "--block-size", "16",     "--max-pairs", budget,
-                    "--workers", workers,        NULL};
+                    "--max-total-pairs", budget, "--workers", workers,    NULL};
     kvr_child_t *ix = workers ? spawn(e, "indexer", argv) : NULL;
     free(workers);
     if (ix == NULL || !engines_subscribed(e, 1, 30) || engines_publish(e, a) != 0)
@@ -473,8 +473,9 @@ static int part_peers(env_t *e, const kvr_child_t *ix, double pairs)
     snprintf(peer, sizeof peer, "http://%s", ix->addr);
     char budget[32];
     snprintf(budget, sizeof budget, "%.0f", pairs * 2 + 1024);
-    char *argv[] = {"kvrouter",    "indexer", "--port",  "0",  "--log-level", "warn",
-                    "--max-pairs", budget,    "--peers", peer, NULL};
+    char *argv[] = {"kvrouter",          "indexer", "--port",  "0",  "--log-level", "warn",
+                    "--max-pairs",       budget,    "--max-total-pairs", budget,
+                    "--peers",           peer,      NULL};
     double t0 = kvr_child_now_s();
     kvr_child_t *b = spawn(e, "indexer-peer", argv);
     double ready_s = kvr_child_now_s() - t0;

@@ -8,7 +8,7 @@ PKGS=(
   libxxhash-dev libyajl-dev liburcu-dev libcmocka-dev
   libmsgpack-dev libzmq3-dev libevent-dev
   libnats-dev nats-server
-  python3 python3-msgpack python3-zmq
+  python3 python3-msgpack python3-zmq python3-cryptography openssl
   gnuplot-nox
   libck-dev uthash-dev
   prometheus
@@ -37,6 +37,8 @@ $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
 # stopped and disabled again, so the machine gains a tool, not a daemon on :9090.
 # nats-server and libnats-dev: router replicas and discovery (docs/replicas.md).
 # nats-server likewise: the tests and the demo start their own on free ports.
+# python3-cryptography and openssl: test_nats_trust makes nkey users (ed25519) and a TLS CA
+# with client certificates for the NATS servers it starts.
 for p in "${missing[@]}"; do
   if { [ "$p" = prometheus ] || [ "$p" = nats-server ]; } && command -v systemctl >/dev/null 2>&1 &&
      [ -d /run/systemd/system ]; then

@@ -112,6 +112,12 @@ typedef struct kvr_router_config {
     /* scale-out over NATS (net/nats_link.c, net/replica_sync.c) */
     char nats_url[512];           /* "" = no NATS: a single router, as before */
     char nats_namespace[65];      /* prefixes every subject and bucket (setting `namespace`) */
+    char nats_creds_file[512];    /* NATS identity: a .creds file, an nkey file, or a token */
+    char nats_nkey_file[512];     /* file (at most one of the three; "" = none) */
+    char nats_token_file[512];
+    char nats_tls_ca[512];        /* TLS to NATS: the CA, and a client certificate and key */
+    char nats_tls_cert[512];
+    char nats_tls_key[512];
     bool router_replica_sync;     /* share active load with the other replicas */
     uint64_t router_sync_max_peer_requests; /* peers' bookings held at most (apart from local) */
     uint64_t router_sync_max_requests_per_peer; /* ... and at most this many of one peer */
@@ -127,6 +133,9 @@ typedef struct kvr_router_config {
     bool serve_indexer;       /* answer the indexer API's /query, /query_by_hash, /dump */
     char remote_indexer[512]; /* route with overlaps from this indexer; "" = the local index */
     uint64_t remote_indexer_timeout_ms; /* a remote answer later than this: zero overlap */
+    char remote_indexer_key_file[512];       /* its api key, sent with lookups; "" = none */
+    char remote_indexer_admin_key_file[512]; /* its admin key, sent with decisions; "" = the
+                                                api key's file */
     /* the OpenAI front end (net/frontend.c) */
     uint32_t frontend_max_retries;         /* other workers tried after an upstream failure */
     uint32_t frontend_fence_failures;      /* consecutive upstream failures before fencing */

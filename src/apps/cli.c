@@ -270,6 +270,18 @@ int kvr_cli_nats_option(kvr_cli_t *c, kvr_cli_nats_t *o)
         return kvr_cli_copy(c, kvr_cli_value(c), o->url, sizeof o->url);
     if (kvr_cli_is(c, "--nats-presence-ttl-ms"))
         return kvr_cli_u64(c, kvr_cli_value(c), 300, 3600000, &o->ttl_ms);
+    static const struct {
+        const char *flag;
+        size_t off;
+    } files[] = {{"--nats-creds-file", offsetof(kvr_cli_nats_t, creds_file)},
+                 {"--nats-nkey-file", offsetof(kvr_cli_nats_t, nkey_file)},
+                 {"--nats-token-file", offsetof(kvr_cli_nats_t, token_file)},
+                 {"--nats-tls-ca", offsetof(kvr_cli_nats_t, tls_ca)},
+                 {"--nats-tls-cert", offsetof(kvr_cli_nats_t, tls_cert)},
+                 {"--nats-tls-key", offsetof(kvr_cli_nats_t, tls_key)}};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        if (kvr_cli_is(c, files[i].flag))
+            return kvr_cli_copy(c, kvr_cli_value(c), (char *)o + files[i].off, 512);
     if (kvr_cli_is(c, "--namespace")) {
         const char *v = kvr_cli_value(c);
         if (v == NULL || !kvr_token_ok(v))
@@ -277,6 +289,16 @@ int kvr_cli_nats_option(kvr_cli_t *c, kvr_cli_nats_t *o)
         return kvr_cli_copy(c, v, o->ns, sizeof o->ns);
     }
     return -1;
+}
+
+struct kvr_nats_auth kvr_cli_nats_auth(const kvr_cli_nats_t *o)
+{
+    return (struct kvr_nats_auth){.creds_file = o->creds_file,
+                                  .nkey_file = o->nkey_file,
+                                  .token_file = o->token_file,
+                                  .tls_ca = o->tls_ca,
+                                  .tls_cert = o->tls_cert,
+                                  .tls_key = o->tls_key};
 }
 
 int kvr_cli_engine_option(kvr_cli_t *c, struct kvr_engine_config *e)

@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "net/nats_auth.h"
+
 struct kvr_engine_config;
 
 typedef struct kvr_cli {
@@ -108,7 +110,20 @@ typedef struct kvr_cli_nats {
     char url[512];
     char ns[65];
     uint64_t ttl_ms;
+    /* --nats-creds-file, --nats-nkey-file, --nats-token-file, --nats-tls-ca, --nats-tls-cert,
+     * --nats-tls-key: as serve's settings of those names (net/nats_auth.h) */
+    char creds_file[512], nkey_file[512], token_file[512], tls_ca[512], tls_cert[512],
+        tls_key[512];
 } kvr_cli_nats_t;
+/* The link's auth settings from o (pointers into o). */
+struct kvr_nats_auth kvr_cli_nats_auth(const kvr_cli_nats_t *o);
+/* The usage lines of those options. */
+#define KVR_CLI_NATS_AUTH_USAGE                                                                 \
+    "  --nats-token-file F           NATS identity: a token, read from F\n"                    \
+    "  --nats-nkey-file F            NATS identity: an nkey user (seed and public key lines)\n" \
+    "  --nats-creds-file F           NATS identity: a .creds file (JWT and seed)\n"            \
+    "  --nats-tls-ca F               TLS to NATS, the server checked against this CA\n"        \
+    "  --nats-tls-cert F, --nats-tls-key F  a client certificate and its key\n"
 void kvr_cli_nats_defaults(kvr_cli_nats_t *o);
 /* A kvr_cli_option_fn's contract: 0, 2, or -1 when argv[i] is none of them. */
 int kvr_cli_nats_option(kvr_cli_t *c, kvr_cli_nats_t *o);

@@ -1,7 +1,9 @@
 /*
  * cmd_indexer.c: `kvrouter indexer`, the standalone KV indexer daemon (net/indexer_server.h),
- * with the reference indexer's flags. Prints "listening HOST:PORT" on stdout once it
- * answers. SIGINT / SIGTERM close the listener and stop once the answers in flight are out.
+ * with the reference indexer's flags, and kvrouter's: the pair budget and partition cap, and
+ * the key files of `serve` (--api-key-file, --admin-key-file, --peer-key-file). Prints
+ * "listening HOST:PORT" on stdout once it answers. SIGINT / SIGTERM close the listener and
+ * stop once the answers in flight are out.
  */
 #include <event2/event.h>
 #include <event2/thread.h>
@@ -44,7 +46,17 @@ static void usage(FILE *out)
             "                        whose GET /dump answers, before listening\n"
             "  --peer-timeout-ms MS  how long a peer's dump may take [10000]\n"
             "  --max-pairs N         (worker rank, block) pairs each partition's index keeps\n"
-            "                        [16777216]\n"
+            "                        [16777216, or --max-total-pairs when less]\n"
+            "  --max-total-pairs N   pairs every partition together may keep: a new partition\n"
+            "                        reserves min(--max-pairs, what is left) and is refused\n"
+            "                        (400) when less than 1024 is left [67108864]\n"
+            "  --max-partitions N    (model_name, routing_group) partitions at most [64]; one\n"
+            "                        with no registration and an empty index is dropped\n"
+            "  --api-key-file PATH   token (Authorization: Bearer) for queries and reads\n"
+            "  --admin-key-file PATH token for every call that changes something (register,\n"
+            "                        unregister, record decisions, peers)\n"
+            "  --peer-key-file PATH  token accepted for the index copies (/dump, snapshots)\n"
+            "                        besides the admin key, and sent to --peers\n"
             "  --router-ttl-secs S   how long a recorded routing decision (POST\n"
             "                        /record_routing_decision, from routers in approximate\n"
             "                        mode) counts as cached [120]\n"
@@ -155,6 +167,22 @@ static int parse_option(kvr_cli_t *c, void *arg)
         a->cfg.max_pairs = (size_t)v64;
         return rc;
     }
+    if (kvr_cli_is(c, "--max-total-pairs")) {
+        rc = kvr_cli_u64(c, kvr_cli_value(c), 1024, (uint64_t)1 << 40, &v64);
+        a->cfg.max_total_pairs = (size_t)v64;
+        return rc;
+    }
+    if (kvr_cli_is(c, "--max-partitions")) {
+        rc = kvr_cli_u64(c, kvr_cli_value(c), 1, KVR_INDEXER_MAX_PARTITIONS, &v64);
+        a->cfg.max_partitions = (size_t)v64;
+        return rc;
+    }
+    if (kvr_cli_is(c, "--api-key-file"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->cfg.api_key_file);
+    if (kvr_cli_is(c, "--admin-key-file"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->cfg.admin_key_file);
+    if (kvr_cli_is(c, "--peer-key-file"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->cfg.peer_key_file);
     if (kvr_cli_is(c, "--router-ttl-secs")) {
         rc = kvr_cli_u64(c, kvr_cli_value(c), 1, 86400 * 365, &v64);
         a->cfg.decision_ttl_ms = v64 * 1000;

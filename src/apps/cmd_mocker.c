@@ -95,7 +95,8 @@ static void usage(FILE *out)
         "  --advertise-host H            the host routers reach it at [--host, or 127.0.0.1\n"
         "                                for 0.0.0.0]\n"
         "  --namespace NS                the fleet's namespace [kvrouter]\n"
-        "  --nats-presence-ttl-ms MS     routers drop it when not refreshed this long [3000]\n",
+        "  --nats-presence-ttl-ms MS     routers drop it when not refreshed this long [3000]\n"
+        KVR_CLI_NATS_AUTH_USAGE,
         out);
 }
 
@@ -329,7 +330,8 @@ static kvr_nats_t *register_self(mocker_args_t *a, kvr_mocker_t *m, int *failed)
     }
     char err[300] = "";
     int st;
-    kvr_nats_config_t nc = {.url = a->nats.url, .name = "kvrouter mocker"};
+    kvr_nats_config_t nc = {.url = a->nats.url, .name = "kvrouter mocker",
+                            .auth = kvr_cli_nats_auth(&a->nats)};
     kvr_nats_t *n = kvr_nats_new(&nc, &st, err, sizeof err);
     if (n != NULL && (st = kvr_discovery_register(n, a->nats.ns, a->nats.ttl_ms, &w)) != KVR_OK) {
         snprintf(err, sizeof err, "discovery entry: %s", kvr_strerror(st));

@@ -40,6 +40,7 @@ static void usage(FILE *out)
             "  --nats-url URL                the NATS server (required)\n"
             "  --namespace NS                the fleet's namespace [kvrouter]\n"
             "  --nats-presence-ttl-ms MS     routers drop an entry not refreshed this long [3000]\n"
+            KVR_CLI_NATS_AUTH_USAGE
             "  --log-level L                 debug | info | warn | error [info]\n");
 }
 
@@ -92,7 +93,8 @@ int kvr_cmd_register(int argc, char **argv)
     sigaddset(&stop, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     int st, sig = 0;
-    kvr_nats_config_t nc = {.url = a.nats.url, .name = "kvrouter register"};
+    kvr_nats_config_t nc = {.url = a.nats.url, .name = "kvrouter register",
+                            .auth = kvr_cli_nats_auth(&a.nats)};
     kvr_nats_t *n = kvr_nats_new(&nc, &st, err, sizeof err);
     if (n == NULL) {
         fprintf(stderr, "kvrouter register: %s\n", err[0] ? err : kvr_strerror(st));

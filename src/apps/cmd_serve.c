@@ -270,6 +270,20 @@ static void teardown(daemon_parts_t *d)
         event_base_free(d->base);
 }
 
+/* The state file is this router's alone (PATH.lock held until exit; a crash releases it):
+ * a second router on the same path, or a path that is not absent or a regular file (a FIFO
+ * would block the read, a link would be written through), stops the start: the operator must
+ * fix the configuration, and starting cold would let the save at exit overwrite another
+ * router's file or a link's target. */
+static int claim_state(kvr_ingest_t *g, const char *path)
+{
+    char err[600] = "";
+    int rc = kvr_ingest_claim_state_file(g, path, err, sizeof err);
+    if (rc != KVR_OK)
+        fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(rc));
+    return rc;
+}
+
 /* Warm restart: a missing file is a cold start; a bad one is refused whole (named in the
  * log) and the router starts cold rather than not at all. */
 static void load_state(kvr_ingest_t *g, const char *path)
@@ -300,10 +314,13 @@ static void save_state(kvr_ingest_t *g, const char *path)
     if (kvr_ingest_save(g, path, &rep, err, sizeof err) != KVR_OK)
         kvr_log(KVR_LOG_ERROR, "%s", err);
     else
-        kvr_log(KVR_LOG_INFO,
-                "state_file %s: %u exact ranks saved (%u not exact, left out), %llu events, "
-                "%llu bytes in %llu ms",
-                path, rep.ranks, rep.ranks_skipped, (unsigned long long)rep.events,
+        kvr_log(rep.ranks_lost > 0 ? KVR_LOG_WARN : KVR_LOG_INFO,
+                "state_file %s: %u exact ranks saved (%u of them with their engine unreachable "
+                "now; %u not exact, left out); %u ranks kept as loaded at start (their engine "
+                "has not confirmed them), %u dropped (their engine refused them), %u lost; "
+                "%llu events, %llu bytes in %llu ms",
+                path, rep.ranks, rep.ranks_unreachable, rep.ranks_skipped, rep.ranks_kept,
+                rep.ranks_stale, rep.ranks_lost, (unsigned long long)rep.events,
                 (unsigned long long)rep.bytes, (unsigned long long)(kvr_now_ms() - t0));
 }
 
@@ -485,7 +502,13 @@ static int build_nats(daemon_parts_t *d, const kvr_router_config_t *c)
     char err[300] = "", name[96], url[160];
     int st;
     snprintf(name, sizeof name, "kvrouter %s", c->nats_namespace);
-    kvr_nats_config_t nc = {.url = c->nats_url, .name = name, .base = d->base};
+    kvr_nats_config_t nc = {.url = c->nats_url, .name = name, .base = d->base,
+                            .auth = {.creds_file = c->nats_creds_file,
+                                     .nkey_file = c->nats_nkey_file,
+                                     .token_file = c->nats_token_file,
+                                     .tls_ca = c->nats_tls_ca,
+                                     .tls_cert = c->nats_tls_cert,
+                                     .tls_key = c->nats_tls_key}};
     if ((d->nats = kvr_nats_new(&nc, &st, err, sizeof err)) == NULL) {
         fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(st));
         return st;
@@ -595,7 +618,20 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
         return st;
     }
     if (c->remote_indexer[0] != '\0') {
+        char key[KVR_SECRET_MAX] = "", admin[KVR_SECRET_MAX] = "";
+        if ((c->remote_indexer_key_file[0] != '\0' &&
+             (st = kvr_secret_read("remote_indexer_key_file", c->remote_indexer_key_file, key,
+                                   err, sizeof err)) != KVR_OK) ||
+            (c->remote_indexer_admin_key_file[0] != '\0' &&
+             (st = kvr_secret_read("remote_indexer_admin_key_file",
+                                   c->remote_indexer_admin_key_file, admin, err, sizeof err)) !=
+                 KVR_OK)) {
+            fprintf(stderr, "kvrouter serve: %s\n", err);
+            return st;
+        }
         kvr_remote_ix_config_t rc = {.base = d->base,
+                                     .bearer = key,
+                                     .record_bearer = admin[0] ? admin : key,
                                      .api = d->api,
                                      .sched = d->sched,
                                      .url = c->remote_indexer,
@@ -609,6 +645,9 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
             return st;
         }
     }
+    if (d->g != NULL && c->state_file[0] != '\0' &&
+        (st = claim_state(d->g, c->state_file)) != KVR_OK)
+        return st;
     /* the index: a peer's (fresher), else the state file, else cold */
     bool from_peer = d->g != NULL && (c->peers[0] != '\0' || d->nats != NULL) &&
                      load_from_peers(d, c) == KVR_OK;

@@ -209,6 +209,28 @@ static const field_t FIELDS[] = {
      sizeof(((kvr_router_config_t *)0)->nats_url), "",
      "NATS server(s) for router replicas and discovery, e.g. nats://127.0.0.1:4222 (a comma-"
      "separated list for a cluster); empty = no NATS (a single router)"},
+    {"nats_creds_file", T_STR, OFF(nats_creds_file), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->nats_creds_file), "",
+     "NATS identity: a .creds file (user JWT and seed, as nsc writes it); at most one of "
+     "nats_creds_file, nats_nkey_file, nats_token_file; empty = none"},
+    {"nats_nkey_file", T_STR, OFF(nats_nkey_file), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->nats_nkey_file), "",
+     "NATS identity: a file holding an nkey user's seed (SU...) and public key (U...), as "
+     "`nk -gen user -pubout` prints them; empty = none"},
+    {"nats_token_file", T_STR, OFF(nats_token_file), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->nats_token_file), "",
+     "NATS identity: a file holding the token of the server's authorization block; empty "
+     "= none (a secret in nats_url shows in ps: it is warned about)"},
+    {"nats_tls_ca", T_STR, OFF(nats_tls_ca), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->nats_tls_ca), "",
+     "TLS to NATS: the CA (PEM) the server's certificate must chain to; setting any "
+     "nats_tls_* turns TLS on"},
+    {"nats_tls_cert", T_STR, OFF(nats_tls_cert), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->nats_tls_cert), "",
+     "TLS to NATS: this process's client certificate (PEM), with nats_tls_key"},
+    {"nats_tls_key", T_STR, OFF(nats_tls_key), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->nats_tls_key), "",
+     "TLS to NATS: the client certificate's private key (PEM)"},
     {"namespace", T_STR, OFF(nats_namespace), 0, 0, false, NULL,
      sizeof(((kvr_router_config_t *)0)->nats_namespace), "kvrouter",
      "prefix of every NATS subject and bucket, so several fleets can share one NATS "
@@ -264,6 +286,14 @@ static const field_t FIELDS[] = {
      "20",
      "a remote indexer's answer later than this: the decision is taken with zero overlap "
      "(counted, logged)"},
+    {"remote_indexer_key_file", T_STR, OFF(remote_indexer_key_file), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->remote_indexer_key_file), "",
+     "remote_indexer over HTTP: file holding the indexer's api key, sent as `Authorization: "
+     "Bearer` with each lookup; empty = none"},
+    {"remote_indexer_admin_key_file", T_STR, OFF(remote_indexer_admin_key_file), 0, 0, false,
+     NULL, sizeof(((kvr_router_config_t *)0)->remote_indexer_admin_key_file), "",
+     "remote_indexer over HTTP, approximate mode: file holding the indexer's admin key, sent "
+     "with each routing decision it records; empty = remote_indexer_key_file's"},
     {"seed", T_U64, OFF(seed), 0, U64MAX, false, NULL, 0, "0",
      "seed for random tie-breaks and sampling; 0 = from the clock"},
     {"frontend_max_retries", T_U32, OFF(frontend_max_retries), 0, 16, false, NULL, 0, "2",

@@ -1,9 +1,31 @@
 /*
- * indexer_server.c: `kvrouter indexer`'s daemon (API, start-up order and threads in
+ * indexer_server.c: `kvrouter indexer`'s daemon (API, access, start-up order and threads in
  * indexer_server.h). The registry is two flat arrays (partitions, registrations) scanned
  * linearly: a fleet has a handful of partitions and at most thousands of ranks, and every
  * scan is on a registration, an unregistration or a listing, never on a query (a query finds
  * its partition among the handful, then only touches the index).
+ *
+ * Invariants: n_parts <= max_partitions; reserved == the sum of the partitions' max_pairs
+ * <= max_total_pairs (so the pairs of every index together stay under max_total_pairs: each
+ * index evicts beyond its own max_pairs); a partition's regs == the registrations naming it;
+ * a registration's part is live. The pair budget is reserved, not shared on demand: an index's
+ * budget is fixed when it is made, and a partition that could grow into another's share would
+ * have to be shrunk, which the index cannot do. Reserving min(max_pairs, what is left) keeps a
+ * single partition at its full size and turns the budget into a refusal (400 naming
+ * --max-total-pairs) for the partition that does not fit, never into eviction elsewhere.
+ * The reaper (every REAP_MS, on the loop) drops a partition with no registration whose index
+ * holds no pair and no recorded decision: partitions made by decisions (approximate mode) go
+ * once their decisions expire, so names nobody registers cannot fill the cap for good.
+ *
+ * Peer recovery reads only bounded answers (kvr_http_fetch's max_bytes, and the format's first
+ * bytes): a partitions list at most PARTITION_ENTRY_BYTES per partition this side may hold; a
+ * snapshot at most SNAP_BYTES_PER_PAIR per pair its partition may keep, plus the largest rank
+ * table; a JSON dump at most DUMP_BYTES_PER_PAIR per pair of every partition that could be
+ * made; none over PEER_ANSWER_MAX_BYTES (4 GiB, the one bound there was before). A peer
+ * sending more is refused unread past that (cold start, counted, logged).
+ *
+ * Cost: a registration, a partition made or dropped: O(partitions + registrations); the
+ * reaper: one stats copy per partition a tick; a query: the partition lookup and the index's.
  */
 #include "net/indexer_server.h"
 
@@ -19,21 +41,42 @@
 #include "core/grow.h"
 #include "kvrouter.h"
 #include "kvrouter/router.h"
+#include "net/access.h"
 #include "net/http_fetch.h"
 #include "net/ingest.h"
 #include "net/ix_api.h"
 #include "net/log.h"
 #include "wire/api_json.h"
+#include "wire/index_snapshot.h"
 #include "wire/json_scan.h"
 #include "wire/json_writer.h"
 #include "wire/prom.h"
 #include "wire/router_event_json.h"
 
 #define NAME_BYTES 256
+#define REAP_MS 250
+/* What a peer's answer may legitimately be (see the module comment). A partitions entry is
+ * {"model_name":"<255>","routing_group":"<255>","block_size":65536} (names with escapes are
+ * refused); a snapshot event stores one block in 36 bytes, and a pair has up to 4 tiers; a
+ * dump event of one block is ~300 bytes of JSON. */
+#define PARTITION_ENTRY_BYTES 1024
+#define SNAP_BYTES_PER_PAIR 160
+#define SNAP_FIXED_BYTES ((size_t)KVR_SNAP_MAX_RANKS * 32 + 65536)
+#define DUMP_BYTES_PER_PAIR 400
+#define PEER_ANSWER_MAX_BYTES ((size_t)4 << 30) /* and never more than before the bounds */
+
+/* per_pair bytes for each of pairs, plus fixed, within PEER_ANSWER_MAX_BYTES. */
+static size_t answer_bound(size_t pairs, size_t per_pair, size_t fixed)
+{
+    size_t room = (PEER_ANSWER_MAX_BYTES - fixed) / per_pair;
+    return pairs < room ? pairs * per_pair + fixed : PEER_ANSWER_MAX_BYTES;
+}
 
 typedef struct part {
     char model[NAME_BYTES], group[NAME_BYTES];
     uint32_t block_size;
+    size_t max_pairs; /* its index's budget, reserved from max_total_pairs */
+    size_t regs;      /* registrations naming it */
     kvr_index_t *ix;
     kvr_ingest_t *g;
     bool started;
@@ -44,13 +87,17 @@ typedef struct part {
 typedef struct reg {
     uint64_t id;
     uint32_t rank;
-    size_t part;
+    part_t *part;
     char endpoint[KVR_ADDR_BYTES], replay[KVR_ADDR_BYTES];
 } reg_t;
 
 typedef struct ix_stats {
     uint64_t registered, register_conflicts, register_refused;
     uint64_t unregistered, unregister_unknown;
+    uint64_t parts_made, parts_dropped, parts_refused_cap, parts_refused_budget;
+    uint64_t records_full; /* decisions refused: the partition's index has no rank slot left */
+    uint64_t unauthorized;
+    uint64_t peer_failures; /* peers whose index was not read at start */
 } ix_stats_t;
 
 struct kvr_indexer {
@@ -62,6 +109,10 @@ struct kvr_indexer {
     bool running; /* past start-up: new partitions start their ingest at once */
     part_t **parts;
     size_t n_parts, cap_parts;
+    size_t reserved; /* the partitions' max_pairs, summed */
+    struct event *reaper;
+    kvr_access_t access;
+    kvr_ratelimit_t rl_parts, rl_auth, rl_records;
     reg_t *regs;
     size_t n_regs, cap_regs;
     char *peers[KVR_INDEXER_MAX_PEERS];
@@ -76,6 +127,10 @@ struct kvr_indexer {
 };
 
 /* ---- partitions ----------------------------------------------------------------------- */
+
+/* A name of n bytes (not NUL-terminated) for a message: at most 60 bytes of it (ix_api's
+ * messages are 200 bytes: the cap comes first, then the names). */
+#define p_name(s, n) (int)((n) < 60 ? (n) : 60), (s)
 
 static part_t *part_find(kvr_indexer_t *x, const char *model, size_t ml, const char *group,
                          size_t gl)
@@ -107,8 +162,18 @@ static int part_start(part_t *p)
     return rc;
 }
 
+/* The pairs a new partition would reserve now: min(max_pairs, what is left of the budget), or
+ * 0 when less than KVR_INDEXER_MIN_PAIRS is left. */
+static size_t part_share(const kvr_indexer_t *x)
+{
+    size_t left = x->cfg.max_total_pairs - x->reserved;
+    size_t want = x->cfg.max_pairs < left ? x->cfg.max_pairs : left;
+    return want >= KVR_INDEXER_MIN_PAIRS || want == x->cfg.max_pairs ? want : 0;
+}
+
 /* The partition, made (and, once running, started) when new; a block size other than the
- * partition's is refused with both sizes in err. */
+ * partition's is refused with both sizes in err (KVR_EMISMATCH), a partition beyond
+ * max_partitions or max_total_pairs with the cap named (KVR_EFULL, counted and logged). */
 static part_t *part_get(kvr_indexer_t *x, const char *model, size_t ml, const char *group,
                         size_t gl, uint32_t block_size, char *err, size_t err_len, int *status)
 {
@@ -133,10 +198,24 @@ static part_t *part_get(kvr_indexer_t *x, const char *model, size_t ml, const ch
         *status = KVR_EINVAL;
         return NULL;
     }
-    if (x->n_parts >= x->cfg.max_partitions) {
-        snprintf(err, err_len, "more than %zu (model_name, routing_group) partitions",
-                 x->cfg.max_partitions);
-        *status = KVR_EINVAL;
+    size_t share = part_share(x);
+    if (x->n_parts >= x->cfg.max_partitions || share == 0) {
+        bool cap = x->n_parts >= x->cfg.max_partitions;
+        if (cap)
+            snprintf(err, err_len,
+                     "--max-partitions %zu reached: no partition for model_name=%.*s "
+                     "routing_group=%.*s (one with no registration goes once its index is "
+                     "empty)",
+                     x->cfg.max_partitions, p_name(model, ml), p_name(group, gl));
+        else
+            snprintf(err, err_len,
+                     "--max-total-pairs %zu reached (%zu partitions reserve %zu pairs, "
+                     "--max-pairs %zu each): no partition for model_name=%.*s routing_group=%.*s",
+                     x->cfg.max_total_pairs, x->n_parts, x->reserved, x->cfg.max_pairs,
+                     p_name(model, ml), p_name(group, gl));
+        cap ? x->st.parts_refused_cap++ : x->st.parts_refused_budget++;
+        kvr_log_limited(&x->rl_parts, KVR_LOG_WARN, "%s", err);
+        *status = KVR_EFULL;
         return NULL;
     }
     if (kvr_grow((void **)&x->parts, &x->cap_parts, x->n_parts + 1, SIZE_MAX, sizeof *x->parts) !=
@@ -148,8 +227,9 @@ static part_t *part_get(kvr_indexer_t *x, const char *model, size_t ml, const ch
     memcpy(p->model, model, ml);
     memcpy(p->group, group, gl);
     p->block_size = block_size;
+    p->max_pairs = share;
     int st = KVR_OK;
-    kvr_index_config_t ic = {.max_pairs = x->cfg.max_pairs};
+    kvr_index_config_t ic = {.max_pairs = share};
     p->ix = kvr_index_new(&ic, &st);
     kvr_ingest_config_t gc = {.block_size = block_size, .approx_ttl_ms = x->cfg.decision_ttl_ms};
     p->g = p->ix ? kvr_ingest_new(p->ix, &gc, &st) : NULL;
@@ -158,8 +238,10 @@ static part_t *part_get(kvr_indexer_t *x, const char *model, size_t ml, const ch
         goto oom;
     }
     x->parts[x->n_parts++] = p;
-    kvr_log(KVR_LOG_INFO, "partition model_name=%s routing_group=%s: block size %u", p->model,
-            p->group, block_size);
+    x->reserved += share;
+    x->st.parts_made++;
+    kvr_log(KVR_LOG_INFO, "partition model_name=%s routing_group=%s: block size %u, %zu pairs",
+            p->model, p->group, block_size, share);
     return p;
 oom:
     snprintf(err, err_len, "out of memory making the partition's index");
@@ -167,17 +249,47 @@ oom:
     return NULL;
 }
 
-static size_t part_pos(const kvr_indexer_t *x, const part_t *p)
+/* Drops parts[i] (no registration names it) and gives its reservation back. */
+static void part_drop(kvr_indexer_t *x, size_t i)
 {
-    for (size_t i = 0; i < x->n_parts; i++)
-        if (x->parts[i] == p)
-            return i;
-    return SIZE_MAX;
+    part_t *p = x->parts[i];
+    x->parts[i] = x->parts[--x->n_parts];
+    x->reserved -= p->max_pairs;
+    x->st.parts_dropped++;
+    kvr_log_limited(&x->rl_parts, KVR_LOG_INFO,
+                    "partition model_name=%s routing_group=%s dropped: no registration, nothing "
+                    "in its index",
+                    p->model, p->group);
+    part_free(p);
+}
+
+/* Every REAP_MS: the partitions nobody registers and whose index is empty (their recorded
+ * decisions expired, their last rank unregistered) go. The stats are the ingest thread's
+ * snapshot, republished after every command and every 100 ms: one older than a decision
+ * recorded since cannot say empty (the command republished it), so a live partition is never
+ * dropped; an empty one may be seen a tick late. */
+static void on_reap(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    kvr_indexer_t *x = arg;
+    for (size_t i = 0; i < x->n_parts;) {
+        part_t *p = x->parts[i];
+        bool empty = false;
+        if (p->regs == 0) {
+            kvr_ingest_stats_t gs;
+            kvr_ingest_stats(p->g, &gs);
+            empty = gs.index.pairs == 0 && gs.recorded_pairs == 0;
+        }
+        if (empty)
+            part_drop(x, i);
+        else
+            i++;
+    }
 }
 
 /* ---- registrations -------------------------------------------------------------------- */
 
-static reg_t *reg_find(kvr_indexer_t *x, size_t part, uint64_t id, uint32_t rank)
+static reg_t *reg_find(kvr_indexer_t *x, const part_t *part, uint64_t id, uint32_t rank)
 {
     for (size_t i = 0; i < x->n_regs; i++)
         if (x->regs[i].part == part && x->regs[i].id == id && x->regs[i].rank == rank)
@@ -213,8 +325,7 @@ static int do_register(kvr_indexer_t *x, const kvr_ix_register_t *r, char *err, 
                          r->routing_group_len, r->block_size, err, err_len, &st);
     if (p == NULL)
         return st == KVR_ENOMEM ? KVR_ENOMEM : KVR_EINVAL;
-    size_t pi = part_pos(x, p);
-    if (reg_find(x, pi, r->instance_id, r->dp_rank) != NULL) {
+    if (reg_find(x, p, r->instance_id, r->dp_rank) != NULL) {
         snprintf(err, err_len,
                  "instance_id %llu dp_rank %u is already registered for model_name=%.200s "
                  "routing_group=%.200s",
@@ -237,7 +348,8 @@ static int do_register(kvr_indexer_t *x, const kvr_ix_register_t *r, char *err, 
     if (rc != KVR_OK)
         return rc == KVR_EEXIST ? KVR_EINVAL : rc;
     reg_t *g = &x->regs[x->n_regs++];
-    *g = (reg_t){.id = r->instance_id, .rank = r->dp_rank, .part = pi};
+    *g = (reg_t){.id = r->instance_id, .rank = r->dp_rank, .part = p};
+    p->regs++;
     memcpy(g->endpoint, sp.events, sizeof g->endpoint);
     memcpy(g->replay, sp.replay, sizeof g->replay);
     kvr_log(KVR_LOG_INFO,
@@ -250,8 +362,9 @@ static int do_register(kvr_indexer_t *x, const kvr_ix_register_t *r, char *err, 
 static void reg_remove_at(kvr_indexer_t *x, size_t i)
 {
     reg_t *g = &x->regs[i];
-    part_t *p = x->parts[g->part];
+    part_t *p = g->part;
     (void)kvr_ingest_remove_rank(p->g, (kvr_worker_t){g->id, g->rank});
+    p->regs--;
     kvr_log(KVR_LOG_INFO,
             "unregistered instance %llu dp_rank %u from model_name=%s "
             "routing_group=%s",
@@ -265,7 +378,7 @@ static size_t do_unregister(kvr_indexer_t *x, const kvr_ix_unregister_t *u)
     size_t removed = 0;
     for (size_t i = 0; i < x->n_regs;) {
         const reg_t *g = &x->regs[i];
-        const part_t *p = x->parts[g->part];
+        const part_t *p = g->part;
         bool match = g->id == u->instance_id && strlen(p->model) == u->model_name_len &&
                      memcmp(p->model, u->model_name, u->model_name_len) == 0 &&
                      (u->routing_group == NULL ||
@@ -457,7 +570,7 @@ static void write_instance(kvr_indexer_t *x, size_t first)
 {
     kvr_json_writer_t *w = &x->w;
     const reg_t *g0 = &x->regs[first];
-    const part_t *p = x->parts[g0->part];
+    const part_t *p = g0->part;
     kvr_json_begin_object(w);
     kvr_json_key(w, "instance_id");
     kvr_json_u64(w, g0->id);
@@ -518,7 +631,7 @@ static void h_workers(kvr_indexer_t *x, struct evhttp_request *req)
     kvr_json_writer_reset(&x->w);
     kvr_json_begin_array(&x->w);
     for (size_t i = 0; i < x->n_regs; i++) {
-        const part_t *p = x->parts[x->regs[i].part];
+        const part_t *p = x->regs[i].part;
         if ((model && strcmp(model, p->model) != 0) || (group && strcmp(group, p->group) != 0) ||
             !first_of_instance(x, i))
             continue;
@@ -648,6 +761,36 @@ static void h_metrics(kvr_indexer_t *x, struct evhttp_request *req)
                      (double)x->st.unregistered);
     kvr_prom_counter(p, "kvr_indexer_unregister_unknown_total", "POST /unregister answered 404.",
                      (double)x->st.unregister_unknown);
+    kvr_prom_gauge(p, "kvr_indexer_pair_budget",
+                   "Pairs every partition together may hold (--max-total-pairs).",
+                   (double)x->cfg.max_total_pairs);
+    kvr_prom_gauge(p, "kvr_indexer_pairs_reserved",
+                   "Of those, reserved by the partitions (each its own index's budget).",
+                   (double)x->reserved);
+    kvr_prom_counter(p, "kvr_indexer_partitions_made_total",
+                     "Partitions made (by a registration, a decision or a peer's index).",
+                     (double)x->st.parts_made);
+    kvr_prom_counter(p, "kvr_indexer_partitions_dropped_total",
+                     "Partitions dropped: no registration and nothing left in their index.",
+                     (double)x->st.parts_dropped);
+    kvr_prom_family(p, "kvr_indexer_partitions_refused_total", "counter",
+                    "New partitions refused (400), by the cap reached.");
+    kvr_prom_label_t lc = {"cause", "max_partitions"}, lb = {"cause", "max_total_pairs"};
+    kvr_prom_sample(p, "kvr_indexer_partitions_refused_total", &lc, 1,
+                    (double)x->st.parts_refused_cap);
+    kvr_prom_sample(p, "kvr_indexer_partitions_refused_total", &lb, 1,
+                    (double)x->st.parts_refused_budget);
+    kvr_prom_counter(p, "kvr_indexer_decisions_over_capacity_total",
+                     "Routing decisions refused (400): the partition's index has no rank slot "
+                     "or room left.",
+                     (double)x->st.records_full);
+    kvr_prom_counter(p, "kvr_indexer_unauthorized_total",
+                     "Calls refused with 401: no token, or not the one the route needs.",
+                     (double)x->st.unauthorized);
+    kvr_prom_counter(p, "kvr_indexer_peer_recovery_failures_total",
+                     "Peers whose index was not read at start (no answer, refused, too large, "
+                     "malformed).",
+                     (double)x->st.peer_failures);
     part_metrics(x, p);
     kvr_ix_api_metrics(x->api, p);
     kvr_http_guard_metrics_all(&x->guard, 1, p);
@@ -719,6 +862,49 @@ static void h_snapshot(kvr_indexer_t *x, struct evhttp_request *req)
     free(buf);
 }
 
+/* Who may call what (indexer_server.h): the class net/access.h checks a call against. */
+static kvr_access_class_t access_class(const char *path, bool get, bool post)
+{
+    static const char *const writes[] = {"/register",      "/unregister",
+                                         "/register_peer", "/deregister_peer",
+                                         "/reopen_logs",   "/record_routing_decision"};
+    static const char *const copies[] = {"/dump", "/v1/index/partitions", "/v1/index/snapshot"};
+    if (get && (strcmp(path, "/health") == 0 || strcmp(path, "/ready") == 0))
+        return KVR_ACCESS_OPEN;
+    for (size_t i = 0; post && i < sizeof writes / sizeof *writes; i++)
+        if (strcmp(path, writes[i]) == 0)
+            return KVR_ACCESS_ADMIN;
+    for (size_t i = 0; get && i < sizeof copies / sizeof *copies; i++)
+        if (strcmp(path, copies[i]) == 0)
+            return KVR_ACCESS_PEER;
+    return KVR_ACCESS_CLIENT;
+}
+
+/* 401 in serve's shape (OpenAI's error object, code "invalid_api_key", the Bearer challenge). */
+static void reply_unauthorized(kvr_indexer_t *x, struct evhttp_request *req, const char *path,
+                               const char *msg)
+{
+    x->st.unauthorized++;
+    kvr_log_limited(&x->rl_auth, KVR_LOG_WARN, "refused %s: %s", path, msg);
+    kvr_json_writer_t *w = &x->w;
+    kvr_json_writer_reset(w);
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "error");
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "message");
+    kvr_json_string(w, msg);
+    kvr_json_key(w, "type");
+    kvr_json_string(w, "invalid_request_error");
+    kvr_json_key(w, "param");
+    kvr_json_null(w);
+    kvr_json_key(w, "code");
+    kvr_json_string(w, "invalid_api_key");
+    kvr_json_end_object(w);
+    kvr_json_end_object(w);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+    reply_writer(x, req, 401);
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     kvr_indexer_t *x = arg;
@@ -726,6 +912,14 @@ static void on_request(struct evhttp_request *req, void *arg)
     const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(req);
     const char *path = u && evhttp_uri_get_path(u) ? evhttp_uri_get_path(u) : "/";
     bool get = m == EVHTTP_REQ_GET, post = m == EVHTTP_REQ_POST;
+    char why[200];
+    const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    int verdict =
+        kvr_access_check(&x->access, access_class(path, get, post), false, auth, why, sizeof why);
+    if (verdict != 0) { /* 401: no admin listener here, so never the 404 of a wrong one */
+        reply_unauthorized(x, req, path, why);
+        return;
+    }
     if (kvr_ix_api_handle(x->api, req, path, get, post))
         return;
     if (post && strcmp(path, "/register") == 0)
@@ -748,6 +942,8 @@ static void on_request(struct evhttp_request *req, void *arg)
         reply_ok(x, req, 200); /* the reference's log rotation hook: no log file to reopen */
     else if (get && strcmp(path, "/health") == 0)
         reply(x, req, 200, "text/plain", "OK", 2);
+    else if (get && strcmp(path, "/ready") == 0) /* the listener opens once the index is in */
+        reply_ok(x, req, 200);
     else if (get && strcmp(path, "/metrics") == 0)
         h_metrics(x, req);
     else
@@ -785,10 +981,32 @@ static int api_record(void *arg, const kvr_ix_record_t *rec, char *msg, size_t m
     if (rec->block_size != 0 &&
         (p = part_get(x, rec->model_name, rec->model_name_len, rec->routing_group,
                       rec->routing_group_len, rec->block_size, msg, msg_len, &st)) == NULL)
-        return st;
+        return st == KVR_EFULL ? KVR_EINVAL : st; /* no room for the partition: a 400 naming
+                                                     the cap, as for a registration */
     int rc =
         kvr_ingest_record(p->g, (kvr_worker_t){rec->instance_id, rec->dp_rank}, rec->local_hashes,
                           rec->sequence_hashes, rec->n, rec->kv_capacity_blocks);
+    if (rc == KVR_EFULL) {
+        /* the index has no rank slot left (or no node chunk): the partition's cap, not an
+         * indexer fault */
+        kvr_ingest_stats_t gs;
+        kvr_ingest_stats(p->g, &gs);
+        x->st.records_full++;
+        if (gs.index.workers >= KVR_INDEX_DEFAULT_MAX_WORKERS)
+            snprintf(msg, msg_len,
+                     "%u ranks, the most a partition's index keeps, are recorded: instance_id "
+                     "%llu dp_rank %u is not (POST /unregister frees an instance's ranks; "
+                     "model_name=%.60s routing_group=%.60s)",
+                     KVR_INDEX_DEFAULT_MAX_WORKERS, (unsigned long long)rec->instance_id,
+                     rec->dp_rank, p->model, p->group);
+        else
+            snprintf(msg, msg_len,
+                     "the partition's index is full (%zu pairs, --max-pairs): the decision is "
+                     "not recorded (model_name=%.60s routing_group=%.60s)",
+                     p->max_pairs, p->model, p->group);
+        kvr_log_limited(&x->rl_records, KVR_LOG_WARN, "POST /record_routing_decision: %s", msg);
+        return KVR_EINVAL;
+    }
     if (rc == KVR_EEXIST)
         snprintf(msg, msg_len,
                  "instance_id %llu dp_rank %u is registered with KV events for model_name=%s "
@@ -820,6 +1038,7 @@ typedef struct recover {
     kvr_indexer_t *x;
     bool apply; /* false: the checking pass */
     part_t *cur;
+    size_t left, n_new; /* the checking pass: the budget and partitions the new ones take */
     char err[600];
 } recover_t;
 
@@ -839,6 +1058,24 @@ static int rec_partition(void *ud, const char *key, size_t len, uint32_t block_s
                  (int)len, key, block_size, p->block_size);
         return KVR_EMISMATCH;
     }
+    const kvr_indexer_config_t *c = &rc->x->cfg;
+    if (!rc->apply && p == NULL && (ml >= NAME_BYTES || gl >= NAME_BYTES)) {
+        snprintf(rc->err, sizeof rc->err, "partition %.*s: names of at most %d bytes",
+                 (int)(len < 200 ? len : 200), key, NAME_BYTES - 1);
+        return KVR_EINVAL;
+    }
+    if (!rc->apply && p == NULL) { /* room for it, as part_get will judge: nothing half made */
+        size_t keep = c->max_pairs < rc->left ? c->max_pairs : rc->left;
+        if ((keep < KVR_INDEXER_MIN_PAIRS && keep < c->max_pairs) ||
+            ++rc->n_new > c->max_partitions) {
+            snprintf(rc->err, sizeof rc->err,
+                     "partition %.*s does not fit here (--max-partitions %zu, --max-total-pairs "
+                     "%zu)",
+                     (int)(len < 200 ? len : 200), key, c->max_partitions, c->max_total_pairs);
+            return KVR_EFULL;
+        }
+        rc->left -= keep;
+    }
     if (!rc->apply)
         return KVR_OK;
     rc->cur = part_get(rc->x, key, ml, colon + 1, gl, block_size, rc->err, sizeof rc->err, NULL);
@@ -857,12 +1094,25 @@ static int rec_event(void *ud, const kvr_event_t *ev)
     return 0;
 }
 
-/* GET url+path: KVR_OK with the body (malloc'd) when it answered 200. */
-static int fetch(const char *url, const char *path, uint64_t timeout_ms, uint8_t **body,
-                 size_t *len, int *status, char *err, size_t err_len)
+/* One bounded GET of a peer's (peer_key_file's token sent when there is one). */
+typedef struct peer_get {
+    const char *url;
+    uint64_t timeout_ms;
+    const char *bearer;
+} peer_get_t;
+
+/* GET url+path, at most max_bytes starting with magic: KVR_OK with the body (malloc'd) when
+ * it answered 200. */
+static int fetch(const peer_get_t *pg, const char *path, size_t max_bytes, const char *magic,
+                 uint8_t **body, size_t *len, int *status, char *err, size_t err_len)
 {
-    kvr_http_fetch_t q = {
-        .url = url, .path = path, .timeout_ms = timeout_ms, .max_bytes = (size_t)4 << 30};
+    kvr_http_fetch_t q = {.url = pg->url,
+                          .path = path,
+                          .bearer = pg->bearer,
+                          .timeout_ms = pg->timeout_ms,
+                          .max_bytes = max_bytes,
+                          .magic = magic,
+                          .magic_len = magic != NULL ? strlen(magic) : 0};
     *body = NULL;
     int rc = kvr_http_fetch(&q, body, len, status, err, err_len);
     if (rc == KVR_OK && *status != 200) {
@@ -925,24 +1175,42 @@ static size_t read_partitions(const char *b, size_t len, peer_part_t *out, size_
     return i < len && b[i] == ']' ? n : SIZE_MAX;
 }
 
+/* The most pairs the partitions a peer's dump may make or fill here can keep: max_partitions
+ * of max_pairs each, within max_total_pairs. */
+static size_t pairs_recoverable(const kvr_indexer_t *x)
+{
+    size_t cap = x->cfg.max_partitions > SIZE_MAX / x->cfg.max_pairs
+                     ? SIZE_MAX
+                     : x->cfg.max_partitions * x->cfg.max_pairs;
+    return cap < x->cfg.max_total_pairs ? cap : x->cfg.max_total_pairs;
+}
+
 /* A kvrouter peer: every partition's binary snapshot fetched and checked first, then applied
  * (a failure applies nothing). KVR_ENOTFOUND when the peer has no such route (not kvrouter)
- * or holds a rank that is not exact (a snapshot would leave it out): read its dump then. */
-static int recover_binary(kvr_indexer_t *x, const char *url, uint64_t timeout, char *err,
-                          size_t err_len)
+ * or holds a rank that is not exact (a snapshot would leave it out): read its dump then.
+ * Each answer is bounded: the list by max_partitions entries, a snapshot by the pairs its
+ * partition keeps here (its reservation, or the one it would get: the budget left is handed
+ * out in the list's order, as part_get will). */
+static int recover_binary(kvr_indexer_t *x, const peer_get_t *pg, char *err, size_t err_len)
 {
+    const char *url = pg->url;
     uint8_t *body;
     size_t len;
     int status;
-    int rc = fetch(url, "/v1/index/partitions", timeout, &body, &len, &status, err, err_len);
+    int rc = fetch(pg, "/v1/index/partitions", x->cfg.max_partitions * PARTITION_ENTRY_BYTES + 4096,
+                   "[", &body, &len, &status, err, err_len);
     if (rc != KVR_OK)
         return status == 404 ? KVR_ENOTFOUND : rc;
     peer_part_t *pp = calloc(x->cfg.max_partitions, sizeof *pp);
     size_t n = pp ? read_partitions((const char *)body, len, pp, x->cfg.max_partitions) : 0;
     free(body);
     if (n == SIZE_MAX)
-        snprintf(err, err_len, "GET /v1/index/partitions: not a list of partitions"),
+        snprintf(err, err_len,
+                 "GET /v1/index/partitions: not a list of partitions (or more than "
+                 "--max-partitions %zu)",
+                 x->cfg.max_partitions),
             rc = KVR_EPARSE;
+    size_t left = x->cfg.max_total_pairs - x->reserved, n_new = x->n_parts;
     for (size_t i = 0; rc == KVR_OK && i < n; i++) {
         char path[3 * NAME_BYTES + 64];
         char *m = evhttp_encode_uri(pp[i].model), *g = evhttp_encode_uri(pp[i].group);
@@ -958,7 +1226,22 @@ static int recover_binary(kvr_indexer_t *x, const char *url, uint64_t timeout, c
             rc = KVR_EMISMATCH;
             break;
         }
-        rc = fetch(url, path, timeout, &pp[i].snap, &pp[i].len, &status, err, err_len);
+        size_t keep = own != NULL               ? own->max_pairs
+                      : x->cfg.max_pairs < left ? x->cfg.max_pairs
+                                                : left;
+        if (own == NULL && ((keep < KVR_INDEXER_MIN_PAIRS && keep < x->cfg.max_pairs) ||
+                            ++n_new > x->cfg.max_partitions)) {
+            snprintf(err, err_len,
+                     "the peer's %zu partitions do not fit here (--max-partitions %zu, "
+                     "--max-total-pairs %zu)",
+                     n, x->cfg.max_partitions, x->cfg.max_total_pairs);
+            rc = KVR_EFULL;
+            break;
+        }
+        if (own == NULL)
+            left -= keep;
+        size_t max = answer_bound(keep, SNAP_BYTES_PER_PAIR, SNAP_FIXED_BYTES);
+        rc = fetch(pg, path, max, KVR_SNAP_MAGIC, &pp[i].snap, &pp[i].len, &status, err, err_len);
         if (rc != KVR_OK && status == 409)
             rc = KVR_ENOTFOUND; /* a rank that is not exact: its dump has it, the snapshot not */
     }
@@ -991,28 +1274,25 @@ static int recover_from_peers(kvr_indexer_t *x, char *why, size_t why_len)
     uint64_t timeout = x->cfg.peer_timeout_ms ? x->cfg.peer_timeout_ms : 10000;
     for (size_t i = 0; i < x->n_peers; i++) {
         char berr[300] = "";
-        int brc = recover_binary(x, x->peers[i], timeout, berr, sizeof berr);
+        peer_get_t pg = {x->peers[i], timeout, x->access.peer_key};
+        int brc = recover_binary(x, &pg, berr, sizeof berr);
         if (brc == KVR_OK) {
             kvr_log(KVR_LOG_INFO, "index recovered from %s", x->origin);
             return KVR_OK;
         }
         if (brc != KVR_ENOTFOUND) {
+            x->st.peer_failures++;
             kvr_log(KVR_LOG_WARN, "peer %s: no index recovered: %s", x->peers[i], berr);
             snprintf(why, why_len, "%s: %s", x->peers[i], berr);
             continue;
         }
-        kvr_http_fetch_t q = {.url = x->peers[i],
-                              .path = "/dump",
-                              .timeout_ms = timeout,
-                              .max_bytes = (size_t)4 << 30};
+        size_t max = answer_bound(pairs_recoverable(x), DUMP_BYTES_PER_PAIR, 65536);
         uint8_t *body = NULL;
         size_t len = 0;
         int status = 0;
         char err[300] = "";
-        int rc = kvr_http_fetch(&q, &body, &len, &status, err, sizeof err);
-        if (rc == KVR_OK && status != 200)
-            snprintf(err, sizeof err, "GET /dump answered %d", status), rc = KVR_EIO;
-        recover_t rec = {.x = x};
+        int rc = fetch(&pg, "/dump", max, "{", &body, &len, &status, err, sizeof err);
+        recover_t rec = {.x = x, .left = x->cfg.max_total_pairs - x->reserved, .n_new = x->n_parts};
         kvr_rev_sink_t sink = {rec_partition, rec_event, &rec};
         kvr_rev_report_t rep;
         if (rc == KVR_OK) /* the checking pass: nothing is applied unless all of it reads */
@@ -1029,6 +1309,7 @@ static int recover_from_peers(kvr_indexer_t *x, char *why, size_t why_len)
             kvr_log(KVR_LOG_INFO, "index recovered from %s", x->origin);
             return KVR_OK;
         }
+        x->st.peer_failures++;
         kvr_log(KVR_LOG_WARN, "peer %s: no index recovered: %s%s%s", x->peers[i], err,
                 rec.err[0] ? ": " : "", rec.err);
         snprintf(why, why_len, "%s: %s", x->peers[i], err);
@@ -1087,6 +1368,69 @@ static int open_listener(kvr_indexer_t *x, char *err, size_t err_len)
     return rc;
 }
 
+/* The budget's defaults and their check, naming the flags. */
+static int resolve_budget(kvr_indexer_config_t *c, const kvr_indexer_config_t *given, char *err,
+                          size_t err_len)
+{
+    c->max_partitions =
+        given->max_partitions ? given->max_partitions : KVR_INDEXER_DEFAULT_PARTITIONS;
+    c->max_total_pairs =
+        given->max_total_pairs ? given->max_total_pairs : KVR_INDEXER_DEFAULT_TOTAL_PAIRS;
+    c->max_pairs = given->max_pairs                                   ? given->max_pairs
+                   : KVR_INDEX_DEFAULT_MAX_PAIRS < c->max_total_pairs ? KVR_INDEX_DEFAULT_MAX_PAIRS
+                                                                      : c->max_total_pairs;
+    if (c->max_partitions > KVR_INDEXER_MAX_PARTITIONS) {
+        snprintf(err, err_len, "--max-partitions %zu: at most %d", c->max_partitions,
+                 KVR_INDEXER_MAX_PARTITIONS);
+        return KVR_EINVAL;
+    }
+    if (c->max_total_pairs < KVR_INDEXER_MIN_PAIRS) {
+        snprintf(err, err_len, "--max-total-pairs %zu: at least %d", c->max_total_pairs,
+                 KVR_INDEXER_MIN_PAIRS);
+        return KVR_EINVAL;
+    }
+    if (c->max_pairs > c->max_total_pairs) {
+        snprintf(err, err_len,
+                 "--max-pairs %zu is more than --max-total-pairs %zu (the pairs of every "
+                 "partition together): lower --max-pairs or raise --max-total-pairs",
+                 c->max_pairs, c->max_total_pairs);
+        return KVR_EINVAL;
+    }
+    return KVR_OK;
+}
+
+/* The key files (net/access.h reads them from a router configuration). */
+static int init_access(kvr_indexer_t *x, char *err, size_t err_len)
+{
+    kvr_router_config_t *rc = calloc(1, sizeof *rc);
+    if (rc == NULL)
+        return snprintf(err, err_len, "out of memory"), KVR_ENOMEM;
+    const struct {
+        const char *flag, *path;
+        char *field;
+        size_t cap;
+    } keys[] = {
+        {"--api-key-file", x->cfg.api_key_file, rc->api_key_file, sizeof rc->api_key_file},
+        {"--admin-key-file", x->cfg.admin_key_file, rc->admin_key_file, sizeof rc->admin_key_file},
+        {"--peer-key-file", x->cfg.peer_key_file, rc->peer_key_file, sizeof rc->peer_key_file},
+    };
+    int st = KVR_OK;
+    for (size_t i = 0; i < 3 && st == KVR_OK; i++) {
+        if (keys[i].path == NULL)
+            continue;
+        if (keys[i].path[0] == '\0' || strlen(keys[i].path) >= keys[i].cap) {
+            snprintf(err, err_len, "%s: a path of 1 to %zu bytes", keys[i].flag, keys[i].cap - 1);
+            st = KVR_EINVAL;
+            break;
+        }
+        memcpy(keys[i].field, keys[i].path, strlen(keys[i].path) + 1);
+    }
+    if (st == KVR_OK)
+        st = kvr_access_init(&x->access, rc, err, err_len);
+    free(rc);
+    return st;
+}
+
 kvr_indexer_t *kvr_indexer_new(struct event_base *base, const kvr_indexer_config_t *cfg, char *err,
                                size_t err_len)
 {
@@ -1097,9 +1441,11 @@ kvr_indexer_t *kvr_indexer_new(struct event_base *base, const kvr_indexer_config
     x->cfg = *cfg;
     x->cfg.model_name = cfg->model_name ? cfg->model_name : "default";
     x->cfg.routing_group = cfg->routing_group ? cfg->routing_group : KVR_IX_DEFAULT_GROUP;
-    x->cfg.max_partitions = cfg->max_partitions ? cfg->max_partitions : 64;
     x->cfg.workers = NULL; /* not kept */
     x->cfg.peers = NULL;
+    x->rl_parts = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    x->rl_auth = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    x->rl_records = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     snprintf(x->origin, sizeof x->origin, "cold");
     kvr_json_writer_init(&x->w);
     kvr_prom_init(&x->prom);
@@ -1113,6 +1459,14 @@ kvr_indexer_t *kvr_indexer_new(struct event_base *base, const kvr_indexer_config
         snprintf(err, err_len, "out of memory");
         goto fail;
     }
+    if (resolve_budget(&x->cfg, cfg, err, err_len) != KVR_OK ||
+        init_access(x, err, err_len) != KVR_OK)
+        goto fail;
+    kvr_log(KVR_LOG_INFO,
+            "pair budget: %zu pairs for every partition together, %zu a partition (%zu "
+            "partitions of that size fit; --max-partitions %zu)",
+            x->cfg.max_total_pairs, x->cfg.max_pairs, x->cfg.max_total_pairs / x->cfg.max_pairs,
+            x->cfg.max_partitions);
     for (size_t i = 0; i < cfg->n_peers; i++)
         if (peer_add(x, cfg->peers[i], strlen(cfg->peers[i])) != KVR_OK) {
             snprintf(err, err_len, "--peers: more than %d peers", KVR_INDEXER_MAX_PEERS);
@@ -1131,6 +1485,12 @@ kvr_indexer_t *kvr_indexer_new(struct event_base *base, const kvr_indexer_config
             goto fail;
         }
     x->running = true;
+    struct timeval tick = {0, REAP_MS * 1000};
+    if ((x->reaper = event_new(base, -1, EV_PERSIST, on_reap, x)) == NULL ||
+        event_add(x->reaper, &tick) != 0) {
+        snprintf(err, err_len, "out of memory");
+        goto fail;
+    }
     if (open_listener(x, err, err_len) != KVR_OK)
         goto fail;
     return x;
@@ -1143,6 +1503,8 @@ void kvr_indexer_free(kvr_indexer_t *x)
 {
     if (x == NULL)
         return;
+    if (x->reaper != NULL)
+        event_free(x->reaper);
     if (x->http != NULL)
         evhttp_free(x->http);
     kvr_http_guard_free(x->guard);

@@ -2,10 +2,35 @@
  * ingest.c: see ingest.h.
  *
  * Invariants: only the ingest thread touches the listener, the decoder and the index's write
- * side; `ranks` (its private per-rank counters) likewise. Other threads see `snap` (a copy
- * under snap_mu) and hand over one command at a time (cmd_mu serialises callers; mu + cv carry
- * the command and its completion).
+ * side; `ranks` (its private per-rank counters) and `carry` likewise. Other threads see `snap`
+ * (a copy under snap_mu) and hand over one command at a time (cmd_mu serialises callers;
+ * mu + cv carry the command and its completion).
  * Cost per batch: decode O(bytes), convert O(tokens) (one XXH3 per block), apply O(blocks).
+ *
+ * What a loaded state file still owes (`carry`): a rank reloaded from the file is only
+ * resumed until its engine's replay buffer confirms the cursor, and the live index holds it
+ * only while the resume is pending (a failed resume drops it). So that a stop in that window
+ * (a rolling restart during an engine outage) does not replace the file with less than it
+ * held, each resumed rank stays in `carry` (its cursor and its index in the loaded file,
+ * whose descriptor is kept open: the inode stays readable whatever replaces the path) until
+ * the listener settles it, judged after every poll from the rank's counters:
+ *   - confirmed (resumes went up): it leaves carry; from then on its live state is saved when
+ *     exact, as any rank;
+ *   - refused by an engine that answered (resumes_failed up, no replay timeout and no hold
+ *     overflow: the engine restarted, or the batch left its buffer): stale, it leaves carry
+ *     and the next save drops it (logged, counted in kvr_kv_resumes_failed_total);
+ *   - not confirmed because the engine did not answer in time, or too many live batches
+ *     arrived meanwhile: unconfirmed, it stays, logged once;
+ *   - its worker or rank unsubscribed: it leaves carry (the operator removed it).
+ * A save writes the exact ranks from the live index (also those whose engine connection is
+ * lost at the stop: their state is whole up to their cursor), then every rank still in carry
+ * that is not exact now, copied record for record from the loaded file (re-read at save and
+ * checked again: size, trailer and checksum). Either way the next start resumes the rank from
+ * that cursor, so the engine, not this router, decides whether it is still good: a stop
+ * during an engine outage never throws a rank's warm state away. The descriptor is closed when
+ * carry empties. Cost: one descriptor while anything is owed, one O(ranks) pass after a poll
+ * while a resume is pending, and the loaded file's bytes in memory during a save that
+ * carries ranks.
  */
 #include "net/ingest.h"
 
@@ -22,6 +47,7 @@
 #include <unistd.h>
 
 #include "net/log.h"
+#include "net/state_file.h"
 #include "wire/index_snapshot.h"
 
 typedef struct rank_acc {
@@ -75,6 +101,29 @@ typedef struct snap_rank {
     kvr_rank_status_t st;
 } snap_rank_t;
 
+/* A rank reloaded from the state file that the next save must not lose (see above). */
+typedef enum carry_state {
+    CARRY_PENDING = 0, /* resumed; its engine has not answered yet */
+    CARRY_UNCONFIRMED, /* its engine did not answer in time: kept as the file had it */
+} carry_state_t;
+
+typedef struct carry_rank {
+    kvr_snap_rank_t cur; /* its cursor in the loaded file */
+    uint32_t file_rank;  /* its index in the loaded file's rank table */
+    carry_state_t state;
+    uint64_t resumes0, failed0, timeouts0, overflows0; /* the listener's counts at the resume */
+} carry_rank_t;
+
+typedef struct carry {
+    int fd;        /* the loaded file; -1 once nothing is owed */
+    uint64_t size; /* its size and last 16 bytes (event count, checksum) when loaded */
+    uint8_t trailer[16];
+    carry_rank_t *r;
+    size_t n, n_pending;
+    uint32_t stale;   /* settled: their engine refused the cursor (dropped) */
+    uint32_t removed; /* settled: unsubscribed */
+} carry_t;
+
 struct kvr_ingest {
     kvr_index_t *ix;
     kvr_ingest_config_t cfg;
@@ -83,8 +132,10 @@ struct kvr_ingest {
     rank_acc_t *ranks;
     size_t n_ranks;
     kvr_ingest_stats_t acc; /* events_applied etc.; the rest is filled at snapshot time */
-    kvr_ratelimit_t rl_mismatch, rl_reject, rl_decode, rl_reset;
+    kvr_ratelimit_t rl_mismatch, rl_reject, rl_decode, rl_reset, rl_carry;
     kvr_approx_t *approx; /* recorded routing decisions; made by the first one */
+    kvr_state_file_t *claim; /* the state file's lock, held until free */
+    carry_t carry;           /* what the loaded state file still owes */
 
     pthread_t thread;
     bool started;
@@ -296,14 +347,6 @@ static void publish(kvr_ingest_t *g)
 
 /* ---- warm restart (ingest thread) ---- */
 
-typedef struct save_ctx {
-    kvr_snap_rank_t *ranks; /* sorted by (worker, rank) */
-    uint32_t n;
-    kvr_snap_writer_t *w;
-    FILE *f;
-    kvr_ingest_snap_report_t *rep;
-} save_ctx_t;
-
 static int rank_cmp(const void *a, const void *b)
 {
     const kvr_snap_rank_t *x = a, *y = b;
@@ -311,6 +354,163 @@ static int rank_cmp(const void *a, const void *b)
         return x->worker_id < y->worker_id ? -1 : 1;
     return x->dp_rank < y->dp_rank ? -1 : x->dp_rank > y->dp_rank;
 }
+
+/* -- what a loaded state file still owes (see the top of this file) -- */
+
+static void carry_free(carry_t *cy)
+{
+    if (cy->fd >= 0)
+        close(cy->fd);
+    free(cy->r);
+    *cy = (carry_t){.fd = -1};
+}
+
+static void carry_remove(kvr_ingest_t *g, size_t i)
+{
+    carry_t *cy = &g->carry;
+    if (cy->r[i].state == CARRY_PENDING)
+        cy->n_pending--;
+    cy->r[i] = cy->r[--cy->n];
+    if (cy->n == 0 && cy->fd >= 0) { /* nothing owed any more: the loaded file can go */
+        close(cy->fd);
+        cy->fd = -1;
+    }
+}
+
+/* A rank of the loaded file that was resumed (pending) or whose resume request could not be
+ * sent (unconfirmed). */
+static void carry_add(kvr_ingest_t *g, const kvr_snap_rank_t *k, uint32_t file_rank, bool resumed)
+{
+    carry_t *cy = &g->carry;
+    kvr_zmq_rank_info_t zi = {0};
+    (void)kvr_zmq_listener_rank(g->l, k->worker_id, k->dp_rank, &zi);
+    cy->r[cy->n++] = (carry_rank_t){.cur = *k,
+                                    .file_rank = file_rank,
+                                    .state = resumed ? CARRY_PENDING : CARRY_UNCONFIRMED,
+                                    .resumes0 = zi.resumes,
+                                    .failed0 = zi.resumes_failed,
+                                    .timeouts0 = zi.replay_timeouts,
+                                    .overflows0 = zi.hold_overflows};
+    if (resumed)
+        cy->n_pending++;
+    else
+        kvr_log_limited(&g->rl_carry, KVR_LOG_WARN,
+                        "worker %llu rank %u: the resume request could not be sent to its "
+                        "replay socket; the state file keeps this rank's saved state (batch "
+                        "%llu) for its engine to confirm at the next start",
+                        (unsigned long long)k->worker_id, k->dp_rank,
+                        (unsigned long long)k->last_seq);
+}
+
+/* Settles the pending ranks whose resume the listener has decided: after every poll while one
+ * is pending (the counters are read right after the poll that moved them), and before a save. */
+static void carry_judge(kvr_ingest_t *g)
+{
+    carry_t *cy = &g->carry;
+    for (size_t i = 0; i < cy->n;) {
+        const carry_rank_t *c = &cy->r[i];
+        kvr_zmq_rank_info_t zi;
+        if (c->state != CARRY_PENDING) {
+            i++;
+        } else if (kvr_zmq_listener_rank(g->l, c->cur.worker_id, c->cur.dp_rank, &zi) != KVR_OK) {
+            cy->removed++; /* unsubscribed (carry_forget saw it first, normally) */
+            carry_remove(g, i);
+        } else if (zi.resumes > c->resumes0) {
+            carry_remove(g, i); /* confirmed: its live state is the truth from now on */
+        } else if (zi.resumes_failed <= c->failed0) {
+            i++; /* its engine has not answered yet */
+        } else if (zi.replay_timeouts > c->timeouts0 || zi.hold_overflows > c->overflows0) {
+            cy->r[i].state = CARRY_UNCONFIRMED;
+            cy->n_pending--;
+            kvr_log_limited(&g->rl_carry, KVR_LOG_WARN,
+                            "worker %llu rank %u: its engine did not confirm the saved state "
+                            "in time (no replay answer, or too many live batches meanwhile); "
+                            "the state file keeps this rank's saved state (batch %llu) for its "
+                            "engine to confirm at the next start",
+                            (unsigned long long)c->cur.worker_id, c->cur.dp_rank,
+                            (unsigned long long)c->cur.last_seq);
+            i++;
+        } else {
+            cy->stale++;
+            kvr_log_limited(&g->rl_carry, KVR_LOG_INFO,
+                            "worker %llu rank %u: its engine refused the saved state (it "
+                            "restarted, or batch %llu left its replay buffer): the next save "
+                            "leaves it out unless the rank is exact again by then",
+                            (unsigned long long)c->cur.worker_id, c->cur.dp_rank,
+                            (unsigned long long)c->cur.last_seq);
+            carry_remove(g, i);
+        }
+    }
+}
+
+/* An unsubscribed worker (or one rank): what the file had for it is not kept. */
+static void carry_forget(kvr_ingest_t *g, kvr_worker_t w, bool one_rank)
+{
+    for (size_t i = 0; i < g->carry.n;) {
+        const kvr_snap_rank_t *k = &g->carry.r[i].cur;
+        if (k->worker_id != w.worker_id || (one_rank && k->dp_rank != w.dp_rank)) {
+            i++;
+            continue;
+        }
+        kvr_log_limited(&g->rl_carry, KVR_LOG_INFO,
+                        "worker %llu rank %u: removed before its engine confirmed its saved "
+                        "state; the next save leaves it out",
+                        (unsigned long long)k->worker_id, k->dp_rank);
+        g->carry.removed++;
+        carry_remove(g, i);
+    }
+}
+
+/* The loaded file's bytes again (malloc'd into *buf), if it is still the file that was
+ * loaded: same size, same trailer (event count and checksum); kvr_snap_open checks the rest. */
+static int carry_read(kvr_ingest_t *g, uint8_t **buf, char *why, size_t why_len)
+{
+    carry_t *cy = &g->carry;
+    struct stat st;
+    if (fstat(cy->fd, &st) != 0 || (uint64_t)st.st_size != cy->size || cy->size > SIZE_MAX ||
+        cy->size < sizeof cy->trailer) {
+        snprintf(why, why_len, "it changed size on disk since it was loaded");
+        return KVR_EIO;
+    }
+    uint8_t *b = malloc((size_t)cy->size);
+    if (b == NULL) {
+        snprintf(why, why_len, "no memory to read its %llu bytes", (unsigned long long)cy->size);
+        return KVR_ENOMEM;
+    }
+    for (size_t got = 0; got < cy->size;) {
+        ssize_t n = pread(cy->fd, b + got, (size_t)cy->size - got, (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            snprintf(why, why_len, "reading it again failed: %s",
+                     n < 0 ? strerror(errno) : "it is shorter than when it was loaded");
+            free(b);
+            return KVR_EIO;
+        }
+        got += (size_t)n;
+    }
+    if (memcmp(b + cy->size - sizeof cy->trailer, cy->trailer, sizeof cy->trailer) != 0) {
+        snprintf(why, why_len, "it was rewritten in place since it was loaded");
+        free(b);
+        return KVR_EIO;
+    }
+    *buf = b;
+    return KVR_OK;
+}
+
+/* -- saving -- */
+
+typedef struct save_ctx {
+    kvr_ingest_t *g;
+    kvr_snap_rank_t *ranks; /* the live ranks sorted by (worker, rank) (n), then the ranks
+                               kept from the loaded file (n_kept) */
+    uint32_t n, n_kept;
+    kvr_snap_reader_t *old; /* the loaded file, for the kept ranks' events (NULL: none) */
+    int64_t *old_map;       /* its rank index -> index in ranks, or -1 */
+    kvr_snap_writer_t *w;
+    FILE *f;
+    kvr_ingest_snap_report_t *rep;
+} save_ctx_t;
 
 static int save_sink(void *ud, const void *bytes, size_t len)
 {
@@ -330,26 +530,37 @@ static int save_event(void *ud, const kvr_event_t *ev)
     return kvr_snap_write_event(c->w, (uint32_t)(r - c->ranks), ev);
 }
 
-/* The ranks worth resuming: exact, started, not recovering. */
-static uint32_t saveable_ranks(kvr_ingest_t *g, kvr_snap_rank_t *out, uint32_t *skipped)
+/* The ranks worth resuming (exact, started, not recovering) into c->ranks, allocated with room
+ * for `extra` more. unreachable: also those exact but for their engine's connection being
+ * lost now (the state file: the state they had is whole up to their cursor, and the next
+ * start's resume asks the engine whether it still holds; a stop during an engine outage
+ * must not throw it away). */
+static int live_ranks(kvr_ingest_t *g, save_ctx_t *c, size_t extra, bool unreachable)
 {
-    uint32_t n = 0;
-    *skipped = 0;
+    c->ranks = calloc(g->n_ranks + extra + 1, sizeof *c->ranks);
+    if (c->ranks == NULL)
+        return KVR_ENOMEM;
+    c->n = 0;
+    c->rep->ranks_skipped = 0;
     for (size_t i = 0; i < g->n_ranks; i++) {
         const rank_acc_t *a = &g->ranks[i];
         kvr_zmq_rank_info_t zi = {0};
         bool sub = kvr_zmq_listener_rank(g->l, a->w.worker_id, a->w.dp_rank, &zi) == KVR_OK;
-        if (state_of(a, &zi, sub) != KVR_RANK_EXACT || !zi.started) {
-            (*skipped)++;
+        kvr_rank_state_t st = state_of(a, &zi, sub);
+        bool away = st == KVR_RANK_UNREACHABLE && unreachable && !a->error && !a->dropped &&
+                    !zi.recovering && zi.state == KVR_ZMQ_EXACT;
+        if ((st != KVR_RANK_EXACT && !away) || !zi.started) {
+            c->rep->ranks_skipped++;
             continue;
         }
-        out[n++] = (kvr_snap_rank_t){.worker_id = a->w.worker_id,
-                                     .dp_rank = a->w.dp_rank,
-                                     .last_seq = zi.last_seq,
-                                     .last_hash = zi.last_hash};
+        c->rep->ranks_unreachable += away;
+        c->ranks[c->n++] = (kvr_snap_rank_t){.worker_id = a->w.worker_id,
+                                             .dp_rank = a->w.dp_rank,
+                                             .last_seq = zi.last_seq,
+                                             .last_hash = zi.last_hash};
     }
-    qsort(out, n, sizeof *out, rank_cmp);
-    return n;
+    qsort(c->ranks, c->n, sizeof *c->ranks, rank_cmp);
+    return KVR_OK;
 }
 
 static uint64_t wall_ms(void)
@@ -359,68 +570,127 @@ static uint64_t wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* The snapshot of the exact ranks into f. */
-static int write_snapshot(kvr_ingest_t *g, FILE *f, kvr_ingest_snap_report_t *rep)
+/* The snapshot of c's ranks into c->f: the live ones from the index, the kept ones from the
+ * loaded file. */
+static int write_snapshot(save_ctx_t *c)
 {
-    save_ctx_t c = {.rep = rep, .f = f};
-    c.ranks = calloc(g->n_ranks + 1, sizeof *c.ranks);
-    if (c.ranks == NULL)
-        return KVR_ENOMEM;
-    c.n = saveable_ranks(g, c.ranks, &rep->ranks_skipped);
-    rep->ranks = c.n;
     int rc = KVR_EIO;
-    c.w = kvr_snap_writer_new(save_sink, &c, g->cfg.block_size, wall_ms(), c.ranks, c.n,
-                              &rc);
-    if (c.w != NULL && (rc = kvr_index_dump(g->ix, save_event, &c)) == KVR_OK)
-        rc = kvr_snap_writer_finish(c.w);
-    kvr_snap_writer_free(c.w);
+    c->rep->ranks = c->n;
+    c->rep->ranks_kept = c->n_kept;
+    c->w = kvr_snap_writer_new(save_sink, c, c->g->cfg.block_size, wall_ms(), c->ranks,
+                               c->n + c->n_kept, &rc);
+    if (c->w != NULL && (rc = kvr_index_dump(c->g->ix, save_event, c)) == KVR_OK &&
+        c->old != NULL) {
+        uint32_t fr;
+        kvr_event_t ev;
+        while (rc == KVR_OK && kvr_snap_next(c->old, &fr, &ev) == KVR_OK) {
+            if (c->old_map[fr] < 0)
+                continue;
+            c->rep->events++;
+            rc = kvr_snap_write_event(c->w, (uint32_t)c->old_map[fr], &ev);
+        }
+    }
+    if (rc == KVR_OK)
+        rc = kvr_snap_writer_finish(c->w);
+    kvr_snap_writer_free(c->w);
+    c->w = NULL;
+    return rc;
+}
+
+static int save_write(void *ud, FILE *f)
+{
+    save_ctx_t *c = ud;
+    c->f = f;
+    return write_snapshot(c);
+}
+
+/* Picks the ranks the loaded file still owes that are not exact now (c->ranks[n..]) and opens
+ * the loaded file again for their events. A file that cannot be read back is logged: those
+ * ranks are lost (rep->ranks_lost). */
+static void keep_owed(kvr_ingest_t *g, save_ctx_t *c, const char *path, uint8_t **old_bytes,
+                      kvr_snap_reader_t *rd)
+{
+    carry_t *cy = &g->carry;
+    uint32_t owed = 0;
+    for (size_t i = 0; i < cy->n; i++)
+        owed += bsearch(&cy->r[i].cur, c->ranks, c->n, sizeof *c->ranks, rank_cmp) == NULL;
+    if (owed == 0)
+        return;
+    char why[300] = "";
+    int rc = carry_read(g, old_bytes, why, sizeof why);
+    if (rc == KVR_OK)
+        rc = kvr_snap_open(rd, *old_bytes, (size_t)cy->size, why, sizeof why);
+    if (rc == KVR_OK &&
+        (c->old_map = malloc(((size_t)rd->info.n_ranks + 1) * sizeof *c->old_map)) == NULL) {
+        snprintf(why, sizeof why, "out of memory");
+        kvr_snap_close(rd);
+        rc = KVR_ENOMEM;
+    }
+    if (rc != KVR_OK) {
+        kvr_log(KVR_LOG_ERROR,
+                "state_file %s: the file loaded at start cannot be read back (%s): the saved "
+                "state of %u ranks their engines have not confirmed is not kept",
+                path, why, owed);
+        c->rep->ranks_lost = owed;
+        free(*old_bytes);
+        *old_bytes = NULL;
+        return;
+    }
+    for (uint32_t i = 0; i < rd->info.n_ranks; i++)
+        c->old_map[i] = -1;
+    for (size_t i = 0; i < cy->n; i++) {
+        const carry_rank_t *e = &cy->r[i];
+        if (e->file_rank >= rd->info.n_ranks ||
+            bsearch(&e->cur, c->ranks, c->n, sizeof *c->ranks, rank_cmp) != NULL)
+            continue; /* exact now: its live state is saved */
+        c->old_map[e->file_rank] = (int64_t)(c->n + c->n_kept);
+        c->ranks[c->n + c->n_kept++] = e->cur;
+    }
+    c->old = rd;
+}
+
+static int snap_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep, char *err,
+                     size_t err_len)
+{
+    carry_judge(g);
+    save_ctx_t c = {.g = g, .rep = rep};
+    int rc = live_ranks(g, &c, g->carry.n, true);
+    if (rc != KVR_OK) {
+        snprintf(err, err_len, "state_file: %s not written: %s", path, kvr_strerror(rc));
+        return rc;
+    }
+    uint8_t *old_bytes = NULL;
+    kvr_snap_reader_t rd;
+    keep_owed(g, &c, path, &old_bytes, &rd);
+    /* counted there as not exact */
+    rep->ranks_skipped = rep->ranks_skipped > c.n_kept ? rep->ranks_skipped - c.n_kept : 0;
+    rep->ranks_stale = g->carry.stale;
+    rc = kvr_state_file_replace(path, save_write, &c, err, err_len);
+    if (c.old != NULL)
+        kvr_snap_close(&rd);
+    free(c.old_map);
+    free(old_bytes);
     free(c.ranks);
     return rc;
 }
 
-static int snap_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
-                     char *err, size_t err_len)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        snprintf(err, err_len, "state_file: path too long");
-        return KVR_EINVAL;
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    FILE *f = NULL;
-    if (fd < 0 || (f = fdopen(fd, "wb")) == NULL) {
-        snprintf(err, err_len, "state_file: cannot write %s: %s", tmp, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return KVR_EIO;
-    }
-    int rc = write_snapshot(g, f, rep);
-    if (rc == KVR_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
-        rc = KVR_EIO;
-    if (fclose(f) != 0 && rc == KVR_OK)
-        rc = KVR_EIO;
-    if (rc == KVR_OK && rename(tmp, path) != 0)
-        rc = KVR_EIO;
-    if (rc != KVR_OK) {
-        snprintf(err, err_len, "state_file: writing %s failed: %s", tmp,
-                 rc == KVR_EIO ? strerror(errno) : kvr_strerror(rc));
-        (void)unlink(tmp);
-    }
-    return rc;
-}
-
-/* The snapshot into memory (a peer replica asks for it: GET /v1/index/snapshot). */
+/* The snapshot into memory (a peer replica asks for it: GET /v1/index/snapshot): the exact
+ * ranks only (a rank its engine has not confirmed is not the peer's to resume). */
 static int snap_save_mem(kvr_ingest_t *g, uint8_t **out, size_t *out_len,
                          kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
 {
     char *buf = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (f == NULL)
-        return KVR_ENOMEM;
-    int rc = write_snapshot(g, f, rep);
-    if (fclose(f) != 0 && rc == KVR_OK)
+    save_ctx_t c = {.g = g, .rep = rep};
+    int rc = live_ranks(g, &c, 0, false);
+    if (rc == KVR_OK && (c.f = open_memstream(&buf, &len)) == NULL)
         rc = KVR_ENOMEM;
+    if (rc == KVR_OK) {
+        rc = write_snapshot(&c);
+        if (fclose(c.f) != 0 && rc == KVR_OK)
+            rc = KVR_ENOMEM;
+    }
+    free(c.ranks);
     if (rc != KVR_OK) {
         snprintf(err, err_len, "index snapshot: %s", kvr_strerror(rc));
         free(buf);
@@ -431,57 +701,36 @@ static int snap_save_mem(kvr_ingest_t *g, uint8_t **out, size_t *out_len,
     return KVR_OK;
 }
 
-/* Maps the file read-only; the caller unmaps. */
-static int map_file(const char *path, const uint8_t **buf, size_t *len, char *err,
-                    size_t err_len)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            return KVR_ENOTFOUND;
-        snprintf(err, err_len, "state_file: cannot read %s: %s", path, strerror(errno));
-        return KVR_EIO;
-    }
-    struct stat st;
-    int rc = KVR_OK;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
-        snprintf(err, err_len, "state_file: %s is not a regular non-empty file", path);
-        rc = KVR_EIO;
-    } else {
-        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            snprintf(err, err_len, "state_file: cannot map %s: %s", path, strerror(errno));
-            rc = KVR_EIO;
-        } else {
-            *buf = m;
-            *len = (size_t)st.st_size;
-        }
-    }
-    close(fd);
-    return rc;
-}
+/* -- loading -- */
 
 /* Resumes the ranks of the file that are subscribed now (keep[i]), then applies their
- * events: nothing is applied for a rank whose cursor the listener refused. */
-/* all: every rank's events are applied (a standalone indexer recovering from a peer, as the
- * reference's dump is), a rank resumed where it can be; else only the resumed ranks'. */
-static void snap_apply(kvr_ingest_t *g, kvr_snap_reader_t *r, bool all,
+ * events: nothing is applied for a rank whose cursor the listener refused.
+ * all: every rank's events are applied (a standalone indexer recovering from a peer, as the
+ * reference's dump is), a rank resumed where it can be; else only the resumed ranks'.
+ * carry: the ranks resumed (or whose resume request could not be sent) go into g->carry. */
+static void snap_apply(kvr_ingest_t *g, kvr_snap_reader_t *r, bool all, bool carry,
                        kvr_ingest_snap_report_t *rep)
 {
     bool *keep = calloc(r->info.n_ranks + 1, sizeof *keep);
     if (keep == NULL)
         return;
+    if (carry && (g->carry.r = calloc(r->info.n_ranks + 1, sizeof *g->carry.r)) == NULL)
+        kvr_log(KVR_LOG_WARN, "state_file: no memory to track the resumed ranks: a stop "
+                              "before their engines confirm them will not keep them");
     for (uint32_t i = 0; i < r->info.n_ranks; i++) {
         kvr_snap_rank_t k;
         kvr_snap_rank(r, i, &k);
         kvr_worker_t w = {k.worker_id, k.dp_rank};
-        keep[i] = acc_find(g, w) != NULL &&
-                  kvr_zmq_listener_resume(g->l, k.worker_id, k.dp_rank, k.last_seq,
-                                          k.last_hash) == KVR_OK;
+        int rc = acc_find(g, w) == NULL ? KVR_ENOTFOUND
+                                        : kvr_zmq_listener_resume(g->l, k.worker_id, k.dp_rank,
+                                                                  k.last_seq, k.last_hash);
+        keep[i] = rc == KVR_OK;
         if (keep[i])
             rep->ranks++;
         else
             rep->ranks_skipped++;
+        if (carry && g->carry.r != NULL && (rc == KVR_OK || rc == KVR_EIO))
+            carry_add(g, &k, i, rc == KVR_OK);
     }
     uint32_t rank;
     kvr_event_t ev;
@@ -498,7 +747,7 @@ static void snap_apply(kvr_ingest_t *g, kvr_snap_reader_t *r, bool all,
 
 /* Checks and applies a snapshot's bytes; what names them in messages is label. */
 static int load_bytes(kvr_ingest_t *g, const uint8_t *buf, size_t len, const char *label, bool all,
-                      kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
+                      bool carry, kvr_ingest_snap_report_t *rep, char *err, size_t err_len)
 {
     rep->bytes = len;
     kvr_snap_reader_t r;
@@ -511,7 +760,7 @@ static int load_bytes(kvr_ingest_t *g, const uint8_t *buf, size_t len, const cha
                  r.info.block_size, g->cfg.block_size);
         rc = KVR_EMISMATCH;
     } else {
-        snap_apply(g, &r, all, rep);
+        snap_apply(g, &r, all, carry, rep);
     }
     kvr_snap_close(&r);
     return rc;
@@ -520,15 +769,36 @@ static int load_bytes(kvr_ingest_t *g, const uint8_t *buf, size_t len, const cha
 static int snap_load(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
                      char *err, size_t err_len)
 {
-    const uint8_t *buf = NULL;
-    size_t len = 0;
-    int rc = map_file(path, &buf, &len, err, err_len);
+    int fd = -1;
+    uint64_t size = 0;
+    int rc = kvr_state_file_open_read(path, &fd, &size, err, err_len);
     if (rc != KVR_OK)
         return rc;
+    void *m = MAP_FAILED;
+    if (size == 0 || size > SIZE_MAX) {
+        snprintf(err, err_len, "state_file: %s is empty", path);
+        rc = KVR_EIO;
+    } else if ((m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED) {
+        snprintf(err, err_len, "state_file: cannot map %s: %s", path, strerror(errno));
+        rc = KVR_EIO;
+    }
+    if (rc != KVR_OK) {
+        close(fd);
+        return rc;
+    }
+    carry_free(&g->carry); /* a new load owes only its own ranks */
     char label[600];
     snprintf(label, sizeof label, "state_file: %s", path);
-    rc = load_bytes(g, buf, len, label, false, rep, err, err_len);
-    munmap((void *)buf, len);
+    rc = load_bytes(g, m, (size_t)size, label, false, true, rep, err, err_len);
+    if (rc == KVR_OK && g->carry.n > 0) {
+        g->carry.fd = fd; /* read again by a save that keeps ranks of it */
+        g->carry.size = size;
+        memcpy(g->carry.trailer, (const uint8_t *)m + size - sizeof g->carry.trailer,
+               sizeof g->carry.trailer);
+    } else {
+        close(fd);
+    }
+    munmap(m, (size_t)size);
     return rc;
 }
 
@@ -589,6 +859,8 @@ static void do_remove(kvr_ingest_t *g, kvr_worker_t w, bool one_rank, bool unsub
         (void)kvr_index_remove_rank(g->ix, w);
     else
         (void)kvr_index_remove_worker(g->ix, w.worker_id);
+    if (unsubscribe)
+        carry_forget(g, w, one_rank);
     for (size_t i = 0; i < g->n_ranks;) {
         rank_acc_t *a = &g->ranks[i];
         if (a->w.worker_id != w.worker_id || (one_rank && a->w.dp_rank != w.dp_rank)) {
@@ -686,7 +958,7 @@ static void run_cmd(kvr_ingest_t *g)
     case CMD_LOAD:
         c->rc = c->path != NULL ? snap_load(g, c->path, c->rep, c->err, c->err_len)
                                 : load_bytes(g, c->in, c->in_len, "peer index snapshot", c->all,
-                                             c->rep, c->err, c->err_len);
+                                             false, c->rep, c->err, c->err_len);
         break;
     default:
         c->rc = KVR_EINVAL;
@@ -708,6 +980,8 @@ static void *ingest_main(void *arg)
     while (!atomic_load_explicit(&g->stop, memory_order_acquire)) {
         run_cmd(g);
         (void)kvr_zmq_listener_poll(g->l, 10);
+        if (g->carry.n_pending > 0)
+            carry_judge(g); /* right after the poll that may have decided a resume */
         uint64_t now = kvr_now_ms();
         kvr_zmq_stats_t zs;
         kvr_zmq_listener_stats(g->l, &zs);
@@ -788,12 +1062,14 @@ kvr_ingest_t *kvr_ingest_new(kvr_index_t *ix, const kvr_ingest_config_t *cfg, in
     }
     g->ix = ix;
     g->cfg = *cfg;
+    g->carry.fd = -1;
     if (g->cfg.max_ranks == 0)
         g->cfg.max_ranks = 1024;
     g->rl_mismatch = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 3);
     g->rl_reject = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     g->rl_decode = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     g->rl_reset = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
+    g->rl_carry = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 10);
     kvr_kv_events_init(&g->dec);
     kvr_zmq_config_t zc = {.replay_timeout_ms = cfg->replay_timeout_ms, .max_ranks = g->cfg.max_ranks};
     kvr_zmq_handlers_t h = {.on_batch = on_batch, .on_reset = on_reset, .ud = g};
@@ -842,6 +1118,8 @@ void kvr_ingest_free(kvr_ingest_t *g)
     }
     kvr_kv_events_deinit(&g->dec);
     kvr_approx_free(g->approx);
+    carry_free(&g->carry);
+    kvr_state_file_release(g->claim); /* the lock goes last: the caller saved before */
     free(g->ranks);
     free(g->snap);
     free(g);
@@ -912,6 +1190,22 @@ static int snap_cmd(kvr_ingest_t *g, cmd_t *c, kvr_ingest_snap_report_t *rep, ch
     c->err_len = err ? err_len : sizeof dummy;
     memset(c->rep, 0, sizeof *c->rep);
     return send_cmd(g, c);
+}
+
+int kvr_ingest_claim_state_file(kvr_ingest_t *g, const char *path, char *err, size_t err_len)
+{
+    if (g->started || g->claim != NULL) {
+        snprintf(err, err_len, "state_file: claimed after the start, or twice");
+        return KVR_EINVAL;
+    }
+    unsigned removed = 0;
+    int rc = kvr_state_file_claim(path, &g->claim, &removed, err, err_len);
+    if (rc == KVR_OK && removed > 0)
+        kvr_log(KVR_LOG_INFO,
+                "state_file %s: removed %u temporary files an interrupted save "
+                "left",
+                path, removed);
+    return rc;
 }
 
 int kvr_ingest_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,

@@ -74,25 +74,44 @@ int kvr_ingest_forget(kvr_ingest_t *g, uint64_t worker_id, bool one_rank, uint32
 /* Runs fn over a replayable dump of the index, on the ingest thread. */
 int kvr_ingest_dump(kvr_ingest_t *g, kvr_dump_fn fn, void *ud);
 
-/* Warm restart (wire/index_snapshot.h has the file format). */
+/* Warm restart (wire/index_snapshot.h has the file format, net/state_file.h the file-system
+ * rules: lock, regular files only, new temporary file, fsync, rename). */
 typedef struct kvr_ingest_snap_report {
-    uint32_t ranks;         /* saved: exact ranks written; loaded: ranks resumed */
-    uint32_t ranks_skipped; /* saved: ranks not exact (not worth resuming); loaded: ranks not
-                               configured now, without a replay socket, or already started */
-    uint64_t events;        /* events written, or applied to the index */
-    uint64_t events_failed; /* loaded events the index refused */
+    uint32_t ranks;             /* saved: exact ranks written from the index; loaded: resumed */
+    uint32_t ranks_unreachable; /* saved (file): of ranks, those whose engine is unreachable
+                                   now (exact up to their cursor; the next start asks it) */
+    uint32_t ranks_skipped;     /* saved: ranks not exact and not kept (not worth resuming);
+                                   loaded: ranks not configured now, without a replay socket, or
+                                   already started */
+    uint32_t ranks_kept;        /* saved: ranks of the loaded file their engine has not confirmed
+                                   (yet), written as that file had them */
+    uint32_t ranks_stale;       /* saved: ranks of the loaded file their engine refused (restarted,
+                                   or the batch left its buffer), left out */
+    uint32_t ranks_lost;        /* saved: ranks owed that could not be kept (the loaded file could
+                                   not be read back; logged) */
+    uint64_t events;            /* events written, or applied to the index */
+    uint64_t events_failed;     /* loaded events the index refused */
     uint64_t bytes;
 } kvr_ingest_snap_report_t;
 
-/* Writes the index of every exact rank and its cursor to path (path.tmp, fsync, rename: an
- * old file is replaced whole or not at all). */
+/* Before kvr_ingest_start (serve does it before anything is loaded): claims path for this
+ * process (kvr_state_file_claim: PATH.lock flock'ed until kvr_ingest_free or the process's
+ * end; refused if another process holds it, or if PATH is not absent or a regular file).
+ * KVR_OK, or the claim's status with err naming state_file and the problem. */
+int kvr_ingest_claim_state_file(kvr_ingest_t *g, const char *path, char *err, size_t err_len);
+/* Writes the index of every exact rank (its engine reachable now or not) and its cursor to
+ * path, plus the ranks the file loaded by kvr_ingest_load still owes (resumed, but neither
+ * confirmed nor refused by their engine: carried record for record; see ingest.c), replacing
+ * path whole or not at all (kvr_state_file_replace). */
 int kvr_ingest_save(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
                     char *err, size_t err_len);
 /* Before kvr_ingest_start, after the workers are subscribed: checks the whole file (a bad
  * one is refused with a message naming the problem, nothing applied), reloads the state of
  * each rank that is subscribed with a replay socket, and resumes its cursor (the listener
  * confirms it from the engine's replay buffer, or drops the reloaded state). KVR_ENOTFOUND
- * if there is no file. */
+ * if there is no file; KVR_EINVAL if path is not a regular file (a FIFO, a symbolic link...:
+ * never opened in a way that could block or follow it). The file stays open while ranks of it
+ * are owed (for kvr_ingest_save). */
 int kvr_ingest_load(kvr_ingest_t *g, const char *path, kvr_ingest_snap_report_t *rep,
                     char *err, size_t err_len);
 /* The same snapshot in memory, for a peer replica (GET /v1/index/snapshot): *buf is malloc'd

@@ -234,16 +234,47 @@ static void on_connected(natsConnection *nc, void *arg)
 
 static void on_disconnected(natsConnection *nc, void *arg)
 {
-    (void)nc;
     kvr_nats_t *n = arg;
     kvr_nats_state_t was = kvr_nats_state(n);
     if (stopping(n))
         return;
+    const char *text = NULL;
+    if (nc != NULL && natsConnection_GetLastError(nc, &text) != NATS_OK && text != NULL &&
+        text[0] != '\0') /* why the server closed: an authorization violation says so here */
+        kvr_log_limited(&n->rl, KVR_LOG_WARN, "nats: %s", text);
     if (was == KVR_NATS_CONNECTED)
         kvr_log(KVR_LOG_WARN, "nats: disconnected; reconnecting (routing goes on with what "
                               "this router knows)");
     if (was != KVR_NATS_CONNECTING)
         set_state(n, KVR_NATS_DISCONNECTED);
+}
+
+/* The server closed the connection for good (nats.c gives up on an authorization failure):
+ * said once, with the server's reason, since nothing will work after it. */
+static void on_closed(natsConnection *nc, void *arg)
+{
+    kvr_nats_t *n = arg;
+    const char *text = NULL;
+    if (stopping(n) || nc == NULL || natsConnection_GetLastError(nc, &text) == NATS_OK ||
+        text == NULL)
+        return;
+    kvr_log(KVR_LOG_ERROR, "nats: the server closed the connection: %s%s", text,
+            strstr(text, "uthoriz") != NULL
+                ? " (check nats_token_file, nats_nkey_file or nats_creds_file, and the "
+                  "server's authorization block)"
+                : "");
+}
+
+/* nats.c's asynchronous errors (a permission violation, a slow consumer): logged, limited. */
+static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *arg)
+{
+    (void)sub;
+    kvr_nats_t *n = arg;
+    const char *text = NULL;
+    if (nc != NULL)
+        (void)natsConnection_GetLastError(nc, &text);
+    kvr_log_limited(&n->rl, KVR_LOG_WARN, "nats: %s%s%s", natsStatus_GetText(err),
+                    text != NULL && text[0] != '\0' ? ": " : "", text != NULL ? text : "");
 }
 
 static int64_t backoff(natsConnection *nc, int attempts, void *arg)
@@ -272,6 +303,9 @@ static int make_options(kvr_nats_t *n, const kvr_nats_config_t *cfg, char *err, 
         return snprintf(err, err_len, "nats_url: '%s' is not a NATS url (%s)", cfg->url,
                         natsStatus_GetText(s)),
                KVR_EINVAL;
+    int rc = kvr_nats_auth_apply(n->opts, &cfg->auth, cfg->url, err, err_len);
+    if (rc != KVR_OK)
+        return rc;
     g_backoff_ms = cfg->reconnect_wait_ms ? (int64_t)cfg->reconnect_wait_ms : 250;
     if (s == NATS_OK && cfg->name != NULL)
         s = natsOptions_SetName(n->opts, cfg->name);
@@ -302,10 +336,46 @@ static int make_options(kvr_nats_t *n, const kvr_nats_config_t *cfg, char *err, 
         s = natsOptions_SetReconnectedCB(n->opts, on_connected, n);
     if (s == NATS_OK)
         s = natsOptions_SetRetryOnFailedConnect(n->opts, true, on_connected, n);
+    if (s == NATS_OK)
+        s = natsOptions_SetErrorHandler(n->opts, on_async_error, n);
+    if (s == NATS_OK)
+        s = natsOptions_SetClosedCB(n->opts, on_closed, n);
     return s == NATS_OK ? KVR_OK : fail_nats(s, "options", err, err_len);
 }
 
 static void *kv_main(void *arg);
+
+/* One connection attempt without retries (at most 2 s), to tell a refused identity or TLS
+ * mismatch (a configuration error: start-up fails naming it) from an unreachable server (not
+ * an error: the link retries in the background). */
+static int probe_credentials(kvr_nats_t *n, const kvr_nats_config_t *cfg, char *err,
+                             size_t err_len)
+{
+    natsOptions *o = NULL;
+    natsConnection *nc = NULL;
+    natsStatus s = natsOptions_Create(&o);
+    if (s == NATS_OK)
+        s = natsOptions_SetURL(o, cfg->url);
+    int rc = s == NATS_OK ? kvr_nats_auth_apply(o, &cfg->auth, NULL, err, err_len) : KVR_ENOMEM;
+    if (rc == KVR_OK && (s = natsOptions_SetTimeout(o, 2000)) == NATS_OK &&
+        (s = natsOptions_SetMaxReconnect(o, 0)) == NATS_OK) {
+        s = natsConnection_Connect(&nc, o);
+        /* unreachable (no server, or no answer in time): the link keeps trying; anything
+         * else is the server refusing us (identity, TLS, a closed handshake) */
+        if (s != NATS_OK && s != NATS_NO_SERVER && s != NATS_TIMEOUT &&
+            s != NATS_NOT_YET_CONNECTED) {
+            const char *why = nats_GetLastError(NULL);
+            snprintf(err, err_len, "nats: %s refused this process: %s (%s); check nats_url and "
+                     "the nats_token_file, nats_nkey_file, nats_creds_file and nats_tls_* "
+                     "settings", cfg->url, natsStatus_GetText(s), why ? why : "no detail");
+            rc = KVR_EINVAL;
+        }
+    }
+    natsConnection_Destroy(nc);
+    natsOptions_Destroy(o);
+    (void)n;
+    return rc;
+}
 
 kvr_nats_t *kvr_nats_new(const kvr_nats_config_t *cfg, int *status, char *err, size_t err_len)
 {
@@ -332,6 +402,8 @@ kvr_nats_t *kvr_nats_new(const kvr_nats_config_t *cfg, int *status, char *err, s
     }
     int rc = make_options(n, cfg, err, err_len);
     natsStatus s = NATS_OK;
+    if (rc == KVR_OK)
+        rc = probe_credentials(n, cfg, err, err_len);
     if (rc == KVR_OK) {
         s = natsConnection_Connect(&n->nc, n->opts);
         if (s == NATS_OK)

@@ -38,6 +38,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "net/nats_auth.h"
+
 struct event_base;
 
 typedef struct kvr_nats kvr_nats_t;
@@ -55,6 +57,7 @@ typedef struct kvr_nats_config {
     const char *name;           /* the connection's name as the server shows it */
     struct event_base *base;    /* where callbacks run; NULL: publish and keep entries only */
     uint64_t reconnect_wait_ms; /* the first backoff (0 = 250) */
+    kvr_nats_auth_t auth;       /* credentials and TLS (nats_auth.h); zero = none */
 } kvr_nats_config_t;
 
 /* Starts connecting; NULL with *status (KVR_EINVAL: err names the setting; KVR_ENOMEM;

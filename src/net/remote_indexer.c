@@ -7,7 +7,13 @@
  * inside kvr_sched's lookup call (sending is deferred to the kick event). A slot's connection
  * lives as long as the module (evhttp reconnects it on the next request after a failure).
  * Memory: calls are recycled through the free list; the matches buffer and the body writer
- * are reused. Cost per lookup: one JSON body (~21 bytes a block) and one HTTP round trip.
+ * are reused. An answer is bounded as it arrives: its head by MAX_HEADER_BYTES on every
+ * connection, a lookup's body by what an answer about this router's ranks and the prompt's
+ * blocks can be (answer_cap: ANSWER_BYTES_PER_RANK a rank, 21 a block, ANSWER_SLACK_BYTES),
+ * a decision's answer ({"status":"ok"} or an error) by RECORD_ANSWER_BYTES; evhttp drops the
+ * connection past the bound (the lookup fails as "answer", counted and logged). Log lines
+ * quote an answer by its length (it is not NUL-terminated).
+ * Cost per lookup: one JSON body (~21 bytes a block) and one HTTP round trip.
  */
 #include "net/remote_indexer.h"
 
@@ -23,6 +29,7 @@
 #include "core/endpoint.h"
 #include "net/log.h"
 #include "net/nats_link.h"
+#include "net/secret.h"
 #include "wire/ix_answer.h"
 #include "wire/json_writer.h"
 #include "wire/prom.h"
@@ -30,12 +37,23 @@
 #define MAX_SLOTS 64
 #define MAX_MATCHES 65536
 #define MAX_RECORDS_IN_FLIGHT 1024
+#define MAX_HEADER_BYTES 16384
+/* One rank in an answer: its scores entry ("<u64>":{"<u32>":<u64>}) and its share of its
+ * instance's (longest_matched, gpu, dp, cpu, disk), with every number at its widest: < 256. */
+#define ANSWER_BYTES_PER_RANK 256
+#define ANSWER_BYTES_PER_BLOCK 21 /* a frequencies entry: a u64 and a comma */
+#define ANSWER_SLACK_BYTES 65536  /* ranks this router does not know, whitespace */
+#define RECORD_ANSWER_BYTES 65536
 
 typedef struct call call_t;
 typedef struct slot {
     struct evhttp_connection *conn;
     call_t *call; /* in flight, or NULL */
     struct kvr_remote_ix *x;
+    int refused; /* the answer in flight was refused by evhttp (its error callback): 0, or
+                    1 over a bound, 2 a head that does not read (or over its bound before
+                    its first line was read) */
+    size_t cap;  /* the bound of its body */
 } slot_t;
 
 struct call {
@@ -45,6 +63,7 @@ struct call {
     struct event *timer;
     struct evbuffer *body;
     uint64_t start_ns;
+    size_t n_blocks; /* hashes asked about: bounds the answer's frequencies */
     uint64_t seq;  /* over NATS: the last token of its reply subject */
     bool finished; /* done called (the deadline passed first) */
     call_t *next;  /* wait list, NATS in-flight list, or free list */
@@ -55,11 +74,13 @@ struct kvr_remote_ix {
     kvr_url_t url;
     char path[300];
     char where[200]; /* for log lines: the url, or the NATS subject */
+    char auth[KVR_SECRET_MAX + 8], record_auth[KVR_SECRET_MAX + 8]; /* "Bearer <token>" or "" */
     bool over_nats;
     char subj_query[160], reply_prefix[160], subj_record[160];
     char record_path[300];
     struct evhttp_connection *rec_conn; /* approximate mode: decisions, one queued connection */
     size_t records_in_flight;
+    int record_refused; /* the decision's answer was refused by evhttp: refusal()'s value */
     uint64_t next_seq;
     call_t *nats_calls; /* over NATS: in flight, waiting for their reply */
     char model[KVR_MODEL_BYTES];
@@ -142,18 +163,48 @@ static void finish(kvr_remote_ix_t *x, call_t *c, int status, size_t n)
 
 static void on_answer(struct evhttp_request *req, void *arg);
 
+/* The most an answer about n_blocks blocks can legitimately be: every rank this router knows
+ * matched (and slack for ranks it does not, of other routers' workers in the same partition),
+ * within what the answer reader takes at all (MAX_MATCHES). */
+static size_t answer_cap(const kvr_remote_ix_t *x, size_t n_blocks)
+{
+    size_t ranks = kvr_router_n_ranks(kvr_sched_router(x->cfg.sched));
+    ranks = ranks < MAX_MATCHES ? ranks : MAX_MATCHES;
+    return ANSWER_SLACK_BYTES + ranks * ANSWER_BYTES_PER_RANK + n_blocks * ANSWER_BYTES_PER_BLOCK;
+}
+
+/* What evhttp's failure of a request says of its answer: 1 over a bound (head or body), 2 a
+ * head that does not read (or whose status line is not in by MAX_HEADER_BYTES), else 0. */
+static int refusal(enum evhttp_request_error e)
+{
+    return e == EVREQ_HTTP_DATA_TOO_LONG ? 1 : e == EVREQ_HTTP_INVALID_HEADER ? 2 : 0;
+}
+
+/* evhttp failed the request (called just before on_answer(NULL)). */
+static void on_error(enum evhttp_request_error e, void *arg)
+{
+    slot_t *sl = arg;
+    sl->refused = refusal(e);
+}
+
 static void send_call(kvr_remote_ix_t *x, slot_t *sl, call_t *c)
 {
     struct evhttp_request *req = evhttp_request_new(on_answer, sl);
     sl->call = c;
+    sl->refused = 0;
     x->st.in_flight++;
     if (req == NULL) {
         on_answer(NULL, sl);
         return;
     }
+    sl->cap = answer_cap(x, c->n_blocks);
+    evhttp_connection_set_max_body_size(sl->conn, (ev_ssize_t)sl->cap);
+    evhttp_request_set_error_cb(req, on_error);
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Host", x->url.host_hdr);
     evhttp_add_header(h, "Content-Type", "application/json");
+    if (x->auth[0] != '\0')
+        evhttp_add_header(h, "Authorization", x->auth);
     evbuffer_add_buffer(evhttp_request_get_output_buffer(req), c->body);
     if (evhttp_make_request(sl->conn, req, EVHTTP_REQ_POST, x->path) != 0 && sl->call == c)
         on_answer(NULL, sl); /* refused before any callback: the request is freed by libevent */
@@ -194,16 +245,31 @@ static int read_body(kvr_remote_ix_t *x, const char *text, size_t len, size_t *n
     if (rc != KVR_OK) {
         x->st.failed_answer++;
         kvr_log_limited(&x->rl, KVR_LOG_WARN,
-                        "remote indexer %s: its answer does not read: %s (%.120s); this decision "
+                        "remote indexer %s: its answer does not read: %s (%.*s); this decision "
                         "has zero overlap",
-                        x->where, err, text);
+                        x->where, err, (int)(len < 120 ? len : 120), text);
     }
     return rc;
 }
 
-static int read_answer(kvr_remote_ix_t *x, struct evhttp_request *req, size_t *n)
+static int read_answer(kvr_remote_ix_t *x, const slot_t *sl, struct evhttp_request *req, size_t *n)
 {
     int code = req != NULL ? evhttp_request_get_response_code(req) : 0;
+    if (code == 0 && sl->refused != 0) {
+        x->st.failed_answer++;
+        if (sl->refused == 1)
+            kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                            "remote indexer %s: its answer is refused unread: its head is over "
+                            "%d bytes or its body over %zu (the most an answer can be); this "
+                            "decision has zero overlap",
+                            x->where, MAX_HEADER_BYTES, sl->cap);
+        else
+            kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                            "remote indexer %s: its answer is refused unread: its head does not "
+                            "read (malformed, or over %d bytes); this decision has zero overlap",
+                            x->where, MAX_HEADER_BYTES);
+        return KVR_EIO;
+    }
     if (code == 0) {
         x->st.failed_connect++;
         kvr_log_limited(&x->rl, KVR_LOG_WARN,
@@ -215,11 +281,23 @@ static int read_answer(kvr_remote_ix_t *x, struct evhttp_request *req, size_t *n
     struct evbuffer *b = evhttp_request_get_input_buffer(req);
     size_t len = evbuffer_get_length(b);
     const char *text = len > 0 ? (const char *)evbuffer_pullup(b, -1) : "";
+    if (code == 404) {
+        /* the indexer has no partition for the model: none registered or recorded yet, or
+         * its last decisions expired (approximate mode: the indexer drops an empty partition
+         * and the next decision makes it again). It answered: zero overlap, reachable. */
+        x->st.unknown_partition++;
+        kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                        "remote indexer %s has no index for this request's model (404: %.*s); "
+                        "this decision has zero overlap",
+                        x->where, (int)(len < 200 ? len : 200), text);
+        *n = 0;
+        return KVR_OK;
+    }
     if (code != 200) {
         x->st.failed_status++;
         kvr_log_limited(&x->rl, KVR_LOG_WARN,
-                        "remote indexer %s answered %d: %.200s; this decision has zero overlap",
-                        x->where, code, text);
+                        "remote indexer %s answered %d: %.*s; this decision has zero overlap",
+                        x->where, code, (int)(len < 200 ? len : 200), text);
         return KVR_EIO;
     }
     return read_body(x, text, len, n);
@@ -241,7 +319,7 @@ static void on_answer(struct evhttp_request *req, void *arg)
         return;
     }
     size_t n = 0;
-    int rc = read_answer(x, req, &n);
+    int rc = read_answer(x, sl, req, &n);
     if (rc == KVR_OK) {
         x->st.answered++;
         kvr_hist_observe(&x->h_rtt, (double)(now_ns() - c->start_ns) * 1e-9);
@@ -256,6 +334,13 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
     (void)fd, (void)what;
     call_t *c = arg;
     kvr_remote_ix_t *x = c->x;
+    uint64_t now = now_ns(), due = c->start_ns + x->cfg.timeout_ms * 1000000u;
+    if (now < due) { /* libevent's clock is coarse (ms): never before the deadline */
+        uint64_t left_us = (due - now + 999) / 1000;
+        struct timeval tv = {(time_t)(left_us / 1000000), (suseconds_t)(left_us % 1000000)};
+        evtimer_add(c->timer, &tv);
+        return;
+    }
     x->st.timeouts++;
     kvr_log_limited(&x->rl, KVR_LOG_WARN,
                     "remote indexer %s: no answer within remote_indexer_timeout_ms (%llu ms); "
@@ -311,6 +396,7 @@ static int lookup(void *arg, const kvr_route_req_t *q, kvr_overlap_done_fn done,
     c->done = done;
     c->ctx = ctx;
     c->start_ns = now_ns();
+    c->n_blocks = q->n_hashed;
     struct timeval tv = {(time_t)(x->cfg.timeout_ms / 1000),
                          (suseconds_t)(x->cfg.timeout_ms % 1000) * 1000};
     /* the deadline runs from now, not from the loop's cached time (older by whatever this
@@ -406,6 +492,12 @@ static int init_nats(kvr_remote_ix_t *x, char *err, size_t err_len)
 
 /* ---- approximate mode: each decision recorded remotely ---- */
 
+static void on_record_error(enum evhttp_request_error e, void *arg)
+{
+    kvr_remote_ix_t *x = arg;
+    x->record_refused = refusal(e);
+}
+
 static void on_record_answer(struct evhttp_request *req, void *arg)
 {
     kvr_remote_ix_t *x = arg;
@@ -413,11 +505,21 @@ static void on_record_answer(struct evhttp_request *req, void *arg)
         return;
     x->records_in_flight--;
     int code = req != NULL ? evhttp_request_get_response_code(req) : 0;
+    int refused = x->record_refused;
+    x->record_refused = 0;
     if (code == 200) {
         x->st.records_ok++;
         return;
     }
     x->st.records_failed++;
+    if (code == 0 && refused != 0) {
+        kvr_log_limited(&x->rl, KVR_LOG_WARN,
+                        "remote indexer %s: a routing decision's answer is refused unread (%s "
+                        "over %d bytes, or a body over %d); the decision may not be recorded",
+                        x->where, refused == 1 ? "a head" : "a head that does not read, or is",
+                        MAX_HEADER_BYTES, RECORD_ANSWER_BYTES);
+        return;
+    }
     const char *text = "";
     size_t len = 0;
     if (req != NULL) {
@@ -478,9 +580,12 @@ static void on_decision(void *arg, const kvr_decision_t *d)
         record_failed(x, "out of memory");
         return;
     }
+    evhttp_request_set_error_cb(req, on_record_error);
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Host", x->url.host_hdr);
     evhttp_add_header(h, "Content-Type", "application/json");
+    if (x->record_auth[0] != '\0')
+        evhttp_add_header(h, "Authorization", x->record_auth);
     evbuffer_add(evhttp_request_get_output_buffer(req), body, len);
     x->records_in_flight++;
     if (evhttp_make_request(x->rec_conn, req, EVHTTP_REQ_POST, x->record_path) != 0) {
@@ -499,6 +604,8 @@ static int init_records(kvr_remote_ix_t *x, const struct timeval *ctv)
         if (x->rec_conn == NULL)
             return KVR_ENOMEM;
         evhttp_connection_set_timeout_tv(x->rec_conn, ctv);
+        evhttp_connection_set_max_headers_size(x->rec_conn, MAX_HEADER_BYTES);
+        evhttp_connection_set_max_body_size(x->rec_conn, RECORD_ANSWER_BYTES);
     }
     kvr_decision_sink_t sink = {on_decision, x};
     kvr_router_set_decision_sink(kvr_sched_router(x->cfg.sched), &sink);
@@ -528,6 +635,9 @@ static void ext_metrics(void *arg, struct kvr_prom *p)
         kvr_prom_label_t l = {"cause", f[i].cause};
         kvr_prom_sample(p, "kvr_remote_indexer_failures_total", &l, 1, (double)f[i].v);
     }
+    kvr_prom_counter(p, "kvr_remote_indexer_unknown_partition_total",
+                     "Lookups answered 404: the indexer has no index for the model (zero overlap).",
+                     (double)x->st.unknown_partition);
     kvr_prom_counter(p, "kvr_remote_indexer_late_answers_total",
                      "Answers that came after their deadline (dropped).",
                      (double)x->st.late_answers);
@@ -581,6 +691,11 @@ kvr_remote_ix_t *kvr_remote_ix_new(const kvr_remote_ix_config_t *cfg, int *statu
     }
     if (!nats)
         snprintf(x->where, sizeof x->where, "%s", cfg->url);
+    if (cfg->bearer != NULL && cfg->bearer[0] != '\0') /* copied: the caller's may go */
+        snprintf(x->auth, sizeof x->auth, "Bearer %s", cfg->bearer);
+    if (cfg->record_bearer != NULL && cfg->record_bearer[0] != '\0')
+        snprintf(x->record_auth, sizeof x->record_auth, "Bearer %s", cfg->record_bearer);
+    x->cfg.bearer = x->cfg.record_bearer = NULL;
     snprintf(x->path, sizeof x->path, "%s/query_by_hash", x->url.base_path);
     x->n_slots = nats ? 0 : cfg->max_connections ? cfg->max_connections : 16;
     x->n_slots = x->n_slots > MAX_SLOTS ? MAX_SLOTS : x->n_slots;
@@ -594,6 +709,7 @@ kvr_remote_ix_t *kvr_remote_ix_new(const kvr_remote_ix_config_t *cfg, int *statu
             return *status = KVR_ENOMEM, NULL;
         }
         evhttp_connection_set_timeout_tv(x->slots[i].conn, &ctv);
+        evhttp_connection_set_max_headers_size(x->slots[i].conn, MAX_HEADER_BYTES);
     }
     if (cfg->record_decisions && init_records(x, &ctv) != KVR_OK) {
         kvr_remote_ix_free(x);

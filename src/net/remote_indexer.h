@@ -10,11 +10,17 @@
  * block-size mismatch) or no answer within remote_indexer_timeout_ms degrades that one
  * decision to zero overlap: counted by cause in /metrics, logged with a rate limit, and shown
  * as "remote: unreachable" in /health and GET /v1/workers until an answer comes again.
+ * A 404 (the indexer has no partition for the model: nothing registered or recorded for it
+ * yet, or an approximate partition dropped once its decisions expired) is an answer of zero
+ * overlap, not a failure: counted apart (unknown_partition) and logged with the rate limit.
  *
  * Connections: up to 16 keep-alive connections, one request in flight on each; lookups beyond
- * wait in FIFO order (their deadline runs from the placement). A late answer after its
- * deadline is read and dropped (its connection stays usable); an answer that never comes is
- * ended by the connection's own timeout (10x the deadline, at least 1 s).
+ * wait in FIFO order (their deadline runs from the placement). An answer's head is bounded
+ * (16 KiB) and its body by what an answer about this router's ranks and the prompt's blocks
+ * can be: a larger one is refused as it arrives (cause "answer"), never buffered.
+ * A late answer after its deadline is read and dropped (its connection stays usable); an
+ * answer that never comes is ended by the connection's own timeout (10x the deadline, at
+ * least 1 s).
  * Over NATS (url "nats"): the same body is a request on <ns>.indexer.query (answered by a
  * router with serve_indexer, net/ix_serve.h) with the reply subject
  * <ns>.indexer.reply.<this router's random id>.<sequence>, so an answer finds its lookup by
@@ -52,11 +58,15 @@ typedef struct kvr_remote_ix_config {
     const char *default_model; /* model_name for requests without one ("default" if NULL) */
     size_t max_connections;    /* 0 = 16 */
     bool record_decisions;     /* approximate mode: each decision is written to the indexer */
+    const char *bearer;        /* sent with each lookup (the indexer's api key); NULL = none;
+                                  copied */
+    const char *record_bearer; /* sent with each decision (its admin key); NULL = none; copied */
 } kvr_remote_ix_config_t;
 
 typedef struct kvr_remote_ix_stats {
     uint64_t lookups, answered, timeouts, failed_connect, failed_status, failed_answer;
     uint64_t late_answers; /* came after their deadline: dropped */
+    uint64_t unknown_partition; /* answered 404: no index for the model there (zero overlap) */
     uint64_t waiting;      /* gauge: lookups waiting for a connection */
     uint64_t in_flight;    /* gauge */
     bool reachable;        /* the last lookup was answered */

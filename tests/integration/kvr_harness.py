@@ -329,20 +329,30 @@ class NatsServer:
     """A real nats-server (Debian's) on a free loopback port, JetStream on, its store in a
     temporary directory; restartable on the same port and store (a NATS outage)."""
 
-    def __init__(self):
+    def __init__(self, conf=None):
+        """conf: a server configuration (its text; {port} and {store} are filled in) for
+        authorization, permissions or TLS; None = none of them."""
         self.dir = tempfile.mkdtemp(prefix="kvr-nats-")
         self.port = free_ports(1)
         self.url = f"nats://127.0.0.1:{self.port}"
         self.proc = None
+        self.conf = conf
         self.start()
 
     def start(self):
         self.log = open(os.path.join(self.dir, "server.log"), "ab")
         import shutil
         exe = shutil.which("nats-server") or "/usr/sbin/nats-server"  # Debian puts it in sbin
-        self.proc = subprocess.Popen([exe, "-a", "127.0.0.1", "-p", str(self.port),
-                                      "-js", "-sd", os.path.join(self.dir, "js")],
-                                     stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+        args = [exe, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd",
+                os.path.join(self.dir, "js")]
+        if self.conf is not None:
+            path = os.path.join(self.dir, "server.conf")
+            with open(path, "w") as f:
+                f.write(self.conf.replace("{port}", str(self.port)).replace(
+                    "{store}", os.path.join(self.dir, "js")))
+            args = [exe, "-c", path]
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log,
+                                     stdin=subprocess.DEVNULL)
         if not eventually(self._accepts, timeout=20):
             raise RuntimeError("nats-server did not start: " + self.server_log()[-2000:])
 

@@ -6,8 +6,10 @@ index, recovery from a peer's dump, routing with a remote indexer and through it
 start-up validation, bad bodies on every route, and registrations racing live events.
 Usage: test_indexer.py <path to kvrouter> [scenario ...] (all when none is named).
 """
+import http.client
 import http.server
 import json
+import os
 import random
 import subprocess
 import sys
@@ -754,6 +756,533 @@ def scenario_register_races():
         m2.stop()
 
 
+# ---- hardening: partitions, the pair budget, access, bounded answers ----------------------
+
+
+# What an answer refused at its bound may cost beyond a process's own memory: the bound (26 MB
+# at most below) and the buffer's growth; ASan's allocator keeps every freed buffer of that
+# growth in its quarantine. The endless answers below are 300 MB.
+RSS_ALLOWANCE_MB = 200 if os.environ.get("KVR_TEST_SCALE") == "asan" else 100
+
+
+def peak_rss_mb(child):
+    """The most memory a child has held (VmHWM), in MB."""
+    with open(f"/proc/{child.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return -1.0
+
+
+HASHES = {}  # prompt -> (local hashes, sequence hashes): `kvrouter hash` once per prompt
+
+
+def record(ix, model, instance=1, toks=None, headers=None, conn=None, **extra):
+    """POST /record_routing_decision of one prompt (one block unless toks): (status, body)."""
+    lbh, seq = HASHES.get(tuple(toks or ())) or hashes_of(toks or prompt(9500, 1))
+    HASHES[tuple(toks or ())] = (lbh, seq)
+    body = dict({"instance_id": instance, "model_name": model, "block_size": BS,
+                 "local_hashes": lbh, "sequence_hashes": seq}, **extra)
+    if conn is None:
+        return ix.call("POST", "/record_routing_decision", body, headers)
+    conn.request("POST", "/record_routing_decision", json.dumps(body),
+                 dict({"Content-Type": "application/json"}, **(headers or {})))
+    r = conn.getresponse()
+    raw = r.read()
+    return r.status, json.loads(raw) if raw.startswith(b"{") else raw
+
+
+def metric_as(ix, name, headers):
+    """A metric read with a token (/metrics needs the api key when one is set)."""
+    st, _, raw = ix.request("GET", "/metrics", headers=headers)
+    for line in raw.decode(errors="replace").splitlines() if st == 200 else ():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def partitions(ix, headers=None):
+    st, a = ix.call("GET", "/v1/index/partitions", headers=headers)
+    return sorted(p["model_name"] for p in a) if st == 200 else (st, a)
+
+
+def scenario_partitions_do_not_lock_up():
+    """One-block decisions naming new models used to fill the partition cap for good
+    (partitions were never dropped: every /register after got 400). A partition with no
+    registration now goes once its decisions expire: the real registration gets in; one with a
+    registration stays, and goes once its last rank is unregistered."""
+    ix = indexer("--router-ttl-secs", "1")
+    try:
+        refused = None
+        for k in range(70):
+            st, r = record(ix, f"junk{k}")
+            if st != 200:
+                refused = (k, st, r)
+                break
+        check("decisions naming new models fill the indexer, then one is refused with 400",
+              refused is not None and refused[1] == 400, refused)
+        reg = {"instance_id": 5, "endpoint": "tcp://127.0.0.1:1", "model_name": "real",
+               "block_size": BS}
+        check("the junk partitions go with their decisions: a real registration gets in (201)",
+              eventually(lambda: ix.call("POST", "/register", reg)[0] == 201, 20, 0.1),
+              (ix.call("POST", "/register", reg), partitions(ix)))
+        made = refused[0] if refused else 0
+        check("the refusal names the cap it hit",
+              refused is not None and ("--max-total-pairs" in refused[2].get("error", "") or
+                                       "--max-partitions" in refused[2].get("error", "")),
+              refused)
+        check("every junk partition is dropped and counted; the registered one stays",
+              eventually(lambda: (ix.metric("kvr_indexer_partitions_dropped_total") or 0) >= made
+                         and partitions(ix) == ["real"], 20),
+              (ix.metric("kvr_indexer_partitions_dropped_total"), made, partitions(ix)))
+        check("the refusal is counted",
+              (ix.metric("kvr_indexer_partitions_refused_total") or 0) >= 1,
+              ix.metric("kvr_indexer_partitions_refused_total"))
+        st, _ = ix.call("POST", "/unregister", {"instance_id": 5, "model_name": "real"})
+        check("its last rank unregistered, the partition goes too",
+              st == 200 and eventually(lambda: partitions(ix) == [], 20), partitions(ix))
+        check("and its reservation is back", ix.metric("kvr_indexer_pairs_reserved") == 0,
+              ix.metric("kvr_indexer_pairs_reserved"))
+    finally:
+        ix.stop()
+
+
+def scenario_approximate_partition_comes_back():
+    """Routers in approximate mode ask the indexer before their first decision makes the
+    partition, and after its decisions expired and it was dropped: that 404 is an answer of
+    zero overlap (counted apart), not a failure making the indexer look unreachable; the next
+    decision makes the partition again."""
+    m = mocker()
+    ix = indexer("--router-ttl-secs", "1")
+    r = serve("--use-kv-events", "false", "--remote-indexer", ix.url,
+              "--remote-indexer-timeout-ms", "10000", "--worker", f"id=1,url={m.url},model=m")
+    try:
+        for k in range(2):
+            st, a = r.call("POST", "/v1/completions", {"model": "m", "prompt": prompt(9800 + k, 3),
+                                                        "max_tokens": 2})
+            check(f"request {k}: served", st == 200, (st, a))
+            check(f"request {k}: its decision makes the partition",
+                  eventually(lambda: partitions(ix) == ["m"], 10), partitions(ix))
+            check(f"request {k}: the partition goes once the decision expired",
+                  eventually(lambda: partitions(ix) == [], 20), partitions(ix))
+        check("both lookups found no partition: answered, counted apart, no failure",
+              r.metric("kvr_remote_indexer_unknown_partition_total") == 2 and
+              r.metric("kvr_remote_indexer_failures_total") == 0,
+              (r.metric("kvr_remote_indexer_unknown_partition_total"),
+               r.metric("kvr_remote_indexer_failures_total")))
+        check("the router says remote: reachable",
+              "remote: reachable" in r.call("GET", "/health")[1], r.call("GET", "/health")[1])
+        check("every decision was recorded",
+              r.metric("kvr_remote_indexer_records_total") == 2 and
+              r.metric("kvr_remote_indexer_records_failed_total") == 0,
+              (r.metric("kvr_remote_indexer_records_total"),
+               r.metric("kvr_remote_indexer_records_failed_total")))
+    finally:
+        r.stop()
+        ix.stop()
+        m.stop()
+
+
+def scenario_pair_budget():
+    """--max-total-pairs bounds the pairs of every partition together: each new partition
+    reserves min(--max-pairs, what is left), one that does not fit is refused with 400 naming
+    the flag, as is one past --max-partitions; the flags are checked at start."""
+    ix = indexer("--max-pairs", "1024", "--max-total-pairs", "2560", "--max-partitions", "3",
+                 "--router-ttl-secs", "600")
+    capped = indexer("--max-partitions", "1")
+    try:
+        long_prompt = prompt(9600, 1500)
+        for m in ("a", "b"):
+            for k in range(2):
+                st, r = record(ix, m, instance=k + 1, toks=long_prompt)
+                check(f"partition {m}: a decision of 1500 blocks is recorded", st == 200, (st, r))
+        st, r = record(ix, "c")
+        check("a third partition does not fit the budget: 400 naming --max-total-pairs",
+              st == 400 and "--max-total-pairs 2560" in r["error"], (st, r))
+        pairs = ix.metric("kvr_indexer_pairs")
+        check("the pairs of every partition together stay within --max-total-pairs",
+              pairs is not None and 2000 <= pairs <= 2560, pairs)
+        check("reservations and refusals are in /metrics",
+              ix.metric("kvr_indexer_pairs_reserved") == 2048 and
+              ix.metric("kvr_indexer_pair_budget") == 2560 and
+              ix.metric("kvr_indexer_partitions_refused_total", cause="max_total_pairs") == 1,
+              (ix.metric("kvr_indexer_pairs_reserved"), ix.metric("kvr_indexer_pair_budget"),
+               ix.metric("kvr_indexer_partitions_refused_total", cause="max_total_pairs")))
+        st, r = capped.call("POST", "/register", {"instance_id": 1, "endpoint": "tcp://127.0.0.1:1",
+                                                  "model_name": "a", "block_size": BS})
+        st2, r2 = capped.call("POST", "/register", {"instance_id": 1,
+                                                    "endpoint": "tcp://127.0.0.1:1",
+                                                    "model_name": "b", "block_size": BS})
+        check("past --max-partitions: 400 naming it",
+              st == 201 and st2 == 400 and "--max-partitions 1" in r2["error"], (st, r, st2, r2))
+        check("and counted", capped.metric("kvr_indexer_partitions_refused_total",
+                                           cause="max_partitions") == 1)
+    finally:
+        ix.stop()
+        capped.stop()
+    exits(["indexer", "--max-pairs", "4096", "--max-total-pairs", "2048"], 2,
+          "--max-pairs 4096 is more than --max-total-pairs 2048")
+    exits(["indexer", "--max-total-pairs", "100"], 2, "--max-total-pairs")
+    exits(["indexer", "--max-partitions", "0"], 2, "--max-partitions")
+    exits(["indexer", "--max-partitions", "5000"], 2, "--max-partitions")
+
+
+def scenario_rank_cap_is_a_4xx():
+    """Decisions of more ranks than a partition's index keeps (4096) used to get 500
+    `capacity exhausted`: now a 400 naming the cap, counted, and the indexer goes on."""
+    ix = indexer()
+    conn = http.client.HTTPConnection(ix.host, ix.port, timeout=30)
+    try:
+        bad = []
+        for i in range(1, 4097):
+            st, r = record(ix, "m", instance=i, conn=conn)
+            if st != 200:
+                bad.append((i, st, r))
+        check("4096 ranks' decisions are recorded", bad == [], bad[:3])
+        st, r = record(ix, "m", instance=4097, conn=conn)
+        check("the 4097th rank: 400 naming the cap of 4096 ranks",
+              st == 400 and "4096 ranks" in r.get("error", ""), (st, r))
+        check("counted", ix.metric("kvr_indexer_decisions_over_capacity_total") == 1,
+              ix.metric("kvr_indexer_decisions_over_capacity_total"))
+        st, _ = ix.call("POST", "/unregister", {"instance_id": 1, "model_name": "m"})
+        st2, r2 = record(ix, "m", instance=4097)
+        check("an unregistered instance frees its rank for another", st == 200 and st2 == 200,
+              (st, st2, r2))
+    finally:
+        conn.close()
+        ix.stop()
+
+
+def key_files(tmp, **keys):
+    paths = {}
+    for name, token in keys.items():
+        path = f"{tmp}/{name}.key"
+        with open(path, "w") as f:
+            f.write(token + "\n")
+        paths[name] = path
+    return paths
+
+
+def bearer(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+def scenario_access():
+    """With --api-key-file, --admin-key-file and --peer-key-file: /health and /ready are open;
+    every call that changes something needs the admin key, the index copies the peer key (or
+    the admin key), everything else the api key (or the admin key); a refusal is a 401 in
+    serve's shape, counted. A peer given the peer key recovers from it; one without is told
+    401 and starts cold. Unreadable or shared keys stop the start naming the file."""
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="kvr-ixkeys-")
+    k = key_files(tmp, api="api-token-1", admin="admin-token-2", peer="peer-token-3")
+    api, admin, peer = bearer("api-token-1"), bearer("admin-token-2"), bearer("peer-token-3")
+    ix = indexer("--api-key-file", k["api"], "--admin-key-file", k["admin"], "--peer-key-file",
+                 k["peer"])
+    b = c = None
+    refusals = 0
+    try:
+        for path in ("/health", "/ready"):
+            st, _ = ix.call("GET", path)
+            check(f"GET {path}: open", st == 200, st)
+        reg = {"instance_id": 1, "endpoint": "tcp://127.0.0.1:1", "model_name": "m",
+               "block_size": BS}
+        writes = [("/register", reg), ("/register_peer", {"url": "http://127.0.0.1:1"}),
+                  ("/deregister_peer", {"url": "http://127.0.0.1:1"}),
+                  ("/unregister", {"instance_id": 1, "model_name": "m"}), ("/reopen_logs", {})]
+        for path, body in writes:
+            for who, h in (("no token", None), ("the api key", api), ("the peer key", peer),
+                           ("a wrong token", bearer("nope"))):
+                st, r, hd = ix.call_h("POST", path, body, h)
+                refusals += 1
+                check(f"POST {path} with {who}: 401 in serve's shape",
+                      st == 401 and r["error"]["code"] == "invalid_api_key" and
+                      r["error"]["type"] == "invalid_request_error" and r["error"]["message"] and
+                      hd.get("WWW-Authenticate") == "Bearer", (st, r))
+            st, r = ix.call("POST", path, body, admin)
+            check(f"POST {path} with the admin key: served", st in (200, 201), (st, r))
+        st, r = record(ix, "m", headers=api)
+        refusals += 1
+        check("POST /record_routing_decision with the api key: 401 naming the admin key",
+              st == 401 and "admin key" in r["error"]["message"], (st, r))
+        st, r = record(ix, "m", headers=admin)
+        check("with the admin key: recorded", st == 200, (st, r))
+        q = {"token_ids": prompt(9500, 1), "model_name": "m"}
+        by_hash = {"block_hashes": [1], "model_name": "m"}
+        for path, method, body in (("/query", "POST", q), ("/query_by_hash", "POST", by_hash),
+                                   ("/workers", "GET", None), ("/peers", "GET", None),
+                                   ("/metrics", "GET", None)):
+            st, r = ix.call(method, path, body)
+            st2, r2 = ix.call(method, path, body, peer)
+            refusals += 2
+            check(f"{method} {path} without a token or with the peer key: 401",
+                  st == 401 and st2 == 401, (st, r, st2, r2))
+            check(f"{method} {path} with the api key and with the admin key: served",
+                  ix.call(method, path, body, api)[0] == 200 and
+                  ix.call(method, path, body, admin)[0] == 200)
+        st, r = ix.call("POST", "/query", q, api)
+        check("the recorded decision answers the api key's query",
+              st == 200 and scores(r).get((1, 0)) == BS, (st, r))
+        for path in ("/dump", "/v1/index/partitions",
+                     "/v1/index/snapshot?model_name=m&routing_group=default"):
+            st, _ = ix.call("GET", path, None, api)
+            st0, _ = ix.call("GET", path)
+            refusals += 2
+            check(f"GET {path} without a token or with the api key: 401", st == 401 and st0 == 401,
+                  (st, st0))
+            check(f"GET {path} with the peer key and with the admin key: served",
+                  ix.call("GET", path, None, peer)[0] == 200 and
+                  ix.call("GET", path, None, admin)[0] == 200)
+        check("every refusal is counted",
+              metric_as(ix, "kvr_indexer_unauthorized_total", api) == refusals,
+              (metric_as(ix, "kvr_indexer_unauthorized_total", api), refusals))
+        b = indexer("--peers", ix.url, "--peer-key-file", k["peer"])
+        check("a peer sending the peer key recovers the index",
+              "index recovered from peer " + ix.url in b.stderr(), b.stderr()[-600:])
+        c = indexer("--peers", ix.url)
+        check("a peer without it is refused (401) and starts cold, saying so",
+              "401" in c.stderr() and "starting with an empty index" in c.stderr(),
+              c.stderr()[-600:])
+        check("its attempt is counted",
+              metric_as(ix, "kvr_indexer_unauthorized_total", api) == refusals + 1,
+              metric_as(ix, "kvr_indexer_unauthorized_total", api))
+    finally:
+        for x in (c, b, ix):
+            if x is not None:
+                x.stop()
+    same = key_files(tmp, same="same-token")
+    exits(["indexer", "--api-key-file", same["same"], "--admin-key-file", same["same"]], 2,
+          "admin_key_file: holds the same token as api_key_file")
+    exits(["indexer", "--admin-key-file", f"{tmp}/missing"], 2, "admin_key_file")
+    exits(["indexer", "--peer-key-file", k["api"], "--api-key-file", k["api"]], 2,
+          "peer_key_file: holds the same token as api_key_file")
+
+
+def scenario_keyed_remote():
+    """Routers in approximate mode against an indexer with keys: given
+    --remote-indexer-key-file (lookups) and --remote-indexer-admin-key-file (decisions) they
+    share its index; a router without them is refused (401, counted on both sides) and routes
+    with zero overlap."""
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="kvr-ixkeys-")
+    k = key_files(tmp, api="api-token-5", admin="admin-token-6")
+    api = bearer("api-token-5")
+    m1, m2 = mocker(), mocker()
+    ws = ["--worker", f"id=1,url={m1.url},model=m", "--worker", f"id=2,url={m2.url},model=m"]
+    ix = indexer("--router-ttl-secs", "30", "--api-key-file", k["api"], "--admin-key-file",
+                 k["admin"])
+    keyed = ["--use-kv-events", "false", "--remote-indexer", ix.url,
+             "--remote-indexer-timeout-ms", "10000", "--remote-indexer-key-file", k["api"],
+             "--remote-indexer-admin-key-file", k["admin"]] + ws
+    b1, b2 = serve(*keyed), serve(*keyed)
+    b0 = serve("--use-kv-events", "false", "--remote-indexer", ix.url,
+               "--remote-indexer-timeout-ms", "10000", *ws)
+    try:
+        cached = []
+        for j in range(3):
+            toks = prompt(9700 + j, 8)
+            st, a = b1.call("POST", "/v1/completions", {"model": "m", "prompt": toks,
+                                                        "max_tokens": 2})
+            check("keyed: routed", st == 200, (st, a))
+            check("keyed: the decision is recorded", eventually(lambda: scores(
+                ix.call("POST", "/query", {"token_ids": toks, "model_name": "m"}, api)[1]), 10))
+            st, b = b2.call("POST", "/v1/completions", {"model": "m", "prompt": toks + [3, 4],
+                                                        "max_tokens": 2})
+            cached.append(cached_of(b))
+        check("keyed: the second router follows the first's decisions", cached == [8 * BS] * 3,
+              cached)
+        check("keyed: no lookup or record failed",
+              b1.metric("kvr_remote_indexer_records_failed_total") == 0 and
+              (b2.metric("kvr_remote_indexer_failures_total") or 0) == 0,
+              (b1.metric("kvr_remote_indexer_records_failed_total"),
+               b2.metric("kvr_remote_indexer_failures_total")))
+        before = metric_as(ix, "kvr_indexer_unauthorized_total", api) or 0
+        st, a = b0.call("POST", "/v1/completions", {"model": "m", "prompt": prompt(9790, 8),
+                                                    "max_tokens": 2})
+        check("keyless: still served (zero overlap)", st == 200, (st, a))
+        check("keyless: refused by the indexer, counted on both sides", eventually(
+            lambda: (metric_as(ix, "kvr_indexer_unauthorized_total", api) or 0) > before and
+            ((b0.metric("kvr_remote_indexer_failures_total") or 0) +
+             (b0.metric("kvr_remote_indexer_records_failed_total") or 0)) >= 1, 10),
+            (metric_as(ix, "kvr_indexer_unauthorized_total", api),
+             b0.metric("kvr_remote_indexer_failures_total")))
+    finally:
+        for x in (b0, b1, b2, ix, m1, m2):
+            x.stop()
+    exits(["serve", "--remote-indexer", "http://h:1", "--remote-indexer-key-file",
+           f"{tmp}/missing"], 1, "remote_indexer_key_file")
+
+
+class FloodPeer(http.server.BaseHTTPRequestHandler):
+    """A peer whose answers are `routes`: a path prefix -> (first bytes, flood); a flooding
+    answer goes on with spaces up to FLOOD_BYTES, with no Content-Length (read to the close).
+    Any other path is 404."""
+    routes = {}
+    FLOOD_BYTES = 300 << 20
+    FILL = b" " * (1 << 20)
+
+    def do_GET(self):
+        for prefix, (head, flood) in self.routes.items():
+            if self.path.startswith(prefix):
+                break
+        else:
+            head, flood = None, False
+        self.send_response(404 if head is None else 200)
+        if not flood:
+            body = b"{}" if head is None else head
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.end_headers()
+        try:
+            self.wfile.write(head)
+            sent = len(head)
+            while sent < self.FLOOD_BYTES:
+                self.wfile.write(self.FILL)
+                sent += len(self.FILL)
+        except OSError:
+            pass  # refused: the reader closed the connection
+
+    def log_message(self, *args):
+        pass
+
+
+def flood_server(routes):
+    handler = type("Flood", (FloodPeer,), {"routes": routes})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def scenario_peer_answers_are_bounded():
+    """A peer answering start-up recovery with an endless body (its partitions list, a
+    snapshot with the right magic, a JSON dump) used to be buffered up to 4 GB: each is now
+    refused past what it can legitimately be; the indexer starts cold, says why, its memory
+    stays small, and it serves."""
+    one = b'[{"model_name":"m","routing_group":"default","block_size":16}]'
+    cold = indexer("--max-pairs", "1024")  # what the same indexer holds with no peer at all
+    cold.call("GET", "/health")
+    base = peak_rss_mb(cold)
+    cold.stop()
+    cases = [
+        ("partitions list", {"/v1/index/partitions": (b"[", True)}),
+        ("snapshot", {"/v1/index/partitions": (one, False),
+                      "/v1/index/snapshot": (b"KVRSNAP1", True)}),
+        ("JSON dump (a peer without snapshots)", {"/dump": (b'{"m:default": ', True)}),
+    ]
+    for what, routes in cases:
+        srv = flood_server(routes)
+        ix = None
+        try:
+            ix = indexer("--max-pairs", "1024", "--peer-timeout-ms", "60000", "--peers",
+                         f"http://127.0.0.1:{srv.server_address[1]}")
+            err = ix.stderr()
+            check(f"an endless {what}: refused past its bound, a cold start saying so",
+                  "larger than" in err and "starting with an empty index" in err, err[-600:])
+            rss = peak_rss_mb(ix)
+            check(f"an endless {what}: the indexer held at most {RSS_ALLOWANCE_MB} MB more than "
+                  "a cold start", 0 < rss < base + RSS_ALLOWANCE_MB, (rss, base))
+            check(f"an endless {what}: the indexer serves", ix.call("GET", "/health")[0] == 200)
+            check(f"an endless {what}: the failure is counted",
+                  ix.metric("kvr_indexer_peer_recovery_failures_total") == 1,
+                  ix.metric("kvr_indexer_peer_recovery_failures_total"))
+        finally:
+            if ix is not None:
+                ix.stop()
+            srv.shutdown()
+
+
+
+class PlannedIndexer(http.server.BaseHTTPRequestHandler):
+    """A remote indexer answering each POST /query_by_hash with the next step of `plan`:
+    (status, headers, body, declared length or None, flood bytes after the body). HTTP/1.0:
+    every answer ends with the connection (a body without a length is read to the close)."""
+    plan = []
+    lock = threading.Lock()
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with self.lock:
+            step = self.plan.pop(0) if self.plan else (200, {}, EMPTY_ANSWER, None, 0)
+        status, headers, body, length, flood = step
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        if length is not None:
+            self.send_header("Content-Length", str(length))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+            fill, sent = b" " * (1 << 20), 0
+            while sent < flood:
+                self.wfile.write(fill)
+                sent += len(fill)
+        except OSError:
+            pass  # refused: the router closed the connection
+
+    def log_message(self, *args):
+        pass
+
+
+EMPTY_ANSWER = b'{"scores":{},"frequencies":[],"instances":{}}'
+
+
+def scenario_remote_answers_are_bounded():
+    """A router with --remote-indexer used to buffer whatever the indexer sent (3.5 GB in the
+    probe) and logged an error answer past its end (%.200s on a buffer without a NUL): a body
+    larger than an answer can be (declared or not) and a head over 16 KiB are refused as they
+    arrive (cause "answer"), the router's memory stays small, an error answer is logged as it
+    is, and the router routes on."""
+    flood = 300 << 20
+    pad = {f"X-Pad-{i}": "p" * 100 for i in range(2000)}  # ~220 KB of headers
+    PlannedIndexer.plan = [
+        (503, {}, b"Z" * 150, 150, 0),
+        (503, {}, b"X", 1, 0),
+        (200, {}, b'{"scores":', flood + 10, flood),
+        (200, {}, b'{"scores":', None, flood),
+        (200, pad, EMPTY_ANSWER, len(EMPTY_ANSWER), 0),
+        (200, {}, EMPTY_ANSWER, len(EMPTY_ANSWER), 0),
+    ]
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), PlannedIndexer)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    m = mocker()
+    r = serve("--remote-indexer", f"http://127.0.0.1:{srv.server_address[1]}",
+              "--remote-indexer-timeout-ms", "10000", "--worker", f"id=1,url={m.url},model=m")
+    r.call("GET", "/health")
+    base = peak_rss_mb(r)  # before any answer
+    try:
+        for k in range(6):
+            st, a = r.call("POST", "/v1/completions", {"model": "m", "prompt": prompt(9700 + k, 2),
+                                                        "max_tokens": 2})
+            check(f"answer {k}: the request is served", st == 200, (st, a))
+        err = r.stderr()
+        check("an error answer is logged as it is, nothing past its end",
+              "answered 503: X; this decision has zero overlap" in err,
+              [l for l in err.splitlines() if "answered 503" in l])
+        check("bodies over the bound (declared or not) and a head over 16 KiB: refused, counted "
+              "as answer failures",
+              r.metric("kvr_remote_indexer_failures_total", cause="answer") == 3 and
+              r.metric("kvr_remote_indexer_failures_total", cause="status") == 2,
+              (r.metric("kvr_remote_indexer_failures_total", cause="answer"),
+               r.metric("kvr_remote_indexer_failures_total", cause="status")))
+        check("and logged", err.count("answer is refused unread") == 3,
+              [l for l in err.splitlines() if "remote indexer" in l][-4:])
+        rss = peak_rss_mb(r)
+        check(f"the router held at most {RSS_ALLOWANCE_MB} MB more than before the answers",
+              0 < rss < base + RSS_ALLOWANCE_MB, (rss, base))
+        check("a good answer after them is used",
+              r.metric("kvr_remote_indexer_answered_total") == 1 and
+              "remote: reachable" in r.call("GET", "/health")[1],
+              r.metric("kvr_remote_indexer_answered_total"))
+    finally:
+        r.stop()
+        m.stop()
+        srv.shutdown()
+
+
 if __name__ == "__main__":
     print(f"seed {SEED}", flush=True)
     run_scenarios([s for s in [
@@ -766,4 +1295,12 @@ if __name__ == "__main__":
         ("validation", scenario_validation),
         ("api_errors", scenario_api_errors),
         ("register_races", scenario_register_races),
+        ("partitions_do_not_lock_up", scenario_partitions_do_not_lock_up),
+        ("approximate_partition_comes_back", scenario_approximate_partition_comes_back),
+        ("pair_budget", scenario_pair_budget),
+        ("rank_cap_is_a_4xx", scenario_rank_cap_is_a_4xx),
+        ("access", scenario_access),
+        ("keyed_remote", scenario_keyed_remote),
+        ("peer_answers_are_bounded", scenario_peer_answers_are_bounded),
+        ("remote_answers_are_bounded", scenario_remote_answers_are_bounded),
     ] if len(sys.argv) < 3 or s[0] in sys.argv[2:]], SEED)

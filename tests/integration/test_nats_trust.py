@@ -16,11 +16,13 @@ the test is just another client of the server), as any process that can reach th
   snapshot storm  snapshot requests beyond the rate limit are refused, counted
 Usage: test_nats_trust.py <path to kvrouter>.
 """
+import base64
 import http.server
 import json
 import os
 import socketserver
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -303,7 +305,237 @@ def scenario_snapshot_storm(nats):
         a.stop()
 
 
+# ---- NATS with authentication, per-role permissions and TLS ----
+
+def _crc16(data):
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1) & 0xFFFF
+    return crc
+
+
+def _b32(raw):
+    return base64.b32encode(raw).decode().rstrip("=")
+
+
+class NKeyUser:
+    """An nkey user made here (ed25519 from python3-cryptography, NATS's encoding)."""
+
+    def __init__(self):
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from cryptography.hazmat.primitives import serialization as ser
+        self.key = Ed25519PrivateKey.generate()
+        raw = self.key.private_bytes(ser.Encoding.Raw, ser.PrivateFormat.Raw,
+                                     ser.NoEncryption())
+        pub = self.key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+        user, seed = 20 << 3, 18 << 3
+        s = bytes([seed | user >> 5, (user & 31) << 3]) + raw
+        self.seed = _b32(s + struct.pack("<H", _crc16(s)))
+        p = bytes([user]) + pub
+        self.public = _b32(p + struct.pack("<H", _crc16(p)))
+
+    def file(self, name):
+        return secret(name, f"{self.seed}\n{self.public}")
+
+    def connect_line(self, info):
+        nonce = json.loads(info[5:])["nonce"].encode()
+        sig = base64.urlsafe_b64encode(self.key.sign(nonce)).decode().rstrip("=")
+        return json.dumps({"nkey": self.public, "sig": sig, "verbose": False,
+                           "pedantic": False}).encode()
+
+
+def raw_publish(port, subject, payload, user=None):
+    """Publishes as a stranger (raw protocol), as user when given; the server's answer lines."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        f = sock.makefile("rb")
+        info = f.readline().decode()
+        conn = user.connect_line(info) if user else b'{"verbose":false,"pedantic":false}'
+        sock.sendall(b"CONNECT " + conn + b"\r\nPUB " + subject.encode() + b" " +
+                     str(len(payload)).encode() + b"\r\n" + payload + b"\r\nPING\r\n")
+        out = []
+        while True:
+            line = f.readline().decode(errors="replace").strip()
+            out.append(line)
+            if not line or line.startswith("PONG") or "Authorization Violation" in line:
+                return out
+
+
+ROLES_CONF = """
+listen: 127.0.0.1:{port}
+jetstream { store_dir: "{store}" }
+authorization {
+  users = [
+    { nkey: ROUTER, permissions: {
+        publish: ["kvrouter.>", "$KV.kvrouter_routers.>", "$JS.API.INFO",
+                  "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.KV_kvrouter_routers",
+                  "$JS.API.STREAM.INFO.KV_kvrouter_workers",
+                  "$JS.API.STREAM.CREATE.KV_kvrouter_routers",
+                  "$JS.API.STREAM.CREATE.KV_kvrouter_workers",
+                  "$JS.API.CONSUMER.*.KV_kvrouter_routers.>",
+                  "$JS.API.CONSUMER.*.KV_kvrouter_workers.>",
+                  "$JS.API.CONSUMER.*.KV_kvrouter_routers",
+                  "$JS.API.CONSUMER.*.KV_kvrouter_workers",
+                  "$JS.API.DIRECT.GET.KV_kvrouter_routers.>",
+                  "$JS.API.DIRECT.GET.KV_kvrouter_workers.>", "_INBOX.>"],
+        subscribe: ["kvrouter.>", "_INBOX.>", "$KV.kvrouter_routers.>",
+                    "$KV.kvrouter_workers.>"] } }
+    { nkey: WORKER, permissions: {
+        publish: ["$KV.kvrouter_workers.>", "$JS.API.INFO",
+                  "$JS.API.STREAM.INFO.KV_kvrouter_workers",
+                  "$JS.API.STREAM.CREATE.KV_kvrouter_workers"],
+        subscribe: ["_INBOX.>"] } }
+  ]
+}
+"""
+
+
+def scenario_roles():
+    """The recommended server set-up: every client authenticated (nkeys), routers and workers
+    with their own publish and subscribe permissions. Replicas sync and discover workers with
+    it; a stranger cannot connect; a worker's identity cannot publish a sync batch."""
+    router_u, worker_u = NKeyUser(), NKeyUser()
+    nats = NatsServer(ROLES_CONF.replace("ROUTER", router_u.public)
+                      .replace("WORKER", worker_u.public))
+    rkey, wkey = router_u.file("router.nk"), worker_u.file("worker.nk")
+    a = b = m = None
+    try:
+        a = replica(nats, "--nats-nkey-file", rkey, "--discovery", "nats", what="replica A")
+        b = replica(nats, "--nats-nkey-file", rkey, "--discovery", "nats", what="replica B")
+        check("roles: both replicas ready with their nkey",
+              eventually(lambda: ready(a) and ready(b), 20),
+              (a.call("GET", "/ready"), a.stderr()[-1500:]))
+        check("roles: they see each other", eventually(
+            lambda: len(a.call("GET", "/v1/routers")[1].get("routers", [])) == 1, 10))
+        check("roles: a booking on A shows on B", route(a, "r1", 1)[0] == 200 and
+              eventually(lambda: active(b) == 1, 10), active(b))
+        m = Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--block-size", BS,
+                   "--nats-url", nats.url, "--nats-nkey-file", wkey, "--worker-id", "42"],
+                  "mocker with the worker's nkey")
+        check("roles: a worker registers with its own identity", eventually(
+            lambda: any(w["worker_id"] == 42 for w in a.call("GET", "/v1/workers")[1]
+                        .get("workers", [])), 15))
+        got = raw_publish(nats.port, "kvrouter.active_sequences",
+                          sync_msg(1, 0x66, 1, [ev_end(3, "r1")]), user=worker_u)
+        check("roles: the worker's identity may not publish a sync batch",
+              any("Permissions Violation" in x for x in got), got)
+        got = raw_publish(nats.port, "kvrouter.active_sequences",
+                          sync_msg(1, 0x66, 1, [ev_end(3, "r1")]))
+        check("roles: a stranger cannot even connect",
+              any("Authorization Violation" in x for x in got), got)
+        check("roles: the booking stands", active(a) == 1 and active(b) == 1)
+        bad = subprocess.Popen([KVR, "serve", "--http-port", "0", "--nats-url", nats.url,
+                                "--router-replica-sync", "true", "--log-level", "info"] +
+                               WORKERS, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, text=True)
+        try:
+            out, err = bad.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            bad.kill()
+            out, err = bad.communicate()
+        check("roles: a replica without credentials stops at start, saying why",
+              bad.returncode != 0 and "Authorization Violation" in err, (bad.returncode,
+                                                                          err[-800:]))
+    finally:
+        for x in (a, b, m):
+            if x is not None:
+                x.stop()
+        nats.stop()
+
+
+def make_certs():
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (openssl CLI)."""
+    d = os.path.join(TMP, "pki")
+    os.makedirs(d, exist_ok=True)
+
+    def run(*a):
+        subprocess.run(["openssl"] + list(a), check=True, capture_output=True, cwd=d)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=kvrouter test CA")
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+            f"{name}.csr", "-subj", f"/CN={name}")
+        with open(os.path.join(d, f"{name}.ext"), "w") as f:
+            f.write(ext + "\n")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")
+    return {k: os.path.join(d, k) for k in ("ca.pem", "server.pem", "server.key", "client.pem",
+                                             "client.key")}
+
+
+def start_fails(args):
+    p = subprocess.run([KVR, "serve", "--http-port", "0"] + [str(a) for a in args] + WORKERS,
+                       capture_output=True, text=True, timeout=30)
+    return p.returncode != 0, p.stderr[-600:]
+
+
+def scenario_tls():
+    """NATS over TLS with client certificates: replicas with the CA and their certificate sync;
+    one without TLS, or without a client certificate, is refused at start with the reason."""
+    c = make_certs()
+    nats = NatsServer(f"""
+listen: 127.0.0.1:{{port}}
+jetstream {{ store_dir: "{{store}}" }}
+tls {{ cert_file: "{c['server.pem']}", key_file: "{c['server.key']}",
+       ca_file: "{c['ca.pem']}", verify: true, timeout: 2 }}
+""")
+    tls = ["--nats-tls-ca", c["ca.pem"], "--nats-tls-cert", c["client.pem"], "--nats-tls-key",
+           c["client.key"]]
+    a = b = None
+    try:
+        a = replica(nats, *tls, what="TLS replica A")
+        b = replica(nats, *tls, what="TLS replica B")
+        check("tls: both ready", eventually(lambda: ready(a) and ready(b), 20),
+              a.stderr()[-800:])
+        check("tls: a booking on A shows on B", route(a, "t1", 1)[0] == 200 and
+              eventually(lambda: active(b) == 1, 10), active(b))
+        failed, err = start_fails(["--nats-url", nats.url, "--router-replica-sync", "true"])
+        check("tls: a replica without TLS is refused at start, saying why",
+              failed and "refused this process" in err, err)
+        failed, err = start_fails(["--nats-url", nats.url, "--router-replica-sync", "true",
+                                   "--nats-tls-ca", c["ca.pem"]])
+        check("tls: a replica without a client certificate is refused at start",
+              failed and "refused this process" in err, err)
+    finally:
+        for x in (a, b):
+            if x is not None:
+                x.stop()
+        nats.stop()
+
+
+def scenario_bad_auth_settings():
+    """Credentials settings are checked at start, the setting named; a secret in the url is
+    warned about."""
+    nats = NatsServer()
+    tok = secret("nats.token", "tok-" + "t" * 20)
+    half = secret("half.nk", "SU" + "A" * 56)
+    try:
+        for args, want in (
+                (["--nats-token-file", tok, "--nats-nkey-file", half], "give one"),
+                (["--nats-nkey-file", half], "holds no public key"),
+                (["--nats-token-file", os.path.join(TMP, "absent")], "nats_token_file"),
+                (["--nats-tls-cert", tok], "nats_tls_key")):
+            p = subprocess.run([KVR, "serve", "--http-port", "0", "--nats-url", nats.url] +
+                               args + WORKERS, capture_output=True, text=True, timeout=30)
+            check(f"bad auth settings: {args[0]}... refused at start naming it",
+                  p.returncode != 0 and want in p.stderr, (p.returncode, p.stderr[-500:]))
+        r = Child([KVR, "serve", "--http-port", "0", "--nats-url",
+                   nats.url.replace("nats://", "nats://user:hunter2@"), "--log-level", "info"] +
+                  WORKERS, "router with a password in its url")
+        check("bad auth settings: a password in the url is warned about", eventually(
+            lambda: "carries credentials" in r.stderr(), 5), r.stderr()[-500:])
+        r.stop()
+    finally:
+        nats.stop()
+
+
 def main():
+    scenario_bad_auth_settings()
+    scenario_roles()
+    scenario_tls()
     nats = NatsServer()
     try:
         scenario_forged_entry(nats)

@@ -9,15 +9,28 @@ the saved last batch (same number, same bytes: the same engine process) and what
 and is `exact` again, with the blocks of every prompt, including those the engine cached while
 the router was down. A state file the engine cannot confirm (it restarted meanwhile), a
 damaged file and one saved with another block size are refused, named in the log, and the
-router starts cold. Usage: test_warm_restart.py <path to kvrouter>.
+router starts cold.
+
+The file itself (src/net/state_file.h): a stop before the engine confirmed the reloaded ranks
+(an engine outage during a rolling restart) keeps them in the file, byte for byte, and a later
+start with the engine back resumes them; a path that is not a regular file (FIFO, directory,
+socket, symbolic link) and a second router on the same path stop the start at once with a
+message naming state_file; a symbolic link planted where the temporary file used to go, or
+swapped in at the path while the router runs, never gets its target written.
+Usage: test_warm_restart.py <path to kvrouter>.
 """
 import json
 import os
 import random
+import signal
+import socket
+import struct
+import subprocess
 import sys
 import tempfile
 
-from kvr_harness import Child, check, eventually, finish, with_free_ports
+from kvr_harness import (SANITIZER_RE, Child, check, eventually, finish, read_line,
+                         with_free_ports)
 
 KVR = sys.argv[1]
 BS = 4
@@ -38,12 +51,61 @@ def subscribed(m, n=1):
     return eventually(lambda: (m.metric("kvr_mocker_kv_event_subscribers") or 0) >= n, 10)
 
 
-def start_router(ev, rp, state=None, bs=BS, what="router"):
+def router_args(ev, rp, state=None, bs=BS):
     args = [KVR, "serve", "--http-port", "0", "--block-size", bs, "--log-level", "info",
             "--worker", f"id=1,events=tcp://127.0.0.1:{ev},replay=tcp://127.0.0.1:{rp}"]
     if state:
         args += ["--state-file", state]
-    return Child(args, what)
+    return args
+
+
+def start_router(ev, rp, state=None, bs=BS, what="router"):
+    return Child(router_args(ev, rp, state, bs), what)
+
+
+def start_refused(args, bound=10.0):
+    """Runs a router that must refuse to start: (exit status, stderr), the status None when
+    it started anyway (printed `listening`) or had not exited within the bound (then it is
+    killed: a hang fails the check, it never blocks the test)."""
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE, stderr=err,
+                             stdin=subprocess.DEVNULL)
+        started = read_line(p, bound).startswith("listening")
+        try:
+            rc = None if started else p.wait(timeout=bound)
+        except subprocess.TimeoutExpired:
+            rc = None
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+        err.seek(0)
+        text = err.read().decode(errors="replace")
+    return rc, ("(it started) " if started else "") + text
+
+
+def check_refused(name, args, *needles):
+    rc, err = start_refused(args)
+    check(f"{name}: refused at start (exit non-zero, no hang)", rc is not None and rc != 0,
+          (rc, err[-800:]))
+    check(f"{name}: the message names it", all(n in err for n in needles),
+          (needles, err[-800:]))
+    check(f"{name}: no crash", SANITIZER_RE.search(err) is None and (rc is None or rc > 0),
+          (rc, err[-800:]))
+
+
+def same_state(a, b):
+    """Two state files hold the same ranks (cursors included) and events: only the save time
+    (bytes 16..24) and the checksum (the last 8 bytes) may differ."""
+    return len(a) == len(b) and a[:16] == b[:16] and a[24:-8] == b[24:-8]
+
+
+def n_ranks(data):
+    return struct.unpack_from("<I", data, 24)[0] if len(data) >= 28 else None
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def rank(r):
@@ -169,6 +231,9 @@ def scenario_engine_restarted(tmp):
             check("the failed resume is logged", "not resumed" in r.stderr(), r.stderr()[-800:])
         finally:
             r.stop()
+        check("a rank its engine refused is not kept as loaded (its new state is saved)",
+              "1 exact ranks saved" in r.stderr() and "0 ranks kept as loaded" in r.stderr()
+              and "1 dropped (their engine refused them)" in r.stderr(), r.stderr()[-800:])
     finally:
         m.stop()
 
@@ -206,11 +271,175 @@ def scenario_bad_files(tmp, ev, rp):
           r.stderr()[-600:])
 
 
+def scenario_stop_before_confirmation(tmp):
+    """An engine outage during a rolling restart: the router reloads the file, but the engine
+    (paused: alive, silent) cannot confirm the ranks. Stopped before the confirmation, or after
+    the resume ran out of time, the router keeps those ranks in the file byte for byte (the
+    engine, not the router, decides at a later start); with the engine back, the next start
+    resumes them and is exact with every prompt. Stopped while its engine is down (the
+    connection lost), the router saves the rank too: its state is whole up to its cursor."""
+    (ev, rp), m = with_free_ports(start_mocker, 1, 1)
+    state = os.path.join(tmp, "outage.state")
+    paused = False
+    try:
+        r = start_router(ev, rp, state)
+        try:
+            check("router subscribed", subscribed(m))
+            prompts = serve_prompts(m, 8)
+            check("router exact with every prompt", eventually(
+                lambda: exact_at(r, m) and all_cached(r, prompts) is True, 10), rank(r))
+        finally:
+            r.stop()
+        saved = read(state)
+        check("the file holds the rank", n_ranks(saved) == 1 and len(saved) > 1000,
+              (n_ranks(saved), len(saved)))
+
+        os.kill(m.proc.pid, signal.SIGSTOP)  # the outage: connections open, nothing answers
+        paused = True
+        r = start_router(ev, rp, state, what="router stopped before the confirmation")
+        check("reloaded", "1 ranks resumed" in r.stderr(), r.stderr()[-800:])
+        r.stop()
+        check("stopped before the confirmation: the file still holds the rank, byte for byte",
+              same_state(read(state), saved), (n_ranks(read(state)), len(read(state)), len(saved)))
+        check("the kept rank is logged", "1 ranks kept as loaded" in r.stderr(),
+              r.stderr()[-800:])
+
+        r = start_router(ev, rp, state, what="router whose resume ran out of time")
+        try:
+            check("the resume fails: no answer in time", eventually(
+                lambda: r.metric("kvr_kv_resumes_failed_total") == 1, 15),
+                r.metric("kvr_kv_resumes_failed_total"))
+        finally:
+            r.stop()
+        check("after a resume that ran out of time: the file still holds the rank",
+              same_state(read(state), saved), (n_ranks(read(state)), len(read(state)), len(saved)))
+        check("why it is kept is logged", "did not confirm the saved state in time" in r.stderr()
+              and "1 ranks kept as loaded" in r.stderr(), r.stderr()[-1200:])
+
+        os.kill(m.proc.pid, signal.SIGCONT)  # the engine is back: the same process
+        paused = False
+        r = start_router(ev, rp, state, what="router after the outage")
+        try:
+            more = serve_prompts(m, 1)
+            check("the kept rank is confirmed by its engine", eventually(
+                lambda: r.metric("kvr_kv_resumes_total") == 1, 10),
+                (r.metric("kvr_kv_resumes_total"), r.metric("kvr_kv_resumes_failed_total")))
+            check("exact again with the prompts from before the outage and after it",
+                  eventually(lambda: exact_at(r, m) and all_cached(r, prompts + more) is True,
+                             10), (rank(r), all_cached(r, prompts + more)))
+            before = rank(r)
+            m.kill()  # an outage while the router runs: the connection is lost
+            check("the rank shows its engine unreachable", eventually(
+                lambda: rank(r).get("index_state") == "unreachable", 10), rank(r))
+        finally:
+            r.stop()
+        kept = read(state)
+        check("stopped while its engine is unreachable: the rank and its blocks are saved",
+              n_ranks(kept) == 1 and len(kept) > len(saved) and
+              struct.unpack_from("<Q", kept, 48)[0] == before.get("last_seq"),
+              (n_ranks(kept), len(kept), len(saved), before.get("last_seq")))
+        check("saved as unreachable (logged)", "1 of them with their engine unreachable"
+              in r.stderr(), r.stderr()[-800:])
+    finally:
+        if paused:
+            os.kill(m.proc.pid, signal.SIGCONT)
+        m.stop()
+
+
+def scenario_refused_paths(tmp, ev, rp):
+    """A path that is not a regular file stops the start at once, with a message naming
+    state_file, the path and what it is: a FIFO (it used to block the start forever), a
+    directory, a socket, a symbolic link (to a file, or dangling), a link at the lock file.
+    No link target is touched."""
+    fifo = os.path.join(tmp, "fifo.state")
+    os.mkfifo(fifo)
+    check_refused("FIFO", router_args(ev, rp, fifo), "state_file", fifo, "FIFO")
+    d = os.path.join(tmp, "dir.state")
+    os.mkdir(d)
+    check_refused("directory", router_args(ev, rp, d), "state_file", d, "directory")
+    sock_path = os.path.join(tmp, "sock.state")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(sock_path)
+    try:
+        check_refused("socket", router_args(ev, rp, sock_path), "state_file", sock_path,
+                      "socket")
+    finally:
+        sock.close()
+    victim = os.path.join(tmp, "victim")
+    with open(victim, "wb") as f:
+        f.write(b"precious\n")
+    link = os.path.join(tmp, "link.state")
+    os.symlink(victim, link)
+    check_refused("symbolic link", router_args(ev, rp, link), "state_file", link,
+                  "symbolic link")
+    dangling = os.path.join(tmp, "dangling.state")
+    os.symlink(os.path.join(tmp, "nowhere"), dangling)
+    check_refused("dangling symbolic link", router_args(ev, rp, dangling), "state_file",
+                  dangling, "symbolic link")
+    check("nothing created through the dangling link", not os.path.lexists(
+        os.path.join(tmp, "nowhere")))
+    locked = os.path.join(tmp, "locklink.state")
+    os.symlink(victim, locked + ".lock")
+    check_refused("symbolic link at the lock file", router_args(ev, rp, locked), "state_file",
+                  locked + ".lock", "symbolic link")
+    check("no link target written", read(victim) == b"precious\n", read(victim))
+
+
+def scenario_symlinked_temp(tmp, ev, rp):
+    """Links planted where the temporary file used to go (PATH.tmp), and swapped in at the
+    path itself while the router runs: the save writes a new file of its own and renames it
+    over the path; neither target is written. A temporary file an interrupted save left is
+    removed at the next start."""
+    state = os.path.join(tmp, "planted.state")
+    victim, victim2 = os.path.join(tmp, "victim1"), os.path.join(tmp, "victim2")
+    for v in (victim, victim2):
+        with open(v, "wb") as f:
+            f.write(b"precious\n")
+    os.symlink(victim, state + ".tmp")
+    leftover = state + ".tmp.AAAAAAAAAAAA"
+    with open(leftover, "wb") as f:
+        f.write(b"half a save")
+    r = start_router(ev, rp, state, what="router with links planted")
+    check("the leftover temporary file is removed at start", not os.path.exists(leftover))
+    os.symlink(victim2, state)  # swapped in while it runs
+    r.stop()
+    check("the target of the link at PATH.tmp is untouched", read(victim) == b"precious\n",
+          read(victim)[:40])
+    check("the target of the link at PATH is untouched", read(victim2) == b"precious\n",
+          read(victim2)[:40])
+    check("PATH is now the saved file (the link replaced, not followed)",
+          not os.path.islink(state) and read(state)[:8] == b"KVRSNAP1",
+          (os.path.islink(state), read(state)[:8]))
+    check("the planted link itself is left alone", os.path.islink(state + ".tmp"))
+    left = [n for n in os.listdir(tmp) if n.startswith("planted.state.tmp.")]
+    check("no temporary file left behind", left == [], left)
+
+
+def scenario_two_routers(tmp, ev, rp):
+    """Two routers on one path (the second used to start, and the two saves raced to a
+    corrupt file): the second is refused at start naming state_file and the holder's pid; the
+    lock dies with its holder, even killed."""
+    state = os.path.join(tmp, "shared.state")
+    r = start_router(ev, rp, state, what="first router")
+    try:
+        check_refused("second router on the same state file", router_args(ev, rp, state),
+                      "state_file", state, "in use", f"pid {r.proc.pid}")
+    finally:
+        r.kill()  # a crash: the kernel drops the lock
+    r = start_router(ev, rp, state, what="router after the holder was killed")
+    r.stop()
+    check("it saved a whole file", read(state)[:8] == b"KVRSNAP1")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         ev, rp, _ = scenario_resume(tmp)
         scenario_engine_restarted(tmp)
         scenario_bad_files(tmp, ev, rp)
+        scenario_stop_before_confirmation(tmp)
+        scenario_refused_paths(tmp, ev, rp)
+        scenario_symlinked_temp(tmp, ev, rp)
+        scenario_two_routers(tmp, ev, rp)
     finish()
 
 
