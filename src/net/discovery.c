@@ -7,7 +7,10 @@
  *     removed, so a worker given by --worker or POST /v1/workers is never removed here;
  *   - a refused slot remembers its value's hash: the same value is not tried (nor logged)
  *     again; a new value is;
- *   - expiry is judged only while settled (replicas.h): connected without a break for the TTL.
+ *   - expiry is judged only while settled (replicas.h): connected without a break for the TTL;
+ *   - a registered worker's value never changes here: a put with another value (anyone on NATS
+ *     can write one) is refused and counted while the registered value lives; it can take over
+ *     once that one is deleted or expires (only the registered value's puts refresh it).
  */
 #include "net/discovery.h"
 
@@ -114,10 +117,13 @@ static void on_put(kvr_discovery_t *d, uint64_t id, const char *key, const uint8
         refuse(d, NULL, key, "the worker is registered by --worker or POST /v1/workers");
         return;
     }
-    if (f != NULL && f->registered) { /* changed: register the new value */
+    if (f != NULL && f->registered) { /* changed while registered: refused, not replaced */
         d->changed++;
-        unregister(d, f, "its entry changed");
-        f = NULL;
+        kvr_log_limited(&d->rl, KVR_LOG_WARN, "discovery: %s entry %s changed while worker %s "
+                        "is registered: refused (a worker re-registers with a new value after "
+                        "its entry is deleted or expires; anyone on NATS can write an entry)",
+                        d->bucket, key, key);
+        return;
     }
     if ((f = slot_for(d, id)) == NULL) {
         refuse(d, NULL, key, "out of memory");
@@ -201,15 +207,19 @@ static void ext_metrics(void *arg, kvr_prom_t *p)
                    (double)live);
     kvr_prom_family(p, "kvr_discovery_events_total", "counter",
                     "discovery changes applied, by kind");
-    static const char *const kinds[] = {"added", "changed", "deleted", "expired"};
-    const uint64_t v[] = {d->added, d->changed, d->deleted, d->expired};
-    for (int k = 0; k < 4; k++) {
+    static const char *const kinds[] = {"added", "deleted", "expired"};
+    const uint64_t v[] = {d->added, d->deleted, d->expired};
+    for (int k = 0; k < 3; k++) {
         kvr_prom_label_t l = {"kind", kinds[k]};
         kvr_prom_sample(p, "kvr_discovery_events_total", &l, 1, (double)v[k]);
     }
     kvr_prom_counter(p, "kvr_discovery_refused_total",
                      "entries refused (undecodable, id mismatch, registration refused)",
                      (double)d->refused);
+    kvr_prom_counter(p, "kvr_discovery_changes_refused_total",
+                     "entries with another value for a registered worker (kept as registered "
+                     "until its entry is deleted or expires)",
+                     (double)d->changed);
     kvr_prom_counter(p, "kvr_discovery_conflicts_total",
                      "entries naming a worker registered otherwise (ignored)",
                      (double)d->conflicts);

@@ -4,10 +4,15 @@
  * Invariants:
  *   - the table holds each peer id at most once (never this router's own); a slot is live
  *     (present) or free; a peer that went is removed, and comes back as new if it returns;
- *   - a peer is declared gone once per disappearance: by its entry's delete, or by silence
- *     (no entry refresh and no sync batch for ttl_ms) judged only while settled (connected
- *     without a break for at least ttl_ms), so a router cut off from NATS never frees the
- *     requests of peers it merely cannot hear.
+ *   - a peer is declared gone once per disappearance: DELETE_GRACE (2/3 of ttl_ms) after its
+ *     entry's delete unless it is heard from meanwhile (anyone can publish a delete: a peer
+ *     that still refreshes its entry, every third of ttl_ms, or publishes a batch is restored,
+ *     counted), or by silence (no entry refresh and no sync batch for ttl_ms); both judged
+ *     only while settled (connected without a break for at least ttl_ms), so a router cut
+ *     off from NATS never frees the requests of peers it merely cannot hear;
+ *   - the table is full only of peers that wrote a presence entry: a router known from sync
+ *     batches alone (never an entry, as a forger's ids) gives its slot to a newcomer with an
+ *     entry, the one heard from least recently first.
  */
 #include "net/replicas.h"
 
@@ -32,6 +37,7 @@ typedef struct peer {
     char url[URL_BYTES];
     bool used, replica_sync;
     uint64_t first_ms, last_entry_ms, last_sync_ms;
+    uint64_t deleted_ms; /* its entry's delete was seen (0 = not): gone after the grace */
     uint64_t batches, lost_batches, lag_last_us, lag_max_us;
 } peer_t;
 
@@ -48,6 +54,7 @@ struct kvr_replicas {
     kvr_json_writer_t w;
     /* counters */
     uint64_t joined, gone_deleted, gone_silent, bad_entries, table_full, peer_urls_refused;
+    uint64_t restored, evicted;
     kvr_ratelimit_t rl;
 };
 
@@ -61,22 +68,57 @@ static peer_t *find(kvr_replicas_t *r, uint64_t id)
     return NULL;
 }
 
-static peer_t *find_or_add(kvr_replicas_t *r, uint64_t id, uint64_t now)
+/* The slot a router known from sync batches alone (no entry ever) holds, heard from least
+ * recently; NULL when every peer wrote an entry. */
+static peer_t *entryless_victim(kvr_replicas_t *r)
+{
+    peer_t *v = NULL;
+    for (size_t i = 0; i < KVR_MAX_PEERS; i++) {
+        peer_t *p = &r->peers[i];
+        if (p->used && p->last_entry_ms == 0 && (v == NULL || p->last_sync_ms < v->last_sync_ms))
+            v = p;
+    }
+    return v;
+}
+
+static void gone(kvr_replicas_t *r, peer_t *p, const char *why);
+
+/* id's slot, added when new; with_entry: the newcomer wrote a presence entry, and may take
+ * the slot of an entry-less one when the table is full. */
+static peer_t *find_or_add(kvr_replicas_t *r, uint64_t id, uint64_t now, bool with_entry)
 {
     peer_t *p = find(r, id);
+    if (p != NULL)
+        return p;
     for (size_t i = 0; p == NULL && i < KVR_MAX_PEERS; i++)
-        if (!r->peers[i].used) {
+        if (!r->peers[i].used)
             p = &r->peers[i];
-            *p = (peer_t){.id = id, .used = true, .first_ms = now};
-            r->joined++;
-            kvr_log(KVR_LOG_INFO, "replicas: router %016llx joined", (unsigned long long)id);
-        }
+    if (p == NULL && with_entry && (p = entryless_victim(r)) != NULL) {
+        r->evicted++;
+        gone(r, p, "evicted: the peer table is full and it never wrote a presence entry");
+    }
     if (p == NULL) {
         r->table_full++;
         kvr_log_limited(&r->rl, KVR_LOG_WARN, "replicas: more than %d peers; router %016llx "
                         "ignored", KVR_MAX_PEERS, (unsigned long long)id);
+        return NULL;
     }
+    *p = (peer_t){.id = id, .used = true, .first_ms = now};
+    r->joined++;
+    kvr_log(KVR_LOG_INFO, "replicas: router %016llx joined", (unsigned long long)id);
     return p;
+}
+
+/* A peer whose entry was deleted is heard from again: the delete was not its own. */
+static void heard_after_delete(kvr_replicas_t *r, peer_t *p, const char *how)
+{
+    if (p->deleted_ms == 0)
+        return;
+    p->deleted_ms = 0;
+    r->restored++;
+    kvr_log_limited(&r->rl, KVR_LOG_WARN, "replicas: router %016llx's presence entry was "
+                    "deleted, but it still %s: kept (a forged delete?)",
+                    (unsigned long long)p->id, how);
 }
 
 static void gone(kvr_replicas_t *r, peer_t *p, const char *why)
@@ -159,9 +201,8 @@ static void on_entry(void *arg, kvr_kv_op_t op, const char *key, const uint8_t *
         return;
     peer_t *p = find(r, id);
     if (op == KVR_KV_DELETE) {
-        r->gone_deleted += p != NULL;
-        if (p != NULL)
-            gone(r, p, "its presence entry was deleted");
+        if (p != NULL && p->deleted_ms == 0)
+            p->deleted_ms = kvr_now_ms(); /* gone after the grace, unless heard from */
         return;
     }
     kvr_replica_entry_t parsed;
@@ -171,8 +212,9 @@ static void on_entry(void *arg, kvr_kv_op_t op, const char *key, const uint8_t *
                         "with a url; the router counts as present, without a url", r->bucket,
                         key);
     }
-    if (p == NULL && (p = find_or_add(r, id, kvr_now_ms())) == NULL)
+    if (p == NULL && (p = find_or_add(r, id, kvr_now_ms(), true)) == NULL)
         return;
+    heard_after_delete(r, p, "refreshes it");
     memcpy(p->url, parsed.url, sizeof p->url);
     p->replica_sync = parsed.replica_sync;
     p->last_entry_ms = kvr_now_ms();
@@ -192,7 +234,10 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
             continue;
         uint64_t last = p->last_entry_ms > p->last_sync_ms ? p->last_entry_ms : p->last_sync_ms;
         last = last > r->connected_since_ms ? last : r->connected_since_ms;
-        if (now - last >= r->cfg.ttl_ms) {
+        if (p->deleted_ms != 0 && now - p->deleted_ms >= r->cfg.ttl_ms * 2 / 3) {
+            r->gone_deleted++;
+            gone(r, p, "its presence entry was deleted");
+        } else if (now - last >= r->cfg.ttl_ms) {
             r->gone_silent++;
             gone(r, p, "no presence refresh or sync batch within nats_presence_ttl_ms");
         }
@@ -326,6 +371,12 @@ static void ext_metrics(void *arg, kvr_prom_t *p)
     kvr_prom_sample(p, "kvr_replicas_gone_total", &l, 1, (double)r->gone_deleted);
     l.value = "silent";
     kvr_prom_sample(p, "kvr_replicas_gone_total", &l, 1, (double)r->gone_silent);
+    kvr_prom_counter(p, "kvr_replicas_deletes_disowned_total",
+                     "peers whose presence entry was deleted while they kept refreshing it or "
+                     "publishing (kept: a forged delete)", (double)r->restored);
+    kvr_prom_counter(p, "kvr_replicas_evicted_total",
+                     "routers known from sync batches alone dropped to make room for one with a "
+                     "presence entry", (double)r->evicted);
     kvr_prom_counter(p, "kvr_replicas_bad_entries_total",
                      "presence entries refused (bad key or value)", (double)r->bad_entries);
     kvr_prom_counter(p, "kvr_replicas_peer_urls_refused_total",
@@ -450,9 +501,11 @@ void kvr_replicas_seen(kvr_replicas_t *r, uint64_t router_id, uint64_t lag_us,
     if (router_id == r->self)
         return;
     uint64_t now = kvr_now_ms();
-    peer_t *p = find_or_add(r, router_id, now);
+    peer_t *p = find_or_add(r, router_id, now, false);
     if (p == NULL)
         return;
+    if (p->deleted_ms != 0 && now > p->deleted_ms)
+        heard_after_delete(r, p, "publishes sync batches");
     p->last_sync_ms = now;
     p->batches++;
     p->lost_batches += lost_batches;

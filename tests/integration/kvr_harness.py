@@ -378,14 +378,22 @@ class NatsServer:
         import shutil
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def publish(self, subject, payload, reply=None):
+    def publish(self, subject, payload, reply=None, headers=None):
         """Publishes raw bytes with NATS's text protocol (no client library: the test is a
-        stranger on the bus) and waits for the server's PONG, so the message is in."""
+        stranger on the bus) and waits for the server's PONG, so the message is in. headers:
+        {name: value} sent with HPUB (a KV delete is an empty message with KV-Operation: DEL)."""
         with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
             f = s.makefile("rb")
             f.readline()  # INFO
-            head = f"PUB {subject} {reply + ' ' if reply else ''}{len(payload)}\r\n".encode()
-            s.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\n' + head + payload +
-                      b"\r\nPING\r\n")
+            rp = reply + " " if reply else ""
+            if headers is None:
+                head = f"PUB {subject} {rp}{len(payload)}\r\n".encode()
+            else:
+                hdr = ("NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) +
+                       "\r\n").encode()
+                head = f"HPUB {subject} {rp}{len(hdr)} {len(hdr) + len(payload)}\r\n".encode()
+                payload = hdr + payload
+            s.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true}\r\n' + head +
+                      payload + b"\r\nPING\r\n")
             line = f.readline()
             return line.startswith(b"PONG")

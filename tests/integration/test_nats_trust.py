@@ -287,6 +287,98 @@ def scenario_forged_frees(nats):
         a.stop()
 
 
+def routers_of(r):
+    st, body = r.call("GET", "/v1/routers")
+    return [p["router_id"] for p in body.get("routers", [])] if st == 200 else []
+
+
+def scenario_forged_presence(nats):
+    """A forged delete of a live replica's presence entry frees nothing (it still refreshes
+    its entry: restored, counted); its real stop still frees its requests."""
+    a = replica(nats, what="replica A")
+    b = replica(nats, what="replica B")
+    try:
+        check("presence: ready", eventually(lambda: ready(a) and ready(b), 15))
+        b_hex = f"{my_id(b):016x}"
+        check("presence: A sees B", eventually(lambda: b_hex in routers_of(a), 10))
+        check("presence: B's booking shows on A", route(b, "b-req", 3)[0] == 200 and
+              eventually(lambda: active(a) == 1, 10))
+        check("presence: a forged delete is accepted by nats-server",
+              nats.publish(f"$KV.kvrouter_routers.{b_hex}", b"",
+                           headers={"KV-Operation": "DEL"}))
+        check("presence: A sees B refresh after the delete (restored, counted)", eventually(
+            lambda: (a.metric("kvr_replicas_deletes_disowned_total") or 0) >= 1, 10),
+            a.metric("kvr_replicas_deletes_disowned_total"))
+        check("presence: B's request still counts on A, B still listed",
+              active(a) == 1 and b_hex in routers_of(a), (active(a), routers_of(a)))
+        b.stop()
+        check("presence: B's real stop frees its request on A",
+              eventually(lambda: active(a) == 0 and b_hex not in routers_of(a), 10),
+              (active(a), routers_of(a)))
+    finally:
+        a.stop()
+        b.stop()
+
+
+def scenario_worker_hijack(nats):
+    """A forged <ns>_workers value for a registered worker changes nothing (counted); the
+    worker's own entry keeps it alive."""
+    trap = Listener(junk=0)
+    # long TTLs: the worker's own refresh (every third of it) must not undo a forgery the test
+    # should see
+    a = replica(nats, "--discovery", "nats", what="replica with discovery", ttl_ms=60000)
+    reg = None
+    try:
+        check("hijack: ready", eventually(lambda: ready(a), 15))
+        reg = subprocess.Popen([KVR, "register", "--nats-url", nats.url, "--worker",
+                                "id=77,url=http://127.0.0.1:9", "--nats-presence-ttl-ms",
+                                "60000"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+
+        def url77():
+            for w in a.call("GET", "/v1/workers")[1].get("workers", []):
+                if w["worker_id"] == 77:
+                    return w.get("url")
+            return None
+        check("hijack: the worker is discovered", eventually(lambda: url77() is not None, 10))
+        check("hijack: a forged value is accepted by nats-server",
+              nats.publish("$KV.kvrouter_workers.77", json.dumps(
+                  {"worker_id": 77, "url": trap.url}).encode()))
+        check("hijack: the forged value reached the replica (refused, counted)", eventually(
+            lambda: (a.metric("kvr_discovery_changes_refused_total") or 0) >= 1 or
+            url77() != "http://127.0.0.1:9", 10), a.metric("kvr_discovery_changes_refused_total"))
+        check("hijack: the worker keeps its url", url77() == "http://127.0.0.1:9", url77())
+    finally:
+        if reg is not None:
+            reg.terminate()
+            reg.wait(timeout=10)
+        a.stop()
+        trap.close()
+
+
+def scenario_peer_table(nats):
+    """256 router ids made up in sync batches fill the peer table; a real replica that comes
+    next (it writes a presence entry) still gets in."""
+    a = replica(nats, what="replica A", ttl_ms=60000)  # the made-up ones stay for the test
+    c = None
+    try:
+        check("table: ready", eventually(lambda: ready(a), 15))
+        for i in range(256):
+            nats.publish("kvrouter.active_sequences", sync_msg(1, 0xabc000 + i, 1, []))
+        check("table: the made-up routers fill it", eventually(
+            lambda: len(routers_of(a)) == 256, 10), len(routers_of(a)))
+        c = replica(nats, what="replica C")
+        c_hex = f"{my_id(c):016x}"
+        check("table: the real replica gets in", eventually(lambda: c_hex in routers_of(a), 10),
+              len(routers_of(a)))
+        check("table: a made-up one made room (counted)",
+              (a.metric("kvr_replicas_evicted_total") or 0) >= 1)
+    finally:
+        a.stop()
+        if c is not None:
+            c.stop()
+
+
 def scenario_snapshot_storm(nats):
     """Snapshot requests beyond the rate limit are refused and counted; the loop stays free."""
     a = replica(nats, what="replica")
@@ -542,6 +634,9 @@ def main():
         scenario_forged_frees(nats)
         scenario_flood(nats)
         scenario_snapshot_storm(nats)
+        scenario_forged_presence(nats)
+        scenario_worker_hijack(nats)
+        scenario_peer_table(nats)
     finally:
         kill_children()
         nats.stop()
