@@ -27,6 +27,8 @@
 
 #define CAP_TRIES 3
 #define CAP_MAX_BYTES ((size_t)8 << 20) /* an engine's whole exposition text */
+#define PROBE_MAX_BYTES ((size_t)64 << 10) /* a /health answer (vLLM's is empty) */
+#define PROBE_MAX_HEADER_BYTES 16384       /* an answer's status line and headers */
 
 void api_remove_probe(kvr_api_server_t *s, uint64_t id)
 {
@@ -141,6 +143,7 @@ typedef struct get {
     const kvr_url_t *u;
     int timeout_s;
     const char *suffix; /* "/health", "/metrics" */
+    size_t max_bytes;   /* the answer's body at most: a longer one fails the probe unread */
     void (*done)(struct evhttp_request *, void *);
     bool *in_flight;
 } get_t;
@@ -154,6 +157,8 @@ static int send_get(kvr_api_server_t *s, const get_t *g, void *arg)
         if (*g->conn == NULL)
             return KVR_ENOMEM;
         evhttp_connection_set_timeout(*g->conn, g->timeout_s);
+        evhttp_connection_set_max_headers_size(*g->conn, PROBE_MAX_HEADER_BYTES);
+        evhttp_connection_set_max_body_size(*g->conn, (ev_ssize_t)g->max_bytes);
     }
     struct evhttp_request *req = evhttp_request_new(g->done, arg);
     if (req == NULL)
@@ -178,7 +183,8 @@ static void cap_fetch(probe_t *pr)
     if (sp == NULL || sp->total_kv_blocks != 0 || pr->cap_in_flight || pr->cap_tries >= CAP_TRIES ||
         kvr_endpoint_parse_url(sp->url, NULL, &u, NULL, 0) != KVR_OK)
         return;
-    get_t g = {&pr->cap_conn, &u, 5, "/metrics", on_cap_done, &pr->cap_in_flight};
+    get_t g = {&pr->cap_conn, &u, 5, "/metrics", CAP_MAX_BYTES, on_cap_done,
+               &pr->cap_in_flight};
     if (send_get(s, &g, pr) == KVR_EIO)
         cap_outcome(pr, CAP_FAILED, "the request could not be sent");
 }
@@ -208,7 +214,8 @@ static void probe_one(probe_t *pr)
         return;
     }
     int secs = (int)(s->cfg.health_interval_ms / 1000);
-    get_t g = {&pr->conn, &u, secs > 0 ? secs : 1, "/health", on_probe_done, &pr->in_flight};
+    get_t g = {&pr->conn, &u, secs > 0 ? secs : 1, "/health", PROBE_MAX_BYTES, on_probe_done,
+               &pr->in_flight};
     if (send_get(s, &g, pr) == KVR_EIO)
         probe_result(pr, false);
 }

@@ -77,6 +77,8 @@ struct evhttp_connection *fe_new_conn(kvr_frontend_t *fe, const upool_t *u,
     if (c == NULL)
         return NULL;
     evhttp_connection_set_timeout_tv(c, tv);
+    /* a worker's status line and headers: a longer head fails the call before it is kept */
+    evhttp_connection_set_max_headers_size(c, FE_MAX_UPSTREAM_HEADER_BYTES);
     struct bufferevent *bev = evhttp_connection_get_bufferevent(c);
     if (bev != NULL) {
         bufferevent_set_max_single_read(bev, FE_BEV_MAX_IO);

@@ -38,6 +38,7 @@
 #define FE_MAX_MEMBERS 512          /* top-level members of a body we splice */
 #define FE_MAX_WORKERS 4096
 #define FE_BEV_MAX_IO ((size_t)4 << 20)
+#define FE_MAX_UPSTREAM_HEADER_BYTES 65536 /* a worker answer's head (vLLM's: a few hundred) */
 
 typedef enum up_kind {
     UPK_CONNECT = 0, /* refused, unreachable, or no connection within the timeout */

@@ -417,6 +417,8 @@ void mk_kv_fetch(mreq_t *q, const kvr_disagg_req_t *d)
     }
     evhttp_connection_set_timeout(c, pull ? PULL_TIMEOUT_S
                                           : (int)(m->cfg.kv_wait_timeout_s / m->cfg.speedup) + 5);
+    evhttp_connection_set_max_headers_size(c, 16384); /* a peer's answer is small: bounded */
+    evhttp_connection_set_max_body_size(c, (ev_ssize_t)1 << 20);
     struct evkeyvalq *h = evhttp_request_get_output_headers(r);
     evhttp_add_header(h, "Host", host);
     evhttp_add_header(h, "Content-Type", "application/json");
