@@ -5,6 +5,7 @@
  * by wire/tokenize_answer.c. Threads: the HTTP thread, like the whole front end.
  * Cost: one /tokenize round trip per cache miss; a hit costs one XXH3-128 of the prompt.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,23 @@ static upool_t *pick_tokenizer(fe_req_t *p)
     return NULL;
 }
 
+/* u failed p's /tokenize (a 5xx or an answer that does not read): counted as an upstream
+ * protocol error and a failure of u, and p tries the next worker (fe_start_tokenize answers
+ * 503 naming why when none is left). */
+static void tok_worker_failed(fe_req_t *p, upool_t *u, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void tok_worker_failed(fe_req_t *p, upool_t *u, const char *fmt, ...)
+{
+    kvr_frontend_t *fe = p->fe;
+    fe_up_count_error(fe, UPK_PROTOCOL, u->worker_id, true);
+    fe_worker_failed(fe, u, UPK_PROTOCOL);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->last_fail, sizeof p->last_fail, fmt, ap);
+    va_end(ap);
+    fe_schedule_retry(p);
+}
+
 static void on_tok_done(struct evhttp_request *up, void *arg)
 {
     fe_req_t *p = arg;
@@ -60,11 +78,16 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
         fe_schedule_retry(p);
         return;
     }
-    u->consecutive_failures = 0;
     struct evbuffer *in = evhttp_request_get_input_buffer(up);
     size_t len = evbuffer_get_length(in);
     const char *b = len ? (const char *)evbuffer_pullup(in, -1) : "";
+    if (code >= 500) { /* the worker's own failure: another one may tokenize it */
+        tok_worker_failed(p, u, "/tokenize answered %d on worker %llu", code,
+                          (unsigned long long)u->worker_id);
+        return;
+    }
     if (code != 200) { /* the worker's verdict on the prompt (too long, unknown model...) */
+        u->consecutive_failures = 0;
         struct evhttp_request *c = fe_client_take(p);
         if (c != NULL) {
             const char *ct =
@@ -87,14 +110,14 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
         fe_req_fail(p, 500, "out of memory");
         return;
     }
-    if (st != KVR_OK) {
-        fe->st.upstream_errors[UPK_PROTOCOL]++;
+    if (st != KVR_OK) { /* a broken worker: counted, and another one tries */
         kvr_log_limited(&fe->rl_proto, KVR_LOG_WARN, "worker %llu: bad /tokenize answer: %s",
                         (unsigned long long)u->worker_id, why);
-        fe_req_fail(p, 502, "worker %llu answered /tokenize with %s",
-                    (unsigned long long)u->worker_id, why);
+        tok_worker_failed(p, u, "worker %llu answered /tokenize with %s",
+                          (unsigned long long)u->worker_id, why);
         return;
     }
+    u->consecutive_failures = 0;
     if (!fe_set_tokens(p, fe->tok_ids, n_ids)) {
         fe_req_fail(p, 500, "out of memory");
         return;

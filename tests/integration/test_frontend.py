@@ -713,6 +713,12 @@ class FakeWorker:
             if self.mode == "silent" or head.startswith(b"GET /health"):
                 self.conns.append(c)  # never answers (the probe neither)
                 return
+            if self.mode in ("bad_tokenize", "tokenize_500"):
+                ans = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 2\r\n\r\n{}"
+                       if self.mode == "tokenize_500" else
+                       b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 17\r\n\r\n{\"tokens\":\"nope\"}")
+                c.sendall(ans)
             if self.mode == "breaker":
                 ev = json.dumps({"id": "x", "object": "text_completion", "created": 1, "model": "m",
                                  "choices": [{"index": 0, "text": "hi", "logprobs": None,
@@ -783,6 +789,32 @@ def scenario_faults():
             f.close()
 
 
+def scenario_bad_tokenizer():
+    """A worker whose /tokenize answers garbage or 500 is a failing worker (counted), and the
+    prompt is tokenized by another one: the client never sees its fault."""
+    m = mocker("--speedup", 10, events=False, what="mocker(tokenizer)")
+    bad, err = FakeWorker("bad_tokenize"), FakeWorker("tokenize_500")
+    r = router([f"id=1,url={bad.url}", f"id=2,url={err.url}", f"id=3,url={m.url}"],
+               "--health-interval-ms", "60000", "--frontend-tokenize-cache-tokens", "0",
+               "--frontend-fence-failures", "100", what="router(bad tokenizer)")
+    try:
+        codes = []
+        for i in range(3):  # round-robin over the tokenizers: each one first once
+            st, b, h = r.call_h("POST", "/v1/completions", {
+                "model": "m", "prompt": f"words to tokenize {i}", "max_tokens": 1,
+                "nvext": {"backend_instance_id": 3}})
+            codes.append((st, b if st != 200 else None))
+        check("bad tokenizer: every text request served", all(c[0] == 200 for c in codes), codes)
+        check("bad tokenizer: the broken answers counted as protocol errors",
+              (r.metric("kvr_frontend_upstream_errors_total", kind="protocol") or 0) >= 2,
+              r.metric("kvr_frontend_upstream_errors_total", kind="protocol"))
+    finally:
+        r.stop()
+        m.stop()
+        bad.close()
+        err.close()
+
+
 # ------------------------------------------------------------------------------------------
 # Data-parallel ranks: the router picks the rank, the worker gets it as x-data-parallel-rank
 
@@ -846,7 +878,7 @@ def scenario_step_clock():
 
 
 def main():
-    run_scenarios((("main", scenario_main), ("step_clock", scenario_step_clock), ("queue", scenario_queue),
+    run_scenarios((("bad_tokenizer", scenario_bad_tokenizer), ("main", scenario_main), ("step_clock", scenario_step_clock), ("queue", scenario_queue),
                    ("queue_first_token", scenario_queue_first_token),
                    ("faults", scenario_faults), ("dp", scenario_dp),
                    ("shutdown", scenario_shutdown),
