@@ -140,6 +140,7 @@ typedef struct kvr_router_config {
     uint32_t frontend_max_retries;         /* other workers tried after an upstream failure */
     uint32_t frontend_fence_failures;      /* consecutive upstream failures before fencing */
     uint64_t frontend_upstream_timeout_ms; /* silence on an upstream connection before giving up */
+    uint64_t frontend_prefill_timeout_ms;  /* ... on a prefill leg (one token to compute) */
     uint64_t frontend_max_answer_bytes;    /* a non-streaming worker answer above: 502 */
     bool frontend_forward_authorization;   /* client's Authorization header sent to workers */
     bool frontend_trust_kv_transfer;       /* client's kv_transfer_params / bootstrap_* forwarded

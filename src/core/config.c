@@ -324,6 +324,10 @@ static const field_t FIELDS[] = {
      NULL, 0, "600000",
      "OpenAI front end: silence on an upstream connection (connect, headers, between chunks) "
      "before it fails"},
+    {"frontend_prefill_timeout_ms", T_U64, OFF(frontend_prefill_timeout_ms), 100, 86400000,
+     false, NULL, 0, "60000",
+     "disaggregated fleets: silence on a prefill leg (the prompt and one token) before it fails, "
+     "counted, and the request is served on the decode pool (or refused with enforce_disagg)"},
     {"frontend_tokenize_cache_tokens", T_U64, OFF(frontend_tokenize_cache_tokens), 0, 1e12, false,
      NULL, 0, "4194304",
      "OpenAI front end: token ids the text->ids cache holds (LRU); 0 = no cache"},

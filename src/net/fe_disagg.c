@@ -156,6 +156,14 @@ bool fe_disagg_plan(fe_req_t *p)
         return true;
     p->disagg_planned = true;
     kvr_disagg_state_t st = fe_disagg_tick(fe); /* transitions logged as they are seen */
+    if (p->has_pin_worker && kvr_router_worker(fe->r, p->pin_worker) == NULL) {
+        /* the client named a worker: one that is not registered is its error, as for the
+         * prefill worker below */
+        fe_req_fail(p, 400, "worker %" PRIu64 " is not registered (named by x-worker-instance-id, "
+                            "x-decode-instance-id, nvext.backend_instance_id or "
+                            "nvext.decode_worker_id)", p->pin_worker);
+        return false;
+    }
     if (p->has_pin_pf) {
         const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, p->pin_pf);
         if (sp == NULL || sp->role != KVR_ROLE_PREFILL) {
@@ -338,7 +346,7 @@ static fe_bg_t *bg_send(fe_req_t *p, kvr_worker_t w, bool owned, const char *bod
     fe->bgs = g;
     if (owned)
         p->bg = g;
-    g->uc = fe_pool_acquire(fe, u);
+    g->uc = fe_pool_acquire(fe, u, fe->cfg.frontend_prefill_timeout_ms);
     g->up = g->uc != NULL ? evhttp_request_new(bg_done, g) : NULL;
     if (g->up == NULL) {
         bg_free(g);

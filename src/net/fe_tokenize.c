@@ -143,7 +143,7 @@ void fe_start_tokenize(fe_req_t *p)
         return;
     }
     p->tok_tried[p->n_tok_tried++] = u->worker_id;
-    upconn_t *uc = fe_ensure_retry_ev(p) ? fe_pool_acquire(fe, u) : NULL;
+    upconn_t *uc = fe_ensure_retry_ev(p) ? fe_pool_acquire(fe, u, fe->cfg.frontend_upstream_timeout_ms) : NULL;
     struct evhttp_request *up = uc ? evhttp_request_new(on_tok_done, p) : NULL;
     if (up == NULL) {
         fe_pool_release(uc);

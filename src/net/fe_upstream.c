@@ -87,14 +87,23 @@ struct evhttp_connection *fe_new_conn(kvr_frontend_t *fe, const upool_t *u,
     return c;
 }
 
-/* An idle keep-alive connection of the pool, or a new one. */
-upconn_t *fe_pool_acquire(kvr_frontend_t *fe, upool_t *u)
+static struct timeval ms_tv(uint64_t ms)
 {
+    return (struct timeval){.tv_sec = (time_t)(ms / 1000),
+                            .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+}
+
+/* An idle keep-alive connection of the pool, or a new one, with timeout_ms of silence
+ * allowed on it for this call. */
+upconn_t *fe_pool_acquire(kvr_frontend_t *fe, upool_t *u, uint64_t timeout_ms)
+{
+    struct timeval tv = ms_tv(timeout_ms);
     for (size_t i = u->n_conns; i-- > 0;) {
         upconn_t *c = u->conns[i];
         if (!c->busy) {
             c->busy = true;
             u->n_busy++;
+            evhttp_connection_set_timeout_tv(c->conn, &tv);
             return c;
         }
     }
@@ -109,8 +118,6 @@ upconn_t *fe_pool_acquire(kvr_frontend_t *fe, upool_t *u)
     upconn_t *c = calloc(1, sizeof *c);
     if (c == NULL)
         return NULL;
-    uint64_t ms = fe->cfg.frontend_upstream_timeout_ms;
-    struct timeval tv = {.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
     if ((c->conn = fe_new_conn(fe, u, &tv)) == NULL) {
         free(c);
         return NULL;

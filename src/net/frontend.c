@@ -903,7 +903,9 @@ static void send_upstream(fe_req_t *p)
         attempt_failed(p, UPK_NO_URL);
         return;
     }
-    upconn_t *uc = fe_ensure_retry_ev(p) ? fe_pool_acquire(fe, u) : NULL;
+    uint64_t silence = p->pf_leg ? fe->cfg.frontend_prefill_timeout_ms
+                                 : fe->cfg.frontend_upstream_timeout_ms;
+    upconn_t *uc = fe_ensure_retry_ev(p) ? fe_pool_acquire(fe, u, silence) : NULL;
     struct evhttp_request *up = uc ? evhttp_request_new(on_up_done, p) : NULL;
     if (up == NULL) {
         fe_pool_release(uc);

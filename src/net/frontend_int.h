@@ -409,7 +409,8 @@ upool_t *fe_pool_for(kvr_frontend_t *fe, const kvr_worker_spec_t *sp);
 struct evhttp_connection *fe_new_conn(kvr_frontend_t *fe, const upool_t *u,
                                       const struct timeval *tv);
 /* An idle keep-alive connection of the pool, or a new one. */
-upconn_t *fe_pool_acquire(kvr_frontend_t *fe, upool_t *u);
+/* An idle pooled connection to u, or a new one; timeout_ms of silence allowed on this call. */
+upconn_t *fe_pool_acquire(kvr_frontend_t *fe, upool_t *u, uint64_t timeout_ms);
 void fe_pool_release(upconn_t *c);
 void fe_pool_free(upool_t *u);
 /* A refused connection or a failure before the first byte: counted against the worker. */

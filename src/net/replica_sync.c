@@ -523,6 +523,10 @@ static void on_reply(void *arg, const char *subject, const char *reply, const ui
     kvr_replica_sync_t *s = arg;
     kvr_sync_reader_t rd;
     char err[200];
+    if (len == 0) /* NATS's "no responders" status (a reply with no payload, when no other
+                     replica listens): not a message to refuse; the join's deadline ends it
+                     (anyone could send one: it is not taken as the end of the join) */
+        return;
     if (kvr_sync_open(&rd, data, len, err, sizeof err) != KVR_OK ||
         rd.h.type != KVR_SYNC_SNAPSHOT) {
         bad_message(s, subject, rd.h.type != KVR_SYNC_SNAPSHOT ? "not a snapshot" : err);

@@ -635,8 +635,35 @@ def scenario_client_kvt():
         trap.close()
 
 
+def scenario_silent_prefill():
+    """A prefill worker that accepts the call and never answers holds the client for
+    frontend_prefill_timeout_ms, not the whole upstream timeout: then the request is served on
+    the decode pool (counted)."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)  # accepts (the kernel's backlog) and never answers
+    d = mocker("--speedup", 20, role="decode", what="decode")
+    r = router([f"id=1,url=http://127.0.0.1:{hole.getsockname()[1]},role=prefill",
+                spec(3, d, "decode")], "--health-interval-ms", "600000",
+               "--frontend-prefill-timeout-ms", "500", "--frontend-max-retries", "0")
+    try:
+        t0 = time.monotonic()
+        st, b = r.call("POST", "/v1/completions", {"model": "m", "prompt": toks(40),
+                                                   "max_tokens": 2}, timeout=60)
+        took = time.monotonic() - t0
+        check("silent prefill: served on the decode pool", st == 200 and
+              r.metric("kvr_disagg_bypass_total", reason="prefill_failed") == 1, (st, b))
+        check("silent prefill: after the prefill deadline, not the upstream timeout",
+              0.4 < took < 20, took)
+    finally:
+        r.stop()
+        d.stop()
+        hole.close()
+
+
 def main():
-    run_scenarios((("client_kvt", scenario_client_kvt), ("pull", scenario_pull), ("faults", scenario_faults), ("retry", scenario_retry),
+    run_scenarios((("client_kvt", scenario_client_kvt), ("silent_prefill", scenario_silent_prefill),
+                   ("pull", scenario_pull), ("faults", scenario_faults), ("retry", scenario_retry),
                    ("orphan", scenario_orphan),
                    ("unavailable", scenario_unavailable), ("bootstrap", scenario_bootstrap),
                    ("conditional", scenario_conditional)), SEED)

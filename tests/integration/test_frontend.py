@@ -223,7 +223,10 @@ def pinned(r):
     st, b, h = r.call_h("POST", "/v1/completions", dict(body, nvext={"allowed_worker_ids": [2]}))
     check("allowed_worker_ids", st == 200 and worker_of(h) == 2, (st, b))
     st, b, h = r.call_h("POST", "/v1/completions", body, {"x-worker-instance-id": "99"})
-    check("pinned to an unknown worker: 503", st == 503 and is_openai_error(b, 503), (st, b))
+    check("pinned to an unknown worker: 400 naming it", st == 400 and is_openai_error(b, 400)
+          and "99 is not registered" in b["error"]["message"], (st, b))
+    st, b, h = r.call_h("POST", "/v1/completions", body, {"x-decode-instance-id": "99"})
+    check("x-decode-instance-id unknown: 400 too", st == 400, (st, b))
     st, b, h = r.call_h("POST", "/v1/completions", body, {"x-worker-instance-id": "1",
                                                           "x-dp-rank": "7"})
     check("pinned to a missing rank: 503", st == 503 and is_openai_error(b, 503), (st, b))
