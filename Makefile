@@ -3,6 +3,8 @@
 #   make test     warnings-as-errors build + all tests (with a 60 s soak), then again under
 #                 ASan + UBSan, the threaded suites under TSan, then the fuzz targets
 #   make soak     the soak for SOAK_SECONDS (default 1800): churn, kills, cancels; flat RSS
+#   make soak-nats  two replicas under a NATS forgery flood for NATS_SOAK_SECONDS (default 600):
+#                 local requests all served, RSS bounded by the peer budgets
 #   make flake-check  every integration suite FLAKE_RUNS times (default 10); not in CI
 #   make bench    build and run the benchmarks (kvrouter bench all)
 #   make demo     build, then router + 4 mocker engines on loopback: the conversation trace
@@ -14,6 +16,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 15
 SOAK_SECONDS ?= 1800
+NATS_SOAK_SECONDS ?= 600
 FLAKE_RUNS ?= 10
 PREFIX ?= /usr/local
 # The suites with more than one thread: the ingest thread, the listener it owns, the index's
@@ -22,7 +25,7 @@ TSAN_TESTS = ^(test_index_concurrent|test_ingest|test_zmq_listener|test_kv_publi
 CMAKE ?= cmake
 
 .PHONY: all deps build build-werror build-asan build-tsan build-fuzz test test-release \
-        test-asan test-tsan test-fuzz soak flake-check bench demo fuzz install clean
+        test-asan test-tsan test-fuzz soak soak-nats flake-check bench demo fuzz install clean
 
 all: build
 
@@ -71,6 +74,10 @@ test-tsan: build-tsan
 soak: build-werror
 	/usr/bin/python3 tests/soak/soak.py build-werror/kvrouter --seconds $(SOAK_SECONDS) \
 	  --report build-werror/soak.tsv
+
+soak-nats: build-werror
+	/usr/bin/python3 tests/soak/nats_forgery.py build-werror/kvrouter \
+	  --seconds $(NATS_SOAK_SECONDS) --report build-werror/soak-nats.tsv
 
 # Runs every integration suite FLAKE_RUNS times, one after another; stops at the first failure.
 flake-check: build-werror

@@ -248,9 +248,10 @@ static const field_t FIELDS[] = {
      16777216, false, NULL, 0, "65536",
      "replica sync: one peer's bookings held here at most (of router_sync_max_peer_requests)"},
     {"router_sync_max_peer_blocks", T_U64, OFF(router_sync_max_peer_blocks), 1, 1e12, false,
-     NULL, 0, "8388608",
+     NULL, 0, "4194304",
      "replica sync: prompt blocks the other replicas' bookings hold here at most (each costs "
-     "about 60-100 bytes of the load tracker); beyond it peers' adds are refused (counted)"},
+     "about 128 bytes of the load tracker: 512 MiB at the default); beyond it peers' adds are "
+     "refused (counted)"},
     {"nats_presence_ttl_ms", T_U64, OFF(nats_presence_ttl_ms), 300, 3600000, false, NULL, 0, "3000",
      "a router's or worker's presence entry is refreshed every third of this; one not refreshed "
      "for this long is gone (its requests freed, the worker fenced)"},
