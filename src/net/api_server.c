@@ -32,6 +32,7 @@
 #include "net/log.h"
 #include "wire/api_json.h"
 #include "wire/json_writer.h"
+#include "wire/openai.h"
 #include "wire/prom.h"
 
 /* seconds: 2 us to 100 ms */
@@ -1128,19 +1129,7 @@ static void reply_unauthorized(kvr_api_server_t *s, struct evhttp_request *req, 
     s->unauthorized++;
     kvr_json_writer_t *w = &s->w;
     kvr_json_writer_reset(w);
-    kvr_json_begin_object(w);
-    kvr_json_key(w, "error");
-    kvr_json_begin_object(w);
-    kvr_json_key(w, "message");
-    kvr_json_string(w, msg);
-    kvr_json_key(w, "type");
-    kvr_json_string(w, "invalid_request_error");
-    kvr_json_key(w, "param");
-    kvr_json_null(w);
-    kvr_json_key(w, "code");
-    kvr_json_string(w, "invalid_api_key");
-    kvr_json_end_object(w);
-    kvr_json_end_object(w);
+    (void)kvr_oai_encode_auth_error(w, msg);
     evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
     api_reply_writer(s, req, 401);
 }

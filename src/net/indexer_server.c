@@ -50,6 +50,7 @@
 #include "wire/index_snapshot.h"
 #include "wire/json_scan.h"
 #include "wire/json_writer.h"
+#include "wire/openai.h"
 #include "wire/prom.h"
 #include "wire/router_event_json.h"
 
@@ -888,19 +889,7 @@ static void reply_unauthorized(kvr_indexer_t *x, struct evhttp_request *req, con
     kvr_log_limited(&x->rl_auth, KVR_LOG_WARN, "refused %s: %s", path, msg);
     kvr_json_writer_t *w = &x->w;
     kvr_json_writer_reset(w);
-    kvr_json_begin_object(w);
-    kvr_json_key(w, "error");
-    kvr_json_begin_object(w);
-    kvr_json_key(w, "message");
-    kvr_json_string(w, msg);
-    kvr_json_key(w, "type");
-    kvr_json_string(w, "invalid_request_error");
-    kvr_json_key(w, "param");
-    kvr_json_null(w);
-    kvr_json_key(w, "code");
-    kvr_json_string(w, "invalid_api_key");
-    kvr_json_end_object(w);
-    kvr_json_end_object(w);
+    (void)kvr_oai_encode_auth_error(w, msg);
     evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
     reply_writer(x, req, 401);
 }

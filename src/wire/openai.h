@@ -268,6 +268,9 @@ int kvr_oai_encode_models(kvr_json_writer_t *w, const kvr_oai_model_t *models, s
  * means kvr_oai_error_type(http_status). (kvr_json_error writes the same without "param".) */
 int kvr_oai_encode_error(kvr_json_writer_t *w, const char *message, const char *type,
                          int http_status);
+/* OpenAI's 401 body: {"error":{"message","type":"invalid_request_error","param":null,
+ * "code":"invalid_api_key"}} (the router's and the indexer's token refusals). */
+int kvr_oai_encode_auth_error(kvr_json_writer_t *w, const char *message);
 /* vLLM's type names: 400 BadRequestError, 404 NotFoundError, 429 RateLimitError (vLLM has
  * none; OpenAI's name), 500 InternalServerError, 501 NotImplementedError, 503
  * ServiceUnavailableError, other 4xx BadRequestError, other 5xx InternalServerError. */

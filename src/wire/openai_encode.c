@@ -355,6 +355,20 @@ int kvr_oai_encode_error(kvr_json_writer_t *w, const char *message, const char *
     return kvr_json_end_object(w);
 }
 
+int kvr_oai_encode_auth_error(kvr_json_writer_t *w, const char *message)
+{
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "error");
+    kvr_json_begin_object(w);
+    key_str(w, "message", message);
+    key_str(w, "type", "invalid_request_error");
+    kvr_json_key(w, "param");
+    kvr_json_null(w);
+    key_str(w, "code", "invalid_api_key");
+    kvr_json_end_object(w);
+    return kvr_json_end_object(w);
+}
+
 void kvr_oai_make_id(char out[KVR_OAI_ID_BYTES], bool chat, uint64_t n)
 {
     snprintf(out, KVR_OAI_ID_BYTES, "%s-%016" PRIx64, chat ? "chatcmpl" : "cmpl", n);

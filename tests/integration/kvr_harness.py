@@ -325,6 +325,72 @@ def run_scenarios(scenarios, seed):
     raise SystemExit(1 if RESULTS["failed"] else 0)
 
 
+def proc_kib(pid, field="VmRSS"):
+    """A /proc/PID/status size in KiB: VmRSS (now) or VmHWM (the peak)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+class FloodHttp:
+    """An HTTP server playing a hostile peer or worker: a GET is answered 200 with `flood` bytes
+    of body (with that Content-Length when `length`, else read to the close), a POST with a head
+    of a megabyte of headers. It records each GET's (path, Authorization) and counts the body
+    bytes it managed to send (a client that hangs up early keeps that small)."""
+
+    def __init__(self, flood, host="127.0.0.1", length=False):
+        import http.server
+        import socketserver
+        import threading
+        outer = self
+        self.seen, self.sent = [], 0
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if length else "HTTP/1.0"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                outer.seen.append((self.path, self.headers.get("Authorization")))
+                self.send_response(200)
+                if length:
+                    self.send_header("Content-Length", str(flood))
+                self.end_headers()
+                chunk = b"\xab" * 65536
+                try:
+                    while outer.sent < flood:
+                        self.wfile.write(chunk)
+                        outer.sent += len(chunk)
+                except OSError:
+                    pass  # the client hung up
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                self.send_response(200)
+                try:
+                    for i in range(1000):
+                        self.send_header(f"X-Junk-{i}", "y" * 1000)
+                    self.end_headers()
+                    self.wfile.write(b"{}")
+                except OSError:
+                    pass
+
+        class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+        self.srv = S((host, 0), H)
+        self.port = self.srv.server_address[1]
+        self.url = f"http://{host}:{self.port}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
 class NatsServer:
     """A real nats-server (Debian's) on a free loopback port, JetStream on, its store in a
     temporary directory; restartable on the same port and store (a NATS outage)."""

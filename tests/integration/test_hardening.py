@@ -17,7 +17,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvr_harness import Child, check, eventually, read_line, run_scenarios  # noqa: E402
+from kvr_harness import (Child, FloodHttp, check, eventually, proc_kib, read_line,  # noqa: E402
+                         run_scenarios)
 
 KVR = sys.argv[1]
 SEED = int(os.environ.get("KVR_TEST_SEED", "1"))
@@ -378,74 +379,15 @@ def scenario_fd_exhaustion():
         r.stop()
 
 
-class Hostile:
-    """A "worker" whose answers never end: /health and /metrics stream `flood` bytes of body,
-    /v1/completions answers with a head of a million bytes. Counts what it managed to send."""
-
-    def __init__(self, flood=300 << 20):
-        import http.server
-        import socketserver
-        import threading
-        outer = self
-        self.sent = 0
-
-        class H(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.0"  # the body runs to the close
-
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                self.send_response(200)
-                self.end_headers()
-                chunk = b"x" * 65536
-                try:
-                    while outer.sent < flood:
-                        self.wfile.write(chunk)
-                        outer.sent += len(chunk)
-                except OSError:
-                    pass
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                self.send_response(200)
-                try:
-                    for i in range(1000):
-                        self.send_header(f"X-Junk-{i}", "y" * 1000)
-                    self.end_headers()
-                    self.wfile.write(b"{}")
-                except OSError:
-                    pass
-
-        class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
-            daemon_threads = True
-
-        self.srv = S(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.srv.shutdown()
-        self.srv.server_close()
-
-
-def rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):  # the peak: what an unbounded read would have used
-                return int(line.split()[1])
-    return 0
-
-
 def scenario_hostile_worker():
     """Every answer the router reads from a worker is bounded: a /health (and /metrics) body
     that never ends fails the probe (the worker is fenced), a head of a megabyte fails the
     request (502); the router's peak memory stays small."""
-    h = Hostile()
+    h = FloodHttp(300 << 20)
     r = router("--worker", f"id=1,url={h.url}", "--health-interval-ms", "200",
                "--health-failures", "1", "--router-mode", "round-robin")
     try:
-        base = rss_kb(r.proc.pid)
+        base = proc_kib(r.proc.pid, "VmHWM")
 
         def fenced():
             st, ws = r.call("GET", "/v1/workers")
@@ -460,12 +402,12 @@ def scenario_hostile_worker():
                                                         "max_tokens": 1})
             check("hostile worker: a megabyte of headers fails the call (no worker left: 503)",
                   st == 503 and "protocol" in b["error"]["message"], (st, b))
-            peak = rss_kb(r2.proc.pid)
+            peak = proc_kib(r2.proc.pid, "VmHWM")
             check("hostile worker: the second router's peak RSS stays under 64 MiB",
                   peak < 65536, peak)
         finally:
             r2.stop()
-        peak = rss_kb(r.proc.pid)
+        peak = proc_kib(r.proc.pid, "VmHWM")
         check("hostile worker: the probing router's peak RSS grew < 32 MiB", peak - base < 32768,
               (base, peak))
     finally:

@@ -17,18 +17,16 @@ the test is just another client of the server), as any process that can reach th
 Usage: test_nats_trust.py <path to kvrouter>.
 """
 import base64
-import http.server
 import json
 import os
-import socketserver
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-from kvr_harness import Child, NatsServer, check, eventually, finish, kill_children
+from kvr_harness import (Child, FloodHttp, NatsServer, check, eventually, finish,
+                         kill_children, proc_kib)
 
 KVR = sys.argv[1]
 BS = 16
@@ -60,48 +58,6 @@ def tokens(seed, n=64):
     return [(seed * 7919 + i) % 50000 for i in range(n)]
 
 
-class Listener:
-    """An HTTP server on 127.0.0.2 (loopback, but not the routers' host) that records what it is
-    asked and answers GET /v1/index/snapshot with `junk` bytes of garbage, streamed."""
-
-    def __init__(self, junk):
-        self.seen = []
-        self.sent = 0
-        outer = self
-
-        class H(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                outer.seen.append((self.path, self.headers.get("Authorization")))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(junk))
-                self.end_headers()
-                chunk = b"\xab" * 65536
-                try:
-                    while outer.sent < junk:
-                        self.wfile.write(chunk)
-                        outer.sent += len(chunk)
-                except OSError:
-                    pass  # the router hung up: what the test wants
-
-        class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
-            daemon_threads = True
-
-        self.srv = S(("127.0.0.2", 0), H)
-        self.port = self.srv.server_address[1]
-        self.url = f"http://127.0.0.2:{self.port}"
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.srv.shutdown()
-        self.srv.server_close()
-
-
 def forge_entry(nats, router_id, url):
     """A presence entry in <ns>_routers, as any NATS client can write one."""
     return nats.publish(f"$KV.kvrouter_routers.{router_id:016x}", json.dumps(
@@ -112,7 +68,7 @@ def scenario_forged_entry(nats):
     """A forged <ns>_routers entry gets neither the admin key nor a chance to feed an index."""
     admin = secret("admin.key", "admin-secret-" + "a" * 20)
     peer = secret("peer.key", "peer-secret-" + "p" * 20)
-    trap = Listener(junk=256 << 20)
+    trap = FloodHttp(256 << 20, host="127.0.0.2", length=True)
     r1 = r2 = None
     try:
         first = replica(nats, what="first replica (makes the buckets)")
@@ -206,7 +162,7 @@ def scenario_flood(nats):
     try:
         check("flood: both ready", eventually(lambda: ready(a) and ready(b), 15))
         b_id = my_id(b)
-        rss0 = rss_kb(a)
+        rss0 = proc_kib(a.proc.pid)
         check("flood: published in a live peer's name and in a stranger's",
               flood(nats, b_id, b_id, 5000, start_seq=10**6) and
               flood(nats, 0xf00d, 0xf00d, 5000))
@@ -233,20 +189,12 @@ def scenario_flood(nats):
         check("flood: big adds bounded by their blocks (40000)",
               flood(nats, 0xb10c, 0xb10c, 100, per_msg=10, tag="big") and eventually(
                   lambda: (a.metric("kvr_requests_in_flight_peer_blocks") or 0) <= 40000, 5))
-        rss1 = rss_kb(a)
+        rss1 = proc_kib(a.proc.pid)
         check("flood: memory bounded (RSS grew < 64 MiB)", rss1 - rss0 < 65536, (rss0, rss1))
         check("flood: the live peer is unharmed", ready(b) and route(b, "b-1", 1)[0] == 200)
     finally:
         a.stop()
         b.stop()
-
-
-def rss_kb(r):
-    with open(f"/proc/{r.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def scenario_forged_frees(nats):
@@ -326,7 +274,7 @@ def scenario_forged_presence(nats):
 def scenario_worker_hijack(nats):
     """A forged <ns>_workers value for a registered worker changes nothing (counted); the
     worker's own entry keeps it alive."""
-    trap = Listener(junk=0)
+    trap = FloodHttp(0, host="127.0.0.2")
     # long TTLs: the worker's own refresh (every third of it) must not undo a forgery the test
     # should see
     a = replica(nats, "--discovery", "nats", what="replica with discovery", ttl_ms=60000)

@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 from kvr_harness import (Child, NatsServer, check, eventually, finish,  # noqa: E402
-                         kill_children)
+                         kill_children, proc_kib)
 
 BS = 16
 WORKERS = ["--worker", "id=1", "--worker", "id=2", "--worker", "id=3"]
@@ -44,14 +44,6 @@ WORKERS = ["--worker", "id=1", "--worker", "id=2", "--worker", "id=3"]
 # about 600 MiB at worst, plus the process's own ~30 MiB.
 RSS_BOUND_KIB = 700 * 1024
 WARMUP_S = 20
-
-
-def proc_rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 class RawNats:
@@ -220,7 +212,7 @@ def main():
                 if r.proc.poll() is not None:
                     dead = f"replica {i} exited {r.proc.returncode}"
                     break
-                rss.append(proc_rss_kib(r.proc.pid))
+                rss.append(proc_kib(r.proc.pid))
                 peak[i] = max(peak[i], rss[i])
                 if t < WARMUP_S:
                     peak_warm[i] = max(peak_warm[i], rss[i])

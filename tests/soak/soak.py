@@ -33,21 +33,14 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from kvr_harness import Child, check, eventually, finish, free_ports, kill_children  # noqa: E402
+from kvr_harness import (Child, check, eventually, finish, free_ports, kill_children,  # noqa: E402
+                         proc_kib)
 
 BS = 16
 BUDGET = 20000           # index pairs: the engines cache ~3 x 16384 blocks
 CLIENT_TIMEOUT = 60.0    # a request still unanswered after this is a hang
 RSS_SLACK_KIB = 6144     # growth allowed after warm-up: 6 MiB ...
 RSS_SLACK_FRAC = 0.10    # ... or 10% of the warm-up peak, whichever is larger
-
-
-def proc_rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def proc_fds(pid):
@@ -229,7 +222,7 @@ def main():
             if r.proc.poll() is not None:
                 break
             samples.append({"t": round(time.monotonic() - t0, 1),
-                            "rss_kib": proc_rss_kib(r.proc.pid), "fds": proc_fds(r.proc.pid),
+                            "rss_kib": proc_kib(r.proc.pid), "fds": proc_fds(r.proc.pid),
                             "in_flight": r.metric("kvr_frontend_in_flight") or 0,
                             "pairs": r.metric("kvr_index_pairs") or 0,
                             "ok": stats.outcomes.get("ok", 0)})
