@@ -659,6 +659,11 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
                                                     : "cold: only events received since start");
     if (d->g != NULL && (st = kvr_ingest_start(d->g)) != KVR_OK)
         return st;
+    /* listed among the replicas only now that it can answer a joining one */
+    if (d->replicas != NULL && (st = kvr_replicas_announce(d->replicas)) != KVR_OK) {
+        fprintf(stderr, "kvrouter serve: replicas: %s\n", kvr_strerror(st));
+        return st;
+    }
     d->grace_ms = c->shutdown_grace_ms;
     d->drain = event_new(d->base, -1, EV_PERSIST, on_drain_tick, d);
     d->sigint = evsignal_new(d->base, SIGINT, on_signal, d);

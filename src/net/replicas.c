@@ -447,8 +447,6 @@ kvr_replicas_t *kvr_replicas_new(const kvr_replicas_config_t *cfg, int *status)
     r->started_unix_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
     if (kvr_nats_state(cfg->nats) == KVR_NATS_CONNECTED)
         r->connected_since_ms = kvr_now_ms();
-    char val[512];
-    presence_value(r, val, sizeof val);
     struct timeval tv = {0, CHECK_MS * 1000};
     kvr_api_extension_t ext = {.handle = ext_handle, .metrics = ext_metrics,
                                .detail = ext_detail, .arg = r};
@@ -456,9 +454,6 @@ kvr_replicas_t *kvr_replicas_new(const kvr_replicas_config_t *cfg, int *status)
     if ((r->check = event_new(cfg->base, -1, EV_PERSIST, on_check, r)) == NULL ||
         event_add(r->check, &tv) != 0)
         rc = KVR_ENOMEM;
-    if (rc == KVR_OK)
-        rc = kvr_nats_kv_keep(cfg->nats, r->bucket, cfg->ttl_ms, r->key, val, strlen(val),
-                              cfg->ttl_ms / 3);
     if (rc == KVR_OK)
         rc = kvr_nats_on_state(cfg->nats, on_state, r);
     if (rc == KVR_OK)
@@ -473,6 +468,14 @@ kvr_replicas_t *kvr_replicas_new(const kvr_replicas_config_t *cfg, int *status)
     kvr_log(KVR_LOG_INFO, "replicas: this router is %s in %s", r->key, r->bucket);
     *status = KVR_OK;
     return r;
+}
+
+int kvr_replicas_announce(kvr_replicas_t *r)
+{
+    char val[512];
+    presence_value(r, val, sizeof val);
+    return kvr_nats_kv_keep(r->cfg.nats, r->bucket, r->cfg.ttl_ms, r->key, val, strlen(val),
+                            r->cfg.ttl_ms / 3);
 }
 
 void kvr_replicas_free(kvr_replicas_t *r)

@@ -10,6 +10,9 @@
  * sync lag), the nats_* families of /metrics, and the "nats" detail of /health and
  * /v1/workers.
  *
+ * A router is listed once it serves (kvr_replicas_announce, after its index is loaded), so a
+ * joining replica only ever asks routers that can answer.
+ *
  * Ownership: borrows the link and the API server (both outlive it); owns the peer table.
  * Threads: the event loop only (the link delivers there). Cost: a bucket entry or a sync
  * report is O(peers) (a table of at most KVR_MAX_PEERS, scanned); the check runs every 250 ms.
@@ -41,6 +44,10 @@ typedef struct kvr_replicas_config {
 
 /* NULL with *status (KVR_ENOMEM; KVR_EIO when the system's random source fails). */
 kvr_replicas_t *kvr_replicas_new(const kvr_replicas_config_t *cfg, int *status);
+/* Writes this router's presence entry (and keeps it refreshed): called once the router serves,
+ * so that a replica starting at the same time never asks it for an index it cannot send yet.
+ * KVR_OK or the link's status. */
+int kvr_replicas_announce(kvr_replicas_t *r);
 /* Deletes this router's entry (the link does it before closing). */
 void kvr_replicas_free(kvr_replicas_t *r);
 /* This router's id: random, never 0. */

@@ -378,6 +378,43 @@ def scenario_late_index(nats):
                 r.stop()
 
 
+def scenario_started_together(nats):
+    """Three replicas started at the same instant (after a fleet ran before them, so the
+    buckets exist): none waits on another for an index the other cannot send yet; each serves
+    at once (cold) and they find each other."""
+    old = replica(nats)
+    check("together: a fleet ran before", eventually(lambda: ready(old), 15))
+    old.stop()
+    procs = [subprocess.Popen([KVR, "serve", "--http-port", "0", "--block-size", str(BS),
+                               "--nats-url", nats.url, "--router-replica-sync", "true",
+                               "--nats-presence-ttl-ms", str(TTL_MS), "--log-level", "warn"] +
+                              WORKERS + ["--worker", "id=9,events=tcp://127.0.0.1:1"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              stdin=subprocess.DEVNULL, text=True) for _ in range(3)]
+    try:
+        t0 = time.monotonic()
+        lines = [p.stdout.readline() for p in procs]  # each prints it once serving
+        took = time.monotonic() - t0
+        check("together: all three serve within 10 s (not after a peer's 30 s timeout)",
+              all(x.startswith("listening ") for x in lines) and took < 10, (took, lines))
+        import http.client
+
+        def n_peers(line):
+            host, port = line.split()[1].rsplit(":", 1)
+            c = http.client.HTTPConnection(host, int(port), timeout=10)
+            c.request("GET", "/v1/routers")
+            body = json.loads(c.getresponse().read())
+            c.close()
+            return len(body["routers"])
+        check("together: they find each other",
+              eventually(lambda: all(n_peers(x) == 2 for x in lines), 10))
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+
+
 def sync_header(msg_type, router_id, seq, n_events, flags=0):
     return b"KVRS" + struct.pack("<BBHQQQII", 1, msg_type, flags, router_id, seq, 0, n_events, 0)
 
@@ -431,6 +468,7 @@ def main():
         scenario_sync(nats)
         scenario_late_joiner(nats)
         scenario_late_index(nats)
+        scenario_started_together(nats)
         scenario_peer_dies(nats)
         scenario_bad_input(nats)
         scenario_discovery(nats)
