@@ -43,7 +43,8 @@ typedef struct peer {
 
 struct kvr_replicas {
     kvr_replicas_config_t cfg;
-    char ns[65], bucket[80], key[17], url[URL_BYTES];
+    char ns[65], bucket[80], key[17], url[URL_BYTES], admin_url[URL_BYTES]; /* copies: the
+                                          entry is written after the caller's strings are gone */
     uint64_t self, started_unix_ms;
     peer_t peers[KVR_MAX_PEERS];
     struct event *check;
@@ -402,9 +403,9 @@ static void presence_value(kvr_replicas_t *r, char *out, size_t cap)
     kvr_json_string(&w, r->key);
     kvr_json_key(&w, "url");
     kvr_json_string(&w, r->url);
-    if (r->cfg.admin_url != NULL && r->cfg.admin_url[0] != '\0') {
+    if (r->admin_url[0] != '\0') {
         kvr_json_key(&w, "admin_url");
-        kvr_json_string(&w, r->cfg.admin_url);
+        kvr_json_string(&w, r->admin_url);
     }
     kvr_json_key(&w, "replica_sync");
     kvr_json_bool(&w, r->cfg.replica_sync);
@@ -435,6 +436,10 @@ kvr_replicas_t *kvr_replicas_new(const kvr_replicas_config_t *cfg, int *status)
     snprintf(r->ns, sizeof r->ns, "%s", cfg->ns);
     snprintf(r->bucket, sizeof r->bucket, "%s_routers", cfg->ns);
     snprintf(r->url, sizeof r->url, "%s", cfg->url ? cfg->url : "");
+    snprintf(r->admin_url, sizeof r->admin_url, "%s", cfg->admin_url ? cfg->admin_url : "");
+    r->cfg.ns = r->ns; /* the caller's strings need not outlive this call */
+    r->cfg.url = r->url;
+    r->cfg.admin_url = r->admin_url;
     while (r->self == 0)
         if (getrandom(&r->self, sizeof r->self, 0) != (ssize_t)sizeof r->self) {
             *status = KVR_EIO;
