@@ -481,6 +481,9 @@ def scenario_roles():
         check("roles: a replica without credentials stops at start, saying why",
               bad.returncode != 0 and "Authorization Violation" in err, (bad.returncode,
                                                                           err[-800:]))
+    except RuntimeError:  # a process that did not start: the server's side of it too
+        print(nats.server_log()[-3000:], file=sys.stderr)
+        raise
     finally:
         for x in (a, b, m):
             if x is not None:
