@@ -298,6 +298,8 @@ def scenario_stop_before_confirmation(tmp):
         paused = True
         r = start_router(ev, rp, state, what="router stopped before the confirmation")
         check("reloaded", "1 ranks resumed" in r.stderr(), r.stderr()[-800:])
+        check("its loop runs (it answers) before it is stopped",
+              r.call("GET", "/health")[0] == 200)
         r.stop()
         check("stopped before the confirmation: the file still holds the rank, byte for byte",
               same_state(read(state), saved), (n_ranks(read(state)), len(read(state)), len(saved)))
