@@ -144,7 +144,10 @@ static int parse_flag(kvr_cli_t *c, void *arg)
         a->n_workers++;
         return 0;
     }
-    if (kvr_config_set(&a->cfg, name, v, err, sizeof err) != KVR_OK)
+    int rc = kvr_config_set(&a->cfg, name, v, err, sizeof err);
+    if (rc == KVR_ENOTFOUND)
+        return kvr_cli_fail(c, "%s; `kvrouter serve --help` lists the settings", err);
+    if (rc != KVR_OK)
         return kvr_cli_fail(c, "%s", err);
     return 0;
 }

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -397,6 +398,69 @@ static const field_t *lookup(const char *name)
 
 bool kvr_config_has(const char *name) { return lookup(name) != NULL; }
 
+/* Edit distance between a and b (insertions, deletions, substitutions, adjacent swaps), or
+ * SIZE_MAX past 63 bytes: names are short, so one row of 64 suffices a pass. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 63 || m > 63)
+        return SIZE_MAX;
+    size_t prev2[64], prev[64], cur[64];
+    for (size_t j = 0; j <= m; j++)
+        prev[j] = j;
+    for (size_t i = 1; i <= n; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= m; j++) {
+            size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            size_t del = prev[j] + 1, ins = cur[j - 1] + 1;
+            size_t best = sub < del ? sub : del;
+            best = best < ins ? best : ins;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                prev2[j - 2] + 1 < best)
+                best = prev2[j - 2] + 1;
+            cur[j] = best;
+        }
+        memcpy(prev2, prev, sizeof prev);
+        memcpy(prev, cur, sizeof cur);
+    }
+    return prev[m];
+}
+
+/* The setting name closest to name when it is close enough to be a typo (at most 2 edits, or
+ * a quarter of its length for long names), else NULL. */
+static const char *nearest(const char *name)
+{
+    char key[96];
+    if (!canonical(name, key, sizeof key))
+        return NULL;
+    size_t best = SIZE_MAX, limit = strlen(key) / 4 > 2 ? strlen(key) / 4 : 2;
+    const char *found = NULL;
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        size_t d = edit_distance(key, FIELDS[i].name);
+        if (d < best) {
+            best = d;
+            found = FIELDS[i].name;
+        }
+    }
+    return best <= limit ? found : NULL;
+}
+
+/* "unknown setting 'X'", with the nearest name spelt as X was (a --flag or a key). */
+static void unknown_setting(const char *name, char *err, size_t err_len)
+{
+    const char *near = nearest(name);
+    if (near == NULL) {
+        seterr(err, err_len, "unknown setting '%s'", name);
+        return;
+    }
+    char spelt[96];
+    bool flag = strncmp(name, "--", 2) == 0;
+    snprintf(spelt, sizeof spelt, "%s%s", flag ? "--" : "", near);
+    for (char *c = spelt + (flag ? 2 : 0); flag && *c != '\0'; c++)
+        *c = *c == '_' ? '-' : *c;
+    seterr(err, err_len, "unknown setting '%s' (did you mean '%s'?)", name, spelt);
+}
+
 static void range_text(const field_t *f, char *buf, size_t len)
 {
     if (f->max >= 1e9)
@@ -559,7 +623,7 @@ int kvr_config_set(kvr_router_config_t *cfg, const char *name, const char *value
     }
     const field_t *f = lookup(name);
     if (f == NULL) {
-        seterr(err, err_len, "unknown setting '%s'", name);
+        unknown_setting(name, err, err_len);
         return KVR_ENOTFOUND;
     }
     return set_field(cfg, f, value, err, err_len);

@@ -106,6 +106,18 @@ static void test_bad_values_named_and_refused(void **s)
     refuse("active_decode_blocks_threshold", "2", "active_decode_blocks_threshold");
     refuse("router_queue_threshold", "-1", "router_queue_threshold");
     refuse("no_such_field", "1", "unknown setting 'no_such_field'");
+    /* a typo gets the nearest name, spelt as it was typed; a name far from all gets none */
+    refuse("--block-sise", "16", "unknown setting '--block-sise' (did you mean '--block-size'?)");
+    refuse("blok_size", "16", "(did you mean 'block_size'?)");
+    refuse("--router-max-reqests", "1", "(did you mean '--router-max-requests'?)");
+    refuse("--zzzzzz", "1", "unknown setting '--zzzzzz'");
+    {
+        kvr_router_config_t c;
+        kvr_config_defaults(&c);
+        char err[256] = "";
+        assert_int_equal(kvr_config_set(&c, "--zzzzzz", "1", err, sizeof err), KVR_ENOTFOUND);
+        assert_null(strstr(err, "did you mean"));
+    }
     char longbind[100];
     memset(longbind, 'a', sizeof longbind - 1);
     longbind[sizeof longbind - 1] = '\0';
