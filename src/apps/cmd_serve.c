@@ -343,8 +343,9 @@ typedef struct peer_urls {
     kvr_replicas_t *replicas;
 } peer_urls_t;
 
-static void add_peer_url(peer_urls_t *p, const char *url, size_t len)
+static void add_peer_url(void *arg, const char *url, size_t len)
 {
+    peer_urls_t *p = arg;
     if (len == 0 || len >= sizeof p->url[0] || p->n == MAX_PEER_URLS)
         return;
     memcpy(p->url[p->n], url, len);
@@ -360,11 +361,6 @@ static void each_listed(const char *list, void (*fn)(void *, const char *, size_
         fn(arg, q, n);
         q += n + (comma ? 1 : 0);
     }
-}
-
-static void add_listed_url(void *arg, const char *url, size_t len)
-{
-    add_peer_url(arg, url, len);
 }
 
 typedef struct host_list {
@@ -430,7 +426,7 @@ static void on_router_entry(void *arg, const char *key, const void *val, size_t 
  * allowed. */
 static void find_peers(daemon_parts_t *d, const kvr_router_config_t *c, peer_urls_t *p)
 {
-    each_listed(c->peers, add_listed_url, p);
+    each_listed(c->peers, add_peer_url, p);
     if (p->n > 0 || d->nats == NULL)
         return;
     char bucket[80], self[17];

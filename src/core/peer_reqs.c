@@ -164,12 +164,21 @@ bool kvr_peer_reqs_take(kvr_peer_reqs_t *t, const char *id, size_t id_len, uint6
     return take_key(t, key_of(t, id, id_len), origin, h);
 }
 
+bool kvr_peer_reqs_take_from(kvr_peer_reqs_t *t, const char *id, size_t id_len, uint64_t origin,
+                             kvr_req_handle_t *h)
+{
+    const pr_entry_t *e = find(t, key_of(t, id, id_len));
+    return e != NULL && e->origin == origin && take_key(t, e->key, NULL, h);
+}
+
 bool kvr_peer_reqs_get(const kvr_peer_reqs_t *t, const char *id, size_t id_len,
-                       uint64_t *origin)
+                       uint64_t *origin, kvr_req_handle_t *h)
 {
     const pr_entry_t *e = find(t, key_of(t, id, id_len));
     if (e != NULL && origin != NULL)
         *origin = e->origin;
+    if (e != NULL && h != NULL)
+        *h = e->h;
     return e != NULL;
 }
 

@@ -37,9 +37,12 @@ int kvr_peer_reqs_put(kvr_peer_reqs_t *t, const char *id, size_t id_len, uint64_
 /* Removes id's entry: true with its origin and handle (either may be NULL), false if none. */
 bool kvr_peer_reqs_take(kvr_peer_reqs_t *t, const char *id, size_t id_len, uint64_t *origin,
                         kvr_req_handle_t *h);
-/* Whether id has an entry, and its origin. */
+/* Removes id's entry only when origin booked it: true with its handle (h may be NULL). */
+bool kvr_peer_reqs_take_from(kvr_peer_reqs_t *t, const char *id, size_t id_len, uint64_t origin,
+                             kvr_req_handle_t *h);
+/* Whether id has an entry, and its origin and handle (either may be NULL). */
 bool kvr_peer_reqs_get(const kvr_peer_reqs_t *t, const char *id, size_t id_len,
-                       uint64_t *origin);
+                       uint64_t *origin, kvr_req_handle_t *h);
 /* Removes every entry of origin (all of them when origin is 0), calling fn with each handle.
  * Returns how many. KVR_ENOMEM leaves the table as it was and returns 0 with *status set. */
 size_t kvr_peer_reqs_take_origin(kvr_peer_reqs_t *t, uint64_t origin,

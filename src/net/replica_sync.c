@@ -339,22 +339,22 @@ static void apply_event(kvr_replica_sync_t *s, const kvr_sync_event_t *ev, uint6
         apply_add(s, ev, now, publisher);
         return;
     }
+    /* one lookup: the request must be one this router learnt from the publisher */
     uint64_t origin = 0;
-    if (!kvr_peer_reqs_get(s->origins, ev->id, ev->id_len, &origin) || origin != publisher) {
-        s->unowned++; /* unknown here (missed add), or not that router's to end */
+    kvr_req_handle_t h = KVR_REQ_HANDLE_NONE;
+    bool owned = ev->kind == KVR_SYNC_FREE
+                     ? kvr_peer_reqs_take_from(s->origins, ev->id, ev->id_len, publisher, &h)
+                     : kvr_peer_reqs_get(s->origins, ev->id, ev->id_len, &origin, &h) &&
+                           origin == publisher;
+    if (!owned) {
+        s->unowned++; /* unknown here (missed add), local, or another router's */
         kvr_log_limited(&s->rl, KVR_LOG_WARN, "sync: %s of request %.*s from router %016llx "
-                        "ignored: %s", ev->kind == KVR_SYNC_FREE ? "free" : "first token",
-                        (int)ev->id_len, ev->id, (unsigned long long)publisher,
-                        origin == 0 ? "no request of that router by that id is known here"
-                                    : "the request was booked by another router");
+                        "ignored: no request booked by that router has that id here (a local "
+                        "request is never ended from NATS)",
+                        ev->kind == KVR_SYNC_FREE ? "free" : "first token", (int)ev->id_len,
+                        ev->id, (unsigned long long)publisher);
         return;
     }
-    kvr_req_handle_t h = KVR_REQ_HANDLE_NONE;
-    if (ev->kind == KVR_SYNC_FREE)
-        (void)kvr_peer_reqs_take(s->origins, ev->id, ev->id_len, NULL, &h);
-    else
-        (void)kvr_load_request_handle(kvr_router_load(s->r), ev->id, ev->id_len,
-                                      KVR_REQ_HANDLE_NONE, &h);
     kvr_sched_event_t se = {.origin = KVR_SCHED_ORIGIN_PEER, .handle = h,
                             .kind = ev->kind == KVR_SYNC_FREE ? KVR_SCHED_FREE
                                                               : KVR_SCHED_FIRST_TOKEN,
@@ -592,7 +592,7 @@ static int snap_visit(void *arg, const kvr_load_request_view_t *v)
     snap_ctx_t *c = arg;
     kvr_replica_sync_t *s = c->s;
     uint64_t origin = s->self;
-    (void)kvr_peer_reqs_get(s->origins, v->id, v->id_len, &origin);
+    (void)kvr_peer_reqs_get(s->origins, v->id, v->id_len, &origin, NULL);
     /* the tracker keeps what is left to prefill, not the prompt's length: a prompt as long as
      * its blocks (at this router's block size, which the joiner's tracker assumes for 0) with
      * the rest cached gives the same prefill load and a consistent add */

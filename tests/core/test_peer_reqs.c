@@ -62,10 +62,11 @@ static void check_same(kvr_peer_reqs_t *t, const model_t *m)
     char id[32];
     for (size_t i = 0; i < N_IDS; i++) {
         uint64_t o = 0;
-        bool has = kvr_peer_reqs_get(t, id, id_of(i, id), &o);
+        kvr_req_handle_t hh = KVR_REQ_HANDLE_NONE;
+        bool has = kvr_peer_reqs_get(t, id, id_of(i, id), &o, &hh);
         assert_int_equal(has, m->live[i]);
         if (has)
-            assert_true(o == m->origin[i]);
+            assert_true(o == m->origin[i] && hh == m->h[i]);
         n += m->live[i];
     }
     assert_int_equal(kvr_peer_reqs_count(t), n);
@@ -89,7 +90,7 @@ static void origin_cap(void **state)
     assert_int_equal(kvr_peer_reqs_origins(t), KVR_PEER_REQS_MAX_ORIGINS);
     size_t extra = id_of(100000, id);
     assert_int_equal(kvr_peer_reqs_put(t, id, extra, 9999, 1ull << 40), KVR_EFULL);
-    assert_false(kvr_peer_reqs_get(t, id, extra, NULL));
+    assert_false(kvr_peer_reqs_get(t, id, extra, NULL, NULL));
     assert_int_equal(kvr_peer_reqs_count(t), KVR_PEER_REQS_MAX_ORIGINS);
     /* an existing origin still books more */
     assert_int_equal(kvr_peer_reqs_put(t, id, extra, 3, 1ull << 40), KVR_OK);
@@ -104,6 +105,14 @@ static void origin_cap(void **state)
     assert_int_equal(kvr_peer_reqs_put(t, id, extra, 9999, 1ull << 40), KVR_OK);
     assert_int_equal(kvr_peer_reqs_origin_count(t, 9999), 1);
     assert_int_equal(kvr_peer_reqs_origin_count(t, 3), 1);
+    /* take_from removes only the named origin's entry */
+    extra = id_of(100000, id);
+    kvr_req_handle_t got = KVR_REQ_HANDLE_NONE;
+    assert_false(kvr_peer_reqs_take_from(t, id, extra, 3, &got));
+    assert_true(kvr_peer_reqs_get(t, id, extra, NULL, NULL));
+    assert_true(kvr_peer_reqs_take_from(t, id, extra, 9999, &got));
+    assert_true(got == (1ull << 40) && !kvr_peer_reqs_get(t, id, extra, NULL, NULL));
+    assert_int_equal(kvr_peer_reqs_origin_count(t, 9999), 0);
     char msg[200] = "";
     assert_int_equal(kvr_peer_reqs_verify(t, msg, sizeof msg), KVR_OK);
     kvr_peer_reqs_free(t);
@@ -147,7 +156,7 @@ static void model_based(void **state)
             size_t swept = kvr_peer_reqs_sweep(t, live_fn, NULL, 512);
             assert_int_equal(kvr_peer_reqs_count(t), before - swept);
             for (size_t k = 0; k < N_IDS; k++) /* what the sweep dropped was gone */
-                if (m->live[k] && !kvr_peer_reqs_get(t, id, id_of(k, id), NULL)) {
+                if (m->live[k] && !kvr_peer_reqs_get(t, id, id_of(k, id), NULL, NULL)) {
                     assert_true(m->gone[k]);
                     m->live[k] = false;
                 }
