@@ -1,7 +1,7 @@
 /*
  * bench_events.c: `kvrouter bench events`: the ingest pipeline's throughput, ZeroMQ to applied,
  * on one ingest thread: engine batches -> SUB socket -> decode -> rehash (XXH3 per block) ->
- * kvr_index_apply, all of it `kvrouter serve`'s own code (net/ingest.c).
+ * kvr_index_apply, all of it `kvrouter serve`'s own code (events/ingest.c).
  *
  * Setup, in one process: a prefix index (KVR_SYNC_RCU, budget --pairs, 2M) and a kvr_ingest_t
  * (block size 16) subscribed to --workers (4) engine publishers. Each publisher is a socket
@@ -56,7 +56,7 @@
 
 #include "bench.h"
 #include "kvrouter/router.h"
-#include "net/ingest.h"
+#include "events/ingest.h"
 #include "wire/kv_encode.h"
 
 static const kvr_bench_col_t COLS[] = {

@@ -42,6 +42,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
+#include "apps/child.h"
 #include "bench.h"
 #include "wire/disagg.h"
 
@@ -86,7 +87,7 @@ static bool spawn(char *const *args, const char *what, child_t *c)
         dup2(pfd[1], 1);
         close(pfd[0]);
         close(pfd[1]);
-        execv("/proc/self/exe", args);
+        execv(kvr_child_self(), args);
         _exit(127);
     }
     close(pfd[1]);

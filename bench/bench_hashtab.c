@@ -1,6 +1,6 @@
 /*
  * bench_hashtab.c: `kvrouter bench hashtab`: the load tracker's block table on the tree's own
- * table template (core/oatab.h) against what Debian ships: Concurrency Kit's ck_hs
+ * table template (base/oatab.h) against what Debian ships: Concurrency Kit's ck_hs
  * (libck-dev) and uthash (uthash-dev). The evidence for keeping our own (oatab.h's comment).
  *
  * Workload (the load tracker's, per request admitted and freed): keys are (worker slot,
@@ -19,7 +19,7 @@
 #include <uthash.h>
 
 #include "bench.h"
-#include "core/oatab.h"
+#include "base/oatab.h"
 
 typedef struct blk {
     uint64_t hash;

@@ -4,7 +4,7 @@
  *
  *   query    an indexer (`kvrouter indexer` child) holding --pairs (1M) (worker, block) pairs
  *            of --workers (64) engines: this process runs the engines' publishers (ZeroMQ
- *            PUB, net/kv_publisher.c), each storing --prompts-per-worker prompts of --blocks
+ *            PUB, events/kv_publisher.c), each storing --prompts-per-worker prompts of --blocks
  *            (512) blocks drawn from a pool of shared prompts (so a prompt has several
  *            holders). Then closed-loop POST /query_by_hash of whole 512-block prompts from
  *            --clients (32) keep-alive connections (bench/loadgen.c, one thread) for
@@ -37,7 +37,7 @@
 #include "apps/cli.h"
 #include "bench.h"
 #include "loadgen.h"
-#include "net/kv_publisher.h"
+#include "events/kv_publisher.h"
 #include "wire/kv_encode.h"
 
 #define BS 16

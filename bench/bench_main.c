@@ -5,10 +5,12 @@
  * Exit codes: 0 success, 1 a benchmark failed, 2 usage error (naming the option).
  */
 #include <errno.h>
+#include <limits.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "apps/apps.h"
+#include "apps/child.h"
 #include "bench.h"
 
 static void usage(FILE *out)
@@ -415,7 +417,7 @@ static int parse_mocker_opt(int argc, char **argv, int *i, kvr_bench_opts_t *o,
     }
 }
 
-int kvr_cmd_bench(int argc, char **argv)
+static int bench_run(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "sync") == 0)
         return kvr_bench_sync(argc - 1, argv + 1); /* its own flags (bench_sync.c) */
@@ -603,4 +605,23 @@ int kvr_cmd_bench(int argc, char **argv)
     if (rc == 0 && mocker)
         rc = kvr_bench_mocker(&o);
     return rc;
+}
+
+/* kvrouter-bench: run by `kvrouter bench ...` (apps/cmd_bench.c) from the same folder; the
+ * processes it starts are the kvrouter binary beside it. */
+int main(int argc, char **argv)
+{
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash != NULL) {
+            char self[PATH_MAX + 16];
+            *slash = '\0';
+            snprintf(self, sizeof self, "%s/kvrouter", exe);
+            kvr_child_set_self(self);
+        }
+    }
+    return bench_run(argc, argv);
 }

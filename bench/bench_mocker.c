@@ -106,9 +106,10 @@
 #include <event2/keyvalq_struct.h>
 #include <zmq.h>
 
+#include "apps/child.h"
 #include "bench.h"
 #include "loadgen.h"
-#include "net/replay_driver.h"
+#include "replay/replay_driver.h"
 
 static const kvr_bench_col_t COLS[] = {
     {"bench", KVR_BENCH_STR, 6, 0},           {"run", KVR_BENCH_STR, 6, 0},
@@ -203,7 +204,7 @@ static int64_t find_uint(const char *s, size_t n, const char *key)
 
 /* ---- the target ------------------------------------------------------------------------- */
 
-typedef kvr_http_target_t target_t; /* net/replay_driver.h */
+typedef kvr_http_target_t target_t; /* replay/replay_driver.h */
 
 /* http://host[:port] (the mocker serves at the root: no path). */
 static bool parse_url(const char *url, target_t *t)
@@ -666,7 +667,7 @@ static bool child_start(const kvr_bench_opts_t *o, int kv_port, child_t *c, int 
             _exit(127);
         if (sched_setaffinity(0, sizeof one, &one) != 0)
             _exit(126);
-        execv("/proc/self/exe", args);
+        execv(kvr_child_self(), args);
         _exit(127);
     }
     int fork_err = errno;

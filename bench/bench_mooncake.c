@@ -1,7 +1,7 @@
 /*
  * bench_mooncake.c: `kvrouter bench mooncake`, the reference's indexer harness (Dynamo's
  * mooncake_bench) on our index: a Mooncake trace is split across simulated workers, a
- * simulated engine per worker (a paged KV cache with prefix caching, core/kvcache.h) turns
+ * simulated engine per worker (a paged KV cache with prefix caching, sim/kvcache.h) turns
  * each worker's requests into KV events (the prompt's new blocks as one event, then each
  * output block as its own event when it fills, as engines publish them), and the lookups and the events are then replayed
  * together, open loop, with the trace's timestamps rescaled into a window; each worker's
@@ -27,8 +27,8 @@
 
 #include "apps/cli.h"
 #include "bench.h"
-#include "core/grow.h"
-#include "core/kvcache.h"
+#include "base/grow.h"
+#include "sim/kvcache.h"
 #include "kvrouter.h"
 #include "wire/trace.h"
 

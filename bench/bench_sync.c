@@ -12,10 +12,10 @@
  *              same router, no NATS), then A (sync on, B applying on the same cores), then A
  *              again with B stopped (only the publishing side's cost): both ratios to C.
  *   discovery  router D (--discovery nats, --nats-presence-ttl-ms --ttl-ms): a worker entry
- *              written by this process (net/discovery.c's register) until D lists it; then a
+ *              written by this process (cluster/discovery.c's register) until D lists it; then a
  *              `kvrouter register` child killed with SIGKILL until D drops it.
  *   join       --pairs (1M) (worker, block) pairs published as KV events by 8 engine
- *              publishers this process runs (ZeroMQ PUB + replay ROUTER, net/kv_publisher.c),
+ *              publishers this process runs (ZeroMQ PUB + replay ROUTER, events/kv_publisher.c),
  *              ingested by router E; then router F starts with --peers E: from its spawn to
  *              its /ready answering 200 (the snapshot fetched over HTTP, checked, applied, each
  *              rank resumed from its publisher's replay buffer), and F's index pairs = E's.
@@ -41,10 +41,10 @@
 #include "apps/cli.h"
 #include "bench.h"
 #include "kvrouter/router.h"
-#include "net/discovery.h"
-#include "net/http_fetch.h"
-#include "net/kv_publisher.h"
-#include "net/nats_link.h"
+#include "cluster/discovery.h"
+#include "http/http_fetch.h"
+#include "events/kv_publisher.h"
+#include "nats/nats_link.h"
 #include "wire/kv_encode.h"
 
 #define N_WORKERS 8
@@ -240,7 +240,7 @@ static int part_discovery(env_t *e, const sync_args_t *a)
     char *argv[] = {"kvrouter", "register", "--nats-url", e->nats_url, "--nats-presence-ttl-ms",
                     ttl, "--worker", spec, NULL};
     double gone_ms = NAN;
-    if (kvr_child_spawn(&reg, "/proc/self/exe", "register", argv, log, err, sizeof err) ==
+    if (kvr_child_spawn(&reg, kvr_child_self(), "register", argv, log, err, sizeof err) ==
         KVR_OK) {
         double t1 = kvr_child_now_s();
         while (!lists_worker(rd, 78) && kvr_child_now_s() - t1 < 10)

@@ -21,7 +21,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "bench.h"
-#include "net/http_conn.h"
+#include "http/http_conn.h"
 
 /* ---- bodies and errors ---------------------------------------------------------------------- */
 

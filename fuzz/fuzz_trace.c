@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kvrouter.h"
+#include "sim/ceilings.h"
 #include "wire/trace.h"
 
 #define FUZZ_MAX_TOKENS 65536u /* rows beyond this total skip the token and ceiling checks */

@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include "kvrouter.h"
-#include "net/http_fetch.h"
-#include "net/replay_driver.h"
+#include "http/http_fetch.h"
+#include "replay/replay_driver.h"
 
 #define START_TIMEOUT_S 30.0
 #define STOP_TIMEOUT_S 10.0
@@ -55,6 +55,18 @@ void kvr_child_show_log(const kvr_child_t *c)
     if (n > 0)
         fprintf(stderr, "--- %s (%s):\n%s%s", c->what, c->log, buf,
                 buf[n - 1] == '\n' ? "" : "\n");
+}
+
+static char self_exe[PATH_MAX] = "/proc/self/exe";
+
+void kvr_child_set_self(const char *exe)
+{
+    snprintf(self_exe, sizeof self_exe, "%s", exe);
+}
+
+const char *kvr_child_self(void)
+{
+    return self_exe;
 }
 
 /* Starts exe (NULL: this binary) with argv; for this binary, waits for its "listening
@@ -95,8 +107,8 @@ int kvr_child_spawn(kvr_child_t *c, const char *exe, const char *what, char *con
         dup2(p[1], STDOUT_FILENO);
         dup2(lf, STDERR_FILENO);
         close(p[0]);
-        execv(exe ? exe : "/proc/self/exe", argv);
-        dprintf(STDERR_FILENO, "exec %s: %s\n", exe ? exe : "/proc/self/exe", strerror(errno));
+        execv(exe ? exe : kvr_child_self(), argv);
+        dprintf(STDERR_FILENO, "exec %s: %s\n", exe ? exe : kvr_child_self(), strerror(errno));
         _exit(127);
     }
     close(p[1]);

@@ -22,6 +22,10 @@ typedef struct kvr_child {
     char addr[128]; /* from "listening HOST:PORT" */
 } kvr_child_t;
 
+/* "This binary" below: the kvrouter binary. By default the running one (/proc/self/exe);
+ * kvrouter-bench sets the kvrouter beside it. exe is copied. */
+void kvr_child_set_self(const char *exe);
+const char *kvr_child_self(void);
 /* A flag (set by the caller's signal handler) that cuts the waits short. */
 void kvr_child_stop_flag(volatile sig_atomic_t *flag);
 /* Starts exe (NULL: this binary) with argv, stderr into log; for this binary, waits (30 s at

@@ -2,7 +2,7 @@
  * cli.c: the subcommands' shared flag matching and value checks (cli.h).
  */
 #include "apps/cli.h"
-#include "core/namelist.h"
+#include "base/namelist.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/engine.h"
+#include "sim/engine.h"
 
 void kvr_cli_init(kvr_cli_t *c, const char *prog, int argc, char **argv)
 {

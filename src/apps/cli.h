@@ -25,7 +25,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "net/nats_auth.h"
+#include "nats/nats_auth.h"
 
 struct kvr_engine_config;
 
@@ -80,7 +80,7 @@ int kvr_cli_copy(const kvr_cli_t *c, const char *v, char *out, size_t cap);
 int kvr_cli_choice(const kvr_cli_t *c, const char *v, const char *const *names, size_t n,
                    size_t *out);
 
-/* debug | info | warn | error: *out the level (net/log.h's order). */
+/* debug | info | warn | error: *out the level (base/log.h's order). */
 int kvr_cli_log_level(const kvr_cli_t *c, const char *v, int *out);
 
 /* One option at argv[i] (and its value): 0 handled, 2 error (reported), -1 not an option of
@@ -111,7 +111,7 @@ typedef struct kvr_cli_nats {
     char ns[65];
     uint64_t ttl_ms;
     /* --nats-creds-file, --nats-nkey-file, --nats-token-file, --nats-tls-ca, --nats-tls-cert,
-     * --nats-tls-key: as serve's settings of those names (net/nats_auth.h) */
+     * --nats-tls-key: as serve's settings of those names (nats/nats_auth.h) */
     char creds_file[512], nkey_file[512], token_file[512], tls_ca[512], tls_cert[512],
         tls_key[512];
 } kvr_cli_nats_t;

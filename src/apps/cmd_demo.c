@@ -3,7 +3,7 @@
  * policy (kv, then round-robin by default) it starts --workers `kvrouter mocker` engines (KV
  * events and replay endpoints on free ports, caches small enough that placement matters) and
  * a `kvrouter serve` router over them, replays the same slice of the conversation trace
- * against the router (apps/replay_report.h's kvr_replay_trace, in this process), stops them,
+ * against the router (replay/replay_report.h's kvr_replay_trace, in this process), stops them,
  * then prints the comparison (TTFT p50/p99, hit ratio against the trace's ceilings, the
  * busiest worker's share) and writes the plot (demo-ttft.png in the working directory).
  *
@@ -36,10 +36,11 @@
 #include "apps/apps.h"
 #include "apps/child.h"
 #include "apps/cli.h"
-#include "apps/replay_report.h"
-#include "net/http_fetch.h"
-#include "net/replay_driver.h"
+#include "replay/replay_report.h"
+#include "http/http_fetch.h"
+#include "replay/replay_driver.h"
 #include "kvrouter.h"
+#include "sim/ceilings.h"
 #include "wire/trace.h"
 
 #define DEFAULT_TRACE "data/traces/conversation_trace.jsonl"

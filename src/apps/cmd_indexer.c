@@ -1,5 +1,5 @@
 /*
- * cmd_indexer.c: `kvrouter indexer`, the standalone KV indexer daemon (net/indexer_server.h),
+ * cmd_indexer.c: `kvrouter indexer`, the standalone KV indexer daemon (indexer/indexer_server.h),
  * with the reference indexer's flags, and kvrouter's: the pair budget and partition cap, and
  * the key files of `serve` (--api-key-file, --admin-key-file, --peer-key-file). Prints
  * "listening HOST:PORT" on stdout once it answers. SIGINT / SIGTERM close the listener and
@@ -15,8 +15,8 @@
 #include "apps/apps.h"
 #include "apps/cli.h"
 #include "kvrouter.h"
-#include "net/indexer_server.h"
-#include "net/log.h"
+#include "indexer/indexer_server.h"
+#include "base/log.h"
 
 #define MAX_WORKERS 4096
 

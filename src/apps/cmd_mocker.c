@@ -19,11 +19,11 @@
 #include "apps/apps.h"
 #include "apps/cli.h"
 #include "kvrouter/router.h"
-#include "net/discovery.h"
-#include "net/nats_link.h"
+#include "cluster/discovery.h"
+#include "nats/nats_link.h"
 #include "kvrouter.h"
-#include "net/log.h"
-#include "net/mocker_server.h"
+#include "base/log.h"
+#include "mocker/mocker_server.h"
 
 static void usage(FILE *out)
 {

@@ -16,9 +16,9 @@
 #include "apps/apps.h"
 #include "apps/cli.h"
 #include "kvrouter/router.h"
-#include "net/discovery.h"
-#include "net/log.h"
-#include "net/nats_link.h"
+#include "cluster/discovery.h"
+#include "base/log.h"
+#include "nats/nats_link.h"
 
 typedef struct register_args {
     kvr_cli_nats_t nats;

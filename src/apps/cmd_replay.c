@@ -1,7 +1,7 @@
 /*
  * cmd_replay.c: `kvrouter replay`, a Mooncake trace (wire/trace.h) replayed open loop against
  * a live OpenAI-compatible endpoint (the router, or one engine) by the driver of
- * net/replay_driver.h, and reported by apps/replay_report.h: a table (or --json), a
+ * replay/replay_driver.h, and reported by replay/replay_report.h: a table (or --json), a
  * per-request TSV (--samples), a plot (--plot, several runs with --compare).
  *
  * Each row becomes one streaming POST /v1/completions: the prompt as token ids made up from
@@ -22,10 +22,11 @@
 
 #include "apps/apps.h"
 #include "apps/cli.h"
-#include "apps/replay_report.h"
+#include "replay/replay_report.h"
 #include "kvrouter.h"
 #include "wire/json_writer.h"
 #include "wire/openai.h"
+#include "sim/ceilings.h"
 #include "wire/trace.h"
 
 #define DEFAULT_TRACE "data/traces/conversation_trace.jsonl"

@@ -1,6 +1,6 @@
 /*
  * cmd_sim.c: `kvrouter sim`, a Mooncake trace through the real router core and N simulated
- * engines in virtual time (core/sim.h), one run per routing policy, side by side with the
+ * engines in virtual time (sim/sim.h), one run per routing policy, side by side with the
  * trace's hit-ratio ceilings (wire/trace.h: an infinite cache, and one LRU cache pooling every
  * worker's blocks). No sockets, no threads; deterministic given --seed.
  *
@@ -25,12 +25,13 @@
 
 #include "apps/apps.h"
 #include "apps/cli.h"
-#include "apps/gnuplot.h"
+#include "replay/gnuplot.h"
 #include "kvrouter/config.h"
-#include "core/sim.h"
+#include "sim/sim.h"
 #include "kvrouter.h"
 #include "wire/json_writer.h"
 #include "wire/run_report.h"
+#include "sim/ceilings.h"
 #include "wire/trace.h"
 
 #define DEFAULT_TRACE "data/traces/conversation_trace.jsonl"

@@ -14,9 +14,10 @@
 
 #include "apps/apps.h"
 #include "apps/cli.h"
-#include "core/oatab.h"
-#include "core/stats.h"
+#include "base/oatab.h"
+#include "base/stats.h"
 #include "kvrouter.h"
+#include "sim/ceilings.h"
 #include "wire/trace.h"
 
 typedef struct trace_args {

@@ -1,6 +1,6 @@
 /*
- * cmd_trace_gen.c: `kvrouter trace gen` (a synthetic workload, wire/trace_gen.h) and `kvrouter
- * trace synth --from FILE` (a scaled trace of a given one's shape, wire/trace_synth.h), both
+ * cmd_trace_gen.c: `kvrouter trace gen` (a synthetic workload, sim/trace_gen.h) and `kvrouter
+ * trace synth --from FILE` (a scaled trace of a given one's shape, sim/trace_synth.h), both
  * writing Mooncake JSON lines to stdout or --output. Seeded: the same flags give the same
  * file. Cost: the trace is built in memory, then written.
  */
@@ -12,8 +12,8 @@
 #include "apps/cli.h"
 #include "kvrouter.h"
 #include "wire/trace.h"
-#include "wire/trace_gen.h"
-#include "wire/trace_synth.h"
+#include "sim/trace_gen.h"
+#include "sim/trace_synth.h"
 
 typedef struct gen_args {
     kvr_tracegen_config_t g;

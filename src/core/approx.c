@@ -19,7 +19,7 @@
  * engine holds a running request's blocks) and holds its output blocks (`anon_held`: capacity
  * used by content no prompt asks for); at its end its outputs, then its prompt deepest first,
  * are touched again (an engine frees a request's blocks into its LRU when it finishes, last
- * block first). Against the engine's own block pool (core/kvcache.h) this model caches
+ * block first). Against the engine's own block pool (sim/kvcache.h) this model caches
  * exactly the same prompt blocks (tests/core/test_approx.c); without it, the conversation
  * trace's prediction was 16% high.
  * Invariants (kvr_approx_verify): a bounded rank's `count` is its number of live timers,
@@ -36,9 +36,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/grow.h"
-#include "core/oatab.h"
-#include "core/verify.h"
+#include "base/grow.h"
+#include "base/oatab.h"
+#include "base/verify.h"
 #include "kvrouter.h"
 
 typedef struct timer {
@@ -134,7 +134,7 @@ int kvr_approx_config_validate(const kvr_approx_config_t *cfg, const char **fiel
     return KVR_OK;
 }
 
-/* ---- timers: a core/oatab.h table keyed by (seq, worker rank) ---- */
+/* ---- timers: a base/oatab.h table keyed by (seq, worker rank) ---- */
 
 #define T_HOME(c, e) thash((e)->seq, (e)->worker_id, (e)->dp_rank)
 #define T_EMPTY(e) (!(e)->used)
@@ -177,7 +177,7 @@ static timer_t_ *tget(kvr_approx_t *ap, uint64_t seq, kvr_worker_t w, bool *crea
     return &ap->t[i];
 }
 
-/* ---- worker ranks: a second core/oatab.h table ---- */
+/* ---- worker ranks: a second base/oatab.h table ---- */
 
 #define W_HOME(c, e) thash(0, (e)->worker_id, (e)->dp_rank)
 #define W_EMPTY(e) (!(e)->used)

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "core/endpoint.h"
-#include "core/namelist.h"
+#include "base/namelist.h"
 #include "kvrouter.h"
 
 typedef enum ftype {

@@ -73,11 +73,11 @@
 #define TSAN_ACQUIRE(p) ((void)(p))
 #endif
 
-#include "core/oatab.h"
+#include "base/oatab.h"
 #include "kvrouter.h"
-#include "core/verify.h"
+#include "base/verify.h"
 
-#include "core/grow.h"
+#include "base/grow.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Holders */

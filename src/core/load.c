@@ -64,9 +64,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/oatab.h"
+#include "base/oatab.h"
 #include "kvrouter.h"
-#include "core/verify.h"
+#include "base/verify.h"
 
 #define NONE UINT32_MAX
 #define W_SHIFT 30
@@ -177,7 +177,7 @@ static bool worker_eq(kvr_worker_t a, kvr_worker_t b)
     return a.worker_id == b.worker_id && a.dp_rank == b.dp_rank;
 }
 
-/* ---- the three tables (core/oatab.h) ---- */
+/* ---- the three tables (base/oatab.h) ---- */
 
 #define IDS_HOME(c, e) ((e)->hash)
 #define IDS_EMPTY(e) ((e)->slot == NONE)

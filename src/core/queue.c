@@ -28,7 +28,7 @@
 #include <stdlib.h>
 
 #include "kvrouter.h"
-#include "core/verify.h"
+#include "base/verify.h"
 
 #define NIL UINT32_MAX
 enum { ORDER = 0, DEADLINE = 1 };

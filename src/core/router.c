@@ -22,8 +22,8 @@
 #include <time.h>
 
 #include "core/endpoint.h"
-#include "core/grow.h"
-#include "core/namelist.h"
+#include "base/grow.h"
+#include "base/namelist.h"
 #include "core/session.h"
 #include "core/stepclock.h"
 

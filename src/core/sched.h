@@ -95,7 +95,7 @@ bool kvr_sched_warm(kvr_sched_t *s);
 bool kvr_sched_cancel(kvr_sched_t *s, kvr_ticket_t t);
 
 /* ---- overlaps from elsewhere ---- */
-/* An asynchronous source of a prompt's overlaps (a remote indexer, net/remote_indexer.h).
+/* An asynchronous source of a prompt's overlaps (a remote indexer, indexer/remote_indexer.h).
  * With one set, a placement that may wait (done set) is not routed at once: its prompt is
  * hashed, the source asked, and the placement returns a ticket; when the source answers, the
  * request is routed with the overlaps given (kvr_route_req_t.matches), or queued as any other

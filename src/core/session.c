@@ -1,7 +1,7 @@
 /*
  * session.c: sticky sessions (see session.h). Bindings live in a slot array (grown by
  * kvr_grow, reused through a free list) threaded on a doubly linked recency list; a
- * core/oatab.h table maps the id's xxh3 to its slot.
+ * base/oatab.h table maps the id's xxh3 to its slot.
  */
 #include "core/session.h"
 
@@ -10,9 +10,9 @@
 
 #include <xxhash.h>
 
-#include "core/grow.h"
-#include "core/oatab.h"
-#include "core/verify.h"
+#include "base/grow.h"
+#include "base/oatab.h"
+#include "base/verify.h"
 
 #define NONE UINT32_MAX
 

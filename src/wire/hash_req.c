@@ -19,8 +19,8 @@
 
 #include <yajl/yajl_parse.h>
 
-#include "core/grow.h"
-#include "core/sort.h"
+#include "base/grow.h"
+#include "base/sort.h"
 #include "wire/json_decode.h"
 #include "wire/token_scan.h"
 #include "wire/yajl_arena.h"

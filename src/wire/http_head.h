@@ -2,7 +2,7 @@
  * http_head.h: finds where an HTTP/1.x request head (request line and headers) ends in a byte
  * stream that arrives in pieces. The head ends at its first empty line: a LF preceded, after
  * any CRs, by another LF ("\n\n", "\r\n\r\n", "\n\r\n"); a LF first in the stream does not end
- * it. The connection guard (net/http_guard.c) uses it to bound a head's size and time before
+ * it. The connection guard (http/http_guard.c) uses it to bound a head's size and time before
  * evhttp parses it.
  * Invariants: feeding a stream in any split gives the same end as feeding it whole.
  * Memory: none (the state is one byte). Threads: any. Cost: O(bytes scanned).

@@ -5,7 +5,7 @@
  * hands out events from a buffer whose every record was checked by kvr_snap_open.
  */
 #include "wire/index_snapshot.h"
-#include "wire/le.h"
+#include "base/le.h"
 #include "wire/parse_fail.h"
 
 #include <stdarg.h>

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/grow.h"
+#include "base/grow.h"
 #include "wire/json_decode.h"
 #include "wire/json_scan.h"
 

@@ -1,6 +1,6 @@
 /*
  * ix_answer.h: an indexer's answer to POST /query_by_hash, read by a router that routes with
- * a remote indexer (net/remote_indexer.h), and the request body it sends.
+ * a remote indexer (indexer/remote_indexer.h), and the request body it sends.
  *
  * Read: {"scores": {"<instance_id>": {"<dp_rank>": tokens, ...}, ...}, ...}: the device-tier
  * prefix of each rank, in tokens (the reference's shape; other members skipped). Each count

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/grow.h"
+#include "base/grow.h"
 #include "kvrouter.h"
 #include "wire/json_decode.h"
 #include "wire/mp_cursor.h"

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/grow.h"
+#include "base/grow.h"
 #include "kvrouter.h"
 #include "wire/json_writer.h"
 #include "wire/token_scan.h"

@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/grow.h"
+#include "base/grow.h"
 #include "wire/mp_cursor.h"
 
 #define NONE SIZE_MAX  /* an absent offset */

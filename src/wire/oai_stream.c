@@ -14,7 +14,7 @@
 
 #include <yajl/yajl_parse.h>
 
-#include "core/grow.h"
+#include "base/grow.h"
 #include "kvrouter.h"
 #include "wire/json_decode.h"
 #include "wire/yajl_arena.h"

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/grow.h"
+#include "base/grow.h"
 #include "wire/json_decode.h"
 #include "wire/json_scan.h"
 

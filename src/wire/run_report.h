@@ -4,7 +4,7 @@
  * so their outputs can be compared key for key:
  *   {"policy","workers","requests","ttft_ms":{"p50","p90","p99"},"itl_ms":{..},"e2e_ms":{..},
  *    "hit_ratio","ceiling_infinite","ceiling_pooled","max_worker_share"}
- * Latencies in milliseconds, nearest-rank percentiles (core/stats.h); ratios in [0, 1]; a
+ * Latencies in milliseconds, nearest-rank percentiles (base/stats.h); ratios in [0, 1]; a
  * value not known (NAN) is written as null. Each command adds its own keys after these.
  * Pure (no I/O); the writer is the caller's.
  */
@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "core/stats.h"
+#include "base/stats.h"
 #include "wire/json_writer.h"
 
 typedef struct kvr_run_report {

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/grow.h"
-#include "wire/le.h"
+#include "base/grow.h"
+#include "base/le.h"
 #include "wire/parse_fail.h"
 
 #define MAGIC "KVRS"

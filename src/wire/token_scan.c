@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/grow.h"
+#include "base/grow.h"
 #include "kvrouter.h"
 
 #if defined(__SSE2__) && !defined(KVR_API_NO_SIMD) && !defined(KVR_TOKEN_SCAN_NO_SIMD)

@@ -14,7 +14,7 @@
  * yajl reads as the same integers; it returns false for anything else (odd formatting,
  * invalid JSON, a limit reached), and the caller then lets yajl read the array, so results
  * and error messages never depend on the scanner.
- * Ownership: *buf is the caller's growable array (grown with core/grow.h's kvr_grow, never
+ * Ownership: *buf is the caller's growable array (grown with base/grow.h's kvr_grow, never
  * beyond max elements); the body is borrowed for the call.
  * Threads: none; any thread. Cost: SSE2 masks of 64-byte windows, two count-trailing-zeros and
  * a SWAR multiply per token (~4 ns per token); without SSE2 (or with KVR_TOKEN_SCAN_NO_SIMD or

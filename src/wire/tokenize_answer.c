@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/grow.h"
+#include "base/grow.h"
 #include "kvrouter.h"
 #include "wire/json_scan.h"
 #include "wire/token_scan.h"

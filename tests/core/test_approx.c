@@ -22,7 +22,7 @@
 
 #include "kvrouter.h"
 
-#include "core/kvcache.h"
+#include "sim/kvcache.h"
 
 typedef struct prompt {
     uint64_t lbh[32], seq[32];
@@ -246,7 +246,7 @@ static void test_capacity_model(void **s)
     kvr_index_free(ix);
 }
 
-/* ---- the model of requests in flight against the engine's block pool (core/kvcache.h) ---- */
+/* ---- the model of requests in flight against the engine's block pool (sim/kvcache.h) ---- */
 
 #define EBS 4                                /* tokens per block */
 #define ECAP 64                              /* the engine's blocks, and the rank's capacity */

@@ -11,7 +11,7 @@ the router was down. A state file the engine cannot confirm (it restarted meanwh
 damaged file and one saved with another block size are refused, named in the log, and the
 router starts cold.
 
-The file itself (src/net/state_file.h): a stop before the engine confirmed the reloaded ranks
+The file itself (src/events/state_file.h): a stop before the engine confirmed the reloaded ranks
 (an engine outage during a rolling restart) keeps them in the file, byte for byte, and a later
 start with the engine back resumes them; a path that is not a regular file (FIFO, directory,
 socket, symbolic link) and a second router on the same path stop the start at once with a

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "kvrouter.h"
+#include "sim/ceilings.h"
 #include "wire/trace.h"
 
 static const char *data_dir(void)

@@ -1,6 +1,6 @@
 /*
- * test_trace_gen.c: the synthetic workloads (wire/trace_gen.c) and the trace synthesizer
- * (wire/trace_synth.c).
+ * test_trace_gen.c: the synthetic workloads (sim/trace_gen.c) and the trace synthesizer
+ * (sim/trace_synth.c).
  *
  * Checked, for every workload and both arrival processes: the trace is valid (the writer's
  * text reads back equal through kvr_trace_parse: sorted timestamps in [0, duration), one id
@@ -25,8 +25,8 @@
 
 #include "kvrouter.h"
 #include "wire/trace.h"
-#include "wire/trace_gen.h"
-#include "wire/trace_synth.h"
+#include "sim/trace_gen.h"
+#include "sim/trace_synth.h"
 
 static kvr_trace_t gen(kvr_workload_t w, kvr_arrival_t a, double rate, double dur, uint64_t seed)
 {

@@ -1,0 +1,81 @@
+/*
+ * log.c: see log.h. Writes whole lines with one fputs under a mutex, so lines from the ingest
+ * and HTTP threads never interleave.
+ */
+#include "base/log.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <time.h>
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static kvr_log_level_t min_level = KVR_LOG_INFO;
+
+void kvr_log_set_level(kvr_log_level_t level) { min_level = level; }
+
+uint64_t kvr_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void vlog(kvr_log_level_t level, const char *suffix, const char *fmt, va_list ap)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    char line[1024];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s ",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000, names[level]);
+    if (n < 0)
+        return;
+    int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    size_t len = (size_t)n + (m > 0 ? (size_t)m : 0);
+    if (len >= sizeof line - 80)
+        len = sizeof line - 80;
+    snprintf(line + len, sizeof line - len, "%s\n", suffix);
+    pthread_mutex_lock(&log_mu);
+    fputs(line, stderr);
+    pthread_mutex_unlock(&log_mu);
+}
+
+void kvr_log(kvr_log_level_t level, const char *fmt, ...)
+{
+    if (level < min_level)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, "", fmt, ap);
+    va_end(ap);
+}
+
+void kvr_log_limited(kvr_ratelimit_t *rl, kvr_log_level_t level, const char *fmt, ...)
+{
+    if (level < min_level)
+        return;
+    uint64_t now = kvr_now_ms();
+    if (now - rl->window_start_ms >= rl->interval_ms || rl->window_start_ms == 0) {
+        rl->window_start_ms = now;
+        rl->in_window = 0;
+    }
+    if (rl->in_window >= rl->burst) {
+        rl->suppressed++;
+        return;
+    }
+    rl->in_window++;
+    char suffix[64] = "";
+    if (rl->suppressed > 0) {
+        snprintf(suffix, sizeof suffix, " (%llu similar suppressed)",
+                 (unsigned long long)rl->suppressed);
+        rl->suppressed = 0;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, suffix, fmt, ap);
+    va_end(ap);
+}
