@@ -1,15 +1,15 @@
 /*
  * api_metrics.c: GET /metrics for the HTTP API (Prometheus text, wire/prom.h): the routing
  * histograms and counters, the scheduler's queue, the load tracker, the ingest thread's
- * per-rank figures, the workers' health, the connection guards; then the extension's (the
- * OpenAI front end's) families. Threads: the HTTP thread. Cost: O(ranks) per scrape.
+ * per-rank figures, the workers' health, the host's (errors, 401s, connection guards); then the
+ * other services' families. Threads: the HTTP thread. Cost: O(ranks) per scrape.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "api/api_int.h"
 
-static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
+static void metrics_router(kvr_api_t *s, kvr_prom_t *p)
 {
     kvr_router_stats_t rs;
     kvr_router_stats(s->r, &rs);
@@ -106,16 +106,10 @@ static void metrics_router(kvr_api_server_t *s, kvr_prom_t *p)
         kvr_prom_sample(p, "kvr_queue_dispatched_total", &tk, 1,
                         (double)ss.dispatched[KVR_SCHED_BY_TICK]);
     }
-    kvr_prom_counter(p, "kvr_http_errors_total", "HTTP replies with status >= 400.",
-                     (double)(s->http_errors_4xx + s->http_errors_5xx));
-    kvr_prom_counter(
-        p, "kvr_http_unauthorized_total",
-        "Requests answered 401: API key missing or wrong (api_key_file, admin_key_file).",
-        (double)s->unauthorized);
-    kvr_http_guard_metrics_all(s->guards, s->n_guards, p);
+    kvr_http_host_metrics(s->host, p);
 }
 
-static void metrics_ingest(kvr_api_server_t *s, kvr_prom_t *p)
+static void metrics_ingest(kvr_api_t *s, kvr_prom_t *p)
 {
     kvr_ingest_stats_t g;
     kvr_ingest_stats(s->g, &g);
@@ -202,7 +196,7 @@ static void metrics_ingest(kvr_api_server_t *s, kvr_prom_t *p)
     }
 }
 
-static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
+static void metrics_workers(kvr_api_t *s, kvr_prom_t *p)
 {
     static const char *const fams[][2] = {
         {"kvr_worker_index_blocks", "Blocks the index holds for the rank."},
@@ -232,7 +226,7 @@ static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
                 kvr_load_snapshot_t ls;
                 kvr_load_snapshot(kvr_router_load(s->r), wk, &ls);
                 kvr_prom_label_t l[3] = {
-                    {"worker_id", wid}, {"dp_rank", rk}, {"state", api_index_state(s, sp, &st)}};
+                    {"worker_id", wid}, {"dp_rank", rk}, {"state", kvr_fleet_index_state(s->fleet, sp, &st)}};
                 double v[] = {(double)st.index_blocks,
                               ls.active_requests,
                               (double)ls.active_prefill_tokens,
@@ -259,23 +253,23 @@ static void metrics_workers(kvr_api_server_t *s, kvr_prom_t *p)
     kvr_prom_family(p, "kvr_worker_capacity_fetches_total", "counter",
                     "Reads of a worker's KV-cache size from its /metrics, by result.");
     static const char *const results[] = {"learnt", "not_exposed", "failed"};
+    uint64_t fetches[3];
+    kvr_fleet_capacity_fetches(s->fleet, fetches);
     for (int k = 0; k < 3; k++) {
         kvr_prom_label_t l[] = {{"result", results[k]}};
-        kvr_prom_sample(p, "kvr_worker_capacity_fetches_total", l, 1, (double)s->cap_fetches[k]);
+        kvr_prom_sample(p, "kvr_worker_capacity_fetches_total", l, 1, (double)fetches[k]);
     }
 }
 
-void api_h_metrics(kvr_api_server_t *s, struct evhttp_request *req)
+void api_h_metrics(kvr_api_t *s, struct evhttp_request *req)
 {
-    api_sync_rank_status(s);
+    kvr_fleet_sync(s->fleet);
     kvr_prom_reset(&s->prom);
     metrics_router(s, &s->prom);
     if (s->g != NULL)
         metrics_ingest(s, &s->prom);
     metrics_workers(s, &s->prom);
-    for (size_t i = 0; i < s->n_ext; i++)
-        if (s->ext[i].metrics != NULL)
-            s->ext[i].metrics(s->ext[i].arg, &s->prom);
-    api_reply_text(s, req, 200, "text/plain; version=0.0.4", s->prom.buf ? s->prom.buf : "",
+    kvr_http_host_services_metrics(s->host, &s->prom);
+    kvr_reply_body(s->rep, req, 200, "text/plain; version=0.0.4", s->prom.buf ? s->prom.buf : "",
                    s->prom.len);
 }

@@ -19,7 +19,9 @@
 #include "kvrouter/router.h"
 #include "core/endpoint.h"
 #include "core/sched.h"
-#include "api/api_server.h"
+#include "api/api.h"
+#include "fleet/fleet.h"
+#include "http/host.h"
 #include "cluster/discovery.h"
 #include "http/http_fetch.h"
 #include "frontend/frontend.h"
@@ -179,7 +181,9 @@ typedef struct daemon_parts {
     kvr_ingest_t *g;
     kvr_router_t *r;
     kvr_sched_t *sched;
-    kvr_api_server_t *api;
+    kvr_http_host_t *host;
+    kvr_fleet_t *fleet;
+    kvr_api_t *api;
     kvr_frontend_t *fe;
     kvr_nats_t *nats;
     kvr_replicas_t *replicas;
@@ -212,7 +216,7 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     daemon_parts_t *d = arg;
-    uint64_t busy = kvr_api_server_busy(d->api);
+    uint64_t busy = kvr_http_host_busy(d->host);
     if (busy == 0)
         stop_now(d, "every answer in flight is complete");
     else if (kvr_now_ms() >= d->drain_deadline_ms)
@@ -234,9 +238,9 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     kvr_log(KVR_LOG_INFO,
             "signal %d: draining (no new connections; %llu answers in flight get up to %llu "
             "ms; a second signal ends them at once)",
-            (int)sig, (unsigned long long)kvr_api_server_busy(d->api),
+            (int)sig, (unsigned long long)kvr_http_host_busy(d->host),
             (unsigned long long)grace);
-    kvr_api_server_drain(d->api);
+    kvr_http_host_drain(d->host);
     d->drain_deadline_ms = kvr_now_ms() + grace;
     struct timeval tv = {0, 20000};
     if (grace == 0 || d->drain == NULL || event_add(d->drain, &tv) != 0)
@@ -263,8 +267,10 @@ static void teardown(daemon_parts_t *d)
     kvr_nats_free(d->nats); /* deletes this router's presence entry, then closes */
     kvr_ix_serve_free(d->ixs);
     kvr_remote_ix_free(d->rix); /* before the scheduler: its lookups end without a callback */
-    kvr_frontend_free(d->fe); /* before the API server: it answers what is in flight */
-    kvr_api_server_free(d->api);
+    kvr_frontend_free(d->fe); /* before the host: it answers what is in flight */
+    kvr_api_free(d->api);      /* before the host: it watches its queued clients' connections */
+    kvr_http_host_free(d->host);
+    kvr_fleet_free(d->fleet);
     kvr_sched_free(d->sched); /* after both front doors: they hold tickets and handles */
     kvr_ingest_free(d->g);
     kvr_router_free(d->r);
@@ -483,7 +489,7 @@ static int load_from_peers(daemon_parts_t *d, const kvr_router_config_t *c)
         char origin[512];
         snprintf(origin, sizeof origin, "peer %s: %u ranks, %llu events", p.url[i], rep.ranks,
                  (unsigned long long)rep.events);
-        kvr_api_server_set_index_origin(d->api, origin);
+        kvr_fleet_set_index_origin(d->fleet, origin);
         kvr_log(KVR_LOG_INFO, "index: loaded from peer %s: %u ranks resumed (%u skipped), %llu "
                 "events (%llu refused), %llu bytes; fetched in %llu ms, applied in %llu ms; each "
                 "resumed rank catches up from its engine's replay buffer", p.url[i], rep.ranks,
@@ -513,11 +519,11 @@ static int build_nats(daemon_parts_t *d, const kvr_router_config_t *c)
         return st;
     }
     char admin_url[160] = "";
-    snprintf(url, sizeof url, "http://%s:%u", c->bind, kvr_api_server_port(d->api));
+    snprintf(url, sizeof url, "http://%s:%u", c->bind, kvr_http_host_port(d->host));
     if (c->admin_port.set)
         snprintf(admin_url, sizeof admin_url, "http://%s:%u", c->admin_bind,
-                 kvr_api_server_admin_port(d->api));
-    kvr_replicas_config_t rc = {.base = d->base, .nats = d->nats, .api = d->api,
+                 kvr_http_host_admin_port(d->host));
+    kvr_replicas_config_t rc = {.base = d->base, .nats = d->nats, .host = d->host,
                                 .ns = c->nats_namespace, .ttl_ms = c->nats_presence_ttl_ms,
                                 .url = url, .admin_url = admin_url,
                                 .replica_sync = c->router_replica_sync};
@@ -526,7 +532,8 @@ static int build_nats(daemon_parts_t *d, const kvr_router_config_t *c)
         return st;
     }
     if (c->discovery == KVR_DISCOVERY_NATS) {
-        kvr_discovery_config_t dc = {.base = d->base, .nats = d->nats, .api = d->api,
+        kvr_discovery_config_t dc = {.base = d->base, .nats = d->nats, .host = d->host,
+                                     .fleet = d->fleet,
                                      .replicas = d->replicas, .ns = c->nats_namespace,
                                      .ttl_ms = c->nats_presence_ttl_ms};
         if ((d->disc = kvr_discovery_new(&dc, &st)) == NULL) {
@@ -537,7 +544,7 @@ static int build_nats(daemon_parts_t *d, const kvr_router_config_t *c)
     if (!c->router_replica_sync)
         return KVR_OK;
     kvr_replica_sync_config_t sc = {.base = d->base, .nats = d->nats, .sched = d->sched,
-                                    .replicas = d->replicas, .api = d->api,
+                                    .replicas = d->replicas, .host = d->host,
                                     .ns = c->nats_namespace};
     if ((d->sync = kvr_replica_sync_new(&sc, &st)) == NULL) {
         fprintf(stderr, "kvrouter serve: replica sync: %s\n", kvr_strerror(st));
@@ -590,20 +597,22 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
         fprintf(stderr, "kvrouter serve: %s: %s\n", field ? field : "scheduler", kvr_strerror(st));
         return st;
     }
-    if ((d->api = kvr_api_server_new(d->base, d->sched, d->g, c, &st, err, sizeof err)) == NULL) {
+    if ((d->host = kvr_http_host_new(d->base, c, &st, err, sizeof err)) == NULL ||
+        (d->fleet = kvr_fleet_new(d->base, d->sched, d->g, c, &st, err, sizeof err)) == NULL ||
+        (d->api = kvr_api_new(d->host, d->fleet, c, &st, err, sizeof err)) == NULL) {
         fprintf(stderr, "kvrouter serve: %s\n", err);
         return st;
     }
-    if ((d->fe = kvr_frontend_new(d->base, d->api, d->sched, c, &st, err, sizeof err)) == NULL) {
+    if ((d->fe = kvr_frontend_new(d->base, d->host, d->fleet, c, &st, err, sizeof err)) == NULL) {
         fprintf(stderr, "kvrouter serve: %s\n", err);
         return st;
     }
-    if (c->serve_indexer && (d->ixs = kvr_ix_serve_new(d->api, d->ix, d->g, &st)) == NULL) {
+    if (c->serve_indexer && (d->ixs = kvr_ix_serve_new(d->host, d->fleet, d->ix, d->g, &st)) == NULL) {
         fprintf(stderr, "kvrouter serve: serve_indexer: %s\n", kvr_strerror(st));
         return st;
     }
     for (size_t i = 0; i < a->n_workers; i++) {
-        if ((st = kvr_api_server_add_worker(d->api, &a->workers[i], err, sizeof err)) != KVR_OK) {
+        if ((st = kvr_fleet_add_worker(d->fleet, &a->workers[i], err, sizeof err)) != KVR_OK) {
             fprintf(stderr, "kvrouter serve: --worker id=%llu: %s\n",
                     (unsigned long long)a->workers[i].worker_id, err);
             return st;
@@ -631,7 +640,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
         kvr_remote_ix_config_t rc = {.base = d->base,
                                      .bearer = key,
                                      .record_bearer = admin[0] ? admin : key,
-                                     .api = d->api,
+                                     .host = d->host,
                                      .sched = d->sched,
                                      .url = c->remote_indexer,
                                      .nats = d->nats,
@@ -653,7 +662,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     if (!from_peer && d->g != NULL && c->state_file[0] != '\0')
         load_state(d->g, c->state_file);
     if (!from_peer && d->g != NULL)
-        kvr_api_server_set_index_origin(d->api, c->state_file[0] != '\0'
+        kvr_fleet_set_index_origin(d->fleet, c->state_file[0] != '\0'
                                                     ? "state_file (or cold if it had none)"
                                                     : "cold: only events received since start");
     if (d->g != NULL && (st = kvr_ingest_start(d->g)) != KVR_OK)
@@ -698,14 +707,14 @@ int kvr_cmd_serve(int argc, char **argv)
         static const char *const modes[] = {"kv", "round-robin", "random", "least-loaded",
                                             "approx"};
         kvr_log(KVR_LOG_INFO, "kvrouter serving on http://%s:%u (block size %u, mode %s, %zu workers)",
-                a.cfg.bind, kvr_api_server_port(d.api), a.cfg.block_size,
+                a.cfg.bind, kvr_http_host_port(d.host), a.cfg.block_size,
                 (unsigned)a.cfg.router_mode < 5 ? modes[a.cfg.router_mode] : "?", a.n_workers);
         /* a line scripts can wait for */
-        printf("listening %s:%u\n", a.cfg.bind, kvr_api_server_port(d.api));
+        printf("listening %s:%u\n", a.cfg.bind, kvr_http_host_port(d.host));
         if (a.cfg.admin_port.set) {
             kvr_log(KVR_LOG_INFO, "admin listener on http://%s:%u (fleet changes)",
-                    a.cfg.admin_bind, kvr_api_server_admin_port(d.api));
-            printf("admin listening %s:%u\n", a.cfg.admin_bind, kvr_api_server_admin_port(d.api));
+                    a.cfg.admin_bind, kvr_http_host_admin_port(d.host));
+            printf("admin listening %s:%u\n", a.cfg.admin_bind, kvr_http_host_admin_port(d.host));
         }
         fflush(stdout);
         event_base_dispatch(d.base);

@@ -73,7 +73,7 @@ static found_t *slot_for(kvr_discovery_t *d, uint64_t id)
 
 static void unregister(kvr_discovery_t *d, found_t *f, const char *why)
 {
-    if (f->registered && kvr_api_server_remove_worker(d->cfg.api, f->id) == KVR_OK)
+    if (f->registered && kvr_fleet_remove_worker(d->cfg.fleet, f->id) == KVR_OK)
         kvr_log(KVR_LOG_INFO, "discovery: worker %llu removed (%s)", (unsigned long long)f->id,
                 why);
     *f = (found_t){0};
@@ -112,7 +112,7 @@ static void on_put(kvr_discovery_t *d, uint64_t id, const char *key, const uint8
         f->last_put_ms = now; /* a heartbeat */
         return;
     }
-    if (f == NULL && kvr_router_worker(kvr_api_server_router(d->cfg.api), id) != NULL) {
+    if (f == NULL && kvr_router_worker(kvr_fleet_router(d->cfg.fleet), id) != NULL) {
         d->conflicts++;
         refuse(d, NULL, key, "the worker is registered by --worker or POST /v1/workers");
         return;
@@ -147,7 +147,7 @@ static void on_put(kvr_discovery_t *d, uint64_t id, const char *key, const uint8
     }
     rc = kvr_api_worker_to_spec(&sp, &a, err, sizeof err);
     if (rc == KVR_OK)
-        rc = kvr_api_server_add_worker(d->cfg.api, &sp, err, sizeof err);
+        rc = kvr_fleet_add_worker(d->cfg.fleet, &sp, err, sizeof err);
     if (rc != KVR_OK) {
         refuse(d, f, key, err[0] ? err : kvr_strerror(rc));
         return;
@@ -236,7 +236,7 @@ kvr_discovery_t *kvr_discovery_new(const kvr_discovery_config_t *cfg, int *statu
     d->rl = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     snprintf(d->bucket, sizeof d->bucket, "%s_workers", cfg->ns);
     struct timeval tv = {0, CHECK_MS * 1000};
-    kvr_api_extension_t ext = {.metrics = ext_metrics, .arg = d};
+    kvr_http_service_t ext = {.metrics = ext_metrics, .arg = d};
     int rc = KVR_OK;
     if ((d->dec = kvr_api_decoder_new(NULL)) == NULL ||
         (d->check = event_new(cfg->base, -1, EV_PERSIST, on_check, d)) == NULL ||
@@ -245,7 +245,7 @@ kvr_discovery_t *kvr_discovery_new(const kvr_discovery_config_t *cfg, int *statu
     if (rc == KVR_OK)
         rc = kvr_nats_kv_watch(cfg->nats, d->bucket, cfg->ttl_ms, on_entry, d);
     if (rc == KVR_OK)
-        rc = kvr_api_server_add_extension(cfg->api, &ext);
+        rc = kvr_http_host_add_service(cfg->host, &ext);
     if (rc != KVR_OK) {
         *status = rc;
         kvr_discovery_free(d);
@@ -260,7 +260,7 @@ void kvr_discovery_free(kvr_discovery_t *d)
 {
     if (d == NULL)
         return;
-    kvr_api_server_remove_extension(d->cfg.api, d);
+    kvr_http_host_remove_service(d->cfg.host, d);
     if (d->check != NULL)
         event_free(d->check);
     kvr_api_decoder_free(d->dec);

@@ -30,7 +30,8 @@
 
 #include <stdint.h>
 
-#include "api/api_server.h"
+#include "fleet/fleet.h"
+#include "http/host.h"
 #include "nats/nats_link.h"
 #include "cluster/replicas.h"
 
@@ -39,7 +40,8 @@ typedef struct kvr_discovery kvr_discovery_t;
 typedef struct kvr_discovery_config {
     struct event_base *base;
     kvr_nats_t *nats;
-    kvr_api_server_t *api;
+    kvr_http_host_t *host; /* its service: metrics */
+    kvr_fleet_t *fleet;    /* where workers are added and removed */
     kvr_replicas_t *replicas;
     const char *ns;
     uint64_t ttl_ms;

@@ -813,7 +813,7 @@ kvr_replica_sync_t *kvr_replica_sync_new(const kvr_replica_sync_config_t *cfg, i
     snprintf(s->subj_reply, SUBJECT_BYTES, "%s.sync.reply.%016llx", cfg->ns,
              (unsigned long long)s->self);
     begin_batch(s);
-    kvr_api_extension_t ext = {.metrics = ext_metrics, .ready = ext_ready, .arg = s};
+    kvr_http_service_t ext = {.metrics = ext_metrics, .ready = ext_ready, .arg = s};
     struct timeval sweep = {SWEEP_MS / 1000, 0};
     int rc = KVR_OK;
     if ((s->origins = kvr_peer_reqs_new(s->self)) == NULL ||
@@ -833,7 +833,7 @@ kvr_replica_sync_t *kvr_replica_sync_new(const kvr_replica_sync_config_t *cfg, i
     if (rc == KVR_OK)
         rc = kvr_sched_observe_named(cfg->sched, on_sched, s);
     if (rc == KVR_OK)
-        rc = kvr_api_server_add_extension(cfg->api, &ext);
+        rc = kvr_http_host_add_service(cfg->host, &ext);
     if (rc != KVR_OK) {
         *status = rc;
         kvr_replica_sync_free(s);
@@ -855,7 +855,7 @@ void kvr_replica_sync_free(kvr_replica_sync_t *s)
     if (s->batch.len > 0)
         publish_batch(s);
     kvr_sched_unobserve(s->cfg.sched, on_sched, s);
-    kvr_api_server_remove_extension(s->cfg.api, s);
+    kvr_http_host_remove_service(s->cfg.host, s);
     kvr_replicas_on_gone(s->cfg.replicas, NULL, NULL);
     if (s->flush != NULL)
         event_free(s->flush);

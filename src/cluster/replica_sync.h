@@ -28,7 +28,8 @@
 #include <stdint.h>
 
 #include "core/sched.h"
-#include "api/api_server.h"
+#include "fleet/fleet.h"
+#include "http/host.h"
 #include "nats/nats_link.h"
 #include "cluster/replicas.h"
 
@@ -39,7 +40,7 @@ typedef struct kvr_replica_sync_config {
     kvr_nats_t *nats;
     kvr_sched_t *sched;
     kvr_replicas_t *replicas;
-    kvr_api_server_t *api;
+    kvr_http_host_t *host; /* its service: metrics, ... */
     const char *ns;
     uint64_t snapshot_wait_ms; /* how long a joining replica waits for a snapshot (0 = 1000) */
 } kvr_replica_sync_config_t;

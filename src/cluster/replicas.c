@@ -325,9 +325,9 @@ static bool ext_handle(void *arg, struct evhttp_request *req, const char *path, 
     const char *body;
     size_t len;
     if (kvr_json_writer_finish(&r->w, &body, &len) != KVR_OK)
-        kvr_api_server_reply(r->cfg.api, req, 500, "text/plain", "out of memory\n", 14);
+        kvr_reply_body(kvr_http_host_reply(r->cfg.host), req, 500, "text/plain", "out of memory\n", 14);
     else
-        kvr_api_server_reply(r->cfg.api, req, 200, "application/json", body, len);
+        kvr_reply_body(kvr_http_host_reply(r->cfg.host), req, 200, "application/json", body, len);
     return true;
 }
 
@@ -453,7 +453,7 @@ kvr_replicas_t *kvr_replicas_new(const kvr_replicas_config_t *cfg, int *status)
     if (kvr_nats_state(cfg->nats) == KVR_NATS_CONNECTED)
         r->connected_since_ms = kvr_now_ms();
     struct timeval tv = {0, CHECK_MS * 1000};
-    kvr_api_extension_t ext = {.handle = ext_handle, .metrics = ext_metrics,
+    kvr_http_service_t ext = {.handle = ext_handle, .metrics = ext_metrics,
                                .detail = ext_detail, .arg = r};
     int rc = KVR_OK;
     if ((r->check = event_new(cfg->base, -1, EV_PERSIST, on_check, r)) == NULL ||
@@ -464,7 +464,7 @@ kvr_replicas_t *kvr_replicas_new(const kvr_replicas_config_t *cfg, int *status)
     if (rc == KVR_OK)
         rc = kvr_nats_kv_watch(cfg->nats, r->bucket, cfg->ttl_ms, on_entry, r);
     if (rc == KVR_OK)
-        rc = kvr_api_server_add_extension(cfg->api, &ext);
+        rc = kvr_http_host_add_service(cfg->host, &ext);
     if (rc != KVR_OK) {
         *status = rc;
         kvr_replicas_free(r);
@@ -487,7 +487,7 @@ void kvr_replicas_free(kvr_replicas_t *r)
 {
     if (r == NULL)
         return;
-    kvr_api_server_remove_extension(r->cfg.api, r);
+    kvr_http_host_remove_service(r->cfg.host, r);
     (void)kvr_nats_kv_drop(r->cfg.nats, r->bucket, r->key);
     if (r->check != NULL)
         event_free(r->check);

@@ -24,7 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "api/api_server.h"
+#include "fleet/fleet.h"
+#include "http/host.h"
 #include "nats/nats_link.h"
 
 #define KVR_MAX_PEERS 256
@@ -34,7 +35,7 @@ typedef struct kvr_replicas kvr_replicas_t;
 typedef struct kvr_replicas_config {
     struct event_base *base;
     kvr_nats_t *nats;
-    kvr_api_server_t *api;
+    kvr_http_host_t *host; /* its service: metrics, ... */
     const char *ns;      /* namespace */
     uint64_t ttl_ms;     /* nats_presence_ttl_ms */
     const char *url;     /* this router's HTTP url, published in its entry */

@@ -10,7 +10,7 @@
 #include <yajl/yajl_tree.h>
 
 #include "kvrouter/router.h"
-#include "api/api_server.h"
+#include "fleet/fleet.h"
 #include "frontend/frontend_int.h"
 
 const char *const UPK_NAMES[UPK_COUNT] = {"connect", "timeout",    "eof",      "protocol",

@@ -12,7 +12,7 @@
 
 #include "base/namelist.h"
 #include "kvrouter/router.h"
-#include "api/api_server.h"
+#include "fleet/fleet.h"
 #include "frontend/frontend_int.h"
 
 /* ---------------------------------------------------------------------------------------- */

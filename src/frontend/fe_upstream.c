@@ -13,7 +13,7 @@
 #include <yajl/yajl_tree.h>
 
 #include "kvrouter/router.h"
-#include "api/api_server.h"
+#include "fleet/fleet.h"
 #include "frontend/frontend_int.h"
 
 /* ---------------------------------------------------------------------------------------- */
@@ -143,14 +143,14 @@ void fe_worker_failed(kvr_frontend_t *fe, upool_t *u, up_kind_t kind)
     if (kind == UPK_NO_URL)
         return;
     if (kind == UPK_CONNECT)
-        kvr_api_server_suspect(fe->api, u->worker_id, "a request could not connect");
+        kvr_fleet_suspect(fe->fleet, u->worker_id, "a request could not connect");
     u->consecutive_failures++;
     if (u->consecutive_failures >= fe->cfg.frontend_fence_failures &&
         !kvr_router_fenced(fe->r, u->worker_id) && kvr_router_worker(fe->r, u->worker_id)) {
         char why[96];
         snprintf(why, sizeof why, "failed %u upstream requests in a row (last: %s)",
                  u->consecutive_failures, UPK_NAMES[kind]);
-        kvr_api_server_fence(fe->api, u->worker_id, why);
+        kvr_fleet_fence(fe->fleet, u->worker_id, why);
         fe->st.fenced++;
     }
 }

@@ -564,7 +564,7 @@ static void on_placed(void *arg, int rc, const kvr_route_res_t *res)
     }
     if (res == NULL) {
         char msg[200];
-        int code = kvr_api_wait_failed(p->fe->r, rc, msg, sizeof msg);
+        int code = kvr_fleet_wait_failed(p->fe->r, rc, msg, sizeof msg);
         fe_req_fail(p, code, "%s", msg);
         return;
     }
@@ -1293,9 +1293,9 @@ static bool fe_handle(void *arg, struct evhttp_request *req, const char *path, b
     return true;
 }
 
-kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api, kvr_sched_t *sched,
-                                 const kvr_router_config_t *cfg, int *status, char *err,
-                                 size_t err_len)
+kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_http_host_t *host,
+                                 kvr_fleet_t *fleet, const kvr_router_config_t *cfg,
+                                 int *status, char *err, size_t err_len)
 {
     kvr_frontend_t *fe = calloc(1, sizeof *fe);
     if (fe == NULL) {
@@ -1304,9 +1304,10 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
         return NULL;
     }
     fe->base = base;
-    fe->api = api;
-    fe->sched = sched;
-    fe->r = kvr_sched_router(sched);
+    fe->host = host;
+    fe->fleet = fleet;
+    fe->sched = kvr_fleet_sched(fleet);
+    fe->r = kvr_fleet_router(fleet);
     fe->cfg = *cfg;
     fe->rl_up = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     fe->rl_proto = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
@@ -1347,9 +1348,14 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
         return NULL;
     }
     count_urlless(fe);
-    kvr_api_extension_t ext = {.handle = fe_handle, .metrics = fe_metrics,
-                               .worker_removed = fe_worker_removed, .arg = fe};
-    (void)kvr_api_server_add_extension(api, &ext);
+    kvr_http_service_t svc = {.handle = fe_handle, .metrics = fe_metrics, .arg = fe};
+    if (kvr_http_host_add_service(host, &svc) != KVR_OK ||
+        kvr_fleet_observe(fleet, fe_worker_removed, fe) != KVR_OK) {
+        kvr_frontend_free(fe);
+        *status = KVR_EFULL;
+        snprintf(err, err_len, "no room for another HTTP service or fleet observer");
+        return NULL;
+    }
     *status = KVR_OK;
     return fe;
 }
@@ -1378,8 +1384,10 @@ void kvr_frontend_free(kvr_frontend_t *fe)
 {
     if (fe == NULL)
         return;
-    if (fe->api != NULL)
-        kvr_api_server_remove_extension(fe->api, fe);
+    if (fe->host != NULL)
+        kvr_http_host_remove_service(fe->host, fe);
+    if (fe->fleet != NULL)
+        kvr_fleet_unobserve(fe->fleet, fe_worker_removed, fe);
     kvr_frontend_close(fe);
     fe_disagg_free(fe);
     for (size_t i = 0; i < fe->n_pools; i++)

@@ -1,13 +1,13 @@
 /*
  * frontend.h: the OpenAI-compatible front end of `kvrouter serve`: a KV-aware reverse proxy
- * in front of the workers, on the API server's loop (api/api_server.h), sharing its router,
- * queue and fencing.
+ * in front of the workers: a service of the HTTP host (http/host.h) beside the router API,
+ * sharing the fleet's router, queue and fencing (fleet/fleet.h).
  *
  *   POST /v1/completions, POST /v1/chat/completions (streaming or not), GET /v1/models
  *
  * A request: decode (wire/openai.h) -> token ids (given, nvext.token_data, or text and chat
  * messages sent to a worker's vLLM-compatible POST /tokenize, cached by content) -> route and
- * book (kvr_api_server_place: KV-aware, queued while every eligible worker is busy) -> one
+ * book (the scheduler: KV-aware, queued while every eligible worker is busy) -> one
  * upstream request to the chosen worker's url, with the x-data-parallel-rank header of the
  * chosen rank -> the response relayed to the client (SSE event by event) -> free.
  *
@@ -95,20 +95,22 @@
 
 #include "kvrouter/config.h"
 #include "kvrouter/router.h"
-#include "api/api_server.h"
+#include "fleet/fleet.h"
+#include "http/host.h"
 
 struct event_base;
 typedef struct kvr_frontend kvr_frontend_t;
 
-/* Registers itself as api's extension. NULL with *status and err on failure. */
-kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_api_server_t *api,
-                                 kvr_sched_t *sched, const kvr_router_config_t *cfg,
+/* A service of host (after the router API) over fleet's scheduler, its upstream connections
+ * on base (the host's loop). NULL with *status and err on failure. */
+kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_http_host_t *host,
+                                 kvr_fleet_t *fleet, const kvr_router_config_t *cfg,
                                  int *status, char *err, size_t err_len);
 /* Shutting down: answers what is in flight (503, or an SSE error event, [DONE] and the end of
  * the stream), cancels its upstream requests; later requests get 503. Run the loop a little
  * afterwards so the answers are written. Idempotent. */
 void kvr_frontend_close(kvr_frontend_t *fe);
-/* kvr_frontend_close, then frees everything and unregisters. Before kvr_api_server_free. */
+/* kvr_frontend_close, then frees everything and unregisters. Before the fleet and the host go. */
 void kvr_frontend_free(kvr_frontend_t *fe);
 
 #endif

@@ -249,7 +249,8 @@ typedef struct fe_dstats {
 
 struct kvr_frontend {
     struct event_base *base;
-    kvr_api_server_t *api;
+    kvr_http_host_t *host;
+    kvr_fleet_t *fleet;
     kvr_sched_t *sched;
     kvr_router_t *r;
     kvr_router_config_t cfg;

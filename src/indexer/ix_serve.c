@@ -19,7 +19,7 @@
 #define MAX_IDS 65536
 
 struct kvr_ix_serve {
-    kvr_api_server_t *api;
+    kvr_http_host_t *host;
     kvr_router_t *r;
     kvr_index_t *ix;
     kvr_ingest_t *g;
@@ -176,7 +176,7 @@ static void reply(void *arg, struct evhttp_request *req, int code, const char *c
                   const char *data, size_t len)
 {
     kvr_ix_serve_t *s = arg;
-    kvr_api_server_reply(s->api, req, code, ctype, data, len);
+    kvr_reply_body(kvr_http_host_reply(s->host), req, code, ctype, data, len);
 }
 
 static bool ext_handle(void *arg, struct evhttp_request *req, const char *path, bool get, bool post)
@@ -276,23 +276,23 @@ int kvr_ix_serve_attach_nats(kvr_ix_serve_t *s, kvr_nats_t *nats, const char *ns
     return kvr_nats_subscribe(nats, subj, on_nats_record, s);
 }
 
-kvr_ix_serve_t *kvr_ix_serve_new(kvr_api_server_t *api, kvr_index_t *ix, kvr_ingest_t *g,
+kvr_ix_serve_t *kvr_ix_serve_new(kvr_http_host_t *host, kvr_fleet_t *fleet, kvr_index_t *ix, kvr_ingest_t *g,
                                  int *status)
 {
     kvr_ix_serve_t *s = calloc(1, sizeof *s);
     if (s == NULL)
         return *status = KVR_ENOMEM, NULL;
-    s->api = api;
-    s->r = kvr_api_server_router(api);
+    s->host = host;
+    s->r = kvr_fleet_router(fleet);
     s->ix = ix;
     s->g = g;
     s->ids = calloc(MAX_IDS, sizeof *s->ids);
     s->rl = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     kvr_ix_api_ops_t ops = {.find = find, .dump = dump, .record = record, .reply = reply, .arg = s};
     s->ixa = kvr_ix_api_new(&ops);
-    kvr_api_extension_t ext = {.handle = ext_handle, .metrics = ext_metrics, .arg = s};
+    kvr_http_service_t ext = {.handle = ext_handle, .metrics = ext_metrics, .arg = s};
     if (s->ids == NULL || s->ixa == NULL ||
-        (*status = kvr_api_server_add_extension(api, &ext)) != KVR_OK) {
+        (*status = kvr_http_host_add_service(host, &ext)) != KVR_OK) {
         *status = *status != KVR_OK ? *status : KVR_ENOMEM;
         kvr_ix_api_free(s->ixa);
         free(s->ids);
@@ -306,7 +306,7 @@ void kvr_ix_serve_free(kvr_ix_serve_t *s)
 {
     if (s == NULL)
         return;
-    kvr_api_server_remove_extension(s->api, s);
+    kvr_http_host_remove_service(s->host, s);
     kvr_ix_api_free(s->ixa);
     free(s->ids);
     free(s);

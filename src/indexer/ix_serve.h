@@ -18,13 +18,14 @@
 #define KVR_NET_IX_SERVE_H
 
 #include "kvrouter.h"
-#include "api/api_server.h"
+#include "fleet/fleet.h"
+#include "http/host.h"
 #include "events/ingest.h"
 
 typedef struct kvr_ix_serve kvr_ix_serve_t;
 
 /* Adds itself to the API server's extensions; NULL with *status on failure. */
-kvr_ix_serve_t *kvr_ix_serve_new(kvr_api_server_t *api, kvr_index_t *ix, kvr_ingest_t *g,
+kvr_ix_serve_t *kvr_ix_serve_new(kvr_http_host_t *host, kvr_fleet_t *fleet, kvr_index_t *ix, kvr_ingest_t *g,
                                  int *status);
 void kvr_ix_serve_free(kvr_ix_serve_t *s);
 /* Also answers on NATS: requests on <ns>.indexer.query (a /query or, with a "block_hashes"

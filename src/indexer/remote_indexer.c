@@ -716,8 +716,8 @@ kvr_remote_ix_t *kvr_remote_ix_new(const kvr_remote_ix_config_t *cfg, int *statu
         return *status = KVR_ENOMEM, NULL;
     }
     x->kick = event_new(cfg->base, -1, 0, on_kick, x);
-    kvr_api_extension_t ext = {.metrics = ext_metrics, .detail = ext_detail, .arg = x};
-    if (x->kick == NULL || (*status = kvr_api_server_add_extension(cfg->api, &ext)) != KVR_OK) {
+    kvr_http_service_t ext = {.metrics = ext_metrics, .detail = ext_detail, .arg = x};
+    if (x->kick == NULL || (*status = kvr_http_host_add_service(cfg->host, &ext)) != KVR_OK) {
         *status = x->kick == NULL ? KVR_ENOMEM : *status;
         kvr_remote_ix_free(x);
         return NULL;
@@ -740,8 +740,8 @@ void kvr_remote_ix_free(kvr_remote_ix_t *x)
     }
     if (x->rec_conn != NULL)
         evhttp_connection_free(x->rec_conn); /* decisions in flight: no callback */
-    if (x->cfg.api != NULL)
-        kvr_api_server_remove_extension(x->cfg.api, x);
+    if (x->cfg.host != NULL)
+        kvr_http_host_remove_service(x->cfg.host, x);
     for (size_t i = 0; i < x->n_slots; i++) {
         if (x->slots[i].conn != NULL)
             evhttp_connection_free(x->slots[i].conn); /* in-flight requests: no callback */

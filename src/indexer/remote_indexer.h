@@ -42,13 +42,14 @@
 #include <stdint.h>
 
 #include "core/sched.h"
-#include "api/api_server.h"
+#include "fleet/fleet.h"
+#include "http/host.h"
 
 struct event_base;
 
 typedef struct kvr_remote_ix_config {
     struct event_base *base;
-    kvr_api_server_t *api; /* its extension: metrics, detail line */
+    kvr_http_host_t *host; /* its service: metrics, detail line */
     kvr_sched_t *sched;    /* set as its overlap source */
     const char *url;       /* http://host:port[/base], or "nats" */
     struct kvr_nats *nats; /* url "nats": the link, and the fleet's namespace */

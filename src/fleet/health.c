@@ -1,7 +1,7 @@
 /*
- * api_health.c: the workers' health as the HTTP API sees it. Every health_interval_ms each
+ * health.c: the workers' health (see fleet.h). Every health_interval_ms each
  * live worker with a url gets GET /health; health_failures failures in a row (or one, after
- * other evidence: kvr_api_server_suspect) fence it (never picked, its index state dropped),
+ * other evidence: kvr_fleet_suspect) fence it (never picked, its index state dropped),
  * and a 200 readmits it and re-runs the scheduler's queue. The ingest thread's per-rank status
  * is copied into the router on the tick (and on GET /v1/workers), and ranks whose KV events
  * never came are warned about (rate-limited). Threads: the HTTP thread.
@@ -21,7 +21,7 @@
 #include <event2/buffer.h>
 
 #include "core/endpoint.h"
-#include "api/api_int.h"
+#include "fleet/fleet_int.h"
 #include "base/log.h"
 #include "wire/engine_capacity.h"
 
@@ -30,7 +30,35 @@
 #define PROBE_MAX_BYTES ((size_t)64 << 10) /* a /health answer (vLLM's is empty) */
 #define PROBE_MAX_HEADER_BYTES 16384       /* an answer's status line and headers */
 
-void api_remove_probe(kvr_api_server_t *s, uint64_t id)
+void fleet_add_probe(kvr_fleet_t *s, uint64_t worker_id)
+{
+    if (s->n_all == KVR_FLEET_MAX_PROBES)
+        return;
+    probe_t *pr = calloc(1, sizeof *pr);
+    if (pr == NULL)
+        return;
+    pr->f = s;
+    pr->worker_id = worker_id;
+    /* keep live probes first: the first dead one moves to the end */
+    s->probes[s->n_all++] = s->probes[s->n_probes];
+    s->probes[s->n_probes++] = pr;
+}
+
+void fleet_free_probes(kvr_fleet_t *s)
+{
+    for (size_t i = 0; s->probes != NULL && i < s->n_all; i++) {
+        if (s->probes[i]->conn != NULL)
+            evhttp_connection_free(s->probes[i]->conn);
+        if (s->probes[i]->cap_conn != NULL)
+            evhttp_connection_free(s->probes[i]->cap_conn);
+        free(s->probes[i]);
+    }
+    free(s->probes);
+    s->probes = NULL;
+    s->n_all = s->n_probes = 0;
+}
+
+void fleet_remove_probe(kvr_fleet_t *s, uint64_t id)
 {
     for (size_t i = 0; i < s->n_probes; i++) {
         probe_t *pr = s->probes[i];
@@ -52,7 +80,7 @@ void api_remove_probe(kvr_api_server_t *s, uint64_t id)
 
 static void probe_result(probe_t *pr, bool ok)
 {
-    kvr_api_server_t *s = pr->s;
+    kvr_fleet_t *s = pr->f;
     bool fenced = kvr_router_fenced(s->r, pr->worker_id);
     if (ok) {
         pr->failures = 0;
@@ -68,11 +96,11 @@ static void probe_result(probe_t *pr, bool ok)
     if (!fenced && pr->suspect[0] != '\0') {
         char why[160];
         snprintf(why, sizeof why, "%s and its /health failed", pr->suspect);
-        kvr_api_server_fence(s, pr->worker_id, why);
+        kvr_fleet_fence(s, pr->worker_id, why);
     } else if (!fenced && pr->failures >= s->cfg.health_failures) {
         char why[64];
         snprintf(why, sizeof why, "failed %u health checks", pr->failures);
-        kvr_api_server_fence(s, pr->worker_id, why);
+        kvr_fleet_fence(s, pr->worker_id, why);
     }
 }
 
@@ -80,7 +108,7 @@ enum { CAP_LEARNT, CAP_NONE, CAP_FAILED };
 
 static void cap_outcome(probe_t *pr, int outcome, const char *why)
 {
-    kvr_api_server_t *s = pr->s;
+    kvr_fleet_t *s = pr->f;
     s->cap_fetches[outcome]++;
     if (outcome == CAP_LEARNT)
         return;
@@ -101,7 +129,7 @@ static void on_cap_done(struct evhttp_request *req, void *arg)
     pr->cap_in_flight = false;
     if (pr->dead)
         return;
-    kvr_api_server_t *s = pr->s;
+    kvr_fleet_t *s = pr->f;
     const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pr->worker_id);
     if (sp == NULL || sp->total_kv_blocks != 0)
         return; /* gone, or given meanwhile */
@@ -150,7 +178,7 @@ typedef struct get {
 
 /* KVR_OK: sent; KVR_ENOMEM: no connection or request could be made (nothing sent, retried at
  * the next probe); KVR_EIO: libevent refused to send it. */
-static int send_get(kvr_api_server_t *s, const get_t *g, void *arg)
+static int send_get(kvr_fleet_t *s, const get_t *g, void *arg)
 {
     if (*g->conn == NULL) {
         *g->conn = evhttp_connection_base_new(s->base, NULL, g->u->host, g->u->port);
@@ -177,7 +205,7 @@ static int send_get(kvr_api_server_t *s, const get_t *g, void *arg)
 /* After a healthy probe: GET /metrics if the worker's cache size is still unknown. */
 static void cap_fetch(probe_t *pr)
 {
-    kvr_api_server_t *s = pr->s;
+    kvr_fleet_t *s = pr->f;
     const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pr->worker_id);
     kvr_url_t u;
     if (sp == NULL || sp->total_kv_blocks != 0 || pr->cap_in_flight || pr->cap_tries >= CAP_TRIES ||
@@ -204,7 +232,7 @@ static void on_probe_done(struct evhttp_request *req, void *arg)
 
 static void probe_one(probe_t *pr)
 {
-    kvr_api_server_t *s = pr->s;
+    kvr_fleet_t *s = pr->f;
     const kvr_worker_spec_t *sp = kvr_router_worker(s->r, pr->worker_id);
     if (sp == NULL || sp->url[0] == '\0' || pr->in_flight)
         return;
@@ -220,7 +248,7 @@ static void probe_one(probe_t *pr)
         probe_result(pr, false);
 }
 
-void kvr_api_server_suspect(kvr_api_server_t *s, uint64_t worker_id, const char *why)
+void kvr_fleet_suspect(kvr_fleet_t *s, uint64_t worker_id, const char *why)
 {
     if (kvr_router_fenced(s->r, worker_id))
         return;
@@ -238,7 +266,7 @@ void kvr_api_server_suspect(kvr_api_server_t *s, uint64_t worker_id, const char 
     }
 }
 
-void api_probe_all(kvr_api_server_t *s)
+void fleet_probe_all(kvr_fleet_t *s)
 {
     for (size_t i = 0; i < s->n_probes; i++)
         probe_one(s->probes[i]);
@@ -247,7 +275,7 @@ void api_probe_all(kvr_api_server_t *s)
 /* ---------------------------------------------------------------------------------------- */
 /* Periodic work */
 
-void api_sync_rank_status(kvr_api_server_t *s)
+void kvr_fleet_sync(kvr_fleet_t *s)
 {
     if (s->g == NULL)
         return;
@@ -263,7 +291,7 @@ void api_sync_rank_status(kvr_api_server_t *s)
             (void)kvr_router_rank_status(s->r, wk, &old);
             (void)kvr_router_set_rank_status(s->r, wk, &st);
             if (st.disconnects > old.disconnects && st.state == KVR_RANK_UNREACHABLE)
-                kvr_api_server_suspect(s, wk.worker_id, "lost its events connection");
+                kvr_fleet_suspect(s, wk.worker_id, "lost its events connection");
         }
     }
 }
@@ -274,7 +302,7 @@ void api_sync_rank_status(kvr_api_server_t *s)
  * Its state already says no_events (/v1/workers, /metrics); this says it in the log, since a
  * KV router whose index stays empty still routes, on load alone. */
 #define SILENT_WARN_MS 30000u
-void api_warn_silent_ranks(kvr_api_server_t *s, uint64_t now)
+void fleet_warn_silent_ranks(kvr_fleet_t *s, uint64_t now)
 {
     if (s->g == NULL || now - s->last_silent_check_ms < 10000)
         return;
@@ -306,7 +334,7 @@ void api_warn_silent_ranks(kvr_api_server_t *s, uint64_t now)
     }
 }
 
-void kvr_api_server_fence(kvr_api_server_t *s, uint64_t worker_id, const char *why)
+void kvr_fleet_fence(kvr_fleet_t *s, uint64_t worker_id, const char *why)
 {
     if (kvr_router_worker(s->r, worker_id) == NULL || kvr_router_fenced(s->r, worker_id))
         return;

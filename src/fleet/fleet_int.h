@@ -1,0 +1,64 @@
+/*
+ * fleet_int.h: what fleet.c (membership, the tick) and health.c (probes, fencing, rank
+ * states) share. Threads: the HTTP thread only.
+ */
+#ifndef KVR_FLEET_INT_H
+#define KVR_FLEET_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/log.h"
+#include "fleet/fleet.h"
+
+#define KVR_FLEET_MAX_PROBES 4096
+
+typedef struct probe {
+    kvr_fleet_t *f;
+    uint64_t worker_id;
+    struct evhttp_connection *conn;
+    bool in_flight;
+    bool dead; /* its worker was removed; kept until the fleet goes (a late callback) */
+    uint32_t failures;
+    char suspect[96]; /* non-empty: a probe sent on other evidence; its failure fences */
+    /* its KV-cache size from GET /metrics, when registered without one */
+    struct evhttp_connection *cap_conn; /* its own: a health connection may be closing */
+    bool cap_in_flight;
+    uint8_t cap_tries; /* failed fetches; it gives up after CAP_TRIES */
+} probe_t;
+
+typedef struct observer {
+    kvr_fleet_removed_fn fn;
+    void *arg;
+} observer_t;
+
+struct kvr_fleet {
+    struct event_base *base;
+    struct event *tick;
+    kvr_router_t *r;
+    kvr_ingest_t *g;
+    kvr_sched_t *sched;
+    kvr_router_config_t cfg;
+    probe_t **probes; /* live probes, then dead ones from n_probes to n_all */
+    size_t n_probes, n_all;
+    uint64_t last_probe_ms;
+    observer_t obs[KVR_FLEET_MAX_OBSERVERS];
+    size_t n_obs;
+    kvr_ratelimit_t rl_silent; /* ranks whose KV events never came */
+    kvr_ratelimit_t rl_cap;    /* capacity fetches that failed */
+    uint64_t cap_fetches[3];   /* capacity from /metrics: learnt, none there, failed */
+    uint64_t first_routed_ms, last_silent_check_ms;
+    char index_origin[512];
+};
+
+/* ---- health.c ---------------------------------------------------------------------------- */
+/* A new worker's probe (workers with a url only; none past KVR_FLEET_MAX_PROBES). */
+void fleet_add_probe(kvr_fleet_t *f, uint64_t worker_id);
+/* A removed worker's probe is cancelled and kept (a late callback) until the fleet goes. */
+void fleet_remove_probe(kvr_fleet_t *f, uint64_t worker_id);
+void fleet_free_probes(kvr_fleet_t *f);
+/* Probes every live worker's /health. */
+void fleet_probe_all(kvr_fleet_t *f);
+void fleet_warn_silent_ranks(kvr_fleet_t *f, uint64_t now);
+
+#endif
