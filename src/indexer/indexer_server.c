@@ -43,6 +43,7 @@
 #include "kvrouter/router.h"
 #include "http/access.h"
 #include "http/http_fetch.h"
+#include "http/reply.h"
 #include "events/ingest.h"
 #include "indexer/ix_api.h"
 #include "base/log.h"
@@ -122,7 +123,7 @@ struct kvr_indexer {
     kvr_api_decoder_t *dec;
     kvr_json_writer_t w;
     kvr_prom_t prom;
-    struct evbuffer *out;
+    kvr_reply_t rep; /* over w, the indexer's error shape */
     char origin[600];
     ix_stats_t st;
 };
@@ -398,33 +399,32 @@ static size_t do_unregister(kvr_indexer_t *x, const kvr_ix_unregister_t *u)
 
 /* ---- replies -------------------------------------------------------------------------- */
 
+/* The indexer's error shape: {"error": "message"} (the reference indexer's). */
+static void ix_error(kvr_json_writer_t *w, const char *msg, const char *type, int code)
+{
+    (void)type;
+    (void)code;
+    kvr_ix_api_error_body(w, msg);
+}
+
+static const kvr_reply_style_t ix_style = {.error = ix_error,
+                                           .oom_body = "{\"error\":\"out of memory\"}"};
+
 static void reply(void *arg, struct evhttp_request *req, int code, const char *ctype,
                   const char *data, size_t len)
 {
     kvr_indexer_t *x = arg;
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Content-Type", ctype);
-    evbuffer_drain(x->out, evbuffer_get_length(x->out));
-    evbuffer_add(x->out, data, len);
-    evhttp_send_reply(req, code, NULL, x->out);
+    kvr_reply_body(&x->rep, req, code, ctype, data, len);
 }
 
 static void reply_writer(kvr_indexer_t *x, struct evhttp_request *req, int code)
 {
-    const char *out;
-    size_t len;
-    if (kvr_json_writer_finish(&x->w, &out, &len) != KVR_OK) {
-        out = "{\"error\":\"out of memory\"}";
-        len = strlen(out);
-        code = 500;
-    }
-    reply(x, req, code, "application/json", out, len);
+    kvr_reply_writer(&x->rep, req, code);
 }
 
 static void reply_error(kvr_indexer_t *x, struct evhttp_request *req, int code, const char *msg)
 {
-    kvr_ix_api_error_body(&x->w, msg);
-    reply_writer(x, req, code);
+    kvr_reply_error(&x->rep, req, code, NULL, "%s", msg);
 }
 
 static void reply_ok(kvr_indexer_t *x, struct evhttp_request *req, int code)
@@ -437,19 +437,12 @@ static void reply_ok(kvr_indexer_t *x, struct evhttp_request *req, int code)
     reply_writer(x, req, code);
 }
 
-static const char *body_of(struct evhttp_request *req, size_t *len)
-{
-    struct evbuffer *b = evhttp_request_get_input_buffer(req);
-    *len = evbuffer_get_length(b);
-    return *len > 0 ? (const char *)evbuffer_pullup(b, -1) : "";
-}
-
 /* ---- handlers ------------------------------------------------------------------------- */
 
 static void h_register(kvr_indexer_t *x, struct evhttp_request *req)
 {
     size_t len;
-    const char *body = body_of(req, &len);
+    const char *body = kvr_http_body(req, &len);
     kvr_ix_register_t r;
     if (kvr_api_decode_ix_register(x->dec, body, len, &r) != KVR_OK) {
         x->st.register_refused++;
@@ -491,7 +484,7 @@ static size_t forget_recorded(kvr_indexer_t *x, const kvr_ix_unregister_t *u)
 static void h_unregister(kvr_indexer_t *x, struct evhttp_request *req)
 {
     size_t len;
-    const char *body = body_of(req, &len);
+    const char *body = kvr_http_body(req, &len);
     kvr_ix_unregister_t u;
     if (kvr_api_decode_ix_unregister(x->dec, body, len, &u) != KVR_OK) {
         reply_error(x, req, 400, kvr_api_decoder_error(x->dec));
@@ -667,7 +660,7 @@ static int peer_add(kvr_indexer_t *x, const char *url, size_t n)
 static void h_peer(kvr_indexer_t *x, struct evhttp_request *req, bool add)
 {
     size_t len;
-    const char *body = body_of(req, &len);
+    const char *body = kvr_http_body(req, &len);
     kvr_ix_peer_t pr;
     if (kvr_api_decode_ix_peer(x->dec, body, len, &pr) != KVR_OK) {
         reply_error(x, req, 400, kvr_api_decoder_error(x->dec));
@@ -1442,9 +1435,9 @@ kvr_indexer_t *kvr_indexer_new(struct event_base *base, const kvr_indexer_config
         .find = api_find, .dump = api_dump, .record = api_record, .reply = reply, .arg = x};
     x->api = kvr_ix_api_new(&ops);
     x->dec = kvr_api_decoder_new(NULL);
-    x->out = evbuffer_new();
+    int rrc = kvr_reply_init(&x->rep, &x->w, &ix_style);
     kvr_index_reader_register();
-    if (x->api == NULL || x->dec == NULL || x->out == NULL) {
+    if (x->api == NULL || x->dec == NULL || rrc != KVR_OK) {
         snprintf(err, err_len, "out of memory");
         goto fail;
     }
@@ -1507,8 +1500,7 @@ void kvr_indexer_free(kvr_indexer_t *x)
     kvr_api_decoder_free(x->dec);
     kvr_json_writer_deinit(&x->w);
     kvr_prom_deinit(&x->prom);
-    if (x->out != NULL)
-        evbuffer_free(x->out);
+    kvr_reply_deinit(&x->rep);
     kvr_index_reader_unregister();
     free(x);
 }

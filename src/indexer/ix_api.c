@@ -13,6 +13,7 @@
 
 #include "base/grow.h"
 #include "events/ingest.h"
+#include "http/reply.h"
 #include "wire/ix_query_mp.h"
 #include "wire/router_event_json.h"
 #include "wire/prom.h"
@@ -362,13 +363,6 @@ void kvr_ix_api_record(kvr_ix_api_t *a, const char *body, size_t len, int *code,
 }
 
 /* The request body, contiguous (a pullup of evhttp's buffer). */
-static const char *body_of(struct evhttp_request *req, size_t *len)
-{
-    struct evbuffer *b = evhttp_request_get_input_buffer(req);
-    *len = evbuffer_get_length(b);
-    return *len > 0 ? (const char *)evbuffer_pullup(b, -1) : "";
-}
-
 bool kvr_ix_api_handle(kvr_ix_api_t *a, struct evhttp_request *req, const char *path, bool get,
                        bool post)
 {
@@ -378,12 +372,12 @@ bool kvr_ix_api_handle(kvr_ix_api_t *a, struct evhttp_request *req, const char *
     bool by_hash = strcmp(path, "/query_by_hash") == 0;
     if (post && (by_hash || strcmp(path, "/query") == 0)) {
         size_t len;
-        const char *body = body_of(req, &len);
+        const char *body = kvr_http_body(req, &len);
         const char *ct = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Type");
         kvr_ix_api_answer(a, ct, body, len, by_hash, &code, &out, &out_len);
     } else if (post && strcmp(path, "/record_routing_decision") == 0) {
         size_t len;
-        const char *body = body_of(req, &len);
+        const char *body = kvr_http_body(req, &len);
         kvr_ix_api_record(a, body, len, &code, &out, &out_len);
     } else if (get && strcmp(path, "/dump") == 0) {
         a->st.dumps++;
