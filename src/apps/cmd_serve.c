@@ -17,23 +17,18 @@
 #include "apps/cli.h"
 #include "kvrouter/config.h"
 #include "kvrouter/router.h"
+#include "api/api.h"
+#include "base/log.h"
+#include "base/secret.h"
+#include "cluster/cluster.h"
 #include "core/endpoint.h"
 #include "core/sched.h"
-#include "api/api.h"
-#include "fleet/fleet.h"
-#include "http/host.h"
-#include "cluster/discovery.h"
-#include "http/http_fetch.h"
-#include "frontend/frontend.h"
 #include "events/ingest.h"
+#include "fleet/fleet.h"
+#include "frontend/frontend.h"
+#include "http/host.h"
 #include "indexer/ix_serve.h"
 #include "indexer/remote_indexer.h"
-#include "base/log.h"
-#include "nats/nats_link.h"
-#include "cluster/replica_sync.h"
-#include "cluster/replicas.h"
-#include "base/secret.h"
-#include "wire/index_snapshot.h"
 
 extern char **environ;
 
@@ -185,10 +180,7 @@ typedef struct daemon_parts {
     kvr_fleet_t *fleet;
     kvr_api_t *api;
     kvr_frontend_t *fe;
-    kvr_nats_t *nats;
-    kvr_replicas_t *replicas;
-    kvr_replica_sync_t *sync;
-    kvr_discovery_t *disc;
+    kvr_cluster_t *cluster;
     kvr_ix_serve_t *ixs;  /* serve_indexer */
     kvr_remote_ix_t *rix; /* remote_indexer */
     struct event *sigint, *sigterm;
@@ -261,10 +253,7 @@ static void teardown(daemon_parts_t *d)
      * short (the ingest thread, the NATS entry) and turn exit 0 into death by signal */
     signal(SIGTERM, SIG_IGN);
     signal(SIGINT, SIG_IGN);
-    kvr_discovery_free(d->disc);
-    kvr_replica_sync_free(d->sync); /* publishes its last batch */
-    kvr_replicas_free(d->replicas);
-    kvr_nats_free(d->nats); /* deletes this router's presence entry, then closes */
+    kvr_cluster_free(d->cluster); /* sync's last batch, the presence entry, the link */
     kvr_ix_serve_free(d->ixs);
     kvr_remote_ix_free(d->rix); /* before the scheduler: its lookups end without a callback */
     kvr_frontend_free(d->fe); /* before the host: it answers what is in flight */
@@ -333,226 +322,6 @@ static void save_state(kvr_ingest_t *g, const char *path)
                 (unsigned long long)rep.bytes, (unsigned long long)(kvr_now_ms() - t0));
 }
 
-/* ---- a new replica's index, from a peer ---- */
-
-#define MAX_PEER_URLS 16
-#define PEER_SNAPSHOT_TIMEOUT_MS 30000
-#define PEER_SNAPSHOT_MAX_BYTES ((size_t)8 << 30)
-
-typedef struct peer_urls {
-    char url[MAX_PEER_URLS][256];
-    size_t n;
-    const char *self_key; /* this router's own presence key: skipped */
-    uint64_t ttl_ms;
-    char allowed[2048];   /* hosts a url learnt from NATS may name */
-    size_t refused;       /* urls learnt from NATS on other hosts */
-    kvr_replicas_t *replicas;
-} peer_urls_t;
-
-static void add_peer_url(void *arg, const char *url, size_t len)
-{
-    peer_urls_t *p = arg;
-    if (len == 0 || len >= sizeof p->url[0] || p->n == MAX_PEER_URLS)
-        return;
-    memcpy(p->url[p->n], url, len);
-    p->url[p->n++][len] = '\0';
-}
-
-/* Calls fn on each entry of a comma-separated list (empty entries included). */
-static void each_listed(const char *list, void (*fn)(void *, const char *, size_t), void *arg)
-{
-    for (const char *q = list; *q != '\0';) {
-        const char *comma = strchr(q, ',');
-        size_t n = comma ? (size_t)(comma - q) : strlen(q);
-        fn(arg, q, n);
-        q += n + (comma ? 1 : 0);
-    }
-}
-
-typedef struct host_list {
-    char *out;
-    size_t cap;
-} host_list_t;
-
-/* The host of url appended to the comma-separated list (nothing when it does not parse). */
-static void add_host_of(void *arg, const char *url, size_t len)
-{
-    host_list_t *h = arg;
-    char *out = h->out;
-    size_t cap = h->cap;
-    char u[256];
-    kvr_url_t parsed;
-    if (len == 0 || len >= sizeof u)
-        return;
-    memcpy(u, url, len);
-    u[len] = '\0';
-    size_t n = strlen(out);
-    if (kvr_endpoint_parse_url(u, NULL, &parsed, NULL, 0) == KVR_OK && n + 1 < cap)
-        snprintf(out + n, cap - n, "%s%s", n > 0 ? "," : "", parsed.host);
-}
-
-/* allowed_peer_hosts, else the hosts of `peers` and the router's own listeners. */
-static void allowed_peer_hosts(const kvr_router_config_t *c, char *out, size_t cap)
-{
-    if (c->allowed_peer_hosts[0] != '\0') {
-        snprintf(out, cap, "%s", c->allowed_peer_hosts);
-        return;
-    }
-    out[0] = '\0';
-    host_list_t h = {out, cap};
-    each_listed(c->peers, add_host_of, &h);
-    size_t n = strlen(out);
-    snprintf(out + n, cap - n, "%s%s,%s", n > 0 ? "," : "", c->bind, c->admin_bind);
-}
-
-static void on_router_entry(void *arg, const char *key, const void *val, size_t len,
-                            uint64_t age_ms)
-{
-    peer_urls_t *p = arg;
-    kvr_replica_entry_t e;
-    if (strcmp(key, p->self_key) == 0 || age_ms >= p->ttl_ms ||
-        !kvr_replicas_read_entry(val, len, &e))
-        return; /* ours, stale (a router that died), or unreadable */
-    const char *u = e.admin_url[0] ? e.admin_url : e.url;
-    kvr_url_t parsed;
-    if (kvr_endpoint_parse_url(u, NULL, &parsed, NULL, 0) != KVR_OK ||
-        !kvr_endpoint_host_listed(p->allowed, parsed.host)) {
-        /* anyone who can write to the bucket can name any host: never ask it (the token, the
-         * index it would send) unless the operator allowed the host */
-        p->refused++;
-        kvr_replicas_count_refused_url(p->replicas);
-        kvr_log(KVR_LOG_WARN, "index: router entry %s names %s, whose host is not in "
-                "allowed_peer_hosts (%s): not asked", key, u, p->allowed);
-        return;
-    }
-    add_peer_url(p, u, strlen(u));
-}
-
-/* The peers to ask: the `peers` setting, else the live routers of <ns>_routers whose host is
- * allowed. */
-static void find_peers(daemon_parts_t *d, const kvr_router_config_t *c, peer_urls_t *p)
-{
-    each_listed(c->peers, add_peer_url, p);
-    if (p->n > 0 || d->nats == NULL)
-        return;
-    char bucket[80], self[17];
-    snprintf(bucket, sizeof bucket, "%s_routers", c->nats_namespace);
-    snprintf(self, sizeof self, "%016llx", (unsigned long long)kvr_replicas_self(d->replicas));
-    p->self_key = self;
-    p->ttl_ms = c->nats_presence_ttl_ms;
-    p->replicas = d->replicas;
-    allowed_peer_hosts(c, p->allowed, sizeof p->allowed);
-    if (kvr_nats_kv_list(d->nats, bucket, c->nats_presence_ttl_ms, 3000, on_router_entry, p) !=
-        KVR_OK)
-        kvr_log(KVR_LOG_WARN, "index: could not list %s (NATS not reachable in 3 s); no peer "
-                "to load the index from", bucket);
-    p->self_key = NULL;
-}
-
-/* Loads the index from the first peer that gives a snapshot; KVR_OK when one did. The only
- * credential sent is peer_key_file's (never the admin or api key), and only to `peers` or to
- * allowed hosts; the answer must start as a snapshot does, or it is refused unread. */
-static int load_from_peers(daemon_parts_t *d, const kvr_router_config_t *c)
-{
-    peer_urls_t p = {.n = 0};
-    find_peers(d, c, &p);
-    if (p.n == 0)
-        return KVR_ENOTFOUND;
-    char bearer[KVR_SECRET_MAX] = "", err[400] = "";
-    if (c->peer_key_file[0] != '\0' && kvr_secret_read("peer_key_file", c->peer_key_file, bearer,
-                                                       err, sizeof err) != KVR_OK)
-        kvr_log(KVR_LOG_WARN, "index: %s; asking peers without a token", err);
-    for (size_t i = 0; i < p.n; i++) {
-        uint64_t t0 = kvr_now_ms();
-        kvr_http_fetch_t q = {.url = p.url[i], .path = "/v1/index/snapshot", .bearer = bearer,
-                              .timeout_ms = PEER_SNAPSHOT_TIMEOUT_MS,
-                              .max_bytes = PEER_SNAPSHOT_MAX_BYTES,
-                              .magic = KVR_SNAP_MAGIC, .magic_len = KVR_SNAP_MAGIC_LEN};
-        uint8_t *body = NULL;
-        size_t len = 0;
-        int status = 0;
-        int rc = kvr_http_fetch(&q, &body, &len, &status, err, sizeof err);
-        if (rc == KVR_OK && status != 200) {
-            snprintf(err, sizeof err, "GET %s/v1/index/snapshot answered %d%s", p.url[i], status,
-                     status == 401 ? " (the peers need the same peer_key_file)" : "");
-            rc = KVR_EIO;
-        }
-        kvr_ingest_snap_report_t rep;
-        uint64_t t1 = kvr_now_ms();
-        if (rc == KVR_OK)
-            rc = kvr_ingest_load_mem(d->g, body, len, &rep, err, sizeof err);
-        free(body);
-        if (rc != KVR_OK) {
-            kvr_log(KVR_LOG_WARN, "index: peer %s: %s", p.url[i], err);
-            continue;
-        }
-        char origin[512];
-        snprintf(origin, sizeof origin, "peer %s: %u ranks, %llu events", p.url[i], rep.ranks,
-                 (unsigned long long)rep.events);
-        kvr_fleet_set_index_origin(d->fleet, origin);
-        kvr_log(KVR_LOG_INFO, "index: loaded from peer %s: %u ranks resumed (%u skipped), %llu "
-                "events (%llu refused), %llu bytes; fetched in %llu ms, applied in %llu ms; each "
-                "resumed rank catches up from its engine's replay buffer", p.url[i], rep.ranks,
-                rep.ranks_skipped, (unsigned long long)rep.events,
-                (unsigned long long)rep.events_failed, (unsigned long long)rep.bytes,
-                (unsigned long long)(t1 - t0), (unsigned long long)(kvr_now_ms() - t1));
-        return KVR_OK;
-    }
-    return KVR_ENOTFOUND;
-}
-
-/* The NATS side (nats_url set): the link, this router among its peers, replica sync. */
-static int build_nats(daemon_parts_t *d, const kvr_router_config_t *c)
-{
-    char err[300] = "", name[96], url[160];
-    int st;
-    snprintf(name, sizeof name, "kvrouter %s", c->nats_namespace);
-    kvr_nats_config_t nc = {.url = c->nats_url, .name = name, .base = d->base,
-                            .auth = {.creds_file = c->nats_creds_file,
-                                     .nkey_file = c->nats_nkey_file,
-                                     .token_file = c->nats_token_file,
-                                     .tls_ca = c->nats_tls_ca,
-                                     .tls_cert = c->nats_tls_cert,
-                                     .tls_key = c->nats_tls_key}};
-    if ((d->nats = kvr_nats_new(&nc, &st, err, sizeof err)) == NULL) {
-        fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(st));
-        return st;
-    }
-    char admin_url[160] = "";
-    snprintf(url, sizeof url, "http://%s:%u", c->bind, kvr_http_host_port(d->host));
-    if (c->admin_port.set)
-        snprintf(admin_url, sizeof admin_url, "http://%s:%u", c->admin_bind,
-                 kvr_http_host_admin_port(d->host));
-    kvr_replicas_config_t rc = {.base = d->base, .nats = d->nats, .host = d->host,
-                                .ns = c->nats_namespace, .ttl_ms = c->nats_presence_ttl_ms,
-                                .url = url, .admin_url = admin_url,
-                                .replica_sync = c->router_replica_sync};
-    if ((d->replicas = kvr_replicas_new(&rc, &st)) == NULL) {
-        fprintf(stderr, "kvrouter serve: replicas: %s\n", kvr_strerror(st));
-        return st;
-    }
-    if (c->discovery == KVR_DISCOVERY_NATS) {
-        kvr_discovery_config_t dc = {.base = d->base, .nats = d->nats, .host = d->host,
-                                     .fleet = d->fleet,
-                                     .replicas = d->replicas, .ns = c->nats_namespace,
-                                     .ttl_ms = c->nats_presence_ttl_ms};
-        if ((d->disc = kvr_discovery_new(&dc, &st)) == NULL) {
-            fprintf(stderr, "kvrouter serve: discovery: %s\n", kvr_strerror(st));
-            return st;
-        }
-    }
-    if (!c->router_replica_sync)
-        return KVR_OK;
-    kvr_replica_sync_config_t sc = {.base = d->base, .nats = d->nats, .sched = d->sched,
-                                    .replicas = d->replicas, .host = d->host,
-                                    .ns = c->nats_namespace};
-    if ((d->sync = kvr_replica_sync_new(&sc, &st)) == NULL) {
-        fprintf(stderr, "kvrouter serve: replica sync: %s\n", kvr_strerror(st));
-        return st;
-    }
-    return KVR_OK;
-}
-
 static int build(daemon_parts_t *d, const serve_args_t *a)
 {
     const kvr_router_config_t *c = &a->cfg;
@@ -618,10 +387,14 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
             return st;
         }
     }
-    if (c->nats_url[0] != '\0' && (st = build_nats(d, c)) != KVR_OK)
+    kvr_cluster_config_t cc = {.base = d->base, .host = d->host, .fleet = d->fleet, .cfg = c};
+    if ((d->cluster = kvr_cluster_new(&cc, &st, err, sizeof err)) == NULL) {
+        fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(st));
         return st;
-    if (d->ixs != NULL && d->nats != NULL &&
-        (st = kvr_ix_serve_attach_nats(d->ixs, d->nats, c->nats_namespace)) != KVR_OK) {
+    }
+    kvr_nats_t *nats = kvr_cluster_nats(d->cluster);
+    if (d->ixs != NULL && nats != NULL &&
+        (st = kvr_ix_serve_attach_nats(d->ixs, nats, c->nats_namespace)) != KVR_OK) {
         fprintf(stderr, "kvrouter serve: serve_indexer over NATS: %s\n", kvr_strerror(st));
         return st;
     }
@@ -643,7 +416,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
                                      .host = d->host,
                                      .sched = d->sched,
                                      .url = c->remote_indexer,
-                                     .nats = d->nats,
+                                     .nats = nats,
                                      .ns = c->nats_namespace,
                                      .timeout_ms = c->remote_indexer_timeout_ms,
                                      .block_size = c->block_size,
@@ -657,8 +430,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
         (st = claim_state(d->g, c->state_file)) != KVR_OK)
         return st;
     /* the index: a peer's (fresher), else the state file, else cold */
-    bool from_peer = d->g != NULL && (c->peers[0] != '\0' || d->nats != NULL) &&
-                     load_from_peers(d, c) == KVR_OK;
+    bool from_peer = d->g != NULL && kvr_cluster_load_index(d->cluster, d->g) == KVR_OK;
     if (!from_peer && d->g != NULL && c->state_file[0] != '\0')
         load_state(d->g, c->state_file);
     if (!from_peer && d->g != NULL)
@@ -668,7 +440,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     if (d->g != NULL && (st = kvr_ingest_start(d->g)) != KVR_OK)
         return st;
     /* listed among the replicas only now that it can answer a joining one */
-    if (d->replicas != NULL && (st = kvr_replicas_announce(d->replicas)) != KVR_OK) {
+    if ((st = kvr_cluster_announce(d->cluster)) != KVR_OK) {
         fprintf(stderr, "kvrouter serve: replicas: %s\n", kvr_strerror(st));
         return st;
     }
