@@ -9,6 +9,8 @@ This script states the same rules for CI and names the offending line:
     that exists;
   * the public headers (include/kvrouter.h, include/kvrouter/*.h) include only each other, and
     src/base/ may include only kvrouter/status.h of them (base is under core);
+  * another folder of src/ includes a service (fleet, api, frontend, cluster, indexer, mocker)
+    only through its one header, <folder>/<folder>.h;
   * bench/ may include anything but apps/ other than apps/child.h and apps/cli.h;
   * no cycle between files anywhere in src/: file A depends on B when it includes B, or calls
     a function B defines (a non-static definition); two files that depend on each other,
@@ -25,6 +27,8 @@ import sys
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 SEES = re.compile(r'set\(KVR_SEES_(\w+)\s+([^)]*)\)')
 BASE_PUBLIC = {"kvrouter/status.h"}
+# Services an outsider (another folder of src/) reaches through one header, <folder>/<folder>.h.
+CONTRACTS = {"fleet", "api", "frontend", "cluster", "indexer", "mocker"}
 
 
 def read_rules(root):
@@ -88,6 +92,10 @@ def check(files, rules):
                 elif tparts[0] == "src" and tparts[1] not in rules.get(mine, ()):
                     errs.append(f"{where}: src/{mine} may not see src/{tparts[1]} (it sees: "
                                 f"{' '.join(sorted(rules.get(mine, ())))})")
+                elif (tparts[0] == "src" and tparts[1] != mine and tparts[1] in CONTRACTS and
+                      tparts[2] != tparts[1] + ".h"):
+                    errs.append(f"{where}: outside src/{tparts[1]}, include its one header, "
+                                f"{tparts[1]}/{tparts[1]}.h")
     add_call_edges(files, edges)
     errs += cycles(edges)
     return errs
@@ -163,6 +171,7 @@ def self_test(root, rules):
         "peer services": ("src/frontend/frontend.c", '#include "cluster/replicas.h"\n'),
         "missing file": (core, '#include "core/no_such_header.h"\n'),
         "public to private": ("include/kvrouter.h", '#include "core/endpoint.h"\n'),
+        "past a contract": ("src/apps/cmd_serve.c", '#include "fleet/fleet_int.h"\n'),
         "cycle": ("src/base/grow.h", '#include "base/grow.h"\n'),
     }
     failed = 0

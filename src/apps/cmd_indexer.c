@@ -15,7 +15,7 @@
 #include "apps/apps.h"
 #include "apps/cli.h"
 #include "kvrouter.h"
-#include "indexer/indexer_server.h"
+#include "indexer/indexer.h"
 #include "base/log.h"
 
 #define MAX_WORKERS 4096

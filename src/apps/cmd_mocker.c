@@ -19,7 +19,7 @@
 #include "apps/apps.h"
 #include "apps/cli.h"
 #include "kvrouter/router.h"
-#include "cluster/discovery.h"
+#include "cluster/cluster.h"
 #include "nats/nats_link.h"
 #include "kvrouter.h"
 #include "base/log.h"

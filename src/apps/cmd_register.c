@@ -16,7 +16,7 @@
 #include "apps/apps.h"
 #include "apps/cli.h"
 #include "kvrouter/router.h"
-#include "cluster/discovery.h"
+#include "cluster/cluster.h"
 #include "base/log.h"
 #include "nats/nats_link.h"
 

@@ -27,8 +27,7 @@
 #include "fleet/fleet.h"
 #include "frontend/frontend.h"
 #include "http/host.h"
-#include "indexer/ix_serve.h"
-#include "indexer/remote_indexer.h"
+#include "indexer/indexer.h"
 
 extern char **environ;
 

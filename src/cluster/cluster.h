@@ -6,6 +6,8 @@
  * With or without NATS: a joining router's index, loaded from a peer's
  * GET /v1/index/snapshot (`peers`, else the live routers of <ns>_routers on allowed hosts).
  * Each part is a service of the HTTP host (metrics, /ready, /v1/routers) over the fleet.
+ * The engine side of discovery (kvr_discovery_register: an engine's entry in <ns>_workers,
+ * kept alive; `kvrouter register` and the mocker) is cluster/discovery.h, included here.
  * Ownership: borrows the loop, the host and the fleet (all outlive it). Threads: the HTTP
  * thread. docs/replicas.md describes the protocol.
  */
@@ -15,6 +17,7 @@
 #include <stddef.h>
 
 #include "kvrouter/config.h"
+#include "cluster/discovery.h"
 #include "events/ingest.h"
 #include "fleet/fleet.h"
 #include "http/host.h"
