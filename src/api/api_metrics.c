@@ -13,17 +13,15 @@ static void metrics_router(kvr_api_t *s, kvr_prom_t *p)
 {
     kvr_router_stats_t rs;
     kvr_router_stats(s->r, &rs);
-    kvr_prom_family(p, "kvr_routes_total", "counter", "Routing decisions by result.");
-    static const char *const names[] = {"ok",           "busy", "no_worker", "invalid",
-                                        "duplicate_id", "full", "too_long"};
-    double v[] = {
-        (double)rs.routed,           (double)rs.rejected_busy,      (double)rs.rejected_noworker,
-        (double)rs.rejected_invalid, (double)rs.rejected_duplicate, (double)rs.rejected_full,
-        (double)rs.rejected_too_big};
-    for (size_t i = 0; i < 7; i++) {
-        kvr_prom_label_t l = {"result", names[i]};
-        kvr_prom_sample(p, "kvr_routes_total", &l, 1, v[i]);
-    }
+    const kvr_prom_by_t results[] = {{"ok", (double)rs.routed},
+                                     {"busy", (double)rs.rejected_busy},
+                                     {"no_worker", (double)rs.rejected_noworker},
+                                     {"invalid", (double)rs.rejected_invalid},
+                                     {"duplicate_id", (double)rs.rejected_duplicate},
+                                     {"full", (double)rs.rejected_full},
+                                     {"too_long", (double)rs.rejected_too_big}};
+    kvr_prom_by_label(p, "kvr_routes_total", "counter", "Routing decisions by result.", "result",
+                      results, KVR_PROM_N(results));
     kvr_prom_counter(
         p, "kvr_routes_with_overlap_total",
         "Routing decisions whose chosen worker held part of the prompt (stuck at 0 while "
@@ -41,28 +39,19 @@ static void metrics_router(kvr_api_t *s, kvr_prom_t *p)
     kvr_session_stats_t ses;
     kvr_router_session_stats(s->r, &ses);
     kvr_prom_gauge(p, "kvr_sessions", "Sticky sessions bound to a worker rank.", (double)ses.live);
-    kvr_prom_family(p, "kvr_session_requests_total", "counter",
-                    "Booked requests of sticky sessions: went to the bound rank (hit), went "
-                    "elsewhere because it was gone or busy (rebind), or bound a new session.");
-    const struct {
-        const char *k;
-        uint64_t v;
-    } sr[] = {{"hit", ses.hits}, {"rebind", ses.rebinds}, {"new", ses.binds}};
-    for (size_t i = 0; i < 3; i++) {
-        kvr_prom_label_t l = {"outcome", sr[i].k};
-        kvr_prom_sample(p, "kvr_session_requests_total", &l, 1, (double)sr[i].v);
-    }
-    kvr_prom_family(p, "kvr_sessions_ended_total", "counter",
-                    "Sticky sessions ended: closed by the client, expired (session_ttl_secs), "
-                    "evicted (session_max).");
-    const struct {
-        const char *k;
-        uint64_t v;
-    } se[] = {{"closed", ses.closed}, {"expired", ses.expired}, {"evicted", ses.evicted}};
-    for (size_t i = 0; i < 3; i++) {
-        kvr_prom_label_t l = {"cause", se[i].k};
-        kvr_prom_sample(p, "kvr_sessions_ended_total", &l, 1, (double)se[i].v);
-    }
+    const kvr_prom_by_t sr[] = {
+        {"hit", (double)ses.hits}, {"rebind", (double)ses.rebinds}, {"new", (double)ses.binds}};
+    kvr_prom_by_label(p, "kvr_session_requests_total", "counter",
+                      "Booked requests of sticky sessions: went to the bound rank (hit), went "
+                      "elsewhere because it was gone or busy (rebind), or bound a new session.",
+                      "outcome", sr, KVR_PROM_N(sr));
+    const kvr_prom_by_t se[] = {{"closed", (double)ses.closed},
+                                {"expired", (double)ses.expired},
+                                {"evicted", (double)ses.evicted}};
+    kvr_prom_by_label(p, "kvr_sessions_ended_total", "counter",
+                      "Sticky sessions ended: closed by the client, expired (session_ttl_secs), "
+                      "evicted (session_max).",
+                      "cause", se, KVR_PROM_N(se));
     kvr_load_stats_t ls;
     kvr_load_stats(kvr_router_load(s->r), &ls);
     kvr_prom_gauge(p, "kvr_requests_in_flight", "Requests the load tracker holds.",
@@ -97,14 +86,12 @@ static void metrics_router(kvr_api_t *s, kvr_prom_t *p)
                          "Requests that waited past the queue timeout.", (double)qs.expired);
         kvr_prom_counter(p, "kvr_queue_cancelled_total", "Queued requests whose client went away.",
                          (double)qs.cancelled);
-        kvr_prom_family(p, "kvr_queue_dispatched_total", "counter",
-                        "Queued requests let go, by what let them: a load change the router was "
-                        "told of (event) or the 100 ms tick (a change nothing reported).");
-        kvr_prom_label_t ev = {"trigger", "event"}, tk = {"trigger", "tick"};
-        kvr_prom_sample(p, "kvr_queue_dispatched_total", &ev, 1,
-                        (double)ss.dispatched[KVR_SCHED_BY_EVENT]);
-        kvr_prom_sample(p, "kvr_queue_dispatched_total", &tk, 1,
-                        (double)ss.dispatched[KVR_SCHED_BY_TICK]);
+        const kvr_prom_by_t by[] = {{"event", (double)ss.dispatched[KVR_SCHED_BY_EVENT]},
+                                    {"tick", (double)ss.dispatched[KVR_SCHED_BY_TICK]}};
+        kvr_prom_by_label(p, "kvr_queue_dispatched_total", "counter",
+                          "Queued requests let go, by what let them: a load change the router "
+                          "was told of (event) or the 100 ms tick (a change nothing reported).",
+                          "trigger", by, KVR_PROM_N(by));
     }
     kvr_http_host_metrics(s->host, p);
 }
@@ -117,20 +104,14 @@ static void metrics_ingest(kvr_api_t *s, kvr_prom_t *p)
                      (double)g.zmq.batches);
     kvr_prom_counter(p, "kvr_kv_events_applied_total", "Events applied to the index.",
                      (double)g.events_applied);
-    kvr_prom_family(p, "kvr_kv_events_dropped_total", "counter", "Events not applied, by cause.");
-    struct {
-        const char *cause;
-        uint64_t v;
-    } drops[] = {{"rejected_by_index", g.events_rejected},
-                 {"block_size_mismatch", g.block_size_mismatch},
-                 {"decode_error", g.decode.event_errors},
-                 {"unknown_tag", g.decode.events_ignored},
-                 {"remote_locality", g.decode.events_remote},
-                 {"short_token_ids", g.decode.convert_short_tokens}};
-    for (size_t i = 0; i < sizeof drops / sizeof drops[0]; i++) {
-        kvr_prom_label_t l = {"cause", drops[i].cause};
-        kvr_prom_sample(p, "kvr_kv_events_dropped_total", &l, 1, (double)drops[i].v);
-    }
+    const kvr_prom_by_t drops[] = {{"rejected_by_index", (double)g.events_rejected},
+                                   {"block_size_mismatch", (double)g.block_size_mismatch},
+                                   {"decode_error", (double)g.decode.event_errors},
+                                   {"unknown_tag", (double)g.decode.events_ignored},
+                                   {"remote_locality", (double)g.decode.events_remote},
+                                   {"short_token_ids", (double)g.decode.convert_short_tokens}};
+    kvr_prom_by_label(p, "kvr_kv_events_dropped_total", "counter", "Events not applied, by cause.",
+                      "cause", drops, KVR_PROM_N(drops));
     kvr_prom_counter(
         p, "kvr_kv_batch_decode_errors_total",
         "Batches that could not be framed (treated as gaps; the rank's state is dropped "
@@ -180,20 +161,14 @@ static void metrics_ingest(kvr_api_t *s, kvr_prom_t *p)
     kvr_prom_gauge(p, "kvr_index_bytes", "Memory of the index.", (double)g.index.bytes);
     kvr_prom_counter(p, "kvr_index_evicted_pairs_total", "Pairs evicted to stay within the budget.",
                      (double)g.index.evicted_pairs);
-    kvr_prom_family(p, "kvr_index_errors_total", "counter", "Index mutations refused or skipped.");
-    struct {
-        const char *kind;
-        uint64_t v;
-    } errs[] = {{"parent_not_found", g.index.err_parent_not_found},
-                {"invalid_sequence", g.index.err_invalid_sequence},
-                {"block_not_found", g.index.err_block_not_found},
-                {"capacity", g.index.err_capacity},
-                {"duplicate_store", g.index.warn_duplicate_store},
-                {"hash_rebound", g.index.warn_ext_rebound}};
-    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
-        kvr_prom_label_t l = {"kind", errs[i].kind};
-        kvr_prom_sample(p, "kvr_index_errors_total", &l, 1, (double)errs[i].v);
-    }
+    const kvr_prom_by_t errs[] = {{"parent_not_found", (double)g.index.err_parent_not_found},
+                                  {"invalid_sequence", (double)g.index.err_invalid_sequence},
+                                  {"block_not_found", (double)g.index.err_block_not_found},
+                                  {"capacity", (double)g.index.err_capacity},
+                                  {"duplicate_store", (double)g.index.warn_duplicate_store},
+                                  {"hash_rebound", (double)g.index.warn_ext_rebound}};
+    kvr_prom_by_label(p, "kvr_index_errors_total", "counter",
+                      "Index mutations refused or skipped.", "kind", errs, KVR_PROM_N(errs));
 }
 
 static void metrics_workers(kvr_api_t *s, kvr_prom_t *p)
@@ -250,15 +225,13 @@ static void metrics_workers(kvr_api_t *s, kvr_prom_t *p)
         kvr_prom_sample(p, "kvr_worker_kv_capacity_blocks", l, 1,
                         sp ? (double)sp->total_kv_blocks : 0);
     }
-    kvr_prom_family(p, "kvr_worker_capacity_fetches_total", "counter",
-                    "Reads of a worker's KV-cache size from its /metrics, by result.");
-    static const char *const results[] = {"learnt", "not_exposed", "failed"};
-    uint64_t fetches[3];
-    kvr_fleet_capacity_fetches(s->fleet, fetches);
-    for (int k = 0; k < 3; k++) {
-        kvr_prom_label_t l[] = {{"result", results[k]}};
-        kvr_prom_sample(p, "kvr_worker_capacity_fetches_total", l, 1, (double)fetches[k]);
-    }
+    uint64_t f[3];
+    kvr_fleet_capacity_fetches(s->fleet, f);
+    const kvr_prom_by_t fetches[] = {
+        {"learnt", (double)f[0]}, {"not_exposed", (double)f[1]}, {"failed", (double)f[2]}};
+    kvr_prom_by_label(p, "kvr_worker_capacity_fetches_total", "counter",
+                      "Reads of a worker's KV-cache size from its /metrics, by result.", "result",
+                      fetches, KVR_PROM_N(fetches));
 }
 
 void api_h_metrics(kvr_api_t *s, struct evhttp_request *req)

@@ -205,14 +205,11 @@ static void ext_metrics(void *arg, kvr_prom_t *p)
         live += d->t[i].used && d->t[i].registered;
     kvr_prom_gauge(p, "kvr_discovery_workers", "workers registered through discovery",
                    (double)live);
-    kvr_prom_family(p, "kvr_discovery_events_total", "counter",
-                    "discovery changes applied, by kind");
-    static const char *const kinds[] = {"added", "deleted", "expired"};
-    const uint64_t v[] = {d->added, d->deleted, d->expired};
-    for (int k = 0; k < 3; k++) {
-        kvr_prom_label_t l = {"kind", kinds[k]};
-        kvr_prom_sample(p, "kvr_discovery_events_total", &l, 1, (double)v[k]);
-    }
+    const kvr_prom_by_t kinds[] = {{"added", (double)d->added},
+                                   {"deleted", (double)d->deleted},
+                                   {"expired", (double)d->expired}};
+    kvr_prom_by_label(p, "kvr_discovery_events_total", "counter",
+                      "discovery changes applied, by kind", "kind", kinds, KVR_PROM_N(kinds));
     kvr_prom_counter(p, "kvr_discovery_refused_total",
                      "entries refused (undecodable, id mismatch, registration refused)",
                      (double)d->refused);

@@ -734,13 +734,12 @@ static void ext_metrics(void *arg, kvr_prom_t *p)
                      (double)s->pub_events);
     kvr_prom_counter(p, "kvr_sync_published_batches_total", "batches published",
                      (double)s->pub_batches);
-    kvr_prom_family(p, "kvr_sync_applied_events_total", "counter",
-                    "peers' lifecycle events applied here, by kind");
-    static const char *const kinds[] = {"", "add", "prefill_done", "free"};
-    for (int k = 1; k <= 3; k++) {
-        kvr_prom_label_t l = {"kind", kinds[k]};
-        kvr_prom_sample(p, "kvr_sync_applied_events_total", &l, 1, (double)s->applied[k]);
-    }
+    const kvr_prom_by_t kinds[] = {{"add", (double)s->applied[1]},
+                                   {"prefill_done", (double)s->applied[2]},
+                                   {"free", (double)s->applied[3]}};
+    kvr_prom_by_label(p, "kvr_sync_applied_events_total", "counter",
+                      "peers' lifecycle events applied here, by kind", "kind", kinds,
+                      KVR_PROM_N(kinds));
     kvr_prom_counter(p, "kvr_sync_bad_messages_total",
                      "sync messages refused (undecodable, wrong type)", (double)s->bad_messages);
     kvr_prom_counter(p, "kvr_sync_lost_batches_total",
@@ -780,12 +779,11 @@ static void ext_metrics(void *arg, kvr_prom_t *p)
                      (double)s->peer_limited);
     kvr_prom_counter(p, "kvr_sync_snapshot_requests_refused_total",
                      "snapshot requests not served (rate limit)", (double)s->snap_refused);
-    kvr_prom_family(p, "kvr_sync_peer_requests_freed_total", "counter",
-                    "peers' requests freed here without their free event, by why");
-    kvr_prom_label_t l = {"why", "peer_gone"};
-    kvr_prom_sample(p, "kvr_sync_peer_requests_freed_total", &l, 1, (double)s->freed_gone);
-    l.value = "reconnect";
-    kvr_prom_sample(p, "kvr_sync_peer_requests_freed_total", &l, 1, (double)s->freed_reconnect);
+    const kvr_prom_by_t freed[] = {{"peer_gone", (double)s->freed_gone},
+                                   {"reconnect", (double)s->freed_reconnect}};
+    kvr_prom_by_label(p, "kvr_sync_peer_requests_freed_total", "counter",
+                      "peers' requests freed here without their free event, by why", "why", freed,
+                      KVR_PROM_N(freed));
     kvr_prom_gauge(p, "kvr_sync_peer_requests", "live requests booked by peers",
                    (double)kvr_peer_reqs_count(s->origins));
     kvr_prom_gauge(p, "kvr_sync_joined", "1 once the snapshot join is done",

@@ -366,12 +366,11 @@ static void ext_metrics(void *arg, kvr_prom_t *p)
     kvr_prom_gauge(p, "kvr_replicas_peers", "other router replicas seen live",
                    (double)kvr_replicas_live(r));
     kvr_prom_counter(p, "kvr_replicas_joined_total", "peers that appeared", (double)r->joined);
-    kvr_prom_family(p, "kvr_replicas_gone_total", "counter",
-                    "peers that went away, by how it was noticed");
-    kvr_prom_label_t l = {"how", "deleted"};
-    kvr_prom_sample(p, "kvr_replicas_gone_total", &l, 1, (double)r->gone_deleted);
-    l.value = "silent";
-    kvr_prom_sample(p, "kvr_replicas_gone_total", &l, 1, (double)r->gone_silent);
+    const kvr_prom_by_t gone[] = {{"deleted", (double)r->gone_deleted},
+                                  {"silent", (double)r->gone_silent}};
+    kvr_prom_by_label(p, "kvr_replicas_gone_total", "counter",
+                      "peers that went away, by how it was noticed", "how", gone,
+                      KVR_PROM_N(gone));
     kvr_prom_counter(p, "kvr_replicas_deletes_disowned_total",
                      "peers whose presence entry was deleted while they kept refreshing it or "
                      "publishing (kept: a forged delete)", (double)r->restored);

@@ -213,6 +213,16 @@ void kvr_prom_counter(kvr_prom_t *p, const char *name, const char *help, double 
     kvr_prom_sample(p, name, NULL, 0, v);
 }
 
+void kvr_prom_by_label(kvr_prom_t *p, const char *name, const char *type, const char *help,
+                       const char *key, const kvr_prom_by_t *by, size_t n)
+{
+    kvr_prom_family(p, name, type, help);
+    for (size_t i = 0; i < n; i++) {
+        kvr_prom_label_t l = {key, by[i].label};
+        kvr_prom_sample(p, name, &l, 1, by[i].v);
+    }
+}
+
 void kvr_prom_gauge(kvr_prom_t *p, const char *name, const char *help, double v)
 {
     kvr_prom_family(p, name, "gauge", help);

@@ -36,6 +36,14 @@ void kvr_prom_sample(kvr_prom_t *p, const char *name, const kvr_prom_label_t *la
 /* A family with one unlabelled sample: a counter or a gauge. */
 void kvr_prom_counter(kvr_prom_t *p, const char *name, const char *help, double v);
 void kvr_prom_gauge(kvr_prom_t *p, const char *name, const char *help, double v);
+/* A family whose samples differ by one label, key="by[i].label", in order. */
+typedef struct kvr_prom_by {
+    const char *label;
+    double v;
+} kvr_prom_by_t;
+void kvr_prom_by_label(kvr_prom_t *p, const char *name, const char *type, const char *help,
+                       const char *key, const kvr_prom_by_t *by, size_t n);
+#define KVR_PROM_N(arr) (sizeof(arr) / sizeof((arr)[0]))
 /* A whole histogram: bounds[i] upper bounds (ascending), counts[i] observations <= bounds[i]
  * (cumulative), plus the +Inf bucket = count, and _sum / _count. */
 void kvr_prom_histogram(kvr_prom_t *p, const char *name, const kvr_prom_label_t *labels,
