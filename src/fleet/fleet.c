@@ -16,7 +16,16 @@
 
 #include <event2/event.h>
 
+#include <assert.h>
+
 #include "base/log.h"
+#include "base/verify.h"
+
+#ifdef NDEBUG
+#define FLEET_CHECK(f) ((void)(f))
+#else
+#define FLEET_CHECK(f) assert(kvr_fleet_verify((f), NULL, 0) == KVR_OK)
+#endif
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
@@ -92,6 +101,7 @@ int kvr_fleet_add_worker(kvr_fleet_t *f, const kvr_worker_spec_t *w, char *err, 
     }
     if (w->url[0] != '\0')
         fleet_add_probe(f, w->worker_id);
+    FLEET_CHECK(f);
     kvr_log(KVR_LOG_INFO, "worker %llu registered (ranks %u..%u%s%s%s%s)",
             (unsigned long long)w->worker_id, w->dp_start, w->dp_start + w->dp_size - 1,
             w->events[0] ? ", events " : "", w->events, w->url[0] ? ", url " : "", w->url);
@@ -106,6 +116,7 @@ int kvr_fleet_remove_worker(kvr_fleet_t *f, uint64_t id)
     if (f->g != NULL)
         (void)kvr_ingest_remove_worker(f->g, id);
     fleet_remove_probe(f, id);
+    FLEET_CHECK(f);
     for (size_t i = 0; i < f->n_obs; i++)
         f->obs[i].fn(f->obs[i].arg, id);
     kvr_log(KVR_LOG_INFO, "worker %llu removed", (unsigned long long)id);
@@ -156,6 +167,35 @@ const char *kvr_fleet_index_origin(const kvr_fleet_t *f) { return f->index_origi
 void kvr_fleet_capacity_fetches(const kvr_fleet_t *f, uint64_t out[3])
 {
     memcpy(out, f->cap_fetches, sizeof f->cap_fetches);
+}
+
+int kvr_fleet_verify(const kvr_fleet_t *f, char *msg, size_t msg_len)
+{
+    if (f->n_probes > f->n_all || f->n_all > KVR_FLEET_MAX_PROBES)
+        KVR_VERIFY_FAIL("probes: %zu live of %zu (at most %d)", f->n_probes, f->n_all,
+                        KVR_FLEET_MAX_PROBES);
+    if (f->n_obs > KVR_FLEET_MAX_OBSERVERS)
+        KVR_VERIFY_FAIL("%zu observers", f->n_obs);
+    for (size_t i = 0; i < f->n_all; i++) {
+        const probe_t *pr = f->probes[i];
+        if (pr == NULL || pr->f != f)
+            KVR_VERIFY_FAIL("probe %zu: missing or another fleet's", i);
+        if (pr->dead != (i >= f->n_probes))
+            KVR_VERIFY_FAIL("probe %zu (worker %llu): %s among the %s ones", i,
+                            (unsigned long long)pr->worker_id, pr->dead ? "dead" : "live",
+                            pr->dead ? "live" : "dead");
+        if (pr->dead)
+            continue;
+        const kvr_worker_spec_t *sp = kvr_router_worker(f->r, pr->worker_id);
+        if (sp == NULL || sp->url[0] == '\0')
+            KVR_VERIFY_FAIL("probe of worker %llu, which is %s", (unsigned long long)pr->worker_id,
+                            sp == NULL ? "not registered" : "without a url");
+        for (size_t j = 0; j < i; j++)
+            if (f->probes[j]->worker_id == pr->worker_id)
+                KVR_VERIFY_FAIL("two live probes of worker %llu",
+                                (unsigned long long)pr->worker_id);
+    }
+    return KVR_OK;
 }
 
 int kvr_fleet_wait_failed(const kvr_router_t *r, int rc, char *msg, size_t msg_len)

@@ -74,6 +74,11 @@ const char *kvr_fleet_index_origin(const kvr_fleet_t *f);
 /* Reads of workers' KV-cache sizes from their /metrics: learnt, not exposed, failed. */
 void kvr_fleet_capacity_fetches(const kvr_fleet_t *f, uint64_t out[3]);
 
+/* Checks the invariants of fleet.c and health.c (live probes first, each for a registered
+ * worker with a url, no two for one worker; the dead ones after; observers within bounds):
+ * KVR_OK, or KVR_EINVAL with msg. O(workers). Asserted after every change in debug builds. */
+int kvr_fleet_verify(const kvr_fleet_t *f, char *msg, size_t msg_len);
+
 /* A queued placement that ran out of time (kvr_sched_done_fn with res NULL): the HTTP status
  * and a message naming the setting (429 for router_queue_timeout_ms; 503 for
  * min_initial_workers_wait_ms, with the ready count). Every front door answers with these. */

@@ -13,6 +13,9 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include <assert.h>
+
+#include "base/verify.h"
 #include "kvrouter.h"
 #include "http/access.h"
 #include "http/http_guard.h"
@@ -193,6 +196,24 @@ int kvr_http_host_add_service(kvr_http_host_t *h, const kvr_http_service_t *svc)
     if (h->n_services == KVR_HTTP_MAX_SERVICES)
         return KVR_EFULL;
     h->services[h->n_services++] = *svc;
+    assert(kvr_http_host_verify(h, NULL, 0) == KVR_OK);
+    return KVR_OK;
+}
+
+int kvr_http_host_verify(const kvr_http_host_t *h, char *msg, size_t msg_len)
+{
+    if (h->n_guards > 2 || h->n_services > KVR_HTTP_MAX_SERVICES)
+        KVR_VERIFY_FAIL("%zu listeners, %zu services", h->n_guards, h->n_services);
+    if ((h->http != NULL) + (h->admin_http != NULL) != (int)h->n_guards)
+        KVR_VERIFY_FAIL("%zu guards for %d listeners", h->n_guards,
+                        (h->http != NULL) + (h->admin_http != NULL));
+    for (size_t i = 0; i < h->n_services; i++)
+        for (size_t j = 0; j < i; j++)
+            if (h->services[i].arg == h->services[j].arg)
+                KVR_VERIFY_FAIL("services %zu and %zu share their arg", j, i);
+    for (size_t i = 0; i < h->n_guards; i++)
+        if (kvr_http_guard_verify(h->guards[i]) != KVR_OK)
+            KVR_VERIFY_FAIL("the %s listener's guard", i == 0 ? "client" : "admin");
     return KVR_OK;
 }
 

@@ -60,6 +60,10 @@ int kvr_http_host_add_service(kvr_http_host_t *h, const kvr_http_service_t *svc)
 /* Removes the one added with this arg. */
 void kvr_http_host_remove_service(kvr_http_host_t *h, void *arg);
 
+/* Checks host.c's invariants (at most two listeners, services within bounds and distinct by
+ * arg, each guard's own): KVR_OK, or KVR_EINVAL with msg. Asserted in debug builds. */
+int kvr_http_host_verify(const kvr_http_host_t *h, char *msg, size_t msg_len);
+
 /* The shared reply context (its writer is free between replies on this thread). */
 kvr_reply_t *kvr_http_host_reply(kvr_http_host_t *h);
 /* The host's families (errors, 401s, the guards'), then each service's. */
