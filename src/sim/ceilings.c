@@ -2,15 +2,15 @@
  * ceilings.c: a trace's hit-ratio ceilings (see ceilings.h for the contract).
  *
  * Ceilings: every row's prompt is hashed at the block size (kvr_hash_prompt, as the router and
- * the engine hash it). Infinite: an open-addressing set of every sequence hash seen; a row
- * hits its leading blocks found in the set (the set is prefix-closed, so a linear scan from the
- * root stops at the first miss). Pooled: one sim/kvcache.h cache of pooled_blocks blocks, used
+ * the engine hash it). Infinite: every sequence hash seen, in a base/u64map.h table used as a
+ * set; a row hits its leading blocks found there (the set is prefix-closed, so a linear scan
+ * from the root stops at the first miss). Pooled: one sim/kvcache.h cache of pooled_blocks blocks, used
  * exactly as the simulated engine uses it for one request at a time (match, allocate with the
  * hits, commit the full blocks, release), so its LRU order is the engine's. Both cap a hit at
  * floor((input_length - 1) / block_size) blocks, as the engine computes at least one token.
  * A row needing more blocks than the pooled cache has cannot run there: its match is counted
  * and the cache is left unchanged. Cost: one pass over every prompt token (generation and
- * hashing) plus O(blocks) set and cache work; memory: the set (16 bytes per distinct block at
+ * hashing) plus O(blocks) set and cache work; memory: the set (48 bytes per distinct block at
  * load <= 1/2) and the cache (capped at the blocks the trace can ever allocate).
  * Threads: none of their own; the trace is only read.
  */
@@ -21,73 +21,12 @@
 #include <string.h>
 
 #include "kvrouter.h"
+#include "base/u64map.h"
 #include "sim/kvcache.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Ceilings. */
 
-/* A set of u64 (open addressing, linear probing, load <= 1/2; 0 kept aside). */
-typedef struct u64set {
-    uint64_t *slots;
-    size_t cap, n;
-    bool has_zero;
-} u64set_t;
-
-static inline size_t set_slot(uint64_t x, size_t mask)
-{
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    return (size_t)x & mask;
-}
-
-static bool set_has(const u64set_t *s, uint64_t x)
-{
-    if (x == 0)
-        return s->has_zero;
-    if (s->cap == 0)
-        return false;
-    for (size_t i = set_slot(x, s->cap - 1);; i = (i + 1) & (s->cap - 1)) {
-        if (s->slots[i] == x)
-            return true;
-        if (s->slots[i] == 0)
-            return false;
-    }
-}
-
-static int set_add(u64set_t *s, uint64_t x)
-{
-    if (x == 0) {
-        s->has_zero = true;
-        return KVR_OK;
-    }
-    if ((s->n + 1) * 2 > s->cap) {
-        size_t ncap = s->cap ? s->cap * 2 : 1024;
-        uint64_t *ns = calloc(ncap, sizeof *ns);
-        if (ns == NULL)
-            return KVR_ENOMEM;
-        for (size_t i = 0; i < s->cap; i++) {
-            uint64_t v = s->slots[i];
-            if (v == 0)
-                continue;
-            size_t j = set_slot(v, ncap - 1);
-            while (ns[j] != 0)
-                j = (j + 1) & (ncap - 1);
-            ns[j] = v;
-        }
-        free(s->slots);
-        s->slots = ns;
-        s->cap = ncap;
-    }
-    size_t i = set_slot(x, s->cap - 1);
-    while (s->slots[i] != 0 && s->slots[i] != x)
-        i = (i + 1) & (s->cap - 1);
-    if (s->slots[i] == 0) {
-        s->slots[i] = x;
-        s->n++;
-    }
-    return KVR_OK;
-}
 
 int kvr_trace_ceilings(const kvr_trace_t *t, uint32_t block_size, uint64_t pooled_blocks,
                        kvr_trace_ceilings_t *out)
@@ -109,11 +48,14 @@ int kvr_trace_ceilings(const kvr_trace_t *t, uint32_t block_size, uint64_t poole
     uint32_t *tok = malloc(((size_t)max_len + 1) * sizeof *tok);
     uint64_t *lbh = malloc(max_blocks * sizeof *lbh);
     uint64_t *seq = malloc(max_blocks * sizeof *seq);
-    u64set_t seen = {0};
+    kvr_u64map_t seen;
+    bool created;
     kvr_kvcache_t *kc = NULL;
     kvr_kvcache_seq_t sq;
     kvr_kvcache_seq_init(&sq);
-    int rc = tok && lbh && seq ? KVR_OK : KVR_ENOMEM;
+    int rc = kvr_u64map_init(&seen);
+    if (rc == KVR_OK && !(tok && lbh && seq))
+        rc = KVR_ENOMEM;
     /* A cache at least as large as everything the trace allocates never evicts: the same
      * answer as any larger one, without the memory. */
     uint64_t cache_blocks = pooled_blocks < all_blocks ? pooled_blocks : all_blocks;
@@ -140,11 +82,11 @@ int kvr_trace_ceilings(const kvr_trace_t *t, uint32_t block_size, uint64_t poole
         size_t cap_hit = (n - 1) / block_size;
         prompt += n;
         size_t m = 0;
-        while (m < (size_t)nb && set_has(&seen, seq[m]))
+        while (m < (size_t)nb && kvr_u64map_find(&seen, seq[m]) != NULL)
             m++;
         hit_inf += (uint64_t)(m < cap_hit ? m : cap_hit) * block_size;
         for (size_t b = m; rc == KVR_OK && b < (size_t)nb; b++)
-            rc = set_add(&seen, seq[b]);
+            rc = kvr_u64map_get(&seen, seq[b], &created) != NULL ? KVR_OK : KVR_ENOMEM;
         if (kc == NULL || rc != KVR_OK)
             continue;
         size_t pm = kvr_kvcache_match(kc, seq, (size_t)nb);
@@ -164,7 +106,7 @@ int kvr_trace_ceilings(const kvr_trace_t *t, uint32_t block_size, uint64_t poole
         kvr_kvcache_release(kc, &sq);
     kvr_kvcache_seq_deinit(&sq);
     kvr_kvcache_free(kc);
-    free(seen.slots);
+    kvr_u64map_deinit(&seen);
     free(tok);
     free(lbh);
     free(seq);
