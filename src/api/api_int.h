@@ -17,7 +17,8 @@
 
 #include <event2/http.h>
 
-#include "core/sched.h"
+#include "core/load.h"
+#include "kvrouter/sched.h"
 #include "http/access.h"
 #include "api/api_server.h"
 #include "http/http_guard.h"

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "core/endpoint.h"
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 #include "http/access.h"
 #include "http/http_guard.h"
 #include "base/log.h"

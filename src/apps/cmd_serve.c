@@ -18,7 +18,7 @@
 #include "kvrouter/config.h"
 #include "kvrouter/router.h"
 #include "core/endpoint.h"
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 #include "api/api_server.h"
 #include "cluster/discovery.h"
 #include "http/http_fetch.h"

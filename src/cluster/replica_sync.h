@@ -27,7 +27,7 @@
 
 #include <stdint.h>
 
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 #include "api/api_server.h"
 #include "nats/nats_link.h"
 #include "cluster/replicas.h"

@@ -23,7 +23,6 @@
 
 #include "core/endpoint.h"
 #include "base/namelist.h"
-#include "kvrouter.h"
 
 typedef enum ftype {
     T_U32,

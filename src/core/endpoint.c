@@ -15,7 +15,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "kvrouter.h"
+#include "kvrouter/status.h"
 
 static int fail(char *err, size_t len, const char *fmt, ...)
 {

@@ -74,7 +74,8 @@
 #endif
 
 #include "base/oatab.h"
-#include "kvrouter.h"
+#include "kvrouter/hash.h"
+#include "kvrouter/index.h"
 #include "base/verify.h"
 
 #include "base/grow.h"

@@ -27,7 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kvrouter.h"
+#include "core/queue.h"
 #include "base/verify.h"
 
 #define NIL UINT32_MAX

@@ -21,9 +21,12 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "core/endpoint.h"
 #include "base/grow.h"
 #include "base/namelist.h"
+#include "core/approx.h"
+#include "core/endpoint.h"
+#include "core/load.h"
+#include "core/select.h"
 #include "core/session.h"
 #include "core/stepclock.h"
 

@@ -16,13 +16,16 @@
  *     stops only at a request that cannot be placed after everything the callbacks did.
  * Threads: the owner thread only. Cost: see sched.h.
  */
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 
 #include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "core/load.h"
+#include "core/queue.h"
 
 typedef struct observer {
     kvr_sched_observer_fn fn;

@@ -34,33 +34,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kvrouter.h"
-
-/* ---- rng: splitmix64 ---- */
-
-void kvr_rng_seed(kvr_rng_t *rng, uint64_t seed) { rng->state = seed; }
-
-uint64_t kvr_rng_next(kvr_rng_t *rng)
-{
-    uint64_t z = (rng->state += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
-double kvr_rng_uniform(kvr_rng_t *rng) { return (double)(kvr_rng_next(rng) >> 11) * 0x1.0p-53; }
-
-uint64_t kvr_rng_below(kvr_rng_t *rng, uint64_t n)
-{
-    if (n == 0)
-        return 0;
-    uint64_t reject_below = (0 - n) % n; /* 2^64 mod n: the incomplete last bucket */
-    for (;;) {
-        uint64_t r = kvr_rng_next(rng);
-        if (r >= reject_below)
-            return r % n;
-    }
-}
+#include "core/select.h"
 
 /* ---- config ---- */
 

@@ -2,7 +2,7 @@
  * status.c: names and messages for the status codes of kvrouter.h (one X-macro table).
  * No state; any thread.
  */
-#include "kvrouter.h"
+#include "kvrouter/status.h"
 
 const char *kvr_strerror(int status)
 {

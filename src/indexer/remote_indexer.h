@@ -41,7 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 #include "api/api_server.h"
 
 struct event_base;

@@ -26,7 +26,8 @@
 #include <cmocka.h>
 
 #include "common/model_driver.h"
-#include "core/sched.h"
+#include "core/load.h"
+#include "kvrouter/sched.h"
 
 #define BS 16
 #define MAXT 4096
