@@ -182,7 +182,7 @@ typedef struct kvr_router_config {
     kvr_opt_f64_t disagg_load_threshold; /* load policy: prefill tokens in flight on the chosen
                                             prefill worker at which it counts as busy; unset =
                                             the busy thresholds decide */
-    uint64_t seed;                /* random tie-breaks and sampling; 0 = from the clock */
+    uint64_t seed;                /* random tie-breaks and sampling; 0 = random */
 } kvr_router_config_t;
 
 /* Fills every field with its default. */

@@ -1,8 +1,8 @@
 /*
  * router.h: the routing decision, composed from the core modules: the worker registry, block
  * hashing, the prefix index (read side), the load tracker, the selector and, in approximate
- * mode, the routing-decision recorder. No I/O (but getrandom(2) for the ids it generates), no
- * threads of its own: `kvrouter serve` calls it from its HTTP thread; a simulator can call it
+ * mode, the routing-decision recorder. No I/O (but getrandom(2) for the ids it generates and
+ * a seed 0), no clock (time is passed in), no threads of its own: `kvrouter serve` calls it from its HTTP thread; a simulator can call it
  * in virtual time.
  *
  * Ownership: the router borrows the index (created and written by the caller's ingest thread;
@@ -338,7 +338,8 @@ kvr_disagg_bypass_t kvr_router_disagg_bypass(kvr_router_t *r, const kvr_route_re
  * fewer). */
 size_t kvr_router_n_blocks(const kvr_router_t *r, const kvr_route_req_t *q);
 
-/* Where each part of the decision's time went (for /metrics). */
+/* Where each part of the decision's time went (for /metrics), measured with the clock given
+ * to kvr_router_set_clock (all 0 without one: the library reads no clock itself). */
 typedef struct kvr_route_timing {
     /* read-only */
     uint64_t hash_ns, lookup_ns, select_ns, total_ns;
@@ -453,6 +454,11 @@ typedef struct kvr_router_stats {
     uint64_t hash_ns, lookup_ns, select_ns; /* totals */
 } kvr_router_stats_t;
 void kvr_router_stats(const kvr_router_t *r, kvr_router_stats_t *out);
+/* A monotonic clock in nanoseconds (any origin), the caller's. */
+typedef uint64_t (*kvr_clock_fn)(void);
+/* The clock kvr_route_timing_t is measured with; NULL (the default) = no timings. The router
+ * never decides by it. */
+void kvr_router_set_clock(kvr_router_t *r, kvr_clock_fn now_ns);
 const kvr_load_t *kvr_router_load(const kvr_router_t *r);
 /* The configuration in effect: the caller's, with kvr_config_resolve applied. */
 const kvr_router_config_t *kvr_router_config(const kvr_router_t *r);

@@ -583,6 +583,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
         fprintf(stderr, "kvrouter serve: %s\n", err);
         return st;
     }
+    kvr_router_set_clock(d->r, kvr_now_ns); /* the decision timings of /metrics */
     kvr_sched_config_t sc;
     kvr_sched_config_from(&sc, c);
     const char *field;

@@ -6,8 +6,9 @@
  * rebuilt whenever the registry changes; per-request fields of cands are rewritten by every
  * route before use. The load tracker holds requests only for registered workers (removal
  * frees them).
- * Time: decisions take now_ms from the caller; the monotonic clock is read only to report where
- * a decision's time went (kvr_route_timing_t), never to decide.
+ * Time: the router reads no clock. Decisions take now_ms from the caller; where a decision's
+ * time went (kvr_route_timing_t) is measured with the caller's clock (kvr_router_set_clock),
+ * never used to decide.
  * Memory: the registry and rank table grow with workers; the hashing and lookup scratch grows
  * to the largest prompt seen (bounded by router_max_prompt_tokens). No allocation per route
  * once warm.
@@ -19,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 
 #include "base/grow.h"
 #include "base/namelist.h"
@@ -82,15 +82,20 @@ struct kvr_router {
     uint64_t rr;
     kvr_router_stats_t st;
     kvr_load_request_t last; /* the last booking (replica sync); last.id NULL = none */
+    kvr_clock_fn clock;      /* the caller's, for kvr_route_timing_t; NULL = none */
 };
 
 static bool pooled(const struct wentry *w);
 
-static uint64_t mono_ns(void)
+/* The caller's clock, for the timings only (none: they read 0). */
+static uint64_t clock_ns(const kvr_router_t *r) { return r->clock != NULL ? r->clock() : 0; }
+
+/* seed 0: a random one (getrandom(2); the router reads no clock). */
+static uint64_t seed_of(uint64_t seed)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    if (seed == 0 && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
+        seed = 1; /* no random source: a fixed stream rather than no router */
+    return seed;
 }
 
 const char *kvr_rank_state_name(kvr_rank_state_t s)
@@ -483,7 +488,7 @@ kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, in
     }
     r->cfg = rc_cfg;
     r->ix = needs_index ? ix : NULL; /* credit 0: overlaps are 0, as with no indexer */
-    kvr_rng_seed(&r->rng, cfg->seed ? cfg->seed : mono_ns());
+    kvr_rng_seed(&r->rng, seed_of(cfg->seed));
     kvr_lookup_init(&r->lk);
     int rc = setup_select(r, err, err_len);
     if (rc == KVR_OK)
@@ -1433,7 +1438,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
 {
     memset(res, 0, sizeof *res);
     r->last.id = NULL;
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = clock_ns(r);
     int rc = KVR_OK;
     if (q->n_tokens > r->cfg.router_max_prompt_tokens) {
         res->error_field = "tokens: longer than router_max_prompt_tokens";
@@ -1447,10 +1452,10 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
     long n_blocks = rc == KVR_OK ? hash_prompt(r, q) : 0;
     if (n_blocks < 0)
         rc = (int)n_blocks;
-    uint64_t t1 = mono_ns();
+    uint64_t t1 = clock_ns(r);
     if (rc == KVR_OK)
         rc = fill_overlap(r, q, (size_t)n_blocks);
-    uint64_t t2 = mono_ns();
+    uint64_t t2 = clock_ns(r);
     uint64_t now_us = q->now_us ? q->now_us : now_ms * 1000;
     if (rc == KVR_OK) {
         rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
@@ -1462,7 +1467,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         if (rc == KVR_EINVAL)
             res->error_field = sel.field;
     }
-    uint64_t t3 = mono_ns();
+    uint64_t t3 = clock_ns(r);
     if (rc == KVR_OK) {
         const kvr_select_candidate_t *c = &r->cands[sel.index];
         res->worker = sel.worker;
@@ -1479,7 +1484,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         if (rc == KVR_OK && q->update_state && idle) /* its engine starts a step now */
             kvr_stepclock_wake(clock_of(r, sel.index), now_us);
     }
-    res->timing = (kvr_route_timing_t){t1 - t0, t2 - t1, t3 - t2, mono_ns() - t0};
+    res->timing = (kvr_route_timing_t){t1 - t0, t2 - t1, t3 - t2, clock_ns(r) - t0};
     r->st.hash_ns += res->timing.hash_ns;
     r->st.lookup_ns += res->timing.lookup_ns;
     r->st.select_ns += res->timing.select_ns;
@@ -1578,6 +1583,8 @@ void kvr_router_tick(kvr_router_t *r, uint64_t now_ms)
     if (r->approx != NULL)
         (void)kvr_approx_expire(r->approx, now_ms);
 }
+
+void kvr_router_set_clock(kvr_router_t *r, kvr_clock_fn now_ns) { r->clock = now_ns; }
 
 void kvr_router_set_decision_sink(kvr_router_t *r, const kvr_decision_sink_t *sink)
 {
