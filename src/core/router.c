@@ -15,6 +15,7 @@
  */
 #include "kvrouter/router.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@
 #include "core/approx.h"
 #include "core/endpoint.h"
 #include "core/load.h"
+#include "core/policy.h"
 #include "core/select.h"
 #include "core/session.h"
 #include "core/stepclock.h"
@@ -53,6 +55,7 @@ struct kvr_router {
     kvr_select_config_t sel;
     kvr_busy_thresholds_t busy, queue_busy;
     kvr_rng_t rng;
+    const kvr_policy_t *picker; /* the load-only modes' (policy.h); NULL: the selector picks */
 
     wentry_t *w;
     size_t n_w, cap_w;
@@ -489,6 +492,7 @@ kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, in
     r->cfg = rc_cfg;
     r->ix = needs_index ? ix : NULL; /* credit 0: overlaps are 0, as with no indexer */
     kvr_rng_seed(&r->rng, seed_of(cfg->seed));
+    r->picker = kvr_policy_picker(rc_cfg.router_mode);
     kvr_lookup_init(&r->lk);
     int rc = setup_select(r, err, err_len);
     if (rc == KVR_OK)
@@ -1083,7 +1087,8 @@ static void apply_matches(kvr_router_t *r, const kvr_match_t *m, size_t n)
 
 /* Looks the prompt up (or takes the request's own matches) and writes each rank's tiers into
  * cands. */
-static int fill_overlap(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks)
+static int fill_overlap(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks,
+                        bool read_index)
 {
     for (size_t i = 0; i < r->n_ranks; i++) {
         kvr_select_candidate_t *c = &r->cands[i];
@@ -1091,8 +1096,7 @@ static int fill_overlap(kvr_router_t *r, const kvr_route_req_t *q, size_t n_bloc
         c->fenced = r->w[r->rank_widx[i]].fenced;
         c->unfit = !r->all_fit && !r->wfit[r->rank_widx[i]];
     }
-    if (n_blocks == 0 || r->cfg.router_mode == KVR_MODE_ROUND_ROBIN ||
-        r->cfg.router_mode == KVR_MODE_RANDOM || r->cfg.router_mode == KVR_MODE_LEAST_LOADED)
+    if (n_blocks == 0 || !read_index)
         return KVR_OK;
     if (q->has_matches) {
         apply_matches(r, q->matches, q->n_matches);
@@ -1166,7 +1170,7 @@ static kvr_stepclock_t *clock_of(const kvr_router_t *r, size_t k)
  * rebuild_ranks (the policy and weight are fixed for the router's life). */
 static void fill_step_waits(kvr_router_t *r, uint64_t now_us)
 {
-    if (r->sel.policy != KVR_SELECT_POLICY_LOCALITY || r->sel.step_wait_weight == 0)
+    if (!kvr_policy_scorer(r->sel.policy)->uses_step_wait || r->sel.step_wait_weight == 0)
         return;
     for (size_t k = 0; k < r->n_ranks; k++) {
         kvr_select_candidate_t *c = &r->cands[k];
@@ -1229,57 +1233,78 @@ static bool has_taints(const kvr_select_candidate_t *c, const kvr_route_req_t *q
     return true;
 }
 
-/* round-robin / random / least-loaded: no cache awareness, same filters; a preferred rank
- * (a session's) is taken when it passes them and is not busy. */
+/* A load-only picker's filters (the selector's, without costs): alive, serving the request's
+ * model, carrying its taints, allowed, the pinned rank if any. Busy is the caller's test. */
+typedef struct pick_ctx {
+    const kvr_router_t *r;
+    const kvr_route_req_t *q;
+} pick_ctx_t;
+
+static bool passes_filters(const kvr_router_t *r, const kvr_route_req_t *q, size_t i)
+{
+    const kvr_select_candidate_t *c = &r->cands[i];
+    return !c->fenced && !c->unfit && has_taints(c, q) &&
+           (!q->has_allowed || sorted_contains(q->allowed_ids, q->n_allowed, c->worker.worker_id));
+}
+
+static bool pick_eligible(const void *ctx, size_t i)
+{
+    const pick_ctx_t *x = ctx;
+    const kvr_select_candidate_t *c = &x->r->cands[i];
+    return passes_filters(x->r, x->q, i) && !c->busy &&
+           (!x->q->has_pinned || (c->worker.worker_id == x->q->pinned.worker_id &&
+                                  c->worker.dp_rank == x->q->pinned.dp_rank));
+}
+
+/* The preferred rank's index when it may be taken (eligible, not busy, nothing pinned). */
+static size_t preferred_index(const kvr_router_t *r, const kvr_route_req_t *q,
+                              const kvr_worker_t *pref, size_t best)
+{
+    for (size_t i = 0; pref != NULL && i < r->n_ranks; i++) {
+        const kvr_select_candidate_t *c = &r->cands[i];
+        if (c->worker.worker_id == pref->worker_id && c->worker.dp_rank == pref->dp_rank &&
+            passes_filters(r, q, i) && !c->busy && !q->has_pinned)
+            best = i;
+    }
+    return best;
+}
+
+/* The load-only modes (r->picker): the same filters as the selector's, then the picker's
+ * choice among the eligible ranks; a preferred rank (a session's) is taken when it passes them
+ * and is not busy. */
 static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, const kvr_worker_t *pref,
                        kvr_select_result_t *out)
 {
-    size_t n_ok = 0, n_busy = 0, n_qbusy = 0, best = SIZE_MAX, nth = 0;
-    uint64_t target = r->cfg.router_mode == KVR_MODE_RANDOM ? kvr_rng_next(&r->rng) : r->rr;
-    for (int pass = 0; pass < 2; pass++) {
-        for (size_t i = 0; i < r->n_ranks; i++) {
-            const kvr_select_candidate_t *c = &r->cands[i];
-            bool ok = !c->fenced && !c->unfit && has_taints(c, q) &&
-                      (!q->has_allowed ||
-                       sorted_contains(q->allowed_ids, q->n_allowed, c->worker.worker_id)) &&
-                      (!q->has_pinned || (c->worker.worker_id == q->pinned.worker_id &&
-                                          c->worker.dp_rank == q->pinned.dp_rank));
-            if (!ok)
-                continue;
-            if (c->busy) {
-                n_busy += pass == 0;
-                continue;
-            }
-            if (pass == 0) {
-                n_ok++;
-                n_qbusy += c->queue_busy;
-                if (r->cfg.router_mode == KVR_MODE_LEAST_LOADED &&
-                    (best == SIZE_MAX || c->potential_prefill_tokens + c->active_requests <
-                                             r->cands[best].potential_prefill_tokens +
-                                                 r->cands[best].active_requests))
-                    best = i;
-            } else if (nth++ == target % n_ok) {
-                best = i;
-                break;
-            }
+    pick_ctx_t x = {r, q};
+    size_t n_ok = 0, n_busy = 0, n_qbusy = 0;
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        const kvr_select_candidate_t *c = &r->cands[i];
+        bool pinned_ok = !q->has_pinned || (c->worker.worker_id == q->pinned.worker_id &&
+                                            c->worker.dp_rank == q->pinned.dp_rank);
+        if (!passes_filters(r, q, i) || !pinned_ok)
+            continue;
+        if (c->busy) {
+            n_busy++;
+            continue;
         }
-        if (n_ok == 0 || r->cfg.router_mode == KVR_MODE_LEAST_LOADED)
-            break;
+        n_ok++;
+        n_qbusy += c->queue_busy;
     }
+    kvr_pick_view_t v = {.cands = r->cands,
+                         .n_cands = r->n_ranks,
+                         .n_eligible = n_ok,
+                         .eligible = pick_eligible,
+                         .ctx = &x,
+                         .rng = &r->rng,
+                         .turn = r->rr};
+    size_t best = r->picker->pick(&v); /* always called: the random picker draws once */
+    assert(best == SIZE_MAX || pick_eligible(&x, best));
     out->n_eligible = n_ok;
     out->n_busy = n_busy;
     out->n_queue_busy = n_qbusy;
     if (n_ok > 0 && n_qbusy == n_ok)
         return KVR_EBUSY; /* the queue: wait while every eligible rank is over its threshold */
-    for (size_t i = 0; pref != NULL && i < r->n_ranks; i++) {
-        const kvr_select_candidate_t *c = &r->cands[i];
-        if (c->worker.worker_id == pref->worker_id && c->worker.dp_rank == pref->dp_rank &&
-            !c->fenced && !c->unfit && !c->busy && has_taints(c, q) &&
-            (!q->has_allowed ||
-             sorted_contains(q->allowed_ids, q->n_allowed, c->worker.worker_id)) &&
-            !q->has_pinned)
-            best = i;
-    }
+    best = preferred_index(r, q, pref, best);
     if (best == SIZE_MAX)
         return n_busy > 0 ? KVR_EBUSY : KVR_ENOWORKER;
     r->rr++;
@@ -1305,7 +1330,7 @@ static int decide(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
 {
     kvr_worker_t buf;
     const kvr_worker_t *pref = session_rank(r, q, now_ms, &buf);
-    if (r->cfg.router_mode != KVR_MODE_KV && r->cfg.router_mode != KVR_MODE_APPROX)
+    if (r->picker != NULL)
         return pick_simple(r, q, pref, out);
     kvr_select_request_t sr = {
         .isl_tokens = q->n_tokens,
@@ -1454,7 +1479,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         rc = (int)n_blocks;
     uint64_t t1 = clock_ns(r);
     if (rc == KVR_OK)
-        rc = fill_overlap(r, q, (size_t)n_blocks);
+        rc = fill_overlap(r, q, (size_t)n_blocks, r->picker == NULL);
     uint64_t t2 = clock_ns(r);
     uint64_t now_us = q->now_us ? q->now_us : now_ms * 1000;
     if (rc == KVR_OK) {
@@ -1475,7 +1500,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         res->cached_tokens = sel.cached_tokens;
         res->overlap_blocks = (uint32_t)llround(sel.effective_overlap_blocks);
         res->block_size = r->cur.bs;
-        if (r->cfg.router_mode != KVR_MODE_KV && r->cfg.router_mode != KVR_MODE_APPROX)
+        if (r->picker != NULL) /* load-only: nothing is credited as cached */
             res->cached_tokens = 0;
         bool idle = c->active_requests == 0;
         rc = book(r, q, (size_t)n_blocks, now_ms, res);
@@ -1614,11 +1639,7 @@ int kvr_router_query(kvr_router_t *r, const kvr_route_req_t *q, kvr_rank_score_t
     long n_blocks = hash_prompt(r, q);
     if (n_blocks < 0)
         return (int)n_blocks;
-    enum kvr_router_mode saved = r->cfg.router_mode;
-    if (saved != KVR_MODE_APPROX)
-        r->cfg.router_mode = KVR_MODE_KV; /* a query always reads the index */
-    int rc = fill_overlap(r, q, (size_t)n_blocks);
-    r->cfg.router_mode = saved;
+    int rc = fill_overlap(r, q, (size_t)n_blocks, true); /* a query always reads the index */
     if (rc != KVR_OK)
         return rc;
     r->st.queries++;
@@ -1644,7 +1665,7 @@ int kvr_router_loads(kvr_router_t *r, const kvr_route_req_t *q, kvr_load_project
     long n_blocks = hash_prompt(r, q);
     if (n_blocks < 0)
         return (int)n_blocks;
-    rc = fill_overlap(r, q, (size_t)n_blocks);
+    rc = fill_overlap(r, q, (size_t)n_blocks, r->picker == NULL);
     if (rc == KVR_OK)
         rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
     if (rc != KVR_OK)

@@ -9,10 +9,11 @@
  *   credit            = overlap_credit * decay * device + host_w * host + disk_w * disk
  *                       + shared_mult * shared
  *   adjusted          = max(raw_prefill - credit, 0)
- *   logit             = scale * adjusted + potential_decode + request_w * active_requests
- *                       (lmetric: adjusted * (potential_decode + 1); locality: the same
- *                       with adjusted = max(raw_prefill - 2 credit, adjusted / 10 + 1)
- *                       + step_wait_weight * step_wait_ms)
+ *   logit             = the policy's (core/policy_<name>.c): dynamo, the reference's,
+ *                       scale * adjusted + potential_decode + request_w * active_requests;
+ *                       lmetric adjusted * (potential_decode + 1); locality the same with
+ *                       adjusted = max(raw_prefill - 2 credit, adjusted / 10 + 1)
+ *                       + step_wait_weight * step_wait_ms
  *   cost              = logit * exp(-tanh(sum of preferred-taint weights present))
  *
  * Pick: temperature 0 takes a minimum cost, ties broken uniformly (reservoir sampling: the
@@ -35,6 +36,8 @@
 #include <string.h>
 
 #include "core/select.h"
+
+#include "core/policy.h"
 
 /* ---- config ---- */
 
@@ -83,9 +86,7 @@ int kvr_select_config_validate(const kvr_select_config_t *cfg, const char **fiel
         {unit(cfg->shared_cache_multiplier), "shared_cache_multiplier"},
         {finite_nonneg(cfg->temperature), "router_temperature"},
         {finite_nonneg(cfg->step_wait_weight), "router_step_wait_weight"},
-        {cfg->policy == KVR_SELECT_POLICY_DYNAMO || cfg->policy == KVR_SELECT_POLICY_LMETRIC ||
-             cfg->policy == KVR_SELECT_POLICY_LOCALITY,
-         "router_selection_policy"},
+        {kvr_policy_scorer(cfg->policy) != NULL, "router_selection_policy"},
     };
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
         if (!checks[i].ok) {
@@ -229,6 +230,7 @@ const char *kvr_select_why_name(kvr_select_why_t why)
 
 typedef struct ctx {
     kvr_select_config_t cfg; /* merged with the request's override */
+    const kvr_policy_t *scorer; /* cfg.policy's (core/policy_<name>.c) */
     const kvr_select_request_t *req;
     kvr_select_explain_t *explain; /* caller's, or NULL */
     double bs;
@@ -325,29 +327,14 @@ static void cost_terms(const ctx_t *x, const kvr_select_candidate_t *c, kvr_sele
     t->step_wait_blocks = 0;
     t->decode_cost_blocks = (double)c->potential_decode_blocks;
     t->active_request_cost = k->decode_active_request_weight * c->active_requests;
-    if (k->policy == KVR_SELECT_POLICY_LMETRIC) {
-        t->prefill_cost = t->adjusted_prefill_blocks;
-        t->logit = t->adjusted_prefill_blocks * (t->decode_cost_blocks + 1.0);
-    } else if (k->decode_pool && !x->req->track_prefill_tokens && k->overlap_score_credit > 0) {
+    if (x->scorer->decode_pool_rule && k->decode_pool && !x->req->track_prefill_tokens &&
+        k->overlap_score_credit > 0) {
+        /* 5.4: a decode pool told no prefill is coming prices decode blocks, less cached */
         t->prefill_cost = 0;
         t->logit = fmax(t->decode_cost_blocks - t->overlap_credit_blocks, 0.0) +
                    t->active_request_cost;
-    } else if (k->policy == KVR_SELECT_POLICY_LOCALITY) {
-        /* a cached block counts twice: it saves its prefill now and keeps its prefix where
-         * the next request with it will look; but the prefill term never falls below a tenth
-         * of what the worker really has to prefill plus one block, so among workers that all
-         * hold most of the prompt the load still decides. The engine step under way delays
-         * the prefill by the same time whatever the prompt: its wait is priced in blocks */
-        double real = t->adjusted_prefill_blocks;
-        t->step_wait_blocks = k->step_wait_weight * c->step_wait_ms;
-        t->adjusted_prefill_blocks =
-            fmax(t->raw_prefill_blocks - 2.0 * t->overlap_credit_blocks, 0.1 * real + 1.0) +
-            t->step_wait_blocks;
-        t->prefill_cost = t->adjusted_prefill_blocks;
-        t->logit = t->adjusted_prefill_blocks * (t->decode_cost_blocks + 1.0);
     } else {
-        t->prefill_cost = k->prefill_load_scale * t->adjusted_prefill_blocks;
-        t->logit = t->prefill_cost + t->decode_cost_blocks + t->active_request_cost;
+        x->scorer->score(k, c, t);
     }
     t->preferred_weight = preferred_weight(x->req, c);
     t->bias = tanh(t->preferred_weight);
@@ -620,6 +607,7 @@ int kvr_select(const kvr_select_config_t *cfg, const kvr_select_request_t *req, 
         rc = check_request(req, out);
     if (rc != KVR_OK)
         return rc;
+    x.scorer = kvr_policy_scorer(x.cfg.policy); /* validated: never NULL */
     uint64_t blocks = req->request_blocks;
     if (blocks == 0)
         blocks = req->isl_tokens / req->block_size + (req->isl_tokens % req->block_size != 0);
