@@ -277,6 +277,12 @@ typedef struct kvr_route_req {
     bool has_allowed;
     const uint64_t *allowed_ids;
     size_t n_allowed;
+    /* Workers already tried (a retry after a failed attempt, as h2o's balancers take the
+     * tried set): none of their ranks is picked, as if outside allowed_ids (a pinned one is
+     * refused as one outside them is; a session's is not taken). Any order, repeats allowed;
+     * meant to be short (each rank scans it). NULL with n_exclude > 0: KVR_EINVAL. */
+    const uint64_t *exclude_ids;
+    size_t n_exclude;
     bool has_pinned;
     kvr_worker_t pinned;
     double priority_jump;

@@ -1240,11 +1240,21 @@ typedef struct pick_ctx {
     const kvr_route_req_t *q;
 } pick_ctx_t;
 
+static bool excluded(const kvr_route_req_t *q, uint64_t id)
+{
+    for (size_t i = 0; i < q->n_exclude; i++)
+        if (q->exclude_ids[i] == id)
+            return true;
+    return false;
+}
+
 static bool passes_filters(const kvr_router_t *r, const kvr_route_req_t *q, size_t i)
 {
     const kvr_select_candidate_t *c = &r->cands[i];
     return !c->fenced && !c->unfit && has_taints(c, q) &&
-           (!q->has_allowed || sorted_contains(q->allowed_ids, q->n_allowed, c->worker.worker_id));
+           (!q->has_allowed ||
+            sorted_contains(q->allowed_ids, q->n_allowed, c->worker.worker_id)) &&
+           !excluded(q, c->worker.worker_id);
 }
 
 static bool pick_eligible(const void *ctx, size_t i)
@@ -1343,6 +1353,8 @@ static int decide(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         .has_allowed = q->has_allowed,
         .allowed_ids = q->allowed_ids,
         .n_allowed = q->n_allowed,
+        .exclude_ids = q->exclude_ids,
+        .n_exclude = q->n_exclude,
         .required_taints = q->required_taints,
         .n_required = q->n_required,
         .preferred_taints = q->preferred_taints,
@@ -1470,6 +1482,9 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         rc = KVR_ETOOBIG;
     } else if (q->session_id_len > KVR_SESSION_MAX_ID) {
         res->error_field = "session_id: longer than 128 bytes";
+        rc = KVR_EINVAL;
+    } else if (q->n_exclude > 0 && q->exclude_ids == NULL) {
+        res->error_field = "exclude_ids: NULL with n_exclude > 0";
         rc = KVR_EINVAL;
     } else {
         rc = resolve_pool(r, q, &res->error_field);

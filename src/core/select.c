@@ -224,6 +224,8 @@ const char *kvr_select_why_name(kvr_select_why_t why)
         return "busy";
     case KVR_SELECT_NOT_PINNED:
         return "not_pinned";
+    case KVR_SELECT_EXCLUDED:
+        return "excluded";
     }
     return "unknown";
 }
@@ -253,6 +255,14 @@ static bool id_allowed(const kvr_select_request_t *r, uint64_t id)
     return lo < r->n_allowed && r->allowed_ids[lo] == id;
 }
 
+static bool id_excluded(const kvr_select_request_t *r, uint64_t id)
+{
+    for (size_t i = 0; i < r->n_exclude; i++)
+        if (r->exclude_ids[i] == id)
+            return true;
+    return false;
+}
+
 static bool has_taint(const kvr_select_candidate_t *c, const char *taint)
 {
     for (size_t i = 0; i < c->n_taints; i++)
@@ -269,6 +279,8 @@ static kvr_select_why_t filter(const kvr_select_request_t *r, const kvr_select_c
         return KVR_SELECT_OTHER_MODEL;
     if (!id_allowed(r, c->worker.worker_id))
         return KVR_SELECT_NOT_ALLOWED;
+    if (id_excluded(r, c->worker.worker_id))
+        return KVR_SELECT_EXCLUDED;
     for (size_t i = 0; i < r->n_required; i++)
         if (!has_taint(c, r->required_taints[i]))
             return KVR_SELECT_MISSING_TAINT;
@@ -468,6 +480,8 @@ static int check_request(const kvr_select_request_t *r, kvr_select_result_t *out
     for (size_t i = 1; i < r->n_allowed; i++)
         if (r->allowed_ids[i] < r->allowed_ids[i - 1])
             return bad(out, "allowed_worker_ids");
+    if (r->n_exclude > 0 && r->exclude_ids == NULL)
+        return bad(out, "exclude_ids");
     if (r->n_required > 0 && r->required_taints == NULL)
         return bad(out, "required_taints");
     for (size_t i = 0; i < r->n_required; i++)
@@ -537,6 +551,7 @@ static int pinned_status(const kvr_select_request_t *r, size_t *idx)
         return KVR_ENOWORKER;
     case KVR_SELECT_MISSING_TAINT:
     case KVR_SELECT_NOT_ALLOWED:
+    case KVR_SELECT_EXCLUDED:
     case KVR_SELECT_OTHER_MODEL:
         return KVR_ENOTALLOWED;
     case KVR_SELECT_BUSY:

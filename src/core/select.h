@@ -71,6 +71,8 @@ typedef struct kvr_select_request {
     bool has_allowed;                  /* false: every worker id is allowed */
     const uint64_t *allowed_ids;       /* ascending (repeats allowed) */
     size_t n_allowed;
+    const uint64_t *exclude_ids;       /* worker ids tried already: never picked; any order */
+    size_t n_exclude;
     const char *const *required_taints;/* a worker must carry all of them */
     size_t n_required;
     const kvr_taint_weight_t *preferred_taints;
@@ -89,6 +91,7 @@ typedef enum kvr_select_why {
     KVR_SELECT_BUSY = 4,          /* eligible but for load */
     KVR_SELECT_NOT_PINNED = 5,    /* eligible, but another rank is pinned or preferred */
     KVR_SELECT_OTHER_MODEL = 6,   /* serves another model, or lacks the request's adapter */
+    KVR_SELECT_EXCLUDED = 7,      /* in exclude_ids (tried already) */
 } kvr_select_why_t;
 
 const char *kvr_select_why_name(kvr_select_why_t why);
