@@ -80,8 +80,7 @@ static void unmake(fx_t *f)
 static void engine_stores(fx_t *f, uint64_t id, size_t n_blocks)
 {
     uint64_t lbh[64], seq[64];
-    assert_int_equal(kvr_hash_prompt(toks, n_blocks * BS, BS, NULL, lbh, seq, 64),
-                     (long)n_blocks);
+    assert_int_equal(kvr_hash_prompt(toks, n_blocks * BS, BS, NULL, lbh, seq, 64), (long)n_blocks);
     kvr_block_t b[64];
     for (size_t i = 0; i < n_blocks; i++)
         b[i] = (kvr_block_t){.ext = seq[i] ^ id, .lbh = lbh[i]};
@@ -238,16 +237,13 @@ static void test_sched_copies_tried(void **st)
     uint64_t *tried = malloc(2 * sizeof *tried);
     tried[0] = 1;
     tried[1] = 2;
-    kvr_route_req_t q = {.tokens = toks,
-                         .n_tokens = 64,
-                         .update_state = true,
-                         .exclude_ids = tried,
-                         .n_exclude = 2};
+    kvr_route_req_t q = {
+        .tokens = toks, .n_tokens = 64, .update_state = true, .exclude_ids = tried, .n_exclude = 2};
     kvr_route_res_t res, done = {0};
     kvr_ticket_t t;
     kvr_place_t p = {.q = &q, .copy = true, .done = on_done, .arg = &done};
     assert_int_equal(kvr_sched_place(s, &p, 1000, &res, &t), KVR_OK);
-    assert_true(t != 0); /* waits for its workers */
+    assert_true(t != 0);     /* waits for its workers */
     tried[0] = tried[1] = 3; /* the caller's array changes (then goes) */
     free(tried);
     for (uint64_t id = 1; id <= 3; id++)
