@@ -1,11 +1,15 @@
 /*
- * router.c: the routing decision (see router.h).
+ * router.c: the routing decision (see router.h): hash, look up, project load, decide (through
+ * the policy table, core/policy.h), book; the request lifecycle. The workers and their ranks
+ * are the registry's (core/registry.h).
  *
- * Invariants: the rank table (cands, rank_widx, rmap) lists exactly the ranks
- * [dp_start, dp_start + dp_size) of every registered worker, in registration order, and is
- * rebuilt whenever the registry changes; per-request fields of cands are rewritten by every
- * route before use. The load tracker holds requests only for registered workers (removal
- * frees them).
+ * Invariants: the registry's (its rank table lists every registered rank); per-request fields
+ * of the rank table are rewritten by every route before use; a decision names an eligible
+ * rank of the table (asserted); picker is set exactly in the load-only modes. The load tracker
+ * holds requests only for registered workers (removal frees them).
+ * Ownership: the router owns its registry, load tracker, sessions, recorder and scratch; it
+ * borrows the index. Threads: one (the caller's; see router.h). Cost: router.h's (hashing and
+ * lookup O(prompt blocks), candidates and decision O(ranks)); add / remove worker O(ranks).
  * Time: the router reads no clock. Decisions take now_ms from the caller; where a decision's
  * time went (kvr_route_timing_t) is measured with the caller's clock (kvr_router_set_clock),
  * never used to decide.
@@ -23,7 +27,6 @@
 #include <sys/random.h>
 
 #include "base/grow.h"
-#include "base/namelist.h"
 #include "core/approx.h"
 #include "core/endpoint.h"
 #include "core/load.h"
@@ -181,6 +184,8 @@ kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, in
     r->ix = needs_index ? ix : NULL; /* credit 0: overlaps are 0, as with no indexer */
     kvr_rng_seed(&r->rng, seed_of(cfg->seed));
     r->picker = kvr_policy_picker(rc_cfg.router_mode);
+    assert((r->picker != NULL) ==
+           (rc_cfg.router_mode != KVR_MODE_KV && rc_cfg.router_mode != KVR_MODE_APPROX));
     kvr_lookup_init(&r->lk);
     int rc = setup_select(r, err, err_len);
     if (rc == KVR_OK)
@@ -968,6 +973,8 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         rc = decide(r, q, now_ms, &sel);
         if (rc == KVR_EINVAL)
             res->error_field = sel.field;
+        assert(rc != KVR_OK || (sel.index < r->reg.n_ranks && !r->reg.cands[sel.index].fenced &&
+                                !r->reg.cands[sel.index].busy));
     }
     uint64_t t3 = clock_ns(r);
     if (rc == KVR_OK) {

@@ -32,6 +32,7 @@
  * (eligibility, cost and extremes, softmax sum, softmax draw), recomputing rather than storing
  * the costs when there is no explain array.
  */
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -352,6 +353,7 @@ static void cost_terms(const ctx_t *x, const kvr_select_candidate_t *c, kvr_sele
     t->bias = tanh(t->preferred_weight);
     t->cost = t->logit * exp(-t->bias);
     t->probability = 0;
+    assert(t->cost >= 0); /* validated config: no NaN, nothing negative (+Inf on overflow) */
 }
 
 /* Eligibility and cost of candidate i, from the explain array when there is one. */
@@ -646,6 +648,7 @@ int kvr_select(const kvr_select_config_t *cfg, const kvr_select_request_t *req, 
     if (out->n_eligible == 0)
         return out->n_busy > 0 ? KVR_EBUSY : KVR_ENOWORKER;
     idx = x.cfg.temperature > 0 ? pick_softmax(&x, rng) : pick_min(&x, rng);
+    assert(idx < req->n_cands && filter(req, &req->cands[idx]) == KVR_SELECT_ELIGIBLE);
     fill_result(&x, idx, false, out);
     return KVR_OK;
 }
