@@ -14,10 +14,7 @@
  *                sync can publish local events and apply a peer's without echoing them, and
  *                the HTTP layer can keep its histograms
  *
- * Where the next features plug in: disaggregated serving places a request twice (a prefill
- * pool, then a decode pool) and frees both bookings by their handles; replica sync is an
- * observer that publishes KVR_SCHED_ORIGIN_LOCAL events and calls kvr_sched_apply with
- * KVR_SCHED_ORIGIN_PEER for a peer's.
+ * How disaggregated serving and replica sync use it: docs/architecture.md (sched.c).
  *
  * Ownership: the scheduler borrows the router (which must outlive it) and owns its queue and
  * the copies of queued requests it was asked to copy (kvr_place_t.copy). A request placed
