@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/rng.h"
 #include "bench.h"
 
 /* ---- PRNG: splitmix64 seeds xoshiro256** (Blackman & Vigna) ------------------------------ */
@@ -19,11 +20,7 @@ uint64_t kvr_bench_mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-uint64_t kvr_bench_splitmix64(uint64_t *state)
-{
-    *state += 0x9e3779b97f4a7c15ULL;
-    return kvr_bench_mix64(*state);
-}
+uint64_t kvr_bench_splitmix64(uint64_t *state) { return kvr_splitmix64(state); }
 
 void kvr_bench_rng_seed(kvr_bench_rng_t *r, uint64_t seed)
 {

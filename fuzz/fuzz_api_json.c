@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/select.h"
 #include "kvrouter.h"
 #include "wire/api_json.h"
 #include "wire/json_writer.h"

@@ -4,6 +4,7 @@
  * (--router-temperature 0.5), the environment (KVR_ROUTER_TEMPERATURE=0.5) and a config file
  * of `name = value` lines. Every value is validated when set and the whole struct again before
  * start-up (cross-field rules); an error names the field and the problem.
+ * Ownership: the caller's struct, no allocation. Threads: any (pure). Cost: O(fields).
  */
 #ifndef KVR_CONFIG_H
 #define KVR_CONFIG_H
@@ -12,7 +13,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvrouter.h"
+#include "kvrouter/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 #define KVR_CONFIG_DEFAULT_TREE_SIZE 1048576u /* router_max_tree_size's default */
 
@@ -31,6 +36,24 @@ typedef enum kvr_disagg_policy {
     KVR_DISAGG_ISL_OR_LOAD,
 } kvr_disagg_policy_t;
 
+/* The selection policy of the cache-aware modes (kv, approx): how a candidate's cost is
+ * computed (docs/sim.md compares them; core/policy_<name>.c implements each). */
+typedef enum kvr_select_policy {
+    KVR_SELECT_POLICY_DYNAMO = 0,   /* the reference's: prefill_load_scale * adjusted prefill +
+                                       decode (+ requests) */
+    KVR_SELECT_POLICY_LMETRIC = 1,  /* adjusted prefill * (decode + 1) */
+    KVR_SELECT_POLICY_LOCALITY = 2, /* lmetric with cached device blocks credited twice (the
+                                       router's default: docs/sim.md) */
+} kvr_select_policy_t;
+
+/* The order of the queue of requests waiting while every worker is busy (reference 5.7). */
+typedef enum kvr_queue_order {
+    KVR_QUEUE_ORDER_FCFS = 0, /* max(priority_jump, 0) - arrival_offset_secs */
+    KVR_QUEUE_ORDER_WSPT = 1, /* (1 + max(priority_jump, 0)) / cost_tokens */
+    KVR_QUEUE_ORDER_LCFS = 2, /* max(priority_jump, 0) + arrival_offset_secs */
+} kvr_queue_order_t;
+
+/* How the router picks (core/policy_<name>.c, one file each). */
 typedef enum kvr_router_mode {
     KVR_MODE_KV = 0,
     KVR_MODE_ROUND_ROBIN,
@@ -41,11 +64,13 @@ typedef enum kvr_router_mode {
 
 /* An optional number: `set` false means "unset" (the feature is off). */
 typedef struct kvr_opt_f64 {
+    /* public */
     bool set;
     double v;
 } kvr_opt_f64_t;
 
 typedef struct kvr_router_config {
+    /* public: every field, set by name (kvr_config_set) or directly */
     /* hashing and index */
     uint32_t block_size;          /* tokens per KV block; must equal the engines' */
     uint64_t index_max_pairs;     /* budget of (worker, block) pairs in the prefix index */
@@ -157,7 +182,7 @@ typedef struct kvr_router_config {
     kvr_opt_f64_t disagg_load_threshold; /* load policy: prefill tokens in flight on the chosen
                                             prefill worker at which it counts as busy; unset =
                                             the busy thresholds decide */
-    uint64_t seed;                /* random tie-breaks and sampling; 0 = from the clock */
+    uint64_t seed;                /* random tie-breaks and sampling; 0 = random */
 } kvr_router_config_t;
 
 /* Fills every field with its default. */
@@ -203,4 +228,7 @@ size_t kvr_config_help(char *out, size_t out_len);
 /* True when name (any accepted form) is a config field. */
 bool kvr_config_has(const char *name);
 
+#ifdef __cplusplus
+}
 #endif
+#endif /* KVR_CONFIG_H */

@@ -1,8 +1,8 @@
 /*
  * router.h: the routing decision, composed from the core modules: the worker registry, block
  * hashing, the prefix index (read side), the load tracker, the selector and, in approximate
- * mode, the routing-decision recorder. No I/O (but getrandom(2) for the ids it generates), no
- * threads of its own: `kvrouter serve` calls it from its HTTP thread; a simulator can call it
+ * mode, the routing-decision recorder. No I/O (but getrandom(2) for the ids it generates and
+ * a seed 0), no clock (time is passed in), no threads of its own: `kvrouter serve` calls it from its HTTP thread; a simulator can call it
  * in virtual time.
  *
  * Ownership: the router borrows the index (created and written by the caller's ingest thread;
@@ -16,7 +16,7 @@
  *
  * Embedding, in order (examples/embed.c does each step):
  *   kvr_config_defaults + kvr_config_set     the settings, validated by name
- *   kvr_index_new (<kvrouter.h>)             the prefix index; kvr_index_apply feeds it the
+ *   kvr_index_new (kvrouter/index.h)         the prefix index; kvr_index_apply feeds it the
  *                                            engines' KV events (from any one thread)
  *   kvr_router_new, kvr_router_add_worker    the router over it, its workers
  *   kvr_router_route                         one decision (and booking) per request
@@ -32,7 +32,13 @@
 #include <stdint.h>
 
 #include "kvrouter/config.h"
-#include "kvrouter.h"
+#include "kvrouter/hash.h"
+#include "kvrouter/index.h"
+#include "kvrouter/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 #define KVR_MAX_TAINTS 8
 #define KVR_TAINT_BYTES 64
@@ -40,6 +46,75 @@
 #define KVR_MODEL_BYTES 256  /* a model name, with its NUL */
 #define KVR_LORAS_BYTES 1024 /* a worker's adapters, ';'-separated, with the NUL */
 #define KVR_MAX_DP_SIZE 256
+
+/* ---- bookings: the load tracker's vocabulary (core/load.c) ---- */
+
+#define KVR_LOAD_MAX_ID_BYTES 256u /* a request id: 1 to 256 bytes */
+
+typedef struct kvr_load kvr_load_t; /* the load tracker (opaque here) */
+
+/* A per-request setting that overrides the tracker's configuration, or leaves it (0). */
+typedef enum kvr_load_opt { KVR_LOAD_CONFIG = 0, KVR_LOAD_ON, KVR_LOAD_OFF } kvr_load_opt_t;
+
+/* A request being admitted on a worker (a booking). Borrowed for the call. */
+typedef struct kvr_load_request {
+    /* public */
+    const char *id;
+    size_t id_len;
+    kvr_worker_t worker;
+    const uint64_t *seq;            /* the prompt's sequence hashes; NULL/0 when not tracked */
+    size_t n_seq;
+    uint64_t isl_tokens;            /* prompt length in tokens */
+    uint64_t cached_tokens;         /* cached on this worker: prefill = isl - min(cached, isl) */
+    bool has_expected_output_tokens;
+    uint32_t expected_output_tokens;
+    uint32_t block_size;                 /* of its prompt's blocks; 0 = the tracker's */
+    kvr_load_opt_t assume_kv_reuse;      /* off: its blocks never dedup with others' */
+    kvr_load_opt_t track_prefill_tokens; /* off: its prompt is not counted as prefill load */
+    bool peer;                           /* another replica's booking (max_peer_requests) */
+} kvr_load_request_t;
+
+/* Names a live request without its id: (generation << 32 | slot), never 0. Once the request
+ * is freed (or expires, or its worker is removed) the slot's generation changes, so a stale
+ * handle never names a later request: the _h calls answer KVR_ENOTFOUND for it. */
+typedef uint64_t kvr_req_handle_t;
+#define KVR_REQ_HANDLE_NONE UINT64_C(0)
+
+/* One candidate: the caller fills worker and cached_tokens; the tracker fills the rest. */
+typedef struct kvr_load_projection {
+    /* public (in) */
+    kvr_worker_t worker;
+    uint64_t cached_tokens;             /* the query's cached tokens on this worker (5.2) */
+    /* read-only (out) */
+    uint64_t potential_prefill_tokens;  /* active_prefill_tokens + isl - min(cached, isl) */
+    uint64_t potential_decode_blocks;   /* active_blocks + n_seq - overlap_blocks */
+    uint64_t active_prefill_tokens;
+    uint64_t active_blocks;
+    uint64_t overlap_blocks;            /* leading query blocks already active on the worker */
+    uint32_t active_requests;
+} kvr_load_projection_t;
+
+/* ---- per-request selection settings (core/select.c) ---- */
+
+/* Per-request override (reference 5.6): each field applies only when its has_ flag is set.
+ * overlap_score_weight is the deprecated spelling: non-zero sets prefill_load_scale, zero sets
+ * both prefill_load_scale and overlap_score_credit to 0; it takes precedence. assume_kv_reuse
+ * and track_prefill_tokens also change what the load tracker books, so the router resolves them
+ * itself (what the selector is told). */
+typedef struct kvr_select_override {
+    /* public */
+    bool has_overlap_score_credit, has_prefill_load_scale, has_temperature;
+    bool has_shared_cache_multiplier, has_overlap_score_weight;
+    double overlap_score_credit, prefill_load_scale, temperature;
+    double shared_cache_multiplier, overlap_score_weight;
+} kvr_select_override_t;
+
+/* A preferred taint and its weight (any finite value; negative weights repel). */
+typedef struct kvr_taint_weight {
+    /* public */
+    const char *taint;
+    double weight;
+} kvr_taint_weight_t;
 
 /* What a worker does in a disaggregated fleet. A prefill worker computes prompts' KV and
  * hands it to a decode worker; it never serves a whole request. "both" (the default) serves
@@ -56,6 +131,7 @@ int kvr_worker_role_parse(const char *s, size_t len, kvr_worker_role_t *out);
 
 /* A worker as operators describe it (command line or POST /v1/workers). */
 typedef struct kvr_worker_spec {
+    /* public */
     uint64_t worker_id;
     char url[KVR_ADDR_BYTES];    /* OpenAI-compatible base URL, probed on /health; "" = none */
     char events[KVR_ADDR_BYTES]; /* ZMQ PUB address; "" = no KV events from this worker */
@@ -102,6 +178,7 @@ typedef enum kvr_rank_state {
 const char *kvr_rank_state_name(kvr_rank_state_t s);
 
 typedef struct kvr_rank_status {
+    /* public */
     kvr_rank_state_t state;
     bool started;
     uint64_t last_seq;
@@ -147,6 +224,7 @@ int kvr_router_set_learned_loras(kvr_router_t *r, uint64_t worker_id, const char
 const char *kvr_router_learned_loras(const kvr_router_t *r, uint64_t worker_id);
 /* Sticky sessions' counters (core/session.c; all 0 with sessions off). */
 typedef struct kvr_session_stats {
+    /* read-only */
     uint64_t live;    /* gauge */
     uint64_t hits;    /* requests that went to their session's bound rank */
     uint64_t rebinds; /* requests of a bound session that went elsewhere (rank gone/busy) */
@@ -180,6 +258,7 @@ typedef enum kvr_pool {
 
 /* One routing request (the decoded body of POST /v1/route). Borrowed for the call. */
 typedef struct kvr_route_req {
+    /* public */
     const uint32_t *tokens;
     size_t n_tokens;
     const char *request_id; /* NULL = the router names it */
@@ -198,6 +277,12 @@ typedef struct kvr_route_req {
     bool has_allowed;
     const uint64_t *allowed_ids;
     size_t n_allowed;
+    /* Workers already tried (a retry after a failed attempt, as h2o's balancers take the
+     * tried set): none of their ranks is picked, as if outside allowed_ids (a pinned one is
+     * refused as one outside them is; a session's is not taken). Any order, repeats allowed;
+     * meant to be short (each rank scans it). NULL with n_exclude > 0: KVR_EINVAL. */
+    const uint64_t *exclude_ids;
+    size_t n_exclude;
     bool has_pinned;
     kvr_worker_t pinned;
     double priority_jump;
@@ -259,12 +344,15 @@ kvr_disagg_bypass_t kvr_router_disagg_bypass(kvr_router_t *r, const kvr_route_re
  * fewer). */
 size_t kvr_router_n_blocks(const kvr_router_t *r, const kvr_route_req_t *q);
 
-/* Where each part of the decision's time went (for /metrics). */
+/* Where each part of the decision's time went (for /metrics), measured with the clock given
+ * to kvr_router_set_clock (all 0 without one: the library reads no clock itself). */
 typedef struct kvr_route_timing {
+    /* read-only */
     uint64_t hash_ns, lookup_ns, select_ns, total_ns;
 } kvr_route_timing_t;
 
 typedef struct kvr_route_res {
+    /* read-only */
     char request_id[KVR_LOAD_MAX_ID_BYTES + 1];
     kvr_worker_t worker;
     uint32_t overlap_blocks;      /* round(effective overlap blocks) */
@@ -327,6 +415,7 @@ void kvr_router_tick(kvr_router_t *r, uint64_t now_ms);
  * index hands each booked decision (its prompt's local block hashes and their chained
  * sequence hashes, valid during the call) to the sink, on the router's thread. */
 typedef struct kvr_decision {
+    /* read-only */
     kvr_worker_t worker;
     const uint64_t *lbh, *seq;
     size_t n;
@@ -336,6 +425,7 @@ typedef struct kvr_decision {
 } kvr_decision_t;
 typedef void (*kvr_decision_fn)(void *arg, const kvr_decision_t *d);
 typedef struct kvr_decision_sink {
+    /* public */
     kvr_decision_fn fn;
     void *arg;
 } kvr_decision_sink_t;
@@ -350,6 +440,7 @@ int kvr_router_record(kvr_router_t *r, kvr_worker_t w, const uint64_t *lbh, cons
 
 /* Per rank: what the index says of a prompt (POST /v1/query), every known rank listed. */
 typedef struct kvr_rank_score {
+    /* read-only */
     kvr_worker_t worker;
     uint32_t device_blocks, host_blocks, disk_blocks;
     uint64_t cached_tokens;
@@ -363,11 +454,17 @@ int kvr_router_loads(kvr_router_t *r, const kvr_route_req_t *req, kvr_load_proje
                      size_t cap, size_t *n);
 
 typedef struct kvr_router_stats {
+    /* read-only */
     uint64_t routed, rejected_busy, rejected_noworker, rejected_invalid, rejected_duplicate;
     uint64_t rejected_full, rejected_too_big, queries;
     uint64_t hash_ns, lookup_ns, select_ns; /* totals */
 } kvr_router_stats_t;
 void kvr_router_stats(const kvr_router_t *r, kvr_router_stats_t *out);
+/* A monotonic clock in nanoseconds (any origin), the caller's. */
+typedef uint64_t (*kvr_clock_fn)(void);
+/* The clock kvr_route_timing_t is measured with; NULL (the default) = no timings. The router
+ * never decides by it. */
+void kvr_router_set_clock(kvr_router_t *r, kvr_clock_fn now_ns);
 const kvr_load_t *kvr_router_load(const kvr_router_t *r);
 /* The configuration in effect: the caller's, with kvr_config_resolve applied. */
 const kvr_router_config_t *kvr_router_config(const kvr_router_t *r);
@@ -375,4 +472,7 @@ const kvr_router_config_t *kvr_router_config(const kvr_router_t *r);
  * approximate mode the router itself writes it, on the router's thread. */
 kvr_index_t *kvr_router_index(kvr_router_t *r);
 
+#ifdef __cplusplus
+}
 #endif
+#endif /* KVR_ROUTER_H */

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "core/endpoint.h"
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 #include "base/log.h"
 #include "wire/api_json.h"
 #include "wire/json_writer.h"

@@ -13,9 +13,10 @@
 #include <event2/http.h>
 
 #include "api/api.h"
+#include "core/load.h"
 #include "base/log.h"
 #include "base/stats.h"
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 #include "fleet/fleet.h"
 #include "http/host.h"
 #include "http/reply.h"
@@ -40,7 +41,7 @@ struct kvr_api {
     kvr_json_writer_t *w; /* rep's writer: the bodies */
     kvr_router_t *r;
     kvr_ingest_t *g;    /* NULL without KV events */
-    kvr_sched_t *sched; /* places, queues and tracks requests (core/sched.h) */
+    kvr_sched_t *sched; /* places, queues and tracks requests (kvrouter/sched.h) */
     bool observing;     /* the scheduler's events */
     kvr_router_config_t cfg;
     kvr_api_decoder_t *dec;

@@ -22,7 +22,7 @@
 #include "base/secret.h"
 #include "cluster/cluster.h"
 #include "core/endpoint.h"
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 #include "events/ingest.h"
 #include "fleet/fleet.h"
 #include "frontend/frontend.h"
@@ -358,6 +358,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
         fprintf(stderr, "kvrouter serve: %s\n", err);
         return st;
     }
+    kvr_router_set_clock(d->r, kvr_now_ns); /* the decision timings of /metrics */
     kvr_sched_config_t sc;
     kvr_sched_config_from(&sc, c);
     const char *field;

@@ -5,8 +5,7 @@
 #include <string.h>
 
 #include "apps/apps.h"
-
-#define KVR_VERSION "0.1.0"
+#include "kvrouter.h"
 
 typedef struct subcommand {
     const char *name;
@@ -54,7 +53,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("kvrouter %s\n", KVR_VERSION);
+        printf("kvrouter %s\n", KVR_VERSION_STRING);
         return 0;
     }
     for (size_t i = 0; i < sizeof SUBCOMMANDS / sizeof SUBCOMMANDS[0]; i++) {

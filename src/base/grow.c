@@ -4,7 +4,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "kvrouter.h"
+#include "kvrouter/status.h"
 
 int kvr_grow(void **buf, size_t *cap, size_t need, size_t max, size_t elem)
 {

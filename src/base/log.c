@@ -14,13 +14,6 @@ static kvr_log_level_t min_level = KVR_LOG_INFO;
 
 void kvr_log_set_level(kvr_log_level_t level) { min_level = level; }
 
-uint64_t kvr_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static void vlog(kvr_log_level_t level, const char *suffix, const char *fmt, va_list ap)
 {
     static const char *const names[] = {"debug", "info", "warn", "error"};

@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include "base/clock.h"
+
 typedef enum kvr_log_level { KVR_LOG_DEBUG = 0, KVR_LOG_INFO, KVR_LOG_WARN, KVR_LOG_ERROR } kvr_log_level_t;
 
 void kvr_log_set_level(kvr_log_level_t level);
@@ -28,6 +30,6 @@ typedef struct kvr_ratelimit {
 void kvr_log_limited(kvr_ratelimit_t *rl, kvr_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-uint64_t kvr_now_ms(void); /* CLOCK_MONOTONIC milliseconds */
+/* kvr_now_ms lives in base/clock.h (included here for the callers that found it here). */
 
 #endif

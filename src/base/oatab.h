@@ -40,7 +40,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "kvrouter.h"
+#include "kvrouter/status.h"
 
 /* The tables' hash finalizer (MurmurHash3's fmix64): a full-avalanche mix of a 64-bit key,
  * so that keys differing in a few bits land in unrelated homes. */

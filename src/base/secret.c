@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kvrouter.h"
+#include "kvrouter/status.h"
 
 int kvr_secret_read(const char *field, const char *path, char out[KVR_SECRET_MAX], char *err,
                     size_t err_len)

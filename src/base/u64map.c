@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "base/oatab.h"
-#include "kvrouter.h"
+#include "kvrouter/status.h"
 
 #define M_HOME(c, e) kvr_mix64((e)->key)
 #define M_EMPTY(e) (!(e)->used)

@@ -8,7 +8,7 @@
 
 #include <stdio.h>
 
-#include "kvrouter.h"
+#include "kvrouter/status.h"
 
 #define KVR_VERIFY_FAIL(...)                                                                    \
     do {                                                                                        \

@@ -36,6 +36,7 @@
 
 #include "base/grow.h"
 #include "cluster/peer_reqs.h"
+#include "core/load.h"
 #include "kvrouter.h"
 #include "base/log.h"
 #include "wire/prom.h"

@@ -27,7 +27,7 @@
 
 #include <stdint.h>
 
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 #include "fleet/fleet.h"
 #include "http/host.h"
 #include "nats/nats_link.h"

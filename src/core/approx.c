@@ -39,7 +39,7 @@
 #include "base/grow.h"
 #include "base/oatab.h"
 #include "base/verify.h"
-#include "kvrouter.h"
+#include "core/approx.h"
 
 typedef struct timer {
     uint64_t seq;

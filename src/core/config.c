@@ -23,7 +23,6 @@
 
 #include "core/endpoint.h"
 #include "base/namelist.h"
-#include "kvrouter.h"
 
 typedef enum ftype {
     T_U32,
@@ -297,7 +296,7 @@ static const field_t FIELDS[] = {
      "remote_indexer over HTTP, approximate mode: file holding the indexer's admin key, sent "
      "with each routing decision it records; empty = remote_indexer_key_file's"},
     {"seed", T_U64, OFF(seed), 0, U64MAX, false, NULL, 0, "0",
-     "seed for random tie-breaks and sampling; 0 = from the clock"},
+     "seed for random tie-breaks and sampling; 0 = a random one"},
     {"frontend_max_retries", T_U32, OFF(frontend_max_retries), 0, 16, false, NULL, 0, "2",
      "OpenAI front end: other workers tried when an upstream refuses or fails before its first "
      "byte"},

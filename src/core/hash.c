@@ -17,7 +17,7 @@
 
 #include <string.h>
 
-#include "kvrouter.h"
+#include "kvrouter/hash.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define KVR_HOST_LE 1

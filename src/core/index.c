@@ -41,6 +41,7 @@
  * node; Cleared / remove-worker O(nodes).
  */
 #define _GNU_SOURCE /* pthread_rwlockattr_setkind_np: writers must not starve */
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -74,7 +75,8 @@
 #endif
 
 #include "base/oatab.h"
-#include "kvrouter.h"
+#include "kvrouter/hash.h"
+#include "kvrouter/index.h"
 #include "base/verify.h"
 
 #include "base/grow.h"
@@ -1770,6 +1772,7 @@ int kvr_index_apply(kvr_index_t *ix, const kvr_event_t *ev)
         break;
     }
     evict_to_budget(ix);
+    assert(ix->st.pairs <= ix->max_pairs && ix->st.nodes <= ix->max_pairs); /* the budget */
     if (ix->lq_len > 2 * ix->st.nodes + 1024)
         lq_compact(ix);
     atomic_store_explicit(&ix->tick, atomic_load_explicit(&ix->tick, memory_order_relaxed) + 1,

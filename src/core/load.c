@@ -65,7 +65,8 @@
 #include <string.h>
 
 #include "base/oatab.h"
-#include "kvrouter.h"
+#include "base/rng.h"
+#include "core/load.h"
 #include "base/verify.h"
 
 #define NONE UINT32_MAX
@@ -150,14 +151,6 @@ struct kvr_load {
 };
 
 /* ---- hashing and randomness ---- */
-
-static uint64_t splitmix(uint64_t *state)
-{
-    uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
 
 static size_t bhash(uint32_t wslot, uint64_t h) { return (size_t)kvr_mix64(h + kvr_mix64(wslot + 1)); }
 
@@ -448,7 +441,7 @@ static uint64_t fresh_hash(kvr_load_t *lt, uint32_t wslot)
 {
     uint64_t h;
     do
-        h = splitmix(&lt->rng);
+        h = kvr_splitmix64(&lt->rng);
     while (find_block(lt, wslot, h) != NULL);
     return h;
 }

@@ -23,11 +23,12 @@
  * allocates. Threads: one owner thread (the event loop); no locking. Time is passed in.
  * Cost: push, pop, remove, expire O(log n); peek, stats O(1); verify O(capacity).
  */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kvrouter.h"
+#include "core/queue.h"
 #include "base/verify.h"
 
 #define NIL UINT32_MAX
@@ -253,6 +254,16 @@ static double score_of(const kvr_queue_t *q, const kvr_queue_item_t *it, uint64_
     }
 }
 
+/* The O(1) part of the invariants (the rest is kvr_queue_verify's): the counters add up and
+ * the live count is the gauge, within capacity. Asserted after every change in debug builds. */
+#ifndef NDEBUG
+static bool counts_ok(const kvr_queue_t *q)
+{
+    return q->n == q->st.pending && q->n <= q->cfg.capacity &&
+           q->st.enqueued == q->st.dispatched + q->st.expired + q->st.cancelled + q->st.pending;
+}
+#endif
+
 static bool full(const kvr_queue_t *q)
 {
     return q->n >= q->max_requests || (q->max_isl != 0 && q->st.pending_isl_tokens >= q->max_isl);
@@ -290,6 +301,7 @@ int kvr_queue_push(kvr_queue_t *q, const kvr_queue_item_t *item, uint64_t now_ms
     q->st.pending++;
     q->st.pending_isl_tokens += item->isl_tokens;
     q->st.enqueued++;
+    assert(counts_ok(q));
     if (handle != NULL)
         *handle = handle_of(q, s);
     return KVR_OK;
@@ -309,6 +321,7 @@ int kvr_queue_pop(kvr_queue_t *q, kvr_queue_entry_t *out)
         return KVR_ENOTFOUND;
     take(q, q->heap[ORDER][0], out);
     q->st.dispatched++;
+    assert(counts_ok(q));
     return KVR_OK;
 }
 
@@ -321,6 +334,7 @@ int kvr_queue_remove(kvr_queue_t *q, kvr_queue_handle_t h, kvr_queue_entry_t *ou
         return KVR_ENOTFOUND;
     take(q, (uint32_t)s, out);
     q->st.cancelled++;
+    assert(counts_ok(q));
     return KVR_OK;
 }
 
@@ -333,6 +347,7 @@ int kvr_queue_expire(kvr_queue_t *q, uint64_t now_ms, kvr_queue_entry_t *out)
         return KVR_ENOTFOUND;
     take(q, s, out);
     q->st.expired++;
+    assert(counts_ok(q));
     return KVR_OK;
 }
 

@@ -1,44 +1,40 @@
 /*
- * router.c: the routing decision (see router.h).
+ * router.c: the routing decision (see router.h): hash, look up, project load, decide (through
+ * the policy table, core/policy.h), book; the request lifecycle. The workers and their ranks
+ * are the registry's (core/registry.h).
  *
- * Invariants: the rank table (cands, rank_widx, rmap) lists exactly the ranks
- * [dp_start, dp_start + dp_size) of every registered worker, in registration order, and is
- * rebuilt whenever the registry changes; per-request fields of cands are rewritten by every
- * route before use. The load tracker holds requests only for registered workers (removal
- * frees them).
- * Time: decisions take now_ms from the caller; the monotonic clock is read only to report where
- * a decision's time went (kvr_route_timing_t), never to decide.
+ * Invariants: the registry's (its rank table lists every registered rank); per-request fields
+ * of the rank table are rewritten by every route before use; a decision names an eligible
+ * rank of the table (asserted); picker is set exactly in the load-only modes. The load tracker
+ * holds requests only for registered workers (removal frees them).
+ * Ownership: the router owns its registry, load tracker, sessions, recorder and scratch; it
+ * borrows the index. Threads: one (the caller's; see router.h). Cost: router.h's (hashing and
+ * lookup O(prompt blocks), candidates and decision O(ranks)); add / remove worker O(ranks).
+ * Time: the router reads no clock. Decisions take now_ms from the caller; where a decision's
+ * time went (kvr_route_timing_t) is measured with the caller's clock (kvr_router_set_clock),
+ * never used to decide.
  * Memory: the registry and rank table grow with workers; the hashing and lookup scratch grows
  * to the largest prompt seen (bounded by router_max_prompt_tokens). No allocation per route
  * once warm.
  */
 #include "kvrouter/router.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 
-#include "core/endpoint.h"
 #include "base/grow.h"
-#include "base/namelist.h"
+#include "core/approx.h"
+#include "core/endpoint.h"
+#include "core/load.h"
+#include "core/policy.h"
+#include "core/registry.h"
+#include "core/select.h"
 #include "core/session.h"
 #include "core/stepclock.h"
-
-typedef struct rank {
-    kvr_rank_status_t st; /* what the ingest side reports */
-    kvr_stepclock_t clk;  /* its engine's steps */
-} rank_t;
-
-typedef struct wentry {
-    kvr_worker_spec_t spec;
-    const char *taint_ptrs[KVR_MAX_TAINTS];
-    bool fenced;
-    rank_t *rk;                    /* dp_size entries */
-    char learned[KVR_LORAS_BYTES]; /* adapters its engine lists (/v1/models), ';'-separated */
-} wentry_t;
 
 struct kvr_router {
     kvr_router_config_t cfg;
@@ -50,27 +46,10 @@ struct kvr_router {
     kvr_select_config_t sel;
     kvr_busy_thresholds_t busy, queue_busy;
     kvr_rng_t rng;
+    const kvr_policy_t *picker; /* the load-only modes' (policy.h); NULL: the selector picks */
 
-    wentry_t *w;
-    size_t n_w, cap_w;
-    bool *wfit;      /* per worker (cap_w): serves the request being routed (model, adapter) */
-    bool all_fit;    /* every worker serves it (wfit not consulted) */
-    size_t n_pooled; /* workers registered with a model or adapters (0: no pool logic) */
-    size_t n_prefill; /* workers of role prefill (0: no role logic) */
-    bool prefill_seen; /* a prefill worker was registered once (the pool left "pending") */
-    struct pool {    /* the request being routed: how its prompt is hashed (pool_of) */
-        uint32_t bs;
-        bool eagle;
-        const char *lora;
-        size_t lora_len;
-    } cur;
-
-    kvr_select_candidate_t *cands;
-    kvr_load_projection_t *proj;
-    uint32_t *rank_widx;
-    size_t n_ranks, cap_ranks;
-    uint32_t *rmap; /* (worker_id, rank) -> cand index + 1; 0 = empty */
-    size_t rmap_mask;
+    kvr_registry_t reg;  /* workers, ranks, pools (core/registry.h) */
+    kvr_pool_hash_t cur; /* the request being routed: how its prompt is hashed */
 
     uint64_t *lbh, *seq;               /* hashing scratch (cap_blocks) */
     const uint64_t *cur_lbh, *cur_seq; /* the request being routed: the scratch or its own */
@@ -79,303 +58,25 @@ struct kvr_router {
     uint64_t rr;
     kvr_router_stats_t st;
     kvr_load_request_t last; /* the last booking (replica sync); last.id NULL = none */
+    kvr_clock_fn clock;      /* the caller's, for kvr_route_timing_t; NULL = none */
 };
 
-static bool pooled(const struct wentry *w);
+/* The caller's clock, for the timings only (none: they read 0). */
+static uint64_t clock_ns(const kvr_router_t *r) { return r->clock != NULL ? r->clock() : 0; }
 
-static uint64_t mono_ns(void)
+/* seed 0: a random one (getrandom(2); the router reads no clock). */
+static uint64_t seed_of(uint64_t seed)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-const char *kvr_rank_state_name(kvr_rank_state_t s)
-{
-    static const char *const names[] = {"no_events", "exact", "recovering", "degraded", "error",
-                                        "unreachable"};
-    return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "unknown";
+    if (seed == 0 && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
+        seed = 1; /* no random source: a fixed stream rather than no router */
+    return seed;
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Worker specs */
 
-static int spec_err(char *err, size_t len, const char *fmt, const char *a, const char *b)
-{
-    if (err != NULL && len > 0)
-        snprintf(err, len, fmt, a, b);
-    return KVR_EINVAL;
-}
-
-static int parse_u64(const char *v, uint64_t *out)
-{
-    if (*v == '\0' || *v == '-' || *v == '+')
-        return -1;
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (*end != '\0')
-        return -1;
-    *out = (uint64_t)x;
-    return 0;
-}
-
-static int set_str(char *dst, size_t cap, const char *v, const char *key, char *err, size_t len)
-{
-    if (strlen(v) >= cap)
-        return spec_err(err, len, "worker %s: longer than the limit ('%.40s')", key, v);
-    memcpy(dst, v, strlen(v) + 1);
-    return KVR_OK;
-}
-
-static int set_taints(kvr_worker_spec_t *w, const char *v, char *err, size_t len)
-{
-    w->n_taints = 0;
-    while (*v != '\0') {
-        const char *semi = strchr(v, ';');
-        size_t n = semi ? (size_t)(semi - v) : strlen(v);
-        if (n == 0 || n >= KVR_TAINT_BYTES || w->n_taints == KVR_MAX_TAINTS)
-            return spec_err(err, len, "worker taints: at most 8 non-empty taints of < 64 bytes%s%s",
-                            "", "");
-        memcpy(w->taints[w->n_taints], v, n);
-        w->taints[w->n_taints++][n] = '\0';
-        v += n + (semi ? 1 : 0);
-    }
-    return KVR_OK;
-}
-
-static const char *const ROLE_NAMES[] = {"both", "prefill", "decode"};
-
-const char *kvr_worker_role_name(kvr_worker_role_t role)
-{
-    return (unsigned)role < 3 ? ROLE_NAMES[role] : "?";
-}
-
-int kvr_worker_role_parse(const char *s, size_t len, kvr_worker_role_t *out)
-{
-    for (unsigned i = 0; i < 3; i++)
-        if (strlen(ROLE_NAMES[i]) == len && memcmp(ROLE_NAMES[i], s, len) == 0) {
-            *out = (kvr_worker_role_t)i;
-            return KVR_OK;
-        }
-    return KVR_EINVAL;
-}
-
-static int spec_kv(kvr_worker_spec_t *w, const char *key, const char *v, bool *has_id, char *err,
-                   size_t len)
-{
-    uint64_t x;
-    if (strcmp(key, "role") == 0) {
-        if (kvr_worker_role_parse(v, strlen(v), &w->role) != KVR_OK)
-            return spec_err(err, len, "worker role: prefill, decode or both ('%s')%s", v, "");
-        return KVR_OK;
-    }
-    if (strcmp(key, "bootstrap_host") == 0)
-        return set_str(w->bootstrap_host, sizeof w->bootstrap_host, v, key, err, len);
-    if (strcmp(key, "bootstrap_port") == 0) {
-        if (parse_u64(v, &x) != 0 || x == 0 || x > 65535)
-            return spec_err(err, len, "worker bootstrap_port: an integer in [1, 65535] ('%s')%s", v,
-                            "");
-        w->bootstrap_port = (uint32_t)x;
-        return KVR_OK;
-    }
-    if (strcmp(key, "id") == 0 || strcmp(key, "worker_id") == 0) {
-        if (parse_u64(v, &w->worker_id) != 0)
-            return spec_err(err, len, "worker id: not an unsigned integer ('%s')%s", v, "");
-        *has_id = true;
-        return KVR_OK;
-    }
-    if (strcmp(key, "url") == 0)
-        return set_str(w->url, sizeof w->url, v, key, err, len);
-    if (strcmp(key, "events") == 0)
-        return set_str(w->events, sizeof w->events, v, key, err, len);
-    if (strcmp(key, "replay") == 0)
-        return set_str(w->replay, sizeof w->replay, v, key, err, len);
-    if (strcmp(key, "taints") == 0)
-        return set_taints(w, v, err, len);
-    if (strcmp(key, "model") == 0)
-        return set_str(w->model, sizeof w->model, v, key, err, len);
-    if (strcmp(key, "loras") == 0)
-        return set_str(w->loras, sizeof w->loras, v, key, err, len);
-    if (strcmp(key, "block_size") == 0) {
-        if (parse_u64(v, &x) != 0 || x == 0 || x > 65536)
-            return spec_err(err, len, "worker block_size: an integer in [1, 65536] ('%s')%s", v,
-                            "");
-        w->block_size = (uint32_t)x;
-        return KVR_OK;
-    }
-    if (strcmp(key, "eagle") == 0 || strcmp(key, "is_eagle") == 0) {
-        if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0)
-            w->eagle = true;
-        else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0)
-            w->eagle = false;
-        else
-            return spec_err(err, len, "worker eagle: true, false, 1 or 0 ('%s')%s", v, "");
-        return KVR_OK;
-    }
-    bool num = parse_u64(v, &x) == 0;
-    if (strcmp(key, "dp_size") == 0 && num && x <= UINT32_MAX)
-        w->dp_size = (uint32_t)x;
-    else if (strcmp(key, "dp_start") == 0 && num && x <= UINT32_MAX)
-        w->dp_start = (uint32_t)x;
-    else if (strcmp(key, "max_num_batched_tokens") == 0 && num)
-        w->max_num_batched_tokens = x;
-    else if ((strcmp(key, "total_kv_blocks") == 0 || strcmp(key, "num_blocks") == 0) && num)
-        w->total_kv_blocks = x;
-    else if (strcmp(key, "dp_size") == 0 || strcmp(key, "dp_start") == 0 ||
-             strcmp(key, "max_num_batched_tokens") == 0 || strcmp(key, "total_kv_blocks") == 0 ||
-             strcmp(key, "num_blocks") == 0)
-        return spec_err(err, len, "worker %s: not an unsigned integer ('%s')", key, v);
-    else
-        return spec_err(err, len, "worker: unknown key '%s'%s", key, "");
-    return KVR_OK;
-}
-
-int kvr_worker_spec_parse(const char *text, kvr_worker_spec_t *out, char *err, size_t err_len)
-{
-    memset(out, 0, sizeof *out);
-    out->dp_size = 1;
-    char buf[2048];
-    if (text == NULL || strlen(text) >= sizeof buf)
-        return spec_err(err, err_len, "worker: description missing or too long%s%s", "", "");
-    memcpy(buf, text, strlen(text) + 1);
-    bool has_id = false;
-    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item != NULL;
-         item = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(item, '=');
-        if (eq == NULL)
-            return spec_err(err, err_len, "worker: expected key=value, got '%s'%s", item, "");
-        *eq = '\0';
-        int rc = spec_kv(out, item, eq + 1, &has_id, err, err_len);
-        if (rc != KVR_OK)
-            return rc;
-    }
-    if (!has_id)
-        return spec_err(err, err_len, "worker: id is required (id=<unsigned integer>)%s%s", "", "");
-    return kvr_worker_spec_validate(out, err, err_len);
-}
-
-int kvr_worker_spec_validate(const kvr_worker_spec_t *w, char *err, size_t err_len)
-{
-    if (w->dp_size == 0 || w->dp_size > KVR_MAX_DP_SIZE)
-        return spec_err(err, err_len, "worker dp_size: must be in [1, 256]%s%s", "", "");
-    if ((uint64_t)w->dp_start + w->dp_size > UINT32_MAX)
-        return spec_err(err, err_len, "worker dp_start: dp_start + dp_size overflows%s%s", "", "");
-    if (w->replay[0] != '\0' && w->events[0] == '\0')
-        return spec_err(err, err_len, "worker replay: needs events too%s%s", "", "");
-    if (w->block_size > 65536)
-        return spec_err(err, err_len, "worker block_size: must be in [1, 65536]%s%s", "", "");
-    if ((unsigned)w->role > KVR_ROLE_DECODE)
-        return spec_err(err, err_len, "worker role: prefill, decode or both%s%s", "", "");
-    if (w->bootstrap_port > 65535)
-        return spec_err(err, err_len, "worker bootstrap_port: must be in [1, 65535]%s%s", "", "");
-    if ((w->bootstrap_port != 0 || w->bootstrap_host[0] != '\0') && w->role != KVR_ROLE_PREFILL)
-        return spec_err(err, err_len,
-                        "worker bootstrap_port: only a prefill worker (role=prefill) has a "
-                        "bootstrap server%s%s",
-                        "", "");
-    if (w->bootstrap_host[0] != '\0' && w->bootstrap_port == 0)
-        return spec_err(err, err_len, "worker bootstrap_host: needs bootstrap_port too%s%s", "",
-                        "");
-    for (const char *h = w->bootstrap_host; *h != '\0'; h++)
-        if ((unsigned char)*h <= 0x20 || *h == '/' || *h == '@' || *h == '?' || *h == '#')
-            return spec_err(err, err_len,
-                            "worker bootstrap_host: a host name or address only (no scheme, "
-                            "port, path or space)%s%s",
-                            "", "");
-    for (const char *l = w->loras; *l != '\0'; l++)
-        if ((*l == ';' && (l == w->loras || l[1] == ';' || l[1] == '\0')) ||
-            (unsigned char)*l < 0x20)
-            return spec_err(err, err_len,
-                            "worker loras: names separated by single ';', no "
-                            "empty name or control character%s%s",
-                            "", "");
-    /* the url's grammar; allow lists are the router's (check_endpoints) */
-    char e[KVR_ADDR_BYTES + 160];
-    if (w->url[0] != '\0' && kvr_endpoint_check_url(w->url, NULL, e, sizeof e) != KVR_OK)
-        return spec_err(err, err_len, "worker %s%s", e, "");
-    return KVR_OK;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Rank table */
-
-static size_t rmap_slot(uint64_t id, uint32_t rank, size_t mask)
-{
-    uint64_t x = id * UINT64_C(0x9E3779B97F4A7C15) ^ ((uint64_t)rank << 32 | rank);
-    x ^= x >> 31;
-    return (size_t)(x * UINT64_C(0xBF58476D1CE4E5B9) >> 17) & mask;
-}
-
-static long rank_index(const kvr_router_t *r, kvr_worker_t w)
-{
-    if (r->rmap == NULL)
-        return -1;
-    for (size_t i = rmap_slot(w.worker_id, w.dp_rank, r->rmap_mask);; i = (i + 1) & r->rmap_mask) {
-        uint32_t v = r->rmap[i];
-        if (v == 0)
-            return -1;
-        const kvr_select_candidate_t *c = &r->cands[v - 1];
-        if (c->worker.worker_id == w.worker_id && c->worker.dp_rank == w.dp_rank)
-            return (long)v - 1;
-    }
-}
-
-static int rebuild_ranks(kvr_router_t *r)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < r->n_w; i++)
-        n += r->w[i].spec.dp_size;
-    if (n > r->cap_ranks) {
-        size_t cap = n * 2;
-        kvr_select_candidate_t *c = realloc(r->cands, cap * sizeof *c);
-        if (c != NULL)
-            r->cands = c;
-        kvr_load_projection_t *p = realloc(r->proj, cap * sizeof *p);
-        if (p != NULL)
-            r->proj = p;
-        uint32_t *wi = realloc(r->rank_widx, cap * sizeof *wi);
-        if (wi != NULL)
-            r->rank_widx = wi;
-        if (c == NULL || p == NULL || wi == NULL)
-            return KVR_ENOMEM;
-        r->cap_ranks = cap;
-    }
-    size_t mcap = 64;
-    while (mcap < 2 * n)
-        mcap *= 2;
-    uint32_t *map = calloc(mcap, sizeof *map);
-    if (map == NULL)
-        return KVR_ENOMEM;
-    free(r->rmap);
-    r->rmap = map;
-    r->rmap_mask = mcap - 1;
-    size_t k = 0;
-    for (size_t i = 0; i < r->n_w; i++) {
-        wentry_t *we = &r->w[i];
-        for (uint32_t d = 0; d < we->spec.dp_size; d++, k++) {
-            kvr_select_candidate_t *c = &r->cands[k];
-            memset(c, 0, sizeof *c);
-            c->worker = (kvr_worker_t){we->spec.worker_id, we->spec.dp_start + d};
-            c->taints = we->taint_ptrs;
-            c->n_taints = we->spec.n_taints;
-            r->rank_widx[k] = (uint32_t)i;
-            size_t s = rmap_slot(c->worker.worker_id, c->worker.dp_rank, r->rmap_mask);
-            while (r->rmap[s] != 0)
-                s = (s + 1) & r->rmap_mask;
-            r->rmap[s] = (uint32_t)k + 1;
-        }
-    }
-    r->n_ranks = n;
-    return KVR_OK;
-}
-
-static long worker_pos(const kvr_router_t *r, uint64_t id)
-{
-    for (size_t i = 0; i < r->n_w; i++)
-        if (r->w[i].spec.worker_id == id)
-            return (long)i;
-    return -1;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Creation */
@@ -479,8 +180,12 @@ kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, in
         return NULL;
     }
     r->cfg = rc_cfg;
+    kvr_registry_init(&r->reg, rc_cfg.block_size);
     r->ix = needs_index ? ix : NULL; /* credit 0: overlaps are 0, as with no indexer */
-    kvr_rng_seed(&r->rng, cfg->seed ? cfg->seed : mono_ns());
+    kvr_rng_seed(&r->rng, seed_of(cfg->seed));
+    r->picker = kvr_policy_picker(rc_cfg.router_mode);
+    assert((r->picker != NULL) ==
+           (rc_cfg.router_mode != KVR_MODE_KV && rc_cfg.router_mode != KVR_MODE_APPROX));
     kvr_lookup_init(&r->lk);
     int rc = setup_select(r, err, err_len);
     if (rc == KVR_OK)
@@ -505,7 +210,7 @@ kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, in
         r->sessions = kvr_sessions_new(&sc, &rc);
     }
     if (rc == KVR_OK)
-        rc = rebuild_ranks(r);
+        rc = kvr_registry_rebuild(&r->reg);
     if (rc != KVR_OK) {
         kvr_router_free(r);
         *status = rc;
@@ -519,14 +224,7 @@ void kvr_router_free(kvr_router_t *r)
 {
     if (r == NULL)
         return;
-    for (size_t i = 0; i < r->n_w; i++)
-        free(r->w[i].rk);
-    free(r->w);
-    free(r->wfit);
-    free(r->cands);
-    free(r->proj);
-    free(r->rank_widx);
-    free(r->rmap);
+    kvr_registry_deinit(&r->reg);
     free(r->lbh);
     free(r->seq);
     kvr_lookup_deinit(&r->lk);
@@ -538,37 +236,6 @@ void kvr_router_free(kvr_router_t *r)
 
 /* ---------------------------------------------------------------------------------------- */
 /* Registry */
-
-static void fix_taint_ptrs(wentry_t *we)
-{
-    for (size_t t = 0; t < we->spec.n_taints; t++)
-        we->taint_ptrs[t] = we->spec.taints[t];
-}
-
-/* What the registration names, against the operator's allow lists (core/endpoint.h). */
-/* A model's workers hash the same way: same block size and Eagle setting as the model's
- * registered workers (a worker without a model is the "any model" pool). */
-static int check_pool(const kvr_router_t *r, const kvr_worker_spec_t *w, char *err, size_t err_len)
-{
-    uint32_t bs = w->block_size ? w->block_size : r->cfg.block_size;
-    for (size_t i = 0; i < r->n_w; i++) {
-        const kvr_worker_spec_t *o = &r->w[i].spec;
-        if (strcmp(o->model, w->model) != 0)
-            continue;
-        uint32_t obs = o->block_size ? o->block_size : r->cfg.block_size;
-        if (obs != bs || o->eagle != w->eagle) {
-            snprintf(err, err_len,
-                     "worker %llu: block_size %u, eagle=%s, but model '%s' is served with "
-                     "block_size %u, eagle=%s (worker %llu): a model's requests are hashed one way",
-                     (unsigned long long)w->worker_id, bs, w->eagle ? "true" : "false",
-                     w->model[0] ? w->model : "(any)", obs, o->eagle ? "true" : "false",
-                     (unsigned long long)o->worker_id);
-            return KVR_EINVAL;
-        }
-        return KVR_OK;
-    }
-    return KVR_OK;
-}
 
 static int check_endpoints(const kvr_router_t *r, const kvr_worker_spec_t *w, char *err,
                            size_t err_len)
@@ -612,13 +279,13 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
                                                 : "active_prefill_tokens_threshold_frac");
         return KVR_EINVAL;
     }
-    if (worker_pos(r, w->worker_id) >= 0) {
+    if (kvr_registry_find(&r->reg, w->worker_id) >= 0) {
         snprintf(err, err_len, "worker %llu already registered", (unsigned long long)w->worker_id);
         return KVR_EEXIST;
     }
-    if ((rc = check_pool(r, w, err, err_len)) != KVR_OK)
+    if ((rc = kvr_registry_check_pool(&r->reg, w, err, err_len)) != KVR_OK)
         return rc;
-    if (r->n_ranks + w->dp_size > r->cfg.max_workers) {
+    if (r->reg.n_ranks + w->dp_size > r->cfg.max_workers) {
         snprintf(err, err_len, "max_workers: %u ranks already registered", r->cfg.max_workers);
         return KVR_EFULL;
     }
@@ -628,89 +295,52 @@ int kvr_router_add_worker(kvr_router_t *r, const kvr_worker_spec_t *w, char *err
         if (kvr_approx_set_capacity(r->approx, (kvr_worker_t){w->worker_id, w->dp_start + d},
                                     w->total_kv_blocks) != KVR_OK)
             return KVR_ENOMEM;
-    if (r->n_w == r->cap_w) {
-        size_t cap = r->cap_w ? r->cap_w * 2 : 16;
-        wentry_t *nw = realloc(r->w, cap * sizeof *nw);
-        if (nw == NULL)
-            return KVR_ENOMEM;
-        r->w = nw;
-        bool *fit = realloc(r->wfit, cap * sizeof *fit);
-        if (fit == NULL)
-            return KVR_ENOMEM; /* r->w grew, which is harmless */
-        r->wfit = fit;
-        r->cap_w = cap;
-        for (size_t i = 0; i < r->n_w; i++)
-            fix_taint_ptrs(&r->w[i]); /* the specs moved */
-    }
-    wentry_t *we = &r->w[r->n_w];
-    memset(we, 0, sizeof *we);
-    we->spec = *w;
-    we->rk = calloc(w->dp_size, sizeof *we->rk);
-    if (we->rk == NULL)
-        return KVR_ENOMEM;
-    fix_taint_ptrs(we);
-    r->n_w++;
-    rc = rebuild_ranks(r);
-    if (rc != KVR_OK) {
-        free(we->rk);
-        r->n_w--;
-        return rc;
-    }
-    r->n_pooled += pooled(we);
-    r->n_prefill += we->spec.role == KVR_ROLE_PREFILL;
-    r->prefill_seen = r->prefill_seen || we->spec.role == KVR_ROLE_PREFILL;
-    return rc;
+    return kvr_registry_add(&r->reg, w);
 }
 
 int kvr_router_remove_worker(kvr_router_t *r, uint64_t worker_id)
 {
-    long i = worker_pos(r, worker_id);
+    long i = kvr_registry_find(&r->reg, worker_id);
     if (i < 0)
         return KVR_ENOTFOUND;
-    free(r->w[i].rk);
-    r->n_pooled -= pooled(&r->w[i]);
-    r->n_prefill -= r->w[i].spec.role == KVR_ROLE_PREFILL;
-    memmove(&r->w[i], &r->w[i + 1], (r->n_w - (size_t)i - 1) * sizeof *r->w);
-    r->n_w--;
-    for (size_t k = (size_t)i; k < r->n_w; k++)
-        fix_taint_ptrs(&r->w[k]);
+    int rc = kvr_registry_remove(&r->reg, (size_t)i);
     size_t dropped = 0;
     (void)kvr_load_remove_worker(r->load, worker_id, &dropped);
     if (r->approx != NULL)
         (void)kvr_approx_remove_worker(r->approx, worker_id);
-    return rebuild_ranks(r);
+    return rc;
 }
 
 const kvr_worker_spec_t *kvr_router_worker(const kvr_router_t *r, uint64_t worker_id)
 {
-    long i = worker_pos(r, worker_id);
-    return i < 0 ? NULL : &r->w[i].spec;
+    long i = kvr_registry_find(&r->reg, worker_id);
+    return i < 0 ? NULL : &r->reg.w[i].spec;
 }
 
 size_t kvr_router_worker_ids(const kvr_router_t *r, uint64_t *ids, size_t cap)
 {
-    for (size_t i = 0; i < r->n_w && i < cap; i++)
-        ids[i] = r->w[i].spec.worker_id;
-    return r->n_w;
+    for (size_t i = 0; i < r->reg.n_w && i < cap; i++)
+        ids[i] = r->reg.w[i].spec.worker_id;
+    return r->reg.n_w;
 }
 
 int kvr_router_set_fenced(kvr_router_t *r, uint64_t worker_id, bool fenced)
 {
-    long i = worker_pos(r, worker_id);
+    long i = kvr_registry_find(&r->reg, worker_id);
     if (i < 0)
         return KVR_ENOTFOUND;
-    r->w[i].fenced = fenced;
+    r->reg.w[i].fenced = fenced;
     return KVR_OK;
 }
 
 int kvr_router_set_capacity(kvr_router_t *r, uint64_t worker_id, uint64_t blocks)
 {
-    long i = worker_pos(r, worker_id);
+    long i = kvr_registry_find(&r->reg, worker_id);
     if (i < 0)
         return KVR_ENOTFOUND;
     if (blocks == 0)
         return KVR_EINVAL;
-    kvr_worker_spec_t *w = &r->w[i].spec;
+    kvr_worker_spec_t *w = &r->reg.w[i].spec;
     for (uint32_t d = 0; r->approx != NULL && d < w->dp_size; d++)
         if (kvr_approx_set_capacity(r->approx, (kvr_worker_t){w->worker_id, w->dp_start + d},
                                     blocks) != KVR_OK)
@@ -721,8 +351,8 @@ int kvr_router_set_capacity(kvr_router_t *r, uint64_t worker_id, uint64_t blocks
 
 bool kvr_router_fenced(const kvr_router_t *r, uint64_t worker_id)
 {
-    long i = worker_pos(r, worker_id);
-    return i >= 0 && r->w[i].fenced;
+    long i = kvr_registry_find(&r->reg, worker_id);
+    return i >= 0 && r->reg.w[i].fenced;
 }
 
 void kvr_router_session_stats(const kvr_router_t *r, kvr_session_stats_t *out)
@@ -735,96 +365,24 @@ void kvr_router_session_stats(const kvr_router_t *r, kvr_session_stats_t *out)
 /* ---------------------------------------------------------------------------------------- */
 /* Model pools: which workers serve a request, and how its prompt is hashed */
 
-static bool model_is(const kvr_worker_spec_t *s, const char *m, size_t n)
-{
-    return strlen(s->model) == n && memcmp(s->model, m, n) == 0;
-}
-
-/* The worker serves the adapter: registered with it, or its engine lists it. */
-static bool serves_lora(const wentry_t *w, const char *l, size_t n)
-{
-    return kvr_namelist_has(w->spec.loras, l, n) || kvr_namelist_has(w->learned, l, n);
-}
-
-/* The worker takes part in model pools (a model, or adapters registered or learned). */
-static bool pooled(const struct wentry *w)
-{
-    return w->spec.model[0] != '\0' || w->spec.loras[0] != '\0' || w->learned[0] != '\0';
-}
-
 int kvr_router_set_learned_loras(kvr_router_t *r, uint64_t worker_id, const char *loras)
 {
-    long i = worker_pos(r, worker_id);
+    long i = kvr_registry_find(&r->reg, worker_id);
     if (i < 0)
         return KVR_ENOTFOUND;
-    wentry_t *w = &r->w[i];
-    r->n_pooled -= pooled(w);
-    size_t n = strlen(loras);
-    if (n >= sizeof w->learned) { /* keep the whole names that fit */
-        n = sizeof w->learned - 1;
-        while (n > 0 && loras[n] != ';')
-            n--;
-    }
-    memcpy(w->learned, loras, n);
-    w->learned[n] = '\0';
-    r->n_pooled += pooled(w);
+    kvr_registry_set_learned(&r->reg, (size_t)i, loras);
     return KVR_OK;
 }
 
 const char *kvr_router_learned_loras(const kvr_router_t *r, uint64_t worker_id)
 {
-    long i = worker_pos(r, worker_id);
-    return i < 0 ? "" : r->w[i].learned;
-}
-
-/* The worker whose settings the request's prompt is hashed with: the first worker of its
- * model (or serving the adapter it names as its model), else the first worker serving any
- * model, else (no model named) the first worker. */
-static const kvr_worker_spec_t *pool_ref(const kvr_router_t *r, const kvr_route_req_t *q)
-{
-    bool named = q->model != NULL && q->model_len > 0;
-    const kvr_worker_spec_t *any = NULL;
-    for (size_t i = 0; i < r->n_w; i++) {
-        const kvr_worker_spec_t *s = &r->w[i].spec;
-        if (!named || model_is(s, q->model, q->model_len) ||
-            (r->n_pooled > 0 && serves_lora(&r->w[i], q->model, q->model_len)))
-            return s;
-        if (any == NULL && s->model[0] == '\0')
-            any = s;
-    }
-    return any;
-}
-
-typedef struct pool pool_t;
-
-/* How q's prompt is hashed: its model's block size and Eagle setting, and its adapter (its
- * lora_name, or its model when that names an adapter, as vLLM's server takes adapters). */
-static pool_t pool_of(const kvr_router_t *r, const kvr_route_req_t *q)
-{
-    /* Without pools every worker is unpooled and pool_ref would find the first: skip the scan. */
-    const kvr_worker_spec_t *ref =
-        r->n_pooled > 0 ? pool_ref(r, q) : r->n_w > 0 ? &r->w[0].spec : NULL;
-    pool_t p = {ref != NULL && ref->block_size ? ref->block_size : r->cfg.block_size,
-                ref != NULL && ref->eagle, q->lora_name, q->lora_name_len};
-    if ((p.lora == NULL || p.lora_len == 0) && q->model != NULL && q->model_len > 0 &&
-        kvr_router_is_adapter(r, q->model, q->model_len)) {
-        p.lora = q->model;
-        p.lora_len = q->model_len;
-    }
-    return p;
+    long i = kvr_registry_find(&r->reg, worker_id);
+    return i < 0 ? "" : r->reg.w[i].learned;
 }
 
 bool kvr_router_is_adapter(const kvr_router_t *r, const char *name, size_t len)
 {
-    if (r->n_pooled == 0)
-        return false;
-    bool adapter = false;
-    for (size_t i = 0; i < r->n_w; i++) {
-        if (model_is(&r->w[i].spec, name, len))
-            return false;
-        adapter = adapter || serves_lora(&r->w[i], name, len);
-    }
-    return adapter;
+    return kvr_registry_is_adapter(&r->reg, name, len);
 }
 
 void kvr_route_req_prefill_leg(kvr_route_req_t *q)
@@ -886,100 +444,27 @@ kvr_disagg_bypass_t kvr_router_disagg_bypass(kvr_router_t *r, const kvr_route_re
 
 size_t kvr_router_n_blocks(const kvr_router_t *r, const kvr_route_req_t *q)
 {
-    pool_t p = pool_of(r, q);
+    kvr_pool_hash_t p = kvr_registry_pool_of(&r->reg, q);
     return kvr_hash_n_blocks(q->n_tokens, p.bs, p.eagle);
-}
-
-/* Marks, per worker, whether it serves q (r->wfit) and sets r->cur (pool_of). KVR_ENOMODEL when no
- * worker serves the named model, or (lora_strict) none declares the named adapter. */
-static bool in_pool(const kvr_worker_spec_t *s, kvr_pool_t pool)
-{
-    return pool == KVR_POOL_PREFILL ? s->role == KVR_ROLE_PREFILL : s->role != KVR_ROLE_PREFILL;
-}
-
-static int resolve_pool(kvr_router_t *r, const kvr_route_req_t *q, const char **field)
-{
-    bool named = q->model != NULL && q->model_len > 0;
-    bool lora = q->lora_name != NULL && q->lora_name_len > 0;
-    bool models = r->n_pooled > 0 && (named || lora);
-    bool roles = r->n_prefill > 0 || q->pool == KVR_POOL_PREFILL;
-    r->all_fit = !models && !roles;
-    r->cur = pool_of(r, q); /* O(1) without pools: the first worker is the reference */
-    if (r->all_fit)
-        return KVR_OK;
-    size_t n_model = 0, n_role = 0, n_lora = 0;
-    for (size_t i = 0; i < r->n_w; i++) {
-        const kvr_worker_spec_t *s = &r->w[i].spec;
-        bool m = !models || !named || s->model[0] == '\0' || model_is(s, q->model, q->model_len) ||
-                 serves_lora(&r->w[i], q->model, q->model_len); /* one of its adapters */
-        bool in = m && in_pool(s, q->pool);
-        r->wfit[i] = in;
-        n_model += m;
-        n_role += in;
-        n_lora += in && models && lora && serves_lora(&r->w[i], q->lora_name, q->lora_name_len);
-    }
-    if (named && n_model == 0 && r->n_w > 0) {
-        *field = "model: no worker serves it";
-        return KVR_ENOMODEL;
-    }
-    if (n_role == 0) {
-        *field = q->pool == KVR_POOL_PREFILL ? "no prefill worker (role=prefill) serves it"
-                                             : "no decode worker (role=decode or both) serves it";
-        return KVR_ENOWORKER;
-    }
-    if (models && lora && n_lora == 0 && r->cfg.lora_strict) {
-        *field = "lora_name: no worker serves this adapter (lora_strict)";
-        return KVR_ENOMODEL;
-    }
-    if (n_lora > 0) /* only the workers that declare the adapter */
-        for (size_t i = 0; i < r->n_w; i++)
-            r->wfit[i] = r->wfit[i] && serves_lora(&r->w[i], q->lora_name, q->lora_name_len);
-    return KVR_OK;
-}
-
-const char *kvr_disagg_state_name(kvr_disagg_state_t s)
-{
-    static const char *const names[] = {"pending", "active", "unavailable"};
-    return (unsigned)s < 3 ? names[s] : "?";
 }
 
 kvr_disagg_state_t kvr_router_disagg_state(const kvr_router_t *r)
 {
-    if (r->n_prefill > 0 && kvr_router_n_role(r, KVR_ROLE_PREFILL, true) > 0)
+    if (r->reg.n_prefill > 0 && kvr_router_n_role(r, KVR_ROLE_PREFILL, true) > 0)
         return KVR_DISAGG_ACTIVE;
-    return r->prefill_seen ? KVR_DISAGG_UNAVAILABLE : KVR_DISAGG_PENDING;
+    return r->reg.prefill_seen ? KVR_DISAGG_UNAVAILABLE : KVR_DISAGG_PENDING;
 }
 
 size_t kvr_router_n_role(const kvr_router_t *r, kvr_worker_role_t role, bool ready_only)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < r->n_w; i++)
-        n += r->w[i].spec.role == role && !(ready_only && r->w[i].fenced);
-    return n;
+    return kvr_registry_n_role(&r->reg, role, ready_only);
 }
 
-size_t kvr_router_n_ready(const kvr_router_t *r)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < r->n_w; i++)
-        n += !r->w[i].fenced;
-    return n;
-}
-
-static kvr_rank_status_t *rank_status(const kvr_router_t *r, kvr_worker_t w)
-{
-    long i = worker_pos(r, w.worker_id);
-    if (i < 0)
-        return NULL;
-    const wentry_t *we = &r->w[i];
-    if (w.dp_rank < we->spec.dp_start || w.dp_rank - we->spec.dp_start >= we->spec.dp_size)
-        return NULL;
-    return &we->rk[w.dp_rank - we->spec.dp_start].st;
-}
+size_t kvr_router_n_ready(const kvr_router_t *r) { return kvr_registry_n_ready(&r->reg); }
 
 int kvr_router_set_rank_status(kvr_router_t *r, kvr_worker_t w, const kvr_rank_status_t *st)
 {
-    kvr_rank_status_t *rs = rank_status(r, w);
+    kvr_rank_status_t *rs = kvr_registry_rank_status(&r->reg, w);
     if (rs == NULL)
         return KVR_ENOTFOUND;
     *rs = *st;
@@ -988,7 +473,7 @@ int kvr_router_set_rank_status(kvr_router_t *r, kvr_worker_t w, const kvr_rank_s
 
 int kvr_router_rank_status(const kvr_router_t *r, kvr_worker_t w, kvr_rank_status_t *out)
 {
-    const kvr_rank_status_t *rs = rank_status(r, w);
+    const kvr_rank_status_t *rs = kvr_registry_rank_status(&r->reg, w);
     if (rs == NULL)
         return KVR_ENOTFOUND;
     *out = *rs;
@@ -1010,7 +495,7 @@ static int reserve_hash_scratch(kvr_router_t *r, size_t n)
     return rc;
 }
 
-static long hash_into(const kvr_route_req_t *q, const pool_t *p, uint64_t *lbh, uint64_t *seq,
+static long hash_into(const kvr_route_req_t *q, const kvr_pool_hash_t *p, uint64_t *lbh, uint64_t *seq,
                       size_t cap)
 {
     kvr_hash_opts_t o = {.lora_name = p->lora,
@@ -1056,7 +541,7 @@ long kvr_router_hash(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *
 {
     if (q->n_tokens > 0 && q->tokens == NULL)
         return KVR_EINVAL;
-    pool_t p = pool_of(r, q);
+    kvr_pool_hash_t p = kvr_registry_pool_of(&r->reg, q);
     return hash_into(q, &p, block_hashes, seq_hashes, cap);
 }
 
@@ -1064,27 +549,27 @@ long kvr_router_hash(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *
 static void apply_matches(kvr_router_t *r, const kvr_match_t *m, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        long k = rank_index(r, m[i].worker);
+        long k = kvr_registry_rank(&r->reg, m[i].worker);
         if (k < 0)
             continue; /* a rank the registry no longer has */
-        r->cands[k].device_blocks = m[i].device_blocks;
-        r->cands[k].host_blocks = m[i].host_blocks;
-        r->cands[k].disk_blocks = m[i].disk_blocks;
+        r->reg.cands[k].device_blocks = m[i].device_blocks;
+        r->reg.cands[k].host_blocks = m[i].host_blocks;
+        r->reg.cands[k].disk_blocks = m[i].disk_blocks;
     }
 }
 
 /* Looks the prompt up (or takes the request's own matches) and writes each rank's tiers into
  * cands. */
-static int fill_overlap(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks)
+static int fill_overlap(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks,
+                        bool read_index)
 {
-    for (size_t i = 0; i < r->n_ranks; i++) {
-        kvr_select_candidate_t *c = &r->cands[i];
+    for (size_t i = 0; i < r->reg.n_ranks; i++) {
+        kvr_select_candidate_t *c = &r->reg.cands[i];
         c->device_blocks = c->host_blocks = c->disk_blocks = c->shared_blocks = 0;
-        c->fenced = r->w[r->rank_widx[i]].fenced;
-        c->unfit = !r->all_fit && !r->wfit[r->rank_widx[i]];
+        c->fenced = r->reg.w[r->reg.rank_widx[i]].fenced;
+        c->unfit = !r->reg.all_fit && !r->reg.wfit[r->reg.rank_widx[i]];
     }
-    if (n_blocks == 0 || r->cfg.router_mode == KVR_MODE_ROUND_ROBIN ||
-        r->cfg.router_mode == KVR_MODE_RANDOM || r->cfg.router_mode == KVR_MODE_LEAST_LOADED)
+    if (n_blocks == 0 || !read_index)
         return KVR_OK;
     if (q->has_matches) {
         apply_matches(r, q->matches, q->n_matches);
@@ -1115,9 +600,9 @@ static kvr_load_opt_t load_opt(bool has, bool on)
 /* Projects every rank's load with this prompt and marks busy ranks. */
 static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_blocks, uint64_t isl)
 {
-    for (size_t i = 0; i < r->n_ranks; i++) {
-        r->proj[i].worker = r->cands[i].worker;
-        r->proj[i].cached_tokens = cached_tokens_of(r, &r->cands[i]);
+    for (size_t i = 0; i < r->reg.n_ranks; i++) {
+        r->reg.proj[i].worker = r->reg.cands[i].worker;
+        r->reg.proj[i].cached_tokens = cached_tokens_of(r, &r->reg.cands[i]);
     }
     bool track = r->cfg.router_track_active_blocks && !rq->no_active_blocks;
     kvr_load_query_t q = {.seq = track ? r->cur_seq : NULL,
@@ -1125,13 +610,13 @@ static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_block
                           .isl_tokens = isl,
                           .assume_kv_reuse =
                               load_opt(rq->has_assume_kv_reuse, rq->assume_kv_reuse)};
-    int rc = kvr_load_project(r->load, &q, r->proj, r->n_ranks);
+    int rc = kvr_load_project(r->load, &q, r->reg.proj, r->reg.n_ranks);
     if (rc != KVR_OK)
         return rc;
-    for (size_t i = 0; i < r->n_ranks; i++) {
-        kvr_select_candidate_t *c = &r->cands[i];
-        const kvr_load_projection_t *p = &r->proj[i];
-        const kvr_worker_spec_t *s = &r->w[r->rank_widx[i]].spec;
+    for (size_t i = 0; i < r->reg.n_ranks; i++) {
+        kvr_select_candidate_t *c = &r->reg.cands[i];
+        const kvr_load_projection_t *p = &r->reg.proj[i];
+        const kvr_worker_spec_t *s = &r->reg.w[r->reg.rank_widx[i]].spec;
         c->active_prefill_tokens = p->active_prefill_tokens;
         c->potential_prefill_tokens = p->potential_prefill_tokens;
         c->potential_decode_blocks = p->potential_decode_blocks;
@@ -1147,50 +632,44 @@ static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_block
     return KVR_OK;
 }
 
-static kvr_stepclock_t *clock_of(const kvr_router_t *r, size_t k)
-{
-    const wentry_t *we = &r->w[r->rank_widx[k]];
-    return &we->rk[r->cands[k].worker.dp_rank - we->spec.dp_start].clk;
-}
-
 /* The time each busy rank's running engine step has left (an idle rank starts at once).
  * Only the locality cost reads it, and only with a weight: otherwise the field keeps the 0 of
  * rebuild_ranks (the policy and weight are fixed for the router's life). */
 static void fill_step_waits(kvr_router_t *r, uint64_t now_us)
 {
-    if (r->sel.policy != KVR_SELECT_POLICY_LOCALITY || r->sel.step_wait_weight == 0)
+    if (!kvr_policy_scorer(r->sel.policy)->uses_step_wait || r->sel.step_wait_weight == 0)
         return;
-    for (size_t k = 0; k < r->n_ranks; k++) {
-        kvr_select_candidate_t *c = &r->cands[k];
+    for (size_t k = 0; k < r->reg.n_ranks; k++) {
+        kvr_select_candidate_t *c = &r->reg.cands[k];
         c->step_wait_ms =
-            c->active_requests > 0 ? kvr_stepclock_wait_ms(clock_of(r, k), now_us) : 0.0;
+            c->active_requests > 0 ? kvr_stepclock_wait_ms(kvr_registry_clock(&r->reg, k), now_us) : 0.0;
     }
 }
 
 int kvr_router_worker_step(kvr_router_t *r, kvr_worker_t w, uint64_t now_us)
 {
-    long k = rank_index(r, w);
+    long k = kvr_registry_rank(&r->reg, w);
     if (k < 0)
         return KVR_ENOTFOUND;
-    kvr_stepclock_end(clock_of(r, (size_t)k), now_us);
+    kvr_stepclock_end(kvr_registry_clock(&r->reg, (size_t)k), now_us);
     return KVR_OK;
 }
 
 int kvr_router_worker_token(kvr_router_t *r, kvr_worker_t w, uint64_t *seen, uint64_t now_us)
 {
-    long k = rank_index(r, w);
+    long k = kvr_registry_rank(&r->reg, w);
     if (k < 0)
         return KVR_ENOTFOUND;
-    kvr_stepclock_token(clock_of(r, (size_t)k), seen, now_us);
+    kvr_stepclock_token(kvr_registry_clock(&r->reg, (size_t)k), seen, now_us);
     return KVR_OK;
 }
 
 int kvr_router_step_mean(const kvr_router_t *r, kvr_worker_t w, uint64_t *steps, double *mean_ms)
 {
-    long k = rank_index(r, w);
+    long k = kvr_registry_rank(&r->reg, w);
     if (k < 0)
         return KVR_ENOTFOUND;
-    const kvr_stepclock_t *c = clock_of(r, (size_t)k);
+    const kvr_stepclock_t *c = kvr_registry_clock(&r->reg, (size_t)k);
     *steps = c->steps;
     *mean_ms = c->mean_us / 1000.0;
     return KVR_OK;
@@ -1221,62 +700,93 @@ static bool has_taints(const kvr_select_candidate_t *c, const kvr_route_req_t *q
     return true;
 }
 
-/* round-robin / random / least-loaded: no cache awareness, same filters; a preferred rank
- * (a session's) is taken when it passes them and is not busy. */
+/* A load-only picker's filters (the selector's, without costs): alive, serving the request's
+ * model, carrying its taints, allowed, the pinned rank if any. Busy is the caller's test. */
+typedef struct pick_ctx {
+    const kvr_router_t *r;
+    const kvr_route_req_t *q;
+} pick_ctx_t;
+
+static bool excluded(const kvr_route_req_t *q, uint64_t id)
+{
+    for (size_t i = 0; i < q->n_exclude; i++)
+        if (q->exclude_ids[i] == id)
+            return true;
+    return false;
+}
+
+static bool passes_filters(const kvr_router_t *r, const kvr_route_req_t *q, size_t i)
+{
+    const kvr_select_candidate_t *c = &r->reg.cands[i];
+    return !c->fenced && !c->unfit && has_taints(c, q) &&
+           (!q->has_allowed ||
+            sorted_contains(q->allowed_ids, q->n_allowed, c->worker.worker_id)) &&
+           !excluded(q, c->worker.worker_id);
+}
+
+static bool pick_eligible(const void *ctx, size_t i)
+{
+    const pick_ctx_t *x = ctx;
+    const kvr_select_candidate_t *c = &x->r->reg.cands[i];
+    return passes_filters(x->r, x->q, i) && !c->busy &&
+           (!x->q->has_pinned || (c->worker.worker_id == x->q->pinned.worker_id &&
+                                  c->worker.dp_rank == x->q->pinned.dp_rank));
+}
+
+/* The preferred rank's index when it may be taken (eligible, not busy, nothing pinned). */
+static size_t preferred_index(const kvr_router_t *r, const kvr_route_req_t *q,
+                              const kvr_worker_t *pref, size_t best)
+{
+    for (size_t i = 0; pref != NULL && i < r->reg.n_ranks; i++) {
+        const kvr_select_candidate_t *c = &r->reg.cands[i];
+        if (c->worker.worker_id == pref->worker_id && c->worker.dp_rank == pref->dp_rank &&
+            passes_filters(r, q, i) && !c->busy && !q->has_pinned)
+            best = i;
+    }
+    return best;
+}
+
+/* The load-only modes (r->picker): the same filters as the selector's, then the picker's
+ * choice among the eligible ranks; a preferred rank (a session's) is taken when it passes them
+ * and is not busy. */
 static int pick_simple(kvr_router_t *r, const kvr_route_req_t *q, const kvr_worker_t *pref,
                        kvr_select_result_t *out)
 {
-    size_t n_ok = 0, n_busy = 0, n_qbusy = 0, best = SIZE_MAX, nth = 0;
-    uint64_t target = r->cfg.router_mode == KVR_MODE_RANDOM ? kvr_rng_next(&r->rng) : r->rr;
-    for (int pass = 0; pass < 2; pass++) {
-        for (size_t i = 0; i < r->n_ranks; i++) {
-            const kvr_select_candidate_t *c = &r->cands[i];
-            bool ok = !c->fenced && !c->unfit && has_taints(c, q) &&
-                      (!q->has_allowed ||
-                       sorted_contains(q->allowed_ids, q->n_allowed, c->worker.worker_id)) &&
-                      (!q->has_pinned || (c->worker.worker_id == q->pinned.worker_id &&
-                                          c->worker.dp_rank == q->pinned.dp_rank));
-            if (!ok)
-                continue;
-            if (c->busy) {
-                n_busy += pass == 0;
-                continue;
-            }
-            if (pass == 0) {
-                n_ok++;
-                n_qbusy += c->queue_busy;
-                if (r->cfg.router_mode == KVR_MODE_LEAST_LOADED &&
-                    (best == SIZE_MAX || c->potential_prefill_tokens + c->active_requests <
-                                             r->cands[best].potential_prefill_tokens +
-                                                 r->cands[best].active_requests))
-                    best = i;
-            } else if (nth++ == target % n_ok) {
-                best = i;
-                break;
-            }
+    pick_ctx_t x = {r, q};
+    size_t n_ok = 0, n_busy = 0, n_qbusy = 0;
+    for (size_t i = 0; i < r->reg.n_ranks; i++) {
+        const kvr_select_candidate_t *c = &r->reg.cands[i];
+        bool pinned_ok = !q->has_pinned || (c->worker.worker_id == q->pinned.worker_id &&
+                                            c->worker.dp_rank == q->pinned.dp_rank);
+        if (!passes_filters(r, q, i) || !pinned_ok)
+            continue;
+        if (c->busy) {
+            n_busy++;
+            continue;
         }
-        if (n_ok == 0 || r->cfg.router_mode == KVR_MODE_LEAST_LOADED)
-            break;
+        n_ok++;
+        n_qbusy += c->queue_busy;
     }
+    kvr_pick_view_t v = {.cands = r->reg.cands,
+                         .n_cands = r->reg.n_ranks,
+                         .n_eligible = n_ok,
+                         .eligible = pick_eligible,
+                         .ctx = &x,
+                         .rng = &r->rng,
+                         .turn = r->rr};
+    size_t best = r->picker->pick(&v); /* always called: the random picker draws once */
+    assert(best == SIZE_MAX || pick_eligible(&x, best));
     out->n_eligible = n_ok;
     out->n_busy = n_busy;
     out->n_queue_busy = n_qbusy;
     if (n_ok > 0 && n_qbusy == n_ok)
         return KVR_EBUSY; /* the queue: wait while every eligible rank is over its threshold */
-    for (size_t i = 0; pref != NULL && i < r->n_ranks; i++) {
-        const kvr_select_candidate_t *c = &r->cands[i];
-        if (c->worker.worker_id == pref->worker_id && c->worker.dp_rank == pref->dp_rank &&
-            !c->fenced && !c->unfit && !c->busy && has_taints(c, q) &&
-            (!q->has_allowed ||
-             sorted_contains(q->allowed_ids, q->n_allowed, c->worker.worker_id)) &&
-            !q->has_pinned)
-            best = i;
-    }
+    best = preferred_index(r, q, pref, best);
     if (best == SIZE_MAX)
         return n_busy > 0 ? KVR_EBUSY : KVR_ENOWORKER;
     r->rr++;
     out->index = best;
-    out->worker = r->cands[best].worker;
+    out->worker = r->reg.cands[best].worker;
     out->cached_tokens = 0;
     out->effective_overlap_blocks = 0;
     return KVR_OK;
@@ -1297,7 +807,7 @@ static int decide(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
 {
     kvr_worker_t buf;
     const kvr_worker_t *pref = session_rank(r, q, now_ms, &buf);
-    if (r->cfg.router_mode != KVR_MODE_KV && r->cfg.router_mode != KVR_MODE_APPROX)
+    if (r->picker != NULL)
         return pick_simple(r, q, pref, out);
     kvr_select_request_t sr = {
         .isl_tokens = q->n_tokens,
@@ -1310,6 +820,8 @@ static int decide(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         .has_allowed = q->has_allowed,
         .allowed_ids = q->allowed_ids,
         .n_allowed = q->n_allowed,
+        .exclude_ids = q->exclude_ids,
+        .n_exclude = q->n_exclude,
         .required_taints = q->required_taints,
         .n_required = q->n_required,
         .preferred_taints = q->preferred_taints,
@@ -1317,8 +829,8 @@ static int decide(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         .has_preferred = pref != NULL,
         .preferred = pref != NULL ? *pref : (kvr_worker_t){0, 0},
         .ovr = q->ovr,
-        .cands = r->cands,
-        .n_cands = r->n_ranks,
+        .cands = r->reg.cands,
+        .n_cands = r->reg.n_ranks,
     };
     return kvr_select(&r->sel, &sr, &r->rng, out, NULL);
 }
@@ -1430,7 +942,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
 {
     memset(res, 0, sizeof *res);
     r->last.id = NULL;
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = clock_ns(r);
     int rc = KVR_OK;
     if (q->n_tokens > r->cfg.router_max_prompt_tokens) {
         res->error_field = "tokens: longer than router_max_prompt_tokens";
@@ -1438,16 +950,19 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
     } else if (q->session_id_len > KVR_SESSION_MAX_ID) {
         res->error_field = "session_id: longer than 128 bytes";
         rc = KVR_EINVAL;
+    } else if (q->n_exclude > 0 && q->exclude_ids == NULL) {
+        res->error_field = "exclude_ids: NULL with n_exclude > 0";
+        rc = KVR_EINVAL;
     } else {
-        rc = resolve_pool(r, q, &res->error_field);
+        rc = kvr_registry_resolve(&r->reg, q, r->cfg.lora_strict, &r->cur, &res->error_field);
     }
     long n_blocks = rc == KVR_OK ? hash_prompt(r, q) : 0;
     if (n_blocks < 0)
         rc = (int)n_blocks;
-    uint64_t t1 = mono_ns();
+    uint64_t t1 = clock_ns(r);
     if (rc == KVR_OK)
-        rc = fill_overlap(r, q, (size_t)n_blocks);
-    uint64_t t2 = mono_ns();
+        rc = fill_overlap(r, q, (size_t)n_blocks, r->picker == NULL);
+    uint64_t t2 = clock_ns(r);
     uint64_t now_us = q->now_us ? q->now_us : now_ms * 1000;
     if (rc == KVR_OK) {
         rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
@@ -1458,25 +973,27 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         rc = decide(r, q, now_ms, &sel);
         if (rc == KVR_EINVAL)
             res->error_field = sel.field;
+        assert(rc != KVR_OK || (sel.index < r->reg.n_ranks && !r->reg.cands[sel.index].fenced &&
+                                !r->reg.cands[sel.index].busy));
     }
-    uint64_t t3 = mono_ns();
+    uint64_t t3 = clock_ns(r);
     if (rc == KVR_OK) {
-        const kvr_select_candidate_t *c = &r->cands[sel.index];
+        const kvr_select_candidate_t *c = &r->reg.cands[sel.index];
         res->worker = sel.worker;
         res->device_blocks = c->device_blocks;
         res->cached_tokens = sel.cached_tokens;
         res->overlap_blocks = (uint32_t)llround(sel.effective_overlap_blocks);
         res->block_size = r->cur.bs;
-        if (r->cfg.router_mode != KVR_MODE_KV && r->cfg.router_mode != KVR_MODE_APPROX)
+        if (r->picker != NULL) /* load-only: nothing is credited as cached */
             res->cached_tokens = 0;
         bool idle = c->active_requests == 0;
         rc = book(r, q, (size_t)n_blocks, now_ms, res);
         if (rc == KVR_OK && q->update_state)
             session_after(r, q, res->worker, now_ms);
         if (rc == KVR_OK && q->update_state && idle) /* its engine starts a step now */
-            kvr_stepclock_wake(clock_of(r, sel.index), now_us);
+            kvr_stepclock_wake(kvr_registry_clock(&r->reg, sel.index), now_us);
     }
-    res->timing = (kvr_route_timing_t){t1 - t0, t2 - t1, t3 - t2, mono_ns() - t0};
+    res->timing = (kvr_route_timing_t){t1 - t0, t2 - t1, t3 - t2, clock_ns(r) - t0};
     r->st.hash_ns += res->timing.hash_ns;
     r->st.lookup_ns += res->timing.lookup_ns;
     r->st.select_ns += res->timing.select_ns;
@@ -1576,6 +1093,8 @@ void kvr_router_tick(kvr_router_t *r, uint64_t now_ms)
         (void)kvr_approx_expire(r->approx, now_ms);
 }
 
+void kvr_router_set_clock(kvr_router_t *r, kvr_clock_fn now_ns) { r->clock = now_ns; }
+
 void kvr_router_set_decision_sink(kvr_router_t *r, const kvr_decision_sink_t *sink)
 {
     r->sink = sink != NULL ? *sink : (kvr_decision_sink_t){0};
@@ -1589,7 +1108,7 @@ int kvr_router_record(kvr_router_t *r, kvr_worker_t w, const uint64_t *lbh, cons
     return kvr_approx_record(r->approx, w, lbh, seq, n, now_ms);
 }
 
-size_t kvr_router_n_ranks(const kvr_router_t *r) { return r->n_ranks; }
+size_t kvr_router_n_ranks(const kvr_router_t *r) { return r->reg.n_ranks; }
 
 int kvr_router_query(kvr_router_t *r, const kvr_route_req_t *q, kvr_rank_score_t *out,
                      size_t cap, size_t *n)
@@ -1598,26 +1117,22 @@ int kvr_router_query(kvr_router_t *r, const kvr_route_req_t *q, kvr_rank_score_t
     if (q->n_tokens > r->cfg.router_max_prompt_tokens)
         return KVR_ETOOBIG;
     const char *field;
-    int prc = resolve_pool(r, q, &field);
+    int prc = kvr_registry_resolve(&r->reg, q, r->cfg.lora_strict, &r->cur, &field);
     if (prc != KVR_OK)
         return prc;
     long n_blocks = hash_prompt(r, q);
     if (n_blocks < 0)
         return (int)n_blocks;
-    enum kvr_router_mode saved = r->cfg.router_mode;
-    if (saved != KVR_MODE_APPROX)
-        r->cfg.router_mode = KVR_MODE_KV; /* a query always reads the index */
-    int rc = fill_overlap(r, q, (size_t)n_blocks);
-    r->cfg.router_mode = saved;
+    int rc = fill_overlap(r, q, (size_t)n_blocks, true); /* a query always reads the index */
     if (rc != KVR_OK)
         return rc;
     r->st.queries++;
-    for (size_t i = 0; i < r->n_ranks && i < cap; i++) {
-        const kvr_select_candidate_t *c = &r->cands[i];
+    for (size_t i = 0; i < r->reg.n_ranks && i < cap; i++) {
+        const kvr_select_candidate_t *c = &r->reg.cands[i];
         out[i] = (kvr_rank_score_t){c->worker, c->device_blocks, c->host_blocks, c->disk_blocks,
                                     cached_tokens_of(r, c)};
     }
-    *n = r->n_ranks < cap ? r->n_ranks : cap;
+    *n = r->reg.n_ranks < cap ? r->reg.n_ranks : cap;
     return KVR_OK;
 }
 
@@ -1628,19 +1143,19 @@ int kvr_router_loads(kvr_router_t *r, const kvr_route_req_t *q, kvr_load_project
     if (q->n_tokens > r->cfg.router_max_prompt_tokens)
         return KVR_ETOOBIG;
     const char *field;
-    int rc = resolve_pool(r, q, &field);
+    int rc = kvr_registry_resolve(&r->reg, q, r->cfg.lora_strict, &r->cur, &field);
     if (rc != KVR_OK)
         return rc;
     long n_blocks = hash_prompt(r, q);
     if (n_blocks < 0)
         return (int)n_blocks;
-    rc = fill_overlap(r, q, (size_t)n_blocks);
+    rc = fill_overlap(r, q, (size_t)n_blocks, r->picker == NULL);
     if (rc == KVR_OK)
         rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
     if (rc != KVR_OK)
         return rc;
-    *n = r->n_ranks < cap ? r->n_ranks : cap;
-    memcpy(out, r->proj, *n * sizeof *out);
+    *n = r->reg.n_ranks < cap ? r->reg.n_ranks : cap;
+    memcpy(out, r->reg.proj, *n * sizeof *out);
     return KVR_OK;
 }
 

@@ -3,7 +3,7 @@
  *
  * A queued request is one allocation: the entry, then the prompt's block and sequence hashes
  * (computed once at enqueue, so a dispatch pass routes with route_req_t.hashed and never
- * hashes again), then, for a copied request, its allowed ids, taints and strings. Its queue
+ * hashes again), then, for a copied request, its allowed and excluded ids, taints and strings. Its queue
  * item's user pointer is the entry; the ticket is the queue's own handle (slot + generation).
  *
  * Invariants (kvr_sched_verify, and asserted in debug builds):
@@ -16,13 +16,16 @@
  *     stops only at a request that cannot be placed after everything the callbacks did.
  * Threads: the owner thread only. Cost: see sched.h.
  */
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 
 #include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "core/load.h"
+#include "core/queue.h"
 
 typedef struct observer {
     kvr_sched_observer_fn fn;
@@ -161,7 +164,8 @@ static void notify_routed(kvr_sched_t *s, const kvr_route_res_t *res)
 /* Bytes a copy of q's variable parts needs after the hashes (8-byte aligned parts first). */
 static size_t copy_bytes(const kvr_route_req_t *q)
 {
-    size_t n = q->n_allowed * sizeof(uint64_t) + q->n_preferred * sizeof(kvr_taint_weight_t) +
+    size_t n = (q->n_allowed + q->n_exclude) * sizeof(uint64_t) +
+               q->n_preferred * sizeof(kvr_taint_weight_t) +
                q->n_required * sizeof(char *);
     n += q->request_id_len + q->lora_name_len + q->cache_namespace_len + q->session_id_len + 4;
     for (size_t i = 0; i < q->n_required; i++)
@@ -190,7 +194,11 @@ static void copy_parts(entry_t *e, unsigned char *c)
     if (q->n_allowed > 0)
         memcpy(allowed, q->allowed_ids, q->n_allowed * sizeof *allowed);
     q->allowed_ids = allowed;
-    kvr_taint_weight_t *pref = (kvr_taint_weight_t *)(void *)(allowed + q->n_allowed);
+    uint64_t *excl = allowed + q->n_allowed;
+    if (q->n_exclude > 0)
+        memcpy(excl, q->exclude_ids, q->n_exclude * sizeof *excl);
+    q->exclude_ids = excl;
+    kvr_taint_weight_t *pref = (kvr_taint_weight_t *)(void *)(excl + q->n_exclude);
     const char **req = (const char **)(void *)(pref + q->n_preferred);
     char *str = (char *)(req + q->n_required);
     q->request_id = copy_str(&str, q->request_id, q->request_id_len);

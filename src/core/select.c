@@ -9,10 +9,11 @@
  *   credit            = overlap_credit * decay * device + host_w * host + disk_w * disk
  *                       + shared_mult * shared
  *   adjusted          = max(raw_prefill - credit, 0)
- *   logit             = scale * adjusted + potential_decode + request_w * active_requests
- *                       (lmetric: adjusted * (potential_decode + 1); locality: the same
- *                       with adjusted = max(raw_prefill - 2 credit, adjusted / 10 + 1)
- *                       + step_wait_weight * step_wait_ms)
+ *   logit             = the policy's (core/policy_<name>.c): dynamo, the reference's,
+ *                       scale * adjusted + potential_decode + request_w * active_requests;
+ *                       lmetric adjusted * (potential_decode + 1); locality the same with
+ *                       adjusted = max(raw_prefill - 2 credit, adjusted / 10 + 1)
+ *                       + step_wait_weight * step_wait_ms
  *   cost              = logit * exp(-tanh(sum of preferred-taint weights present))
  *
  * Pick: temperature 0 takes a minimum cost, ties broken uniformly (reservoir sampling: the
@@ -31,36 +32,13 @@
  * (eligibility, cost and extremes, softmax sum, softmax draw), recomputing rather than storing
  * the costs when there is no explain array.
  */
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
-#include "kvrouter.h"
+#include "core/select.h"
 
-/* ---- rng: splitmix64 ---- */
-
-void kvr_rng_seed(kvr_rng_t *rng, uint64_t seed) { rng->state = seed; }
-
-uint64_t kvr_rng_next(kvr_rng_t *rng)
-{
-    uint64_t z = (rng->state += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
-double kvr_rng_uniform(kvr_rng_t *rng) { return (double)(kvr_rng_next(rng) >> 11) * 0x1.0p-53; }
-
-uint64_t kvr_rng_below(kvr_rng_t *rng, uint64_t n)
-{
-    if (n == 0)
-        return 0;
-    uint64_t reject_below = (0 - n) % n; /* 2^64 mod n: the incomplete last bucket */
-    for (;;) {
-        uint64_t r = kvr_rng_next(rng);
-        if (r >= reject_below)
-            return r % n;
-    }
-}
+#include "core/policy.h"
 
 /* ---- config ---- */
 
@@ -109,9 +87,7 @@ int kvr_select_config_validate(const kvr_select_config_t *cfg, const char **fiel
         {unit(cfg->shared_cache_multiplier), "shared_cache_multiplier"},
         {finite_nonneg(cfg->temperature), "router_temperature"},
         {finite_nonneg(cfg->step_wait_weight), "router_step_wait_weight"},
-        {cfg->policy == KVR_SELECT_POLICY_DYNAMO || cfg->policy == KVR_SELECT_POLICY_LMETRIC ||
-             cfg->policy == KVR_SELECT_POLICY_LOCALITY,
-         "router_selection_policy"},
+        {kvr_policy_scorer(cfg->policy) != NULL, "router_selection_policy"},
     };
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
         if (!checks[i].ok) {
@@ -249,12 +225,15 @@ const char *kvr_select_why_name(kvr_select_why_t why)
         return "busy";
     case KVR_SELECT_NOT_PINNED:
         return "not_pinned";
+    case KVR_SELECT_EXCLUDED:
+        return "excluded";
     }
     return "unknown";
 }
 
 typedef struct ctx {
     kvr_select_config_t cfg; /* merged with the request's override */
+    const kvr_policy_t *scorer; /* cfg.policy's (core/policy_<name>.c) */
     const kvr_select_request_t *req;
     kvr_select_explain_t *explain; /* caller's, or NULL */
     double bs;
@@ -277,6 +256,14 @@ static bool id_allowed(const kvr_select_request_t *r, uint64_t id)
     return lo < r->n_allowed && r->allowed_ids[lo] == id;
 }
 
+static bool id_excluded(const kvr_select_request_t *r, uint64_t id)
+{
+    for (size_t i = 0; i < r->n_exclude; i++)
+        if (r->exclude_ids[i] == id)
+            return true;
+    return false;
+}
+
 static bool has_taint(const kvr_select_candidate_t *c, const char *taint)
 {
     for (size_t i = 0; i < c->n_taints; i++)
@@ -293,6 +280,8 @@ static kvr_select_why_t filter(const kvr_select_request_t *r, const kvr_select_c
         return KVR_SELECT_OTHER_MODEL;
     if (!id_allowed(r, c->worker.worker_id))
         return KVR_SELECT_NOT_ALLOWED;
+    if (id_excluded(r, c->worker.worker_id))
+        return KVR_SELECT_EXCLUDED;
     for (size_t i = 0; i < r->n_required; i++)
         if (!has_taint(c, r->required_taints[i]))
             return KVR_SELECT_MISSING_TAINT;
@@ -351,34 +340,20 @@ static void cost_terms(const ctx_t *x, const kvr_select_candidate_t *c, kvr_sele
     t->step_wait_blocks = 0;
     t->decode_cost_blocks = (double)c->potential_decode_blocks;
     t->active_request_cost = k->decode_active_request_weight * c->active_requests;
-    if (k->policy == KVR_SELECT_POLICY_LMETRIC) {
-        t->prefill_cost = t->adjusted_prefill_blocks;
-        t->logit = t->adjusted_prefill_blocks * (t->decode_cost_blocks + 1.0);
-    } else if (k->decode_pool && !x->req->track_prefill_tokens && k->overlap_score_credit > 0) {
+    if (x->scorer->decode_pool_rule && k->decode_pool && !x->req->track_prefill_tokens &&
+        k->overlap_score_credit > 0) {
+        /* 5.4: a decode pool told no prefill is coming prices decode blocks, less cached */
         t->prefill_cost = 0;
         t->logit = fmax(t->decode_cost_blocks - t->overlap_credit_blocks, 0.0) +
                    t->active_request_cost;
-    } else if (k->policy == KVR_SELECT_POLICY_LOCALITY) {
-        /* a cached block counts twice: it saves its prefill now and keeps its prefix where
-         * the next request with it will look; but the prefill term never falls below a tenth
-         * of what the worker really has to prefill plus one block, so among workers that all
-         * hold most of the prompt the load still decides. The engine step under way delays
-         * the prefill by the same time whatever the prompt: its wait is priced in blocks */
-        double real = t->adjusted_prefill_blocks;
-        t->step_wait_blocks = k->step_wait_weight * c->step_wait_ms;
-        t->adjusted_prefill_blocks =
-            fmax(t->raw_prefill_blocks - 2.0 * t->overlap_credit_blocks, 0.1 * real + 1.0) +
-            t->step_wait_blocks;
-        t->prefill_cost = t->adjusted_prefill_blocks;
-        t->logit = t->adjusted_prefill_blocks * (t->decode_cost_blocks + 1.0);
     } else {
-        t->prefill_cost = k->prefill_load_scale * t->adjusted_prefill_blocks;
-        t->logit = t->prefill_cost + t->decode_cost_blocks + t->active_request_cost;
+        x->scorer->score(k, c, t);
     }
     t->preferred_weight = preferred_weight(x->req, c);
     t->bias = tanh(t->preferred_weight);
     t->cost = t->logit * exp(-t->bias);
     t->probability = 0;
+    assert(t->cost >= 0); /* validated config: no NaN, nothing negative (+Inf on overflow) */
 }
 
 /* Eligibility and cost of candidate i, from the explain array when there is one. */
@@ -507,6 +482,8 @@ static int check_request(const kvr_select_request_t *r, kvr_select_result_t *out
     for (size_t i = 1; i < r->n_allowed; i++)
         if (r->allowed_ids[i] < r->allowed_ids[i - 1])
             return bad(out, "allowed_worker_ids");
+    if (r->n_exclude > 0 && r->exclude_ids == NULL)
+        return bad(out, "exclude_ids");
     if (r->n_required > 0 && r->required_taints == NULL)
         return bad(out, "required_taints");
     for (size_t i = 0; i < r->n_required; i++)
@@ -576,6 +553,7 @@ static int pinned_status(const kvr_select_request_t *r, size_t *idx)
         return KVR_ENOWORKER;
     case KVR_SELECT_MISSING_TAINT:
     case KVR_SELECT_NOT_ALLOWED:
+    case KVR_SELECT_EXCLUDED:
     case KVR_SELECT_OTHER_MODEL:
         return KVR_ENOTALLOWED;
     case KVR_SELECT_BUSY:
@@ -646,6 +624,7 @@ int kvr_select(const kvr_select_config_t *cfg, const kvr_select_request_t *req, 
         rc = check_request(req, out);
     if (rc != KVR_OK)
         return rc;
+    x.scorer = kvr_policy_scorer(x.cfg.policy); /* validated: never NULL */
     uint64_t blocks = req->request_blocks;
     if (blocks == 0)
         blocks = req->isl_tokens / req->block_size + (req->isl_tokens % req->block_size != 0);
@@ -669,6 +648,7 @@ int kvr_select(const kvr_select_config_t *cfg, const kvr_select_request_t *req, 
     if (out->n_eligible == 0)
         return out->n_busy > 0 ? KVR_EBUSY : KVR_ENOWORKER;
     idx = x.cfg.temperature > 0 ? pick_softmax(&x, rng) : pick_min(&x, rng);
+    assert(idx < req->n_cands && filter(req, &req->cands[idx]) == KVR_SELECT_ELIGIBLE);
     fill_result(&x, idx, false, out);
     return KVR_OK;
 }

@@ -2,9 +2,12 @@
  * session.c: sticky sessions (see session.h). Bindings live in a slot array (grown by
  * kvr_grow, reused through a free list) threaded on a doubly linked recency list; a
  * base/oatab.h table maps the id's xxh3 to its slot.
+ * Invariants, ownership, threads and cost: session.h states them (kvr_sessions_verify checks
+ * them; debug builds assert n_live <= max_sessions after every bind).
  */
 #include "core/session.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -219,6 +222,7 @@ int kvr_sessions_bind(kvr_sessions_t *s, const char *id, size_t len, kvr_worker_
     push_front(s, i);
     s->n_live++;
     s->st.binds++;
+    assert(s->n_live <= s->cfg.max_sessions); /* the LRU evicted one to make room */
     return KVR_OK;
 }
 

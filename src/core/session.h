@@ -22,7 +22,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvrouter.h"
 #include "kvrouter/router.h"
 
 #define KVR_SESSION_MAX_ID 128

@@ -1,8 +1,9 @@
 /*
- * status.c: names and messages for the status codes of kvrouter.h (one X-macro table).
- * No state; any thread.
+ * status.c: names and messages for the status codes of kvrouter/status.h (one X-macro table).
+ * Invariants: every code of the table has a name and a text; others read "unknown".
+ * Ownership: static strings. Threads: any (no state). Cost: O(codes).
  */
-#include "kvrouter.h"
+#include "kvrouter/status.h"
 
 const char *kvr_strerror(int status)
 {

@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "core/approx.h"
 #include "events/state_file.h"
 #include "wire/index_snapshot.h"
 

@@ -21,7 +21,7 @@
 
 #include "kvrouter/config.h"
 #include "kvrouter/router.h"
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 #include "events/ingest.h"
 
 struct event_base;

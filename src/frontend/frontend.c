@@ -1,7 +1,7 @@
 /*
  * frontend.c: the OpenAI front end (see frontend.h for what it does and the policies).
  *
- * This file is the request state machine: decode, route (through the scheduler, core/sched.h:
+ * This file is the request state machine: decode, route (through the scheduler, kvrouter/sched.h:
  * a queued request is borrowed, not copied, and every lifecycle call goes by the booking's
  * handle), proxy, relay, retry, disconnect, slow clients; plus the tick and the lifecycle.
  * The other jobs have their own files, over frontend_int.h: fe_tokenize.c (ids from a

@@ -1,7 +1,7 @@
 /*
  * remote_indexer.h: `serve --remote-indexer URL`: the router's overlaps come from another
  * indexer (a `kvrouter indexer`, a router with serve_indexer, or the reference's indexer)
- * instead of a local index. It is the scheduler's overlap source (core/sched.h): for each
+ * instead of a local index. It is the scheduler's overlap source (kvrouter/sched.h): for each
  * placement it POSTs the prompt's local block hashes to URL/query_by_hash (model_name: the
  * request's model, else remote_indexer_model) and hands the scores back as the request's
  * matches (device tier; the answer's tokens divided by this router's block size).
@@ -41,7 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/sched.h"
+#include "kvrouter/sched.h"
 #include "fleet/fleet.h"
 #include "http/host.h"
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "base/grow.h"
+#include "base/rng.h"
 #include "base/verify.h"
 
 typedef struct lev {

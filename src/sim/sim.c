@@ -19,6 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rng.h"
+#include "core/load.h"
+#include "core/queue.h"
 #include "kvrouter/router.h"
 #include "kvrouter.h"
 
@@ -699,11 +702,8 @@ static void begin_steps(sim_t *s)
 
 static uint64_t mix_seed(uint64_t x)
 {
-    x += UINT64_C(0x9E3779B97F4A7C15);
-    x = (x ^ (x >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    x = (x ^ (x >> 27)) * UINT64_C(0x94D049BB133111EB);
-    x ^= x >> 31;
-    return x ? x : 1; /* the router reads seed 0 as "from the clock" */
+    x = kvr_splitmix64(&x);
+    return x ? x : 1; /* the router reads seed 0 as "random" */
 }
 
 static int setup(sim_t *s)

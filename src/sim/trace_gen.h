@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/rng.h"
 #include "kvrouter.h"
 #include "wire/trace.h"
 

@@ -33,6 +33,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "base/grow.h"
+#include "base/rng.h"
 #include "kvrouter.h"
 #include "wire/json_decode.h"
 #include "wire/token_scan.h"
@@ -408,14 +409,6 @@ int kvr_trace_write(FILE *f, const kvr_trace_t *t)
 /* ------------------------------------------------------------------------------------------ */
 /* Tokens. */
 
-static inline uint64_t splitmix_next(uint64_t *s)
-{
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
 int kvr_trace_tokens(const kvr_trace_row_t *row, uint64_t seed, uint32_t *out, size_t cap)
 {
     if (row == NULL || (out == NULL && row->input_length > 0) ||
@@ -430,7 +423,7 @@ int kvr_trace_tokens(const kvr_trace_row_t *row, uint64_t seed, uint32_t *out, s
                      seed * UINT64_C(0xD1B54A32D192ED03) ^ UINT64_C(0x6B7A1E5C3D2F4A19);
         size_t n = left < KVR_TRACE_BLOCK_TOKENS ? left : KVR_TRACE_BLOCK_TOKENS;
         for (size_t j = 0; j < n; j++)
-            out[pos + j] = KVR_TRACE_TOKEN_LO + (uint32_t)(((splitmix_next(&s) >> 32) * span) >> 32);
+            out[pos + j] = KVR_TRACE_TOKEN_LO + (uint32_t)(((kvr_splitmix64(&s) >> 32) * span) >> 32);
         pos += n;
         left -= n;
     }
@@ -438,6 +431,6 @@ int kvr_trace_tokens(const kvr_trace_row_t *row, uint64_t seed, uint32_t *out, s
      * id-less stream, so the output is always fully written */
     uint64_t s = seed ^ UINT64_C(0xA0761D6478BD642F);
     for (; left > 0; left--)
-        out[pos++] = KVR_TRACE_TOKEN_LO + (uint32_t)(((splitmix_next(&s) >> 32) * span) >> 32);
+        out[pos++] = KVR_TRACE_TOKEN_LO + (uint32_t)(((kvr_splitmix64(&s) >> 32) * span) >> 32);
     return KVR_OK;
 }

@@ -20,6 +20,9 @@
 
 #include <cmocka.h>
 
+#include "base/rng.h"
+#include "core/approx.h"
+#include "core/load.h"
 #include "kvrouter.h"
 
 #include "sim/kvcache.h"

@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "core/load.h"
 #include "kvrouter.h"
 
 #define BS 16

@@ -29,6 +29,7 @@
 
 #include "common/model_driver.h"
 
+#include "core/load.h"
 #include "kvrouter.h"
 
 #define BS 4

@@ -18,6 +18,7 @@
 
 #include "common/model_driver.h"
 
+#include "core/queue.h"
 #include "kvrouter.h"
 
 static kvr_queue_t *mkqueue(size_t cap, kvr_queue_order_t order, uint64_t max_isl)

@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "core/load.h"
 #include "kvrouter/router.h"
 
 #define BS 16

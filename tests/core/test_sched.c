@@ -1,5 +1,5 @@
 /*
- * test_sched.c: the scheduler (core/sched.h) over a real router and index.
+ * test_sched.c: the scheduler (kvrouter/sched.h) over a real router and index.
  *   - lifecycle by handle: O(1) calls, a stale handle misses and never names a later request;
  *   - the queue: busy -> queued, a load change dispatches at once (counted as an event), the
  *     backlog is not overtaken, cancel never calls back, expiry answers KVR_EBUSY;
@@ -26,7 +26,8 @@
 #include <cmocka.h>
 
 #include "common/model_driver.h"
-#include "core/sched.h"
+#include "core/load.h"
+#include "kvrouter/sched.h"
 
 #define BS 16
 #define MAXT 4096

@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "base/rng.h"
+#include "core/select.h"
 #include "kvrouter.h"
 
 #define BS 16u

@@ -1,5 +1,5 @@
 /*
- * sched.h: the scheduler. Every front door (the JSON API, the OpenAI front end, an embedding
+ * kvrouter/sched.h: the scheduler (core/sched.c). Every front door (the JSON API, the OpenAI front end, an embedding
  * program) places requests and reports their lifecycle here, not to the router directly:
  *
  *   place        route now, or queue while every eligible worker is busy (router_queue_*);
@@ -14,10 +14,7 @@
  *                sync can publish local events and apply a peer's without echoing them, and
  *                the HTTP layer can keep its histograms
  *
- * Where the next features plug in: disaggregated serving places a request twice (a prefill
- * pool, then a decode pool) and frees both bookings by their handles; replica sync is an
- * observer that publishes KVR_SCHED_ORIGIN_LOCAL events and calls kvr_sched_apply with
- * KVR_SCHED_ORIGIN_PEER for a peer's.
+ * How disaggregated serving and replica sync use it: docs/architecture.md (sched.c).
  *
  * Ownership: the scheduler borrows the router (which must outlive it) and owns its queue and
  * the copies of queued requests it was asked to copy (kvr_place_t.copy). A request placed
@@ -30,19 +27,40 @@
  * passes reuse the hashes) and allocates one block for the entry; a lifecycle call by handle
  * is O(1) plus a dispatch pass, which stops at the first request that still cannot be placed.
  */
-#ifndef KVR_CORE_SCHED_H
-#define KVR_CORE_SCHED_H
+#ifndef KVR_SCHED_H
+#define KVR_SCHED_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvrouter.h"
 #include "kvrouter/router.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVR_QUEUE_MAX_CAPACITY ((size_t)1 << 20)
+
+/* The queue of requests waiting while every eligible worker is busy (core/queue.c). */
+typedef struct kvr_queue_config {
+    /* public */
+    size_t capacity;                 /* max queued requests, memory fixed at creation; [2, 2^20] */
+    uint64_t max_pending_isl_tokens; /* 0 = unlimited */
+    kvr_queue_order_t order;       /* router_queue_policy */
+} kvr_queue_config_t;
+
+typedef struct kvr_queue_stats {
+    /* read-only */
+    uint64_t pending;            /* gauge */
+    uint64_t pending_isl_tokens; /* gauge */
+    uint64_t enqueued, dispatched, rejected, expired, cancelled;
+} kvr_queue_stats_t;
 
 typedef struct kvr_sched kvr_sched_t;
 
 typedef struct kvr_sched_config {
+    /* public */
     bool queue;                   /* queue while busy (router_queue_threshold set) */
     kvr_queue_config_t queue_cfg; /* capacity, pending ISL limit, order */
     uint64_t queue_timeout_ms;    /* 0 = wait forever */
@@ -70,6 +88,7 @@ kvr_router_t *kvr_sched_router(const kvr_sched_t *s);
 typedef void (*kvr_sched_done_fn)(void *arg, int rc, const kvr_route_res_t *res);
 
 typedef struct kvr_place {
+    /* public */
     const kvr_route_req_t *q;
     uint32_t strict_priority; /* queue tier: higher always dispatches first */
     bool copy;                /* queue a copy of q (else q is borrowed: see above) */
@@ -106,6 +125,7 @@ bool kvr_sched_cancel(kvr_sched_t *s, kvr_ticket_t t);
 typedef void (*kvr_overlap_done_fn)(void *ctx, int status, const kvr_match_t *matches, size_t n,
                                     uint64_t now_ms);
 typedef struct kvr_overlap_source {
+    /* public */
     /* Starts a lookup of q's prompt (q->hashed: its local block hashes); calls done(ctx, ...)
      * exactly once, on the owner thread, and never from inside lookup. Non-OK: nothing will
      * be called (the request is routed at once with zero overlap). */
@@ -134,6 +154,7 @@ typedef enum kvr_sched_origin {
 } kvr_sched_origin_t;
 
 typedef struct kvr_sched_event {
+    /* public */
     kvr_sched_kind_t kind;
     kvr_sched_origin_t origin;
     kvr_req_handle_t handle; /* the booking; KVR_REQ_HANDLE_NONE: by id */
@@ -193,6 +214,7 @@ int kvr_sched_observe_named(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg)
 void kvr_sched_unobserve(kvr_sched_t *s, kvr_sched_observer_fn fn, void *arg);
 
 typedef struct kvr_sched_stats {
+    /* read-only */
     bool queue_on;
     kvr_queue_stats_t queue; /* all zero when the queue is off */
     uint64_t dispatched[KVR_SCHED_N_TRIGGERS];
@@ -205,4 +227,7 @@ size_t kvr_sched_queued(const kvr_sched_t *s);
  * KVR_EINVAL with msg. */
 int kvr_sched_verify(const kvr_sched_t *s, char *msg, size_t msg_len);
 
+#ifdef __cplusplus
+}
 #endif
+#endif /* KVR_SCHED_H */
