@@ -1,5 +1,9 @@
 /*
- * fe_metrics.c: the front end's /metrics families (see frontend_int.h).
+ * fe_metrics.c: the front end's /metrics families (fe_metrics.h): its counters, gauges and
+ * histograms, then the per-model ones (fe_reqmetrics.c) and the planner's (fe_disagg.c).
+ * Invariants: the family names and help texts are an interface (dashboards read them).
+ * Ownership: nothing kept. Threads: the HTTP thread (the api server's /metrics). Cost: one
+ * pass over the live requests (client backlogs) and the pools.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +15,9 @@
 
 #include "kvrouter/router.h"
 #include "api/api_server.h"
-#include "frontend/frontend_int.h"
+#include "frontend/fe_disagg.h"
+#include "frontend/fe_metrics.h"
+#include "frontend/fe_req.h"
 
 const char *const UPK_NAMES[UPK_COUNT] = {"connect", "timeout",    "eof",      "protocol",
                                           "no_url",  "status_5xx", "too_large"};
@@ -68,7 +74,7 @@ void fe_metrics(void *arg, struct kvr_prom *p)
                      (double)s->slow_client_aborts);
     size_t backlog = 0;
     for (const fe_req_t *q = fe->live; q != NULL; q = q->next)
-        backlog += q->reply_started ? fe_client_backlog(q) : 0;
+        backlog += q->client.reply_started ? fe_client_backlog(q) : 0;
     kvr_prom_gauge(p, "kvr_frontend_client_buffer_bytes",
                    "Streamed bytes waiting in clients' output "
                    "buffers.",

@@ -1,6 +1,9 @@
 /*
- * fe_models.c: GET /v1/models of the front end (see frontend_int.h): every worker's list, asked
+ * fe_models.c: GET /v1/models of the front end (fe_models.h): every worker's list, asked
  * at most every FE_MODELS_TTL_MS, merged, with concurrent callers answered by one round.
+ * Invariants: a pool has at most one models call in flight (m_in_flight); models_pending
+ * counts the calls of the round; waiters are answered once, when it ends. Ownership: a pool
+ * owns its model list. Threads: the HTTP thread. Cost: one call per worker a round.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +16,8 @@
 #include "base/namelist.h"
 #include "kvrouter/router.h"
 #include "api/api_server.h"
-#include "frontend/frontend_int.h"
+#include "frontend/fe_models.h"
+#include "frontend/fe_reply.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* GET /v1/models */
