@@ -644,7 +644,8 @@ static int bootstrap_body(fe_req_t *p, const kvr_worker_spec_t *sp)
     uint64_t rnd;
     if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
         rnd = mono_ns() * UINT64_C(0x9E3779B97F4A7C15);
-    uint32_t rank = p->route.worker.dp_rank >= sp->dp_start ? p->route.worker.dp_rank - sp->dp_start : 0;
+    uint32_t dp = p->route.worker.dp_rank;
+    uint32_t rank = dp >= sp->dp_start ? dp - sp->dp_start : 0;
     uint64_t room = kvr_disagg_room(rnd, sp->dp_size, rank);
     char tail[KVR_ADDR_BYTES + 96];
     int n = snprintf(tail, sizeof tail,

@@ -96,7 +96,7 @@ void fe_plan_release(fe_req_t *p, fe_rel_t why);
 /* The prefill worker that served (or serves) p; NULL: none (the answer names it). */
 const kvr_worker_t *fe_plan_prefill_worker(const fe_req_t *p);
 
-/* ---- the planner's lifecycle ------------------------------------------------------------------ */
+/* ---- the planner's lifecycle ------------------------------------------------------------- */
 /* lost: the machine's callback for a leg lost outside the hooks (its call dropped, its
  * booking freed, p placed again from its timer). */
 int fe_disagg_init(kvr_frontend_t *fe, fe_leg_lost_fn lost);

@@ -82,13 +82,15 @@ void fe_reqm_observe(kvr_frontend_t *fe, const fe_req_t *p, uint64_t now_ns, uin
     kvr_hist_observe(&m->isl, (double)p->prompt.n_tokens);
     kvr_hist_observe(&m->osl, (double)osl);
     if (p->prompt.n_tokens > 0) {
-        uint64_t c = p->route.cached_tokens < p->prompt.n_tokens ? p->route.cached_tokens : p->prompt.n_tokens;
+        uint64_t c = p->route.cached_tokens < p->prompt.n_tokens ? p->route.cached_tokens
+                                                                 : p->prompt.n_tokens;
         kvr_hist_observe(&m->hit, (double)c / (double)p->prompt.n_tokens);
     }
     if (p->client.first_token_ns != 0) {
         kvr_hist_observe(&m->ttft, (double)(p->client.first_token_ns - p->client.arrival_ns) / 1e9);
         if (p->client.gen_tokens > 1)
-            kvr_hist_observe(&m->itl, (double)(p->client.last_token_ns - p->client.first_token_ns) / 1e9 /
+            kvr_hist_observe(&m->itl, (double)(p->client.last_token_ns -
+                                               p->client.first_token_ns) / 1e9 /
                                           (double)(p->client.gen_tokens - 1));
     }
 }

@@ -181,7 +181,8 @@ static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
         req_fail(p, 503, "the pinned worker is outside the request's filters");
         return;
     case KVR_ENOMODEL:
-        if (p->hints.lora != NULL && res && res->error_field && strncmp(res->error_field, "lora", 4) == 0)
+        if (p->hints.lora != NULL && res && res->error_field &&
+            strncmp(res->error_field, "lora", 4) == 0)
             req_fail(p, 404, "no worker serves the LoRA adapter `%s` (lora_strict)", p->hints.lora);
         else
             req_fail(p, 404, "The model `%s` does not exist", p->prompt.model);
@@ -379,6 +380,18 @@ static void apply(fe_req_t *p, const fe_verdict_t *v, struct evhttp_request *up)
     }
 }
 
+/* Hook 3, its one site: p's current leg ended (e). True when the machine goes on with its
+ * own handling (an aggregated request's), false when the planner's verdict was carried out. */
+static bool leg_ended(fe_req_t *p, const fe_leg_end_t *e)
+{
+    fe_verdict_t v;
+    fe_plan_ended(p, e, &v);
+    if (v.step == FE_STEP_GO)
+        return true;
+    apply(p, &v, e->up);
+    return false;
+}
+
 /* The planner lost p's current leg outside its hooks (a bootstrap prefill call failed under
  * p's decode call): the call is dropped, its booking freed, and p placed again from its
  * timer (the planner has set the leg). */
@@ -511,7 +524,8 @@ static const uint64_t *attempt_allowed(fe_req_t *p, size_t *n, bool *oom)
     size_t o = 0;
     for (size_t i = 0; i < m; i++) {
         uint64_t id = p->route.scratch[i];
-        if (was_tried(p, id) || ((fe->n_urlless > 0 || p->route.n_tried > 0) && !usable_worker(fe, id)))
+        if (was_tried(p, id) ||
+            ((fe->n_urlless > 0 || p->route.n_tried > 0) && !usable_worker(fe, id)))
             continue;
         p->route.scratch[o++] = id;
     }
@@ -527,10 +541,7 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
     fe_verdict_t v;
     if (rc != KVR_OK) {
         fe_leg_end_t e = {.how = FE_END_UNPLACED, .rc = rc};
-        fe_plan_ended(p, &e, &v); /* hook 3: a prefill leg falls back */
-        if (v.step != FE_STEP_GO)
-            apply(p, &v, NULL);
-        else
+        if (leg_ended(p, &e)) /* a prefill leg falls back */
             req_fail_route(p, rc, res);
         return;
     }
@@ -558,7 +569,9 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
  * price of the text before the first image (see docs/serve.md). False on out of memory. */
 static bool image_blocks(fe_req_t *p)
 {
-    kvr_route_req_t q = {.n_tokens = p->prompt.n_tokens, .model = p->prompt.model, .model_len = p->prompt.model_len};
+    kvr_route_req_t q = {.n_tokens = p->prompt.n_tokens,
+                         .model = p->prompt.model,
+                         .model_len = p->prompt.model_len};
     size_t n = kvr_router_n_blocks(p->fe->r, &q);
     if (n == 0)
         return true;
@@ -644,18 +657,18 @@ static void attempt_failed(fe_req_t *p, up_kind_t kind)
 {
     kvr_frontend_t *fe = p->fe;
     fe_up_count_error(fe, kind, p->route.worker.worker_id, true);
-    snprintf(p->route.last_fail, sizeof p->route.last_fail, "%u upstream attempt%s failed, the last with %s "
-             "on worker %llu", p->route.attempts, p->route.attempts == 1 ? "" : "s", UPK_NAMES[kind],
-             (unsigned long long)p->route.worker.worker_id);
+    unsigned n = p->route.attempts;
+    snprintf(p->route.last_fail, sizeof p->route.last_fail,
+             "%u upstream attempt%s failed, the last with %s on worker %llu", n,
+             n == 1 ? "" : "s", UPK_NAMES[kind], (unsigned long long)p->route.worker.worker_id);
     if (p->up.pool != NULL)
         fe_worker_failed(fe, p->up.pool, kind);
     if (p->route.n_tried < FE_MAX_ATTEMPTS)
         p->route.tried[p->route.n_tried++] = p->route.worker.worker_id;
     unbook(p);
     fe_leg_end_t e = {.how = FE_END_FAILED};
-    fe_verdict_t v;
-    fe_plan_ended(p, &e, &v); /* hook 3: a bootstrap pair starts again from its prefill */
-    schedule_retry(p);
+    if (leg_ended(p, &e)) /* a bootstrap pair starts again from its prefill */
+        schedule_retry(p);
 }
 
 /* The headers naming the workers that served p. */
@@ -900,12 +913,8 @@ static void up_broke(fe_req_t *p, up_kind_t kind)
 {
     kvr_frontend_t *fe = p->fe;
     fe_leg_end_t e = {.how = FE_END_BROKEN, .kind = kind};
-    fe_verdict_t v;
-    fe_plan_ended(p, &e, &v); /* hook 3: a prefill falls back */
-    if (v.step != FE_STEP_GO) {
-        apply(p, &v, NULL);
+    if (!leg_ended(p, &e)) /* a prefill falls back */
         return;
-    }
     if (!p->up.got_headers) { /* accepted, then silent: maybe still generating; not retried */
         fe_up_count_error(fe, kind, p->route.worker.worker_id, true);
         fe_worker_failed(fe, p->up.pool, kind);
@@ -939,12 +948,8 @@ static void up_broke(fe_req_t *p, up_kind_t kind)
 static void up_answered(fe_req_t *p, struct evhttp_request *up, int code)
 {
     fe_leg_end_t e = {.how = FE_END_ANSWERED, .up = up, .code = code};
-    fe_verdict_t v;
-    fe_plan_ended(p, &e, &v); /* hook 3: a prefill's answer gives the decode leg */
-    if (v.step != FE_STEP_GO) {
-        apply(p, &v, up);
+    if (!leg_ended(p, &e)) /* a prefill's answer gives the decode leg */
         return;
-    }
     uint64_t osl;
     if (p->up.sse_mode) {
         relay(p, true);
@@ -964,9 +969,8 @@ static void up_orphaned(fe_req_t *p, struct evhttp_request *up, int code)
 {
     unbook(p);
     fe_leg_end_t e = {.how = FE_END_ORPHANED, .up = up, .code = code};
-    fe_verdict_t v;
-    fe_plan_ended(p, &e, &v); /* hook 3: a prefill's KV is released */
-    req_finish(p);
+    if (leg_ended(p, &e)) /* a prefill's KV is released (the planner says FINISH) */
+        req_finish(p);
 }
 
 static void on_up_done(struct evhttp_request *up, void *arg)
@@ -1067,11 +1071,9 @@ static void leg_spent(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
     fe_leg_end_t e = {.how = FE_END_SPENT};
-    fe_verdict_t v;
-    fe_plan_ended(p, &e, &v); /* hook 3 */
-    if (v.step != FE_STEP_GO)
-        apply(p, &v, NULL);
-    else if (p->route.attempts >= 1 + fe->cfg.frontend_max_retries)
+    if (!leg_ended(p, &e))
+        return;
+    if (p->route.attempts >= 1 + fe->cfg.frontend_max_retries)
         req_fail(p, 503, "no worker could serve this request (%s)", p->route.last_fail);
     else
         req_fail(p, 503, "the pinned worker cannot serve this request (%s)", p->route.last_fail);
@@ -1156,10 +1158,12 @@ static bool copy_routing(fe_req_t *p, const kvr_oai_request_t *rq)
     if (x->has_allowed_worker_ids) {
         p->hints.has_allowed = true;
         p->hints.n_allowed = x->n_allowed_worker_ids;
-        if ((p->hints.allowed = malloc((p->hints.n_allowed + 1) * sizeof *p->hints.allowed)) == NULL)
+        p->hints.allowed = malloc((p->hints.n_allowed + 1) * sizeof *p->hints.allowed);
+        if (p->hints.allowed == NULL)
             return false;
         if (p->hints.n_allowed)
-            memcpy(p->hints.allowed, x->allowed_worker_ids, p->hints.n_allowed * sizeof *p->hints.allowed);
+            memcpy(p->hints.allowed, x->allowed_worker_ids,
+                   p->hints.n_allowed * sizeof *p->hints.allowed);
     }
     if (x->has_backend_instance_id) {
         p->hints.worker.has = true;
