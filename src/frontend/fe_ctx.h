@@ -3,7 +3,7 @@
  * itself (struct kvr_frontend), which every fe_*.c file reads. It declares no function: each
  * concern has its own header (fe_req.h the per-request state, fe_upstream.h the worker pools,
  * fe_body.h, fe_tokenize.h, fe_relay.h, fe_disagg.h the leg planner, fe_models.h,
- * fe_metrics.h, fe_reqm.h, fe_reply.h), and no helper includes the state machine
+ * fe_metrics.h with the per-model histograms, fe_reply.h), and no helper includes the state machine
  * (frontend.c), which has no header besides the public frontend.h.
  * Invariants: live holds the n_live requests not yet finished; pools the worker pools
  * (fe_upstream.h); bgs the planner's background calls (fe_disagg.c); dfree the planner's idle

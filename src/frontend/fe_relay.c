@@ -12,8 +12,6 @@
 #include <string.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/event.h>
 #include <event2/http.h>
 
 #include "frontend/fe_body.h"

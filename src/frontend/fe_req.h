@@ -216,5 +216,11 @@ bool fe_set_tokens(fe_req_t *p, const uint32_t *t, size_t n);
 void fe_on_up_error(enum evhttp_request_error err, void *arg);
 /* Asserts the invariants above (a no-op under NDEBUG). */
 void fe_req_verify(const fe_req_t *p);
+/* fe_req_verify at a state transition: no call at all under NDEBUG. */
+#ifdef NDEBUG
+#define FE_REQ_VERIFY(p) ((void)0)
+#else
+#define FE_REQ_VERIFY(p) fe_req_verify(p)
+#endif
 
 #endif

@@ -47,16 +47,10 @@ static upool_t *pick_tokenizer(fe_req_t *p)
     return NULL;
 }
 
-/* Ends p's tokenize call: done, with what it came to. */
-static void tok_end(fe_req_t *p, fe_tok_done_fn done, const fe_tok_result_t *r)
-{
-    done(p, r);
-}
-
 static void tok_again(fe_req_t *p, fe_tok_done_fn done)
 {
     fe_tok_result_t r = {.st = FE_TOK_AGAIN};
-    tok_end(p, done, &r);
+    done(p, &r);
 }
 
 static void tok_fail(fe_req_t *p, fe_tok_done_fn done, int status, const char *fmt, ...)
@@ -69,7 +63,7 @@ static void tok_fail(fe_req_t *p, fe_tok_done_fn done, int status, const char *f
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     fe_tok_result_t r = {.st = FE_TOK_FAIL, .status = status, .body = msg, .len = strlen(msg)};
-    tok_end(p, done, &r);
+    done(p, &r);
 }
 
 /* u failed p's /tokenize (a 5xx or an answer that does not read): counted as an upstream
@@ -125,7 +119,7 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
         const char *ct = evhttp_find_header(evhttp_request_get_input_headers(up), "Content-Type");
         fe_tok_result_t r = {.st = FE_TOK_ANSWER, .status = code,
                              .ctype = ct ? ct : "application/json", .body = b, .len = len};
-        tok_end(p, done, &r);
+        done(p, &r);
         return;
     }
     size_t n_ids = 0;
@@ -151,7 +145,7 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
     u->consecutive_failures = 0;
     kvr_tokcache_put(&fe->cache, p->prompt.tok_key, fe->tok_ids, n_ids);
     fe_tok_result_t r = {.st = FE_TOK_IDS, .ids = fe->tok_ids, .n = n_ids};
-    tok_end(p, done, &r);
+    done(p, &r);
 }
 
 void fe_tokenize_start(fe_req_t *p, fe_tok_done_fn done)
