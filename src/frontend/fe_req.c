@@ -12,7 +12,6 @@
 #include <event2/bufferevent.h>
 #include <event2/http.h>
 
-#include "frontend/fe_disagg.h"
 #include "frontend/fe_req.h"
 
 fe_req_t *fe_req_new(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_endpoint_t ep,
@@ -152,6 +151,5 @@ void fe_req_verify(const fe_req_t *p)
     assert(p->prompt.body == NULL || p->prompt.tokens != NULL);
     assert(p->dis != NULL || (p->leg.shape == NULL && p->leg.pin == &p->hints.worker &&
                               p->leg.body == NULL));
-    fe_disagg_verify(p);
 #endif
 }

@@ -20,7 +20,7 @@
  *   - route.n_tried, prompt.n_tok_tried <= FE_MAX_ATTEMPTS; leg.pin set;
  *   - the forward body is the client's or the rebuilt one (or dangling once the client left);
  *   - dis NULL => the leg is the whole request (no pool shape, the worker pin);
- *   - the planner's own (fe_disagg_verify).
+ *   the planner's part has its own (fe_disagg_verify; the machine checks both).
  * Ownership: p owns every pointer it holds but client.req / client.conn (libevent's),
  * prompt.client_body (the client's input buffer), up.req (libevent's), up.uc (its pool's,
  * lent), up.pool and leg.body (the planner's part, or NULL). Threads: the HTTP thread only.
@@ -216,11 +216,6 @@ bool fe_set_tokens(fe_req_t *p, const uint32_t *t, size_t n);
 void fe_on_up_error(enum evhttp_request_error err, void *arg);
 /* Asserts the invariants above (a no-op under NDEBUG). */
 void fe_req_verify(const fe_req_t *p);
-/* fe_req_verify at a state transition: no call at all under NDEBUG. */
-#ifdef NDEBUG
-#define FE_REQ_VERIFY(p) ((void)0)
-#else
-#define FE_REQ_VERIFY(p) fe_req_verify(p)
-#endif
+
 
 #endif

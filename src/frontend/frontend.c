@@ -83,6 +83,14 @@ static const double FORWARD_BUCKETS[] = {5e-6,   1e-5, 2.5e-5, 5e-5,   1e-4, 2.5
                                          2.5e-3, 5e-3, 1e-2,   2.5e-2, 5e-2, 0.1,    0.25, 1};
 #define N_FORWARD_BUCKETS (sizeof FORWARD_BUCKETS / sizeof FORWARD_BUCKETS[0])
 
+/* A request's invariants and its planner part's, at a state transition (no code under
+ * NDEBUG). */
+#ifdef NDEBUG
+#define VERIFY(p) ((void)0)
+#else
+#define VERIFY(p) (fe_req_verify(p), fe_disagg_verify(p))
+#endif
+
 static void req_finish(fe_req_t *p);
 static void end_stream(fe_req_t *p, const char *error);
 static void route_attempt(fe_req_t *p);
@@ -253,7 +261,7 @@ static void unbook(fe_req_t *p)
 static void req_finish(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
-    FE_REQ_VERIFY(p);
+    VERIFY(p);
     cancel_upstream(p);
     if (p->phase == PH_QUEUED)
         (void)kvr_sched_cancel(fe->sched, p->route.ticket);
@@ -340,7 +348,7 @@ static void next_leg(fe_req_t *p)
     p->route.first_token_sent = false;
     p->route.attempts = 0;
     p->up.leg_sent = false;
-    FE_REQ_VERIFY(p);
+    VERIFY(p);
     if (!ensure_retry_ev(p)) {
         req_fail(p, 500, "out of memory");
         return;
@@ -423,7 +431,7 @@ static void ids_ready(fe_req_t *p)
         apply(p, &v, NULL);
         return;
     }
-    FE_REQ_VERIFY(p);
+    VERIFY(p);
     route_attempt(p);
 }
 
@@ -560,7 +568,7 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
     }
     if (p->client.want_worker)
         fe_make_nvext(p, fe_plan_prefill_worker(p));
-    FE_REQ_VERIFY(p);
+    VERIFY(p);
     send_upstream(p);
 }
 
@@ -980,7 +988,7 @@ static void on_up_done(struct evhttp_request *up, void *arg)
     p->up.req = NULL; /* libevent frees it after this call */
     fe_pool_release(p->up.uc);
     p->up.uc = NULL;
-    FE_REQ_VERIFY(p);
+    VERIFY(p);
     if (p->client.slow_abort)
         return; /* retry_ev is pending: it closes the client */
     int code = up != NULL ? evhttp_request_get_response_code(up) : 0;
@@ -1057,7 +1065,7 @@ static void send_upstream(fe_req_t *p)
     /* a whole answer is buffered: bounded (lifted in on_up_header for an event stream) */
     evhttp_connection_set_max_body_size(uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
     p->up.leg_sent = true; /* a pull decode leg: from here the decode worker may read the KV */
-    FE_REQ_VERIFY(p);
+    VERIFY(p);
     if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up.req == up) {
         p->up.req = NULL;
         fe_pool_release(p->up.uc);
@@ -1086,7 +1094,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
     (void)what;
     fe_req_t *p = arg;
     kvr_frontend_t *fe = p->fe;
-    FE_REQ_VERIFY(p);
+    VERIFY(p);
     if (p->client.slow_abort) {
         abort_slow_client(p);
         return;
