@@ -9,7 +9,9 @@
  *     name the host an engine reads KV from or sends it to, so only the router sets them;
  *   - the nvext naming the chosen worker, spliced into a worker's JSON answer or event when
  *     the client asked for it (wire/json_splice.c, strict: the worker's bytes are untrusted).
- * Ownership: the built body belongs to the request (p->body_own). Threads: the HTTP thread.
+ * Invariants: a built body fits the size computed before it is written (asserted).
+ * Ownership: the built body belongs to the request (p->prompt.body_own), a leg body to its
+ * caller. Threads: the HTTP thread.
  * Cost: the body is sized once from an upper bound (the client's body plus 11 bytes an id)
  * and written in one pass: one allocation, no growth.
  */
@@ -20,7 +22,7 @@
 
 #include <event2/buffer.h>
 
-#include "frontend/frontend_int.h"
+#include "frontend/fe_body.h"
 #include "wire/json_splice.h"
 
 /* The members of the object at b[i..n) (after whitespace); their count, or -1 when it is not
@@ -108,12 +110,12 @@ static int build_body(fe_req_t *p, const char *const *drop, unsigned *seen, cons
                       size_t tail_len, char **out_body, size_t *out_len)
 {
     kvr_frontend_t *fe = p->fe;
-    const char *b = p->client_body;
-    int k = scan_members(b, p->client_body_len, 0, fe->members);
+    const char *b = p->prompt.client_body;
+    int k = scan_members(b, p->prompt.client_body_len, 0, fe->members);
     if (k < 0)
         return KVR_ETOOBIG; /* the decoder accepted it: only the member cap can refuse it */
     /* the kept members are a part of the body; the rest is the ids and fixed text */
-    size_t cap = p->client_body_len + p->n_tokens * 11 + 96 + tail_len;
+    size_t cap = p->prompt.client_body_len + p->prompt.n_tokens * 11 + 96 + tail_len;
     char *out = malloc(cap);
     if (out == NULL)
         return KVR_ENOMEM;
@@ -124,8 +126,9 @@ static int build_body(fe_req_t *p, const char *const *drop, unsigned *seen, cons
     const char *const *kvt = fe->cfg.frontend_trust_kv_transfer ? NULL : KVT_MEMBERS;
     for (int i = 0; i < k; i++) {
         const kvr_json_member_t *m = &fe->members[i];
-        if (kvr_json_key_is(b, m, "nvext") || (p->drop_prompt && kvr_json_key_is(b, m, "prompt")) ||
-            (p->has_priority && kvr_json_key_is(b, m, "priority")) ||
+        if (kvr_json_key_is(b, m, "nvext") ||
+            (p->prompt.drop_prompt && kvr_json_key_is(b, m, "prompt")) ||
+            (p->hints.has_priority && kvr_json_key_is(b, m, "priority")) ||
             dropped(b, m, drop, &seen_local) || dropped(b, m, kvt, &kvt_seen))
             continue;
         if (!first)
@@ -133,21 +136,22 @@ static int build_body(fe_req_t *p, const char *const *drop, unsigned *seen, cons
         put(&c, b + m->key, m->val_end - m->key);
         first = false;
     }
-    if (p->has_priority) { /* nvext's engine priority as the engines read it */
+    if (p->hints.has_priority) { /* nvext's engine priority as the engines read it */
         char pr[32];
-        int n = snprintf(pr, sizeof pr, "%s\"priority\":%d", first ? "" : ",", (int)p->priority);
+        int n = snprintf(pr, sizeof pr, "%s\"priority\":%d", first ? "" : ",",
+                         (int)p->hints.priority);
         put(&c, pr, (size_t)n);
         first = false;
     }
-    if (p->ep == KVR_OAI_COMPLETIONS) {
-        if (p->drop_prompt) {
+    if (p->client.ep == KVR_OAI_COMPLETIONS) {
+        if (p->prompt.drop_prompt) {
             put_str(&c, first ? "\"prompt\":" : ",\"prompt\":");
-            put_ids(&c, p->tokens, p->n_tokens);
+            put_ids(&c, p->prompt.tokens, p->prompt.n_tokens);
             first = false;
         }
     } else {
         put_str(&c, first ? "\"nvext\":{\"token_data\":" : ",\"nvext\":{\"token_data\":");
-        put_ids(&c, p->tokens, p->n_tokens);
+        put_ids(&c, p->prompt.tokens, p->prompt.n_tokens);
         put(&c, "}", 1);
         first = false;
     }
@@ -160,8 +164,8 @@ static int build_body(fe_req_t *p, const char *const *drop, unsigned *seen, cons
     assert((size_t)(c.o - out) <= cap);
     if (seen != NULL)
         *seen = seen_local;
-    if (kvt_seen != 0 && !p->kvt_counted) { /* once a request, whichever body saw it first */
-        p->kvt_counted = true;
+    if (kvt_seen != 0 && !p->prompt.kvt_counted) { /* once a request, whichever body first */
+        p->prompt.kvt_counted = true;
         fe->st.kvt_stripped++;
         kvr_log_limited(&fe->rl_proto, KVR_LOG_WARN,
                         "a client's KV-transfer fields (kv_transfer_params / bootstrap_*) were "
@@ -181,10 +185,10 @@ int fe_build_forward_body(fe_req_t *p)
     int rc = build_body(p, NULL, NULL, NULL, 0, &out, &len);
     if (rc != KVR_OK)
         return rc;
-    free(p->body_own);
-    p->body_own = out;
-    p->body = out;
-    p->body_len = len;
+    free(p->prompt.body_own);
+    p->prompt.body_own = out;
+    p->prompt.body = out;
+    p->prompt.body_len = len;
     return KVR_OK;
 }
 
@@ -194,31 +198,33 @@ int fe_build_leg_body(fe_req_t *p, const char *const *drop, unsigned *seen, cons
     return build_body(p, drop, seen, tail, tail_len, out, out_len);
 }
 
-/* "nvext":{"worker_id":{...}} for the chosen workers (the prefill worker's when the request
+/* "nvext":{"worker_id":{...}} for the chosen workers (pf, the prefill worker, when the request
  * was prefilled elsewhere, else the one worker's). */
-void fe_make_nvext(fe_req_t *p)
+void fe_make_nvext(fe_req_t *p, const kvr_worker_t *pf)
 {
-    kvr_worker_t pf = p->has_pf ? p->pf : p->worker;
-    int n = snprintf(p->nvext, sizeof p->nvext,
+    const kvr_worker_t *w = &p->route.worker;
+    if (pf == NULL)
+        pf = w;
+    int n = snprintf(p->client.nvext, sizeof p->client.nvext,
                      "\"nvext\":{\"worker_id\":{\"prefill_worker_id\":%llu,\"prefill_dp_rank\":%u,"
                      "\"decode_worker_id\":%llu,\"decode_dp_rank\":%u}}",
-                     (unsigned long long)pf.worker_id, pf.dp_rank,
-                     (unsigned long long)p->worker.worker_id, p->worker.dp_rank);
-    p->nvext_len = n > 0 && (size_t)n < sizeof p->nvext ? (size_t)n : 0;
+                     (unsigned long long)pf->worker_id, pf->dp_rank,
+                     (unsigned long long)w->worker_id, w->dp_rank);
+    p->client.nvext_len = n > 0 && (size_t)n < sizeof p->client.nvext ? (size_t)n : 0;
 }
 
 /* Appends json (one object) to out with the worker's nvext as its last member (any nvext the
  * worker sent dropped); false (out untouched) when it is not one valid object. */
 bool fe_inject_worker(const fe_req_t *p, const char *json, size_t len, struct evbuffer *out)
 {
-    if (p->nvext_len == 0)
+    if (p->client.nvext_len == 0)
         return false;
     struct evbuffer_iovec v;
-    size_t cap = KVR_JSON_SPLICE_OUT_BYTES(len, p->nvext_len), n = 0;
+    size_t cap = KVR_JSON_SPLICE_OUT_BYTES(len, p->client.nvext_len), n = 0;
     if (evbuffer_reserve_space(out, (ev_ssize_t)cap, &v, 1) < 1 || v.iov_len < cap)
         return false;
-    if (kvr_json_splice(json, len, "nvext", p->nvext, p->nvext_len, v.iov_base, v.iov_len, &n) !=
-        KVR_OK)
+    if (kvr_json_splice(json, len, "nvext", p->client.nvext, p->client.nvext_len, v.iov_base,
+                        v.iov_len, &n) != KVR_OK)
         return false;
     v.iov_len = n;
     return evbuffer_commit_space(out, &v, 1) == 0;

@@ -1,5 +1,7 @@
 /*
- * fe_disagg.c: disaggregated prefill/decode in the OpenAI front end (docs/disagg.md).
+ * fe_disagg.c: disaggregated prefill/decode in the OpenAI front end (docs/disagg.md), as the
+ * leg planner of fe_disagg.h: the request state machine (frontend.c) runs the legs, this file
+ * says what they are.
  *
  * A request of a fleet with prefill workers is placed twice, through the same scheduler:
  * first on the prefill pool (KV-aware, booked without active blocks: its KV leaves), then on
@@ -13,12 +15,12 @@
  *       a bootstrap_room (room mod dp_size = the prefill rank), goes to both: the prefill call
  *       runs in the background (fe_bg_t, holding the prefill booking until it answers), the
  *       decode call is the request's own.
- * The front end's request state machine (frontend.c) runs each leg as it runs an aggregated
- * request: p->pf_leg says which leg the booking and the upstream call belong to; failures
- * before the first byte are retried within the leg (the pools are disjoint, so one tried list
- * serves both). When the prefill leg cannot go on (no prefill worker left, retries spent, a
- * 5xx or broken answer) the request is served aggregated on the decode pool, or refused 503
- * with enforce_disagg. Switching legs continues from the request's zero-delay timer.
+ * Each leg is a fe_leg_t the machine runs as it runs an aggregated request (d->pf_leg says
+ * which one is current); failures before the first byte are retried within the leg (the
+ * pools are disjoint, so one tried list serves both). When the prefill leg cannot go on (no
+ * prefill worker left, retries spent, a 5xx or broken answer) the request is served
+ * aggregated on the decode pool (a NEXT verdict with the whole request as the leg), or
+ * refused 503 with enforce_disagg. Switching legs continues from the request's timer.
  *
  * States (kvr_router_disagg_state): pending (no prefill worker ever: an aggregated fleet),
  * active, unavailable (every prefill worker gone or fenced); transitions are logged once and
@@ -28,15 +30,21 @@
  * A client that leaves after its prefill (pull) but before its decode leg reached a decode
  * worker would leave the KV held on the prefill worker until that engine's timeout: a release
  * call (a decode request with max_tokens 1 and the prefill's parameters, answer dropped) makes
- * a decode worker read it at once (fe_disagg_orphan).
+ * a decode worker read it at once (orphan, on FE_REL_CANCEL).
  *
- * Invariants: a background call (fe_bg_t: a bootstrap prefill, or a release) is in fe->bgs
- * from its start to its end; while a bootstrap call's request lives, p->bg and g->owner point
- * at each other, and it holds the prefill booking until it ends. Ownership: the front end owns the
- * calls; a request's leg body is the request's. Threads: the HTTP thread. Cost: a leg body is one
- * pass over the client's body.
+ * Invariants: a request has a part (p->dis) only when planned disaggregated, taken from
+ * fe->dfree (or made) at fe_plan_first and returned at FE_REL_END; p->leg mirrors the part
+ * (leg_sync, at every hook's end: its body is d->leg_body). A background call (fe_bg_t: a
+ * bootstrap prefill, or a release) is in fe->bgs from its start to its end; while a
+ * bootstrap call's request lives, d->bg and g->owner point at each other, and the call holds
+ * the prefill booking (its handle, moved from p->route) until it ends. Ownership: the front
+ * end owns the calls and the idle parts; a part's bodies are its request's. Threads: the HTTP
+ * thread. Cost: a leg body is one pass over the client's body; an aggregated request costs a
+ * pointer test a hook (and the pool counters at its placement).
  */
+#include <assert.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +56,9 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
-#include "frontend/frontend_int.h"
+#include "frontend/fe_body.h"
+#include "frontend/fe_disagg.h"
+#include "frontend/fe_upstream.h"
 #include "wire/disagg.h"
 
 /* seconds: 1 ms to 60 s */
@@ -73,6 +83,31 @@ static const char *const DECODE_DROP[] = {"kv_transfer_params", NULL};
 static const char *const BOOT_DROP[] = {"bootstrap_host", "bootstrap_port", "bootstrap_room",
                                         NULL};
 
+/* How a request is served. */
+typedef enum fe_dmode {
+    FD_AGG = 0,   /* by one worker (the policy kept it local, or its prefill fell back) */
+    FD_PULL,      /* vLLM: the prefill worker first, then the decode worker with its
+                     kv_transfer_params */
+    FD_BOOTSTRAP, /* SGLang: both at once, with a bootstrap room */
+} fe_dmode_t;
+
+/* A disaggregated request's part (p->dis). */
+struct fe_dreq {
+    fe_dreq_t *next_free; /* fe->dfree while idle */
+    fe_dmode_t dmode;
+    bool pf_leg;          /* the current leg is the prefill's (its booking and call) */
+    bool has_pf;          /* pf: the prefill worker that served (or serves) it */
+    kvr_worker_t pf;
+    uint64_t pf_start_ns;
+    char *leg_body;       /* the current leg's body when it is not p's forward body (owned) */
+    size_t leg_body_len;
+    fe_bg_t *bg;          /* bootstrap: its prefill call (NULL when none or finished) */
+    char *kvt;            /* pull: the prefill answer's kv_transfer_params (owned) */
+    size_t kvt_len;
+    char *rel_base;       /* pull: the body for a release call, kept when its client left */
+    size_t rel_base_len;
+};
+
 struct fe_bg {
     kvr_frontend_t *fe;
     fe_bg_t *prev, *next;
@@ -81,8 +116,8 @@ struct fe_bg {
     upool_t *pool;
     upconn_t *uc;
     struct evhttp_request *up;
-    bool booked, failed;
-    kvr_req_handle_t handle;
+    bool failed;
+    kvr_req_handle_t handle; /* the prefill booking it holds; KVR_REQ_HANDLE_NONE: none */
     kvr_worker_t worker;
 };
 
@@ -91,6 +126,66 @@ static uint64_t mono_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void verdict_fail(fe_verdict_t *v, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void verdict_fail(fe_verdict_t *v, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v->msg, sizeof v->msg, fmt, ap);
+    va_end(ap);
+    v->step = FE_STEP_FAIL;
+    v->status = status;
+}
+
+/* ---- the parts ------------------------------------------------------------------------------ */
+
+static fe_dreq_t *dreq_get(kvr_frontend_t *fe)
+{
+    fe_dreq_t *d = fe->dfree;
+    if (d != NULL)
+        fe->dfree = d->next_free;
+    else if ((d = malloc(sizeof *d)) == NULL)
+        return NULL;
+    *d = (fe_dreq_t){0};
+    return d;
+}
+
+static void dreq_put(kvr_frontend_t *fe, fe_dreq_t *d)
+{
+    free(d->leg_body);
+    free(d->kvt);
+    free(d->rel_base);
+    d->leg_body = d->kvt = d->rel_base = NULL;
+    d->next_free = fe->dfree;
+    fe->dfree = d;
+}
+
+/* p->leg from p's part: the leg the machine runs next. */
+static void leg_sync(fe_req_t *p)
+{
+    const fe_dreq_t *d = p->dis;
+    if (d->dmode == FD_AGG) {
+        fe_leg_whole(p);
+        return;
+    }
+    const kvr_router_config_t *cfg = &p->fe->cfg;
+    p->leg = (fe_leg_t){
+        .shape = d->pf_leg ? kvr_route_req_prefill_leg : kvr_route_req_decode_leg,
+        .pin = d->pf_leg ? &p->hints.pf : &p->hints.worker,
+        .body = d->leg_body,
+        .body_len = d->leg_body_len,
+        .silence_ms = d->pf_leg ? cfg->frontend_prefill_timeout_ms
+                                : cfg->frontend_upstream_timeout_ms,
+        .may_stream = !d->pf_leg,
+        /* pull: a prefill's call goes on until it answers (its KV is then released), a
+         * decode's until the worker answers (it has then read the KV, and is closed) */
+        .keep = d->dmode != FD_PULL ? FE_KEEP_NONE
+                : d->pf_leg         ? FE_KEEP_TO_ANSWER
+                                    : FE_KEEP_TO_HEADERS,
+    };
 }
 
 /* ---- the pool's state ------------------------------------------------------------------ */
@@ -118,14 +213,14 @@ kvr_disagg_state_t fe_disagg_tick(kvr_frontend_t *fe)
 /* p's prompt as a route request that only looks (no id, no booking, no pool settings). */
 static kvr_route_req_t look_req(const fe_req_t *p)
 {
-    return (kvr_route_req_t){.tokens = p->tokens,
-                             .n_tokens = p->n_tokens,
-                             .model = p->model,
-                             .model_len = p->model_len,
-                             .lora_name = p->lora,
-                             .lora_name_len = p->lora_len,
-                             .mm = p->mm,
-                             .n_mm = p->n_mm};
+    return (kvr_route_req_t){.tokens = p->prompt.tokens,
+                             .n_tokens = p->prompt.n_tokens,
+                             .model = p->prompt.model,
+                             .model_len = p->prompt.model_len,
+                             .lora_name = p->hints.lora,
+                             .lora_name_len = p->hints.lora_len,
+                             .mm = p->prompt.mm,
+                             .n_mm = p->prompt.n_mm};
 }
 
 /* disagg_policy: the reason p stays local, or -1. */
@@ -144,92 +239,80 @@ static int policy_bypass(fe_req_t *p)
 
 static void serve_aggregated(fe_req_t *p)
 {
-    p->dmode = FD_AGG;
-    p->pf_leg = false;
+    if (p->dis != NULL) {
+        p->dis->dmode = FD_AGG;
+        p->dis->pf_leg = false;
+    }
     p->fe->ds.mode[FD_AGG]++;
 }
 
-bool fe_disagg_plan(fe_req_t *p)
+/* The first leg: the prefill's when the fleet has a serving prefill pool and the policy
+ * sends p there, else the whole request; a refusal for pins that name no such worker and,
+ * with enforce_disagg, for want of a prefill pool. */
+static void plan_first(fe_req_t *p, fe_verdict_t *v)
 {
     kvr_frontend_t *fe = p->fe;
-    if (p->disagg_planned)
-        return true;
-    p->disagg_planned = true;
     kvr_disagg_state_t st = fe_disagg_tick(fe); /* transitions logged as they are seen */
-    if (p->has_pin_worker && kvr_router_worker(fe->r, p->pin_worker) == NULL) {
+    if (p->hints.worker.has && kvr_router_worker(fe->r, p->hints.worker.worker) == NULL) {
         /* the client named a worker: one that is not registered is its error, as for the
          * prefill worker below */
-        fe_req_fail(p, 400, "worker %" PRIu64 " is not registered (named by x-worker-instance-id, "
-                            "x-decode-instance-id, nvext.backend_instance_id or "
-                            "nvext.decode_worker_id)", p->pin_worker);
-        return false;
+        verdict_fail(v, 400, "worker %" PRIu64 " is not registered (named by "
+                             "x-worker-instance-id, x-decode-instance-id, "
+                             "nvext.backend_instance_id or nvext.decode_worker_id)",
+                     p->hints.worker.worker);
+        return;
     }
-    if (p->has_pin_pf) {
-        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, p->pin_pf);
+    if (p->hints.pf.has) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, p->hints.pf.worker);
         if (sp == NULL || sp->role != KVR_ROLE_PREFILL) {
-            fe_req_fail(p, 400, "x-prefill-instance-id: worker %" PRIu64 " is not a registered "
-                                "prefill worker (role=prefill)", p->pin_pf);
-            return false;
+            verdict_fail(v, 400, "x-prefill-instance-id: worker %" PRIu64 " is not a registered "
+                                 "prefill worker (role=prefill)", p->hints.pf.worker);
+            return;
         }
     }
     if (st != KVR_DISAGG_ACTIVE) {
         if (fe->cfg.enforce_disagg) {
             fe->ds.refused_enforced++;
-            fe_req_fail(p, 503, "no prefill worker is serving (the prefill pool is %s) and "
-                                "enforce_disagg is set", kvr_disagg_state_name(st));
-            return false;
+            verdict_fail(v, 503, "no prefill worker is serving (the prefill pool is %s) and "
+                                 "enforce_disagg is set", kvr_disagg_state_name(st));
+            return;
         }
         if (st == KVR_DISAGG_UNAVAILABLE)
             fe->ds.bypass[FDB_UNAVAILABLE]++;
         serve_aggregated(p);
-        return true;
+        return;
     }
-    int why = fe->cfg.disagg_policy != KVR_DISAGG_ALWAYS && !p->has_pin_pf ? policy_bypass(p)
+    int why = fe->cfg.disagg_policy != KVR_DISAGG_ALWAYS && !p->hints.pf.has ? policy_bypass(p)
                                                                             : -1;
     if (why >= 0) {
         fe->ds.bypass[why]++;
         serve_aggregated(p);
-        return true;
+        return;
     }
-    p->dmode = FD_PULL; /* the prefill worker's registration decides at its placement */
-    p->pf_leg = true;
-    return true;
+    fe_dreq_t *d = dreq_get(fe);
+    if (d == NULL) {
+        verdict_fail(v, 500, "out of memory");
+        return;
+    }
+    p->dis = d;
+    d->dmode = FD_PULL; /* the prefill worker's registration decides at its placement */
+    d->pf_leg = true;
 }
 
-void fe_disagg_route_req(fe_req_t *p, kvr_route_req_t *q)
+void fe_plan_first(fe_req_t *p, fe_verdict_t *v)
 {
-    q->pool = KVR_POOL_SERVE;
-    if (p->dmode == FD_AGG)
-        return;
-    if (p->pf_leg) {
-        kvr_route_req_prefill_leg(q);
-        q->has_pinned = p->has_pin_pf && p->has_pin_pf_rank;
-        q->pinned = (kvr_worker_t){p->pin_pf, p->pin_pf_rank};
-        return;
-    }
-    kvr_route_req_decode_leg(q);
+    v->step = FE_STEP_GO;
+    plan_first(p, v);
+    if (p->dis != NULL)
+        leg_sync(p);
 }
 
 static void count_pool(fe_req_t *p, int pool, uint64_t cached)
 {
     fe_dstats_t *d = &p->fe->ds;
     d->pool_routed[pool]++;
-    d->pool_prompt_tokens[pool] += p->n_tokens;
-    d->pool_cached_tokens[pool] += cached < p->n_tokens ? cached : p->n_tokens;
-}
-
-/* Continues p on its next leg from its timer (never inside the libevent call that ended the
- * last one). */
-static void next_leg(fe_req_t *p)
-{
-    p->leg_switch = true;
-    p->first_token_sent = false;
-    p->attempts = 0;
-    if (!fe_ensure_retry_ev(p)) {
-        fe_req_fail(p, 500, "out of memory");
-        return;
-    }
-    fe_schedule_retry(p);
+    d->pool_prompt_tokens[pool] += p->prompt.n_tokens;
+    d->pool_cached_tokens[pool] += cached < p->prompt.n_tokens ? cached : p->prompt.n_tokens;
 }
 
 /* ---- the bootstrap prefill call ------------------------------------------------------------ */
@@ -250,18 +333,17 @@ static void bg_free(fe_bg_t *g)
     if (g->next)
         g->next->prev = g->prev;
     if (g->owner != NULL)
-        g->owner->bg = NULL;
-    bool booked = g->booked;
+        g->owner->dis->bg = NULL;
     kvr_req_handle_t h = g->handle;
     free(g);
-    if (booked) /* last: the queue may place a request, which may start a call */
+    if (h != KVR_REQ_HANDLE_NONE) /* last: the queue may place a request, which may start a call */
         (void)kvr_sched_release(fe->sched, h, kvr_now_ms());
 }
 
 static int bg_header(struct evhttp_request *up, void *arg)
 {
     fe_bg_t *g = arg;
-    if (evhttp_request_get_response_code(up) == 200 && g->booked)
+    if (evhttp_request_get_response_code(up) == 200 && g->handle != KVR_REQ_HANDLE_NONE)
         (void)kvr_sched_first_token(g->fe->sched, g->handle, kvr_now_ms()); /* prefill done */
     if (g->pool != NULL)
         g->pool->consecutive_failures = 0;
@@ -272,6 +354,23 @@ static void bg_error(enum evhttp_request_error err, void *arg)
 {
     (void)err;
     ((fe_bg_t *)arg)->failed = true;
+}
+
+/* A bootstrap prefill call failed while its request's decode call waits for a room that
+ * will not come: the machine drops that call (fe->leg_lost), and the pair is placed again,
+ * elsewhere, from the prefill leg. */
+static void bg_lost(fe_bg_t *g, fe_req_t *p)
+{
+    fe_dreq_t *d = p->dis;
+    p->fe->leg_lost(p); /* its call dropped, its booking freed, placed again from the timer */
+    if (p->route.n_tried < FE_MAX_ATTEMPTS)
+        p->route.tried[p->route.n_tried++] = g->worker.worker_id;
+    snprintf(p->route.last_fail, sizeof p->route.last_fail, "the bootstrap prefill on worker %"
+             PRIu64 " failed", g->worker.worker_id);
+    bg_free(g);
+    d->pf_leg = true;
+    d->has_pf = false;
+    leg_sync(p);
 }
 
 /* The prefill call's end: read to the end and dropped (the decode worker's answer is the
@@ -307,18 +406,8 @@ static void bg_done(struct evhttp_request *up, void *arg)
     if (code == 0 && g->pool != NULL)
         fe_worker_failed(fe, g->pool, UPK_CONNECT);
     fe_req_t *p = g->owner;
-    if (p != NULL && !p->got_headers && p->phase == PH_UPSTREAM) {
-        /* its decode call waits for a room that will not come: the pair again, elsewhere */
-        fe_cancel_upstream(p);
-        fe_unbook(p);
-        if (p->n_tried < FE_MAX_ATTEMPTS)
-            p->tried[p->n_tried++] = g->worker.worker_id;
-        snprintf(p->last_fail, sizeof p->last_fail, "the bootstrap prefill on worker %" PRIu64
-                 " failed", g->worker.worker_id);
-        bg_free(g);
-        p->pf_leg = true;
-        p->has_pf = false;
-        fe_schedule_retry(p);
+    if (p != NULL && !p->up.got_headers && p->phase == PH_UPSTREAM) {
+        bg_lost(g, p);
         return;
     }
     bg_free(g);
@@ -326,7 +415,7 @@ static void bg_done(struct evhttp_request *up, void *arg)
 
 /* A background call of p's (the owner, or NULL for a release call) to worker w: body sent
  * on p's endpoint path. NULL when it could not be made; it may have ended already when this
- * returns (a connection refused at once): the caller checks its owner's p->bg. */
+ * returns (a connection refused at once): the caller checks its owner's d->bg. */
 static fe_bg_t *bg_send(fe_req_t *p, kvr_worker_t w, bool owned, const char *body, size_t len)
 {
     kvr_frontend_t *fe = p->fe;
@@ -345,7 +434,7 @@ static fe_bg_t *bg_send(fe_req_t *p, kvr_worker_t w, bool owned, const char *bod
         g->next->prev = g;
     fe->bgs = g;
     if (owned)
-        p->bg = g;
+        p->dis->bg = g;
     g->uc = fe_pool_acquire(fe, u, fe->cfg.frontend_prefill_timeout_ms);
     g->up = g->uc != NULL ? evhttp_request_new(bg_done, g) : NULL;
     if (g->up == NULL) {
@@ -360,11 +449,11 @@ static fe_bg_t *bg_send(fe_req_t *p, kvr_worker_t w, bool owned, const char *bod
     evhttp_add_header(h, "Host", u->loc.host_hdr);
     evhttp_add_header(h, "Content-Type", "application/json");
     evhttp_add_header(h, "x-data-parallel-rank", rank);
-    fe_add_upstream_auth(p, h);
+    fe_up_add_auth(fe, p->client.auth, h);
     evbuffer_add(evhttp_request_get_output_buffer(g->up), body, len);
     char path[KVR_ADDR_BYTES + 32];
     snprintf(path, sizeof path, "%s%s", u->loc.base_path,
-             p->ep == KVR_OAI_CHAT ? "/v1/chat/completions" : "/v1/completions");
+             p->client.ep == KVR_OAI_CHAT ? "/v1/chat/completions" : "/v1/completions");
     evhttp_connection_set_max_body_size(g->uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
     fe->st.forwarded++;
     struct evhttp_request *up = g->up;
@@ -386,51 +475,52 @@ static fe_bg_t *bg_send(fe_req_t *p, kvr_worker_t w, bool owned, const char *bod
  * be sent (the booking is then released). */
 static bool bg_start(fe_req_t *p)
 {
-    bool booked = p->booked;
-    kvr_req_handle_t handle = p->handle;
-    p->booked = false; /* the prefill booking moves to the call */
-    fe_bg_t *g = bg_send(p, p->worker, true, p->leg_body, p->leg_body_len);
-    if (g == NULL || p->bg != g) { /* not made, or failed at once */
-        if (booked)
+    fe_dreq_t *d = p->dis;
+    kvr_req_handle_t handle = p->route.handle;
+    p->route.handle = KVR_REQ_HANDLE_NONE; /* the prefill booking moves to the call */
+    fe_bg_t *g = bg_send(p, p->route.worker, true, d->leg_body, d->leg_body_len);
+    if (g == NULL || d->bg != g) { /* not made, or failed at once */
+        if (handle != KVR_REQ_HANDLE_NONE)
             (void)kvr_sched_release(p->fe->sched, handle, kvr_now_ms());
         return false;
     }
-    g->booked = booked;
     g->handle = handle;
     return true;
 }
 
 /* The client's body without the members a prefill leg drops (kept when a client leaves while
  * a call goes on: its own body is freed with it). */
-int fe_disagg_keep_body(fe_req_t *p)
+static int keep_body(fe_req_t *p)
 {
-    if (p->rel_base != NULL)
+    fe_dreq_t *d = p->dis;
+    if (d->rel_base != NULL)
         return KVR_OK;
-    return fe_build_leg_body(p, PULL_DROP, NULL, NULL, 0, &p->rel_base, &p->rel_base_len);
+    return fe_build_leg_body(p, PULL_DROP, NULL, NULL, 0, &d->rel_base, &d->rel_base_len);
 }
 
 /* The release call's body: the prompt, "stream":false, "max_tokens":1 and the prefill's
- * kv_transfer_params (p->kvt). From the kept body when there is one. */
+ * kv_transfer_params (d->kvt). From the kept body when there is one. */
 static int release_body(fe_req_t *p, char **out, size_t *out_len)
 {
-    int rc = fe_disagg_keep_body(p);
-    if (rc != KVR_OK || p->rel_base_len < 2)
+    const fe_dreq_t *d = p->dis;
+    int rc = keep_body(p);
+    if (rc != KVR_OK || d->rel_base_len < 2)
         return rc != KVR_OK ? rc : KVR_EINVAL;
     char head[96];
     int n = snprintf(head, sizeof head,
                      ",\"stream\":false,\"max_tokens\":1%s,"
                      "\"kv_transfer_params\":",
-                     p->ep == KVR_OAI_CHAT ? ",\"max_completion_tokens\":1" : "");
-    size_t base = p->rel_base_len - 1; /* without its closing brace */
-    char *b = malloc(base + (size_t)n + p->kvt_len + 1);
+                     p->client.ep == KVR_OAI_CHAT ? ",\"max_completion_tokens\":1" : "");
+    size_t base = d->rel_base_len - 1; /* without its closing brace */
+    char *b = malloc(base + (size_t)n + d->kvt_len + 1);
     if (b == NULL)
         return KVR_ENOMEM;
-    memcpy(b, p->rel_base, base);
+    memcpy(b, d->rel_base, base);
     memcpy(b + base, head, (size_t)n);
-    memcpy(b + base + (size_t)n, p->kvt, p->kvt_len);
-    b[base + (size_t)n + p->kvt_len] = '}';
+    memcpy(b + base + (size_t)n, d->kvt, d->kvt_len);
+    b[base + (size_t)n + d->kvt_len] = '}';
     *out = b;
-    *out_len = base + (size_t)n + p->kvt_len + 1;
+    *out_len = base + (size_t)n + d->kvt_len + 1;
     return KVR_OK;
 }
 
@@ -438,10 +528,11 @@ static int release_body(fe_req_t *p, char **out, size_t *out_len)
  * (its client left while it waited in the queue or between its legs): a decode worker is
  * sent the prompt with the prefill's kv_transfer_params and max_tokens 1, so that it reads
  * the KV and the prefill worker frees it now rather than at its own timeout. */
-void fe_disagg_orphan(fe_req_t *p)
+static void orphan(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
-    if (p->dmode != FD_PULL || p->kvt == NULL || p->d_sent)
+    fe_dreq_t *d = p->dis;
+    if (d->dmode != FD_PULL || d->kvt == NULL || (!d->pf_leg && p->up.leg_sent))
         return;
     kvr_route_req_t q = look_req(p);
     kvr_route_req_decode_leg(&q);
@@ -475,24 +566,71 @@ void fe_disagg_orphan(fe_req_t *p)
     free(body);
 }
 
-void fe_disagg_release(fe_req_t *p, bool cancel)
+/* p's bootstrap prefill call is cancelled (cancel) or left to finish. */
+static void release_bg(fe_req_t *p, bool cancel)
 {
-    fe_bg_t *g = p->bg;
+    fe_bg_t *g = p->dis->bg;
     if (g == NULL)
         return;
     g->owner = NULL;
-    p->bg = NULL;
+    p->dis->bg = NULL;
     if (cancel) {
         p->fe->ds.bg_cancelled++;
         bg_free(g);
     }
 }
 
+void fe_plan_release(fe_req_t *p, fe_rel_t why)
+{
+    if (p->dis == NULL)
+        return;
+    switch (why) {
+    case FE_REL_END:
+        release_bg(p, false); /* a bootstrap prefill call runs to its end on its own */
+        dreq_put(p->fe, p->dis);
+        p->dis = NULL;
+        fe_leg_whole(p);
+        return;
+    case FE_REL_CANCEL:
+        release_bg(p, true);
+        orphan(p); /* a pulled prefill's KV would wait for its timeout */
+        return;
+    case FE_REL_DETACH:
+        (void)keep_body(p); /* out of memory: the release call is not made, and counted */
+        return;
+    }
+}
+
 /* ---- the legs ------------------------------------------------------------------------------ */
 
-/* The bootstrap triple for p's prefill placement (p->worker) into p->leg_body. */
+/* The prefill leg cannot go on: served aggregated (the next leg is the whole request), or
+ * refused with enforce_disagg. */
+static void fallback(fe_req_t *p, const char *why, fe_verdict_t *v)
+{
+    kvr_frontend_t *fe = p->fe;
+    fe_dreq_t *d = p->dis;
+    release_bg(p, true);
+    if (fe->cfg.enforce_disagg) {
+        fe->ds.refused_enforced++;
+        verdict_fail(v, 503, "the prefill failed (%s) and enforce_disagg is set", why);
+        return;
+    }
+    fe->ds.bypass[FDB_PREFILL_FAILED]++;
+    kvr_log_limited(&fe->rl_disagg, KVR_LOG_WARN,
+                    "prefill failed (%s): the request is served aggregated on the decode pool",
+                    why);
+    free(d->leg_body);
+    d->leg_body = NULL;
+    d->leg_body_len = 0;
+    d->has_pf = false;
+    serve_aggregated(p);
+    v->step = FE_STEP_NEXT;
+}
+
+/* The bootstrap triple for p's prefill placement (p->route.worker) into d->leg_body. */
 static int bootstrap_body(fe_req_t *p, const kvr_worker_spec_t *sp)
 {
+    fe_dreq_t *d = p->dis;
     char host[KVR_ADDR_BYTES];
     if (sp->bootstrap_host[0] != '\0') {
         snprintf(host, sizeof host, "%s", sp->bootstrap_host);
@@ -506,102 +644,112 @@ static int bootstrap_body(fe_req_t *p, const kvr_worker_spec_t *sp)
     uint64_t rnd;
     if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
         rnd = mono_ns() * UINT64_C(0x9E3779B97F4A7C15);
-    uint32_t rank = p->worker.dp_rank >= sp->dp_start ? p->worker.dp_rank - sp->dp_start : 0;
+    uint32_t dp = p->route.worker.dp_rank;
+    uint32_t rank = dp >= sp->dp_start ? dp - sp->dp_start : 0;
     uint64_t room = kvr_disagg_room(rnd, sp->dp_size, rank);
     char tail[KVR_ADDR_BYTES + 96];
     int n = snprintf(tail, sizeof tail,
                      "\"bootstrap_host\":\"%s\",\"bootstrap_port\":%u,\"bootstrap_room\":%" PRIu64,
                      host, sp->bootstrap_port, room);
-    free(p->leg_body);
-    p->leg_body = NULL;
-    return fe_build_leg_body(p, BOOT_DROP, NULL, tail, (size_t)n, &p->leg_body,
-                             &p->leg_body_len);
+    free(d->leg_body);
+    d->leg_body = NULL;
+    return fe_build_leg_body(p, BOOT_DROP, NULL, tail, (size_t)n, &d->leg_body,
+                             &d->leg_body_len);
 }
 
-bool fe_disagg_placed(fe_req_t *p, const kvr_route_res_t *res)
+/* A bootstrap prefill worker was placed: its call starts with the prefill booking, and p
+ * goes on to its decode leg with the same body; or another prefill worker is tried. */
+static void placed_bootstrap(fe_req_t *p, const kvr_worker_spec_t *sp, fe_verdict_t *v)
 {
     kvr_frontend_t *fe = p->fe;
-    count_pool(p, p->pf_leg ? 0 : 1, res->cached_tokens);
-    if (!p->pf_leg)
-        return true;
-    p->pf = res->worker;
-    p->pf_cached_tokens = res->cached_tokens;
-    p->has_pf = true;
-    p->pf_start_ns = mono_ns();
-    const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, res->worker.worker_id);
-    int rc;
-    if (sp != NULL && sp->bootstrap_port != 0) {
-        p->dmode = FD_BOOTSTRAP;
-        if ((rc = bootstrap_body(p, sp)) != KVR_OK) {
-            fe_unbook(p);
-            fe_disagg_fallback(p, rc == KVR_ENOMEM ? "out of memory"
-                                                   : "its bootstrap host is unknown");
-            return false;
-        }
-        if (!bg_start(p)) {
-            if (p->n_tried < FE_MAX_ATTEMPTS)
-                p->tried[p->n_tried++] = res->worker.worker_id;
-            snprintf(p->last_fail, sizeof p->last_fail, "the bootstrap prefill on worker %" PRIu64
-                     " could not be sent", res->worker.worker_id);
-            p->has_pf = false;
-            if (!fe_ensure_retry_ev(p)) {
-                fe_req_fail(p, 500, "out of memory");
-                return false;
-            }
-            fe_schedule_retry(p); /* another prefill worker */
-            return false;
-        }
-        fe->ds.mode[FD_BOOTSTRAP]++;
-        p->pf_leg = false; /* the decode leg now, with the same body */
-        next_leg(p);
-        return false;
+    fe_dreq_t *d = p->dis;
+    d->dmode = FD_BOOTSTRAP;
+    int rc = bootstrap_body(p, sp);
+    if (rc != KVR_OK) {
+        fallback(p, rc == KVR_ENOMEM ? "out of memory" : "its bootstrap host is unknown", v);
+        return;
     }
-    p->dmode = FD_PULL;
+    if (!bg_start(p)) {
+        uint64_t id = p->route.worker.worker_id;
+        if (p->route.n_tried < FE_MAX_ATTEMPTS)
+            p->route.tried[p->route.n_tried++] = id;
+        snprintf(p->route.last_fail, sizeof p->route.last_fail,
+                 "the bootstrap prefill on worker %" PRIu64 " could not be sent", id);
+        d->has_pf = false;
+        v->step = FE_STEP_RETRY; /* another prefill worker */
+        return;
+    }
+    fe->ds.mode[FD_BOOTSTRAP]++;
+    d->pf_leg = false; /* the decode leg now, with the same body */
+    v->step = FE_STEP_NEXT;
+}
+
+/* A pull prefill worker was placed: the prefill leg's body, then its call. */
+static void placed_pull(fe_req_t *p, fe_verdict_t *v)
+{
+    fe_dreq_t *d = p->dis;
+    d->dmode = FD_PULL;
     static const char chat_cap[] = ",\"max_completion_tokens\":1";
     char tail[sizeof PULL_KVT + 64];
     int n = snprintf(tail, sizeof tail, "\"stream\":false,\"max_tokens\":1%s,%s",
-                     p->ep == KVR_OAI_CHAT ? chat_cap : "", PULL_KVT);
-    free(p->leg_body);
-    p->leg_body = NULL;
-    if ((rc = fe_build_leg_body(p, PULL_DROP, NULL, tail, (size_t)n, &p->leg_body,
-                                &p->leg_body_len)) != KVR_OK) {
-        fe_unbook(p);
-        fe_disagg_fallback(p, "out of memory");
-        return false;
-    }
-    return true;
+                     p->client.ep == KVR_OAI_CHAT ? chat_cap : "", PULL_KVT);
+    free(d->leg_body);
+    d->leg_body = NULL;
+    if (fe_build_leg_body(p, PULL_DROP, NULL, tail, (size_t)n, &d->leg_body,
+                          &d->leg_body_len) != KVR_OK)
+        fallback(p, "out of memory", v);
+}
+
+void fe_plan_placed(fe_req_t *p, const kvr_route_res_t *res, fe_verdict_t *v)
+{
+    kvr_frontend_t *fe = p->fe;
+    fe_dreq_t *d = p->dis;
+    v->step = FE_STEP_GO;
+    count_pool(p, d != NULL && d->pf_leg ? 0 : 1, res->cached_tokens);
+    if (d == NULL || !d->pf_leg)
+        return;
+    d->pf = res->worker;
+    d->has_pf = true;
+    d->pf_start_ns = mono_ns();
+    const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, res->worker.worker_id);
+    if (sp != NULL && sp->bootstrap_port != 0)
+        placed_bootstrap(p, sp, v);
+    else
+        placed_pull(p, v);
+    leg_sync(p);
 }
 
 /* Keeps the answer's kv_transfer_params (for a release call); false when it has none. */
 static bool keep_kvt(fe_req_t *p, const char *b, const kvr_disagg_answer_t *a)
 {
+    fe_dreq_t *d = p->dis;
     if (a->kvt != KVR_KVT_OBJECT)
         return false;
-    free(p->kvt);
-    if ((p->kvt = malloc(a->kvt_len)) == NULL)
+    free(d->kvt);
+    if ((d->kvt = malloc(a->kvt_len)) == NULL)
         return false;
-    memcpy(p->kvt, b + a->kvt_at, a->kvt_len);
-    p->kvt_len = a->kvt_len;
+    memcpy(d->kvt, b + a->kvt_at, a->kvt_len);
+    d->kvt_len = a->kvt_len;
     return true;
 }
 
-void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code)
+/* The prefill leg's whole answer (pull): the decode leg next, or the answer itself. */
+static void prefill_done(fe_req_t *p, struct evhttp_request *up, int code, fe_verdict_t *v)
 {
     kvr_frontend_t *fe = p->fe;
-    kvr_hist_observe(&fe->h_prefill, (double)(mono_ns() - p->pf_start_ns) / 1e9);
+    fe_dreq_t *d = p->dis;
+    kvr_hist_observe(&fe->h_prefill, (double)(mono_ns() - d->pf_start_ns) / 1e9);
     if (code >= 500) {
         fe->ds.prefill[FDP_ERROR]++;
         char why[64];
-        snprintf(why, sizeof why, "prefill worker %" PRIu64 " answered %d", p->worker.worker_id,
-                 code);
-        fe_unbook(p);
-        fe_disagg_fallback(p, why);
+        snprintf(why, sizeof why, "prefill worker %" PRIu64 " answered %d",
+                 p->route.worker.worker_id, code);
+        fallback(p, why, v);
         return;
     }
     if (code != 200) { /* the engine refused the request itself: the client's answer */
         fe->ds.prefill[FDP_ERROR]++;
-        fe_reply_whole(p, up);
-        fe_req_finish(p);
+        v->step = FE_STEP_REPLY;
         return;
     }
     struct evbuffer *in = evhttp_request_get_input_buffer(up);
@@ -610,15 +758,14 @@ void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code)
     kvr_disagg_answer_t a;
     if (kvr_disagg_scan_answer(b, len, &a) != KVR_OK)
         a.kvt = KVR_KVT_OTHER;
-    fe_unbook(p); /* the prefill is done: its KV moves on */
-    if (a.kvt != KVR_KVT_OBJECT && a.finish_stop && !p->stream) {
+    if (a.kvt != KVR_KVT_OBJECT && a.finish_stop && !p->client.stream) {
         fe->ds.prefill[FDP_TERMINAL]++; /* EOS on the one token: that is the whole answer */
-        fe_reply_whole(p, up);
-        fe_req_finish(p);
+        v->step = FE_STEP_REPLY;
         return;
     }
-    free(p->leg_body);
-    p->leg_body = NULL;
+    free(d->leg_body);
+    d->leg_body = NULL;
+    d->leg_body_len = 0;
     if (a.kvt == KVR_KVT_OBJECT) {
         fe->ds.prefill[FDP_OK]++;
         (void)keep_kvt(p, b, &a); /* for a release call, should the decode leg not happen */
@@ -629,12 +776,12 @@ void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code)
         if (tail != NULL) {
             memcpy(tail, key, sizeof key - 1);
             memcpy(tail + sizeof key - 1, b + a.kvt_at, a.kvt_len);
-            rc = fe_build_leg_body(p, DECODE_DROP, NULL, tail, tl, &p->leg_body,
-                                   &p->leg_body_len);
+            rc = fe_build_leg_body(p, DECODE_DROP, NULL, tail, tl, &d->leg_body,
+                                   &d->leg_body_len);
             free(tail);
         }
         if (rc != KVR_OK) {
-            fe_req_fail(p, 500, "out of memory");
+            verdict_fail(v, 500, "out of memory");
             return;
         }
     } else {
@@ -642,55 +789,90 @@ void fe_disagg_prefill_done(fe_req_t *p, struct evhttp_request *up, int code)
         fe->ds.prefill[k]++;
         kvr_log_limited(&fe->rl_disagg, KVR_LOG_WARN,
                         "prefill worker %" PRIu64 " answered %s: the decode worker recomputes "
-                        "the prompt", p->worker.worker_id,
+                        "the prompt", p->route.worker.worker_id,
                         k == FDP_BAD_PARAMS ? "kv_transfer_params that are not an object (or "
                                               "not JSON)"
                                             : "no kv_transfer_params");
     }
     fe->ds.mode[FD_PULL]++;
-    p->pf_leg = false;
-    next_leg(p);
+    d->pf_leg = false;
+    v->step = FE_STEP_NEXT;
 }
 
-void fe_disagg_abandoned(fe_req_t *p, struct evhttp_request *up, int code)
-{
-    fe_unbook(p);
-    if (p->pf_leg && code == 200) {
-        struct evbuffer *in = evhttp_request_get_input_buffer(up);
-        size_t len = evbuffer_get_length(in);
-        const char *b = len ? (const char *)evbuffer_pullup(in, -1) : "";
-        kvr_disagg_answer_t a;
-        if (kvr_disagg_scan_answer(b, len, &a) == KVR_OK && keep_kvt(p, b, &a))
-            fe_disagg_orphan(p);
-    }
-    fe_req_finish(p);
-}
-
-void fe_disagg_fallback(fe_req_t *p, const char *why)
+/* The prefill leg's call broke after its first byte, or went silent. */
+static void prefill_broke(fe_req_t *p, up_kind_t kind, fe_verdict_t *v)
 {
     kvr_frontend_t *fe = p->fe;
-    fe_disagg_release(p, true);
-    fe_unbook(p);
-    if (fe->cfg.enforce_disagg) {
-        fe->ds.refused_enforced++;
-        fe_req_fail(p, 503, "the prefill failed (%s) and enforce_disagg is set", why);
+    uint64_t id = p->route.worker.worker_id;
+    fe_up_count_error(fe, kind, id, !p->up.got_headers);
+    fe_worker_failed(fe, p->up.pool, kind);
+    char why[96];
+    snprintf(why, sizeof why, "%s on prefill worker %llu", UPK_NAMES[kind],
+             (unsigned long long)id);
+    fallback(p, why, v);
+}
+
+/* The call of p, whose client left, ended (code; 0: failed): a prefill answer's KV is
+ * released. */
+static void orphaned(fe_req_t *p, struct evhttp_request *up, int code)
+{
+    if (!p->dis->pf_leg || code != 200)
         return;
+    struct evbuffer *in = evhttp_request_get_input_buffer(up);
+    size_t len = evbuffer_get_length(in);
+    const char *b = len ? (const char *)evbuffer_pullup(in, -1) : "";
+    kvr_disagg_answer_t a;
+    if (kvr_disagg_scan_answer(b, len, &a) == KVR_OK && keep_kvt(p, b, &a))
+        orphan(p);
+}
+
+void fe_plan_ended_dis(fe_req_t *p, const fe_leg_end_t *e, fe_verdict_t *v)
+{
+    fe_dreq_t *d = p->dis;
+    v->step = FE_STEP_GO;
+    switch (e->how) {
+    case FE_END_UNPLACED:
+        if (d->pf_leg && (e->rc == KVR_ENOWORKER || e->rc == KVR_ENOTALLOWED))
+            fallback(p, p->route.n_tried > 0 ? p->route.last_fail
+                                             : "no prefill worker can serve it", v);
+        break;
+    case FE_END_SPENT:
+        if (d->pf_leg)
+            fallback(p, p->route.last_fail, v);
+        break;
+    case FE_END_FAILED:
+        if (d->dmode == FD_BOOTSTRAP && !d->pf_leg) { /* a new pair, a new room */
+            release_bg(p, true);
+            d->pf_leg = true;
+            d->has_pf = false;
+        }
+        break;
+    case FE_END_BROKEN:
+        if (d->pf_leg)
+            prefill_broke(p, e->kind, v);
+        break;
+    case FE_END_ANSWERED:
+        if (d->pf_leg)
+            prefill_done(p, e->up, e->code, v);
+        break;
+    case FE_END_ORPHANED:
+        orphaned(p, e->up, e->code);
+        v->step = FE_STEP_FINISH;
+        break;
     }
-    fe->ds.bypass[FDB_PREFILL_FAILED]++;
-    kvr_log_limited(&fe->rl_disagg, KVR_LOG_WARN,
-                    "prefill failed (%s): the request is served aggregated on the decode pool",
-                    why);
-    free(p->leg_body);
-    p->leg_body = NULL;
-    p->has_pf = false;
-    serve_aggregated(p);
-    next_leg(p);
+    leg_sync(p);
+}
+
+const kvr_worker_t *fe_plan_prefill_worker(const fe_req_t *p)
+{
+    return p->dis != NULL && p->dis->has_pf ? &p->dis->pf : NULL;
 }
 
 /* ---- lifecycle, metrics ---------------------------------------------------------------------- */
 
-int fe_disagg_init(kvr_frontend_t *fe)
+int fe_disagg_init(kvr_frontend_t *fe, fe_leg_lost_fn lost)
 {
+    fe->leg_lost = lost;
     fe->rl_disagg = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(10000, 5);
     kvr_hist_init(&fe->h_prefill, PREFILL_BUCKETS, N_PREFILL_BUCKETS);
     fe->dstate = KVR_DISAGG_PENDING;
@@ -702,13 +884,36 @@ void fe_disagg_free(kvr_frontend_t *fe)
 {
     while (fe->bgs != NULL)
         bg_free(fe->bgs);
+    while (fe->dfree != NULL) {
+        fe_dreq_t *d = fe->dfree;
+        fe->dfree = d->next_free;
+        free(d);
+    }
 }
 
 void fe_disagg_worker_removed(kvr_frontend_t *fe, uint64_t worker_id)
 {
     for (fe_bg_t *g = fe->bgs; g != NULL; g = g->next)
-        if (g->booked && g->worker.worker_id == worker_id)
-            g->booked = false;
+        if (g->handle != KVR_REQ_HANDLE_NONE && g->worker.worker_id == worker_id)
+            g->handle = KVR_REQ_HANDLE_NONE;
+}
+
+void fe_disagg_verify(const fe_req_t *p)
+{
+#ifdef NDEBUG
+    (void)p;
+#else
+    const fe_dreq_t *d = p->dis;
+    if (d == NULL)
+        return;
+    assert(d->dmode <= FD_BOOTSTRAP);
+    assert(d->bg == NULL || d->bg->owner == p);
+    assert(d->dmode != FD_AGG || (!d->pf_leg && d->bg == NULL && p->leg.shape == NULL));
+    assert(p->leg.pin == (d->pf_leg ? &p->hints.pf : &p->hints.worker));
+    assert(d->dmode == FD_AGG || (p->leg.body == d->leg_body &&
+                                  p->leg.body_len == d->leg_body_len));
+    assert(!d->pf_leg || !p->leg.may_stream);
+#endif
 }
 
 void fe_disagg_metrics(const kvr_frontend_t *fe, struct kvr_prom *pr)
@@ -783,3 +988,4 @@ void fe_disagg_metrics(const kvr_frontend_t *fe, struct kvr_prom *pr)
                     "Pull convention: the prefill call, sent to answered.");
     kvr_prom_hist(pr, "kvr_disagg_prefill_seconds", NULL, 0, &fe->h_prefill);
 }
+

@@ -1,5 +1,9 @@
 /*
- * fe_metrics.c: the front end's /metrics families (see frontend_int.h).
+ * fe_metrics.c: the front end's /metrics families (fe_metrics.h): its counters, gauges and
+ * histograms, then the per-model ones (fe_reqmetrics.c) and the planner's (fe_disagg.c).
+ * Invariants: the family names and help texts are an interface (dashboards read them).
+ * Ownership: nothing kept. Threads: the HTTP thread (the api server's /metrics). Cost: one
+ * pass over the live requests (client backlogs) and the pools.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +15,9 @@
 
 #include "kvrouter/router.h"
 #include "fleet/fleet.h"
-#include "frontend/frontend_int.h"
+#include "frontend/fe_disagg.h"
+#include "frontend/fe_metrics.h"
+#include "frontend/fe_req.h"
 
 const char *const UPK_NAMES[UPK_COUNT] = {"connect", "timeout",    "eof",      "protocol",
                                           "no_url",  "status_5xx", "too_large"};
@@ -32,10 +38,14 @@ void fe_metrics(void *arg, struct kvr_prom *p)
     }
     kvr_prom_family(p, "kvr_frontend_replies_total", "counter",
                     "Front-end answers by status class (stream: SSE streams ended).");
+    const uint64_t *by = fe->rep.by_class;
+    const double v[] = {(double)by[KVR_REPLY_2XX], (double)by[KVR_REPLY_3XX],
+                        (double)by[KVR_REPLY_4XX], (double)by[KVR_REPLY_5XX],
+                        (double)s->streams_ended,  (double)by[KVR_REPLY_OTHER]};
     static const char *const cls[] = {"2xx", "3xx", "4xx", "5xx", "stream", "other"};
     for (int i = 0; i < 6; i++) {
         kvr_prom_label_t l = {"class", cls[i]};
-        kvr_prom_sample(p, "kvr_frontend_replies_total", &l, 1, (double)s->replies[i]);
+        kvr_prom_sample(p, "kvr_frontend_replies_total", &l, 1, v[i]);
     }
     kvr_prom_gauge(p, "kvr_frontend_in_flight", "Front-end requests not yet answered.",
                    (double)fe->n_live);
@@ -68,7 +78,7 @@ void fe_metrics(void *arg, struct kvr_prom *p)
                      (double)s->slow_client_aborts);
     size_t backlog = 0;
     for (const fe_req_t *q = fe->live; q != NULL; q = q->next)
-        backlog += q->reply_started ? fe_client_backlog(q) : 0;
+        backlog += q->client.reply_started ? fe_client_backlog(q) : 0;
     kvr_prom_gauge(p, "kvr_frontend_client_buffer_bytes",
                    "Streamed bytes waiting in clients' output "
                    "buffers.",

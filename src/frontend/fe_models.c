@@ -1,6 +1,9 @@
 /*
- * fe_models.c: GET /v1/models of the front end (see frontend_int.h): every worker's list, asked
+ * fe_models.c: GET /v1/models of the front end (fe_models.h): every worker's list, asked
  * at most every FE_MODELS_TTL_MS, merged, with concurrent callers answered by one round.
+ * Invariants: a pool has at most one models call in flight (m_in_flight); models_pending
+ * counts the calls of the round; waiters are answered once, when it ends. Ownership: a pool
+ * owns its model list. Threads: the HTTP thread. Cost: one call per worker a round.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +16,8 @@
 #include "base/namelist.h"
 #include "kvrouter/router.h"
 #include "fleet/fleet.h"
-#include "frontend/frontend_int.h"
+#include "frontend/fe_models.h"
+#include "http/reply.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* GET /v1/models */
@@ -72,7 +76,7 @@ void fe_models_answer(kvr_frontend_t *fe, struct evhttp_request *req)
     if (ms == NULL || names == NULL) {
         free(ms);
         free(names);
-        fe_send_error(fe, req, 500, "out of memory");
+        kvr_reply_error(&fe->rep, req, 500, NULL, "out of memory");
         return;
     }
     for (size_t i = 0; i < fe->n_pools; i++) {
@@ -94,7 +98,7 @@ void fe_models_answer(kvr_frontend_t *fe, struct evhttp_request *req)
     kvr_oai_encode_models(&fe->w, ms, n);
     free(ms);
     free(names);
-    fe_send_writer(fe, req, 200);
+    kvr_reply_writer(&fe->rep, req, 200);
 }
 
 static void models_round_done(kvr_frontend_t *fe)
@@ -259,7 +263,7 @@ void fe_h_models(kvr_frontend_t *fe, struct evhttp_request *req)
     }
     if (fe->waiters == NULL &&
         (fe->waiters = calloc(FE_MAX_MODEL_WAITERS, sizeof *fe->waiters)) == NULL) {
-        fe_send_error(fe, req, 500, "out of memory");
+        kvr_reply_error(&fe->rep, req, 500, NULL, "out of memory");
         return;
     }
     fe->waiters[fe->n_waiters++] = req;

@@ -1,20 +1,21 @@
 /*
- * fe_relay.c: relaying a worker's streamed answer to the client (see frontend_int.h): the
- * upstream bytes are cut into whole SSE events, each counted (tokens, output blocks for the
- * router), given the worker's nvext when the client asked, and handed to the client's
- * connection; a client that stops reading is aborted once its unread bytes pass
- * frontend_max_client_buffer_bytes. Threads: the HTTP thread.
+ * fe_relay.c: a worker's streamed answer cut for the client (fe_relay.h): the upstream bytes
+ * are cut into whole SSE events, each counted (and its token reported through the caller's
+ * on_token, in order), given the worker's nvext when the client asked, and appended to the
+ * caller's buffer; the state machine sends it and watches the client's backlog.
+ * Invariants: only whole events leave p->up.sse, but at the stream's end or past
+ * FE_SSE_MAX_PENDING bytes without an event end (forwarded raw, counted). Ownership: nothing
+ * kept. Threads: the HTTP thread. Cost: one pass over the bytes; a copy into out.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/event.h>
 #include <event2/http.h>
 
-#include "frontend/frontend_int.h"
+#include "frontend/fe_body.h"
+#include "frontend/fe_relay.h"
 
 static const char *find_bytes(const char *h, size_t hn, const char *needle, size_t nn)
 {
@@ -67,7 +68,8 @@ static size_t sse_event_len(const char *b, size_t n)
 }
 
 /* One complete event: counted, and copied to out (with the worker's nvext when asked). */
-static void relay_event(fe_req_t *p, const char *ev, size_t len, struct evbuffer *out)
+static void relay_event(fe_req_t *p, const char *ev, size_t len, struct evbuffer *out,
+                        void (*on_token)(fe_req_t *p))
 {
     kvr_frontend_t *fe = p->fe;
     fe->st.stream_events++;
@@ -88,8 +90,8 @@ static void relay_event(fe_req_t *p, const char *ev, size_t len, struct evbuffer
     }
     bool error = dl >= 8 && memcmp(d, "{\"error\"", 8) == 0;
     if (!error && has_choices(d, dl))
-        fe_mark_token(p);
-    if (p->want_worker && !error) {
+        on_token(p);
+    if (p->client.want_worker && !error) {
         evbuffer_add(out, KVR_OAI_SSE_PREFIX, sizeof KVR_OAI_SSE_PREFIX - 1);
         if (fe_inject_worker(p, d, dl, out)) {
             evbuffer_add(out, KVR_OAI_SSE_SUFFIX, sizeof KVR_OAI_SSE_SUFFIX - 1);
@@ -103,72 +105,23 @@ static void relay_event(fe_req_t *p, const char *ev, size_t len, struct evbuffer
     evbuffer_add(out, ev, len);
 }
 
-/* Bytes handed to libevent for the client and not yet written to its socket. */
-size_t fe_client_backlog(const fe_req_t *p)
-{
-    if (p->client == NULL || p->client_conn == NULL)
-        return 0;
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(p->client_conn);
-    return bev != NULL ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
-}
-
-/* A client that does not read what it asked for is aborted like one that left, but not from
- * here: relay runs inside the upstream request's own callbacks, where the request cannot be
- * cancelled. retry_ev (made before the upstream call) continues in on_retry. */
-static void check_client_backlog(fe_req_t *p)
+void fe_relay_events(fe_req_t *p, bool final, struct evbuffer *out,
+                     void (*on_token)(fe_req_t *p))
 {
     kvr_frontend_t *fe = p->fe;
-    size_t pending = fe_client_backlog(p);
-    if (p->slow_abort || pending <= fe->cfg.frontend_max_client_buffer_bytes ||
-        p->retry_ev == NULL)
+    size_t avail = evbuffer_get_length(p->up.sse);
+    if (avail == 0)
         return;
-    p->slow_abort = true;
-    fe->st.slow_client_aborts++;
-    kvr_log_limited(&fe->rl_slow, KVR_LOG_WARN, "request %.*s on worker %llu: the client does "
-                    "not read its stream (%zu bytes pending > frontend_max_client_buffer_bytes "
-                    "%llu): aborted", (int)p->rid_len, p->rid,
-                    (unsigned long long)p->worker.worker_id, pending,
-                    (unsigned long long)fe->cfg.frontend_max_client_buffer_bytes);
-    static const struct timeval now = {0, 0};
-    (void)evtimer_add(p->retry_ev, &now);
-}
-
-/* The deferred abort of a slow client, from the timer: closing its connection runs
- * on_client_close (upstream cancelled, booking freed, p freed). */
-void fe_abort_slow_client(fe_req_t *p)
-{
-    if (p->client != NULL && p->client_conn != NULL) {
-        evhttp_connection_free(p->client_conn);
-        return;
+    const char *b = (const char *)evbuffer_pullup(p->up.sse, -1);
+    size_t off = 0, l;
+    while (off < avail && (l = sse_event_len(b + off, avail - off)) > 0) {
+        relay_event(p, b + off, l, out, on_token);
+        off += l;
     }
-    fe_req_finish(p);
-}
-
-/* Forwards the complete events held (all of it when final). */
-void fe_relay(fe_req_t *p, bool final)
-{
-    kvr_frontend_t *fe = p->fe;
-    struct evbuffer *out = fe->out;
-    evbuffer_drain(out, evbuffer_get_length(out));
-    size_t avail = evbuffer_get_length(p->sse);
-    if (avail > 0) {
-        const char *b = (const char *)evbuffer_pullup(p->sse, -1);
-        size_t off = 0, l;
-        while (off < avail && (l = sse_event_len(b + off, avail - off)) > 0) {
-            relay_event(p, b + off, l, out);
-            off += l;
-        }
-        if (off < avail && (final || avail - off > FE_SSE_MAX_PENDING)) {
-            evbuffer_add(out, b + off, avail - off);
-            fe->st.sse_raw++;
-            off = avail;
-        }
-        evbuffer_drain(p->sse, off);
+    if (off < avail && (final || avail - off > FE_SSE_MAX_PENDING)) {
+        evbuffer_add(out, b + off, avail - off);
+        fe->st.sse_raw++;
+        off = avail;
     }
-    if (evbuffer_get_length(out) > 0 && p->client != NULL) {
-        fe_start_reply(p);
-        evhttp_send_reply_chunk(p->client, out);
-        if (!final)
-            check_client_backlog(p);
-    }
+    evbuffer_drain(p->up.sse, off);
 }

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "frontend/frontend_int.h"
+#include "frontend/fe_metrics.h"
 
 static const double SECONDS_BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
                                          2.5,   5,    10,    30,   60,  120,  300};
@@ -76,20 +76,22 @@ uint16_t fe_reqm_slot(kvr_frontend_t *fe, const char *model, size_t len)
 
 void fe_reqm_observe(kvr_frontend_t *fe, const fe_req_t *p, uint64_t now_ns, uint64_t osl)
 {
-    fe_model_metrics_t *m = &fe->mm[p->model_slot];
+    fe_model_metrics_t *m = &fe->mm[p->client.model_slot];
     m->requests++;
-    kvr_hist_observe(&m->e2e, (double)(now_ns - p->arrival_ns) / 1e9);
-    kvr_hist_observe(&m->isl, (double)p->n_tokens);
+    kvr_hist_observe(&m->e2e, (double)(now_ns - p->client.arrival_ns) / 1e9);
+    kvr_hist_observe(&m->isl, (double)p->prompt.n_tokens);
     kvr_hist_observe(&m->osl, (double)osl);
-    if (p->n_tokens > 0) {
-        uint64_t c = p->cached_tokens < p->n_tokens ? p->cached_tokens : p->n_tokens;
-        kvr_hist_observe(&m->hit, (double)c / (double)p->n_tokens);
+    if (p->prompt.n_tokens > 0) {
+        uint64_t c = p->route.cached_tokens < p->prompt.n_tokens ? p->route.cached_tokens
+                                                                 : p->prompt.n_tokens;
+        kvr_hist_observe(&m->hit, (double)c / (double)p->prompt.n_tokens);
     }
-    if (p->first_token_ns != 0) {
-        kvr_hist_observe(&m->ttft, (double)(p->first_token_ns - p->arrival_ns) / 1e9);
-        if (p->gen_tokens > 1)
-            kvr_hist_observe(&m->itl, (double)(p->last_token_ns - p->first_token_ns) / 1e9 /
-                                          (double)(p->gen_tokens - 1));
+    if (p->client.first_token_ns != 0) {
+        kvr_hist_observe(&m->ttft, (double)(p->client.first_token_ns - p->client.arrival_ns) / 1e9);
+        if (p->client.gen_tokens > 1)
+            kvr_hist_observe(&m->itl, (double)(p->client.last_token_ns -
+                                               p->client.first_token_ns) / 1e9 /
+                                          (double)(p->client.gen_tokens - 1));
     }
 }
 

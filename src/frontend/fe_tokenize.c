@@ -1,8 +1,12 @@
 /*
  * fe_tokenize.c: the front end's token ids for a text or chat prompt, from a worker's
  * POST /tokenize (round-robin over the registered, unfenced workers with a url; a failed one
- * is retried on the next), cached by (model, prompt) in frontend/tokcache.c. The answer is read
- * by wire/tokenize_answer.c. Threads: the HTTP thread, like the whole front end.
+ * is retried on the next, by the state machine from its timer), cached by (model, prompt) in
+ * frontend/tokcache.c. The answer is read by wire/tokenize_answer.c.
+ * Invariants: each fe_tokenize_start ends in exactly one call of its done callback (maybe
+ * before it returns); p->up holds the call in between; a worker is asked once a request.
+ * Ownership: the ids handed to done are fe->tok_ids (scratch, valid until the next answer is
+ * read); the cache keeps its own copy. Threads: the HTTP thread, like the whole front end.
  * Cost: one /tokenize round trip per cache miss; a hit costs one XXH3-128 of the prompt.
  */
 #include <stdarg.h>
@@ -14,7 +18,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
-#include "frontend/frontend_int.h"
+#include "frontend/fe_tokenize.h"
 #include "wire/tokenize_answer.h"
 
 /* The next tokenizer: round-robin over the registered, unfenced workers with a url not yet
@@ -30,8 +34,8 @@ static upool_t *pick_tokenizer(fe_req_t *p)
         uint64_t id = ids[(fe->tok_rr + k) % n];
         const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, id);
         bool tried = false;
-        for (unsigned i = 0; i < p->n_tok_tried && !tried; i++)
-            tried = p->tok_tried[i] == id;
+        for (unsigned i = 0; i < p->prompt.n_tok_tried && !tried; i++)
+            tried = p->prompt.tok_tried[i] == id;
         if (sp == NULL || sp->url[0] == '\0' || tried || kvr_router_fenced(fe->r, id))
             continue;
         upool_t *u = fe_pool_for(fe, sp);
@@ -43,58 +47,79 @@ static upool_t *pick_tokenizer(fe_req_t *p)
     return NULL;
 }
 
+static void tok_again(fe_req_t *p, fe_tok_done_fn done)
+{
+    fe_tok_result_t r = {.st = FE_TOK_AGAIN};
+    done(p, &r);
+}
+
+static void tok_fail(fe_req_t *p, fe_tok_done_fn done, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void tok_fail(fe_req_t *p, fe_tok_done_fn done, int status, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fe_tok_result_t r = {.st = FE_TOK_FAIL, .status = status, .body = msg, .len = strlen(msg)};
+    done(p, &r);
+}
+
 /* u failed p's /tokenize (a 5xx or an answer that does not read): counted as an upstream
- * protocol error and a failure of u, and p tries the next worker (fe_start_tokenize answers
+ * protocol error and a failure of u, and p tries the next worker (fe_tokenize_start answers
  * 503 naming why when none is left). */
-static void tok_worker_failed(fe_req_t *p, upool_t *u, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void tok_worker_failed(fe_req_t *p, upool_t *u, const char *fmt, ...)
+static void tok_worker_failed(fe_req_t *p, fe_tok_done_fn done, upool_t *u, const char *fmt,
+                              ...) __attribute__((format(printf, 4, 5)));
+static void tok_worker_failed(fe_req_t *p, fe_tok_done_fn done, upool_t *u, const char *fmt,
+                              ...)
 {
     kvr_frontend_t *fe = p->fe;
     fe_up_count_error(fe, UPK_PROTOCOL, u->worker_id, true);
     fe_worker_failed(fe, u, UPK_PROTOCOL);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(p->last_fail, sizeof p->last_fail, fmt, ap);
+    vsnprintf(p->route.last_fail, sizeof p->route.last_fail, fmt, ap);
     va_end(ap);
-    fe_schedule_retry(p);
+    tok_again(p, done);
 }
 
+/* The call's end, as libevent reports it (arg: the request; done: the callback
+ * fe_tokenize_start was given, kept in p->prompt.tok_done). */
 static void on_tok_done(struct evhttp_request *up, void *arg)
 {
     fe_req_t *p = arg;
     kvr_frontend_t *fe = p->fe;
-    p->up = NULL;
-    fe_pool_release(p->uc);
-    p->uc = NULL;
-    upool_t *u = p->up_pool;
+    fe_tok_done_fn done = p->prompt.tok_done;
+    p->up.req = NULL;
+    fe_pool_release(p->up.uc);
+    p->up.uc = NULL;
+    upool_t *u = p->up.pool;
     int code = up != NULL ? evhttp_request_get_response_code(up) : 0;
     if (up == NULL || code == 0) {
-        up_kind_t kind = up != NULL ? UPK_CONNECT : p->up_err_set ? p->up_err : UPK_EOF;
+        up_kind_t kind = up != NULL ? UPK_CONNECT : p->up.err_set ? p->up.err : UPK_EOF;
         fe_up_count_error(fe, kind, u->worker_id, true);
         fe_worker_failed(fe, u, kind);
-        snprintf(p->last_fail, sizeof p->last_fail, "/tokenize failed with %s on worker %llu",
-                 UPK_NAMES[kind], (unsigned long long)u->worker_id);
-        fe_schedule_retry(p);
+        snprintf(p->route.last_fail, sizeof p->route.last_fail,
+                 "/tokenize failed with %s on worker %llu", UPK_NAMES[kind],
+                 (unsigned long long)u->worker_id);
+        tok_again(p, done);
         return;
     }
     struct evbuffer *in = evhttp_request_get_input_buffer(up);
     size_t len = evbuffer_get_length(in);
     const char *b = len ? (const char *)evbuffer_pullup(in, -1) : "";
     if (code >= 500) { /* the worker's own failure: another one may tokenize it */
-        tok_worker_failed(p, u, "/tokenize answered %d on worker %llu", code,
+        tok_worker_failed(p, done, u, "/tokenize answered %d on worker %llu", code,
                           (unsigned long long)u->worker_id);
         return;
     }
     if (code != 200) { /* the worker's verdict on the prompt (too long, unknown model...) */
         u->consecutive_failures = 0;
-        struct evhttp_request *c = fe_client_take(p);
-        if (c != NULL) {
-            const char *ct =
-                evhttp_find_header(evhttp_request_get_input_headers(up), "Content-Type");
-            fe_send_body(fe, c, code, ct ? ct : "application/json", b, len);
-        }
-        fe_req_finish(p);
+        const char *ct = evhttp_find_header(evhttp_request_get_input_headers(up), "Content-Type");
+        fe_tok_result_t r = {.st = FE_TOK_ANSWER, .status = code,
+                             .ctype = ct ? ct : "application/json", .body = b, .len = len};
+        done(p, &r);
         return;
     }
     size_t n_ids = 0;
@@ -102,77 +127,75 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
     int st = kvr_tokenize_answer_decode(b, len, fe->max_tokens, &fe->tok_ids, &fe->tok_cap, &n_ids,
                                         why, sizeof why);
     if (st == KVR_ETOOBIG) { /* the prompt is over the limit: the client's problem */
-        fe_req_fail(p, 413, "prompt longer than router_max_prompt_tokens (%llu tokens)",
-                    (unsigned long long)fe->cfg.router_max_prompt_tokens);
+        tok_fail(p, done, 413, "prompt longer than router_max_prompt_tokens (%llu tokens)",
+                 (unsigned long long)fe->cfg.router_max_prompt_tokens);
         return;
     }
     if (st == KVR_ENOMEM) {
-        fe_req_fail(p, 500, "out of memory");
+        tok_fail(p, done, 500, "out of memory");
         return;
     }
     if (st != KVR_OK) { /* a broken worker: counted, and another one tries */
         kvr_log_limited(&fe->rl_proto, KVR_LOG_WARN, "worker %llu: bad /tokenize answer: %s",
                         (unsigned long long)u->worker_id, why);
-        tok_worker_failed(p, u, "worker %llu answered /tokenize with %s",
+        tok_worker_failed(p, done, u, "worker %llu answered /tokenize with %s",
                           (unsigned long long)u->worker_id, why);
         return;
     }
     u->consecutive_failures = 0;
-    if (!fe_set_tokens(p, fe->tok_ids, n_ids)) {
-        fe_req_fail(p, 500, "out of memory");
-        return;
-    }
-    kvr_tokcache_put(&fe->cache, p->tok_key, fe->tok_ids, n_ids);
-    p->phase = PH_START;
-    fe_ids_ready(p);
+    kvr_tokcache_put(&fe->cache, p->prompt.tok_key, fe->tok_ids, n_ids);
+    fe_tok_result_t r = {.st = FE_TOK_IDS, .ids = fe->tok_ids, .n = n_ids};
+    done(p, &r);
 }
 
-void fe_start_tokenize(fe_req_t *p)
+void fe_tokenize_start(fe_req_t *p, fe_tok_done_fn done)
 {
     kvr_frontend_t *fe = p->fe;
-    if (p->n_tok_tried >= 1 + fe->cfg.frontend_max_retries) {
-        fe_req_fail(p, 503, "no worker could tokenize the prompt (%s)", p->last_fail);
+    if (p->prompt.n_tok_tried >= 1 + fe->cfg.frontend_max_retries) {
+        tok_fail(p, done, 503, "no worker could tokenize the prompt (%s)", p->route.last_fail);
         return;
     }
     upool_t *u = pick_tokenizer(p);
     if (u == NULL) {
-        if (p->n_tok_tried > 0)
-            fe_req_fail(p, 503, "no worker could tokenize the prompt (%s)", p->last_fail);
+        if (p->prompt.n_tok_tried > 0)
+            tok_fail(p, done, 503, "no worker could tokenize the prompt (%s)",
+                     p->route.last_fail);
         else
-            fe_req_fail(p, 503, "no worker with a url can tokenize the prompt");
+            tok_fail(p, done, 503, "no worker with a url can tokenize the prompt");
         return;
     }
-    p->tok_tried[p->n_tok_tried++] = u->worker_id;
-    upconn_t *uc = fe_ensure_retry_ev(p) ? fe_pool_acquire(fe, u, fe->cfg.frontend_upstream_timeout_ms) : NULL;
+    p->prompt.tok_tried[p->prompt.n_tok_tried++] = u->worker_id;
+    upconn_t *uc = fe_pool_acquire(fe, u, fe->cfg.frontend_upstream_timeout_ms);
     struct evhttp_request *up = uc ? evhttp_request_new(on_tok_done, p) : NULL;
     if (up == NULL) {
         fe_pool_release(uc);
-        fe_req_fail(p, 500, "out of memory");
+        tok_fail(p, done, 500, "out of memory");
         return;
     }
     evhttp_request_set_error_cb(up, fe_on_up_error);
     struct evkeyvalq *h = evhttp_request_get_output_headers(up);
     evhttp_add_header(h, "Host", u->loc.host_hdr);
     evhttp_add_header(h, "Content-Type", "application/json");
-    fe_add_upstream_auth(p, h);
-    evbuffer_add(evhttp_request_get_output_buffer(up), p->tok_body, p->tok_body_len);
+    fe_up_add_auth(fe, p->client.auth, h);
+    evbuffer_add(evhttp_request_get_output_buffer(up), p->prompt.tok_body,
+                 p->prompt.tok_body_len);
     char path[KVR_ADDR_BYTES + 16];
     snprintf(path, sizeof path, "%s/tokenize", u->loc.base_path);
-    p->phase = PH_TOKENIZE;
-    p->up_pool = u;
-    p->up_err_set = p->got_headers = false;
-    p->up = up;
-    p->uc = uc;
+    p->prompt.tok_done = done;
+    p->up.pool = u;
+    p->up.err_set = p->up.got_headers = false;
+    p->up.req = up;
+    p->up.uc = uc;
     fe->st.tokenize_calls++;
-    /* a whole answer is buffered: bounded (lifted in on_up_header for an event stream) */
+    /* a whole answer is buffered: bounded */
     evhttp_connection_set_max_body_size(uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
-    if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up == up) {
-        p->up = NULL;
-        fe_pool_release(p->uc);
-        p->uc = NULL;
-        snprintf(p->last_fail, sizeof p->last_fail, "cannot connect to worker %llu",
+    if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up.req == up) {
+        p->up.req = NULL;
+        fe_pool_release(p->up.uc);
+        p->up.uc = NULL;
+        snprintf(p->route.last_fail, sizeof p->route.last_fail, "cannot connect to worker %llu",
                  (unsigned long long)u->worker_id);
-        fe_schedule_retry(p);
+        tok_again(p, done);
     }
 }
 
@@ -221,13 +244,13 @@ bool fe_tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq)
         kvr_json_end_array(w);
     }
     kvr_json_end_object(w);
-    p->tok_key = XXH3_128bits_digest(st);
+    p->prompt.tok_key = XXH3_128bits_digest(st);
     XXH3_freeState(st);
     const char *j;
     size_t jl;
-    if (kvr_json_writer_finish(w, &j, &jl) != KVR_OK || (p->tok_body = malloc(jl)) == NULL)
+    if (kvr_json_writer_finish(w, &j, &jl) != KVR_OK || (p->prompt.tok_body = malloc(jl)) == NULL)
         return false;
-    memcpy(p->tok_body, j, jl);
-    p->tok_body_len = jl;
+    memcpy(p->prompt.tok_body, j, jl);
+    p->prompt.tok_body_len = jl;
     return true;
 }

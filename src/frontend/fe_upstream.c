@@ -1,7 +1,8 @@
 /*
- * fe_upstream.c: the front end's per-worker upstream pools (see frontend_int.h): keep-alive
+ * fe_upstream.c: the front end's per-worker upstream pools (fe_upstream.h): keep-alive
  * connections reused up to frontend_max_idle_connections, a new pool when a worker's url
  * changes, and consecutive failures that fence a worker.
+ * Invariants, ownership, threads and cost: see fe_upstream.h.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +15,8 @@
 
 #include "kvrouter/router.h"
 #include "fleet/fleet.h"
-#include "frontend/frontend_int.h"
+#include "frontend/fe_ctx.h"
+#include "frontend/fe_upstream.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Upstream pools */
@@ -135,6 +137,23 @@ void fe_pool_release(upconn_t *c)
         c->busy = false;
         c->pool->n_busy--;
     }
+}
+
+void fe_up_count_error(kvr_frontend_t *fe, up_kind_t kind, uint64_t worker_id, bool before)
+{
+    fe->st.upstream_errors[kind]++;
+    kvr_log_limited(&fe->rl_up, KVR_LOG_WARN, "upstream %s on worker %llu (%s the first byte)",
+                    UPK_NAMES[kind], (unsigned long long)worker_id, before ? "before" : "after");
+}
+
+/* The client's Authorization when frontend_forward_authorization is on and it sent one, else
+ * the router's own worker token, else none. */
+void fe_up_add_auth(const kvr_frontend_t *fe, const char *client_auth, struct evkeyvalq *h)
+{
+    if (client_auth != NULL)
+        evhttp_add_header(h, "Authorization", client_auth);
+    else if (fe->worker_auth[0] != '\0')
+        evhttp_add_header(h, "Authorization", fe->worker_auth);
 }
 
 /* A refused connection or a failure before the first byte: counted against the worker. */

@@ -3,21 +3,27 @@
  *
  * This file is the request state machine: decode, route (through the scheduler, kvrouter/sched.h:
  * a queued request is borrowed, not copied, and every lifecycle call goes by the booking's
- * handle), proxy, relay, retry, disconnect, slow clients; plus the tick and the lifecycle.
- * The other jobs have their own files, over frontend_int.h: fe_tokenize.c (ids from a
- * worker's /tokenize, cached), fe_body.c (the workers' body, the nvext naming the worker),
- * fe_relay.c (streamed answers to the client), fe_upstream.c (per-worker connection pools),
- * fe_models.c (GET /v1/models), fe_metrics.c, fe_disagg.c (disaggregated requests: their two
- * legs run through this state machine, p->pf_leg saying which one is current).
+ * handle), proxy, relay, retry, disconnect, slow clients; plus the tick and the lifecycle,
+ * and the replies to clients (http/reply.h, OpenAI's error shape). It runs LEGS (p->leg): an aggregated request has
+ * one, the whole request; a disaggregated one has those the leg planner (fe_disagg.h) gives
+ * at its four hooks (fe_plan_first at the ids, fe_plan_placed at a booking, fe_plan_ended at
+ * a leg's end, fe_plan_release at the request's end), whose verdicts the machine carries out
+ * (apply). The other jobs have their own files and headers, none of which calls back here
+ * but through a callback: fe_req.c (the per-request struct), fe_tokenize.c (ids from a
+ * worker's /tokenize, cached: one callback, tok_done), fe_body.c (the workers' body, the nvext
+ * naming the worker), fe_relay.c (SSE events cut for the client: on_token), fe_upstream.c
+ * (per-worker connection pools), fe_models.c (GET /v1/models), fe_metrics.c, fe_disagg.c
+ * (the planner: leg_lost).
  *
- * Invariants: a request (fe_req_t) is in the live list from arrival until its client is
- * answered or gone. While it has an upstream call (up != NULL) it holds one busy pooled
- * connection (uc). Its client connection's close callback points at it until its last reply
- * is handed to libevent. It is booked in the router (booked) between a successful placement
- * and its free. Retries and failures continue from a zero-delay timer (retry_ev), never inside
- * the libevent call that reported them (which may run inside evhttp_make_request), so no
- * request is freed under a caller; connections are freed only by the tick, never inside their
- * own callbacks (libevent touches them after the callback returns).
+ * Invariants (fe_req.h states them per request, fe_req_verify asserts them): a request is in
+ * the live list from arrival until its client is answered or gone. While it has an upstream
+ * call (up.req) it holds one busy pooled connection (up.uc). Its client connection's close
+ * callback points at it until its last reply is handed to libevent. It is booked in the
+ * router (route.handle) between a successful placement and its free. Retries, leg switches
+ * and failures continue from a zero-delay timer (retry_ev), never inside the libevent call
+ * that reported them (which may run inside evhttp_make_request), so no request is freed under
+ * a caller; connections are freed only by the tick, never inside their own callbacks
+ * (libevent touches them after the callback returns).
  * libevent 2.1 lifetimes relied on: an upstream request is freed by libevent right after its
  * completion callback (after the error callback, before the completion callback with NULL, on
  * a failure), and without any callback by evhttp_cancel_request once its error callback is
@@ -25,7 +31,8 @@
  * (its connection pointer becomes NULL) and is then ours to free, while one still attached
  * when its connection is freed is freed by libevent.
  * Memory: per request, its copies (ids, routing fields, bodies it had to rebuild); pooled
- * connections; the cache within its cap. Threads: the HTTP thread only.
+ * connections; the cache within its cap. Threads: the HTTP thread only. Cost: per request a
+ * decode, a route, one upstream call (per leg), the relay's pass over the answer.
  */
 #include "frontend/frontend.h"
 #include "http/http_conn.h"
@@ -60,26 +67,33 @@
 #include "wire/openai.h"
 #include "wire/prom.h"
 
-#include "frontend/frontend_int.h"
+#include "frontend/fe_body.h"
+#include "frontend/fe_ctx.h"
+#include "frontend/fe_disagg.h"
+#include "frontend/fe_metrics.h"
+#include "frontend/fe_models.h"
+#include "frontend/fe_relay.h"
+#include "http/reply.h"
+#include "frontend/fe_req.h"
+#include "frontend/fe_tokenize.h"
+#include "frontend/fe_upstream.h"
 
 /* seconds: 5 us to 1 s */
 static const double FORWARD_BUCKETS[] = {5e-6,   1e-5, 2.5e-5, 5e-5,   1e-4, 2.5e-4, 5e-4, 1e-3,
                                          2.5e-3, 5e-3, 1e-2,   2.5e-2, 5e-2, 0.1,    0.25, 1};
 #define N_FORWARD_BUCKETS (sizeof FORWARD_BUCKETS / sizeof FORWARD_BUCKETS[0])
 
-void fe_req_finish(fe_req_t *p);
+/* A request's invariants and its planner part's, at a state transition (no code under
+ * NDEBUG). */
+#ifdef NDEBUG
+#define VERIFY(p) ((void)0)
+#else
+#define VERIFY(p) (fe_req_verify(p), fe_disagg_verify(p))
+#endif
 
-/* The Authorization a worker gets: the client's when frontend_forward_authorization is on and
- * it sent one, else the router's own worker token, else none. */
-void fe_add_upstream_auth(const fe_req_t *p, struct evkeyvalq *h)
-{
-    if (p->auth != NULL)
-        evhttp_add_header(h, "Authorization", p->auth);
-    else if (p->fe->worker_auth[0] != '\0')
-        evhttp_add_header(h, "Authorization", p->fe->worker_auth);
-}
+static void req_finish(fe_req_t *p);
 static void end_stream(fe_req_t *p, const char *error);
-void fe_route_attempt(fe_req_t *p);
+static void route_attempt(fe_req_t *p);
 
 static uint64_t mono_ns(void)
 {
@@ -91,85 +105,24 @@ static uint64_t mono_ns(void)
 /* ---------------------------------------------------------------------------------------- */
 /* Replies to clients */
 
-static void count_reply(kvr_frontend_t *fe, int code)
-{
-    int k = code >= 200 && code < 600 ? code / 100 - 2 : 4;
-    fe->st.replies[k]++;
-}
-
-void fe_send_body(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *ctype,
-                  const char *data, size_t len)
-{
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
-    evbuffer_drain(fe->out, evbuffer_get_length(fe->out));
-    evbuffer_add(fe->out, data, len);
-    count_reply(fe, code);
-    evhttp_send_reply(req, code, NULL, fe->out);
-}
-
-void fe_send_writer(kvr_frontend_t *fe, struct evhttp_request *req, int code)
-{
-    const char *data;
-    size_t len;
-    if (kvr_json_writer_finish(&fe->w, &data, &len) != KVR_OK) {
-        static const char oom[] = "{\"error\":{\"message\":\"response too large\",\"type\":"
-                                  "\"InternalServerError\",\"param\":null,\"code\":500}}";
-        fe_send_body(fe, req, 500, "application/json", oom, sizeof oom - 1);
-        return;
-    }
-    fe_send_body(fe, req, code, "application/json", data, len);
-}
-
-void fe_send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *fmt,
-                       ...) __attribute__((format(printf, 4, 5)));
-
-void fe_send_error(kvr_frontend_t *fe, struct evhttp_request *req, int code, const char *fmt,
-                       ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    kvr_json_writer_reset(&fe->w);
-    kvr_oai_encode_error(&fe->w, msg, NULL, code);
-    fe_send_writer(fe, req, code);
-}
-
-static const char *body_of(struct evhttp_request *req, size_t *len)
-{
-    struct evbuffer *b = evhttp_request_get_input_buffer(req);
-    *len = evbuffer_get_length(b);
-    if (*len == 0)
-        return "";
-    return (const char *)evbuffer_pullup(b, -1);
-}
-
-/* The request is about to get its last reply: nothing may reach it through its connection. */
-struct evhttp_request *fe_client_take(fe_req_t *p)
-{
-    struct evhttp_request *c = p->client;
-    if (c != NULL)
-        evhttp_connection_set_closecb(p->client_conn, NULL, NULL);
-    p->client = NULL;
-    return c;
-}
 
 /* Answers with an error and frees the request. */
-void fe_req_fail(fe_req_t *p, int code, const char *fmt, ...)
+static void req_fail(fe_req_t *p, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void req_fail(fe_req_t *p, int code, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fe_disagg_release(p, true); /* a bootstrap prefill would wait for a decode that won't come */
-    fe_disagg_orphan(p);        /* a pulled prefill's KV would wait for its timeout (first:
-                                   it reads the client's body) */
+    fe_plan_release(p, FE_REL_CANCEL); /* a bootstrap prefill would wait for a decode that
+                                          won't come; a pulled prefill's KV for its timeout
+                                          (first: it reads the client's body) */
     struct evhttp_request *c = fe_client_take(p);
     if (c != NULL)
-        fe_send_error(p->fe, c, code, "%s", msg);
-    fe_req_finish(p);
+        kvr_reply_error(&p->fe->rep, c, code, NULL, "%s", msg);
+    req_finish(p);
 }
 
 /* A routing status as the OpenAI error it is; frees the request. */
@@ -177,40 +130,41 @@ static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
 {
     switch (rc) {
     case KVR_ENOWORKER:
-        if (p->n_tried > 0)
-            fe_req_fail(p, 503, "no worker can serve this request (%s)", p->last_fail);
+        if (p->route.n_tried > 0)
+            req_fail(p, 503, "no worker can serve this request (%s)", p->route.last_fail);
         else
-            fe_req_fail(p, 503, "no worker can serve this request");
+            req_fail(p, 503, "no worker can serve this request");
         return;
     case KVR_ENOTALLOWED:
-        fe_req_fail(p, 503, "the pinned worker is outside the request's filters");
+        req_fail(p, 503, "the pinned worker is outside the request's filters");
         return;
     case KVR_ENOMODEL:
-        if (p->lora != NULL && res && res->error_field && strncmp(res->error_field, "lora", 4) == 0)
-            fe_req_fail(p, 404, "no worker serves the LoRA adapter `%s` (lora_strict)", p->lora);
+        if (p->hints.lora != NULL && res && res->error_field &&
+            strncmp(res->error_field, "lora", 4) == 0)
+            req_fail(p, 404, "no worker serves the LoRA adapter `%s` (lora_strict)", p->hints.lora);
         else
-            fe_req_fail(p, 404, "The model `%s` does not exist", p->model);
+            req_fail(p, 404, "The model `%s` does not exist", p->prompt.model);
         return;
     case KVR_EBUSY:
-        fe_req_fail(p, 429, "every eligible worker is busy");
+        req_fail(p, 429, "every eligible worker is busy");
         return;
     case KVR_EQUEUEFULL:
-        fe_req_fail(p, 429, "the request queue is full");
+        req_fail(p, 429, "the request queue is full");
         return;
     case KVR_EFULL:
-        fe_req_fail(p, 429, "too many requests in flight");
+        req_fail(p, 429, "too many requests in flight");
         return;
     case KVR_ETOOBIG:
-        fe_req_fail(p, 413, "prompt longer than router_max_prompt_tokens (%llu tokens)",
+        req_fail(p, 413, "prompt longer than router_max_prompt_tokens (%llu tokens)",
                     (unsigned long long)p->fe->cfg.router_max_prompt_tokens);
         return;
     case KVR_EINVAL:
     case KVR_EPARSE:
     case KVR_ERANGE:
-        fe_req_fail(p, 400, "%s", res && res->error_field ? res->error_field : kvr_strerror(rc));
+        req_fail(p, 400, "%s", res && res->error_field ? res->error_field : kvr_strerror(rc));
         return;
     default:
-        fe_req_fail(p, 500, "routing failed: %s", kvr_strerror(rc));
+        req_fail(p, 500, "routing failed: %s", kvr_strerror(rc));
         return;
     }
 }
@@ -218,134 +172,105 @@ static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
 /* ---------------------------------------------------------------------------------------- */
 /* Requests: lifecycle */
 
-static void link_req(kvr_frontend_t *fe, fe_req_t *p)
-{
-    p->next = fe->live;
-    if (fe->live)
-        fe->live->prev = p;
-    fe->live = p;
-    fe->n_live++;
-}
-
-static void unlink_req(kvr_frontend_t *fe, fe_req_t *p)
-{
-    if (p->prev)
-        p->prev->next = p->next;
-    else
-        fe->live = p->next;
-    if (p->next)
-        p->next->prev = p->prev;
-    fe->n_live--;
-}
-
 /* The api server removed a worker, and the router its bookings: the requests still running
  * there drain from the engine but have nothing left to mark or free. */
 static void fe_worker_removed(void *arg, uint64_t worker_id)
 {
     kvr_frontend_t *fe = arg;
     for (fe_req_t *p = fe->live; p != NULL; p = p->next)
-        if (p->booked && p->worker.worker_id == worker_id)
-            p->booked = false;
+        if (fe_req_booked(p) && p->route.worker.worker_id == worker_id)
+            p->route.handle = KVR_REQ_HANDLE_NONE;
     fe_disagg_worker_removed(fe, worker_id);
 }
 
 /* Drops the upstream call without any callback (the connection is closed: the worker sees
  * the disconnect and cancels its request). */
-void fe_cancel_upstream(fe_req_t *p)
+static void cancel_upstream(fe_req_t *p)
 {
-    if (p->up != NULL) {
-        evhttp_request_set_error_cb(p->up, NULL);
-        evhttp_request_set_chunked_cb(p->up, NULL);
-        evhttp_cancel_request(p->up);
-        p->up = NULL;
+    if (p->up.req != NULL) {
+        evhttp_request_set_error_cb(p->up.req, NULL);
+        evhttp_request_set_chunked_cb(p->up.req, NULL);
+        evhttp_cancel_request(p->up.req);
+        p->up.req = NULL;
     }
-    fe_pool_release(p->uc);
-    p->uc = NULL;
+    fe_pool_release(p->up.uc);
+    p->up.uc = NULL;
 }
 
 /* Frees the router's booking (the queue may place something now). */
-void fe_unbook(fe_req_t *p)
+static void unbook(fe_req_t *p)
 {
-    if (!p->booked)
+    kvr_req_handle_t h = p->route.handle;
+    if (h == KVR_REQ_HANDLE_NONE)
         return;
-    p->booked = false;
-    (void)kvr_sched_release(p->fe->sched, p->handle, kvr_now_ms()); /* re-runs the queue */
+    p->route.handle = KVR_REQ_HANDLE_NONE;
+    (void)kvr_sched_release(p->fe->sched, h, kvr_now_ms()); /* re-runs the queue */
 }
 
 /* Releases everything; the client was answered or is gone. */
-void fe_req_finish(fe_req_t *p)
+static void req_finish(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
-    fe_cancel_upstream(p);
+    VERIFY(p);
+    cancel_upstream(p);
     if (p->phase == PH_QUEUED)
-        (void)kvr_sched_cancel(fe->sched, p->ticket);
+        (void)kvr_sched_cancel(fe->sched, p->route.ticket);
     if (p->retry_ev != NULL)
         event_free(p->retry_ev);
     p->retry_ev = NULL;
-    if (p->client != NULL) { /* never left unanswered */
-        if (p->reply_started) {
+    if (p->client.req != NULL) { /* never left unanswered */
+        if (p->client.reply_started) {
             end_stream(p, "internal error: the request was dropped");
         } else {
             struct evhttp_request *c = fe_client_take(p);
-            fe_send_error(fe, c, 500, "internal error: the request was dropped");
+            kvr_reply_error(&fe->rep, c, 500, NULL, "internal error: the request was dropped");
         }
     }
-    fe_disagg_release(p, false); /* a bootstrap prefill call runs to its end on its own */
-    unlink_req(fe, p);
-    bool booked = p->booked;
-    kvr_req_handle_t handle = p->handle;
-    if (p->sse != NULL)
-        evbuffer_free(p->sse);
-    free(p->tokens);
-    free(p->body_own);
-    free(p->leg_body);
-    free(p->kvt);
-    free(p->rel_base);
-    free(p->auth);
-    free(p->tok_body);
-    free(p->lora);
-    free(p->model);
-    free(p->images);
-    free(p->mm);
-    free(p->allowed);
-    free(p->scratch);
-    free(p);
-    if (booked) /* last: the queue may place another request, which may call back here */
+    fe_plan_release(p, FE_REL_END); /* a bootstrap prefill call runs to its end on its own */
+    fe_req_unlink(p);
+    kvr_req_handle_t handle = p->route.handle;
+    fe_req_free(p);
+    if (handle != KVR_REQ_HANDLE_NONE) /* last: the queue may place another request, which
+                                          may call back here */
         (void)kvr_sched_release(fe->sched, handle, kvr_now_ms());
+}
+
+/* Whether p's call goes on though its client left (the leg says until when). */
+static bool call_outlives_client(const fe_req_t *p)
+{
+    fe_keep_t k = p->leg.keep;
+    return !p->client.slow_abort && p->up.req != NULL &&
+           (k == FE_KEEP_TO_ANSWER || (k == FE_KEEP_TO_HEADERS && !p->up.got_headers));
 }
 
 static void on_client_close(struct evhttp_connection *conn, void *arg)
 {
     (void)conn;
     fe_req_t *p = arg;
-    if (!p->slow_abort)
+    if (!p->client.slow_abort)
         p->fe->st.client_disconnects++;
-    struct evhttp_request *c = p->client;
-    p->client = NULL;
-    if (!p->slow_abort && p->dmode == FD_PULL && p->up != NULL && (p->pf_leg || !p->got_headers)) {
-        /* the call goes on: a prefill's until it answers (its KV is then released), a
-         * decode's until the worker answers (it has then read the KV, and is closed) */
-        evhttp_connection_set_closecb(p->client_conn, NULL, NULL);
-        p->abandoned = true;
-        (void)fe_disagg_keep_body(p); /* the client's body goes with it (out of memory: the
-                                         release call is not made, and counted) */
-        p->client_body = NULL;
-        p->client_body_len = 0;
+    struct evhttp_request *c = p->client.req;
+    p->client.req = NULL;
+    if (call_outlives_client(p)) {
+        evhttp_connection_set_closecb(p->client.conn, NULL, NULL);
+        p->client.kept = p->leg.keep;
+        fe_plan_release(p, FE_REL_DETACH); /* what a release call needs of the client's body */
+        p->prompt.client_body = NULL;
+        p->prompt.client_body_len = 0;
         kvr_http_release_orphan(c);
         return;
     }
-    fe_cancel_upstream(p); /* first: nothing of ours may reach the client's buffers after this */
-    fe_disagg_release(p, true);
-    fe_disagg_orphan(p);
+    cancel_upstream(p); /* first: nothing of ours may reach the client's buffers after this */
+    fe_plan_release(p, FE_REL_CANCEL);
     kvr_http_release_orphan(c); /* http/http_conn.h */
-    fe_req_finish(p);
+    req_finish(p);
 }
 
 static void on_retry(evutil_socket_t fd, short what, void *arg);
 
 /* The timer failures continue from, made before the first upstream call (so that a failure
  * never needs an allocation). */
-bool fe_ensure_retry_ev(fe_req_t *p)
+static bool ensure_retry_ev(fe_req_t *p)
 {
     if (p->retry_ev == NULL)
         p->retry_ev = evtimer_new(p->fe->base, on_retry, p);
@@ -353,7 +278,7 @@ bool fe_ensure_retry_ev(fe_req_t *p)
 }
 
 /* Continues p from a zero-delay timer. */
-void fe_schedule_retry(fe_req_t *p)
+static void schedule_retry(fe_req_t *p)
 {
     static const struct timeval now = {0, 0};
     p->phase = PH_RETRY;
@@ -361,36 +286,142 @@ void fe_schedule_retry(fe_req_t *p)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Requests: bodies */
+/* Requests: the planner's verdicts, the ids */
 
-bool fe_set_tokens(fe_req_t *p, const uint32_t *t, size_t n)
-{
-    free(p->tokens);
-    p->tokens = malloc((n ? n : 1) * sizeof *t);
-    if (p->tokens == NULL)
-        return false;
-    if (n)
-        memcpy(p->tokens, t, n * sizeof *t);
-    p->n_tokens = n;
-    return true;
-}
+static void reply_whole(fe_req_t *p, struct evhttp_request *up);
 
-/* The ids are known: the body for the workers, then routing. */
-void fe_ids_ready(fe_req_t *p)
+/* Continues p on its next leg from its timer (never inside the libevent call that ended the
+ * last one): fresh attempts, a booking not yet told its first token. */
+static void next_leg(fe_req_t *p)
 {
-    int rc = KVR_OK;
-    if (!p->rewrite) {
-        p->body = p->client_body;
-        p->body_len = p->client_body_len;
-    } else if ((rc = fe_build_forward_body(p)) != KVR_OK) {
-        if (rc == KVR_ETOOBIG)
-            fe_req_fail(p, 400, "request body: more than %d top-level fields", FE_MAX_MEMBERS);
-        else
-            fe_req_fail(p, 500, "out of memory");
+    p->route.leg_pending = true;
+    p->route.first_token_sent = false;
+    p->route.attempts = 0;
+    p->up.leg_sent = false;
+    VERIFY(p);
+    if (!ensure_retry_ev(p)) {
+        req_fail(p, 500, "out of memory");
         return;
     }
-    if (fe_disagg_plan(p))
-        fe_route_attempt(p);
+    schedule_retry(p);
+}
+
+/* Carries out the planner's verdict (up: the leg's answer, for FE_STEP_REPLY). A leg that is
+ * over frees its booking first. */
+static void apply(fe_req_t *p, const fe_verdict_t *v, struct evhttp_request *up)
+{
+    switch (v->step) {
+    case FE_STEP_GO:
+        return;
+    case FE_STEP_NEXT:
+        unbook(p);
+        next_leg(p);
+        return;
+    case FE_STEP_RETRY:
+        if (!ensure_retry_ev(p)) {
+            req_fail(p, 500, "out of memory");
+            return;
+        }
+        schedule_retry(p);
+        return;
+    case FE_STEP_REPLY:
+        unbook(p);
+        reply_whole(p, up);
+        req_finish(p);
+        return;
+    case FE_STEP_FINISH:
+        req_finish(p);
+        return;
+    case FE_STEP_FAIL:
+        unbook(p);
+        req_fail(p, v->status, "%s", v->msg);
+        return;
+    }
+}
+
+/* Hook 3, its one site: p's current leg ended (e). True when the machine goes on with its
+ * own handling (an aggregated request's), false when the planner's verdict was carried out. */
+static bool leg_ended(fe_req_t *p, const fe_leg_end_t *e)
+{
+    fe_verdict_t v;
+    fe_plan_ended(p, e, &v);
+    if (v.step == FE_STEP_GO)
+        return true;
+    apply(p, &v, e->up);
+    return false;
+}
+
+/* The planner lost p's current leg outside its hooks (a bootstrap prefill call failed under
+ * p's decode call): the call is dropped, its booking freed, and p placed again from its
+ * timer (the planner has set the leg). */
+static void leg_lost(fe_req_t *p)
+{
+    cancel_upstream(p);
+    unbook(p);
+    schedule_retry(p);
+}
+
+/* The ids are known: the body for the workers, the first leg, then routing. */
+static void ids_ready(fe_req_t *p)
+{
+    int rc = KVR_OK;
+    if (!p->prompt.rewrite) {
+        p->prompt.body = p->prompt.client_body;
+        p->prompt.body_len = p->prompt.client_body_len;
+    } else if ((rc = fe_build_forward_body(p)) != KVR_OK) {
+        if (rc == KVR_ETOOBIG)
+            req_fail(p, 400, "request body: more than %d top-level fields", FE_MAX_MEMBERS);
+        else
+            req_fail(p, 500, "out of memory");
+        return;
+    }
+    fe_verdict_t v;
+    fe_plan_first(p, &v); /* hook 1 */
+    if (v.step != FE_STEP_GO) {
+        apply(p, &v, NULL);
+        return;
+    }
+    VERIFY(p);
+    route_attempt(p);
+}
+
+/* The tokenize call's one end. */
+static void tok_done(fe_req_t *p, const fe_tok_result_t *r)
+{
+    switch (r->st) {
+    case FE_TOK_IDS:
+        if (!fe_set_tokens(p, r->ids, r->n)) {
+            req_fail(p, 500, "out of memory");
+            return;
+        }
+        p->phase = PH_START;
+        ids_ready(p);
+        return;
+    case FE_TOK_AGAIN:
+        schedule_retry(p);
+        return;
+    case FE_TOK_ANSWER: {
+        struct evhttp_request *c = fe_client_take(p);
+        if (c != NULL)
+            kvr_reply_body(&p->fe->rep, c, r->status, r->ctype, r->body, r->len);
+        req_finish(p);
+        return;
+    }
+    case FE_TOK_FAIL:
+        req_fail(p, r->status, "%s", r->body);
+        return;
+    }
+}
+
+/* Asks the next worker for p's ids (the timer exists first: a failure continues from it). */
+static void tokenize(fe_req_t *p)
+{
+    if (!ensure_retry_ev(p)) {
+        req_fail(p, 500, "out of memory");
+        return;
+    }
+    p->phase = PH_TOKENIZE;
+    fe_tokenize_start(p, tok_done);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -404,8 +435,8 @@ static int cmp_u64(const void *a, const void *b)
 
 static bool was_tried(const fe_req_t *p, uint64_t id)
 {
-    for (unsigned i = 0; i < p->n_tried; i++)
-        if (p->tried[i] == id)
+    for (unsigned i = 0; i < p->route.n_tried; i++)
+        if (p->route.tried[i] == id)
             return true;
     return false;
 }
@@ -422,44 +453,43 @@ static const uint64_t *attempt_allowed(fe_req_t *p, size_t *n, bool *oom)
 {
     kvr_frontend_t *fe = p->fe;
     *oom = false;
-    bool pf = p->pf_leg;
-    uint64_t pin = pf ? p->pin_pf : p->pin_worker;
-    bool pin_only =
-        pf ? p->has_pin_pf && !p->has_pin_pf_rank : p->has_pin_worker && !p->has_pin_rank;
-    if (!p->has_allowed && !pin_only && p->n_tried == 0 && fe->n_urlless == 0)
+    uint64_t pin = p->leg.pin->worker;
+    bool pin_only = p->leg.pin->has && !p->leg.pin->has_rank;
+    if (!p->hints.has_allowed && !pin_only && p->route.n_tried == 0 && fe->n_urlless == 0)
         return NULL;
-    size_t cap = p->has_allowed || pin_only ? p->n_allowed + 1 : FE_MAX_WORKERS;
-    if (p->cap_scratch < cap) {
-        uint64_t *s = realloc(p->scratch, cap * sizeof *s);
+    size_t cap = p->hints.has_allowed || pin_only ? p->hints.n_allowed + 1 : FE_MAX_WORKERS;
+    if (p->route.cap_scratch < cap) {
+        uint64_t *s = realloc(p->route.scratch, cap * sizeof *s);
         if (s == NULL) {
             *oom = true;
             return NULL;
         }
-        p->scratch = s;
-        p->cap_scratch = cap;
+        p->route.scratch = s;
+        p->route.cap_scratch = cap;
     }
     size_t m = 0;
-    if (p->has_allowed) {
-        for (size_t i = 0; i < p->n_allowed; i++)
-            if (!pin_only || p->allowed[i] == pin)
-                p->scratch[m++] = p->allowed[i];
+    if (p->hints.has_allowed) {
+        for (size_t i = 0; i < p->hints.n_allowed; i++)
+            if (!pin_only || p->hints.allowed[i] == pin)
+                p->route.scratch[m++] = p->hints.allowed[i];
     } else if (pin_only) {
-        p->scratch[m++] = pin;
+        p->route.scratch[m++] = pin;
     } else {
-        m = kvr_router_worker_ids(fe->r, p->scratch, FE_MAX_WORKERS);
+        m = kvr_router_worker_ids(fe->r, p->route.scratch, FE_MAX_WORKERS);
         if (m > FE_MAX_WORKERS)
             m = FE_MAX_WORKERS;
-        qsort(p->scratch, m, sizeof *p->scratch, cmp_u64);
+        qsort(p->route.scratch, m, sizeof *p->route.scratch, cmp_u64);
     }
     size_t o = 0;
     for (size_t i = 0; i < m; i++) {
-        uint64_t id = p->scratch[i];
-        if (was_tried(p, id) || ((fe->n_urlless > 0 || p->n_tried > 0) && !usable_worker(fe, id)))
+        uint64_t id = p->route.scratch[i];
+        if (was_tried(p, id) ||
+            ((fe->n_urlless > 0 || p->route.n_tried > 0) && !usable_worker(fe, id)))
             continue;
-        p->scratch[o++] = id;
+        p->route.scratch[o++] = id;
     }
     *n = o;
-    return p->scratch;
+    return p->route.scratch;
 }
 
 static void on_placed(void *arg, int rc, const kvr_route_res_t *res);
@@ -467,26 +497,28 @@ static void send_upstream(fe_req_t *p);
 
 static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
 {
-    if (rc != KVR_OK && p->pf_leg && (rc == KVR_ENOWORKER || rc == KVR_ENOTALLOWED)) {
-        fe_disagg_fallback(p, p->n_tried > 0 ? p->last_fail : "no prefill worker can serve it");
-        return;
-    }
+    fe_verdict_t v;
     if (rc != KVR_OK) {
-        req_fail_route(p, rc, res);
+        fe_leg_end_t e = {.how = FE_END_UNPLACED, .rc = rc};
+        if (leg_ended(p, &e)) /* a prefill leg falls back */
+            req_fail_route(p, rc, res);
         return;
     }
-    p->booked = true;
-    p->handle = res->handle;
-    p->rid_len = strlen(res->request_id);
-    memcpy(p->rid, res->request_id, p->rid_len + 1);
-    p->worker = res->worker;
-    p->step_seen = 0; /* a new worker: its step clock, not the last one's */
-    p->cached_tokens = res->cached_tokens;
-    p->block_size = res->block_size;
-    if (!fe_disagg_placed(p, res))
-        return; /* it goes on by itself (a bootstrap pair, or a fallback) */
-    if (p->want_worker)
-        fe_make_nvext(p);
+    p->route.handle = res->handle;
+    p->route.rid_len = strlen(res->request_id);
+    memcpy(p->route.rid, res->request_id, p->route.rid_len + 1);
+    p->route.worker = res->worker;
+    p->route.step_seen = 0; /* a new worker: its step clock, not the last one's */
+    p->route.cached_tokens = res->cached_tokens;
+    p->route.block_size = res->block_size;
+    fe_plan_placed(p, res, &v); /* hook 2 */
+    if (v.step != FE_STEP_GO) {
+        apply(p, &v, NULL); /* it goes on by itself (a bootstrap pair, or a fallback) */
+        return;
+    }
+    if (p->client.want_worker)
+        fe_make_nvext(p, fe_plan_prefill_worker(p));
+    VERIFY(p);
     send_upstream(p);
 }
 
@@ -496,58 +528,63 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
  * price of the text before the first image (see docs/serve.md). False on out of memory. */
 static bool image_blocks(fe_req_t *p)
 {
-    kvr_route_req_t q = {.n_tokens = p->n_tokens, .model = p->model, .model_len = p->model_len};
+    kvr_route_req_t q = {.n_tokens = p->prompt.n_tokens,
+                         .model = p->prompt.model,
+                         .model_len = p->prompt.model_len};
     size_t n = kvr_router_n_blocks(p->fe->r, &q);
     if (n == 0)
         return true;
-    if ((p->mm = malloc(n * sizeof *p->mm)) == NULL)
+    if ((p->prompt.mm = malloc(n * sizeof *p->prompt.mm)) == NULL)
         return false;
     for (size_t i = 0; i < n; i++)
-        p->mm[i] = (kvr_block_mm_t){(uint32_t)i, p->images, p->n_images};
-    p->n_mm = n;
+        p->prompt.mm[i] = (kvr_block_mm_t){(uint32_t)i, p->prompt.images, p->prompt.n_images};
+    p->prompt.n_mm = n;
     return true;
 }
 
-void fe_route_attempt(fe_req_t *p)
+/* Places p's current leg (queued when every eligible worker is busy). */
+static void route_attempt(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
     size_t n_allowed = 0;
-    bool oom = p->n_images > 0 && p->mm == NULL && !image_blocks(p);
+    bool oom = p->prompt.n_images > 0 && p->prompt.mm == NULL && !image_blocks(p);
     const uint64_t *allowed = oom ? NULL : attempt_allowed(p, &n_allowed, &oom);
     if (oom) {
-        fe_req_fail(p, 500, "out of memory");
+        req_fail(p, 500, "out of memory");
         return;
     }
     kvr_route_req_t q = {
-        .tokens = p->tokens,
-        .n_tokens = p->n_tokens,
+        .tokens = p->prompt.tokens,
+        .n_tokens = p->prompt.n_tokens,
         .update_state = true,
-        .model = p->model,
-        .model_len = p->model_len,
-        .lora_name = p->lora,
-        .lora_name_len = p->lora_len,
+        .model = p->prompt.model,
+        .model_len = p->prompt.model_len,
+        .lora_name = p->hints.lora,
+        .lora_name_len = p->hints.lora_len,
         .has_allowed = allowed != NULL,
         .allowed_ids = allowed,
         .n_allowed = n_allowed,
-        .has_pinned = p->has_pin_worker && p->has_pin_rank,
-        .pinned = {p->pin_worker, p->pin_rank},
-        .priority_jump = p->priority_jump,
-        .session_id = p->session_len > 0 ? p->session : NULL,
-        .session_id_len = p->session_len,
-        .session_close = p->session_close,
-        .mm = p->mm,
-        .n_mm = p->n_mm,
-        .has_expected_output_tokens = p->has_eot,
-        .expected_output_tokens = p->eot,
+        .has_pinned = p->leg.pin->has && p->leg.pin->has_rank,
+        .pinned = {p->leg.pin->worker, p->leg.pin->rank},
+        .priority_jump = p->hints.priority_jump,
+        .session_id = p->hints.session_len > 0 ? p->hints.session : NULL,
+        .session_id_len = p->hints.session_len,
+        .session_close = p->hints.session_close,
+        .mm = p->prompt.mm,
+        .n_mm = p->prompt.n_mm,
+        .has_expected_output_tokens = p->hints.has_eot,
+        .expected_output_tokens = p->hints.eot,
     };
-    fe_disagg_route_req(p, &q);
+    q.pool = KVR_POOL_SERVE;
+    if (p->leg.shape != NULL)
+        p->leg.shape(&q); /* the leg's pool and overrides */
     /* borrowed while queued: tokens, lora and allowed ids live in p until it is placed or
      * cancelled (fe_req_finish) */
     kvr_place_t pl = {.q = &q, .copy = false, .done = on_placed, .arg = p};
     kvr_route_res_t res;
     p->phase = PH_START;
-    int rc = kvr_sched_place(fe->sched, &pl, kvr_now_ms(), &res, &p->ticket);
-    if (rc == KVR_OK && p->ticket != 0) {
+    int rc = kvr_sched_place(fe->sched, &pl, kvr_now_ms(), &res, &p->route.ticket);
+    if (rc == KVR_OK && p->route.ticket != 0) {
         p->phase = PH_QUEUED;
         return;
     }
@@ -559,13 +596,13 @@ static void on_placed(void *arg, int rc, const kvr_route_res_t *res)
     fe_req_t *p = arg;
     p->phase = PH_START;
     if (p->fe->closing) {
-        fe_req_fail(p, 503, "the router is shutting down");
+        req_fail(p, 503, "the router is shutting down");
         return;
     }
     if (res == NULL) {
         char msg[200];
         int code = kvr_fleet_wait_failed(p->fe->r, rc, msg, sizeof msg);
-        fe_req_fail(p, code, "%s", msg);
+        req_fail(p, code, "%s", msg);
         return;
     }
     routed(p, rc, res);
@@ -574,109 +611,137 @@ static void on_placed(void *arg, int rc, const kvr_route_res_t *res)
 /* ---------------------------------------------------------------------------------------- */
 /* Requests: the upstream call */
 
-void fe_up_count_error(kvr_frontend_t *fe, up_kind_t kind, uint64_t worker_id, bool before)
-{
-    fe->st.upstream_errors[kind]++;
-    kvr_log_limited(&fe->rl_up, KVR_LOG_WARN, "upstream %s on worker %llu (%s the first byte)",
-                    UPK_NAMES[kind], (unsigned long long)worker_id, before ? "before" : "after");
-}
-
-void fe_on_up_error(enum evhttp_request_error err, void *arg)
-{
-    fe_req_t *p = arg;
-    p->up_err_set = true;
-    switch (err) {
-    case EVREQ_HTTP_TIMEOUT:
-        p->up_err = UPK_TIMEOUT; /* connected, then silent (a connect timeout is UPK_CONNECT) */
-        break;
-    case EVREQ_HTTP_EOF:
-        p->up_err = UPK_EOF;
-        break;
-    case EVREQ_HTTP_DATA_TOO_LONG:
-        p->up_err = UPK_TOO_LARGE;
-        break;
-    default:
-        p->up_err = UPK_PROTOCOL;
-        break;
-    }
-}
-
 /* The upstream failed before its first byte: retried elsewhere from the timer. */
 static void attempt_failed(fe_req_t *p, up_kind_t kind)
 {
     kvr_frontend_t *fe = p->fe;
-    fe_up_count_error(fe, kind, p->worker.worker_id, true);
-    snprintf(p->last_fail, sizeof p->last_fail, "%u upstream attempt%s failed, the last with %s "
-             "on worker %llu", p->attempts, p->attempts == 1 ? "" : "s", UPK_NAMES[kind],
-             (unsigned long long)p->worker.worker_id);
-    if (p->up_pool != NULL)
-        fe_worker_failed(fe, p->up_pool, kind);
-    if (p->n_tried < FE_MAX_ATTEMPTS)
-        p->tried[p->n_tried++] = p->worker.worker_id;
-    fe_unbook(p);
-    if (p->dmode == FD_BOOTSTRAP && !p->pf_leg) { /* a new pair, a new room */
-        fe_disagg_release(p, true);
-        p->pf_leg = true;
-        p->has_pf = false;
-    }
-    fe_schedule_retry(p);
+    fe_up_count_error(fe, kind, p->route.worker.worker_id, true);
+    unsigned n = p->route.attempts;
+    snprintf(p->route.last_fail, sizeof p->route.last_fail,
+             "%u upstream attempt%s failed, the last with %s on worker %llu", n,
+             n == 1 ? "" : "s", UPK_NAMES[kind], (unsigned long long)p->route.worker.worker_id);
+    if (p->up.pool != NULL)
+        fe_worker_failed(fe, p->up.pool, kind);
+    if (p->route.n_tried < FE_MAX_ATTEMPTS)
+        p->route.tried[p->route.n_tried++] = p->route.worker.worker_id;
+    unbook(p);
+    fe_leg_end_t e = {.how = FE_END_FAILED};
+    if (leg_ended(p, &e)) /* a bootstrap pair starts again from its prefill */
+        schedule_retry(p);
 }
 
-void fe_start_reply(fe_req_t *p)
+/* The headers naming the workers that served p. */
+static void add_worker_headers(const fe_req_t *p, struct evkeyvalq *h)
 {
-    if (p->reply_started || p->client == NULL)
-        return;
-    p->reply_started = true;
-    struct evkeyvalq *h = evhttp_request_get_output_headers(p->client);
     char v[24];
-    evhttp_add_header(h, "Content-Type", "text/event-stream");
-    evhttp_add_header(h, "Cache-Control", "no-cache");
-    snprintf(v, sizeof v, "%llu", (unsigned long long)p->worker.worker_id);
+    snprintf(v, sizeof v, "%llu", (unsigned long long)p->route.worker.worker_id);
     evhttp_add_header(h, "x-kvrouter-worker-id", v);
-    snprintf(v, sizeof v, "%u", p->worker.dp_rank);
+    snprintf(v, sizeof v, "%u", p->route.worker.dp_rank);
     evhttp_add_header(h, "x-kvrouter-dp-rank", v);
-    if (p->has_pf) {
-        snprintf(v, sizeof v, "%llu", (unsigned long long)p->pf.worker_id);
+    const kvr_worker_t *pf = fe_plan_prefill_worker(p);
+    if (pf != NULL) {
+        snprintf(v, sizeof v, "%llu", (unsigned long long)pf->worker_id);
         evhttp_add_header(h, "x-kvrouter-prefill-worker-id", v);
     }
+}
+
+/* The SSE headers go to the client (once). */
+static void start_reply(fe_req_t *p)
+{
+    if (p->client.reply_started || p->client.req == NULL)
+        return;
+    p->client.reply_started = true;
+    struct evkeyvalq *h = evhttp_request_get_output_headers(p->client.req);
+    evhttp_add_header(h, "Content-Type", "text/event-stream");
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    add_worker_headers(p, h);
     /* events are small writes: without this, Nagle holds one back until the client's
      * delayed ACK */
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(p->client_conn);
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(p->client.conn);
     evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
     if (fd >= 0) {
         int one = 1;
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     }
-    evhttp_send_reply_start(p->client, 200, "OK");
+    evhttp_send_reply_start(p->client.req, 200, "OK");
 }
 
-void fe_mark_token(fe_req_t *p)
+/* A token arrived (the relay's on_token): first token and output blocks reported to the
+ * router. */
+static void mark_token(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
     uint64_t now = kvr_now_ms();
-    p->last_token_ns = mono_ns();
-    if (p->gen_tokens++ == 0)
-        p->first_token_ns = p->last_token_ns;
+    p->client.last_token_ns = mono_ns();
+    if (p->client.gen_tokens++ == 0)
+        p->client.first_token_ns = p->client.last_token_ns;
     fe->st.stream_tokens++;
-    if (!p->booked)
+    if (!fe_req_booked(p))
         return; /* its worker was removed, and its booking with it */
     /* its worker's engine steps, told by whose tokens arrive: the clock the locality cost
      * reads (route time is kvr_now_ms() x 1000, the same monotonic clock) */
-    (void)kvr_router_worker_token(kvr_sched_router(fe->sched), p->worker, &p->step_seen,
-                                  p->last_token_ns / 1000);
-    if (!p->first_token_sent) {
-        p->first_token_sent = true;
-        (void)kvr_sched_first_token(fe->sched, p->handle, now); /* the queue may move */
+    (void)kvr_router_worker_token(kvr_sched_router(fe->sched), p->route.worker,
+                                  &p->route.step_seen, p->client.last_token_ns / 1000);
+    if (!p->route.first_token_sent) {
+        p->route.first_token_sent = true;
+        (void)kvr_sched_first_token(fe->sched, p->route.handle, now); /* the queue may move */
     }
-    uint64_t bs = p->block_size ? p->block_size : fe->cfg.block_size;
-    uint64_t total = p->n_tokens + p->gen_tokens;
+    uint64_t bs = p->route.block_size ? p->route.block_size : fe->cfg.block_size;
+    uint64_t total = p->prompt.n_tokens + p->client.gen_tokens;
     if (bs > 0 && total % bs == 1 % bs) {
         double decay = NAN;
-        if (p->has_eot) {
-            double d = 1.0 - (double)p->gen_tokens / (double)(p->eot ? p->eot : 1);
+        if (p->hints.has_eot) {
+            double d = 1.0 - (double)p->client.gen_tokens /
+                                 (double)(p->hints.eot ? p->hints.eot : 1);
             decay = d > 0 ? d : 0;
         }
-        (void)kvr_sched_output_block(fe->sched, p->handle, decay, now);
+        (void)kvr_sched_output_block(fe->sched, p->route.handle, decay, now);
+    }
+}
+
+/* A client that does not read what it asked for is aborted like one that left, but not from
+ * here: relay runs inside the upstream request's own callbacks, where the request cannot be
+ * cancelled. retry_ev (made before the upstream call) continues in on_retry. */
+static void check_client_backlog(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    size_t pending = fe_client_backlog(p);
+    if (p->client.slow_abort || pending <= fe->cfg.frontend_max_client_buffer_bytes ||
+        p->retry_ev == NULL)
+        return;
+    p->client.slow_abort = true;
+    fe->st.slow_client_aborts++;
+    kvr_log_limited(&fe->rl_slow, KVR_LOG_WARN, "request %.*s on worker %llu: the client does "
+                    "not read its stream (%zu bytes pending > frontend_max_client_buffer_bytes "
+                    "%llu): aborted", (int)p->route.rid_len, p->route.rid,
+                    (unsigned long long)p->route.worker.worker_id, pending,
+                    (unsigned long long)fe->cfg.frontend_max_client_buffer_bytes);
+    static const struct timeval now = {0, 0};
+    (void)evtimer_add(p->retry_ev, &now);
+}
+
+/* The deferred abort of a slow client, from the timer: closing its connection runs
+ * on_client_close (upstream cancelled, booking freed, p freed). */
+static void abort_slow_client(fe_req_t *p)
+{
+    if (p->client.req != NULL && p->client.conn != NULL) {
+        evhttp_connection_free(p->client.conn);
+        return;
+    }
+    req_finish(p);
+}
+
+/* Forwards the complete events held (all of it when final). */
+static void relay(fe_req_t *p, bool final)
+{
+    struct evbuffer *out = p->fe->out;
+    evbuffer_drain(out, evbuffer_get_length(out));
+    fe_relay_events(p, final, out, mark_token);
+    if (evbuffer_get_length(out) > 0 && p->client.req != NULL) {
+        start_reply(p);
+        evhttp_send_reply_chunk(p->client.req, out);
+        if (!final)
+            check_client_backlog(p);
     }
 }
 
@@ -684,38 +749,39 @@ static void on_up_chunk(struct evhttp_request *up, void *arg)
 {
     fe_req_t *p = arg;
     struct evbuffer *in = evhttp_request_get_input_buffer(up);
-    if (p->slow_abort || p->abandoned) { /* nothing more for this client */
+    if (p->client.slow_abort || p->client.kept != FE_KEEP_NONE) { /* nothing for this client */
         evbuffer_drain(in, evbuffer_get_length(in));
         return;
     }
-    evbuffer_add_buffer(p->sse, in);
-    fe_relay(p, false);
+    evbuffer_add_buffer(p->up.sse, in);
+    relay(p, false);
 }
 
 static int on_up_header(struct evhttp_request *up, void *arg)
 {
     fe_req_t *p = arg;
-    p->got_headers = true;
-    p->up_code = evhttp_request_get_response_code(up);
-    if (p->abandoned && !p->pf_leg) { /* the decode worker has it: closed from the timer */
+    p->up.got_headers = true;
+    p->up.code = evhttp_request_get_response_code(up);
+    if (p->client.kept == FE_KEEP_TO_HEADERS) { /* the decode worker has it: closed from the
+                                                    timer */
         evhttp_request_set_chunked_cb(up, NULL);
-        fe_schedule_retry(p);
+        schedule_retry(p);
         return 0;
     }
-    if (p->up_pool != NULL)
-        p->up_pool->consecutive_failures = 0;
+    if (p->up.pool != NULL)
+        p->up.pool->consecutive_failures = 0;
     const char *ct = evhttp_find_header(evhttp_request_get_input_headers(up), "Content-Type");
-    p->sse_mode = p->up_code == 200 && fe_leg_streams(p) && ct != NULL &&
+    p->up.sse_mode = p->up.code == 200 && fe_leg_streams(p) && ct != NULL &&
                   strncasecmp(ct, "text/event-stream", 17) == 0;
-    if (!p->sse_mode)
+    if (!p->up.sse_mode)
         evhttp_request_set_chunked_cb(up, NULL); /* the body accumulates for on_up_done */
     else /* relayed as it comes, never accumulated: a stream may be as long as it runs */
         evhttp_connection_set_max_body_size(evhttp_request_get_connection(up), -1);
-    if (p->up_code >= 500)
-        fe_up_count_error(p->fe, UPK_STATUS_5XX, p->worker.worker_id, false);
-    if (p->up_code == 200 && !p->sse_mode && !p->first_token_sent && p->booked) {
-        p->first_token_sent = true; /* a whole answer: its first token is behind it */
-        (void)kvr_sched_first_token(p->fe->sched, p->handle, kvr_now_ms());
+    if (p->up.code >= 500)
+        fe_up_count_error(p->fe, UPK_STATUS_5XX, p->route.worker.worker_id, false);
+    if (p->up.code == 200 && !p->up.sse_mode && !p->route.first_token_sent && fe_req_booked(p)) {
+        p->route.first_token_sent = true; /* a whole answer: its first token is behind it */
+        (void)kvr_sched_first_token(p->fe->sched, p->route.handle, kvr_now_ms());
     }
     return 0;
 }
@@ -745,7 +811,8 @@ static uint64_t completion_tokens(struct evbuffer *in)
     return v;
 }
 
-void fe_reply_whole(fe_req_t *p, struct evhttp_request *up)
+/* The whole (non-SSE) answer in up relayed to the client with its status. */
+static void reply_whole(fe_req_t *p, struct evhttp_request *up)
 {
     kvr_frontend_t *fe = p->fe;
     struct evhttp_request *c = fe_client_take(p);
@@ -754,20 +821,12 @@ void fe_reply_whole(fe_req_t *p, struct evhttp_request *up)
     struct evbuffer *in = evhttp_request_get_input_buffer(up);
     const char *ct = evhttp_find_header(evhttp_request_get_input_headers(up), "Content-Type");
     struct evkeyvalq *h = evhttp_request_get_output_headers(c);
-    char v[24];
     evhttp_add_header(h, "Content-Type", ct ? ct : "application/json");
-    snprintf(v, sizeof v, "%llu", (unsigned long long)p->worker.worker_id);
-    evhttp_add_header(h, "x-kvrouter-worker-id", v);
-    snprintf(v, sizeof v, "%u", p->worker.dp_rank);
-    evhttp_add_header(h, "x-kvrouter-dp-rank", v);
-    if (p->has_pf) {
-        snprintf(v, sizeof v, "%llu", (unsigned long long)p->pf.worker_id);
-        evhttp_add_header(h, "x-kvrouter-prefill-worker-id", v);
-    }
+    add_worker_headers(p, h);
     evbuffer_drain(fe->out, evbuffer_get_length(fe->out));
     size_t len = evbuffer_get_length(in);
     bool done = false;
-    if (p->want_worker && p->up_code == 200 && len > 0) {
+    if (p->client.want_worker && p->up.code == 200 && len > 0) {
         const char *b = (const char *)evbuffer_pullup(in, -1);
         done = fe_inject_worker(p, b, len, fe->out);
         if (!done) {
@@ -777,15 +836,15 @@ void fe_reply_whole(fe_req_t *p, struct evhttp_request *up)
     }
     if (!done)
         evbuffer_add_buffer(fe->out, in);
-    count_reply(fe, p->up_code);
-    evhttp_send_reply(c, p->up_code, NULL, fe->out);
+    kvr_reply_count(&fe->rep, p->up.code);
+    evhttp_send_reply(c, p->up.code, NULL, fe->out);
 }
 
 /* The end of the SSE stream (with an error event first when it broke). */
 static void end_stream(fe_req_t *p, const char *error)
 {
     kvr_frontend_t *fe = p->fe;
-    if (p->client == NULL)
+    if (p->client.req == NULL)
         return;
     if (error != NULL) {
         kvr_json_writer_reset(&fe->w);
@@ -799,117 +858,128 @@ static void end_stream(fe_req_t *p, const char *error)
             evbuffer_add(fe->out, KVR_OAI_SSE_SUFFIX, sizeof KVR_OAI_SSE_SUFFIX - 1);
         }
         evbuffer_add(fe->out, KVR_OAI_SSE_DONE, sizeof KVR_OAI_SSE_DONE - 1);
-        fe_start_reply(p);
-        evhttp_send_reply_chunk(p->client, fe->out);
+        start_reply(p);
+        evhttp_send_reply_chunk(p->client.req, fe->out);
     }
-    fe_start_reply(p);
+    start_reply(p);
     struct evhttp_request *c = fe_client_take(p);
-    fe->st.replies[4]++;
+    fe->st.streams_ended++;
     evhttp_send_reply_end(c);
+}
+
+/* The leg's call broke after its first byte, or went silent before it (kind). */
+static void up_broke(fe_req_t *p, up_kind_t kind)
+{
+    kvr_frontend_t *fe = p->fe;
+    fe_leg_end_t e = {.how = FE_END_BROKEN, .kind = kind};
+    if (!leg_ended(p, &e)) /* a prefill falls back */
+        return;
+    if (!p->up.got_headers) { /* accepted, then silent: maybe still generating; not retried */
+        fe_up_count_error(fe, kind, p->route.worker.worker_id, true);
+        fe_worker_failed(fe, p->up.pool, kind);
+        req_fail(p, 504, "worker %llu sent nothing for frontend_upstream_timeout_ms (%llu ms)",
+                 (unsigned long long)p->route.worker.worker_id,
+                 (unsigned long long)fe->cfg.frontend_upstream_timeout_ms);
+        return;
+    }
+    fe_up_count_error(fe, kind, p->route.worker.worker_id, false);
+    if (kind == UPK_TOO_LARGE) {
+        fe_worker_failed(fe, p->up.pool, kind);
+        req_fail(p, 502, "worker %llu's answer exceeded frontend_max_answer_bytes (%llu bytes)",
+                 (unsigned long long)p->route.worker.worker_id,
+                 (unsigned long long)fe->cfg.frontend_max_answer_bytes);
+        return;
+    }
+    char msg[160];
+    snprintf(msg, sizeof msg, "worker %llu failed mid-response (%s)",
+             (unsigned long long)p->route.worker.worker_id, UPK_NAMES[kind]);
+    if (p->client.reply_started) {
+        relay(p, true);
+        end_stream(p, msg);
+        req_finish(p);
+    } else {
+        req_fail(p, 502, "%s", msg);
+    }
+}
+
+/* The leg's call answered in full (code): the client's answer, unless the planner has a
+ * next leg for it (a prefill's answer). */
+static void up_answered(fe_req_t *p, struct evhttp_request *up, int code)
+{
+    fe_leg_end_t e = {.how = FE_END_ANSWERED, .up = up, .code = code};
+    if (!leg_ended(p, &e)) /* a prefill's answer gives the decode leg */
+        return;
+    uint64_t osl;
+    if (p->up.sse_mode) {
+        relay(p, true);
+        osl = p->client.gen_tokens;
+        end_stream(p, NULL);
+    } else {
+        osl = completion_tokens(evhttp_request_get_input_buffer(up));
+        reply_whole(p, up);
+    }
+    if (code == 200)
+        fe_reqm_observe(p->fe, p, mono_ns(), osl);
+    req_finish(p);
+}
+
+/* The call of p, whose client left while it went on, ended (code; 0: failed). */
+static void up_orphaned(fe_req_t *p, struct evhttp_request *up, int code)
+{
+    unbook(p);
+    fe_leg_end_t e = {.how = FE_END_ORPHANED, .up = up, .code = code};
+    if (leg_ended(p, &e)) /* a prefill's KV is released (the planner says FINISH) */
+        req_finish(p);
 }
 
 static void on_up_done(struct evhttp_request *up, void *arg)
 {
     fe_req_t *p = arg;
-    kvr_frontend_t *fe = p->fe;
-    p->up = NULL; /* libevent frees it after this call */
-    fe_pool_release(p->uc);
-    p->uc = NULL;
-    if (p->slow_abort)
+    p->up.req = NULL; /* libevent frees it after this call */
+    fe_pool_release(p->up.uc);
+    p->up.uc = NULL;
+    VERIFY(p);
+    if (p->client.slow_abort)
         return; /* retry_ev is pending: it closes the client */
     int code = up != NULL ? evhttp_request_get_response_code(up) : 0;
-    if (p->abandoned) { /* its client left during the prefill call (pull) */
-        fe_disagg_abandoned(p, up, code);
+    if (p->client.kept != FE_KEEP_NONE) { /* its client left while the call went on */
+        up_orphaned(p, up, code);
         return;
     }
-    if (up == NULL || code == 0) {
-        up_kind_t kind = up != NULL ? UPK_CONNECT : p->up_err_set ? p->up_err : UPK_EOF;
-        if (!p->got_headers && kind != UPK_TIMEOUT) {
-            attempt_failed(p, kind);
-            return;
-        }
-        if (p->pf_leg) { /* a prefill that broke after its first byte, or went silent */
-            fe_up_count_error(fe, kind, p->worker.worker_id, !p->got_headers);
-            fe_worker_failed(fe, p->up_pool, kind);
-            char why[96];
-            snprintf(why, sizeof why, "%s on prefill worker %llu", UPK_NAMES[kind],
-                     (unsigned long long)p->worker.worker_id);
-            fe_unbook(p);
-            fe_disagg_fallback(p, why);
-            return;
-        }
-        if (!p->got_headers) { /* accepted, then silent: maybe still generating; not retried */
-            fe_up_count_error(fe, kind, p->worker.worker_id, true);
-            fe_worker_failed(fe, p->up_pool, kind);
-            fe_req_fail(p, 504,
-                        "worker %llu sent nothing for frontend_upstream_timeout_ms (%llu ms)",
-                        (unsigned long long)p->worker.worker_id,
-                        (unsigned long long)fe->cfg.frontend_upstream_timeout_ms);
-            return;
-        }
-        fe_up_count_error(fe, kind, p->worker.worker_id, false);
-        if (kind == UPK_TOO_LARGE) {
-            fe_worker_failed(fe, p->up_pool, kind);
-            fe_req_fail(p, 502,
-                        "worker %llu's answer exceeded frontend_max_answer_bytes (%llu bytes)",
-                        (unsigned long long)p->worker.worker_id,
-                        (unsigned long long)fe->cfg.frontend_max_answer_bytes);
-            return;
-        }
-        char msg[160];
-        snprintf(msg, sizeof msg, "worker %llu failed mid-response (%s)",
-                 (unsigned long long)p->worker.worker_id, UPK_NAMES[kind]);
-        if (p->reply_started) {
-            fe_relay(p, true);
-            end_stream(p, msg);
-            fe_req_finish(p);
-        } else {
-            fe_req_fail(p, 502, "%s", msg);
-        }
+    if (up != NULL && code != 0) {
+        up_answered(p, up, code);
         return;
     }
-    if (p->pf_leg) { /* the prefill's whole answer: the decode leg next */
-        fe_disagg_prefill_done(p, up, code);
-        return;
-    }
-    uint64_t osl;
-    if (p->sse_mode) {
-        fe_relay(p, true);
-        osl = p->gen_tokens;
-        end_stream(p, NULL);
-    } else {
-        osl = completion_tokens(evhttp_request_get_input_buffer(up));
-        fe_reply_whole(p, up);
-    }
-    if (code == 200)
-        fe_reqm_observe(fe, p, mono_ns(), osl);
-    fe_req_finish(p);
+    up_kind_t kind = up != NULL ? UPK_CONNECT : p->up.err_set ? p->up.err : UPK_EOF;
+    if (!p->up.got_headers && kind != UPK_TIMEOUT)
+        attempt_failed(p, kind);
+    else
+        up_broke(p, kind);
 }
 
+/* Sends p's current leg to its placed worker (route.worker). */
 static void send_upstream(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
-    const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, p->worker.worker_id);
+    const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, p->route.worker.worker_id);
     upool_t *u = sp != NULL ? fe_pool_for(fe, sp) : NULL;
-    p->attempts++;
-    p->up_pool = u;
-    p->got_headers = p->up_err_set = p->sse_mode = false;
+    p->route.attempts++;
+    p->up.pool = u;
+    p->up.got_headers = p->up.err_set = p->up.sse_mode = false;
     p->phase = PH_UPSTREAM;
     if (u == NULL || u->bad_url) {
-        if (!fe_ensure_retry_ev(p)) {
-            fe_req_fail(p, 500, "out of memory");
+        if (!ensure_retry_ev(p)) {
+            req_fail(p, 500, "out of memory");
             return;
         }
         attempt_failed(p, UPK_NO_URL);
         return;
     }
-    uint64_t silence = p->pf_leg ? fe->cfg.frontend_prefill_timeout_ms
-                                 : fe->cfg.frontend_upstream_timeout_ms;
-    upconn_t *uc = fe_ensure_retry_ev(p) ? fe_pool_acquire(fe, u, silence) : NULL;
+    upconn_t *uc = ensure_retry_ev(p) ? fe_pool_acquire(fe, u, p->leg.silence_ms) : NULL;
     struct evhttp_request *up = uc ? evhttp_request_new(on_up_done, p) : NULL;
     if (up == NULL) {
         fe_pool_release(uc);
-        fe_req_fail(p, 500, "out of memory");
+        req_fail(p, 500, "out of memory");
         return;
     }
     evhttp_request_set_header_cb(up, on_up_header);
@@ -917,41 +987,55 @@ static void send_upstream(fe_req_t *p)
     evhttp_request_set_error_cb(up, fe_on_up_error);
     struct evkeyvalq *h = evhttp_request_get_output_headers(up);
     char rank[16];
-    snprintf(rank, sizeof rank, "%u", p->worker.dp_rank);
+    snprintf(rank, sizeof rank, "%u", p->route.worker.dp_rank);
     evhttp_add_header(h, "Host", u->loc.host_hdr);
     evhttp_add_header(h, "Content-Type", "application/json");
     evhttp_add_header(h, "x-data-parallel-rank", rank);
     if (fe_leg_streams(p))
         evhttp_add_header(h, "Accept", "text/event-stream");
-    fe_add_upstream_auth(p, h);
-    if (p->leg_body != NULL)
-        evbuffer_add(evhttp_request_get_output_buffer(up), p->leg_body, p->leg_body_len);
+    fe_up_add_auth(fe, p->client.auth, h);
+    if (p->leg.body != NULL)
+        evbuffer_add(evhttp_request_get_output_buffer(up), p->leg.body, p->leg.body_len);
     else
-        evbuffer_add(evhttp_request_get_output_buffer(up), p->body, p->body_len);
+        evbuffer_add(evhttp_request_get_output_buffer(up), p->prompt.body, p->prompt.body_len);
     char path[KVR_ADDR_BYTES + 32];
     snprintf(path, sizeof path, "%s%s", u->loc.base_path,
-             p->ep == KVR_OAI_CHAT ? "/v1/chat/completions" : "/v1/completions");
-    if (p->sse == NULL)
-        p->sse = evbuffer_new();
+             p->client.ep == KVR_OAI_CHAT ? "/v1/chat/completions" : "/v1/completions");
+    if (p->up.sse == NULL)
+        p->up.sse = evbuffer_new();
     else
-        evbuffer_drain(p->sse, evbuffer_get_length(p->sse));
-    p->up = up;
-    p->uc = uc;
+        evbuffer_drain(p->up.sse, evbuffer_get_length(p->up.sse));
+    p->up.req = up;
+    p->up.uc = uc;
     fe->st.forwarded++;
-    if (p->attempts == 1)
-        kvr_hist_observe(&fe->h_forward, (double)(mono_ns() - p->arrival_ns) / 1e9);
+    if (p->route.attempts == 1)
+        kvr_hist_observe(&fe->h_forward, (double)(mono_ns() - p->client.arrival_ns) / 1e9);
     /* may call on_up_done before returning (a connection refused at once): p stays valid,
      * the failure continues from the timer */
     /* a whole answer is buffered: bounded (lifted in on_up_header for an event stream) */
     evhttp_connection_set_max_body_size(uc->conn, (ev_ssize_t)fe->cfg.frontend_max_answer_bytes);
-    if (!p->pf_leg && p->dmode == FD_PULL)
-        p->d_sent = true; /* from here a client that leaves closes the decode worker's call */
-    if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up == up) {
-        p->up = NULL;
-        fe_pool_release(p->uc);
-        p->uc = NULL;
+    p->up.leg_sent = true; /* a pull decode leg: from here the decode worker may read the KV */
+    VERIFY(p);
+    if (evhttp_make_request(uc->conn, up, EVHTTP_REQ_POST, path) != 0 && p->up.req == up) {
+        p->up.req = NULL;
+        fe_pool_release(p->up.uc);
+        p->up.uc = NULL;
         attempt_failed(p, UPK_CONNECT);
     }
+}
+
+/* The leg's retries are spent, or its pinned worker failed: a prefill leg falls back, any
+ * other is answered 503. */
+static void leg_spent(fe_req_t *p)
+{
+    kvr_frontend_t *fe = p->fe;
+    fe_leg_end_t e = {.how = FE_END_SPENT};
+    if (!leg_ended(p, &e))
+        return;
+    if (p->route.attempts >= 1 + fe->cfg.frontend_max_retries)
+        req_fail(p, 503, "no worker could serve this request (%s)", p->route.last_fail);
+    else
+        req_fail(p, 503, "the pinned worker cannot serve this request (%s)", p->route.last_fail);
 }
 
 static void on_retry(evutil_socket_t fd, short what, void *arg)
@@ -960,40 +1044,34 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
     (void)what;
     fe_req_t *p = arg;
     kvr_frontend_t *fe = p->fe;
-    if (p->slow_abort) {
-        fe_abort_slow_client(p);
+    VERIFY(p);
+    if (p->client.slow_abort) {
+        abort_slow_client(p);
         return;
     }
-    if (p->abandoned) { /* its decode worker answered after its client left */
-        fe_cancel_upstream(p);
-        fe_req_finish(p);
+    if (p->client.kept != FE_KEEP_NONE) { /* its decode worker answered after its client left */
+        cancel_upstream(p);
+        req_finish(p);
         return;
     }
     p->phase = PH_START;
-    if (p->tokens == NULL && p->tok_body != NULL) {
-        fe_start_tokenize(p);
+    if (p->prompt.tokens == NULL && p->prompt.tok_body != NULL) {
+        tokenize(p);
         return;
     }
-    if (p->leg_switch) { /* the next leg of a disaggregated request, not a retry */
-        p->leg_switch = false;
-        fe_route_attempt(p);
+    if (p->route.leg_pending) { /* the next leg of a disaggregated request, not a retry */
+        p->route.leg_pending = false;
+        route_attempt(p);
         return;
     }
-    if (p->pf_leg && (p->attempts >= 1 + fe->cfg.frontend_max_retries ||
-                      (p->has_pin_pf && was_tried(p, p->pin_pf)))) {
-        fe_disagg_fallback(p, p->last_fail);
-        return;
-    }
-    if (p->attempts >= 1 + fe->cfg.frontend_max_retries) {
-        fe_req_fail(p, 503, "no worker could serve this request (%s)", p->last_fail);
-        return;
-    }
-    if (p->has_pin_worker && was_tried(p, p->pin_worker)) {
-        fe_req_fail(p, 503, "the pinned worker cannot serve this request (%s)", p->last_fail);
+    const fe_pin_t *pin = p->leg.pin;
+    if (p->route.attempts >= 1 + fe->cfg.frontend_max_retries ||
+        (pin->has && was_tried(p, pin->worker))) {
+        leg_spent(p);
         return;
     }
     fe->st.retries++;
-    fe_route_attempt(p);
+    route_attempt(p);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1015,61 +1093,63 @@ static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
 /* Copies what routing needs from the decoded request (the decoder's buffers are reused). */
 static bool copy_routing(fe_req_t *p, const kvr_oai_request_t *rq)
 {
-    p->model_len = rq->model != NULL ? rq->model_len : 0;
-    if ((p->model = malloc(p->model_len + 1)) == NULL)
+    p->prompt.model_len = rq->model != NULL ? rq->model_len : 0;
+    if ((p->prompt.model = malloc(p->prompt.model_len + 1)) == NULL)
         return false;
-    memcpy(p->model, p->model_len ? rq->model : "", p->model_len);
-    p->model[p->model_len] = '\0';
+    memcpy(p->prompt.model, p->prompt.model_len ? rq->model : "", p->prompt.model_len);
+    p->prompt.model[p->prompt.model_len] = '\0';
     if (rq->n_images > 0) {
-        if ((p->images = malloc(rq->n_images * sizeof *p->images)) == NULL)
+        if ((p->prompt.images = malloc(rq->n_images * sizeof *p->prompt.images)) == NULL)
             return false;
-        memcpy(p->images, rq->images, rq->n_images * sizeof *p->images);
-        p->n_images = rq->n_images;
+        memcpy(p->prompt.images, rq->images, rq->n_images * sizeof *p->prompt.images);
+        p->prompt.n_images = rq->n_images;
     }
     const kvr_oai_nvext_t *x = &rq->nvext;
     if (!rq->has_nvext)
         return true;
     if (x->lora_name != NULL) {
-        if ((p->lora = malloc(x->lora_name_len + 1)) == NULL)
+        if ((p->hints.lora = malloc(x->lora_name_len + 1)) == NULL)
             return false;
-        memcpy(p->lora, x->lora_name, x->lora_name_len);
-        p->lora[x->lora_name_len] = '\0';
-        p->lora_len = x->lora_name_len;
+        memcpy(p->hints.lora, x->lora_name, x->lora_name_len);
+        p->hints.lora[x->lora_name_len] = '\0';
+        p->hints.lora_len = x->lora_name_len;
     }
     if (x->has_allowed_worker_ids) {
-        p->has_allowed = true;
-        p->n_allowed = x->n_allowed_worker_ids;
-        if ((p->allowed = malloc((p->n_allowed + 1) * sizeof *p->allowed)) == NULL)
+        p->hints.has_allowed = true;
+        p->hints.n_allowed = x->n_allowed_worker_ids;
+        p->hints.allowed = malloc((p->hints.n_allowed + 1) * sizeof *p->hints.allowed);
+        if (p->hints.allowed == NULL)
             return false;
-        if (p->n_allowed)
-            memcpy(p->allowed, x->allowed_worker_ids, p->n_allowed * sizeof *p->allowed);
+        if (p->hints.n_allowed)
+            memcpy(p->hints.allowed, x->allowed_worker_ids,
+                   p->hints.n_allowed * sizeof *p->hints.allowed);
     }
     if (x->has_backend_instance_id) {
-        p->has_pin_worker = true;
-        p->pin_worker = x->backend_instance_id;
+        p->hints.worker.has = true;
+        p->hints.worker.worker = x->backend_instance_id;
     }
     if (x->has_decode_worker_id) {
-        p->has_pin_worker = true;
-        p->pin_worker = x->decode_worker_id;
+        p->hints.worker.has = true;
+        p->hints.worker.worker = x->decode_worker_id;
     }
     if (x->has_prefill_worker_id) {
-        p->has_pin_pf = true;
-        p->pin_pf = x->prefill_worker_id;
+        p->hints.pf.has = true;
+        p->hints.pf.worker = x->prefill_worker_id;
     }
     if (x->has_dp_rank) {
-        p->has_pin_rank = true;
-        p->pin_rank = x->dp_rank;
+        p->hints.worker.has_rank = true;
+        p->hints.worker.rank = x->dp_rank;
     }
-    p->priority_jump = x->has_priority_jump ? x->priority_jump : 0.0;
-    p->has_priority = x->has_priority;
-    p->priority = x->priority;
-    p->has_eot = x->has_expected_output_tokens;
-    p->eot = x->expected_output_tokens;
-    p->want_worker = x->want_worker_id;
+    p->hints.priority_jump = x->has_priority_jump ? x->priority_jump : 0.0;
+    p->hints.has_priority = x->has_priority;
+    p->hints.priority = x->priority;
+    p->hints.has_eot = x->has_expected_output_tokens;
+    p->hints.eot = x->expected_output_tokens;
+    p->client.want_worker = x->want_worker_id;
     if (x->session_id != NULL) { /* at most KVR_OAI_MAX_SESSION_BYTES (the decoder's limit) */
-        memcpy(p->session, x->session_id, x->session_id_len);
-        p->session_len = x->session_id_len;
-        p->session_close = x->session_close;
+        memcpy(p->hints.session, x->session_id, x->session_id_len);
+        p->hints.session_len = x->session_id_len;
+        p->hints.session_close = x->session_close;
     }
     return true;
 }
@@ -1089,73 +1169,122 @@ static bool read_headers(fe_req_t *p, struct evhttp_request *req)
     uint64_t v;
     if (wid != NULL) {
         if (!parse_u64(wid, UINT64_MAX, &v)) {
-            fe_send_error(p->fe, req, 400, "x-worker-instance-id: not an unsigned integer");
+            kvr_reply_error(&p->fe->rep, req, 400, NULL,
+                            "x-worker-instance-id: not an unsigned integer");
             return false;
         }
-        p->has_pin_worker = true;
-        p->pin_worker = v;
+        p->hints.worker.has = true;
+        p->hints.worker.worker = v;
     }
     if (dpr != NULL) {
         if (!parse_u64(dpr, UINT32_MAX, &v)) {
-            fe_send_error(p->fe, req, 400, "x-dp-rank: not an integer in [0, 4294967295]");
+            kvr_reply_error(&p->fe->rep, req, 400, NULL,
+                            "x-dp-rank: not an integer in [0, 4294967295]");
             return false;
         }
-        p->has_pin_rank = true;
-        p->pin_rank = (uint32_t)v;
+        p->hints.worker.has_rank = true;
+        p->hints.worker.rank = (uint32_t)v;
     }
     if (pid != NULL) {
         if (!parse_u64(pid, UINT64_MAX, &v)) {
-            fe_send_error(p->fe, req, 400, "x-prefill-instance-id: not an unsigned integer");
+            kvr_reply_error(&p->fe->rep, req, 400, NULL,
+                            "x-prefill-instance-id: not an unsigned integer");
             return false;
         }
-        p->has_pin_pf = true;
-        p->pin_pf = v;
+        p->hints.pf.has = true;
+        p->hints.pf.worker = v;
     }
     if (pdr != NULL) {
         if (!parse_u64(pdr, UINT32_MAX, &v)) {
-            fe_send_error(p->fe, req, 400, "x-prefill-dp-rank: not an integer in [0, 4294967295]");
+            kvr_reply_error(&p->fe->rep, req, 400, NULL,
+                            "x-prefill-dp-rank: not an integer in [0, 4294967295]");
             return false;
         }
-        p->has_pin_pf_rank = true;
-        p->pin_pf_rank = (uint32_t)v;
+        p->hints.pf.has_rank = true;
+        p->hints.pf.rank = (uint32_t)v;
     }
-    if (!p->has_pin_worker)
-        p->has_pin_rank = false; /* a rank means nothing without its worker */
-    if (!p->has_pin_pf)
-        p->has_pin_pf_rank = false;
+    if (!p->hints.worker.has)
+        p->hints.worker.has_rank = false; /* a rank means nothing without its worker */
+    if (!p->hints.pf.has)
+        p->hints.pf.has_rank = false;
     const char *sid = evhttp_find_header(h, "x-session-id");
     if (sid == NULL)
         sid = evhttp_find_header(h, "x-dynamo-session-id");
     if (sid != NULL) {
         size_t n = strlen(sid);
         if (n == 0 || n > KVR_OAI_MAX_SESSION_BYTES) {
-            fe_send_error(p->fe, req, 400, "x-session-id: must be 1 to %d bytes",
+            kvr_reply_error(&p->fe->rep, req, 400, NULL, "x-session-id: must be 1 to %d bytes",
                           KVR_OAI_MAX_SESSION_BYTES);
             return false;
         }
-        memcpy(p->session, sid, n + 1);
-        p->session_len = n;
+        memcpy(p->hints.session, sid, n + 1);
+        p->hints.session_len = n;
     }
     const char *auth = p->fe->cfg.frontend_forward_authorization
                            ? evhttp_find_header(h, "Authorization") : NULL;
-    if (auth != NULL && (p->auth = strdup(auth)) == NULL) {
-        fe_send_error(p->fe, req, 500, "out of memory");
+    if (auth != NULL && (p->client.auth = strdup(auth)) == NULL) {
+        kvr_reply_error(&p->fe->rep, req, 500, NULL, "out of memory");
         return false;
     }
     return true;
 }
 
-static void req_free_unlinked(fe_req_t *p)
+/* A request for the decoded rq, answered (4xx/5xx) and NULL when its routing fields or
+ * headers are refused or out of memory. Not linked yet. */
+static fe_req_t *req_from_client(kvr_frontend_t *fe, struct evhttp_request *req,
+                                 kvr_oai_endpoint_t ep, const kvr_oai_request_t *rq,
+                                 const char *body, size_t len, uint64_t t0)
 {
-    free(p->tokens);
-    free(p->auth);
-    free(p->tok_body);
-    free(p->lora);
-    free(p->model);
-    free(p->images);
-    free(p->mm);
-    free(p->allowed);
-    free(p);
+    fe_req_t *p = fe_req_new(fe, req, ep, t0);
+    if (p == NULL) {
+        kvr_reply_error(&fe->rep, req, 500, NULL, "out of memory");
+        return NULL;
+    }
+    p->client.model_slot = fe_reqm_slot(fe, rq->model, rq->model_len);
+    p->client.stream = rq->stream;
+    p->prompt.client_body = body;
+    p->prompt.client_body_len = len;
+    if (!copy_routing(p, rq)) {
+        fe_req_free(p);
+        kvr_reply_error(&fe->rep, req, 500, NULL, "out of memory");
+        return NULL;
+    }
+    if (!read_headers(p, req)) {
+        fe_req_free(p);
+        return NULL;
+    }
+    if (p->hints.worker.has && p->hints.has_allowed) {
+        bool in = false;
+        for (size_t i = 0; i < p->hints.n_allowed && !in; i++)
+            in = p->hints.allowed[i] == p->hints.worker.worker;
+        if (!in) {
+            fe_req_free(p);
+            kvr_reply_error(&fe->rep, req, 503, NULL,
+                            "the pinned worker is outside the request's filters");
+            return NULL;
+        }
+    }
+    return p;
+}
+
+/* The linked request's ids: given, cached, or asked of a worker. */
+static void get_ids(fe_req_t *p, bool ids_given)
+{
+    if (ids_given) {
+        ids_ready(p);
+        return;
+    }
+    size_t n_cached;
+    const uint32_t *cached = kvr_tokcache_get(&p->fe->cache, p->prompt.tok_key, &n_cached);
+    if (cached != NULL) {
+        if (!fe_set_tokens(p, cached, n_cached)) {
+            req_fail(p, 500, "out of memory");
+            return;
+        }
+        ids_ready(p);
+        return;
+    }
+    tokenize(p);
 }
 
 static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_endpoint_t ep)
@@ -1163,78 +1292,35 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
     uint64_t t0 = mono_ns();
     fe->st.requests[ep == KVR_OAI_CHAT]++;
     if (fe->closing) {
-        fe_send_error(fe, req, 503, "the router is shutting down");
+        kvr_reply_error(&fe->rep, req, 503, NULL, "the router is shutting down");
         return;
     }
     size_t len;
-    const char *body = body_of(req, &len);
+    const char *body = kvr_http_body(req, &len);
     kvr_oai_request_t rq;
     int rc = kvr_oai_decode(fe->dec, ep, body, len, &rq);
     if (rc != KVR_OK) {
-        fe_send_error(fe, req, kvr_oai_http_status(rc), "%s", kvr_oai_decoder_error(fe->dec));
+        kvr_reply_error(&fe->rep, req, kvr_oai_http_status(rc), NULL,
+                        "%s", kvr_oai_decoder_error(fe->dec));
         return;
     }
-    fe_req_t *p = calloc(1, sizeof *p);
-    if (p == NULL) {
-        fe_send_error(fe, req, 500, "out of memory");
+    fe_req_t *p = req_from_client(fe, req, ep, &rq, body, len, t0);
+    if (p == NULL)
         return;
-    }
-    p->fe = fe;
-    p->client = req;
-    p->client_conn = evhttp_request_get_connection(req);
-    p->ep = ep;
-    p->arrival_ns = t0;
-    p->model_slot = fe_reqm_slot(fe, rq.model, rq.model_len);
-    p->stream = rq.stream;
-    p->client_body = body;
-    p->client_body_len = len;
-    if (!copy_routing(p, &rq)) {
-        req_free_unlinked(p);
-        fe_send_error(fe, req, 500, "out of memory");
-        return;
-    }
-    if (!read_headers(p, req)) {
-        req_free_unlinked(p);
-        return;
-    }
-    if (p->has_pin_worker && p->has_allowed) {
-        bool in = false;
-        for (size_t i = 0; i < p->n_allowed && !in; i++)
-            in = p->allowed[i] == p->pin_worker;
-        if (!in) {
-            req_free_unlinked(p);
-            fe_send_error(fe, req, 503, "the pinned worker is outside the request's filters");
-            return;
-        }
-    }
     bool ids_given = rq.prompt_kind == KVR_OAI_PROMPT_TOKENS;
-    p->drop_prompt = ep == KVR_OAI_COMPLETIONS &&
-                     !(rq.given_kind == KVR_OAI_PROMPT_TOKENS && !rq.nvext.has_token_data);
-    p->rewrite = rq.has_nvext || ep == KVR_OAI_CHAT || p->drop_prompt ||
-                 (!fe->cfg.frontend_trust_kv_transfer && fe_body_may_name_kvt(body, len));
+    p->prompt.drop_prompt = ep == KVR_OAI_COMPLETIONS &&
+                            !(rq.given_kind == KVR_OAI_PROMPT_TOKENS && !rq.nvext.has_token_data);
+    p->prompt.rewrite = rq.has_nvext || ep == KVR_OAI_CHAT || p->prompt.drop_prompt ||
+                        (!fe->cfg.frontend_trust_kv_transfer && fe_body_may_name_kvt(body, len));
     bool ok = ids_given ? fe_set_tokens(p, rq.tokens, rq.n_tokens) : fe_tokenize_body(p, &rq);
     if (!ok) {
-        req_free_unlinked(p);
-        fe_send_error(fe, req, 500, "out of memory");
+        fe_req_free(p);
+        kvr_reply_error(&fe->rep, req, 500, NULL, "out of memory");
         return;
     }
-    link_req(fe, p);
-    evhttp_connection_set_closecb(p->client_conn, on_client_close, p);
-    if (ids_given) {
-        fe_ids_ready(p);
-        return;
-    }
-    size_t n_cached;
-    const uint32_t *cached = kvr_tokcache_get(&fe->cache, p->tok_key, &n_cached);
-    if (cached != NULL) {
-        if (!fe_set_tokens(p, cached, n_cached)) {
-            fe_req_fail(p, 500, "out of memory");
-            return;
-        }
-        fe_ids_ready(p);
-        return;
-    }
-    fe_start_tokenize(p);
+    fe_req_link(p);
+    evhttp_connection_set_closecb(p->client.conn, on_client_close, p);
+    get_ids(p, ids_given);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1245,10 +1331,10 @@ static void sweep_clients(kvr_frontend_t *fe)
     fe_req_t *next;
     for (fe_req_t *p = fe->live; p != NULL; p = next) {
         next = p->next;
-        if (p->reply_started || p->client == NULL)
+        if (p->client.reply_started || p->client.req == NULL)
             continue;
-        if (kvr_http_client_gone(p->client_conn))
-            evhttp_connection_free(p->client_conn); /* its close callback frees p */
+        if (kvr_http_client_gone(p->client.conn))
+            evhttp_connection_free(p->client.conn); /* its close callback frees p */
     }
 }
 
@@ -1325,6 +1411,7 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_http_host_t *host,
         snprintf(fe->worker_auth, sizeof fe->worker_auth, "Bearer %s", tok);
     }
     kvr_json_writer_init(&fe->w);
+    int rrc = kvr_reply_init(&fe->rep, &fe->w, &kvr_reply_openai);
     kvr_hist_init(&fe->h_forward, FORWARD_BUCKETS, N_FORWARD_BUCKETS);
     fe->models_at_ms = kvr_now_ms(); /* the first background round after FE_ADAPTERS_REFRESH_MS */
     size_t max_tokens = cfg->router_max_prompt_tokens < KVR_OAI_MAX_TOKENS
@@ -1339,8 +1426,9 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_http_host_t *host,
     fe->members = calloc(FE_MAX_MEMBERS, sizeof *fe->members);
     fe->tick = event_new(base, -1, EV_PERSIST, on_tick, fe);
     struct timeval tv = {0, FE_TICK_US};
-    if (fe->dec == NULL || fe->out == NULL || fe->members == NULL || fe->tick == NULL ||
-        fe_reqm_init(fe) != KVR_OK || fe_disagg_init(fe) != KVR_OK ||
+    if (rrc != KVR_OK || fe->dec == NULL || fe->out == NULL || fe->members == NULL ||
+        fe->tick == NULL ||
+        fe_reqm_init(fe) != KVR_OK || fe_disagg_init(fe, leg_lost) != KVR_OK ||
         event_add(fe->tick, &tv) != 0) {
         kvr_frontend_free(fe);
         *status = KVR_ENOMEM;
@@ -1365,14 +1453,14 @@ void kvr_frontend_close(kvr_frontend_t *fe)
     fe->closing = true; /* new requests and placements the queue still makes: 503 */
     while (fe->live != NULL) {
         fe_req_t *p = fe->live;
-        fe_cancel_upstream(p);
-        if (p->client != NULL && p->reply_started) {
+        cancel_upstream(p);
+        if (p->client.req != NULL && p->client.reply_started) {
             end_stream(p, "the router is shutting down");
-            fe_req_finish(p);
-        } else if (p->client != NULL) {
-            fe_req_fail(p, 503, "the router is shutting down");
+            req_finish(p);
+        } else if (p->client.req != NULL) {
+            req_fail(p, 503, "the router is shutting down");
         } else {
-            fe_req_finish(p);
+            req_finish(p);
         }
     }
     for (size_t i = 0; i < fe->n_waiters; i++)
@@ -1401,6 +1489,7 @@ void kvr_frontend_free(kvr_frontend_t *fe)
     free(fe->tok_ids);
     if (fe->out != NULL)
         evbuffer_free(fe->out);
+    kvr_reply_deinit(&fe->rep);
     kvr_json_writer_deinit(&fe->w);
     free(fe->members);
     fe_reqm_free(fe);

@@ -55,8 +55,13 @@ void kvr_reply_body(kvr_reply_t *r, struct evhttp_request *req, int code, const 
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
     evbuffer_drain(r->out, evbuffer_get_length(r->out));
     evbuffer_add(r->out, data, len);
-    r->by_class[code >= 200 && code < 600 ? code / 100 - 2 : KVR_REPLY_OTHER]++;
+    kvr_reply_count(r, code);
     evhttp_send_reply(req, code, NULL, r->out);
+}
+
+void kvr_reply_count(kvr_reply_t *r, int code)
+{
+    r->by_class[code >= 200 && code < 600 ? code / 100 - 2 : KVR_REPLY_OTHER]++;
 }
 
 void kvr_reply_writer(kvr_reply_t *r, struct evhttp_request *req, int code)

@@ -54,6 +54,8 @@ void kvr_reply_writer(kvr_reply_t *r, struct evhttp_request *req, int code);
 /* An error in the style's shape; type NULL: the style's default for code. */
 void kvr_reply_error(kvr_reply_t *r, struct evhttp_request *req, int code, const char *type,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Counts a reply the owner sent itself (a relayed answer, from its own buffer). */
+void kvr_reply_count(kvr_reply_t *r, int code);
 /* Replies with status >= 400. */
 uint64_t kvr_reply_errors(const kvr_reply_t *r);
 
