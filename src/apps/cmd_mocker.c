@@ -23,7 +23,7 @@
 #include "nats/nats_link.h"
 #include "kvrouter.h"
 #include "base/log.h"
-#include "mocker/mocker_server.h"
+#include "mocker/mocker.h"
 
 static void usage(FILE *out)
 {
