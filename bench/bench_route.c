@@ -60,7 +60,7 @@
 
 #include "bench.h"
 #include "loadgen.h"
-#include "replay/replay_driver.h"
+#include "http/client.h"
 
 static const kvr_bench_col_t COLS[] = {
     {"bench", KVR_BENCH_STR, 5, 0},         {"clients", KVR_BENCH_INT, 7, 0},
@@ -103,7 +103,7 @@ static const char *driver_kind(int code)
 /* ---- the target ------------------------------------------------------------------------- */
 
 typedef struct target {
-    kvr_http_target_t h;    /* host, Host header, numeric address (replay/replay_driver.h) */
+    kvr_http_target_t h;    /* host, Host header, numeric address (http/client.h) */
     char route_path[512];
     char delete_prefix[512];
     bool update_state; /* book, then DELETE (--update-state) */
