@@ -235,4 +235,12 @@ void kvr_bench_mocker_usage(FILE *out); /* `kvrouter bench mocker --help` */
 /* Whether url is one `bench route` can drive (http://host[:port][/base]); why says what not. */
 bool kvr_bench_route_url_ok(const char *url, char *why, size_t why_len);
 
+/* ---- children ---------------------------------------------------------------------------- */
+
+struct kvr_child;
+/* Starts argv into c (apps/child.h), its output in dir/what.log; on failure prints "who: why"
+ * and the child's log, and returns false (c stopped). */
+bool kvr_bench_spawn(struct kvr_child *c, const char *dir, const char *what, char **argv,
+                     const char *who);
+
 #endif

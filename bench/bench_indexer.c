@@ -64,15 +64,9 @@ typedef struct env {
 
 static kvr_child_t *spawn(env_t *e, const char *what, char **argv)
 {
-    char log[1024], err[300];
     kvr_child_t *c = &e->kids[e->n_kids];
-    snprintf(log, sizeof log, "%.400s/%.60s.log", e->dir, what);
-    if (kvr_child_start(c, what, argv, log, err, sizeof err) != KVR_OK) {
-        fprintf(stderr, "kvrouter bench indexer: %s\n", err);
-        kvr_child_show_log(c);
-        kvr_child_stop(c);
+    if (!kvr_bench_spawn(c, e->dir, what, argv, "kvrouter bench indexer"))
         return NULL;
-    }
     e->n_kids++;
     return c;
 }

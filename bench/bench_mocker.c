@@ -1127,21 +1127,15 @@ static int one_point(const kvr_bench_opts_t *o, void *zctx, target_t *t, uint64_
         char name[16];
         snprintf(name, sizeof name, "%u", runs);
         print_row(o, clients, tokens, name, fig, res->ok, res->kv_gaps, &res->errs, false);
-        double attempts = (double)(res->ok + res->errs.total);
+        kvr_lg_verdict_in_t v = {.run = runs, .aborted = res->aborted, .ok = res->ok,
+                                 .errors = res->errs.total,
+                                 .attempts = (double)(res->ok + res->errs.total),
+                                 .window_s = res->window_s, .fail_fraction = MK_FAIL_FRACTION};
         char st[96];
         if (env.pid > 0 && !child_alive(&child, st, sizeof st)) {
             snprintf(why, sizeof why, "the mocker exited during run %u (%s)", runs, st);
             rc = 1;
-        } else if (res->aborted) {
-            snprintf(why, sizeof why, "run %u stopped early: almost every request fails", runs);
-            rc = 1;
-        } else if (res->ok == 0) {
-            snprintf(why, sizeof why, "no successful response in %.1f s", res->window_s);
-            rc = 1;
-        } else if ((double)res->errs.total > MK_FAIL_FRACTION * attempts) {
-            snprintf(why, sizeof why, "%.3f%% of the requests of run %u failed (more than %g%%)",
-                     100.0 * (double)res->errs.total / attempts, runs,
-                     100.0 * MK_FAIL_FRACTION);
+        } else if (kvr_lg_run_failed(&v, why, sizeof why)) {
             rc = 1;
         }
     }
@@ -1162,10 +1156,7 @@ static int one_point(const kvr_bench_opts_t *o, void *zctx, target_t *t, uint64_
         fprintf(stderr, "kvrouter bench mocker: %llu KV-event sequence gaps: the mocker's PUB "
                         "dropped batches (the SUB drain fell behind)\n",
                 (unsigned long long)gaps_total);
-    if (stuck)
-        fprintf(stderr, "kvrouter bench mocker: %llu requests still unanswered %d s after the "
-                        "window closed (abandoned)\n",
-                (unsigned long long)stuck, (int)(MK_DRAIN_NS / 1000000000u));
+    kvr_lg_report_stuck("kvrouter bench mocker", stuck, MK_DRAIN_NS);
     for (unsigned i = 0; i < runs; i++)
         if (isfinite(rs[i].gen_cores) && rs[i].gen_cores > 0.9) {
             fprintf(stderr, "kvrouter bench mocker: the generator used %.2f cores in run %u: "

@@ -376,21 +376,11 @@ static int one_point(const kvr_bench_opts_t *o, const target_t *t, uint64_t clie
         ok_total += res.ok;
         stuck += res.stuck;
         kvr_lg_errs_merge(&errs, &res.errs);
-        double attempts = (double)(res.ok + res.deletes + res.errs.total);
-        if (res.aborted) {
-            snprintf(why, sizeof why, "run %u stopped early: almost every request fails", runs);
-            rc = 1;
-            break;
-        }
-        if (res.ok == 0) {
-            snprintf(why, sizeof why, "no successful response in %.1f s", res.window_s);
-            rc = 1;
-            break;
-        }
-        if ((double)res.errs.total > ROUTE_FAIL_FRACTION * attempts) {
-            snprintf(why, sizeof why, "%.3f%% of the requests of run %u failed (more than %g%%)",
-                     100.0 * (double)res.errs.total / attempts, runs,
-                     100.0 * ROUTE_FAIL_FRACTION);
+        kvr_lg_verdict_in_t v = {.run = runs, .aborted = res.aborted, .ok = res.ok,
+                                 .errors = res.errs.total,
+                                 .attempts = (double)(res.ok + res.deletes + res.errs.total),
+                                 .window_s = res.window_s, .fail_fraction = ROUTE_FAIL_FRACTION};
+        if (kvr_lg_run_failed(&v, why, sizeof why)) {
             rc = 1;
             break;
         }
@@ -427,10 +417,7 @@ static int one_point(const kvr_bench_opts_t *o, const target_t *t, uint64_t clie
         fprintf(stderr, "kvrouter bench route: %llu errors (clients %llu, tokens %llu): %s\n",
                 (unsigned long long)errs.total, (unsigned long long)clients,
                 (unsigned long long)tokens, kinds);
-    if (stuck)
-        fprintf(stderr, "kvrouter bench route: %llu requests still unanswered %d s after the "
-                        "window closed (abandoned)\n",
-                (unsigned long long)stuck, (int)(ROUTE_DRAIN_NS / 1000000000u));
+    kvr_lg_report_stuck("kvrouter bench route", stuck, ROUTE_DRAIN_NS);
     double med_per_s = runs ? kvr_bench_median(r_per_s, runs) : NAN;
     if (per_s_out != NULL)
         *per_s_out = med_per_s;

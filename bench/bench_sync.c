@@ -87,15 +87,9 @@ static kvr_child_t *router(env_t *e, const char *what, const char *const *extra,
         argv[k++] = wspec[w];
     }
     argv[k] = NULL;
-    char log[1024], err[300];
     kvr_child_t *c = &e->kids[e->n_kids];
-    snprintf(log, sizeof log, "%.400s/%.60s.log", e->dir, what);
-    if (kvr_child_start(c, what, argv, log, err, sizeof err) != KVR_OK) {
-        fprintf(stderr, "kvrouter bench sync: %s\n", err);
-        kvr_child_show_log(c);
-        kvr_child_stop(c);
+    if (!kvr_bench_spawn(c, e->dir, what, argv, "kvrouter bench sync"))
         return NULL;
-    }
     e->n_kids++;
     return c;
 }

@@ -1,6 +1,7 @@
 /*
  * bench_util.c: the helpers every benchmark shares (see bench.h): PRNG, timer and its
- * calibrated overhead, percentiles, option lists, and the table / JSON-lines printer.
+ * calibrated overhead, percentiles, option lists, the table / JSON-lines printer, and starting
+ * a child process with its log (kvr_bench_spawn).
  * Measures nothing itself; kvr_bench_timer_overhead_ns() times 20000 empty intervals once.
  */
 #include <math.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "apps/child.h"
 #include "bench.h"
 
 /* ---- PRNG: splitmix64 seeds xoshiro256** (Blackman & Vigna) ------------------------------ */
@@ -330,4 +332,19 @@ void kvr_bench_print_row(const kvr_bench_opts_t *o, const kvr_bench_row_t *row)
     else
         print_table_row(row);
     fflush(stdout);
+}
+
+/* ---- children ---------------------------------------------------------------------------- */
+
+bool kvr_bench_spawn(struct kvr_child *c, const char *dir, const char *what, char **argv,
+                     const char *who)
+{
+    char log[1024], err[300];
+    snprintf(log, sizeof log, "%.400s/%.60s.log", dir, what);
+    if (kvr_child_start(c, what, argv, log, err, sizeof err) == KVR_OK)
+        return true;
+    fprintf(stderr, "%s: %s\n", who, err);
+    kvr_child_show_log(c);
+    kvr_child_stop(c);
+    return false;
 }

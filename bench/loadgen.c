@@ -137,6 +137,30 @@ void kvr_lg_errs_format(const kvr_lg_errs_t *e, const char *const *tag_names,
                  (unsigned long long)e->other);
 }
 
+/* ---- verdicts ------------------------------------------------------------------------------- */
+
+bool kvr_lg_run_failed(const kvr_lg_verdict_in_t *v, char *why, size_t cap)
+{
+    if (v->aborted)
+        snprintf(why, cap, "run %u stopped early: almost every request fails", v->run);
+    else if (v->ok == 0)
+        snprintf(why, cap, "no successful response in %.1f s", v->window_s);
+    else if ((double)v->errors > v->fail_fraction * v->attempts)
+        snprintf(why, cap, "%.3f%% of the requests of run %u failed (more than %g%%)",
+                 100.0 * (double)v->errors / v->attempts, v->run, 100.0 * v->fail_fraction);
+    else
+        return false;
+    return true;
+}
+
+void kvr_lg_report_stuck(const char *who, uint64_t stuck, uint64_t drain_ns)
+{
+    if (stuck)
+        fprintf(stderr, "%s: %llu requests still unanswered %d s after the window closed "
+                        "(abandoned)\n", who, (unsigned long long)stuck,
+                (int)(drain_ns / 1000000000u));
+}
+
 /* ---- the run ---------------------------------------------------------------------------- */
 
 typedef struct run {
