@@ -12,6 +12,8 @@
  *
  * Memory: everything here is owned by the benchmark that creates it. Threads: the helpers are
  * reentrant; a workload object belongs to one thread at a time.
+ * Invariants: a printed figure is a median of --runs runs. Cost: the helpers are O(1) but for
+ * the percentiles (a sort of the samples) and the workload's generation (before timing).
  */
 #ifndef KVR_BENCH_H
 #define KVR_BENCH_H

@@ -21,6 +21,9 @@
  * peer recovery of 1M pairs <= 3 s. The numbers are this machine's, printed as measured.
  * Threads: main (setup, publishing, polling), the load generator's.
  * Children: the indexers and routers (apps/child.h), stopped at the end.
+ * Invariants: every child started is stopped before the benchmark returns (in reverse order).
+ * Memory: prompts, bodies and samples are owned here. Cost: the setup's publishing dominates
+ * the wall time; the measured windows are the children's.
  */
 #define _XOPEN_SOURCE 700
 #include <errno.h>

@@ -76,6 +76,9 @@
  * Threads: main (setup, the window's samples), one per client loop (owning its clients and
  * samples; they share only the run's atomics), the SUB drain thread (atomic counters), and
  * ZeroMQ's I/O thread.
+ * Invariants: one mocker per point, stopped and reaped on every path; a run's verdict is the
+ * load generator's (loadgen.h) plus "the mocker is alive". Cost: the generator's CPU is
+ * reported (gen_cores); the probe and the /metrics scrapes use http/client.h outside the window.
  */
 #define _GNU_SOURCE /* sched_setaffinity, CPU_* macros, pipe2 */
 #include <errno.h>

@@ -39,6 +39,8 @@
  * error naming the URL and exit 1, never a hang; each request also has a 5 s timeout.
  * Memory: bodies and samples are owned here and freed per point. Threads: each loop thread
  * owns its clients and samples; the threads share only the run's atomics.
+ * Invariants: a point's bodies are made before its runs and freed after them; a run's verdict
+ * is the load generator's (loadgen.h). The target is parsed and probed by http/client.h.
  */
 #include <errno.h>
 #include <math.h>

@@ -1,6 +1,12 @@
 /*
  * loadgen.c: see loadgen.h. The engine both HTTP benchmarks share: clients, loops, pacing,
  * the window, error accounting, the drain.
+ * Invariants: a client has at most one request outstanding; a response is counted in the window
+ * only when it completes inside it; every error is counted once, by kind.
+ * Ownership: bodies are the caller's; clients, loops and samples are the run's (freed by
+ * kvr_lg_run, the samples handed to the caller). Threads: one per loop; they share the run's
+ * atomics only. Cost: per request one evhttp request and one timestamp pair; the verdict
+ * helpers are O(1).
  */
 #include "loadgen.h"
 

@@ -23,6 +23,8 @@
  * Memory: bodies are the caller's; samples and loops are the run's, freed by kvr_lg_run.
  * Threads: one per loop (the caller's thread waits, or samples at the window's edges through
  * at_window); the loops share only the run's atomics.
+ * Invariants: one request outstanding per client; the verdict (kvr_lg_run_failed) is the same
+ * for every benchmark that uses it. Cost: see loadgen.c.
  */
 #ifndef KVR_BENCH_LOADGEN_H
 #define KVR_BENCH_LOADGEN_H

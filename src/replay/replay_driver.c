@@ -13,6 +13,12 @@
  * drains it afterwards); a failed request's done callback gets NULL after the error callback
  * named the reason, or a request with response code 0 when the connect failed; cancelling a
  * request calls its error callback (EVREQ_HTTP_REQUEST_CANCEL) but not its done callback.
+ * Invariants: a slot is ACTIVE exactly while its request is outstanding, and finish() runs once
+ * per request (the sample is filled there only); a connection serves one request at a time.
+ * The blocking pieces before a run (the endpoint, /v1/models) are http/client.h's.
+ * Ownership: the driver's loop, slots and connections are freed before kvr_replay_run returns.
+ * Threads: the caller's, which runs the loop. Cost: per request, the body callback and one
+ * stream parse per event; connections are reused (at most max_inflight per target).
  */
 #include "replay/replay_driver.h"
 

@@ -26,6 +26,7 @@
  * was interrupted by SIGINT/SIGTERM when catch_signals is set: unsent requests are marked
  * NOT_SENT and outstanding ones cancelled). Cost: the client side of one request is the body's
  * encoding (by the callback) plus one JSON parse per streamed event.
+ * Invariants: every sample is filled exactly once (its outcome NOT_SENT until then).
  */
 #ifndef KVR_NET_REPLAY_DRIVER_H
 #define KVR_NET_REPLAY_DRIVER_H

@@ -1,5 +1,10 @@
 /*
- * replay_report.c: see replay_report.h.
+ * replay_report.c: see replay_report.h: a run's summary (percentiles, outcomes by kind), its
+ * JSON and TSV files, and the gnuplot script of one or more runs' samples.
+ * Invariants: a summary is computed from the samples alone (no state between calls); every
+ * plot curve is written by plot_each (one style per plot). Ownership: the samples are the
+ * caller's; what is allocated for a sort is freed before return. Threads: any (nothing
+ * shared). Cost: a sort of the latencies per percentile set; files are written once.
  */
 #include "replay/replay_report.h"
 
