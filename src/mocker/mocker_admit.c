@@ -292,7 +292,9 @@ static bool check_lengths(kvr_mocker_t *m, struct evhttp_request *req,
     }
     uint64_t room = mml - n_prompt;
     if (!rq->has_max_tokens) {
-        *max_tokens = rq->endpoint == KVR_OAI_CHAT ? (uint32_t)room : (room < 16 ? (uint32_t)room : 16);
+        *max_tokens = rq->endpoint == KVR_OAI_CHAT ? (uint32_t)room
+                      : room < 16                   ? (uint32_t)room
+                                                    : 16;
         return true;
     }
     if (rq->max_tokens > room) {
@@ -327,20 +329,29 @@ static bool check_model(kvr_mocker_t *m, struct evhttp_request *req, const kvr_o
     return false;
 }
 
-/* Decodes the body as an ep request of a model served here and its prompt's token ids.
+/* A request's body, decoded, and its prompt's token ids (borrowed from m's buffers). */
+typedef struct prompt {
+    const char *body;
+    size_t blen;
+    kvr_oai_request_t rq;
+    const uint32_t *toks;
+    size_t n;
+} prompt_t;
+
+/* Decodes req's body as an ep request of a model served here, and its prompt's token ids.
  * False after answering an error. */
 static bool decode_prompt(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_endpoint_t ep,
-                          const char *body, size_t blen, kvr_oai_request_t *rq,
-                          const uint32_t **toks, size_t *n)
+                          prompt_t *p)
 {
-    int st = kvr_oai_decode(m->dec, ep, body, blen, rq);
+    p->body = mk_body_of(req, &p->blen);
+    int st = kvr_oai_decode(m->dec, ep, p->body, p->blen, &p->rq);
     if (st != KVR_OK) {
         mk_reply_error(m, req, kvr_oai_http_status(st), "%s", kvr_oai_decoder_error(m->dec));
         return false;
     }
-    if (!check_model(m, req, rq))
+    if (!check_model(m, req, &p->rq))
         return false;
-    if ((st = prompt_tokens(m, rq, toks, n)) != KVR_OK) {
+    if ((st = prompt_tokens(m, &p->rq, &p->toks, &p->n)) != KVR_OK) {
         mk_reply_error(m, req, 500, "tokenization failed: %s", kvr_strerror(st));
         return false;
     }
@@ -575,25 +586,22 @@ static void start_fetch(mreq_t *q, const uint32_t *toks, size_t n, uint32_t max_
 
 void mk_admit_generate(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_endpoint_t ep)
 {
-    size_t blen;
-    const char *body = mk_body_of(req, &blen);
-    kvr_oai_request_t rq;
-    const uint32_t *toks;
-    size_t n;
-    if (!decode_prompt(m, req, ep, body, blen, &rq, &toks, &n))
+    prompt_t p;
+    if (!decode_prompt(m, req, ep, &p))
         return;
+    const kvr_oai_request_t *rq = &p.rq;
     uint32_t max_tokens;
-    if (!check_lengths(m, req, &rq, n, &max_tokens))
+    if (!check_lengths(m, req, rq, p.n, &max_tokens))
         return;
     kvr_disagg_req_t d;
     bool hold, fetch;
-    if (!disagg_plan(m, req, body, blen, &d, &hold, &fetch))
+    if (!disagg_plan(m, req, p.body, p.blen, &d, &hold, &fetch))
         return;
-    rank_t *rk = choose_rank(m, req, &rq, hold, &d);
+    rank_t *rk = choose_rank(m, req, rq, hold, &d);
     if (!rk)
         return;
     int st;
-    mreq_t *q = mreq_new(m, req, &rq, rk, n);
+    mreq_t *q = mreq_new(m, req, rq, rk, p.n);
     if (!q) {
         mk_reply_error(m, req, 500, "out of memory");
         return;
@@ -604,10 +612,11 @@ void mk_admit_generate(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_endp
     if (hold)
         max_tokens = 1; /* a prefill worker computes the prompt and its first token only */
     if (fetch) {
-        start_fetch(q, toks, n, max_tokens, adapter_of(m, &rq), &d);
+        start_fetch(q, p.toks, p.n, max_tokens, adapter_of(m, rq), &d);
         return;
     }
-    if ((st = engine_add(q, toks, (uint32_t)n, max_tokens, adapter_of(m, &rq), false)) != KVR_OK) {
+    st = engine_add(q, p.toks, (uint32_t)p.n, max_tokens, adapter_of(m, rq), false);
+    if (st != KVR_OK) {
         mreq_free(q);
         refusal(m, req, st);
         return;
@@ -618,14 +627,10 @@ void mk_admit_generate(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_endp
 
 void mk_admit_tokenize(kvr_mocker_t *m, struct evhttp_request *req)
 {
-    size_t blen;
-    const char *body = mk_body_of(req, &blen);
-    kvr_oai_request_t rq;
-    const uint32_t *toks;
-    size_t n;
-    if (!decode_prompt(m, req, KVR_OAI_TOKENIZE, body, blen, &rq, &toks, &n))
+    prompt_t p;
+    if (!decode_prompt(m, req, KVR_OAI_TOKENIZE, &p))
         return;
     kvr_json_writer_reset(&m->w);
-    kvr_oai_encode_tokenize(&m->w, toks, n, kvr_engine_config(m->ranks[0].eng)->max_model_len);
+    kvr_oai_encode_tokenize(&m->w, p.toks, p.n, kvr_engine_config(m->ranks[0].eng)->max_model_len);
     mk_reply_json(m, req, 200);
 }
