@@ -244,5 +244,11 @@ struct kvr_child;
  * and the child's log, and returns false (c stopped). */
 bool kvr_bench_spawn(struct kvr_child *c, const char *dir, const char *what, char **argv,
                      const char *who);
+/* A fresh work directory for a benchmark's children (apps/child.h); false after printing why. */
+bool kvr_bench_workdir(char *dir, size_t cap, const char *name, const char *who);
+/* Stops kids[n-1] .. kids[0]. */
+void kvr_bench_children_stop(struct kvr_child *kids, size_t n);
+/* Removes the work directory after a success; keeps it (saying where) after a failure. */
+void kvr_bench_workdir_end(const char *dir, int rc, const char *who);
 
 #endif

@@ -526,11 +526,8 @@ int kvr_bench_indexer(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     signal(SIGPIPE, SIG_IGN);
     env_t e = {.n_kids = 0};
-    char werr[300];
-    if (kvr_child_workdir(e.dir, sizeof e.dir, "bench-indexer", werr, sizeof werr) != KVR_OK) {
-        fprintf(stderr, "kvrouter bench indexer: %s\n", werr);
+    if (!kvr_bench_workdir(e.dir, sizeof e.dir, "bench-indexer", "kvrouter bench indexer"))
         return 1;
-    }
     kvr_child_t *ix = NULL;
     double pairs = 0;
     rc = engines_start(&e, &a);
@@ -540,12 +537,8 @@ int kvr_bench_indexer(int argc, char **argv)
         rc = part_route(&e, &a, ix, pairs);
     if (rc == 0)
         rc = part_peers(&e, ix, pairs);
-    for (size_t i = e.n_kids; i-- > 0;)
-        kvr_child_stop(&e.kids[i]);
+    kvr_bench_children_stop(e.kids, e.n_kids);
     engines_stop(&e);
-    if (rc != 0)
-        fprintf(stderr, "kvrouter bench indexer: failed; logs kept in %s\n", e.dir);
-    else
-        kvr_child_rmtree(e.dir);
+    kvr_bench_workdir_end(e.dir, rc, "kvrouter bench indexer");
     return rc;
 }

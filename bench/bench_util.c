@@ -351,3 +351,26 @@ bool kvr_bench_spawn(struct kvr_child *c, const char *dir, const char *what, cha
     kvr_child_stop(c);
     return false;
 }
+
+bool kvr_bench_workdir(char *dir, size_t cap, const char *name, const char *who)
+{
+    char err[300];
+    if (kvr_child_workdir(dir, cap, name, err, sizeof err) == KVR_OK)
+        return true;
+    fprintf(stderr, "%s: %s\n", who, err);
+    return false;
+}
+
+void kvr_bench_children_stop(struct kvr_child *kids, size_t n)
+{
+    for (size_t i = n; i-- > 0;)
+        kvr_child_stop(&kids[i]);
+}
+
+void kvr_bench_workdir_end(const char *dir, int rc, const char *who)
+{
+    if (rc != 0)
+        fprintf(stderr, "%s: failed; logs kept in %s\n", who, dir);
+    else
+        kvr_child_rmtree(dir);
+}
