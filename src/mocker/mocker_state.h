@@ -2,13 +2,13 @@
  * mocker_state.h: the one struct the mocker's files share (struct kvr_mocker, its ranks, its
  * requests, the disaggregated roles' holds and parked reads) and three inline helpers of time.
  * Not a public interface (mocker.h is), and no functions of any file are declared here: each
- * file offers its own in its private header, and the files form a chain with no cycle:
+ * file offers its own in its private header, and the calls go one way only (no cycle):
  *
- *   mocker.c (lifecycle, dispatch, metrics)
- *     -> mocker_admit.c (requests: admission, token stream, disconnects)
- *          -> mocker_kv.c (KV transfer of the disaggregated roles)
- *               -> mocker_server.c (replies, request bodies, listeners)
- *     -> mocker_rank.c (ranks: engine stepping, KV events)
+ *   mocker.c        lifecycle, dispatch, /metrics       calls admit, kv, rank, server
+ *   mocker_admit.c  requests: admission, token stream   calls kv, rank, server
+ *   mocker_kv.c     KV transfer of the disagg. roles    calls server
+ *   mocker_rank.c   ranks: engine stepping, KV events   calls nothing of the mocker's
+ *   mocker_server.c replies, request bodies, listeners  calls nothing of the mocker's
  *
  * A lower file reaches an upper one only through a callback it was handed (a rank's output
  * callback, a request's kv_done).
