@@ -12,6 +12,8 @@
  *
  * Memory: everything here is owned by the benchmark that creates it. Threads: the helpers are
  * reentrant; a workload object belongs to one thread at a time.
+ * Invariants: a printed figure is a median of --runs runs. Cost: the helpers are O(1) but for
+ * the percentiles (a sort of the samples) and the workload's generation (before timing).
  */
 #ifndef KVR_BENCH_H
 #define KVR_BENCH_H
@@ -234,5 +236,19 @@ void kvr_bench_mocker_usage(FILE *out); /* `kvrouter bench mocker --help` */
 #define KVR_BENCH_ROUTE_THREADS_STR "1"
 /* Whether url is one `bench route` can drive (http://host[:port][/base]); why says what not. */
 bool kvr_bench_route_url_ok(const char *url, char *why, size_t why_len);
+
+/* ---- children ---------------------------------------------------------------------------- */
+
+struct kvr_child;
+/* Starts argv into c (apps/child.h), its output in dir/what.log; on failure prints "who: why"
+ * and the child's log, and returns false (c stopped). */
+bool kvr_bench_spawn(struct kvr_child *c, const char *dir, const char *what, char **argv,
+                     const char *who);
+/* A fresh work directory for a benchmark's children (apps/child.h); false after printing why. */
+bool kvr_bench_workdir(char *dir, size_t cap, const char *name, const char *who);
+/* Stops kids[n-1] .. kids[0]. */
+void kvr_bench_children_stop(struct kvr_child *kids, size_t n);
+/* Removes the work directory after a success; keeps it (saying where) after a failure. */
+void kvr_bench_workdir_end(const char *dir, int rc, const char *who);
 
 #endif

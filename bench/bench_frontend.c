@@ -26,6 +26,10 @@
  * Memory: one request body and one response buffer, reused. Threads: one (the children are
  * processes). A failed request, a child that does not start within 10 s, or a non-200 answer
  * fails the run (exit 1).
+ * Invariants: both paths use the same requests' shape and one keep-alive connection each; only
+ * the interval from a request's first byte to its first event is timed. The connections, heads
+ * and reads are http/client.h's (a blocking client: a recv per piece, no poll in the timed
+ * path). Cost: the client's own per request is a few syscalls and one search per read.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +47,7 @@
 #include <arpa/inet.h>
 
 #include "apps/child.h"
+#include "http/client.h"
 #include "bench.h"
 #include "wire/disagg.h"
 
@@ -50,6 +55,7 @@
 int kvr_bench_frontend(const kvr_bench_opts_t *o);
 
 #define FB_READY_MS 10000
+#define FB_IO_TIMEOUT_MS 30000 /* connect, send and receive on the client's connections */
 #define FB_WARMUP 10
 #define FB_DEFAULT_REQUESTS 200
 #define FB_TARGET_US 200.0
@@ -140,106 +146,38 @@ static void reap(child_t *c)
     c->out_fd = -1;
 }
 
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    int port = -1;
-    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(s, (struct sockaddr *)&a, &l) == 0)
-        port = ntohs(a.sin_port);
-    if (s >= 0)
-        close(s);
-    return port;
-}
+/* ---- requests on keep-alive connections (http/client.h) ---------------------------------- */
 
-/* ---- a blocking HTTP/1.1 client --------------------------------------------------------- */
-
+/* A connection to 127.0.0.1:port (TCP_NODELAY, 30 s timeouts); -1 on failure. */
 static int connect_to(int port)
 {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
-        if (s >= 0)
-            close(s);
-        return -1;
-    }
-    int one = 1;
-    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    struct timeval tv = {30, 0};
-    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    return s;
-}
-
-static const char *find(const char *h, size_t hn, const char *n)
-{
-    size_t nn = strlen(n);
-    for (size_t i = 0; i + nn <= hn; i++) {
-        const char *q = memchr(h + i, n[0], hn - i - nn + 1);
-        if (q == NULL)
-            return NULL;
-        if (memcmp(q, n, nn) == 0)
-            return q;
-        i = (size_t)(q - h);
-    }
-    return NULL;
-}
-
-typedef struct resp {
-    char *buf;
-    size_t len, cap;
-} resp_t;
-
-static bool send_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k <= 0)
-            return false;
-        p += k;
-        n -= (size_t)k;
-    }
-    return true;
+    kvr_http_target_t t = {.addr = "127.0.0.1", .port = (uint16_t)port};
+    int err;
+    return kvr_http_connect(&t, FB_IO_TIMEOUT_MS, &err);
 }
 
 /* Sends head and body; false (why printed) on failure. */
 static bool send_request(int fd, const char *head, size_t head_len, const char *body,
-                         size_t body_len, resp_t *r, const char *path_name)
+                         size_t body_len, kvr_http_resp_t *r, const char *path_name)
 {
-    r->len = 0;
-    if (send_all(fd, head, head_len) && send_all(fd, body, body_len))
+    kvr_http_resp_reset(r);
+    if (kvr_http_send_all(fd, head, head_len) && kvr_http_send_all(fd, body, body_len))
         return true;
     fprintf(stderr, "kvrouter bench frontend: %s: send failed\n", path_name);
     return false;
 }
 
-/* Reads more of the answer into r; once its head is complete, *body_at is the body's offset
- * (a non-200 answer is a failure). False (why printed) on failure. */
-static bool recv_more(int fd, resp_t *r, size_t *body_at, const char *path_name)
+/* Reads more of the answer into r (r->body_at once its head is in; a non-200 answer is a
+ * failure). False (why printed) on failure. */
+static bool recv_more(int fd, kvr_http_resp_t *r, const char *path_name)
 {
-    if (r->cap - r->len < 65536) {
-        size_t cap = r->cap ? r->cap * 2 : 1 << 17;
-        char *b = realloc(r->buf, cap);
-        if (b == NULL)
-            return false;
-        r->buf = b;
-        r->cap = cap;
-    }
-    ssize_t k = recv(fd, r->buf + r->len, r->cap - r->len, 0);
-    if (k <= 0) {
-        fprintf(stderr, "kvrouter bench frontend: %s: connection closed or timed out\n", path_name);
+    int rc = kvr_http_recv(fd, r);
+    if (rc != KVR_OK) {
+        fprintf(stderr, "kvrouter bench frontend: %s: %s\n", path_name,
+                rc == KVR_EIO ? "connection closed or timed out" : kvr_strerror(rc));
         return false;
     }
-    r->len += (size_t)k;
-    if (*body_at != 0)
-        return true;
-    const char *e = find(r->buf, r->len, "\r\n\r\n");
-    if (e == NULL)
-        return true;
-    *body_at = (size_t)(e - r->buf) + 4;
-    if (r->len < 12 || memcmp(r->buf + 9, "200", 3) != 0) {
+    if (r->body_at != 0 && r->status != 200) {
         fprintf(stderr, "kvrouter bench frontend: %s: answer '%.60s'\n", path_name, r->buf);
         return false;
     }
@@ -249,21 +187,21 @@ static bool recv_more(int fd, resp_t *r, size_t *body_at, const char *path_name)
 /* One request on a keep-alive connection: its TTFT (send to the first `data:` event) in ns,
  * 0 on failure (why printed). The whole streamed answer is read. */
 static uint64_t ttft_once(int fd, const char *head, size_t head_len, const char *body,
-                          size_t body_len, resp_t *r, const char *path_name)
+                          size_t body_len, kvr_http_resp_t *r, const char *path_name)
 {
     uint64_t t0 = kvr_bench_now_ns(), first = 0;
     if (!send_request(fd, head, head_len, body, body_len, r, path_name))
         return 0;
-    size_t body_at = 0;
     for (;;) {
-        if (!recv_more(fd, r, &body_at, path_name))
+        if (!recv_more(fd, r, path_name))
             return 0;
-        if (body_at == 0)
+        size_t at = r->body_at;
+        if (at == 0)
             continue;
-        if (first == 0 && find(r->buf + body_at, r->len - body_at, "data: ") != NULL)
+        if (first == 0 && kvr_http_find(r->buf + at, r->len - at, "data: ") != NULL)
             first = kvr_bench_now_ns();
         if (first != 0 && r->len >= 5 && memcmp(r->buf + r->len - 5, "0\r\n\r\n", 5) == 0 &&
-            find(r->buf + body_at, r->len - body_at, "[DONE]") != NULL)
+            kvr_http_find(r->buf + at, r->len - at, "[DONE]") != NULL)
             return first - t0;
     }
 }
@@ -271,32 +209,32 @@ static uint64_t ttft_once(int fd, const char *head, size_t head_len, const char 
 /* One whole (Content-Length) answer on a keep-alive connection into r; the body's offset, 0
  * on failure (why printed). */
 static size_t whole_once(int fd, const char *head, size_t head_len, const char *body,
-                         size_t body_len, resp_t *r, const char *path_name)
+                         size_t body_len, kvr_http_resp_t *r, const char *path_name)
 {
     if (!send_request(fd, head, head_len, body, body_len, r, path_name))
         return 0;
-    size_t body_at = 0;
-    const char *cl = NULL;
-    for (;;) {
-        if (!recv_more(fd, r, &body_at, path_name))
+    while (r->body_at == 0)
+        if (!recv_more(fd, r, path_name))
             return 0;
-        if (body_at == 0)
-            continue;
-        if (cl == NULL && (cl = find(r->buf, body_at, "Content-Length: ")) == NULL) {
-            fprintf(stderr, "kvrouter bench frontend: %s: no Content-Length\n", path_name);
-            return 0;
-        }
-        if (r->len >= body_at + (size_t)strtoull(cl + 16, NULL, 10))
-            return body_at;
+    size_t n;
+    if (kvr_http_header(r, "Content-Length", &n) == NULL) {
+        fprintf(stderr, "kvrouter bench frontend: %s: no Content-Length\n", path_name);
+        return 0;
     }
+    int rc = kvr_http_read_whole(fd, r, SIZE_MAX, 0); /* the socket's 30 s receive timeout */
+    if (rc != KVR_OK) {
+        fprintf(stderr, "kvrouter bench frontend: %s: %s\n", path_name,
+                rc == KVR_EIO ? "connection closed or timed out" : kvr_strerror(rc));
+        return 0;
+    }
+    return r->body_at;
 }
 
 /* The request line and headers for a body of len bytes. */
 static size_t make_head(char *out, size_t cap, size_t len)
 {
-    int n = snprintf(out, cap, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", len);
-    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+    return kvr_http_head(out, cap, "POST", "/v1/completions", "127.0.0.1", "application/json",
+                         len, false);
 }
 
 /* A fresh streaming completion of `tokens` random ids. */
@@ -323,13 +261,14 @@ static size_t make_body(char **buf, size_t *cap, kvr_bench_rng_t *rng, uint64_t 
  * (a make_body result): the prefill request to fds[0], then the decode request with the
  * answer's kv_transfer_params to fds[1]. TTFT from the prefill request's first byte to the
  * decode stream's first event; 0 on failure. */
-static uint64_t ttft_disagg_direct(const int fds[2], const char *body, size_t bl, resp_t *r)
+static uint64_t ttft_disagg_direct(const int fds[2], const char *body, size_t bl,
+                                   kvr_http_resp_t *r)
 {
     static const char tail[] = ",\"max_tokens\":1,\"stream\":false,\"kv_transfer_params\":{"
                                "\"do_remote_decode\":true,\"do_remote_prefill\":false,"
                                "\"remote_engine_id\":null,\"remote_block_ids\":null,"
                                "\"remote_host\":null,\"remote_port\":null}}";
-    const char *mt = find(body, bl, ",\"max_tokens\"");
+    const char *mt = kvr_http_find(body, bl, ",\"max_tokens\"");
     if (mt == NULL)
         return 0;
     size_t plen = (size_t)(mt - body);
@@ -368,22 +307,18 @@ static uint64_t ttft_disagg_direct(const int fds[2], const char *body, size_t bl
 
 static bool wait_ready(int port)
 {
-    static const char req[] = "GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    for (int i = 0; i < 200; i++) {
-        int fd = connect_to(port);
-        char buf[64] = "";
-        if (fd >= 0 && send_all(fd, req, sizeof req - 1)) {
-            ssize_t k = recv(fd, buf, sizeof buf - 1, 0);
-            if (k > 12 && memcmp(buf + 9, "200", 3) == 0) {
-                close(fd);
-                return true;
-            }
-        }
-        if (fd >= 0)
-            close(fd);
-        kvr_bench_sleep_ns(50000000u);
+    kvr_http_target_t t = {.addr = "127.0.0.1", .host_hdr = "127.0.0.1", .port = (uint16_t)port};
+    kvr_http_resp_t r = {0};
+    char err[200];
+    bool ok = false;
+    for (int i = 0; i < 200 && !ok; i++) {
+        ok = kvr_http_get(&t, "/ready", FB_IO_TIMEOUT_MS, 4096, &r, err, sizeof err) == KVR_OK &&
+             r.status == 200;
+        if (!ok)
+            kvr_bench_sleep_ns(50000000u);
     }
-    return false;
+    kvr_http_resp_free(&r);
+    return ok;
 }
 
 /* ---- the benchmark ---------------------------------------------------------------------- */
@@ -402,7 +337,7 @@ static bool one_run(int mport, int dport, int rport, uint64_t tokens, uint64_t m
     double *diff = malloc(n * sizeof(double));
     char *body = NULL, head[256];
     size_t cap = 0;
-    resp_t r = {0};
+    kvr_http_resp_t r = {0};
     bool ok = fds[0] >= 0 && fds[1] >= 0 && lat[0] && lat[1] && diff &&
               (dport <= 0 || dfds[1] >= 0);
     static const char *const names[2] = {"direct", "via router"};
@@ -444,7 +379,7 @@ static bool one_run(int mport, int dport, int rport, uint64_t tokens, uint64_t m
         close(dfds[1]);
     free(diff);
     free(body);
-    free(r.buf);
+    kvr_http_resp_free(&r);
     return ok;
 }
 
@@ -475,7 +410,7 @@ int kvr_bench_frontend(const kvr_bench_opts_t *o)
     static const kvr_bench_list_t def_tokens = {1, {8192}};
     const kvr_bench_list_t *tl = kvr_bench_pick(&o->tokens, &def_tokens);
     size_t n = o->requests ? (size_t)o->requests : FB_DEFAULT_REQUESTS;
-    int ev = free_port(), ev2 = o->disagg ? free_port() : 0;
+    int ev = kvr_free_port(), ev2 = o->disagg ? kvr_free_port() : 0;
     char speed[32], worker[256], worker2[256];
     snprintf(speed, sizeof speed, "%g", o->speedup);
     static const char *const pf_args[] = {"--role", "prefill", NULL};

@@ -21,6 +21,9 @@
  * peer recovery of 1M pairs <= 3 s. The numbers are this machine's, printed as measured.
  * Threads: main (setup, publishing, polling), the load generator's.
  * Children: the indexers and routers (apps/child.h), stopped at the end.
+ * Invariants: every child started is stopped before the benchmark returns (in reverse order).
+ * Memory: prompts, bodies and samples are owned here. Cost: the setup's publishing dominates
+ * the wall time; the measured windows are the children's.
  */
 #define _XOPEN_SOURCE 700
 #include <errno.h>
@@ -64,15 +67,9 @@ typedef struct env {
 
 static kvr_child_t *spawn(env_t *e, const char *what, char **argv)
 {
-    char log[1024], err[300];
     kvr_child_t *c = &e->kids[e->n_kids];
-    snprintf(log, sizeof log, "%.400s/%.60s.log", e->dir, what);
-    if (kvr_child_start(c, what, argv, log, err, sizeof err) != KVR_OK) {
-        fprintf(stderr, "kvrouter bench indexer: %s\n", err);
-        kvr_child_show_log(c);
-        kvr_child_stop(c);
+    if (!kvr_bench_spawn(c, e->dir, what, argv, "kvrouter bench indexer"))
         return NULL;
-    }
     e->n_kids++;
     return c;
 }
@@ -529,11 +526,8 @@ int kvr_bench_indexer(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     signal(SIGPIPE, SIG_IGN);
     env_t e = {.n_kids = 0};
-    char werr[300];
-    if (kvr_child_workdir(e.dir, sizeof e.dir, "bench-indexer", werr, sizeof werr) != KVR_OK) {
-        fprintf(stderr, "kvrouter bench indexer: %s\n", werr);
+    if (!kvr_bench_workdir(e.dir, sizeof e.dir, "bench-indexer", "kvrouter bench indexer"))
         return 1;
-    }
     kvr_child_t *ix = NULL;
     double pairs = 0;
     rc = engines_start(&e, &a);
@@ -543,12 +537,8 @@ int kvr_bench_indexer(int argc, char **argv)
         rc = part_route(&e, &a, ix, pairs);
     if (rc == 0)
         rc = part_peers(&e, ix, pairs);
-    for (size_t i = e.n_kids; i-- > 0;)
-        kvr_child_stop(&e.kids[i]);
+    kvr_bench_children_stop(e.kids, e.n_kids);
     engines_stop(&e);
-    if (rc != 0)
-        fprintf(stderr, "kvrouter bench indexer: failed; logs kept in %s\n", e.dir);
-    else
-        kvr_child_rmtree(e.dir);
+    kvr_bench_workdir_end(e.dir, rc, "kvrouter bench indexer");
     return rc;
 }

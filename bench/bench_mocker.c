@@ -76,12 +76,14 @@
  * Threads: main (setup, the window's samples), one per client loop (owning its clients and
  * samples; they share only the run's atomics), the SUB drain thread (atomic counters), and
  * ZeroMQ's I/O thread.
+ * Invariants: one mocker per point, stopped and reaped on every path; a run's verdict is the
+ * load generator's (loadgen.h) plus "the mocker is alive". Cost: the generator's CPU is
+ * reported (gen_cores); the probe and the /metrics scrapes use http/client.h outside the window.
  */
 #define _GNU_SOURCE /* sched_setaffinity, CPU_* macros, pipe2 */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -109,7 +111,7 @@
 #include "apps/child.h"
 #include "bench.h"
 #include "loadgen.h"
-#include "replay/replay_driver.h"
+#include "http/client.h"
 
 static const kvr_bench_col_t COLS[] = {
     {"bench", KVR_BENCH_STR, 6, 0},           {"run", KVR_BENCH_STR, 6, 0},
@@ -136,6 +138,7 @@ static const kvr_bench_col_t COLS[] = {
 #define MK_MAX_BODIES 4096                 /* the pool, shared by the clients */
 #define MK_BODY_BUDGET ((size_t)64 << 20)  /* all bodies of a point */
 #define MK_PROBE_MS 2000                   /* TCP connect probe and /metrics scrape */
+#define MK_METRICS_BYTES ((size_t)64 << 20) /* a /metrics answer at most */
 #define MK_READY_MS 10000                  /* the child's "listening" line */
 #define MK_TERM_MS 2000                    /* SIGTERM, then SIGKILL */
 #define MK_TIMEOUT_S 5                     /* per request (and connect) */
@@ -204,70 +207,13 @@ static int64_t find_uint(const char *s, size_t n, const char *key)
 
 /* ---- the target ------------------------------------------------------------------------- */
 
-typedef kvr_http_target_t target_t; /* replay/replay_driver.h */
+typedef kvr_http_target_t target_t; /* http/client.h */
 
 /* http://host[:port] (the mocker serves at the root: no path). */
 static bool parse_url(const char *url, target_t *t)
 {
     char err[512];
     return kvr_http_target_parse(url, t, err, sizeof err) == KVR_OK && t->base_path[0] == '\0';
-}
-
-/* A socket connected to t (numeric t->addr when known, else resolving t->host) within
- * timeout_ms, blocking afterwards; -1 with errno-style *err. */
-static int connect_to(target_t *t, int timeout_ms, int *err)
-{
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    if (t->addr[0])
-        hints.ai_flags = AI_NUMERICHOST;
-    char port[16];
-    snprintf(port, sizeof port, "%d", t->port);
-    *err = EHOSTUNREACH;
-    if (getaddrinfo(t->addr[0] ? t->addr : t->host, port, &hints, &res) != 0)
-        return -1;
-    int fd = -1;
-    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) {
-            *err = errno;
-            continue;
-        }
-        int rc = connect(fd, a->ai_addr, a->ai_addrlen);
-        if (rc != 0 && errno == EINPROGRESS) {
-            struct pollfd p = {fd, POLLOUT, 0};
-            rc = poll(&p, 1, timeout_ms);
-            if (rc == 1) {
-                socklen_t len = sizeof *err;
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, err, &len);
-                rc = *err == 0 ? 0 : -1;
-            } else {
-                *err = rc == 0 ? ETIMEDOUT : errno;
-                rc = -1;
-            }
-        } else if (rc != 0) {
-            *err = errno;
-        }
-        if (rc == 0 && !t->addr[0] &&
-            getnameinfo(a->ai_addr, a->ai_addrlen, t->addr, sizeof t->addr, NULL, 0,
-                        NI_NUMERICHOST) != 0)
-            rc = -1;
-        if (rc != 0) {
-            close(fd);
-            fd = -1;
-        }
-    }
-    freeaddrinfo(res);
-    if (fd >= 0) {
-        int fl = fcntl(fd, F_GETFL);
-        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-        struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    }
-    return fd;
 }
 
 /* ---- /metrics and /proc ------------------------------------------------------------------ */
@@ -321,51 +267,24 @@ static void metrics_line(const char *l, size_t n, metrics_t *m)
     }
 }
 
-/* GET /metrics over a fresh HTTP/1.0 connection: the counters summed over ranks. */
+/* GET /metrics over a fresh connection (http/client.h): the counters summed over ranks. */
 static bool scrape(target_t *t, metrics_t *m)
 {
     memset(m, 0, sizeof *m);
-    int err;
-    int fd = connect_to(t, MK_PROBE_MS, &err);
-    if (fd < 0)
-        return false;
-    char req[400];
-    int rl = snprintf(req, sizeof req, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", t->host_hdr);
-    bool ok = write(fd, req, (size_t)rl) == rl;
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    while (ok && buf) {
-        if (len + 4096 > cap) {
-            char *nb = cap < ((size_t)64 << 20) ? realloc(buf, cap * 2) : NULL;
-            if (nb == NULL) {
-                ok = false;
-                break;
-            }
-            buf = nb, cap *= 2;
-        }
-        ssize_t r = read(fd, buf + len, cap - len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            ok = r == 0;
-            break;
-        }
-        len += (size_t)r;
-    }
-    close(fd);
-    if (!ok || buf == NULL || len < 12 || memcmp(buf, "HTTP/1.", 7) != 0 ||
-        memcmp(buf + 9, "200", 3) != 0) {
-        free(buf);
+    kvr_http_resp_t r = {0};
+    char err[200];
+    if (kvr_http_get(t, "/metrics", MK_PROBE_MS, MK_METRICS_BYTES, &r, err, sizeof err) !=
+            KVR_OK || r.status != 200 || r.truncated) {
+        kvr_http_resp_free(&r);
         return false;
     }
-    const char *body = find_bytes(buf, len, "\r\n\r\n");
-    for (const char *p = body ? body + 4 : buf + len, *end = buf + len; p < end;) {
+    for (const char *p = r.buf + r.body_at, *end = r.buf + r.len; p < end;) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
         metrics_line(p, n, m);
         p += n + 1;
     }
-    free(buf);
+    kvr_http_resp_free(&r);
     return m->ok;
 }
 
@@ -1211,21 +1130,15 @@ static int one_point(const kvr_bench_opts_t *o, void *zctx, target_t *t, uint64_
         char name[16];
         snprintf(name, sizeof name, "%u", runs);
         print_row(o, clients, tokens, name, fig, res->ok, res->kv_gaps, &res->errs, false);
-        double attempts = (double)(res->ok + res->errs.total);
+        kvr_lg_verdict_in_t v = {.run = runs, .aborted = res->aborted, .ok = res->ok,
+                                 .errors = res->errs.total,
+                                 .attempts = (double)(res->ok + res->errs.total),
+                                 .window_s = res->window_s, .fail_fraction = MK_FAIL_FRACTION};
         char st[96];
         if (env.pid > 0 && !child_alive(&child, st, sizeof st)) {
             snprintf(why, sizeof why, "the mocker exited during run %u (%s)", runs, st);
             rc = 1;
-        } else if (res->aborted) {
-            snprintf(why, sizeof why, "run %u stopped early: almost every request fails", runs);
-            rc = 1;
-        } else if (res->ok == 0) {
-            snprintf(why, sizeof why, "no successful response in %.1f s", res->window_s);
-            rc = 1;
-        } else if ((double)res->errs.total > MK_FAIL_FRACTION * attempts) {
-            snprintf(why, sizeof why, "%.3f%% of the requests of run %u failed (more than %g%%)",
-                     100.0 * (double)res->errs.total / attempts, runs,
-                     100.0 * MK_FAIL_FRACTION);
+        } else if (kvr_lg_run_failed(&v, why, sizeof why)) {
             rc = 1;
         }
     }
@@ -1246,10 +1159,7 @@ static int one_point(const kvr_bench_opts_t *o, void *zctx, target_t *t, uint64_
         fprintf(stderr, "kvrouter bench mocker: %llu KV-event sequence gaps: the mocker's PUB "
                         "dropped batches (the SUB drain fell behind)\n",
                 (unsigned long long)gaps_total);
-    if (stuck)
-        fprintf(stderr, "kvrouter bench mocker: %llu requests still unanswered %d s after the "
-                        "window closed (abandoned)\n",
-                (unsigned long long)stuck, (int)(MK_DRAIN_NS / 1000000000u));
+    kvr_lg_report_stuck("kvrouter bench mocker", stuck, MK_DRAIN_NS);
     for (unsigned i = 0; i < runs; i++)
         if (isfinite(rs[i].gen_cores) && rs[i].gen_cores > 0.9) {
             fprintf(stderr, "kvrouter bench mocker: the generator used %.2f cores in run %u: "
@@ -1336,7 +1246,7 @@ int kvr_bench_mocker(const kvr_bench_opts_t *o)
             return 2;
         }
         int err;
-        int fd = connect_to(&t, MK_PROBE_MS, &err);
+        int fd = kvr_http_connect(&t, MK_PROBE_MS, &err);
         if (fd < 0) {
             fprintf(stderr, "kvrouter bench mocker: cannot connect to %s: %s; is the mocker "
                             "(kvrouter mocker) running?\n", o->url, strerror(err));

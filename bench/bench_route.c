@@ -39,6 +39,8 @@
  * error naming the URL and exit 1, never a hang; each request also has a 5 s timeout.
  * Memory: bodies and samples are owned here and freed per point. Threads: each loop thread
  * owns its clients and samples; the threads share only the run's atomics.
+ * Invariants: a point's bodies are made before its runs and freed after them; a run's verdict
+ * is the load generator's (loadgen.h). The target is parsed and probed by http/client.h.
  */
 #include <errno.h>
 #include <math.h>
@@ -60,7 +62,7 @@
 
 #include "bench.h"
 #include "loadgen.h"
-#include "replay/replay_driver.h"
+#include "http/client.h"
 
 static const kvr_bench_col_t COLS[] = {
     {"bench", KVR_BENCH_STR, 5, 0},         {"clients", KVR_BENCH_INT, 7, 0},
@@ -103,7 +105,7 @@ static const char *driver_kind(int code)
 /* ---- the target ------------------------------------------------------------------------- */
 
 typedef struct target {
-    kvr_http_target_t h;    /* host, Host header, numeric address (replay/replay_driver.h) */
+    kvr_http_target_t h;    /* host, Host header, numeric address (http/client.h) */
     char route_path[512];
     char delete_prefix[512];
     bool update_state; /* book, then DELETE (--update-state) */
@@ -376,21 +378,11 @@ static int one_point(const kvr_bench_opts_t *o, const target_t *t, uint64_t clie
         ok_total += res.ok;
         stuck += res.stuck;
         kvr_lg_errs_merge(&errs, &res.errs);
-        double attempts = (double)(res.ok + res.deletes + res.errs.total);
-        if (res.aborted) {
-            snprintf(why, sizeof why, "run %u stopped early: almost every request fails", runs);
-            rc = 1;
-            break;
-        }
-        if (res.ok == 0) {
-            snprintf(why, sizeof why, "no successful response in %.1f s", res.window_s);
-            rc = 1;
-            break;
-        }
-        if ((double)res.errs.total > ROUTE_FAIL_FRACTION * attempts) {
-            snprintf(why, sizeof why, "%.3f%% of the requests of run %u failed (more than %g%%)",
-                     100.0 * (double)res.errs.total / attempts, runs,
-                     100.0 * ROUTE_FAIL_FRACTION);
+        kvr_lg_verdict_in_t v = {.run = runs, .aborted = res.aborted, .ok = res.ok,
+                                 .errors = res.errs.total,
+                                 .attempts = (double)(res.ok + res.deletes + res.errs.total),
+                                 .window_s = res.window_s, .fail_fraction = ROUTE_FAIL_FRACTION};
+        if (kvr_lg_run_failed(&v, why, sizeof why)) {
             rc = 1;
             break;
         }
@@ -427,10 +419,7 @@ static int one_point(const kvr_bench_opts_t *o, const target_t *t, uint64_t clie
         fprintf(stderr, "kvrouter bench route: %llu errors (clients %llu, tokens %llu): %s\n",
                 (unsigned long long)errs.total, (unsigned long long)clients,
                 (unsigned long long)tokens, kinds);
-    if (stuck)
-        fprintf(stderr, "kvrouter bench route: %llu requests still unanswered %d s after the "
-                        "window closed (abandoned)\n",
-                (unsigned long long)stuck, (int)(ROUTE_DRAIN_NS / 1000000000u));
+    kvr_lg_report_stuck("kvrouter bench route", stuck, ROUTE_DRAIN_NS);
     double med_per_s = runs ? kvr_bench_median(r_per_s, runs) : NAN;
     if (per_s_out != NULL)
         *per_s_out = med_per_s;

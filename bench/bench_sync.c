@@ -25,6 +25,8 @@
  * ready <= 5 s. The numbers are this machine's, printed as measured.
  * Threads: main (setup, polling, publishing the join's events), the load generator's.
  * Children: nats-server and the routers (apps/child.h), stopped at the end.
+ * Invariants: every child started is stopped before the benchmark returns (in reverse order).
+ * Memory: bodies and samples are owned here. Cost: the join's publishing dominates the wall time.
  */
 #define _XOPEN_SOURCE 700
 #include <errno.h>
@@ -87,15 +89,9 @@ static kvr_child_t *router(env_t *e, const char *what, const char *const *extra,
         argv[k++] = wspec[w];
     }
     argv[k] = NULL;
-    char log[1024], err[300];
     kvr_child_t *c = &e->kids[e->n_kids];
-    snprintf(log, sizeof log, "%.400s/%.60s.log", e->dir, what);
-    if (kvr_child_start(c, what, argv, log, err, sizeof err) != KVR_OK) {
-        fprintf(stderr, "kvrouter bench sync: %s\n", err);
-        kvr_child_show_log(c);
-        kvr_child_stop(c);
+    if (!kvr_bench_spawn(c, e->dir, what, argv, "kvrouter bench sync"))
         return NULL;
-    }
     e->n_kids++;
     return c;
 }
@@ -459,11 +455,8 @@ int kvr_bench_sync(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     signal(SIGPIPE, SIG_IGN);
     env_t e = {.n_kids = 0};
-    char werr[300];
-    if (kvr_child_workdir(e.dir, sizeof e.dir, "bench-sync", werr, sizeof werr) != KVR_OK) {
-        fprintf(stderr, "kvrouter bench sync: %s\n", werr);
+    if (!kvr_bench_workdir(e.dir, sizeof e.dir, "bench-sync", "kvrouter bench sync"))
         return 1;
-    }
     char err[300];
     rc = kvr_nats_server_start(&e.nats, e.dir, e.nats_url, sizeof e.nats_url, err, sizeof err);
     if (rc != KVR_OK)
@@ -477,13 +470,9 @@ int kvr_bench_sync(int argc, char **argv)
         rc = part_discovery(&e, &a);
     if (rc == 0)
         rc = part_join(&e, &a);
-    for (size_t i = e.n_kids; i-- > 0;)
-        kvr_child_stop(&e.kids[i]);
+    kvr_bench_children_stop(e.kids, e.n_kids);
     if (e.nats_up)
         kvr_child_stop(&e.nats);
-    if (rc != 0)
-        fprintf(stderr, "kvrouter bench sync: failed; logs kept in %s\n", e.dir);
-    else
-        kvr_child_rmtree(e.dir);
+    kvr_bench_workdir_end(e.dir, rc, "kvrouter bench sync");
     return rc;
 }

@@ -1,6 +1,12 @@
 /*
  * loadgen.c: see loadgen.h. The engine both HTTP benchmarks share: clients, loops, pacing,
  * the window, error accounting, the drain.
+ * Invariants: a client has at most one request outstanding; a response is counted in the window
+ * only when it completes inside it; every error is counted once, by kind.
+ * Ownership: bodies are the caller's; clients, loops and samples are the run's (freed by
+ * kvr_lg_run, the samples handed to the caller). Threads: one per loop; they share the run's
+ * atomics only. Cost: per request one evhttp request and one timestamp pair; the verdict
+ * helpers are O(1).
  */
 #include "loadgen.h"
 
@@ -135,6 +141,30 @@ void kvr_lg_errs_format(const kvr_lg_errs_t *e, const char *const *tag_names,
     if (e->other && off < len)
         snprintf(buf + off, len - off, "%sother x%llu", off ? ", " : "",
                  (unsigned long long)e->other);
+}
+
+/* ---- verdicts ------------------------------------------------------------------------------- */
+
+bool kvr_lg_run_failed(const kvr_lg_verdict_in_t *v, char *why, size_t cap)
+{
+    if (v->aborted)
+        snprintf(why, cap, "run %u stopped early: almost every request fails", v->run);
+    else if (v->ok == 0)
+        snprintf(why, cap, "no successful response in %.1f s", v->window_s);
+    else if ((double)v->errors > v->fail_fraction * v->attempts)
+        snprintf(why, cap, "%.3f%% of the requests of run %u failed (more than %g%%)",
+                 100.0 * (double)v->errors / v->attempts, v->run, 100.0 * v->fail_fraction);
+    else
+        return false;
+    return true;
+}
+
+void kvr_lg_report_stuck(const char *who, uint64_t stuck, uint64_t drain_ns)
+{
+    if (stuck)
+        fprintf(stderr, "%s: %llu requests still unanswered %d s after the window closed "
+                        "(abandoned)\n", who, (unsigned long long)stuck,
+                (int)(drain_ns / 1000000000u));
 }
 
 /* ---- the run ---------------------------------------------------------------------------- */

@@ -23,6 +23,8 @@
  * Memory: bodies are the caller's; samples and loops are the run's, freed by kvr_lg_run.
  * Threads: one per loop (the caller's thread waits, or samples at the window's edges through
  * at_window); the loops share only the run's atomics.
+ * Invariants: one request outstanding per client; the verdict (kvr_lg_run_failed) is the same
+ * for every benchmark that uses it. Cost: see loadgen.c.
  */
 #ifndef KVR_BENCH_LOADGEN_H
 #define KVR_BENCH_LOADGEN_H
@@ -131,6 +133,19 @@ typedef struct kvr_lg_result {
 
 /* One run. false on a setup failure (message printed, prefixed with who). */
 bool kvr_lg_run(const kvr_lg_config_t *cfg, const char *who, kvr_lg_result_t *res);
+/* The verdict on one run of a point, as the benchmarks judge it. */
+typedef struct kvr_lg_verdict_in {
+    unsigned run;         /* its number, from 1 */
+    bool aborted;         /* kvr_lg_result_t.aborted */
+    uint64_t ok, errors;  /* good responses, errors */
+    double attempts;      /* requests tried (follow-ups included) */
+    double window_s;      /* the measured window */
+    double fail_fraction; /* errors above this fraction of attempts fail the run */
+} kvr_lg_verdict_in_t;
+/* Whether the run failed: aborted, no good response, or too many errors; why says which. */
+bool kvr_lg_run_failed(const kvr_lg_verdict_in_t *v, char *why, size_t cap);
+/* The stderr line for requests still unanswered after the drain (none: nothing printed). */
+void kvr_lg_report_stuck(const char *who, uint64_t stuck, uint64_t drain_ns);
 
 /* ---- for drivers ---- */
 void *kvr_lg_state(kvr_lg_client_t *c);

@@ -1,5 +1,11 @@
 /*
  * child.c: see child.h.
+ * Invariants: a started child is in its own process group and is reaped by kvr_child_stop
+ * (SIGTERM, then SIGKILL); its pid is <= 0 once it is not running. Waits poll with a
+ * deadline and the stop flag, never block without one: nats-server's port by TCP connect
+ * (http/client.h's kvr_http_probe), a router's /ready by http/http_fetch.h.
+ * Ownership: the caller's kvr_child_t; the bodies kvr_child_get returns are the caller's.
+ * Threads: the caller's (one). Cost: a fork and exec per child; a wait polls every 10-20 ms.
  */
 #define _XOPEN_SOURCE 700
 #include "apps/child.h"
@@ -22,7 +28,7 @@
 
 #include "kvrouter.h"
 #include "http/http_fetch.h"
-#include "replay/replay_driver.h"
+#include "http/client.h"
 
 #define START_TIMEOUT_S 30.0
 #define STOP_TIMEOUT_S 10.0

@@ -7,6 +7,11 @@
  * own (--speedup, --event-format, timing polynomials, --max-waiting, --vocab-size, fault
  * injection). Every value is checked at start-up; a bad one stops it naming the flag.
  * Prints "listening HOST:PORT" on stdout once it serves (port 0 picks a free one).
+ * Invariants: nothing serves until every flag is checked and the mocker is made; a signal stops
+ * the loop and everything is freed in reverse order. Ownership: the event base, the ZeroMQ
+ * context, the NATS registration and the mocker (mocker/mocker.h, its one header) are this
+ * command's. Threads: the loop on main, plus ZeroMQ's and NATS's own. Cost: start-up only;
+ * serving costs are the mocker's.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -23,7 +28,7 @@
 #include "nats/nats_link.h"
 #include "kvrouter.h"
 #include "base/log.h"
-#include "mocker/mocker_server.h"
+#include "mocker/mocker.h"
 
 static void usage(FILE *out)
 {

@@ -1,5 +1,5 @@
 /*
- * mocker_kv.c: the mocker's disaggregated roles (mocker_server.h): the prefill side keeps a
+ * mocker_kv.c: the mocker's disaggregated roles (mocker_kv.h): the prefill side keeps a
  * finished prompt's KV (the engine's hold_kv) until its decode worker reads it; the decode
  * side reads it over a real loopback HTTP connection, waits the modelled transfer time and
  * admits the request with the KV in (kv_loaded: its blocks are stored and published, only the
@@ -20,7 +20,9 @@
  * is in m->parks exactly while its HTTP request is unanswered and its connection's close
  * callback points at it. A decode request in MQ_FETCH owns one outgoing connection, freed from
  * its timer once its one request completed (or with the request); the completion only records
- * the result and arms the timer, so nothing is freed under libevent's caller.
+ * the result and arms the timer, so nothing is freed under libevent's caller; the timer then
+ * hands the request back through its kv_done (this file never admits, fails or frees a
+ * request itself: mocker_admit.c does, and calls down here only).
  * Memory: one hold per held prefill, one park per early read. Cost: holds and parks are
  * lists searched linearly (a mocker holds at most its running prefills). Threads: the loop.
  */
@@ -37,7 +39,8 @@
 
 #include "kvrouter.h"
 #include "http/http_conn.h"
-#include "mocker/mocker_int.h"
+#include "mocker/mocker_kv.h"
+#include "mocker/mocker_server.h"
 #include "wire/disagg.h"
 #include "wire/prom.h"
 
@@ -52,21 +55,10 @@ static uint64_t nonce(void)
     return n | 1;
 }
 
-void mk_engine_id(const rank_t *rk, char *out, size_t cap)
+/* The engine id a rank names in kv_transfer_params ("mocker-<port>-<rank>-<nonce>"). */
+static void engine_id(const rank_t *rk, char *out, size_t cap)
 {
     snprintf(out, cap, "mocker-%u-%u-%016" PRIx64, rk->m->port, rk->idx, nonce());
-}
-
-static uint64_t modelled_ns(const kvr_mocker_t *m, double seconds)
-{
-    double ns = seconds * 1e9 / m->cfg.speedup;
-    return ns > 3.6e12 ? (uint64_t)3.6e12 : (uint64_t)ns;
-}
-
-static struct timeval tv_of(uint64_t ns)
-{
-    return (struct timeval){.tv_sec = (time_t)(ns / 1000000000u),
-                            .tv_usec = (suseconds_t)((ns % 1000000000u) / 1000u)};
 }
 
 /* ---- holds (prefill side) ------------------------------------------------------------- */
@@ -118,7 +110,7 @@ static char *pull_member(mreq_t *q, const mk_hold_t *h)
     const uint32_t *ids;
     size_t n = kvr_engine_held_blocks(q->rk->eng, q->id, &ids);
     char eid[96];
-    mk_engine_id(q->rk, eid, sizeof eid);
+    engine_id(q->rk, eid, sizeof eid);
     size_t cap = 512 + strlen(m->cfg.kv_host) + n * 11;
     char *out = malloc(cap);
     if (!out)
@@ -149,7 +141,7 @@ char *mk_kv_held(mreq_t *q, const kvr_engine_output_t *o)
     h->by_room = q->by_room;
     h->room = q->room;
     snprintf(h->xfer_id, sizeof h->xfer_id, "%s", q->rid);
-    h->deadline_ns = mk_mono_ns() + modelled_ns(m, m->cfg.kv_hold_timeout_s);
+    h->deadline_ns = mk_mono_ns() + mk_modelled_ns(m, m->cfg.kv_hold_timeout_s);
     h->next = m->holds;
     m->holds = h;
     m->kv.holds++;
@@ -169,9 +161,8 @@ char *mk_kv_held(mreq_t *q, const kvr_engine_output_t *o)
 
 void mk_h_pull(kvr_mocker_t *m, struct evhttp_request *req)
 {
-    struct evbuffer *b = evhttp_request_get_input_buffer(req);
-    size_t len = evbuffer_get_length(b);
-    const char *body = len ? (const char *)evbuffer_pullup(b, -1) : "";
+    size_t len;
+    const char *body = mk_body_of(req, &len);
     kvr_disagg_req_t d;
     char err[200];
     if (kvr_disagg_parse_req(body, len, &d, err, sizeof err) != KVR_OK) {
@@ -185,7 +176,7 @@ void mk_h_pull(kvr_mocker_t *m, struct evhttp_request *req)
     }
     for (mk_hold_t *h = m->holds; h; h = h->next) {
         char eid[96];
-        mk_engine_id(h->rk, eid, sizeof eid);
+        engine_id(h->rk, eid, sizeof eid);
         if (!h->by_room && strcmp(h->xfer_id, d.remote_request_id) == 0 &&
             strcmp(eid, d.remote_engine_id) == 0) {
             serve_read(m, h, req);
@@ -234,9 +225,8 @@ static void on_bootstrap(struct evhttp_request *req, void *arg)
         mk_reply_error(m, req, 404, "the bootstrap server answers POST /kv/bootstrap only");
         return;
     }
-    struct evbuffer *b = evhttp_request_get_input_buffer(req);
-    size_t len = evbuffer_get_length(b);
-    const char *body = len ? (const char *)evbuffer_pullup(b, -1) : "";
+    size_t len;
+    const char *body = mk_body_of(req, &len);
     kvr_disagg_req_t d;
     char err[200];
     if (kvr_disagg_parse_req(body, len, &d, err, sizeof err) != KVR_OK || !d.has_room) {
@@ -256,7 +246,7 @@ static void on_bootstrap(struct evhttp_request *req, void *arg)
     k->m = m;
     k->req = req;
     k->room = d.bootstrap_room;
-    k->deadline_ns = mk_mono_ns() + modelled_ns(m, m->cfg.kv_wait_timeout_s);
+    k->deadline_ns = mk_mono_ns() + mk_modelled_ns(m, m->cfg.kv_wait_timeout_s);
     k->next = m->parks;
     m->parks = k;
     evhttp_connection_set_closecb(evhttp_request_get_connection(req), on_park_close, k);
@@ -297,10 +287,7 @@ static void read_failed(mreq_t *q, const char *why)
     m->kv.transfers_failed++;
     kvr_log_limited(&m->rl_kv, KVR_LOG_WARN, "KV read from %s failed: %s%s", q->peer, why,
                     m->cfg.kv_load_recompute ? " (recomputing)" : "");
-    if (m->cfg.kv_load_recompute)
-        (void)mk_admit(q, false);
-    else
-        mk_fail(q, 500, "KV transfer from prefill worker %s failed: %s", q->peer, why);
+    q->kv_done(q, MK_KV_FAILED, why);
 }
 
 /* The fetch's result, acted on from q's timer (after the modelled transfer time). */
@@ -316,7 +303,7 @@ static void on_xfer_timer(evutil_socket_t fd, short what, void *arg)
     }
     if (q->gone) { /* the client left: the prefill worker has freed its KV, so do we */
         m->kv.abandoned++;
-        mk_mreq_free(q);
+        q->kv_done(q, MK_KV_ABANDONED, NULL);
         return;
     }
     if (q->phase == MQ_FETCH) { /* the read failed: the reason in xfer_id */
@@ -325,7 +312,7 @@ static void on_xfer_timer(evutil_socket_t fd, short what, void *arg)
     }
     m->kv.transfers_ok++;
     m->kv.transfer_blocks += q->xfer_blocks;
-    (void)mk_admit(q, true);
+    q->kv_done(q, MK_KV_LOADED, NULL);
 }
 
 static void fetch_result(mreq_t *q, const char *why)
@@ -342,7 +329,7 @@ static void fetch_result(mreq_t *q, const char *why)
                (m->cfg.kv_transfer_gbps * 1e9);
     m->kv.transfer_s += s;
     q->phase = MQ_XFER;
-    struct timeval tv = tv_of(modelled_ns(m, s));
+    struct timeval tv = mk_tv_of(mk_modelled_ns(m, s));
     evtimer_add(q->xfer_timer, &tv);
 }
 
@@ -388,16 +375,17 @@ static void on_fetched(struct evhttp_request *req, void *arg)
     fetch_result(q, NULL);
 }
 
-void mk_kv_fetch(mreq_t *q, const kvr_disagg_req_t *d)
+void mk_kv_fetch(mreq_t *q, const kvr_disagg_req_t *d, mk_kv_done_fn done)
 {
     kvr_mocker_t *m = q->m;
+    q->kv_done = done;
     bool pull = m->cfg.kv_transfer == KVR_MOCKER_PULL;
     const char *host = pull ? d->remote_host : d->bootstrap_host;
     uint32_t port = pull ? d->remote_port
                          : d->bootstrap_port ? d->bootstrap_port : SGLANG_BOOTSTRAP_PORT;
     snprintf(q->peer, sizeof q->peer, "%s:%u", host, (unsigned)(uint16_t)port);
     if (!(q->xfer_timer = evtimer_new(m->base, on_xfer_timer, q))) {
-        mk_fail(q, 500, "out of memory");
+        done(q, MK_KV_ERROR, "out of memory");
         return;
     }
     char body[KVR_DISAGG_STR_BYTES * 2 + 96];
@@ -443,26 +431,30 @@ bool mk_kv_client_gone(mreq_t *q)
     return false;
 }
 
+void mk_kv_release(mreq_t *q)
+{
+    if (q->xfer_timer)
+        event_free(q->xfer_timer);
+    if (q->fetch_conn) /* the fetch, if still pending, is cancelled with it */
+        evhttp_connection_free(q->fetch_conn);
+    q->xfer_timer = NULL;
+    q->fetch_conn = NULL;
+}
+
 /* ---- lifecycle, metrics ------------------------------------------------------------------ */
 
 int mk_kv_init(kvr_mocker_t *m, char *err, size_t err_len)
 {
     if (m->cfg.role != KVR_MOCKER_PREFILL || m->cfg.kv_transfer != KVR_MOCKER_BOOTSTRAP)
         return KVR_OK;
-    if (!(m->boot_http = evhttp_new(m->base)) ||
-        !(m->park_ev = event_new(m->base, -1, 0, on_parks, m)))
+    if (!(m->park_ev = event_new(m->base, -1, 0, on_parks, m)))
         return KVR_ENOMEM;
-    evhttp_set_max_body_size(m->boot_http, 4096);
-    evhttp_set_gencb(m->boot_http, on_bootstrap, m);
-    struct evhttp_bound_socket *bs =
-        evhttp_bind_socket_with_handle(m->boot_http, m->cfg.host, m->cfg.bootstrap_port);
-    if (!bs) {
-        snprintf(err, err_len, "bootstrap-port: cannot listen on %s:%u (in use, or a bad address)",
-                 m->cfg.host, m->cfg.bootstrap_port);
-        return KVR_EIO;
-    }
-    m->boot_port = kvr_http_bound_port(bs);
-    return KVR_OK;
+    struct evhttp_bound_socket *bs;
+    int st = mk_listen(m, "bootstrap-port", m->cfg.bootstrap_port, 4096, on_bootstrap, m,
+                       &m->boot_http, &bs, err, err_len);
+    if (st == KVR_OK)
+        m->boot_port = kvr_http_bound_port(bs);
+    return st;
 }
 
 void mk_kv_free(kvr_mocker_t *m)

@@ -1,105 +1,42 @@
 /*
- * mocker_server.h: `kvrouter mocker`'s engine process on one libevent loop: data-parallel
- * ranks of the simulated engine (sim/engine.h) run in real time divided by --speedup, behind
- * a vLLM-compatible OpenAI HTTP server, each rank publishing its KV events over ZeroMQ
- * (events/kv_publisher.h, payloads from wire/kv_encode.h) exactly as a vLLM rank does.
- *
- * HTTP: POST /v1/completions, POST /v1/chat/completions (streaming or not), POST /tokenize,
- * GET /v1/models, GET /health, GET /metrics (vLLM metric names), POST /reset_prefix_cache,
- * GET /version, GET /debug/kv_blocks (the engine hashes each rank's cache holds), POST /kv/pull
- * (a prefill role's held KV, read by a decode role; mocker_kv.c). Errors in vLLM's OpenAI shape.
- * A client that disconnects cancels its request, freeing its blocks.
- *
- * Time: each rank runs one engine step at a time; a step's modelled duration / speedup later
- * (a precise timer) its tokens are delivered and its KV events are published as one batch
- * (vLLM publishes the events of a scheduler step together). When the machine cannot keep up,
- * steps run back to back and the lag is counted (kvr_mocker_step_lag_seconds_total).
- *
- * Engine hashes: the engine block hash on the wire is a bijective mix of the block's sequence
- * hash (as vLLM's are opaque digests unrelated to the router's hashes), so routers must
- * recompute block hashes from token ids, as ours does.
- *
- * Ownership: the server owns its ranks, engines, publishers and requests; the event base and
- * the ZMQ context are the caller's. Threads: the loop thread only.
+ * mocker_server.h (private to src/mocker): the mocker's HTTP side that every other file of it
+ * answers through: the reply helpers (mk_reply_*: a body, the JSON writer's document, an
+ * error in vLLM's OpenAI shape, counted by status for /metrics), a request's body, and a
+ * listener bound for a request callback (the OpenAI port, the bootstrap server).
+ * Invariants: a reply helper answers req exactly once; m->out and m->w are scratch, reused by
+ * every reply (nothing may hold them across a call). Ownership: the listener is the caller's
+ * (evhttp_free). Threads: the loop thread only. Cost: one copy of a body into m->out.
  */
-#ifndef KVR_NET_MOCKER_SERVER_H
-#define KVR_NET_MOCKER_SERVER_H
+#ifndef KVR_MOCKER_SERVER_H
+#define KVR_MOCKER_SERVER_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sim/engine.h"
-#include "wire/kv_encode.h"
-#include "wire/kv_events_config.h"
+#include "mocker/mocker_state.h"
 
-#define KVR_MOCKER_MAX_DP 64
+struct evhttp;
+struct evhttp_bound_socket;
+struct evhttp_request;
 
-typedef enum kvr_mocker_role {
-    KVR_MOCKER_BOTH = 0, /* aggregated: prefill and decode */
-    KVR_MOCKER_PREFILL,
-    KVR_MOCKER_DECODE,
-} kvr_mocker_role_t;
+void mk_reply_body(kvr_mocker_t *m, struct evhttp_request *req, int code, const char *ctype,
+                   const char *body, size_t len);
+/* The JSON m->w holds; 500 when it cannot be finished. */
+void mk_reply_json(kvr_mocker_t *m, struct evhttp_request *req, int code);
+void mk_reply_error(kvr_mocker_t *m, struct evhttp_request *req, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Counts an error answered some other way (an error event ending a stream). */
+void mk_count_error(kvr_mocker_t *m, int code);
 
-typedef enum kvr_mocker_kvt {
-    KVR_MOCKER_PULL = 0,  /* vLLM's NixlConnector: the decode worker reads the KV named by
-                             kv_transfer_params */
-    KVR_MOCKER_BOOTSTRAP, /* SGLang: both legs carry a bootstrap room; the decode worker reads
-                             the room from the prefill worker's bootstrap server */
-} kvr_mocker_kvt_t;
+/* req's body, contiguous ("" when empty); valid until req is answered. */
+const char *mk_body_of(struct evhttp_request *req, size_t *len);
 
-typedef struct kvr_mocker_config {
-    kvr_engine_config_t engine;  /* per rank */
-    char host[256];              /* HTTP bind address */
-    uint16_t port;               /* 0 = a free port (kvr_mocker_port) */
-    char model[256];             /* served model name */
-    uint32_t dp_size;            /* ranks, 1..KVR_MOCKER_MAX_DP */
-    double speedup;              /* > 0: modelled times are divided by it */
-    kvr_kv_events_config_t events;
-    kvr_kv_format_t event_format; /* VLLM_ARRAY (default) or VLLM_MAP */
-    uint32_t drop_batches_every; /* fault injection: every Nth batch is not sent (0 = never) */
-    /* LoRA adapters served (vLLM's --lora-modules names), ';'-separated: listed in /v1/models
-     * with the model as parent, taken as a request's model; an adapter's blocks are its own
-     * (hashes salted by its name) and its KV events name it */
-    char loras[1024];
-    /* Disaggregation. A prefill worker keeps a prompt's KV (max_tokens forced to 1) until its
-     * decode worker reads it over a real loopback connection (POST /kv/pull on the HTTP port,
-     * or the bootstrap server's POST /kv/bootstrap) or kv_hold_timeout_s passes; a decode
-     * worker reads it, waits blocks x kv_bytes_per_block / kv_transfer_gbps (modelled, divided
-     * by speedup), stores it (STORED events) and decodes without prefilling. */
-    kvr_mocker_role_t role;
-    kvr_mocker_kvt_t kv_transfer;
-    uint64_t kv_bytes_per_block; /* 2 MiB: an 8B model's 16 tokens in fp16 */
-    double kv_transfer_gbps;     /* 100 */
-    double kv_hold_timeout_s;    /* 30 (vLLM's lease) */
-    double kv_wait_timeout_s;    /* 30: a bootstrap read waits this long for its prefill */
-    uint16_t bootstrap_port;     /* prefill + bootstrap: 0 = a free port */
-    bool kv_load_recompute;      /* decode: a failed read recomputes (vLLM's "recompute");
-                                    false: the request fails ("fail", vLLM's default) */
-    char kv_host[256];           /* the address decode workers reach this one at (remote_host;
-                                    VLLM_NIXL_SIDE_CHANNEL_HOST): 127.0.0.1 */
-    uint32_t kv_fault;           /* fault injection (prefill, pull): 1 = kv_transfer_params are a
-                                    string, 2 = they name port 1 (nobody listens) */
-} kvr_mocker_config_t;
+/* *http: a new evhttp on m's loop (bodies up to max_body, every request to cb(req, arg))
+ * listening on the configured host at port (0: a free one; *bs is the bound socket).
+ * KVR_OK; KVR_ENOMEM; KVR_EIO with err naming the flag `what` (the port taken, or a bad
+ * address). *http is set even on failure: the caller frees it. */
+int mk_listen(kvr_mocker_t *m, const char *what, uint16_t port, size_t max_body,
+              void (*cb)(struct evhttp_request *, void *), void *arg, struct evhttp **http,
+              struct evhttp_bound_socket **bs, char *err, size_t err_len);
 
-void kvr_mocker_config_default(kvr_mocker_config_t *c);
-/* err names the field ("speedup: must be a finite number > 0"). */
-int kvr_mocker_config_validate(const kvr_mocker_config_t *c, char *err, size_t err_len);
-
-typedef struct kvr_mocker kvr_mocker_t;
-struct event_base;
-
-/* NULL with *status and err (KVR_EINVAL config, KVR_EIO a port or endpoint in use). */
-kvr_mocker_t *kvr_mocker_new(struct event_base *base, void *zmq_ctx,
-                             const kvr_mocker_config_t *cfg, int *status, char *err,
-                             size_t err_len);
-void kvr_mocker_free(kvr_mocker_t *m);
-uint16_t kvr_mocker_port(const kvr_mocker_t *m);
-/* The bootstrap server's port (prefill role, bootstrap convention); 0 otherwise. */
-uint16_t kvr_mocker_bootstrap_port(const kvr_mocker_t *m);
-
-/* The engine block hash published for a block with this sequence hash (and its inverse). */
-uint64_t kvr_mocker_engine_hash(uint64_t seq_hash);
-uint64_t kvr_mocker_seq_hash(uint64_t engine_hash);
-
-#endif /* KVR_NET_MOCKER_SERVER_H */
+#endif /* KVR_MOCKER_SERVER_H */

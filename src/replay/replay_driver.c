@@ -13,15 +13,19 @@
  * drains it afterwards); a failed request's done callback gets NULL after the error callback
  * named the reason, or a request with response code 0 when the connect failed; cancelling a
  * request calls its error callback (EVREQ_HTTP_REQUEST_CANCEL) but not its done callback.
+ * Invariants: a slot is ACTIVE exactly while its request is outstanding, and finish() runs once
+ * per request (the sample is filled there only); a connection serves one request at a time.
+ * The blocking pieces before a run (the endpoint, /v1/models) are http/client.h's.
+ * Ownership: the driver's loop, slots and connections are freed before kvr_replay_run returns.
+ * Threads: the caller's, which runs the loop. Cost: per request, the body callback and one
+ * stream parse per event; connections are reused (at most max_inflight per target).
  */
 #include "replay/replay_driver.h"
 
 #include <errno.h>
 #include <math.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,12 +41,13 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
-#include "core/endpoint.h"
 #include "kvrouter.h"
+#include "http/client.h"
 #include "http/http_conn.h"
 #include "wire/oai_stream.h"
 
 #define ERR_BODY_BYTES 2048 /* of a non-200 body, kept for its message */
+#define MODELS_BODY_BYTES 65535 /* of a /v1/models answer */
 
 static uint64_t now_ns(void)
 {
@@ -67,107 +72,7 @@ const char *kvr_replay_outcome_name(kvr_replay_outcome_t o)
     return (unsigned)o < KVR_REPLAY_N_OUTCOMES ? names[o] : "?";
 }
 
-/* ---- the endpoint ----------------------------------------------------------------------- */
-
-int kvr_http_target_parse(const char *url, kvr_http_target_t *t, char *err, size_t err_len)
-{
-    memset(t, 0, sizeof *t);
-    kvr_url_t u;
-    int rc = kvr_endpoint_parse_url(url ? url : "", NULL, &u, err, err_len);
-    if (rc != KVR_OK)
-        return rc;
-    snprintf(t->host, sizeof t->host, "%s", u.host);
-    snprintf(t->host_hdr, sizeof t->host_hdr, "%s", u.host_hdr);
-    snprintf(t->base_path, sizeof t->base_path, "%s", u.base_path);
-    t->port = u.port;
-    return KVR_OK;
-}
-
-int kvr_http_probe(kvr_http_target_t *t, int timeout_ms, char *err, size_t err_len)
-{
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    char port[16];
-    snprintf(port, sizeof port, "%u", t->port);
-    int gai = getaddrinfo(t->host, port, &hints, &res);
-    if (gai != 0) {
-        snprintf(err, err_len, "cannot resolve '%s': %s", t->host, gai_strerror(gai));
-        return KVR_EIO;
-    }
-    int e = ETIMEDOUT;
-    bool ok = false;
-    for (struct addrinfo *a = res; a && !ok; a = a->ai_next) {
-        int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                        a->ai_protocol);
-        if (fd < 0) {
-            e = errno;
-            continue;
-        }
-        int rc = connect(fd, a->ai_addr, a->ai_addrlen);
-        if (rc != 0 && errno == EINPROGRESS) {
-            struct pollfd p = {fd, POLLOUT, 0};
-            rc = poll(&p, 1, timeout_ms);
-            if (rc == 1) {
-                socklen_t len = sizeof e;
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len);
-                rc = e == 0 ? 0 : -1;
-            } else {
-                e = rc == 0 ? ETIMEDOUT : errno;
-                rc = -1;
-            }
-        } else if (rc != 0) {
-            e = errno;
-        }
-        if (rc == 0 && getnameinfo(a->ai_addr, a->ai_addrlen, t->addr, sizeof t->addr, NULL, 0,
-                                   NI_NUMERICHOST) == 0)
-            ok = true;
-        close(fd);
-    }
-    freeaddrinfo(res);
-    if (!ok) {
-        snprintf(err, err_len, "cannot connect to %s port %u: %s", t->host, t->port,
-                 strerror(e));
-        return KVR_EIO;
-    }
-    return KVR_OK;
-}
-
 /* ---- GET /v1/models ---------------------------------------------------------------------- */
-
-typedef struct get_ctx {
-    struct event_base *base;
-    bool done;
-    int code;
-    int fail;
-    char body[65536];
-    size_t len;
-    bool truncated;
-} get_ctx_t;
-
-static void get_done(struct evhttp_request *req, void *arg)
-{
-    get_ctx_t *g = arg;
-    g->done = true;
-    if (req) {
-        g->code = evhttp_request_get_response_code(req);
-        struct evbuffer *in = evhttp_request_get_input_buffer(req);
-        size_t n = evbuffer_get_length(in);
-        if (n >= sizeof g->body) {
-            n = sizeof g->body - 1;
-            g->truncated = true;
-        }
-        g->len = (size_t)evbuffer_remove(in, g->body, n);
-        g->body[g->len] = '\0';
-    }
-    event_base_loopexit(g->base, NULL);
-}
-
-static void get_error(enum evhttp_request_error e, void *arg)
-{
-    ((get_ctx_t *)arg)->fail = (int)e + 1;
-}
 
 static const char *evreq_error_name(int e)
 {
@@ -192,61 +97,27 @@ static const char *evreq_error_name(int e)
 int kvr_http_first_model(const kvr_http_target_t *t, int timeout_ms, char *out, size_t cap,
                          char *err, size_t err_len)
 {
-    get_ctx_t *g = calloc(1, sizeof *g);
-    struct event_base *base = event_base_new();
-    struct evhttp_connection *evcon =
-        base ? evhttp_connection_base_new(base, NULL, t->addr[0] ? t->addr : t->host, t->port)
-             : NULL;
-    struct evhttp_request *req = g && evcon ? evhttp_request_new(get_done, g) : NULL;
-    if (req == NULL) {
-        snprintf(err, err_len, "out of memory");
-        if (evcon)
-            evhttp_connection_free(evcon);
-        if (base)
-            event_base_free(base);
-        free(g);
-        return KVR_ENOMEM;
-    }
-    g->base = base;
-    struct timeval tv = tv_of(timeout_ms / 1000.0);
-    evhttp_connection_set_timeout_tv(evcon, &tv);
-    evhttp_request_set_error_cb(req, get_error);
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Host", t->host_hdr);
-    evhttp_add_header(h, "Accept", "application/json");
-    char path[300];
+    kvr_http_target_t at = *t;
+    kvr_http_resp_t r = {0};
+    char path[300], why[240];
     snprintf(path, sizeof path, "%s/v1/models", t->base_path);
-    int rc = KVR_OK;
-    if (evhttp_make_request(evcon, req, EVHTTP_REQ_GET, path) != 0) {
-        snprintf(err, err_len, "GET %s: cannot send", path);
+    int rc = kvr_http_get(&at, "/v1/models", timeout_ms, MODELS_BODY_BYTES, &r, why, sizeof why);
+    const char *body = r.buf ? r.buf + r.body_at : "";
+    size_t len = r.len - r.body_at;
+    if (rc != KVR_OK) {
+        snprintf(err, err_len, "GET %s: %s", path, why);
         rc = KVR_EIO;
-    } else {
-        struct timeval limit = tv_of(timeout_ms / 1000.0 + 1.0);
-        event_base_loopexit(base, &limit);
-        event_base_dispatch(base);
-        if (!g->done || g->code == 0) {
-            snprintf(err, err_len, "GET %s: %s", path,
-                     g->fail ? evreq_error_name(g->fail - 1) : "no response");
-            rc = KVR_EIO;
-        } else if (g->code != 200) {
-            char msg[200];
-            if (!kvr_oai_error_message(g->body, g->len, msg, sizeof msg))
-                snprintf(msg, sizeof msg, "%.120s", g->body);
-            snprintf(err, err_len, "GET %s: HTTP %d: %s", path, g->code, msg);
-            rc = KVR_EIO;
-        } else {
-            char why[240];
-            rc = kvr_oai_models_first_id(g->body, g->len, out, cap, why, sizeof why);
-            if (rc != KVR_OK)
-                snprintf(err, err_len, "GET %s: %s%s", path, why,
-                         g->truncated ? " (body cut at 64 KiB)" : "");
-        }
+    } else if (r.status != 200) {
+        char msg[200];
+        if (!kvr_oai_error_message(body, len, msg, sizeof msg))
+            snprintf(msg, sizeof msg, "%.120s", body);
+        snprintf(err, err_len, "GET %s: HTTP %d: %s", path, r.status, msg);
+        rc = KVR_EIO;
+    } else if ((rc = kvr_oai_models_first_id(body, len, out, cap, why, sizeof why)) != KVR_OK) {
+        snprintf(err, err_len, "GET %s: %s%s", path, why,
+                 r.truncated ? " (body cut at 64 KiB)" : "");
     }
-    if (!g->done)
-        evhttp_cancel_request(req);
-    evhttp_connection_free(evcon);
-    event_base_free(base);
-    free(g);
+    kvr_http_resp_free(&r);
     return rc;
 }
 

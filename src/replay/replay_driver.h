@@ -26,6 +26,7 @@
  * was interrupted by SIGINT/SIGTERM when catch_signals is set: unsent requests are marked
  * NOT_SENT and outstanding ones cancelled). Cost: the client side of one request is the body's
  * encoding (by the callback) plus one JSON parse per streamed event.
+ * Invariants: every sample is filled exactly once (its outcome NOT_SENT until then).
  */
 #ifndef KVR_NET_REPLAY_DRIVER_H
 #define KVR_NET_REPLAY_DRIVER_H
@@ -34,22 +35,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "http/client.h" /* kvr_http_target_t: the endpoint, parsed and probed there */
+
 /* ---- the endpoint ----------------------------------------------------------------------- */
 
-typedef struct kvr_http_target {
-    char host[256];      /* as given, without IPv6 brackets */
-    char host_hdr[300];  /* for the Host header: host[:port], IPv6 in brackets */
-    char addr[64];       /* numeric address (set by kvr_http_probe) */
-    uint16_t port;
-    char base_path[260]; /* the URL's path without trailing '/' ("" for none) */
-} kvr_http_target_t;
-
-/* http://host[:port][/base]: KVR_OK, or KVR_EINVAL with err saying why. */
-int kvr_http_target_parse(const char *url, kvr_http_target_t *t, char *err, size_t err_len);
-/* A TCP connect within timeout_ms, so that an absent server is a message, not a hang. Sets
- * t->addr. KVR_OK, or KVR_EIO with err ("cannot connect to 127.0.0.1 port 9: Connection
- * refused"). */
-int kvr_http_probe(kvr_http_target_t *t, int timeout_ms, char *err, size_t err_len);
 /* GET {base}/v1/models and the first model's id into out. KVR_OK; KVR_EIO (no connection,
  * timeout, a status other than 200) or KVR_EPARSE (a body without data[0].id), err saying
  * which. */

@@ -1,5 +1,10 @@
 /*
- * replay_report.c: see replay_report.h.
+ * replay_report.c: see replay_report.h: a run's summary (percentiles, outcomes by kind), its
+ * JSON and TSV files, and the gnuplot script of one or more runs' samples.
+ * Invariants: a summary is computed from the samples alone (no state between calls); every
+ * plot curve is written by plot_each (one style per plot). Ownership: the samples are the
+ * caller's; what is allocated for a sort is freed before return. Threads: any (nothing
+ * shared). Cost: a sort of the latencies per percentile set; files are written once.
  */
 #include "replay/replay_report.h"
 
@@ -402,6 +407,17 @@ typedef struct replay_plot {
     bool itl;
 } replay_plot_t;
 
+/* One plot's curves, a series each: "tsv" using STYLE lc k title "label", comma-separated. */
+static void plot_each(FILE *f, const kvr_plot_series_t *series, size_t n, const char *style)
+{
+    for (size_t i = 0; i < n; i++) {
+        fputs(i ? ", " : "", f);
+        kvr_gnuplot_str(f, series[i].tsv);
+        fprintf(f, " using %s lc %zu title ", style, i + 1);
+        kvr_gnuplot_str(f, series[i].label);
+    }
+}
+
 static void replay_plot_body(FILE *f, void *arg)
 {
     const replay_plot_t *p = arg;
@@ -415,30 +431,15 @@ static void replay_plot_body(FILE *f, void *arg)
     fputs("\nset title 'TTFT over time'\nset xlabel 'arrival (s since the run started)'\n"
           "set ylabel 'time to first token (ms)'\nset logscale y\nplot ",
           f);
-    for (size_t i = 0; i < n; i++) {
-        fputs(i ? ", " : "", f);
-        kvr_gnuplot_str(f, series[i].tsv);
-        fprintf(f, " using 1:3 with points pt 7 ps 0.5 lc %zu title ", i + 1);
-        kvr_gnuplot_str(f, series[i].label);
-    }
+    plot_each(f, series, n, "1:3 with points pt 7 ps 0.5");
     fputs("\nunset logscale y\nset title 'TTFT distribution'\n"
           "set xlabel 'time to first token (ms)'\nset ylabel 'fraction of requests'\n"
           "set logscale x\nset yrange [0:1]\nplot ",
           f);
-    for (size_t i = 0; i < n; i++) {
-        fputs(i ? ", " : "", f);
-        kvr_gnuplot_str(f, series[i].tsv);
-        fprintf(f, " using 3:(1.0) smooth cnormal with lines lw 2 lc %zu title ", i + 1);
-        kvr_gnuplot_str(f, series[i].label);
-    }
+    plot_each(f, series, n, "3:(1.0) smooth cnormal with lines lw 2");
     if (p->itl) { /* per request: (finish - first token) / (outputs - 1) */
         fputs("\nset title 'ITL distribution'\nset xlabel 'inter-token latency (ms)'\nplot ", f);
-        for (size_t i = 0; i < n; i++) {
-            fputs(i ? ", " : "", f);
-            kvr_gnuplot_str(f, series[i].tsv);
-            fprintf(f, " using 4:(1.0) smooth cnormal with lines lw 2 lc %zu title ", i + 1);
-            kvr_gnuplot_str(f, series[i].label);
-        }
+        plot_each(f, series, n, "4:(1.0) smooth cnormal with lines lw 2");
     }
     fputs("\nunset multiplot\n", f);
 }

@@ -1,14 +1,28 @@
 /*
- * mocker_int.h: what the mocker's files share (mocker_server.c: the HTTP server, the ranks'
- * stepping and the token stream; mocker_kv.c: the disaggregated roles' KV transfer). Not a
- * public interface. Threads: the loop thread only.
+ * mocker_state.h: the one struct the mocker's files share (struct kvr_mocker, its ranks, its
+ * requests, the disaggregated roles' holds and parked reads) and three inline helpers of time.
+ * Not a public interface (mocker.h is), and no functions of any file are declared here: each
+ * file offers its own in its private header, and the calls go one way only (no cycle):
+ *
+ *   mocker.c        lifecycle, dispatch, /metrics       calls admit, kv, rank, server
+ *   mocker_admit.c  requests: admission, token stream   calls kv, rank, server
+ *   mocker_kv.c     KV transfer of the disagg. roles    calls server
+ *   mocker_rank.c   ranks: engine stepping, KV events   calls nothing of the mocker's
+ *   mocker_server.c replies, request bodies, listeners  calls nothing of the mocker's
+ *
+ * A lower file reaches an upper one only through a callback it was handed (a rank's output
+ * callback, a request's kv_done).
+ * Ownership: struct kvr_mocker owns everything below it (mocker.c frees it). Threads: the
+ * loop thread only. Cost: header only.
  */
-#ifndef KVR_NET_MOCKER_INT_H
-#define KVR_NET_MOCKER_INT_H
+#ifndef KVR_MOCKER_STATE_H
+#define KVR_MOCKER_STATE_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/time.h>
+#include <time.h>
 
 #include <event2/event.h>
 #include <event2/http.h>
@@ -16,7 +30,7 @@
 #include "sim/engine.h"
 #include "events/kv_publisher.h"
 #include "base/log.h"
-#include "mocker/mocker_server.h"
+#include "mocker/mocker.h"
 #include "wire/disagg.h"
 #include "wire/json_writer.h"
 #include "wire/kv_encode.h"
@@ -31,6 +45,7 @@ typedef struct rank {
     kvr_engine_t *eng;
     kvr_kv_enc_t *enc;
     kvr_kv_pub_t *pub;
+    kvr_engine_output_fn on_output; /* the engine's tokens go there (mocker_admit.c's) */
     bool batch_open;
     uint64_t *scratch; /* engine hashes of one event */
     size_t scratch_cap;
@@ -50,7 +65,18 @@ typedef enum mq_phase {
     MQ_XFER,       /* the KV's modelled transfer time */
 } mq_phase_t;
 
-typedef struct mreq {
+typedef struct mreq mreq_t;
+
+/* How a decode request's KV read ended (mocker_kv.c -> its kv_done). */
+typedef enum mk_kv_outcome {
+    MK_KV_LOADED = 0, /* the KV is in: admit with it */
+    MK_KV_FAILED,     /* the read failed (why): recompute or fail, as configured */
+    MK_KV_ERROR,      /* a local error (why): fail the request */
+    MK_KV_ABANDONED,  /* the client had left: free the request */
+} mk_kv_outcome_t;
+typedef void (*mk_kv_done_fn)(mreq_t *q, mk_kv_outcome_t how, const char *why);
+
+struct mreq {
     kvr_mocker_t *m;
     rank_t *rk;
     uint64_t id;
@@ -78,7 +104,8 @@ typedef struct mreq {
     struct event *xfer_timer;
     uint32_t xfer_blocks;
     char peer[KVR_DISAGG_STR_BYTES + 16]; /* the prefill worker read from, host:port */
-} mreq_t;
+    mk_kv_done_fn kv_done; /* MQ_FETCH, MQ_XFER: called once when the read ends */
+};
 
 /* A finished prefill whose KV waits for its decode worker (the engine holds the blocks). */
 typedef struct mk_hold {
@@ -145,39 +172,26 @@ struct kvr_mocker {
     kvr_ratelimit_t rl_kv;
 };
 
-/* mocker_server.c */
-uint64_t mk_mono_ns(void);
-void mk_reply_body(kvr_mocker_t *m, struct evhttp_request *req, int code, const char *ctype,
-                   const char *body, size_t len);
-void mk_reply_json(kvr_mocker_t *m, struct evhttp_request *req, int code);
-void mk_reply_error(kvr_mocker_t *m, struct evhttp_request *req, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-/* Adds q (MQ_FETCH or MQ_XFER, its request copied in q) to its engine: KVR_OK, or the
- * engine's refusal (answered to the client, q freed). */
-int mk_admit(mreq_t *q, bool kv_loaded);
-/* Ends q's answer with an error (an error event on a stream, else the status) and frees q. */
-void mk_fail(mreq_t *q, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void mk_mreq_free(mreq_t *q);
+/* ---- time ------------------------------------------------------------------------------ */
 
-/* mocker_kv.c */
-int mk_kv_init(kvr_mocker_t *m, char *err, size_t err_len);
-void mk_kv_free(kvr_mocker_t *m);
-/* Expires holds and parked reads past their time. */
-void mk_kv_sweep(kvr_mocker_t *m, uint64_t now_ns);
-/* The engine id a rank names in kv_transfer_params ("mocker-<port>-<rank>"). */
-void mk_engine_id(const rank_t *rk, char *out, size_t cap);
-/* A finished hold request's KV is now held: registered for its reader. For a pull, returns
- * the member its answer carries ("kv_transfer_params":{...}, malloc'd, NUL-terminated);
- * NULL otherwise or out of memory (the hold is then released at once). */
-char *mk_kv_held(mreq_t *q, const kvr_engine_output_t *o);
-/* POST /kv/pull (on the HTTP port): a decode worker reads a held KV. */
-void mk_h_pull(kvr_mocker_t *m, struct evhttp_request *req);
-/* A decode worker's request carrying a prefill's whereabouts: fetches the KV (q in MQ_FETCH),
- * then admits q with it. */
-void mk_kv_fetch(mreq_t *q, const kvr_disagg_req_t *d);
-/* The client of q left: stops q's fetch or transfer (a fetch in flight is let finish, so the
- * prefill worker frees its KV, and q is freed then). True when q is kept for now. */
-bool mk_kv_client_gone(mreq_t *q);
-void mk_kv_metrics(kvr_mocker_t *m);
+static inline uint64_t mk_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
-#endif /* KVR_NET_MOCKER_INT_H */
+/* Modelled seconds as real nanoseconds (divided by --speedup), capped at an hour. */
+static inline uint64_t mk_modelled_ns(const kvr_mocker_t *m, double seconds)
+{
+    double ns = seconds * 1e9 / m->cfg.speedup;
+    return ns > 3.6e12 ? (uint64_t)3.6e12 : (uint64_t)ns;
+}
+
+static inline struct timeval mk_tv_of(uint64_t ns)
+{
+    return (struct timeval){.tv_sec = (time_t)(ns / 1000000000u),
+                            .tv_usec = (suseconds_t)((ns % 1000000000u) / 1000u)};
+}
+
+#endif /* KVR_MOCKER_STATE_H */
