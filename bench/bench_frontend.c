@@ -47,7 +47,7 @@
 #include <arpa/inet.h>
 
 #include "apps/child.h"
-#include "http/client.h"
+#include "http/http.h"
 #include "bench.h"
 #include "wire/disagg.h"
 

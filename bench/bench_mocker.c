@@ -111,7 +111,7 @@
 #include "apps/child.h"
 #include "bench.h"
 #include "loadgen.h"
-#include "http/client.h"
+#include "http/http.h"
 
 static const kvr_bench_col_t COLS[] = {
     {"bench", KVR_BENCH_STR, 6, 0},           {"run", KVR_BENCH_STR, 6, 0},

@@ -62,7 +62,7 @@
 
 #include "bench.h"
 #include "loadgen.h"
-#include "http/client.h"
+#include "http/http.h"
 
 static const kvr_bench_col_t COLS[] = {
     {"bench", KVR_BENCH_STR, 5, 0},         {"clients", KVR_BENCH_INT, 7, 0},

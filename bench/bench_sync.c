@@ -44,7 +44,7 @@
 #include "bench.h"
 #include "kvrouter/router.h"
 #include "cluster/discovery.h"
-#include "http/http_fetch.h"
+#include "http/http.h"
 #include "events/kv_publisher.h"
 #include "nats/nats_link.h"
 #include "wire/kv_encode.h"

@@ -27,7 +27,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "bench.h"
-#include "http/http_conn.h"
+#include "http/http.h"
 
 /* ---- bodies and errors ---------------------------------------------------------------------- */
 

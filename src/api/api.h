@@ -17,7 +17,7 @@
 
 #include "kvrouter/config.h"
 #include "fleet/fleet.h"
-#include "http/host.h"
+#include "http/http.h"
 
 typedef struct kvr_api kvr_api_t;
 

@@ -27,8 +27,7 @@
 #include <unistd.h>
 
 #include "kvrouter.h"
-#include "http/http_fetch.h"
-#include "http/client.h"
+#include "http/http.h"
 
 #define START_TIMEOUT_S 30.0
 #define STOP_TIMEOUT_S 10.0

@@ -37,7 +37,7 @@
 #include "apps/child.h"
 #include "apps/cli.h"
 #include "replay/replay_report.h"
-#include "http/http_fetch.h"
+#include "http/http.h"
 #include "replay/replay_driver.h"
 #include "kvrouter.h"
 #include "sim/ceilings.h"

@@ -26,7 +26,7 @@
 #include "events/ingest.h"
 #include "fleet/fleet.h"
 #include "frontend/frontend.h"
-#include "http/host.h"
+#include "http/http.h"
 #include "indexer/indexer.h"
 
 extern char **environ;

@@ -21,7 +21,7 @@
 #include "cluster/replica_sync.h"
 #include "cluster/replicas.h"
 #include "core/endpoint.h"
-#include "http/http_fetch.h"
+#include "http/http.h"
 #include "wire/index_snapshot.h"
 
 struct kvr_cluster {

@@ -20,7 +20,7 @@
 #include "cluster/discovery.h"
 #include "events/ingest.h"
 #include "fleet/fleet.h"
-#include "http/host.h"
+#include "http/http.h"
 #include "nats/nats_link.h"
 
 typedef struct kvr_cluster kvr_cluster_t;

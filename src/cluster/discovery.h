@@ -31,7 +31,7 @@
 #include <stdint.h>
 
 #include "fleet/fleet.h"
-#include "http/host.h"
+#include "http/http.h"
 #include "nats/nats_link.h"
 #include "cluster/replicas.h"
 

@@ -29,7 +29,7 @@
 
 #include "kvrouter/sched.h"
 #include "fleet/fleet.h"
-#include "http/host.h"
+#include "http/http.h"
 #include "nats/nats_link.h"
 #include "cluster/replicas.h"
 

@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "fleet/fleet.h"
-#include "http/host.h"
+#include "http/http.h"
 #include "nats/nats_link.h"
 
 #define KVR_MAX_PEERS 256

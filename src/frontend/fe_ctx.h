@@ -25,7 +25,7 @@
 #include "frontend/tokcache.h"
 #include "frontend/frontend.h"
 #include "frontend/fe_upstream.h"
-#include "http/reply.h"
+#include "http/http.h"
 #include "base/log.h"
 #include "base/secret.h"
 #include "wire/api_json.h"

@@ -17,7 +17,7 @@
 #include "kvrouter/router.h"
 #include "fleet/fleet.h"
 #include "frontend/fe_models.h"
-#include "http/reply.h"
+#include "http/http.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* GET /v1/models */

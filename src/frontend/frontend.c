@@ -35,7 +35,7 @@
  * decode, a route, one upstream call (per leg), the relay's pass over the answer.
  */
 #include "frontend/frontend.h"
-#include "http/http_conn.h"
+#include "http/http.h"
 
 #include <errno.h>
 #include <math.h>
@@ -73,7 +73,6 @@
 #include "frontend/fe_metrics.h"
 #include "frontend/fe_models.h"
 #include "frontend/fe_relay.h"
-#include "http/reply.h"
 #include "frontend/fe_req.h"
 #include "frontend/fe_tokenize.h"
 #include "frontend/fe_upstream.h"

@@ -96,7 +96,7 @@
 #include "kvrouter/config.h"
 #include "kvrouter/router.h"
 #include "fleet/fleet.h"
-#include "http/host.h"
+#include "http/http.h"
 
 struct event_base;
 typedef struct kvr_frontend kvr_frontend_t;

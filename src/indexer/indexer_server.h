@@ -47,7 +47,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "http/http_guard.h"
+#include "http/http.h"
 
 struct event_base;
 

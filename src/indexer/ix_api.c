@@ -13,7 +13,7 @@
 
 #include "base/grow.h"
 #include "events/ingest.h"
-#include "http/reply.h"
+#include "http/http.h"
 #include "wire/ix_query_mp.h"
 #include "wire/router_event_json.h"
 #include "wire/prom.h"

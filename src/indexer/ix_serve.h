@@ -19,7 +19,7 @@
 
 #include "kvrouter.h"
 #include "fleet/fleet.h"
-#include "http/host.h"
+#include "http/http.h"
 #include "events/ingest.h"
 
 typedef struct kvr_ix_serve kvr_ix_serve_t;

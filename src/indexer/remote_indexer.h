@@ -43,7 +43,7 @@
 
 #include "kvrouter/sched.h"
 #include "fleet/fleet.h"
-#include "http/host.h"
+#include "http/http.h"
 
 struct event_base;
 

@@ -27,7 +27,7 @@
 
 #include "base/namelist.h"
 #include "events/kv_publisher.h"
-#include "http/http_conn.h"
+#include "http/http.h"
 #include "kvrouter.h"
 #include "mocker/mocker_admit.h"
 #include "mocker/mocker_kv.h"
@@ -127,7 +127,7 @@ static void h_models(kvr_mocker_t *m, struct evhttp_request *req)
         md[1 + i] = (kvr_oai_model_t){m->lora[i], now, "kvrouter", mml, m->cfg.model};
     kvr_json_writer_reset(&m->w);
     kvr_oai_encode_models(&m->w, md, 1 + m->n_lora);
-    mk_reply_json(m, req, 200);
+    kvr_reply_writer(&m->rep, req, 200);
 }
 
 static void h_reset(kvr_mocker_t *m, struct evhttp_request *req)
@@ -141,7 +141,7 @@ static void h_reset(kvr_mocker_t *m, struct evhttp_request *req)
         }
         mk_rank_flush(&m->ranks[r]);
     }
-    mk_reply_body(m, req, 200, "application/json", "{\"reset\":true}", 14);
+    kvr_reply_body(&m->rep, req, 200, "application/json", "{\"reset\":true}", 14);
 }
 
 /* GET /debug/kv_blocks: the engine hashes each rank's prefix cache holds, as its KV events
@@ -174,7 +174,7 @@ static void h_kv_blocks(kvr_mocker_t *m, struct evhttp_request *req)
     }
     kvr_json_end_array(&m->w);
     kvr_json_end_object(&m->w);
-    mk_reply_json(m, req, 200);
+    kvr_reply_writer(&m->rep, req, 200);
 }
 
 
@@ -377,7 +377,7 @@ static void h_metrics(kvr_mocker_t *m, struct evhttp_request *req)
     kvr_prom_sample(&m->prom, "kvr_mocker_requests_disconnected_total", NULL, 0,
                     (double)m->requests_disconnected);
     mk_kv_metrics(m);
-    mk_reply_body(m, req, 200, "text/plain; version=0.0.4", m->prom.buf ? m->prom.buf : "",
+    kvr_reply_body(&m->rep, req, 200, "text/plain; version=0.0.4", m->prom.buf ? m->prom.buf : "",
                   m->prom.len);
 }
 
@@ -401,11 +401,11 @@ static void on_request(struct evhttp_request *req, void *arg)
     else if (get && strcmp(path, "/v1/models") == 0)
         h_models(m, req);
     else if (get && strcmp(path, "/health") == 0)
-        mk_reply_body(m, req, 200, "text/plain", "", 0);
+        kvr_reply_body(&m->rep, req, 200, "text/plain", "", 0);
     else if (get && strcmp(path, "/metrics") == 0)
         h_metrics(m, req);
     else if (get && strcmp(path, "/version") == 0)
-        mk_reply_body(m, req, 200, "application/json", "{\"version\":\"" MOCKER_VERSION "\"}",
+        kvr_reply_body(&m->rep, req, 200, "application/json", "{\"version\":\"" MOCKER_VERSION "\"}",
                       sizeof "{\"version\":\"" MOCKER_VERSION "\"}" - 1);
     else if (get && strcmp(path, "/debug/kv_blocks") == 0)
         h_kv_blocks(m, req);
@@ -476,7 +476,8 @@ kvr_mocker_t *kvr_mocker_new(struct event_base *base, void *zmq_ctx,
     kvr_prom_init(&m->prom);
     kvr_hist_init(&m->h_ttft, TTFT_BOUNDS, N_TTFT);
     kvr_hist_init(&m->h_e2e, E2E_BOUNDS, N_E2E);
-    if (!(m->dec = kvr_oai_decoder_new(NULL)) || !(m->out = evbuffer_new()))
+    if (!(m->dec = kvr_oai_decoder_new(NULL)) || !(m->out = evbuffer_new()) ||
+        kvr_reply_init(&m->rep, &m->w, &kvr_reply_openai) != KVR_OK)
         goto fail;
     for (uint32_t r = 0; r < cfg->dp_size; r++)
         if ((st = mk_rank_init(m, r, zmq_ctx, mk_admit_on_output, err, err_len)) != KVR_OK)
@@ -522,6 +523,7 @@ void kvr_mocker_free(kvr_mocker_t *m)
     kvr_oai_decoder_free(m->dec);
     if (m->out)
         evbuffer_free(m->out);
+    kvr_reply_deinit(&m->rep);
     kvr_json_writer_deinit(&m->w);
     kvr_prom_deinit(&m->prom);
     free(m->toks);

@@ -20,7 +20,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
-#include "http/http_conn.h"
+#include "http/http.h"
 #include "kvrouter.h"
 #include "mocker/mocker_kv.h"
 #include "mocker/mocker_rank.h"
@@ -140,15 +140,15 @@ static void finish_whole(mreq_t *q, const kvr_engine_output_t *o, const char *me
     const char *j;
     size_t jl, ml = strlen(member), n = 0;
     if (ml == 0 || kvr_json_writer_finish(&m->w, &j, &jl) != KVR_OK) {
-        mk_reply_json(m, q->req, 200);
+        kvr_reply_writer(&m->rep, q->req, 200);
         return;
     }
     size_t cap = KVR_JSON_SPLICE_OUT_BYTES(jl, ml);
     char *buf = malloc(cap);
     if (buf != NULL && kvr_json_splice(j, jl, NULL, member, ml, buf, cap, &n) == KVR_OK)
-        mk_reply_body(m, q->req, 200, "application/json", buf, n);
+        kvr_reply_body(&m->rep, q->req, 200, "application/json", buf, n);
     else
-        mk_reply_body(m, q->req, 200, "application/json", j, jl);
+        kvr_reply_body(&m->rep, q->req, 200, "application/json", j, jl);
     free(buf);
 }
 
@@ -343,7 +343,7 @@ typedef struct prompt {
 static bool decode_prompt(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_endpoint_t ep,
                           prompt_t *p)
 {
-    p->body = mk_body_of(req, &p->blen);
+    p->body = kvr_http_body(req, &p->blen);
     int st = kvr_oai_decode(m->dec, ep, p->body, p->blen, &p->rq);
     if (st != KVR_OK) {
         mk_reply_error(m, req, kvr_oai_http_status(st), "%s", kvr_oai_decoder_error(m->dec));
@@ -632,5 +632,5 @@ void mk_admit_tokenize(kvr_mocker_t *m, struct evhttp_request *req)
         return;
     kvr_json_writer_reset(&m->w);
     kvr_oai_encode_tokenize(&m->w, p.toks, p.n, kvr_engine_config(m->ranks[0].eng)->max_model_len);
-    mk_reply_json(m, req, 200);
+    kvr_reply_writer(&m->rep, req, 200);
 }

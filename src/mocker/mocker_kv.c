@@ -38,7 +38,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "kvrouter.h"
-#include "http/http_conn.h"
+#include "http/http.h"
 #include "mocker/mocker_kv.h"
 #include "mocker/mocker_server.h"
 #include "wire/disagg.h"
@@ -88,7 +88,7 @@ static void serve_read(kvr_mocker_t *m, mk_hold_t *h, struct evhttp_request *req
     int n = snprintf(body, sizeof body, "{\"blocks\":%u,\"dp_rank\":%u}", h->blocks, h->rk->idx);
     m->kv.pulls_served++;
     hold_free(m, h);
-    mk_reply_body(m, req, 200, "application/json", body, (size_t)n);
+    kvr_reply_body(&m->rep, req, 200, "application/json", body, (size_t)n);
 }
 
 static void park_free(kvr_mocker_t *m, mk_park_t *k)
@@ -162,7 +162,7 @@ char *mk_kv_held(mreq_t *q, const kvr_engine_output_t *o)
 void mk_h_pull(kvr_mocker_t *m, struct evhttp_request *req)
 {
     size_t len;
-    const char *body = mk_body_of(req, &len);
+    const char *body = kvr_http_body(req, &len);
     kvr_disagg_req_t d;
     char err[200];
     if (kvr_disagg_parse_req(body, len, &d, err, sizeof err) != KVR_OK) {
@@ -226,7 +226,7 @@ static void on_bootstrap(struct evhttp_request *req, void *arg)
         return;
     }
     size_t len;
-    const char *body = mk_body_of(req, &len);
+    const char *body = kvr_http_body(req, &len);
     kvr_disagg_req_t d;
     char err[200];
     if (kvr_disagg_parse_req(body, len, &d, err, sizeof err) != KVR_OK || !d.has_room) {

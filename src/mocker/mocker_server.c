@@ -1,10 +1,9 @@
 /*
- * mocker_server.c: the mocker's HTTP side (mocker_server.h): replies, request bodies and
- * listeners; the one place the mocker writes an answer's status and headers.
- * Invariants: a reply drains m->out before filling it, so a reply never carries an earlier
- * one's bytes; every error reply is counted once in m->http_errors.
+ * mocker_server.c: the mocker's HTTP side (mocker_server.h): its error replies (counted by
+ * status) and listeners; replies go through http/reply.h (m->rep).
+ * Invariants: every error reply is counted once in m->http_errors.
  * Ownership: nothing kept; the listener is the caller's. Threads: the loop thread only.
- * Cost: a reply copies its body once (into m->out, which evhttp then drains).
+ * Cost: a reply copies its body once (http/reply.h).
  */
 #include "mocker/mocker_server.h"
 
@@ -26,27 +25,6 @@ void mk_count_error(kvr_mocker_t *m, int code)
     m->http_errors[k]++;
 }
 
-void mk_reply_body(kvr_mocker_t *m, struct evhttp_request *req, int code, const char *ctype,
-                   const char *body, size_t len)
-{
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Content-Type", ctype);
-    evbuffer_drain(m->out, evbuffer_get_length(m->out));
-    evbuffer_add(m->out, body, len);
-    evhttp_send_reply(req, code, NULL, m->out);
-}
-
-void mk_reply_json(kvr_mocker_t *m, struct evhttp_request *req, int code)
-{
-    const char *body;
-    size_t len;
-    if (kvr_json_writer_finish(&m->w, &body, &len) != KVR_OK) {
-        evhttp_send_error(req, 500, "response encoding failed");
-        return;
-    }
-    mk_reply_body(m, req, code, "application/json", body, len);
-}
-
 void mk_reply_error(kvr_mocker_t *m, struct evhttp_request *req, int code, const char *fmt, ...)
 {
     char msg[512];
@@ -55,20 +33,7 @@ void mk_reply_error(kvr_mocker_t *m, struct evhttp_request *req, int code, const
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     mk_count_error(m, code);
-    kvr_json_writer_reset(&m->w);
-    kvr_oai_encode_error(&m->w, msg, NULL, code);
-    mk_reply_json(m, req, code);
-}
-
-const char *mk_body_of(struct evhttp_request *req, size_t *len)
-{
-    struct evbuffer *b = evhttp_request_get_input_buffer(req);
-    *len = evbuffer_get_length(b);
-    if (*len == 0)
-        return "";
-    /* pullup makes the body contiguous (one copy only when it arrived in pieces) */
-    const char *p = (const char *)evbuffer_pullup(b, -1);
-    return p ? p : "";
+    kvr_reply_error(&m->rep, req, code, NULL, "%s", msg);
 }
 
 int mk_listen(kvr_mocker_t *m, const char *what, uint16_t port, size_t max_body,

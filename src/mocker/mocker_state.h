@@ -31,6 +31,7 @@
 #include "events/kv_publisher.h"
 #include "base/log.h"
 #include "mocker/mocker.h"
+#include "http/http.h"
 #include "wire/disagg.h"
 #include "wire/json_writer.h"
 #include "wire/kv_encode.h"
@@ -152,7 +153,8 @@ struct kvr_mocker {
     mreq_t *waiting_whole;     /* non-streaming requests in flight (list head) */
     kvr_oai_decoder_t *dec;
     kvr_json_writer_t w;
-    struct evbuffer *out;   /* reply bodies and stream chunks */
+    kvr_reply_t rep;        /* replies (http/reply.h): over w, OpenAI's error shape */
+    struct evbuffer *out;   /* stream chunks */
     uint32_t *toks;         /* tokenized text prompts */
     size_t toks_cap;
     char *chat;             /* rendered chat templates */

@@ -42,8 +42,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "kvrouter.h"
-#include "http/client.h"
-#include "http/http_conn.h"
+#include "http/http.h"
 #include "wire/oai_stream.h"
 
 #define ERR_BODY_BYTES 2048 /* of a non-200 body, kept for its message */

@@ -35,7 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "http/client.h" /* kvr_http_target_t: the endpoint, parsed and probed there */
+#include "http/http.h"
 
 /* ---- the endpoint ----------------------------------------------------------------------- */
 
