@@ -102,6 +102,10 @@ int kvr_fleet_add_worker(kvr_fleet_t *f, const kvr_worker_spec_t *w, char *err, 
     if (w->url[0] != '\0')
         fleet_add_probe(f, w->worker_id);
     FLEET_CHECK(f);
+    const kvr_worker_spec_t *sp = kvr_router_worker(f->r, w->worker_id);
+    for (size_t i = 0; i < f->n_obs; i++)
+        if (f->obs[i].added != NULL)
+            f->obs[i].added(f->obs[i].arg, sp);
     kvr_log(KVR_LOG_INFO, "worker %llu registered (ranks %u..%u%s%s%s%s)",
             (unsigned long long)w->worker_id, w->dp_start, w->dp_start + w->dp_size - 1,
             w->events[0] ? ", events " : "", w->events, w->url[0] ? ", url " : "", w->url);
@@ -118,24 +122,25 @@ int kvr_fleet_remove_worker(kvr_fleet_t *f, uint64_t id)
     fleet_remove_probe(f, id);
     FLEET_CHECK(f);
     for (size_t i = 0; i < f->n_obs; i++)
-        f->obs[i].fn(f->obs[i].arg, id);
+        if (f->obs[i].removed != NULL)
+            f->obs[i].removed(f->obs[i].arg, id);
     kvr_log(KVR_LOG_INFO, "worker %llu removed", (unsigned long long)id);
     kvr_sched_dispatch(f->sched, kvr_now_ms(), KVR_SCHED_BY_EVENT);
     return KVR_OK;
 }
 
-int kvr_fleet_observe(kvr_fleet_t *f, kvr_fleet_removed_fn fn, void *arg)
+int kvr_fleet_observe(kvr_fleet_t *f, const kvr_fleet_observer_t *o)
 {
     if (f->n_obs == KVR_FLEET_MAX_OBSERVERS)
         return KVR_EFULL;
-    f->obs[f->n_obs++] = (observer_t){fn, arg};
+    f->obs[f->n_obs++] = *o;
     return KVR_OK;
 }
 
-void kvr_fleet_unobserve(kvr_fleet_t *f, kvr_fleet_removed_fn fn, void *arg)
+void kvr_fleet_unobserve(kvr_fleet_t *f, void *arg)
 {
     for (size_t i = 0; i < f->n_obs; i++)
-        if (f->obs[i].fn == fn && f->obs[i].arg == arg) {
+        if (f->obs[i].arg == arg) {
             memmove(&f->obs[i], &f->obs[i + 1], (f->n_obs - i - 1) * sizeof f->obs[0]);
             f->n_obs--;
             return;

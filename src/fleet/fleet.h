@@ -44,12 +44,19 @@ int kvr_fleet_add_worker(kvr_fleet_t *f, const kvr_worker_spec_t *w, char *err, 
  * the observers. KVR_OK or KVR_ENOWORKER. */
 int kvr_fleet_remove_worker(kvr_fleet_t *f, uint64_t worker_id);
 
-/* Told after a worker was removed (its bookings went with it). At most KVR_FLEET_MAX_OBSERVERS,
- * called in the order added (KVR_EFULL past it). */
-typedef void (*kvr_fleet_removed_fn)(void *arg, uint64_t worker_id);
+/* Told of every membership change, after it: added (the worker is registered everywhere) and
+ * removed (its bookings went with it); either may be NULL. At most KVR_FLEET_MAX_OBSERVERS,
+ * called in the order they observed (KVR_EFULL past it). Membership changes only here, so an
+ * observer's view of the workers is exact. */
+typedef struct kvr_fleet_observer {
+    void (*added)(void *arg, const kvr_worker_spec_t *w);
+    void (*removed)(void *arg, uint64_t worker_id);
+    void *arg;
+} kvr_fleet_observer_t;
 #define KVR_FLEET_MAX_OBSERVERS 8
-int kvr_fleet_observe(kvr_fleet_t *f, kvr_fleet_removed_fn fn, void *arg);
-void kvr_fleet_unobserve(kvr_fleet_t *f, kvr_fleet_removed_fn fn, void *arg);
+int kvr_fleet_observe(kvr_fleet_t *f, const kvr_fleet_observer_t *o);
+/* Removes the one observing with this arg. */
+void kvr_fleet_unobserve(kvr_fleet_t *f, void *arg);
 
 /* Fences a worker as failed health checks do (never picked, index state dropped); its probe
  * readmits it once /health answers 200. why is logged. */

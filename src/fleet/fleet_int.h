@@ -27,11 +27,6 @@ typedef struct probe {
     uint8_t cap_tries; /* failed fetches; it gives up after CAP_TRIES */
 } probe_t;
 
-typedef struct observer {
-    kvr_fleet_removed_fn fn;
-    void *arg;
-} observer_t;
-
 struct kvr_fleet {
     struct event_base *base;
     struct event *tick;
@@ -42,7 +37,7 @@ struct kvr_fleet {
     probe_t **probes; /* live probes, then dead ones from n_probes to n_all */
     size_t n_probes, n_all;
     uint64_t last_probe_ms;
-    observer_t obs[KVR_FLEET_MAX_OBSERVERS];
+    kvr_fleet_observer_t obs[KVR_FLEET_MAX_OBSERVERS];
     size_t n_obs;
     kvr_ratelimit_t rl_silent; /* ranks whose KV events never came */
     kvr_ratelimit_t rl_cap;    /* capacity fetches that failed */

@@ -107,7 +107,9 @@ struct kvr_frontend {
     upool_t **pools;
     size_t n_pools, cap_pools;
     uint64_t tok_rr;
-    size_t n_urlless;          /* registered workers without a url (refreshed by the tick) */
+    size_t n_urlless;          /* registered workers without a url (the fleet's observer) */
+    uint64_t *urlless;         /* their ids (FE_MAX_WORKERS; NULL while there are none) */
+    uint64_t urlless_lost;     /* ones it had no room for (out of memory): eligible */
     kvr_tokcache_t cache;
     kvr_json_member_t *members;
     /* /v1/models */

@@ -49,6 +49,13 @@ void fe_metrics(void *arg, struct kvr_prom *p)
     }
     kvr_prom_gauge(p, "kvr_frontend_in_flight", "Front-end requests not yet answered.",
                    (double)fe->n_live);
+    kvr_prom_gauge(p, "kvr_frontend_workers_without_url",
+                   "Registered workers without a url: never sent front-end requests.",
+                   (double)fe->n_urlless);
+    kvr_prom_counter(p, "kvr_frontend_workers_without_url_untracked_total",
+                     "Workers without a url the front end had no room to track (out of memory, "
+                     "or past 4096): it may pick them and fail.",
+                     (double)fe->urlless_lost);
     kvr_prom_counter(p, "kvr_frontend_forwarded_total",
                      "Generation requests sent to workers (retries "
                      "included).",

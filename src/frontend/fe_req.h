@@ -155,7 +155,8 @@ typedef struct fe_route {
     uint64_t step_seen;      /* its worker's step clock: the step it last had a token of */
     uint64_t tried[FE_MAX_ATTEMPTS]; /* workers whose upstream failed */
     unsigned n_tried, attempts;      /* attempts: of the current leg */
-    uint64_t *scratch;               /* the allowed ids of an attempt */
+    uint64_t pin_only;               /* the allowed list of a leg pinned to a worker */
+    uint64_t *scratch;               /* the excluded ids: tried + url-less (when any) */
     size_t cap_scratch;
     char last_fail[160];
 } fe_route_t;

@@ -171,11 +171,42 @@ static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
 /* ---------------------------------------------------------------------------------------- */
 /* Requests: lifecycle */
 
-/* The api server removed a worker, and the router its bookings: the requests still running
- * there drain from the engine but have nothing left to mark or free. */
+/* The workers without a url (a proxy cannot reach them; the router API may still book them)
+ * are kept as a list, exact from the fleet's membership changes, that every attempt excludes. */
+static void urlless_add(kvr_frontend_t *fe, uint64_t id)
+{
+    if (fe->urlless == NULL &&
+        (fe->urlless = malloc(FE_MAX_WORKERS * sizeof *fe->urlless)) == NULL) {
+        fe->urlless_lost++;
+        return;
+    }
+    if (fe->n_urlless < FE_MAX_WORKERS)
+        fe->urlless[fe->n_urlless++] = id;
+    else
+        fe->urlless_lost++;
+}
+
+static void urlless_remove(kvr_frontend_t *fe, uint64_t id)
+{
+    for (size_t i = 0; i < fe->n_urlless; i++)
+        if (fe->urlless[i] == id) {
+            fe->urlless[i] = fe->urlless[--fe->n_urlless];
+            return;
+        }
+}
+
+static void fe_worker_added(void *arg, const kvr_worker_spec_t *w)
+{
+    if (w->url[0] == '\0')
+        urlless_add(arg, w->worker_id);
+}
+
+/* The fleet removed a worker, and the router its bookings: the requests still running there
+ * drain from the engine but have nothing left to mark or free. */
 static void fe_worker_removed(void *arg, uint64_t worker_id)
 {
     kvr_frontend_t *fe = arg;
+    urlless_remove(fe, worker_id);
     for (fe_req_t *p = fe->live; p != NULL; p = p->next)
         if (fe_req_booked(p) && p->route.worker.worker_id == worker_id)
             p->route.handle = KVR_REQ_HANDLE_NONE;
@@ -426,12 +457,6 @@ static void tokenize(fe_req_t *p)
 /* ---------------------------------------------------------------------------------------- */
 /* Requests: routing */
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 static bool was_tried(const fe_req_t *p, uint64_t id)
 {
     for (unsigned i = 0; i < p->route.n_tried; i++)
@@ -446,17 +471,34 @@ static bool usable_worker(kvr_frontend_t *fe, uint64_t id)
     return sp != NULL && sp->url[0] != '\0';
 }
 
-/* The allowed ids of this attempt: the client's list (or every registered worker, or the
- * pinned one) without the workers that failed and those without a url. NULL = no filter. */
-static const uint64_t *attempt_allowed(fe_req_t *p, size_t *n, bool *oom)
+/* The allowed ids of this leg: the client's list, narrowed to the pinned worker when the pin
+ * names no rank; NULL = no filter. Built from the request alone, never from the registry. */
+static const uint64_t *leg_allowed(fe_req_t *p, size_t *n)
+{
+    bool pin_only = p->leg.pin->has && !p->leg.pin->has_rank;
+    uint64_t pin = p->leg.pin->worker;
+    *n = 0;
+    if (!pin_only)
+        return p->hints.has_allowed ? (*n = p->hints.n_allowed, p->hints.allowed) : NULL;
+    p->route.pin_only = pin;
+    bool in = !p->hints.has_allowed;
+    for (size_t i = 0; i < p->hints.n_allowed && !in; i++)
+        in = p->hints.allowed[i] == pin;
+    *n = in ? 1 : 0;
+    return &p->route.pin_only;
+}
+
+/* The workers this attempt must not be placed on (the router's tried set): those whose
+ * upstream failed, and those without a url (a proxy cannot reach them). The tried list itself
+ * when every worker has a url (no copy). */
+static const uint64_t *attempt_excluded(fe_req_t *p, size_t *n, bool *oom)
 {
     kvr_frontend_t *fe = p->fe;
     *oom = false;
-    uint64_t pin = p->leg.pin->worker;
-    bool pin_only = p->leg.pin->has && !p->leg.pin->has_rank;
-    if (!p->hints.has_allowed && !pin_only && p->route.n_tried == 0 && fe->n_urlless == 0)
-        return NULL;
-    size_t cap = p->hints.has_allowed || pin_only ? p->hints.n_allowed + 1 : FE_MAX_WORKERS;
+    *n = p->route.n_tried;
+    if (fe->n_urlless == 0)
+        return p->route.tried;
+    size_t cap = p->route.n_tried + fe->n_urlless;
     if (p->route.cap_scratch < cap) {
         uint64_t *s = realloc(p->route.scratch, cap * sizeof *s);
         if (s == NULL) {
@@ -466,28 +508,10 @@ static const uint64_t *attempt_allowed(fe_req_t *p, size_t *n, bool *oom)
         p->route.scratch = s;
         p->route.cap_scratch = cap;
     }
-    size_t m = 0;
-    if (p->hints.has_allowed) {
-        for (size_t i = 0; i < p->hints.n_allowed; i++)
-            if (!pin_only || p->hints.allowed[i] == pin)
-                p->route.scratch[m++] = p->hints.allowed[i];
-    } else if (pin_only) {
-        p->route.scratch[m++] = pin;
-    } else {
-        m = kvr_router_worker_ids(fe->r, p->route.scratch, FE_MAX_WORKERS);
-        if (m > FE_MAX_WORKERS)
-            m = FE_MAX_WORKERS;
-        qsort(p->route.scratch, m, sizeof *p->route.scratch, cmp_u64);
-    }
-    size_t o = 0;
-    for (size_t i = 0; i < m; i++) {
-        uint64_t id = p->route.scratch[i];
-        if (was_tried(p, id) ||
-            ((fe->n_urlless > 0 || p->route.n_tried > 0) && !usable_worker(fe, id)))
-            continue;
-        p->route.scratch[o++] = id;
-    }
-    *n = o;
+    memcpy(p->route.scratch, p->route.tried, p->route.n_tried * sizeof *p->route.scratch);
+    memcpy(p->route.scratch + p->route.n_tried, fe->urlless,
+           fe->n_urlless * sizeof *p->route.scratch);
+    *n = cap;
     return p->route.scratch;
 }
 
@@ -545,9 +569,10 @@ static bool image_blocks(fe_req_t *p)
 static void route_attempt(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
-    size_t n_allowed = 0;
+    size_t n_allowed = 0, n_excluded = 0;
     bool oom = p->prompt.n_images > 0 && p->prompt.mm == NULL && !image_blocks(p);
-    const uint64_t *allowed = oom ? NULL : attempt_allowed(p, &n_allowed, &oom);
+    const uint64_t *allowed = leg_allowed(p, &n_allowed);
+    const uint64_t *excluded = oom ? NULL : attempt_excluded(p, &n_excluded, &oom);
     if (oom) {
         req_fail(p, 500, "out of memory");
         return;
@@ -563,6 +588,8 @@ static void route_attempt(fe_req_t *p)
         .has_allowed = allowed != NULL,
         .allowed_ids = allowed,
         .n_allowed = n_allowed,
+        .exclude_ids = excluded,
+        .n_exclude = n_excluded,
         .has_pinned = p->leg.pin->has && p->leg.pin->has_rank,
         .pinned = {p->leg.pin->worker, p->leg.pin->rank},
         .priority_jump = p->hints.priority_jump,
@@ -577,8 +604,8 @@ static void route_attempt(fe_req_t *p)
     q.pool = KVR_POOL_SERVE;
     if (p->leg.shape != NULL)
         p->leg.shape(&q); /* the leg's pool and overrides */
-    /* borrowed while queued: tokens, lora and allowed ids live in p until it is placed or
-     * cancelled (fe_req_finish) */
+    /* borrowed while queued: tokens, lora, allowed and excluded ids live in p until it is
+     * placed or cancelled (fe_req_finish) */
     kvr_place_t pl = {.q = &q, .copy = false, .done = on_placed, .arg = p};
     kvr_route_res_t res;
     p->phase = PH_START;
@@ -1337,15 +1364,14 @@ static void sweep_clients(kvr_frontend_t *fe)
     }
 }
 
+/* The workers registered before the front end began to observe the fleet. */
 static void count_urlless(kvr_frontend_t *fe)
 {
     uint64_t ids[FE_MAX_WORKERS];
-    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS), m = 0;
-    if (n > FE_MAX_WORKERS)
-        n = FE_MAX_WORKERS;
-    for (size_t i = 0; i < n; i++)
-        m += !usable_worker(fe, ids[i]);
-    fe->n_urlless = m;
+    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
+    for (size_t i = 0; i < n && i < FE_MAX_WORKERS; i++)
+        if (!usable_worker(fe, ids[i]))
+            urlless_add(fe, ids[i]);
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
@@ -1355,7 +1381,6 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     kvr_frontend_t *fe = arg;
     sweep_clients(fe);
     fe_pool_upkeep(fe);
-    count_urlless(fe);
     fe_models_tick(fe);
     fe_disagg_tick(fe);
 }
@@ -1436,8 +1461,10 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_http_host_t *host,
     }
     count_urlless(fe);
     kvr_http_service_t svc = {.handle = fe_handle, .metrics = fe_metrics, .arg = fe};
+    kvr_fleet_observer_t obs = {.added = fe_worker_added, .removed = fe_worker_removed,
+                                .arg = fe};
     if (kvr_http_host_add_service(host, &svc) != KVR_OK ||
-        kvr_fleet_observe(fleet, fe_worker_removed, fe) != KVR_OK) {
+        kvr_fleet_observe(fleet, &obs) != KVR_OK) {
         kvr_frontend_free(fe);
         *status = KVR_EFULL;
         snprintf(err, err_len, "no room for another HTTP service or fleet observer");
@@ -1474,7 +1501,7 @@ void kvr_frontend_free(kvr_frontend_t *fe)
     if (fe->host != NULL)
         kvr_http_host_remove_service(fe->host, fe);
     if (fe->fleet != NULL)
-        kvr_fleet_unobserve(fe->fleet, fe_worker_removed, fe);
+        kvr_fleet_unobserve(fe->fleet, fe);
     kvr_frontend_close(fe);
     fe_disagg_free(fe);
     for (size_t i = 0; i < fe->n_pools; i++)
@@ -1491,6 +1518,7 @@ void kvr_frontend_free(kvr_frontend_t *fe)
     kvr_reply_deinit(&fe->rep);
     kvr_json_writer_deinit(&fe->w);
     free(fe->members);
+    free(fe->urlless);
     fe_reqm_free(fe);
     free(fe);
 }

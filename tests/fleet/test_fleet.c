@@ -84,7 +84,8 @@ typedef struct fx {
     kvr_router_config_t cfg;
     worker_srv_t w;
     uint64_t removed[8];
-    int n_removed, order[8], n_order;
+    int n_removed, order[8], n_order, n_added;
+    uint64_t added_last;
 } fx_t;
 
 static void set(fx_t *f, const char *k, const char *v)
@@ -178,9 +179,17 @@ static void on_removed_a(void *arg, uint64_t id)
 
 static void on_removed_b(void *arg, uint64_t id)
 {
-    fx_t *f = arg;
+    fx_t *f = (fx_t *)((char *)arg - offsetof(fx_t, order));
     (void)id;
     f->order[f->n_order++] = 2;
+}
+
+static void on_added(void *arg, const kvr_worker_spec_t *w)
+{
+    fx_t *f = arg;
+    assert_non_null(kvr_router_worker(f->r, w->worker_id)); /* told after, not before */
+    f->n_added++;
+    f->added_last = w->worker_id;
 }
 
 /* ---- membership -------------------------------------------------------------------------- */
@@ -190,12 +199,17 @@ static void test_membership(void **state)
     (void)state;
     fx_t f;
     make(&f, "3");
-    assert_int_equal(kvr_fleet_observe(f.f, on_removed_a, &f), KVR_OK);
-    assert_int_equal(kvr_fleet_observe(f.f, on_removed_b, &f), KVR_OK);
+    kvr_fleet_observer_t oa = {.added = on_added, .removed = on_removed_a, .arg = &f};
+    kvr_fleet_observer_t ob = {.removed = on_removed_b, .arg = &f.order};
+    assert_int_equal(kvr_fleet_observe(f.f, &oa), KVR_OK);
+    assert_int_equal(kvr_fleet_observe(f.f, &ob), KVR_OK);
     assert_int_equal(add(&f, 1, ""), KVR_OK);
     assert_int_equal(add(&f, 2, ""), KVR_OK);
     assert_non_null(kvr_router_worker(f.r, 1));
-    assert_int_equal(add(&f, 1, ""), KVR_EEXIST); /* refused: nothing changes */
+    assert_int_equal(f.n_added, 2);
+    assert_int_equal(f.added_last, 2);
+    assert_int_equal(add(&f, 1, ""), KVR_EEXIST); /* refused: nothing changes, nobody told */
+    assert_int_equal(f.n_added, 2);
     run_until(&f, health_calls_at_least, 2, "both workers probed");
 
     assert_int_equal(kvr_fleet_remove_worker(f.f, 1), KVR_OK);
@@ -211,7 +225,7 @@ static void test_membership(void **state)
     assert_int_equal(kvr_fleet_remove_worker(f.f, 77), KVR_ENOWORKER);
     assert_int_equal(f.n_removed, 1); /* told of nothing */
 
-    kvr_fleet_unobserve(f.f, on_removed_a, &f);
+    kvr_fleet_unobserve(f.f, &f);
     assert_int_equal(kvr_fleet_remove_worker(f.f, 2), KVR_OK);
     assert_int_equal(f.n_removed, 1);
     assert_int_equal(f.n_order, 3);
@@ -224,9 +238,12 @@ static void test_observers_bounded(void **state)
     (void)state;
     fx_t f;
     make(&f, "3");
-    for (int i = 0; i < KVR_FLEET_MAX_OBSERVERS; i++)
-        assert_int_equal(kvr_fleet_observe(f.f, on_removed_b, (char *)&f + i), KVR_OK);
-    assert_int_equal(kvr_fleet_observe(f.f, on_removed_b, &f.w), KVR_EFULL);
+    for (int i = 0; i < KVR_FLEET_MAX_OBSERVERS; i++) {
+        kvr_fleet_observer_t o = {.removed = on_removed_b, .arg = (char *)&f + i};
+        assert_int_equal(kvr_fleet_observe(f.f, &o), KVR_OK);
+    }
+    kvr_fleet_observer_t o = {.removed = on_removed_b, .arg = &f.w};
+    assert_int_equal(kvr_fleet_observe(f.f, &o), KVR_EFULL);
     destroy(&f);
 }
 

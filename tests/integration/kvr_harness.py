@@ -300,10 +300,14 @@ def kill_children():
 
 def run_scenarios(scenarios, seed):
     """Runs (name, fn) pairs; a scenario that raises is one failed check. Kills what is left
-    running, prints the closing line and exits 1 on any failure."""
+    running, prints the closing line and exits 1 on any failure. TEST_ONLY=a,b runs only the
+    scenarios named (not a KVR_ variable: serve reads those as settings)."""
     t0 = time.monotonic()
+    only = [n for n in os.environ.get("TEST_ONLY", "").split(",") if n]
     try:
         for name, fn in scenarios:
+            if only and name not in only:
+                continue
             ts = time.monotonic()
             try:
                 fn()
@@ -312,7 +316,7 @@ def run_scenarios(scenarios, seed):
                 traceback.print_exc()
                 check(f"scenario {name} ran to the end", False, repr(e))
                 for c in CHILDREN:  # what the processes said, for the failure's cause
-                    if not c.stopped:
+                    if not getattr(c, "stopped", False):
                         rc = c.proc.poll()
                         print(f"--- {c.what} ({'running' if rc is None else f'exited {rc}'}), "
                               f"stderr tail:\n{c.stderr()[-1500:]}", flush=True)

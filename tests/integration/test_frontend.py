@@ -819,6 +819,41 @@ def scenario_bad_tokenizer():
 
 
 # ------------------------------------------------------------------------------------------
+# Workers without a url: the routing API may book them, the front end never sends them
+# anything (every attempt excludes them), whether registered at start or later
+
+def scenario_urlless():
+    m = mocker("--speedup", 10, events=False, what="mocker(url)")
+    r = router([f"id=1,url={m.url}", "id=2"], "--router-mode", "round-robin",
+               "--health-interval-ms", "60000", what="router(url-less)")
+    try:
+        check("url-less: the front end counts it",
+              r.metric("kvr_frontend_workers_without_url") == 1,
+              r.metric("kvr_frontend_workers_without_url"))
+        st, b, h = r.call_h("POST", "/v1/workers", {"worker_id": 3, "dp_size": 1})
+        check("url-less: one more registered through the API", st in (200, 201), (st, b))
+        check("url-less: counted at once", r.metric("kvr_frontend_workers_without_url") == 2,
+              r.metric("kvr_frontend_workers_without_url"))
+        got = []
+        for i in range(9):  # round robin over 3 workers: 2 of every 3 would be url-less
+            st, b, h = r.call_h("POST", "/v1/completions",
+                                {"model": "m", "prompt": toks(20), "max_tokens": 1})
+            got.append((st, worker_of(h)))
+        check("url-less: every request served by the worker with a url",
+              all(g == (200, 1) for g in got), got)
+        check("url-less: nothing retried (never sent there)",
+              (r.metric("kvr_frontend_retries_total") or 0) == 0)
+        st, b = r.call("POST", "/v1/route", {"tokens": toks(20)})
+        check("url-less: the routing API still books them", st == 200, (st, b))
+        st, b = r.call("DELETE", "/v1/workers/2")
+        check("url-less: removed", st == 200 and r.metric("kvr_frontend_workers_without_url") == 1,
+              (st, b, r.metric("kvr_frontend_workers_without_url")))
+    finally:
+        r.stop()
+        m.stop()
+
+
+# ------------------------------------------------------------------------------------------
 # Data-parallel ranks: the router picks the rank, the worker gets it as x-data-parallel-rank
 
 def scenario_dp():
@@ -883,7 +918,7 @@ def scenario_step_clock():
 def main():
     run_scenarios((("bad_tokenizer", scenario_bad_tokenizer), ("main", scenario_main), ("step_clock", scenario_step_clock), ("queue", scenario_queue),
                    ("queue_first_token", scenario_queue_first_token),
-                   ("faults", scenario_faults), ("dp", scenario_dp),
+                   ("faults", scenario_faults), ("dp", scenario_dp), ("urlless", scenario_urlless),
                    ("shutdown", scenario_shutdown),
                    ("shutdown_grace", scenario_shutdown_grace), ("config", scenario_config),
                    ("slow_client", scenario_slow_client)), SEED)
