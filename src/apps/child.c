@@ -9,6 +9,7 @@
  */
 #define _XOPEN_SOURCE 700
 #include "apps/child.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <ftw.h>
@@ -39,9 +40,7 @@ void kvr_child_stop_flag(volatile sig_atomic_t *flag) { g_stop = flag; }
 
 double kvr_child_now_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return kvr_now_s();
 }
 
 /* The last lines of a child's log on stderr. */

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "apps/apps.h"
+#include "base/clock.h"
 #include "apps/cli.h"
 #include "replay/gnuplot.h"
 #include "kvrouter/config.h"
@@ -370,13 +371,6 @@ static int trace_tokens(void *ud, size_t i, uint32_t *out, size_t cap)
     return kvr_trace_tokens(&t->rows[i], 0, out, cap);
 }
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ---- output -------------------------------------------------------------------------------- */
 
 typedef struct report {
@@ -641,9 +635,9 @@ static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim
                       .seed = cfg.seed,
                       .ceil = *ceil};
         char err[300] = "";
-        double t0 = mono_s();
+        double t0 = kvr_now_s();
         int rc = kvr_sim_run(&cfg, &in, &r.res, NULL, err, sizeof err);
-        r.run_s = mono_s() - t0;
+        r.run_s = kvr_now_s() - t0;
         if (rc != KVR_OK) {
             fprintf(stderr, "kvrouter sim: %s: %s\n", r.policy, err[0] ? err : kvr_strerror(rc));
             code = rc == KVR_EINVAL ? 2 : 1;
@@ -769,7 +763,7 @@ int kvr_cmd_sim(int argc, char **argv)
                 DEFAULT_TRACE, DEFAULT_TRACE);
         return 2;
     }
-    double t_start = mono_s();
+    double t_start = kvr_now_s();
     kvr_trace_t t;
     char err[400];
     rc = kvr_trace_load(path, (size_t)(a.requests > SIZE_MAX ? SIZE_MAX : a.requests), &t, err,
@@ -791,10 +785,10 @@ int kvr_cmd_sim(int argc, char **argv)
         kvr_trace_free(&t);
         return 2;
     }
-    double t0 = mono_s();
+    double t0 = kvr_now_s();
     rc = kvr_trace_ceilings(&t, bs, (uint64_t)a.cfg.n_workers * a.cfg.engine.num_gpu_blocks,
                             &ceil);
-    double ceil_s = mono_s() - t0;
+    double ceil_s = kvr_now_s() - t0;
     if (rc != KVR_OK) {
         fprintf(stderr, "kvrouter sim: ceilings: %s\n", kvr_strerror(rc));
         kvr_trace_free(&t);
@@ -824,7 +818,7 @@ int kvr_cmd_sim(int argc, char **argv)
     if (code == 0 && a.plot != NULL)
         code = plot_sweep(&a, &t, path, &pts);
     if (!a.json && code == 0)
-        printf("total %.2f s\n", mono_s() - t_start);
+        printf("total %.2f s\n", kvr_now_s() - t_start);
     kvr_trace_free(&t);
     return code;
 }

@@ -26,6 +26,7 @@
  *     costs O(live requests) of loop time), and once per SNAP_SAME_MS to one requester.
  */
 #include "cluster/replica_sync.h"
+#include "base/clock.h"
 
 #include <event2/event.h>
 #include <math.h>
@@ -106,13 +107,6 @@ struct kvr_replica_sync {
     kvr_ratelimit_t rl;
 };
 
-static uint64_t wall_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* ---- publishing local events ---- */
 
 static void begin_batch(kvr_replica_sync_t *s)
@@ -126,7 +120,7 @@ static void publish_batch(kvr_replica_sync_t *s)
     if (s->batch.n_events == 0)
         return;
     /* numbered and timed as published */
-    kvr_sync_stamp(&s->batch, ++s->batch_seq, wall_us());
+    kvr_sync_stamp(&s->batch, ++s->batch_seq, (kvr_wall_ns() / 1000u));
     (void)kvr_nats_publish(s->cfg.nats, s->subj_events, NULL, s->batch.buf, s->batch.len);
     s->pub_batches++;
     s->pub_events += s->batch.n_events;
@@ -413,7 +407,7 @@ static void apply_batch(kvr_replica_sync_t *s, const uint8_t *data, size_t len)
                         "(its load here may be off until its requests end or expire)",
                         (unsigned long long)lost, (unsigned long long)rd.h.router_id);
     }
-    uint64_t now = kvr_now_ms(), wall = wall_us();
+    uint64_t now = kvr_now_ms(), wall = (kvr_wall_ns() / 1000u);
     kvr_sync_event_t ev;
     while (kvr_sync_next(&rd, &ev) == KVR_OK)
         apply_event(s, &ev, now, rd.h.router_id);
@@ -487,7 +481,7 @@ static void join_start(kvr_replica_sync_t *s)
     s->join_deadline_ms = kvr_now_ms() + s->cfg.snapshot_wait_ms;
     kvr_sync_writer_t w = {0};
     kvr_sync_header_t h = {.type = KVR_SYNC_SNAP_REQ, .router_id = s->self,
-                           .sent_us = wall_us()};
+                           .sent_us = (kvr_wall_ns() / 1000u)};
     kvr_sync_begin(&w, &h);
     if (w.len == KVR_SYNC_HEADER_BYTES &&
         kvr_nats_publish(s->cfg.nats, s->subj_snap, s->subj_reply, w.buf, w.len) == KVR_OK)
@@ -574,7 +568,7 @@ typedef struct snap_ctx {
 static void snap_begin(snap_ctx_t *c)
 {
     kvr_sync_header_t h = {.type = KVR_SYNC_SNAPSHOT, .router_id = c->s->self,
-                           .seq = c->chunk, .sent_us = wall_us()};
+                           .seq = c->chunk, .sent_us = (kvr_wall_ns() / 1000u)};
     kvr_sync_begin(&c->s->snap, &h);
 }
 

@@ -15,6 +15,7 @@
  *     entry, the one heard from least recently first.
  */
 #include "cluster/replicas.h"
+#include "base/clock.h"
 
 #include <event2/event.h>
 #include <event2/http.h>
@@ -446,9 +447,7 @@ kvr_replicas_t *kvr_replicas_new(const kvr_replicas_config_t *cfg, int *status)
             return NULL;
         }
     snprintf(r->key, sizeof r->key, "%016llx", (unsigned long long)r->self);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    r->started_unix_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    r->started_unix_ms = kvr_wall_ns() / 1000000u;
     if (kvr_nats_state(cfg->nats) == KVR_NATS_CONNECTED)
         r->connected_since_ms = kvr_now_ms();
     struct timeval tv = {0, CHECK_MS * 1000};

@@ -33,6 +33,7 @@
  * carries ranks.
  */
 #include "events/ingest.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -564,13 +565,6 @@ static int live_ranks(kvr_ingest_t *g, save_ctx_t *c, size_t extra, bool unreach
     return KVR_OK;
 }
 
-static uint64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* The snapshot of c's ranks into c->f: the live ones from the index, the kept ones from the
  * loaded file. */
 static int write_snapshot(save_ctx_t *c)
@@ -578,7 +572,7 @@ static int write_snapshot(save_ctx_t *c)
     int rc = KVR_EIO;
     c->rep->ranks = c->n;
     c->rep->ranks_kept = c->n_kept;
-    c->w = kvr_snap_writer_new(save_sink, c, c->g->cfg.block_size, wall_ms(), c->ranks,
+    c->w = kvr_snap_writer_new(save_sink, c, c->g->cfg.block_size, (kvr_wall_ns() / 1000000u), c->ranks,
                                c->n + c->n_kept, &rc);
     if (c->w != NULL && (rc = kvr_index_dump(c->g->ix, save_event, c)) == KVR_OK &&
         c->old != NULL) {

@@ -57,6 +57,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "frontend/fe_body.h"
+#include "base/clock.h"
 #include "frontend/fe_disagg.h"
 #include "frontend/fe_upstream.h"
 #include "wire/disagg.h"
@@ -120,13 +121,6 @@ struct fe_bg {
     kvr_req_handle_t handle; /* the prefill booking it holds; KVR_REQ_HANDLE_NONE: none */
     kvr_worker_t worker;
 };
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void verdict_fail(fe_verdict_t *v, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -643,7 +637,7 @@ static int bootstrap_body(fe_req_t *p, const kvr_worker_spec_t *sp)
     }
     uint64_t rnd;
     if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
-        rnd = mono_ns() * UINT64_C(0x9E3779B97F4A7C15);
+        rnd = kvr_now_ns() * UINT64_C(0x9E3779B97F4A7C15);
     uint32_t dp = p->route.worker.dp_rank;
     uint32_t rank = dp >= sp->dp_start ? dp - sp->dp_start : 0;
     uint64_t room = kvr_disagg_room(rnd, sp->dp_size, rank);
@@ -710,7 +704,7 @@ void fe_plan_placed(fe_req_t *p, const kvr_route_res_t *res, fe_verdict_t *v)
         return;
     d->pf = res->worker;
     d->has_pf = true;
-    d->pf_start_ns = mono_ns();
+    d->pf_start_ns = kvr_now_ns();
     const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, res->worker.worker_id);
     if (sp != NULL && sp->bootstrap_port != 0)
         placed_bootstrap(p, sp, v);
@@ -738,7 +732,7 @@ static void prefill_done(fe_req_t *p, struct evhttp_request *up, int code, fe_ve
 {
     kvr_frontend_t *fe = p->fe;
     fe_dreq_t *d = p->dis;
-    kvr_hist_observe(&fe->h_prefill, (double)(mono_ns() - d->pf_start_ns) / 1e9);
+    kvr_hist_observe(&fe->h_prefill, (double)(kvr_now_ns() - d->pf_start_ns) / 1e9);
     if (code >= 500) {
         fe->ds.prefill[FDP_ERROR]++;
         char why[64];

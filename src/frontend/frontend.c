@@ -35,6 +35,7 @@
  * decode, a route, one upstream call (per leg), the relay's pass over the answer.
  */
 #include "frontend/frontend.h"
+#include "base/clock.h"
 #include "http/http.h"
 
 #include <errno.h>
@@ -93,13 +94,6 @@ static const double FORWARD_BUCKETS[] = {5e-6,   1e-5, 2.5e-5, 5e-5,   1e-4, 2.5
 static void req_finish(fe_req_t *p);
 static void end_stream(fe_req_t *p, const char *error);
 static void route_attempt(fe_req_t *p);
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Replies to clients */
@@ -698,7 +692,7 @@ static void mark_token(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
     uint64_t now = kvr_now_ms();
-    p->client.last_token_ns = mono_ns();
+    p->client.last_token_ns = kvr_now_ns();
     if (p->client.gen_tokens++ == 0)
         p->client.first_token_ns = p->client.last_token_ns;
     fe->st.stream_tokens++;
@@ -945,7 +939,7 @@ static void up_answered(fe_req_t *p, struct evhttp_request *up, int code)
         reply_whole(p, up);
     }
     if (code == 200)
-        fe_reqm_observe(p->fe, p, mono_ns(), osl);
+        fe_reqm_observe(p->fe, p, kvr_now_ns(), osl);
     req_finish(p);
 }
 
@@ -1035,7 +1029,7 @@ static void send_upstream(fe_req_t *p)
     p->up.uc = uc;
     fe->st.forwarded++;
     if (p->route.attempts == 1)
-        kvr_hist_observe(&fe->h_forward, (double)(mono_ns() - p->client.arrival_ns) / 1e9);
+        kvr_hist_observe(&fe->h_forward, (double)(kvr_now_ns() - p->client.arrival_ns) / 1e9);
     /* may call on_up_done before returning (a connection refused at once): p stays valid,
      * the failure continues from the timer */
     /* a whole answer is buffered: bounded (lifted in on_up_header for an event stream) */
@@ -1315,7 +1309,7 @@ static void get_ids(fe_req_t *p, bool ids_given)
 
 static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_endpoint_t ep)
 {
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = kvr_now_ns();
     fe->st.requests[ep == KVR_OAI_CHAT]++;
     if (fe->closing) {
         kvr_reply_error(&fe->rep, req, 503, NULL, "the router is shutting down");

@@ -9,6 +9,7 @@
  * set together, once. Ownership: the caller's (client.h). Threads: any. Cost: see client.h.
  */
 #include "http/client.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -285,13 +286,6 @@ const char *kvr_http_header(const kvr_http_resp_t *r, const char *name, size_t *
     return NULL;
 }
 
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* True once the body is whole (or cut at max_body: truncated). */
 static bool whole(kvr_http_resp_t *r, size_t max_body)
 {
@@ -315,14 +309,14 @@ static bool wait_readable(int fd, uint64_t deadline_ms)
 {
     if (deadline_ms == 0)
         return true;
-    uint64_t now = mono_ms();
+    uint64_t now = kvr_now_ms();
     struct pollfd p = {fd, POLLIN, 0};
     return now < deadline_ms && poll(&p, 1, (int)(deadline_ms - now)) != 0;
 }
 
 int kvr_http_read_whole(int fd, kvr_http_resp_t *r, size_t max_body, int timeout_ms)
 {
-    uint64_t deadline = timeout_ms > 0 ? mono_ms() + (uint64_t)timeout_ms : 0;
+    uint64_t deadline = timeout_ms > 0 ? kvr_now_ms() + (uint64_t)timeout_ms : 0;
     for (;;) {
         if (r->body_at != 0 && whole(r, max_body))
             return KVR_OK;

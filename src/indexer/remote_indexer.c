@@ -16,6 +16,7 @@
  * Cost per lookup: one JSON body (~21 bytes a block) and one HTTP round trip.
  */
 #include "indexer/remote_indexer.h"
+#include "base/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,13 +100,6 @@ struct kvr_remote_ix {
 
 static const double RTT_BUCKETS[] = {5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3,
                                      5e-3, 1e-2, 2e-2, 5e-2, 0.1,  0.5};
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void call_put(kvr_remote_ix_t *x, call_t *c)
 {
@@ -322,7 +316,7 @@ static void on_answer(struct evhttp_request *req, void *arg)
     int rc = read_answer(x, sl, req, &n);
     if (rc == KVR_OK) {
         x->st.answered++;
-        kvr_hist_observe(&x->h_rtt, (double)(now_ns() - c->start_ns) * 1e-9);
+        kvr_hist_observe(&x->h_rtt, (double)(kvr_now_ns() - c->start_ns) * 1e-9);
     }
     finish(x, c, rc, n);
     call_put(x, c);
@@ -334,7 +328,7 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
     (void)fd, (void)what;
     call_t *c = arg;
     kvr_remote_ix_t *x = c->x;
-    uint64_t now = now_ns(), due = c->start_ns + x->cfg.timeout_ms * 1000000u;
+    uint64_t now = kvr_now_ns(), due = c->start_ns + x->cfg.timeout_ms * 1000000u;
     if (now < due) { /* libevent's clock is coarse (ms): never before the deadline */
         uint64_t left_us = (due - now + 999) / 1000;
         struct timeval tv = {(time_t)(left_us / 1000000), (suseconds_t)(left_us % 1000000)};
@@ -395,7 +389,7 @@ static int lookup(void *arg, const kvr_route_req_t *q, kvr_overlap_done_fn done,
     }
     c->done = done;
     c->ctx = ctx;
-    c->start_ns = now_ns();
+    c->start_ns = kvr_now_ns();
     c->n_blocks = q->n_hashed;
     struct timeval tv = {(time_t)(x->cfg.timeout_ms / 1000),
                          (suseconds_t)(x->cfg.timeout_ms % 1000) * 1000};
@@ -462,7 +456,7 @@ static void on_reply(void *arg, const char *subject, const char *reply, const ui
     }
     if (rc == KVR_OK) {
         x->st.answered++;
-        kvr_hist_observe(&x->h_rtt, (double)(now_ns() - c->start_ns) * 1e-9);
+        kvr_hist_observe(&x->h_rtt, (double)(kvr_now_ns() - c->start_ns) * 1e-9);
     }
     finish(x, c, rc, n);
     call_put(x, c);
@@ -475,7 +469,7 @@ static int init_nats(kvr_remote_ix_t *x, char *err, size_t err_len)
         return KVR_EINVAL;
     }
     x->over_nats = true;
-    uint64_t rid = now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)x;
+    uint64_t rid = kvr_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)x;
     snprintf(x->subj_query, sizeof x->subj_query, "%s.indexer.query", x->cfg.ns);
     snprintf(x->subj_record, sizeof x->subj_record, "%s.indexer.record", x->cfg.ns);
     snprintf(x->reply_prefix, sizeof x->reply_prefix, "%s.indexer.reply.%016llx", x->cfg.ns,

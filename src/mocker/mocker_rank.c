@@ -12,6 +12,7 @@
  * its hashes (the mix) into the rank's scratch; per step, at most one timer.
  */
 #include "mocker/mocker_rank.h"
+#include "base/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,13 +60,6 @@ uint64_t kvr_mocker_seq_hash(uint64_t h)
 
 /* ---- time ------------------------------------------------------------------------------ */
 
-static double wall_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ---- KV events: engine -> encoder -> publisher ------------------------------------------ */
 
 static bool scratch_fit(rank_t *rk, size_t n)
@@ -90,7 +84,7 @@ static void on_kv_event(void *ctx, const kvr_kvcache_event_t *ev)
         return;
     int st = KVR_OK;
     if (!rk->batch_open) {
-        st = kvr_kv_enc_begin_batch(rk->enc, wall_s(), true, rk->idx);
+        st = kvr_kv_enc_begin_batch(rk->enc, ((double)kvr_wall_ns() * 1e-9), true, rk->idx);
         rk->batch_open = st == KVR_OK;
     }
     if (st == KVR_OK && ev->kind != KVR_KVC_CLEARED && !scratch_fit(rk, ev->n_hashes))

@@ -28,6 +28,7 @@
 #include <event2/http.h>
 
 #include "sim/engine.h"
+#include "base/clock.h"
 #include "events/kv_publisher.h"
 #include "base/log.h"
 #include "mocker/mocker.h"
@@ -178,9 +179,7 @@ struct kvr_mocker {
 
 static inline uint64_t mk_mono_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return kvr_now_ns();
 }
 
 /* Modelled seconds as real nanoseconds (divided by --speedup), capped at an hour. */

@@ -14,6 +14,7 @@
  * and the owner's loop, which runs every callback.
  */
 #include "nats/nats_link.h"
+#include "base/clock.h"
 
 #include <event2/event.h>
 #include <nats/nats.h>
@@ -712,9 +713,7 @@ int kvr_nats_kv_list(kvr_nats_t *n, const char *bucket, uint64_t ttl_ms, uint64_
         return KVR_EIO;
     kvKeysList keys = {0};
     natsStatus s = kvStore_Keys(&keys, kv, NULL);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t now_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    int64_t now_ns = (int64_t)kvr_wall_ns();
     for (int i = 0; s == NATS_OK && i < keys.Count; i++) {
         kvEntry *e = NULL;
         if (kvStore_Get(&e, kv, keys.Keys[i]) == NATS_OK && e != NULL) {

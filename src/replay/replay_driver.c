@@ -21,6 +21,7 @@
  * stream parse per event; connections are reused (at most max_inflight per target).
  */
 #include "replay/replay_driver.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <math.h>
@@ -47,13 +48,6 @@
 
 #define ERR_BODY_BYTES 2048 /* of a non-200 body, kept for its message */
 #define MODELS_BODY_BYTES 65535 /* of a /v1/models answer */
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static struct timeval tv_of(double s)
 {
@@ -286,7 +280,7 @@ static void on_chunk(struct evhttp_request *req, void *arg)
     slot_t *s = arg;
     if (s->state != SLOT_ACTIVE)
         return;
-    uint64_t now = now_ns();
+    uint64_t now = kvr_now_ns();
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     int code = evhttp_request_get_response_code(req);
     s->got_body = true;
@@ -325,7 +319,7 @@ static void on_done(struct evhttp_request *req, void *arg)
     slot_t *s = arg;
     if (s->state != SLOT_ACTIVE)
         return;
-    uint64_t now = now_ns();
+    uint64_t now = kvr_now_ns();
     int code = req ? evhttp_request_get_response_code(req) : 0;
     char why[400];
     if (req && code > 0 && evbuffer_get_length(evhttp_request_get_input_buffer(req)) > 0)
@@ -383,7 +377,7 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
     s->state = SLOT_CANCELLING;
     evhttp_cancel_request(s->req); /* resets the connection, which stays usable */
     s->state = SLOT_ACTIVE;
-    finish(s, KVR_REPLAY_TIMEOUT, 0, now_ns(), why);
+    finish(s, KVR_REPLAY_TIMEOUT, 0, kvr_now_ns(), why);
 }
 
 static slot_t *slot_get(driver_t *d)
@@ -454,7 +448,7 @@ static int send_next(driver_t *d)
     s->got_body = false;
     s->stream_bad = false;
     s->errbody_len = 0;
-    s->t_sent = now_ns();
+    s->t_sent = kvr_now_ns();
     d->next++;
     d->inflight++;
     kvr_replay_stats_t *st = d->st;
@@ -469,7 +463,7 @@ static int send_next(driver_t *d)
     if (evhttp_make_request(c->evcon, req, EVHTTP_REQ_POST, d->path[k]) != 0) {
         /* the request is freed by evhttp; account for it as a connection failure */
         if (s->state == SLOT_ACTIVE)
-            finish(s, KVR_REPLAY_CONNECT, 0, now_ns(), "cannot send");
+            finish(s, KVR_REPLAY_CONNECT, 0, kvr_now_ns(), "cannot send");
         return KVR_OK;
     }
     if (s->state == SLOT_ACTIVE && s->conn == c)
@@ -482,7 +476,7 @@ static int send_next(driver_t *d)
 static void pump(driver_t *d)
 {
     const kvr_replay_config_t *cfg = d->cfg;
-    uint64_t now = now_ns();
+    uint64_t now = kvr_now_ns();
     while (d->next < cfg->n && d->fatal == KVR_OK) {
         double due = cfg->arrival_s[d->next];
         double t = since_start_s(d, now);
@@ -508,7 +502,7 @@ static void pump(driver_t *d)
             fatal(d, rc);
             return;
         }
-        now = now_ns();
+        now = kvr_now_ns();
     }
 }
 
@@ -523,7 +517,7 @@ static void report_progress(driver_t *d)
     const kvr_replay_config_t *cfg = d->cfg;
     if (cfg->progress == NULL)
         return;
-    double t = since_start_s(d, now_ns());
+    double t = since_start_s(d, kvr_now_ns());
     size_t waiting = 0;
     for (size_t k = d->next; k < cfg->n && cfg->arrival_s[k] <= t; k++)
         waiting++;
@@ -556,7 +550,7 @@ static void on_signal(evutil_socket_t fd, short what, void *arg)
     d->st->by_outcome[KVR_REPLAY_NOT_SENT] += d->cfg->n - d->next;
     d->done += d->cfg->n - d->next;
     d->next = d->cfg->n;
-    uint64_t now = now_ns();
+    uint64_t now = kvr_now_ns();
     for (size_t k = 0; k < d->n_slots_used; k++) {
         slot_t *s = &d->slots[k];
         if (s->state != SLOT_ACTIVE)
@@ -677,7 +671,7 @@ int kvr_replay_run(const kvr_replay_config_t *cfg, kvr_replay_sample_t *samples,
         event_add(d.sig_int, NULL);
         event_add(d.sig_term, NULL);
     }
-    d.t0 = now_ns();
+    d.t0 = kvr_now_ns();
     pump(&d);
     if (d.fatal == KVR_OK && d.done < cfg->n)
         event_base_dispatch(d.base);
