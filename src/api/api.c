@@ -32,6 +32,7 @@
 #include "wire/json_writer.h"
 #include "wire/openai.h"
 #include "wire/prom.h"
+#include "wire/router_event_json.h"
 
 /* seconds: 2 us to 100 ms */
 static const double OVERHEAD_BUCKETS[] = {2e-6, 5e-6,   1e-5, 2.5e-5, 5e-5,   1e-4, 2.5e-4, 5e-4,
@@ -786,49 +787,7 @@ typedef struct dump_ctx {
 
 static int dump_event(void *ud, const kvr_event_t *ev)
 {
-    kvr_json_writer_t *w = ((dump_ctx_t *)ud)->w;
-    static const char *const tiers[] = {"device", "host_pinned", "disk", "external"};
-    kvr_json_begin_object(w);
-    kvr_json_key(w, "worker_id");
-    kvr_json_u64(w, ev->worker.worker_id);
-    kvr_json_key(w, "dp_rank");
-    kvr_json_u64(w, ev->worker.dp_rank);
-    kvr_json_key(w, "storage_tier");
-    kvr_json_string(w, tiers[ev->tier & 3]);
-    kvr_json_key(w, "event_id");
-    kvr_json_u64(w, ev->event_id);
-    if (ev->kind == KVR_EV_STORED) {
-        kvr_json_key(w, "stored");
-        kvr_json_begin_object(w);
-        kvr_json_key(w, "parent_hash");
-        if (ev->has_parent)
-            kvr_json_u64(w, ev->parent_ext);
-        else
-            kvr_json_null(w);
-        kvr_json_key(w, "blocks");
-        kvr_json_begin_array(w);
-        for (size_t i = 0; i < ev->n_blocks; i++) {
-            kvr_json_begin_object(w);
-            kvr_json_key(w, "block_hash");
-            kvr_json_u64(w, ev->blocks[i].ext);
-            kvr_json_key(w, "tokens_hash");
-            kvr_json_u64(w, ev->blocks[i].lbh);
-            kvr_json_end_object(w);
-        }
-        kvr_json_end_array(w);
-        kvr_json_end_object(w);
-    } else {
-        kvr_json_key(w, "removed");
-        kvr_json_begin_object(w);
-        kvr_json_key(w, "block_hashes");
-        kvr_json_begin_array(w);
-        for (size_t i = 0; i < ev->n_removed; i++)
-            kvr_json_u64(w, ev->removed[i]);
-        kvr_json_end_array(w);
-        kvr_json_end_object(w);
-    }
-    kvr_json_end_object(w);
-    return kvr_json_writer_status(w) == KVR_OK ? 0 : 1;
+    return kvr_dump_event_encode(((dump_ctx_t *)ud)->w, ev) == KVR_OK ? 0 : 1;
 }
 
 /* The index's replayable events: from the ingest thread in kv mode; in approximate mode the

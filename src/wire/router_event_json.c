@@ -20,7 +20,9 @@ static const char *const TIER_NAMES[KVR_N_TIERS] = {"device", "host_pinned", "di
 
 /* ---- writing ----------------------------------------------------------------------------- */
 
-static void stored_data(kvr_json_writer_t *w, const kvr_event_t *ev)
+/* "stored": {...}: the reference's members (start_position, mm_extra_info, always null here)
+ * only in its shape. */
+static void stored_data(kvr_json_writer_t *w, const kvr_event_t *ev, bool reference)
 {
     kvr_json_key(w, "stored");
     kvr_json_begin_object(w);
@@ -29,8 +31,10 @@ static void stored_data(kvr_json_writer_t *w, const kvr_event_t *ev)
         kvr_json_u64(w, ev->parent_ext);
     else
         kvr_json_null(w);
-    kvr_json_key(w, "start_position");
-    kvr_json_null(w);
+    if (reference) {
+        kvr_json_key(w, "start_position");
+        kvr_json_null(w);
+    }
     kvr_json_key(w, "blocks");
     kvr_json_begin_array(w);
     for (size_t i = 0; i < ev->n_blocks; i++) {
@@ -39,12 +43,45 @@ static void stored_data(kvr_json_writer_t *w, const kvr_event_t *ev)
         kvr_json_u64(w, ev->blocks[i].ext);
         kvr_json_key(w, "tokens_hash");
         kvr_json_u64(w, ev->blocks[i].lbh);
-        kvr_json_key(w, "mm_extra_info");
-        kvr_json_null(w);
+        if (reference) {
+            kvr_json_key(w, "mm_extra_info");
+            kvr_json_null(w);
+        }
         kvr_json_end_object(w);
     }
     kvr_json_end_array(w);
     kvr_json_end_object(w);
+}
+
+static void removed_data(kvr_json_writer_t *w, const kvr_event_t *ev)
+{
+    kvr_json_key(w, "removed");
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "block_hashes");
+    kvr_json_begin_array(w);
+    for (size_t i = 0; i < ev->n_removed; i++)
+        kvr_json_u64(w, ev->removed[i]);
+    kvr_json_end_array(w);
+    kvr_json_end_object(w);
+}
+
+int kvr_dump_event_encode(kvr_json_writer_t *w, const kvr_event_t *ev)
+{
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "worker_id");
+    kvr_json_u64(w, ev->worker.worker_id);
+    kvr_json_key(w, "dp_rank");
+    kvr_json_u64(w, ev->worker.dp_rank);
+    kvr_json_key(w, "storage_tier");
+    kvr_json_string(w, TIER_NAMES[ev->tier & 3]);
+    kvr_json_key(w, "event_id");
+    kvr_json_u64(w, ev->event_id);
+    if (ev->kind == KVR_EV_STORED)
+        stored_data(w, ev, false);
+    else
+        removed_data(w, ev);
+    kvr_json_end_object(w);
+    return kvr_json_writer_status(w);
 }
 
 int kvr_rev_encode(kvr_json_writer_t *w, const kvr_event_t *ev)
@@ -63,18 +100,10 @@ int kvr_rev_encode(kvr_json_writer_t *w, const kvr_event_t *ev)
         kvr_json_string(w, "cleared");
     } else {
         kvr_json_begin_object(w);
-        if (ev->kind == KVR_EV_STORED) {
-            stored_data(w, ev);
-        } else {
-            kvr_json_key(w, "removed");
-            kvr_json_begin_object(w);
-            kvr_json_key(w, "block_hashes");
-            kvr_json_begin_array(w);
-            for (size_t i = 0; i < ev->n_removed; i++)
-                kvr_json_u64(w, ev->removed[i]);
-            kvr_json_end_array(w);
-            kvr_json_end_object(w);
-        }
+        if (ev->kind == KVR_EV_STORED)
+            stored_data(w, ev, true);
+        else
+            removed_data(w, ev);
         kvr_json_end_object(w);
     }
     kvr_json_key(w, "dp_rank");

@@ -33,6 +33,11 @@
 
 /* One RouterEvent (the writer's status is returned). */
 int kvr_rev_encode(kvr_json_writer_t *w, const kvr_event_t *ev);
+/* One event of the router's own GET /v1/dump (a stored or removed event, flat):
+ *   {"worker_id":7,"dp_rank":0,"storage_tier":"device","event_id":12,
+ *    "stored":{"parent_hash":123|null,"blocks":[{"block_hash":456,"tokens_hash":789}]}}
+ *   or "removed":{"block_hashes":[...]} in place of "stored". The writer's status. */
+int kvr_dump_event_encode(kvr_json_writer_t *w, const kvr_event_t *ev);
 
 typedef struct kvr_rev_sink {
     /* a partition: key is "<model>:<group>" (not NUL-terminated); non-zero stops the read */
