@@ -227,6 +227,48 @@ size_t kvr_config_help(char *out, size_t out_len);
 
 /* True when name (any accepted form) is a config field. */
 bool kvr_config_has(const char *name);
+/* The router mode's name ("kv", "round-robin", ...), and the policy in force: in kv and approx
+ * modes the selection policy ("locality", "dynamo", "lmetric"; the reference's keyword
+ * "default" reads as locality), in a load-only mode the mode itself. Static strings. */
+const char *kvr_config_mode_name(const kvr_router_config_t *cfg);
+const char *kvr_config_policy_name(const kvr_router_config_t *cfg);
+/* True when it is a boolean one (a flag naming it alone means true). */
+bool kvr_config_is_bool(const char *name);
+
+/* The reference's (Dynamo's router's) names: its flags and DYN_* variables, read as ours. */
+typedef enum kvr_ref_kind {
+    KVR_REF_NONE,    /* not a reference name (or already one of ours) */
+    KVR_REF_SETTING, /* our setting `setting`; a bare flag carries its `value` */
+    KVR_REF_IGNORED, /* accepted, no effect here (`why`) */
+    KVR_REF_REFUSED, /* not supported here (`why`) */
+} kvr_ref_kind_t;
+
+typedef struct kvr_config_ref {
+    /* read-only */
+    kvr_ref_kind_t kind;
+    const char *setting; /* ours, for KVR_REF_SETTING (static, or in the caller's buf) */
+    const char *value;   /* a flag that takes no value: the value it stands for; else NULL */
+    const char *why;     /* for KVR_REF_IGNORED and KVR_REF_REFUSED */
+} kvr_config_ref_t;
+
+/* A reference flag ("--router-kv-overlap-score-credit", "--no-router-kv-events"): what it is
+ * here. buf (>= 96 bytes) may hold the setting's name. */
+kvr_config_ref_t kvr_config_ref_flag(const char *flag, char *buf, size_t cap);
+/* A reference variable ("DYN_ROUTER_TEMPERATURE"). */
+kvr_config_ref_t kvr_config_ref_env(const char *var, char *buf, size_t cap);
+/* Checks the table of reference names (each names a setting that exists, a bare flag's value
+ * is valid for it, ignored and refused ones say why): KVR_OK or KVR_EINVAL with msg. */
+int kvr_config_ref_verify(char *msg, size_t msg_len);
+/* A note on a value that means something else here than in the reference (router_selection_policy
+ * "default"), or NULL. */
+const char *kvr_config_ref_value_note(const char *setting, const char *value);
+/* Applies every DYN_* variable of envp: a reference name is set as ours (note: "reference name
+ * X read as Y"), one with no effect here is noted with why, any other DYN_* is noted as not
+ * read, as a warning (the note starts with '!'); a refused one is an error naming it and why
+ * (KVR_EINVAL). */
+int kvr_config_from_ref_env(kvr_router_config_t *cfg, char *const *envp,
+                            void (*note)(void *arg, const char *line), void *arg, char *err,
+                            size_t err_len);
 
 #ifdef __cplusplus
 }

@@ -701,6 +701,10 @@ static void h_workers_get(kvr_api_t *s, struct evhttp_request *req)
     kvr_json_begin_object(s->w);
     kvr_json_key(s->w, "block_size");
     kvr_json_u64(s->w, s->cfg.block_size);
+    kvr_json_key(s->w, "router_mode"); /* in force: kv with use_kv_events false reads approx */
+    kvr_json_string(s->w, kvr_config_mode_name(&s->cfg));
+    kvr_json_key(s->w, "policy");
+    kvr_json_string(s->w, kvr_config_policy_name(&s->cfg));
     kvr_json_key(s->w, "workers");
     kvr_json_begin_array(s->w);
     for (size_t i = 0; i < n && i < 4096; i++) {

@@ -40,7 +40,25 @@ typedef struct serve_args {
     const char *config_file;
     kvr_log_level_t log_level;
     char derived[512]; /* kvr_config_resolve's note, logged at start */
+    char notes[4096];  /* the reference's names read, ignored or not read: logged at start */
 } serve_args_t;
+
+/* One line of a->notes (dropped past its room: the first ones are the ones that matter). */
+static void add_note(void *arg, const char *line)
+{
+    serve_args_t *a = arg;
+    size_t n = strlen(a->notes);
+    if (n + strlen(line) + 2 < sizeof a->notes)
+        snprintf(a->notes + n, sizeof a->notes - n, "%s\n", line);
+}
+
+/* A boolean flag given alone ("--router-replica-sync", then another flag or nothing). */
+static bool bare_flag(const kvr_cli_t *c, const char *setting)
+{
+    if (c->eq != NULL || !kvr_config_is_bool(setting))
+        return false;
+    return c->i + 1 >= c->argc || strncmp(c->argv[c->i + 1], "--", 2) == 0;
+}
 
 static void usage(FILE *out)
 {
@@ -120,11 +138,41 @@ static int parse_flag(kvr_cli_t *c, void *arg)
     char name[96], err[300];
     if (!kvr_cli_setting(c, name, sizeof name))
         return -1;
-    const char *v = kvr_cli_value(c);
+    char buf[96], note[300];
+    const char *setting = name;
+    kvr_config_ref_t ref = {KVR_REF_NONE, NULL, NULL, NULL};
+    if (strncmp(name, "--", 2) == 0 && !kvr_config_has(name) && strcmp(name, "--config") != 0 &&
+        strcmp(name, "--log-level") != 0 && strcmp(name, "--worker") != 0)
+        ref = kvr_config_ref_flag(name, buf, sizeof buf);
+    if (ref.kind == KVR_REF_REFUSED)
+        return kvr_cli_fail(c, "%s is the reference router's flag; not supported here: %s", name,
+                            ref.why);
+    if (ref.kind == KVR_REF_IGNORED) {
+        snprintf(note, sizeof note, "%s (the reference's): accepted, no effect here: %s", name,
+                 ref.why);
+        add_note(a, note);
+        if (c->eq == NULL && c->i + 1 < c->argc && strncmp(c->argv[c->i + 1], "--", 2) != 0)
+            c->i++; /* its value */
+        return 0;
+    }
+    if (ref.kind == KVR_REF_SETTING) {
+        setting = ref.setting;
+        snprintf(note, sizeof note, "reference name %s read as %s%s%s", name, ref.setting,
+                 ref.value ? " = " : "", ref.value ? ref.value : "");
+        add_note(a, note);
+    }
+    if (ref.value != NULL && c->eq != NULL)
+        return kvr_cli_bad(c, c->eq, "this flag takes no value");
+    const char *v = ref.value != NULL          ? ref.value
+                    : bare_flag(c, setting) ? "true"
+                                            : kvr_cli_value(c);
     if (v == NULL)
         return kvr_cli_bad(c, v, "a value is required");
     if (strcmp(name, "--config") == 0)
         return 0;
+    const char *vnote = kvr_config_ref_value_note(setting, v);
+    if (vnote != NULL)
+        add_note(a, vnote);
     if (strcmp(name, "--log-level") == 0) {
         int level;
         int rc = kvr_cli_log_level(c, v, &level);
@@ -140,7 +188,7 @@ static int parse_flag(kvr_cli_t *c, void *arg)
         a->n_workers++;
         return 0;
     }
-    int rc = kvr_config_set(&a->cfg, name, v, err, sizeof err);
+    int rc = kvr_config_set(&a->cfg, setting, v, err, sizeof err);
     if (rc == KVR_ENOTFOUND)
         return kvr_cli_fail(c, "%s; `kvrouter serve --help` lists the settings", err);
     if (rc != KVR_OK)
@@ -158,7 +206,9 @@ static int parse_args(int argc, char **argv, serve_args_t *a)
     kvr_cli_init(&c, "kvrouter serve", argc, argv);
     if (read_config_file(&c, a) != 0)
         return 2;
-    if (kvr_config_from_env(&a->cfg, environ, err, sizeof err) != KVR_OK)
+    /* the reference's DYN_* variables, then ours (KVR_*: they win), then the flags */
+    if (kvr_config_from_ref_env(&a->cfg, environ, add_note, a, err, sizeof err) != KVR_OK ||
+        kvr_config_from_env(&a->cfg, environ, err, sizeof err) != KVR_OK)
         return kvr_cli_fail(&c, "%s", err);
     int rc = kvr_cli_parse(&c, parse_flag, a, usage);
     if (rc != 0)
@@ -466,6 +516,14 @@ int kvr_cmd_serve(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     }
     kvr_log_set_level(a.log_level);
+    for (char *line = a.notes, *end; *line != '\0'; line = end + 1) {
+        end = strchr(line, '\n');
+        if (end == NULL)
+            break;
+        bool warn = *line == '!'; /* a name not read: said as a warning */
+        kvr_log(warn ? KVR_LOG_WARN : KVR_LOG_INFO, "%.*s", (int)(end - line - warn),
+                line + warn);
+    }
     for (char *line = a.derived, *end; *line != '\0'; line = end + 1) {
         end = strchr(line, '\n');
         if (end == NULL)
@@ -476,11 +534,11 @@ int kvr_cmd_serve(int argc, char **argv)
     daemon_parts_t d = {0};
     int st = build(&d, &a);
     if (st == KVR_OK) {
-        static const char *const modes[] = {"kv", "round-robin", "random", "least-loaded",
-                                            "approx"};
-        kvr_log(KVR_LOG_INFO, "kvrouter serving on http://%s:%u (block size %u, mode %s, %zu workers)",
+        kvr_log(KVR_LOG_INFO,
+                "kvrouter serving on http://%s:%u (block size %u, mode %s, policy %s, %zu "
+                "workers)",
                 a.cfg.bind, kvr_http_host_port(d.host), a.cfg.block_size,
-                (unsigned)a.cfg.router_mode < 5 ? modes[a.cfg.router_mode] : "?", a.n_workers);
+                kvr_config_mode_name(&a.cfg), kvr_config_policy_name(&a.cfg), a.n_workers);
         /* a line scripts can wait for */
         printf("listening %s:%u\n", a.cfg.bind, kvr_http_host_port(d.host));
         if (a.cfg.admin_port.set) {

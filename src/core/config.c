@@ -397,6 +397,26 @@ static const field_t *lookup(const char *name)
 
 bool kvr_config_has(const char *name) { return lookup(name) != NULL; }
 
+const char *kvr_config_mode_name(const kvr_router_config_t *cfg)
+{
+    unsigned m = (unsigned)cfg->router_mode;
+    return m < sizeof MODES / sizeof MODES[0] - 1 ? MODES[m] : "?";
+}
+
+const char *kvr_config_policy_name(const kvr_router_config_t *cfg)
+{
+    if (cfg->router_mode != KVR_MODE_KV && cfg->router_mode != KVR_MODE_APPROX)
+        return kvr_config_mode_name(cfg); /* a load-only mode is its own policy */
+    unsigned p = (unsigned)cfg->router_selection_policy;
+    return p < sizeof SPOL / sizeof SPOL[0] - 1 ? SPOL[p] : "?";
+}
+
+bool kvr_config_is_bool(const char *name)
+{
+    const field_t *f = lookup(name);
+    return f != NULL && f->type == T_BOOL;
+}
+
 /* Edit distance between a and b (insertions, deletions, substitutions, adjacent swaps), or
  * SIZE_MAX past 63 bytes: names are short, so one row of 64 suffices a pass. */
 static size_t edit_distance(const char *a, const char *b)

@@ -256,6 +256,77 @@ static void test_help_lists_every_field(void **s)
     free(buf);
 }
 
+/* The reference's spellings (kvrouter/config.h, kvr_config_ref_*): the table is consistent,
+ * its names and the generic router-/no-router-/DYN_ROUTER_ rules resolve to our settings, a
+ * name neither ours nor the reference's is none, and DYN_* variables are applied, noted, or
+ * refused naming why. */
+static void collect(void *arg, const char *line)
+{
+    char *out = arg;
+    size_t n = strlen(out);
+    snprintf(out + n, 2048 - n, "%s\n", line);
+}
+
+static void test_reference_names(void **state)
+{
+    (void)state;
+    char msg[200] = "", buf[96];
+    assert_int_equal(kvr_config_ref_verify(msg, sizeof msg), KVR_OK);
+    kvr_config_ref_t r = kvr_config_ref_flag("--router-kv-overlap-score-credit", buf, sizeof buf);
+    assert_int_equal(r.kind, KVR_REF_SETTING);
+    assert_string_equal(r.setting, "overlap_score_credit");
+    assert_null(r.value);
+    r = kvr_config_ref_flag("--no-router-kv-events", buf, sizeof buf);
+    assert_int_equal(r.kind, KVR_REF_SETTING);
+    assert_string_equal(r.setting, "use_kv_events");
+    assert_string_equal(r.value, "false");
+    r = kvr_config_ref_flag("--router-prefill-load-scale", buf, sizeof buf); /* generic rule */
+    assert_int_equal(r.kind, KVR_REF_SETTING);
+    assert_string_equal(r.setting, "prefill_load_scale");
+    r = kvr_config_ref_flag("--no-router-track-active-blocks", buf, sizeof buf);
+    assert_int_equal(r.kind, KVR_REF_SETTING);
+    assert_string_equal(r.setting, "router_track_active_blocks");
+    assert_string_equal(r.value, "false");
+    assert_int_equal(kvr_config_ref_flag("--no-router-temperature", buf, sizeof buf).kind,
+                     KVR_REF_NONE); /* not a boolean */
+    assert_int_equal(kvr_config_ref_flag("--router-temperature", buf, sizeof buf).kind,
+                     KVR_REF_NONE); /* ours already */
+    assert_int_equal(kvr_config_ref_flag("--router-no-such-thing", buf, sizeof buf).kind,
+                     KVR_REF_NONE);
+    r = kvr_config_ref_flag("--router-durable-kv-events", buf, sizeof buf);
+    assert_int_equal(r.kind, KVR_REF_REFUSED);
+    assert_non_null(strstr(r.why, "JetStream"));
+    assert_int_equal(kvr_config_ref_flag("--router-event-threads", buf, sizeof buf).kind,
+                     KVR_REF_IGNORED);
+    r = kvr_config_ref_env("DYN_ROUTER_QUEUE_POLICY", buf, sizeof buf);
+    assert_int_equal(r.kind, KVR_REF_SETTING);
+    assert_string_equal(r.setting, "router_queue_policy");
+    assert_int_equal(kvr_config_ref_env("DYN_SOMETHING", buf, sizeof buf).kind, KVR_REF_NONE);
+
+    kvr_router_config_t c;
+    kvr_config_defaults(&c);
+    char notes[2048] = "", err[300] = "";
+    char *env[] = {"DYN_KV_CACHE_BLOCK_SIZE=64", "DYN_ROUTER_USE_KV_EVENTS=false",
+                   "DYN_ROUTER_SELECTION_POLICY=default", "DYN_WHATEVER=1", "PATH=/bin", NULL};
+    assert_int_equal(kvr_config_from_ref_env(&c, env, collect, notes, err, sizeof err), KVR_OK);
+    assert_int_equal(c.block_size, 64);
+    assert_false(c.use_kv_events);
+    assert_non_null(strstr(notes, "reference name DYN_KV_CACHE_BLOCK_SIZE read as block_size"));
+    assert_non_null(strstr(notes, "reads as locality"));
+    assert_non_null(strstr(notes, "!environment DYN_WHATEVER: not read"));
+    assert_null(strstr(notes, "PATH"));
+    char *bad[] = {"DYN_KV_CACHE_BLOCK_SIZE=0", NULL};
+    assert_int_equal(kvr_config_from_ref_env(&c, bad, NULL, NULL, err, sizeof err), KVR_EINVAL);
+    assert_non_null(strstr(err, "DYN_KV_CACHE_BLOCK_SIZE (read as block_size)"));
+    char *refused[] = {"DYN_ROUTER_RESET_STATES=true", NULL};
+    assert_int_equal(kvr_config_from_ref_env(&c, refused, NULL, NULL, err, sizeof err),
+                     KVR_EINVAL);
+    assert_non_null(strstr(err, "DYN_ROUTER_RESET_STATES"));
+    assert_int_equal(c.block_size, 64); /* unchanged by the refusals */
+    assert_string_equal(kvr_config_policy_name(&c), "locality");
+    assert_string_equal(kvr_config_mode_name(&c), "kv");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -267,6 +338,7 @@ int main(void)
         cmocka_unit_test(test_environment),
         cmocka_unit_test(test_config_file),
         cmocka_unit_test(test_help_lists_every_field),
+        cmocka_unit_test(test_reference_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -193,12 +193,13 @@ class Child:
     """A kvrouter process on loopback that prints `listening host:port`; stderr goes to a file
     scanned for sanitizer reports when it stops."""
 
-    def __init__(self, args, what):
+    def __init__(self, args, what, env=None):
         self.what = what
         self.args = [str(a) for a in args]
         self.err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.err,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL,
+                                     env=None if env is None else {**os.environ, **env})
         CHILDREN.append(self)
         line = read_line(self.proc)
         if not line.startswith("listening "):

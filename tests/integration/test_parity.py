@@ -694,10 +694,67 @@ def scenario_capacity_from_metrics():
             e.close()
 
 
+def scenario_reference_names():
+    """The reference's flag and variable spellings start this router as they would start
+    Dynamo's (each read logged once at start); the ones with no effect here are said, a DYN_*
+    variable no setting reads is warned about, a refused one stops start-up naming it and why.
+    Before, each such flag was 'unknown setting' and every DYN_* was ignored without a word."""
+    r = Child([KVR, "serve", "--http-port", "0", "--log-level", "info", "--worker", "id=1",
+               "--no-router-kv-events", "--kv-cache-block-size", "32",
+               "--router-kv-overlap-score-credit", "0.5", "--router-event-threads", "8",
+               "--router-session-affinity-ttl-secs", "60", "--router-selection-policy", "default"],
+              "router(reference names)",
+              env={"DYN_ROUTER_TEMPERATURE": "0.25", "DYN_NOT_A_SETTING_AT_ALL": "1",
+                   "DYN_KV_CACHE_BLOCK_SIZE": "64"})
+    try:
+        st, w = r.call("GET", "/v1/workers")
+        check("reference names: --kv-cache-block-size (the flag wins over DYN_*) is the block size",
+              st == 200 and w["block_size"] == 32, w)
+        check("reference names: --no-router-kv-events is approximate mode, shown",
+              w.get("router_mode") == "approx", w)
+        check("reference names: the policy in force is shown (default reads as locality)",
+              w.get("policy") == "locality", w)
+        err = r.stderr()
+        for line in ("reference name --no-router-kv-events read as use_kv_events = false",
+                     "reference name --kv-cache-block-size read as block_size",
+                     "reference name --router-kv-overlap-score-credit read as overlap_score_credit",
+                     "reference name --router-session-affinity-ttl-secs read as session_ttl_secs",
+                     "reference name DYN_ROUTER_TEMPERATURE read as router_temperature",
+                     "--router-event-threads (the reference's): accepted, no effect here",
+                     "router_selection_policy 'default' (the reference's keyword) reads as locality",
+                     "policy locality"):
+            check(f"reference names: logged: {line}", line in err, err[-3000:])
+        check("reference names: an unknown DYN_* variable is a warning naming it",
+              re.search(r"warn .*DYN_NOT_A_SETTING_AT_ALL: not read", err) is not None, err[-3000:])
+        _, q = r.call("POST", "/v1/route", {"tokens": list(range(1000, 1100))})
+        check("reference names: routes", "worker_id" in q, q)
+    finally:
+        r.stop()
+    r = serve("--worker", "id=1", "--router-selection-policy", "dynamo")
+    try:
+        _, w = r.call("GET", "/v1/workers")
+        check("policy dynamo: shown", w.get("policy") == "dynamo" and w.get("router_mode") == "kv",
+              w)
+        check("policy dynamo: in the start-up line", "mode kv, policy dynamo" in r.stderr())
+    finally:
+        r.stop()
+    for how, args, env, want in (
+            ("flag", ["--router-durable-kv-events"], None, "--router-durable-kv-events is the "
+             "reference router's flag; not supported here: there is no JetStream"),
+            ("variable", [], {"DYN_ROUTER_DURABLE_KV_EVENTS": "true"},
+             "environment DYN_ROUTER_DURABLE_KV_EVENTS (the reference's): not supported")):
+        p = subprocess.run([KVR, "serve", "--http-port", "0", "--worker", "id=1"] + args,
+                           capture_output=True, text=True, timeout=30,
+                           env=None if env is None else {**__import__("os").environ, **env})
+        check(f"refused reference {how}: exit 2 naming it and why",
+              p.returncode == 2 and want in p.stderr, (p.returncode, p.stderr))
+
+
 def main():
     ctx = zmq.Context()
     try:
         scenario_use_kv_events_false_is_approximate()
+        scenario_reference_names()
         scenario_credit_zero_runs_no_index(ctx)
         scenario_overlap_score_weight_alias()
         scenario_load_overrides()
