@@ -212,7 +212,9 @@ int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_le
 /* Applies the settings derived from others, as the reference does, after kvr_config_validate:
  *   - overlap_score_weight (deprecated): set and nonzero, prefill_load_scale = it; set and 0,
  *     prefill_load_scale = 0 and overlap_score_credit = 0; it takes precedence;
- *   - router_mode kv with use_kv_events false becomes approx (approximate mode).
+ *   - router_mode kv with use_kv_events false becomes approx (approximate mode), unless
+ *     overlap_score_credit is 0 (after the line above): then it keeps no index at all, as the
+ *     reference's Indexer::None wins (its load-aware preset).
  * Idempotent. note receives one line per derivation ("" when none), for the start-up log. */
 void kvr_config_resolve(kvr_router_config_t *cfg, char *note, size_t note_len);
 

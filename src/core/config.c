@@ -877,14 +877,20 @@ void kvr_config_resolve(kvr_router_config_t *cfg, char *note, size_t note_len)
                  "overlap_score_weight %g (deprecated): prefill_load_scale = %g%s\n", w, w,
                  w == 0 ? ", overlap_score_credit = 0" : "");
     }
-    if (cfg->router_mode == KVR_MODE_KV && !cfg->use_kv_events) {
+    if (cfg->router_mode == KVR_MODE_KV && !cfg->use_kv_events &&
+        cfg->overlap_score_credit == 0) {
+        /* the reference's Indexer::None wins over approximate mode (its load-aware preset) */
+        add_note(note, note_len,
+                 "use_kv_events false with overlap_score_credit 0: no index at all, not "
+                 "approximate mode (load-aware routing; the whole prompt booked as prefill)\n");
+    } else if (cfg->router_mode == KVR_MODE_KV && !cfg->use_kv_events) {
         cfg->router_mode = KVR_MODE_APPROX;
         add_note(note, note_len,
                  "use_kv_events false: approximate mode (router_mode approx; "
                  "cached blocks predicted from the router's own decisions for "
                  "router_ttl_secs)\n");
     }
-    if (cfg->router_mode == KVR_MODE_KV && cfg->overlap_score_credit == 0)
+    if (cfg->router_mode == KVR_MODE_KV && cfg->overlap_score_credit == 0 && cfg->use_kv_events)
         add_note(note, note_len,
                  "overlap_score_credit 0: no prefix index and no KV-event "
                  "subscription (load balancing by the cost function alone)\n");

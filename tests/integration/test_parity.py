@@ -98,6 +98,36 @@ def scenario_credit_zero_runs_no_index(ctx):
         eng.close()
 
 
+def scenario_no_events_no_credit_is_no_index():
+    """--use-kv-events false with credit 0 (or the deprecated weight 0, or the reference's
+    --no-router-kv-events --router-kv-overlap-score-weight 0: its load-aware preset) keeps no
+    index at all, as the reference's Indexer::None wins over approximate mode: the same prompt
+    routed twice is booked whole both times and nothing is predicted cached. Before, it was
+    approximate mode, crediting the first request's blocks to the second."""
+    toks = tokens_for(31, 6)
+    for flags in (["--use-kv-events", "false", "--overlap-score-credit", "0"],
+                  ["--use-kv-events", "false", "--overlap-score-weight", "0"],
+                  ["--no-router-kv-events", "--router-kv-overlap-score-weight", "0"]):
+        r = serve("--worker", "id=1", *flags)
+        try:
+            for rid in ("a", "b"):
+                st, a = r.call("POST", "/v1/route", {"tokens": toks, "request_id": rid})
+                check(f"{flags}: route {rid} sees no cached block",
+                      st == 200 and a.get("overlap_blocks", 0) == 0, a)
+            rk = rank0(r)
+            check(f"{flags}: both prompts booked whole as prefill",
+                  rk["active_prefill_tokens"] == 2 * len(toks), rk)
+            check(f"{flags}: nothing predicted cached", device_blocks(r, toks).get(1, 0) == 0,
+                  device_blocks(r, toks))
+            st, w = r.call("GET", "/v1/workers")
+            check(f"{flags}: kv mode without an index, shown",
+                  w.get("router_mode") == "kv" and rk["index_state"] == "not_indexed", (w, rk))
+            check(f"{flags}: the start-up log says why",
+                  "no index at all, not approximate mode" in r.stderr(), r.stderr()[-2000:])
+        finally:
+            r.stop()
+
+
 def scenario_overlap_score_weight_alias():
     """--overlap-score-weight W (deprecated) is prefill_load_scale = W, and logged."""
     r = serve("--worker", "id=1", "--overlap-score-weight", "2.5")
@@ -755,6 +785,7 @@ def main():
     try:
         scenario_use_kv_events_false_is_approximate()
         scenario_reference_names()
+        scenario_no_events_no_credit_is_no_index()
         scenario_credit_zero_runs_no_index(ctx)
         scenario_overlap_score_weight_alias()
         scenario_load_overrides()
