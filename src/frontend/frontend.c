@@ -1160,6 +1160,10 @@ static bool copy_routing(fe_req_t *p, const kvr_oai_request_t *rq)
         p->hints.worker.has_rank = true;
         p->hints.worker.rank = x->dp_rank;
     }
+    if (x->has_prefill_dp_rank) { /* as x-prefill-dp-rank (which overrides it) */
+        p->hints.pf.has_rank = true;
+        p->hints.pf.rank = x->prefill_dp_rank;
+    }
     p->hints.priority_jump = x->has_priority_jump ? x->priority_jump : 0.0;
     p->hints.has_priority = x->has_priority;
     p->hints.priority = x->priority;

@@ -81,6 +81,7 @@ enum field {
     F_PREFILL_ID,
     F_DECODE_ID,
     F_DP_RANK,
+    F_PREFILL_DP_RANK,
     F_LORA,
     F_PRIORITY,
     F_EXPECTED,
@@ -139,6 +140,8 @@ static const field_def_t FIELDS[F_N_FIELDS] = {
     [F_BACKEND_ID] = {"backend_instance_id", "nvext.backend_instance_id", O_NVEXT, T_INT, E_CC, 0,
                       UINT64_MAX},
     [F_DP_RANK] = {"dp_rank", "nvext.dp_rank", O_NVEXT, T_INT, E_CC, 0, U32MAX},
+    [F_PREFILL_DP_RANK] = {"prefill_dp_rank", "nvext.prefill_dp_rank", O_NVEXT, T_INT, E_CC, 0,
+                           U32MAX},
     [F_LORA] = {"lora_name", "nvext.lora_name", O_NVEXT, T_STRING, E_CC, 0, KVR_OAI_MAX_NAME_BYTES},
     [F_PRIORITY] = {"priority", "nvext.priority", O_NVEXT, T_I32, E_CC, 0, 0},
     [F_PRIORITY_JUMP] = {"priority_jump", "nvext.priority_jump", O_NVEXT, T_DOUBLE, E_CC, 0, 0},
@@ -845,6 +848,40 @@ static int on_end(void *ctx)
     }
 }
 
+/* The reference's routing hints this router does not act on: a request naming one is refused
+ * (400, the hint and what to do instead named), never served as if it were not there. */
+typedef struct refused_key {
+    unsigned char obj;
+    const char *key, *path, *why;
+} refused_key_t;
+
+static const refused_key_t REFUSED[] = {
+    {O_NVEXT, "routing_constraints", "nvext.routing_constraints",
+     "taint constraints are taken by POST /v1/route (routing_constraints), not through the "
+     "OpenAI front end; restrict the workers with nvext.allowed_worker_ids instead"},
+    {O_NVEXT, "router_config_override", "nvext.router_config_override",
+     "per-request cost overrides are taken by POST /v1/route (router_config_override), not "
+     "through the OpenAI front end"},
+    {O_TOP, "router_config_override", "router_config_override",
+     "per-request cost overrides are taken by POST /v1/route (router_config_override), not "
+     "through the OpenAI front end"},
+    {O_NVEXT, "annotations", "nvext.annotations",
+     "annotations are not supported (for query_instance_id, the choice without running the "
+     "request, call POST /v1/query)"},
+    {O_HINTS, "strict_priority", "nvext.agent_hints.strict_priority",
+     "strict priority is not supported by the front end's queue (POST /router takes it); "
+     "nvext.priority_jump gives a head start"},
+};
+
+static const refused_key_t *refused(int obj, const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < sizeof REFUSED / sizeof REFUSED[0]; i++)
+        if (REFUSED[i].obj == obj && strlen(REFUSED[i].key) == n &&
+            memcmp(REFUSED[i].key, s, n) == 0)
+            return &REFUSED[i];
+    return NULL;
+}
+
 static int on_map_key(void *ctx, const unsigned char *s, size_t n)
 {
     kvr_oai_decoder_t *d = ctx;
@@ -865,6 +902,9 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n)
         d->state = S_VALUE;
         return 1;
     }
+    const refused_key_t *r = d->endpoint != KVR_OAI_TOKENIZE ? refused(d->obj, s, n) : NULL;
+    if (r != NULL)
+        return fail(d, KVR_EINVAL, "%s: %s", r->path, r->why);
     kvr_jd_skip_next(&d->skip); /* not ours: the skeleton swallows its value */
     return 1;
 }
@@ -1233,6 +1273,8 @@ static int finish(kvr_oai_decoder_t *d, kvr_oai_request_t *out)
     x->prefill_worker_id = has(d, F_PREFILL_ID) ? d->ival[F_PREFILL_ID] : 0;
     x->has_decode_worker_id = has(d, F_DECODE_ID);
     x->decode_worker_id = has(d, F_DECODE_ID) ? d->ival[F_DECODE_ID] : 0;
+    x->has_prefill_dp_rank = has(d, F_PREFILL_DP_RANK);
+    x->prefill_dp_rank = has(d, F_PREFILL_DP_RANK) ? (uint32_t)d->ival[F_PREFILL_DP_RANK] : 0;
     x->has_dp_rank = has(d, F_DP_RANK);
     x->dp_rank = has(d, F_DP_RANK) ? (uint32_t)d->ival[F_DP_RANK] : 0;
     x->lora_name = str_of(d, F_LORA, &x->lora_name_len);

@@ -17,11 +17,16 @@
  *   tokenize:    prompt (a string) or messages, exactly one
  *   completions and chat: max_tokens (max_completion_tokens wins when both are given), stream,
  *                stream_options.include_usage, n (only 1), nvext {token_data,
- *                backend_instance_id, dp_rank, lora_name, priority, priority_jump,
+ *                backend_instance_id, prefill_worker_id, decode_worker_id, dp_rank,
+ *                prefill_dp_rank, lora_name, priority, priority_jump,
  *                expected_output_tokens, allowed_worker_ids, extra_fields, agent_hints
  *                {priority, latency_sensitivity, osl}}; an agent_hints field and its nvext
  *                twin (priority/priority, latency_sensitivity/priority_jump,
- *                osl/expected_output_tokens) may both be given only with the same value
+ *                osl/expected_output_tokens) may both be given only with the same value.
+ *                The reference's hints this router does not act on are refused by name
+ *                (KVR_EINVAL, so a 400): nvext.routing_constraints, nvext.annotations,
+ *                nvext.router_config_override (and a top-level router_config_override),
+ *                nvext.agent_hints.strict_priority
  * Sampling parameters (temperature, top_p, seed, stop, logprobs, echo, ignore_eos, ...) are
  * accepted and ignored like any unknown key: the simulated engine does not sample.
  *
@@ -118,6 +123,8 @@ typedef struct kvr_oai_nvext {
     uint64_t decode_worker_id;
     bool has_dp_rank;
     uint32_t dp_rank;
+    bool has_prefill_dp_rank; /* disaggregated: the prefill leg's rank */
+    uint32_t prefill_dp_rank;
     const char *lora_name;               /* NULL when absent, null or "" */
     size_t lora_name_len;
     bool has_priority;      /* engine priority (vLLM's and SGLang's request */

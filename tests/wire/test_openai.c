@@ -125,6 +125,15 @@ static void err_prefix(int ep, const char *body, const char *prefix)
                  kvr_oai_decoder_error(fast_d), prefix);
 }
 
+/* A refusal: status KVR_EINVAL and a message that starts with prefix. */
+static void refused(int ep, const char *body, const char *prefix)
+{
+    int st = check(ep, body);
+    if (st != KVR_EINVAL || strncmp(kvr_oai_decoder_error(fast_d), prefix, strlen(prefix)) != 0)
+        fail_msg("%.300s: got %d '%s', expected %d and prefix '%s'", body, st,
+                 kvr_oai_decoder_error(fast_d), KVR_EINVAL, prefix);
+}
+
 static kvr_oai_options_t slow_opts(void)
 {
     kvr_oai_options_t o = {KVR_OAI_MAX_TOKENS, KVR_OAI_MAX_TEXT_BYTES, KVR_OAI_MAX_MESSAGES,
@@ -327,7 +336,8 @@ static void test_ignored_fields(void **state)
         "\"stop\":[\"\\n\",\"END\"],\"logprobs\":null,\"echo\":false,\"ignore_eos\":true,"
         "\"frequency_penalty\":1e400,\"logit_bias\":{\"50256\":-100},\"user\":\"u\","
         "\"x\":{\"prompt\":\"not me\",\"a\":[[[{\"nvext\":{\"token_data\":[9]}}]]]},"
-        "\"nvext\":{\"unknown\":[1,{\"b\":null}],\"annotations\":[\"query_instance_id:1\"]}}");
+        "\"nvext\":{\"unknown\":[1,{\"b\":null}],\"x\":{\"annotations\":[\"a\"]}}}");
+    /* (nvext.annotations itself is the reference's hint, refused: test_parse_errors) */
     static const uint32_t want[] = {1, 2, 3};
     assert_tokens(r->tokens, r->n_tokens, want, 3);
     assert_true(r->has_nvext);
@@ -763,6 +773,25 @@ static void test_parse_errors(void **state)
     err_prefix(CMPL, "{\"prompt\":[1,2,3],\"model\"}", "invalid JSON at byte");
     /* our checks run as yajl goes: a duplicate key before a syntax error is reported */
     err(CMPL, "{\"prompt\":[1,2,3],\"prompt\"}", KVR_EINVAL, "prompt: duplicate key");
+    /* the reference's hints this router does not act on: refused by name, never dropped */
+    refused(CMPL, "{\"prompt\":[1,2,3],\"nvext\":{\"routing_constraints\":{}}}",
+               "nvext.routing_constraints: taint constraints are taken by POST /v1/route");
+    refused(CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+               "\"nvext\":{\"annotations\":[\"query_instance_id\"]}}",
+               "nvext.annotations: annotations are not supported");
+    refused(CMPL, "{\"prompt\":[1,2,3],\"nvext\":{\"router_config_override\":{}}}",
+               "nvext.router_config_override: per-request cost overrides");
+    refused(CMPL, "{\"prompt\":[1,2,3],\"router_config_override\":{\"x\":1}}",
+               "router_config_override: per-request cost overrides");
+    refused(CMPL,
+               "{\"prompt\":[1,2,3],\"nvext\":{\"agent_hints\":{\"strict_priority\":1}}}",
+               "nvext.agent_hints.strict_priority: strict priority is not supported");
+    const kvr_oai_request_t *pr =
+        ok(CMPL, "{\"prompt\":[1,2,3],\"nvext\":{\"prefill_worker_id\":4,"
+                 "\"prefill_dp_rank\":2}}");
+    assert_true(pr->nvext.has_prefill_dp_rank);
+    assert_int_equal(pr->nvext.prefill_dp_rank, 2);
 
     kvr_oai_request_t r;
     assert_int_equal(kvr_oai_decode(fast_d, KVR_OAI_COMPLETIONS, NULL, 3, &r), KVR_EINVAL);
