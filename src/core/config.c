@@ -75,13 +75,16 @@ static const field_t FIELDS[] = {
      "index, no KV-event subscription)"},
     {"overlap_score_weight", T_OPT_F64, OFF(overlap_score_weight), 0, 1e9, false, NULL, 0, "unset",
      "deprecated: nonzero = prefill_load_scale; 0 = prefill_load_scale 0 and overlap_score_credit "
-     "0; takes precedence over both"},
+     "0; takes precedence over both (a value other than 0 or 1: router_selection_policy dynamo "
+     "only)"},
     {"overlap_score_credit_decay", T_F64, OFF(overlap_score_credit_decay), 0, 1e9, false, NULL, 0,
      "0.0", "decay of the device credit for workers above the least prefill load"},
     {"prefill_load_scale", T_F64, OFF(prefill_load_scale), 0, 1e9, false, NULL, 0, "1.0",
-     "weight of the adjusted prefill blocks in the cost"},
+     "weight of the adjusted prefill blocks in the cost (router_selection_policy dynamo only: "
+     "refused elsewhere)"},
     {"decode_active_request_weight", T_F64, OFF(decode_active_request_weight), 0, 1e9, false, NULL,
-     0, "0.0", "cost per active request"},
+     0, "0.0", "cost per active request (router_selection_policy dynamo only: refused "
+     "elsewhere)"},
     {"host_cache_hit_weight", T_F64, OFF(host_cache_hit_weight), 0, 1, false, NULL, 0, "0.75",
      "credit per block cached in host memory, in [0, 1]"},
     {"disk_cache_hit_weight", T_F64, OFF(disk_cache_hit_weight), 0, 1, false, NULL, 0, "0.25",
@@ -791,8 +794,38 @@ static int check_indexer_settings(const kvr_router_config_t *cfg, char *err, siz
     return KVR_OK;
 }
 
+/* The dynamo cost's weights mean nothing under the other policies (lmetric and locality
+ * multiply prefill by decode load: a scale of one term changes no choice, and a per-request
+ * term has no unit there): a value that would change the dynamo cost is refused under them. */
+static int check_cost_weights(const kvr_router_config_t *cfg, char *err, size_t err_len)
+{
+    if ((cfg->router_mode != KVR_MODE_KV && cfg->router_mode != KVR_MODE_APPROX) ||
+        cfg->router_selection_policy == KVR_SELECT_POLICY_DYNAMO)
+        return KVR_OK;
+    const char *pol = kvr_config_policy_name(cfg);
+    const char *name = NULL;
+    double v = 0;
+    if (cfg->overlap_score_weight.set && cfg->overlap_score_weight.v != 0 &&
+        cfg->overlap_score_weight.v != 1)
+        name = "overlap_score_weight", v = cfg->overlap_score_weight.v;
+    else if (!cfg->overlap_score_weight.set && cfg->prefill_load_scale != 1)
+        name = "prefill_load_scale", v = cfg->prefill_load_scale;
+    else if (cfg->decode_active_request_weight != 0)
+        name = "decode_active_request_weight", v = cfg->decode_active_request_weight;
+    if (name == NULL)
+        return KVR_OK;
+    seterr(err, err_len,
+           "%s %g: a weight of the dynamo cost, which router_selection_policy %s does not have "
+           "(it multiplies prefill by decode load); set router_selection_policy dynamo for it, "
+           "or leave %s at its default",
+           name, v, pol, name);
+    return KVR_EINVAL;
+}
+
 int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_len)
 {
+    if (check_cost_weights(cfg, err, err_len) != KVR_OK)
+        return KVR_EINVAL;
     if (cfg->router_track_output_blocks && !cfg->router_track_active_blocks) {
         seterr(err, err_len,
                "router_track_output_blocks: requires router_track_active_blocks = true");

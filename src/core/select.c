@@ -144,6 +144,27 @@ static void apply_override(kvr_select_config_t *c, const kvr_select_override_t *
     }
 }
 
+/* A request's dynamo-cost weight under a policy without that term: the message naming both
+ * (static), or NULL. */
+static const char *foreign_weight(kvr_select_policy_t policy, const kvr_select_override_t *o)
+{
+    if (o == NULL || policy == KVR_SELECT_POLICY_DYNAMO)
+        return NULL;
+    bool loc = policy == KVR_SELECT_POLICY_LOCALITY;
+    if (o->has_overlap_score_weight && o->overlap_score_weight != 0 &&
+        o->overlap_score_weight != 1)
+        return loc ? "config_override.overlap_score_weight: a weight of the dynamo cost, which "
+                     "router_selection_policy locality does not have (0 or 1 only)"
+                   : "config_override.overlap_score_weight: a weight of the dynamo cost, which "
+                     "router_selection_policy lmetric does not have (0 or 1 only)";
+    if (o->has_prefill_load_scale && o->prefill_load_scale != 1)
+        return loc ? "config_override.prefill_load_scale: a weight of the dynamo cost, which "
+                     "router_selection_policy locality does not have"
+                   : "config_override.prefill_load_scale: a weight of the dynamo cost, which "
+                     "router_selection_policy lmetric does not have";
+    return NULL;
+}
+
 int kvr_select_config_merge(const kvr_select_config_t *base, const kvr_select_override_t *ovr,
                             kvr_select_config_t *out, const char **field)
 {
@@ -155,6 +176,12 @@ int kvr_select_config_merge(const kvr_select_config_t *base, const kvr_select_ov
     int rc = kvr_select_config_validate(&c, field);
     if (rc == KVR_OK)
         rc = kvr_select_override_validate(ovr, field);
+    const char *foreign = rc == KVR_OK ? foreign_weight(c.policy, ovr) : NULL;
+    if (foreign != NULL) {
+        if (field != NULL)
+            *field = foreign;
+        rc = KVR_EINVAL;
+    }
     if (rc != KVR_OK)
         return rc;
     if (ovr != NULL)

@@ -146,6 +146,35 @@ static void test_cross_field_rules(void **s)
     assert_non_null(strstr(err, "router_max_tree_size: 4096 exceeds index_max_pairs 2048"));
     assert_int_equal(kvr_config_set(&c, "router_mode", "kv", err, sizeof err), KVR_OK);
     assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK);
+    /* the dynamo cost's weights under another policy: refused, naming both (a value that
+     * changes nothing is accepted) */
+    static const char *const foreign[][2] = {{"prefill_load_scale", "2"},
+                                            {"decode_active_request_weight", "0.5"},
+                                            {"overlap_score_weight", "2.5"}};
+    for (size_t i = 0; i < 3; i++) {
+        kvr_config_defaults(&c); /* locality */
+        assert_int_equal(kvr_config_set(&c, foreign[i][0], foreign[i][1], err, sizeof err),
+                         KVR_OK);
+        kvr_config_resolve(&c, NULL, 0);
+        assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_EINVAL);
+        assert_non_null(strstr(err, foreign[i][0]));
+        assert_non_null(strstr(err, "router_selection_policy locality"));
+        assert_int_equal(kvr_config_set(&c, "router_selection_policy", "dynamo", err, sizeof err),
+                         KVR_OK);
+        assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK);
+        assert_int_equal(kvr_config_set(&c, "router_mode", "round-robin", err, sizeof err),
+                         KVR_OK); /* no cost at all there: nothing to refuse */
+        assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK);
+    }
+    kvr_config_defaults(&c);
+    assert_int_equal(kvr_config_set(&c, "overlap_score_weight", "1", err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_config_set(&c, "prefill_load_scale", "1", err, sizeof err), KVR_OK);
+    kvr_config_resolve(&c, NULL, 0);
+    assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK); /* the reference's default */
+    kvr_config_defaults(&c);
+    assert_int_equal(kvr_config_set(&c, "overlap_score_weight", "0", err, sizeof err), KVR_OK);
+    kvr_config_resolve(&c, NULL, 0);
+    assert_int_equal(kvr_config_validate(&c, err, sizeof err), KVR_OK); /* no cache awareness */
     /* NATS: sync and discovery need a url; the namespace goes into subjects */
     static const char *const needs_url[][2] = {{"router_replica_sync", "true"},
                                                {"discovery", "nats"}};

@@ -811,6 +811,23 @@ static void test_override(void **s)
     (void)s;
     kvr_select_config_t base = defaults(), out;
     const char *field;
+    /* a dynamo-cost weight under a policy without it: refused naming both; 1 changes nothing */
+    for (int p = KVR_SELECT_POLICY_LMETRIC; p <= KVR_SELECT_POLICY_LOCALITY; p++) {
+        kvr_select_config_t other = base;
+        other.policy = (kvr_select_policy_t)p;
+        kvr_select_override_t w = {.has_prefill_load_scale = true, .prefill_load_scale = 2};
+        assert_int_equal(kvr_select_config_merge(&other, &w, &out, &field), KVR_EINVAL);
+        assert_non_null(strstr(field, "config_override.prefill_load_scale"));
+        assert_non_null(strstr(field, p == KVR_SELECT_POLICY_LOCALITY ? "locality" : "lmetric"));
+        w = (kvr_select_override_t){.has_overlap_score_weight = true, .overlap_score_weight = 3};
+        assert_int_equal(kvr_select_config_merge(&other, &w, &out, &field), KVR_EINVAL);
+        assert_non_null(strstr(field, "config_override.overlap_score_weight"));
+        w = (kvr_select_override_t){.has_prefill_load_scale = true, .prefill_load_scale = 1};
+        assert_int_equal(kvr_select_config_merge(&other, &w, &out, &field), KVR_OK);
+        other.policy = KVR_SELECT_POLICY_DYNAMO;
+        w.prefill_load_scale = 2;
+        assert_int_equal(kvr_select_config_merge(&other, &w, &out, &field), KVR_OK);
+    }
     kvr_select_override_t o = {.has_temperature = true, .temperature = 0.5,
                                .has_overlap_score_credit = true, .overlap_score_credit = 0.25};
     assert_int_equal(kvr_select_config_merge(&base, &o, &out, &field), KVR_OK);

@@ -130,11 +130,42 @@ def scenario_no_events_no_credit_is_no_index():
 
 def scenario_overlap_score_weight_alias():
     """--overlap-score-weight W (deprecated) is prefill_load_scale = W, and logged."""
-    r = serve("--worker", "id=1", "--overlap-score-weight", "2.5")
+    r = serve("--worker", "id=1", "--overlap-score-weight", "2.5",
+              "--router-selection-policy", "dynamo")
     try:
         check("weight: accepted and logged",
               "overlap_score_weight 2.5 (deprecated): prefill_load_scale = 2.5" in r.stderr(),
               r.stderr())
+        _, w = r.call("GET", "/v1/workers")
+        check("weight: dynamo's cost, shown", w.get("policy") == "dynamo", w)
+    finally:
+        r.stop()
+
+
+def scenario_cost_weights_need_dynamo():
+    """prefill_load_scale, decode_active_request_weight and a nonzero overlap_score_weight are
+    terms of the dynamo cost: under the default policy (locality, which multiplies prefill by
+    decode load) they are refused at start and per request, naming the setting and the policy;
+    before, they were accepted and changed nothing."""
+    for flag, value in (("--prefill-load-scale", "2"), ("--decode-active-request-weight", "0.5"),
+                        ("--overlap-score-weight", "2.5"),
+                        ("--router-kv-overlap-score-weight", "3")):
+        p = subprocess.run([KVR, "serve", "--http-port", "0", "--worker", "id=1", flag, value],
+                           capture_output=True, text=True, timeout=30)
+        name = flag[2:].replace("-", "_").replace("router_kv_", "")
+        check(f"{flag} {value} under locality: refused at start naming it and the policy",
+              p.returncode == 2 and name in p.stderr and "router_selection_policy locality"
+              in p.stderr, (p.returncode, p.stderr))
+    r = serve("--worker", "id=1")
+    try:
+        st, a = r.call("POST", "/v1/route", {"tokens": tokens_for(41, 2),
+                                             "config_override": {"prefill_load_scale": 2}})
+        check("per-request prefill_load_scale under locality: 400 naming it",
+              st == 400 and "config_override.prefill_load_scale" in a["error"]["message"]
+              and "locality" in a["error"]["message"], (st, a))
+        st, a = r.call("POST", "/v1/route", {"tokens": tokens_for(41, 2),
+                                             "config_override": {"prefill_load_scale": 1}})
+        check("per-request prefill_load_scale 1 (no change): routed", st == 200, (st, a))
     finally:
         r.stop()
 
@@ -788,6 +819,7 @@ def main():
         scenario_no_events_no_credit_is_no_index()
         scenario_credit_zero_runs_no_index(ctx)
         scenario_overlap_score_weight_alias()
+        scenario_cost_weights_need_dynamo()
         scenario_load_overrides()
         scenario_priorities()
         scenario_metrics()
