@@ -705,6 +705,8 @@ static void h_workers_get(kvr_api_t *s, struct evhttp_request *req)
     kvr_json_string(s->w, kvr_config_mode_name(&s->cfg));
     kvr_json_key(s->w, "policy");
     kvr_json_string(s->w, kvr_config_policy_name(&s->cfg));
+    kvr_json_key(s->w, "session_ttl_secs"); /* 0: no sticky sessions */
+    kvr_json_u64(s->w, s->cfg.session_ttl_secs);
     kvr_json_key(s->w, "workers");
     kvr_json_begin_array(s->w);
     for (size_t i = 0; i < n && i < 4096; i++) {

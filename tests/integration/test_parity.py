@@ -793,10 +793,21 @@ def scenario_reference_names():
         r.stop()
     r = serve("--worker", "id=1", "--router-selection-policy", "dynamo")
     try:
+        check("sessions on by default: said at start, with the reference's way out",
+              "sticky sessions on (session_ttl_secs 300)" in r.stderr()
+              and "session_ttl_secs 0 for that" in r.stderr(), r.stderr()[-2000:])
         _, w = r.call("GET", "/v1/workers")
+        check("sessions on by default: shown", w.get("session_ttl_secs") == 300, w)
         check("policy dynamo: shown", w.get("policy") == "dynamo" and w.get("router_mode") == "kv",
               w)
         check("policy dynamo: in the start-up line", "mode kv, policy dynamo" in r.stderr())
+    finally:
+        r.stop()
+    r = serve("--worker", "id=1", "--session-ttl-secs", "0")
+    try:
+        _, w = r.call("GET", "/v1/workers")
+        check("sessions off: shown, and nothing said",
+              w.get("session_ttl_secs") == 0 and "sticky sessions on" not in r.stderr(), w)
     finally:
         r.stop()
     for how, args, env, want in (
