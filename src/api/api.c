@@ -281,7 +281,8 @@ static int apply_by_id(kvr_api_t *s, kvr_sched_kind_t kind, const char *id, size
  * leg of a disaggregated request would be placed; booked (update_state) under request_id and
  * request_id + "-prefill", or not at all. Nothing is queued (busy: 429). Without a prefill
  * worker serving: the aggregated answer, or 503 with enforce_disagg. */
-static void route_disagg(kvr_api_t *s, struct evhttp_request *req, const kvr_route_req_t *q)
+static void route_disagg(kvr_api_t *s, struct evhttp_request *req, const kvr_route_req_t *q,
+                         uint32_t strict_priority)
 {
     kvr_disagg_state_t st = kvr_router_disagg_state(s->r);
     if (st != KVR_DISAGG_ACTIVE) {
@@ -292,7 +293,7 @@ static void route_disagg(kvr_api_t *s, struct evhttp_request *req, const kvr_rou
                             kvr_disagg_state_name(st));
             return;
         }
-        route_and_reply(s, req, q, false, 0);
+        route_and_reply(s, req, q, false, strict_priority);
         return;
     }
     char pid[KVR_API_MAX_REQUEST_ID_BYTES + 16];
@@ -320,7 +321,7 @@ static void route_disagg(kvr_api_t *s, struct evhttp_request *req, const kvr_rou
     }
     kvr_route_res_t pres, dres;
     kvr_ticket_t ticket = 0;
-    kvr_place_t pl = {.q = &pq, .copy = true};
+    kvr_place_t pl = {.q = &pq, .strict_priority = strict_priority, .copy = true};
     int rc = kvr_sched_place(s->sched, &pl, kvr_now_ms(), &pres, &ticket);
     if (rc == KVR_OK) {
         pl.q = &dq;
@@ -366,9 +367,9 @@ static void h_route(kvr_api_t *s, struct evhttp_request *req)
     kvr_route_req_t q;
     route_req_from_api(&q, &a);
     if (a.disagg)
-        route_disagg(s, req, &q);
+        route_disagg(s, req, &q, a.strict_priority);
     else
-        route_and_reply(s, req, &q, false, 0);
+        route_and_reply(s, req, &q, false, a.strict_priority);
 }
 
 /* POST /v1/requests/{id}/first_token|output_block, DELETE /v1/requests/{id} */

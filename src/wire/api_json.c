@@ -217,8 +217,8 @@ static const field_def_t FIELDS[F_N] = {
     [F_SESS_ACTION] = {"action", "session_control.action", O_SESSION, T_STRING, 0, KB(K_ROUTE), 1,
                        16},
     [F_METHOD] = {"method", "method", O_TOP, T_METHOD, 0, KB(K_ROUTER), 0, 0},
-    [F_STRICT_PRIORITY] = {"strict_priority", "strict_priority", O_TOP, T_INT, 0, KB(K_ROUTER), 0,
-                           U32MAX},
+    [F_STRICT_PRIORITY] = {"strict_priority", "strict_priority", O_TOP, T_INT, 0,
+                           KB(K_ROUTE) | KB(K_ROUTER), 0, U32MAX},
     [F_PIN_WORKER_ID] = {"worker_id", "pinned_worker.worker_id", O_PINNED, T_INT, 0, KB(K_ROUTE), 0,
                          UINT64_MAX},
     [F_PIN_DP_RANK] = {"dp_rank", "pinned_worker.dp_rank", O_PINNED, T_INT, 0, KB(K_ROUTE), 0,
@@ -916,6 +916,12 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n)
             d->state = S_VALUE;
             return 1;
         }
+        if (d->kind == K_ROUTE && d->obj == O_MMR && n == 17 &&
+            memcmp(s, "routing_token_ids", 17) == 0)
+            return fail(d, KVR_EINVAL,
+                        "mm_routing_info.routing_token_ids: not supported; send the ids to hash "
+                        "as tokens (with their images' placeholders) and the images as "
+                        "block_mm_infos");
         kvr_jd_skip_next(&d->skip); /* not ours: the skeleton swallows its value */
         return 1;
     }
@@ -1162,6 +1168,7 @@ static int finish_route(kvr_api_decoder_t *d, kvr_api_route_t *out)
         out->pinned.dp_rank = (uint32_t)d->ival[F_PIN_DP_RANK];
     }
     out->priority_jump = has(d, F_PRIORITY_JUMP) ? d->dval[F_PRIORITY_JUMP] : 0.0;
+    out->strict_priority = has(d, F_STRICT_PRIORITY) ? (uint32_t)d->ival[F_STRICT_PRIORITY] : 0;
     out->has_expected_output_tokens = has(d, F_EXPECTED_OUTPUT);
     out->expected_output_tokens =
         out->has_expected_output_tokens ? (uint32_t)d->ival[F_EXPECTED_OUTPUT] : 0;

@@ -119,6 +119,7 @@ typedef struct kvr_api_route {
     const char *session_id; /* session_control.session_id; NULL = none */
     size_t session_id_len;
     bool session_close; /* session_control.action "close" (else "open") */
+    uint32_t strict_priority; /* queue tiers above every priority_jump (as /router's); 0 none */
 } kvr_api_route_t;
 
 /* POST /v1/requests/{id}/output_block (the id is in the path) */

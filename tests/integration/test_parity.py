@@ -128,6 +128,47 @@ def scenario_no_events_no_credit_is_no_index():
             r.stop()
 
 
+def scenario_strict_priority_on_route():
+    """POST /v1/route takes strict_priority as POST /router does: a queued request with it
+    leaves the queue before one that waited longer without it; mm_routing_info's
+    routing_token_ids is refused naming what to send instead. Before, /v1/route ignored both."""
+    r = serve("--worker", "id=1,max_num_batched_tokens=1000", "--router-queue-threshold",
+              "0.001", "--router-queue-timeout-ms", "20000")
+    out, order = {}, []
+
+    def go(rid, extra):
+        st, a = r.call("POST", "/v1/route", dict({"tokens": tokens_for(50 + len(rid), 4),
+                                                  "request_id": rid}, **extra), timeout=60)
+        out[rid] = (st, a)
+        order.append(rid)
+    try:
+        st, a = r.call("POST", "/v1/route", {"tokens": tokens_for(49, 8), "request_id": "head"})
+        check("strict priority: the first request is placed", st == 200, (st, a))
+        t1 = threading.Thread(target=go, args=("plain", {}))
+        t1.start()
+        check("strict priority: a plain request waits",
+              eventually(lambda: r.metric("kvr_queue_pending") == 1, 10), r.metric("kvr_queue_pending"))
+        t2 = threading.Thread(target=go, args=("urgent", {"strict_priority": 1}))
+        t2.start()
+        check("strict priority: an urgent one waits behind it",
+              eventually(lambda: r.metric("kvr_queue_pending") == 2, 10), r.metric("kvr_queue_pending"))
+        r.call("DELETE", "/v1/requests/head")
+        check("strict priority: the urgent request leaves the queue first",
+              eventually(lambda: "urgent" in out, 10) and "plain" not in out, (out, order))
+        r.call("DELETE", "/v1/requests/urgent")
+        t1.join(30)
+        t2.join(30)
+        check("strict priority: then the plain one", order == ["urgent", "plain"] and
+              all(v[0] == 200 for v in out.values()), (out, order))
+        st, e = r.call("POST", "/v1/route", {"tokens": tokens_for(60, 2), "mm_routing_info":
+                                             {"routing_token_ids": [1, 2, 3]}})
+        check("routing_token_ids: refused naming it and what to send",
+              st == 400 and "mm_routing_info.routing_token_ids: not supported" in
+              e["error"]["message"], (st, e))
+    finally:
+        r.stop()
+
+
 def scenario_overlap_score_weight_alias():
     """--overlap-score-weight W (deprecated) is prefill_load_scale = W, and logged."""
     r = serve("--worker", "id=1", "--overlap-score-weight", "2.5",
@@ -831,6 +872,7 @@ def main():
         scenario_credit_zero_runs_no_index(ctx)
         scenario_overlap_score_weight_alias()
         scenario_cost_weights_need_dynamo()
+        scenario_strict_priority_on_route()
         scenario_load_overrides()
         scenario_priorities()
         scenario_metrics()
