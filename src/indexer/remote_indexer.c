@@ -67,6 +67,7 @@ struct call {
     size_t n_blocks; /* hashes asked about: bounds the answer's frequencies */
     uint64_t seq;  /* over NATS: the last token of its reply subject */
     bool finished; /* done called (the deadline passed first) */
+    bool resent;   /* sent again once: its connection closed before any answer */
     call_t *next;  /* wait list, NATS in-flight list, or free list */
 };
 
@@ -106,6 +107,7 @@ static void call_put(kvr_remote_ix_t *x, call_t *c)
     evtimer_del(c->timer);
     evbuffer_drain(c->body, evbuffer_get_length(c->body));
     c->finished = false;
+    c->resent = false;
     c->next = x->free_calls;
     x->free_calls = c;
 }
@@ -199,7 +201,9 @@ static void send_call(kvr_remote_ix_t *x, slot_t *sl, call_t *c)
     evhttp_add_header(h, "Content-Type", "application/json");
     if (x->auth[0] != '\0')
         evhttp_add_header(h, "Authorization", x->auth);
-    evbuffer_add_buffer(evhttp_request_get_output_buffer(req), c->body);
+    /* copied, not moved: the body is sent again if the connection closes under it */
+    evbuffer_add(evhttp_request_get_output_buffer(req), evbuffer_pullup(c->body, -1),
+                 evbuffer_get_length(c->body));
     if (evhttp_make_request(sl->conn, req, EVHTTP_REQ_POST, x->path) != 0 && sl->call == c)
         on_answer(NULL, sl); /* refused before any callback: the request is freed by libevent */
 }
@@ -310,6 +314,15 @@ static void on_answer(struct evhttp_request *req, void *arg)
         x->st.late_answers++;
         call_put(x, c);
         kick(x);
+        return;
+    }
+    if (!c->resent && sl->refused == 0 &&
+        (req == NULL || evhttp_request_get_response_code(req) == 0)) {
+        /* no answer at all: most often a keep-alive connection the indexer closed as this
+         * lookup was written to it. A lookup changes nothing: sent again, once, at once. */
+        c->resent = true;
+        x->st.resent++;
+        send_call(x, sl, c);
         return;
     }
     size_t n = 0;
@@ -632,6 +645,10 @@ static void ext_metrics(void *arg, struct kvr_prom *p)
     kvr_prom_counter(p, "kvr_remote_indexer_unknown_partition_total",
                      "Lookups answered 404: the indexer has no index for the model (zero overlap).",
                      (double)x->st.unknown_partition);
+    kvr_prom_counter(p, "kvr_remote_indexer_resent_total",
+                     "Lookups sent again once because their connection closed before any answer "
+                     "(an idle connection the indexer closed).",
+                     (double)x->st.resent);
     kvr_prom_counter(p, "kvr_remote_indexer_late_answers_total",
                      "Answers that came after their deadline (dropped).",
                      (double)x->st.late_answers);

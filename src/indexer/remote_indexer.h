@@ -67,6 +67,7 @@ typedef struct kvr_remote_ix_config {
 typedef struct kvr_remote_ix_stats {
     uint64_t lookups, answered, timeouts, failed_connect, failed_status, failed_answer;
     uint64_t late_answers; /* came after their deadline: dropped */
+    uint64_t resent;       /* sent again once: the connection closed before any answer */
     uint64_t unknown_partition; /* answered 404: no index for the model there (zero overlap) */
     uint64_t waiting;      /* gauge: lookups waiting for a connection */
     uint64_t in_flight;    /* gauge */

@@ -1273,6 +1273,9 @@ def scenario_remote_answers_are_bounded():
         rss = peak_rss_mb(r)
         check(f"the router held at most {RSS_ALLOWANCE_MB} MB more than before the answers",
               0 < rss < base + RSS_ALLOWANCE_MB, (rss, base))
+        check("a lookup whose connection the indexer closed under it (HTTP/1.0: after every "
+              "answer) is sent again once, never lost as 'no answer'",
+              "no answer" not in err, [l for l in err.splitlines() if "no answer" in l])
         check("a good answer after them is used",
               r.metric("kvr_remote_indexer_answered_total") == 1 and
               "remote: reachable" in r.call("GET", "/health")[1],
