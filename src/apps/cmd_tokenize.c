@@ -31,7 +31,7 @@ typedef struct line_ctx {
     int key; /* 0 other, 1 text, 2 bytes_hex */
     char *text;
     size_t len, cap;
-    bool have, bad;
+    bool have, have_hex, bad;
     char why[96];
 } line_ctx_t;
 
@@ -64,8 +64,8 @@ static int hexval(unsigned char c)
 static int on_str(void *u, const unsigned char *s, size_t n)
 {
     line_ctx_t *c = u;
-    if (c->depth != 1 || c->key == 0)
-        return 1;
+    if (c->depth != 1 || c->key == 0 || (c->key == 1 && c->have_hex))
+        return 1; /* bytes_hex wins over text, in any order */
     size_t need = c->key == 1 ? n : n / 2;
     if (kvr_grow((void **)&c->text, &c->cap, need + 1, SIZE_MAX / 2, 1) != 0) {
         snprintf(c->why, sizeof c->why, "out of memory");
@@ -75,7 +75,7 @@ static int on_str(void *u, const unsigned char *s, size_t n)
     if (c->key == 1) {
         memcpy(c->text, s, n);
     } else {
-        for (size_t i = 0; i + 1 < n + 1 && i < n; i += 2) {
+        for (size_t i = 0; i < n; i += 2) {
             int hi = hexval(s[i]), lo = i + 1 < n ? hexval(s[i + 1]) : -1;
             if (hi < 0 || lo < 0) {
                 snprintf(c->why, sizeof c->why, "bytes_hex: not pairs of hex digits");
@@ -87,6 +87,7 @@ static int on_str(void *u, const unsigned char *s, size_t n)
     }
     c->len = need;
     c->have = true;
+    c->have_hex = c->key == 2;
     return 1;
 }
 static int on_key(void *u, const unsigned char *s, size_t n)
@@ -117,7 +118,7 @@ static bool parse_line(line_ctx_t *c, const char *line, size_t n)
 {
     c->depth = 0;
     c->key = 0;
-    c->have = c->bad = false;
+    c->have = c->have_hex = c->bad = false;
     c->len = 0;
     yajl_handle h = yajl_alloc(&line_cb, NULL, c);
     if (h == NULL) {
