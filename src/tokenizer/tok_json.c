@@ -108,7 +108,8 @@ static bool pool_add(ctx_t *c, const unsigned char *s, size_t n, tj_str_t *out)
         snprintf(c->msg, sizeof c->msg, "the file's vocabulary is over 4 GB");
         return false;
     }
-    if (kvr_grow((void **)&d->pool, &d->pool_cap, d->pool_len + n, (size_t)UINT32_MAX, 1) != 0) {
+    if (kvr_grow((void **)&d->pool, &d->pool_cap, d->pool_len + n + 1, (size_t)UINT32_MAX + 1, 1) !=
+        0) {
         c->oom = true;
         return false;
     }

@@ -271,6 +271,14 @@ kvr_tok_t *kvr_tok_load_mem(const char *json, size_t len, const char *config, si
     kvr_tj_free(&doc);
     if (rc == KVR_OK && config != NULL)
         rc = load_config(t, config, config_len, err, err_len);
+    for (size_t i = 0; rc == KVR_OK && i < t->post.n_pre + t->post.n_post; i++) {
+        uint32_t id = i < t->post.n_pre ? t->post.pre[i] : t->post.post[i - t->post.n_pre];
+        if (id >= t->vocab_size) {
+            snprintf(err, err_len, "post_processor: special token id %u is not in the vocabulary",
+                     id);
+            rc = KVR_EPARSE;
+        }
+    }
     if (rc == KVR_OK) {
         t->scratch = kvr_tok_scratch_new(t);
         if (t->scratch == NULL)
