@@ -199,13 +199,28 @@ KINDS = [(prose, 22), (code, 8), (emoji, 6), (spaces, 10), (digits, 6), (contrac
          (punct, 5), (combining, 5), (random_mix, 12), (random_unicode, 6)]
 
 
+class Tee:
+    """The JSON lines out, and each text as a binary record beside them when asked."""
+
+    def __init__(self, out, binf):
+        self.out, self.binf = out, binf
+
+    def write(self, line):
+        self.out.write(line)
+        if self.binf and line.strip():
+            b = json.loads(line)["text"].encode("utf-8")
+            self.binf.write(len(b).to_bytes(4, "little") + b)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=10000)
+    ap.add_argument("--bin", help="also write the texts here as [u32 length LE][UTF-8] records "
+                    "(what `kvrouter bench tokenize` reads)")
     a = ap.parse_args()
     r = random.Random(a.seed)
-    out = sys.stdout
+    out = Tee(sys.stdout, open(a.bin, "wb") if a.bin else None)
     fixed = ["", " ", "\n", "a", "  leading", "trailing  ", "\r\n\r\n", "<|im_start|>", "<s>", "<s> <s>",
              "hello<|im_end|>world", " <|endoftext|> ", "I'm", "IT'S", "'s", "12345678901234567890"]
     n = 0

@@ -3,13 +3,14 @@
 // src/tokenizer. Reads JSON lines {"text": ...} (stdin, or --in FILE) and writes one
 // {"ids": [...]} line each, for one tokenizer.json and one add-special flag.
 //
-//   node tok_oracle.js DIR [--no-special] [--sequential] [--in FILE]
+//   node tok_oracle.js DIR [--no-special] [--sequential] [--in FILE] [--bench RUNS]
 //
 // DIR holds tokenizer.json and tokenizer_config.json. As transformers does for its Llama and
 // Gemma tokenizer classes, a config giving add_bos_token / add_eos_token rebuilds the
 // post-processor as "[bos] $A [eos]" (setPostProcessor with templateProcessing: HF's own code
 // still computes every id). --sequential encodes one text at a time on one thread (the
-// benchmark's yardstick); the default batches for speed.
+// benchmark's yardstick); the default batches for speed. --bench RUNS prints instead one line
+// {"load_ms", "encode_ms" (the best of RUNS sequential passes), "tokens", "bytes"}.
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -20,6 +21,8 @@ const dir = args[0];
 const special = !args.includes('--no-special');
 const sequential = args.includes('--sequential');
 const inIdx = args.indexOf('--in');
+const benchIdx = args.indexOf('--bench');
+const tLoad = process.hrtime.bigint();
 const tok = Tokenizer.fromFile(path.join(dir, 'tokenizer.json'));
 
 const cfgPath = path.join(dir, 'tokenizer_config.json');
@@ -43,7 +46,23 @@ if (fs.existsSync(cfgPath)) {
 const input = fs.readFileSync(inIdx >= 0 ? args[inIdx + 1] : 0, 'utf8');
 const texts = input.split('\n').filter((l) => l.length > 0).map((l) => JSON.parse(l).text);
 
+const loadMs = Number(process.hrtime.bigint() - tLoad) / 1e6;
+
+async function bench(runs) {
+  let best = Infinity, tokens = 0;
+  const opts = { addSpecialTokens: special };
+  for (let r = 0; r < runs; r++) {
+    const t0 = process.hrtime.bigint();
+    tokens = 0;
+    for (const t of texts) tokens += (await tok.encode(t, null, opts)).getIds().length;
+    best = Math.min(best, Number(process.hrtime.bigint() - t0) / 1e6);
+  }
+  const bytes = texts.reduce((n, t) => n + Buffer.byteLength(t, 'utf8'), 0);
+  console.log(JSON.stringify({ load_ms: loadMs, encode_ms: best, tokens, bytes }));
+}
+
 (async () => {
+  if (benchIdx >= 0) return bench(parseInt(args[benchIdx + 1], 10) || 3);
   const out = [];
   const opts = { addSpecialTokens: special };
   if (sequential) {
