@@ -20,8 +20,8 @@
 #include "bench.h"
 #include "tokenizer/tokenizer.h"
 
-static const char *const MODELS[] = {"qwen3", "llama3_1", "deepseek_v3", "gptoss", "llama2",
-                                     "gemma3"};
+static const char *const MODELS[] = {"qwen3",  "llama3_1", "deepseek_v3",
+                                     "gptoss", "llama2",   "gemma3"};
 #define N_MODELS (sizeof MODELS / sizeof MODELS[0])
 
 typedef struct targs {
@@ -115,8 +115,10 @@ int kvr_bench_tokenize(int argc, char **argv)
     size_t len = 0;
     char *corpus = system(cmd) == 0 ? slurp(bin, &len) : NULL;
     if (corpus == NULL) {
-        fprintf(stderr, "kvrouter bench tokenize: no corpus from %s/tok_corpus.py (see --oracle; "
-                        "scripts/install-deps.sh installs the oracle)\n", a.oracle);
+        fprintf(stderr,
+                "kvrouter bench tokenize: no corpus from %s/tok_corpus.py (see --oracle; "
+                "scripts/install-deps.sh installs the oracle)\n",
+                a.oracle);
         return 1;
     }
     size_t n_texts = 0, bytes = 0, longest = 0;
@@ -131,7 +133,8 @@ int kvr_bench_tokenize(int argc, char **argv)
     size_t cap = 4 * longest + 16;
     uint32_t *ids = malloc(cap * sizeof *ids);
     printf("corpus: %zu strings, %.2f MB (tests/oracle/tok_corpus.py, seed 1); one core, "
-           "best of %u\n", n_texts, (double)bytes / 1e6, a.runs);
+           "best of %u\n",
+           n_texts, (double)bytes / 1e6, a.runs);
     printf("%-12s %8s %7s %9s %9s %10s", "model", "load_ms", "mem_MB", "tokens", "MB/s", "Mtok/s");
     if (a.compare)
         printf(" %10s %9s %8s", "hf_load_ms", "hf_MB/s", "ratio");

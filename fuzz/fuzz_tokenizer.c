@@ -33,8 +33,11 @@ static size_t repair(const uint8_t *s, size_t n, uint8_t *out)
     size_t i = 0, o = 0;
     while (i < n) {
         uint8_t c = s[i];
-        size_t need = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3
-                                 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        size_t need = c < 0x80                 ? 1
+                      : c >= 0xC2 && c <= 0xDF ? 2
+                      : c >= 0xE0 && c <= 0xEF ? 3
+                      : c >= 0xF0 && c <= 0xF4 ? 4
+                                               : 0;
         size_t k = 1;
         if (need > 1) {
             for (; k < need && i + k < n; k++) {

@@ -110,7 +110,7 @@ static int on_end(void *u)
     ((line_ctx_t *)u)->depth--;
     return 1;
 }
-static const yajl_callbacks line_cb = {NULL, NULL, NULL, NULL, NULL, on_str,
+static const yajl_callbacks line_cb = {NULL,     NULL,   NULL,   NULL,     NULL,  on_str,
                                        on_start, on_key, on_end, on_start, on_end};
 
 /* The text of one JSON line into c; false with c->why on error. */

@@ -176,13 +176,15 @@ int kvr_tok_added_split(const tok_added_t *a, const char *s, size_t n, pcre2_mat
         if (t->rstrip) {
             while (stop < n) {
                 size_t l;
-                if (!kvr_tok_is_whitespace(kvr_tok_utf8_decode((const unsigned char *)s + stop, &l)))
+                if (!kvr_tok_is_whitespace(
+                        kvr_tok_utf8_decode((const unsigned char *)s + stop, &l)))
                     break;
                 stop += l;
             }
             i = stop > i ? stop : i;
         }
-        if (start_offset < start && push(out, start_offset, start - start_offset, UINT32_MAX) != KVR_OK)
+        if (start_offset < start &&
+            push(out, start_offset, start - start_offset, UINT32_MAX) != KVR_OK)
             return KVR_ENOMEM;
         if (push(out, start, stop - start, t->id) != KVR_OK)
             return KVR_ENOMEM;

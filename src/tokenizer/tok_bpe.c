@@ -100,9 +100,15 @@ static long decode_key(bool byte_level, const char *s, size_t n, char *out)
     return (long)o;
 }
 
-static const char *const model_keys[] = {
-    "type",     "dropout", "unk_token",     "continuing_subword_prefix", "end_of_word_suffix",
-    "fuse_unk", "byte_fallback", "ignore_merges", NULL};
+static const char *const model_keys[] = {"type",
+                                         "dropout",
+                                         "unk_token",
+                                         "continuing_subword_prefix",
+                                         "end_of_word_suffix",
+                                         "fuse_unk",
+                                         "byte_fallback",
+                                         "ignore_merges",
+                                         NULL};
 
 static bool flag(const tj_node_t *m, const char *k)
 {
@@ -223,7 +229,8 @@ static int build_vocab(tok_bpe_t *bpe, const tj_doc_t *doc)
         bpe->off[id] = (uint32_t)o;
         bpe->len[id] = (uint32_t)dn;
         if (old != NONE) { /* the same key twice: the later id, as a map would keep */
-            for (size_t j = kvr_mix64(hash32(bpe->str + o, (size_t)dn)) & bpe->vmask;; j = (j + 1) & bpe->vmask)
+            for (size_t j = kvr_mix64(hash32(bpe->str + o, (size_t)dn)) & bpe->vmask;;
+                 j = (j + 1) & bpe->vmask)
                 if (bpe->vt[j].id1 == old + 1) {
                     bpe->vt[j].id1 = id + 1;
                     break;
@@ -257,14 +264,17 @@ static int build_merges(tok_bpe_t *bpe, const tj_doc_t *doc, char *err, size_t e
         long bn = an < 0 ? -1 : decode_key(bpe->byte_level, doc->pool + b->off, b->len, buf + an);
         uint32_t ia = an < 0 ? NONE : kvr_tok_bpe_lookup(bpe, buf, (size_t)an);
         uint32_t ib = bn < 0 ? NONE : kvr_tok_bpe_lookup(bpe, buf + an, (size_t)bn);
-        uint32_t in = ia == NONE || ib == NONE ? NONE : kvr_tok_bpe_lookup(bpe, buf, (size_t)(an + bn));
+        uint32_t in =
+            ia == NONE || ib == NONE ? NONE : kvr_tok_bpe_lookup(bpe, buf, (size_t)(an + bn));
         if (in == NONE) {
             const tj_str_t *miss = ia == NONE ? a : ib == NONE ? b : NULL;
             if (miss != NULL)
-                snprintf(err, err_len, "model: merges: entry %zu: token \"%.*s\" is not in the vocabulary",
-                         i, (int)(miss->len > 60 ? 60 : miss->len), doc->pool + miss->off);
+                snprintf(err, err_len,
+                         "model: merges: entry %zu: token \"%.*s\" is not in the vocabulary", i,
+                         (int)(miss->len > 60 ? 60 : miss->len), doc->pool + miss->off);
             else
-                snprintf(err, err_len, "model: merges: entry %zu: the merged token is not in the vocabulary", i);
+                snprintf(err, err_len,
+                         "model: merges: entry %zu: the merged token is not in the vocabulary", i);
             rc = KVR_EPARSE;
             break;
         }
@@ -282,8 +292,8 @@ static int build_merges(tok_bpe_t *bpe, const tj_doc_t *doc, char *err, size_t e
     return rc;
 }
 
-int kvr_tok_bpe_build(const tj_node_t *model, const tj_doc_t *doc, bool byte_level,
-                      tok_bpe_t *bpe, char *err, size_t err_len)
+int kvr_tok_bpe_build(const tj_node_t *model, const tj_doc_t *doc, bool byte_level, tok_bpe_t *bpe,
+                      char *err, size_t err_len)
 {
     memset(bpe, 0, sizeof *bpe);
     int rc = check_model(model, doc, err, err_len);
@@ -419,10 +429,10 @@ int kvr_tok_bpe_word(const tok_bpe_t *bpe, tok_bpe_scratch_t *sc, const char *s,
     sym_t *sy = sc->sym;
     size_t ns = 0;
     uint32_t unk_len = 0; /* a pending unk (fuse_unk gathers a run) */
-#define ADD(ID, LEN)                                                                      \
-    do {                                                                                  \
-        sy[ns] = (sym_t){(ID), (int32_t)ns - 1, (int32_t)ns + 1, (LEN)};                  \
-        ns++;                                                                             \
+#define ADD(ID, LEN)                                                     \
+    do {                                                                 \
+        sy[ns] = (sym_t){(ID), (int32_t)ns - 1, (int32_t)ns + 1, (LEN)}; \
+        ns++;                                                            \
     } while (0)
     for (size_t i = 0; i < n;) {
         size_t l = 1;

@@ -55,8 +55,7 @@ void kvr_tok_scratch_free(kvr_tok_scratch_t *s)
 
 /* A piece of text between raw added tokens: normalized, cut by the normalized added tokens,
  * pre-tokenized, through the model. */
-static int piece(const kvr_tok_t *t, kvr_tok_scratch_t *sc, const char *p, size_t n,
-                 tok_sink_t *k)
+static int piece(const kvr_tok_t *t, kvr_tok_scratch_t *sc, const char *p, size_t n, tok_sink_t *k)
 {
     int rc = kvr_tok_norm_run(&t->norm, p, n, &sc->norm, &sc->tmp);
     if (rc != KVR_OK)

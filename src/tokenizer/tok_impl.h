@@ -25,9 +25,9 @@ typedef struct tj_node {
     bool b;
     char *s; /* TJ_STR, TJ_NUM (text), NUL-terminated */
     size_t len;
-    size_t n;               /* TJ_ARR, TJ_OBJ: members */
-    char **keys;            /* TJ_OBJ */
-    struct tj_node **kids;  /* TJ_ARR, TJ_OBJ */
+    size_t n;              /* TJ_ARR, TJ_OBJ: members */
+    char **keys;           /* TJ_OBJ */
+    struct tj_node **kids; /* TJ_ARR, TJ_OBJ */
 } tj_node_t;
 
 typedef struct tj_str {
@@ -35,8 +35,8 @@ typedef struct tj_str {
 } tj_str_t;
 
 typedef struct tj_doc {
-    tj_node_t *root;  /* everything but model.vocab and model.merges */
-    char *pool;       /* the streamed strings */
+    tj_node_t *root; /* everything but model.vocab and model.merges */
+    char *pool;      /* the streamed strings */
     size_t pool_len, pool_cap;
     tj_str_t *vocab_key;
     uint32_t *vocab_id;
@@ -114,7 +114,8 @@ typedef struct tok_ranges {
 int kvr_tok_pretok_run(const tok_pretok_t *pt, const char *s, size_t n, pcre2_match_data *md,
                        pcre2_match_context *mc, tok_ranges_t *out, tok_ranges_t *tmp);
 
-/* ---- tok_bpe.c --------------------------------------------------------------------------------- */
+/* ---- tok_bpe.c ---------------------------------------------------------------------------------
+ */
 typedef struct tok_vent { /* vocab: bytes -> id */
     uint32_t id1;         /* id + 1; 0 empty */
     uint32_t h;           /* the key's hash (low 32 bits) */
@@ -124,7 +125,7 @@ typedef struct tok_ment { /* merges: (a, b) -> (rank, new id) */
     uint32_t rank, id;
 } tok_ment_t;
 typedef struct tok_bpe {
-    char *str;           /* the tokens' bytes (byte-level keys decoded) */
+    char *str; /* the tokens' bytes (byte-level keys decoded) */
     size_t str_len;
     uint32_t *off, *len; /* by id; len UINT32_MAX: no such id in the model */
     size_t n_ids;        /* max model id + 1 */
@@ -133,15 +134,15 @@ typedef struct tok_bpe {
     tok_ment_t *mt;
     size_t mmask, n_merges;
     bool byte_level, byte_fallback, fuse_unk, ignore_merges;
-    uint32_t unk; /* UINT32_MAX: none */
+    uint32_t unk;              /* UINT32_MAX: none */
     uint32_t byte_id[256];     /* byte-level: the id of each byte; UINT32_MAX none */
     uint32_t fallback_id[256]; /* byte_fallback: <0xNN>; UINT32_MAX none */
     char **raw_keys;           /* keys not in the byte-level alphabet (kept for token_id) */
     uint32_t *raw_ids;
     size_t n_raw;
 } tok_bpe_t;
-int kvr_tok_bpe_build(const tj_node_t *model, const tj_doc_t *doc, bool byte_level,
-                      tok_bpe_t *bpe, char *err, size_t err_len);
+int kvr_tok_bpe_build(const tj_node_t *model, const tj_doc_t *doc, bool byte_level, tok_bpe_t *bpe,
+                      char *err, size_t err_len);
 void kvr_tok_bpe_free(tok_bpe_t *bpe);
 /* The id of the bytes s[0..n), or UINT32_MAX. */
 uint32_t kvr_tok_bpe_lookup(const tok_bpe_t *bpe, const char *s, size_t n);
@@ -182,7 +183,7 @@ typedef struct tok_added {
     size_t n;
     tok_trie_node_t *nodes;
     size_t n_nodes;
-    uint32_t root[256]; /* first level, 0 none */
+    uint32_t root[256];  /* first level, 0 none */
     pcre2_code *word_re; /* for single_word: [\p{Alphabetic}\p{N}] */
 } tok_added_t;
 int kvr_tok_added_add(tok_added_t *a, uint32_t id, const char *content, size_t len, bool lstrip,

@@ -244,8 +244,7 @@ static int on_scalar(ctx_t *c, int type, bool b, const unsigned char *s, size_t 
     bad_merge:
         c->bad = true;
         snprintf(c->msg, sizeof c->msg,
-                 "model: merges: entry %zu is not \"a b\" nor a pair of strings",
-                 c->doc->n_merges);
+                 "model: merges: entry %zu is not \"a b\" nor a pair of strings", c->doc->n_merges);
         return 0;
     }
     tj_node_t *nd = mk(type);
@@ -272,7 +271,10 @@ static int cb_num(void *u, const char *s, size_t n)
 {
     return on_scalar(u, TJ_NUM, false, (const unsigned char *)s, n);
 }
-static int cb_str(void *u, const unsigned char *s, size_t n) { return on_scalar(u, TJ_STR, false, s, n); }
+static int cb_str(void *u, const unsigned char *s, size_t n)
+{
+    return on_scalar(u, TJ_STR, false, s, n);
+}
 
 static int push(ctx_t *c, frame_t f)
 {
@@ -324,7 +326,8 @@ static int start(ctx_t *c, int type)
         c->doc->has_merges = true;
         return push(c, (frame_t){.kind = F_MERGES});
     }
-    bool is_model = c->depth == 1 && type == TJ_OBJ && c->key != NULL && strcmp(c->key, "model") == 0;
+    bool is_model =
+        c->depth == 1 && type == TJ_OBJ && c->key != NULL && strcmp(c->key, "model") == 0;
     tj_node_t *nd = mk(type);
     if (!add_node(c, nd))
         return 0;
@@ -376,7 +379,8 @@ static int cb_end(void *u)
 }
 
 static const yajl_callbacks callbacks = {
-    cb_null, cb_bool, NULL, NULL, cb_num, cb_str, cb_start_map, cb_key, cb_end, cb_start_arr, cb_end,
+    cb_null,      cb_bool, NULL,   NULL,         cb_num, cb_str,
+    cb_start_map, cb_key,  cb_end, cb_start_arr, cb_end,
 };
 
 int kvr_tj_parse(const char *buf, size_t len, bool stream_model, tj_doc_t *doc, char *err,
@@ -402,8 +406,7 @@ int kvr_tj_parse(const char *buf, size_t len, bool stream_model, tj_doc_t *doc, 
             rc = KVR_EPARSE;
             unsigned char *m = yajl_get_error(h, 0, NULL, 0);
             size_t at = yajl_get_bytes_consumed(h);
-            snprintf(err, err_len, "invalid JSON near byte %zu: %s", at,
-                     m ? (const char *)m : "?");
+            snprintf(err, err_len, "invalid JSON near byte %zu: %s", at, m ? (const char *)m : "?");
             if (m)
                 yajl_free_error(h, m);
         }

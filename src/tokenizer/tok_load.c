@@ -70,15 +70,16 @@ kvr_tok_t *kvr_tok_load(const char *dir_or_file, int *status, char *err, size_t 
         if (slash == NULL)
             snprintf(cfg, sizeof cfg, "tokenizer_config.json");
         else
-            snprintf(cfg, sizeof cfg, "%.*s/tokenizer_config.json",
-                     (int)(slash - dir_or_file), dir_or_file);
+            snprintf(cfg, sizeof cfg, "%.*s/tokenizer_config.json", (int)(slash - dir_or_file),
+                     dir_or_file);
     }
     char *json = NULL, *config = NULL;
     size_t json_len = 0, config_len = 0;
     int rc = read_file(path, &json, &json_len);
     if (rc != KVR_OK) {
         *status = rc;
-        snprintf(err, err_len, "%s: %s", path, rc == KVR_ENOTFOUND ? "no such file" : "cannot read");
+        snprintf(err, err_len, "%s: %s", path,
+                 rc == KVR_ENOTFOUND ? "no such file" : "cannot read");
         return NULL;
     }
     rc = read_file(cfg, &config, &config_len);
@@ -130,8 +131,8 @@ static int load_added(kvr_tok_t *t, const tj_node_t *list, char *err, size_t err
         return KVR_ENOMEM;
     tok_buf_t out = {0}, tmp = {0};
     int rc = KVR_OK;
-    static const char *const ok[] = {"id", "content", "single_word", "lstrip", "rstrip",
-                                     "normalized", "special", NULL};
+    static const char *const ok[] = {"id",     "content",    "single_word", "lstrip",
+                                     "rstrip", "normalized", "special",     NULL};
     for (size_t i = 0; i < list->n && rc == KVR_OK; i++) {
         const tj_node_t *a = list->kids[i];
         const tj_node_t *id = kvr_tj_get(a, "id"), *content = kvr_tj_get(a, "content");
@@ -146,8 +147,8 @@ static int load_added(kvr_tok_t *t, const tj_node_t *list, char *err, size_t err
         if (bad != NULL || end == NULL || *end != 0 || x >= UINT32_MAX - 1 || content == NULL ||
             content->type != TJ_STR || !flags_ok) {
             snprintf(err, err_len, "added_tokens: entry %zu: %s%.40s%s", i,
-                     bad ? "option \"" : "needs an id, a content and boolean flags",
-                     bad ? bad : "", bad ? "\" is not supported" : "");
+                     bad ? "option \"" : "needs an id, a content and boolean flags", bad ? bad : "",
+                     bad ? "\" is not supported" : "");
             rc = KVR_EPARSE;
             break;
         }
@@ -167,8 +168,8 @@ static int load_added(kvr_tok_t *t, const tj_node_t *list, char *err, size_t err
                 rc = kvr_tok_added_add(&t->added_norm, (uint32_t)x, out.p, out.len, f[1], f[2],
                                        f[0]);
         } else {
-            rc = kvr_tok_added_add(&t->added_raw, (uint32_t)x, content->s, content->len, f[1],
-                                   f[2], f[0]);
+            rc = kvr_tok_added_add(&t->added_raw, (uint32_t)x, content->s, content->len, f[1], f[2],
+                                   f[0]);
         }
     }
     free(out.p);
@@ -178,9 +179,13 @@ static int load_added(kvr_tok_t *t, const tj_node_t *list, char *err, size_t err
 
 static bool class_rebuilds_post(const char *cls)
 {
-    static const char *const classes[] = {"LlamaTokenizer", "LlamaTokenizerFast",
-                                          "CodeLlamaTokenizer", "CodeLlamaTokenizerFast",
-                                          "GemmaTokenizer", "GemmaTokenizerFast", NULL};
+    static const char *const classes[] = {"LlamaTokenizer",
+                                          "LlamaTokenizerFast",
+                                          "CodeLlamaTokenizer",
+                                          "CodeLlamaTokenizerFast",
+                                          "GemmaTokenizer",
+                                          "GemmaTokenizerFast",
+                                          NULL};
     for (int i = 0; cls != NULL && classes[i] != NULL; i++)
         if (strcmp(cls, classes[i]) == 0)
             return true;
@@ -210,10 +215,12 @@ static int load_config(kvr_tok_t *t, const char *config, size_t len, char *err, 
     if (cls != NULL && cls->type == TJ_STR && class_rebuilds_post(cls->s) && (g_bos || g_eos)) {
         uint32_t bos = 0, eos = 0;
         if (add_bos && (t->bos == NULL || kvr_tok_token_id(t, t->bos, &bos) != KVR_OK)) {
-            snprintf(err, err_len, "tokenizer_config.json: add_bos_token without a known bos_token");
+            snprintf(err, err_len,
+                     "tokenizer_config.json: add_bos_token without a known bos_token");
             rc = KVR_EPARSE;
         } else if (add_eos && (t->eos == NULL || kvr_tok_token_id(t, t->eos, &eos) != KVR_OK)) {
-            snprintf(err, err_len, "tokenizer_config.json: add_eos_token without a known eos_token");
+            snprintf(err, err_len,
+                     "tokenizer_config.json: add_eos_token without a known eos_token");
             rc = KVR_EPARSE;
         } else {
             rc = kvr_tok_post_config(&t->post, add_bos, bos, add_eos, eos);
@@ -237,9 +244,9 @@ kvr_tok_t *kvr_tok_load_mem(const char *json, size_t len, const char *config, si
         return NULL;
     }
     const tj_node_t *root = doc.root;
-    static const char *const ok[] = {"version", "truncation", "padding", "added_tokens",
-                                     "normalizer", "pre_tokenizer", "post_processor",
-                                     "decoder", "model", NULL};
+    static const char *const ok[] = {
+        "version",       "truncation",     "padding", "added_tokens", "normalizer",
+        "pre_tokenizer", "post_processor", "decoder", "model",        NULL};
     const char *bad = kvr_tj_unknown_key(root, ok);
     const tj_node_t *trunc = kvr_tj_get(root, "truncation"), *pad = kvr_tj_get(root, "padding");
     if (root->type != TJ_OBJ) {
@@ -260,8 +267,8 @@ kvr_tok_t *kvr_tok_load_mem(const char *json, size_t len, const char *config, si
     if (rc == KVR_OK)
         rc = kvr_tok_pretok_build(kvr_tj_get(root, "pre_tokenizer"), &t->pretok, err, err_len);
     if (rc == KVR_OK)
-        rc = kvr_tok_bpe_build(kvr_tj_get(root, "model"), &doc, t->pretok.byte_level, &t->bpe,
-                               err, err_len);
+        rc = kvr_tok_bpe_build(kvr_tj_get(root, "model"), &doc, t->pretok.byte_level, &t->bpe, err,
+                               err_len);
     if (rc == KVR_OK)
         rc = kvr_tok_post_build(kvr_tj_get(root, "post_processor"), &t->post, err, err_len);
     if (rc == KVR_OK) {
@@ -359,7 +366,8 @@ size_t kvr_tok_vocab_size(const kvr_tok_t *t) { return t->vocab_size; }
 size_t kvr_tok_bytes(const kvr_tok_t *t)
 {
     const tok_bpe_t *b = &t->bpe;
-    size_t n = sizeof *t + b->str_len + b->n_ids * 8 + (b->vt ? (b->vmask + 1) * sizeof *b->vt : 0) +
+    size_t n = sizeof *t + b->str_len + b->n_ids * 8 +
+               (b->vt ? (b->vmask + 1) * sizeof *b->vt : 0) +
                (b->mt ? (b->mmask + 1) * sizeof *b->mt : 0) + t->pretok.bytes;
     const tok_added_t *as[2] = {&t->added_raw, &t->added_norm};
     for (int k = 0; k < 2; k++) {

@@ -91,8 +91,11 @@ static int build(const tj_node_t *node, tok_norm_t *norm, char *err, size_t err_
                      "normalizer: Replace: needs pattern {\"String\": non-empty} and content");
             return KVR_EPARSE;
         }
-        tok_norm_step_t st = {.kind = NORM_REPLACE, .a = dup_str(str), .alen = str->len,
-                              .b = dup_str(content), .blen = content->len};
+        tok_norm_step_t st = {.kind = NORM_REPLACE,
+                              .a = dup_str(str),
+                              .alen = str->len,
+                              .b = dup_str(content),
+                              .blen = content->len};
         if (st.a == NULL || st.b == NULL || add_step(norm, st) != KVR_OK) {
             free(st.a);
             free(st.b);

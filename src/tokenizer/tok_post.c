@@ -49,14 +49,18 @@ static int template(const tj_node_t *node, tok_post_t *post, char *err, size_t e
         const tj_node_t *seq = kvr_tj_get(it, "Sequence"), *sp = kvr_tj_get(it, "SpecialToken");
         const tj_node_t *id = kvr_tj_get(seq ? seq : sp, "id");
         if (id == NULL || id->type != TJ_STR) {
-            snprintf(err, err_len, "post_processor: TemplateProcessing: single item %zu is not "
-                                   "a Sequence or a SpecialToken", i);
+            snprintf(err, err_len,
+                     "post_processor: TemplateProcessing: single item %zu is not "
+                     "a Sequence or a SpecialToken",
+                     i);
             return KVR_EPARSE;
         }
         if (seq != NULL) {
             if (strcmp(id->s, "A") != 0 || seen_a) {
-                snprintf(err, err_len, "post_processor: TemplateProcessing: single with "
-                                       "sequence \"%.10s\" is not supported", id->s);
+                snprintf(err, err_len,
+                         "post_processor: TemplateProcessing: single with "
+                         "sequence \"%.10s\" is not supported",
+                         id->s);
                 return KVR_EPARSE;
             }
             seen_a = true;
@@ -65,8 +69,10 @@ static int template(const tj_node_t *node, tok_post_t *post, char *err, size_t e
         const tj_node_t *st = kvr_tj_get(specials, id->s);
         const tj_node_t *ids = kvr_tj_get(st, "ids");
         if (ids == NULL || ids->type != TJ_ARR) {
-            snprintf(err, err_len, "post_processor: TemplateProcessing: special token \"%.40s\" "
-                                   "has no ids", id->s);
+            snprintf(err, err_len,
+                     "post_processor: TemplateProcessing: special token \"%.40s\" "
+                     "has no ids",
+                     id->s);
             return KVR_EPARSE;
         }
         for (size_t k = 0; k < ids->n; k++) {
@@ -74,8 +80,10 @@ static int template(const tj_node_t *node, tok_post_t *post, char *err, size_t e
             char *end = NULL;
             unsigned long x = v->type == TJ_NUM ? strtoul(v->s, &end, 10) : 0;
             if (v->type != TJ_NUM || end == NULL || *end != 0 || x >= UINT32_MAX) {
-                snprintf(err, err_len, "post_processor: TemplateProcessing: special token "
-                                       "\"%.40s\": a bad id", id->s);
+                snprintf(err, err_len,
+                         "post_processor: TemplateProcessing: special token "
+                         "\"%.40s\": a bad id",
+                         id->s);
                 return KVR_EPARSE;
             }
             int rc = seen_a ? append(&post->post, &post->n_post, (uint32_t)x)

@@ -133,12 +133,11 @@ static int build(const tj_node_t *node, tok_pretok_t *pt, char *err, size_t err_
         return KVR_EPARSE;
     }
     if (strcmp(t, "ByteLevel") == 0) {
-        static const char *const ok[] = {"type", "add_prefix_space", "trim_offsets",
-                                         "use_regex", NULL};
+        static const char *const ok[] = {"type", "add_prefix_space", "trim_offsets", "use_regex",
+                                         NULL};
         const char *bad = kvr_tj_unknown_key(node, ok);
         if (bad != NULL) {
-            snprintf(err, err_len, "pre_tokenizer: ByteLevel: option \"%s\" is not supported",
-                     bad);
+            snprintf(err, err_len, "pre_tokenizer: ByteLevel: option \"%s\" is not supported", bad);
             return KVR_EPARSE;
         }
         const tj_node_t *aps = kvr_tj_get(node, "add_prefix_space");
@@ -211,9 +210,8 @@ static int find(const tok_split_t *sp, const char *s, uint32_t off, uint32_t len
             ms = ov[0];
             me = ov[1];
         } else {
-            const char *hit = sp->lit_len <= len - at
-                                  ? memmem(sub + at, len - at, sp->lit, sp->lit_len)
-                                  : NULL;
+            const char *hit =
+                sp->lit_len <= len - at ? memmem(sub + at, len - at, sp->lit, sp->lit_len) : NULL;
             if (hit == NULL)
                 break;
             ms = (size_t)(hit - sub);
@@ -267,7 +265,7 @@ static void behave(int behavior, tok_ranges_t *o, size_t from)
         }
         o->n = w;
         return;
-    default: { /* SPLIT_NEXT: the same, from the end */
+    default: {           /* SPLIT_NEXT: the same, from the end */
         size_t wr = end; /* pieces kept are r[wr..end) */
         for (size_t i = end; i-- > from;) {
             bool m = (r[i].len & MATCH_BIT) != 0;

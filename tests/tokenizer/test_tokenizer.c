@@ -31,8 +31,8 @@ static const char *const base_fmt =
     "\"merges\":[\"a b\",\"ab c\",\"a a\",\"\\u2581 a\"]}}";
 
 static kvr_tok_t *make(const char *norm, const char *pre, const char *post, const char *added,
-                       const char *unk, const char *fuse, const char *fallback, int *st,
-                       char *err, size_t err_len)
+                       const char *unk, const char *fuse, const char *fallback, int *st, char *err,
+                       size_t err_len)
 {
     char json[4096];
     snprintf(json, sizeof json, base_fmt, norm, pre, post, added, unk, fuse, fallback);
@@ -43,8 +43,8 @@ static kvr_tok_t *plain(const char *added)
 {
     int st;
     char err[256];
-    kvr_tok_t *t = make("null", "null", "null", added, "\"<unk>\"", "true", "true", &st, err,
-                        sizeof err);
+    kvr_tok_t *t =
+        make("null", "null", "null", added, "\"<unk>\"", "true", "true", &st, err, sizeof err);
     if (t == NULL)
         fail_msg("load: %s", err);
     return t;
@@ -97,8 +97,9 @@ static void test_load_errors(void **state)
                          "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},\"behavior\":"
                          "\"Isolated\",\"invert\":true}",
                          "null", "invert is not supported");
-    expect_refused_parts("null", "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a\"},\"behavior\":"
-                                 "\"Isolated\",\"invert\":false}",
+    expect_refused_parts("null",
+                         "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a\"},\"behavior\":"
+                         "\"Isolated\",\"invert\":false}",
                          "null", "regex does not compile");
     expect_refused_parts("null", "{\"type\":\"ByteLevel\",\"add_prefix_space\":true}", "null",
                          "add_prefix_space true is not supported");
@@ -111,8 +112,9 @@ static void test_load_errors(void **state)
     expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0}}}", "merges");
     expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a b\"]}}",
                    "token \"b\" is not in the vocabulary");
-    expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}",
-                   "the merged token is not in the vocabulary");
+    expect_refused(
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}",
+        "the merged token is not in the vocabulary");
     expect_refused("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"ab\"]}}",
                    "merges: entry 0");
     expect_refused("{\"model\":{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":{},\"merges\":[]}}",
@@ -257,10 +259,22 @@ static void test_api_edges(void **state)
     int st;
     char err[256];
     t = make("null", "null", "null", "", "\"<unk>\"", "false", "false", &st, err, sizeof err);
-    assert_string_equal(ids_of(t, "a\x80" "b", 3, false), "1 0 2");
-    assert_string_equal(ids_of(t, "a\xE6\x97" "b", 4, false), "1 0 2"); /* truncated: one */
-    assert_string_equal(ids_of(t, "a\xC0\xAF" "b", 4, false), "1 0 0 2"); /* overlong: two */
-    assert_string_equal(ids_of(t, "a\xED\xA0\x80", 4, false), "1 0 0 0");  /* surrogate */
+    assert_string_equal(ids_of(t,
+                               "a\x80"
+                               "b",
+                               3, false),
+                        "1 0 2");
+    assert_string_equal(ids_of(t,
+                               "a\xE6\x97"
+                               "b",
+                               4, false),
+                        "1 0 2"); /* truncated: one */
+    assert_string_equal(ids_of(t,
+                               "a\xC0\xAF"
+                               "b",
+                               4, false),
+                        "1 0 0 2");                                       /* overlong: two */
+    assert_string_equal(ids_of(t, "a\xED\xA0\x80", 4, false), "1 0 0 0"); /* surrogate */
     assert_string_equal(ids_of(t, "\xF0\x9F\x98", 3, false), "0");
     kvr_tok_free(t);
     /* the reentrant form gives the same ids with its own scratch */
@@ -283,7 +297,8 @@ static void test_byte_level_split(void **state)
     /* byte-level: vocab spelled in GPT-2's alphabet (space = U+0120), a regex split */
     const char *json =
         "{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\","
-        "\"pattern\":{\"Regex\":\" ?\\\\p{L}+|\\\\s+\"},\"behavior\":\"Isolated\",\"invert\":false},"
+        "\"pattern\":{\"Regex\":\" "
+        "?\\\\p{L}+|\\\\s+\"},\"behavior\":\"Isolated\",\"invert\":false},"
         "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":false,"
         "\"use_regex\":false}]},\"post_processor\":{\"type\":\"ByteLevel\"},"
         "\"model\":{\"type\":\"BPE\",\"ignore_merges\":true,\"vocab\":{\"a\":0,\"b\":1,"
@@ -298,7 +313,11 @@ static void test_byte_level_split(void **state)
     assert_string_equal(IDS(t, "\xC3\xA9"), "6 7");
     assert_string_equal(IDS(t, " ba"), "8"); /* ignore_merges: the whole word is a token */
     uint32_t id;
-    assert_int_equal(kvr_tok_token_id(t, "\xC4\xA0" "ab", &id), KVR_OK);
+    assert_int_equal(kvr_tok_token_id(t,
+                                      "\xC4\xA0"
+                                      "ab",
+                                      &id),
+                     KVR_OK);
     assert_int_equal(id, 5);
     kvr_tok_free(t);
 }
