@@ -54,11 +54,9 @@ int kvr_tok_added_add(tok_added_t *a, uint32_t id, const char *content, size_t l
     if (t == NULL)
         return KVR_ENOMEM;
     a->toks = t;
-    char *c = malloc(len + 1);
+    char *c = kvr_tj_dup(content, len);
     if (c == NULL)
         return KVR_ENOMEM;
-    memcpy(c, content, len);
-    c[len] = 0;
     t[a->n] = (tok_added_tok_t){id, c, len, lstrip, rstrip, single_word};
     uint32_t cur = a->root[(uint8_t)content[0]];
     if (cur == 0) {

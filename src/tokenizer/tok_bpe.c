@@ -175,11 +175,9 @@ static int add_raw(tok_bpe_t *bpe, const char *s, size_t n, uint32_t id)
     if (ids == NULL)
         return KVR_ENOMEM;
     bpe->raw_ids = ids;
-    char *p = malloc(n + 1);
+    char *p = kvr_tj_dup(s, n);
     if (p == NULL)
         return KVR_ENOMEM;
-    memcpy(p, s, n);
-    p[n] = 0;
     k[bpe->n_raw] = p;
     ids[bpe->n_raw++] = id;
     return KVR_OK;

@@ -50,6 +50,8 @@ typedef struct tj_doc {
 int kvr_tj_parse(const char *buf, size_t len, bool stream_model, tj_doc_t *doc, char *err,
                  size_t err_len);
 void kvr_tj_free(tj_doc_t *doc);
+/* A NUL-terminated copy of s[0..n) (NULs inside kept), or NULL. */
+char *kvr_tj_dup(const void *s, size_t n);
 const tj_node_t *kvr_tj_get(const tj_node_t *obj, const char *key);
 /* The object's keys not in allowed (NULL-terminated): the first such key, or NULL. */
 const char *kvr_tj_unknown_key(const tj_node_t *obj, const char *const *allowed);

@@ -90,7 +90,7 @@ const char *kvr_tj_unknown_key(const tj_node_t *obj, const char *const *allowed)
     return NULL;
 }
 
-static char *dup_n(const unsigned char *s, size_t n)
+char *kvr_tj_dup(const void *s, size_t n)
 {
     char *p = malloc(n + 1);
     if (p != NULL) {
@@ -152,7 +152,7 @@ static bool add_node(ctx_t *c, tj_node_t *n)
             return false;
         }
         p->keys = keys;
-        keys[p->n] = c->key ? c->key : dup_n((const unsigned char *)"", 0);
+        keys[p->n] = c->key ? c->key : kvr_tj_dup((const unsigned char *)"", 0);
         c->key = NULL;
         if (keys[p->n] == NULL) {
             node_free(n);
@@ -254,7 +254,7 @@ static int on_scalar(ctx_t *c, int type, bool b, const unsigned char *s, size_t 
     }
     nd->b = b;
     if (type == TJ_STR || type == TJ_NUM) {
-        nd->s = dup_n(s, n);
+        nd->s = kvr_tj_dup(s, n);
         nd->len = n;
         if (nd->s == NULL) {
             free(nd);
@@ -344,7 +344,7 @@ static int cb_key(void *u, const unsigned char *s, size_t n)
     if (f->kind == F_VOCAB)
         return pool_add(c, s, n, &c->vkey) ? 1 : 0;
     free(c->key);
-    c->key = dup_n(s, n);
+    c->key = kvr_tj_dup(s, n);
     c->key_len = n;
     if (c->key == NULL) {
         c->oom = true;

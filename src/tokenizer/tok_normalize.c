@@ -27,13 +27,7 @@ static int add_step(tok_norm_t *norm, tok_norm_step_t st)
     return KVR_OK;
 }
 
-static char *dup_str(const tj_node_t *n)
-{
-    char *p = malloc(n->len + 1);
-    if (p != NULL)
-        memcpy(p, n->s, n->len + 1);
-    return p;
-}
+static char *dup_str(const tj_node_t *n) { return kvr_tj_dup(n->s, n->len); }
 
 static int build(const tj_node_t *node, tok_norm_t *norm, char *err, size_t err_len, int depth)
 {
