@@ -13,8 +13,8 @@ Kinds: multilingual prose (accented Latin, CJK, Cyrillic, Arabic, Hebrew, Devana
 Korean, Greek), code (C, Python, JSON; indentation, tabs), emoji (skin tones, ZWJ, flags),
 whitespace runs (spaces, tabs, newlines, CRLF, trailing, Unicode spaces), digits and long
 numbers, English contractions in any case, special-token text inside content, very long
-words (5000+ characters), punctuation runs, combining marks (NFC), invalid UTF-8, and random
-mixes of all of them.
+words (5000+ characters), punctuation runs, combining marks (NFC: runs of marks of every
+class), invalid UTF-8, random code points, and mixes of all of them.
 """
 import argparse
 import json
@@ -159,6 +159,24 @@ def combining(r):
     return " ".join(r.choice(COMBINING) + word(r) for _ in range(r.randint(1, 6)))
 
 
+MARKS = None
+
+
+def marks(r):
+    """Letters with runs of combining marks of every class (canonical reordering, composition)."""
+    global MARKS
+    if MARKS is None:
+        import unicodedata
+        MARKS = [chr(c) for c in range(0x300, 0x1F000) if unicodedata.combining(chr(c))]
+    out = []
+    for _ in range(r.randint(1, 6)):
+        out.append(r.choice("aeiouAOUnckszhCSZ\u3131\u1100\u0915\u05d0\u0627"))
+        out.extend(r.choice(MARKS) for _ in range(r.randint(0, 4)))
+        if r.random() < 0.3:
+            out.append(" ")
+    return "".join(out)
+
+
 def random_mix(r):
     pool = [prose, code, emoji, spaces, digits, contractions, specials, punct, combining]
     return "".join(r.choice(pool)(r) for _ in range(r.randint(2, 5)))
@@ -196,7 +214,7 @@ def invalid(r):
 
 
 KINDS = [(prose, 22), (code, 8), (emoji, 6), (spaces, 10), (digits, 6), (contractions, 6), (specials, 8),
-         (punct, 5), (combining, 5), (random_mix, 12), (random_unicode, 6)]
+         (punct, 5), (combining, 5), (marks, 4), (random_mix, 12), (random_unicode, 6)]
 
 
 class Tee:
