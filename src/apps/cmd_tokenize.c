@@ -135,7 +135,7 @@ static bool parse_line(line_ctx_t *c, const char *line, size_t n)
         return false;
     }
     if (!c->have) {
-        snprintf(c->why, sizeof c->why, "no \"text\" string");
+        snprintf(c->why, sizeof c->why, "no text (a string member) nor bytes_hex");
         return false;
     }
     return true;

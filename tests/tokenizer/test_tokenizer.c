@@ -6,6 +6,7 @@
  * and the C API's edges (empty text, cap too small, invalid UTF-8, the reentrant scratch).
  * Exactness on real models is tests/oracle/tok_compare.py's job (the ctest tokenizer_oracle).
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -322,6 +323,45 @@ static void test_byte_level_split(void **state)
     kvr_tok_free(t);
 }
 
+typedef struct worker {
+    const kvr_tok_t *t;
+    int ok;
+} worker_t;
+
+static void *encode_many(void *arg)
+{
+    worker_t *w = arg;
+    kvr_tok_scratch_t *sc = kvr_tok_scratch_new(w->t);
+    uint32_t ids[64];
+    size_t n;
+    w->ok = sc != NULL;
+    for (int i = 0; i < 2000 && w->ok; i++) {
+        w->ok = kvr_tok_encode_r(w->t, sc, "abc aab", 7, false, ids, 64, &n) == KVR_OK && n == 4 &&
+                ids[0] == 9 && ids[1] == 4 && ids[2] == 1 && ids[3] == 8;
+    }
+    kvr_tok_scratch_free(sc);
+    return NULL;
+}
+
+/* kvr_tok_encode_r with one scratch per thread on one shared tokenizer (TSan builds check
+ * that nothing is shared but the read-only tokenizer). */
+static void test_threads(void **state)
+{
+    (void)state;
+    kvr_tok_t *t = plain("");
+    pthread_t th[4];
+    worker_t w[4];
+    for (int i = 0; i < 4; i++) {
+        w[i] = (worker_t){t, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, encode_many, &w[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(w[i].ok);
+    }
+    kvr_tok_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +372,7 @@ int main(void)
         cmocka_unit_test(test_normalized_added_and_prepend),
         cmocka_unit_test(test_api_edges),
         cmocka_unit_test(test_byte_level_split),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
