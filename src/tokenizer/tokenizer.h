@@ -15,7 +15,7 @@
  * Threads: a loaded tokenizer is immutable. kvr_tok_encode uses the tokenizer's own scratch:
  * one thread at a time per tokenizer. kvr_tok_encode_r takes a caller scratch (one per thread)
  * and may run on any number of threads at once on the same tokenizer.
- * Cost: load O(file) (a 150K-vocab file in ~100 ms); encode O(n log n) in the text, no
+ * Cost: load O(file) (Qwen3, 150K vocab: ~120 ms; Gemma 3, 262K: ~380 ms); encode O(n log n), no
  * allocation once the scratch has grown to the largest input.
  */
 #ifndef KVR_TOKENIZER_H
