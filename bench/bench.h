@@ -227,6 +227,7 @@ int kvr_bench_sync(int argc, char **argv);
 int kvr_bench_indexer(int argc, char **argv);
 /* bench_mooncake.c: its own arguments (argv[0] = "mooncake"). */
 int kvr_bench_mooncake(int argc, char **argv);
+int kvr_bench_tokenize(int argc, char **argv); /* bench_tokenize.c: its own flags */
 /* One point of bench route against o->url (its row printed), *per_s its median rate. */
 int kvr_bench_route_point(const kvr_bench_opts_t *o, uint64_t clients, uint64_t tokens,
                           double *per_s);

@@ -17,7 +17,7 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: kvrouter bench "
                  "{hash|index|ingest|snapshot|route|events|mocker|frontend|indexer|mooncake|sync|\n"
-                 "                      hashtab|all} "
+                 "                      tokenize|hashtab|all} "
                  "[options]\n"
                  "\n"
                  "  hash     us per prompt: local block hashes + sequence hashes\n"
@@ -41,6 +41,8 @@ static void usage(FILE *out)
             "           --disagg: a prefill and a decode mocker, the client doing vLLM's\n"
             "           proxy protocol itself against the router doing it)\n");
     fprintf(out,
+            "  tokenize the in-process tokenizer per model: load, MB/s, tokens/s; --compare\n"
+            "           against HF tokenizers (its own flags: 'kvrouter bench tokenize --help')\n"
             "  mooncake the reference's indexer harness: a trace's events and lookups replayed\n"
             "           together open loop over thousands of simulated workers (see 'kvrouter\n"
             "           bench mooncake --help')\n"
@@ -423,6 +425,8 @@ static int bench_run(int argc, char **argv)
         return kvr_bench_sync(argc - 1, argv + 1); /* its own flags (bench_sync.c) */
     if (argc >= 2 && strcmp(argv[1], "indexer") == 0)
         return kvr_bench_indexer(argc - 1, argv + 1); /* its own flags (bench_indexer.c) */
+    if (argc >= 2 && strcmp(argv[1], "tokenize") == 0)
+        return kvr_bench_tokenize(argc - 1, argv + 1); /* its own flags (bench_tokenize.c) */
     if (argc >= 2 && strcmp(argv[1], "mooncake") == 0)
         return kvr_bench_mooncake(argc - 1, argv + 1); /* its own flags (bench_mooncake.c) */
     kvr_bench_opts_t o;

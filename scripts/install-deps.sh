@@ -14,7 +14,7 @@ PKGS=(
   gnuplot-nox
   libck-dev uthash-dev
   prometheus
-  libpcre2-dev python3-jinja2
+  libpcre2-dev python3-jinja2 libunistring-dev
 )
 # Node.js and npm run the tokenizer oracle; a machine that has them keeps its own.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then

@@ -25,6 +25,7 @@ static const subcommand_t SUBCOMMANDS[] = {
      "Mooncake traces: stats (lengths, rate, repeats, hit-ratio ceilings), gen (synthetic "
      "workloads), synth (a scaled copy of a trace's shape)"},
     {"hash", kvr_cmd_hash, "block and sequence hashes of JSON-lines prompts (engine parity)"},
+    {"tokenize", kvr_cmd_tokenize, "token ids of prompts from a tokenizer.json, as HF tokenizers computes them"},
     {"bench", kvr_cmd_bench, "benchmarks: hash, index, ingest, events, route, mocker, frontend, all"},
     {"sim", kvr_cmd_sim, "a trace through the router core and simulated engines in virtual time"},
     {"replay", kvr_cmd_replay,
