@@ -543,8 +543,7 @@ int kvr_cmd_serve(int argc, char **argv)
             kvr_log(KVR_LOG_INFO,
                     "sticky sessions on (session_ttl_secs %llu): a request naming a session "
                     "(x-session-id, x-dynamo-session-id, nvext.session_control) prefers its "
-                    "session's worker; the reference takes the id as an identity only, unless "
-                    "its affinity TTL is set: session_ttl_secs 0 for that",
+                    "session's worker while it is healthy and not busy",
                     (unsigned long long)a.cfg.session_ttl_secs);
         /* a line scripts can wait for */
         printf("listening %s:%u\n", a.cfg.bind, kvr_http_host_port(d.host));

@@ -92,7 +92,7 @@ static void usage(FILE *out)
             "  --sessions                    sticky sessions inferred from the trace: a request\n"
             "                                whose prompt extends an earlier one's (all of its\n"
             "                                blocks but the last, at least 2) continues that\n"
-            "                                conversation (see --session-ttl-secs)\n");
+            "                                conversation (--session-ttl-secs, 300 unless given)\n");
     fprintf(out,
             "Engine options (as kvrouter mocker):\n"
             "  --block-size N                tokens per KV block, engines and router [16]\n"
@@ -135,6 +135,7 @@ typedef struct sim_args {
     const char *plot; /* --plot FILE */
     bool json;
     bool sessions; /* infer sessions from successive turns (--sessions) */
+    bool ttl_given; /* --session-ttl-secs given (else 300 with --sessions) */
     bool jitter_set;               /* --event-jitter-ms given (else half the delay) */
     size_t policies[MAX_POLICIES]; /* into POLICY_NAMES */
     size_t n_policies;
@@ -291,6 +292,8 @@ static int parse_router_flag(kvr_cli_t *c, sim_args_t *a)
     char err[300];
     if (kvr_config_set(r, name, v, err, sizeof err) != KVR_OK)
         return kvr_cli_fail(c, "%s: %s", name, err);
+    a->ttl_given |= strcmp(name + 2, "session-ttl-secs") == 0 ||
+                    strcmp(name + 2, "session_ttl_secs") == 0;
     return 0;
 }
 
@@ -321,6 +324,8 @@ static int parse_args(int argc, char **argv, sim_args_t *a)
     if (rc != 0)
         return rc;
     a->cfg.router.block_size = a->cfg.engine.block_size; /* --block-size sets both */
+    if (a->sessions && !a->ttl_given)
+        a->cfg.router.session_ttl_secs = 300; /* serve's default is off; --sessions means on */
     if (!a->jitter_set)
         a->cfg.link.jitter_ms = a->cfg.link.delay_ms / 2;
     if (a->sweep > 0) {

@@ -186,10 +186,11 @@ static const field_t FIELDS[] = {
     {"min_initial_workers", T_U32, OFF(min_initial_workers), 0, 65535, false, NULL, 0, "1",
      "until this many workers are ready (registered, not fenced), requests wait instead of "
      "failing; 0 = never wait"},
-    {"session_ttl_secs", T_U64, OFF(session_ttl_secs), 0, 31536000, false, NULL, 0, "300",
+    {"session_ttl_secs", T_U64, OFF(session_ttl_secs), 0, 31536000, false, NULL, 0, "0",
      "sticky sessions (x-session-id, nvext.session_control): a session's requests prefer the "
      "worker of its first while it is healthy and not busy, for this long after its last "
-     "request; 0 = no sessions"},
+     "request; 0 = no sessions (the default, as the reference's: on the policy table they "
+     "raise the hit ratio a little and cost the tail, docs/sim.md)"},
     {"session_max", T_U64, OFF(session_max), 1, 1073741824, false, NULL, 0, "65536",
      "sticky sessions held at most; the least recently used is dropped beyond it"},
     {"lora_strict", T_BOOL, OFF(lora_strict), 0, 0, false, NULL, 0, "false",

@@ -466,7 +466,7 @@ static void test_sticky_sessions(void **s)
 {
     (void)s;
     fx_t f;
-    make(&f, NULL);
+    make_set(&f, NULL, "session_ttl_secs", "300"); /* off by default, as the reference's */
     kvr_route_res_t res;
     kvr_route_req_t q = {.tokens = toks,
                          .n_tokens = 512,

@@ -428,7 +428,8 @@ def scenario_sessions():
     nvext.session_control) go to the worker of the session's first request; close ends it;
     /metrics counts hits and ends. Before, the header and the field were ignored."""
     ws = [CaptureWorker(), CaptureWorker()]
-    r = serve("--worker", f"id=1,url={ws[0].url}", "--worker", f"id=2,url={ws[1].url}")
+    r = serve("--worker", f"id=1,url={ws[0].url}", "--worker", f"id=2,url={ws[1].url}",
+              "--session-ttl-secs", "300")
     try:
         def send(i, headers=None, nvext=None):
             body = {"model": "m", "prompt": tokens_for(70 + i, 2), "max_tokens": 1}
@@ -834,21 +835,21 @@ def scenario_reference_names():
         r.stop()
     r = serve("--worker", "id=1", "--router-selection-policy", "dynamo")
     try:
-        check("sessions on by default: said at start, with the reference's way out",
-              "sticky sessions on (session_ttl_secs 300)" in r.stderr()
-              and "session_ttl_secs 0 for that" in r.stderr(), r.stderr()[-2000:])
+        check("sessions off by default, as the reference's: nothing said",
+              "sticky sessions on" not in r.stderr(), r.stderr()[-2000:])
         _, w = r.call("GET", "/v1/workers")
-        check("sessions on by default: shown", w.get("session_ttl_secs") == 300, w)
+        check("sessions off by default: shown", w.get("session_ttl_secs") == 0, w)
         check("policy dynamo: shown", w.get("policy") == "dynamo" and w.get("router_mode") == "kv",
               w)
         check("policy dynamo: in the start-up line", "mode kv, policy dynamo" in r.stderr())
     finally:
         r.stop()
-    r = serve("--worker", "id=1", "--session-ttl-secs", "0")
+    r = serve("--worker", "id=1", "--session-ttl-secs", "300")
     try:
         _, w = r.call("GET", "/v1/workers")
-        check("sessions off: shown, and nothing said",
-              w.get("session_ttl_secs") == 0 and "sticky sessions on" not in r.stderr(), w)
+        check("sessions on: shown, and said at start",
+              w.get("session_ttl_secs") == 300 and
+              "sticky sessions on (session_ttl_secs 300)" in r.stderr(), w)
     finally:
         r.stop()
     for how, args, env, want in (
