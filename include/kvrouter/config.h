@@ -60,6 +60,7 @@ typedef enum kvr_router_mode {
     KVR_MODE_RANDOM,
     KVR_MODE_LEAST_LOADED,
     KVR_MODE_APPROX,
+    KVR_MODE_DIRECT, /* every request names its worker; the router books, tracks, proxies */
 } kvr_router_mode_t;
 
 /* An optional number: `set` false means "unset" (the feature is off). */

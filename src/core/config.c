@@ -50,7 +50,8 @@ typedef struct field {
 #define U32MAX 4294967295.0
 #define U64MAX 18446744073709551615.0
 
-static const char *const MODES[] = {"kv", "round-robin", "random", "least-loaded", "approx", NULL};
+static const char *const MODES[] = {"kv",     "round-robin", "random", "least-loaded",
+                                    "approx", "direct",      NULL};
 static const char *const QPOL[] = {"fcfs", "wspt", "lcfs", NULL};
 static const char *const SPOL[] = {"dynamo", "lmetric", "locality", NULL};
 static const char *const DISC[] = {"static", "nats", NULL};
@@ -67,7 +68,8 @@ static const field_t FIELDS[] = {
      "worker rank slots (worker id x dp rank)"},
     {"router_mode", T_ENUM, OFF(router_mode), 0, 0, false, MODES, 0, "kv",
      "kv | round-robin | random | least-loaded | approx (approx: no KV events, routing decisions "
-     "with a TTL)"},
+     "with a TTL) | direct (every request names its worker: pinned_worker, x-worker-instance-id; "
+     "the router only books, tracks and proxies)"},
     {"use_kv_events", T_BOOL, OFF(use_kv_events), 0, 0, false, NULL, 0, "true",
      "subscribe to the engines' KV events; false (with router_mode kv) = approximate mode"},
     {"overlap_score_credit", T_F64, OFF(overlap_score_credit), 0, 1e9, false, NULL, 0, "1.0",

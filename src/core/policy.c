@@ -23,8 +23,9 @@ static const kvr_policy_t *const PICKERS[] = {
     [KVR_MODE_RANDOM] = &kvr_policy_random,
     [KVR_MODE_LEAST_LOADED] = &kvr_policy_least_loaded,
     [KVR_MODE_APPROX] = NULL,
+    [KVR_MODE_DIRECT] = &kvr_policy_direct,
 };
-_Static_assert(sizeof PICKERS / sizeof PICKERS[0] == KVR_MODE_APPROX + 1,
+_Static_assert(sizeof PICKERS / sizeof PICKERS[0] == KVR_MODE_DIRECT + 1,
                "an entry per router mode");
 
 const kvr_policy_t *kvr_policy_scorer(kvr_select_policy_t p)

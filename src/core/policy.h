@@ -57,6 +57,7 @@ extern const kvr_policy_t kvr_policy_locality;
 extern const kvr_policy_t kvr_policy_round_robin;
 extern const kvr_policy_t kvr_policy_random;
 extern const kvr_policy_t kvr_policy_least_loaded;
+extern const kvr_policy_t kvr_policy_direct;
 
 /* The scorer of a selection policy; NULL for a value outside the enum. */
 const kvr_policy_t *kvr_policy_scorer(kvr_select_policy_t p);

@@ -802,9 +802,22 @@ static const kvr_worker_t *session_rank(const kvr_router_t *r, const kvr_route_r
                                                                                            : NULL;
 }
 
+/* Direct mode: a request must name its worker (pinned, or an allowed list of one). */
+static bool names_worker(const kvr_route_req_t *q)
+{
+    return q->has_pinned || (q->has_allowed && q->n_allowed == 1);
+}
+
 static int decide(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
                   kvr_select_result_t *out)
 {
+    if (r->cfg.router_mode == KVR_MODE_DIRECT && !names_worker(q)) {
+        out->field = "router_mode direct: the request names no worker (pinned_worker in "
+                     "/v1/route; x-worker-instance-id or nvext.backend_instance_id through the "
+                     "front end, and x-prefill-instance-id or nvext.prefill_worker_id for a "
+                     "disaggregated request's prefill)";
+        return KVR_EINVAL;
+    }
     kvr_worker_t buf;
     const kvr_worker_t *pref = session_rank(r, q, now_ms, &buf);
     if (r->picker != NULL)

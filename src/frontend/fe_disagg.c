@@ -283,6 +283,12 @@ static void plan_first(fe_req_t *p, fe_verdict_t *v)
         serve_aggregated(p);
         return;
     }
+    if (fe->cfg.router_mode == KVR_MODE_DIRECT && !p->hints.pf.has) {
+        /* the gateway picks both legs' workers (the reference's direct mode errs here too) */
+        verdict_fail(v, 400, "router_mode direct: a disaggregated request names its prefill "
+                             "worker (x-prefill-instance-id or nvext.prefill_worker_id)");
+        return;
+    }
     fe_dreq_t *d = dreq_get(fe);
     if (d == NULL) {
         verdict_fail(v, 500, "out of memory");

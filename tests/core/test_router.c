@@ -886,6 +886,38 @@ static void test_round_robin_cycles(void **s)
     unmake(&f);
 }
 
+/* Direct mode: a request must name its worker (pinned, or an allowed list of one), and goes
+ * there; one that names none, or several, is refused with the setting named. */
+static void test_direct_mode(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, "direct");
+    kvr_route_res_t res;
+    prompt(7, 64);
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 64, .update_state = true};
+    assert_int_equal(kvr_router_route(f.r, &q, 1, &res), KVR_EINVAL);
+    assert_non_null(strstr(res.error_field, "router_mode direct"));
+    q.has_pinned = true;
+    q.pinned = (kvr_worker_t){2, 0};
+    for (int i = 0; i < 3; i++) { /* loaded or not, it stays where it was sent */
+        assert_int_equal(kvr_router_route(f.r, &q, 2 + i, &res), KVR_OK);
+        assert_int_equal(res.worker.worker_id, 2);
+    }
+    uint64_t one = 3, two[] = {1, 3};
+    q.has_pinned = false;
+    q.has_allowed = true;
+    q.allowed_ids = &one;
+    q.n_allowed = 1;
+    assert_int_equal(kvr_router_route(f.r, &q, 10, &res), KVR_OK);
+    assert_int_equal(res.worker.worker_id, 3);
+    q.allowed_ids = two;
+    q.n_allowed = 2;
+    assert_int_equal(kvr_router_route(f.r, &q, 11, &res), KVR_EINVAL);
+    assert_non_null(strstr(res.error_field, "names no worker"));
+    unmake(&f);
+}
+
 static void test_query_lists_every_rank(void **s)
 {
     (void)s;
@@ -930,6 +962,7 @@ int main(void)
         cmocka_unit_test(test_approx_mode_follows_requests),
         cmocka_unit_test(test_step_clock_steers),
         cmocka_unit_test(test_round_robin_cycles),
+        cmocka_unit_test(test_direct_mode),
         cmocka_unit_test(test_query_lists_every_rank),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

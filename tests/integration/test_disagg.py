@@ -661,8 +661,34 @@ def scenario_silent_prefill():
         hole.close()
 
 
+def scenario_direct():
+    """--router-mode direct with a prefill pool: a gateway names both legs' workers; a request
+    naming only its decode worker is refused naming the prefill header (the reference's direct
+    mode errs too), one naming both is served through them."""
+    p = mocker("--speedup", 20, role="prefill", what="prefill(direct)", events=False)
+    d = mocker("--speedup", 20, role="decode", what="decode(direct)", events=False)
+    r = router([spec(1, p, "prefill"), spec(2, d, "decode")], "--router-mode", "direct",
+               "--health-interval-ms", "60000", what="router(direct)")
+    try:
+        check("direct: the prefill pool is active",
+              eventually(lambda: r.metric("kvr_disagg_state") == 1, 10))
+        body = {"model": "m", "prompt": toks(64), "max_tokens": 2}
+        st, b = r.call("POST", "/v1/completions", body, {"x-decode-instance-id": "2"})
+        check("direct: without its prefill worker, 400 naming the header",
+              st == 400 and "x-prefill-instance-id" in json.dumps(b), (st, b))
+        st, b, h = r.call_h("POST", "/v1/completions", body,
+                            {"x-prefill-instance-id": "1", "x-decode-instance-id": "2"})
+        check("direct: with both named, served through them",
+              st == 200 and h.get("x-kvrouter-prefill-worker-id") == "1"
+              and h.get("x-kvrouter-worker-id") == "2", (st, b, dict(h)))
+    finally:
+        r.stop()
+        p.stop()
+        d.stop()
+
+
 def main():
-    run_scenarios((("client_kvt", scenario_client_kvt), ("silent_prefill", scenario_silent_prefill),
+    run_scenarios((("direct", scenario_direct), ("client_kvt", scenario_client_kvt), ("silent_prefill", scenario_silent_prefill),
                    ("pull", scenario_pull), ("faults", scenario_faults), ("retry", scenario_retry),
                    ("orphan", scenario_orphan),
                    ("unavailable", scenario_unavailable), ("bootstrap", scenario_bootstrap),

@@ -854,6 +854,50 @@ def scenario_urlless():
 
 
 # ------------------------------------------------------------------------------------------
+# Direct mode: a gateway picks the workers; a request must name its worker, the router books,
+# tracks and proxies
+
+def scenario_direct():
+    ms = [mocker("--speedup", 10, events=False, what=f"mocker(direct {i})") for i in (1, 2)]
+    r = router([f"id=1,url={ms[0].url}", f"id=2,url={ms[1].url}"], "--router-mode", "direct",
+               "--health-interval-ms", "60000", what="router(direct)")
+    try:
+        st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": toks(20),
+                                                         "max_tokens": 1})
+        check("direct: a request naming no worker is refused, the header named",
+              st == 400 and is_openai_error(b, 400) and "x-worker-instance-id" in
+              b["error"]["message"], (st, b))
+        got = []
+        for i in range(6):
+            wid = 1 + i % 2
+            st, b, h = r.call_h("POST", "/v1/completions",
+                                {"model": "m", "prompt": toks(20), "max_tokens": 1},
+                                {"x-worker-instance-id": str(wid)})
+            got.append((st, wid, worker_of(h)))
+        check("direct: each request served by the worker it names",
+              all(st == 200 and want == w for st, want, w in got), got)
+        st, b, h = r.call_h("POST", "/v1/completions", {"model": "m", "prompt": toks(20),
+                                                         "max_tokens": 1,
+                                                         "nvext": {"backend_instance_id": 2}})
+        check("direct: nvext.backend_instance_id names it too", st == 200 and worker_of(h) == 2,
+              (st, b))
+        st, a = r.call("POST", "/v1/route", {"tokens": toks(32)})
+        check("direct: /v1/route without pinned_worker is refused",
+              st == 400 and "router_mode direct" in a["error"]["message"], (st, a))
+        st, a = r.call("POST", "/v1/route", {"tokens": toks(32),
+                                             "pinned_worker": {"worker_id": 1, "dp_rank": 0}})
+        check("direct: /v1/route with pinned_worker books it", st == 200 and a["worker_id"] == 1,
+              (st, a))
+        st, w = r.call("GET", "/v1/workers")
+        check("direct: shown as the mode and policy in force",
+              w.get("router_mode") == "direct" and w.get("policy") == "direct", w)
+    finally:
+        r.stop()
+        for m in ms:
+            m.stop()
+
+
+# ------------------------------------------------------------------------------------------
 # Data-parallel ranks: the router picks the rank, the worker gets it as x-data-parallel-rank
 
 def scenario_dp():
@@ -918,7 +962,7 @@ def scenario_step_clock():
 def main():
     run_scenarios((("bad_tokenizer", scenario_bad_tokenizer), ("main", scenario_main), ("step_clock", scenario_step_clock), ("queue", scenario_queue),
                    ("queue_first_token", scenario_queue_first_token),
-                   ("faults", scenario_faults), ("dp", scenario_dp), ("urlless", scenario_urlless),
+                   ("faults", scenario_faults), ("dp", scenario_dp), ("urlless", scenario_urlless), ("direct", scenario_direct),
                    ("shutdown", scenario_shutdown),
                    ("shutdown_grace", scenario_shutdown_grace), ("config", scenario_config),
                    ("slow_client", scenario_slow_client)), SEED)
