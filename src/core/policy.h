@@ -64,6 +64,9 @@ const kvr_policy_t *kvr_policy_scorer(kvr_select_policy_t p);
 /* The picker of a load-only router mode; NULL for the cache-aware modes (kv, approx: the
  * selector decides with the scorer) and values outside the enum. */
 const kvr_policy_t *kvr_policy_picker(kvr_router_mode_t mode);
+/* The least-loaded pick (least_loaded's and direct's): the eligible candidate with the least
+ * potential prefill tokens plus active requests, the first on a tie; SIZE_MAX when none. */
+size_t kvr_pick_least_loaded(const kvr_pick_view_t *v);
 /* Pickers' helper: the index of the n-th (from 0) eligible candidate; SIZE_MAX past the last. */
 size_t kvr_pick_nth(const kvr_pick_view_t *v, uint64_t n);
 

@@ -12,7 +12,7 @@ static uint64_t load_of(const kvr_select_candidate_t *c)
     return c->potential_prefill_tokens + c->active_requests;
 }
 
-static size_t pick(const kvr_pick_view_t *v)
+size_t kvr_pick_least_loaded(const kvr_pick_view_t *v)
 {
     size_t best = SIZE_MAX;
     for (size_t i = 0; i < v->n_cands; i++)
@@ -22,4 +22,5 @@ static size_t pick(const kvr_pick_view_t *v)
     return best;
 }
 
-const kvr_policy_t kvr_policy_least_loaded = {.name = "least_loaded", .pick = pick};
+const kvr_policy_t kvr_policy_least_loaded = {.name = "least_loaded",
+                                               .pick = kvr_pick_least_loaded};
