@@ -232,6 +232,27 @@ typedef struct kvr_session_stats {
     uint64_t closed, expired, evicted;
 } kvr_session_stats_t;
 void kvr_router_session_stats(const kvr_router_t *r, kvr_session_stats_t *out);
+/* Busy thresholds of one model, changed at run time (the reference's POST /busy_threshold):
+ * a rank of a worker serving the model is busy past them, instead of past the settings'
+ * active_prefill_tokens_threshold and active_decode_blocks_threshold (its other busy settings
+ * still apply). */
+typedef struct kvr_busy_threshold {
+    /* public */
+    bool has_prefill_tokens;
+    double prefill_tokens; /* active_prefill_tokens_threshold: prefill tokens in flight, >= 0 */
+    bool has_decode_frac;
+    double decode_frac; /* active_decode_blocks_threshold: of total_kv_blocks, >= 0 */
+} kvr_busy_threshold_t;
+#define KVR_BUSY_MAX_MODELS 64
+/* Applies set's given fields to model's thresholds (the first change starts from the
+ * settings'); *now: the model's thresholds in force afterwards (set NULL: read only). KVR_OK;
+ * KVR_EINVAL (a value not finite or < 0: nothing changes); KVR_EFULL past
+ * KVR_BUSY_MAX_MODELS models. */
+int kvr_router_busy_threshold(kvr_router_t *r, const char *model, size_t model_len,
+                              const kvr_busy_threshold_t *set, kvr_busy_threshold_t *now);
+/* The models with their own thresholds: their names and thresholds, at most cap; the count. */
+size_t kvr_router_busy_models(const kvr_router_t *r, const char **models,
+                              kvr_busy_threshold_t *th, size_t cap);
 /* Workers registered and not fenced (min_initial_workers counts these). */
 size_t kvr_router_n_ready(const kvr_router_t *r);
 /* The prefill pool's lifecycle: pending (no prefill worker ever registered: an aggregated

@@ -372,6 +372,85 @@ static void h_route(kvr_api_t *s, struct evhttp_request *req)
         route_and_reply(s, req, &q, false, a.strict_priority);
 }
 
+static void write_busy(kvr_json_writer_t *w, const char *model, const kvr_busy_threshold_t *t)
+{
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "model");
+    kvr_json_string(w, model);
+    kvr_json_key(w, "active_prefill_tokens_threshold");
+    if (t->has_prefill_tokens)
+        kvr_json_double(w, t->prefill_tokens);
+    else
+        kvr_json_null(w);
+    kvr_json_key(w, "active_decode_blocks_threshold");
+    if (t->has_decode_frac)
+        kvr_json_double(w, t->decode_frac);
+    else
+        kvr_json_null(w);
+    kvr_json_end_object(w);
+}
+
+static void write_busy_models(kvr_api_t *s)
+{
+    const char *models[KVR_BUSY_MAX_MODELS];
+    kvr_busy_threshold_t th[KVR_BUSY_MAX_MODELS];
+    size_t n = kvr_router_busy_models(s->r, models, th, KVR_BUSY_MAX_MODELS);
+    kvr_json_begin_array(s->w);
+    for (size_t i = 0; i < n && i < KVR_BUSY_MAX_MODELS; i++)
+        write_busy(s->w, models[i], &th[i]);
+    kvr_json_end_array(s->w);
+}
+
+/* POST /busy_threshold (admin): a model's busy thresholds set, or read back when the body
+ * gives neither; GET: every model with its own. The reference's endpoint and shapes. */
+static void h_busy(kvr_api_t *s, struct evhttp_request *req, bool post)
+{
+    if (!post) {
+        kvr_json_writer_reset(s->w);
+        kvr_json_begin_object(s->w);
+        kvr_json_key(s->w, "thresholds");
+        write_busy_models(s);
+        kvr_json_end_object(s->w);
+        kvr_reply_writer(s->rep, req, 200);
+        return;
+    }
+    size_t len;
+    const char *body = kvr_http_body(req, &len);
+    kvr_api_busy_t a;
+    int rc = kvr_api_decode_busy(s->dec, body, len, &a);
+    if (rc != KVR_OK) {
+        api_reply_status(s, req, rc, kvr_api_decoder_error(s->dec));
+        return;
+    }
+    kvr_busy_threshold_t set = {.has_prefill_tokens = a.has_prefill_tokens,
+                                .prefill_tokens = a.prefill_tokens,
+                                .has_decode_frac = a.has_decode_frac,
+                                .decode_frac = a.decode_frac},
+                         now;
+    rc = kvr_router_busy_threshold(s->r, a.model, a.model_len, &set, &now);
+    if (rc == KVR_EFULL) {
+        kvr_reply_error(s->rep, req, 409, "invalid_request_error",
+                        "busy thresholds are kept for at most %d models", KVR_BUSY_MAX_MODELS);
+        return;
+    }
+    if (rc != KVR_OK) {
+        api_reply_status(s, req, rc, "busy thresholds: a value is not a finite number >= 0");
+        return;
+    }
+    if (a.has_prefill_tokens || a.has_decode_frac) {
+        kvr_log(KVR_LOG_INFO, "busy thresholds of model '%.*s' set: prefill tokens %g, decode "
+                "blocks %g of capacity (unset: -1)", (int)a.model_len, a.model,
+                now.has_prefill_tokens ? now.prefill_tokens : -1.0,
+                now.has_decode_frac ? now.decode_frac : -1.0);
+        kvr_sched_dispatch(s->sched, kvr_now_ms(), KVR_SCHED_BY_EVENT); /* a raise frees work */
+    }
+    kvr_json_writer_reset(s->w);
+    char model[KVR_MODEL_BYTES];
+    snprintf(model, sizeof model, "%.*s", (int)a.model_len, a.model);
+    write_busy(s->w, model, &now);
+    kvr_reply_writer(s->rep, req, 200);
+}
+
 /* POST /v1/requests/{id}/first_token|output_block, DELETE /v1/requests/{id} */
 static void h_request(kvr_api_t *s, struct evhttp_request *req, const char *rest,
                       enum evhttp_cmd_type method)
@@ -727,6 +806,8 @@ static void h_workers_get(kvr_api_t *s, struct evhttp_request *req)
     kvr_json_key(s->w, "enforce_disagg");
     kvr_json_bool(s->w, s->cfg.enforce_disagg);
     kvr_json_end_object(s->w);
+    kvr_json_key(s->w, "busy_thresholds"); /* models with their own (POST /busy_threshold) */
+    write_busy_models(s);
     const char *origin = kvr_fleet_index_origin(s->fleet);
     if (origin[0] != '\0') {
         kvr_json_key(s->w, "index_origin");
@@ -1025,6 +1106,8 @@ static bool handle(void *arg, struct evhttp_request *req, const char *path, bool
         h_ready(s, req);
     else if (get && strcmp(path, "/metrics") == 0)
         api_h_metrics(s, req);
+    else if ((get || post) && strcmp(path, "/busy_threshold") == 0)
+        h_busy(s, req, post);
     else if (post && strcmp(path, "/router") == 0)
         h_router(s, req);
     else

@@ -45,6 +45,11 @@ struct kvr_router {
     kvr_sessions_t *sessions; /* NULL: session_ttl_secs 0 */
     kvr_select_config_t sel;
     kvr_busy_thresholds_t busy, queue_busy;
+    struct {
+        char model[KVR_MODEL_BYTES];
+        kvr_busy_thresholds_t th;
+    } busy_by_model[KVR_BUSY_MAX_MODELS]; /* run-time overrides (kvr_router_busy_threshold) */
+    size_t n_busy_models;
     kvr_rng_t rng;
     const kvr_policy_t *picker; /* the load-only modes' (policy.h); NULL: the selector picks */
 
@@ -597,6 +602,77 @@ static kvr_load_opt_t load_opt(bool has, bool on)
     return !has ? KVR_LOAD_CONFIG : on ? KVR_LOAD_ON : KVR_LOAD_OFF;
 }
 
+/* A model's run-time override of the busy thresholds, or NULL. */
+static kvr_busy_thresholds_t *busy_override(kvr_router_t *r, const char *model)
+{
+    for (size_t i = 0; i < r->n_busy_models; i++)
+        if (strcmp(r->busy_by_model[i].model, model) == 0)
+            return &r->busy_by_model[i].th;
+    return NULL;
+}
+
+/* The busy thresholds of a worker serving model: its run-time override, else the settings'. */
+static const kvr_busy_thresholds_t *busy_of(kvr_router_t *r, const char *model)
+{
+    const kvr_busy_thresholds_t *t = r->n_busy_models > 0 ? busy_override(r, model) : NULL;
+    return t != NULL ? t : &r->busy;
+}
+
+static void threshold_out(const kvr_busy_thresholds_t *t, kvr_busy_threshold_t *out)
+{
+    *out = (kvr_busy_threshold_t){.has_prefill_tokens = t->has_prefill_tokens,
+                                  .prefill_tokens = (double)t->prefill_tokens,
+                                  .has_decode_frac = t->has_decode_frac,
+                                  .decode_frac = t->decode_frac};
+}
+
+static bool nonneg(double v) { return isfinite(v) && v >= 0; }
+
+int kvr_router_busy_threshold(kvr_router_t *r, const char *model, size_t model_len,
+                              const kvr_busy_threshold_t *set, kvr_busy_threshold_t *now)
+{
+    if (model_len >= KVR_MODEL_BYTES || (model_len > 0 && model == NULL))
+        return KVR_EINVAL;
+    char name[KVR_MODEL_BYTES];
+    memcpy(name, model != NULL ? model : "", model_len);
+    name[model_len] = '\0';
+    bool change = set != NULL && (set->has_prefill_tokens || set->has_decode_frac);
+    if (change && ((set->has_prefill_tokens && !nonneg(set->prefill_tokens)) ||
+                   (set->has_decode_frac && !nonneg(set->decode_frac))))
+        return KVR_EINVAL;
+    kvr_busy_thresholds_t *t = busy_override(r, name);
+    if (change && t == NULL) {
+        if (r->n_busy_models == KVR_BUSY_MAX_MODELS)
+            return KVR_EFULL;
+        size_t k = r->n_busy_models++;
+        memcpy(r->busy_by_model[k].model, name, model_len + 1);
+        r->busy_by_model[k].th = r->busy;
+        t = &r->busy_by_model[k].th;
+    }
+    if (change && set->has_prefill_tokens) {
+        t->has_prefill_tokens = true;
+        t->prefill_tokens = (uint64_t)set->prefill_tokens;
+    }
+    if (change && set->has_decode_frac) {
+        t->has_decode_frac = true;
+        t->decode_frac = set->decode_frac;
+    }
+    const kvr_busy_thresholds_t *cur = t != NULL ? t : &r->busy;
+    if (now != NULL)
+        threshold_out(cur, now);
+    return KVR_OK;
+}
+
+size_t kvr_router_busy_models(const kvr_router_t *r, const char **models,
+                              kvr_busy_threshold_t *th, size_t cap)
+{
+    for (size_t i = 0; i < r->n_busy_models && i < cap; i++) {
+        models[i] = r->busy_by_model[i].model;
+        threshold_out(&r->busy_by_model[i].th, &th[i]);
+    }
+    return r->n_busy_models;
+}
+
 /* Projects every rank's load with this prompt and marks busy ranks. */
 static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_blocks, uint64_t isl)
 {
@@ -626,7 +702,7 @@ static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_block
                               .max_num_batched_tokens = s->max_num_batched_tokens,
                               .used_blocks = p->active_blocks,
                               .total_kv_blocks = s->total_kv_blocks};
-        c->busy = kvr_busy(&r->busy, &bl);
+        c->busy = kvr_busy(busy_of(r, s->model), &bl);
         c->queue_busy = kvr_busy(&r->queue_busy, &bl);
     }
     return KVR_OK;

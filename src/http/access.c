@@ -14,6 +14,7 @@ kvr_access_class_t kvr_access_class(const char *path, bool get, bool post, bool 
     if (get && (strcmp(path, "/health") == 0 || strcmp(path, "/ready") == 0))
         return KVR_ACCESS_OPEN;
     if ((post && strcmp(path, "/v1/workers") == 0) ||
+        (post && strcmp(path, "/busy_threshold") == 0) ||
         (del && strncmp(path, "/v1/workers/", 12) == 0) ||
         (get && (strcmp(path, "/v1/dump") == 0 || strcmp(path, "/dump") == 0)))
         return KVR_ACCESS_ADMIN;

@@ -53,6 +53,7 @@ enum kind {
     K_IX_HASH,       /* POST /query_by_hash */
     K_IX_PEER,       /* POST /register_peer, /deregister_peer */
     K_IX_RECORD,     /* POST /record_routing_decision */
+    K_BUSY,          /* POST /busy_threshold */
     K_N
 };
 #define KB(k) (1u << (k))
@@ -118,6 +119,8 @@ enum field {
     F_SESS_ID,
     F_SESS_ACTION,
     F_W_MODEL,
+    F_BUSY_PREFILL,
+    F_BUSY_DECODE,
     F_W_BLOCK_SIZE,
     F_W_LORAS,
     F_W_ROLE,
@@ -199,7 +202,12 @@ static const field_def_t FIELDS[F_N] = {
     [F_TOTAL_KV_BLOCKS] = {"total_kv_blocks", "total_kv_blocks", O_TOP, T_INT, 0, KB(K_WORKER), 1,
                            UINT64_MAX},
     [F_EAGLE] = {"eagle", "eagle", O_TOP, T_BOOL, 0, KB(K_WORKER), 0, 0},
-    [F_W_MODEL] = {"model", "model", O_TOP, T_STRING, 0, KB(K_WORKER) | KB(K_ROUTE), 0, 255},
+    [F_W_MODEL] = {"model", "model", O_TOP, T_STRING, 0, KB(K_WORKER) | KB(K_ROUTE) | KB(K_BUSY), 0,
+                   255},
+    [F_BUSY_PREFILL] = {"active_prefill_tokens_threshold", "active_prefill_tokens_threshold", O_TOP,
+                        T_DOUBLE, R_NONNEG, KB(K_BUSY), 0, 0},
+    [F_BUSY_DECODE] = {"active_decode_blocks_threshold", "active_decode_blocks_threshold", O_TOP,
+                       T_DOUBLE, R_NONNEG, KB(K_BUSY), 0, 0},
     [F_W_BLOCK_SIZE] = {"block_size", "block_size", O_TOP, T_INT, 0, KB(K_WORKER), 1, 65536},
     [F_W_LORAS] = {"loras", "loras", O_TOP, T_STRING, 0, KB(K_WORKER), 0, 1023},
     [F_W_ROLE] = {"role", "role", O_TOP, T_STRING, 0, KB(K_WORKER), 1, 16},
@@ -1216,6 +1224,22 @@ static int finish_output_block(kvr_api_decoder_t *d, kvr_api_output_block_t *out
     return KVR_OK;
 }
 
+static int finish_busy(kvr_api_decoder_t *d, kvr_api_busy_t *out)
+{
+    if (require(d, F_W_MODEL) != KVR_OK)
+        return d->status;
+    out->model = str_of(d, F_W_MODEL, &out->model_len);
+    if (out->model == NULL)
+        out->model = "";
+    out->has_prefill_tokens = has(d, F_BUSY_PREFILL);
+    out->prefill_tokens = out->has_prefill_tokens ? d->dval[F_BUSY_PREFILL] : 0.0;
+    out->has_decode_frac = has(d, F_BUSY_DECODE);
+    out->decode_frac = out->has_decode_frac ? d->dval[F_BUSY_DECODE] : 0.0;
+    if (out->has_prefill_tokens && out->prefill_tokens > 1e15)
+        return fail(d, KVR_EINVAL, "active_prefill_tokens_threshold: at most 1e15"), d->status;
+    return KVR_OK;
+}
+
 static int finish_query(kvr_api_decoder_t *d, kvr_api_query_t *out)
 {
     if (require(d, F_TOKENS) != KVR_OK)
@@ -1454,6 +1478,11 @@ int kvr_api_decode_output_block(kvr_api_decoder_t *d, const char *body, size_t l
                                 kvr_api_output_block_t *out)
 {
     DECODE(K_OUTPUT_BLOCK, finish_output_block);
+}
+
+int kvr_api_decode_busy(kvr_api_decoder_t *d, const char *body, size_t len, kvr_api_busy_t *out)
+{
+    DECODE(K_BUSY, finish_busy);
 }
 
 int kvr_api_decode_query(kvr_api_decoder_t *d, const char *body, size_t len,

@@ -128,6 +128,17 @@ typedef struct kvr_api_output_block {
     double decay_fraction;
 } kvr_api_output_block_t;
 
+/* POST /busy_threshold (the reference's): a model's busy thresholds; fields absent are kept,
+ * both absent reads them back. model is required ("" names workers registered without one). */
+typedef struct kvr_api_busy {
+    const char *model;
+    size_t model_len;
+    bool has_prefill_tokens; /* active_prefill_tokens_threshold, >= 0 (at most 1e15) */
+    double prefill_tokens;
+    bool has_decode_frac; /* active_decode_blocks_threshold, >= 0 */
+    double decode_frac;
+} kvr_api_busy_t;
+
 /* POST /v1/query and POST /v1/loads */
 typedef struct kvr_api_query {
     const uint32_t *tokens;
@@ -306,6 +317,7 @@ void kvr_api_decoder_stats(const kvr_api_decoder_t *d, kvr_api_stats_t *out);
 
 int kvr_api_decode_route(kvr_api_decoder_t *d, const char *body, size_t len,
                          kvr_api_route_t *out);
+int kvr_api_decode_busy(kvr_api_decoder_t *d, const char *body, size_t len, kvr_api_busy_t *out);
 int kvr_api_decode_output_block(kvr_api_decoder_t *d, const char *body, size_t len,
                                 kvr_api_output_block_t *out);
 int kvr_api_decode_query(kvr_api_decoder_t *d, const char *body, size_t len,

@@ -169,6 +169,49 @@ def scenario_strict_priority_on_route():
         r.stop()
 
 
+def scenario_busy_threshold():
+    """POST /busy_threshold (the reference's): a model's busy thresholds at run time, on the
+    admin plane; its workers' ranks are busy past them (a request then waits, or 429 with no
+    queue), raising them lets work through; GET and /v1/workers list them. Before: 404."""
+    r = serve("--worker", "id=1,model=m", "--worker", "id=2,model=other")
+    try:
+        st, a = r.call("POST", "/busy_threshold", {"model": "m"})
+        check("busy threshold: read back before any change (the settings': unset)",
+              st == 200 and a == {"model": "m", "active_prefill_tokens_threshold": None,
+                                  "active_decode_blocks_threshold": None}, (st, a))
+        st, a = r.call("POST", "/busy_threshold", {"model": "m",
+                                                   "active_prefill_tokens_threshold": 10})
+        check("busy threshold: set", st == 200 and a["active_prefill_tokens_threshold"] == 10,
+              (st, a))
+        st, a = r.call("POST", "/v1/route", {"model": "m", "tokens": tokens_for(80, 4)})
+        check("busy threshold: the first request is placed", st == 200, (st, a))
+        st, a = r.call("POST", "/v1/route", {"model": "m", "tokens": tokens_for(81, 4)})
+        check("busy threshold: past it the model's only worker is busy (429)", st == 429, (st, a))
+        st, a = r.call("POST", "/v1/route", {"model": "other", "tokens": tokens_for(82, 4)})
+        st2, a2 = r.call("POST", "/v1/route", {"model": "other", "tokens": tokens_for(83, 4)})
+        check("busy threshold: another model keeps the settings'", st == 200 and st2 == 200,
+              (st, a, st2, a2))
+        st, a = r.call("POST", "/busy_threshold", {"model": "m",
+                                                   "active_prefill_tokens_threshold": 1e6})
+        st, a = r.call("POST", "/v1/route", {"model": "m", "tokens": tokens_for(84, 4)})
+        check("busy threshold: raised, the worker takes work again", st == 200, (st, a))
+        st, g = r.call("GET", "/busy_threshold")
+        check("busy threshold: GET lists the model",
+              st == 200 and [t["model"] for t in g["thresholds"]] == ["m"], (st, g))
+        _, w = r.call("GET", "/v1/workers")
+        check("busy threshold: shown in /v1/workers",
+              w.get("busy_thresholds", [{}])[0].get("active_prefill_tokens_threshold") == 1e6, w)
+        st, e = r.call("POST", "/busy_threshold", {"model": "m",
+                                                   "active_decode_blocks_threshold": -1})
+        check("busy threshold: a negative value is refused, named",
+              st == 400 and "active_decode_blocks_threshold" in e["error"]["message"], (st, e))
+        st, e = r.call("POST", "/busy_threshold", {"active_prefill_tokens_threshold": 5})
+        check("busy threshold: the model is required", st == 400 and "model" in
+              e["error"]["message"], (st, e))
+    finally:
+        r.stop()
+
+
 def scenario_overlap_score_weight_alias():
     """--overlap-score-weight W (deprecated) is prefill_load_scale = W, and logged."""
     r = serve("--worker", "id=1", "--overlap-score-weight", "2.5",
@@ -874,6 +917,7 @@ def main():
         scenario_overlap_score_weight_alias()
         scenario_cost_weights_need_dynamo()
         scenario_strict_priority_on_route()
+        scenario_busy_threshold()
         scenario_load_overrides()
         scenario_priorities()
         scenario_metrics()
