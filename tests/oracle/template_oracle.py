@@ -11,6 +11,7 @@ else "default". Run with Debian's /usr/bin/python3 (python3-jinja2).
 
 Usage: template_oracle.py MODELS_DIR < corpus.jsonl > results.jsonl
   MODELS_DIR/tokenizer-<model>/models/tokenizer_config.json for each row's model.
+A row with a "template" field renders that template instead (no special tokens).
 Each output line: {"id": N, "ok": true, "text": "..."} or {"id": N, "ok": false,
 "error": "...", "raised": bool (raise_exception)}.
 """
@@ -61,8 +62,8 @@ def token_text(v):
 
 
 class Model:
-    def __init__(self, path, env):
-        cfg = json.load(open(path, encoding="utf-8"))
+    def __init__(self, path, env, template=None):
+        cfg = json.load(open(path, encoding="utf-8")) if path else {"chat_template": template}
         self.error = None
         self.templates = {}
         ct = cfg.get("chat_template")
@@ -107,6 +108,8 @@ def main():
     for line in sys.stdin:
         row = json.loads(line)
         m = row["model"]
+        if "template" in row:
+            models[m] = Model(None, env, row["template"])
         if m not in models:
             models[m] = Model(os.path.join(models_dir, "tokenizer-%s" % m, "models",
                                            "tokenizer_config.json"), env)

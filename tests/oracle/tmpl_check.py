@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """tmpl_check.py: the chat-template oracle test (`make test`'s chat_templates).
 
-Generates the seeded corpus (chat_corpus.py) for the six oracle models, renders it with
+Generates the seeded corpus (chat_corpus.py) for the six oracle models and the subset's
+small templates (jinja_cases.py), renders it with
 Jinja2 as transformers does (template_oracle.py) and with the C interpreter (tmpl_driver), and
 asserts that each request renders byte for byte the same, or fails on both sides (with the
 same message when the template called raise_exception). Prints per-model counts, and the
@@ -36,6 +37,8 @@ def main():
         with open(corpus, "w") as f:
             subprocess.run(["/usr/bin/python3", os.path.join(HERE, "chat_corpus.py"),
                             "--seed", seed] + MODELS, stdout=f, check=True)
+            subprocess.run(["/usr/bin/python3", os.path.join(HERE, "jinja_cases.py")], stdout=f,
+                           check=True)
         with open(corpus) as f:
             oracle = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "template_oracle.py"),
                                      MODELS_DIR], stdin=f, capture_output=True, check=True,
@@ -47,8 +50,8 @@ def main():
             print("FAIL: tmpl_driver exited with %d" % c.returncode)
             return 1
         rows = [json.loads(l) for l in open(corpus)]
-    want = {r["id"]: r for r in map(json.loads, oracle.splitlines())}
-    got = {r["id"]: r for r in map(json.loads, c.stdout.splitlines())}
+    want = {r["id"]: r for r in map(json.loads, filter(None, oracle.split("\n")))}
+    got = {r["id"]: r for r in map(json.loads, filter(None, c.stdout.split("\n")))}
     stats = {}
     bad = []
     for row in rows:
@@ -71,7 +74,14 @@ def main():
         else:
             bad.append((row, "texts differ" if w["ok"] and g["ok"] else "one side failed", w, g))
             s["bad"] += 1
-    for m in MODELS:
+    cases = {"n": 0, "equal": 0, "both_fail": 0, "raised": 0, "bad": 0}
+    for m in list(stats):
+        if m.startswith("case"):
+            one = stats.pop(m)
+            for k in cases:
+                cases[k] += one[k]
+    stats["subset cases"] = cases
+    for m in MODELS + ["subset cases"]:
         s = stats.get(m)
         if s:
             print("%-12s %4d requests: %4d byte-equal, %3d fail on both sides (%d raise_exception),"
