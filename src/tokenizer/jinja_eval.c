@@ -156,13 +156,13 @@ static int as_list(struct ev *e, const struct jnode *n, struct jv v, struct jlis
         return KVR_OK;
     }
     case JV_STR: {
-        size_t cnt = utf8_count(v.u.s.p, v.u.s.n);
-        struct jlist *l = jl_new(e->a, cnt);
+        struct jlist *l = jl_new(e->a, utf8_count(v.u.s.p, v.u.s.n));
         if (!l)
             return oom(e, n);
         for (size_t i = 0; i < v.u.s.n;) {
             size_t k = cp_len_at(v.u.s.p, v.u.s.n, i);
-            l->a[l->n++] = jv_str(v.u.s.p + i, k);
+            if (jl_push(e->a, l, jv_str(v.u.s.p + i, k)))
+                return oom(e, n);
             i += k;
         }
         *out = l;

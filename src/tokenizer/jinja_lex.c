@@ -209,19 +209,26 @@ static int lex_number(struct lx *x)
     size_t j = x->i;
     char buf[64];
     size_t k = 0;
-    bool isf = false;
+    bool isf = false, over = false;
+#define PUT(c)                                                                                 \
+    do {                                                                                       \
+        if (k < sizeof buf - 1)                                                                \
+            buf[k++] = (c);                                                                    \
+        else                                                                                   \
+            over = true;                                                                       \
+    } while (0)
     while (j < x->n && ((x->s[j] >= '0' && x->s[j] <= '9') || x->s[j] == '_')) {
-        if (x->s[j] != '_' && k < sizeof buf - 1)
-            buf[k++] = x->s[j];
+        if (x->s[j] != '_')
+            PUT(x->s[j]);
         j++;
     }
     if (j + 1 < x->n && x->s[j] == '.' && x->s[j + 1] >= '0' && x->s[j + 1] <= '9') {
         isf = true;
-        buf[k++] = '.';
+        PUT('.');
         j++;
         while (j < x->n && ((x->s[j] >= '0' && x->s[j] <= '9') || x->s[j] == '_')) {
-            if (x->s[j] != '_' && k < sizeof buf - 1)
-                buf[k++] = x->s[j];
+            if (x->s[j] != '_')
+                PUT(x->s[j]);
             j++;
         }
     }
@@ -231,17 +238,15 @@ static int lex_number(struct lx *x)
             m++;
         if (m < x->n && x->s[m] >= '0' && x->s[m] <= '9') {
             isf = true;
-            while (j < m && k < sizeof buf - 1)
-                buf[k++] = x->s[j++];
-            while (j < x->n && x->s[j] >= '0' && x->s[j] <= '9') {
-                if (k < sizeof buf - 1)
-                    buf[k++] = x->s[j];
-                j++;
-            }
+            for (; j < m; j++)
+                PUT(x->s[j]);
+            for (; j < x->n && x->s[j] >= '0' && x->s[j] <= '9'; j++)
+                PUT(x->s[j]);
         }
     }
+#undef PUT
     buf[k] = 0;
-    if (k >= sizeof buf - 1)
+    if (over)
         return fail(x, "number literal too long");
     struct jtok t = {.kind = isf ? JT_FLOAT : JT_INT, .line = x->line};
     if (isf) {
@@ -334,9 +339,51 @@ static int lex_tag(struct lx *x, bool var, bool *strip_after, bool *keep_nl)
     }
 }
 
+/* Strict UTF-8 (no overlongs, no surrogates, at most U+10FFFF), as Python decodes it; the
+ * offset of the first bad byte, or len. */
+static size_t utf8_bad(const unsigned char *p, size_t len)
+{
+    for (size_t i = 0; i < len;) {
+        unsigned char c = p[i];
+        size_t k;
+        uint32_t cp, min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            k = 2, cp = c & 0x1F, min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            k = 3, cp = c & 0x0F, min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            k = 4, cp = c & 0x07, min = 0x10000;
+        } else {
+            return i;
+        }
+        if (i + k > len)
+            return i;
+        for (size_t j = 1; j < k; j++) {
+            if ((p[i + j] & 0xC0) != 0x80)
+                return i;
+            cp = (cp << 6) | (p[i + j] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return i;
+        i += k;
+    }
+    return len;
+}
+
 int jinja_lex(struct jarena *a, const char *src, size_t len, struct jtok **toks, size_t *ntok,
               char *err, size_t errlen)
 {
+    size_t bad = utf8_bad((const unsigned char *)src, len);
+    if (bad < len) {
+        int line = 1;
+        for (size_t i = 0; i < bad; i++)
+            line += src[i] == '\n';
+        snprintf(err, errlen, "template line %d: invalid UTF-8 at byte %zu", line, bad);
+        return KVR_EPARSE;
+    }
     /* newlines normalized, one trailing newline dropped (keep_trailing_newline=False) */
     char *s = ja_alloc(a, len + 1);
     if (!s) {
