@@ -58,6 +58,22 @@ static int oom(struct ev *e, const struct jnode *n)
                 e->o->max_memory);
 }
 
+/* A jbuf's bytes as a string value in the arena; the jbuf is freed either way. */
+static int buf_to_str(struct ev *e, const struct jnode *n, struct jbuf *b, struct jv *out)
+{
+    if (b->err) {
+        free(b->p);
+        return fail(e, n, KVR_ETOOBIG, "string longer than %zu bytes", e->o->max_output);
+    }
+    char *s = ja_strdup(e->a, b->p ? b->p : "", b->n);
+    size_t len = b->n;
+    free(b->p);
+    if (!s)
+        return oom(e, n);
+    *out = jv_str(s, len);
+    return KVR_OK;
+}
+
 /* Python's str(v) as a string value (in the arena when formatted). */
 static int to_str(struct ev *e, const struct jnode *n, struct jv v, struct jv *out)
 {
@@ -71,17 +87,7 @@ static int to_str(struct ev *e, const struct jnode *n, struct jv v, struct jv *o
     }
     struct jbuf b = {.max = e->o->max_output};
     jv_str_to(&b, v);
-    if (b.err) {
-        free(b.p);
-        return fail(e, n, KVR_ETOOBIG, "value too large to print");
-    }
-    char *s = ja_strdup(e->a, b.p ? b.p : "", b.n);
-    size_t len = b.n;
-    free(b.p);
-    if (!s)
-        return oom(e, n);
-    *out = jv_str(s, len);
-    return KVR_OK;
+    return buf_to_str(e, n, &b, out);
 }
 
 static struct jv lookup_name(struct ev *e, const char *name, size_t n)
@@ -805,17 +811,7 @@ static int replace(struct ev *e, const struct jnode *n, struct jv s, struct jv o
             }
         }
     }
-    if (b.err) {
-        free(b.p);
-        return fail(e, n, KVR_ETOOBIG, "string longer than %zu bytes", e->o->max_output);
-    }
-    char *r = ja_strdup(e->a, b.p ? b.p : "", b.n);
-    size_t rn = b.n;
-    free(b.p);
-    if (!r)
-        return oom(e, n);
-    *out = jv_str(r, rn);
-    return KVR_OK;
+    return buf_to_str(e, n, &b, out);
 }
 
 static int prefix_test(struct ev *e, const struct jnode *n, struct jv s, struct jv pre, bool end,
@@ -1126,6 +1122,29 @@ static int select_items(struct ev *e, const struct jnode *n, struct jv v, const 
     return KVR_OK;
 }
 
+/* A string's text, Python whitespace stripped, NUL-terminated in buf[64]; false when empty,
+ * too long for a number or holding a NUL. */
+static bool num_text(struct jv v, char buf[64])
+{
+    const char *p = v.u.s.p;
+    size_t b = 0, en = v.u.s.n, k;
+    while (b < en && (k = jinja_space_len(p + b, en - b)))
+        b += k;
+    while (en > b) {
+        size_t st = en - 1;
+        while (st > b && ((unsigned char)p[st] & 0xC0) == 0x80)
+            st--;
+        if (jinja_space_len(p + st, en - st) != en - st)
+            break;
+        en = st;
+    }
+    if (en == b || en - b >= 64 || memchr(p + b, 0, en - b))
+        return false;
+    memcpy(buf, p + b, en - b);
+    buf[en - b] = 0;
+    return true;
+}
+
 static int filter_by_name(struct jv name)
 {
     static const struct {
@@ -1212,19 +1231,11 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
         struct jbuf b = {.max = e->o->max_output};
         char msg[200] = "";
         rc = jv_tojson(&b, v, ascii, ip, il, has_indent, ips, kps, sort, 0, msg, sizeof msg);
-        if (!rc && b.err)
-            rc = KVR_ETOOBIG, snprintf(msg, sizeof msg, "tojson output too large");
         if (rc) {
             free(b.p);
             return fail(e, n, rc, "%s", msg);
         }
-        char *s = ja_strdup(e->a, b.p ? b.p : "", b.n);
-        size_t sn = b.n;
-        free(b.p);
-        if (!s)
-            return oom(e, n);
-        *out = jv_str(s, sn);
-        return KVR_OK;
+        return buf_to_str(e, n, &b, out);
     }
     case JFL_ITEMS: {
         if (v.kind == JV_UNDEF) {
@@ -1397,15 +1408,10 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
             *out = jv_int((int64_t)v.u.f);
         } else if (is_str(v)) {
             char buf[64];
-            struct jv s;
-            if ((rc = strip(e, n, v, jv_none(), true, true, &s)))
-                return rc;
-            if (s.u.s.n == 0 || s.u.s.n >= sizeof buf) {
+            if (!num_text(v, buf)) {
                 *out = d;
                 return KVR_OK;
             }
-            memcpy(buf, s.u.s.p, s.u.s.n);
-            buf[s.u.s.n] = 0;
             char *end;
             long long x = strtoll(buf, &end, 10);
             if (*end == 0 && !strchr(buf, ' ')) {
@@ -1425,15 +1431,10 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
             *out = jv_float(fval(v));
         else if (is_str(v)) {
             char buf[64];
-            struct jv s;
-            if ((rc = strip(e, n, v, jv_none(), true, true, &s)))
-                return rc;
-            if (s.u.s.n == 0 || s.u.s.n >= sizeof buf) {
+            if (!num_text(v, buf)) {
                 *out = d;
                 return KVR_OK;
             }
-            memcpy(buf, s.u.s.p, s.u.s.n);
-            buf[s.u.s.n] = 0;
             char *end;
             double fx = strtod(buf, &end);
             *out = *end == 0 ? jv_float(fx) : d;

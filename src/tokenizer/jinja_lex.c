@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "base/grow.h"
+#include "wire/json_decode.h"
 #include "kvrouter/status.h"
 
 #define MAX_TOKENS (1u << 20)
@@ -339,49 +340,11 @@ static int lex_tag(struct lx *x, bool var, bool *strip_after, bool *keep_nl)
     }
 }
 
-/* Strict UTF-8 (no overlongs, no surrogates, at most U+10FFFF), as Python decodes it; the
- * offset of the first bad byte, or len. */
-static size_t utf8_bad(const unsigned char *p, size_t len)
-{
-    for (size_t i = 0; i < len;) {
-        unsigned char c = p[i];
-        size_t k;
-        uint32_t cp, min;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xE0) == 0xC0) {
-            k = 2, cp = c & 0x1F, min = 0x80;
-        } else if ((c & 0xF0) == 0xE0) {
-            k = 3, cp = c & 0x0F, min = 0x800;
-        } else if ((c & 0xF8) == 0xF0) {
-            k = 4, cp = c & 0x07, min = 0x10000;
-        } else {
-            return i;
-        }
-        if (i + k > len)
-            return i;
-        for (size_t j = 1; j < k; j++) {
-            if ((p[i + j] & 0xC0) != 0x80)
-                return i;
-            cp = (cp << 6) | (p[i + j] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return i;
-        i += k;
-    }
-    return len;
-}
-
 int jinja_lex(struct jarena *a, const char *src, size_t len, struct jtok **toks, size_t *ntok,
               char *err, size_t errlen)
 {
-    size_t bad = utf8_bad((const unsigned char *)src, len);
-    if (bad < len) {
-        int line = 1;
-        for (size_t i = 0; i < bad; i++)
-            line += src[i] == '\n';
-        snprintf(err, errlen, "template line %d: invalid UTF-8 at byte %zu", line, bad);
+    if (!kvr_jd_utf8_ok((const unsigned char *)src, len)) { /* Python could not decode it */
+        snprintf(err, errlen, "template: not valid UTF-8");
         return KVR_EPARSE;
     }
     /* newlines normalized, one trailing newline dropped (keep_trailing_newline=False) */

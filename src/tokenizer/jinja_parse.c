@@ -671,31 +671,17 @@ static struct jnode *not_expr(struct ps *p)
     }
     return compare(p);
 }
-static struct jnode *and_expr(struct ps *p)
+/* a and b ... (or: a or b ...), left-associative */
+static struct jnode *logic(struct ps *p, bool is_or)
 {
-    struct jnode *n = not_expr(p);
-    while (n && is_name(p, "and")) {
-        struct jnode *x = node(p, JE_AND, cur(p)->line);
+    struct jnode *n = is_or ? logic(p, false) : not_expr(p);
+    while (n && is_name(p, is_or ? "or" : "and")) {
+        struct jnode *x = node(p, is_or ? JE_OR : JE_AND, cur(p)->line);
         p->i++;
         if (!x)
             return NULL;
         x->a = n;
-        if (!(x->b = not_expr(p)))
-            return NULL;
-        n = x;
-    }
-    return n;
-}
-static struct jnode *or_expr(struct ps *p)
-{
-    struct jnode *n = and_expr(p);
-    while (n && is_name(p, "or")) {
-        struct jnode *x = node(p, JE_OR, cur(p)->line);
-        p->i++;
-        if (!x)
-            return NULL;
-        x->a = n;
-        if (!(x->b = and_expr(p)))
+        if (!(x->b = is_or ? logic(p, false) : not_expr(p)))
             return NULL;
         n = x;
     }
@@ -705,14 +691,14 @@ static struct jnode *expr(struct ps *p, bool condexpr)
 {
     if (!enter(p))
         return NULL;
-    struct jnode *n = or_expr(p);
+    struct jnode *n = logic(p, true);
     while (condexpr && n && is_name(p, "if")) {
         struct jnode *x = node(p, JE_COND, cur(p)->line);
         p->i++;
         if (!x)
             return NULL;
         x->a = n;
-        if (!(x->b = or_expr(p)))
+        if (!(x->b = logic(p, true)))
             return NULL;
         if (is_name(p, "else")) {
             p->i++;
@@ -767,6 +753,17 @@ static bool block_end(struct ps *p)
 /* Statements until {% <one of ends> %}; leaves the cursor on the ending name. */
 static struct jnode *body(struct ps *p, const char *const *ends, size_t nends, int *which);
 
+/* After {% else: the %}, the block to {% <end> %}, the %}; into *c. */
+static bool else_block(struct ps *p, const char *end, struct jnode **c)
+{
+    int which;
+    const char *const ends[] = {end};
+    if (!block_end(p) || !(*c = body(p, ends, 1, &which)))
+        return false;
+    p->i++;
+    return true;
+}
+
 static struct jnode *stmt_if(struct ps *p, int line)
 {
     struct jnode *n = node(p, JN_IF, line);
@@ -782,14 +779,8 @@ static struct jnode *stmt_if(struct ps *p, int line)
         n->c = stmt_if(p, eline);
         return n->c ? n : NULL;
     }
-    if (which == 1) {
-        if (!block_end(p))
-            return NULL;
-        static const char *const end[] = {"endif"};
-        if (!(n->c = body(p, end, 1, &which)))
-            return NULL;
-        p->i++;
-    }
+    if (which == 1 && !else_block(p, "endif", &n->c))
+        return NULL;
     return block_end(p) ? n : NULL;
 }
 
@@ -845,14 +836,8 @@ static struct jnode *stmt_for(struct ps *p, int line)
     if (!n->b)
         return NULL;
     p->i++;
-    if (which == 0) {
-        if (!block_end(p))
-            return NULL;
-        static const char *const end[] = {"endfor"};
-        if (!(n->c = body(p, end, 1, &which)))
-            return NULL;
-        p->i++;
-    }
+    if (which == 0 && !else_block(p, "endfor", &n->c))
+        return NULL;
     return block_end(p) ? n : NULL;
 }
 

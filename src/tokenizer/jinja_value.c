@@ -19,6 +19,7 @@
 #include <yajl/yajl_tree.h>
 
 #include "base/grow.h"
+#include "wire/json_decode.h"
 #include "kvrouter/status.h"
 
 /* --- arena ----------------------------------------------------------------------------- */
@@ -685,6 +686,10 @@ static int from_tree(struct jarena *a, yajl_val t, struct jv *out, int depth, ch
         *out = jv_bool(false);
     } else if (YAJL_IS_STRING(t)) {
         size_t n = strlen(t->u.string);
+        if (!kvr_jd_utf8_ok((const unsigned char *)t->u.string, n)) {
+            snprintf(err, errlen, "JSON string is not valid UTF-8");
+            return KVR_EPARSE;
+        }
         char *s = ja_strdup(a, t->u.string, n);
         if (!s)
             return KVR_ETOOBIG;
@@ -722,6 +727,10 @@ static int from_tree(struct jarena *a, yajl_val t, struct jv *out, int depth, ch
         for (size_t i = 0; i < t->u.object.len; i++) {
             struct jv k, v;
             size_t n = strlen(t->u.object.keys[i]);
+            if (!kvr_jd_utf8_ok((const unsigned char *)t->u.object.keys[i], n)) {
+                snprintf(err, errlen, "JSON key is not valid UTF-8");
+                return KVR_EPARSE;
+            }
             char *s = ja_strdup(a, t->u.object.keys[i], n);
             if (!s)
                 return KVR_ETOOBIG;
