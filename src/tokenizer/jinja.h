@@ -31,7 +31,7 @@ char *ja_strdup(struct jarena *a, const char *p, size_t n);
 
 /* --- values ---------------------------------------------------------------------------- */
 enum jv_kind { JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_NS,
-               JV_FUNC, JV_LOOP };
+               JV_FUNC, JV_LOOP, JV_MACRO };
 struct jlist;
 struct jdict;
 struct jloop;
@@ -49,6 +49,7 @@ struct jv {
         struct jdict *d; /* JV_DICT and JV_NS */
         int fn;          /* JV_FUNC: enum jfunc */
         const struct jloop *loop;
+        const struct jnode *macro; /* JV_MACRO: its JN_MACRO node */
     } u;
 };
 struct jlist {
@@ -154,6 +155,7 @@ int jinja_lex(struct jarena *a, const char *src, size_t len, struct jtok **toks,
 enum jn_kind {
     /* statements */
     JN_BLOCK, JN_TEXT, JN_OUT, JN_IF, JN_FOR, JN_SET, JN_SETATTR, JN_BREAK, JN_CONTINUE,
+    JN_MACRO, /* name; kids: parameters (JE_NAME, ->a the default or NULL); b: the body */
     /* expressions */
     JE_CONST, JE_NAME, JE_ATTR, JE_ITEM, JE_SLICE, JE_CALL, JE_METHOD, JE_FILTER, JE_TEST,
     JE_BIN, JE_NOT, JE_NEG, JE_POS, JE_AND, JE_OR, JE_COND, JE_LIST, JE_TUPLE, JE_DICT, JE_CMP

@@ -34,7 +34,9 @@ struct ev {
     const struct jrender_opts *o;
     struct jbuf out;
     struct jvar *vars; /* malloc'd, grown by kvr_grow up to MAX_VARS */
-    size_t nvars, cap, frame; /* frame: first variable of the innermost scope */
+    size_t nvars, cap, frame;
+    size_t vis_lo;  /* in a macro: its variables start here; below, only [0, top_end) shows */
+    size_t top_end; /* the template's top-level variables are [0, top_end) */ /* frame: first variable of the innermost scope */
     uint64_t steps;
     int depth;
     int ctl; /* 1: break, 2: continue */
@@ -92,7 +94,10 @@ static int to_str(struct ev *e, const struct jnode *n, struct jv v, struct jv *o
 
 static struct jv lookup_name(struct ev *e, const char *name, size_t n)
 {
-    for (size_t i = e->nvars; i-- > 0;)
+    for (size_t i = e->nvars; i-- > e->vis_lo;)
+        if (e->vars[i].n == n && memcmp(e->vars[i].name, name, n) == 0)
+            return e->vars[i].v;
+    for (size_t i = e->vis_lo ? e->top_end : 0; i-- > 0;)
         if (e->vars[i].n == n && memcmp(e->vars[i].name, name, n) == 0)
             return e->vars[i].v;
     static const char *const fn[] = {"raise_exception", "strftime_now", "namespace", "range"};
@@ -117,6 +122,8 @@ static int set_var(struct ev *e, const struct jnode *n, const char *name, size_t
         e->vars = buf;
     }
     e->vars[e->nvars++] = (struct jvar){name, len, v};
+    if (e->frame == 0)
+        e->top_end = e->nvars;
     return KVR_OK;
 }
 
@@ -982,7 +989,7 @@ static int test(struct ev *e, const struct jnode *n, struct jv v, const struct a
     case JTS_FALSE: *r = v.kind == JV_BOOL && !v.u.b; break;
     case JTS_INTEGER: *r = v.kind == JV_INT; break;
     case JTS_FLOAT: *r = v.kind == JV_FLOAT; break;
-    case JTS_CALLABLE: *r = v.kind == JV_FUNC; break;
+    case JTS_CALLABLE: *r = v.kind == JV_FUNC || v.kind == JV_MACRO; break;
     case JTS_EQ: rc = compare_op(e, n, JC_EQ, v, x, r); break;
     case JTS_NE: rc = compare_op(e, n, JC_NE, v, x, r); break;
     case JTS_LT: rc = compare_op(e, n, JC_LT, v, x, r); break;
@@ -1506,18 +1513,79 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
     }
 }
 
+static int exec_block(struct ev *e, const struct jnode *n);
+
+/* A macro call: a scope of its own over the template's top-level variables (not the
+ * caller's), the parameters bound (missing ones to their default or undefined), the body's
+ * output captured as the call's string value. */
+static int call_macro(struct ev *e, const struct jnode *n, const struct jnode *m,
+                      const struct args *a, struct jv *out)
+{
+    if (a->npos > m->nkids)
+        return fail(e, n, KVR_EINVAL, "macro '%.*s' takes not more than %zu argument(s)",
+                    (int)m->name_len, m->name, m->nkids);
+    for (size_t k = 0; k < a->nkw; k++) {
+        bool known = false;
+        for (size_t i = 0; i < m->nkids; i++)
+            known |= strlen(a->kwn[k]) == m->kids[i]->name_len &&
+                     memcmp(a->kwn[k], m->kids[i]->name, m->kids[i]->name_len) == 0;
+        if (!known)
+            return fail(e, n, KVR_EINVAL, "macro '%.*s' takes no keyword argument '%s'",
+                        (int)m->name_len, m->name, a->kwn[k]);
+    }
+    size_t frame = e->frame, vis_lo = e->vis_lo, base = e->nvars;
+    struct jbuf saved = e->out;
+    int ctl = e->ctl;
+    e->frame = e->vis_lo = base;
+    e->out = (struct jbuf){.max = e->o->max_output};
+    e->ctl = 0;
+    int rc = KVR_OK;
+    for (size_t i = 0; i < m->nkids && !rc; i++) {
+        const struct jnode *pm = m->kids[i];
+        struct jv v = jv_undef();
+        bool given = i < a->npos;
+        if (given)
+            v = a->pos[i];
+        for (size_t k = 0; !given && k < a->nkw; k++)
+            if (strlen(a->kwn[k]) == pm->name_len &&
+                memcmp(a->kwn[k], pm->name, pm->name_len) == 0) {
+                v = a->kwv[k];
+                given = true;
+            }
+        if (!given && pm->a)
+            rc = eval(e, pm->a, &v);
+        if (!rc)
+            rc = set_var(e, pm, pm->name, pm->name_len, v);
+    }
+    if (!rc)
+        rc = exec_block(e, m->b);
+    struct jbuf body = e->out;
+    e->out = saved;
+    e->nvars = base;
+    e->frame = frame;
+    e->vis_lo = vis_lo;
+    e->ctl = ctl;
+    if (rc) {
+        free(body.p);
+        return rc;
+    }
+    return buf_to_str(e, n, &body, out);
+}
+
 static int call(struct ev *e, const struct jnode *n, struct jv *out)
 {
     struct jv fn;
     int rc = eval(e, n->a, &fn);
     if (rc)
         return rc;
-    if (fn.kind != JV_FUNC)
+    if (fn.kind != JV_FUNC && fn.kind != JV_MACRO)
         return fail(e, n, KVR_EINVAL, "'%.*s' is not callable", (int)n->a->name_len,
                     n->a->name);
     struct args a;
     if ((rc = eval_args(e, n, &a)))
         return rc;
+    if (fn.kind == JV_MACRO)
+        return call_macro(e, n, fn.u.macro, &a, out);
     switch (fn.u.fn) {
     case JF_RAISE: {
         struct jv m = a.npos ? a.pos[0] : jv_undef();
@@ -1741,7 +1809,6 @@ static int eval(struct ev *e, const struct jnode *n, struct jv *out)
 }
 
 /* --- statements ----------------------------------------------------------------------------- */
-static int exec_block(struct ev *e, const struct jnode *n);
 
 static int emit(struct ev *e, const struct jnode *n, const char *p, size_t len)
 {
@@ -1882,6 +1949,9 @@ static int exec_stmt(struct ev *e, const struct jnode *n)
             return oom(e, n);
         return KVR_OK;
     }
+    case JN_MACRO:
+        return set_var(e, n, n->name, n->name_len,
+                       (struct jv){.kind = JV_MACRO, .u.macro = n});
     case JN_BREAK: e->ctl = 1; return KVR_OK;
     case JN_CONTINUE: e->ctl = 2; return KVR_OK;
     case JN_BLOCK: return exec_block(e, n);
@@ -1915,7 +1985,7 @@ int jinja_render(const struct jnode *root, struct jarena *a, const struct jvar *
     e.vars = buf;
     if (nvars)
         memcpy(e.vars, vars, nvars * sizeof *vars);
-    e.nvars = nvars;
+    e.nvars = e.top_end = nvars;
     int rc = exec_block(&e, root);
     free(e.vars);
     if (rc) {

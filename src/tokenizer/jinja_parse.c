@@ -25,7 +25,9 @@ struct ps {
     struct jarena *a;
     const struct jtok *t;
     size_t nt, i;
-    int depth, max_depth, in_for;
+    int depth, max_depth, in_for, in_macro;
+    const struct jtok *macros[64]; /* names of the template's macros (callable) */
+    size_t nmacros;
     char *err;
     size_t errlen;
     int rc;
@@ -247,6 +249,10 @@ static struct jnode *primary(struct ps *p)
             n->kind = JE_NAME;
             n->name = t->p;
             n->name_len = t->n;
+            if (p->in_macro && (tok_is_name(t, "caller") || tok_is_name(t, "varargs") ||
+                                tok_is_name(t, "kwargs")))
+                return perr(p, t->line, "\"%.*s\" in a macro is not supported", (int)t->n,
+                            t->p);
         }
         return n;
     case JT_STRING: {
@@ -426,7 +432,11 @@ static struct jnode *postfix(struct ps *p, struct jnode *n)
             if (n->kind != JE_NAME)
                 return perr(p, t->line, "only calls of functions and methods are supported");
             int f = lookup(FUNCS, sizeof FUNCS / sizeof FUNCS[0], n->name, n->name_len);
-            if (f < 0)
+            for (size_t m = 0; f < 0 && m < p->nmacros; m++)
+                if (p->macros[m]->n == n->name_len &&
+                    memcmp(p->macros[m]->p, n->name, n->name_len) == 0)
+                    f = -2; /* a macro: called by name at render time */
+            if (f == -1)
                 return perr(p, t->line, "function \"%.*s\" is not supported", (int)n->name_len,
                             n->name);
             p->i++;
@@ -877,6 +887,60 @@ static struct jnode *stmt_set(struct ps *p, int line)
     return n;
 }
 
+static struct jnode *stmt_macro(struct ps *p, int line)
+{
+    const struct jtok *t = cur(p);
+    if (t->kind != JT_NAME)
+        return perr(p, t->line, "expected a macro name");
+    p->i++;
+    struct jnode *n = node(p, JN_MACRO, line);
+    if (!n || !expect_op(p, "("))
+        return NULL;
+    n->name = t->p;
+    n->name_len = t->n;
+    struct nvec params = {0};
+    bool defaults = false;
+    while (!is_op(p, ")")) {
+        if (params.n && !expect_op(p, ","))
+            return NULL;
+        const struct jtok *pn = cur(p);
+        if (pn->kind != JT_NAME)
+            return perr(p, pn->line, "expected a parameter name");
+        p->i++;
+        struct jnode *x = node(p, JE_NAME, pn->line);
+        if (!x)
+            return NULL;
+        x->name = pn->p;
+        x->name_len = pn->n;
+        if (is_op(p, "=")) {
+            p->i++;
+            if (!(x->a = expr(p, true)))
+                return NULL;
+            defaults = true;
+        } else if (defaults) {
+            return perr(p, pn->line, "non-default parameter follows a default parameter");
+        }
+        if (!nv_push(p, &params, x))
+            return NULL;
+    }
+    p->i++;
+    if (!block_end(p))
+        return NULL;
+    n->kids = params.a;
+    n->nkids = params.n;
+    static const char *const end[] = {"endmacro"};
+    int which, saved_for = p->in_for;
+    p->in_for = 0; /* a loop around the definition is not the body's */
+    p->in_macro++;
+    n->b = body(p, end, 1, &which);
+    p->in_macro--;
+    p->in_for = saved_for;
+    if (!n->b)
+        return NULL;
+    p->i++;
+    return block_end(p) ? n : NULL;
+}
+
 static struct jnode *body(struct ps *p, const char *const *ends, size_t nends, int *which)
 {
     if (!enter(p))
@@ -929,6 +993,8 @@ static struct jnode *body(struct ps *p, const char *const *ends, size_t nends, i
                 n = stmt_if(p, kw->line);
             } else if (tok_is_name(kw, "for")) {
                 n = stmt_for(p, kw->line);
+            } else if (tok_is_name(kw, "macro")) {
+                n = stmt_macro(p, kw->line);
             } else if (tok_is_name(kw, "set")) {
                 n = stmt_set(p, kw->line);
             } else if (tok_is_name(kw, "break") || tok_is_name(kw, "continue")) {
@@ -968,6 +1034,16 @@ int jinja_parse(struct jarena *a, const char *src, size_t len, int max_depth,
         return rc;
     struct ps p = {.a = a, .t = toks, .nt = nt, .max_depth = max_depth, .err = err,
                    .errlen = errlen};
+    for (size_t i = 0; i + 2 < nt; i++) /* macros may be called before their definition */
+        if (toks[i].kind == JT_BLOCK_BEGIN && tok_is_name(&toks[i + 1], "macro") &&
+            toks[i + 2].kind == JT_NAME) {
+            if (p.nmacros == sizeof p.macros / sizeof p.macros[0]) {
+                snprintf(err, errlen, "template line %d: more than 64 macros", toks[i].line);
+                free(toks);
+                return KVR_EPARSE;
+            }
+            p.macros[p.nmacros++] = &toks[i + 2];
+        }
     int which = 0;
     struct jnode *r = body(&p, NULL, 0, &which);
     free(toks);

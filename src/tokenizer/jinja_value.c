@@ -206,7 +206,7 @@ bool jv_truthy(struct jv v)
     case JV_STR: return v.u.s.n != 0;
     case JV_LIST: return v.u.l->n != 0;
     case JV_DICT: return v.u.d->n != 0;
-    case JV_NS: case JV_FUNC: case JV_LOOP: return true;
+    case JV_NS: case JV_FUNC: case JV_LOOP: case JV_MACRO: return true;
     default: return false;
     }
 }
@@ -249,6 +249,7 @@ bool jv_eq(struct jv a, struct jv b)
     case JV_NS: return a.u.d == b.u.d;
     case JV_FUNC: return a.u.fn == b.u.fn;
     case JV_LOOP: return a.u.loop == b.u.loop;
+    case JV_MACRO: return a.u.macro == b.u.macro;
     default: return false;
     }
 }
@@ -296,7 +297,8 @@ size_t utf8_count(const char *p, size_t n)
 const char *jv_type_name(struct jv v)
 {
     static const char *names[] = {"Undefined", "NoneType", "bool", "int", "float", "str",
-                                  "list", "dict", "Namespace", "function", "LoopContext"};
+                                  "list", "dict", "Namespace", "function", "LoopContext",
+                                  "Macro"};
     return v.kind < sizeof names / sizeof names[0] ? names[v.kind] : "?";
 }
 

@@ -81,6 +81,15 @@ CASES = [
     "{{ strftime_now('%Y-%m-%d %H:%M %A %b') }}|{{ strftime_now('%d %B %Y') }}",
     "{% if messages|length > 3 %}{{ raise_exception('too many: ' ~ messages|length) }}{% endif %}",
     "{{ bos_token }}{{ eos_token }}{{ tools[0].function.name }}{{ tools is none }}{{ documents is none }}",
+    # macros
+    "{% macro m(a, b='d', c=none) %}[{{ a }}|{{ b }}|{{ c }}|{{ num }}]{% endmacro %}{{ m(1) }}{{ m(1, 2, 3) }}{{ m(b=5, a=0) }}{{ m() }}",
+    "{% macro fact(n) %}{% if n <= 1 %}1{% else %}{{ n }}*{{ fact(n - 1) }}{% endif %}{% endmacro %}{{ fact(5) }}|{{ fact(3)|length }}",
+    "{% set top = 'T' %}{% macro show() %}{{ top }}{{ m2 is defined }}{{ loop is defined }}{% set top = 'inner' %}{{ top }}{% endmacro %}{% for m2 in [1] %}{{ show() }}{% endfor %}{{ top }}",
+    "{%- macro ts(spec) -%}{%- if spec.type == 'object' -%}{{- '{' }}{%- for k, v in spec.properties.items() -%}{{ k }}: {{ ts(v) }}{%- if not loop.last %}, {% endif -%}{%- endfor -%}{{- '}' }}{%- else -%}{{ spec.type }}{%- endif -%}{%- endmacro -%}{{ ts(tools[0].function.parameters) }}",
+    "{% macro early() %}{{ later() }}{% endmacro %}{% macro later() %}L{% endmacro %}{{ early() }}{{ early() ~ '!' }}{{ later is callable }}",
+    "{% macro w() %}\n  {%- for m in messages %}\n    {{ m.role }}\n  {%- endfor %}\n{% endmacro %}[{{ w() }}]",
+    "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}",
+    "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(z=1) }}",
     # errors on both sides (runtime)
     "{{ undefined_var.attr }}",
     "{{ 'a' + 1 }}",

@@ -73,7 +73,9 @@ static void test_refused_at_load(void **state)
 {
     (void)state;
     refused("a\nb\n{{ x|wordcount }}", "template line 3: filter \"wordcount\" is not supported");
-    refused("{% macro m() %}x{% endmacro %}", "line 1: statement \"macro\" is not supported");
+    refused("{% macro m() %}\n{{ caller() }}{% endmacro %}",
+            "line 2: \"caller\" in a macro is not supported");
+    refused("{% macro m(a=1, b) %}{% endmacro %}", "non-default parameter");
     refused("\n{% include 'x' %}", "line 2: statement \"include\" is not supported");
     refused("{% extends 'x' %}", "statement \"extends\"");
     refused("{% call m() %}{% endcall %}", "statement \"call\"");
