@@ -52,9 +52,15 @@ struct jv {
         const struct jnode *macro; /* JV_MACRO: its JN_MACRO node */
     } u;
 };
+/* What Python object a JV_LIST stands for: a list, a tuple ((a, b)), a one-pass iterator (the
+ * generators of select/map/items/unique and reversed(): always true, no len, no index, not
+ * printable or JSON; pos is how far it was consumed), a dict view (.items() .keys() .values():
+ * len, no index) or a range (len and index). */
+enum jl_kind { JL_LIST, JL_TUPLE, JL_GEN, JL_VIEW, JL_RANGE };
 struct jlist {
     size_t n, cap;
-    bool tuple; /* printed as (a, b) */
+    size_t pos; /* JL_GEN: items before pos were consumed */
+    uint8_t kind;
     struct jv *a;
 };
 struct jdict {

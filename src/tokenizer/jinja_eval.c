@@ -64,7 +64,11 @@ static int oom(struct ev *e, const struct jnode *n)
 static int buf_to_str(struct ev *e, const struct jnode *n, struct jbuf *b, struct jv *out)
 {
     if (b->err) {
+        int rc = b->err;
         free(b->p);
+        if (rc == KVR_EINVAL)
+            return fail(e, n, rc, "printing a generator, a dict view or a range is not "
+                                  "supported (Python shows its address or type)");
         return fail(e, n, KVR_ETOOBIG, "string longer than %zu bytes", e->o->max_output);
     }
     char *s = ja_strdup(e->a, b->p ? b->p : "", b->n);
@@ -156,7 +160,19 @@ static size_t cp_len_at(const char *p, size_t n, size_t i)
 static int as_list(struct ev *e, const struct jnode *n, struct jv v, struct jlist **out)
 {
     switch (v.kind) {
-    case JV_LIST: *out = v.u.l; return KVR_OK;
+    case JV_LIST:
+        if (v.u.l->kind == JL_GEN) { /* one pass: what is left, then nothing */
+            struct jlist *l = jl_new(e->a, 0);
+            if (!l)
+                return oom(e, n);
+            l->a = v.u.l->a + v.u.l->pos;
+            l->n = l->cap = v.u.l->n - v.u.l->pos;
+            v.u.l->pos = v.u.l->n;
+            *out = l;
+            return KVR_OK;
+        }
+        *out = v.u.l;
+        return KVR_OK;
     case JV_UNDEF: *out = jl_new(e->a, 0); return *out ? KVR_OK : oom(e, n);
     case JV_DICT: {
         struct jlist *l = jl_new(e->a, v.u.d->n);
@@ -238,6 +254,8 @@ static int get_item(struct ev *e, const struct jnode *n, struct jv obj, struct j
     *out = jv_undef();
     if (obj.kind == JV_UNDEF)
         return fail(e, n, KVR_EINVAL, "subscript of an undefined value");
+    if (obj.kind == JV_LIST && (obj.u.l->kind == JL_GEN || obj.u.l->kind == JL_VIEW))
+        return KVR_OK; /* not subscriptable: Jinja gives undefined */
     if ((obj.kind == JV_LIST || obj.kind == JV_STR) && (key.kind == JV_INT || key.kind == JV_BOOL)) {
         int64_t i = key.kind == JV_INT ? key.u.i : key.u.b;
         if (obj.kind == JV_LIST) {
@@ -272,7 +290,10 @@ static int slice(struct ev *e, const struct jnode *n, struct jv obj, struct jv v
                  struct jv *out)
 {
     int64_t len;
-    if (obj.kind == JV_LIST)
+    if (obj.kind == JV_LIST && (obj.u.l->kind == JL_GEN || obj.u.l->kind == JL_VIEW)) {
+        *out = jv_undef();
+        return KVR_OK;
+    } else if (obj.kind == JV_LIST)
         len = (int64_t)obj.u.l->n;
     else if (obj.kind == JV_STR)
         len = (int64_t)utf8_count(obj.u.s.p, obj.u.s.n);
@@ -332,6 +353,7 @@ static int slice(struct ev *e, const struct jnode *n, struct jv obj, struct jv v
         if (jl_push(e->a, l, src->a[i]))
             return oom(e, n);
     if (obj.kind == JV_LIST) {
+        l->kind = obj.u.l->kind; /* a slice of a tuple is a tuple, of a range a range */
         *out = mklist(l);
         return KVR_OK;
     }
@@ -389,7 +411,8 @@ static int binary(struct ev *e, const struct jnode *n, int op, struct jv a, stru
         return fail(e, n, KVR_EINVAL, "undefined value in an arithmetic operation");
     if (op == '+' && is_str(a) && is_str(b))
         return concat_str(e, n, a, b, out);
-    if (op == '+' && a.kind == JV_LIST && b.kind == JV_LIST) {
+    if (op == '+' && a.kind == JV_LIST && b.kind == JV_LIST && a.u.l->kind == b.u.l->kind &&
+        (a.u.l->kind == JL_LIST || a.u.l->kind == JL_TUPLE)) {
         struct jlist *l = jl_new(e->a, a.u.l->n + b.u.l->n);
         if (!l)
             return oom(e, n);
@@ -397,6 +420,7 @@ static int binary(struct ev *e, const struct jnode *n, int op, struct jv a, stru
             l->a[l->n++] = a.u.l->a[i];
         for (size_t i = 0; i < b.u.l->n; i++)
             l->a[l->n++] = b.u.l->a[i];
+        l->kind = a.u.l->kind;
         *out = mklist(l);
         return KVR_OK;
     }
@@ -503,7 +527,7 @@ static int contains(struct ev *e, const struct jnode *n, struct jv needle, struc
             }
         return KVR_OK;
     case JV_LIST:
-        for (size_t i = 0; i < hay.u.l->n && !*out; i++)
+        for (size_t i = hay.u.l->kind == JL_GEN ? hay.u.l->pos : 0; i < hay.u.l->n && !*out; i++)
             *out = jv_eq(hay.u.l->a[i], needle);
         return KVR_OK;
     case JV_DICT: *out = jd_get(hay.u.d, needle) != NULL; return KVR_OK;
@@ -825,7 +849,7 @@ static int prefix_test(struct ev *e, const struct jnode *n, struct jv s, struct 
                        bool *res)
 {
     *res = false;
-    if (pre.kind == JV_LIST && pre.u.l->tuple) {
+    if (pre.kind == JV_LIST && pre.u.l->kind == JL_TUPLE) {
         for (size_t i = 0; i < pre.u.l->n && !*res; i++) {
             int rc = prefix_test(e, n, s, pre.u.l->a[i], end, res);
             if (rc)
@@ -868,7 +892,7 @@ static int method(struct ev *e, const struct jnode *n, struct jv *out)
                     struct jlist *t = jl_new(e->a, 2);
                     if (!t)
                         return oom(e, n);
-                    t->tuple = true;
+                    t->kind = JL_TUPLE;
                     t->a[0] = obj.u.d->k[i];
                     t->a[1] = obj.u.d->v[i];
                     t->n = 2;
@@ -878,6 +902,7 @@ static int method(struct ev *e, const struct jnode *n, struct jv *out)
                 }
             }
             l->n = obj.u.d->n;
+            l->kind = JL_VIEW;
             *out = mklist(l);
             return KVR_OK;
         }
@@ -978,7 +1003,8 @@ static int test(struct ev *e, const struct jnode *n, struct jv v, const struct a
     case JTS_STRING: *r = v.kind == JV_STR; break;
     case JTS_MAPPING: *r = v.kind == JV_DICT; break;
     case JTS_SEQUENCE:
-        *r = v.kind == JV_STR || v.kind == JV_LIST || v.kind == JV_DICT || v.kind == JV_UNDEF;
+        *r = v.kind == JV_STR || v.kind == JV_DICT || v.kind == JV_UNDEF ||
+             (v.kind == JV_LIST && v.u.l->kind != JL_GEN && v.u.l->kind != JL_VIEW);
         break;
     case JTS_ITERABLE:
         *r = v.kind == JV_STR || v.kind == JV_LIST || v.kind == JV_DICT || v.kind == JV_UNDEF;
@@ -1052,9 +1078,11 @@ static int select_items(struct ev *e, const struct jnode *n, struct jv v, const 
                         bool by_attr, bool keep, struct jv *out)
 {
     struct jlist *src;
-    int rc = as_list(e, n, v, &src);
+    int rc = jv_truthy(v) ? as_list(e, n, v, &src) : KVR_OK; /* Jinja: `if seq:` */
     if (rc)
         return rc;
+    if (!jv_truthy(v) && !(src = jl_new(e->a, 0)))
+        return oom(e, n);
     size_t first = 0;
     struct jv attr = jv_undef();
     if (by_attr) {
@@ -1125,6 +1153,7 @@ static int select_items(struct ev *e, const struct jnode *n, struct jv v, const 
         if (r == keep && jl_push(e->a, l, item))
             return oom(e, n);
     }
+    l->kind = JL_GEN;
     *out = mklist(l);
     return KVR_OK;
 }
@@ -1188,7 +1217,11 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
     case JFL_LENGTH:
         switch (v.kind) {
         case JV_STR: *out = jv_int((int64_t)utf8_count(v.u.s.p, v.u.s.n)); return KVR_OK;
-        case JV_LIST: *out = jv_int((int64_t)v.u.l->n); return KVR_OK;
+        case JV_LIST:
+            if (v.u.l->kind == JL_GEN)
+                return fail(e, n, KVR_EINVAL, "object of type 'generator' has no len()");
+            *out = jv_int((int64_t)v.u.l->n);
+            return KVR_OK;
         case JV_DICT: *out = jv_int((int64_t)v.u.d->n); return KVR_OK;
         case JV_UNDEF: *out = jv_int(0); return KVR_OK;
         default:
@@ -1249,6 +1282,7 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
             struct jlist *l = jl_new(e->a, 0);
             if (!l)
                 return oom(e, n);
+            l->kind = JL_GEN;
             *out = mklist(l);
             return KVR_OK;
         }
@@ -1261,12 +1295,13 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
             struct jlist *t = jl_new(e->a, 2);
             if (!t)
                 return oom(e, n);
-            t->tuple = true;
+            t->kind = JL_TUPLE;
             t->a[0] = v.u.d->k[i];
             t->a[1] = v.u.d->v[i];
             t->n = 2;
             l->a[l->n++] = mklist(t);
         }
+        l->kind = JL_GEN;
         *out = mklist(l);
         return KVR_OK;
     }
@@ -1333,6 +1368,12 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
             return rc;
         if (f == JFL_LAST && v.kind == JV_UNDEF)
             return fail(e, n, KVR_EINVAL, "last of an undefined value");
+        if (v.kind == JV_LIST && v.u.l->kind == JL_GEN) {
+            if (f == JFL_LAST)
+                return fail(e, n, KVR_EINVAL, "'generator' object is not reversible");
+            *out = v.u.l->pos < v.u.l->n ? v.u.l->a[v.u.l->pos++] : jv_undef();
+            return KVR_OK;
+        }
         struct jlist *l;
         if ((rc = as_list(e, n, v, &l)))
             return rc;
@@ -1356,6 +1397,8 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
             struct jv vs[3] = {jv_none(), jv_none(), jv_int(-1)};
             return slice(e, n, v, vs, out);
         }
+        /* reversed(): an iterator; a generator is not reversible: list(value) reversed */
+        bool gen = v.kind == JV_LIST && v.u.l->kind == JL_GEN;
         struct jlist *l, *c;
         if ((rc = as_list(e, n, v, &l)))
             return rc;
@@ -1364,6 +1407,7 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
         for (size_t i = 0; i < l->n; i++)
             c->a[i] = l->a[l->n - 1 - i];
         c->n = l->n;
+        c->kind = gen ? JL_LIST : JL_GEN;
         *out = mklist(c);
         return KVR_OK;
     }
@@ -1375,8 +1419,12 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
                             f == JFL_SELECTATTR || f == JFL_SELECT, out);
     case JFL_MAP: {
         struct jlist *l, *r;
-        if ((rc = as_list(e, n, v, &l)))
+        if (!jv_truthy(v)) /* Jinja: `if value:` */
+            l = jl_new(e->a, 0);
+        else if ((rc = as_list(e, n, v, &l)))
             return rc;
+        if (!l)
+            return oom(e, n);
         if (!(r = jl_new(e->a, l->n)))
             return oom(e, n);
         bool has_attr;
@@ -1402,6 +1450,7 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
             }
             r->a[r->n++] = x;
         }
+        r->kind = JL_GEN;
         *out = mklist(r);
         return KVR_OK;
     }
@@ -1506,6 +1555,7 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
                 r->a[j] = x;
             }
         }
+        r->kind = f == JFL_UNIQUE ? JL_GEN : JL_LIST;
         *out = mklist(r);
         return KVR_OK;
     }
@@ -1658,6 +1708,7 @@ static int call(struct ev *e, const struct jnode *n, struct jv *out)
             if (jl_push(e->a, l, jv_int(i)))
                 return oom(e, n);
         }
+        l->kind = JL_RANGE;
         *out = mklist(l);
         return KVR_OK;
     }
@@ -1763,7 +1814,7 @@ static int eval(struct ev *e, const struct jnode *n, struct jv *out)
             rc = oom(e, n);
             break;
         }
-        l->tuple = n->kind == JE_TUPLE;
+        l->kind = n->kind == JE_TUPLE ? JL_TUPLE : JL_LIST;
         for (size_t i = 0; i < n->nkids && !rc; i++) {
             rc = eval(e, n->kids[i], &l->a[i]);
             l->n = i + 1;

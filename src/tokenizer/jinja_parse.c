@@ -144,8 +144,8 @@ static int filter_alias(const char *s, size_t n)
         return JFL_DEFAULT;
     if (n == 5 && memcmp(s, "count", 5) == 0)
         return JFL_LENGTH;
-    if (n == 1 && s[0] == 'e')
-        return -2; /* escape: needs autoescape/Markup */
+    if ((n == 1 && s[0] == 'e') || (n == 4 && memcmp(s, "safe", 4) == 0))
+        return -2; /* escape, safe: Markup, whose + and ~ escape the other side */
     return lookup(FILTERS, sizeof FILTERS / sizeof FILTERS[0], s, n);
 }
 static int test_alias(const char *s, size_t n)

@@ -204,7 +204,7 @@ bool jv_truthy(struct jv v)
     case JV_INT: return v.u.i != 0;
     case JV_FLOAT: return v.u.f != 0;
     case JV_STR: return v.u.s.n != 0;
-    case JV_LIST: return v.u.l->n != 0;
+    case JV_LIST: return v.u.l->kind == JL_GEN || v.u.l->n != 0;
     case JV_DICT: return v.u.d->n != 0;
     case JV_NS: case JV_FUNC: case JV_LOOP: case JV_MACRO: return true;
     default: return false;
@@ -231,6 +231,10 @@ bool jv_eq(struct jv a, struct jv b)
     case JV_UNDEF: case JV_NONE: return true;
     case JV_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
     case JV_LIST:
+        if (a.u.l->kind != b.u.l->kind)
+            return false;
+        if (a.u.l->kind == JL_GEN)
+            return a.u.l == b.u.l;
         if (a.u.l->n != b.u.l->n)
             return false;
         for (size_t i = 0; i < a.u.l->n; i++)
@@ -272,7 +276,8 @@ int jv_cmp(struct jv a, struct jv b, int *out)
         *out = c ? (c < 0 ? -1 : 1) : a.u.s.n < b.u.s.n ? -1 : a.u.s.n > b.u.s.n ? 1 : 0;
         return KVR_OK;
     }
-    if (a.kind == JV_LIST && b.kind == JV_LIST) {
+    if (a.kind == JV_LIST && b.kind == JV_LIST && a.u.l->kind == b.u.l->kind &&
+        (a.u.l->kind == JL_LIST || a.u.l->kind == JL_TUPLE)) {
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
             if (jv_eq(a.u.l->a[i], b.u.l->a[i]))
@@ -296,6 +301,10 @@ size_t utf8_count(const char *p, size_t n)
 
 const char *jv_type_name(struct jv v)
 {
+    if (v.kind == JV_LIST && v.u.l->kind != JL_LIST) {
+        static const char *kinds[] = {"list", "tuple", "generator", "dict_items", "range"};
+        return kinds[v.u.l->kind];
+    }
     static const char *names[] = {"Undefined", "NoneType", "bool", "int", "float", "str",
                                   "list", "dict", "Namespace", "function", "LoopContext",
                                   "Macro"};
@@ -426,15 +435,20 @@ static void str_or_repr(struct jbuf *b, struct jv v, bool repr)
             jb_put(b, v.u.s.p, v.u.s.n);
         break;
     case JV_LIST:
-        jb_putc(b, v.u.l->tuple ? '(' : '[');
+        if (v.u.l->kind != JL_LIST && v.u.l->kind != JL_TUPLE) {
+            if (!b->err)
+                b->err = KVR_EINVAL; /* Python prints an address or a view's type: refused */
+            break;
+        }
+        jb_putc(b, v.u.l->kind == JL_TUPLE ? '(' : '[');
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i)
                 jb_put(b, ", ", 2);
             str_or_repr(b, v.u.l->a[i], true);
         }
-        if (v.u.l->tuple && v.u.l->n == 1)
+        if (v.u.l->kind == JL_TUPLE && v.u.l->n == 1)
             jb_putc(b, ',');
-        jb_putc(b, v.u.l->tuple ? ')' : ']');
+        jb_putc(b, v.u.l->kind == JL_TUPLE ? ')' : ']');
         break;
     case JV_DICT:
     case JV_NS:
@@ -575,6 +589,11 @@ static int json_val(struct jbuf *b, struct jv v, const struct jsonopt *o, int le
     case JV_STR: json_str(b, v.u.s.p, v.u.s.n, o->ascii); return KVR_OK;
     case JV_LIST: {
         const struct jlist *l = v.u.l;
+        if (l->kind != JL_LIST && l->kind != JL_TUPLE) {
+            snprintf(o->err, o->errlen, "Object of type %s is not JSON serializable",
+                     l->kind == JL_GEN ? "generator" : l->kind == JL_VIEW ? "dict_items" : "range");
+            return KVR_EINVAL;
+        }
         if (l->n == 0) {
             jb_put(b, "[]", 2);
             return KVR_OK;

@@ -46,7 +46,17 @@ CASES = [
     "{{ d|tojson }}|{{ d|tojson(indent=2) }}|{{ tools|tojson }}|{{ uni|tojson }}|{{ uni|tojson(ensure_ascii=true) }}",
     "{{ d|tojson(separators=(',', ':')) }}|{{ d|tojson(sort_keys=true) }}|{{ [1.0, 1e-7, none, true, 'é\\u2028'] | tojson }}|{{ {}|tojson }}|{{ []|tojson(indent=4) }}",
     "{{ messages[2].tool_calls[0].function.arguments|tojson }}|{{ messages|tojson(indent=1) }}",
-    "{{ num|string ~ 'x' }}|{{ none|string }}|{{ lst|string }}|{{ s|safe }}",
+    "{{ num|string ~ 'x' }}|{{ none|string }}|{{ lst|string }}|{{ (1, 'a')|string }}",
+    # generators, views, ranges (Python objects, not lists)
+    "{% if messages|selectattr('role', 'eq', 'nobody') %}T{% else %}F{% endif %}|{{ none|selectattr('x')|list }}|{{ none|map(attribute='x')|list }}|{{ ''|reject|list }}",
+    "{% set g = lst|map('string') %}{{ g|join }}|{{ g|join }}|{% set h = lst|select %}{{ h|first }}{{ h|first }}{{ h|list }}{{ h|first is defined }}",
+    "{{ range(3)|length }}{{ range(5)[1] }}{{ range(10)[2:5]|list }}{{ d.items()|length }}{{ d.keys()|list }}{{ d.items()[0] is defined }}{{ (lst|select)[0] is defined }}",
+    "{{ lst|reverse|list }}{{ (lst|select|reverse)[0] }}{{ lst|reverse is sequence }}{{ [1] == (1,) }}{{ (1, 2) + (3,) }}{{ range(2) is sequence }}",
+    "{% for k, v in d.items() %}{{ k }}{% endfor %}{% for x in lst|unique %}{{ x }}{% endfor %}{% for x in d|items %}{{ x[0] }}{% endfor %}{{ d|items is iterable }}",
+    "{{ lst|map('string')|tojson }}",
+    "{{ messages|selectattr('role')|length }}",
+    "{{ (lst|select)|last }}",
+    "{{ [1] + (2,) }}",
     # tests
     "{{ s is string }}{{ num is number }}{{ num is integer }}{{ flt is float }}{{ d is mapping }}{{ lst is sequence }}{{ s is iterable }}{{ true is boolean }}",
     "{{ false is false }}{{ 0 is false }}{{ true is true }}{{ num is odd }}{{ num is even }}{{ 9 is divisibleby 3 }}{{ 'ab' is lower }}{{ 'AB' is upper }}",
