@@ -37,10 +37,8 @@ static const char KW[] = "{\"enable_thinking\":false,\"n\":3,\"s\":\"str\"}";
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    struct kvr_tmpl_limits lim = {.max_output = 1 << 16,
-                                  .max_memory = 8 << 20,
-                                  .max_steps = 200000,
-                                  .max_depth = 64};
+    struct kvr_tmpl_limits lim = {
+        .max_output = 1 << 16, .max_memory = 8 << 20, .max_steps = 200000, .max_depth = 64};
     struct kvr_tmpl *t = NULL;
     char err[512] = "";
     int rc = kvr_tmpl_load((const char *)data, size, &lim, &t, err, sizeof err);

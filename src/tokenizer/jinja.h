@@ -30,8 +30,20 @@ void *ja_alloc(struct jarena *a, size_t n); /* 16-aligned; NULL past the cap or 
 char *ja_strdup(struct jarena *a, const char *p, size_t n);
 
 /* --- values ---------------------------------------------------------------------------- */
-enum jv_kind { JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_NS,
-               JV_FUNC, JV_LOOP, JV_MACRO };
+enum jv_kind {
+    JV_UNDEF,
+    JV_NONE,
+    JV_BOOL,
+    JV_INT,
+    JV_FLOAT,
+    JV_STR,
+    JV_LIST,
+    JV_DICT,
+    JV_NS,
+    JV_FUNC,
+    JV_LOOP,
+    JV_MACRO
+};
 struct jlist;
 struct jdict;
 struct jloop;
@@ -112,8 +124,8 @@ void jv_float_repr(double f, char out[40]);
 /* HF's tojson: json.dumps(v, ensure_ascii, indent, separators, sort_keys); indent NULL: none.
  * KVR_EINVAL (message in err) for values JSON cannot hold. */
 int jv_tojson(struct jbuf *b, struct jv v, bool ensure_ascii, const char *indent, size_t ilen,
-              bool has_indent, const char *item_sep, const char *key_sep, bool sort_keys,
-              int depth, char *err, size_t errlen);
+              bool has_indent, const char *item_sep, const char *key_sep, bool sort_keys, int depth,
+              char *err, size_t errlen);
 /* JSON text -> value (objects keep member order; integers with no '.', 'e' are ints). */
 int jv_from_json(struct jarena *a, const char *json, size_t len, struct jv *out, char *err,
                  size_t errlen);
@@ -160,45 +172,132 @@ int jinja_lex(struct jarena *a, const char *src, size_t len, struct jtok **toks,
 /* --- AST ------------------------------------------------------------------------------- */
 enum jn_kind {
     /* statements */
-    JN_BLOCK, JN_TEXT, JN_OUT, JN_IF, JN_FOR, JN_SET, JN_SETATTR, JN_BREAK, JN_CONTINUE,
+    JN_BLOCK,
+    JN_TEXT,
+    JN_OUT,
+    JN_IF,
+    JN_FOR,
+    JN_SET,
+    JN_SETATTR,
+    JN_BREAK,
+    JN_CONTINUE,
     JN_MACRO, /* name; kids: parameters (JE_NAME, ->a the default or NULL); b: the body */
     /* expressions */
-    JE_CONST, JE_NAME, JE_ATTR, JE_ITEM, JE_SLICE, JE_CALL, JE_METHOD, JE_FILTER, JE_TEST,
-    JE_BIN, JE_NOT, JE_NEG, JE_POS, JE_AND, JE_OR, JE_COND, JE_LIST, JE_TUPLE, JE_DICT, JE_CMP
+    JE_CONST,
+    JE_NAME,
+    JE_ATTR,
+    JE_ITEM,
+    JE_SLICE,
+    JE_CALL,
+    JE_METHOD,
+    JE_FILTER,
+    JE_TEST,
+    JE_BIN,
+    JE_NOT,
+    JE_NEG,
+    JE_POS,
+    JE_AND,
+    JE_OR,
+    JE_COND,
+    JE_LIST,
+    JE_TUPLE,
+    JE_DICT,
+    JE_CMP
 };
 enum jfilter {
-    JFL_TRIM, JFL_LENGTH, JFL_TOJSON, JFL_ITEMS, JFL_STRING, JFL_UPPER, JFL_LOWER, JFL_DEFAULT,
-    JFL_JOIN, JFL_REPLACE, JFL_FIRST, JFL_LAST, JFL_LIST, JFL_SELECTATTR, JFL_REJECTATTR,
-    JFL_MAP, JFL_REVERSE, JFL_INT, JFL_FLOAT, JFL_ABS, JFL_CAPITALIZE, JFL_SAFE, JFL_SELECT,
-    JFL_REJECT, JFL_UNIQUE, JFL_SORT, JFL_TITLE
+    JFL_TRIM,
+    JFL_LENGTH,
+    JFL_TOJSON,
+    JFL_ITEMS,
+    JFL_STRING,
+    JFL_UPPER,
+    JFL_LOWER,
+    JFL_DEFAULT,
+    JFL_JOIN,
+    JFL_REPLACE,
+    JFL_FIRST,
+    JFL_LAST,
+    JFL_LIST,
+    JFL_SELECTATTR,
+    JFL_REJECTATTR,
+    JFL_MAP,
+    JFL_REVERSE,
+    JFL_INT,
+    JFL_FLOAT,
+    JFL_ABS,
+    JFL_CAPITALIZE,
+    JFL_SAFE,
+    JFL_SELECT,
+    JFL_REJECT,
+    JFL_UNIQUE,
+    JFL_SORT,
+    JFL_TITLE
 };
 enum jtest {
-    JTS_DEFINED, JTS_UNDEFINED, JTS_NONE, JTS_STRING, JTS_MAPPING, JTS_SEQUENCE, JTS_NUMBER,
-    JTS_ITERABLE, JTS_BOOLEAN, JTS_TRUE, JTS_FALSE, JTS_INTEGER, JTS_FLOAT, JTS_EQ, JTS_NE,
-    JTS_LT, JTS_LE, JTS_GT, JTS_GE, JTS_IN, JTS_ODD, JTS_EVEN, JTS_DIVISIBLEBY, JTS_CALLABLE,
-    JTS_LOWER, JTS_UPPER, JTS_SAMEAS
+    JTS_DEFINED,
+    JTS_UNDEFINED,
+    JTS_NONE,
+    JTS_STRING,
+    JTS_MAPPING,
+    JTS_SEQUENCE,
+    JTS_NUMBER,
+    JTS_ITERABLE,
+    JTS_BOOLEAN,
+    JTS_TRUE,
+    JTS_FALSE,
+    JTS_INTEGER,
+    JTS_FLOAT,
+    JTS_EQ,
+    JTS_NE,
+    JTS_LT,
+    JTS_LE,
+    JTS_GT,
+    JTS_GE,
+    JTS_IN,
+    JTS_ODD,
+    JTS_EVEN,
+    JTS_DIVISIBLEBY,
+    JTS_CALLABLE,
+    JTS_LOWER,
+    JTS_UPPER,
+    JTS_SAMEAS
 };
 enum jmethod {
-    JM_STARTSWITH, JM_ENDSWITH, JM_STRIP, JM_LSTRIP, JM_RSTRIP, JM_SPLIT, JM_UPPER, JM_LOWER,
-    JM_REPLACE, JM_TITLE, JM_CAPITALIZE, JM_FIND, JM_ITEMS, JM_KEYS, JM_VALUES, JM_GET, JM_RSPLIT
+    JM_STARTSWITH,
+    JM_ENDSWITH,
+    JM_STRIP,
+    JM_LSTRIP,
+    JM_RSTRIP,
+    JM_SPLIT,
+    JM_UPPER,
+    JM_LOWER,
+    JM_REPLACE,
+    JM_TITLE,
+    JM_CAPITALIZE,
+    JM_FIND,
+    JM_ITEMS,
+    JM_KEYS,
+    JM_VALUES,
+    JM_GET,
+    JM_RSPLIT
 };
 /* comparison operators of JE_CMP */
 enum jcmp { JC_EQ, JC_NE, JC_LT, JC_LE, JC_GT, JC_GE, JC_IN, JC_NOTIN };
 
 struct jnode {
     uint8_t kind;
-    int op; /* JE_BIN: '+','-','*','/','%','~','F' (//),'P' (**); filter/test/method id */
+    int op;      /* JE_BIN: '+','-','*','/','%','~','F' (//),'P' (**); filter/test/method id */
     bool negate; /* JE_TEST: is not */
     int line;
     const char *name; /* JE_NAME, JE_ATTR, JN_SET, JN_SETATTR (the namespace), JN_TEXT text */
     size_t name_len;
     const char *attr; /* JN_SETATTR */
     size_t attr_len;
-    struct jv val;    /* JE_CONST */
+    struct jv val; /* JE_CONST */
     struct jnode *a, *b, *c, *d;
     struct jnode **kids; /* args, items, statements; JE_CMP: operands after a */
     size_t nkids;
-    const char **kwn;    /* keyword argument names (NUL-terminated, arena) */
+    const char **kwn; /* keyword argument names (NUL-terminated, arena) */
     struct jnode **kwv;
     size_t nkw;
     int *ops; /* JE_CMP: enum jcmp per operand */
@@ -206,8 +305,8 @@ struct jnode {
 
 /* Parses tokens into a JN_BLOCK; refuses (KVR_EPARSE, "template line N: ...") every construct
  * outside the subset. Nesting is bounded by max_depth. */
-int jinja_parse(struct jarena *a, const char *src, size_t len, int max_depth,
-                struct jnode **root, char *err, size_t errlen);
+int jinja_parse(struct jarena *a, const char *src, size_t len, int max_depth, struct jnode **root,
+                char *err, size_t errlen);
 
 /* --- rendering ------------------------------------------------------------------------- */
 struct jvar {
@@ -216,17 +315,17 @@ struct jvar {
     struct jv v;
 };
 struct jrender_opts {
-    size_t max_output;    /* bytes of output */
-    size_t max_memory;    /* arena bytes */
-    uint64_t max_steps;   /* nodes evaluated (loops included) */
-    int max_depth;        /* evaluation recursion */
-    int64_t now_s;        /* strftime_now's clock (Unix seconds, local time) */
+    size_t max_output;  /* bytes of output */
+    size_t max_memory;  /* arena bytes */
+    uint64_t max_steps; /* nodes evaluated (loops included) */
+    int max_depth;      /* evaluation recursion */
+    int64_t now_s;      /* strftime_now's clock (Unix seconds, local time) */
 };
 /* Renders root with the given variables (values in arena a). Output malloc'd into *out.
  * Errors: KVR_EINVAL (template raised or a type error; "raise_exception: msg" for the former),
  * KVR_ETOOBIG (a bound), KVR_ENOMEM. err holds "template line N: ..." */
-int jinja_render(const struct jnode *root, struct jarena *a, const struct jvar *vars,
-                 size_t nvars, const struct jrender_opts *o, char **out, size_t *out_len,
-                 char *err, size_t errlen);
+int jinja_render(const struct jnode *root, struct jarena *a, const struct jvar *vars, size_t nvars,
+                 const struct jrender_opts *o, char **out, size_t *out_len, char *err,
+                 size_t errlen);
 
 #endif

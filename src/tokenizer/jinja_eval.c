@@ -35,8 +35,10 @@ struct ev {
     struct jbuf out;
     struct jvar *vars; /* malloc'd, grown by kvr_grow up to MAX_VARS */
     size_t nvars, cap, frame;
-    size_t vis_lo;  /* in a macro: its variables start here; below, only [0, top_end) shows */
-    size_t top_end; /* the template's top-level variables are [0, top_end) */ /* frame: first variable of the innermost scope */
+    size_t vis_lo; /* in a macro: its variables start here; below, only [0, top_end) shows */
+    size_t top_end;
+        /* the template's top-level variables are [0, top_end) */ /* frame: first variable of the
+                                                                     innermost scope */
     uint64_t steps;
     int depth;
     int ctl; /* 1: break, 2: continue */
@@ -56,8 +58,7 @@ static int fail(struct ev *e, const struct jnode *n, int rc, const char *fmt, ..
 }
 static int oom(struct ev *e, const struct jnode *n)
 {
-    return fail(e, n, KVR_ETOOBIG, "render needs more than %zu bytes of memory",
-                e->o->max_memory);
+    return fail(e, n, KVR_ETOOBIG, "render needs more than %zu bytes of memory", e->o->max_memory);
 }
 
 /* A jbuf's bytes as a string value in the arena; the jbuf is freed either way. */
@@ -67,8 +68,9 @@ static int buf_to_str(struct ev *e, const struct jnode *n, struct jbuf *b, struc
         int rc = b->err;
         free(b->p);
         if (rc == KVR_EINVAL)
-            return fail(e, n, rc, "printing a generator, a dict view or a range is not "
-                                  "supported (Python shows its address or type)");
+            return fail(e, n, rc,
+                        "printing a generator, a dict view or a range is not "
+                        "supported (Python shows its address or type)");
         return fail(e, n, KVR_ETOOBIG, "string longer than %zu bytes", e->o->max_output);
     }
     char *s = ja_strdup(e->a, b->p ? b->p : "", b->n);
@@ -111,8 +113,7 @@ static struct jv lookup_name(struct ev *e, const char *name, size_t n)
     return jv_undef();
 }
 
-static int set_var(struct ev *e, const struct jnode *n, const char *name, size_t len,
-                   struct jv v)
+static int set_var(struct ev *e, const struct jnode *n, const char *name, size_t len, struct jv v)
 {
     for (size_t i = e->frame; i < e->nvars; i++)
         if (e->vars[i].n == len && memcmp(e->vars[i].name, name, len) == 0) {
@@ -173,7 +174,9 @@ static int as_list(struct ev *e, const struct jnode *n, struct jv v, struct jlis
         }
         *out = v.u.l;
         return KVR_OK;
-    case JV_UNDEF: *out = jl_new(e->a, 0); return *out ? KVR_OK : oom(e, n);
+    case JV_UNDEF:
+        *out = jl_new(e->a, 0);
+        return *out ? KVR_OK : oom(e, n);
     case JV_DICT: {
         struct jlist *l = jl_new(e->a, v.u.d->n);
         if (!l)
@@ -197,7 +200,8 @@ static int as_list(struct ev *e, const struct jnode *n, struct jv v, struct jlis
         *out = l;
         return KVR_OK;
     }
-    default: return fail(e, n, KVR_EINVAL, "'%s' object is not iterable", jv_type_name(v));
+    default:
+        return fail(e, n, KVR_EINVAL, "'%s' object is not iterable", jv_type_name(v));
     }
 }
 
@@ -244,7 +248,8 @@ static int get_attr(struct ev *e, const struct jnode *n, struct jv obj, const ch
 #undef IS
         return KVR_OK;
     }
-    default: return KVR_OK;
+    default:
+        return KVR_OK;
     }
 }
 
@@ -256,7 +261,8 @@ static int get_item(struct ev *e, const struct jnode *n, struct jv obj, struct j
         return fail(e, n, KVR_EINVAL, "subscript of an undefined value");
     if (obj.kind == JV_LIST && (obj.u.l->kind == JL_GEN || obj.u.l->kind == JL_VIEW))
         return KVR_OK; /* not subscriptable: Jinja gives undefined */
-    if ((obj.kind == JV_LIST || obj.kind == JV_STR) && (key.kind == JV_INT || key.kind == JV_BOOL)) {
+    if ((obj.kind == JV_LIST || obj.kind == JV_STR) &&
+        (key.kind == JV_INT || key.kind == JV_BOOL)) {
         int64_t i = key.kind == JV_INT ? key.u.i : key.u.b;
         if (obj.kind == JV_LIST) {
             int64_t len = (int64_t)obj.u.l->n;
@@ -372,8 +378,7 @@ static int slice(struct ev *e, const struct jnode *n, struct jv obj, struct jv v
     return KVR_OK;
 }
 
-static int concat_str(struct ev *e, const struct jnode *n, struct jv a, struct jv b,
-                      struct jv *out)
+static int concat_str(struct ev *e, const struct jnode *n, struct jv a, struct jv b, struct jv *out)
 {
     size_t len = a.u.s.n + b.u.s.n;
     if (len > e->o->max_output)
@@ -444,7 +449,10 @@ static int binary(struct ev *e, const struct jnode *n, int op, struct jv a, stru
     }
     if (!num(a) || !num(b))
         return fail(e, n, KVR_EINVAL, "unsupported operand types for %c: '%s' and '%s'",
-                    op == 'F' ? '/' : op == 'P' ? '*' : op, jv_type_name(a), jv_type_name(b));
+                    op == 'F'   ? '/'
+                    : op == 'P' ? '*'
+                                : op,
+                    jv_type_name(a), jv_type_name(b));
     bool fl = a.kind == JV_FLOAT || b.kind == JV_FLOAT;
     if (op == '/') {
         if (fval(b) == 0)
@@ -455,9 +463,15 @@ static int binary(struct ev *e, const struct jnode *n, int op, struct jv a, stru
     if (fl) {
         double x = fval(a), y = fval(b), r;
         switch (op) {
-        case '+': r = x + y; break;
-        case '-': r = x - y; break;
-        case '*': r = x * y; break;
+        case '+':
+            r = x + y;
+            break;
+        case '-':
+            r = x - y;
+            break;
+        case '*':
+            r = x * y;
+            break;
         case 'F':
         case '%':
             if (y == 0)
@@ -466,7 +480,9 @@ static int binary(struct ev *e, const struct jnode *n, int op, struct jv a, stru
             if (op == '%' && r != 0 && ((r < 0) != (y < 0)))
                 r += y;
             break;
-        default: r = pow(x, y); break;
+        default:
+            r = pow(x, y);
+            break;
         }
         *out = jv_float(r);
         return KVR_OK;
@@ -474,9 +490,15 @@ static int binary(struct ev *e, const struct jnode *n, int op, struct jv a, stru
     int64_t x = ival(a), y = ival(b), r;
     bool ovf = false;
     switch (op) {
-    case '+': ovf = __builtin_add_overflow(x, y, &r); break;
-    case '-': ovf = __builtin_sub_overflow(x, y, &r); break;
-    case '*': ovf = __builtin_mul_overflow(x, y, &r); break;
+    case '+':
+        ovf = __builtin_add_overflow(x, y, &r);
+        break;
+    case '-':
+        ovf = __builtin_sub_overflow(x, y, &r);
+        break;
+    case '*':
+        ovf = __builtin_mul_overflow(x, y, &r);
+        break;
     case 'F':
     case '%':
         if (y == 0)
@@ -507,8 +529,7 @@ static int binary(struct ev *e, const struct jnode *n, int op, struct jv a, stru
     return KVR_OK;
 }
 
-static int contains(struct ev *e, const struct jnode *n, struct jv needle, struct jv hay,
-                    bool *out)
+static int contains(struct ev *e, const struct jnode *n, struct jv needle, struct jv hay, bool *out)
 {
     *out = false;
     switch (hay.kind) {
@@ -530,11 +551,13 @@ static int contains(struct ev *e, const struct jnode *n, struct jv needle, struc
         for (size_t i = hay.u.l->kind == JL_GEN ? hay.u.l->pos : 0; i < hay.u.l->n && !*out; i++)
             *out = jv_eq(hay.u.l->a[i], needle);
         return KVR_OK;
-    case JV_DICT: *out = jd_get(hay.u.d, needle) != NULL; return KVR_OK;
-    case JV_UNDEF: return KVR_OK;
+    case JV_DICT:
+        *out = jd_get(hay.u.d, needle) != NULL;
+        return KVR_OK;
+    case JV_UNDEF:
+        return KVR_OK;
     default:
-        return fail(e, n, KVR_EINVAL, "argument of type '%s' is not iterable",
-                    jv_type_name(hay));
+        return fail(e, n, KVR_EINVAL, "argument of type '%s' is not iterable", jv_type_name(hay));
     }
 }
 
@@ -587,8 +610,7 @@ static int eval_args(struct ev *e, const struct jnode *n, struct args *a)
     return KVR_OK;
 }
 /* The argument at position pos (0-based, after the subject) or keyword name; def if absent. */
-static struct jv arg(const struct args *a, size_t pos, const char *name, struct jv def,
-                     bool *given)
+static struct jv arg(const struct args *a, size_t pos, const char *name, struct jv def, bool *given)
 {
     if (given)
         *given = true;
@@ -809,8 +831,8 @@ static int split(struct ev *e, const struct jnode *n, struct jv s, struct jv sep
     return KVR_OK;
 }
 
-static int replace(struct ev *e, const struct jnode *n, struct jv s, struct jv old,
-                   struct jv neu, int64_t count, struct jv *out)
+static int replace(struct ev *e, const struct jnode *n, struct jv s, struct jv old, struct jv neu,
+                   int64_t count, struct jv *out)
 {
     if (!is_str(old) || !is_str(neu))
         return fail(e, n, KVR_EINVAL, "replace() arguments must be str");
@@ -858,10 +880,10 @@ static int prefix_test(struct ev *e, const struct jnode *n, struct jv s, struct 
         return KVR_OK;
     }
     if (!is_str(pre))
-        return fail(e, n, KVR_EINVAL, "startswith/endswith first arg must be str or a tuple of str");
+        return fail(e, n, KVR_EINVAL,
+                    "startswith/endswith first arg must be str or a tuple of str");
     size_t m = pre.u.s.n;
-    *res = m <= s.u.s.n &&
-           (m == 0 || memcmp(s.u.s.p + (end ? s.u.s.n - m : 0), pre.u.s.p, m) == 0);
+    *res = m <= s.u.s.n && (m == 0 || memcmp(s.u.s.p + (end ? s.u.s.n - m : 0), pre.u.s.p, m) == 0);
     return KVR_OK;
 }
 
@@ -915,7 +937,8 @@ static int method(struct ev *e, const struct jnode *n, struct jv *out)
             *out = v ? *v : a.npos > 1 ? a.pos[1] : jv_none();
             return KVR_OK;
         }
-        default: break;
+        default:
+            break;
         }
     }
     if (obj.kind == JV_UNDEF)
@@ -961,7 +984,10 @@ static int method(struct ev *e, const struct jnode *n, struct jv *out)
         if ((rc = check_args(e, n, &a, 0, no, 0, "case method")))
             return rc;
         return casemap(e, n, obj,
-                       n->op == JM_UPPER ? 0 : n->op == JM_LOWER ? 1 : n->op == JM_CAPITALIZE ? 2 : 3,
+                       n->op == JM_UPPER        ? 0
+                       : n->op == JM_LOWER      ? 1
+                       : n->op == JM_CAPITALIZE ? 2
+                                                : 3,
                        out);
     case JM_REPLACE: {
         if ((rc = check_args(e, n, &a, 3, no, 0, "replace")))
@@ -997,11 +1023,21 @@ static int test(struct ev *e, const struct jnode *n, struct jv v, const struct a
     struct jv x = a->npos ? a->pos[0] : jv_undef();
     int rc = KVR_OK;
     switch (n->op) {
-    case JTS_DEFINED: *r = v.kind != JV_UNDEF; break;
-    case JTS_UNDEFINED: *r = v.kind == JV_UNDEF; break;
-    case JTS_NONE: *r = v.kind == JV_NONE; break;
-    case JTS_STRING: *r = v.kind == JV_STR; break;
-    case JTS_MAPPING: *r = v.kind == JV_DICT; break;
+    case JTS_DEFINED:
+        *r = v.kind != JV_UNDEF;
+        break;
+    case JTS_UNDEFINED:
+        *r = v.kind == JV_UNDEF;
+        break;
+    case JTS_NONE:
+        *r = v.kind == JV_NONE;
+        break;
+    case JTS_STRING:
+        *r = v.kind == JV_STR;
+        break;
+    case JTS_MAPPING:
+        *r = v.kind == JV_DICT;
+        break;
     case JTS_SEQUENCE:
         *r = v.kind == JV_STR || v.kind == JV_DICT || v.kind == JV_UNDEF ||
              (v.kind == JV_LIST && v.u.l->kind != JL_GEN && v.u.l->kind != JL_VIEW);
@@ -1009,20 +1045,48 @@ static int test(struct ev *e, const struct jnode *n, struct jv v, const struct a
     case JTS_ITERABLE:
         *r = v.kind == JV_STR || v.kind == JV_LIST || v.kind == JV_DICT || v.kind == JV_UNDEF;
         break;
-    case JTS_NUMBER: *r = num(v); break;
-    case JTS_BOOLEAN: *r = v.kind == JV_BOOL; break;
-    case JTS_TRUE: *r = v.kind == JV_BOOL && v.u.b; break;
-    case JTS_FALSE: *r = v.kind == JV_BOOL && !v.u.b; break;
-    case JTS_INTEGER: *r = v.kind == JV_INT; break;
-    case JTS_FLOAT: *r = v.kind == JV_FLOAT; break;
-    case JTS_CALLABLE: *r = v.kind == JV_FUNC || v.kind == JV_MACRO; break;
-    case JTS_EQ: rc = compare_op(e, n, JC_EQ, v, x, r); break;
-    case JTS_NE: rc = compare_op(e, n, JC_NE, v, x, r); break;
-    case JTS_LT: rc = compare_op(e, n, JC_LT, v, x, r); break;
-    case JTS_LE: rc = compare_op(e, n, JC_LE, v, x, r); break;
-    case JTS_GT: rc = compare_op(e, n, JC_GT, v, x, r); break;
-    case JTS_GE: rc = compare_op(e, n, JC_GE, v, x, r); break;
-    case JTS_IN: rc = compare_op(e, n, JC_IN, v, x, r); break;
+    case JTS_NUMBER:
+        *r = num(v);
+        break;
+    case JTS_BOOLEAN:
+        *r = v.kind == JV_BOOL;
+        break;
+    case JTS_TRUE:
+        *r = v.kind == JV_BOOL && v.u.b;
+        break;
+    case JTS_FALSE:
+        *r = v.kind == JV_BOOL && !v.u.b;
+        break;
+    case JTS_INTEGER:
+        *r = v.kind == JV_INT;
+        break;
+    case JTS_FLOAT:
+        *r = v.kind == JV_FLOAT;
+        break;
+    case JTS_CALLABLE:
+        *r = v.kind == JV_FUNC || v.kind == JV_MACRO;
+        break;
+    case JTS_EQ:
+        rc = compare_op(e, n, JC_EQ, v, x, r);
+        break;
+    case JTS_NE:
+        rc = compare_op(e, n, JC_NE, v, x, r);
+        break;
+    case JTS_LT:
+        rc = compare_op(e, n, JC_LT, v, x, r);
+        break;
+    case JTS_LE:
+        rc = compare_op(e, n, JC_LE, v, x, r);
+        break;
+    case JTS_GT:
+        rc = compare_op(e, n, JC_GT, v, x, r);
+        break;
+    case JTS_GE:
+        rc = compare_op(e, n, JC_GE, v, x, r);
+        break;
+    case JTS_IN:
+        rc = compare_op(e, n, JC_IN, v, x, r);
+        break;
     case JTS_SAMEAS:
         *r = v.kind == x.kind &&
              (v.kind == JV_NONE || v.kind == JV_UNDEF || (v.kind == JV_BOOL && v.u.b == x.u.b) ||
@@ -1065,7 +1129,8 @@ static int test(struct ev *e, const struct jnode *n, struct jv v, const struct a
         *r = cased && ok;
         break;
     }
-    default: return fail(e, n, KVR_EINVAL, "test not implemented");
+    default:
+        return fail(e, n, KVR_EINVAL, "test not implemented");
     }
     return rc;
 }
@@ -1096,18 +1161,18 @@ static int select_items(struct ev *e, const struct jnode *n, struct jv v, const 
     if (has_test) {
         if (!is_str(a->pos[first]))
             return fail(e, n, KVR_EINVAL, "test name must be a string");
-        static const char *const tests[] = {"defined", "undefined", "none", "string", "mapping",
-                                            "sequence", "number", "iterable", "boolean", "true",
-                                            "false", "integer", "float", "equalto", "ne", "lt",
-                                            "le", "gt", "ge", "in", "odd", "even",
-                                            "divisibleby", "callable", "lower", "upper",
-                                            "sameas", "eq", "=="};
-        static const int ids[] = {JTS_DEFINED, JTS_UNDEFINED, JTS_NONE, JTS_STRING, JTS_MAPPING,
-                                  JTS_SEQUENCE, JTS_NUMBER, JTS_ITERABLE, JTS_BOOLEAN, JTS_TRUE,
-                                  JTS_FALSE, JTS_INTEGER, JTS_FLOAT, JTS_EQ, JTS_NE, JTS_LT,
-                                  JTS_LE, JTS_GT, JTS_GE, JTS_IN, JTS_ODD, JTS_EVEN,
-                                  JTS_DIVISIBLEBY, JTS_CALLABLE, JTS_LOWER, JTS_UPPER,
-                                  JTS_SAMEAS, JTS_EQ, JTS_EQ};
+        static const char *const tests[] = {
+            "defined", "undefined", "none",    "string", "mapping",     "sequence",
+            "number",  "iterable",  "boolean", "true",   "false",       "integer",
+            "float",   "equalto",   "ne",      "lt",     "le",          "gt",
+            "ge",      "in",        "odd",     "even",   "divisibleby", "callable",
+            "lower",   "upper",     "sameas",  "eq",     "=="};
+        static const int ids[] = {
+            JTS_DEFINED, JTS_UNDEFINED, JTS_NONE,    JTS_STRING, JTS_MAPPING,     JTS_SEQUENCE,
+            JTS_NUMBER,  JTS_ITERABLE,  JTS_BOOLEAN, JTS_TRUE,   JTS_FALSE,       JTS_INTEGER,
+            JTS_FLOAT,   JTS_EQ,        JTS_NE,      JTS_LT,     JTS_LE,          JTS_GT,
+            JTS_GE,      JTS_IN,        JTS_ODD,     JTS_EVEN,   JTS_DIVISIBLEBY, JTS_CALLABLE,
+            JTS_LOWER,   JTS_UPPER,     JTS_SAMEAS,  JTS_EQ,     JTS_EQ};
         int id = -1;
         for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
             if (strlen(tests[i]) == a->pos[first].u.s.n &&
@@ -1186,12 +1251,15 @@ static int filter_by_name(struct jv name)
     static const struct {
         const char *n;
         int f;
-    } t[] = {{"trim", JFL_TRIM},   {"length", JFL_LENGTH}, {"count", JFL_LENGTH},
-             {"tojson", JFL_TOJSON}, {"string", JFL_STRING}, {"upper", JFL_UPPER},
-             {"lower", JFL_LOWER}, {"first", JFL_FIRST},   {"last", JFL_LAST},
-             {"list", JFL_LIST},   {"int", JFL_INT},       {"float", JFL_FLOAT},
-             {"abs", JFL_ABS},     {"capitalize", JFL_CAPITALIZE}, {"title", JFL_TITLE},
-             {"reverse", JFL_REVERSE}, {"items", JFL_ITEMS}};
+    } t[] = {{"trim", JFL_TRIM},     {"length", JFL_LENGTH},
+             {"count", JFL_LENGTH},  {"tojson", JFL_TOJSON},
+             {"string", JFL_STRING}, {"upper", JFL_UPPER},
+             {"lower", JFL_LOWER},   {"first", JFL_FIRST},
+             {"last", JFL_LAST},     {"list", JFL_LIST},
+             {"int", JFL_INT},       {"float", JFL_FLOAT},
+             {"abs", JFL_ABS},       {"capitalize", JFL_CAPITALIZE},
+             {"title", JFL_TITLE},   {"reverse", JFL_REVERSE},
+             {"items", JFL_ITEMS}};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (strlen(t[i].n) == name.u.s.n && memcmp(t[i].n, name.u.s.p, name.u.s.n) == 0)
             return t[i].f;
@@ -1204,7 +1272,9 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
     int rc;
     static const char *const no[] = {""};
     switch (f) {
-    case JFL_SAFE: *out = v; return KVR_OK;
+    case JFL_SAFE:
+        *out = v;
+        return KVR_OK;
     case JFL_TRIM: {
         static const char *const nm[] = {"chars"};
         if ((rc = check_args(e, n, a, 1, nm, 1, "trim")))
@@ -1216,14 +1286,20 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
     }
     case JFL_LENGTH:
         switch (v.kind) {
-        case JV_STR: *out = jv_int((int64_t)utf8_count(v.u.s.p, v.u.s.n)); return KVR_OK;
+        case JV_STR:
+            *out = jv_int((int64_t)utf8_count(v.u.s.p, v.u.s.n));
+            return KVR_OK;
         case JV_LIST:
             if (v.u.l->kind == JL_GEN)
                 return fail(e, n, KVR_EINVAL, "object of type 'generator' has no len()");
             *out = jv_int((int64_t)v.u.l->n);
             return KVR_OK;
-        case JV_DICT: *out = jv_int((int64_t)v.u.d->n); return KVR_OK;
-        case JV_UNDEF: *out = jv_int(0); return KVR_OK;
+        case JV_DICT:
+            *out = jv_int((int64_t)v.u.d->n);
+            return KVR_OK;
+        case JV_UNDEF:
+            *out = jv_int(0);
+            return KVR_OK;
         default:
             return fail(e, n, KVR_EINVAL, "object of type '%s' has no len()", jv_type_name(v));
         }
@@ -1305,7 +1381,8 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
         *out = mklist(l);
         return KVR_OK;
     }
-    case JFL_STRING: return to_str(e, n, v, out);
+    case JFL_STRING:
+        return to_str(e, n, v, out);
     case JFL_UPPER:
     case JFL_LOWER:
     case JFL_CAPITALIZE:
@@ -1314,7 +1391,11 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
         if ((rc = to_str(e, n, v, &s)))
             return rc;
         return casemap(e, n, s,
-                       f == JFL_UPPER ? 0 : f == JFL_LOWER ? 1 : f == JFL_CAPITALIZE ? 2 : 3, out);
+                       f == JFL_UPPER        ? 0
+                       : f == JFL_LOWER      ? 1
+                       : f == JFL_CAPITALIZE ? 2
+                                             : 3,
+                       out);
     }
     case JFL_DEFAULT: {
         static const char *const nm[] = {"default_value", "boolean"};
@@ -1359,8 +1440,7 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
         if ((rc = to_str(e, n, v, &s)))
             return rc;
         return replace(e, n, s, arg(a, 0, "old", jv_undef(), NULL),
-                       arg(a, 1, "new", jv_undef(), NULL), cnt.kind == JV_INT ? cnt.u.i : -1,
-                       out);
+                       arg(a, 1, "new", jv_undef(), NULL), cnt.kind == JV_INT ? cnt.u.i : -1, out);
     }
     case JFL_FIRST:
     case JFL_LAST: {
@@ -1434,8 +1514,9 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
         if (!has_attr) {
             if (a->npos != 1 || a->nkw || !is_str(a->pos[0]) ||
                 (sub = filter_by_name(a->pos[0])) < 0)
-                return fail(e, n, KVR_EINVAL, "map: only attribute= or an argument-less "
-                                              "supported filter name is supported");
+                return fail(e, n, KVR_EINVAL,
+                            "map: only attribute= or an argument-less "
+                            "supported filter name is supported");
         }
         struct args none = {0};
         for (size_t i = 0; i < l->n; i++) {
@@ -1559,7 +1640,8 @@ static int apply_filter(struct ev *e, const struct jnode *n, int f, struct jv v,
         *out = mklist(r);
         return KVR_OK;
     }
-    default: return fail(e, n, KVR_EINVAL, "filter not implemented");
+    default:
+        return fail(e, n, KVR_EINVAL, "filter not implemented");
     }
 }
 
@@ -1629,8 +1711,7 @@ static int call(struct ev *e, const struct jnode *n, struct jv *out)
     if (rc)
         return rc;
     if (fn.kind != JV_FUNC && fn.kind != JV_MACRO)
-        return fail(e, n, KVR_EINVAL, "'%.*s' is not callable", (int)n->a->name_len,
-                    n->a->name);
+        return fail(e, n, KVR_EINVAL, "'%.*s' is not callable", (int)n->a->name_len, n->a->name);
     struct args a;
     if ((rc = eval_args(e, n, &a)))
         return rc;
@@ -1712,7 +1793,8 @@ static int call(struct ev *e, const struct jnode *n, struct jv *out)
         *out = mklist(l);
         return KVR_OK;
     }
-    default: return fail(e, n, KVR_EINVAL, "function not implemented");
+    default:
+        return fail(e, n, KVR_EINVAL, "function not implemented");
     }
 }
 
@@ -1728,8 +1810,12 @@ static int eval(struct ev *e, const struct jnode *n, struct jv *out)
     int rc = KVR_OK;
     struct jv a, b;
     switch (n->kind) {
-    case JE_CONST: *out = n->val; break;
-    case JE_NAME: *out = lookup_name(e, n->name, n->name_len); break;
+    case JE_CONST:
+        *out = n->val;
+        break;
+    case JE_NAME:
+        *out = lookup_name(e, n->name, n->name_len);
+        break;
     case JE_ATTR:
         if (!(rc = eval(e, n->a, &a)))
             rc = get_attr(e, n, a, n->name, n->name_len, out);
@@ -1750,8 +1836,12 @@ static int eval(struct ev *e, const struct jnode *n, struct jv *out)
             rc = slice(e, n, a, vs, out);
         break;
     }
-    case JE_CALL: rc = call(e, n, out); break;
-    case JE_METHOD: rc = method(e, n, out); break;
+    case JE_CALL:
+        rc = call(e, n, out);
+        break;
+    case JE_METHOD:
+        rc = method(e, n, out);
+        break;
     case JE_FILTER: {
         struct args ar;
         if (!(rc = eval(e, n->a, &a)) && !(rc = eval_args(e, n, &ar)))
@@ -1830,8 +1920,7 @@ static int eval(struct ev *e, const struct jnode *n, struct jv *out)
         }
         for (size_t i = 0; i + 1 < n->nkids && !rc; i += 2) {
             if (!(rc = eval(e, n->kids[i], &a)) && !(rc = eval(e, n->kids[i + 1], &b))) {
-                if (a.kind == JV_LIST || a.kind == JV_DICT || a.kind == JV_UNDEF ||
-                    a.kind == JV_NS)
+                if (a.kind == JV_LIST || a.kind == JV_DICT || a.kind == JV_UNDEF || a.kind == JV_NS)
                     rc = fail(e, n, KVR_EINVAL, "unhashable type: '%s'", jv_type_name(a));
                 else if (jd_set(e->a, d, a, b))
                     rc = oom(e, n);
@@ -1853,7 +1942,8 @@ static int eval(struct ev *e, const struct jnode *n, struct jv *out)
         *out = jv_bool(r);
         break;
     }
-    default: rc = fail(e, n, KVR_EINVAL, "internal: not an expression");
+    default:
+        rc = fail(e, n, KVR_EINVAL, "internal: not an expression");
     }
     e->depth--;
     return rc;
@@ -1956,7 +2046,8 @@ static int exec_stmt(struct ev *e, const struct jnode *n)
     struct jv v;
     int rc;
     switch (n->kind) {
-    case JN_TEXT: return emit(e, n, n->name, n->name_len);
+    case JN_TEXT:
+        return emit(e, n, n->name, n->name_len);
     case JN_OUT:
         if ((rc = eval(e, n->a, &v)))
             return rc;
@@ -2001,12 +2092,17 @@ static int exec_stmt(struct ev *e, const struct jnode *n)
         return KVR_OK;
     }
     case JN_MACRO:
-        return set_var(e, n, n->name, n->name_len,
-                       (struct jv){.kind = JV_MACRO, .u.macro = n});
-    case JN_BREAK: e->ctl = 1; return KVR_OK;
-    case JN_CONTINUE: e->ctl = 2; return KVR_OK;
-    case JN_BLOCK: return exec_block(e, n);
-    default: return fail(e, n, KVR_EINVAL, "internal: not a statement");
+        return set_var(e, n, n->name, n->name_len, (struct jv){.kind = JV_MACRO, .u.macro = n});
+    case JN_BREAK:
+        e->ctl = 1;
+        return KVR_OK;
+    case JN_CONTINUE:
+        e->ctl = 2;
+        return KVR_OK;
+    case JN_BLOCK:
+        return exec_block(e, n);
+    default:
+        return fail(e, n, KVR_EINVAL, "internal: not a statement");
     }
 }
 
@@ -2023,9 +2119,9 @@ static int exec_block(struct ev *e, const struct jnode *n)
     return rc;
 }
 
-int jinja_render(const struct jnode *root, struct jarena *a, const struct jvar *vars,
-                 size_t nvars, const struct jrender_opts *o, char **out, size_t *out_len,
-                 char *err, size_t errlen)
+int jinja_render(const struct jnode *root, struct jarena *a, const struct jvar *vars, size_t nvars,
+                 const struct jrender_opts *o, char **out, size_t *out_len, char *err,
+                 size_t errlen)
 {
     struct ev e = {.a = a, .o = o, .out = {.max = o->max_output}, .err = err, .errlen = errlen};
     void *buf = NULL;

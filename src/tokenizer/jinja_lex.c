@@ -48,8 +48,8 @@ size_t jinja_space_len(const char *p, size_t n)
     unsigned char c2 = (unsigned char)p[2];
     if (c == 0xE1 && c1 == 0x9A && c2 == 0x80)
         return 3; /* U+1680 */
-    if (c == 0xE2 && c1 == 0x80 && ((c2 >= 0x80 && c2 <= 0x8A) || c2 == 0xA8 || c2 == 0xA9 ||
-                                    c2 == 0xAF))
+    if (c == 0xE2 && c1 == 0x80 &&
+        ((c2 >= 0x80 && c2 <= 0x8A) || c2 == 0xA8 || c2 == 0xA9 || c2 == 0xAF))
         return 3; /* U+2000..200A, 2028, 2029, 202F */
     if (c == 0xE2 && c1 == 0x81 && c2 == 0x9F)
         return 3; /* U+205F */
@@ -157,21 +157,50 @@ static int lex_string(struct lx *x)
         char e = p[++i];
         int hex = 0;
         switch (e) {
-        case '\n': x->line++; break; /* line continuation */
-        case '\\': o[k++] = '\\'; break;
-        case '\'': o[k++] = '\''; break;
-        case '"': o[k++] = '"'; break;
-        case 'a': o[k++] = '\a'; break;
-        case 'b': o[k++] = '\b'; break;
-        case 'f': o[k++] = '\f'; break;
-        case 'n': o[k++] = '\n'; break;
-        case 'r': o[k++] = '\r'; break;
-        case 't': o[k++] = '\t'; break;
-        case 'v': o[k++] = '\v'; break;
-        case 'x': hex = 2; break;
-        case 'u': hex = 4; break;
-        case 'U': hex = 8; break;
-        case 'N': return fail(x, "\\N{...} escapes are not supported");
+        case '\n':
+            x->line++;
+            break; /* line continuation */
+        case '\\':
+            o[k++] = '\\';
+            break;
+        case '\'':
+            o[k++] = '\'';
+            break;
+        case '"':
+            o[k++] = '"';
+            break;
+        case 'a':
+            o[k++] = '\a';
+            break;
+        case 'b':
+            o[k++] = '\b';
+            break;
+        case 'f':
+            o[k++] = '\f';
+            break;
+        case 'n':
+            o[k++] = '\n';
+            break;
+        case 'r':
+            o[k++] = '\r';
+            break;
+        case 't':
+            o[k++] = '\t';
+            break;
+        case 'v':
+            o[k++] = '\v';
+            break;
+        case 'x':
+            hex = 2;
+            break;
+        case 'u':
+            hex = 4;
+            break;
+        case 'U':
+            hex = 8;
+            break;
+        case 'N':
+            return fail(x, "\\N{...} escapes are not supported");
         default:
             if (e >= '0' && e <= '7') {
                 uint32_t v = (uint32_t)(e - '0');
@@ -211,12 +240,12 @@ static int lex_number(struct lx *x)
     char buf[64];
     size_t k = 0;
     bool isf = false, over = false;
-#define PUT(c)                                                                                 \
-    do {                                                                                       \
-        if (k < sizeof buf - 1)                                                                \
-            buf[k++] = (c);                                                                    \
-        else                                                                                   \
-            over = true;                                                                       \
+#define PUT(c)                  \
+    do {                        \
+        if (k < sizeof buf - 1) \
+            buf[k++] = (c);     \
+        else                    \
+            over = true;        \
     } while (0)
     while (j < x->n && ((x->s[j] >= '0' && x->s[j] <= '9') || x->s[j] == '_')) {
         if (x->s[j] != '_')
@@ -295,8 +324,8 @@ static int lex_tag(struct lx *x, bool var, bool *strip_after, bool *keep_nl)
             }
             if (skip) {
                 x->i += skip;
-                return push(x, (struct jtok){.kind = var ? JT_VAR_END : JT_BLOCK_END,
-                                             .line = x->line});
+                return push(
+                    x, (struct jtok){.kind = var ? JT_VAR_END : JT_BLOCK_END, .line = x->line});
             }
         }
         char c = p[0];
@@ -404,7 +433,8 @@ int jinja_lex(struct jarena *a, const char *src, size_t len, struct jtok **toks,
             size_t j = dlen;
             while (j > 0 && (s[start + j - 1] == ' ' || s[start + j - 1] == '\t'))
                 j--;
-            if ((j > 0 && s[start + j - 1] == '\n') || (j == 0 && (start == 0 || s[start - 1] == '\n')))
+            if ((j > 0 && s[start + j - 1] == '\n') ||
+                (j == 0 && (start == 0 || s[start - 1] == '\n')))
                 dlen = j;
         }
         int dline = x.line;

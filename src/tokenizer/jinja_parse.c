@@ -121,21 +121,20 @@ static int lookup(const char *const *names, size_t count, const char *s, size_t 
 }
 
 static const char *const FILTERS[] = {
-    "trim",   "length",      "tojson",     "items",   "string", "upper",   "lower",
-    "default", "join",       "replace",    "first",   "last",   "list",    "selectattr",
-    "rejectattr", "map",     "reverse",    "int",     "float",  "abs",     "capitalize",
-    "safe",   "select",      "reject",     "unique",  "sort",   "title"};
+    "trim",       "length", "tojson",  "items",  "string", "upper", "lower",
+    "default",    "join",   "replace", "first",  "last",   "list",  "selectattr",
+    "rejectattr", "map",    "reverse", "int",    "float",  "abs",   "capitalize",
+    "safe",       "select", "reject",  "unique", "sort",   "title"};
 static const char *const TESTS[] = {
-    "defined", "undefined", "none",    "string", "mapping", "sequence", "number",
-    "iterable", "boolean",  "true",    "false",  "integer", "float",    "eq",
-    "ne",      "lt",        "le",      "gt",     "ge",      "in",       "odd",
-    "even",    "divisibleby", "callable", "lower", "upper", "sameas"};
-static const char *const METHODS[] = {"startswith", "endswith", "strip", "lstrip", "rstrip",
-                                      "split", "upper", "lower", "replace", "title",
-                                      "capitalize", "find", "items", "keys", "values", "get",
-                                      "rsplit"};
+    "defined",  "undefined",   "none",     "string", "mapping", "sequence", "number",
+    "iterable", "boolean",     "true",     "false",  "integer", "float",    "eq",
+    "ne",       "lt",          "le",       "gt",     "ge",      "in",       "odd",
+    "even",     "divisibleby", "callable", "lower",  "upper",   "sameas"};
+static const char *const METHODS[] = {
+    "startswith", "endswith",   "strip", "lstrip", "rstrip", "split",  "upper", "lower", "replace",
+    "title",      "capitalize", "find",  "items",  "keys",   "values", "get",   "rsplit"};
 static const char *const FUNCS[] = {"raise_exception", "strftime_now", "namespace", "range"};
-static const char *const LOOPATTR[] = {"index", "index0", "first", "last", "length",
+static const char *const LOOPATTR[] = {"index",    "index0",    "first",    "last",    "length",
                                        "revindex", "revindex0", "previtem", "nextitem"};
 
 static int filter_alias(const char *s, size_t n)
@@ -153,9 +152,9 @@ static int test_alias(const char *s, size_t n)
     static const struct {
         const char *name;
         int id;
-    } al[] = {{"equalto", JTS_EQ}, {"==", JTS_EQ}, {"!=", JTS_NE}, {"lessthan", JTS_LT},
-              {"greaterthan", JTS_GT}, {"<", JTS_LT}, {"<=", JTS_LE}, {">", JTS_GT},
-              {">=", JTS_GE}};
+    } al[] = {{"equalto", JTS_EQ},  {"==", JTS_EQ},          {"!=", JTS_NE},
+              {"lessthan", JTS_LT}, {"greaterthan", JTS_GT}, {"<", JTS_LT},
+              {"<=", JTS_LE},       {">", JTS_GT},           {">=", JTS_GE}};
     for (size_t i = 0; i < sizeof al / sizeof al[0]; i++)
         if (strlen(al[i].name) == n && memcmp(al[i].name, s, n) == 0)
             return al[i].id;
@@ -213,8 +212,7 @@ static bool call_args(struct ps *p, struct jnode *n)
                 return false;
         } else {
             if (kwv.n)
-                return perr(p, cur(p)->line, "positional argument follows keyword argument"),
-                       false;
+                return perr(p, cur(p)->line, "positional argument follows keyword argument"), false;
             struct jnode *v = expr(p, true);
             if (!v || !nv_push(p, &pos, v))
                 return false;
@@ -249,10 +247,9 @@ static struct jnode *primary(struct ps *p)
             n->kind = JE_NAME;
             n->name = t->p;
             n->name_len = t->n;
-            if (p->in_macro && (tok_is_name(t, "caller") || tok_is_name(t, "varargs") ||
-                                tok_is_name(t, "kwargs")))
-                return perr(p, t->line, "\"%.*s\" in a macro is not supported", (int)t->n,
-                            t->p);
+            if (p->in_macro &&
+                (tok_is_name(t, "caller") || tok_is_name(t, "varargs") || tok_is_name(t, "kwargs")))
+                return perr(p, t->line, "\"%.*s\" in a macro is not supported", (int)t->n, t->p);
         }
         return n;
     case JT_STRING: {
@@ -324,8 +321,10 @@ static struct jnode *primary(struct ps *p)
             return n;
         }
         return perr(p, t->line, "unexpected '%.*s'", (int)t->n, t->p);
-    case JT_EOF: return perr(p, t->line, "unexpected end of template");
-    default: return perr(p, t->line, "unexpected end of tag");
+    case JT_EOF:
+        return perr(p, t->line, "unexpected end of template");
+    default:
+        return perr(p, t->line, "unexpected end of tag");
     }
 }
 
@@ -399,8 +398,7 @@ static struct jnode *postfix(struct ps *p, struct jnode *n)
             if (is_op(p, "(")) {
                 int m = lookup(METHODS, sizeof METHODS / sizeof METHODS[0], nm->p, nm->n);
                 if (m < 0)
-                    return perr(p, nm->line, "method \"%.*s\" is not supported", (int)nm->n,
-                                nm->p);
+                    return perr(p, nm->line, "method \"%.*s\" is not supported", (int)nm->n, nm->p);
                 p->i++;
                 struct jnode *x = node(p, JE_METHOD, nm->line);
                 if (!x)
@@ -491,9 +489,9 @@ static struct jnode *filter_expr(struct ps *p, struct jnode *n)
                 p->i++;
             }
             const struct jtok *nm = cur(p);
-            if (nm->kind != JT_NAME && !(nm->kind == JT_OP && (is_op(p, "==") || is_op(p, "!=") ||
-                                                               is_op(p, "<") || is_op(p, ">") ||
-                                                               is_op(p, "<=") || is_op(p, ">="))))
+            if (nm->kind != JT_NAME &&
+                !(nm->kind == JT_OP && (is_op(p, "==") || is_op(p, "!=") || is_op(p, "<") ||
+                                        is_op(p, ">") || is_op(p, "<=") || is_op(p, ">="))))
                 return perr(p, nm->line, "expected a test name after 'is'");
             p->i++;
             int tst = test_alias(nm->p, nm->n);
@@ -512,10 +510,10 @@ static struct jnode *filter_expr(struct ps *p, struct jnode *n)
                 p->i++;
                 if (!call_args(p, x))
                     return NULL;
-            } else if ((nx->kind == JT_NAME && !tok_is_name(nx, "else") &&
-                        !tok_is_name(nx, "or") && !tok_is_name(nx, "and") &&
-                        !tok_is_name(nx, "is") && !tok_is_name(nx, "if") &&
-                        !tok_is_name(nx, "in") && !tok_is_name(nx, "not")) ||
+            } else if ((nx->kind == JT_NAME && !tok_is_name(nx, "else") && !tok_is_name(nx, "or") &&
+                        !tok_is_name(nx, "and") && !tok_is_name(nx, "is") &&
+                        !tok_is_name(nx, "if") && !tok_is_name(nx, "in") &&
+                        !tok_is_name(nx, "not")) ||
                        nx->kind == JT_STRING || nx->kind == JT_INT || nx->kind == JT_FLOAT ||
                        is_op(p, "[") || is_op(p, "{")) {
                 /* one argument without parentheses: `is divisibleby 3`, `is sameas false` */
@@ -734,8 +732,8 @@ static struct jnode *parse_tuple(struct ps *p, bool condexpr)
     while (is_op(p, ",")) {
         p->i++;
         const struct jtok *t = cur(p);
-        if (t->kind == JT_BLOCK_END || t->kind == JT_VAR_END || is_op(p, ")") ||
-            is_name(p, "in") || is_name(p, "if"))
+        if (t->kind == JT_BLOCK_END || t->kind == JT_VAR_END || is_op(p, ")") || is_name(p, "in") ||
+            is_name(p, "if"))
             break;
         struct jnode *x = expr(p, condexpr);
         if (!x || !nv_push(p, &items, x))
@@ -1004,8 +1002,7 @@ static struct jnode *body(struct ps *p, const char *const *ends, size_t nends, i
                 if (n && !block_end(p))
                     return NULL;
             } else {
-                return perr(p, kw->line, "statement \"%.*s\" is not supported", (int)kw->n,
-                            kw->p);
+                return perr(p, kw->line, "statement \"%.*s\" is not supported", (int)kw->n, kw->p);
             }
             if (!n)
                 return NULL;
@@ -1024,16 +1021,16 @@ static struct jnode *body(struct ps *p, const char *const *ends, size_t nends, i
     return b;
 }
 
-int jinja_parse(struct jarena *a, const char *src, size_t len, int max_depth,
-                struct jnode **root, char *err, size_t errlen)
+int jinja_parse(struct jarena *a, const char *src, size_t len, int max_depth, struct jnode **root,
+                char *err, size_t errlen)
 {
     struct jtok *toks = NULL;
     size_t nt = 0;
     int rc = jinja_lex(a, src, len, &toks, &nt, err, errlen);
     if (rc)
         return rc;
-    struct ps p = {.a = a, .t = toks, .nt = nt, .max_depth = max_depth, .err = err,
-                   .errlen = errlen};
+    struct ps p = {
+        .a = a, .t = toks, .nt = nt, .max_depth = max_depth, .err = err, .errlen = errlen};
     for (size_t i = 0; i + 2 < nt; i++) /* macros may be called before their definition */
         if (toks[i].kind == JT_BLOCK_BEGIN && tok_is_name(&toks[i + 1], "macro") &&
             toks[i + 2].kind == JT_NAME) {

@@ -200,18 +200,32 @@ const struct jv *jd_gets(const struct jdict *d, const char *k, size_t n)
 bool jv_truthy(struct jv v)
 {
     switch (v.kind) {
-    case JV_BOOL: return v.u.b;
-    case JV_INT: return v.u.i != 0;
-    case JV_FLOAT: return v.u.f != 0;
-    case JV_STR: return v.u.s.n != 0;
-    case JV_LIST: return v.u.l->kind == JL_GEN || v.u.l->n != 0;
-    case JV_DICT: return v.u.d->n != 0;
-    case JV_NS: case JV_FUNC: case JV_LOOP: case JV_MACRO: return true;
-    default: return false;
+    case JV_BOOL:
+        return v.u.b;
+    case JV_INT:
+        return v.u.i != 0;
+    case JV_FLOAT:
+        return v.u.f != 0;
+    case JV_STR:
+        return v.u.s.n != 0;
+    case JV_LIST:
+        return v.u.l->kind == JL_GEN || v.u.l->n != 0;
+    case JV_DICT:
+        return v.u.d->n != 0;
+    case JV_NS:
+    case JV_FUNC:
+    case JV_LOOP:
+    case JV_MACRO:
+        return true;
+    default:
+        return false;
     }
 }
 
-static bool is_num(struct jv v) { return v.kind == JV_BOOL || v.kind == JV_INT || v.kind == JV_FLOAT; }
+static bool is_num(struct jv v)
+{
+    return v.kind == JV_BOOL || v.kind == JV_INT || v.kind == JV_FLOAT;
+}
 static double num_f(struct jv v)
 {
     return v.kind == JV_FLOAT ? v.u.f : v.kind == JV_INT ? (double)v.u.i : (double)v.u.b;
@@ -228,8 +242,11 @@ bool jv_eq(struct jv a, struct jv b)
     if (a.kind != b.kind)
         return false;
     switch (a.kind) {
-    case JV_UNDEF: case JV_NONE: return true;
-    case JV_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
+    case JV_UNDEF:
+    case JV_NONE:
+        return true;
+    case JV_STR:
+        return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
     case JV_LIST:
         if (a.u.l->kind != b.u.l->kind)
             return false;
@@ -250,11 +267,16 @@ bool jv_eq(struct jv a, struct jv b)
                 return false;
         }
         return true;
-    case JV_NS: return a.u.d == b.u.d;
-    case JV_FUNC: return a.u.fn == b.u.fn;
-    case JV_LOOP: return a.u.loop == b.u.loop;
-    case JV_MACRO: return a.u.macro == b.u.macro;
-    default: return false;
+    case JV_NS:
+        return a.u.d == b.u.d;
+    case JV_FUNC:
+        return a.u.fn == b.u.fn;
+    case JV_LOOP:
+        return a.u.loop == b.u.loop;
+    case JV_MACRO:
+        return a.u.macro == b.u.macro;
+    default:
+        return false;
     }
 }
 
@@ -305,9 +327,9 @@ const char *jv_type_name(struct jv v)
         static const char *kinds[] = {"list", "tuple", "generator", "dict_items", "range"};
         return kinds[v.u.l->kind];
     }
-    static const char *names[] = {"Undefined", "NoneType", "bool", "int", "float", "str",
-                                  "list", "dict", "Namespace", "function", "LoopContext",
-                                  "Macro"};
+    static const char *names[] = {"Undefined", "NoneType", "bool",        "int",
+                                  "float",     "str",      "list",        "dict",
+                                  "Namespace", "function", "LoopContext", "Macro"};
     return v.kind < sizeof names / sizeof names[0] ? names[v.kind] : "?";
 }
 
@@ -417,9 +439,14 @@ static void str_or_repr(struct jbuf *b, struct jv v, bool repr)
 {
     char num[40];
     switch (v.kind) {
-    case JV_UNDEF: break;
-    case JV_NONE: jb_put(b, "None", 4); break;
-    case JV_BOOL: jb_puts(b, v.u.b ? "True" : "False"); break;
+    case JV_UNDEF:
+        break;
+    case JV_NONE:
+        jb_put(b, "None", 4);
+        break;
+    case JV_BOOL:
+        jb_puts(b, v.u.b ? "True" : "False");
+        break;
     case JV_INT:
         snprintf(num, sizeof num, "%lld", (long long)v.u.i);
         jb_puts(b, num);
@@ -466,7 +493,9 @@ static void str_or_repr(struct jbuf *b, struct jv v, bool repr)
         if (v.kind == JV_NS)
             jb_putc(b, '>');
         break;
-    default: jb_puts(b, "<object>"); break;
+    default:
+        jb_puts(b, "<object>");
+        break;
     }
 }
 
@@ -487,14 +516,29 @@ static void json_str(struct jbuf *b, const char *p, size_t n, bool ascii)
         unsigned char c = (unsigned char)p[i];
         char esc[16];
         switch (c) {
-        case '"': jb_put(b, "\\\"", 2); continue;
-        case '\\': jb_put(b, "\\\\", 2); continue;
-        case '\n': jb_put(b, "\\n", 2); continue;
-        case '\r': jb_put(b, "\\r", 2); continue;
-        case '\t': jb_put(b, "\\t", 2); continue;
-        case '\b': jb_put(b, "\\b", 2); continue;
-        case '\f': jb_put(b, "\\f", 2); continue;
-        default: break;
+        case '"':
+            jb_put(b, "\\\"", 2);
+            continue;
+        case '\\':
+            jb_put(b, "\\\\", 2);
+            continue;
+        case '\n':
+            jb_put(b, "\\n", 2);
+            continue;
+        case '\r':
+            jb_put(b, "\\r", 2);
+            continue;
+        case '\t':
+            jb_put(b, "\\t", 2);
+            continue;
+        case '\b':
+            jb_put(b, "\\b", 2);
+            continue;
+        case '\f':
+            jb_put(b, "\\f", 2);
+            continue;
+        default:
+            break;
         }
         if (c < 0x20) {
             snprintf(esc, sizeof esc, "\\u%04x", c);
@@ -543,10 +587,18 @@ static int json_key(struct jbuf *b, struct jv k, const struct jsonopt *o)
 {
     char num[40];
     switch (k.kind) {
-    case JV_STR: json_str(b, k.u.s.p, k.u.s.n, o->ascii); return KVR_OK;
-    case JV_INT: snprintf(num, sizeof num, "\"%lld\"", (long long)k.u.i); break;
-    case JV_BOOL: snprintf(num, sizeof num, "\"%s\"", k.u.b ? "true" : "false"); break;
-    case JV_NONE: snprintf(num, sizeof num, "\"null\""); break;
+    case JV_STR:
+        json_str(b, k.u.s.p, k.u.s.n, o->ascii);
+        return KVR_OK;
+    case JV_INT:
+        snprintf(num, sizeof num, "\"%lld\"", (long long)k.u.i);
+        break;
+    case JV_BOOL:
+        snprintf(num, sizeof num, "\"%s\"", k.u.b ? "true" : "false");
+        break;
+    case JV_NONE:
+        snprintf(num, sizeof num, "\"null\"");
+        break;
     case JV_FLOAT: {
         char f[40];
         jv_float_repr(k.u.f, f);
@@ -570,8 +622,12 @@ static int json_val(struct jbuf *b, struct jv v, const struct jsonopt *o, int le
         return KVR_ETOOBIG;
     }
     switch (v.kind) {
-    case JV_NONE: jb_put(b, "null", 4); return KVR_OK;
-    case JV_BOOL: jb_puts(b, v.u.b ? "true" : "false"); return KVR_OK;
+    case JV_NONE:
+        jb_put(b, "null", 4);
+        return KVR_OK;
+    case JV_BOOL:
+        jb_puts(b, v.u.b ? "true" : "false");
+        return KVR_OK;
     case JV_INT:
         snprintf(num, sizeof num, "%lld", (long long)v.u.i);
         jb_puts(b, num);
@@ -586,12 +642,16 @@ static int json_val(struct jbuf *b, struct jv v, const struct jsonopt *o, int le
             jb_puts(b, num);
         }
         return KVR_OK;
-    case JV_STR: json_str(b, v.u.s.p, v.u.s.n, o->ascii); return KVR_OK;
+    case JV_STR:
+        json_str(b, v.u.s.p, v.u.s.n, o->ascii);
+        return KVR_OK;
     case JV_LIST: {
         const struct jlist *l = v.u.l;
         if (l->kind != JL_LIST && l->kind != JL_TUPLE) {
             snprintf(o->err, o->errlen, "Object of type %s is not JSON serializable",
-                     l->kind == JL_GEN ? "generator" : l->kind == JL_VIEW ? "dict_items" : "range");
+                     l->kind == JL_GEN    ? "generator"
+                     : l->kind == JL_VIEW ? "dict_items"
+                                          : "range");
             return KVR_EINVAL;
         }
         if (l->n == 0) {
@@ -669,15 +729,14 @@ static int json_val(struct jbuf *b, struct jv v, const struct jsonopt *o, int le
         return KVR_OK;
     }
     default:
-        snprintf(o->err, o->errlen, "Object of type %s is not JSON serializable",
-                 jv_type_name(v));
+        snprintf(o->err, o->errlen, "Object of type %s is not JSON serializable", jv_type_name(v));
         return KVR_EINVAL;
     }
 }
 
 int jv_tojson(struct jbuf *b, struct jv v, bool ensure_ascii, const char *indent, size_t ilen,
-              bool has_indent, const char *item_sep, const char *key_sep, bool sort_keys,
-              int depth, char *err, size_t errlen)
+              bool has_indent, const char *item_sep, const char *key_sep, bool sort_keys, int depth,
+              char *err, size_t errlen)
 {
     struct jsonopt o = {.ascii = ensure_ascii,
                         .has_indent = has_indent,

@@ -26,8 +26,8 @@ static const char MSGS[] = "[{\"role\":\"system\",\"content\":\"S\"},"
                            "{\"role\":\"user\",\"content\":\"U2\"}]";
 
 /* Renders src with MSGS; returns the status, *out the text (caller frees) or the error. */
-static int render_lim(const char *src, const struct kvr_tmpl_limits *lim, char **out,
-                      char *err, size_t errlen)
+static int render_lim(const char *src, const struct kvr_tmpl_limits *lim, char **out, char *err,
+                      size_t errlen)
 {
     struct kvr_tmpl *t = NULL;
     int rc = kvr_tmpl_load(src, strlen(src), lim, &t, err, errlen);
@@ -219,11 +219,12 @@ static void test_bounds(void **state)
 static void test_config(void **state)
 {
     (void)state;
-    static const char cfg[] =
-        "{\"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<B>\"}, \"eos_token\": \"<E>\","
-        " \"chat_template\": [{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ eos_token }}\"},"
-        " {\"name\": \"tool_use\", \"template\": \"T{{ tools|length }}\"},"
-        " {\"name\": \"rag\", \"template\": \"{% unknown %}\"}]}";
+    static const char cfg[] = "{\"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<B>\"}, "
+                              "\"eos_token\": \"<E>\","
+                              " \"chat_template\": [{\"name\": \"default\", \"template\": \"D{{ "
+                              "bos_token }}{{ eos_token }}\"},"
+                              " {\"name\": \"tool_use\", \"template\": \"T{{ tools|length }}\"},"
+                              " {\"name\": \"rag\", \"template\": \"{% unknown %}\"}]}";
     struct kvr_tmpl *t;
     char err[256], *out;
     size_t len;
@@ -249,16 +250,15 @@ static void test_config(void **state)
     assert_int_equal(kvr_tmpl_load_config(none, strlen(none), NULL, &t, err, sizeof err),
                      KVR_ENOTFOUND);
     static const char bad[] = "{\"chat_template\": \"{{ x|wordcount }}\"}";
-    assert_int_equal(kvr_tmpl_load_config(bad, strlen(bad), NULL, &t, err, sizeof err),
-                     KVR_EPARSE);
+    assert_int_equal(kvr_tmpl_load_config(bad, strlen(bad), NULL, &t, err, sizeof err), KVR_EPARSE);
     assert_non_null(strstr(err, "wordcount"));
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_refused_at_load), cmocka_unit_test(test_whitespace),
-        cmocka_unit_test(test_loops_and_scope), cmocka_unit_test(test_values),
+        cmocka_unit_test(test_refused_at_load),  cmocka_unit_test(test_whitespace),
+        cmocka_unit_test(test_loops_and_scope),  cmocka_unit_test(test_values),
         cmocka_unit_test(test_raise_and_errors), cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_config),
     };

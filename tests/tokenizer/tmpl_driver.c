@@ -143,8 +143,7 @@ int main(int argc, char **argv)
                 free(cfg);
             }
             if (m->rc)
-                fprintf(stderr, "%s: not loaded: %s (%s)\n", model, m->err,
-                        kvr_status_name(m->rc));
+                fprintf(stderr, "%s: not loaded: %s (%s)\n", model, m->err, kvr_status_name(m->rc));
         }
         printf("{\"id\": %lld, ", (long long)YAJL_GET_INTEGER(id));
         if (m->rc) {
