@@ -166,7 +166,8 @@ static int as_list(struct ev *e, const struct jnode *n, struct jv v, struct jlis
             struct jlist *l = jl_new(e->a, 0);
             if (!l)
                 return oom(e, n);
-            l->a = v.u.l->a + v.u.l->pos;
+            if (v.u.l->pos < v.u.l->n)
+                l->a = v.u.l->a + v.u.l->pos;
             l->n = l->cap = v.u.l->n - v.u.l->pos;
             v.u.l->pos = v.u.l->n;
             *out = l;
