@@ -233,6 +233,7 @@ enum jfilter {
     JFL_SORT,
     JFL_TITLE
 };
+/* JTS_EQ..JTS_IN stay contiguous and in enum jcmp order (the evaluator maps one to the other) */
 enum jtest {
     JTS_DEFINED,
     JTS_UNDEFINED,

@@ -1068,26 +1068,17 @@ static int test(struct ev *e, const struct jnode *n, struct jv v, const struct a
         *r = v.kind == JV_FUNC || v.kind == JV_MACRO;
         break;
     case JTS_EQ:
-        rc = compare_op(e, n, JC_EQ, v, x, r);
-        break;
     case JTS_NE:
-        rc = compare_op(e, n, JC_NE, v, x, r);
-        break;
     case JTS_LT:
-        rc = compare_op(e, n, JC_LT, v, x, r);
-        break;
     case JTS_LE:
-        rc = compare_op(e, n, JC_LE, v, x, r);
-        break;
     case JTS_GT:
-        rc = compare_op(e, n, JC_GT, v, x, r);
-        break;
     case JTS_GE:
-        rc = compare_op(e, n, JC_GE, v, x, r);
+    case JTS_IN: {
+        /* the comparison tests, in enum jtest order, as their operators */
+        static const int op[] = {JC_EQ, JC_NE, JC_LT, JC_LE, JC_GT, JC_GE, JC_IN};
+        rc = compare_op(e, n, op[n->op - JTS_EQ], v, x, r);
         break;
-    case JTS_IN:
-        rc = compare_op(e, n, JC_IN, v, x, r);
-        break;
+    }
     case JTS_SAMEAS:
         *r = v.kind == x.kind &&
              (v.kind == JV_NONE || v.kind == JV_UNDEF || (v.kind == JV_BOOL && v.u.b == x.u.b) ||
