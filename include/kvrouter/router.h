@@ -253,6 +253,21 @@ int kvr_router_busy_threshold(kvr_router_t *r, const char *model, size_t model_l
 /* The models with their own thresholds: their names and thresholds, at most cap; the count. */
 size_t kvr_router_busy_models(const kvr_router_t *r, const char **models,
                               kvr_busy_threshold_t *th, size_t cap);
+/* The breakdown of the last cache-aware decision, per rank, while explaining is on (off by
+ * default: no cost on the hot path; `serve` turns it on with log level debug). */
+typedef struct kvr_rank_explain {
+    /* read-only */
+    kvr_worker_t worker;
+    const char *why;       /* "eligible", or the filter or load that excluded it (static) */
+    double overlap_blocks; /* effective cached blocks credited */
+    double prefill_blocks; /* adjusted prefill blocks */
+    double decode_blocks;  /* decode load, blocks */
+    double cost;           /* what the pick compared */
+} kvr_rank_explain_t;
+void kvr_router_set_explain(kvr_router_t *r, bool on);
+/* Ranks of the last decision (0 when off, or after a load-only pick); at most cap written.
+ * Valid until the next decision. */
+size_t kvr_router_last_explain(const kvr_router_t *r, kvr_rank_explain_t *out, size_t cap);
 /* Workers registered and not fenced (min_initial_workers counts these). */
 size_t kvr_router_n_ready(const kvr_router_t *r);
 /* The prefill pool's lifecycle: pending (no prefill worker ever registered: an aggregated

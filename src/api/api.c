@@ -29,6 +29,7 @@
 #include "kvrouter/sched.h"
 #include "base/log.h"
 #include "wire/api_json.h"
+#include "wire/json_scan.h"
 #include "wire/json_writer.h"
 #include "wire/openai.h"
 #include "wire/prom.h"
@@ -180,10 +181,92 @@ static void reply_routed(kvr_api_t *s, struct evhttp_request *req,
 }
 
 /* Every placement the scheduler booked or answered (both front doors): the histograms. */
+#define EXPLAIN_RANKS 16 /* ranks a decision's log line lists (the rest counted) */
+
+/* At log level debug: one line per decision (the reference's routing logs): the choice, the
+ * prompt, and each rank's terms and why it was or was not a candidate. Rate-limited. */
+static void log_decision(kvr_api_t *s, const kvr_sched_event_t *ev)
+{
+    kvr_rank_explain_t ex[EXPLAIN_RANKS];
+    size_t n = kvr_router_last_explain(s->r, ex, EXPLAIN_RANKS);
+    char ranks[EXPLAIN_RANKS * 96 + 64] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < n && i < EXPLAIN_RANKS && used < sizeof ranks; i++)
+        used += (size_t)snprintf(ranks + used, sizeof ranks - used,
+                                 "%s %llu/%u %s overlap %.1f prefill %.1f decode %.1f cost %.1f",
+                                 i ? ";" : "", (unsigned long long)ex[i].worker.worker_id,
+                                 ex[i].worker.dp_rank, ex[i].why, ex[i].overlap_blocks,
+                                 ex[i].prefill_blocks, ex[i].decode_blocks, ex[i].cost);
+    if (n > EXPLAIN_RANKS && used < sizeof ranks)
+        snprintf(ranks + used, sizeof ranks - used, "; %zu more ranks", n - EXPLAIN_RANKS);
+    const kvr_route_res_t *res = ev->res;
+    size_t blocks = ev->booking != NULL ? ev->booking->n_seq : 0;
+    kvr_log_limited(&s->rl_decisions, KVR_LOG_DEBUG,
+                    "decision %s: worker %llu rank %u, prompt %zu blocks, overlap %u blocks "
+                    "(%llu tokens cached); ranks:%s%s",
+                    res->request_id, (unsigned long long)res->worker.worker_id,
+                    res->worker.dp_rank, blocks, res->overlap_blocks,
+                    (unsigned long long)res->cached_tokens, n > 0 ? ranks : " (load-only pick)",
+                    "");
+}
+
 static void on_sched_event(void *arg, const kvr_sched_event_t *ev)
 {
-    if (ev->kind == KVR_SCHED_ROUTED && ev->origin == KVR_SCHED_ORIGIN_LOCAL)
-        observe(arg, ev->res);
+    kvr_api_t *s = arg;
+    if (ev->kind == KVR_SCHED_ROUTED && ev->origin == KVR_SCHED_ORIGIN_LOCAL) {
+        observe(s, ev->res);
+        if (kvr_log_enabled(KVR_LOG_DEBUG))
+            log_decision(s, ev);
+    }
+}
+
+/* {"level": "NAME"} (strict JSON, the one member): NAME into out; false when it is not that. */
+static bool read_level(const char *b, size_t n, char *out, size_t cap)
+{
+    size_t i = kvr_json_skip_ws(b, n, 0);
+    if (i >= n || b[i] != '{')
+        return false;
+    kvr_json_iter_t it;
+    kvr_json_member_t m;
+    kvr_json_object_begin(&it, b, n, i, KVR_JSON_STRICT);
+    bool got = false;
+    int rc;
+    while ((rc = kvr_json_object_next(&it, &m)) == 1) {
+        size_t len = m.val_end - m.val;
+        if (got || !kvr_json_key_is(b, &m, "level") || len < 2 || len - 2 >= cap ||
+            b[m.val] != '"')
+            return false;
+        memcpy(out, b + m.val + 1, len - 2);
+        out[len - 2] = '\0';
+        got = true;
+    }
+    return rc == 0 && got && kvr_json_skip_ws(b, n, it.close + 1) == n;
+}
+
+/* GET /v1/log-level, POST /v1/log-level {"level": "debug|info|warn|error"} (admin plane): the
+ * level in force; debug also turns on the decisions' breakdown (log_decision). */
+static void h_log_level(kvr_api_t *s, struct evhttp_request *req, bool post)
+{
+    if (post) {
+        size_t len;
+        const char *body = kvr_http_body(req, &len);
+        char level[16] = "";
+        kvr_log_level_t lv;
+        if (!read_level(body, len, level, sizeof level) || kvr_log_level_parse(level, &lv) != 0) {
+            kvr_reply_error(s->rep, req, 400, "invalid_request_error",
+                            "level: must be {\"level\": \"debug|info|warn|error\"}");
+            return;
+        }
+        kvr_log_set_level(lv);
+        kvr_router_set_explain(s->r, lv == KVR_LOG_DEBUG);
+        kvr_log(KVR_LOG_WARN, "log level set to %s (POST /v1/log-level)", level);
+    }
+    kvr_json_writer_reset(s->w);
+    kvr_json_begin_object(s->w);
+    kvr_json_key(s->w, "level");
+    kvr_json_string(s->w, kvr_log_level_name(kvr_log_get_level()));
+    kvr_json_end_object(s->w);
+    kvr_reply_writer(s->rep, req, 200);
 }
 
 static waiter_t *waiter_get(kvr_api_t *s)
@@ -1106,6 +1189,8 @@ static bool handle(void *arg, struct evhttp_request *req, const char *path, bool
         h_ready(s, req);
     else if (get && strcmp(path, "/metrics") == 0)
         api_h_metrics(s, req);
+    else if ((get || post) && strcmp(path, "/v1/log-level") == 0)
+        h_log_level(s, req, post);
     else if ((get || post) && strcmp(path, "/busy_threshold") == 0)
         h_busy(s, req, post);
     else if (post && strcmp(path, "/router") == 0)
@@ -1157,6 +1242,8 @@ kvr_api_t *kvr_api_new(kvr_http_host_t *host, kvr_fleet_t *fleet,
         return NULL;
     }
     s->observing = true;
+    s->rl_decisions = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(1000, 200);
+    kvr_router_set_explain(s->r, kvr_log_enabled(KVR_LOG_DEBUG)); /* --log-level debug */
     kvr_http_service_t svc = {.handle = handle, .arg = s};
     if (kvr_http_host_add_service(host, &svc) != KVR_OK) {
         snprintf(err, err_len, "the HTTP host has no room for another service");

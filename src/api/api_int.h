@@ -51,6 +51,7 @@ struct kvr_api {
     kvr_rank_score_t *scores;
     kvr_load_projection_t *loads;
     size_t cap_ranks;
+    kvr_ratelimit_t rl_decisions; /* the decisions' debug lines */
 };
 
 /* ---- api.c ------------------------------------------------------------------------------- */

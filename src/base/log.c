@@ -6,17 +6,47 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <string.h>
 #include <stdio.h>
 #include <time.h>
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
-static kvr_log_level_t min_level = KVR_LOG_INFO;
+/* changed at run time (POST /v1/log-level) while other threads log: relaxed is enough, a line
+ * logged or dropped around the change is either way right */
+static atomic_int min_level = KVR_LOG_INFO;
+static const char *const LEVEL_NAMES[] = {"debug", "info", "warn", "error"};
 
-void kvr_log_set_level(kvr_log_level_t level) { min_level = level; }
+void kvr_log_set_level(kvr_log_level_t level)
+{
+    atomic_store_explicit(&min_level, (int)level, memory_order_relaxed);
+}
+
+kvr_log_level_t kvr_log_get_level(void)
+{
+    return (kvr_log_level_t)atomic_load_explicit(&min_level, memory_order_relaxed);
+}
+
+bool kvr_log_enabled(kvr_log_level_t level) { return (int)level >= (int)kvr_log_get_level(); }
+
+const char *kvr_log_level_name(kvr_log_level_t level)
+{
+    return (unsigned)level < 4 ? LEVEL_NAMES[level] : "?";
+}
+
+int kvr_log_level_parse(const char *name, kvr_log_level_t *out)
+{
+    for (int i = 0; i < 4; i++)
+        if (strcmp(name, LEVEL_NAMES[i]) == 0) {
+            *out = (kvr_log_level_t)i;
+            return 0;
+        }
+    return -1;
+}
 
 static void vlog(kvr_log_level_t level, const char *suffix, const char *fmt, va_list ap)
 {
-    static const char *const names[] = {"debug", "info", "warn", "error"};
+    const char *const *names = LEVEL_NAMES;
     char line[1024];
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -39,7 +69,7 @@ static void vlog(kvr_log_level_t level, const char *suffix, const char *fmt, va_
 
 void kvr_log(kvr_log_level_t level, const char *fmt, ...)
 {
-    if (level < min_level)
+    if (!kvr_log_enabled(level))
         return;
     va_list ap;
     va_start(ap, fmt);
@@ -49,7 +79,7 @@ void kvr_log(kvr_log_level_t level, const char *fmt, ...)
 
 void kvr_log_limited(kvr_ratelimit_t *rl, kvr_log_level_t level, const char *fmt, ...)
 {
-    if (level < min_level)
+    if (!kvr_log_enabled(level))
         return;
     uint64_t now = kvr_now_ms();
     if (now - rl->window_start_ms >= rl->interval_ms || rl->window_start_ms == 0) {

@@ -6,13 +6,20 @@
 #ifndef KVR_LOG_H
 #define KVR_LOG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/clock.h"
 
 typedef enum kvr_log_level { KVR_LOG_DEBUG = 0, KVR_LOG_INFO, KVR_LOG_WARN, KVR_LOG_ERROR } kvr_log_level_t;
 
+/* The level below which lines are dropped; it may change while other threads log. */
 void kvr_log_set_level(kvr_log_level_t level);
+kvr_log_level_t kvr_log_get_level(void);
+bool kvr_log_enabled(kvr_log_level_t level);
+/* "debug", "info", "warn", "error"; parse: 0, or -1 for another name. */
+const char *kvr_log_level_name(kvr_log_level_t level);
+int kvr_log_level_parse(const char *name, kvr_log_level_t *out);
 void kvr_log(kvr_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* A limiter: at most `burst` lines per `interval_ms`; the next line allowed after a quiet

@@ -50,6 +50,9 @@ struct kvr_router {
         kvr_busy_thresholds_t th;
     } busy_by_model[KVR_BUSY_MAX_MODELS]; /* run-time overrides (kvr_router_busy_threshold) */
     size_t n_busy_models;
+    bool explain_on;               /* keep the last decision's breakdown (kvr_router_set_explain) */
+    kvr_select_explain_t *explain; /* per rank of the last cache-aware decision */
+    size_t cap_explain, n_explain;
     kvr_rng_t rng;
     const kvr_policy_t *picker; /* the load-only modes' (policy.h); NULL: the selector picks */
 
@@ -236,6 +239,7 @@ void kvr_router_free(kvr_router_t *r)
     kvr_approx_free(r->approx);
     kvr_sessions_free(r->sessions);
     kvr_load_free(r->load);
+    free(r->explain);
     free(r);
 }
 
@@ -921,7 +925,42 @@ static int decide(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         .cands = r->reg.cands,
         .n_cands = r->reg.n_ranks,
     };
-    return kvr_select(&r->sel, &sr, &r->rng, out, NULL);
+    kvr_select_explain_t *ex = NULL;
+    r->n_explain = 0;
+    if (r->explain_on && r->reg.n_ranks > 0) {
+        if (r->cap_explain < r->reg.n_ranks) { /* only while explaining, as the fleet grows */
+            kvr_select_explain_t *e = realloc(r->explain, r->reg.n_ranks * sizeof *e);
+            if (e != NULL) {
+                r->explain = e;
+                r->cap_explain = r->reg.n_ranks;
+            }
+        }
+        ex = r->cap_explain >= r->reg.n_ranks ? r->explain : NULL;
+    }
+    int rc = kvr_select(&r->sel, &sr, &r->rng, out, ex);
+    if (ex != NULL)
+        r->n_explain = r->reg.n_ranks;
+    return rc;
+}
+
+void kvr_router_set_explain(kvr_router_t *r, bool on)
+{
+    r->explain_on = on;
+    r->n_explain = 0;
+}
+
+size_t kvr_router_last_explain(const kvr_router_t *r, kvr_rank_explain_t *out, size_t cap)
+{
+    for (size_t i = 0; i < r->n_explain && i < cap; i++) {
+        const kvr_select_explain_t *e = &r->explain[i];
+        out[i] = (kvr_rank_explain_t){.worker = r->reg.cands[i].worker,
+                                      .why = kvr_select_why_name(e->why),
+                                      .overlap_blocks = e->effective_overlap_blocks,
+                                      .prefill_blocks = e->adjusted_prefill_blocks,
+                                      .decode_blocks = e->decode_cost_blocks,
+                                      .cost = e->cost};
+    }
+    return r->n_explain;
 }
 
 /* "kvr-" and 128 random bits in hex: an id the router hands out cannot be guessed, so a

@@ -212,6 +212,34 @@ def scenario_busy_threshold():
         r.stop()
 
 
+def scenario_decision_logs():
+    """The routing decisions you can read (the reference's routing logs): POST /v1/log-level
+    debug at run time, then one line per decision with the choice, the prompt's blocks and each
+    rank's terms and why; back to info, no more. Before: no such endpoint, no such line."""
+    r = serve("--worker", "id=1", "--worker", "id=2")
+    try:
+        st, a = r.call("GET", "/v1/log-level")
+        check("log level: read", st == 200 and a == {"level": "info"}, (st, a))
+        st, a = r.call("POST", "/v1/log-level", {"level": "debug"})
+        check("log level: set to debug", st == 200 and a == {"level": "debug"}, (st, a))
+        st, a = r.call("POST", "/v1/route", {"tokens": tokens_for(90, 4), "request_id": "dl-1"})
+        check("log level: routed", st == 200, (st, a))
+        check("decision logs: one line naming the choice and every rank's terms",
+              eventually(lambda: re.search(r"debug decision dl-1: worker \d+ rank 0, prompt 4 "
+                                           r"blocks, overlap 0 blocks .*ranks: 1/0 eligible "
+                                           r"overlap 0\.0 prefill [\d.]+ decode [\d.]+ cost "
+                                           r"[\d.]+; 2/0 eligible", r.stderr()) is not None, 5),
+              r.stderr()[-1500:])
+        st, a = r.call("POST", "/v1/log-level", {"level": "info"})
+        r.call("POST", "/v1/route", {"tokens": tokens_for(91, 4), "request_id": "dl-2"})
+        check("decision logs: none at info", "decision dl-2" not in r.stderr())
+        st, e = r.call("POST", "/v1/log-level", {"level": "loud"})
+        check("log level: a bad name is refused", st == 400 and "level" in e["error"]["message"],
+              (st, e))
+    finally:
+        r.stop()
+
+
 def scenario_overlap_score_weight_alias():
     """--overlap-score-weight W (deprecated) is prefill_load_scale = W, and logged."""
     r = serve("--worker", "id=1", "--overlap-score-weight", "2.5",
@@ -918,6 +946,7 @@ def main():
         scenario_cost_weights_need_dynamo()
         scenario_strict_priority_on_route()
         scenario_busy_threshold()
+        scenario_decision_logs()
         scenario_load_overrides()
         scenario_priorities()
         scenario_metrics()
