@@ -585,7 +585,7 @@ struct jsonopt {
 
 static int json_key(struct jbuf *b, struct jv k, const struct jsonopt *o)
 {
-    char num[40];
+    char num[48]; /* a float repr (40) quoted */
     switch (k.kind) {
     case JV_STR:
         json_str(b, k.u.s.p, k.u.s.n, o->ascii);
