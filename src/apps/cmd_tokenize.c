@@ -21,6 +21,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "apps/apps.h"
+#include "base/hex.h"
 #include "apps/cli.h"
 #include "base/clock.h"
 #include "base/grow.h"
@@ -50,17 +51,6 @@ static void usage(FILE *f)
             "  --stats        load time, vocabulary and memory on stderr\n");
 }
 
-static int hexval(unsigned char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static int on_str(void *u, const unsigned char *s, size_t n)
 {
     line_ctx_t *c = u;
@@ -76,7 +66,7 @@ static int on_str(void *u, const unsigned char *s, size_t n)
         memcpy(c->text, s, n);
     } else {
         for (size_t i = 0; i < n; i += 2) {
-            int hi = hexval(s[i]), lo = i + 1 < n ? hexval(s[i + 1]) : -1;
+            int hi = kvr_hex_digit(s[i]), lo = i + 1 < n ? kvr_hex_digit(s[i + 1]) : -1;
             if (hi < 0 || lo < 0) {
                 snprintf(c->why, sizeof c->why, "bytes_hex: not pairs of hex digits");
                 c->bad = true;

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "kvrouter/hash.h"
+#include "base/hex.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define KVR_HOST_LE 1
@@ -42,25 +43,17 @@ uint64_t kvr_hash_seed(const kvr_hash_opts_t *opts)
     return seed;
 }
 
-static int hex_digit(char c)
-{
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
 bool kvr_hash_mm_identifier(const char *s, size_t n, bool any_string, uint64_t *out)
 {
     if (s == NULL || n == 0)
         return false;
     bool hex = n == 64;
     for (size_t i = 0; hex && i < n; i++)
-        hex = hex_digit(s[i]) >= 0;
+        hex = kvr_hex_digit(s[i]) >= 0;
     if (hex) {
         uint64_t v = 0;
         for (size_t i = 0; i < 16; i++)
-            v = v << 4 | (uint64_t)hex_digit(s[i]);
+            v = v << 4 | (uint64_t)kvr_hex_digit(s[i]);
         *out = v;
         return true;
     }

@@ -11,6 +11,7 @@
  * caller frees it; strings are the arena's. Threads: none. Cost: O(source length).
  */
 #include "tokenizer/jinja.h"
+#include "base/hex.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,17 +117,6 @@ static void put_utf8(char *o, size_t *k, uint32_t cp)
     }
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* A string literal at x->i (a quote); decoded as Python's unicode-escape does. */
 static int lex_string(struct lx *x)
 {
@@ -218,7 +208,7 @@ static int lex_string(struct lx *x)
         if (hex) {
             uint32_t v = 0;
             for (int d = 0; d < hex; d++) {
-                int h = i + 1 < n ? hexval(p[i + 1]) : -1;
+                int h = i + 1 < n ? kvr_hex_digit(p[i + 1]) : -1;
                 if (h < 0)
                     return fail(x, "truncated \\x, \\u or \\U escape in a string");
                 v = v * 16 + (uint32_t)h;

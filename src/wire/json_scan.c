@@ -3,6 +3,7 @@
  * lenient one counts brackets in a loop. Both return KVR_JSON_BAD on failure.
  */
 #include "wire/json_scan.h"
+#include "base/hex.h"
 
 #include <string.h>
 
@@ -13,17 +14,6 @@
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 static bool is_digit(char c) { return c >= '0' && c <= '9'; }
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
 size_t kvr_json_skip_ws(const char *b, size_t n, size_t i)
 {
@@ -64,7 +54,7 @@ static size_t strict_string(const char *b, size_t n, size_t i)
             if (n - j < 5)
                 return BAD;
             for (size_t d = 1; d <= 4; d++)
-                if (hexval(b[j + d]) < 0)
+                if (kvr_hex_digit(b[j + d]) < 0)
                     return BAD;
             j += 5;
             break;
@@ -269,7 +259,7 @@ bool kvr_json_key_is(const char *b, const kvr_json_member_t *m, const char *name
                     return false;
                 int cp = 0;
                 for (size_t d = 1; d <= 4; d++) {
-                    int h = hexval(k[i + d]);
+                    int h = kvr_hex_digit(k[i + d]);
                     if (h < 0)
                         return false;
                     cp = cp * 16 + h;
