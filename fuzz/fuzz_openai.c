@@ -11,6 +11,8 @@
  * failure leaves a one-line message fit for a JSON string and a zeroed struct; a success
  * satisfies every documented bound (limits, kinds and pointers consistent, names clean,
  * texts valid UTF-8, allowed ids ascending) and round-trips through the request encoder.
+ * Then the chat template's input built as vLLM builds it (wire/chat_conv.c): it succeeds or
+ * names what it does not model, and its messages and tools are one valid JSON array each.
  * Then what a server does with it: render the chat template, run the toy tokenizer (ids in
  * range, count as promised), spell the ids back as pieces, and write every response shape,
  * SSE frames around them, and the error body on failure; all must finish as valid UTF-8.
@@ -24,6 +26,8 @@
 #include <string.h>
 
 #include "kvrouter.h"
+#include "wire/chat_conv.h"
+#include "wire/json_scan.h"
 #include "wire/json_writer.h"
 #include "wire/openai.h"
 #include "wire/toytok.h"
@@ -263,6 +267,30 @@ static void serve(kvr_json_writer_t *w, const kvr_oai_request_t *r, uint32_t voc
     }
 }
 
+/* A span that is exactly one JSON array (strict). */
+static void check_array(const char *s, size_t n)
+{
+    check(s != NULL && n > 0 && s[0] == '[');
+    check(kvr_json_skip_value(s, n, 0, KVR_JSON_STRICT) == n);
+}
+
+/* The chat template's input of an accepted body (the front end's and the mocker's). */
+static void conv(kvr_json_writer_t *w, const char *body, size_t len, const kvr_oai_request_t *r)
+{
+    if (r->prompt_kind == KVR_OAI_PROMPT_TOKENS)
+        return;
+    kvr_chat_conv_t cv;
+    int st = kvr_chat_conv_build(w, body, len, r, &cv);
+    check(st == KVR_OK || st == KVR_ENOMEM);
+    if (st != KVR_OK || cv.unsupported != NULL || r->prompt_kind != KVR_OAI_PROMPT_MESSAGES)
+        return;
+    check_array(cv.messages, cv.messages_len);
+    if (cv.tools != NULL)
+        check_array(cv.tools, cv.tools_len);
+    check(cv.add_special >= -1 && cv.add_special <= 1);
+    check(cv.final != NULL || r->n_messages == 0);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static kvr_oai_decoder_t *fast, *slow, *again;
@@ -313,6 +341,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check(kvr_oai_decode(again, (kvr_oai_endpoint_t)ep, t1, n1, &c) == KVR_OK);
     const char *t3 = canon(&w2, &c, &n3);
     check(n1 == n3 && memcmp(t1, t3, n1) == 0);
+    conv(&w1, body, len, &a);
     serve(&resp, &a, vocab);
     return 0;
 }

@@ -23,6 +23,15 @@ extern "C" {
 
 /* Where the router learns its workers: its flags and POST /v1/workers only, or also the
  * NATS bucket <namespace>_workers. */
+/* What the front end does when its in-process tokenizer and a worker's /tokenize disagree on
+ * the probe prompts: refuse (the model goes back to the workers' /tokenize), warn (keep it,
+ * log), off (no probe). */
+typedef enum kvr_tokenizer_check {
+    KVR_TOKCHECK_REFUSE = 0,
+    KVR_TOKCHECK_WARN,
+    KVR_TOKCHECK_OFF
+} kvr_tokenizer_check_t;
+
 typedef enum kvr_discovery_mode {
     KVR_DISCOVERY_STATIC = 0,
     KVR_DISCOVERY_NATS
@@ -173,6 +182,8 @@ typedef struct kvr_router_config {
                                               (a trusted gateway sets them); off: stripped */
     char worker_api_key_file[512];         /* token sent to workers as Bearer; "" = none */
     uint64_t frontend_tokenize_cache_tokens; /* token ids the tokenize cache holds; 0 = off */
+    char tokenizers[4096]; /* "MODEL=DIR,...": models tokenized in process; "" = none */
+    kvr_tokenizer_check_t tokenizer_check; /* a probe disagreeing with a worker's /tokenize */
     uint32_t frontend_max_idle_connections;  /* kept-alive idle upstream connections per worker */
     uint64_t frontend_max_client_buffer_bytes; /* SSE bytes pending to a slow client; above:
                                                   * the request is aborted (no 0 = no cap) */

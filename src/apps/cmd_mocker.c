@@ -60,6 +60,8 @@ static void usage(FILE *out)
         "  --[no-]enable-prefix-caching  [on]\n"
         "  --[no-]enable-chunked-prefill [on]\n"
         "  --seed N                      generated tokens depend on it [0]\n"
+        "  --tokenizer DIR               tokenize text and chats with DIR's tokenizer.json and\n"
+        "                                chat template, as vLLM does [a toy tokenizer]\n"
         "Simulation options:\n"
         "  --speedup X                   modelled times are divided by X (alias --speedup-ratio) "
         "[1]\n"
@@ -151,6 +153,8 @@ static int parse_disagg(kvr_cli_t *c, kvr_mocker_config_t *m)
             m->bootstrap_port = (uint16_t)v;
         return rc;
     }
+    if (kvr_cli_is(c, "--tokenizer"))
+        return kvr_cli_copy(c, kvr_cli_value(c), m->tokenizer, sizeof m->tokenizer);
     if (kvr_cli_is(c, "--kv-host"))
         return kvr_cli_copy(c, kvr_cli_value(c), m->kv_host, sizeof m->kv_host);
     if (kvr_cli_is(c, "--kv-bytes-per-block"))

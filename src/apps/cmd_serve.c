@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "apps/apps.h"
+#include "base/file.h"
 #include "apps/cli.h"
 #include "kvrouter/config.h"
 #include "kvrouter/router.h"
@@ -67,6 +68,9 @@ static void usage(FILE *out)
             "  --worker SPEC   id=7,url=http://127.0.0.1:8001,events=tcp://127.0.0.1:5557,\n"
             "                  replay=tcp://127.0.0.1:5558,dp_size=1,taints=a;b (only id is "
             "required; repeatable)\n"
+            "  --tokenizer MODEL=DIR  tokenize MODEL's prompts in the router, from DIR's\n"
+            "                  tokenizer.json and tokenizer_config.json (repeatable; adds to\n"
+            "                  the tokenizers setting)\n"
             "  --config FILE   `setting = value` lines\n"
             "  --log-level L   debug | info | warn | error (default info)\n\n"
             "Every setting is also read from KVR_<SETTING> (e.g. KVR_BLOCK_SIZE=64). Settings:\n");
@@ -77,37 +81,6 @@ static void usage(FILE *out)
         fputs(help, out);
         free(help);
     }
-}
-
-static int read_file(const char *path, char **text, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return KVR_EIO;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf != NULL && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            if (cap >= ((size_t)1 << 24))
-                break;
-            char *nb = realloc(buf, cap * 2);
-            if (nb == NULL) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (buf == NULL)
-        return KVR_ENOMEM;
-    *text = buf;
-    *len = n;
-    return KVR_OK;
 }
 
 /* The config file goes first, whatever its position. */
@@ -122,12 +95,30 @@ static int read_config_file(kvr_cli_t *c, serve_args_t *a)
         return 0;
     char *text, err[300];
     size_t len;
-    if (read_file(a->config_file, &text, &len) != KVR_OK)
-        return kvr_cli_fail(c, "cannot read config file '%s'", a->config_file);
+    int frc = kvr_file_read(a->config_file, (size_t)1 << 24, &text, &len);
+    if (frc != KVR_OK)
+        return kvr_cli_fail(c, "cannot read config file '%s': %s", a->config_file,
+                            frc == KVR_ETOOBIG ? "over 16 MiB" : kvr_strerror(frc));
     int rc = kvr_config_from_text(&a->cfg, text, len, err, sizeof err);
     free(text);
     if (rc != KVR_OK)
         return kvr_cli_fail(c, "%s: %s", a->config_file, err);
+    return 0;
+}
+
+/* --tokenizer MODEL=DIR: appended to the tokenizers setting (checked with it, at the end). */
+static int add_tokenizer(kvr_cli_t *c, serve_args_t *a, const char *v)
+{
+    char *t = a->cfg.tokenizers;
+    size_t used = strlen(t), need = strlen(v) + (used > 0);
+    if (strchr(v, ',') != NULL)
+        return kvr_cli_bad(c, v, "one MODEL=DIR a flag (no comma)");
+    if (used + need >= sizeof a->cfg.tokenizers)
+        return kvr_cli_fail(c, "--tokenizer: the tokenizers setting is full (%zu bytes)",
+                            sizeof a->cfg.tokenizers - 1);
+    if (used > 0)
+        t[used++] = ',';
+    memcpy(t + used, v, strlen(v) + 1);
     return 0;
 }
 
@@ -142,7 +133,8 @@ static int parse_flag(kvr_cli_t *c, void *arg)
     const char *setting = name;
     kvr_config_ref_t ref = {KVR_REF_NONE, NULL, NULL, NULL};
     if (strncmp(name, "--", 2) == 0 && !kvr_config_has(name) && strcmp(name, "--config") != 0 &&
-        strcmp(name, "--log-level") != 0 && strcmp(name, "--worker") != 0)
+        strcmp(name, "--log-level") != 0 && strcmp(name, "--worker") != 0 &&
+        strcmp(name, "--tokenizer") != 0)
         ref = kvr_config_ref_flag(name, buf, sizeof buf);
     if (ref.kind == KVR_REF_REFUSED)
         return kvr_cli_fail(c, "%s is the reference router's flag; not supported here: %s", name,
@@ -188,6 +180,8 @@ static int parse_flag(kvr_cli_t *c, void *arg)
         a->n_workers++;
         return 0;
     }
+    if (strcmp(name, "--tokenizer") == 0) /* repeatable: one more MODEL=DIR of tokenizers */
+        return add_tokenizer(c, a, v);
     int rc = kvr_config_set(&a->cfg, setting, v, err, sizeof err);
     if (rc == KVR_ENOTFOUND)
         return kvr_cli_fail(c, "%s; `kvrouter serve --help` lists the settings", err);

@@ -55,6 +55,7 @@ static const char *const MODES[] = {"kv",     "round-robin", "random", "least-lo
 static const char *const QPOL[] = {"fcfs", "wspt", "lcfs", NULL};
 static const char *const SPOL[] = {"dynamo", "lmetric", "locality", NULL};
 static const char *const DISC[] = {"static", "nats", NULL};
+static const char *const TOKCHECK[] = {"refuse", "warn", "off", NULL};
 static const char *const DPOL[] = {"always", "isl", "load", "isl-or-load", NULL};
 
 static const field_t FIELDS[] = {
@@ -338,6 +339,17 @@ static const field_t FIELDS[] = {
     {"frontend_tokenize_cache_tokens", T_U64, OFF(frontend_tokenize_cache_tokens), 0, 1e12, false,
      NULL, 0, "4194304",
      "OpenAI front end: token ids the text->ids cache holds (LRU); 0 = no cache"},
+    {"tokenizers", T_STR, OFF(tokenizers), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->tokenizers), "",
+     "OpenAI front end: comma-separated MODEL=DIR; requests for MODEL are tokenized in the "
+     "router from DIR's tokenizer.json and tokenizer_config.json (its chat_template for "
+     "chats) instead of by a worker's /tokenize (`--tokenizer MODEL=DIR` adds one); empty = "
+     "every text and chat prompt is tokenized by a worker"},
+    {"tokenizer_check", T_ENUM, OFF(tokenizer_check), 0, 0, false, TOKCHECK, 0, "refuse",
+     "OpenAI front end: when the first worker of a model in `tokenizers` registers, probe "
+     "prompts are tokenized both in process and by its /tokenize; on a difference, refuse = "
+     "the model's prompts go to the workers' /tokenize (logged, counted), warn = logged and "
+     "counted only, off = no probe"},
     {"frontend_max_idle_connections", T_U32, OFF(frontend_max_idle_connections), 0, 65535, false,
      NULL, 0, "64", "OpenAI front end: idle keep-alive upstream connections kept per worker"},
     {"frontend_max_client_buffer_bytes", T_U64, OFF(frontend_max_client_buffer_bytes), 4096, 1e12,
@@ -629,7 +641,8 @@ static int set_field(kvr_router_config_t *cfg, const field_t *f, const char *v, 
 _Static_assert(sizeof(kvr_router_mode_t) == sizeof(int) &&
                    sizeof(kvr_queue_order_t) == sizeof(int) &&
                    sizeof(kvr_select_policy_t) == sizeof(int) &&
-                   sizeof(kvr_discovery_mode_t) == sizeof(int),
+                   sizeof(kvr_discovery_mode_t) == sizeof(int) &&
+                   sizeof(kvr_tokenizer_check_t) == sizeof(int),
                "enum fields are stored as int");
 
 void kvr_config_defaults(kvr_router_config_t *cfg)
@@ -825,8 +838,40 @@ static int check_cost_weights(const kvr_router_config_t *cfg, char *err, size_t 
     return KVR_EINVAL;
 }
 
+/* tokenizers: "MODEL=DIR" entries, comma-separated, each model once. */
+static int check_tokenizers(const char *v, char *err, size_t err_len)
+{
+    const char *p = v;
+    while (*p != '\0') {
+        const char *end = strchr(p, ',');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        if (eq == NULL || eq == p || eq == p + len - 1) {
+            seterr(err, err_len, "tokenizers: '%.*s' is not MODEL=DIR", (int)len, p);
+            return KVR_EINVAL;
+        }
+        size_t ml = (size_t)(eq - p);
+        for (const char *q = v; q < p;) { /* an earlier entry for the same model */
+            const char *qe = strchr(q, '=');
+            if ((size_t)(qe - q) == ml && memcmp(q, p, ml) == 0) {
+                seterr(err, err_len, "tokenizers: model '%.*s' is given twice", (int)ml, p);
+                return KVR_EINVAL;
+            }
+            q = strchr(q, ',') + 1;
+        }
+        p += len + (end != NULL);
+        if (end != NULL && *p == '\0') {
+            seterr(err, err_len, "tokenizers: ends with a comma");
+            return KVR_EINVAL;
+        }
+    }
+    return KVR_OK;
+}
+
 int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_len)
 {
+    if (check_tokenizers(cfg->tokenizers, err, err_len) != KVR_OK)
+        return KVR_EINVAL;
     if (check_cost_weights(cfg, err, err_len) != KVR_OK)
         return KVR_EINVAL;
     if (cfg->router_track_output_blocks && !cfg->router_track_active_blocks) {

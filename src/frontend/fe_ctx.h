@@ -51,6 +51,11 @@
 typedef struct fe_req fe_req_t;   /* fe_req.h */
 typedef struct fe_bg fe_bg_t;     /* fe_disagg.c: a background call */
 typedef struct fe_dreq fe_dreq_t; /* fe_disagg.c: a disaggregated request's part */
+typedef struct fe_tokmodel fe_tokmodel_t; /* fe_inproc.c: a model tokenized in process */
+
+/* Where a text or chat prompt's ids came from, and why the in-process path declined one. */
+enum { FE_TOKP_INPROC, FE_TOKP_WORKER, FE_TOKP_CACHE, FE_TOKP_COUNT };
+enum { FE_TOKD_PENDING, FE_TOKD_REFUSED, FE_TOKD_UNSUPPORTED, FE_TOKD_NO_TEMPLATE, FE_TOKD_COUNT };
 /* The state machine's answer to a planner event outside its hooks (fe_disagg.h). */
 typedef void (*fe_leg_lost_fn)(fe_req_t *p);
 
@@ -133,6 +138,15 @@ struct kvr_frontend {
     fe_dreq_t *dfree;     /* idle disaggregated parts, reused (no malloc once warm) */
     fe_leg_lost_fn leg_lost; /* the state machine's, for a leg lost outside its hooks */
     kvr_ratelimit_t rl_disagg;
+    /* in-process tokenization (fe_inproc.c) */
+    fe_tokmodel_t *tms;
+    size_t n_tms;
+    kvr_json_writer_t conv_w;    /* the chat template's input */
+    kvr_hist_t h_tokenize;       /* in-process tokenization of one prompt, seconds */
+    uint64_t tok_path[FE_TOKP_COUNT];
+    uint64_t tok_tokens;         /* ids made in process */
+    uint64_t tok_declined[FE_TOKD_COUNT];
+    kvr_ratelimit_t rl_tok;
 };
 
 #endif

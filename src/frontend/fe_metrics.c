@@ -16,6 +16,7 @@
 #include "kvrouter/router.h"
 #include "fleet/fleet.h"
 #include "frontend/fe_disagg.h"
+#include "frontend/fe_inproc.h"
 #include "frontend/fe_metrics.h"
 #include "frontend/fe_req.h"
 
@@ -112,6 +113,7 @@ void fe_metrics(void *arg, struct kvr_prom *p)
                      (double)s->inject_failed);
     kvr_prom_counter(p, "kvr_frontend_tokenize_calls_total", "POST /tokenize calls to workers.",
                      (double)s->tokenize_calls);
+    fe_inproc_metrics(fe, p);
     kvr_prom_counter(p, "kvr_frontend_tokenize_cache_hits_total",
                      "Text prompts found in the cache.", (double)fe->cache.hits);
     kvr_prom_counter(p, "kvr_frontend_tokenize_cache_misses_total",

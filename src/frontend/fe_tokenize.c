@@ -199,20 +199,19 @@ void fe_tokenize_start(fe_req_t *p, fe_tok_done_fn done)
     }
 }
 
-/* The /tokenize body and the cache key of a text or chat prompt. */
-bool fe_tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq)
+/* The members of a chat body that change its prompt: vLLM's /tokenize takes them all. */
+static const char *const CHAT_MEMBERS[] = {"messages",      "tools",
+                                           "chat_template_kwargs", "add_generation_prompt",
+                                           "add_special_tokens",   "continue_final_message",
+                                           "chat_template",        "documents"};
+
+/* The /tokenize body and the cache key of a text or chat prompt: the model, then the text
+ * (decoded) or the chat body's prompt-making members as the client wrote them (the engine
+ * reads them as it reads the chat request); the key is the body's XXH3-128, seeded with the
+ * prompt's kind. */
+bool fe_tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq, const char *body, size_t len)
 {
     kvr_json_writer_t *w = &p->fe->w;
-    XXH3_state_t *st = XXH3_createState();
-    if (st == NULL)
-        return false;
-    XXH3_128bits_reset(st);
-    uint8_t tag = (uint8_t)rq->prompt_kind;
-    XXH3_128bits_update(st, &tag, 1);
-    uint64_t ml = rq->model ? rq->model_len : 0;
-    XXH3_128bits_update(st, &ml, sizeof ml);
-    if (ml)
-        XXH3_128bits_update(st, rq->model, ml);
     kvr_json_writer_reset(w);
     kvr_json_begin_object(w);
     if (rq->model != NULL) {
@@ -222,35 +221,27 @@ bool fe_tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq)
     if (rq->prompt_kind == KVR_OAI_PROMPT_TEXT) {
         kvr_json_key(w, "prompt");
         kvr_json_string_n(w, rq->text, rq->text_len);
-        uint64_t tl = rq->text_len;
-        XXH3_128bits_update(st, &tl, sizeof tl);
-        XXH3_128bits_update(st, rq->text, rq->text_len);
-    } else {
-        kvr_json_key(w, "messages");
-        kvr_json_begin_array(w);
-        for (size_t i = 0; i < rq->n_messages; i++) {
-            const kvr_oai_message_t *m = &rq->messages[i];
-            kvr_json_begin_object(w);
-            kvr_json_key(w, "role");
-            kvr_json_string_n(w, m->role, m->role_len);
-            kvr_json_key(w, "content");
-            kvr_json_string_n(w, m->content, m->content_len);
-            kvr_json_end_object(w);
-            uint64_t l[2] = {m->role_len, m->content_len};
-            XXH3_128bits_update(st, l, sizeof l);
-            XXH3_128bits_update(st, m->role, m->role_len);
-            XXH3_128bits_update(st, m->content, m->content_len);
+    }
+    kvr_json_iter_t it;
+    kvr_json_member_t m;
+    kvr_json_object_begin(&it, body, len, kvr_json_skip_ws(body, len, 0), KVR_JSON_LENIENT);
+    bool chat = rq->prompt_kind == KVR_OAI_PROMPT_MESSAGES;
+    while (kvr_json_object_next(&it, &m) == 1) {
+        for (size_t k = 0; k < sizeof CHAT_MEMBERS / sizeof CHAT_MEMBERS[0]; k++) {
+            if ((chat || k == 4) && kvr_json_key_is(body, &m, CHAT_MEMBERS[k])) {
+                kvr_json_key(w, CHAT_MEMBERS[k]);
+                kvr_json_raw(w, body + m.val, m.val_end - m.val);
+                break;
+            }
         }
-        kvr_json_end_array(w);
     }
     kvr_json_end_object(w);
-    p->prompt.tok_key = XXH3_128bits_digest(st);
-    XXH3_freeState(st);
     const char *j;
     size_t jl;
     if (kvr_json_writer_finish(w, &j, &jl) != KVR_OK || (p->prompt.tok_body = malloc(jl)) == NULL)
         return false;
     memcpy(p->prompt.tok_body, j, jl);
     p->prompt.tok_body_len = jl;
+    p->prompt.tok_key = XXH3_128bits_withSeed(j, jl, (XXH64_hash_t)rq->prompt_kind);
     return true;
 }

@@ -33,8 +33,9 @@ typedef struct fe_tok_result {
 
 typedef void (*fe_tok_done_fn)(fe_req_t *p, const struct fe_tok_result *r);
 
-/* The /tokenize body and the cache key of a text or chat prompt; false out of memory. */
-bool fe_tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq);
+/* The /tokenize body and the cache key of a text or chat prompt (body: the client's, which
+ * the decoder accepted as rq); false out of memory. */
+bool fe_tokenize_body(fe_req_t *p, const kvr_oai_request_t *rq, const char *body, size_t len);
 /* Asks the next untried worker to tokenize p's prompt; done is called once (maybe before this
  * returns). p->retry_ev exists (a failure continues from it). */
 void fe_tokenize_start(fe_req_t *p, fe_tok_done_fn done);

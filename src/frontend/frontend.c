@@ -75,6 +75,7 @@
 #include "frontend/fe_models.h"
 #include "frontend/fe_relay.h"
 #include "frontend/fe_req.h"
+#include "frontend/fe_inproc.h"
 #include "frontend/fe_tokenize.h"
 #include "frontend/fe_upstream.h"
 
@@ -193,6 +194,7 @@ static void fe_worker_added(void *arg, const kvr_worker_spec_t *w)
 {
     if (w->url[0] == '\0')
         urlless_add(arg, w->worker_id);
+    fe_inproc_worker_added(arg, w);
 }
 
 /* The fleet removed a worker, and the router its bookings: the requests still running there
@@ -414,6 +416,7 @@ static void tok_done(fe_req_t *p, const fe_tok_result_t *r)
 {
     switch (r->st) {
     case FE_TOK_IDS:
+        p->fe->tok_path[FE_TOKP_WORKER]++;
         if (!fe_set_tokens(p, r->ids, r->n)) {
             req_fail(p, 500, "out of memory");
             return;
@@ -1292,21 +1295,42 @@ static fe_req_t *req_from_client(kvr_frontend_t *fe, struct evhttp_request *req,
 }
 
 /* The linked request's ids: given, cached, or asked of a worker. */
-static void get_ids(fe_req_t *p, bool ids_given)
+/* p's ids: given, cached, made in process (fe_inproc.c), or asked of a worker. */
+static void get_ids(fe_req_t *p, bool ids_given, const kvr_oai_request_t *rq, const char *body,
+                    size_t len)
 {
+    kvr_frontend_t *fe = p->fe;
     if (ids_given) {
         ids_ready(p);
         return;
     }
-    size_t n_cached;
-    const uint32_t *cached = kvr_tokcache_get(&p->fe->cache, p->prompt.tok_key, &n_cached);
+    size_t n;
+    const uint32_t *cached = kvr_tokcache_get(&fe->cache, p->prompt.tok_key, &n);
     if (cached != NULL) {
-        if (!fe_set_tokens(p, cached, n_cached)) {
+        fe->tok_path[FE_TOKP_CACHE]++;
+        if (!fe_set_tokens(p, cached, n)) {
             req_fail(p, 500, "out of memory");
             return;
         }
         ids_ready(p);
         return;
+    }
+    int status;
+    char msg[512];
+    switch (fe_inproc_ids(fe, rq, body, len, &n, &status, msg, sizeof msg)) {
+    case FE_INPROC_IDS:
+        kvr_tokcache_put(&fe->cache, p->prompt.tok_key, fe->tok_ids, n);
+        if (!fe_set_tokens(p, fe->tok_ids, n)) {
+            req_fail(p, 500, "out of memory");
+            return;
+        }
+        ids_ready(p);
+        return;
+    case FE_INPROC_FAIL:
+        req_fail(p, status, "%s", msg);
+        return;
+    case FE_INPROC_DECLINED:
+        break;
     }
     tokenize(p);
 }
@@ -1336,7 +1360,7 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
                             !(rq.given_kind == KVR_OAI_PROMPT_TOKENS && !rq.nvext.has_token_data);
     p->prompt.rewrite = rq.has_nvext || ep == KVR_OAI_CHAT || p->prompt.drop_prompt ||
                         (!fe->cfg.frontend_trust_kv_transfer && fe_body_may_name_kvt(body, len));
-    bool ok = ids_given ? fe_set_tokens(p, rq.tokens, rq.n_tokens) : fe_tokenize_body(p, &rq);
+    bool ok = ids_given ? fe_set_tokens(p, rq.tokens, rq.n_tokens) : fe_tokenize_body(p, &rq, body, len);
     if (!ok) {
         fe_req_free(p);
         kvr_reply_error(&fe->rep, req, 500, NULL, "out of memory");
@@ -1344,7 +1368,7 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
     }
     fe_req_link(p);
     evhttp_connection_set_closecb(p->client.conn, on_client_close, p);
-    get_ids(p, ids_given);
+    get_ids(p, ids_given, &rq, body, len);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1370,6 +1394,18 @@ static void count_urlless(kvr_frontend_t *fe)
     for (size_t i = 0; i < n && i < FE_MAX_WORKERS; i++)
         if (!usable_worker(fe, ids[i]))
             urlless_add(fe, ids[i]);
+}
+
+/* The workers registered before the front end: their models' tokenizers probed. */
+static void probe_known_workers(kvr_frontend_t *fe)
+{
+    uint64_t ids[FE_MAX_WORKERS];
+    size_t n = fe->n_tms > 0 ? kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS) : 0;
+    for (size_t i = 0; i < n && i < FE_MAX_WORKERS; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, ids[i]);
+        if (sp != NULL)
+            fe_inproc_worker_added(fe, sp);
+    }
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
@@ -1457,6 +1493,12 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_http_host_t *host,
         snprintf(err, err_len, "out of memory");
         return NULL;
     }
+    int trc = fe_inproc_init(fe, err, err_len);
+    if (trc != KVR_OK) {
+        kvr_frontend_free(fe);
+        *status = trc;
+        return NULL;
+    }
     count_urlless(fe);
     kvr_http_service_t svc = {.handle = fe_handle, .metrics = fe_metrics, .arg = fe};
     kvr_fleet_observer_t obs = {.added = fe_worker_added, .removed = fe_worker_removed,
@@ -1468,6 +1510,7 @@ kvr_frontend_t *kvr_frontend_new(struct event_base *base, kvr_http_host_t *host,
         snprintf(err, err_len, "no room for another HTTP service or fleet observer");
         return NULL;
     }
+    probe_known_workers(fe);
     *status = KVR_OK;
     return fe;
 }
@@ -1509,6 +1552,7 @@ void kvr_frontend_free(kvr_frontend_t *fe)
     if (fe->tick != NULL)
         event_free(fe->tick);
     kvr_tokcache_deinit(&fe->cache);
+    fe_inproc_free(fe);
     kvr_oai_decoder_free(fe->dec);
     free(fe->tok_ids);
     if (fe->out != NULL)

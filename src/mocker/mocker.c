@@ -476,9 +476,21 @@ kvr_mocker_t *kvr_mocker_new(struct event_base *base, void *zmq_ctx,
     kvr_prom_init(&m->prom);
     kvr_hist_init(&m->h_ttft, TTFT_BOUNDS, N_TTFT);
     kvr_hist_init(&m->h_e2e, E2E_BOUNDS, N_E2E);
+    kvr_json_writer_init(&m->conv_w);
     if (!(m->dec = kvr_oai_decoder_new(NULL)) || !(m->out = evbuffer_new()) ||
         kvr_reply_init(&m->rep, &m->w, &kvr_reply_openai) != KVR_OK)
         goto fail;
+    if (cfg->tokenizer[0] != '\0') {
+        char why[512];
+        if (!(m->tok = kvr_tokmodel_load(cfg->tokenizer, &st, why, sizeof why))) {
+            snprintf(err, err_len, "--tokenizer: %s", why);
+            goto fail;
+        }
+        st = KVR_ENOMEM;
+        snprintf(err, err_len, "out of memory");
+        if (!(m->tok_s = kvr_tokmodel_scratch_new(m->tok)))
+            goto fail;
+    }
     for (uint32_t r = 0; r < cfg->dp_size; r++)
         if ((st = mk_rank_init(m, r, zmq_ctx, mk_admit_on_output, err, err_len)) != KVR_OK)
             goto fail;
@@ -525,6 +537,9 @@ void kvr_mocker_free(kvr_mocker_t *m)
         evbuffer_free(m->out);
     kvr_reply_deinit(&m->rep);
     kvr_json_writer_deinit(&m->w);
+    kvr_json_writer_deinit(&m->conv_w);
+    kvr_tokmodel_scratch_free(m->tok_s);
+    kvr_tokmodel_free(m->tok);
     kvr_prom_deinit(&m->prom);
     free(m->toks);
     free(m->chat);

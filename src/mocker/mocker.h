@@ -53,6 +53,9 @@ typedef struct kvr_mocker_config {
     char host[256];              /* HTTP bind address */
     uint16_t port;               /* 0 = a free port (kvr_mocker_port) */
     char model[256];             /* served model name */
+    char tokenizer[1024];        /* a folder with tokenizer.json (and tokenizer_config.json):
+                                    text and chats are tokenized with it and its chat
+                                    template, as vLLM does; "" = the toy tokenizer */
     uint32_t dp_size;            /* ranks, 1..KVR_MOCKER_MAX_DP */
     double speedup;              /* > 0: modelled times are divided by it */
     kvr_kv_events_config_t events;

@@ -25,6 +25,7 @@
 #include "mocker/mocker_kv.h"
 #include "mocker/mocker_rank.h"
 #include "mocker/mocker_server.h"
+#include "wire/chat_conv.h"
 #include "wire/json_splice.h"
 #include "wire/toytok.h"
 
@@ -210,9 +211,49 @@ static bool fit_tokens(kvr_mocker_t *m, size_t n)
     return true;
 }
 
-/* The prompt's token ids (tokenizing text and chat with the toy tokenizer). */
-static int prompt_tokens(kvr_mocker_t *m, const kvr_oai_request_t *rq, const uint32_t **toks,
-                         size_t *n)
+/* A text or chat prompt's ids with the model's own tokenizer and chat template, as vLLM makes
+ * them (wire/chat_conv.h, tokenizer/model.h). KVR_OK; else err says why (the template raised,
+ * what the conversation builder does not model). */
+static int real_tokens(kvr_mocker_t *m, const kvr_oai_request_t *rq, const char *body,
+                       size_t blen, size_t *n, char *err, size_t errlen)
+{
+    kvr_chat_conv_t cv;
+    int st = kvr_chat_conv_build(&m->conv_w, body, blen, rq, &cv);
+    if (st != KVR_OK || cv.unsupported != NULL) {
+        snprintf(err, errlen, "%s", st != KVR_OK ? kvr_strerror(st) : cv.unsupported);
+        return st != KVR_OK ? st : KVR_EINVAL;
+    }
+    kvr_tokmodel_input_t in = {.text = rq->text, .text_len = rq->text_len,
+                               .add_special = cv.add_special,
+                               .continue_final = cv.continue_final,
+                               .final = cv.final,
+                               .final_len = cv.final_len};
+    if (rq->prompt_kind == KVR_OAI_PROMPT_MESSAGES)
+        in.chat = (struct kvr_tmpl_input){.messages = cv.messages,
+                                          .messages_len = cv.messages_len,
+                                          .tools = cv.tools,
+                                          .tools_len = cv.tools_len,
+                                          .kwargs = cv.kwargs,
+                                          .kwargs_len = cv.kwargs_len,
+                                          .add_generation_prompt = cv.add_generation_prompt};
+    if (!fit_tokens(m, 4096))
+        return KVR_ENOMEM;
+    st = kvr_tokmodel_ids(m->tok, m->tok_s, &in, m->toks, m->toks_cap, n, NULL, NULL, err,
+                          errlen);
+    if (st == KVR_ETOOBIG && *n > m->toks_cap) {
+        if (!fit_tokens(m, *n))
+            return KVR_ENOMEM;
+        st = kvr_tokmodel_ids(m->tok, m->tok_s, &in, m->toks, m->toks_cap, n, NULL, NULL, err,
+                              errlen);
+    }
+    return st;
+}
+
+/* The prompt's token ids: given, or text and chats tokenized (the model's tokenizer with
+ * --tokenizer, else the toy tokenizer). */
+static int prompt_tokens(kvr_mocker_t *m, const kvr_oai_request_t *rq, const char *body,
+                         size_t blen, const uint32_t **toks, size_t *n, char *err,
+                         size_t errlen)
 {
     const char *text = rq->text;
     size_t len = rq->text_len;
@@ -220,6 +261,11 @@ static int prompt_tokens(kvr_mocker_t *m, const kvr_oai_request_t *rq, const uin
         *toks = rq->tokens;
         *n = rq->n_tokens;
         return KVR_OK;
+    }
+    if (m->tok != NULL) {
+        int st = real_tokens(m, rq, body, blen, n, err, errlen);
+        *toks = m->toks; /* after: it may have grown */
+        return st;
     }
     if (rq->prompt_kind == KVR_OAI_PROMPT_MESSAGES) {
         len = kvr_oai_render_chat(rq->messages, rq->n_messages, NULL, 0);
@@ -237,6 +283,8 @@ static int prompt_tokens(kvr_mocker_t *m, const kvr_oai_request_t *rq, const uin
         return KVR_ENOMEM;
     int st = kvr_toytok_encode(text, len, m->cfg.engine.vocab_size, m->toks, m->toks_cap, n);
     *toks = m->toks;
+    if (st != KVR_OK)
+        snprintf(err, errlen, "%s", kvr_strerror(st));
     return st;
 }
 
@@ -351,8 +399,11 @@ static bool decode_prompt(kvr_mocker_t *m, struct evhttp_request *req, kvr_oai_e
     }
     if (!check_model(m, req, &p->rq))
         return false;
-    if ((st = prompt_tokens(m, &p->rq, &p->toks, &p->n)) != KVR_OK) {
-        mk_reply_error(m, req, 500, "tokenization failed: %s", kvr_strerror(st));
+    char why[400] = "";
+    if ((st = prompt_tokens(m, &p->rq, p->body, p->blen, &p->toks, &p->n, why, sizeof why)) !=
+        KVR_OK) {
+        /* vLLM answers a template's refusal (raise_exception) 400 */
+        mk_reply_error(m, req, st == KVR_ENOMEM ? 500 : 400, "tokenization failed: %s", why);
         return false;
     }
     return true;

@@ -28,6 +28,7 @@
 #include <event2/http.h>
 
 #include "sim/engine.h"
+#include "tokenizer/model.h"
 #include "base/clock.h"
 #include "events/kv_publisher.h"
 #include "base/log.h"
@@ -160,6 +161,9 @@ struct kvr_mocker {
     size_t toks_cap;
     char *chat;             /* rendered chat templates */
     size_t chat_cap;
+    kvr_tokmodel_t *tok;                     /* cfg.tokenizer's (NULL: the toy tokenizer) */
+    kvr_tokmodel_scratch_t *tok_s;
+    kvr_json_writer_t conv_w;                /* the chat template's input */
     kvr_prom_t prom;
     kvr_hist_t h_ttft, h_e2e;
     uint64_t http_errors[6]; /* 400, 404, 413, 500, 503, other */

@@ -20,37 +20,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/file.h"
 #include "tokenizer/tok_impl.h"
 
-static int read_file(const char *path, char **buf, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return errno == ENOENT ? KVR_ENOTFOUND : KVR_EIO;
-    int rc = KVR_OK;
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return KVR_EIO;
-    }
-    long n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return KVR_EIO;
-    }
-    *buf = malloc((size_t)n + 1);
-    if (*buf == NULL) {
-        fclose(f);
-        return KVR_ENOMEM;
-    }
-    if (fread(*buf, 1, (size_t)n, f) != (size_t)n) {
-        free(*buf);
-        *buf = NULL;
-        rc = KVR_EIO;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return rc;
-}
+/* tokenizer.json files run to tens of MB (Gemma 3: 33 MB); a GiB is not one. */
+#define TOK_FILE_MAX ((size_t)1 << 30)
 
 kvr_tok_t *kvr_tok_load(const char *dir_or_file, int *status, char *err, size_t err_len)
 {
@@ -75,14 +49,14 @@ kvr_tok_t *kvr_tok_load(const char *dir_or_file, int *status, char *err, size_t 
     }
     char *json = NULL, *config = NULL;
     size_t json_len = 0, config_len = 0;
-    int rc = read_file(path, &json, &json_len);
+    int rc = kvr_file_read(path, TOK_FILE_MAX, &json, &json_len);
     if (rc != KVR_OK) {
         *status = rc;
         snprintf(err, err_len, "%s: %s", path,
-                 rc == KVR_ENOTFOUND ? "no such file" : "cannot read");
+                 rc == KVR_ENOTFOUND ? "no such file" : kvr_strerror(rc));
         return NULL;
     }
-    rc = read_file(cfg, &config, &config_len);
+    rc = kvr_file_read(cfg, TOK_FILE_MAX, &config, &config_len);
     if (rc != KVR_OK && rc != KVR_ENOTFOUND) {
         free(json);
         *status = rc;

@@ -322,6 +322,17 @@ int kvr_json_string_n(kvr_json_writer_t *w, const char *s, size_t len)
     return w->status;
 }
 
+int kvr_json_raw(kvr_json_writer_t *w, const char *json, size_t len)
+{
+    if (len == 0)
+        return set_error(w, KVR_EINVAL);
+    if (!value_start(w, len))
+        return w->status;
+    put(w, json, len);
+    value_end(w);
+    return w->status;
+}
+
 int kvr_json_string(kvr_json_writer_t *w, const char *s)
 {
     return kvr_json_string_n(w, s, s != NULL ? strlen(s) : 0);

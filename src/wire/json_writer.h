@@ -76,6 +76,9 @@ int kvr_json_i64(kvr_json_writer_t *w, int64_t v);
 int kvr_json_double(kvr_json_writer_t *w, double v);
 int kvr_json_bool(kvr_json_writer_t *w, bool v);
 int kvr_json_null(kvr_json_writer_t *w);
+/* One value copied as it is: json[0..len) must be one complete JSON value the caller has
+ * validated (the writer checks only that it is not empty). */
+int kvr_json_raw(kvr_json_writer_t *w, const char *json, size_t len);
 
 /* True when s[0..len) is valid UTF-8 (no overlong forms, surrogates or code points above
  * U+10FFFF): what the writer copies through unchanged. */

@@ -214,6 +214,7 @@ typedef struct str_ref {
 
 typedef struct msg_ref {
     str_ref_t role, content;
+    unsigned n_texts; /* text parts read (joined by "\n", as vLLM joins them) */
 } msg_ref_t;
 
 struct kvr_oai_decoder {
@@ -643,10 +644,14 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
                         "messages: more than %d images", KVR_OAI_MAX_IMAGES);
         (void)kvr_hash_mm_identifier((const char *)s, n, true, &d->img[d->n_img++]);
         break;
-    case T_TEXT:
+    case T_TEXT: {
+        msg_ref_t *m = &d->msgs[d->n_msgs];
+        if (m->n_texts++ > 0 && !content_text(d, p, (const unsigned char *)"\n", 1))
+            return 0;
         if (!content_text(d, p, s, n))
             return 0;
         break;
+    }
     default:
         return unexpected(d);
     }

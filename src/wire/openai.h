@@ -106,8 +106,9 @@ typedef struct kvr_oai_decoder kvr_oai_decoder_t;
 typedef struct kvr_oai_message {
     const char *role;      /* NUL-terminated, 1..64 bytes, no control characters */
     size_t role_len;
-    const char *content;   /* never NULL ("" for null or absent content); NUL-terminated, */
-    size_t content_len;    /* but may hold NULs itself */
+    const char *content;   /* never NULL ("" for null or absent content; content parts' */
+    size_t content_len;    /* texts joined by "\n", as vLLM joins them); NUL-terminated, */
+                           /* but may hold NULs itself */
 } kvr_oai_message_t;
 
 /* The request's nvext object (Dynamo's extensions). */
