@@ -108,6 +108,7 @@ typedef struct kvr_bench_opts {
     unsigned mocker_cpu;      /* the CPU the spawned mocker is pinned to */
     bool speedup_set, mocker_cpu_set;
     bool disagg;              /* frontend: a prefill and a decode mocker (vLLM's pull) */
+    const char *tokenizer;    /* frontend: chats, tokenized in process vs by /tokenize */
     size_t n_mocker_args;     /* extra flags for the spawned mocker (pointers into argv) */
     const char *mocker_args[KVR_BENCH_MAX_MOCKER_ARGS];
 } kvr_bench_opts_t;

@@ -20,6 +20,15 @@
  * kv_transfer_params, then the streaming request to the decode mocker with the answer's
  * parameters), so both paths do the same engine work and the same KV read between the
  * mockers, and the difference is what the router's two legs add; target: <= 150 us at p50.
+ * --tokenizer DIR: chats instead (a system prompt and a user turn of random words, about
+ * --tokens tokens by DIR's tokenizer, every one new so no cache answers), to a mocker that
+ * tokenizes with DIR (`--tokenizer`, as vLLM tokenizes) and through two routers: one that
+ * tokenizes in process (`--tokenizer m=DIR`) and one that asks the mocker's POST /tokenize
+ * (the router's path without a tokenizer). Three paths, the order rotated; the added figures
+ * are the paired medians against the direct path. The mocker's /tokenize costs what our C
+ * tokenizer costs plus the HTTP hop: a floor for a real engine, whose API server tokenizes in
+ * HF tokenizers under Python (`kvrouter bench tokenize --compare` measures that tokenizer
+ * against ours). Target: <= 300 us added by the in-process path at p50.
  * --rate R paces the requests (both paths together) to R per second: the gap lets the
  * router's ingest thread apply the previous request's KV events before the next is timed,
  * which on a 2-core machine otherwise competes with the request path for a core.
@@ -47,6 +56,7 @@
 #include <arpa/inet.h>
 
 #include "apps/child.h"
+#include "tokenizer/model.h"
 #include "http/http.h"
 #include "bench.h"
 #include "wire/disagg.h"
@@ -60,6 +70,7 @@ int kvr_bench_frontend(const kvr_bench_opts_t *o);
 #define FB_DEFAULT_REQUESTS 200
 #define FB_TARGET_US 200.0
 #define FB_DISAGG_TARGET_US 150.0
+#define FB_CHAT_TARGET_US 300.0
 
 typedef struct child {
     pid_t pid;
@@ -383,6 +394,173 @@ static bool one_run(int mport, int dport, int rport, uint64_t tokens, uint64_t m
     return ok;
 }
 
+/* ---- --tokenizer: chats tokenized in the router or by the worker's /tokenize ------------ */
+
+static const char *const WORDS[] = {
+    "the",    "router",  "holds",  "a",       "cache",  "of",      "prompt", "blocks",
+    "and",    "weighs",  "overlap", "against", "load",   "when",   "it",     "picks",
+    "worker", "engine",  "tokens", "prefill", "decode", "latency", "naïve",  "café",
+    "東京",   "данные",  "über",   "2026",    "3.14",   "it's",    "we'll",  "(x+y)",
+    "model",  "answer",  "quickly", "system", "user",   "turn",    "chat",   "template",
+};
+#define N_WORDS (sizeof WORDS / sizeof WORDS[0])
+
+#define CHAT_SYSTEM "You are a helpful assistant."
+
+/* `words` random words at o; the end. */
+static char *put_words(char *o, kvr_bench_rng_t *rng, size_t words)
+{
+    for (size_t i = 0; i < words; i++)
+        o += sprintf(o, i ? " %s" : "%s", WORDS[kvr_bench_rng_below(rng, N_WORDS)]);
+    return o;
+}
+
+/* The chat's messages at o: a short system prompt, then `words` random words from the user. */
+static char *put_messages(char *o, kvr_bench_rng_t *rng, size_t words)
+{
+    o += sprintf(o, "[{\"role\":\"system\",\"content\":\"" CHAT_SYSTEM "\"},"
+                    "{\"role\":\"user\",\"content\":\"");
+    o = put_words(o, rng, words);
+    return o + sprintf(o, "\"}]");
+}
+
+/* A fresh streaming chat of about `words` words. */
+static size_t make_chat(char **buf, size_t *cap, kvr_bench_rng_t *rng, size_t words,
+                        uint64_t max_tokens)
+{
+    size_t need = words * 16 + 256;
+    if (*cap < need) {
+        char *b = realloc(*buf, need);
+        if (b == NULL)
+            return 0;
+        *buf = b;
+        *cap = need;
+    }
+    char *o = *buf;
+    o += sprintf(o, "{\"model\":\"m\",\"messages\":");
+    o = put_messages(o, rng, words);
+    o += sprintf(o, ",\"max_tokens\":%llu,\"stream\":true}", (unsigned long long)max_tokens);
+    return (size_t)(o - *buf);
+}
+
+/* How many words make a chat of about `tokens` tokens by dir's tokenizer and template (two
+ * passes of a proportional correction); *measured: the tokens of the last chat sized. 0 when
+ * the tokenizer does not load or its template does not render the chat. */
+static size_t calibrate_words(const char *dir, uint64_t tokens, kvr_bench_rng_t *rng,
+                              size_t *measured)
+{
+    int st;
+    char err[512];
+    kvr_tokmodel_t *m = kvr_tokmodel_load(dir, &st, err, sizeof err);
+    if (m == NULL) {
+        fprintf(stderr, "kvrouter bench frontend: --tokenizer: %s\n", err);
+        return 0;
+    }
+    kvr_tokmodel_scratch_t *s = kvr_tokmodel_scratch_new(m);
+    size_t words = (size_t)tokens, n = 0, cap = 8 * (size_t)tokens + 1024;
+    uint32_t *ids = malloc(cap * sizeof *ids);
+    for (int pass = 0; pass < 2 && s != NULL && ids != NULL; pass++) {
+        char *msgs = malloc(words * 16 + 256), why[256];
+        if (msgs == NULL)
+            break;
+        size_t ml = (size_t)(put_messages(msgs, rng, words) - msgs);
+        kvr_tokmodel_input_t in = {.add_special = -1,
+                                   .chat = {.messages = msgs, .messages_len = ml,
+                                            .add_generation_prompt = true}};
+        if (kvr_tokmodel_ids(m, s, &in, ids, cap, &n, NULL, NULL, why, sizeof why) != KVR_OK)
+            n = 0;
+        free(msgs);
+        if (n == 0)
+            break;
+        words = (size_t)((double)words * (double)tokens / (double)n + 0.5);
+    }
+    *measured = n;
+    free(ids);
+    kvr_tokmodel_scratch_free(s);
+    kvr_tokmodel_free(m);
+    if (n == 0)
+        fprintf(stderr, "kvrouter bench frontend: --tokenizer: %s's chat template does not "
+                "render the bench's chat\n", dir);
+    return n ? words : 0;
+}
+
+typedef struct chat_fig {
+    double d50, d99, i50, i99, w50, w99, ipaired, wpaired;
+} chat_fig_t;
+
+/* One run of --tokenizer: n chats on each of the three paths (ports: direct, in-process
+ * router, /tokenize router), the order rotated every request. */
+static bool chat_run(const int ports[3], size_t words, uint64_t max_tokens, size_t n,
+                     double rate, kvr_bench_rng_t *rng, chat_fig_t *f)
+{
+    static const char *const names[3] = {"direct", "router (in process)", "router (/tokenize)"};
+    uint64_t gap_ns = rate > 0 ? (uint64_t)(1e9 / rate) : 0, next = kvr_bench_now_ns();
+    int fds[3];
+    double *lat[3], *diff[2];
+    bool ok = true;
+    for (int k = 0; k < 3; k++) {
+        fds[k] = connect_to(ports[k]);
+        lat[k] = malloc(n * sizeof(double));
+        ok = ok && fds[k] >= 0 && lat[k] != NULL;
+    }
+    diff[0] = malloc(n * sizeof(double));
+    diff[1] = malloc(n * sizeof(double));
+    ok = ok && diff[0] && diff[1];
+    char *body = NULL, head[256];
+    size_t cap = 0;
+    kvr_http_resp_t r = {0};
+    for (size_t i = 0; ok && i < FB_WARMUP + n; i++) {
+        uint64_t t[3];
+        for (int k = 0; k < 3 && ok; k++) {
+            int path = (int)((k + i) % 3);
+            size_t bl = make_chat(&body, &cap, rng, words, max_tokens);
+            size_t hl = kvr_http_head(head, sizeof head, "POST", "/v1/chat/completions",
+                                      "127.0.0.1", "application/json", bl, false);
+            uint64_t now = kvr_bench_now_ns();
+            if (gap_ns && now < next)
+                kvr_bench_sleep_ns(next - now);
+            next = (now > next ? now : next) + gap_ns;
+            t[path] = bl && hl ? ttft_once(fds[path], head, hl, body, bl, &r, names[path]) : 0;
+            ok = t[path] != 0;
+        }
+        if (ok && i >= FB_WARMUP) {
+            for (int k = 0; k < 3; k++)
+                lat[k][i - FB_WARMUP] = (double)t[k];
+            diff[0][i - FB_WARMUP] = ((double)t[1] - (double)t[0]) / 1000.0;
+            diff[1][i - FB_WARMUP] = ((double)t[2] - (double)t[0]) / 1000.0;
+        }
+    }
+    if (ok) {
+        kvr_bench_lat_t a, b, c;
+        kvr_bench_summarize(lat[0], n, &a);
+        kvr_bench_summarize(lat[1], n, &b);
+        kvr_bench_summarize(lat[2], n, &c);
+        *f = (chat_fig_t){a.p50_us, a.p99_us, b.p50_us, b.p99_us, c.p50_us, c.p99_us,
+                          kvr_bench_median(diff[0], n), kvr_bench_median(diff[1], n)};
+    }
+    for (int k = 0; k < 3; k++) {
+        if (fds[k] >= 0)
+            close(fds[k]);
+        free(lat[k]);
+    }
+    free(diff[0]);
+    free(diff[1]);
+    free(body);
+    kvr_http_resp_free(&r);
+    return ok;
+}
+
+static const kvr_bench_col_t CHAT_COLS[] = {
+    {"bench", KVR_BENCH_STR, 13, 0},           {"tokens", KVR_BENCH_INT, 6, 0},
+    {"runs", KVR_BENCH_INT, 4, 0},             {"requests", KVR_BENCH_INT, 8, 0},
+    {"direct_p50_us", KVR_BENCH_NUM, 13, 1},   {"inproc_p50_us", KVR_BENCH_NUM, 13, 1},
+    {"inproc_p99_us", KVR_BENCH_NUM, 13, 1},   {"inproc_added_us", KVR_BENCH_NUM, 15, 1},
+    {"tokenize_p50_us", KVR_BENCH_NUM, 15, 1}, {"tokenize_p99_us", KVR_BENCH_NUM, 15, 1},
+    {"tokenize_added_us", KVR_BENCH_NUM, 17, 1}, {"target_us", KVR_BENCH_NUM, 9, 0},
+    {"direct_p99_us", KVR_BENCH_NUM, 0, 1},    {"speedup", KVR_BENCH_NUM, 0, 1},
+};
+#define N_CHAT_COLS (sizeof CHAT_COLS / sizeof CHAT_COLS[0])
+
 /* A mocker with the bench's arguments and extra (NULL-terminated); ev: its events port. */
 static bool spawn_mocker(const kvr_bench_opts_t *o, const char *speed, int ev,
                          const char *const *extra, const char *what, child_t *c)
@@ -405,11 +583,111 @@ static bool spawn_mocker(const kvr_bench_opts_t *o, const char *speed, int ev,
     return spawn(margs, what, c);
 }
 
+/* Polls the router's /metrics until its tokenizer's probe agreed with the worker (10 s). */
+static bool wait_probe(int port)
+{
+    kvr_http_target_t t = {.addr = "127.0.0.1", .host_hdr = "127.0.0.1", .port = (uint16_t)port};
+    kvr_http_resp_t r = {0};
+    char err[200];
+    bool ok = false;
+    for (int i = 0; i < 200 && !ok; i++) {
+        ok = kvr_http_get(&t, "/metrics", FB_IO_TIMEOUT_MS, 1 << 22, &r, err, sizeof err) ==
+                 KVR_OK && r.status == 200 && r.body_at > 0 &&
+             kvr_http_find(r.buf + r.body_at, r.len - r.body_at,
+                           "kvr_frontend_tokenizer_probe{model=\"m\",state=\"same\"} 1") != NULL;
+        if (!ok)
+            kvr_bench_sleep_ns(50000000u);
+    }
+    kvr_http_resp_free(&r);
+    return ok;
+}
+
+/* --tokenizer: the chat bench (see the file's comment). */
+static int frontend_chat(const kvr_bench_opts_t *o, const kvr_bench_list_t *tl, size_t n)
+{
+    int ev = kvr_free_port();
+    char speed[32], worker[256], tok[1100];
+    snprintf(speed, sizeof speed, "%g", o->speedup);
+    snprintf(tok, sizeof tok, "m=%s", o->tokenizer);
+    const char *const m_args[] = {"--tokenizer", o->tokenizer, NULL};
+    child_t m = {.out_fd = -1}, ra = {.out_fd = -1}, rb = {.out_fd = -1};
+    int rc = 1;
+    kvr_bench_rng_t rng;
+    kvr_bench_rng_seed(&rng, o->seed);
+    if (ev <= 0 || !spawn_mocker(o, speed, ev, m_args, "mocker", &m))
+        goto out;
+    snprintf(worker, sizeof worker, "id=1,url=http://127.0.0.1:%d,events=tcp://127.0.0.1:%d,"
+             "model=m", m.port, ev);
+    char *a_args[] = {"kvrouter", "serve", "--http-port", "0", "--log-level", "warn",
+                      "--worker", worker, "--tokenizer", tok, NULL};
+    char *b_args[] = {"kvrouter", "serve", "--http-port", "0", "--log-level", "warn",
+                      "--worker", worker, NULL};
+    if (!spawn(a_args, "router (in process)", &ra) || !spawn(b_args, "router (/tokenize)", &rb))
+        goto out;
+    if (!wait_ready(ra.port) || !wait_ready(rb.port) || !wait_probe(ra.port)) {
+        fprintf(stderr, "kvrouter bench frontend: the routers never became ready (or the "
+                "in-process tokenizer's probe did not agree with the mocker's /tokenize)\n");
+        goto out;
+    }
+    if (!o->json)
+        printf("# TTFT of streaming chats, 1 client: direct to `kvrouter mocker --tokenizer %s "
+               "--speedup %s`, through `kvrouter serve --tokenizer m=DIR` (in process) and "
+               "through `kvrouter serve` asking the mocker's /tokenize; every chat new; %zu "
+               "requests per path per run, %s\n", o->tokenizer, speed, n,
+               o->rate_per_s > 0 ? "paced (--rate)" : "back to back");
+    kvr_bench_print_header(o, CHAT_COLS, N_CHAT_COLS);
+    rc = 0;
+    for (size_t t = 0; t < tl->n && rc == 0; t++) {
+        size_t measured = 0, words = calibrate_words(o->tokenizer, tl->v[t], &rng, &measured);
+        unsigned runs = o->runs > 64 ? 64 : o->runs;
+        double v[8][64];
+        const int ports[3] = {m.port, ra.port, rb.port};
+        for (unsigned k = 0; k < runs && rc == 0 && words > 0; k++) {
+            chat_fig_t f = {0};
+            if (!chat_run(ports, words, o->max_tokens, n, o->rate_per_s, &rng, &f)) {
+                rc = 1;
+                break;
+            }
+            double row[8] = {f.d50, f.d99, f.i50, f.i99, f.w50, f.w99, f.ipaired, f.wpaired};
+            for (int j = 0; j < 8; j++)
+                v[j][k] = row[j];
+        }
+        if (rc != 0 || words == 0) {
+            rc = 1;
+            break;
+        }
+        kvr_bench_row_t row;
+        kvr_bench_row_init(&row, CHAT_COLS, N_CHAT_COLS);
+        kvr_bench_set_str(&row, "bench", "frontend-chat");
+        kvr_bench_set_int(&row, "tokens", (int64_t)measured);
+        kvr_bench_set_int(&row, "runs", runs);
+        kvr_bench_set_int(&row, "requests", (int64_t)n);
+        kvr_bench_set_num(&row, "direct_p50_us", kvr_bench_median(v[0], runs));
+        kvr_bench_set_num(&row, "direct_p99_us", kvr_bench_median(v[1], runs));
+        kvr_bench_set_num(&row, "inproc_p50_us", kvr_bench_median(v[2], runs));
+        kvr_bench_set_num(&row, "inproc_p99_us", kvr_bench_median(v[3], runs));
+        kvr_bench_set_num(&row, "tokenize_p50_us", kvr_bench_median(v[4], runs));
+        kvr_bench_set_num(&row, "tokenize_p99_us", kvr_bench_median(v[5], runs));
+        kvr_bench_set_num(&row, "inproc_added_us", kvr_bench_median(v[6], runs));
+        kvr_bench_set_num(&row, "tokenize_added_us", kvr_bench_median(v[7], runs));
+        kvr_bench_set_num(&row, "target_us", FB_CHAT_TARGET_US);
+        kvr_bench_set_num(&row, "speedup", o->speedup);
+        kvr_bench_print_row(o, &row);
+    }
+out:
+    reap(&rb);
+    reap(&ra);
+    reap(&m);
+    return rc;
+}
+
 int kvr_bench_frontend(const kvr_bench_opts_t *o)
 {
     static const kvr_bench_list_t def_tokens = {1, {8192}};
     const kvr_bench_list_t *tl = kvr_bench_pick(&o->tokens, &def_tokens);
     size_t n = o->requests ? (size_t)o->requests : FB_DEFAULT_REQUESTS;
+    if (o->tokenizer != NULL)
+        return frontend_chat(o, tl, n);
     int ev = kvr_free_port(), ev2 = o->disagg ? kvr_free_port() : 0;
     char speed[32], worker[256], worker2[256];
     snprintf(speed, sizeof speed, "%g", o->speedup);

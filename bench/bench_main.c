@@ -39,7 +39,9 @@ static void usage(FILE *out)
                  "           (--tokens, 8192; --requests per path and run, 200; --runs; --rate R:\n"
                  "           paced; --speedup, 1000; --max-tokens; --mocker-arg F or -- F...;\n"
             "           --disagg: a prefill and a decode mocker, the client doing vLLM's\n"
-            "           proxy protocol itself against the router doing it)\n");
+            "           proxy protocol itself against the router doing it; --tokenizer DIR:\n"
+            "           chats of about --tokens tokens, DIR's tokenizer in the mocker, one\n"
+            "           router tokenizing in process and one asking the mocker's /tokenize)\n");
     fprintf(out,
             "  tokenize the in-process tokenizer per model: load, MB/s, tokens/s; --compare\n"
             "           against HF tokenizers (its own flags: 'kvrouter bench tokenize --help')\n"
@@ -116,6 +118,8 @@ static int run_frontend(const kvr_bench_opts_t *o)
                       : o->sync.n ? "--sync" : NULL;
     if (bad != NULL)
         return usage_error(bad, "not an option of 'bench frontend' (see --help)");
+    if (o->disagg && o->tokenizer != NULL)
+        return usage_error("--tokenizer", "measured aggregated only (not with --disagg)");
     kvr_bench_timer_overhead_ns();
     return kvr_bench_frontend(o);
 }
@@ -493,6 +497,10 @@ static int bench_run(int argc, char **argv)
         }
         if (strcmp(a, "--disagg") == 0) {
             o.disagg = true;
+            continue;
+        }
+        if ((v = opt_value(argc, argv, &i, "--tokenizer", &missing)) != NULL) {
+            o.tokenizer = v;
             continue;
         }
         if ((v = opt_value(argc, argv, &i, "--runs", &missing)) != NULL) {

@@ -148,9 +148,21 @@ int kvr_tok_bpe_build(const tj_node_t *model, const tj_doc_t *doc, bool byte_lev
 void kvr_tok_bpe_free(tok_bpe_t *bpe);
 /* The id of the bytes s[0..n), or UINT32_MAX. */
 uint32_t kvr_tok_bpe_lookup(const tok_bpe_t *bpe, const char *s, size_t n);
+/* The word cache of a scratch: a word's ids by its bytes, direct-mapped (tok_bpe.c). */
+#define TOK_WC_WORD 23 /* bytes of a cached word at most */
+#define TOK_WC_IDS 7   /* ids of a cached word at most */
+#define TOK_WC_SLOTS 8192
+typedef struct tok_wc_slot {
+    uint32_t ids[TOK_WC_IDS];
+    uint8_t len, n; /* len 0: empty */
+    char word[TOK_WC_WORD];
+} tok_wc_slot_t;
 typedef struct tok_bpe_scratch {
     void *sym, *heap;
     size_t sym_cap, heap_cap;
+    tok_wc_slot_t *wc;      /* TOK_WC_SLOTS, made on first use; NULL: none (out of memory) */
+    const void *wc_owner;   /* the model the cached ids are of */
+    uint64_t wc_hits, wc_misses;
 } tok_bpe_scratch_t;
 /* Appends the ids of the word s[0..n) through emit. KVR_OK or KVR_ENOMEM. */
 typedef struct tok_sink {

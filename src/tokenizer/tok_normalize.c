@@ -183,8 +183,8 @@ static bool below_300(const unsigned char *s, size_t n)
     return true;
 }
 
-/* Appends NFC(s[0..n)) to out. */
-static int nfc_append(const char *s, size_t n, tok_buf_t *out)
+/* Appends NFC(s[0..n)) of a run that needs the library to out. */
+static int nfc_lib(const char *s, size_t n, tok_buf_t *out)
 {
     if (n == 0)
         return KVR_OK;
@@ -207,6 +207,51 @@ static int nfc_append(const char *s, size_t n, tok_buf_t *out)
     return KVR_OK;
 }
 
+static int copy_append(const char *s, size_t n, tok_buf_t *out)
+{
+    if (n == 0)
+        return KVR_OK;
+    if (fit(out, out->len + n) != KVR_OK)
+        return KVR_ENOMEM;
+    memcpy(out->p + out->len, s, n);
+    out->len += n;
+    return KVR_OK;
+}
+
+/* Appends NFC(s[0..n)) to out. A code point below U+0300 is a stable boundary (UAX #15:
+ * combining class 0, NFC_QC Yes, never the second of a composition): text may be cut before
+ * it, and a run of them is its own NFC. So only the runs of code points from U+0300 up, each
+ * with the code point before it (a starter they may compose with), go through the library;
+ * the rest is copied. Prose in a Latin script with some CJK or Cyrillic words costs a copy for
+ * most of its bytes instead of libunistring's decompose-recompose (about a third of an
+ * encoding's time on such text before this). */
+static int nfc_append(const char *s, size_t n, tok_buf_t *out)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t light = 0, prev = 0; /* the light run's start; the last code point's start */
+    for (size_t i = 0; i < n;) {
+        if (u[i] < 0xCC) { /* below U+0300 (continuation bytes are skipped below) */
+            prev = i;
+            i += u[i] < 0x80 ? 1 : 2;
+            continue;
+        }
+        size_t from = prev >= light && i > light ? prev : i; /* with the starter before it */
+        size_t j = i;
+        while (j < n && u[j] >= 0xCC) { /* the heavy run: up to the next light code point */
+            size_t l = 1;
+            (void)kvr_tok_utf8_decode(u + j, &l);
+            j += l;
+            while (j < n && (u[j] & 0xC0) == 0x80) /* a stray continuation: stays heavy */
+                j++;
+        }
+        if (copy_append(s + light, from - light, out) != KVR_OK ||
+            nfc_lib(s + from, (j > n ? n : j) - from, out) != KVR_OK)
+            return KVR_ENOMEM;
+        light = prev = i = j > n ? n : j;
+    }
+    return copy_append(s + light, n - light, out);
+}
+
 static int run_step(const tok_norm_step_t *st, const char *s, size_t n, tok_buf_t *out)
 {
     switch (st->kind) {
@@ -221,6 +266,10 @@ static int run_step(const tok_norm_step_t *st, const char *s, size_t n, tok_buf_
         out->len = 0;
         size_t from = 0;
         for (size_t i = 0; i <= n;) { /* runs between HF-unknown code points, each normalized */
+            if (i < n && (unsigned char)s[i] < 0xDF) { /* below U+07C0: never unknown */
+                i += (unsigned char)s[i] < 0x80 ? 1 : 2;
+                continue;
+            }
             size_t l = 1;
             uint32_t cp = i < n ? kvr_tok_utf8_decode((const unsigned char *)s + i, &l) : 0;
             if (i < n && (cp < 0x7FD || !hf_unknown_cp(cp))) {
