@@ -13,7 +13,7 @@
  * tokens) cannot come out of merges and are kept aside only for kvr_tok_token_id.
  * Word cache: a word's ids are a pure function of its bytes, so each scratch keeps the ids of
  * short words (<= TOK_WC_WORD bytes, <= TOK_WC_IDS ids) in a direct-mapped table of
- * TOK_WC_SLOTS slots (about 320 KiB, allocated on first use), as HF's BPE keeps a cache of
+ * TOK_WC_SLOTS slots (about 450 KiB, allocated on first use), as HF's BPE keeps a cache of
  * words: prose repeats its words, and a hit costs a hash and a compare instead of the merges.
  * Measured on 8K-token texts of English-like words with some CJK and Cyrillic (Qwen3, 50
  * texts through `kvrouter tokenize`): 2.0 ms an encoding without it, 1.7 ms with it (then 0.7
