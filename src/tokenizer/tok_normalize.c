@@ -169,6 +169,22 @@ void kvr_tok_norm_free(tok_norm_t *norm)
     memset(norm, 0, sizeof *norm);
 }
 
+/* The first index >= i of s[0..n) that holds a non-ASCII byte (n when none), eight bytes at a
+ * time. */
+static size_t skip_ascii(const unsigned char *s, size_t i, size_t n)
+{
+    while (i + 8 <= n) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        if (w & 0x8080808080808080ull)
+            break;
+        i += 8;
+    }
+    while (i < n && s[i] < 0x80)
+        i++;
+    return i;
+}
+
 static int fit(tok_buf_t *b, size_t need)
 {
     return kvr_grow((void **)&b->p, &b->cap, need + 1, SIZE_MAX / 2, 1);
@@ -230,9 +246,15 @@ static int nfc_append(const char *s, size_t n, tok_buf_t *out)
     const unsigned char *u = (const unsigned char *)s;
     size_t light = 0, prev = 0; /* the light run's start; the last code point's start */
     for (size_t i = 0; i < n;) {
-        if (u[i] < 0xCC) { /* below U+0300 (continuation bytes are skipped below) */
+        if (u[i] < 0x80) { /* an ASCII run: its last byte is the code point before what follows */
+            size_t e = skip_ascii(u, i, n);
+            prev = e - 1;
+            i = e;
+            continue;
+        }
+        if (u[i] < 0xCC) { /* below U+0300 */
             prev = i;
-            i += u[i] < 0x80 ? 1 : 2;
+            i += 2;
             continue;
         }
         size_t from = prev >= light && i > light ? prev : i; /* with the starter before it */
@@ -266,8 +288,12 @@ static int run_step(const tok_norm_step_t *st, const char *s, size_t n, tok_buf_
         out->len = 0;
         size_t from = 0;
         for (size_t i = 0; i <= n;) { /* runs between HF-unknown code points, each normalized */
+            if (i < n && (unsigned char)s[i] < 0x80) {
+                i = skip_ascii((const unsigned char *)s, i, n);
+                continue;
+            }
             if (i < n && (unsigned char)s[i] < 0xDF) { /* below U+07C0: never unknown */
-                i += (unsigned char)s[i] < 0x80 ? 1 : 2;
+                i += 2;
                 continue;
             }
             size_t l = 1;
