@@ -42,6 +42,7 @@ void kvr_tok_scratch_free(kvr_tok_scratch_t *s)
     free(s->text.p);
     free(s->norm.p);
     free(s->tmp.p);
+    free(s->meta.p);
     free(s->seg_raw.s);
     free(s->seg_norm.s);
     free(s->pieces.r);
@@ -53,9 +54,10 @@ void kvr_tok_scratch_free(kvr_tok_scratch_t *s)
     free(s);
 }
 
-/* A piece of text between raw added tokens: normalized, cut by the normalized added tokens,
- * pre-tokenized, through the model. */
-static int piece(const kvr_tok_t *t, kvr_tok_scratch_t *sc, const char *p, size_t n, tok_sink_t *k)
+/* A piece of text between raw added tokens (at_start: it begins the text): normalized, cut by
+ * the normalized added tokens, pre-tokenized (Metaspace's rewrite first), through the model. */
+static int piece(const kvr_tok_t *t, kvr_tok_scratch_t *sc, const char *p, size_t n,
+                 bool at_start, tok_sink_t *k)
 {
     int rc = kvr_tok_norm_run(&t->norm, p, n, &sc->norm, &sc->tmp);
     if (rc != KVR_OK)
@@ -70,13 +72,21 @@ static int piece(const kvr_tok_t *t, kvr_tok_scratch_t *sc, const char *p, size_
             kvr_tok_emit(k, g->id);
             continue;
         }
-        rc = kvr_tok_pretok_run(&t->pretok, s + g->off, g->len, sc->md, sc->mc, &sc->pieces,
-                                &sc->ptmp);
+        const char *w = s + g->off;
+        size_t wn = g->len;
+        if (t->pretok.metaspace) {
+            rc = kvr_tok_metaspace(&t->pretok, w, wn, at_start && g->off == 0, &sc->meta);
+            if (rc != KVR_OK)
+                return rc;
+            w = sc->meta.p;
+            wn = sc->meta.len;
+        }
+        rc = kvr_tok_pretok_run(&t->pretok, w, wn, sc->md, sc->mc, &sc->pieces, &sc->ptmp);
         if (rc != KVR_OK)
             return rc;
         for (size_t j = 0; j < sc->pieces.n; j++) {
             const tok_range_t *r = &sc->pieces.r[j];
-            rc = kvr_tok_bpe_word(&t->bpe, &sc->bpe, s + g->off + r->off, r->len, k);
+            rc = kvr_tok_bpe_word(&t->bpe, &sc->bpe, w + r->off, r->len, k);
             if (rc != KVR_OK)
                 return rc;
         }
@@ -108,7 +118,7 @@ int kvr_tok_encode_r(const kvr_tok_t *t, kvr_tok_scratch_t *sc, const char *text
         if (g->id != NONE)
             kvr_tok_emit(&k, g->id);
         else
-            rc = piece(t, sc, s + g->off, g->len, &k);
+            rc = piece(t, sc, s + g->off, g->len, g->off == 0, &k);
     }
     if (rc != KVR_OK)
         return rc;

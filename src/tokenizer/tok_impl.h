@@ -97,12 +97,22 @@ typedef struct tok_split {
     size_t lit_len;
     int behavior;
 } tok_split_t;
+enum { MS_ALWAYS, MS_FIRST, MS_NEVER };
 typedef struct tok_pretok {
     tok_split_t *splits;
     size_t n;
     bool byte_level; /* a ByteLevel pre-tokenizer: the model reads bytes */
+    bool metaspace;  /* a Metaspace pre-tokenizer (the whole of it): spaces -> rep, rep first */
+    int ms_prepend;  /* MS_* */
+    char ms_rep[5];  /* the replacement character, UTF-8 */
+    size_t ms_rep_len;
     size_t bytes;
 } tok_pretok_t;
+/* Metaspace's rewrite of one normalized piece s[0..n) into out: spaces replaced, the
+ * replacement prepended as its scheme says (first: only for the piece at the text's start).
+ * KVR_OK or KVR_ENOMEM. */
+int kvr_tok_metaspace(const tok_pretok_t *pt, const char *s, size_t n, bool at_start,
+                      tok_buf_t *out);
 typedef struct tok_range {
     uint32_t off, len;
 } tok_range_t;
@@ -240,7 +250,7 @@ struct kvr_tok {
 };
 
 struct kvr_tok_scratch {
-    tok_buf_t text, norm, tmp;
+    tok_buf_t text, norm, tmp, meta;
     tok_segs_t seg_raw, seg_norm;
     tok_ranges_t pieces, ptmp;
     tok_bpe_scratch_t bpe;

@@ -4,7 +4,13 @@
  * JIT-compiled) or a literal string and any behavior (Isolated, Removed, MergedWithPrevious,
  * MergedWithNext, Contiguous) but invert; ByteLevel, which must come last and only marks the
  * model as reading bytes (its use_regex adds GPT-2's split; add_prefix_space is refused);
- * nested Sequences. Any other type or option is refused at build with its name.
+ * nested Sequences; Metaspace as the whole pre-tokenizer (SentencePiece-style models: Mistral,
+ * Llama 2 as newer conversions write it): each piece's spaces become the replacement, which is
+ * prepended per prepend_scheme (always, first: only to the piece at the very start of the
+ * text, never; the older add_prefix_space true/false reads as always/never), then with split
+ * the piece is cut before each replacement (MergedWithNext). The rewrite is the one step that
+ * changes bytes (kvr_tok_metaspace, into the caller's buffer). Any other type or option is
+ * refused at build with its name.
  *
  * Invariants: pieces are non-empty ranges of the normalized text, in order, never
  * overlapping (splits never change the bytes). A piece's length keeps bit 31 free (texts are
@@ -65,6 +71,91 @@ static int add_literal(tok_pretok_t *pt, const char *s, size_t len, int behavior
     memcpy(lit, s, len + 1);
     pt->bytes += len + 1;
     p[pt->n++] = (tok_split_t){.lit = lit, .lit_len = len, .behavior = behavior};
+    return KVR_OK;
+}
+
+/* Metaspace: the whole pre-tokenizer only (depth 0). */
+static int build_metaspace(const tj_node_t *node, tok_pretok_t *pt, char *err, size_t err_len,
+                           int depth)
+{
+    static const char *const ok[] = {"type", "replacement", "prepend_scheme", "split",
+                                     "add_prefix_space", "str_rep", NULL};
+    const char *bad = kvr_tj_unknown_key(node, ok);
+    if (bad != NULL || depth != 0) {
+        snprintf(err, err_len, "pre_tokenizer: Metaspace: %s%s%s",
+                 bad ? "option \"" : "inside a Sequence is not supported", bad ? bad : "",
+                 bad ? "\" is not supported" : "");
+        return KVR_EPARSE;
+    }
+    const tj_node_t *rep = kvr_tj_get(node, "replacement");
+    size_t l = 0;
+    if (rep != NULL && rep->type == TJ_STR && rep->len > 0 && rep->len < sizeof pt->ms_rep)
+        (void)kvr_tok_utf8_decode((const unsigned char *)rep->s, &l);
+    if (l == 0 || l != rep->len) {
+        snprintf(err, err_len, "pre_tokenizer: Metaspace: replacement must be one character");
+        return KVR_EPARSE;
+    }
+    memcpy(pt->ms_rep, rep->s, l);
+    pt->ms_rep_len = l;
+    const tj_node_t *ps = kvr_tj_get(node, "prepend_scheme");
+    const tj_node_t *aps = kvr_tj_get(node, "add_prefix_space");
+    const tj_node_t *sp = kvr_tj_get(node, "split");
+    if (ps != NULL && ps->type == TJ_STR) {
+        static const char *const schemes[] = {"always", "first", "never"};
+        pt->ms_prepend = -1;
+        for (int i = 0; i < 3; i++)
+            if (strcmp(ps->s, schemes[i]) == 0)
+                pt->ms_prepend = i;
+        if (pt->ms_prepend < 0) {
+            snprintf(err, err_len, "pre_tokenizer: Metaspace: prepend_scheme \"%.20s\" is not "
+                     "supported", ps->s);
+            return KVR_EPARSE;
+        }
+    } else if (ps == NULL && aps != NULL && aps->type == TJ_BOOL) {
+        pt->ms_prepend = aps->b ? MS_ALWAYS : MS_NEVER;
+    } else if (ps == NULL && aps == NULL) {
+        pt->ms_prepend = MS_ALWAYS; /* HF's default */
+    } else {
+        snprintf(err, err_len, "pre_tokenizer: Metaspace: prepend_scheme not a string");
+        return KVR_EPARSE;
+    }
+    if (sp != NULL && sp->type != TJ_BOOL) {
+        snprintf(err, err_len, "pre_tokenizer: Metaspace: split not a boolean");
+        return KVR_EPARSE;
+    }
+    pt->metaspace = true;
+    if (sp == NULL || sp->b) /* HF's default: true */
+        return add_literal(pt, pt->ms_rep, pt->ms_rep_len, SPLIT_NEXT);
+    return KVR_OK;
+}
+
+int kvr_tok_metaspace(const tok_pretok_t *pt, const char *s, size_t n, bool at_start,
+                      tok_buf_t *out)
+{
+    size_t spaces = 0;
+    for (size_t i = 0; i < n; i++)
+        spaces += s[i] == ' ';
+    size_t need = n + spaces * (pt->ms_rep_len - 1) + pt->ms_rep_len;
+    if (kvr_grow((void **)&out->p, &out->cap, need + 1, SIZE_MAX / 4, 1) != KVR_OK)
+        return KVR_ENOMEM;
+    char *o = out->p;
+    bool starts = n > 0 && (s[0] == ' ' || (n >= pt->ms_rep_len &&
+                                            memcmp(s, pt->ms_rep, pt->ms_rep_len) == 0));
+    bool prepend = n > 0 && !starts &&
+                   (pt->ms_prepend == MS_ALWAYS || (pt->ms_prepend == MS_FIRST && at_start));
+    if (prepend) {
+        memcpy(o, pt->ms_rep, pt->ms_rep_len);
+        o += pt->ms_rep_len;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(o, pt->ms_rep, pt->ms_rep_len);
+            o += pt->ms_rep_len;
+        } else {
+            *o++ = s[i];
+        }
+    }
+    out->len = (size_t)(o - out->p);
     return KVR_OK;
 }
 
@@ -132,6 +223,8 @@ static int build(const tj_node_t *node, tok_pretok_t *pt, char *err, size_t err_
         snprintf(err, err_len, "pre_tokenizer: Split: pattern must be {\"Regex\"} or {\"String\"}");
         return KVR_EPARSE;
     }
+    if (strcmp(t, "Metaspace") == 0)
+        return build_metaspace(node, pt, err, err_len, depth);
     if (strcmp(t, "ByteLevel") == 0) {
         static const char *const ok[] = {"type", "add_prefix_space", "trim_offsets", "use_regex",
                                          NULL};

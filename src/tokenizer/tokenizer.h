@@ -5,8 +5,9 @@
  * Supported (anything else is refused at load with an error naming it): model BPE (merges,
  * byte-level vocab, byte_fallback, unk/fuse_unk, ignore_merges); normalizers NFC, Replace
  * (string pattern), Prepend, Sequence; pre-tokenizers Split (regex or string; every behavior
- * but invert), ByteLevel (last, no prefix space), Sequence; post-processors TemplateProcessing
- * (single), ByteLevel, Sequence; added tokens with lstrip/rstrip/single_word/normalized.
+ * but invert), ByteLevel (last, no prefix space), Sequence, Metaspace (the whole of it);
+ * post-processors TemplateProcessing (single), ByteLevel, Sequence; added tokens with
+ * lstrip/rstrip/single_word/normalized.
  * tokenizer_config.json: add_bos_token / add_eos_token (when they are booleans) replace the
  * post-processor's specials by [bos] A [eos], as transformers' Llama and Gemma tokenizers do.
  *

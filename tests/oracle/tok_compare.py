@@ -31,8 +31,8 @@ def model_dir(name):
 
 def variants(work):
     """tokenizer.json variants for the components the six files leave unexercised: each Split
-    behavior (string and regex patterns) on Llama 2, ByteLevel's own GPT-2 split (use_regex)
-    on Qwen3. Written under work; returns (name, dir) pairs."""
+    behavior (string and regex patterns) on Llama 2, Metaspace (each prepend scheme, split or
+    not) on Llama 2, ByteLevel's own GPT-2 split (use_regex) on Qwen3. Written under work; returns (name, dir) pairs."""
     out = []
     base = json.load(open(os.path.join(model_dir("llama2"), "tokenizer.json"), encoding="utf-8"))
     for behavior in ["Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"]:
@@ -41,6 +41,17 @@ def variants(work):
             t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
                 {"type": "Split", "pattern": pat, "behavior": behavior, "invert": False}]}
             out.append(("llama2-%s-%s" % (behavior, kind), t, "llama2"))
+    # Metaspace instead of the Prepend + Replace normalizer (as newer conversions write Llama 2
+    # and Mistral): each prepend scheme, split or not, and the older add_prefix_space form
+    for name, ms in [("first", {"prepend_scheme": "first", "split": False}),
+                     ("first-split", {"prepend_scheme": "first", "split": True}),
+                     ("always-split", {"prepend_scheme": "always", "split": True}),
+                     ("never", {"prepend_scheme": "never", "split": False}),
+                     ("legacy", {"add_prefix_space": True})]:
+        t = dict(base)
+        t["normalizer"] = None
+        t["pre_tokenizer"] = dict({"type": "Metaspace", "replacement": "\u2581"}, **ms)
+        out.append(("llama2-metaspace-%s" % name, t, "llama2"))
     q = json.load(open(os.path.join(model_dir("qwen3"), "tokenizer.json"), encoding="utf-8"))
     q["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
                           "use_regex": True}

@@ -104,8 +104,18 @@ static void test_load_errors(void **state)
                          "null", "regex does not compile");
     expect_refused_parts("null", "{\"type\":\"ByteLevel\",\"add_prefix_space\":true}", "null",
                          "add_prefix_space true is not supported");
-    expect_refused_parts("null", "{\"type\":\"Metaspace\",\"replacement\":\"x\"}", "null",
-                         "pre_tokenizer: type \"Metaspace\" is not supported");
+    /* Metaspace: the whole pre-tokenizer only, its options checked */
+    expect_refused_parts("null",
+                         "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Metaspace\","
+                         "\"replacement\":\"x\"}]}",
+                         "null", "Metaspace: inside a Sequence is not supported");
+    expect_refused_parts("null",
+                         "{\"type\":\"Metaspace\",\"replacement\":\"x\",\"prepend_scheme\":\"sometimes\"}",
+                         "null", "Metaspace: prepend_scheme \"sometimes\" is not supported");
+    expect_refused_parts("null", "{\"type\":\"Metaspace\",\"replacement\":\"xy\"}", "null",
+                         "Metaspace: replacement must be one character");
+    expect_refused_parts("null", "{\"type\":\"Metaspace\",\"replacement\":\"x\",\"foo\":1}",
+                         "null", "Metaspace: option \"foo\" is not supported");
     expect_refused_parts("null", "null", "{\"type\":\"BertProcessing\"}",
                          "post_processor: type \"BertProcessing\" is not supported");
     expect_refused("{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",0.0]]}}",
