@@ -43,6 +43,7 @@ void kvr_tok_scratch_free(kvr_tok_scratch_t *s)
     free(s->norm.p);
     free(s->tmp.p);
     free(s->meta.p);
+    kvr_tok_pcache_free(&s->pcache);
     free(s->seg_raw.s);
     free(s->seg_norm.s);
     free(s->pieces.r);
@@ -56,8 +57,24 @@ void kvr_tok_scratch_free(kvr_tok_scratch_t *s)
 
 /* A piece of text between raw added tokens (at_start: it begins the text): normalized, cut by
  * the normalized added tokens, pre-tokenized (Metaspace's rewrite first), through the model. */
+static int piece_ids(const kvr_tok_t *t, kvr_tok_scratch_t *sc, const char *p, size_t n,
+                     bool at_start, tok_sink_t *k);
+
+/* A piece through the piece cache (tok_pcache.c): its ids found, or made and kept. */
 static int piece(const kvr_tok_t *t, kvr_tok_scratch_t *sc, const char *p, size_t n,
                  bool at_start, tok_sink_t *k)
+{
+    if (kvr_tok_pcache_get(&sc->pcache, t, p, n, at_start, k))
+        return KVR_OK;
+    size_t before = k->n;
+    int rc = piece_ids(t, sc, p, n, at_start, k);
+    if (rc == KVR_OK && k->n <= k->cap)
+        kvr_tok_pcache_put(&sc->pcache, t, p, n, at_start, k->ids + before, k->n - before);
+    return rc;
+}
+
+static int piece_ids(const kvr_tok_t *t, kvr_tok_scratch_t *sc, const char *p, size_t n,
+                     bool at_start, tok_sink_t *k)
 {
     int rc = kvr_tok_norm_run(&t->norm, p, n, &sc->norm, &sc->tmp);
     if (rc != KVR_OK)

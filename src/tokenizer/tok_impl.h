@@ -249,8 +249,33 @@ struct kvr_tok {
     kvr_tok_scratch_t *scratch; /* kvr_tok_encode's */
 };
 
+/* ---- tok_pcache.c: the ids of long pieces between raw added tokens, per scratch ----------- */
+#define TOK_PC_MIN_BYTES 64          /* shorter pieces are not worth a lookup */
+#define TOK_PC_SLOTS 4096            /* direct-mapped */
+#define TOK_PC_RING ((size_t)1 << 20) /* ids kept, 4 MiB, oldest overwritten */
+typedef struct tok_pc_slot {
+    uint64_t key_lo, key_hi; /* XXH3-128 of the piece, seeded with its start flag */
+    uint64_t at;             /* absolute position of its ids in the ring */
+    uint32_t n, len;         /* ids, bytes; len 0: empty */
+} tok_pc_slot_t;
+typedef struct tok_pcache {
+    tok_pc_slot_t *slots; /* NULL until the first store */
+    uint32_t *ring;
+    uint64_t total;     /* ids ever written (the ring's absolute write position) */
+    const void *owner;  /* the tokenizer the ids are of */
+    uint64_t hits, misses;
+} tok_pcache_t;
+/* Emits the cached ids of piece p[0..n) into k: true on a hit. */
+bool kvr_tok_pcache_get(tok_pcache_t *c, const void *owner, const char *p, size_t n,
+                        bool at_start, tok_sink_t *k);
+/* Keeps ids[0..nids) as piece p[0..n)'s (nothing when out of memory or too many ids). */
+void kvr_tok_pcache_put(tok_pcache_t *c, const void *owner, const char *p, size_t n,
+                        bool at_start, const uint32_t *ids, size_t nids);
+void kvr_tok_pcache_free(tok_pcache_t *c);
+
 struct kvr_tok_scratch {
     tok_buf_t text, norm, tmp, meta;
+    tok_pcache_t pcache;
     tok_segs_t seg_raw, seg_norm;
     tok_ranges_t pieces, ptmp;
     tok_bpe_scratch_t bpe;
