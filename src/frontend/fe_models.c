@@ -270,3 +270,79 @@ void fe_h_models(kvr_frontend_t *fe, struct evhttp_request *req)
     if (fe->models_pending == 0)
         models_refresh(fe);
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* Why no worker */
+
+void fe_models_names(kvr_frontend_t *fe, char *buf, size_t len)
+{
+    uint64_t ids[FE_MAX_WORKERS];
+    const char *seen[64];
+    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS), used = 0, n_seen = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && i < FE_MAX_WORKERS && n_seen < 64; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, ids[i]);
+        if (sp == NULL || sp->model[0] == '\0')
+            continue;
+        bool dup = false;
+        for (size_t j = 0; j < n_seen && !dup; j++)
+            dup = strcmp(seen[j], sp->model) == 0;
+        if (dup || used + strlen(sp->model) + 3 >= len)
+            continue;
+        seen[n_seen++] = sp->model;
+        used += (size_t)snprintf(buf + used, len - used, "%s%s", used ? ", " : "", sp->model);
+    }
+}
+
+bool fe_models_serves(kvr_frontend_t *fe, const kvr_worker_spec_t *sp, const char *model)
+{
+    if (model == NULL || sp->model[0] == '\0' || strcmp(sp->model, model) == 0)
+        return true;
+    size_t ml = strlen(model);
+    const char *learned = kvr_router_learned_loras(fe->r, sp->worker_id);
+    return kvr_namelist_has(sp->loras, model, ml) ||
+           (learned != NULL && kvr_namelist_has(learned, model, ml));
+}
+
+bool fe_models_served(kvr_frontend_t *fe, const char *model)
+{
+    uint64_t ids[FE_MAX_WORKERS];
+    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
+    for (size_t i = 0; i < n && i < FE_MAX_WORKERS; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, ids[i]);
+        if (sp != NULL && sp->url[0] != '\0' && fe_models_serves(fe, sp, model))
+            return true;
+    }
+    return false;
+}
+
+void fe_models_why_none(kvr_frontend_t *fe, const char *model, char *buf, size_t len)
+{
+    uint64_t ids[FE_MAX_WORKERS];
+    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
+    size_t with_url = 0, of_model = 0, fenced = 0;
+    for (size_t i = 0; i < n && i < FE_MAX_WORKERS; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, ids[i]);
+        if (sp == NULL || sp->url[0] == '\0')
+            continue;
+        with_url++;
+        if (!fe_models_serves(fe, sp, model))
+            continue;
+        of_model++;
+        fenced += kvr_router_fenced(fe->r, ids[i]);
+    }
+    if (n == 0) {
+        snprintf(buf, len, "no worker is registered (--worker, POST /v1/workers or discovery)");
+    } else if (with_url == 0) {
+        snprintf(buf, len, "none of the %zu registered workers has a url to send requests to", n);
+    } else if (of_model == 0) {
+        char names[512];
+        fe_models_names(fe, names, sizeof names);
+        snprintf(buf, len, "no worker serves model `%s` (the workers serve: %s)", model, names);
+    } else if (fenced == of_model) {
+        snprintf(buf, len, "all %zu workers that could serve it are fenced after failing in a "
+                 "row (each returns once its /health answers)", of_model);
+    } else {
+        snprintf(buf, len, "%zu of %zu workers that could serve it are fenced", fenced, of_model);
+    }
+}

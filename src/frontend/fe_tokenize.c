@@ -18,14 +18,22 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "frontend/fe_models.h"
 #include "frontend/fe_tokenize.h"
 #include "wire/tokenize_answer.h"
 
-/* The next tokenizer: round-robin over the registered, unfenced workers with a url not yet
- * tried for this request. */
+/* The request's model, or NULL when it named none. */
+static const char *model_of(const fe_req_t *p)
+{
+    return p->prompt.model != NULL && p->prompt.model[0] != '\0' ? p->prompt.model : NULL;
+}
+
+/* The next tokenizer: round-robin over the registered, unfenced workers with a url that serve
+ * the request's model (its tokenizer) and were not tried for this request yet. */
 static upool_t *pick_tokenizer(fe_req_t *p)
 {
     kvr_frontend_t *fe = p->fe;
+    const char *model = model_of(p);
     uint64_t ids[FE_MAX_WORKERS];
     size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
     if (n > FE_MAX_WORKERS)
@@ -36,7 +44,8 @@ static upool_t *pick_tokenizer(fe_req_t *p)
         bool tried = false;
         for (unsigned i = 0; i < p->prompt.n_tok_tried && !tried; i++)
             tried = p->prompt.tok_tried[i] == id;
-        if (sp == NULL || sp->url[0] == '\0' || tried || kvr_router_fenced(fe->r, id))
+        if (sp == NULL || sp->url[0] == '\0' || tried || kvr_router_fenced(fe->r, id) ||
+            !fe_models_serves(fe, sp, model))
             continue;
         upool_t *u = fe_pool_for(fe, sp);
         if (u == NULL || u->bad_url)
@@ -57,7 +66,7 @@ static void tok_fail(fe_req_t *p, fe_tok_done_fn done, int status, const char *f
     __attribute__((format(printf, 4, 5)));
 static void tok_fail(fe_req_t *p, fe_tok_done_fn done, int status, const char *fmt, ...)
 {
-    char msg[512];
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -148,6 +157,23 @@ static void on_tok_done(struct evhttp_request *up, void *arg)
     done(p, &r);
 }
 
+/* No worker to ask at all: 404 for a model none serves (naming those served), else 503 with
+ * why (none registered, none with a url, all fenced). */
+static void fail_no_tokenizer(fe_req_t *p, fe_tok_done_fn done)
+{
+    kvr_frontend_t *fe = p->fe;
+    const char *model = model_of(p);
+    char why[600];
+    if (model != NULL && !fe_models_served(fe, model) && kvr_router_worker_ids(fe->r, NULL, 0)) {
+        fe_models_names(fe, why, sizeof why);
+        tok_fail(p, done, 404, "The model `%s` does not exist%s%s", model,
+                 why[0] ? "; the workers serve: " : "", why);
+        return;
+    }
+    fe_models_why_none(fe, model, why, sizeof why);
+    tok_fail(p, done, 503, "no worker can tokenize the prompt: %s", why);
+}
+
 void fe_tokenize_start(fe_req_t *p, fe_tok_done_fn done)
 {
     kvr_frontend_t *fe = p->fe;
@@ -161,7 +187,7 @@ void fe_tokenize_start(fe_req_t *p, fe_tok_done_fn done)
             tok_fail(p, done, 503, "no worker could tokenize the prompt (%s)",
                      p->route.last_fail);
         else
-            tok_fail(p, done, 503, "no worker with a url can tokenize the prompt");
+            fail_no_tokenizer(p, done);
         return;
     }
     p->prompt.tok_tried[p->prompt.n_tok_tried++] = u->worker_id;

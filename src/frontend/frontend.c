@@ -105,7 +105,7 @@ static void req_fail(fe_req_t *p, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void req_fail(fe_req_t *p, int code, const char *fmt, ...)
 {
-    char msg[512];
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -119,15 +119,33 @@ static void req_fail(fe_req_t *p, int code, const char *fmt, ...)
     req_finish(p);
 }
 
+/* The model's name if the request gave one, else NULL. */
+static const char *model_of(const fe_req_t *p)
+{
+    return p->prompt.model != NULL && p->prompt.model[0] != '\0' ? p->prompt.model : NULL;
+}
+
+/* 404 for a model no worker serves, naming those they do. */
+static void fail_unknown_model(fe_req_t *p)
+{
+    char names[512];
+    fe_models_names(p->fe, names, sizeof names);
+    req_fail(p, 404, "The model `%s` does not exist%s%s", p->prompt.model,
+             names[0] ? "; the workers serve: " : "", names);
+}
+
 /* A routing status as the OpenAI error it is; frees the request. */
 static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
 {
     switch (rc) {
     case KVR_ENOWORKER:
-        if (p->route.n_tried > 0)
+        if (p->route.n_tried > 0) {
             req_fail(p, 503, "no worker can serve this request (%s)", p->route.last_fail);
-        else
-            req_fail(p, 503, "no worker can serve this request");
+        } else {
+            char why[600];
+            fe_models_why_none(p->fe, model_of(p), why, sizeof why);
+            req_fail(p, 503, "no worker can serve this request: %s", why);
+        }
         return;
     case KVR_ENOTALLOWED:
         req_fail(p, 503, "the pinned worker is outside the request's filters");
@@ -137,7 +155,7 @@ static void req_fail_route(fe_req_t *p, int rc, const kvr_route_res_t *res)
             strncmp(res->error_field, "lora", 4) == 0)
             req_fail(p, 404, "no worker serves the LoRA adapter `%s` (lora_strict)", p->hints.lora);
         else
-            req_fail(p, 404, "The model `%s` does not exist", p->prompt.model);
+            fail_unknown_model(p);
         return;
     case KVR_EBUSY:
         req_fail(p, 429, "every eligible worker is busy");

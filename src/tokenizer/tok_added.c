@@ -50,10 +50,9 @@ int kvr_tok_added_add(tok_added_t *a, uint32_t id, const char *content, size_t l
         if (a->word_re == NULL)
             return KVR_ENOMEM;
     }
-    tok_added_tok_t *t = realloc(a->toks, (a->n + 1) * sizeof *t);
-    if (t == NULL)
+    if (kvr_grow((void **)&a->toks, &a->cap, a->n + 1, SIZE_MAX / 64, sizeof *a->toks) != KVR_OK)
         return KVR_ENOMEM;
-    a->toks = t;
+    tok_added_tok_t *t = a->toks;
     char *c = kvr_tj_dup(content, len);
     if (c == NULL)
         return KVR_ENOMEM;

@@ -26,6 +26,7 @@ typedef struct tj_node {
     char *s; /* TJ_STR, TJ_NUM (text), NUL-terminated */
     size_t len;
     size_t n;              /* TJ_ARR, TJ_OBJ: members */
+    size_t cap;            /* room in kids (and keys) */
     char **keys;           /* TJ_OBJ */
     struct tj_node **kids; /* TJ_ARR, TJ_OBJ */
 } tj_node_t;
@@ -204,7 +205,7 @@ typedef struct tok_trie_node {
 } tok_trie_node_t;
 typedef struct tok_added {
     tok_added_tok_t *toks;
-    size_t n;
+    size_t n, cap;
     tok_trie_node_t *nodes;
     size_t n_nodes;
     uint32_t root[256];  /* first level, 0 none */

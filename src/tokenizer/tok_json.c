@@ -136,22 +136,28 @@ static bool add_node(ctx_t *c, tj_node_t *n)
         return true;
     }
     tj_node_t *p = c->st[c->depth - 1].node;
-    size_t m = p->n + 1;
-    tj_node_t **kids = realloc(p->kids, m * sizeof *kids);
-    if (kids == NULL) {
-        node_free(n);
-        c->oom = true;
-        return false;
-    }
-    p->kids = kids;
-    if (p->type == TJ_OBJ) {
-        char **keys = realloc(p->keys, m * sizeof *keys);
-        if (keys == NULL) {
+    if (p->n == p->cap) { /* doubling: a realloc per member is quadratic where realloc copies */
+        size_t m = p->cap < 4 ? 4 : 2 * p->cap;
+        tj_node_t **kids = realloc(p->kids, m * sizeof *kids);
+        if (kids == NULL) {
             node_free(n);
             c->oom = true;
             return false;
         }
-        p->keys = keys;
+        p->kids = kids;
+        if (p->type == TJ_OBJ) {
+            char **keys = realloc(p->keys, m * sizeof *keys);
+            if (keys == NULL) {
+                node_free(n);
+                c->oom = true;
+                return false;
+            }
+            p->keys = keys;
+        }
+        p->cap = m;
+    }
+    if (p->type == TJ_OBJ) {
+        char **keys = p->keys;
         keys[p->n] = c->key ? c->key : kvr_tj_dup((const unsigned char *)"", 0);
         c->key = NULL;
         if (keys[p->n] == NULL) {
@@ -160,8 +166,7 @@ static bool add_node(ctx_t *c, tj_node_t *n)
             return false;
         }
     }
-    kids[p->n] = n;
-    p->n = m;
+    p->kids[p->n++] = n;
     return true;
 }
 
@@ -191,19 +196,20 @@ static int on_scalar(ctx_t *c, int type, bool b, const unsigned char *s, size_t 
         if (v >= UINT32_MAX - 1)
             goto bad_vocab;
         tj_doc_t *d = c->doc;
-        size_t need = d->n_vocab + 1;
+        size_t need = d->n_vocab + 1, before = d->cap_vocab;
         if (kvr_grow((void **)&d->vocab_key, &d->cap_vocab, need, SIZE_MAX / 16,
                      sizeof *d->vocab_key) != 0) {
             c->oom = true;
             return 0;
         }
-        size_t cap2 = d->cap_vocab;
-        uint32_t *ids = realloc(d->vocab_id, cap2 * sizeof *ids);
-        if (ids == NULL) {
-            c->oom = true;
-            return 0;
+        if (d->cap_vocab != before || d->vocab_id == NULL) { /* ids grow with the keys */
+            uint32_t *ids = realloc(d->vocab_id, d->cap_vocab * sizeof *ids);
+            if (ids == NULL) {
+                c->oom = true;
+                return 0;
+            }
+            d->vocab_id = ids;
         }
-        d->vocab_id = ids;
         d->vocab_key[d->n_vocab] = c->vkey;
         d->vocab_id[d->n_vocab++] = (uint32_t)v;
         return 1;

@@ -241,6 +241,42 @@ def scenario_template_raise():
         shutil.rmtree(d)
 
 
+def scenario_model_errors():
+    """/tokenize goes to a worker of the request's model (its tokenizer), and a prompt no worker
+    can tokenize is answered with why: 404 naming the models served, 503 when none is
+    registered."""
+    toy = mocker("--model", "llama", what="mocker(llama, toy tokenizer)")
+    real = mocker("--tokenizer", QWEN, what="mocker(qwen3)")
+    r = Child([KVR, "serve", "--http-port", "0", "--block-size", str(BS), "--log-level", "warn",
+               "--health-interval-ms", "60000", "--frontend-tokenize-cache-tokens", "0",
+               "--worker", f"id=1,url={toy.url},model=llama",
+               "--worker", f"id=2,url={real.url},model=qwen"], "router(two models)")
+    empty = Child([KVR, "serve", "--http-port", "0", "--log-level", "warn"], "router(no workers)")
+    try:
+        bodies = [{"messages": [{"role": "user", "content": sentence(25)}]} for _ in range(4)]
+        p = subprocess.run([KVR, "tokenize", "--chat", "--tokenizer", QWEN],
+                           input="\n".join(json.dumps(b) for b in bodies) + "\n",
+                           capture_output=True, text=True, timeout=60)
+        want = [len(json.loads(l)["ids"]) for l in p.stdout.splitlines()]
+        got = [send(r, b)[:2] for b in bodies]
+        check("each qwen prompt tokenized by the qwen worker, never the llama one",
+              [g[1] for g in got] == want and all(g[0] == 200 for g in got), (got, want))
+        st, body = r.call("POST", "/v1/completions", {"model": "MODEL", "prompt": "hi",
+                                                      "max_tokens": 1})
+        msg = json.dumps(body)
+        check("an unknown model: 404 naming the models served",
+              st == 404 and "MODEL" in msg and "llama" in msg and "qwen" in msg, (st, body))
+        st, body = empty.call("POST", "/v1/completions", {"model": "m", "prompt": "hi",
+                                                          "max_tokens": 1})
+        check("no worker registered: 503 saying so at once",
+              st == 503 and "no worker is registered" in json.dumps(body), (st, body))
+    finally:
+        empty.stop()
+        r.stop()
+        real.stop()
+        toy.stop()
+
+
 def refused_start(args, what):
     p = subprocess.run([KVR, "serve", "--http-port", "0"] + args, stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=60)
@@ -282,6 +318,7 @@ def main():
     run_scenarios((("same_hashes", scenario_same_hashes),
                    ("probe_mismatch", scenario_probe_mismatch),
                    ("template_raise", scenario_template_raise),
+                   ("model_errors", scenario_model_errors),
                    ("refused", scenario_refused)), SEED)
 
 
