@@ -97,6 +97,8 @@ typedef struct tok_split {
     char *lit;
     size_t lit_len;
     int behavior;
+    int ascii_scan; /* the GPT-4-style pattern with \p{N} (1) or \p{N}{1,3} (3): matches on
+                       ASCII text are found by hand (tok_pretok.c), 0: PCRE2 only */
 } tok_split_t;
 enum { MS_ALWAYS, MS_FIRST, MS_NEVER };
 typedef struct tok_pretok {

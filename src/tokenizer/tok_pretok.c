@@ -29,6 +29,14 @@
 
 #define MATCH_BIT 0x80000000u
 
+/* The GPT-4-style split of Qwen2/3 (digits one at a time) and Llama 3 (up to three). */
+static const char cl100k_re1[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+                                 "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+                                 "\\s+(?!\\S)|\\s+";
+static const char cl100k_re3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+                                 "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+                                 "\\s+(?!\\S)|\\s+";
+
 static const char gpt2_re[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
@@ -55,7 +63,10 @@ static int add_regex(tok_pretok_t *pt, const char *pat, size_t len, int behavior
     size_t sz = 0;
     pcre2_pattern_info(re, PCRE2_INFO_SIZE, &sz);
     pt->bytes += sz;
-    p[pt->n++] = (tok_split_t){.re = re, .behavior = behavior};
+    int scan = len == sizeof cl100k_re1 - 1 && memcmp(pat, cl100k_re1, len) == 0   ? 1
+               : len == sizeof cl100k_re3 - 1 && memcmp(pat, cl100k_re3, len) == 0 ? 3
+                                                                                 : 0;
+    p[pt->n++] = (tok_split_t){.re = re, .behavior = behavior, .ascii_scan = scan};
     return KVR_OK;
 }
 
@@ -281,6 +292,86 @@ static int push(tok_ranges_t *o, uint32_t off, uint32_t len)
 }
 
 /* Appends piece [off, off+len) of s cut by the split's matches (flagged) to o. */
+/* ---- the GPT-4-style split on ASCII, by hand ------------------------------------------------
+ * PCRE2 costs a call per match (about a third of an encoding of English prose). For the
+ * pattern (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,k}|
+ *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ the match at a position is worked out
+ * here, alternative by alternative as PCRE2 tries them, whenever every byte it has to classify
+ * is ASCII (where \p{L} is [A-Za-z], \p{N} [0-9], \s [\t\n\v\f\r ]); the moment a decision
+ * needs a non-ASCII byte (a letter? a space? the caseless long s after an apostrophe?) it gives
+ * up and PCRE2 matches at that position. Every position starts a match of this pattern (any
+ * character is a letter, a number, a space or another), so the match is the leftmost one.
+ * Exactness is the oracle's to check: tokenizer_oracle runs Qwen3 and Llama 3.1 on it (and
+ * seeds 2-4 agreed too). Measured (`perf stat` task-clock of `kvrouter tokenize` on 400
+ * distinct 8K-token texts of English-like words with some CJK and Cyrillic, Qwen3, load
+ * subtracted): 0.70 ms a text with PCRE2 alone, 0.53 ms with this. */
+static bool a_letter(unsigned char b) { return (unsigned char)((b | 0x20) - 'a') < 26; }
+static bool a_digit(unsigned char b) { return (unsigned char)(b - '0') < 10; }
+static bool a_space(unsigned char b) { return b == ' ' || (b >= 9 && b <= 13); }
+static bool a_nl(unsigned char b) { return b == '\r' || b == '\n'; }
+static bool a_other(unsigned char b) { return b < 0x80 && !a_letter(b) && !a_digit(b) && !a_space(b); }
+
+/* The end of the run of ASCII letters from j; 0 when a non-ASCII byte ends it. */
+static size_t letters_end(const unsigned char *s, size_t j, size_t n)
+{
+    while (j < n && a_letter(s[j]))
+        j++;
+    return j < n && s[j] >= 0x80 ? 0 : j;
+}
+
+/* The match at s[at] (its end), or 0: not decidable on ASCII, PCRE2's to find. */
+static size_t ascii_match(const unsigned char *s, size_t at, size_t n, int digits)
+{
+    unsigned char c = s[at];
+    if (c >= 0x80)
+        return 0;
+    unsigned char d = at + 1 < n ? s[at + 1] : 0;
+    if (at + 1 < n && d >= 0x80 && !a_letter(c) && !a_digit(c) && !a_nl(c))
+        return 0; /* an apostrophe's long s, or a letter after an optional lead */
+    if (c == '\'' && at + 1 < n) { /* 's 't 're 've 'm 'll 'd, any case */
+        unsigned char l = d | 0x20, e = at + 2 < n ? (s[at + 2] | 0x20) : 0;
+        if (l == 's' || l == 't' || l == 'm' || l == 'd')
+            return at + 2;
+        if (((l == 'r' || l == 'v') && e == 'e') || (l == 'l' && e == 'l'))
+            return at + 3;
+    }
+    if (a_letter(c)) /* \p{L}+ */
+        return letters_end(s, at + 1, n);
+    if (!a_nl(c) && !a_digit(c) && at + 1 < n && a_letter(d)) /* a lead, then \p{L}+ */
+        return letters_end(s, at + 2, n);
+    if (a_digit(c)) { /* \p{N}{1,digits} */
+        size_t j = at + 1;
+        while (j < n && j - at < (size_t)digits && a_digit(s[j]))
+            j++;
+        return j - at < (size_t)digits && j < n && s[j] >= 0x80 ? 0 : j;
+    }
+    size_t j = c == ' ' && at + 1 < n && a_other(d) ? at + 1 : at;
+    if (a_other(s[j])) { /*  ?[^\s\p{L}\p{N}]+[\r\n]* */
+        while (j < n && a_other(s[j]))
+            j++;
+        if (j < n && s[j] >= 0x80)
+            return 0;
+        while (j < n && a_nl(s[j]))
+            j++;
+        return j;
+    }
+    /* c is a space: \s*[\r\n]+ | \s+(?!\S) | \s+ over the run of spaces */
+    size_t last_nl = 0;
+    bool nl = false;
+    for (j = at; j < n && a_space(s[j]); j++)
+        if (a_nl(s[j])) {
+            nl = true;
+            last_nl = j;
+        }
+    if (j < n && s[j] >= 0x80)
+        return 0;
+    if (nl)
+        return last_nl + 1;
+    if (j == n || j - at < 2)
+        return j;
+    return j - 1;
+}
+
 static int find(const tok_split_t *sp, const char *s, uint32_t off, uint32_t len,
                 pcre2_match_data *md, pcre2_match_context *mc, tok_ranges_t *o)
 {
@@ -288,7 +379,13 @@ static int find(const tok_split_t *sp, const char *s, uint32_t off, uint32_t len
     size_t at = 0, prev = 0;
     while (at < len) {
         size_t ms, me;
-        if (sp->re != NULL) {
+        size_t fast = sp->ascii_scan ? ascii_match((const unsigned char *)sub, at, len,
+                                                    sp->ascii_scan)
+                                     : 0;
+        if (fast > at) {
+            ms = at;
+            me = fast;
+        } else if (sp->re != NULL) {
             int rc = pcre2_match(sp->re, (PCRE2_SPTR)sub, len, at, PCRE2_NO_UTF_CHECK, md, mc);
             if (rc == PCRE2_ERROR_NOMATCH)
                 break;
