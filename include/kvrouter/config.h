@@ -32,6 +32,14 @@ typedef enum kvr_tokenizer_check {
     KVR_TOKCHECK_OFF
 } kvr_tokenizer_check_t;
 
+/* What the router does when a rank's predicted cached tokens stop agreeing with what its
+ * engine reports (prediction_drift_*): resync (drop the rank's index state and replay its
+ * engine's replay buffer), flag (mark and log only). */
+typedef enum kvr_drift_action {
+    KVR_DRIFT_RESYNC = 0,
+    KVR_DRIFT_FLAG
+} kvr_drift_action_t;
+
 typedef enum kvr_discovery_mode {
     KVR_DISCOVERY_STATIC = 0,
     KVR_DISCOVERY_NATS
@@ -194,6 +202,10 @@ typedef struct kvr_router_config {
     kvr_opt_f64_t disagg_load_threshold; /* load policy: prefill tokens in flight on the chosen
                                             prefill worker at which it counts as busy; unset =
                                             the busy thresholds decide */
+    /* the index checking itself (fleet/drift.c) */
+    uint32_t prediction_drift_window;       /* answers per rank judged together; 0 = off */
+    double prediction_drift_min_accuracy;   /* below it over a full window: drifting */
+    kvr_drift_action_t prediction_drift_action;
     uint64_t seed;                /* random tie-breaks and sampling; 0 = random */
 } kvr_router_config_t;
 

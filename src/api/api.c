@@ -732,6 +732,47 @@ static void h_loads(kvr_api_t *s, struct evhttp_request *req)
 /* ---------------------------------------------------------------------------------------- */
 /* Workers */
 
+/* The rank's predictions against its engine's reports (fleet/drift.h); null when the router
+ * does not check them (no KV events here, or prediction_drift_window 0). */
+static void put_prediction(kvr_api_t *s, kvr_json_writer_t *w, kvr_worker_t wk)
+{
+    kvr_json_key(w, "prediction");
+    const kvr_drift_t *d = kvr_fleet_drift(s->fleet);
+    if (d == NULL) {
+        kvr_json_null(w);
+        return;
+    }
+    kvr_drift_view_t v;
+    (void)kvr_drift_view(d, wk, &v);
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "drifting");
+    kvr_json_bool(w, v.drifting);
+    kvr_json_key(w, "accuracy");
+    kvr_json_double(w, v.accuracy);
+    kvr_json_key(w, "window_answers");
+    kvr_json_u64(w, v.window_samples);
+    kvr_json_key(w, "window_agreeing");
+    kvr_json_u64(w, v.window_agreeing);
+    kvr_json_key(w, "mean_error_tokens");
+    kvr_json_double(w, v.mean_error);
+    kvr_json_key(w, "mean_abs_error_tokens");
+    kvr_json_double(w, v.mean_abs_error);
+    kvr_json_key(w, "drifting_for_ms");
+    if (v.drifting)
+        kvr_json_u64(w, kvr_now_ms() - v.drifting_since_ms);
+    else
+        kvr_json_null(w);
+    kvr_json_key(w, "compared");
+    kvr_json_u64(w, v.compared);
+    kvr_json_key(w, "agreed");
+    kvr_json_u64(w, v.agreed);
+    kvr_json_key(w, "flagged");
+    kvr_json_u64(w, v.flagged);
+    kvr_json_key(w, "recovered");
+    kvr_json_u64(w, v.recovered);
+    kvr_json_end_object(w);
+}
+
 static void write_worker(kvr_api_t *s, const kvr_worker_spec_t *sp)
 {
     kvr_json_writer_t *w = s->w;
@@ -820,6 +861,7 @@ static void write_worker(kvr_api_t *s, const kvr_worker_spec_t *sp)
         kvr_json_u64(w, st.eagle_mismatches);
         kvr_json_key(w, "events_disconnects");
         kvr_json_u64(w, st.disconnects);
+        put_prediction(s, w, wk);
         kvr_json_key(w, "batches_rank_out_of_range");
         kvr_json_u64(w, st.rank_out_of_range);
         if (st.engine_block_size) {

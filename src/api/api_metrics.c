@@ -242,6 +242,7 @@ void api_h_metrics(kvr_api_t *s, struct evhttp_request *req)
     if (s->g != NULL)
         metrics_ingest(s, &s->prom);
     metrics_workers(s, &s->prom);
+    kvr_fleet_drift_metrics(s->fleet, &s->prom);
     kvr_http_host_services_metrics(s->host, &s->prom);
     kvr_reply_body(s->rep, req, 200, "text/plain; version=0.0.4", s->prom.buf ? s->prom.buf : "",
                    s->prom.len);

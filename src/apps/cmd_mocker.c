@@ -74,6 +74,9 @@ static void usage(FILE *out)
         "  --max-waiting N               waiting-queue cap; beyond it 503 [65536]\n"
         "  --vocab-size N                generated ids are below it [32000]\n"
         "  --kv-events-drop-every N      fault injection: every Nth batch is lost (replayable)\n"
+        "  --kv-events-fault F           silent fault injection: none | wrong (stored events\n"
+        "                                name other tokens) | drop (events never sent) [none];\n"
+        "                                POST /debug/kv_events_fault?mode=F changes it live\n"
         "  --log-level L                 debug | info | warn | error [info]\n");
     fputs(
         "Disaggregated prefill/decode:\n"
@@ -246,6 +249,13 @@ static int parse_option(kvr_cli_t *c, void *arg)
         return kvr_cli_u32(c, kvr_cli_value(c), 1, UINT32_MAX, &m->dp_size);
     if (kvr_cli_is(c, "--vocab-size"))
         return kvr_cli_u32(c, kvr_cli_value(c), 257, UINT32_MAX, &e->vocab_size);
+    if (kvr_cli_is(c, "--kv-events-fault")) {
+        size_t k;
+        rc = kvr_cli_choice(c, kvr_cli_value(c), KVR_MOCKER_EVFAULT_NAMES, 3, &k);
+        if (rc == 0)
+            m->kv_events_fault = (kvr_mocker_evfault_t)k;
+        return rc;
+    }
     if (kvr_cli_is(c, "--kv-events-drop-every"))
         return kvr_cli_u32(c, kvr_cli_value(c), 2, UINT32_MAX, &m->drop_batches_every);
     if (kvr_cli_is(c, "--seed"))

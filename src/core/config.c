@@ -56,6 +56,7 @@ static const char *const QPOL[] = {"fcfs", "wspt", "lcfs", NULL};
 static const char *const SPOL[] = {"dynamo", "lmetric", "locality", NULL};
 static const char *const DISC[] = {"static", "nats", NULL};
 static const char *const TOKCHECK[] = {"refuse", "warn", "off", NULL};
+static const char *const DRIFT[] = {"resync", "flag", NULL};
 static const char *const DPOL[] = {"always", "isl", "load", "isl-or-load", NULL};
 
 static const field_t FIELDS[] = {
@@ -302,6 +303,22 @@ static const field_t FIELDS[] = {
      NULL, sizeof(((kvr_router_config_t *)0)->remote_indexer_admin_key_file), "",
      "remote_indexer over HTTP, approximate mode: file holding the indexer's admin key, sent "
      "with each routing decision it records; empty = remote_indexer_key_file's"},
+    {"prediction_drift_window", T_U32, OFF(prediction_drift_window), 0, 1024, false, NULL, 0,
+     "32",
+     "answers per rank judged together: each answer whose engine reports "
+     "usage.prompt_tokens_details.cached_tokens is compared with the cached tokens the router "
+     "predicted for it (agreeing within one block); a rank whose last window of answers agrees "
+     "less than prediction_drift_min_accuracy is drifting, and is well again once a later full "
+     "window agrees; 0 = no comparison"},
+    {"prediction_drift_min_accuracy", T_F64, OFF(prediction_drift_min_accuracy), 0, 1, false,
+     NULL, 0, "0.5",
+     "share of a window's answers whose prediction must agree with the engine's report for the "
+     "rank to be trusted"},
+    {"prediction_drift_action", T_ENUM, OFF(prediction_drift_action), 0, 0, false, DRIFT, 0,
+     "resync",
+     "a rank found drifting: resync = its index state is dropped and rebuilt from its engine's "
+     "replay buffer (dropped only, without a replay socket), at most once a window; flag = "
+     "marked and logged only"},
     {"seed", T_U64, OFF(seed), 0, U64MAX, false, NULL, 0, "0",
      "seed for random tie-breaks and sampling; 0 = a random one"},
     {"frontend_max_retries", T_U32, OFF(frontend_max_retries), 0, 16, false, NULL, 0, "2",
@@ -642,7 +659,8 @@ _Static_assert(sizeof(kvr_router_mode_t) == sizeof(int) &&
                    sizeof(kvr_queue_order_t) == sizeof(int) &&
                    sizeof(kvr_select_policy_t) == sizeof(int) &&
                    sizeof(kvr_discovery_mode_t) == sizeof(int) &&
-                   sizeof(kvr_tokenizer_check_t) == sizeof(int),
+                   sizeof(kvr_tokenizer_check_t) == sizeof(int) &&
+                   sizeof(kvr_drift_action_t) == sizeof(int),
                "enum fields are stored as int");
 
 void kvr_config_defaults(kvr_router_config_t *cfg)

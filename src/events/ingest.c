@@ -73,6 +73,7 @@ typedef enum cmd_kind {
     CMD_LOAD,
     CMD_RECORD,
     CMD_FORGET,
+    CMD_RESYNC,
 } cmd_kind_t;
 
 typedef struct cmd {
@@ -917,6 +918,23 @@ static int do_forget(kvr_ingest_t *g, const cmd_t *c)
     return kvr_approx_size(g->approx) < before ? KVR_OK : KVR_ENOTFOUND;
 }
 
+/* Rebuilds a rank from its engine's replay buffer; without a replay socket its state is only
+ * dropped (it stays subscribed, degraded, and learns again from the next events). */
+static int do_resync(kvr_ingest_t *g, kvr_worker_t w)
+{
+    rank_acc_t *a = acc_find(g, w);
+    if (a == NULL)
+        return KVR_ENOTFOUND;
+    int rc = kvr_zmq_listener_resync(g->l, w.worker_id, w.dp_rank);
+    if (rc == KVR_EINVAL) {
+        (void)kvr_index_remove_rank(g->ix, w);
+        acc_reset(a);
+        a->dropped = true;
+        g->acc.resets++;
+    }
+    return rc;
+}
+
 static void run_cmd(kvr_ingest_t *g)
 {
     pthread_mutex_lock(&g->mu);
@@ -944,6 +962,9 @@ static void run_cmd(kvr_ingest_t *g)
         break;
     case CMD_FORGET:
         c->rc = do_forget(g, c);
+        break;
+    case CMD_RESYNC:
+        c->rc = do_resync(g, (kvr_worker_t){c->worker_id, c->dp_rank});
         break;
     case CMD_SAVE:
         c->rc = c->path != NULL ? snap_save(g, c->path, c->rep, c->err, c->err_len)
@@ -1166,6 +1187,12 @@ int kvr_ingest_forget(kvr_ingest_t *g, uint64_t worker_id, bool one_rank, uint32
 {
     cmd_t c = {
         .kind = CMD_FORGET, .worker_id = worker_id, .dp_rank = dp_rank, .one_rank = one_rank};
+    return send_cmd(g, &c);
+}
+
+int kvr_ingest_resync(kvr_ingest_t *g, kvr_worker_t w)
+{
+    cmd_t c = {.kind = CMD_RESYNC, .worker_id = w.worker_id, .dp_rank = w.dp_rank};
     return send_cmd(g, &c);
 }
 

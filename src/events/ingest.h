@@ -71,6 +71,13 @@ int kvr_ingest_record(kvr_ingest_t *g, kvr_worker_t w, const uint64_t *lbh, cons
 /* Drops a worker's recorded decisions (one rank, or all): KVR_OK, or KVR_ENOTFOUND when it had
  * none (or its events are subscribed: unsubscribe it instead). */
 int kvr_ingest_forget(kvr_ingest_t *g, uint64_t worker_id, bool one_rank, uint32_t dp_rank);
+/* Rebuilds a subscribed rank's index state from its engine's replay buffer
+ * (kvr_zmq_listener_resync: dropped now, replayed from the oldest batch the engine keeps):
+ * KVR_OK when the replay was asked; KVR_EINVAL when the rank has no replay socket (its state
+ * is dropped instead: it stays subscribed, degraded, and learns from the next events);
+ * KVR_EBUSY while a replay of it is already in progress; KVR_ENOTFOUND when not subscribed;
+ * KVR_EIO when the request could not be sent (the state was dropped). */
+int kvr_ingest_resync(kvr_ingest_t *g, kvr_worker_t w);
 /* Runs fn over a replayable dump of the index, on the ingest thread. */
 int kvr_ingest_dump(kvr_ingest_t *g, kvr_dump_fn fn, void *ud);
 

@@ -53,6 +53,8 @@ typedef struct recovery {
     bool resume;                /* confirms a resumed cursor: batch `from` must come first,
                                    unapplied; upto is UINT64_MAX until a live batch is held */
     bool decided;               /* the resume was confirmed or failed */
+    bool open;                  /* a resync: everything from batch 0, upto UINT64_MAX until a
+                                   live batch is held (as a resume's) */
     bool confirm;               /* a gap's replay: batch `from` (the last applied) comes
                                    first, with the bytes of last_hash, or it is a restart */
     uint64_t deadline_ms;       /* give up if the replay socket is silent until then */
@@ -125,6 +127,8 @@ const char *kvr_zmq_reset_reason_name(kvr_zmq_reset_reason_t why)
         return "no answer from the replay socket";
     case KVR_RESET_HOLD_FULL:
         return "too many live batches held while replaying";
+    case KVR_RESET_RESYNC:
+        return "rebuilt from the replay buffer on request";
     }
     return "unknown";
 }
@@ -636,6 +640,11 @@ static void finish_recovery(kvr_zmq_listener_t *l, rank_t *r)
         if (r->rec.upto == UINT64_MAX)
             return; /* no live batch waits: the replay brought everything there was */
     }
+    if (r->rec.open) {
+        r->rec.open = false;
+        if (r->rec.upto == UINT64_MAX)
+            return; /* as a resume's: nothing live waits */
+    }
     if (!r->cur.started || r->cur.next < r->rec.upto)
         give_up(l, r, r->rec.upto, r->rec.why);
 }
@@ -795,7 +804,8 @@ static void handle_live(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const vo
 {
     /* a resume asks for everything after the cursor; the first live batch held bounds it, so
      * the replay never moves the cursor past batches waiting in the hold */
-    if (r->rec.active && r->rec.resume && seq < r->rec.upto && seq > r->rec.from)
+    if (r->rec.active && (r->rec.resume || r->rec.open) && seq < r->rec.upto &&
+        seq > r->rec.from)
         r->rec.upto = seq;
     while (r->rec.active) {
         if (hold(l, r, seq, p, n, false))
@@ -927,6 +937,25 @@ int kvr_zmq_listener_resume(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t 
     r->info.resuming = true;
     if (!start_recovery(l, r, last_seq, UINT64_MAX, KVR_RESET_RESUME_FAILED)) {
         end_resume(r); /* start_recovery gave the range up: the rank was reset */
+        return KVR_EIO;
+    }
+    return KVR_OK;
+}
+
+int kvr_zmq_listener_resync(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t dp_rank)
+{
+    rank_t *r = l != NULL ? find_rank(l, worker_id, dp_rank) : NULL;
+    if (r == NULL)
+        return KVR_ENOTFOUND;
+    if (r->dealer == NULL)
+        return KVR_EINVAL;
+    if (r->rec.active)
+        return KVR_EBUSY;
+    r->info.resyncs++;
+    reset_rank(l, r, KVR_RESET_RESYNC);
+    r->rec.open = true;
+    if (!start_recovery(l, r, 0, UINT64_MAX, KVR_RESET_RESYNC)) {
+        r->rec.open = false;
         return KVR_EIO;
     }
     return KVR_OK;

@@ -68,6 +68,8 @@ typedef enum kvr_zmq_reset_reason {
                                 the batch, or its replay socket did not answer */
     KVR_RESET_REPLAY_TIMEOUT, /* the replay socket stayed silent for replay_timeout_ms */
     KVR_RESET_HOLD_FULL,      /* too many live batches arrived while a gap was replayed */
+    KVR_RESET_RESYNC,         /* the caller asked for the rank to be rebuilt from its
+                                 engine's replay buffer (kvr_zmq_listener_resync) */
 } kvr_zmq_reset_reason_t;
 
 /* "publisher restarted", "gap older than the replay buffer", ...: for logs. */
@@ -106,6 +108,7 @@ typedef struct kvr_zmq_rank_info {
     uint64_t last_hash;    /* XXH3-64 of batch last_seq's payload (a resume checks it) */
     bool resuming;         /* a resumed cursor waits for its confirmation (recovering too) */
     uint64_t resumes, resumes_failed;
+    uint64_t resyncs;      /* rebuilds asked by the caller (kvr_zmq_listener_resync) */
     bool connected;        /* the events socket has a live connection to the publisher now */
     bool was_connected;    /* it had one once (so !connected means the publisher went away) */
     uint64_t disconnects;  /* connections to the publisher lost */
@@ -161,6 +164,14 @@ int kvr_zmq_listener_remove(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t 
  * request could not be sent: the rank is reset). */
 int kvr_zmq_listener_resume(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t dp_rank,
                             uint64_t last_seq, uint64_t last_hash);
+/* Rebuilds a rank from its engine's replay buffer: its state is dropped at once
+ * (on_reset(KVR_RESET_RESYNC)) and a replay from batch 0 is requested (a publisher answers
+ * from the oldest batch it keeps); the rank recovers as a gap does, live batches held
+ * meanwhile, and is exact again if the buffer still starts at batch 0, degraded otherwise.
+ * KVR_ENOTFOUND (no such rank), KVR_EINVAL (no replay socket: nothing to rebuild from; the
+ * state is left as it is), KVR_EBUSY (a replay is already in progress), KVR_EIO (the request
+ * could not be sent: the rank's state was dropped all the same). */
+int kvr_zmq_listener_resync(kvr_zmq_listener_t *l, uint64_t worker_id, uint32_t dp_rank);
 /* Ends a poll that is waiting (or the next one) at once: any thread (the only call that is
  * not the owner thread's). */
 void kvr_zmq_listener_wake(kvr_zmq_listener_t *l);

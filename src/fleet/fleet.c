@@ -62,7 +62,8 @@ kvr_fleet_t *kvr_fleet_new(struct event_base *base, kvr_sched_t *sched, kvr_inge
     f->probes = calloc(KVR_FLEET_MAX_PROBES, sizeof *f->probes);
     f->tick = event_new(base, -1, EV_PERSIST, on_tick, f);
     struct timeval tv = {0, 100000};
-    if (f->probes == NULL || f->tick == NULL || event_add(f->tick, &tv) != 0) {
+    if (f->probes == NULL || f->tick == NULL || event_add(f->tick, &tv) != 0 ||
+        fleet_drift_init(f) != KVR_OK) {
         snprintf(err, err_len, "out of memory");
         kvr_fleet_free(f);
         *status = KVR_ENOMEM;
@@ -79,6 +80,7 @@ void kvr_fleet_free(kvr_fleet_t *f)
     if (f->tick != NULL)
         event_free(f->tick);
     fleet_free_probes(f);
+    fleet_drift_free(f);
     free(f);
 }
 
@@ -120,6 +122,8 @@ int kvr_fleet_remove_worker(kvr_fleet_t *f, uint64_t id)
     if (f->g != NULL)
         (void)kvr_ingest_remove_worker(f->g, id);
     fleet_remove_probe(f, id);
+    if (f->drift != NULL)
+        kvr_drift_remove_worker(f->drift, id);
     FLEET_CHECK(f);
     for (size_t i = 0; i < f->n_obs; i++)
         if (f->obs[i].removed != NULL)
@@ -181,6 +185,8 @@ int kvr_fleet_verify(const kvr_fleet_t *f, char *msg, size_t msg_len)
                         KVR_FLEET_MAX_PROBES);
     if (f->n_obs > KVR_FLEET_MAX_OBSERVERS)
         KVR_VERIFY_FAIL("%zu observers", f->n_obs);
+    if (f->drift != NULL && kvr_drift_verify(f->drift, msg, msg_len) != KVR_OK)
+        return KVR_EINVAL;
     for (size_t i = 0; i < f->n_all; i++) {
         const probe_t *pr = f->probes[i];
         if (pr == NULL || pr->f != f)

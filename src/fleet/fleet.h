@@ -16,6 +16,7 @@
 #ifndef KVR_FLEET_FLEET_H
 #define KVR_FLEET_FLEET_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,8 @@
 #include "kvrouter/router.h"
 #include "kvrouter/sched.h"
 #include "events/ingest.h"
+#include "fleet/drift.h"
+#include "wire/prom.h"
 
 struct event_base;
 typedef struct kvr_fleet kvr_fleet_t;
@@ -80,6 +83,24 @@ void kvr_fleet_set_index_origin(kvr_fleet_t *f, const char *origin);
 const char *kvr_fleet_index_origin(const kvr_fleet_t *f);
 /* Reads of workers' KV-cache sizes from their /metrics: learnt, not exposed, failed. */
 void kvr_fleet_capacity_fetches(const kvr_fleet_t *f, uint64_t out[3]);
+
+/* The index checking itself (fleet/drift.h): an answer's engine report of the prompt tokens it
+ * found cached, against the router's prediction for that rank. Counted as unreported when the
+ * answer carried none. A rank found drifting is logged (why: how often its predictions agree,
+ * by how much and which way they miss) and, per prediction_drift_action, rebuilt from its
+ * engine's replay buffer (at most once a window). No-op when the check is off. */
+typedef struct kvr_fleet_cached_report {
+    kvr_worker_t w;
+    uint64_t prompt_tokens;
+    uint64_t predicted;
+    bool has_report;
+    uint64_t reported;
+} kvr_fleet_cached_report_t;
+void kvr_fleet_report_cached(kvr_fleet_t *f, const kvr_fleet_cached_report_t *r);
+/* NULL when the check is off (no KV events here, or prediction_drift_window 0). */
+const kvr_drift_t *kvr_fleet_drift(const kvr_fleet_t *f);
+/* kvr_prediction_* families (nothing when the check is off). */
+void kvr_fleet_drift_metrics(const kvr_fleet_t *f, kvr_prom_t *p);
 
 /* Checks the invariants of fleet.c and health.c (live probes first, each for a registered
  * worker with a url, no two for one worker; the dead ones after; observers within bounds):

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "base/log.h"
+#include "fleet/drift.h"
 #include "fleet/fleet.h"
 
 #define KVR_FLEET_MAX_PROBES 4096
@@ -44,6 +45,11 @@ struct kvr_fleet {
     uint64_t cap_fetches[3];   /* capacity from /metrics: learnt, none there, failed */
     uint64_t first_routed_ms, last_silent_check_ms;
     char index_origin[512];
+    /* the index checking itself (fleet_drift.c); NULL when off */
+    kvr_drift_t *drift;
+    kvr_ratelimit_t rl_drift;
+    uint64_t cached_reported, cached_unreported; /* answers with / without a report */
+    uint64_t resyncs[4]; /* asked, dropped (no replay socket), busy, failed */
 };
 
 /* ---- health.c ---------------------------------------------------------------------------- */
@@ -55,5 +61,10 @@ void fleet_free_probes(kvr_fleet_t *f);
 /* Probes every live worker's /health. */
 void fleet_probe_all(kvr_fleet_t *f);
 void fleet_warn_silent_ranks(kvr_fleet_t *f, uint64_t now);
+
+/* ---- fleet_drift.c ----------------------------------------------------------------------- */
+/* The tracker, when the router learns from KV events here and the window is not 0. */
+int fleet_drift_init(kvr_fleet_t *f);
+void fleet_drift_free(kvr_fleet_t *f);
 
 #endif

@@ -2,7 +2,8 @@
  * fe_relay.c: a worker's streamed answer cut for the client (fe_relay.h): the upstream bytes
  * are cut into whole SSE events, each counted (and its token reported through the caller's
  * on_token, in order), given the worker's nvext when the client asked, and appended to the
- * caller's buffer; the state machine sends it and watches the client's backlog.
+ * caller's buffer; the state machine sends it and watches the client's backlog. An event with
+ * a usage member gives the engine's report of cached prompt tokens (p->up.cached).
  * Invariants: only whole events leave p->up.sse, but at the stream's end or past
  * FE_SSE_MAX_PENDING bytes without an event end (forwarded raw, counted). Ownership: nothing
  * kept. Threads: the HTTP thread. Cost: one pass over the bytes; a copy into out.
@@ -16,6 +17,7 @@
 
 #include "frontend/fe_body.h"
 #include "frontend/fe_relay.h"
+#include "wire/oai_usage.h"
 
 static const char *find_bytes(const char *h, size_t hn, const char *needle, size_t nn)
 {
@@ -91,6 +93,12 @@ static void relay_event(fe_req_t *p, const char *ev, size_t len, struct evbuffer
     bool error = dl >= 8 && memcmp(d, "{\"error\"", 8) == 0;
     if (!error && has_choices(d, dl))
         on_token(p);
+    uint64_t cached;
+    if (!error && find_bytes(d, dl, "\"usage\"", 7) != NULL &&
+        kvr_oai_usage_cached_tokens(d, dl, &cached)) { /* the engine's report (the last wins) */
+        p->up.has_cached = true;
+        p->up.cached = cached;
+    }
     if (p->client.want_worker && !error) {
         evbuffer_add(out, KVR_OAI_SSE_PREFIX, sizeof KVR_OAI_SSE_PREFIX - 1);
         if (fe_inject_worker(p, d, dl, out)) {

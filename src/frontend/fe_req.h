@@ -172,6 +172,8 @@ typedef struct fe_up {
     bool got_headers;     /* the worker answered (its first byte): no retry from here */
     bool sse_mode;
     bool leg_sent;        /* a call of the current leg was issued */
+    bool has_cached;      /* its answer reported usage.prompt_tokens_details.cached_tokens */
+    uint64_t cached;      /* ... this many */
     struct evbuffer *sse; /* upstream bytes of an event not yet complete */
 } fe_up_t;
 

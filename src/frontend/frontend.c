@@ -59,12 +59,14 @@
 #include <yajl/yajl_tree.h>
 
 #include "core/endpoint.h"
+#include "fleet/fleet.h"
 #include "frontend/tokcache.h"
 #include "base/log.h"
 #include "base/secret.h"
 #include "wire/api_json.h"
 #include "wire/json_scan.h"
 #include "wire/json_writer.h"
+#include "wire/oai_usage.h"
 #include "wire/openai.h"
 #include "wire/prom.h"
 
@@ -852,6 +854,35 @@ static uint64_t completion_tokens(struct evbuffer *in)
     return v;
 }
 
+/* usage.prompt_tokens_details.cached_tokens of a whole answer into p->up (when there): the
+ * answer is made contiguous only when the key is in it. */
+static void answer_cached_tokens(fe_req_t *p, struct evbuffer *in)
+{
+    static const char key[] = "\"cached_tokens\"";
+    if (evbuffer_search(in, key, sizeof key - 1, NULL).pos < 0)
+        return;
+    const char *b = (const char *)evbuffer_pullup(in, -1);
+    uint64_t v;
+    if (b != NULL && kvr_oai_usage_cached_tokens(b, evbuffer_get_length(in), &v)) {
+        p->up.has_cached = true;
+        p->up.cached = v;
+    }
+}
+
+/* The index checks itself: what the engine found cached against what was predicted (an
+ * aggregated request only: a disaggregated leg's cache holds transferred blocks). */
+static void report_cached(fe_req_t *p)
+{
+    if (p->dis != NULL || !fe_req_booked(p))
+        return;
+    kvr_fleet_cached_report_t r = {.w = p->route.worker,
+                                   .prompt_tokens = p->prompt.n_tokens,
+                                   .predicted = p->route.cached_tokens,
+                                   .has_report = p->up.has_cached,
+                                   .reported = p->up.cached};
+    kvr_fleet_report_cached(p->fe->fleet, &r);
+}
+
 /* The whole (non-SSE) answer in up relayed to the client with its status. */
 static void reply_whole(fe_req_t *p, struct evhttp_request *up)
 {
@@ -957,10 +988,14 @@ static void up_answered(fe_req_t *p, struct evhttp_request *up, int code)
         end_stream(p, NULL);
     } else {
         osl = completion_tokens(evhttp_request_get_input_buffer(up));
+        if (code == 200)
+            answer_cached_tokens(p, evhttp_request_get_input_buffer(up));
         reply_whole(p, up);
     }
-    if (code == 200)
+    if (code == 200) {
         fe_reqm_observe(p->fe, p, kvr_now_ns(), osl);
+        report_cached(p);
+    }
     req_finish(p);
 }
 
@@ -1006,7 +1041,7 @@ static void send_upstream(fe_req_t *p)
     upool_t *u = sp != NULL ? fe_pool_for(fe, sp) : NULL;
     p->route.attempts++;
     p->up.pool = u;
-    p->up.got_headers = p->up.err_set = p->up.sse_mode = false;
+    p->up.got_headers = p->up.err_set = p->up.sse_mode = p->up.has_cached = false;
     p->phase = PH_UPSTREAM;
     if (u == NULL || u->bad_url) {
         if (!ensure_retry_ev(p)) {

@@ -1,7 +1,7 @@
 /*
  * mocker.c: `kvrouter mocker`'s engine process (mocker.h): configuration, the lifecycle, the
  * request dispatch and the endpoints that are not requests to an engine (/v1/models, /health,
- * /metrics, /version, /debug/kv_blocks, /reset_prefix_cache).
+ * /metrics, /version, /debug/kv_blocks, /debug/kv_events_fault, /reset_prefix_cache).
  * The top of the mocker's files (mocker_state.h draws the chain): it calls mocker_admit.c for
  * generation and tokenization, mocker_kv.c for /kv/pull, mocker_rank.c for the ranks and
  * mocker_server.c for replies; nothing calls up into it.
@@ -89,6 +89,10 @@ int kvr_mocker_config_validate(const kvr_mocker_config_t *c, char *err, size_t e
         snprintf(err, err_len, "role: prefill, decode or both; kv-transfer: pull or bootstrap");
         return KVR_EINVAL;
     }
+    if ((unsigned)c->kv_events_fault > KVR_MOCKER_EVFAULT_DROP) {
+        snprintf(err, err_len, "kv-events-fault: none, wrong or drop");
+        return KVR_EINVAL;
+    }
     if (!isfinite(c->kv_transfer_gbps) || c->kv_transfer_gbps <= 0) {
         snprintf(err, err_len, "kv-transfer-gbps: must be a finite number > 0");
         return KVR_EINVAL;
@@ -128,6 +132,30 @@ static void h_models(kvr_mocker_t *m, struct evhttp_request *req)
     kvr_json_writer_reset(&m->w);
     kvr_oai_encode_models(&m->w, md, 1 + m->n_lora);
     kvr_reply_writer(&m->rep, req, 200);
+}
+
+const char *const KVR_MOCKER_EVFAULT_NAMES[] = {"none", "wrong", "drop", NULL};
+
+/* POST /debug/kv_events_fault?mode=none|wrong|drop: the silent KV-event fault from now on
+ * (the events of the step in progress are published under the old one). */
+static void h_evfault(kvr_mocker_t *m, struct evhttp_request *req)
+{
+    const char *q = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
+    for (int k = 0; q != NULL && KVR_MOCKER_EVFAULT_NAMES[k] != NULL; k++) {
+        char want[32];
+        snprintf(want, sizeof want, "mode=%s", KVR_MOCKER_EVFAULT_NAMES[k]);
+        if (strcmp(q, want) == 0) {
+            m->cfg.kv_events_fault = (kvr_mocker_evfault_t)k;
+            kvr_log(KVR_LOG_WARN, "KV-event fault now: %s", KVR_MOCKER_EVFAULT_NAMES[k]);
+            char body[64];
+            int n = snprintf(body, sizeof body, "{\"kv_events_fault\":\"%s\"}",
+                             KVR_MOCKER_EVFAULT_NAMES[k]);
+            kvr_reply_body(&m->rep, req, 200, "application/json", body, (size_t)n);
+            return;
+        }
+    }
+    mk_reply_error(m, req, 400, "query must be mode=none, mode=wrong or mode=drop (got %s)",
+                   q != NULL ? q : "none");
 }
 
 static void h_reset(kvr_mocker_t *m, struct evhttp_request *req)
@@ -411,6 +439,8 @@ static void on_request(struct evhttp_request *req, void *arg)
         h_kv_blocks(m, req);
     else if (post && strcmp(path, "/reset_prefix_cache") == 0)
         h_reset(m, req);
+    else if (post && strcmp(path, "/debug/kv_events_fault") == 0)
+        h_evfault(m, req);
     else if (post && strcmp(path, "/kv/pull") == 0)
         mk_h_pull(m, req);
     else

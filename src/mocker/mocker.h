@@ -48,6 +48,16 @@ typedef enum kvr_mocker_kvt {
                              the room from the prefill worker's bootstrap server */
 } kvr_mocker_kvt_t;
 
+/* Silent KV-event faults (a subscriber cannot tell from the stream): what an index fed by
+ * such events predicts stops matching what the engine reports it reused. */
+typedef enum kvr_mocker_evfault {
+    KVR_MOCKER_EVFAULT_NONE = 0,
+    KVR_MOCKER_EVFAULT_WRONG, /* STORED events carry other token ids than the blocks hold */
+    KVR_MOCKER_EVFAULT_DROP,  /* events are neither published nor numbered */
+} kvr_mocker_evfault_t;
+/* "none", "wrong", "drop"; index = value. */
+extern const char *const KVR_MOCKER_EVFAULT_NAMES[];
+
 typedef struct kvr_mocker_config {
     kvr_engine_config_t engine;  /* per rank */
     char host[256];              /* HTTP bind address */
@@ -61,6 +71,9 @@ typedef struct kvr_mocker_config {
     kvr_kv_events_config_t events;
     kvr_kv_format_t event_format; /* VLLM_ARRAY (default) or VLLM_MAP */
     uint32_t drop_batches_every; /* fault injection: every Nth batch is not sent (0 = never) */
+    kvr_mocker_evfault_t kv_events_fault; /* fault injection, silent (nothing counts it on
+                                             the wire; POST /debug/kv_events_fault?mode=
+                                             changes it at run time) */
     /* LoRA adapters served (vLLM's --lora-modules names), ';'-separated: listed in /v1/models
      * with the model as parent, taken as a request's model; an adapter's blocks are its own
      * (hashes salted by its name) and its KV events name it */

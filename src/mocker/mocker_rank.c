@@ -77,10 +77,54 @@ static bool scratch_fit(rank_t *rk, size_t n)
     return true;
 }
 
+/* The "wrong" fault: the event's tokens, each moved to the next id (the router hashes other
+ * blocks than the engine holds); NULL out of memory. */
+static const uint32_t *wrong_tokens(rank_t *rk, const uint32_t *tokens, size_t n)
+{
+    if (n > rk->tok_cap) {
+        uint32_t *t = realloc(rk->tok_scratch, n * sizeof *t);
+        if (t == NULL)
+            return NULL;
+        rk->tok_scratch = t;
+        rk->tok_cap = n;
+    }
+    uint32_t vocab = rk->m->cfg.engine.vocab_size ? rk->m->cfg.engine.vocab_size : 32000;
+    for (size_t i = 0; i < n; i++)
+        rk->tok_scratch[i] = (tokens[i] + 1) % vocab;
+    return rk->tok_scratch;
+}
+
+/* Adds one event (its engine hashes in rk->scratch) to the open batch. */
+static int encode_event(rank_t *rk, const kvr_kvcache_event_t *ev)
+{
+    uint32_t bs = rk->m->cfg.engine.block_size;
+    if (ev->kind == KVR_KVC_REMOVED) {
+        kvr_kv_enc_removed_t r = {.hashes = rk->scratch, .n_hashes = ev->n_hashes,
+                                  .medium = "GPU"};
+        return kvr_kv_enc_add_removed(rk->enc, &r);
+    }
+    if (ev->kind != KVR_KVC_STORED)
+        return kvr_kv_enc_add_cleared(rk->enc);
+    const uint32_t *toks = ev->tokens;
+    if (rk->m->cfg.kv_events_fault == KVR_MOCKER_EVFAULT_WRONG &&
+        (toks = wrong_tokens(rk, ev->tokens, ev->n_hashes * bs)) == NULL)
+        return KVR_ENOMEM;
+    kvr_kv_enc_stored_t s = {.hashes = rk->scratch,
+                             .n_hashes = ev->n_hashes,
+                             .has_parent = ev->has_parent,
+                             .parent = kvr_mocker_engine_hash(ev->parent),
+                             .tokens = toks,
+                             .n_tokens = ev->n_hashes * bs,
+                             .block_size = bs,
+                             .medium = "GPU",
+                             .lora_name = ev->lora_name};
+    return kvr_kv_enc_add_stored(rk->enc, &s);
+}
+
 static void on_kv_event(void *ctx, const kvr_kvcache_event_t *ev)
 {
     rank_t *rk = ctx;
-    if (!rk->enc)
+    if (!rk->enc || rk->m->cfg.kv_events_fault == KVR_MOCKER_EVFAULT_DROP)
         return;
     int st = KVR_OK;
     if (!rk->batch_open) {
@@ -92,25 +136,7 @@ static void on_kv_event(void *ctx, const kvr_kvcache_event_t *ev)
     if (st == KVR_OK) {
         for (size_t i = 0; ev->kind != KVR_KVC_CLEARED && i < ev->n_hashes; i++)
             rk->scratch[i] = kvr_mocker_engine_hash(ev->hashes[i]);
-        uint32_t bs = rk->m->cfg.engine.block_size;
-        if (ev->kind == KVR_KVC_STORED) {
-            kvr_kv_enc_stored_t s = {.hashes = rk->scratch,
-                                     .n_hashes = ev->n_hashes,
-                                     .has_parent = ev->has_parent,
-                                     .parent = kvr_mocker_engine_hash(ev->parent),
-                                     .tokens = ev->tokens,
-                                     .n_tokens = ev->n_hashes * bs,
-                                     .block_size = bs,
-                                     .medium = "GPU",
-                                     .lora_name = ev->lora_name};
-            st = kvr_kv_enc_add_stored(rk->enc, &s);
-        } else if (ev->kind == KVR_KVC_REMOVED) {
-            kvr_kv_enc_removed_t r = {.hashes = rk->scratch, .n_hashes = ev->n_hashes,
-                                      .medium = "GPU"};
-            st = kvr_kv_enc_add_removed(rk->enc, &r);
-        } else {
-            st = kvr_kv_enc_add_cleared(rk->enc);
-        }
+        st = encode_event(rk, ev);
     }
     if (st != KVR_OK) {
         rk->encode_errors++;
@@ -272,4 +298,5 @@ void mk_rank_free(rank_t *rk)
     kvr_kv_pub_free(rk->pub);
     kvr_kv_enc_free(rk->enc);
     free(rk->scratch);
+    free(rk->tok_scratch);
 }

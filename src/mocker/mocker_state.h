@@ -52,6 +52,8 @@ typedef struct rank {
     bool batch_open;
     uint64_t *scratch; /* engine hashes of one event */
     size_t scratch_cap;
+    uint32_t *tok_scratch; /* its tokens, altered (the "wrong" KV-event fault) */
+    size_t tok_cap;
     struct event *timer;
     struct event *replay_ev; /* the replay socket's ZMQ_FD: requests answered on arrival */
     bool stepping;

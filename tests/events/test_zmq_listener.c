@@ -3,7 +3,8 @@
  * (tests/tools/zmq_publisher.py, Debian's python3-zmq, written independently of the C code):
  * in-order delivery, gaps filled from the replay socket before the batch that revealed them,
  * duplicates dropped, publisher restarts, gaps older than the replay buffer, undecodable
- * batches, malformed messages, and a replay socket that never answers. Each scenario checks
+ * batches, malformed messages, a replay socket that never answers, and a resync asked by the
+ * caller (rebuilt from batch 0, or degraded when the buffer was trimmed). Each scenario checks
  * the sequence of batches the router would apply, the resets it would perform, the rank's
  * state and the counters.
  *
@@ -317,6 +318,55 @@ static void test_late_subscriber_replays_history(void **state)
     assert_int_equal(f->rec.n_resets, 0);
 }
 
+/* A resync (the index found drifting): the rank's state is dropped and rebuilt from the
+ * replay buffer, from batch 0: exact again, then live batches go on. */
+static void test_resync_rebuilds_from_batch_0(void **state)
+{
+    fixture_t *f = *state;
+    pub_cmd(&f->pub, "send 0 aa");
+    pub_cmd(&f->pub, "send 1 ab");
+    pub_cmd(&f->pub, "send 2 ac");
+    pump(f, 3);
+    assert_int_equal(kvr_zmq_listener_resync(f->l, 7, 0), KVR_OK);
+    assert_int_equal(f->rec.n_resets, 1);
+    assert_int_equal(f->rec.resets[0], KVR_RESET_RESYNC);
+    assert_int_equal(kvr_zmq_listener_resync(f->l, 7, 0), KVR_EBUSY); /* one at a time */
+    pump(f, 6);
+    pub_cmd(&f->pub, "send 3 ad");
+    pump(f, 7);
+    uint64_t want[] = {0, 1, 2, 0, 1, 2, 3};
+    bool rep[] = {false, false, false, true, true, true, false};
+    expect_seqs(f, want, rep, 7);
+    kvr_zmq_rank_info_t ri = info(f);
+    assert_int_equal(ri.state, KVR_ZMQ_EXACT);
+    assert_int_equal(ri.resyncs, 1);
+    assert_false(ri.recovering);
+    assert_int_equal(f->rec.n_resets, 1);
+    assert_int_equal(kvr_zmq_listener_verify(f->l, NULL, 0), KVR_OK);
+}
+
+/* A resync whose buffer no longer starts at batch 0: what it keeps is applied, the rank is
+ * degraded (partial), and the next live batch follows. */
+static void test_resync_buffer_trimmed(void **state)
+{
+    fixture_t *f = *state;
+    pub_cmd(&f->pub, "send 0 aa");
+    pub_cmd(&f->pub, "send 1 ab");
+    pub_cmd(&f->pub, "send 2 ac");
+    pump(f, 3);
+    pub_cmd(&f->pub, "trim 1"); /* the buffer keeps only batch 2 */
+    assert_int_equal(kvr_zmq_listener_resync(f->l, 7, 0), KVR_OK);
+    pump(f, 4);
+    pub_cmd(&f->pub, "send 3 ad");
+    pump(f, 5);
+    uint64_t want[] = {0, 1, 2, 2, 3};
+    bool rep[] = {false, false, false, true, false};
+    expect_seqs(f, want, rep, 5);
+    assert_int_equal(f->rec.resets[0], KVR_RESET_RESYNC);
+    assert_int_equal(info(f).state, KVR_ZMQ_DEGRADED);
+    assert_int_equal(kvr_zmq_listener_verify(f->l, NULL, 0), KVR_OK);
+}
+
 static void test_silent_replay_socket(void **state)
 {
     fixture_t *f = *state;
@@ -602,6 +652,11 @@ static void test_add_remove_validation(void **state)
     kvr_zmq_endpoint_t bad = {.worker_id = 8, .dp_rank = 0, .events = "nonsense://x"};
     assert_int_equal(kvr_zmq_listener_add(f->l, &bad, err, sizeof err), KVR_EINVAL);
     assert_non_null(strstr(err, "nonsense://x"));
+    kvr_zmq_endpoint_t no_replay = {.worker_id = 9, .dp_rank = 0, .events = f->pub.pub};
+    assert_int_equal(kvr_zmq_listener_add(f->l, &no_replay, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_zmq_listener_resync(f->l, 9, 0), KVR_EINVAL); /* nothing to rebuild from */
+    assert_int_equal(f->rec.n_resets, 0);                             /* ... and left as it is */
+    assert_int_equal(kvr_zmq_listener_resync(f->l, 10, 0), KVR_ENOTFOUND);
     assert_int_equal(kvr_zmq_listener_remove(f->l, 7, 0), KVR_OK);
     assert_int_equal(kvr_zmq_listener_remove(f->l, 7, 0), KVR_ENOTFOUND);
     kvr_zmq_rank_info_t ri;
@@ -1154,6 +1209,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_undecodable_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_messages_counted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_late_subscriber_replays_history, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resync_rebuilds_from_batch_0, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resync_buffer_trimmed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_silent_replay_socket, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart_numbers_ahead, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gap_confirm_batch_trimmed, setup, teardown),
