@@ -34,9 +34,11 @@ typedef enum kvr_tokenizer_check {
 
 /* What the router does when a rank's predicted cached tokens stop agreeing with what its
  * engine reports (prediction_drift_*): resync (drop the rank's index state and replay its
- * engine's replay buffer), flag (mark and log only). */
+ * engine's replay buffer), approximate (route the rank on its own decisions until its events
+ * agree again), flag (mark and log only). */
 typedef enum kvr_drift_action {
     KVR_DRIFT_RESYNC = 0,
+    KVR_DRIFT_APPROXIMATE,
     KVR_DRIFT_FLAG
 } kvr_drift_action_t;
 

@@ -395,6 +395,10 @@ typedef struct kvr_route_res {
     uint64_t cached_tokens;
     uint32_t device_blocks;
     uint32_t block_size; /* of the chosen worker's model */
+    bool approximate;              /* the rank is routed approximately (set_rank_approximate):
+                                      cached_tokens is what the router sent it */
+    uint64_t events_cached_tokens; /* what its KV events say it holds (= cached_tokens unless
+                                      approximate) */
     kvr_route_timing_t timing;
     const char *error_field;      /* KVR_EINVAL: what was wrong */
     kvr_req_handle_t handle;      /* the booking (update_state): for the _h lifecycle calls */
@@ -446,6 +450,14 @@ long kvr_router_hash(const kvr_router_t *r, const kvr_route_req_t *q, uint64_t *
                      uint64_t *seq_hashes, size_t cap);
 /* Periodic upkeep: expires stale requests and (approximate mode) stale decisions. */
 void kvr_router_tick(kvr_router_t *r, uint64_t now_ms);
+/* kv mode: routes one rank approximately (on) while its KV events cannot be trusted, or by
+ * its events again (off). While on, its overlap is what the router itself sent it (recorded as
+ * approximate mode records, with router_ttl_secs and its KV-cache size) and its events go on
+ * feeding the index (kvr_route_res_t.events_cached_tokens reads them, so agreement can be
+ * judged); off drops what was recorded. KVR_ENOWORKER (no such rank), KVR_EINVAL (not kv mode
+ * with an index), KVR_ENOMEM. */
+int kvr_router_set_rank_approximate(kvr_router_t *r, kvr_worker_t w, bool on);
+bool kvr_router_rank_approximate(const kvr_router_t *r, kvr_worker_t w);
 
 /* Approximate mode, decisions recorded elsewhere (a remote indexer): a router without a local
  * index hands each booked decision (its prompt's local block hashes and their chained

@@ -757,6 +757,8 @@ static void put_prediction(kvr_api_t *s, kvr_json_writer_t *w, kvr_worker_t wk)
     kvr_json_double(w, v.mean_error);
     kvr_json_key(w, "mean_abs_error_tokens");
     kvr_json_double(w, v.mean_abs_error);
+    kvr_json_key(w, "routed");
+    kvr_json_string(w, kvr_router_rank_approximate(s->r, wk) ? "approximate" : "events");
     kvr_json_key(w, "drifting_for_ms");
     if (v.drifting)
         kvr_json_u64(w, kvr_now_ms() - v.drifting_since_ms);

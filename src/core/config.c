@@ -56,7 +56,7 @@ static const char *const QPOL[] = {"fcfs", "wspt", "lcfs", NULL};
 static const char *const SPOL[] = {"dynamo", "lmetric", "locality", NULL};
 static const char *const DISC[] = {"static", "nats", NULL};
 static const char *const TOKCHECK[] = {"refuse", "warn", "off", NULL};
-static const char *const DRIFT[] = {"resync", "flag", NULL};
+static const char *const DRIFT[] = {"resync", "approximate", "flag", NULL};
 static const char *const DPOL[] = {"always", "isl", "load", "isl-or-load", NULL};
 
 static const field_t FIELDS[] = {
@@ -317,8 +317,10 @@ static const field_t FIELDS[] = {
     {"prediction_drift_action", T_ENUM, OFF(prediction_drift_action), 0, 0, false, DRIFT, 0,
      "resync",
      "a rank found drifting: resync = its index state is dropped and rebuilt from its engine's "
-     "replay buffer (dropped only, without a replay socket), at most once a window; flag = "
-     "marked and logged only"},
+     "replay buffer (dropped only, without a replay socket), at most once a window; "
+     "approximate = it is routed on the router's own decisions (as approximate mode) while its "
+     "events go on being compared, until a window of them agrees; flag = marked and logged "
+     "only"},
     {"seed", T_U64, OFF(seed), 0, U64MAX, false, NULL, 0, "0",
      "seed for random tie-breaks and sampling; 0 = a random one"},
     {"frontend_max_retries", T_U32, OFF(frontend_max_retries), 0, 16, false, NULL, 0, "2",

@@ -28,6 +28,7 @@
 
 #include "base/grow.h"
 #include "core/approx.h"
+#include "core/overlay.h"
 #include "core/endpoint.h"
 #include "core/load.h"
 #include "core/policy.h"
@@ -40,6 +41,7 @@ struct kvr_router {
     kvr_router_config_t cfg;
     kvr_index_t *ix;
     kvr_approx_t *approx;
+    kvr_overlay_t *ov; /* kv mode: ranks routed approximately (core/overlay.h); NULL: none yet */
     kvr_decision_sink_t sink; /* approximate mode without a local index: decisions go there */
     kvr_load_t *load;
     kvr_sessions_t *sessions; /* NULL: session_ttl_secs 0 */
@@ -237,6 +239,7 @@ void kvr_router_free(kvr_router_t *r)
     free(r->seq);
     kvr_lookup_deinit(&r->lk);
     kvr_approx_free(r->approx);
+    kvr_overlay_free(r->ov);
     kvr_sessions_free(r->sessions);
     kvr_load_free(r->load);
     free(r->explain);
@@ -317,6 +320,8 @@ int kvr_router_remove_worker(kvr_router_t *r, uint64_t worker_id)
     (void)kvr_load_remove_worker(r->load, worker_id, &dropped);
     if (r->approx != NULL)
         (void)kvr_approx_remove_worker(r->approx, worker_id);
+    if (r->ov != NULL)
+        kvr_overlay_remove_worker(r->ov, worker_id);
     return rc;
 }
 
@@ -354,6 +359,8 @@ int kvr_router_set_capacity(kvr_router_t *r, uint64_t worker_id, uint64_t blocks
         if (kvr_approx_set_capacity(r->approx, (kvr_worker_t){w->worker_id, w->dp_start + d},
                                     blocks) != KVR_OK)
             return KVR_ENOMEM;
+    for (uint32_t d = 0; r->ov != NULL && d < w->dp_size; d++)
+        kvr_overlay_set_capacity(r->ov, (kvr_worker_t){w->worker_id, w->dp_start + d}, blocks);
     w->total_kv_blocks = blocks;
     return KVR_OK;
 }
@@ -567,6 +574,30 @@ static void apply_matches(kvr_router_t *r, const kvr_match_t *m, size_t n)
     }
 }
 
+/* The ranks routed approximately: their overlap is what the overlay recorded of the router's
+ * own decisions, not what their events say (r->lk keeps that, for events_cached_tokens). */
+static int overlay_overlap(kvr_router_t *r, size_t n_blocks)
+{
+    for (size_t i = 0; i < kvr_overlay_n(r->ov); i++) {
+        long k = kvr_registry_rank(&r->reg, kvr_overlay_rank(r->ov, i));
+        if (k >= 0)
+            r->reg.cands[k].device_blocks = r->reg.cands[k].host_blocks =
+                r->reg.cands[k].disk_blocks = 0;
+    }
+    int rc;
+    const kvr_lookup_t *lk = kvr_overlay_lookup(r->ov, r->cur_seq, n_blocks, &rc);
+    if (lk == NULL)
+        return rc;
+    for (size_t i = 0; i < lk->n_matches; i++) {
+        long k = kvr_overlay_has(r->ov, lk->matches[i].worker)
+                     ? kvr_registry_rank(&r->reg, lk->matches[i].worker)
+                     : -1;
+        if (k >= 0)
+            r->reg.cands[k].device_blocks = lk->matches[i].device_blocks;
+    }
+    return KVR_OK;
+}
+
 /* Looks the prompt up (or takes the request's own matches) and writes each rank's tiers into
  * cands. */
 static int fill_overlap(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks,
@@ -590,14 +621,32 @@ static int fill_overlap(kvr_router_t *r, const kvr_route_req_t *q, size_t n_bloc
     if (rc != KVR_OK)
         return rc;
     apply_matches(r, r->lk.matches, r->lk.n_matches);
-    return KVR_OK;
+    return r->ov != NULL && kvr_overlay_n(r->ov) > 0 ? overlay_overlap(r, n_blocks) : KVR_OK;
+}
+
+static uint64_t tokens_of_tiers(const kvr_router_t *r, uint32_t device, uint32_t host,
+                                uint32_t disk)
+{
+    double eff = device + r->sel.host_cache_hit_weight * host +
+                 r->sel.disk_cache_hit_weight * disk;
+    return (uint64_t)llround(eff * r->cur.bs);
 }
 
 static uint64_t cached_tokens_of(const kvr_router_t *r, const kvr_select_candidate_t *c)
 {
-    double eff = c->device_blocks + r->sel.host_cache_hit_weight * c->host_blocks +
-                 r->sel.disk_cache_hit_weight * c->disk_blocks;
-    return (uint64_t)llround(eff * r->cur.bs);
+    return tokens_of_tiers(r, c->device_blocks, c->host_blocks, c->disk_blocks);
+}
+
+/* What w's KV events say it holds of the prompt just looked up (r->lk), for a rank routed
+ * approximately. */
+static uint64_t events_cached_tokens(const kvr_router_t *r, kvr_worker_t w)
+{
+    for (size_t i = 0; i < r->lk.n_matches; i++) {
+        const kvr_match_t *m = &r->lk.matches[i];
+        if (m->worker.worker_id == w.worker_id && m->worker.dp_rank == w.dp_rank)
+            return tokens_of_tiers(r, m->device_blocks, m->host_blocks, m->disk_blocks);
+    }
+    return 0;
 }
 
 /* A request's override of a load setting (kvr_load_opt_t). */
@@ -1014,6 +1063,9 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
     if (rc == KVR_OK && r->approx != NULL && n_blocks > 0)
         rc = kvr_approx_begin(r->approx, res->handle, res->worker, r->cur_lbh, r->cur_seq, n_blocks,
                               now_ms);
+    else if (rc == KVR_OK && r->ov != NULL && n_blocks > 0 && kvr_overlay_has(r->ov, res->worker))
+        rc = kvr_approx_begin(kvr_overlay_approx(r->ov), res->handle, res->worker, r->cur_lbh,
+                              r->cur_seq, n_blocks, now_ms);
     else if (rc == KVR_OK && r->sink.fn != NULL && n_blocks > 0) {
         const kvr_worker_spec_t *ws = kvr_router_worker(r, res->worker.worker_id);
         r->sink.fn(r->sink.arg, &(kvr_decision_t){.worker = res->worker,
@@ -1114,6 +1166,10 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         res->block_size = r->cur.bs;
         if (r->picker != NULL) /* load-only: nothing is credited as cached */
             res->cached_tokens = 0;
+        res->approximate = r->ov != NULL && kvr_overlay_has(r->ov, sel.worker);
+        res->events_cached_tokens = res->approximate && n_blocks > 0 && !q->has_matches
+                                        ? events_cached_tokens(r, sel.worker)
+                                        : res->cached_tokens;
         bool idle = c->active_requests == 0;
         rc = book(r, q, (size_t)n_blocks, now_ms, res);
         if (rc == KVR_OK && q->update_state)
@@ -1144,14 +1200,17 @@ static void approx_step(kvr_router_t *r, const char *id, size_t id_len, kvr_req_
                         approx_step_t step, uint64_t now_ms)
 {
     kvr_req_handle_t key;
-    if (r->approx == NULL || kvr_load_request_handle(r->load, id, id_len, h, &key) != KVR_OK)
+    kvr_approx_t *ap = r->approx != NULL ? r->approx
+                       : r->ov != NULL   ? kvr_overlay_approx(r->ov)
+                                         : NULL;
+    if (ap == NULL || kvr_load_request_handle(r->load, id, id_len, h, &key) != KVR_OK)
         return;
-    if (step == APPROX_START)
-        (void)kvr_approx_start(r->approx, key, now_ms);
+    if (step == APPROX_START) /* KVR_ENOTFOUND for a request the model never began: ignored */
+        (void)kvr_approx_start(ap, key, now_ms);
     else if (step == APPROX_OUTPUT)
-        (void)kvr_approx_output(r->approx, key);
+        (void)kvr_approx_output(ap, key);
     else
-        (void)kvr_approx_end(r->approx, key, now_ms);
+        (void)kvr_approx_end(ap, key, now_ms);
 }
 
 int kvr_router_first_token(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms)
@@ -1219,6 +1278,37 @@ void kvr_router_tick(kvr_router_t *r, uint64_t now_ms)
     kvr_sessions_expire(r->sessions, now_ms);
     if (r->approx != NULL)
         (void)kvr_approx_expire(r->approx, now_ms);
+    if (r->ov != NULL)
+        (void)kvr_approx_expire(kvr_overlay_approx(r->ov), now_ms);
+}
+
+int kvr_router_set_rank_approximate(kvr_router_t *r, kvr_worker_t w, bool on)
+{
+    const kvr_worker_spec_t *sp = kvr_router_worker(r, w.worker_id);
+    if (sp == NULL || w.dp_rank < sp->dp_start || w.dp_rank - sp->dp_start >= sp->dp_size)
+        return KVR_ENOWORKER;
+    if (r->cfg.router_mode != KVR_MODE_KV || r->ix == NULL)
+        return KVR_EINVAL; /* approximate mode, load-only modes, no index: nothing to fall from */
+    if (r->ov == NULL && !on)
+        return KVR_OK;
+    if (r->ov == NULL) {
+        kvr_approx_config_t ac = {.ttl_ms = (uint64_t)(r->cfg.router_ttl_secs * 1000.0),
+                                  .max_tree_size = r->cfg.router_max_tree_size <
+                                                           r->cfg.index_max_pairs
+                                                       ? r->cfg.router_max_tree_size
+                                                       : r->cfg.index_max_pairs,
+                                  .prune_target_ratio = r->cfg.router_prune_target_ratio};
+        int st;
+        if ((r->ov = kvr_overlay_new(&ac, r->cfg.index_max_pairs, r->cfg.max_workers, &st)) ==
+            NULL)
+            return st;
+    }
+    return kvr_overlay_set(r->ov, w, on, sp->total_kv_blocks);
+}
+
+bool kvr_router_rank_approximate(const kvr_router_t *r, kvr_worker_t w)
+{
+    return r->ov != NULL && kvr_overlay_has(r->ov, w);
 }
 
 void kvr_router_set_clock(kvr_router_t *r, kvr_clock_fn now_ns) { r->clock = now_ns; }

@@ -2,14 +2,17 @@
  * fleet_drift.c: the fleet's side of the index checking itself (fleet.h,
  * kvr_fleet_report_cached): the front end reports each answer's engine-reported cached tokens
  * against its prediction; fleet/drift.c judges; this file acts on a change (a rate-limited
- * log naming the rank, its agreement and which way it misses; a resync through the ingest
- * thread, at most once a window since drift.c says STILL only after a full fresh window) and
- * renders the kvr_prediction_* metrics.
+ * log naming the rank, its agreement and which way it misses; per prediction_drift_action a
+ * resync through the ingest thread, at most once a window since drift.c says STILL only after
+ * a full fresh window, or approximate routing of the rank (core/overlay.h) until its events
+ * agree again) and renders the kvr_prediction_* metrics. The prediction judged is always the
+ * one the rank's events make, also while it is routed approximately.
  * Why resync is the default action: the engine's replay buffer is the engine's own record of
  * what it stored and evicted, in order, so it repairs both ways a rank drifts (blocks the index
  * never heard of, and blocks it still lists after the engine evicted them) without routing on
  * guesses; a rank without a replay socket has its state dropped instead (what it lists is known
- * to be wrong) and learns again from its next events.
+ * to be wrong) and learns again from its next events. A rank whose events are wrong at the
+ * source is flagged again a window after each resync; approximate suits it better.
  * Threads: the HTTP thread (a resync waits for the ingest thread to take the command: one
  * wake-up, not the replay). Cost: O(ranks) per report (drift.c's search).
  */
@@ -63,23 +66,47 @@ static const char *resync(kvr_fleet_t *f, kvr_worker_t w)
     }
 }
 
+/* Routes w approximately (or by its events again); what happened, for the log. */
+static const char *approximate(kvr_fleet_t *f, kvr_worker_t w, bool on)
+{
+    int rc = kvr_router_set_rank_approximate(f->r, w, on);
+    if (rc != KVR_OK)
+        return on ? "it could not be routed approximately (out of memory)" : "";
+    f->approximations += on ? 1 : 0;
+    return on ? "it is routed on the router's own decisions until its events agree again"
+              : "; routed by its events again";
+}
+
+/* What prediction_drift_action does about a rank found (still) drifting. */
+static const char *act(kvr_fleet_t *f, kvr_worker_t w, kvr_drift_change_t ch)
+{
+    switch (f->cfg.prediction_drift_action) {
+    case KVR_DRIFT_RESYNC:
+        return resync(f, w);
+    case KVR_DRIFT_APPROXIMATE:
+        return ch == KVR_DRIFT_FLAGGED ? approximate(f, w, true)
+                                       : "it is still routed on the router's own decisions";
+    default:
+        return "flagged only (prediction_drift_action flag)";
+    }
+}
+
 static void on_change(kvr_fleet_t *f, kvr_worker_t w, kvr_drift_change_t ch)
 {
     kvr_drift_view_t v;
     (void)kvr_drift_view(f->drift, w, &v);
     if (ch == KVR_DRIFT_RECOVERED) {
+        const char *back = kvr_router_rank_approximate(f->r, w) ? approximate(f, w, false) : "";
         kvr_log_limited(&f->rl_drift, KVR_LOG_INFO,
                         "worker %llu rank %u: predictions agree again (%u of the last %u "
-                        "answers)",
+                        "answers)%s",
                         (unsigned long long)w.worker_id, w.dp_rank, v.window_agreeing,
-                        v.window_samples);
+                        v.window_samples, back);
         return;
     }
     uint32_t agreeing = v.window_agreeing, samples = v.window_samples;
     double mean = v.mean_error;
-    const char *what = f->cfg.prediction_drift_action == KVR_DRIFT_RESYNC
-                           ? resync(f, w)
-                           : "flagged only (prediction_drift_action flag)";
+    const char *what = act(f, w, ch);
     kvr_log_limited(&f->rl_drift, KVR_LOG_WARN,
                     "worker %llu rank %u: predictions %s: %u of the last %u answers agree with "
                     "the cached tokens its engine reported (prediction_drift_min_accuracy "
@@ -139,6 +166,10 @@ void kvr_fleet_drift_metrics(const kvr_fleet_t *f, kvr_prom_t *p)
                       "Drifting ranks rebuilt: replay asked, state dropped (no replay socket), "
                       "a replay already running, could not be asked.",
                       "result", rs, KVR_PROM_N(rs));
+    kvr_prom_counter(p, "kvr_prediction_approximations_total",
+                     "Drifting ranks switched to routing on the router's own decisions "
+                     "(prediction_drift_action approximate).",
+                     (double)f->approximations);
     static const char *const fams[][3] = {
         {"kvr_prediction_accuracy", "gauge",
          "Share of the rank's last prediction_drift_window answers whose predicted cached "
@@ -146,6 +177,8 @@ void kvr_fleet_drift_metrics(const kvr_fleet_t *f, kvr_prom_t *p)
         {"kvr_prediction_drifting", "gauge", "1 while the rank's predictions are drifting."},
         {"kvr_prediction_compared_total", "counter", "Answers of the rank compared."},
         {"kvr_prediction_drift_flags_total", "counter", "Times the rank was found drifting."},
+        {"kvr_prediction_approximate", "gauge",
+         "1 while the rank is routed on the router's own decisions, not its events."},
     };
     uint64_t ids[4096];
     size_t n = kvr_router_worker_ids(f->r, ids, 4096);
@@ -162,7 +195,8 @@ void kvr_fleet_drift_metrics(const kvr_fleet_t *f, kvr_prom_t *p)
                 snprintf(rk, sizeof rk, "%u", w.dp_rank);
                 kvr_prom_label_t l[] = {{"worker_id", wid}, {"dp_rank", rk}};
                 double vals[] = {v.accuracy, v.drifting ? 1 : 0, (double)v.compared,
-                                 (double)v.flagged};
+                                 (double)v.flagged,
+                                 kvr_router_rank_approximate(f->r, w) ? 1 : 0};
                 kvr_prom_sample(p, fams[k][0], l, 2, vals[k]);
             }
         }

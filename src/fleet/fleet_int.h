@@ -50,6 +50,7 @@ struct kvr_fleet {
     kvr_ratelimit_t rl_drift;
     uint64_t cached_reported, cached_unreported; /* answers with / without a report */
     uint64_t resyncs[4]; /* asked, dropped (no replay socket), busy, failed */
+    uint64_t approximations; /* ranks switched to approximate routing */
 };
 
 /* ---- health.c ---------------------------------------------------------------------------- */

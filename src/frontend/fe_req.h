@@ -149,6 +149,8 @@ typedef struct fe_route {
     char rid[KVR_LOAD_MAX_ID_BYTES + 1];
     size_t rid_len;
     uint64_t cached_tokens;  /* on the chosen worker, at routing */
+    uint64_t events_cached_tokens; /* ... as its KV events say (differs while it is routed
+                                      approximately) */
     uint32_t block_size;     /* of the chosen worker's model (output-block accounting) */
     bool first_token_sent;   /* the booking was told its first token */
     bool leg_pending;        /* retry_ev places the next leg (not a retry) */

@@ -550,6 +550,7 @@ static void routed(fe_req_t *p, int rc, const kvr_route_res_t *res)
     p->route.worker = res->worker;
     p->route.step_seen = 0; /* a new worker: its step clock, not the last one's */
     p->route.cached_tokens = res->cached_tokens;
+    p->route.events_cached_tokens = res->events_cached_tokens;
     p->route.block_size = res->block_size;
     fe_plan_placed(p, res, &v); /* hook 2 */
     if (v.step != FE_STEP_GO) {
@@ -877,7 +878,7 @@ static void report_cached(fe_req_t *p)
         return;
     kvr_fleet_cached_report_t r = {.w = p->route.worker,
                                    .prompt_tokens = p->prompt.n_tokens,
-                                   .predicted = p->route.cached_tokens,
+                                   .predicted = p->route.events_cached_tokens,
                                    .has_report = p->up.has_cached,
                                    .reported = p->up.cached};
     kvr_fleet_report_cached(p->fe->fleet, &r);

@@ -800,6 +800,55 @@ static void test_approx_mode_follows_requests(void **s)
 /* One running request on each of the three workers, worker 2's a block longer (more load),
  * and 30 ms engine steps from 1 s to 2 s, each worker's first beginning at its routing: at
  * 2.01 s worker 1's step has just begun, worker 3's is half done, worker 2's ends in 1 ms. */
+/* kv mode, one rank routed approximately (its events found wrong): its overlap is what the
+ * router sent it, the others' and its own events are untouched (events_cached_tokens reads
+ * them), and switching back drops what was recorded. */
+static void test_rank_approximate(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL);
+    prompt(31, 800);
+    engine_stores(&f, 3, 20); /* worker 3's events say it holds 20 blocks */
+    kvr_worker_t two = {2, 0}, three = {3, 0};
+    assert_int_equal(kvr_router_set_rank_approximate(f.r, (kvr_worker_t){9, 0}, true),
+                     KVR_ENOWORKER);
+    assert_int_equal(kvr_router_set_rank_approximate(f.r, three, true), KVR_OK);
+    assert_true(kvr_router_rank_approximate(f.r, three));
+    assert_false(kvr_router_rank_approximate(f.r, two));
+    assert_int_equal(held_by(&f, 800, 3), 0); /* routed on decisions: none yet */
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 800, .update_state = true,
+                         .has_pinned = true, .pinned = three};
+    kvr_route_res_t a, b;
+    assert_int_equal(kvr_router_route(f.r, &q, 1000, &a), KVR_OK);
+    assert_true(a.approximate);
+    assert_int_equal(a.cached_tokens, 0);
+    assert_int_equal(a.events_cached_tokens, 20 * BS); /* what its events say */
+    assert_int_equal(held_by(&f, 800, 3), 50);         /* the decision is recorded */
+    assert_int_equal(kvr_router_route(f.r, &q, 1100, &b), KVR_OK);
+    assert_int_equal(b.cached_tokens, 50 * BS);
+    assert_int_equal(b.events_cached_tokens, 20 * BS);
+    /* another rank stays on its events: nothing recorded there */
+    q.pinned = two;
+    kvr_route_res_t c;
+    assert_int_equal(kvr_router_route(f.r, &q, 1200, &c), KVR_OK);
+    assert_false(c.approximate);
+    assert_int_equal(held_by(&f, 800, 2), 0);
+    /* back on its events: what was recorded goes */
+    assert_int_equal(kvr_router_set_rank_approximate(f.r, three, false), KVR_OK);
+    assert_false(kvr_router_rank_approximate(f.r, three));
+    assert_int_equal(held_by(&f, 800, 3), 20);
+    /* removing the worker unlists it */
+    assert_int_equal(kvr_router_set_rank_approximate(f.r, three, true), KVR_OK);
+    assert_int_equal(kvr_router_remove_worker(f.r, 3), KVR_OK);
+    assert_false(kvr_router_rank_approximate(f.r, three));
+    unmake(&f);
+    /* approximate mode itself: nothing to fall back from */
+    make(&f, "approx");
+    assert_int_equal(kvr_router_set_rank_approximate(f.r, two, true), KVR_EINVAL);
+    unmake(&f);
+}
+
 static void busy_fleet(fx_t *f)
 {
     static const uint64_t phase[4] = {0, 0, 29000, 15000};
@@ -960,6 +1009,7 @@ int main(void)
         cmocka_unit_test(test_busy_and_filters),
         cmocka_unit_test(test_approx_mode_learns_from_decisions),
         cmocka_unit_test(test_approx_mode_follows_requests),
+        cmocka_unit_test(test_rank_approximate),
         cmocka_unit_test(test_step_clock_steers),
         cmocka_unit_test(test_round_robin_cycles),
         cmocka_unit_test(test_direct_mode),

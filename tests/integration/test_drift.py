@@ -10,6 +10,9 @@ mockers behind `kvrouter serve`'s OpenAI front end.
   - a mocker whose events are silently dropped (never sent, never numbered) and that has no
     replay socket: flagged, its state dropped (resync result "dropped"), well again after;
   - prediction_drift_action flag: flagged and logged, nothing resynced;
+  - prediction_drift_action approximate: flagged, then routed on the router's own decisions (a
+    prompt it was sent counts as cached there though its wrong events say nothing of it) until
+    its events agree again, then routed by them (what was recorded is gone);
   - /v1/workers and /metrics (kvr_prediction_*) show each of these states.
 Every wait polls an observable condition under a bound.
 Usage: test_drift.py <path to kvrouter>.
@@ -216,6 +219,53 @@ def scenario_flag_only():
         b.stop()
 
 
+def scenario_approximate_until_agreeing():
+    a, b = mocker("a", True), mocker("b", True)
+    r = serve([(1, a), (2, b)], "--prediction-drift-action", "approximate")
+    try:
+        check("approximate: subscribed", subscribed(a, b))
+        healthy_round(r, 2, WINDOW // 2)
+        check("approximate: routed by its events while they agree",
+              rank(r, 2)["prediction"]["routed"] == "events")
+        b.call("POST", "/debug/kv_events_fault?mode=wrong")
+        answers = 0
+        while answers < WINDOW and not rank(r, 2)["prediction"]["drifting"]:
+            faulty_round(r, b, 2, 1, True)
+            answers += 4
+        p = rank(r, 2)["prediction"]
+        check("approximate: flagged within the window, then routed approximately",
+              p["drifting"] and p["routed"] == "approximate" and answers <= WINDOW, (answers, p))
+        check("approximate: shown in /metrics",
+              r.metric("kvr_prediction_approximate", worker_id="2", dp_rank="0") == 1
+              and r.metric("kvr_prediction_approximations_total") == 1)
+        check("approximate: logged", "routed on the router's own decisions" in r.stderr(),
+              r.stderr()[-2000:])
+        toks = prompt()
+        before = rank(r, 2)["events_applied"]
+        ask(r, 2, toks)
+        eventually(lambda: rank(r, 2)["events_applied"] > before)
+        check("approximate: a prompt it was sent counts as cached there, though its (wrong) "
+              "events say nothing of it", held(r, 2, toks) == 4, held(r, 2, toks))
+        check("approximate: nothing resynced",
+              (r.metric("kvr_prediction_resyncs_total", result="asked") or 0) == 0)
+        b.call("POST", "/debug/kv_events_fault?mode=none")
+        n = 0
+        while rank(r, 2)["prediction"]["drifting"] and n < 3 * WINDOW:
+            healthy_round(r, 2, 1)
+            n += 2
+        p = rank(r, 2)["prediction"]
+        check("approximate: once its events agree again, routed by them",
+              not p["drifting"] and p["routed"] == "events"
+              and r.metric("kvr_prediction_approximate", worker_id="2", dp_rank="0") == 0, (n, p))
+        check("approximate: what it recorded is gone (the wrong events say nothing of it)",
+              held(r, 2, toks) == 0, held(r, 2, toks))
+        check("approximate: the other worker never flagged", rank(r, 1)["prediction"]["flagged"] == 0)
+    finally:
+        r.stop()
+        a.stop()
+        b.stop()
+
+
 def scenario_off_and_bad_settings():
     b = mocker("b", True)
     r = Child([KVR, "serve", "--http-port", "0", "--block-size", str(BS),
@@ -241,6 +291,7 @@ def main():
         scenario_wrong_events_resynced()
         scenario_dropped_events_without_replay()
         scenario_flag_only()
+        scenario_approximate_until_agreeing()
         scenario_off_and_bad_settings()
     finally:
         kill_children()
