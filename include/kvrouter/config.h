@@ -152,6 +152,8 @@ typedef struct kvr_router_config {
     uint32_t health_failures;     /* consecutive failed probes before a worker is fenced */
     char allowed_worker_hosts[1024]; /* hosts registrations may name; "" = any (endpoint.h) */
     char allowed_ipc_dirs[1024];     /* directories ipc:// events may be under; "" = none */
+    char allowed_tokenizer_dirs[1024]; /* directories a registration's tokenizer may be under;
+                                          "" = none */
     char state_file[512];         /* warm restart: index + cursors saved on exit, reloaded at
                                      start; "" = off */
     /* scale-out over NATS (net/nats_link.c, net/replica_sync.c) */

@@ -155,6 +155,10 @@ typedef struct kvr_worker_spec {
      * KV it computed. port 0 = none (the pull convention, vLLM's); host "" = the url's. */
     char bootstrap_host[KVR_ADDR_BYTES];
     uint32_t bootstrap_port;
+    /* A folder with its model's tokenizer.json (and tokenizer_config.json): the front end
+     * loads it (off the serving thread) and tokenizes the model's prompts in process, as
+     * --tokenizer MODEL=DIR does. "" = none. Must lie under allowed_tokenizer_dirs. */
+    char tokenizer[KVR_ADDR_BYTES];
 } kvr_worker_spec_t;
 
 /* Parses "id=7,url=http://h:8001,events=tcp://h:5557,replay=tcp://h:5558,dp_size=2,

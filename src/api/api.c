@@ -808,6 +808,11 @@ static void write_worker(kvr_api_t *s, const kvr_worker_spec_t *sp)
     kvr_json_string(w, sp->loras);
     kvr_json_key(w, "learned_loras");
     kvr_json_string(w, kvr_router_learned_loras(s->r, sp->worker_id));
+    kvr_json_key(w, "tokenizer");
+    if (sp->tokenizer[0] != '\0')
+        kvr_json_string(w, sp->tokenizer);
+    else
+        kvr_json_null(w);
     kvr_json_key(w, "role");
     kvr_json_string(w, kvr_worker_role_name(sp->role));
     if (sp->bootstrap_port != 0) {

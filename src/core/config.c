@@ -209,6 +209,11 @@ static const field_t FIELDS[] = {
      sizeof(((kvr_router_config_t *)0)->allowed_ipc_dirs), "",
      "comma-separated absolute directories ipc:// event endpoints may be under; empty = ipc:// "
      "refused"},
+    {"allowed_tokenizer_dirs", T_STR, OFF(allowed_tokenizer_dirs), 0, 0, false, NULL,
+     sizeof(((kvr_router_config_t *)0)->allowed_tokenizer_dirs), "",
+     "comma-separated absolute directories a worker registration's tokenizer folder "
+     "(tokenizer=DIR, POST /v1/workers' \"tokenizer\") may be under; empty = refused (the "
+     "tokenizers setting is not limited by it)"},
     {"state_file", T_STR, OFF(state_file), 0, 0, false, NULL,
      sizeof(((kvr_router_config_t *)0)->state_file), "",
      "warm restart: the index and each exact rank's event cursor are saved here on SIGTERM/SIGINT "
@@ -911,6 +916,9 @@ int kvr_config_validate(const kvr_router_config_t *cfg, char *err, size_t err_le
         return KVR_EINVAL;
     }
     int rc = kvr_endpoint_check_ipc_dirs(cfg->allowed_ipc_dirs, err, err_len);
+    if (rc == KVR_OK)
+        rc = kvr_endpoint_check_dir_list("allowed_tokenizer_dirs", cfg->allowed_tokenizer_dirs,
+                                         err, err_len);
     if (rc != KVR_OK)
         return rc;
     if (cfg->bind[0] == '\0') {

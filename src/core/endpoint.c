@@ -278,14 +278,31 @@ int kvr_endpoint_check_url(const char *url, const kvr_endpoint_policy_t *p, char
 
 int kvr_endpoint_check_ipc_dirs(const char *dirs, char *err, size_t err_len)
 {
+    return kvr_endpoint_check_dir_list("allowed_ipc_dirs", dirs, err, err_len);
+}
+
+int kvr_endpoint_check_dir(const char *field, const char *path, const char *setting,
+                           const char *dirs, char *err, size_t err_len)
+{
+    if (dirs == NULL || dirs[0] == '\0')
+        return fail(err, err_len, "%s: refused unless %s names its directory", field, setting);
+    if (!path_normal(path, strlen(path)))
+        return fail(err, err_len, "%s: '%s' is not an absolute, normalised path", field, path);
+    if (!under_dirs(dirs, path))
+        return fail(err, err_len, "%s: '%s' is not under %s", field, path, setting);
+    return KVR_OK;
+}
+
+int kvr_endpoint_check_dir_list(const char *setting, const char *dirs, char *err, size_t err_len)
+{
     if (dirs[0] == '\0')
         return KVR_OK;
     for (const char *p = dirs;;) { /* every entry, an empty last one included */
         const char *e = strchr(p, ',');
         size_t m = e ? (size_t)(e - p) : strlen(p);
         if (!path_normal(p, m))
-            return fail(err, err_len, "allowed_ipc_dirs: '%.*s' is not an absolute, normalised "
-                        "directory", (int)m, p);
+            return fail(err, err_len, "%s: '%.*s' is not an absolute, normalised directory",
+                        setting, (int)m, p);
         if (e == NULL)
             break;
         p = e + 1;

@@ -7,6 +7,8 @@
  *                    ipc:///ABS/PATH only under a directory of allowed_ipc_dirs
  *   url              http://HOST[:PORT][/base-path] (https is not spoken upstream: refused
  *                    with that reason rather than sent in clear)
+ *   tokenizer        /ABS/DIR only under a directory of allowed_tokenizer_dirs (the router
+ *                    reads the files in it)
  * HOST is a DNS name, an IPv4 address or a bracketed IPv6 address, never a wildcard; with
  * allowed_worker_hosts set, it must be one of them (case-insensitive), for urls and tcp events.
  * A registration (a policy given) may not name a bind-only host either: an unspecified address
@@ -52,5 +54,13 @@ int kvr_endpoint_check_url(const char *url, const kvr_endpoint_policy_t *p, char
 bool kvr_endpoint_host_listed(const char *list, const char *host);
 /* An allowed_ipc_dirs value: every entry an absolute, normalised directory. */
 int kvr_endpoint_check_ipc_dirs(const char *dirs, char *err, size_t err_len);
+/* The same for any setting listing directories (its name in err). */
+int kvr_endpoint_check_dir_list(const char *setting, const char *dirs, char *err,
+                                size_t err_len);
+/* A path a registration names (field), to be read by the router: absolute, normalised, under
+ * one of the directories of setting (dirs); refused when dirs is empty. A string check: the
+ * operator who lists a directory vouches for what is in it (symbolic links included). */
+int kvr_endpoint_check_dir(const char *field, const char *path, const char *setting,
+                           const char *dirs, char *err, size_t err_len);
 
 #endif

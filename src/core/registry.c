@@ -129,6 +129,8 @@ static int spec_kv(kvr_worker_spec_t *w, const char *key, const char *v, bool *h
         return set_str(w->model, sizeof w->model, v, key, err, len);
     if (strcmp(key, "loras") == 0)
         return set_str(w->loras, sizeof w->loras, v, key, err, len);
+    if (strcmp(key, "tokenizer") == 0)
+        return set_str(w->tokenizer, sizeof w->tokenizer, v, key, err, len);
     if (strcmp(key, "block_size") == 0) {
         if (parse_u64(v, &x) != 0 || x == 0 || x > 65536)
             return spec_err(err, len, "worker block_size: an integer in [1, 65536] ('%s')%s", v,
@@ -354,11 +356,25 @@ static bool pooled(const kvr_wentry_t *w)
 
 /* What the registration names, against the operator's allow lists (core/endpoint.h). */
 /* A model's workers hash the same way: same block size and Eagle setting as the model's
- * registered workers (a worker without a model is the "any model" pool). */
+ * registered workers (a worker without a model is the "any model" pool), and tokenize the same
+ * way: two workers of a model naming tokenizer folders name the same one. */
 int kvr_registry_check_pool(const kvr_registry_t *g, const kvr_worker_spec_t *w, char *err,
                             size_t err_len)
 {
     uint32_t bs = w->block_size ? w->block_size : g->block_size;
+    for (size_t i = 0; i < g->n_w && w->tokenizer[0] != '\0'; i++) {
+        const kvr_worker_spec_t *o = &g->w[i].spec;
+        if (strcmp(o->model, w->model) == 0 && o->tokenizer[0] != '\0' &&
+            strcmp(o->tokenizer, w->tokenizer) != 0) {
+            snprintf(err, err_len,
+                     "worker %llu: tokenizer %s, but model '%s' is tokenized from %s (worker "
+                     "%llu): a model's prompts are tokenized one way",
+                     (unsigned long long)w->worker_id, w->tokenizer,
+                     w->model[0] ? w->model : "(any)", o->tokenizer,
+                     (unsigned long long)o->worker_id);
+            return KVR_EINVAL;
+        }
+    }
     for (size_t i = 0; i < g->n_w; i++) {
         const kvr_worker_spec_t *o = &g->w[i].spec;
         if (strcmp(o->model, w->model) != 0)

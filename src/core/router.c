@@ -262,6 +262,9 @@ static int check_endpoints(const kvr_router_t *r, const kvr_worker_spec_t *w, ch
         rc = kvr_endpoint_check_zmq("events", w->events, &pol, e, sizeof e);
     if (rc == KVR_OK && w->replay[0] != '\0')
         rc = kvr_endpoint_check_zmq("replay", w->replay, &pol, e, sizeof e);
+    if (rc == KVR_OK && w->tokenizer[0] != '\0')
+        rc = kvr_endpoint_check_dir("tokenizer", w->tokenizer, "allowed_tokenizer_dirs",
+                                    r->cfg.allowed_tokenizer_dirs, e, sizeof e);
     if (rc != KVR_OK)
         snprintf(err, err_len, "worker %llu %s", (unsigned long long)w->worker_id, e);
     return rc;

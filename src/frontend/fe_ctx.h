@@ -139,8 +139,11 @@ struct kvr_frontend {
     fe_leg_lost_fn leg_lost; /* the state machine's, for a leg lost outside its hooks */
     kvr_ratelimit_t rl_disagg;
     /* in-process tokenization (fe_inproc.c) */
-    fe_tokmodel_t *tms;
-    size_t n_tms;
+    fe_tokmodel_t **tms;         /* each its own allocation: probes point at them */
+    size_t n_tms, cap_tms;
+    struct fe_tokpend **tok_pend; /* tokenizers named by registrations, loading */
+    size_t n_tok_pend;
+    uint64_t tok_loads[2];       /* registrations' tokenizers: loaded, failed */
     kvr_json_writer_t conv_w;    /* the chat template's input */
     kvr_hist_t h_tokenize;       /* in-process tokenization of one prompt, seconds */
     uint64_t tok_path[FE_TOKP_COUNT];

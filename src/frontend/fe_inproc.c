@@ -1,7 +1,9 @@
 /*
  * fe_inproc.c: in-process tokenization for the front end (fe_inproc.h): the models of the
- * tokenizers setting, their probes against a worker's /tokenize, and their counters.
- * Invariants: fe->tms[0..n_tms) are loaded models with distinct names; a model's probe is
+ * tokenizers setting and of registrations, their probes against a worker's /tokenize, and
+ * their counters.
+ * Invariants: fe->tms[0..n_tms) are loaded models with distinct names; a model has at most one
+ * load pending (fe->tok_pend) and none once loaded; a model's probe is
  * in flight (probe != NULL) at most once; a model is used here only when its state allows it
  * (usable()). Ownership: the front end owns the models, their scratch and the probes; a probe's
  * connection is its own (freed with it: no callback after). Threads: the HTTP thread.
@@ -19,6 +21,7 @@
 
 #include "base/clock.h"
 #include "frontend/fe_inproc.h"
+#include "frontend/fe_tokload.h"
 #include "kvrouter/router.h"
 #include "tokenizer/model.h"
 #include "wire/chat_conv.h"
@@ -48,6 +51,14 @@ struct fe_tokmodel {
     char note[320]; /* the probe's finding, for the log and a refusal */
     probe_t *probe;
     size_t bytes; /* kvr_tokmodel_bytes */
+};
+
+/* A tokenizer folder named by a registration, loading (fe->tok_pend). */
+struct fe_tokpend {
+    kvr_frontend_t *fe;
+    char name[KVR_MODEL_BYTES];
+    char dir[KVR_ADDR_BYTES];
+    fe_tokload_t *load;
 };
 
 /* The text probe: scripts, digits, whitespace runs, contractions, special-token text. */
@@ -89,39 +100,60 @@ static bool usable(const kvr_frontend_t *fe, const fe_tokmodel_t *tm)
     }
 }
 
-/* One "MODEL=DIR" entry (len bytes at e) loaded into fe->tms[fe->n_tms]. */
+/* A loaded model m named name from dir, appended to fe->tms (m and its scratch are the front
+ * end's from here; freed here on failure). */
+static int add_model(kvr_frontend_t *fe, const char *name, size_t name_len, const char *dir,
+                     kvr_tokmodel_t *m, char *err, size_t errlen)
+{
+    fe_tokmodel_t *tm = calloc(1, sizeof *tm);
+    if (fe->n_tms == fe->cap_tms && tm != NULL) {
+        size_t cap = fe->cap_tms ? fe->cap_tms * 2 : 4;
+        fe_tokmodel_t **t = realloc(fe->tms, cap * sizeof *t);
+        if (t != NULL) {
+            fe->tms = t;
+            fe->cap_tms = cap;
+        }
+    }
+    if (tm == NULL || fe->n_tms == fe->cap_tms || (tm->s = kvr_tokmodel_scratch_new(m)) == NULL) {
+        free(tm);
+        kvr_tokmodel_free(m);
+        snprintf(err, errlen, "out of memory");
+        return KVR_ENOMEM;
+    }
+    memcpy(tm->name, name, name_len);
+    snprintf(tm->dir, sizeof tm->dir, "%s", dir);
+    tm->m = m;
+    tm->bytes = kvr_tokmodel_bytes(m);
+    tm->state = fe->cfg.tokenizer_check == KVR_TOKCHECK_OFF ? PROBE_OFF : PROBE_WAITING;
+    fe->tms[fe->n_tms++] = tm;
+    kvr_log(KVR_LOG_INFO, "tokenizer: model %s from %s (%zu MB, vocabulary %zu%s)%s", tm->name,
+            tm->dir, tm->bytes >> 20, kvr_tok_vocab_size(kvr_tokmodel_tok(m)),
+            kvr_tokmodel_has_chat(m) ? ", chat template" : ", no chat template",
+            tm->state == PROBE_OFF ? "" : "; checked against the first worker's /tokenize");
+    return KVR_OK;
+}
+
+/* One "MODEL=DIR" entry (len bytes at e) of the tokenizers setting, loaded now (start-up). */
 static int load_one(kvr_frontend_t *fe, const char *e, size_t len, char *err, size_t errlen)
 {
     const char *eq = memchr(e, '=', len);
-    fe_tokmodel_t *tm = &fe->tms[fe->n_tms];
     size_t ml = (size_t)(eq - e), dl = len - ml - 1;
-    if (ml >= sizeof tm->name || dl >= sizeof tm->dir) {
+    char dir[1024];
+    if (ml >= KVR_MODEL_BYTES || dl >= sizeof dir) {
         snprintf(err, errlen, "tokenizers: '%.*s': the model name or folder is too long",
                  (int)len, e);
         return KVR_EINVAL;
     }
-    memcpy(tm->name, e, ml);
-    memcpy(tm->dir, eq + 1, dl);
+    memcpy(dir, eq + 1, dl);
+    dir[dl] = '\0';
     int st;
     char why[512];
-    tm->m = kvr_tokmodel_load(tm->dir, &st, why, sizeof why);
-    if (tm->m == NULL) {
-        snprintf(err, errlen, "tokenizers: model %s: %s", tm->name, why);
+    kvr_tokmodel_t *m = kvr_tokmodel_load(dir, &st, why, sizeof why);
+    if (m == NULL) {
+        snprintf(err, errlen, "tokenizers: model %.*s: %s", (int)ml, e, why);
         return st;
     }
-    if ((tm->s = kvr_tokmodel_scratch_new(tm->m)) == NULL) {
-        kvr_tokmodel_free(tm->m);
-        snprintf(err, errlen, "out of memory");
-        return KVR_ENOMEM;
-    }
-    tm->bytes = kvr_tokmodel_bytes(tm->m);
-    tm->state = fe->cfg.tokenizer_check == KVR_TOKCHECK_OFF ? PROBE_OFF : PROBE_WAITING;
-    fe->n_tms++;
-    kvr_log(KVR_LOG_INFO, "tokenizer: model %s from %s (%zu MB, vocabulary %zu%s)%s", tm->name,
-            tm->dir, tm->bytes >> 20, kvr_tok_vocab_size(kvr_tokmodel_tok(tm->m)),
-            kvr_tokmodel_has_chat(tm->m) ? ", chat template" : ", no chat template",
-            tm->state == PROBE_OFF ? "" : "; checked against the first worker's /tokenize");
-    return KVR_OK;
+    return add_model(fe, e, ml, dir, m, err, errlen);
 }
 
 static const double TOKENIZE_BUCKETS[] = {1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
@@ -139,10 +171,6 @@ int fe_inproc_init(kvr_frontend_t *fe, char *err, size_t errlen)
         n += *q == ',';
     if (n == 0)
         return KVR_OK;
-    if ((fe->tms = calloc(n, sizeof *fe->tms)) == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return KVR_ENOMEM;
-    }
     while (*v != '\0') {
         const char *end = strchr(v, ',');
         size_t len = end != NULL ? (size_t)(end - v) : strlen(v);
@@ -166,22 +194,30 @@ static void probe_free(probe_t *pr)
 
 void fe_inproc_free(kvr_frontend_t *fe)
 {
+    for (size_t i = 0; i < fe->n_tok_pend; i++) {
+        fe_tokload_cancel(fe->tok_pend[i]->load);
+        free(fe->tok_pend[i]);
+    }
+    free(fe->tok_pend);
+    fe->tok_pend = NULL;
+    fe->n_tok_pend = 0;
     for (size_t i = 0; i < fe->n_tms; i++) {
-        probe_free(fe->tms[i].probe);
-        kvr_tokmodel_scratch_free(fe->tms[i].s);
-        kvr_tokmodel_free(fe->tms[i].m);
+        probe_free(fe->tms[i]->probe);
+        kvr_tokmodel_scratch_free(fe->tms[i]->s);
+        kvr_tokmodel_free(fe->tms[i]->m);
+        free(fe->tms[i]);
     }
     free(fe->tms);
     fe->tms = NULL;
-    fe->n_tms = 0;
+    fe->n_tms = fe->cap_tms = 0;
     kvr_json_writer_deinit(&fe->conv_w);
 }
 
 static fe_tokmodel_t *find(kvr_frontend_t *fe, const char *model, size_t len)
 {
     for (size_t i = 0; i < fe->n_tms; i++)
-        if (strlen(fe->tms[i].name) == len && memcmp(fe->tms[i].name, model, len) == 0)
-            return &fe->tms[i];
+        if (strlen(fe->tms[i]->name) == len && memcmp(fe->tms[i]->name, model, len) == 0)
+            return fe->tms[i];
     return NULL;
 }
 
@@ -435,12 +471,10 @@ static void probe_send(probe_t *pr)
     }
 }
 
-void fe_inproc_worker_added(kvr_frontend_t *fe, const kvr_worker_spec_t *w)
+/* Probes tm's tokenizer against worker w's /tokenize (w serves tm's model and has a url). */
+static void probe_start(kvr_frontend_t *fe, fe_tokmodel_t *tm, const kvr_worker_spec_t *w)
 {
-    if (fe->n_tms == 0 || w->url[0] == '\0')
-        return;
-    fe_tokmodel_t *tm = find(fe, w->model, strlen(w->model));
-    if (tm == NULL || tm->state != PROBE_WAITING || tm->probe != NULL)
+    if (tm->state != PROBE_WAITING || tm->probe != NULL)
         return;
     upool_t *u = fe_pool_for(fe, w);
     probe_t *pr = u != NULL && !u->bad_url ? calloc(1, sizeof *pr) : NULL;
@@ -459,6 +493,100 @@ void fe_inproc_worker_added(kvr_frontend_t *fe, const kvr_worker_spec_t *w)
         return;
     }
     probe_send(pr);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Tokenizers named by registrations, loaded off the loop (fe_tokload.h) */
+
+static struct fe_tokpend *pending(kvr_frontend_t *fe, const char *model)
+{
+    for (size_t i = 0; i < fe->n_tok_pend; i++)
+        if (strcmp(fe->tok_pend[i]->name, model) == 0)
+            return fe->tok_pend[i];
+    return NULL;
+}
+
+/* The first registered worker of tm's model with a url probes it. */
+static void probe_registered(kvr_frontend_t *fe, fe_tokmodel_t *tm)
+{
+    uint64_t ids[FE_MAX_WORKERS];
+    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
+    for (size_t i = 0; i < n && i < FE_MAX_WORKERS && tm->state == PROBE_WAITING; i++) {
+        const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, ids[i]);
+        if (sp != NULL && sp->url[0] != '\0' && strcmp(sp->model, tm->name) == 0)
+            probe_start(fe, tm, sp);
+    }
+}
+
+static void on_loaded(void *arg, fe_tokload_t *l, kvr_tokmodel_t *m, int status, const char *why)
+{
+    (void)l;
+    struct fe_tokpend *pd = arg;
+    kvr_frontend_t *fe = pd->fe;
+    for (size_t i = 0; i < fe->n_tok_pend; i++)
+        if (fe->tok_pend[i] == pd) {
+            fe->tok_pend[i] = fe->tok_pend[--fe->n_tok_pend];
+            break;
+        }
+    char err[600];
+    if (m == NULL) {
+        fe->tok_loads[1]++;
+        kvr_log(KVR_LOG_ERROR, "tokenizer: model %s: %s from a worker registration could not "
+                "be loaded (%s: %s); its prompts go to the workers' /tokenize", pd->name,
+                pd->dir, kvr_strerror(status), why);
+    } else if (find(fe, pd->name, strlen(pd->name)) != NULL) {
+        kvr_tokmodel_free(m); /* the tokenizers setting named it meanwhile: that one stays */
+    } else if (add_model(fe, pd->name, strlen(pd->name), pd->dir, m, err, sizeof err) != KVR_OK) {
+        fe->tok_loads[1]++;
+        kvr_log(KVR_LOG_ERROR, "tokenizer: model %s: %s", pd->name, err);
+    } else {
+        fe->tok_loads[0]++;
+        probe_registered(fe, fe->tms[fe->n_tms - 1]);
+    }
+    free(pd);
+}
+
+/* w names a tokenizer folder for its model, which has none yet: loaded off the loop. */
+static void load_named(kvr_frontend_t *fe, const kvr_worker_spec_t *w)
+{
+    if (pending(fe, w->model) != NULL)
+        return;
+    struct fe_tokpend *pd = calloc(1, sizeof *pd);
+    struct fe_tokpend **t =
+        pd != NULL ? realloc(fe->tok_pend, (fe->n_tok_pend + 1) * sizeof *t) : NULL;
+    int st = KVR_ENOMEM;
+    if (t != NULL) {
+        fe->tok_pend = t;
+        *pd = (struct fe_tokpend){.fe = fe};
+        snprintf(pd->name, sizeof pd->name, "%s", w->model);
+        snprintf(pd->dir, sizeof pd->dir, "%s", w->tokenizer);
+        pd->load = fe_tokload_start(fe->base, w->tokenizer, on_loaded, pd, &st);
+    }
+    if (pd == NULL || pd->load == NULL) {
+        fe->tok_loads[1]++;
+        kvr_log(KVR_LOG_ERROR, "tokenizer: model %s: loading %s could not start (%s)", w->model,
+                w->tokenizer, kvr_strerror(st));
+        free(pd);
+        return;
+    }
+    fe->tok_pend[fe->n_tok_pend++] = pd;
+    kvr_log(KVR_LOG_INFO, "tokenizer: model %s: loading %s (named by worker %llu); its prompts "
+            "go to the workers' /tokenize until it is loaded and checked", w->model, w->tokenizer,
+            (unsigned long long)w->worker_id);
+}
+
+void fe_inproc_worker_added(kvr_frontend_t *fe, const kvr_worker_spec_t *w)
+{
+    fe_tokmodel_t *tm = find(fe, w->model, strlen(w->model));
+    if (tm != NULL && w->tokenizer[0] != '\0' && strcmp(tm->dir, w->tokenizer) != 0)
+        kvr_log_limited(&fe->rl_tok, KVR_LOG_WARN,
+                        "tokenizer: worker %llu names %s for model %s, which is tokenized from "
+                        "%s (the tokenizers setting): that one is kept",
+                        (unsigned long long)w->worker_id, w->tokenizer, w->model, tm->dir);
+    if (tm == NULL && w->tokenizer[0] != '\0' && w->model[0] != '\0')
+        load_named(fe, w);
+    if (tm != NULL && w->url[0] != '\0')
+        probe_start(fe, tm, w);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -484,6 +612,14 @@ void fe_inproc_metrics(kvr_frontend_t *fe, struct kvr_prom *p)
     kvr_prom_by_label(p, "kvr_frontend_tokenize_inprocess_declined_total", "counter",
                       "Prompts of an in-process model sent to a worker's /tokenize instead, by "
                       "reason.", "reason", dec, KVR_PROM_N(dec));
+    kvr_prom_by_t loads[] = {{"loaded", (double)fe->tok_loads[0]},
+                             {"failed", (double)fe->tok_loads[1]}};
+    kvr_prom_by_label(p, "kvr_frontend_tokenizer_loads_total", "counter",
+                      "Tokenizer folders named by worker registrations, loaded off the serving "
+                      "thread, by result.", "result", loads, KVR_PROM_N(loads));
+    kvr_prom_gauge(p, "kvr_frontend_tokenizer_loads_pending",
+                   "Tokenizer folders named by worker registrations being loaded now.",
+                   (double)fe->n_tok_pend);
     if (fe->n_tms == 0)
         return;
     kvr_prom_family(p, "kvr_frontend_tokenizer_probe", "gauge",
@@ -491,15 +627,15 @@ void fe_inproc_metrics(kvr_frontend_t *fe, struct kvr_prom *p)
                     "worker's /tokenize.");
     for (size_t i = 0; i < fe->n_tms; i++) {
         for (int s = 0; s < N_PROBE_STATES; s++) {
-            kvr_prom_label_t l[2] = {{"model", fe->tms[i].name}, {"state", PROBE_NAMES[s]}};
+            kvr_prom_label_t l[2] = {{"model", fe->tms[i]->name}, {"state", PROBE_NAMES[s]}};
             kvr_prom_sample(p, "kvr_frontend_tokenizer_probe", l, 2,
-                            fe->tms[i].state == (probe_state_t)s ? 1.0 : 0.0);
+                            fe->tms[i]->state == (probe_state_t)s ? 1.0 : 0.0);
         }
     }
     kvr_prom_family(p, "kvr_frontend_tokenizer_bytes", "gauge",
                     "Memory held by each in-process tokenizer.");
     for (size_t i = 0; i < fe->n_tms; i++) {
-        kvr_prom_label_t l = {"model", fe->tms[i].name};
-        kvr_prom_sample(p, "kvr_frontend_tokenizer_bytes", &l, 1, (double)fe->tms[i].bytes);
+        kvr_prom_label_t l = {"model", fe->tms[i]->name};
+        kvr_prom_sample(p, "kvr_frontend_tokenizer_bytes", &l, 1, (double)fe->tms[i]->bytes);
     }
 }

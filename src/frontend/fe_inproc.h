@@ -1,7 +1,10 @@
 /*
  * fe_inproc.h: the front end's in-process tokenization (fe_inproc.c). The models of the
  * tokenizers setting are loaded when the front end starts (a model that does not load stops
- * the start, naming the file and what it refuses); a text or chat request for one of them is
+ * the start, naming the file and what it refuses); a tokenizer folder a worker registration
+ * names for its model (the first one a model gets) is loaded off the serving thread
+ * (fe_tokload.h), the model on the workers' /tokenize meanwhile, or for good when the load
+ * fails (logged, counted); a text or chat request for one of them is
  * turned into ids as the engine would (tokenizer/model.h over wire/chat_conv.h), with no
  * round trip to a worker. Each model is first checked: when its first worker with a url
  * registers, probe prompts (a text and a chat) are tokenized both here and by the worker's
@@ -35,7 +38,8 @@ fe_inproc_status_t fe_inproc_ids(kvr_frontend_t *fe, const kvr_oai_request_t *rq
                                  const char *body, size_t len, size_t *n, int *status,
                                  char *msg, size_t msglen);
 
-/* A worker was registered: probes its model's tokenizer when it is one of ours, unchecked. */
+/* A worker was registered: loads the tokenizer folder it names when its model has none yet,
+ * and probes its model's tokenizer when it is one of ours, unchecked. */
 void fe_inproc_worker_added(kvr_frontend_t *fe, const kvr_worker_spec_t *w);
 
 /* The /metrics families (tokenize time and tokens, paths, declines, probes). */

@@ -1450,11 +1450,12 @@ static void count_urlless(kvr_frontend_t *fe)
             urlless_add(fe, ids[i]);
 }
 
-/* The workers registered before the front end: their models' tokenizers probed. */
+/* The workers registered before the front end: their models' tokenizers loaded (the ones
+ * they name) and probed. */
 static void probe_known_workers(kvr_frontend_t *fe)
 {
     uint64_t ids[FE_MAX_WORKERS];
-    size_t n = fe->n_tms > 0 ? kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS) : 0;
+    size_t n = kvr_router_worker_ids(fe->r, ids, FE_MAX_WORKERS);
     for (size_t i = 0; i < n && i < FE_MAX_WORKERS; i++) {
         const kvr_worker_spec_t *sp = kvr_router_worker(fe->r, ids[i]);
         if (sp != NULL)

@@ -123,6 +123,7 @@ enum field {
     F_BUSY_DECODE,
     F_W_BLOCK_SIZE,
     F_W_LORAS,
+    F_W_TOKENIZER,
     F_W_ROLE,
     F_W_BOOT_HOST,
     F_W_BOOT_PORT,
@@ -210,6 +211,7 @@ static const field_def_t FIELDS[F_N] = {
                        T_DOUBLE, R_NONNEG, KB(K_BUSY), 0, 0},
     [F_W_BLOCK_SIZE] = {"block_size", "block_size", O_TOP, T_INT, 0, KB(K_WORKER), 1, 65536},
     [F_W_LORAS] = {"loras", "loras", O_TOP, T_STRING, 0, KB(K_WORKER), 0, 1023},
+    [F_W_TOKENIZER] = {"tokenizer", "tokenizer", O_TOP, T_STRING, 0, KB(K_WORKER), 1, 511},
     [F_W_ROLE] = {"role", "role", O_TOP, T_STRING, 0, KB(K_WORKER), 1, 16},
     [F_W_BOOT_HOST] = {"bootstrap_host", "bootstrap_host", O_TOP, T_STRING, 0, KB(K_WORKER), 1,
                        255},
@@ -1277,6 +1279,7 @@ static int finish_worker(kvr_api_decoder_t *d, kvr_api_worker_t *out)
     out->model = str_of(d, F_W_MODEL, &out->model_len);
     out->block_size = has(d, F_W_BLOCK_SIZE) ? (uint32_t)d->ival[F_W_BLOCK_SIZE] : 0;
     out->loras = str_of(d, F_W_LORAS, &out->loras_len);
+    out->tokenizer = str_of(d, F_W_TOKENIZER, &out->tokenizer_len);
     size_t role_len = 0;
     const char *role = str_of(d, F_W_ROLE, &role_len);
     if (role != NULL && kvr_worker_role_parse(role, role_len, &out->role) != KVR_OK)
@@ -1734,6 +1737,7 @@ int kvr_api_encode_worker(kvr_json_writer_t *w, const kvr_api_worker_t *r)
     if (r->block_size)
         key_u64(w, "block_size", r->block_size);
     key_str(w, "loras", r->loras, r->loras_len);
+    key_str(w, "tokenizer", r->tokenizer, r->tokenizer_len);
     if (r->role != KVR_ROLE_BOTH) {
         kvr_json_key(w, "role");
         kvr_json_string(w, kvr_worker_role_name(r->role));
@@ -1788,6 +1792,9 @@ int kvr_api_worker_to_spec(kvr_worker_spec_t *sp, const kvr_api_worker_t *a, cha
     if (rc == KVR_OK)
         rc = copy_field(sp->loras, sizeof sp->loras, a->loras, a->loras_len, "loras", err, len);
     if (rc == KVR_OK)
+        rc = copy_field(sp->tokenizer, sizeof sp->tokenizer, a->tokenizer, a->tokenizer_len,
+                        "tokenizer", err, len);
+    if (rc == KVR_OK)
         rc = copy_field(sp->bootstrap_host, sizeof sp->bootstrap_host, a->bootstrap_host,
                         a->bootstrap_host_len, "bootstrap_host", err, len);
     sp->block_size = a->block_size;
@@ -1822,6 +1829,8 @@ int kvr_api_encode_worker_spec(kvr_json_writer_t *w, const kvr_worker_spec_t *sp
                           .block_size = sp->block_size,
                           .loras = sp->loras[0] ? sp->loras : NULL,
                           .loras_len = strlen(sp->loras),
+                          .tokenizer = sp->tokenizer[0] ? sp->tokenizer : NULL,
+                          .tokenizer_len = strlen(sp->tokenizer),
                           .role = sp->role,
                           .bootstrap_host = sp->bootstrap_host[0] ? sp->bootstrap_host : NULL,
                           .bootstrap_host_len = strlen(sp->bootstrap_host),

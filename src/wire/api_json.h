@@ -172,6 +172,8 @@ typedef struct kvr_api_worker {
     uint32_t block_size; /* 0 when absent (the router's) */
     const char *loras;   /* "a;b": its LoRA adapters; NULL when none */
     size_t loras_len;
+    const char *tokenizer; /* its model's tokenizer folder; NULL when absent */
+    size_t tokenizer_len;
     kvr_worker_role_t role;     /* "role": prefill, decode, both (default) */
     const char *bootstrap_host; /* NULL when absent */
     size_t bootstrap_host_len;

@@ -310,6 +310,83 @@ def scenario_refused():
         shutil.rmtree(d)
 
 
+def tok_path(r, path):
+    return r.metric("kvr_frontend_tokenize_total", path=path) or 0
+
+
+def scenario_registered_tokenizer():
+    """POST /v1/workers naming a tokenizer folder: loaded off the serving thread (requests are
+    answered meanwhile, through the worker's /tokenize), probed, then the model's prompts are
+    tokenized in process; a folder outside allowed_tokenizer_dirs, or with none set, is a 400
+    naming the setting; a folder that does not load is logged and counted, and the model
+    stays on /tokenize; two workers of a model naming different folders: the second refused."""
+    m = mocker("--tokenizer", QWEN, what="mocker(qwen3)")
+    other = Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--model", "other",
+                   "--block-size", str(BS), "--speedup", "20"], "mocker(other)")
+    parent = os.path.dirname(os.path.realpath(QWEN))
+    bad = tempfile.mkdtemp(prefix="kvr-badtok.", dir="/tmp")
+    open(os.path.join(bad, "tokenizer.json"), "w").write("{not json")
+    r = Child([KVR, "serve", "--http-port", "0", "--block-size", str(BS), "--log-level", "info",
+               "--health-interval-ms", "60000",
+               "--allowed-tokenizer-dirs", f"{parent},/tmp"], "router(registered)")
+    plain = Child([KVR, "serve", "--http-port", "0", "--block-size", str(BS)], "router(no dirs)")
+    try:
+        qwen_dir = os.path.realpath(QWEN)
+        st, e = plain.call("POST", "/v1/workers", {"worker_id": 1, "url": m.url, "model": "qwen",
+                                                   "tokenizer": qwen_dir})
+        check("registered: without allowed_tokenizer_dirs a tokenizer is refused, named",
+              st == 400 and "allowed_tokenizer_dirs" in e["error"]["message"], (st, e))
+        st, e = r.call("POST", "/v1/workers", {"worker_id": 1, "url": m.url, "model": "qwen",
+                                               "tokenizer": "/etc"})
+        check("registered: a folder outside allowed_tokenizer_dirs is refused, named",
+              st == 400 and "not under allowed_tokenizer_dirs" in e["error"]["message"], (st, e))
+        st, e = r.call("POST", "/v1/workers", {"worker_id": 1, "url": m.url, "model": "qwen",
+                                               "tokenizer": qwen_dir + "/../models"})
+        check("registered: a path with '..' is refused", st == 400, (st, e))
+        st, w = r.call("POST", "/v1/workers", {"worker_id": 1, "url": m.url, "model": "qwen",
+                                               "tokenizer": qwen_dir})
+        check("registered: a worker naming its model's tokenizer is registered", st == 201, (st, w))
+        body = {"messages": [{"role": "user", "content": sentence(30)}]}
+        st, pt, _, b = send(r, body)  # answered whatever the load's progress
+        check("registered: a chat is answered while the tokenizer loads", st == 200, (st, b))
+        check("registered: the tokenizer loads off the serving thread and is counted",
+              eventually(lambda: r.metric("kvr_frontend_tokenizer_loads_total", result="loaded") == 1,
+                         30), r.stderr()[-2000:])
+        check("registered: then checked against the worker's /tokenize",
+              eventually(lambda: probe_state(r) == "same", 10), probe_state(r))
+        before = tok_path(r, "inprocess")
+        st, pt2, _, b = send(r, {"messages": [{"role": "user", "content": sentence(40)}]})
+        check("registered: then its prompts are tokenized in process",
+              st == 200 and tok_path(r, "inprocess") == before + 1, (st, before, b))
+        _, ws = r.call("GET", "/v1/workers")
+        check("registered: /v1/workers shows the worker's tokenizer",
+              ws["workers"][0].get("tokenizer") == qwen_dir, ws["workers"][0])
+        st, e = r.call("POST", "/v1/workers", {"worker_id": 2, "url": m.url, "model": "qwen",
+                                               "tokenizer": bad})
+        check("registered: a second worker of the model naming another folder is refused, named",
+              st == 400 and "tokenized one way" in e["error"]["message"], (st, e))
+        st, w = r.call("POST", "/v1/workers", {"worker_id": 3, "url": other.url, "model": "other",
+                                               "tokenizer": bad})
+        check("registered: a worker of another model with a broken folder is registered",
+              st == 201, (st, w))
+        check("registered: the broken folder's load fails, counted and logged with the reason",
+              eventually(lambda: r.metric("kvr_frontend_tokenizer_loads_total", result="failed") == 1,
+                         30) and "could not be loaded" in r.stderr() and bad in r.stderr(),
+              r.stderr()[-2000:])
+        st, b = r.call("POST", "/v1/completions", {"model": "other", "prompt": "hello there",
+                                                   "max_tokens": 2})
+        check("registered: that model's prompts still go through the worker's /tokenize",
+              st == 200 and tok_path(r, "worker") >= 1, (st, b))
+        check("registered: nothing left loading",
+              r.metric("kvr_frontend_tokenizer_loads_pending") == 0)
+    finally:
+        r.stop()
+        plain.stop()
+        m.stop()
+        other.stop()
+        shutil.rmtree(bad)
+
+
 def main():
     if not os.path.exists(os.path.join(QWEN, "tokenizer.json")):
         print("test_tokenize_inproc: the oracle's models are missing (tests/oracle/node_modules):"
@@ -319,7 +396,8 @@ def main():
                    ("probe_mismatch", scenario_probe_mismatch),
                    ("template_raise", scenario_template_raise),
                    ("model_errors", scenario_model_errors),
-                   ("refused", scenario_refused)), SEED)
+                   ("refused", scenario_refused),
+                   ("registered_tokenizer", scenario_registered_tokenizer)), SEED)
 
 
 if __name__ == "__main__":
