@@ -21,6 +21,7 @@
 
 #include "apps/apps.h"
 #include "apps/cli.h"
+#include "base/dec.h"
 #include "kvrouter.h"
 #include "wire/hash_req.h"
 
@@ -87,18 +88,7 @@ static bool ensure_blocks(hash_run_t *run, size_t n)
     return true;
 }
 
-static char *put_u64(char *p, uint64_t v)
-{
-    char tmp[20];
-    size_t n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0);
-    while (n > 0)
-        *p++ = tmp[--n];
-    return p;
-}
+static char *put_u64(char *p, uint64_t v) { return kvr_dec_u64(p, v); }
 
 static char *put_str(char *p, const char *s)
 {

@@ -23,6 +23,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "apps/apps.h"
+#include "base/dec.h"
 #include "base/hex.h"
 #include "apps/cli.h"
 #include "base/clock.h"
@@ -142,18 +143,7 @@ static bool parse_line(line_ctx_t *c, const char *line, size_t n)
     return true;
 }
 
-static char *put_u32(char *p, uint32_t v)
-{
-    char tmp[12];
-    int k = 0;
-    do {
-        tmp[k++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (k)
-        *p++ = tmp[--k];
-    return p;
-}
+static char *put_u32(char *p, uint32_t v) { return kvr_dec_u64(p, v); }
 
 /* One --chat line: its output (ids and the rendered prompt) into w; false with why. */
 static bool chat_line(kvr_tokmodel_t *m, kvr_tokmodel_scratch_t *s, kvr_oai_decoder_t *dec,

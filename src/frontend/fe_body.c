@@ -22,6 +22,7 @@
 
 #include <event2/buffer.h>
 
+#include "base/dec.h"
 #include "frontend/fe_body.h"
 #include "wire/json_splice.h"
 
@@ -59,15 +60,7 @@ static void put_ids(cursor_t *c, const uint32_t *t, size_t n)
     for (size_t i = 0; i < n; i++) {
         if (i > 0)
             *c->o++ = ',';
-        char tmp[10];
-        int k = 0;
-        uint32_t v = t[i];
-        do {
-            tmp[k++] = (char)('0' + v % 10);
-            v /= 10;
-        } while (v != 0);
-        while (k > 0)
-            *c->o++ = tmp[--k];
+        c->o = kvr_dec_u64(c->o, t[i]);
     }
     *c->o++ = ']';
 }

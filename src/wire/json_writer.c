@@ -9,6 +9,8 @@
  */
 #include "wire/json_writer.h"
 
+#include "base/dec.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -350,21 +352,10 @@ static int put_scalar(kvr_json_writer_t *w, const char *text, size_t n)
     return KVR_OK;
 }
 
-/* Decimal digits of v, right-aligned in buf[0..24); returns the first digit. */
-static char *u64_digits(uint64_t v, char *buf_end)
-{
-    char *p = buf_end;
-    do {
-        *--p = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0);
-    return p;
-}
-
 int kvr_json_u64(kvr_json_writer_t *w, uint64_t v)
 {
     char buf[24];
-    char *p = u64_digits(v, buf + sizeof buf);
+    char *p = kvr_dec_u64_back(v, buf + sizeof buf);
     return put_scalar(w, p, (size_t)(buf + sizeof buf - p));
 }
 
@@ -372,7 +363,7 @@ int kvr_json_i64(kvr_json_writer_t *w, int64_t v)
 {
     char buf[24];
     uint64_t mag = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    char *p = u64_digits(mag, buf + sizeof buf);
+    char *p = kvr_dec_u64_back(mag, buf + sizeof buf);
     if (v < 0)
         *--p = '-';
     return put_scalar(w, p, (size_t)(buf + sizeof buf - p));
