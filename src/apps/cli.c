@@ -2,6 +2,7 @@
  * cli.c: the subcommands' shared flag matching and value checks (cli.h).
  */
 #include "apps/cli.h"
+#include "base/edit.h"
 #include "base/namelist.h"
 
 #include <errno.h>
@@ -17,7 +18,7 @@
 
 void kvr_cli_init(kvr_cli_t *c, const char *prog, int argc, char **argv)
 {
-    *c = (kvr_cli_t){.prog = prog, .argc = argc, .argv = argv, .i = 1};
+    *c = (kvr_cli_t){.prog = prog, .argc = argc, .argv = argv, .i = 1, .near_i = -1};
 }
 
 bool kvr_cli_is_help(const kvr_cli_t *c)
@@ -26,12 +27,32 @@ bool kvr_cli_is_help(const kvr_cli_t *c)
     return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
 }
 
+/* Keeps name when it is the nearest flag to argv[i] tried so far. */
+static void note_near(kvr_cli_t *c, const char *name)
+{
+    const char *arg = c->argv[c->i];
+    char flag[64];
+    size_t n = strcspn(arg, "=");
+    if (strncmp(arg, "--", 2) != 0 || strncmp(name, "--", 2) != 0 || n >= sizeof flag)
+        return;
+    memcpy(flag, arg, n);
+    flag[n] = '\0';
+    size_t d = kvr_edit_distance(flag, name);
+    if (c->near_i != c->i || d < c->near_d) {
+        c->near = name;
+        c->near_d = d;
+        c->near_i = c->i;
+    }
+}
+
 bool kvr_cli_is(kvr_cli_t *c, const char *name)
 {
     const char *arg = c->argv[c->i];
     size_t n = strlen(name);
-    if (strncmp(arg, name, n) != 0 || (arg[n] != '\0' && arg[n] != '='))
+    if (strncmp(arg, name, n) != 0 || (arg[n] != '\0' && arg[n] != '=')) {
+        note_near(c, name);
         return false;
+    }
     c->flag = name;
     c->eq = arg[n] == '=' ? arg + n + 1 : NULL;
     return true;
@@ -83,6 +104,11 @@ int kvr_cli_fail(const kvr_cli_t *c, const char *fmt, ...)
 int kvr_cli_unknown(const kvr_cli_t *c)
 {
     const char *arg = c->argv[c->i];
+    size_t n = strcspn(arg, "=");
+    if (arg[0] == '-' && c->near != NULL && c->near_i == c->i &&
+        c->near_d <= kvr_edit_limit(n > 2 ? n - 2 : n))
+        return kvr_cli_fail(c, "unknown option %.*s (did you mean %s?); see `%s --help`", (int)n,
+                            arg, c->near, c->prog);
     if (arg[0] == '-')
         return kvr_cli_fail(c, "unknown option %s (see --help)", arg);
     return kvr_cli_fail(c, "unexpected argument '%s' (see --help)", arg);

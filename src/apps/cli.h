@@ -36,6 +36,10 @@ typedef struct kvr_cli {
     int i;            /* the argument being parsed; kvr_cli_value moves it past a value */
     const char *flag; /* the flag matched last (kvr_cli_is, kvr_cli_setting): messages name it */
     const char *eq;   /* its "=VALUE" part (after the '='), or NULL */
+    /* the known flag nearest argv[near_i] among those tried on it (kvr_cli_is): a typo's fix */
+    const char *near;
+    size_t near_d;
+    int near_i;
 } kvr_cli_t;
 
 void kvr_cli_init(kvr_cli_t *c, const char *prog, int argc, char **argv);
@@ -60,8 +64,9 @@ int kvr_cli_bad(const kvr_cli_t *c, const char *v, const char *why);
 /* "PROG: <printf>"; returns 2. */
 int kvr_cli_fail(const kvr_cli_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* "PROG: unknown option ARG (see --help)" for argv[i] (or "unexpected argument" when it is
- * not an option); returns 2. */
+/* "PROG: unknown option ARG (did you mean --X?); see `PROG --help`" for argv[i], the
+ * suggestion being the nearest flag the parse tried on it when that is a typo's distance away
+ * (or "unexpected argument" when it is not an option); returns 2. */
 int kvr_cli_unknown(const kvr_cli_t *c);
 
 /* Checkers of a value v (NULL: missing) for the current flag: 0 and *out set, or 2 and the

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "core/endpoint.h"
+#include "base/edit.h"
 #include "base/namelist.h"
 
 typedef enum ftype {
@@ -459,34 +460,6 @@ bool kvr_config_is_bool(const char *name)
     return f != NULL && f->type == T_BOOL;
 }
 
-/* Edit distance between a and b (insertions, deletions, substitutions, adjacent swaps), or
- * SIZE_MAX past 63 bytes: names are short, so one row of 64 suffices a pass. */
-static size_t edit_distance(const char *a, const char *b)
-{
-    size_t n = strlen(a), m = strlen(b);
-    if (n > 63 || m > 63)
-        return SIZE_MAX;
-    size_t prev2[64], prev[64], cur[64];
-    for (size_t j = 0; j <= m; j++)
-        prev[j] = j;
-    for (size_t i = 1; i <= n; i++) {
-        cur[0] = i;
-        for (size_t j = 1; j <= m; j++) {
-            size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
-            size_t del = prev[j] + 1, ins = cur[j - 1] + 1;
-            size_t best = sub < del ? sub : del;
-            best = best < ins ? best : ins;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
-                prev2[j - 2] + 1 < best)
-                best = prev2[j - 2] + 1;
-            cur[j] = best;
-        }
-        memcpy(prev2, prev, sizeof prev);
-        memcpy(prev, cur, sizeof cur);
-    }
-    return prev[m];
-}
-
 /* The setting name closest to name when it is close enough to be a typo (at most 2 edits, or
  * a quarter of its length for long names), else NULL. */
 static const char *nearest(const char *name)
@@ -494,10 +467,10 @@ static const char *nearest(const char *name)
     char key[96];
     if (!canonical(name, key, sizeof key))
         return NULL;
-    size_t best = SIZE_MAX, limit = strlen(key) / 4 > 2 ? strlen(key) / 4 : 2;
+    size_t best = SIZE_MAX, limit = kvr_edit_limit(strlen(key));
     const char *found = NULL;
     for (size_t i = 0; i < N_FIELDS; i++) {
-        size_t d = edit_distance(key, FIELDS[i].name);
+        size_t d = kvr_edit_distance(key, FIELDS[i].name);
         if (d < best) {
             best = d;
             found = FIELDS[i].name;
