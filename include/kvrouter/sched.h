@@ -65,7 +65,8 @@ typedef struct kvr_sched_config {
     kvr_queue_config_t queue_cfg; /* capacity, pending ISL limit, order */
     uint64_t queue_timeout_ms;    /* 0 = wait forever */
     uint32_t min_initial_workers; /* until this many are ready (once), requests wait */
-    uint64_t initial_wait_ms;     /* ... at most this long (0 = forever) */
+    uint64_t initial_wait_ms;     /* ... at most this long from the first call, the start-up
+                                     window (0 = forever) */
 } kvr_sched_config_t;
 
 /* The scheduler's settings from the router's configuration (router_queue_*). */
@@ -103,11 +104,14 @@ typedef uint64_t kvr_ticket_t;
  * called later) when q->update_state and done is set, and either the queue is on and every
  * eligible worker is busy or a backlog waits (arrivals never overtake it), or fewer than
  * min_initial_workers have ever been ready at once (the start-up wait: it ends for good the
- * first time they are, checked at each placement, dispatch and tick). Otherwise the routing
+ * first time they are, checked at each placement, dispatch and tick, or once initial_wait_ms
+ * have passed since the scheduler's first call: a request never waits past that window, and
+ * one arriving after it is answered at once). Otherwise the routing
  * error; KVR_EQUEUEFULL when the queue is at its limits; KVR_ENOMEM. */
 int kvr_sched_place(kvr_sched_t *s, const kvr_place_t *p, uint64_t now_ms, kvr_route_res_t *res,
                     kvr_ticket_t *ticket);
-/* Whether the start-up wait is over (min_initial_workers were ready at once). */
+/* Whether the start-up wait is over (min_initial_workers were ready at once, or the start-up
+ * window has passed). */
 bool kvr_sched_warm(kvr_sched_t *s);
 /* Takes a queued request back (its client went away): true if it was still queued; done is
  * then never called. */

@@ -47,10 +47,16 @@ static const double OVERHEAD_BUCKETS[] = {2e-6, 5e-6,   1e-5, 2.5e-5, 5e-5,   1e
 void api_reply_status(kvr_api_t *s, struct evhttp_request *req, int rc, const char *detail)
 {
     switch (rc) {
-    case KVR_ENOWORKER:
-        kvr_reply_error(s->rep, req, 503, "service_unavailable", "no worker can serve this request%s%s",
-                        detail ? ": " : "", detail ? detail : "");
+    case KVR_ENOWORKER: {
+        char why[200] = "";
+        if (detail == NULL)
+            kvr_fleet_why_none(s->fleet, why, sizeof why);
+        if (detail == NULL && why[0] == '\0')
+            detail = "its model, pool or filters leave no worker";
+        kvr_reply_error(s->rep, req, 503, "service_unavailable", "no worker can serve this request: %s",
+                        detail != NULL ? detail : why);
         break;
+    }
     case KVR_ENOTALLOWED:
         kvr_reply_error(s->rep, req, 503, "service_unavailable",
                         "the pinned worker is outside the request's filters");

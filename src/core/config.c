@@ -202,7 +202,9 @@ static const field_t FIELDS[] = {
      "a request for a LoRA adapter no worker declares (--worker ...,loras=) is refused (404) "
      "instead of going to any worker of its model, which loads it on demand"},
     {"min_initial_workers_wait_ms", T_U64, OFF(min_initial_workers_wait_ms), 0, 1e9, false, NULL, 0,
-     "30000", "how long a request waits for min_initial_workers; then 503 naming it"},
+     "30000", "the start-up window: requests wait for min_initial_workers at most until this "
+     "long after the router starts, then 503 naming it; a request arriving later is answered "
+     "at once"},
     {"allowed_worker_hosts", T_STR, OFF(allowed_worker_hosts), 0, 0, false, NULL,
      sizeof(((kvr_router_config_t *)0)->allowed_worker_hosts), "",
      "comma-separated hosts that worker urls and tcp:// event endpoints may name; empty = any"},

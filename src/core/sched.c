@@ -52,7 +52,10 @@ struct kvr_sched {
     kvr_router_t *r;
     kvr_sched_config_t cfg;
     kvr_queue_t *queue; /* NULL: the queue is off and the start-up wait over */
-    bool warm;          /* min_initial_workers were ready once: no start-up wait any more */
+    bool warm;          /* min_initial_workers were ready once, or the start-up window
+                           (initial_wait_ms from the first call) is over: no wait any more */
+    uint64_t born_ms;   /* the first call's time (0: none yet): the start-up window's start */
+    uint64_t now_ms;    /* the latest time a call gave */
     observer_t obs[KVR_SCHED_MAX_OBSERVERS];
     size_t n_obs, n_named; /* n_named: observers that want ids */
     bool dispatching;        /* a pass is running (callbacks may re-enter) */
@@ -261,10 +264,23 @@ static int entry_new(kvr_sched_t *s, const kvr_place_t *p, entry_t **out)
     return KVR_OK;
 }
 
-/* Whether the start-up wait is over: it ends for good once min_initial_workers are ready. */
+/* The time of the call being served (the scheduler reads no clock: callers give it). */
+static void saw_time(kvr_sched_t *s, uint64_t now_ms)
+{
+    if (s->born_ms == 0)
+        s->born_ms = now_ms != 0 ? now_ms : 1;
+    if (now_ms > s->now_ms)
+        s->now_ms = now_ms;
+}
+
+/* Whether the start-up wait is over: it ends for good once min_initial_workers are ready, or
+ * once initial_wait_ms have passed since the first call (a request arriving later is told at
+ * once that no worker is ready, rather than waiting again). */
 static bool warm(kvr_sched_t *s)
 {
-    if (!s->warm && kvr_router_n_ready(s->r) >= s->cfg.min_initial_workers)
+    if (!s->warm && (kvr_router_n_ready(s->r) >= s->cfg.min_initial_workers ||
+                     (s->born_ms != 0 && s->cfg.initial_wait_ms != 0 &&
+                      s->now_ms - s->born_ms >= s->cfg.initial_wait_ms)))
         s->warm = true;
     return s->warm;
 }
@@ -275,12 +291,15 @@ bool kvr_sched_warm(kvr_sched_t *s) { return warm(s); }
 static int enqueue_entry(kvr_sched_t *s, entry_t *e, uint64_t now_ms, kvr_ticket_t *ticket)
 {
     e->warmup = !s->warm;
+    uint64_t window_end = s->born_ms + s->cfg.initial_wait_ms;
+    uint64_t left = s->cfg.initial_wait_ms == 0 ? 0 /* forever */
+                    : window_end > now_ms         ? window_end - now_ms /* what is left */
+                                                  : 1;
     kvr_queue_item_t it = {.isl_tokens = e->q.n_tokens,
                            .cost_tokens = e->q.n_tokens,
                            .priority_jump = e->q.priority_jump,
                            .strict_priority = e->strict_priority,
-                           .timeout_ms =
-                               e->warmup ? s->cfg.initial_wait_ms : s->cfg.queue_timeout_ms,
+                           .timeout_ms = e->warmup ? left : s->cfg.queue_timeout_ms,
                            .user = e};
     int rc = kvr_queue_push(s->queue, &it, now_ms, ticket);
     if (rc != KVR_OK)
@@ -408,6 +427,7 @@ int kvr_sched_place(kvr_sched_t *s, const kvr_place_t *p, uint64_t now_ms, kvr_r
                     kvr_ticket_t *ticket)
 {
     *ticket = 0;
+    saw_time(s, now_ms);
     if (s->src.lookup != NULL && p->done != NULL && !p->q->has_matches &&
         await_overlaps(s, p, ticket) == KVR_OK)
         return KVR_OK;
@@ -478,6 +498,7 @@ static void dispatch_pass(kvr_sched_t *s, uint64_t now_ms)
 
 void kvr_sched_dispatch(kvr_sched_t *s, uint64_t now_ms, kvr_sched_trigger_t why)
 {
+    saw_time(s, now_ms);
     if (s->queue == NULL || !warm(s))
         return;
     if (s->dispatching)
@@ -503,6 +524,7 @@ static void expire_queue(kvr_sched_t *s, uint64_t now_ms)
 
 void kvr_sched_tick(kvr_sched_t *s, uint64_t now_ms)
 {
+    saw_time(s, now_ms);
     kvr_router_tick(s->r, now_ms);
     if (s->queue == NULL)
         return;

@@ -209,6 +209,21 @@ int kvr_fleet_verify(const kvr_fleet_t *f, char *msg, size_t msg_len)
     return KVR_OK;
 }
 
+void kvr_fleet_why_none(const kvr_fleet_t *f, char *buf, size_t len)
+{
+    uint64_t ids[4096];
+    size_t n = kvr_router_worker_ids(f->r, ids, 4096), fenced = 0;
+    for (size_t i = 0; i < n && i < 4096; i++)
+        fenced += kvr_router_fenced(f->r, ids[i]);
+    if (n == 0)
+        snprintf(buf, len, "no worker is registered (--worker, POST /v1/workers or discovery)");
+    else if (fenced == n)
+        snprintf(buf, len, "all %zu registered workers are fenced after failing (each returns "
+                 "once its /health answers)", n);
+    else if (len > 0)
+        buf[0] = '\0';
+}
+
 int kvr_fleet_wait_failed(const kvr_router_t *r, int rc, char *msg, size_t msg_len)
 {
     const kvr_router_config_t *c = kvr_router_config(r);

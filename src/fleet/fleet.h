@@ -107,6 +107,10 @@ void kvr_fleet_drift_metrics(const kvr_fleet_t *f, kvr_prom_t *p);
  * KVR_OK, or KVR_EINVAL with msg. O(workers). Asserted after every change in debug builds. */
 int kvr_fleet_verify(const kvr_fleet_t *f, char *msg, size_t msg_len);
 
+/* Why no worker could take a request, as far as the fleet alone can say: none registered, or
+ * all fenced (how many); "" when neither (the request's model, pool or filters left none). */
+void kvr_fleet_why_none(const kvr_fleet_t *f, char *buf, size_t len);
+
 /* A queued placement that ran out of time (kvr_sched_done_fn with res NULL): the HTTP status
  * and a message naming the setting (429 for router_queue_timeout_ms; 503 for
  * min_initial_workers_wait_ms, with the ready count). Every front door answers with these. */

@@ -253,7 +253,8 @@ static void test_backlog_cancel_and_expiry(void **st)
 
 /* min_initial_workers: before that many workers are ready, requests that may wait do (the
  * router is starting and its workers register); the wait ends for good once they are, and a
- * request that waits past min_initial_workers_wait_ms is told KVR_ENOWORKER with no decision. */
+ * request that waits past the start-up window (min_initial_workers_wait_ms from the first
+ * call) is told KVR_ENOWORKER with no decision; one arriving after the window never waits. */
 static void test_start_up_wait(void **st)
 {
     (void)st;
@@ -285,15 +286,17 @@ static void test_start_up_wait(void **st)
     assert_int_equal(a.calls, 1);
     assert_true(a.expired);
     assert_int_equal(a.rc, KVR_ENOWORKER);
+    /* the window is over: a request arriving now does not wait again; it is routed to the
+     * one worker ready, at once */
     kvr_route_req_t q = {.tokens = toks, .n_tokens = 64, .update_state = true};
     kvr_place_t pb = {.q = &q, .copy = true, .done = on_done, .arg = &b};
     assert_int_equal(kvr_sched_place(f.s, &pb, 1400, &res, &tb), KVR_OK);
-    assert_true(tb != 0);
+    assert_int_equal(tb, 0);
+    assert_int_equal(b.calls, 0);
+    assert_int_equal(res.worker.worker_id, 1);
+    assert_true(kvr_sched_warm(f.s));
     assert_int_equal(kvr_worker_spec_parse("id=2", &w, err, sizeof err), KVR_OK);
     assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
-    kvr_sched_tick(f.s, 1450); /* two ready: the waiting one is placed */
-    assert_int_equal(b.calls, 1);
-    assert_int_equal(b.rc, KVR_OK);
     assert_int_equal(live(&f), 1);
     /* once warm, never again: with every worker gone a request is refused at once */
     assert_int_equal(kvr_router_remove_worker(f.r, 1), KVR_OK);
@@ -307,6 +310,57 @@ static void test_start_up_wait(void **st)
 
 /* Load that went down behind the scheduler's back (a free straight to the router): an
  * arrival still queues behind the backlog, and the next dispatch places the backlog first. */
+/* The start-up window runs from the scheduler's first call, not from each request's arrival:
+ * a request that arrives late in it waits only for what is left; the ready workers reaching
+ * min_initial_workers place the waiting ones at once. */
+static void test_start_up_window(void **st)
+{
+    (void)st;
+    fx_t f;
+    make(&f, 0, false);
+    kvr_sched_free(f.s);
+    set(&f, "min_initial_workers", "1");
+    set(&f, "min_initial_workers_wait_ms", "300");
+    kvr_sched_config_t sc;
+    kvr_sched_config_from(&sc, &f.cfg);
+    int rc;
+    f.s = kvr_sched_new(f.r, &sc, &rc, NULL);
+    assert_non_null(f.s);
+    kvr_sched_tick(f.s, 1000); /* the router's first tick: the window is [1000, 1300) */
+    prompt(toks, 4, 64);
+    outcome_t a = {.f = &f}, b = {.f = &f};
+    kvr_route_res_t res;
+    kvr_ticket_t ta, tb;
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = 64, .update_state = true};
+    kvr_place_t pa = {.q = &q, .copy = true, .done = on_done, .arg = &a};
+    assert_int_equal(kvr_sched_place(f.s, &pa, 1250, &res, &ta), KVR_OK);
+    assert_true(ta != 0);
+    kvr_sched_tick(f.s, 1299);
+    assert_int_equal(a.calls, 0);
+    kvr_sched_tick(f.s, 1300); /* 50 ms after it came, not 300 */
+    assert_int_equal(a.calls, 1);
+    assert_int_equal(a.rc, KVR_ENOWORKER);
+    unmake(&f);
+    /* and a worker registering inside the window places the waiting request */
+    make(&f, 0, false);
+    kvr_sched_free(f.s);
+    set(&f, "min_initial_workers", "1");
+    set(&f, "min_initial_workers_wait_ms", "300");
+    kvr_sched_config_from(&sc, &f.cfg);
+    f.s = kvr_sched_new(f.r, &sc, &rc, NULL);
+    kvr_place_t pb = {.q = &q, .copy = true, .done = on_done, .arg = &b};
+    assert_int_equal(kvr_sched_place(f.s, &pb, 1000, &res, &tb), KVR_OK);
+    assert_true(tb != 0);
+    char err[200];
+    kvr_worker_spec_t w;
+    assert_int_equal(kvr_worker_spec_parse("id=5", &w, err, sizeof err), KVR_OK);
+    assert_int_equal(kvr_router_add_worker(f.r, &w, err, sizeof err), KVR_OK);
+    kvr_sched_tick(f.s, 1100);
+    assert_int_equal(b.calls, 1);
+    assert_int_equal(b.rc, KVR_OK);
+    unmake(&f);
+}
+
 static void test_arrivals_do_not_overtake(void **st)
 {
     (void)st;
@@ -859,6 +913,7 @@ int main(void)
         cmocka_unit_test(test_backlog_cancel_and_expiry),
         cmocka_unit_test(test_arrivals_do_not_overtake),
         cmocka_unit_test(test_start_up_wait),
+        cmocka_unit_test(test_start_up_window),
         cmocka_unit_test(test_own_hashes_copied),
         cmocka_unit_test(test_copy_and_hashes_survive),
         cmocka_unit_test(test_reentrant_release),

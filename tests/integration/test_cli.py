@@ -1,13 +1,18 @@
 #!/usr/bin/python3
-"""Typing errors on the command line: every subcommand answers a mistyped flag with exit 2, the
-flag it nearly matched ("did you mean --speedup?") and where the help is; a flag that is no
-typo of any gets the pointer to --help alone, never a wild guess.
+"""What a new user meets first.
+  - Typing errors on the command line: every subcommand answers a mistyped flag with exit 2,
+    the flag it nearly matched ("did you mean --speedup?") and where the help is; a flag that is
+    no typo of any gets the pointer to --help alone, never a wild guess.
+  - A router with no worker: requests wait for one only during the start-up window
+    (min_initial_workers_wait_ms from the start), then are told why at once, on the routing
+    API and the OpenAI front end alike.
 Usage: test_cli.py <path to kvrouter>.
 """
 import subprocess
 import sys
+import time
 
-from kvr_harness import check, finish
+from kvr_harness import Child, check, finish
 
 KVR = sys.argv[1]
 
@@ -35,7 +40,28 @@ def main():
     rc, err = run("mocker", "--zzzzzz", "1")
     check("mocker --zzzzzz: no guess, the help named",
           rc == 2 and "did you mean" not in err and "--help" in err, (rc, err))
+    no_worker()
     finish()
+
+
+def no_worker():
+    window = 5.0
+    r = Child([KVR, "serve", "--http-port", "0", "--min-initial-workers-wait-ms",
+               str(int(window * 1000))], "router")
+    try:
+        st, b = r.call("POST", "/v1/route", {"tokens": list(range(64))}, timeout=30)
+        check("no worker: a request in the start-up window waits for it, then says so",
+              st == 503 and "min_initial_workers" in b["error"]["message"], (st, b))
+        for path, body in (("/v1/route", {"tokens": list(range(64))}),
+                           ("/v1/completions", {"model": "m", "prompt": [1, 2, 3]})):
+            t = time.monotonic()
+            st, b = r.call("POST", path, body, timeout=30)
+            took = time.monotonic() - t
+            check(f"no worker: {path} after the window is answered at once, saying why",
+                  st == 503 and "no worker is registered" in b["error"]["message"]
+                  and took < window / 2, (st, b, took))
+    finally:
+        r.stop()
 
 
 if __name__ == "__main__":
