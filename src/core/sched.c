@@ -13,7 +13,10 @@
  *   - a queued request with update_state (only those are queued) has its done callback;
  *   - at most one dispatch pass runs. A re-entrant call (a callback that frees a booking)
  *     returns at once: the running pass peeks at the queue again after every callback and
- *     stops only at a request that cannot be placed after everything the callbacks did.
+ *     stops only at a request that cannot be placed after everything the callbacks did;
+ *   - once warm, always warm; a request queued by the start-up wait times out no later than
+ *     the window's end (born_ms + initial_wait_ms), the scheduler reading no clock of its own:
+ *     born_ms is the first time a call gave it.
  * Threads: the owner thread only. Cost: see sched.h.
  */
 #include "kvrouter/sched.h"
