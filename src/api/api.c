@@ -1027,6 +1027,11 @@ static void h_index_snapshot(kvr_api_t *s, struct evhttp_request *req)
                         "this router keeps no index fed by KV events (router_mode kv only)");
         return;
     }
+    if (kvr_fleet_index_loading(s->fleet)) { /* never make a joining peer wait on a joiner */
+        kvr_reply_error(s->rep, req, 503, "service_unavailable",
+                        "this router is still loading its own index from a peer; ask another");
+        return;
+    }
     uint8_t *buf = NULL;
     size_t len = 0;
     char err[300] = "";
@@ -1107,6 +1112,11 @@ static void h_ready(kvr_api_t *s, struct evhttp_request *req)
     size_t up = kvr_router_n_ready(s->r);
     if (up == 0) {
         kvr_reply_error(s->rep, req, 503, "service_unavailable", "no healthy worker registered");
+        return;
+    }
+    if (kvr_fleet_index_loading(s->fleet)) {
+        kvr_reply_error(s->rep, req, 503, "service_unavailable",
+                        "loading the index from a peer (requests are served cold meanwhile)");
         return;
     }
     if (!kvr_sched_warm(s->sched)) {

@@ -230,6 +230,7 @@ typedef struct daemon_parts {
     struct event *drain;  /* watches the answers in flight while draining */
     uint64_t drain_deadline_ms, grace_ms;
     bool draining, stopping;
+    const kvr_router_config_t *cfg; /* the settings (the caller's, for the loop's life) */
 } daemon_parts_t;
 
 /* The end: the front end answers what is still in flight (503, or an error event ending a
@@ -345,6 +346,39 @@ static void load_state(kvr_ingest_t *g, const char *path)
                 path, rep.ranks, rep.ranks_skipped, (unsigned long long)rep.events,
                 (unsigned long long)rep.events_failed, (unsigned long long)rep.bytes,
                 (unsigned long long)(kvr_now_ms() - t0));
+}
+
+/* The index is as it will start (a peer's, else the state file's, else cold): the ingest
+ * thread starts, and the router is listed among the replicas, now that it can answer a
+ * joining one. */
+static int index_ready(daemon_parts_t *d, bool from_peer)
+{
+    const kvr_router_config_t *c = d->cfg;
+    if (!from_peer && d->g != NULL && c->state_file[0] != '\0')
+        load_state(d->g, c->state_file);
+    if (!from_peer && d->g != NULL)
+        kvr_fleet_set_index_origin(d->fleet, c->state_file[0] != '\0'
+                                                    ? "state_file (or cold if it had none)"
+                                                    : "cold: only events received since start");
+    kvr_fleet_set_index_loading(d->fleet, false);
+    int st;
+    if (d->g != NULL && (st = kvr_ingest_start(d->g)) != KVR_OK) {
+        fprintf(stderr, "kvrouter serve: ingest: %s\n", kvr_strerror(st));
+        return st;
+    }
+    if ((st = kvr_cluster_announce(d->cluster)) != KVR_OK) {
+        fprintf(stderr, "kvrouter serve: replicas: %s\n", kvr_strerror(st));
+        return st;
+    }
+    return KVR_OK;
+}
+
+/* A peer's snapshot was applied (loaded), or none came: the start goes on. */
+static void on_index_from_peer(void *arg, bool loaded)
+{
+    daemon_parts_t *d = arg;
+    if (index_ready(d, loaded) != KVR_OK)
+        stop_now(d, "the index could not start");
 }
 
 static void save_state(kvr_ingest_t *g, const char *path)
@@ -473,19 +507,14 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     if (d->g != NULL && c->state_file[0] != '\0' &&
         (st = claim_state(d->g, c->state_file)) != KVR_OK)
         return st;
-    /* the index: a peer's (fresher), else the state file, else cold */
-    bool from_peer = d->g != NULL && kvr_cluster_load_index(d->cluster, d->g) == KVR_OK;
-    if (!from_peer && d->g != NULL && c->state_file[0] != '\0')
-        load_state(d->g, c->state_file);
-    if (!from_peer && d->g != NULL)
-        kvr_fleet_set_index_origin(d->fleet, c->state_file[0] != '\0'
-                                                    ? "state_file (or cold if it had none)"
-                                                    : "cold: only events received since start");
-    if (d->g != NULL && (st = kvr_ingest_start(d->g)) != KVR_OK)
-        return st;
-    /* listed among the replicas only now that it can answer a joining one */
-    if ((st = kvr_cluster_announce(d->cluster)) != KVR_OK) {
-        fprintf(stderr, "kvrouter serve: replicas: %s\n", kvr_strerror(st));
+    /* the index: a peer's (fresher; asked while serving cold), else the state file, else
+     * cold */
+    d->cfg = c;
+    if (d->g != NULL &&
+        kvr_cluster_load_index(d->cluster, d->g, on_index_from_peer, d) == KVR_OK) {
+        kvr_fleet_set_index_loading(d->fleet, true);
+        kvr_fleet_set_index_origin(d->fleet, "cold: a peer's snapshot is on its way");
+    } else if ((st = index_ready(d, false)) != KVR_OK) {
         return st;
     }
     d->grace_ms = c->shutdown_grace_ms;

@@ -6,8 +6,10 @@
  * discovery, sync and freed in the reverse; a peer is asked for the index only when it is in
  * `peers` or its host is allowed (allowed_peer_hosts, else the hosts of `peers` and of this
  * router's listeners), with peer_key_file's token and never another.
- * Threads: the HTTP thread; the index load blocks it (start-up, before the loop runs).
- * Cost: one NATS bucket listing and one snapshot fetch at start.
+ * Threads: the HTTP thread; a joining replica's snapshot is fetched on a thread of its own
+ * (peer_fetch.c) while this one serves, cold, and applied back here.
+ * Cost: one NATS bucket listing (blocking, at most 3 s, before the loop runs) and one
+ * snapshot fetch at start.
  */
 #include "cluster/cluster.h"
 
@@ -18,6 +20,7 @@
 #include "base/log.h"
 #include "base/secret.h"
 #include "cluster/discovery.h"
+#include "cluster/peer_fetch.h"
 #include "cluster/replica_sync.h"
 #include "cluster/replicas.h"
 #include "core/endpoint.h"
@@ -33,6 +36,12 @@ struct kvr_cluster {
     kvr_replicas_t *replicas;
     kvr_discovery_t *disc;
     kvr_replica_sync_t *sync;
+    /* a joining replica's index, being fetched (kvr_cluster_load_index) */
+    kvr_peer_fetch_t *fetch;
+    kvr_ingest_t *load_g;
+    kvr_cluster_index_fn load_done;
+    void *load_arg;
+    uint64_t load_t0;
 };
 
 /* ---- a new replica's index, from a peer -------------------------------------------------- */
@@ -151,10 +160,41 @@ static void find_peers(kvr_cluster_t *d, const kvr_router_config_t *c, peer_urls
     p->self_key = NULL;
 }
 
-/* Loads the index from the first peer that gives a snapshot; KVR_OK when one did. The only
- * credential sent is peer_key_file's (never the admin or api key), and only to `peers` or to
- * allowed hosts; the answer must start as a snapshot does, or it is refused unread. */
-int kvr_cluster_load_index(kvr_cluster_t *d, kvr_ingest_t *g)
+/* The snapshot arrived (or none did): applied (the ingest thread is not started yet, so on
+ * this thread), said, and the caller told. */
+static void on_peer_snapshot(void *arg, const char *url, uint8_t *body, size_t len)
+{
+    kvr_cluster_t *d = arg;
+    d->fetch = NULL;
+    bool loaded = false;
+    if (body != NULL) {
+        uint64_t t1 = kvr_now_ms();
+        char err[400] = "";
+        kvr_ingest_snap_report_t rep;
+        int rc = kvr_ingest_load_mem(d->load_g, body, len, &rep, err, sizeof err);
+        if (rc != KVR_OK) {
+            kvr_log(KVR_LOG_WARN, "index: peer %s: %s", url, err);
+        } else {
+            char origin[512];
+            snprintf(origin, sizeof origin, "peer %s: %u ranks, %llu events", url, rep.ranks,
+                     (unsigned long long)rep.events);
+            kvr_fleet_set_index_origin(d->fleet, origin);
+            kvr_log(KVR_LOG_INFO, "index: loaded from peer %s: %u ranks resumed (%u skipped), "
+                    "%llu events (%llu refused), %zu bytes; applied in %llu ms, %llu ms after "
+                    "the start; each resumed rank catches up from its engine's replay buffer",
+                    url, rep.ranks, rep.ranks_skipped, (unsigned long long)rep.events,
+                    (unsigned long long)rep.events_failed, len,
+                    (unsigned long long)(kvr_now_ms() - t1),
+                    (unsigned long long)(kvr_now_ms() - d->load_t0));
+            loaded = true;
+        }
+        free(body);
+    }
+    d->load_done(d->load_arg, loaded);
+}
+
+int kvr_cluster_load_index(kvr_cluster_t *d, kvr_ingest_t *g, kvr_cluster_index_fn done,
+                           void *arg)
 {
     const kvr_router_config_t *c = &d->cfg;
     if (c->peers[0] == '\0' && d->nats == NULL)
@@ -167,43 +207,26 @@ int kvr_cluster_load_index(kvr_cluster_t *d, kvr_ingest_t *g)
     if (c->peer_key_file[0] != '\0' && kvr_secret_read("peer_key_file", c->peer_key_file, bearer,
                                                        err, sizeof err) != KVR_OK)
         kvr_log(KVR_LOG_WARN, "index: %s; asking peers without a token", err);
-    for (size_t i = 0; i < p.n; i++) {
-        uint64_t t0 = kvr_now_ms();
-        kvr_http_fetch_t q = {.url = p.url[i], .path = "/v1/index/snapshot", .bearer = bearer,
-                              .timeout_ms = PEER_SNAPSHOT_TIMEOUT_MS,
-                              .max_bytes = PEER_SNAPSHOT_MAX_BYTES,
-                              .magic = KVR_SNAP_MAGIC, .magic_len = KVR_SNAP_MAGIC_LEN};
-        uint8_t *body = NULL;
-        size_t len = 0;
-        int status = 0;
-        int rc = kvr_http_fetch(&q, &body, &len, &status, err, sizeof err);
-        if (rc == KVR_OK && status != 200) {
-            snprintf(err, sizeof err, "GET %s/v1/index/snapshot answered %d%s", p.url[i], status,
-                     status == 401 ? " (the peers need the same peer_key_file)" : "");
-            rc = KVR_EIO;
-        }
-        kvr_ingest_snap_report_t rep;
-        uint64_t t1 = kvr_now_ms();
-        if (rc == KVR_OK)
-            rc = kvr_ingest_load_mem(g, body, len, &rep, err, sizeof err);
-        free(body);
-        if (rc != KVR_OK) {
-            kvr_log(KVR_LOG_WARN, "index: peer %s: %s", p.url[i], err);
-            continue;
-        }
-        char origin[512];
-        snprintf(origin, sizeof origin, "peer %s: %u ranks, %llu events", p.url[i], rep.ranks,
-                 (unsigned long long)rep.events);
-        kvr_fleet_set_index_origin(d->fleet, origin);
-        kvr_log(KVR_LOG_INFO, "index: loaded from peer %s: %u ranks resumed (%u skipped), %llu "
-                "events (%llu refused), %llu bytes; fetched in %llu ms, applied in %llu ms; each "
-                "resumed rank catches up from its engine's replay buffer", p.url[i], rep.ranks,
-                rep.ranks_skipped, (unsigned long long)rep.events,
-                (unsigned long long)rep.events_failed, (unsigned long long)rep.bytes,
-                (unsigned long long)(t1 - t0), (unsigned long long)(kvr_now_ms() - t1));
-        return KVR_OK;
+    const char *urls[MAX_PEER_URLS];
+    for (size_t i = 0; i < p.n; i++)
+        urls[i] = p.url[i];
+    d->load_g = g;
+    d->load_done = done;
+    d->load_arg = arg;
+    d->load_t0 = kvr_now_ms();
+    kvr_peer_fetch_config_t fc = {.base = d->base, .urls = urls, .n_urls = p.n,
+                                  .bearer = bearer, .timeout_ms = PEER_SNAPSHOT_TIMEOUT_MS,
+                                  .max_bytes = PEER_SNAPSHOT_MAX_BYTES,
+                                  .done = on_peer_snapshot, .arg = d};
+    int st;
+    if ((d->fetch = kvr_peer_fetch_start(&fc, &st)) == NULL) {
+        kvr_log(KVR_LOG_WARN, "index: asking the peers could not start (%s); starting cold",
+                kvr_strerror(st));
+        return KVR_ENOTFOUND;
     }
-    return KVR_ENOTFOUND;
+    kvr_log(KVR_LOG_INFO, "index: asking %zu peer%s for a snapshot (first %s); serving cold "
+            "meanwhile", p.n, p.n > 1 ? "s" : "", p.url[0]);
+    return KVR_OK;
 }
 
 /* The NATS side (nats_url set): the link, this router among its peers, replica sync. */
@@ -288,6 +311,7 @@ void kvr_cluster_free(kvr_cluster_t *d)
 {
     if (d == NULL)
         return;
+    kvr_peer_fetch_abandon(d->fetch); /* a shutdown while it runs: it ends on its own */
     kvr_discovery_free(d->disc);
     kvr_replica_sync_free(d->sync); /* publishes its last batch */
     kvr_replicas_free(d->replicas);

@@ -17,6 +17,8 @@
 #include <stddef.h>
 
 #include "kvrouter/config.h"
+#include <stdbool.h>
+
 #include "cluster/discovery.h"
 #include "events/ingest.h"
 #include "fleet/fleet.h"
@@ -41,10 +43,15 @@ kvr_cluster_t *kvr_cluster_new(const kvr_cluster_config_t *c, int *status, char 
 void kvr_cluster_free(kvr_cluster_t *c);
 /* The link, for other services over NATS (the indexer's); NULL without nats_url. */
 kvr_nats_t *kvr_cluster_nats(const kvr_cluster_t *c);
-/* The index from the first peer that gives a snapshot, into g (before its thread starts):
- * KVR_OK (the fleet's index origin says which peer), or KVR_ENOTFOUND (no peer, or none
- * answered; each failure logged). Blocks up to 30 s per peer. */
-int kvr_cluster_load_index(kvr_cluster_t *c, kvr_ingest_t *g);
+/* Asks the peers (`peers`, else the live routers of the routers bucket on allowed hosts) for
+ * an index snapshot without blocking the loop: KVR_OK when the asking started (done is called
+ * on the loop once it ends: loaded true when a snapshot was applied into g, whose thread must
+ * not be started before; the fleet's index origin then says which peer), or KVR_ENOTFOUND when
+ * there is no peer to ask (done is not called). The router serves, cold, meanwhile; each
+ * failure is logged. */
+typedef void (*kvr_cluster_index_fn)(void *arg, bool loaded);
+int kvr_cluster_load_index(kvr_cluster_t *c, kvr_ingest_t *g, kvr_cluster_index_fn done,
+                           void *arg);
 /* Lists this router among the replicas: call once it serves, so that a joining peer never
  * waits on a router that is itself still starting. */
 int kvr_cluster_announce(kvr_cluster_t *c);

@@ -173,6 +173,9 @@ void kvr_fleet_set_index_origin(kvr_fleet_t *f, const char *origin)
 
 const char *kvr_fleet_index_origin(const kvr_fleet_t *f) { return f->index_origin; }
 
+void kvr_fleet_set_index_loading(kvr_fleet_t *f, bool loading) { f->index_loading = loading; }
+bool kvr_fleet_index_loading(const kvr_fleet_t *f) { return f->index_loading; }
+
 void kvr_fleet_capacity_fetches(const kvr_fleet_t *f, uint64_t out[3])
 {
     memcpy(out, f->cap_fetches, sizeof f->cap_fetches);

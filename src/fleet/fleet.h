@@ -77,6 +77,10 @@ void kvr_fleet_sync(kvr_fleet_t *f);
  * "remote" with a remote indexer; "not_indexed" when the router keeps no index. */
 const char *kvr_fleet_index_state(const kvr_fleet_t *f, const kvr_worker_spec_t *sp,
                                   const kvr_rank_status_t *st);
+/* Whether the index is still being loaded at start (a peer's snapshot on its way): the router
+ * serves cold meanwhile and does not hand its own snapshot on. */
+void kvr_fleet_set_index_loading(kvr_fleet_t *f, bool loading);
+bool kvr_fleet_index_loading(const kvr_fleet_t *f);
 /* Where the index came from at start ("cold", "state_file ...", "peer URL ..."); copied. "" =
  * not told. */
 void kvr_fleet_set_index_origin(kvr_fleet_t *f, const char *origin);

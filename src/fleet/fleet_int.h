@@ -45,6 +45,7 @@ struct kvr_fleet {
     uint64_t cap_fetches[3];   /* capacity from /metrics: learnt, none there, failed */
     uint64_t first_routed_ms, last_silent_check_ms;
     char index_origin[512];
+    bool index_loading; /* a peer's snapshot is on its way (start-up) */
     /* the index checking itself (fleet_drift.c); NULL when off */
     kvr_drift_t *drift;
     kvr_ratelimit_t rl_drift;

@@ -13,7 +13,7 @@ import threading
 import time
 
 from kvr_harness import (Child, NatsServer, check, eventually, finish, kill_children,
-                         with_free_ports)
+                         free_ports, with_free_ports)
 
 KVR = sys.argv[1]
 BS = 16
@@ -415,6 +415,57 @@ def scenario_started_together(nats):
             p.wait(timeout=30)
 
 
+def scenario_restarted_together(nats):
+    """Two replicas on fixed ports, killed, then started again together on the same ports
+    (a pasted quickstart run twice): each finds the other's stale presence entry (and its own),
+    whose url now points at a router that is itself looking for a snapshot. Neither may wait on
+    the other: each serves at once, a router still loading answers a peer's snapshot request
+    503, and both are ready, cold, within seconds (before, both hung 30 s)."""
+    ports = [free_ports(1) for _ in range(2)]
+
+    def start(port):
+        return Child([KVR, "serve", "--http-port", port, "--block-size", BS, "--nats-url",
+                      nats.url, "--nats-presence-ttl-ms", "60000", "--log-level", "info"] + WORKERS,
+                     f"replica :{port}")
+    first = [start(p) for p in ports]
+    check("restarted: both listed", eventually(lambda: all(
+        len(r.call("GET", "/v1/routers")[1]["routers"]) == 1 for r in first), 10))
+    for r in first:
+        r.kill()  # their presence entries stay (60 s)
+    second, errs = [None, None], []
+
+    def go(i):
+        try:
+            second[i] = start(ports[i])
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errs.append(e)
+    t0 = time.monotonic()
+    ths = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    try:
+        check("restarted: both start", not errs and all(second), errs)
+        if errs or not all(second):
+            return
+
+        def origin(r):
+            return r.call("GET", "/v1/workers", timeout=10)[1].get("index_origin", "")
+        # ready: cold, or loaded from the other once that one was ready itself
+        check("restarted: both ready within 10 s, waiting on nobody",
+              eventually(lambda: all(origin(r).startswith(("cold: only events", "peer "))
+                                     for r in second), 10) and time.monotonic() - t0 < 15,
+              [origin(r) for r in second])
+        check("restarted: a router loading its own index answers a peer 503 at once",
+              any("answered 503 (it is loading its own index)" in r.stderr() for r in second),
+              [r.stderr()[-1500:] for r in second])
+    finally:
+        for r in second:
+            if r is not None:
+                r.stop()
+
+
 def sync_header(msg_type, router_id, seq, n_events, flags=0):
     return b"KVRS" + struct.pack("<BBHQQQII", 1, msg_type, flags, router_id, seq, 0, n_events, 0)
 
@@ -469,6 +520,7 @@ def main():
         scenario_late_joiner(nats)
         scenario_late_index(nats)
         scenario_started_together(nats)
+        scenario_restarted_together(nats)
         scenario_peer_dies(nats)
         scenario_bad_input(nats)
         scenario_discovery(nats)
