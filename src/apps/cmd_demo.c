@@ -469,7 +469,13 @@ static void print_comparison(const demo_args_t *a, const run_t *runs, size_t n, 
         printf("(hit P/D: the router's index hit ratio of its placements on the prefill pool / "
                "on the decode pool; the decode choice ignores the cache (overlap credit 0), so "
                "its number is what the chosen decode worker happened to hold)\n");
-    printf("%-13s %10s %10s %10s %10s %10.3f\n", "ceiling", "", "", "", "", c_inf);
+    /* under the hit-ratio column, where it compares */
+    printf("%-13s %10s %10s %10s %10s %10s %10s %10.3f\n", "ceiling", "", "", "", "", "", "",
+           c_inf);
+    printf("(hit ratio: the share of prompt tokens the engines found cached; ceiling: the\n"
+           " most any routing could reach, with every block cached forever; max share: the\n"
+           " busiest worker's share of the requests, 1/%u when spread evenly)\n",
+           a->workers);
     printf("\nhit-ratio ceilings of the slice: %.3f with an infinite cache, %.3f with one LRU cache "
            "of all %u x %u blocks\n",
            c_inf, c_pool, a->workers, a->num_gpu_blocks);

@@ -426,6 +426,13 @@ def scenario_demo():
     check("demo: a row per policy", any(l.startswith("kv ") for l in lines)
           and any(l.startswith("round-robin ") for l in lines), out)
     check("demo: the comparison line", "kv vs round-robin: TTFT p50" in out, out)
+    head = next((l for l in lines if l.startswith("policy ")), "")
+    ceil = next((l for l in lines if l.startswith("ceiling ")), "")
+    check("demo: the ceiling stands under the hit-ratio column",
+          head and ceil and len(ceil.rstrip()) == head.index("hit ratio") + len("hit ratio"),
+          (head, ceil))
+    check("demo: the columns are explained", "max share: the" in out and "ceiling: the" in out,
+          out)
     check("demo: samples kept", all(os.path.getsize(os.path.join(keep, f"{x}.tsv")) > 0
                                     for x in ("kv", "round-robin")))
     if shutil.which("gnuplot"):
