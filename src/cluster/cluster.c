@@ -7,7 +7,7 @@
  * `peers` or its host is allowed (allowed_peer_hosts, else the hosts of `peers` and of this
  * router's listeners), with peer_key_file's token and never another.
  * Threads: the HTTP thread; a joining replica's snapshot is fetched on a thread of its own
- * (peer_fetch.c) while this one serves, cold, and applied back here.
+ * (http/offloop.h) while this one serves, cold, and applied back here.
  * Cost: one NATS bucket listing (blocking, at most 3 s, before the loop runs) and one
  * snapshot fetch at start.
  */
@@ -20,7 +20,6 @@
 #include "base/log.h"
 #include "base/secret.h"
 #include "cluster/discovery.h"
-#include "cluster/peer_fetch.h"
 #include "cluster/replica_sync.h"
 #include "cluster/replicas.h"
 #include "core/endpoint.h"
@@ -37,7 +36,7 @@ struct kvr_cluster {
     kvr_discovery_t *disc;
     kvr_replica_sync_t *sync;
     /* a joining replica's index, being fetched (kvr_cluster_load_index) */
-    kvr_peer_fetch_t *fetch;
+    kvr_offloop_t *fetch;
     kvr_ingest_t *load_g;
     kvr_cluster_index_fn load_done;
     void *load_arg;
@@ -160,18 +159,68 @@ static void find_peers(kvr_cluster_t *d, const kvr_router_config_t *c, peer_urls
     p->self_key = NULL;
 }
 
-/* The snapshot arrived (or none did): applied (the ingest thread is not started yet, so on
- * this thread), said, and the caller told. */
-static void on_peer_snapshot(void *arg, const char *url, uint8_t *body, size_t len)
+/* A joining replica's snapshot, fetched off the loop (http/offloop.h). The job's thread reads
+ * the urls and the token and writes body, len and from; the loop reads them after it. */
+typedef struct peer_fetch {
+    kvr_cluster_t *d; /* read on the loop only */
+    peer_urls_t p;
+    char bearer[KVR_SECRET_MAX];
+    uint8_t *body;
+    size_t len, from;
+} peer_fetch_t;
+
+/* On the job's thread: the peers in order until one gives a snapshot. */
+static void fetch_work(void *arg)
 {
-    kvr_cluster_t *d = arg;
+    peer_fetch_t *f = arg;
+    for (size_t i = 0; i < f->p.n && f->body == NULL; i++) {
+        kvr_http_fetch_t q = {.url = f->p.url[i], .path = "/v1/index/snapshot",
+                              .bearer = f->bearer, .timeout_ms = PEER_SNAPSHOT_TIMEOUT_MS,
+                              .max_bytes = PEER_SNAPSHOT_MAX_BYTES, .magic = KVR_SNAP_MAGIC,
+                              .magic_len = KVR_SNAP_MAGIC_LEN};
+        uint8_t *body = NULL;
+        size_t len = 0;
+        int status = 0;
+        char err[400] = "";
+        int rc = kvr_http_fetch(&q, &body, &len, &status, err, sizeof err);
+        if (rc == KVR_OK && status == 200) {
+            f->body = body;
+            f->len = len;
+            f->from = i;
+            break;
+        }
+        if (rc == KVR_OK)
+            snprintf(err, sizeof err, "GET %s/v1/index/snapshot answered %d%s", f->p.url[i],
+                     status,
+                     status == 401   ? " (the peers need the same peer_key_file)"
+                     : status == 503 ? " (it is loading its own index)"
+                                     : "");
+        free(body);
+        kvr_log(KVR_LOG_WARN, "index: peer %s: %s", f->p.url[i], err);
+    }
+}
+
+static void fetch_drop(void *arg)
+{
+    peer_fetch_t *f = arg;
+    free(f->body);
+    free(f);
+}
+
+/* On the loop: the snapshot that arrived (if one did) applied (the ingest thread is not
+ * started yet, so on this thread), said, and the caller told. */
+static void fetch_done(void *arg)
+{
+    peer_fetch_t *f = arg;
+    kvr_cluster_t *d = f->d;
     d->fetch = NULL;
     bool loaded = false;
-    if (body != NULL) {
+    if (f->body != NULL) {
+        const char *url = f->p.url[f->from];
         uint64_t t1 = kvr_now_ms();
         char err[400] = "";
         kvr_ingest_snap_report_t rep;
-        int rc = kvr_ingest_load_mem(d->load_g, body, len, &rep, err, sizeof err);
+        int rc = kvr_ingest_load_mem(d->load_g, f->body, f->len, &rep, err, sizeof err);
         if (rc != KVR_OK) {
             kvr_log(KVR_LOG_WARN, "index: peer %s: %s", url, err);
         } else {
@@ -183,13 +232,13 @@ static void on_peer_snapshot(void *arg, const char *url, uint8_t *body, size_t l
                     "%llu events (%llu refused), %zu bytes; applied in %llu ms, %llu ms after "
                     "the start; each resumed rank catches up from its engine's replay buffer",
                     url, rep.ranks, rep.ranks_skipped, (unsigned long long)rep.events,
-                    (unsigned long long)rep.events_failed, len,
+                    (unsigned long long)rep.events_failed, f->len,
                     (unsigned long long)(kvr_now_ms() - t1),
                     (unsigned long long)(kvr_now_ms() - d->load_t0));
             loaded = true;
         }
-        free(body);
     }
+    fetch_drop(f);
     d->load_done(d->load_arg, loaded);
 }
 
@@ -199,33 +248,34 @@ int kvr_cluster_load_index(kvr_cluster_t *d, kvr_ingest_t *g, kvr_cluster_index_
     const kvr_router_config_t *c = &d->cfg;
     if (c->peers[0] == '\0' && d->nats == NULL)
         return KVR_ENOTFOUND;
-    peer_urls_t p = {.n = 0};
-    find_peers(d, c, &p);
-    if (p.n == 0)
+    peer_fetch_t *f = calloc(1, sizeof *f);
+    if (f == NULL)
         return KVR_ENOTFOUND;
-    char bearer[KVR_SECRET_MAX] = "", err[400] = "";
-    if (c->peer_key_file[0] != '\0' && kvr_secret_read("peer_key_file", c->peer_key_file, bearer,
-                                                       err, sizeof err) != KVR_OK)
+    f->d = d;
+    find_peers(d, c, &f->p);
+    if (f->p.n == 0) {
+        free(f);
+        return KVR_ENOTFOUND;
+    }
+    char err[400] = "";
+    if (c->peer_key_file[0] != '\0' && kvr_secret_read("peer_key_file", c->peer_key_file,
+                                                       f->bearer, err, sizeof err) != KVR_OK)
         kvr_log(KVR_LOG_WARN, "index: %s; asking peers without a token", err);
-    const char *urls[MAX_PEER_URLS];
-    for (size_t i = 0; i < p.n; i++)
-        urls[i] = p.url[i];
     d->load_g = g;
     d->load_done = done;
     d->load_arg = arg;
     d->load_t0 = kvr_now_ms();
-    kvr_peer_fetch_config_t fc = {.base = d->base, .urls = urls, .n_urls = p.n,
-                                  .bearer = bearer, .timeout_ms = PEER_SNAPSHOT_TIMEOUT_MS,
-                                  .max_bytes = PEER_SNAPSHOT_MAX_BYTES,
-                                  .done = on_peer_snapshot, .arg = d};
+    kvr_offloop_job_t job = {.work = fetch_work, .done = fetch_done, .drop = fetch_drop,
+                             .arg = f};
     int st;
-    if ((d->fetch = kvr_peer_fetch_start(&fc, &st)) == NULL) {
+    if ((d->fetch = kvr_offloop_start(d->base, &job, &st)) == NULL) {
         kvr_log(KVR_LOG_WARN, "index: asking the peers could not start (%s); starting cold",
                 kvr_strerror(st));
+        free(f);
         return KVR_ENOTFOUND;
     }
     kvr_log(KVR_LOG_INFO, "index: asking %zu peer%s for a snapshot (first %s); serving cold "
-            "meanwhile", p.n, p.n > 1 ? "s" : "", p.url[0]);
+            "meanwhile", f->p.n, f->p.n > 1 ? "s" : "", f->p.url[0]);
     return KVR_OK;
 }
 
@@ -311,7 +361,7 @@ void kvr_cluster_free(kvr_cluster_t *d)
 {
     if (d == NULL)
         return;
-    kvr_peer_fetch_abandon(d->fetch); /* a shutdown while it runs: it ends on its own */
+    kvr_offloop_abandon(d->fetch); /* a shutdown while it runs: it ends on its own */
     kvr_discovery_free(d->disc);
     kvr_replica_sync_free(d->sync); /* publishes its last batch */
     kvr_replicas_free(d->replicas);

@@ -142,7 +142,7 @@ struct kvr_frontend {
     fe_tokmodel_t **tms;         /* each its own allocation: probes point at them */
     size_t n_tms, cap_tms;
     struct fe_tokpend **tok_pend; /* tokenizers named by registrations, loading */
-    size_t n_tok_pend;
+    size_t n_tok_pend, cap_tok_pend;
     uint64_t tok_loads[2];       /* registrations' tokenizers: loaded, failed */
     kvr_json_writer_t conv_w;    /* the chat template's input */
     kvr_hist_t h_tokenize;       /* in-process tokenization of one prompt, seconds */

@@ -6,7 +6,9 @@
  * load pending (fe->tok_pend) and none once loaded; a model's probe is
  * in flight (probe != NULL) at most once; a model is used here only when its state allows it
  * (usable()). Ownership: the front end owns the models, their scratch and the probes; a probe's
- * connection is its own (freed with it: no callback after). Threads: the HTTP thread.
+ * connection is its own (freed with it: no callback after). Threads: the HTTP thread; a
+ * registration's tokenizer is loaded on a job thread (http/offloop.h) that touches only its
+ * fe_tokpend, and is abandoned, never waited for, when the front end goes.
  * Cost: a prompt costs a render (chats) and an encode, no allocation once the buffers have
  * grown, but the template's output (one malloc a chat); a probe two calls of a few hundred
  * bytes per model.
@@ -21,7 +23,8 @@
 
 #include "base/clock.h"
 #include "frontend/fe_inproc.h"
-#include "frontend/fe_tokload.h"
+#include "base/grow.h"
+#include "http/http.h"
 #include "kvrouter/router.h"
 #include "tokenizer/model.h"
 #include "wire/chat_conv.h"
@@ -53,12 +56,16 @@ struct fe_tokmodel {
     size_t bytes; /* kvr_tokmodel_bytes */
 };
 
-/* A tokenizer folder named by a registration, loading (fe->tok_pend). */
+/* A tokenizer folder named by a registration, loading off the loop (fe->tok_pend). The job's
+ * thread writes m, status and why, and reads only dir. */
 struct fe_tokpend {
     kvr_frontend_t *fe;
     char name[KVR_MODEL_BYTES];
     char dir[KVR_ADDR_BYTES];
-    fe_tokload_t *load;
+    kvr_offloop_t *job;
+    kvr_tokmodel_t *m;
+    int status;
+    char why[512];
 };
 
 /* The text probe: scripts, digits, whitespace runs, contractions, special-token text. */
@@ -106,15 +113,10 @@ static int add_model(kvr_frontend_t *fe, const char *name, size_t name_len, cons
                      kvr_tokmodel_t *m, char *err, size_t errlen)
 {
     fe_tokmodel_t *tm = calloc(1, sizeof *tm);
-    if (fe->n_tms == fe->cap_tms && tm != NULL) {
-        size_t cap = fe->cap_tms ? fe->cap_tms * 2 : 4;
-        fe_tokmodel_t **t = realloc(fe->tms, cap * sizeof *t);
-        if (t != NULL) {
-            fe->tms = t;
-            fe->cap_tms = cap;
-        }
-    }
-    if (tm == NULL || fe->n_tms == fe->cap_tms || (tm->s = kvr_tokmodel_scratch_new(m)) == NULL) {
+    if (tm == NULL ||
+        kvr_grow((void **)&fe->tms, &fe->cap_tms, fe->n_tms + 1, SIZE_MAX, sizeof *fe->tms) !=
+            KVR_OK ||
+        (tm->s = kvr_tokmodel_scratch_new(m)) == NULL) {
         free(tm);
         kvr_tokmodel_free(m);
         snprintf(err, errlen, "out of memory");
@@ -194,13 +196,11 @@ static void probe_free(probe_t *pr)
 
 void fe_inproc_free(kvr_frontend_t *fe)
 {
-    for (size_t i = 0; i < fe->n_tok_pend; i++) {
-        fe_tokload_cancel(fe->tok_pend[i]->load);
-        free(fe->tok_pend[i]);
-    }
+    for (size_t i = 0; i < fe->n_tok_pend; i++) /* never waited for: they end alone */
+        kvr_offloop_abandon(fe->tok_pend[i]->job);
     free(fe->tok_pend);
     fe->tok_pend = NULL;
-    fe->n_tok_pend = 0;
+    fe->n_tok_pend = fe->cap_tok_pend = 0;
     for (size_t i = 0; i < fe->n_tms; i++) {
         probe_free(fe->tms[i]->probe);
         kvr_tokmodel_scratch_free(fe->tms[i]->s);
@@ -496,7 +496,7 @@ static void probe_start(kvr_frontend_t *fe, fe_tokmodel_t *tm, const kvr_worker_
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Tokenizers named by registrations, loaded off the loop (fe_tokload.h) */
+/* Tokenizers named by registrations, loaded off the loop (http/offloop.h) */
 
 static struct fe_tokpend *pending(kvr_frontend_t *fe, const char *model)
 {
@@ -518,9 +518,24 @@ static void probe_registered(kvr_frontend_t *fe, fe_tokmodel_t *tm)
     }
 }
 
-static void on_loaded(void *arg, fe_tokload_t *l, kvr_tokmodel_t *m, int status, const char *why)
+/* On the load's thread. */
+static void load_work(void *arg)
 {
-    (void)l;
+    struct fe_tokpend *pd = arg;
+    pd->m = kvr_tokmodel_load(pd->dir, &pd->status, pd->why, sizeof pd->why);
+}
+
+/* The front end went first (shutdown): what was loaded goes with the job. */
+static void load_drop(void *arg)
+{
+    struct fe_tokpend *pd = arg;
+    kvr_tokmodel_free(pd->m);
+    free(pd);
+}
+
+/* On the loop: the model joins the front end's, and is probed. */
+static void load_done(void *arg)
+{
     struct fe_tokpend *pd = arg;
     kvr_frontend_t *fe = pd->fe;
     for (size_t i = 0; i < fe->n_tok_pend; i++)
@@ -529,11 +544,12 @@ static void on_loaded(void *arg, fe_tokload_t *l, kvr_tokmodel_t *m, int status,
             break;
         }
     char err[600];
+    kvr_tokmodel_t *m = pd->m;
     if (m == NULL) {
         fe->tok_loads[1]++;
         kvr_log(KVR_LOG_ERROR, "tokenizer: model %s: %s from a worker registration could not "
                 "be loaded (%s: %s); its prompts go to the workers' /tokenize", pd->name,
-                pd->dir, kvr_strerror(status), why);
+                pd->dir, kvr_strerror(pd->status), pd->why);
     } else if (find(fe, pd->name, strlen(pd->name)) != NULL) {
         kvr_tokmodel_free(m); /* the tokenizers setting named it meanwhile: that one stays */
     } else if (add_model(fe, pd->name, strlen(pd->name), pd->dir, m, err, sizeof err) != KVR_OK) {
@@ -552,17 +568,17 @@ static void load_named(kvr_frontend_t *fe, const kvr_worker_spec_t *w)
     if (pending(fe, w->model) != NULL)
         return;
     struct fe_tokpend *pd = calloc(1, sizeof *pd);
-    struct fe_tokpend **t =
-        pd != NULL ? realloc(fe->tok_pend, (fe->n_tok_pend + 1) * sizeof *t) : NULL;
     int st = KVR_ENOMEM;
-    if (t != NULL) {
-        fe->tok_pend = t;
+    if (pd != NULL && kvr_grow((void **)&fe->tok_pend, &fe->cap_tok_pend, fe->n_tok_pend + 1,
+                               SIZE_MAX, sizeof *fe->tok_pend) == KVR_OK) {
         *pd = (struct fe_tokpend){.fe = fe};
         snprintf(pd->name, sizeof pd->name, "%s", w->model);
         snprintf(pd->dir, sizeof pd->dir, "%s", w->tokenizer);
-        pd->load = fe_tokload_start(fe->base, w->tokenizer, on_loaded, pd, &st);
+        kvr_offloop_job_t job = {.work = load_work, .done = load_done, .drop = load_drop,
+                                 .arg = pd};
+        pd->job = kvr_offloop_start(fe->base, &job, &st);
     }
-    if (pd == NULL || pd->load == NULL) {
+    if (pd == NULL || pd->job == NULL) {
         fe->tok_loads[1]++;
         kvr_log(KVR_LOG_ERROR, "tokenizer: model %s: loading %s could not start (%s)", w->model,
                 w->tokenizer, kvr_strerror(st));

@@ -3,7 +3,7 @@
  * tokenizers setting are loaded when the front end starts (a model that does not load stops
  * the start, naming the file and what it refuses); a tokenizer folder a worker registration
  * names for its model (the first one a model gets) is loaded off the serving thread
- * (fe_tokload.h), the model on the workers' /tokenize meanwhile, or for good when the load
+ * (http/offloop.h), the model on the workers' /tokenize meanwhile, or for good when the load
  * fails (logged, counted); a text or chat request for one of them is
  * turned into ids as the engine would (tokenizer/model.h over wire/chat_conv.h), with no
  * round trip to a worker. Each model is first checked: when its first worker with a url

@@ -9,6 +9,7 @@
  *   http_conn.h  noticing a client that left (libevent servers)
  *   http_fetch.h one bounded GET on the loop's libevent (health, snapshots, capacity)
  *   client.h     one small blocking HTTP/1.1 client (replay, the tools, the benchmarks)
+ *   offloop.h    a blocking job on a thread of its own, its end handed back on the loop
  * Threads and costs: each header's own comment.
  */
 #ifndef KVR_HTTP_HTTP_H
@@ -20,6 +21,7 @@
 #include "http/http_conn.h"
 #include "http/http_fetch.h"
 #include "http/http_guard.h"
+#include "http/offloop.h"
 #include "http/reply.h"
 
 #endif
