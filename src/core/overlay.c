@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/grow.h"
 #include "kvrouter/status.h"
 
 struct kvr_overlay {
@@ -68,14 +69,9 @@ int kvr_overlay_set(kvr_overlay_t *ov, kvr_worker_t w, bool on, uint64_t capacit
     }
     if (i >= 0)
         return KVR_OK;
-    if (ov->n == ov->cap) {
-        size_t cap = ov->cap ? ov->cap * 2 : 8;
-        kvr_worker_t *r = realloc(ov->ranks, cap * sizeof *r);
-        if (r == NULL)
-            return KVR_ENOMEM;
-        ov->ranks = r;
-        ov->cap = cap;
-    }
+    if (kvr_grow((void **)&ov->ranks, &ov->cap, ov->n + 1, SIZE_MAX, sizeof *ov->ranks) !=
+        KVR_OK)
+        return KVR_ENOMEM;
     if (capacity > 0 && kvr_approx_set_capacity(ov->ap, w, capacity) != KVR_OK)
         return KVR_ENOMEM;
     ov->ranks[ov->n++] = w;

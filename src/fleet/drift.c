@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/grow.h"
 #include "base/verify.h"
 
 typedef struct drank {
@@ -76,14 +77,8 @@ static drank_t *find_or_add(kvr_drift_t *d, kvr_worker_t w)
     drank_t *r = find(d, w);
     if (r != NULL)
         return r;
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 16;
-        drank_t *nr = realloc(d->r, cap * sizeof *nr);
-        if (nr == NULL)
-            return NULL;
-        d->r = nr;
-        d->cap = cap;
-    }
+    if (kvr_grow((void **)&d->r, &d->cap, d->n + 1, SIZE_MAX, sizeof *d->r) != KVR_OK)
+        return NULL;
     r = &d->r[d->n];
     memset(r, 0, sizeof *r);
     r->w = w;

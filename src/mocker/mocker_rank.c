@@ -13,6 +13,7 @@
  */
 #include "mocker/mocker_rank.h"
 #include "base/clock.h"
+#include "base/grow.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,13 +82,9 @@ static bool scratch_fit(rank_t *rk, size_t n)
  * blocks than the engine holds); NULL out of memory. */
 static const uint32_t *wrong_tokens(rank_t *rk, const uint32_t *tokens, size_t n)
 {
-    if (n > rk->tok_cap) {
-        uint32_t *t = realloc(rk->tok_scratch, n * sizeof *t);
-        if (t == NULL)
-            return NULL;
-        rk->tok_scratch = t;
-        rk->tok_cap = n;
-    }
+    if (kvr_grow((void **)&rk->tok_scratch, &rk->tok_cap, n, SIZE_MAX,
+                 sizeof *rk->tok_scratch) != KVR_OK)
+        return NULL;
     uint32_t vocab = rk->m->cfg.engine.vocab_size ? rk->m->cfg.engine.vocab_size : 32000;
     for (size_t i = 0; i < n; i++)
         rk->tok_scratch[i] = (tokens[i] + 1) % vocab;
