@@ -251,6 +251,20 @@ static void test_backlog_cancel_and_expiry(void **st)
     unmake(&f);
 }
 
+/* A scheduler that holds requests for min_initial_workers ready, waiting at most wait_ms. */
+static void make_waiting(fx_t *f, const char *min, const char *wait_ms)
+{
+    make(f, 0, false);
+    kvr_sched_free(f->s);
+    set(f, "min_initial_workers", min);
+    set(f, "min_initial_workers_wait_ms", wait_ms);
+    kvr_sched_config_t sc;
+    kvr_sched_config_from(&sc, &f->cfg);
+    int rc;
+    f->s = kvr_sched_new(f->r, &sc, &rc, NULL);
+    assert_non_null(f->s);
+}
+
 /* min_initial_workers: before that many workers are ready, requests that may wait do (the
  * router is starting and its workers register); the wait ends for good once they are, and a
  * request that waits past the start-up window (min_initial_workers_wait_ms from the first
@@ -259,15 +273,7 @@ static void test_start_up_wait(void **st)
 {
     (void)st;
     fx_t f;
-    make(&f, 0, false);
-    kvr_sched_free(f.s);
-    set(&f, "min_initial_workers", "2");
-    set(&f, "min_initial_workers_wait_ms", "300");
-    kvr_sched_config_t sc;
-    kvr_sched_config_from(&sc, &f.cfg);
-    int rc;
-    f.s = kvr_sched_new(f.r, &sc, &rc, NULL);
-    assert_non_null(f.s);
+    make_waiting(&f, "2", "300");
     prompt(toks, 3, 64);
     outcome_t a = {.f = &f}, b = {.f = &f};
     kvr_route_res_t res;
@@ -317,15 +323,7 @@ static void test_start_up_window(void **st)
 {
     (void)st;
     fx_t f;
-    make(&f, 0, false);
-    kvr_sched_free(f.s);
-    set(&f, "min_initial_workers", "1");
-    set(&f, "min_initial_workers_wait_ms", "300");
-    kvr_sched_config_t sc;
-    kvr_sched_config_from(&sc, &f.cfg);
-    int rc;
-    f.s = kvr_sched_new(f.r, &sc, &rc, NULL);
-    assert_non_null(f.s);
+    make_waiting(&f, "1", "300");
     kvr_sched_tick(f.s, 1000); /* the router's first tick: the window is [1000, 1300) */
     prompt(toks, 4, 64);
     outcome_t a = {.f = &f}, b = {.f = &f};
@@ -342,12 +340,7 @@ static void test_start_up_window(void **st)
     assert_int_equal(a.rc, KVR_ENOWORKER);
     unmake(&f);
     /* and a worker registering inside the window places the waiting request */
-    make(&f, 0, false);
-    kvr_sched_free(f.s);
-    set(&f, "min_initial_workers", "1");
-    set(&f, "min_initial_workers_wait_ms", "300");
-    kvr_sched_config_from(&sc, &f.cfg);
-    f.s = kvr_sched_new(f.r, &sc, &rc, NULL);
+    make_waiting(&f, "1", "300");
     kvr_place_t pb = {.q = &q, .copy = true, .done = on_done, .arg = &b};
     assert_int_equal(kvr_sched_place(f.s, &pb, 1000, &res, &tb), KVR_OK);
     assert_true(tb != 0);
