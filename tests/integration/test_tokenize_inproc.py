@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from kvr_harness import (RESULTS as results, Child, check, eventually, run_scenarios,
@@ -315,9 +316,11 @@ def tok_path(r, path):
 
 
 def scenario_registered_tokenizer():
-    """POST /v1/workers naming a tokenizer folder: loaded off the serving thread (requests are
-    answered meanwhile, through the worker's /tokenize), probed, then the model's prompts are
-    tokenized in process; a folder outside allowed_tokenizer_dirs, or with none set, is a 400
+    """POST /v1/workers naming a tokenizer folder: loaded off the serving thread (its
+    tokenizer.json is a FIFO the test holds shut, so the load cannot end until the test writes
+    the file: meanwhile the registration is answered, the load shows pending, and a chat is
+    answered through the worker's /tokenize), probed, then the model's prompts are tokenized in
+    process; a folder outside allowed_tokenizer_dirs, or with none set, is a 400
     naming the setting; a folder that does not load is logged and counted, and the model
     stays on /tokenize; two workers of a model naming different folders: the second refused."""
     m = mocker("--tokenizer", QWEN, what="mocker(qwen3)")
@@ -326,6 +329,9 @@ def scenario_registered_tokenizer():
     parent = os.path.dirname(os.path.realpath(QWEN))
     bad = tempfile.mkdtemp(prefix="kvr-badtok.", dir="/tmp")
     open(os.path.join(bad, "tokenizer.json"), "w").write("{not json")
+    held = tempfile.mkdtemp(prefix="kvr-heldtok.", dir="/tmp")  # its tokenizer.json: a FIFO
+    shutil.copy(os.path.join(QWEN, "tokenizer_config.json"), held)
+    os.mkfifo(os.path.join(held, "tokenizer.json"))
     r = Child([KVR, "serve", "--http-port", "0", "--block-size", str(BS), "--log-level", "info",
                "--health-interval-ms", "60000",
                "--allowed-tokenizer-dirs", f"{parent},/tmp"], "router(registered)")
@@ -344,11 +350,23 @@ def scenario_registered_tokenizer():
                                                "tokenizer": qwen_dir + "/../models"})
         check("registered: a path with '..' is refused", st == 400, (st, e))
         st, w = r.call("POST", "/v1/workers", {"worker_id": 1, "url": m.url, "model": "qwen",
-                                               "tokenizer": qwen_dir})
-        check("registered: a worker naming its model's tokenizer is registered", st == 201, (st, w))
-        body = {"messages": [{"role": "user", "content": sentence(30)}]}
-        st, pt, _, b = send(r, body)  # answered whatever the load's progress
-        check("registered: a chat is answered while the tokenizer loads", st == 200, (st, b))
+                                               "tokenizer": held}, timeout=10)
+        check("registered: a worker naming its model's tokenizer is registered at once, its "
+              "load still waiting for the file", st == 201
+              and r.metric("kvr_frontend_tokenizer_loads_pending") == 1, (st, w))
+        before_w = tok_path(r, "worker")
+        st, pt, _, b = send(r, {"messages": [{"role": "user", "content": sentence(30)}]})
+        check("registered: a chat is answered meanwhile, through the worker's /tokenize",
+              st == 200 and tok_path(r, "worker") == before_w + 1
+              and r.metric("kvr_frontend_tokenizer_loads_pending") == 1, (st, b))
+
+        def write_file():
+            with open(os.path.join(held, "tokenizer.json"), "wb") as f, \
+                    open(os.path.join(QWEN, "tokenizer.json"), "rb") as src:
+                shutil.copyfileobj(src, f)
+        writer = threading.Thread(target=write_file, daemon=True)
+        writer.start()
+        writer.join(30)
         check("registered: the tokenizer loads off the serving thread and is counted",
               eventually(lambda: r.metric("kvr_frontend_tokenizer_loads_total", result="loaded") == 1,
                          30), r.stderr()[-2000:])
@@ -360,7 +378,7 @@ def scenario_registered_tokenizer():
               st == 200 and tok_path(r, "inprocess") == before + 1, (st, before, b))
         _, ws = r.call("GET", "/v1/workers")
         check("registered: /v1/workers shows the worker's tokenizer",
-              ws["workers"][0].get("tokenizer") == qwen_dir, ws["workers"][0])
+              ws["workers"][0].get("tokenizer") == held, ws["workers"][0])
         st, e = r.call("POST", "/v1/workers", {"worker_id": 2, "url": m.url, "model": "qwen",
                                                "tokenizer": bad})
         check("registered: a second worker of the model naming another folder is refused, named",
@@ -385,6 +403,7 @@ def scenario_registered_tokenizer():
         m.stop()
         other.stop()
         shutil.rmtree(bad)
+        shutil.rmtree(held)
 
 
 def main():
