@@ -14,6 +14,7 @@
 
 #include <uninorm.h>
 
+#include "base/ascii.h"
 #include "base/grow.h"
 #include "tokenizer/tok_impl.h"
 
@@ -169,22 +170,6 @@ void kvr_tok_norm_free(tok_norm_t *norm)
     memset(norm, 0, sizeof *norm);
 }
 
-/* The first index >= i of s[0..n) that holds a non-ASCII byte (n when none), eight bytes at a
- * time. */
-static size_t skip_ascii(const unsigned char *s, size_t i, size_t n)
-{
-    while (i + 8 <= n) {
-        uint64_t w;
-        memcpy(&w, s + i, 8);
-        if (w & 0x8080808080808080ull)
-            break;
-        i += 8;
-    }
-    while (i < n && s[i] < 0x80)
-        i++;
-    return i;
-}
-
 static int fit(tok_buf_t *b, size_t need)
 {
     return kvr_grow((void **)&b->p, &b->cap, need + 1, SIZE_MAX / 2, 1);
@@ -193,7 +178,7 @@ static int fit(tok_buf_t *b, size_t need)
 /* Whether every code point of s is below U+0300 (lead bytes below 0xCC). */
 static bool below_300(const unsigned char *s, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = kvr_ascii_end(s, 0, n); i < n; i = kvr_ascii_end(s, i + 1, n))
         if (s[i] >= 0xCC)
             return false;
     return true;
@@ -247,7 +232,7 @@ static int nfc_append(const char *s, size_t n, tok_buf_t *out)
     size_t light = 0, prev = 0; /* the light run's start; the last code point's start */
     for (size_t i = 0; i < n;) {
         if (u[i] < 0x80) { /* an ASCII run: its last byte is the code point before what follows */
-            size_t e = skip_ascii(u, i, n);
+            size_t e = kvr_ascii_end(u, i, n);
             prev = e - 1;
             i = e;
             continue;
@@ -289,7 +274,7 @@ static int run_step(const tok_norm_step_t *st, const char *s, size_t n, tok_buf_
         size_t from = 0;
         for (size_t i = 0; i <= n;) { /* runs between HF-unknown code points, each normalized */
             if (i < n && (unsigned char)s[i] < 0x80) {
-                i = skip_ascii((const unsigned char *)s, i, n);
+                i = kvr_ascii_end((const unsigned char *)s, i, n);
                 continue;
             }
             if (i < n && (unsigned char)s[i] < 0xDF) { /* below U+07C0: never unknown */

@@ -282,11 +282,19 @@ void kvr_tok_pretok_free(tok_pretok_t *pt)
     memset(pt, 0, sizeof *pt);
 }
 
-static int push(tok_ranges_t *o, uint32_t off, uint32_t len)
+static int push_grown(tok_ranges_t *o, uint32_t off, uint32_t len)
 {
-    if (o->n == o->cap &&
-        kvr_grow((void **)&o->r, &o->cap, o->n + 1, SIZE_MAX / 16, sizeof *o->r) != KVR_OK)
+    if (kvr_grow((void **)&o->r, &o->cap, o->n + 1, SIZE_MAX / 16, sizeof *o->r) != KVR_OK)
         return KVR_ENOMEM;
+    o->r[o->n++] = (tok_range_t){off, len};
+    return KVR_OK;
+}
+
+/* A range appended (once per pre-token: the growth out of line). */
+static inline int push(tok_ranges_t *o, uint32_t off, uint32_t len)
+{
+    if (o->n == o->cap)
+        return push_grown(o, off, len);
     o->r[o->n++] = (tok_range_t){off, len};
     return KVR_OK;
 }

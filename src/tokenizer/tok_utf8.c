@@ -9,6 +9,7 @@
  */
 #include <string.h>
 
+#include "base/ascii.h"
 #include "tokenizer/tok_impl.h"
 
 /* The length of the valid sequence at s[0..n), or 0 when it is invalid; *bad the length of
@@ -59,7 +60,7 @@ size_t kvr_tok_utf8_valid(const unsigned char *s, size_t n)
     size_t i = 0;
     while (i < n) {
         if (s[i] < 0x80) {
-            i++;
+            i = kvr_ascii_end(s, i + 1, n);
             continue;
         }
         size_t bad, l = seq_len(s + i, n - i, &bad);

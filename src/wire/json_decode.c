@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/ascii.h"
 #include "base/grow.h"
 #include "kvrouter.h"
 #include "wire/json_writer.h"
@@ -32,10 +33,7 @@ int kvr_jd_parse_double(const char *s, size_t n, char **scratch, size_t *scratch
 
 bool kvr_jd_utf8_ok(const unsigned char *s, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        if (s[i] >= 0x80)
-            return kvr_json_utf8_valid((const char *)s, n);
-    return true;
+    return kvr_ascii_end(s, 0, n) == n || kvr_json_utf8_valid((const char *)s, n);
 }
 
 const char *kvr_jd_text_problem(const unsigned char *s, size_t n)

@@ -9,6 +9,7 @@
  */
 #include "wire/json_writer.h"
 
+#include "base/ascii.h"
 #include "base/dec.h"
 
 #include <math.h>
@@ -215,7 +216,7 @@ bool kvr_json_utf8_valid(const char *str, size_t len)
     size_t i = 0;
     while (i < len) {
         if (s[i] < 0x80) {
-            i++;
+            i = kvr_ascii_end(s, i + 1, len);
             continue;
         }
         size_t k = utf8_seq(s + i, len - i);
