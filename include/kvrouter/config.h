@@ -108,6 +108,7 @@ typedef struct kvr_router_config {
     double router_temperature;
     kvr_select_policy_t router_selection_policy;
     double router_step_wait_weight; /* locality: blocks per ms of the running step's wait */
+    double router_inflight_credit_weight; /* credit per block in flight, not yet reported */
     /* load tracking (4) */
     bool router_track_active_blocks;
     bool router_track_output_blocks;

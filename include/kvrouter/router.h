@@ -398,6 +398,9 @@ typedef struct kvr_route_res {
     uint32_t overlap_blocks;      /* round(effective overlap blocks) */
     uint64_t cached_tokens;
     uint32_t device_blocks;
+    uint32_t predicted_blocks;    /* further blocks credited because requests in flight on the
+                                     worker are computing them (router_inflight_credit_weight);
+                                     its KV events had not reported them */
     uint32_t block_size; /* of the chosen worker's model */
     bool approximate;              /* the rank is routed approximately (set_rank_approximate):
                                       cached_tokens is what the router sent it */
@@ -495,7 +498,8 @@ typedef struct kvr_rank_score {
     /* read-only */
     kvr_worker_t worker;
     uint32_t device_blocks, host_blocks, disk_blocks;
-    uint64_t cached_tokens;
+    uint64_t cached_tokens;    /* what the rank's events report (the tiers, weighted) */
+    uint32_t predicted_blocks; /* further blocks requests in flight there are computing */
 } kvr_rank_score_t;
 
 /* Scores (and loads) cover every registered rank; out arrays hold kvr_router_n_ranks(). */
@@ -510,6 +514,10 @@ typedef struct kvr_router_stats {
     uint64_t routed, rejected_busy, rejected_noworker, rejected_invalid, rejected_duplicate;
     uint64_t rejected_full, rejected_too_big, queries;
     uint64_t hash_ns, lookup_ns, select_ns; /* totals */
+    /* bookings credited with blocks in flight (and those blocks); of them, confirmed by the
+     * rank's events, expired unconfirmed (30 s), still watched */
+    uint64_t inflight_credited, inflight_credited_blocks;
+    uint64_t inflight_confirmed, inflight_expired, inflight_watched;
 } kvr_router_stats_t;
 void kvr_router_stats(const kvr_router_t *r, kvr_router_stats_t *out);
 /* A monotonic clock in nanoseconds (any origin), the caller's. */

@@ -156,10 +156,14 @@ static void observe(kvr_api_t *s, const kvr_route_res_t *res)
 /* A placement's fields, each key prefixed ("" or "prefill_"). */
 static void write_choice(kvr_json_writer_t *w, const char *prefix, const kvr_route_res_t *res)
 {
-    static const char *const keys[] = {"request_id", "worker_id", "dp_rank", "overlap_blocks",
-                                       "cached_tokens"};
-    const uint64_t v[] = {0, res->worker.worker_id, res->worker.dp_rank, res->overlap_blocks,
-                          res->cached_tokens};
+    static const char *const keys[] = {"request_id",     "worker_id",     "dp_rank",
+                                       "overlap_blocks", "cached_tokens", "predicted_blocks"};
+    const uint64_t v[] = {0,
+                          res->worker.worker_id,
+                          res->worker.dp_rank,
+                          res->overlap_blocks,
+                          res->cached_tokens,
+                          res->predicted_blocks};
     char key[48];
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         snprintf(key, sizeof key, "%s%s", prefix, keys[i]);
@@ -689,6 +693,8 @@ static void h_query(kvr_api_t *s, struct evhttp_request *req)
         kvr_json_u64(w, sc->disk_blocks);
         kvr_json_key(w, "cached_tokens");
         kvr_json_u64(w, sc->cached_tokens);
+        kvr_json_key(w, "predicted_blocks");
+        kvr_json_u64(w, sc->predicted_blocks);
         kvr_json_end_object(w);
     }
     kvr_json_end_array(w);

@@ -28,6 +28,22 @@ static void metrics_router(kvr_api_t *s, kvr_prom_t *p)
         "events flow means the hashes do not match the engines').",
         (double)s->routes_with_overlap);
     kvr_prom_counter(p, "kvr_queries_total", "POST /v1/query calls.", (double)rs.queries);
+    kvr_prom_counter(p, "kvr_inflight_credited_total",
+                     "Bookings credited with prompt blocks that requests in flight on their "
+                     "worker were computing, before its KV events reported them "
+                     "(router_inflight_credit_weight).",
+                     (double)rs.inflight_credited);
+    kvr_prom_counter(p, "kvr_inflight_credited_blocks_total", "The blocks of those credits.",
+                     (double)rs.inflight_credited_blocks);
+    const kvr_prom_by_t inf[] = {{"confirmed", (double)rs.inflight_confirmed},
+                                 {"expired", (double)rs.inflight_expired}};
+    kvr_prom_by_label(p, "kvr_inflight_settled_total", "counter",
+                      "Credited bookings settled: their worker's KV events reported every "
+                      "credited block (confirmed), or the booking ended or 30 s passed first "
+                      "(expired: the credit was wrong, or the events are late or lost).",
+                      "outcome", inf, KVR_PROM_N(inf));
+    kvr_prom_gauge(p, "kvr_inflight_watched", "Credited bookings not settled yet.",
+                   (double)rs.inflight_watched);
     kvr_prom_family(p, "kvr_router_overhead_seconds", "histogram",
                     "Time of a routing decision by stage, seconds.");
     kvr_prom_label_t st[4] = {

@@ -44,10 +44,12 @@
  * kv mode with --router-selection-policy, locality by default). */
 static const char *const POLICY_NAMES[] = {"kv",           "round-robin", "random",
                                            "least-loaded", "approx",      "oracle",
-                                           "dynamo",       "lmetric",     "locality"};
+                                           "dynamo",       "lmetric",     "locality",
+                                           "oracle-affinity"};
 #define N_POLICY_NAMES (sizeof POLICY_NAMES / sizeof POLICY_NAMES[0])
 #define POLICY_ORACLE 5
 #define POLICY_DYNAMO 6                 /* .. POLICY_DYNAMO + 2: kv mode with that cost */
+#define POLICY_ORACLE_AFFINITY 9
 #define N_ROUTER_POLICIES POLICY_ORACLE /* "all" */
 _Static_assert(KVR_MODE_APPROX + 1 == POLICY_ORACLE, "router modes come first");
 
@@ -68,8 +70,11 @@ static void usage(FILE *out)
             "                                least-loaded, approx, or all [all]; or oracle:\n"
             "                                clairvoyant, each request to the worker where a\n"
             "                                copy of every engine run forward gives its first\n"
-            "                                token soonest (a yardstick; slow); or dynamo,\n"
-            "                                lmetric, locality: kv with that cost function\n"
+            "                                token soonest (a yardstick; slow); or\n"
+            "                                oracle-affinity: of the workers within 10%% of the\n"
+            "                                soonest, the one caching most of the prompt (the\n"
+            "                                second yardstick); or dynamo, lmetric, locality:\n"
+            "                                kv with that cost function\n"
             "  --speedup X[,Y,...]           arrival = trace timestamp / X; the engines keep\n"
             "                                their modelled times; a list runs every policy at\n"
             "                                each [1]\n"
@@ -170,7 +175,7 @@ static int parse_policies(const kvr_cli_t *c, const char *v, sim_args_t *a)
             return kvr_cli_bad(
                 c, v,
                 "each must be kv, round-robin, random, least-loaded, approx, oracle, "
-                "dynamo, lmetric, locality or all");
+                "oracle-affinity, dynamo, lmetric, locality or all");
         p += n + (comma ? 1 : 0);
         if (comma && *p == '\0')
             return kvr_cli_bad(c, v, "empty policy name");
@@ -622,8 +627,10 @@ static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim
     for (size_t k = 0; k < a->n_policies && code == 0; k++) {
         kvr_sim_config_t cfg = a->cfg;
         size_t pk = a->policies[k];
-        bool oracle = pk == POLICY_ORACLE, cost = pk >= POLICY_DYNAMO;
+        bool oracle = pk == POLICY_ORACLE || pk == POLICY_ORACLE_AFFINITY;
+        bool cost = pk >= POLICY_DYNAMO && pk < POLICY_DYNAMO + 3;
         cfg.oracle = oracle;
+        cfg.oracle_affinity = pk == POLICY_ORACLE_AFFINITY ? 0.1 : 0.0;
         cfg.router.router_mode = oracle ? KVR_MODE_LEAST_LOADED
                                  : cost ? KVR_MODE_KV
                                         : (kvr_router_mode_t)pk;

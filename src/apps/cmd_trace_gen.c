@@ -33,8 +33,11 @@ static void gen_usage(FILE *out)
                  "  agent  tool-use loops over 6 agent types' long system prompt and tool schema,\n"
                  "         short appended steps, parallel sub-agents (bursts)\n"
                  "  rag    questions over 1-3 long documents of a shared pool (Zipf popularity)\n"
-                 "  mix    all three: 40%% chat, 30%% agent, 30%% rag of the rate\n\n"
-                 "  --workload NAME   chat | agent | rag | mix [chat]\n"
+                 "  mix    all three: 40%% chat, 30%% agent, 30%% rag of the rate\n"
+                 "  fanout a new long document with 3-16 questions sent together (within\n"
+                 "         50 ms, inside one prefill of the document), sometimes a reduce\n"
+                 "         call after the answers: the burst KV events report too late\n\n"
+                 "  --workload NAME   chat | agent | rag | mix | fanout [chat]\n"
                  "  --rate R          requests per second [4]\n"
                  "  --duration S      seconds of arrivals [600]\n"
                  "  --requests N      stop after the first N requests (the duration is then\n"
@@ -66,11 +69,11 @@ static int gen_option(kvr_cli_t *c, void *arg)
 {
     gen_args_t *a = arg;
     static const char *const ARRIVALS[] = {"poisson", "gamma"};
-    static const char *const WORKLOADS[] = {"chat", "agent", "rag", "mix"};
+    static const char *const WORKLOADS[] = {"chat", "agent", "rag", "mix", "fanout"};
     size_t k;
     int rc;
     if (kvr_cli_is(c, "--workload")) {
-        rc = kvr_cli_choice(c, kvr_cli_value(c), WORKLOADS, 4, &k);
+        rc = kvr_cli_choice(c, kvr_cli_value(c), WORKLOADS, sizeof WORKLOADS / sizeof *WORKLOADS, &k);
         a->g.workload = (kvr_workload_t)k;
         return rc;
     }

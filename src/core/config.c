@@ -102,6 +102,11 @@ static const field_t FIELDS[] = {
     {"router_step_wait_weight", T_F64, OFF(router_step_wait_weight), 0, 1e6, false, NULL, 0, "1.0",
      "locality policy: prefill blocks charged per millisecond a worker's engine step under way "
      "has left (learnt from when its steps end); 0 = off"},
+    {"router_inflight_credit_weight", T_F64, OFF(router_inflight_credit_weight), 0, 1, false,
+     NULL, 0, "1.0",
+     "credit per prompt block a worker is computing now for a request routed there but its "
+     "KV events have not reported stored yet (a burst on a new prefix follows its first "
+     "request), in [0, 1]; 0 = only what the events report"},
     {"router_track_active_blocks", T_BOOL, OFF(router_track_active_blocks), 0, 0, false, NULL, 0,
      "true", "track the prompt blocks of in-flight requests per worker"},
     {"router_track_output_blocks", T_BOOL, OFF(router_track_output_blocks), 0, 0, false, NULL, 0,

@@ -1095,13 +1095,25 @@ int kvr_load_request_info(const kvr_load_t *lt, const char *id, size_t id_len,
     return KVR_OK;
 }
 
-static size_t copy_prompt(const kvr_load_t *lt, const req_t *r, uint64_t *out)
+/* The first min(cap, n_prompt) prompt hashes of r into out; their number. */
+static size_t copy_prompt(const kvr_load_t *lt, const req_t *r, uint64_t *out, size_t cap)
 {
-    size_t n = 0;
-    for (uint32_t c = r->head; c != NONE && n < r->n_prompt; c = lt->chk[c].next)
-        for (uint32_t i = 0; i < lt->chk[c].n && n < r->n_prompt; i++)
+    size_t n = 0, most = r->n_prompt < cap ? r->n_prompt : cap;
+    for (uint32_t c = r->head; c != NONE && n < most; c = lt->chk[c].next)
+        for (uint32_t i = 0; i < lt->chk[c].n && n < most; i++)
             out[n++] = lt->chk[c].h[i];
     return n;
+}
+
+int kvr_load_prompt_h(const kvr_load_t *lt, kvr_req_handle_t h, uint64_t *out, size_t cap,
+                      size_t *n)
+{
+    *n = 0;
+    uint32_t s = slot_of(lt, h);
+    if (s == NONE)
+        return KVR_ENOTFOUND;
+    *n = copy_prompt(lt, &lt->req[s], out, cap);
+    return KVR_OK;
 }
 
 int kvr_load_foreach(const kvr_load_t *lt, kvr_load_visit_fn fn, void *arg)
@@ -1122,7 +1134,7 @@ int kvr_load_foreach(const kvr_load_t *lt, kvr_load_visit_fn fn, void *arg)
                                      .handle = (uint64_t)r->gen << 32 | s,
                                      .prompt_hashes = hashes};
         (void)kvr_load_request_info(lt, r->id, r->id_len, &v.info);
-        v.info.n_prompt_blocks = (uint32_t)copy_prompt(lt, r, hashes);
+        v.info.n_prompt_blocks = (uint32_t)copy_prompt(lt, r, hashes, most);
         rc = fn(arg, &v);
     }
     free(hashes);

@@ -94,6 +94,10 @@ int kvr_load_free_h(kvr_load_t *lt, kvr_req_handle_t h, uint64_t now_ms);
 /* The id of the live request h names (not counted when stale: KVR_ENOTFOUND); *id points into
  * the tracker, valid until the request is freed. */
 int kvr_load_handle_id(const kvr_load_t *lt, kvr_req_handle_t h, const char **id, size_t *id_len);
+/* The first min(cap, its prompt blocks) block hashes of a live request into out (*n of them);
+ * KVR_ENOTFOUND for a stale handle. */
+int kvr_load_prompt_h(const kvr_load_t *lt, kvr_req_handle_t h, uint64_t *out, size_t cap,
+                      size_t *n);
 /* A live request's handle, found by id (id != NULL) or by handle (then the same, when it is
  * live). KVR_ENOTFOUND when none is live. */
 int kvr_load_request_handle(const kvr_load_t *lt, const char *id, size_t id_len, kvr_req_handle_t h,

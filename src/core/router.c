@@ -28,6 +28,7 @@
 
 #include "base/grow.h"
 #include "core/approx.h"
+#include "core/inflight.h"
 #include "core/overlay.h"
 #include "core/endpoint.h"
 #include "core/load.h"
@@ -42,6 +43,7 @@ struct kvr_router {
     kvr_index_t *ix;
     kvr_approx_t *approx;
     kvr_overlay_t *ov; /* kv mode: ranks routed approximately (core/overlay.h); NULL: none yet */
+    kvr_inflight_t watch; /* in-flight credits until their events confirm them */
     kvr_decision_sink_t sink; /* approximate mode without a local index: decisions go there */
     kvr_load_t *load;
     kvr_sessions_t *sessions; /* NULL: session_ttl_secs 0 */
@@ -103,6 +105,7 @@ static int setup_select(kvr_router_t *r, char *err, size_t err_len)
     r->sel.disk_cache_hit_weight = c->disk_cache_hit_weight;
     r->sel.temperature = c->router_temperature;
     r->sel.step_wait_weight = c->router_step_wait_weight;
+    r->sel.inflight_credit_weight = c->router_inflight_credit_weight;
     r->sel.policy = c->router_selection_policy;
     const char *field = NULL;
     if (kvr_select_config_validate(&r->sel, &field) != KVR_OK) {
@@ -197,6 +200,7 @@ kvr_router_t *kvr_router_new(const kvr_router_config_t *cfg, kvr_index_t *ix, in
     assert((r->picker != NULL) ==
            (rc_cfg.router_mode != KVR_MODE_KV && rc_cfg.router_mode != KVR_MODE_APPROX));
     kvr_lookup_init(&r->lk);
+    kvr_inflight_init(&r->watch);
     int rc = setup_select(r, err, err_len);
     if (rc == KVR_OK)
         rc = setup_load(r, err, err_len);
@@ -238,6 +242,7 @@ void kvr_router_free(kvr_router_t *r)
     free(r->lbh);
     free(r->seq);
     kvr_lookup_deinit(&r->lk);
+    kvr_inflight_deinit(&r->watch);
     kvr_approx_free(r->approx);
     kvr_overlay_free(r->ov);
     kvr_sessions_free(r->sessions);
@@ -325,6 +330,7 @@ int kvr_router_remove_worker(kvr_router_t *r, uint64_t worker_id)
         (void)kvr_approx_remove_worker(r->approx, worker_id);
     if (r->ov != NULL)
         kvr_overlay_remove_worker(r->ov, worker_id);
+    kvr_inflight_forget(&r->watch, worker_id);
     return rc;
 }
 
@@ -729,8 +735,21 @@ size_t kvr_router_busy_models(const kvr_router_t *r, const char **models,
     return r->n_busy_models;
 }
 
+/* The prompt blocks past what rank c's events report (every tier) that requests in flight on
+ * it hold (p->overlap_blocks: the tracker's longest prefix of this prompt among its live
+ * requests): being computed now, or computed and not reported yet. A live request's blocks
+ * are its engine's until it ends (never evicted while it runs), so the credit lasts as long
+ * as the booking and stops counting each block the moment the events report it (it is then
+ * in device_blocks). */
+static uint32_t inflight_blocks(const kvr_select_candidate_t *c, const kvr_load_projection_t *p)
+{
+    uint64_t reported = (uint64_t)c->device_blocks + c->host_blocks + c->disk_blocks;
+    return p->overlap_blocks > reported ? (uint32_t)(p->overlap_blocks - reported) : 0;
+}
+
 /* Projects every rank's load with this prompt and marks busy ranks. */
-static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_blocks, uint64_t isl)
+static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_blocks, uint64_t isl,
+                      bool read_index)
 {
     for (size_t i = 0; i < r->reg.n_ranks; i++) {
         r->reg.proj[i].worker = r->reg.cands[i].worker;
@@ -751,6 +770,15 @@ static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_block
         const kvr_worker_spec_t *s = &r->reg.w[r->reg.rank_widx[i]].spec;
         c->active_prefill_tokens = p->active_prefill_tokens;
         c->potential_prefill_tokens = p->potential_prefill_tokens;
+        /* no index (overlap_score_credit 0, load-only modes): nothing is credited as cached,
+         * in flight or not */
+        c->predicted_blocks = read_index && r->ix != NULL ? inflight_blocks(c, p) : 0;
+        if (c->predicted_blocks > 0) { /* the credited blocks are not prefilled again */
+            uint64_t left = p->potential_prefill_tokens - p->active_prefill_tokens;
+            uint64_t credit = (uint64_t)llround(r->sel.inflight_credit_weight *
+                                                c->predicted_blocks * r->cur.bs);
+            c->potential_prefill_tokens -= credit < left ? credit : left;
+        }
         c->potential_decode_blocks = p->potential_decode_blocks;
         c->active_requests = p->active_requests;
         c->has_load = true;
@@ -1120,6 +1148,17 @@ static void count_reject(kvr_router_t *r, int rc)
     }
 }
 
+/* A booking credited with blocks in flight on its rank: counted, and watched until the rank's
+ * events report the deepest of them (core/inflight.h). */
+static void credit_watched(kvr_router_t *r, const kvr_select_candidate_t *c,
+                           kvr_req_handle_t booking, uint64_t now_ms)
+{
+    r->st.inflight_credited++;
+    r->st.inflight_credited_blocks += c->predicted_blocks;
+    uint32_t depth = c->device_blocks + c->host_blocks + c->disk_blocks + c->predicted_blocks;
+    kvr_inflight_watch(&r->watch, booking, c->worker, depth, now_ms);
+}
+
 int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
                      kvr_route_res_t *res)
 {
@@ -1148,7 +1187,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
     uint64_t t2 = clock_ns(r);
     uint64_t now_us = q->now_us ? q->now_us : now_ms * 1000;
     if (rc == KVR_OK) {
-        rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
+        rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens, r->picker == NULL);
         fill_step_waits(r, now_us);
     }
     kvr_select_result_t sel = {0};
@@ -1164,6 +1203,7 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
         const kvr_select_candidate_t *c = &r->reg.cands[sel.index];
         res->worker = sel.worker;
         res->device_blocks = c->device_blocks;
+        res->predicted_blocks = c->predicted_blocks;
         res->cached_tokens = sel.cached_tokens;
         res->overlap_blocks = (uint32_t)llround(sel.effective_overlap_blocks);
         res->block_size = r->cur.bs;
@@ -1175,6 +1215,8 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
                                         : res->cached_tokens;
         bool idle = c->active_requests == 0;
         rc = book(r, q, (size_t)n_blocks, now_ms, res);
+        if (rc == KVR_OK && q->update_state && c->predicted_blocks > 0)
+            credit_watched(r, c, res->handle, now_ms);
         if (rc == KVR_OK && q->update_state)
             session_after(r, q, res->worker, now_ms);
         if (rc == KVR_OK && q->update_state && idle) /* its engine starts a step now */
@@ -1278,6 +1320,7 @@ int kvr_router_admit(kvr_router_t *r, const kvr_load_request_t *lr, uint64_t now
 void kvr_router_tick(kvr_router_t *r, uint64_t now_ms)
 {
     (void)kvr_load_expire(r->load, now_ms);
+    kvr_inflight_check(&r->watch, r->ix, r->load, now_ms);
     kvr_sessions_expire(r->sessions, now_ms);
     if (r->approx != NULL)
         (void)kvr_approx_expire(r->approx, now_ms);
@@ -1345,13 +1388,16 @@ int kvr_router_query(kvr_router_t *r, const kvr_route_req_t *q, kvr_rank_score_t
     if (n_blocks < 0)
         return (int)n_blocks;
     int rc = fill_overlap(r, q, (size_t)n_blocks, true); /* a query always reads the index */
+    if (rc == KVR_OK) /* the loads, for the blocks in flight */
+        rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens, true);
     if (rc != KVR_OK)
         return rc;
     r->st.queries++;
     for (size_t i = 0; i < r->reg.n_ranks && i < cap; i++) {
         const kvr_select_candidate_t *c = &r->reg.cands[i];
-        out[i] = (kvr_rank_score_t){c->worker, c->device_blocks, c->host_blocks, c->disk_blocks,
-                                    cached_tokens_of(r, c)};
+        out[i] = (kvr_rank_score_t){c->worker,           c->device_blocks,
+                                    c->host_blocks,      c->disk_blocks,
+                                    cached_tokens_of(r, c), c->predicted_blocks};
     }
     *n = r->reg.n_ranks < cap ? r->reg.n_ranks : cap;
     return KVR_OK;
@@ -1372,7 +1418,7 @@ int kvr_router_loads(kvr_router_t *r, const kvr_route_req_t *q, kvr_load_project
         return (int)n_blocks;
     rc = fill_overlap(r, q, (size_t)n_blocks, r->picker == NULL);
     if (rc == KVR_OK)
-        rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens);
+        rc = fill_loads(r, q, (size_t)n_blocks, q->n_tokens, r->picker == NULL);
     if (rc != KVR_OK)
         return rc;
     *n = r->reg.n_ranks < cap ? r->reg.n_ranks : cap;
@@ -1380,7 +1426,13 @@ int kvr_router_loads(kvr_router_t *r, const kvr_route_req_t *q, kvr_load_project
     return KVR_OK;
 }
 
-void kvr_router_stats(const kvr_router_t *r, kvr_router_stats_t *out) { *out = r->st; }
+void kvr_router_stats(const kvr_router_t *r, kvr_router_stats_t *out)
+{
+    *out = r->st;
+    out->inflight_confirmed = r->watch.confirmed;
+    out->inflight_expired = r->watch.expired;
+    out->inflight_watched = r->watch.n;
+}
 const kvr_load_t *kvr_router_load(const kvr_router_t *r) { return r->load; }
 const kvr_router_config_t *kvr_router_config(const kvr_router_t *r) { return &r->cfg; }
 kvr_index_t *kvr_router_index(kvr_router_t *r) { return r->ix; }

@@ -54,6 +54,7 @@ void kvr_select_config_default(kvr_select_config_t *cfg)
         .shared_cache_multiplier = 0.0,
         .temperature = 0.0,
         .step_wait_weight = 0.0,
+        .inflight_credit_weight = 0.0,
         .policy = KVR_SELECT_POLICY_DYNAMO,
         .decode_pool = false,
     };
@@ -87,6 +88,7 @@ int kvr_select_config_validate(const kvr_select_config_t *cfg, const char **fiel
         {unit(cfg->shared_cache_multiplier), "shared_cache_multiplier"},
         {finite_nonneg(cfg->temperature), "router_temperature"},
         {finite_nonneg(cfg->step_wait_weight), "router_step_wait_weight"},
+        {unit(cfg->inflight_credit_weight), "router_inflight_credit_weight"},
         {kvr_policy_scorer(cfg->policy) != NULL, "router_selection_policy"},
     };
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
@@ -343,7 +345,8 @@ static void prefill_terms(const ctx_t *x, const kvr_select_candidate_t *c, kvr_s
     const kvr_select_config_t *k = &x->cfg;
     double host = k->host_cache_hit_weight * c->host_blocks;
     double disk = k->disk_cache_hit_weight * c->disk_blocks;
-    t->effective_overlap_blocks = c->device_blocks + host + disk;
+    double inflight = k->inflight_credit_weight * c->predicted_blocks;
+    t->effective_overlap_blocks = c->device_blocks + host + disk + inflight;
     t->cached_tokens = round_tokens(t->effective_overlap_blocks * x->bs);
     double raw_tokens = 0;
     if (x->req->track_prefill_tokens)
@@ -355,7 +358,9 @@ static void prefill_terms(const ctx_t *x, const kvr_select_candidate_t *c, kvr_s
         double above = fmax(active_prefill(c) - x->min_active, 0.0);
         t->decay = 1.0 / (1.0 + k->overlap_score_credit_decay * (above / x->bs / x->request_blocks));
     }
-    t->overlap_credit_blocks = k->overlap_score_credit * t->decay * c->device_blocks + host + disk +
+    t->inflight_credit_blocks = k->overlap_score_credit * t->decay * inflight;
+    t->overlap_credit_blocks = k->overlap_score_credit * t->decay * (c->device_blocks + inflight) +
+                               host + disk +
                                k->shared_cache_multiplier * c->shared_blocks;
     t->adjusted_prefill_blocks = fmax(t->raw_prefill_blocks - t->overlap_credit_blocks, 0.0);
 }

@@ -31,6 +31,8 @@ typedef struct kvr_select_config {
     double temperature;                  /* 0.0 (router_temperature); finite >= 0 */
     double step_wait_weight;             /* 0.0 (router_step_wait_weight); finite >= 0;
                                             locality policy: blocks per ms of step wait */
+    double inflight_credit_weight;       /* 0.0 (router_inflight_credit_weight); [0, 1]:
+                                            credit per predicted_blocks block */
     kvr_select_policy_t policy;          /* router_selection_policy */
     bool decode_pool;                    /* workers are a decode pool (5.4 special case) */
 } kvr_select_config_t;
@@ -43,6 +45,8 @@ typedef struct kvr_select_candidate {
     uint32_t host_blocks;              /* further blocks in host memory (extension) */
     uint32_t disk_blocks;              /* further blocks on disk or external storage */
     uint32_t shared_blocks;            /* shared-pool hits at positions >= device_blocks */
+    uint32_t predicted_blocks;         /* further blocks that requests in flight on the rank
+                                          are computing and its events have not reported */
     uint64_t active_prefill_tokens;    /* tracker: prefill tokens in flight now */
     uint64_t potential_prefill_tokens; /* tracker: active + this prompt's uncached tokens (4.5) */
     uint64_t potential_decode_blocks;  /* tracker: active blocks + this prompt's new ones */
@@ -100,11 +104,13 @@ const char *kvr_select_why_name(kvr_select_why_t why);
 typedef struct kvr_select_explain {
     /* read-only */
     kvr_select_why_t why;
-    double effective_overlap_blocks; /* device + host_w * host + disk_w * disk */
+    double effective_overlap_blocks; /* device + host_w * host + disk_w * disk
+                                        + inflight_w * predicted */
     uint64_t cached_tokens;          /* round(effective_overlap_blocks * block_size) */
     double raw_prefill_blocks;       /* prefill tokens (tracker + prompt) / block_size */
     double decay;                    /* device-credit decay in (0, 1] */
-    double overlap_credit_blocks;
+    double overlap_credit_blocks;    /* of which inflight_credit_blocks: */
+    double inflight_credit_blocks;   /* the predicted blocks' part (decayed like the device's) */
     double adjusted_prefill_blocks;  /* max(raw - credit, 0) (locality: + the step wait's) */
     double step_wait_blocks;         /* locality: step_wait_weight * the candidate's wait */
     double prefill_cost;             /* prefill_load_scale * adjusted (default policy) */

@@ -66,6 +66,8 @@ struct sim {
     uint32_t *kick;
     size_t n_kick;
     kvr_rank_score_t *scores; /* one per worker */
+    double *oracle_t;         /* one per worker: the oracle's probes (first token time, */
+    uint32_t *oracle_cached;  /* cached prompt tokens) */
     uint32_t *tok;            /* one prompt at a time */
     size_t tok_cap;
     kvr_block_t *blocks;      /* KV-event conversion scratch */
@@ -135,6 +137,8 @@ int kvr_sim_config_validate(const kvr_sim_config_t *cfg, char *err, size_t err_l
         why = "prefill-workers: leaves no decode worker";
     else if (cfg->n_prefill > 0 && cfg->oracle)
         why = "oracle: aggregated fleets only (no prefill workers)";
+    else if (!(cfg->oracle_affinity >= 0 && cfg->oracle_affinity <= 10))
+        why = "oracle affinity: must be in [0, 10]";
     else if (cfg->n_prefill > 0 && cfg->router.router_queue_threshold.set)
         why = "prefill-workers: the router queue is not modelled with disaggregation";
     else if (cfg->n_prefill > 0 && !(cfg->kv_transfer_gbps > 0 && isfinite(cfg->kv_transfer_gbps)))
@@ -368,13 +372,16 @@ static void drop(sim_t *s, size_t i, kvr_sim_outcome_t why, int status)
 typedef struct probe {
     const void *user; /* the probe request's */
     bool first;
+    uint32_t cached; /* its prompt tokens the copy found cached */
 } probe_t;
 
 static void probe_out(void *ctx, const kvr_engine_output_t *o)
 {
     probe_t *p = ctx;
-    if (o->user == p->user && o->first)
+    if (o->user == p->user && o->first) {
         p->first = true;
+        p->cached = o->cached_tokens;
+    }
 }
 
 /* When worker w's step in flight ends (it is in a step). */
@@ -387,8 +394,9 @@ static double step_end_at(const sim_t *s, uint32_t w)
 }
 
 /* The time request i (prompt in s->tok) would get its first token on worker w had nothing
- * arrived after it: a copy of w's engine run forward. INFINITY when w would refuse it. */
-static int probe_first_token(sim_t *s, uint32_t w, size_t i, double *t)
+ * arrived after it: a copy of w's engine run forward. INFINITY when w would refuse it; *cached
+ * the prompt tokens found cached there. */
+static int probe_first_token(sim_t *s, uint32_t w, size_t i, double *t, uint32_t *cached)
 {
     const kvr_sim_request_t *rq = &s->in->reqs[i];
     int st;
@@ -421,24 +429,37 @@ static int probe_first_token(sim_t *s, uint32_t w, size_t i, double *t)
     }
     if (p.first)
         *t = now;
+    *cached = p.cached;
     kvr_engine_free(c);
     return KVR_OK;
 }
 
 /* The worker where request i gets its first token soonest (ties: fewer placed, then lower
- * index). */
+ * index); with oracle_affinity, of those within that fraction of the soonest, the one caching
+ * most of the prompt (ties: the sooner). s->oracle_t / oracle_cached are the probes'. */
 static int oracle_pick(sim_t *s, size_t i, uint32_t *best)
 {
     double best_t = INFINITY;
     *best = 0;
     for (uint32_t w = 0; w < s->cfg->n_workers; w++) {
         double t = INFINITY;
-        int rc = probe_first_token(s, w, i, &t);
+        int rc = probe_first_token(s, w, i, &t, &s->oracle_cached[w]);
         if (rc != KVR_OK)
             return rc;
+        s->oracle_t[w] = t;
         if (t < best_t || (t == best_t && s->w[w].placed < s->w[*best].placed)) {
             best_t = t;
             *best = w;
+        }
+    }
+    if (s->cfg->oracle_affinity > 0 && isfinite(best_t)) {
+        double bound = s->now + (best_t - s->now) * (1.0 + s->cfg->oracle_affinity);
+        for (uint32_t w = 0; w < s->cfg->n_workers; w++) {
+            bool near = s->oracle_t[w] <= bound;
+            if (near && (s->oracle_cached[w] > s->oracle_cached[*best] ||
+                         (s->oracle_cached[w] == s->oracle_cached[*best] &&
+                          s->oracle_t[w] < s->oracle_t[*best])))
+                *best = w;
         }
     }
     return KVR_OK;
@@ -749,7 +770,10 @@ static int setup(sim_t *s)
     s->heap = calloc((size_t)2 * c->n_workers + 2 * s->in->n + 1, sizeof *s->heap);
     s->kick = calloc(c->n_workers, sizeof *s->kick);
     s->scores = calloc(c->n_workers, sizeof *s->scores);
-    if (s->w == NULL || s->heap == NULL || s->kick == NULL || s->scores == NULL)
+    s->oracle_t = calloc(c->n_workers, sizeof *s->oracle_t);
+    s->oracle_cached = calloc(c->n_workers, sizeof *s->oracle_cached);
+    if (s->w == NULL || s->heap == NULL || s->kick == NULL || s->scores == NULL ||
+        s->oracle_t == NULL || s->oracle_cached == NULL)
         return set_err(s, KVR_ENOMEM, "out of memory");
     for (uint32_t w = 0; w < c->n_workers; w++) {
         sim_worker_t *k = &s->w[w];
@@ -803,6 +827,8 @@ static void teardown(sim_t *s)
     free(s->heap);
     free(s->kick);
     free(s->scores);
+    free(s->oracle_t);
+    free(s->oracle_cached);
     free(s->tok);
     free(s->blocks);
     kvr_queue_free(s->q);

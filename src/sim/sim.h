@@ -89,6 +89,11 @@ typedef struct kvr_sim_config {
      * cache): a yardstick for online policies, not one. Cost: a copy of each engine per
      * request. */
     bool oracle;
+    /* The second yardstick (with oracle): among the workers whose first token would come at
+     * most this fraction later than the soonest, the one whose cache holds most of the prompt
+     * (keeps a prefix where its next request will find it, at a bounded cost now); 0: the
+     * soonest only. kvrouter sim's oracle-affinity is 0.1. */
+    double oracle_affinity;
     /* KV mode: the events' way to the index (sim/evlink.h): delay, jitter, loss and replay.
      * All 0 (the default): applied the instant the engine changes. Its seed is the run's. */
     kvr_evlink_config_t link;

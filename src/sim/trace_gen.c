@@ -388,11 +388,48 @@ static void unit_rag(gen_t *g, double t, prompt_t *p)
     emit(g, t, p->s, p->n, clamp_len(kvr_draw_lognormal(&g->rng, 200, 0.6), 16, 1024));
 }
 
+/* A document fan-out: a client sends a document nobody has sent before (behind one of the 2
+ * RAG system prompts) with several questions at once (parallel map calls: extract, classify,
+ * summarize each part), all within 50 ms, well inside one prefill of the document (~120 ms
+ * for 6,000 tokens on the default engine model); with probability 0.3 a reduce call follows
+ * the answers (the document, every question and answer, an instruction). The case where KV
+ * events come too late: every call but the first finds no worker reporting the document. */
+static void unit_fanout(gen_t *g, double t, prompt_t *p)
+{
+    size_t sys = kvr_rng_below(&g->rng, 2);
+    p->n = 0;
+    p->tokens = 0;
+    push(g, p, (UINT64_C(1) << 60) | (UINT64_C(2) << 32) | sys, g->sys_len[14 + sys]);
+    push(g, p, fresh(g), clamp_len(kvr_draw_lognormal(&g->rng, 6000, 0.5), 1000, 16000));
+    uint32_t calls = 2 + geometric(&g->rng, 3.0, 15); /* 3-16, mean 5 */
+    prompt_t q = {0}, reduce = {0};
+    double end = t;
+    bool reduces = kvr_rng_uniform(&g->rng) < 0.3 && copy_prompt(g, &reduce, p);
+    for (uint32_t c = 0; c < calls && !g->oom; c++) {
+        uint32_t ask = clamp_len(kvr_draw_lognormal(&g->rng, 60, 0.6), 8, 1000);
+        uint32_t out = clamp_len(kvr_draw_lognormal(&g->rng, 150, 0.6), 16, 1024);
+        double at = t + 0.05 * kvr_rng_uniform(&g->rng);
+        if (!copy_prompt(g, &q, p) || !push(g, &q, fresh(g), ask))
+            break;
+        emit(g, at, q.s, q.n, out);
+        end = at + gen_time(out) > end ? at + gen_time(out) : end;
+        if (reduces && (!push(g, &reduce, fresh(g), ask) || !push(g, &reduce, fresh(g), out)))
+            reduces = false;
+    }
+    if (reduces && !g->oom && push(g, &reduce, fresh(g), 40))
+        emit(g, end + 0.2, reduce.s, reduce.n,
+             clamp_len(kvr_draw_lognormal(&g->rng, 300, 0.5), 32, 2048));
+    free(q.s);
+    free(reduce.s);
+}
+
+#define N_KINDS 4
+
 /* Long enough for nearly every session (chat: 30 turns of ~25 s) or task to have ended. */
-static const double WARMUP_S[3] = {900.0, 600.0, 0.0};
+static const double WARMUP_S[N_KINDS] = {900.0, 600.0, 0.0, 0.0};
 
 typedef void (*unit_fn)(gen_t *g, double t, prompt_t *p);
-static const unit_fn UNITS[3] = {unit_chat, unit_agent, unit_rag};
+static const unit_fn UNITS[N_KINDS] = {unit_chat, unit_agent, unit_rag, unit_fanout};
 
 /* Shared contents: 8 chat system prompts, 6 agent types, 2 RAG system prompts, the documents.
  * Drawn from their own stream, so a workload's shared contents do not depend on the rate. */
@@ -451,7 +488,7 @@ static double next_gap(gen_t *g, double unit_rate)
     return kvr_draw_exp(&g->rng, 1.0 / unit_rate);
 }
 
-static const char *const NAMES[KVR_WORKLOAD_N] = {"chat", "agent", "rag", "mix"};
+static const char *const NAMES[KVR_WORKLOAD_N] = {"chat", "agent", "rag", "mix", "fanout"};
 
 kvr_workload_t kvr_workload_parse(const char *name)
 {
@@ -492,10 +529,12 @@ int kvr_tracegen_run(const kvr_tracegen_config_t *cfg, kvr_trace_t *out, char *e
     gen_t g = {.cfg = cfg, .b = &b};
     prompt_t p = {0};
     rc = setup_contents(&g);
-    static const double MIX[3] = {0.4, 0.3, 0.3};
-    for (int kind = 0; kind < 3 && rc == KVR_OK; kind++) {
+    static const double MIX[N_KINDS] = {0.4, 0.3, 0.3, 0.0}; /* fan-out only on its own */
+    static const kvr_workload_t KIND_OF[N_KINDS] = {KVR_WORKLOAD_CHAT, KVR_WORKLOAD_AGENT,
+                                                    KVR_WORKLOAD_RAG, KVR_WORKLOAD_FANOUT};
+    for (int kind = 0; kind < N_KINDS && rc == KVR_OK; kind++) {
         double share = cfg->workload == KVR_WORKLOAD_MIX ? MIX[kind]
-                       : (int)cfg->workload == kind      ? 1.0
+                       : cfg->workload == KIND_OF[kind]  ? 1.0
                                                          : 0.0;
         if (share == 0)
             continue;

@@ -42,6 +42,7 @@ typedef enum kvr_workload {
     KVR_WORKLOAD_AGENT,
     KVR_WORKLOAD_RAG,
     KVR_WORKLOAD_MIX,
+    KVR_WORKLOAD_FANOUT,
     KVR_WORKLOAD_N
 } kvr_workload_t;
 
@@ -61,7 +62,7 @@ typedef struct kvr_tracegen_config {
     uint32_t docs;        /* rag: the document pool (0 = 1000) */
 } kvr_tracegen_config_t;
 
-/* "chat", "agent", "rag", "mix"; KVR_WORKLOAD_N when unknown. */
+/* "chat", "agent", "rag", "mix", "fanout"; KVR_WORKLOAD_N when unknown. */
 kvr_workload_t kvr_workload_parse(const char *name);
 const char *kvr_workload_name(kvr_workload_t w);
 

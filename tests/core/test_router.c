@@ -383,12 +383,14 @@ static void test_load_overrides_reach_the_booking(void **s)
     kvr_load_snapshot(kvr_router_load(f.r), (kvr_worker_t){1, 0}, &snap);
     assert_int_equal(snap.active_prefill_tokens, 256);
     assert_int_equal(snap.unique_blocks, 48);
-    /* a fourth under the defaults shares the third's blocks */
+    /* a fourth under the defaults shares the third's blocks, and is credited with them (the
+     * third is computing them: router_inflight_credit_weight 1), so it adds no prefill */
     q.request_id = "b";
     assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+    assert_int_equal(res.cached_tokens, 256);
     kvr_load_snapshot(kvr_router_load(f.r), (kvr_worker_t){1, 0}, &snap);
     assert_int_equal(snap.unique_blocks, 48);
-    assert_int_equal(snap.active_prefill_tokens, 512);
+    assert_int_equal(snap.active_prefill_tokens, 256);
     /* the projection of a no-reuse query sees no overlap where a default one sees 16 blocks */
     kvr_load_query_t lq = {.seq = NULL, .n_seq = 0, .isl_tokens = 256};
     uint64_t lbh[16], seq[16];
@@ -410,6 +412,76 @@ static void test_load_overrides_reach_the_booking(void **s)
  * it (128 prefill tokens > 0.1 x 1000) but holds the prompt's prefix, worker 2 is idle: the
  * request is not queued and goes to worker 1, the cheaper one. (It went to worker 2 when the
  * threshold removed busy ranks from the candidates.) */
+/* A burst on a new prefix: the second request finds the worker computing it. Worker 1 is
+ * prefilling prompt 7 (routed, no KV event yet); worker 2 a short other prompt; worker 3 is
+ * excluded. Without the in-flight credit the second request of prompt 7 goes to worker 2 (less
+ * load); with it, to worker 1, credited with the 16 blocks it is computing (predicted, not
+ * device); once worker 1's events report them, they are device blocks and nothing is
+ * predicted any more (never counted twice); the booking ending ends the credit. */
+static void burst_second(const char *weight, uint64_t want, uint32_t want_predicted,
+                         bool stored)
+{
+    fx_t f;
+    make_set(&f, NULL, "router_inflight_credit_weight", weight);
+    uint64_t ex[1] = {3};
+    prompt(9, 64); /* 4 blocks, another prompt, on worker 2 */
+    kvr_route_res_t res;
+    kvr_route_req_t c = {.tokens = toks, .n_tokens = 64, .update_state = true,
+                         .has_pinned = true, .pinned = {2, 0}, .request_id = "c",
+                         .request_id_len = 1};
+    assert_int_equal(kvr_router_route(f.r, &c, 1000, &res), KVR_OK);
+    prompt(7, 256); /* 16 blocks */
+    kvr_route_req_t a = {.tokens = toks, .n_tokens = 256, .update_state = true,
+                         .has_pinned = true, .pinned = {1, 0}, .request_id = "a",
+                         .request_id_len = 1};
+    assert_int_equal(kvr_router_route(f.r, &a, 1000, &res), KVR_OK);
+    kvr_route_req_t b = {.tokens = toks, .n_tokens = 256, .update_state = true,
+                         .exclude_ids = ex, .n_exclude = 1, .request_id = "b",
+                         .request_id_len = 1};
+    kvr_rank_score_t sc[3];
+    size_t n;
+    assert_int_equal(kvr_router_query(f.r, &b, sc, 3, &n), KVR_OK);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(sc[i].device_blocks, 0);
+        assert_int_equal(sc[i].predicted_blocks, sc[i].worker.worker_id == 1 ? 16 : 0);
+    }
+    assert_int_equal(kvr_router_route(f.r, &b, 1000, &res), KVR_OK);
+    assert_int_equal(res.worker.worker_id, want);
+    assert_int_equal(res.device_blocks, 0);
+    assert_int_equal(res.predicted_blocks, want_predicted);
+    kvr_router_stats_t st;
+    kvr_router_stats(f.r, &st);
+    assert_int_equal(st.inflight_credited, want_predicted > 0 ? 1 : 0);
+    assert_int_equal(st.inflight_credited_blocks, want_predicted);
+    assert_int_equal(st.inflight_watched, want_predicted > 0 ? 1 : 0);
+    if (stored) {
+        engine_stores(&f, 1, 16);
+        assert_int_equal(kvr_router_query(f.r, &b, sc, 3, &n), KVR_OK);
+        for (size_t i = 0; i < n; i++)
+            if (sc[i].worker.worker_id == 1) {
+                assert_int_equal(sc[i].device_blocks, 16);
+                assert_int_equal(sc[i].predicted_blocks, 0);
+            }
+    }
+    kvr_router_tick(f.r, 1000 + 29999); /* inside the window: only a report settles it */
+    kvr_router_stats(f.r, &st);
+    assert_int_equal(st.inflight_confirmed, stored && want_predicted > 0 ? 1 : 0);
+    assert_int_equal(st.inflight_expired, 0);
+    kvr_router_tick(f.r, 1000 + 29999 + 1000); /* the next check (once a second), past 30 s */
+    kvr_router_stats(f.r, &st);
+    assert_int_equal(st.inflight_expired, !stored && want_predicted > 0 ? 1 : 0);
+    assert_int_equal(st.inflight_watched, 0);
+    unmake(&f);
+}
+
+static void test_burst_finds_the_prefix_in_flight(void **s)
+{
+    (void)s;
+    burst_second("0", 2, 0, true);
+    burst_second("1", 1, 16, true);  /* its events come: confirmed */
+    burst_second("1", 1, 16, false); /* they never do: expired after 30 s */
+}
+
 static void test_queue_threshold_does_not_filter(void **s)
 {
     (void)s;
@@ -1003,6 +1075,7 @@ int main(void)
         cmocka_unit_test(test_roles_split_pools),
         cmocka_unit_test(test_disagg_bypass),
         cmocka_unit_test(test_load_overrides_reach_the_booking),
+        cmocka_unit_test(test_burst_finds_the_prefix_in_flight),
         cmocka_unit_test(test_queue_threshold_does_not_filter),
         cmocka_unit_test(test_sticky_sessions),
         cmocka_unit_test(test_model_pools_and_adapters),
