@@ -252,9 +252,14 @@ void kvr_config_resolve(kvr_router_config_t *cfg, char *note, size_t note_len);
  * remote_indexer (whose index stands in for it). */
 bool kvr_config_uses_index(const kvr_router_config_t *cfg);
 
-/* Help text for every field: name, default, meaning; one per line into out. Returns the
- * length it needs (like snprintf). */
-size_t kvr_config_help(char *out, size_t out_len);
+/* `kvrouter serve --help`'s settings: by group, each as `--flag VALUE`, its meaning wrapped
+ * at 80 columns (a setting named in it spelt as its flag) and its default in brackets; the
+ * common groups, then the others' names (all: every group). Returns the length it needs (like
+ * snprintf); out may be NULL. */
+size_t kvr_config_help(char *out, size_t out_len, bool all);
+/* The name of the i-th setting (snake_case), i < kvr_config_count(); NULL past the end. */
+size_t kvr_config_count(void);
+const char *kvr_config_name(size_t i);
 
 /* True when name (any accepted form) is a config field. */
 bool kvr_config_has(const char *name);

@@ -61,26 +61,55 @@ static bool bare_flag(const kvr_cli_t *c, const char *setting)
     return c->i + 1 >= c->argc || strncmp(c->argv[c->i + 1], "--", 2) == 0;
 }
 
-static void usage(FILE *out)
+/* --help (all: --help-all): the flags of serve itself, then the settings by group. */
+static void usage(FILE *out, bool all)
 {
     fprintf(out,
-            "usage: kvrouter serve [--worker SPEC]... [--config FILE] [--SETTING VALUE]...\n\n"
-            "  --worker SPEC   id=7,url=http://127.0.0.1:8001,events=tcp://127.0.0.1:5557,\n"
-            "                  replay=tcp://127.0.0.1:5558,dp_size=1,taints=a;b (only id is "
-            "required; repeatable)\n"
-            "  --tokenizer MODEL=DIR  tokenize MODEL's prompts in the router, from DIR's\n"
-            "                  tokenizer.json and tokenizer_config.json (repeatable; adds to\n"
-            "                  the tokenizers setting)\n"
-            "  --config FILE   `setting = value` lines\n"
-            "  --log-level L   debug | info | warn | error (default info)\n\n"
-            "Every setting is also read from KVR_<SETTING> (e.g. KVR_BLOCK_SIZE=64). Settings:\n");
-    size_t need = kvr_config_help(NULL, 0);
+            "usage: kvrouter serve [--worker SPEC]... [--config FILE] [--SETTING VALUE]...\n"
+            "\n"
+            "The router: KV events in, routing decisions and an OpenAI-compatible front end\n"
+            "out, over HTTP on loopback by default.\n"
+            "\n"
+            "Workers:\n"
+            "  --worker SPEC                 one engine (repeatable): comma-separated key=value,\n"
+            "                                only id required, e.g.\n"
+            "      id=1,url=http://127.0.0.1:8001,events=tcp://127.0.0.1:5557\n"
+            "                                keys: id (or worker_id) N; url URL (its HTTP API);\n"
+            "                                events ZMQ-ENDPOINT (KV events); replay\n"
+            "                                ZMQ-ENDPOINT (their replay socket); dp_size N,\n"
+            "                                dp_start N (data-parallel ranks); model NAME;\n"
+            "                                loras A;B; taints A;B; role prefill|decode|both;\n"
+            "                                block_size N; total_kv_blocks N (or num_blocks);\n"
+            "                                max_num_batched_tokens N; eagle true|false;\n"
+            "                                bootstrap_host HOST, bootstrap_port N (SGLang\n"
+            "                                disaggregation); tokenizer DIR\n"
+            "  --tokenizer MODEL=DIR         tokenize MODEL's prompts in the router, from DIR's\n"
+            "                                tokenizer.json and tokenizer_config.json\n"
+            "                                (repeatable; adds to --tokenizers)\n"
+            "  --config FILE                 `setting = value` lines, read before the flags\n"
+            "  --log-level LEVEL             debug | info | warn | error [info]\n"
+            "  --help, --help-all            the common settings, or all of them\n"
+            "\n"
+            "Every setting below is also read from KVR_<SETTING> (e.g. KVR_BLOCK_SIZE=64) and\n"
+            "from --config's `setting_name = value` lines; defaults in brackets.\n");
+    size_t need = kvr_config_help(NULL, 0, all);
     char *help = malloc(need + 1);
     if (help != NULL) {
-        kvr_config_help(help, need + 1);
+        kvr_config_help(help, need + 1, all);
         fputs(help, out);
         free(help);
     }
+}
+
+static void usage_common(FILE *out) { usage(out, false); }
+
+/* --help-all anywhere: every group of settings. */
+static bool wants_help_all(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help-all") == 0)
+            return true;
+    return false;
 }
 
 /* The config file goes first, whatever its position. */
@@ -198,13 +227,17 @@ static int parse_args(int argc, char **argv, serve_args_t *a)
     a->log_level = KVR_LOG_INFO;
     kvr_cli_t c;
     kvr_cli_init(&c, "kvrouter serve", argc, argv);
+    if (wants_help_all(argc, argv)) {
+        usage(stdout, true);
+        return 1;
+    }
     if (read_config_file(&c, a) != 0)
         return 2;
     /* the reference's DYN_* variables, then ours (KVR_*: they win), then the flags */
     if (kvr_config_from_ref_env(&a->cfg, environ, add_note, a, err, sizeof err) != KVR_OK ||
         kvr_config_from_env(&a->cfg, environ, err, sizeof err) != KVR_OK)
         return kvr_cli_fail(&c, "%s", err);
-    int rc = kvr_cli_parse(&c, parse_flag, a, usage);
+    int rc = kvr_cli_parse(&c, parse_flag, a, usage_common);
     if (rc != 0)
         return rc;
     kvr_config_resolve(&a->cfg, a->derived, sizeof a->derived);

@@ -275,13 +275,43 @@ static void test_config_file(void **s)
 static void test_help_lists_every_field(void **s)
 {
     (void)s;
-    size_t need = kvr_config_help(NULL, 0);
+    size_t need = kvr_config_help(NULL, 0, true);
     char *buf = malloc(need + 1);
     assert_non_null(buf);
-    assert_int_equal(kvr_config_help(buf, need + 1), need);
-    assert_non_null(strstr(buf, "--router-temperature"));
-    assert_non_null(strstr(buf, "--block-size"));
-    assert_non_null(strstr(buf, "(default 0.75)"));
+    assert_int_equal(kvr_config_help(buf, need + 1, true), need);
+    assert_non_null(strstr(buf, "--router-temperature X"));
+    assert_non_null(strstr(buf, "--block-size N"));
+    assert_non_null(strstr(buf, "[0.75]"));
+    assert_null(strstr(buf, "[]"));      /* an empty default is not shown */
+    assert_null(strstr(buf, "[unset]"));
+    /* every setting listed once, every line within 80 columns, no setting spelt snake_case */
+    const char *names[256];
+    size_t n_fields = kvr_config_count();
+    assert_true(n_fields > 50 && n_fields < 256);
+    for (size_t i = 0; i < n_fields; i++)
+        names[i] = kvr_config_name(i);
+    assert_null(kvr_config_name(n_fields));
+    for (size_t i = 0; i < n_fields; i++) {
+        char flag[100];
+        int fl = snprintf(flag, sizeof flag, "\n  --%s ", names[i]);
+        for (int k = 0; k < fl; k++)
+            flag[k] = flag[k] == '_' ? '-' : flag[k];
+        const char *at = strstr(buf, flag);
+        if (at == NULL || strstr(at + 1, flag) != NULL)
+            fail_msg("%s: listed %s", names[i], at == NULL ? "never" : "twice");
+        char snake[100];
+        snprintf(snake, sizeof snake, " %s ", names[i]);
+        if (strchr(names[i], '_') != NULL && strstr(buf, snake) != NULL)
+            fail_msg("%s spelt as a setting name, not as its flag", names[i]);
+    }
+    for (const char *l = buf; *l != '\0';) {
+        size_t len = strcspn(l, "\n");
+        if (len > 80)
+            fail_msg("a line of %zu columns: %.*s", len, (int)len, l);
+        l += len + (l[len] == '\n');
+    }
+    size_t common = kvr_config_help(NULL, 0, false);
+    assert_true(common < need); /* --help shows the common groups and names the others */
     free(buf);
 }
 
