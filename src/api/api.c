@@ -1063,8 +1063,11 @@ static void h_dump(kvr_api_t *s, struct evhttp_request *req)
         if (approx_ix == NULL) {
             kvr_reply_error(s->rep, req, 404, "not_found_error",
                             "this router keeps no prefix index (%s)",
-                            c->router_mode == KVR_MODE_KV ? "overlap_score_credit is 0"
-                                                          : "router_mode is not kv or approx");
+                            c->remote_indexer[0] != '\0'
+                                ? "its index is the remote indexer's (remote_indexer): GET that "
+                                  "indexer's /dump"
+                            : c->router_mode == KVR_MODE_KV ? "overlap_score_credit is 0"
+                                                            : "router_mode is not kv or approx");
             return;
         }
     }
@@ -1298,7 +1301,8 @@ kvr_api_t *kvr_api_new(kvr_http_host_t *host, kvr_fleet_t *fleet,
     kvr_hist_init(&s->h_total, OVERHEAD_BUCKETS, N_OVERHEAD_BUCKETS);
     kvr_api_options_t ao = {.max_tokens = cfg->router_max_prompt_tokens < KVR_API_MAX_TOKENS
                                               ? cfg->router_max_prompt_tokens
-                                              : KVR_API_MAX_TOKENS};
+                                              : KVR_API_MAX_TOKENS,
+                            .max_allowed_ids = KVR_API_MAX_ALLOWED_IDS};
     s->dec = kvr_api_decoder_new(&ao);
     if (s->dec == NULL) {
         snprintf(err, err_len, "out of memory");

@@ -16,6 +16,7 @@ kvr_access_class_t kvr_access_class(const char *path, bool get, bool post, bool 
     if ((post && strcmp(path, "/v1/workers") == 0) ||
         (post && strcmp(path, "/busy_threshold") == 0) ||
         (post && strcmp(path, "/v1/log-level") == 0) ||
+        (post && strcmp(path, "/record_routing_decision") == 0) ||
         (del && strncmp(path, "/v1/workers/", 12) == 0) ||
         (get && (strcmp(path, "/v1/dump") == 0 || strcmp(path, "/dump") == 0)))
         return KVR_ACCESS_ADMIN;

@@ -5,7 +5,8 @@
  *          POST /router, the indexer API's POST /query and /query_by_hash (serve_indexer);
  *   read   GET /v1/workers, GET /metrics: client calls served on both listeners;
  *   admin  fleet changes: POST /v1/workers, DELETE /v1/workers/ID; index copies: GET /v1/dump,
- *          GET /dump;
+ *          GET /dump; index writes: POST /record_routing_decision; run-time settings: POST
+ *          /busy_threshold, POST /v1/log-level;
  *   peer   GET /v1/index/snapshot (a joining replica): an admin call that also takes the peer
  *          key (peer_key_file), so that replicas never need to hold or send the admin key.
  * With an admin listener (admin_port), admin calls are served there only and client calls on

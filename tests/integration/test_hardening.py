@@ -136,6 +136,13 @@ def scenario_tokens():
         check("tokens: nor remove a worker with the api key", st == 401, st)
         st, _ = r.call("GET", "/v1/dump", None, A)
         check("tokens: nor dump the index", st == 401, st)
+        for method, path, body in (("POST", "/busy_threshold", {"model": "m"}),
+                                   ("POST", "/v1/log-level", {"level": "debug"}),
+                                   ("POST", "/record_routing_decision",
+                                    {"instance_id": 1, "local_hashes": [1],
+                                     "sequence_hashes": [1]})):
+            st, _ = r.call(method, path, body, A)
+            check(f"tokens: nor {method} {path} (an admin call) with the api key", st == 401, st)
         st, _, _ = r.request("GET", "/metrics")
         check("tokens: /metrics needs the key", st == 401, st)
         n = metric(r, "kvr_http_unauthorized_total", A)
