@@ -592,7 +592,28 @@ static void test_oracle(void **state)
             assert_true(ttft < prefill_ms(4000));
         }
     }
+    /* the second yardstick: at 10 ms worker 0's first token (with the cache) comes 8% later
+     * than worker 1's (cold): within 10%, so it keeps the prefix together */
+    hand_t h = {.base = {100, 100}};
+    kvr_sim_request_t reqs[2] = {{.arrival_ms = 0, .n_tokens = 4000, .max_tokens = 50},
+                                 {.arrival_ms = 10, .n_tokens = 4000, .max_tokens = 1}};
+    kvr_sim_input_t in = {.reqs = reqs, .n = 2, .tokens = hand_tokens, .ud = &h};
     kvr_sim_config_t c;
+    small_config(&c, 2, KVR_MODE_LEAST_LOADED);
+    c.engine.num_gpu_blocks = 4096;
+    c.oracle = true;
+    c.oracle_affinity = 0.1;
+    kvr_sim_result_t res;
+    kvr_sim_record_t rec[2];
+    assert_int_equal(kvr_sim_run(&c, &in, &res, rec, NULL, 0), KVR_OK);
+    assert_int_equal(rec[1].worker, 0);
+    assert_int_equal(rec[1].cached_tokens, 3984);
+    near(rec[1].first_ms - rec[1].arrival_ms, prefill_ms(4000) - 10 + prefill_ms(16));
+    c.oracle_affinity = 0.05; /* 8% is beyond it: the soonest */
+    assert_int_equal(kvr_sim_run(&c, &in, &res, rec, NULL, 0), KVR_OK);
+    assert_int_equal(rec[1].worker, 1);
+    c.oracle_affinity = -1;
+    assert_int_equal(kvr_sim_config_validate(&c, NULL, 0), KVR_EINVAL);
     small_config(&c, 4, KVR_MODE_KV);
     c.oracle = true;
     c.n_prefill = 1;
