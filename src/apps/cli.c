@@ -58,6 +58,17 @@ bool kvr_cli_is(kvr_cli_t *c, const char *name)
     return true;
 }
 
+bool kvr_cli_is_or_old(kvr_cli_t *c, const char *name, const char *old)
+{
+    if (kvr_cli_is(c, name))
+        return true;
+    if (!kvr_cli_is(c, old))
+        return false;
+    fprintf(stderr, "%s: %s is read as %s (its name in every command)\n", c->prog, old, name);
+    c->flag = name;
+    return true;
+}
+
 bool kvr_cli_setting(kvr_cli_t *c, char *name, size_t cap)
 {
     const char *arg = c->argv[c->i];

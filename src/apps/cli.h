@@ -50,6 +50,10 @@ bool kvr_cli_is_help(const kvr_cli_t *c);
 /* argv[i] is `name` or `name=VALUE`: makes it the current flag. */
 bool kvr_cli_is(kvr_cli_t *c, const char *name);
 
+/* kvr_cli_is for name, or for its older spelling old (still read, with a note on stderr
+ * naming the one every command uses). */
+bool kvr_cli_is_or_old(kvr_cli_t *c, const char *name, const char *old);
+
 /* argv[i] is "--NAME" or "--NAME=VALUE" for any NAME (settings looked up by name): copies
  * "--NAME" into name[cap] and makes it the current flag. False when argv[i] does not start
  * with "--" or the name does not fit. */

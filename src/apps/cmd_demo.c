@@ -65,7 +65,7 @@ static void usage(FILE *out)
             "prefix-cache hit ratio against the trace's ceilings, the busiest worker's share.\n"
             "Writes the TTFT plot (gnuplot) and cleans up every process it started.\n\n"
             "options (defaults in brackets):\n"
-            "  --policies LIST       comma-separated: kv, round-robin, random, least-loaded;\n"
+            "  --policy LIST         comma-separated: kv, round-robin, random, least-loaded;\n"
             "                        kv+sync = kv with replica sync (with --routers 2 or more)\n"
             "                        [kv,round-robin; with --routers: kv+sync,kv,round-robin]\n"
             "  --routers N           router replicas sharing the fleet (1 to 4); requests\n"
@@ -139,7 +139,7 @@ static int parse_option(kvr_cli_t *c, void *args)
         a->quiet = true;
         return 0;
     }
-    if (kvr_cli_is(c, "--policies")) {
+    if (kvr_cli_is_or_old(c, "--policy", "--policies")) {
         a->policies_set = true;
         return parse_policies(c, kvr_cli_value(c), a);
     }
@@ -207,11 +207,11 @@ static int parse_args(int argc, char **argv, demo_args_t *a)
     }
     for (size_t i = 0; i < a->n_policies; i++)
         if (strcmp(a->policies[i], "kv+sync") == 0 && a->routers < 2)
-            return kvr_cli_fail(&c, "--policies kv+sync needs --routers 2 or more");
+            return kvr_cli_fail(&c, "--policy kv+sync needs --routers 2 or more");
     if (a->prefill > 0) { /* aggregated kv against the same number of workers split */
         if (a->routers > 1 || a->policies_set)
             return kvr_cli_fail(&c, "--disagg compares kv with kv/PxD: no --routers or "
-                                    "--policies with it");
+                                    "--policy with it");
         a->workers = a->prefill + a->decode;
         snprintf(a->disagg_label, sizeof a->disagg_label, "kv/%uP%uD", a->prefill, a->decode);
         a->policies[0] = "kv";

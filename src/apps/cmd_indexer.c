@@ -40,7 +40,7 @@ static void usage(FILE *out)
             "  --bind HOST           listen address [127.0.0.1]\n"
             "  --workers LIST        id[:dp_rank]=tcp://host:port,... registered at start\n"
             "  --block-size N        their block size (required with --workers)\n"
-            "  --model-name NAME     their model_name [default]\n"
+            "  --model NAME          their model name [default] (--model-name: the same)\n"
             "  --routing-group NAME  their routing_group [default]\n"
             "  --peers LIST          http://host:port,... : recover the index from the first\n"
             "                        whose GET /dump answers, before listening\n"
@@ -146,7 +146,7 @@ static int parse_option(kvr_cli_t *c, void *arg)
         a->have_block_size = true;
         return kvr_cli_u32(c, kvr_cli_value(c), 1, 65536, &a->cfg.block_size);
     }
-    if (kvr_cli_is(c, "--model-name"))
+    if (kvr_cli_is_or_old(c, "--model", "--model-name"))
         return kvr_cli_str(c, kvr_cli_value(c), &a->cfg.model_name);
     if (kvr_cli_is(c, "--routing-group"))
         return kvr_cli_str(c, kvr_cli_value(c), &a->cfg.routing_group);

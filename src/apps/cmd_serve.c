@@ -88,6 +88,8 @@ static void usage(FILE *out, bool all)
             "                                (repeatable; adds to --tokenizers)\n"
             "  --config FILE                 `setting = value` lines, read before the flags\n"
             "  --log-level LEVEL             debug | info | warn | error [info]\n"
+            "  --port N                      the same as --http-port (the flag of every\n"
+            "                                command's listening port)\n"
             "  --help, --help-all            the common settings, or all of them\n"
             "\n"
             "Every setting below is also read from KVR_<SETTING> (e.g. KVR_BLOCK_SIZE=64) and\n"
@@ -159,9 +161,11 @@ static int parse_flag(kvr_cli_t *c, void *arg)
     if (!kvr_cli_setting(c, name, sizeof name))
         return -1;
     char buf[96], note[300];
-    const char *setting = name;
+    /* --port: the listening port's flag in every command (mocker, indexer, serve) */
+    const char *setting = strcmp(name, "--port") == 0 ? "http_port" : name;
     kvr_config_ref_t ref = {KVR_REF_NONE, NULL, NULL, NULL};
-    if (strncmp(name, "--", 2) == 0 && !kvr_config_has(name) && strcmp(name, "--config") != 0 &&
+    if (strcmp(setting, "http_port") != 0 && !kvr_config_has(name) &&
+        strcmp(name, "--config") != 0 &&
         strcmp(name, "--log-level") != 0 && strcmp(name, "--worker") != 0 &&
         strcmp(name, "--tokenizer") != 0)
         ref = kvr_config_ref_flag(name, buf, sizeof buf);

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from kvr_harness import Child, check, finish
+from kvr_harness import Child, check, finish, free_ports
 
 KVR = sys.argv[1]
 
@@ -40,8 +40,35 @@ def main():
     rc, err = run("mocker", "--zzzzzz", "1")
     check("mocker --zzzzzz: no guess, the help named",
           rc == 2 and "did you mean" not in err and "--help" in err, (rc, err))
+    names()
     no_worker()
     finish()
+
+
+def names():
+    """One name per concept in every command: the listening port is --port (serve's --http-port
+    is the same), the model --model, the policies --policy; the older spellings are still read,
+    with a note naming the new one."""
+    r = Child([KVR, "serve", "--port", "0", "--log-level", "warn"], "router (--port)")
+    try:
+        st, _ = r.call("GET", "/health")
+        check("names: serve --port 0 listens on a free port", st == 200, st)
+    finally:
+        r.stop()
+    ev = free_ports(1)  # an engine that never publishes: its registration names the model
+    ix = Child([KVR, "indexer", "--port", "0", "--block-size", "16", "--model-name", "m",
+                "--workers", f"1=tcp://127.0.0.1:{ev}"], "indexer (--model-name)")
+    try:
+        st, p = ix.call("GET", "/v1/index/partitions")
+        check("names: indexer --model-name is read as --model (its partition is m)",
+              st == 200 and "m" in str(p), (st, p))
+    finally:
+        ix.stop()
+    check("names: ... with a note naming --model",
+          "--model-name is read as --model" in ix.stderr(), ix.stderr()[-300:])
+    rc, err = run("demo", "--policies", "kv", "--workers", "0")
+    check("names: demo --policies is read as --policy, with a note",
+          "--policies is read as --policy" in err and "unknown option" not in err, (rc, err))
 
 
 def no_worker():
