@@ -27,6 +27,7 @@
 #include "base/clock.h"
 #include "apps/cli.h"
 #include "replay/gnuplot.h"
+#include "replay/replay_report.h"
 #include "kvrouter/config.h"
 #include "sim/sim.h"
 #include "kvrouter.h"
@@ -84,6 +85,8 @@ static void usage(FILE *out)
             "  --seed N                      the random policy and tie-breaks (prompts never\n"
             "                                change: trace tokens use seed 0) [1]\n"
             "  --json                        one JSON object per policy per line\n"
+            "  --quiet                       no progress on stderr (a run longer than a few\n"
+            "                                seconds shows one, as demo and replay do)\n"
             "  --prefill-workers P --decode-workers D  disaggregated: P prefill and D decode\n"
             "                                workers (instead of --workers); the KV of each\n"
             "                                prefill travels to its decode worker in\n"
@@ -139,6 +142,7 @@ typedef struct sim_args {
     uint32_t sweep;   /* --sweep N: N loads up to the highest speedup */
     const char *plot; /* --plot FILE */
     bool json;
+    bool quiet; /* no progress on stderr */
     bool sessions; /* infer sessions from successive turns (--sessions) */
     bool ttl_given; /* --session-ttl-secs given (else 300 with --sessions) */
     bool jitter_set;               /* --event-jitter-ms given (else half the delay) */
@@ -258,6 +262,10 @@ static int parse_run_flag(kvr_cli_t *c, sim_args_t *a)
         return kvr_cli_u64(c, kvr_cli_value(c), 0, UINT64_MAX, &a->cfg.seed);
     if (strcmp(c->argv[c->i], "--json") == 0) {
         a->json = true;
+        return 0;
+    }
+    if (strcmp(c->argv[c->i], "--quiet") == 0) {
+        a->quiet = true;
         return 0;
     }
     if (strcmp(c->argv[c->i], "--sessions") == 0) {
@@ -617,6 +625,21 @@ typedef struct points {
     size_t n;
 } points_t;
 
+/* Progress on stderr (replay's bar: a line every 5 s off a terminal, none for short runs). */
+typedef struct sim_progress {
+    kvr_progress_bar_t bar;
+    double t0;
+} sim_progress_t;
+
+static void on_progress(void *arg, size_t done, size_t n, double virtual_ms)
+{
+    (void)virtual_ms;
+    sim_progress_t *p = arg;
+    kvr_replay_progress_t r = {.total = n, .sent = done, .done = done,
+                               .elapsed_s = kvr_now_s() - p->t0};
+    kvr_progress_bar_update(&p->bar, &r);
+}
+
 static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim_request_t *reqs,
                         const kvr_trace_ceilings_t *ceil, points_t *pts)
 {
@@ -648,7 +671,15 @@ static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim
                       .ceil = *ceil};
         char err[300] = "";
         double t0 = kvr_now_s();
+        sim_progress_t prog = {.t0 = t0};
+        char plabel[96];
+        snprintf(plabel, sizeof plabel, "sim %s at speedup %g", label, a->speedup);
+        kvr_progress_bar_init(&prog.bar, plabel);
+        in.progress = a->quiet ? NULL : on_progress;
+        in.progress_arg = &prog;
         int rc = kvr_sim_run(&cfg, &in, &r.res, NULL, err, sizeof err);
+        if (!a->quiet)
+            kvr_progress_bar_end(&prog.bar);
         r.run_s = kvr_now_s() - t0;
         if (rc != KVR_OK) {
             fprintf(stderr, "kvrouter sim: %s: %s\n", r.policy, err[0] ? err : kvr_strerror(rc));
@@ -830,7 +861,12 @@ int kvr_cmd_sim(int argc, char **argv)
     if (code == 0 && a.plot != NULL)
         code = plot_sweep(&a, &t, path, &pts);
     if (!a.json && code == 0)
-        printf("total %.2f s\n", kvr_now_s() - t_start);
+        printf("columns: requests finished; ttft, itl, e2e percentiles in modelled ms; hit: the\n"
+               "engines' cached / prompt tokens; c_inf, c_pool: the trace's hit-ratio ceilings\n"
+               "(an infinite cache; one LRU cache as large as all workers'); share: the busiest\n"
+               "worker's share of requests; virt_s: modelled seconds; run_s: wall seconds\n"
+               "total %.2f s\n",
+               kvr_now_s() - t_start);
     kvr_trace_free(&t);
     return code;
 }

@@ -64,6 +64,7 @@ struct sim {
     step_end_t *heap;
     size_t n_heap;
     uint32_t *kick;
+    size_t n_done; /* requests finished (the progress callback's count) */
     size_t n_kick;
     kvr_rank_score_t *scores; /* one per worker */
     double *oracle_t;         /* one per worker: the oracle's probes (first token time, */
@@ -344,6 +345,8 @@ static void on_output(void *ctx, const kvr_engine_output_t *o)
         rc->finish_ms = s->now;
         rc->outcome = KVR_SIM_DONE;
         (void)kvr_router_free_request(s->r, id, idl, t);
+        if (s->in->progress != NULL)
+            s->in->progress(s->in->progress_arg, ++s->n_done, s->in->n, s->now);
     }
 }
 

@@ -72,6 +72,9 @@ typedef struct kvr_sim_input {
     size_t n;
     kvr_sim_tokens_fn tokens;
     void *ud;
+    /* called as each request finishes (done of n) with the virtual time; may be NULL */
+    void (*progress)(void *arg, size_t done, size_t n, double virtual_ms);
+    void *progress_arg;
 } kvr_sim_input_t;
 
 typedef struct kvr_sim_config {

@@ -100,6 +100,15 @@ def test_table():
         check("table rows", [l.split()[0] for l in body] == ["kv", "least-loaded"], out)
         check("table requests column", all(l.split()[1] == "40" for l in body), out)
     check("table ceilings line", "ceilings (block 16)" in out, out)
+    legend = out[out.find("columns:"):]
+    check("table: every column explained after it",
+          all(f" {c}" in legend.replace("\n", " ") for c in
+              ("ttft", "itl", "e2e", "hit:", "c_inf", "c_pool", "share:", "virt_s:", "run_s:")),
+          out)
+    check("table: a short run prints no progress", "done," not in err, err)
+    rc, out, err = run(["--trace", TRACE, "--requests", "40", "--workers", "2", "--policy", "kv",
+                        "--quiet"])
+    check("--quiet accepted", rc == 0 and "done," not in err, err)
 
 
 def test_default_trace():
