@@ -257,6 +257,9 @@ bool kvr_config_uses_index(const kvr_router_config_t *cfg);
  * common groups, then the others' names (all: every group). Returns the length it needs (like
  * snprintf); out may be NULL. */
 size_t kvr_config_help(char *out, size_t out_len, bool all);
+/* msg with every setting named in it (snake_case) spelt as the flag a user types: "router_replica_
+ * sync: needs nats_url" -> "--router-replica-sync: needs --nats-url". Like snprintf. */
+size_t kvr_config_spell_flags(const char *msg, char *out, size_t out_len);
 /* The name of the i-th setting (snake_case), i < kvr_config_count(); NULL past the end. */
 size_t kvr_config_count(void);
 const char *kvr_config_name(size_t i);

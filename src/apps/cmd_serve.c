@@ -153,6 +153,13 @@ static int add_tokenizer(kvr_cli_t *c, serve_args_t *a, const char *v)
     return 0;
 }
 
+/* An error naming settings, as the user types them: their flags (kvr_config_spell_flags). */
+static const char *as_flags(const char *err, char *buf, size_t cap)
+{
+    kvr_config_spell_flags(err, buf, cap);
+    return buf;
+}
+
 /* One "--name value" or "--name=value" at c->argv[c->i] (kvr_cli_option_fn). */
 static int parse_flag(kvr_cli_t *c, void *arg)
 {
@@ -219,8 +226,15 @@ static int parse_flag(kvr_cli_t *c, void *arg)
     if (rc == KVR_ENOTFOUND)
         return kvr_cli_fail(c, "%s; `kvrouter serve --help` lists the settings", err);
     if (rc != KVR_OK)
-        return kvr_cli_fail(c, "%s", err);
+        return kvr_cli_fail(c, "%s", as_flags(err, note, sizeof note));
     return 0;
+}
+
+/* "kvrouter serve: <err>" on stderr, the settings it names spelt as flags. */
+static void serve_fail(const char *err)
+{
+    char buf[600];
+    fprintf(stderr, "kvrouter serve: %s\n", as_flags(err, buf, sizeof buf));
 }
 
 /* 0 to run, 1 after --help, 2 on a usage error. */
@@ -245,8 +259,9 @@ static int parse_args(int argc, char **argv, serve_args_t *a)
     if (rc != 0)
         return rc;
     kvr_config_resolve(&a->cfg, a->derived, sizeof a->derived);
+    char spelt[400];
     if (kvr_config_validate(&a->cfg, err, sizeof err) != KVR_OK)
-        return kvr_cli_fail(&c, "%s", err);
+        return kvr_cli_fail(&c, "%s", as_flags(err, spelt, sizeof spelt));
     return 0;
 }
 
@@ -359,7 +374,7 @@ static int claim_state(kvr_ingest_t *g, const char *path)
     char err[600] = "";
     int rc = kvr_ingest_claim_state_file(g, path, err, sizeof err);
     if (rc != KVR_OK)
-        fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(rc));
+        serve_fail(err[0] ? err : kvr_strerror(rc));
     return rc;
 }
 
@@ -470,7 +485,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
         }
     }
     if ((d->r = kvr_router_new(c, d->ix, &st, err, sizeof err)) == NULL) {
-        fprintf(stderr, "kvrouter serve: %s\n", err);
+        serve_fail(err);
         return st;
     }
     kvr_router_set_clock(d->r, kvr_now_ns); /* the decision timings of /metrics */
@@ -484,27 +499,28 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     if ((d->host = kvr_http_host_new(d->base, c, &st, err, sizeof err)) == NULL ||
         (d->fleet = kvr_fleet_new(d->base, d->sched, d->g, c, &st, err, sizeof err)) == NULL ||
         (d->api = kvr_api_new(d->host, d->fleet, c, &st, err, sizeof err)) == NULL) {
-        fprintf(stderr, "kvrouter serve: %s\n", err);
+        serve_fail(err);
         return st;
     }
     if ((d->fe = kvr_frontend_new(d->base, d->host, d->fleet, c, &st, err, sizeof err)) == NULL) {
-        fprintf(stderr, "kvrouter serve: %s\n", err);
+        serve_fail(err);
         return st;
     }
     if (c->serve_indexer && (d->ixs = kvr_ix_serve_new(d->host, d->fleet, d->ix, d->g, &st)) == NULL) {
-        fprintf(stderr, "kvrouter serve: serve_indexer: %s\n", kvr_strerror(st));
+        fprintf(stderr, "kvrouter serve: --serve-indexer: %s\n", kvr_strerror(st));
         return st;
     }
     for (size_t i = 0; i < a->n_workers; i++) {
         if ((st = kvr_fleet_add_worker(d->fleet, &a->workers[i], err, sizeof err)) != KVR_OK) {
+            char spelt[600];
             fprintf(stderr, "kvrouter serve: --worker id=%llu: %s\n",
-                    (unsigned long long)a->workers[i].worker_id, err);
+                    (unsigned long long)a->workers[i].worker_id, as_flags(err, spelt, sizeof spelt));
             return st;
         }
     }
     kvr_cluster_config_t cc = {.base = d->base, .host = d->host, .fleet = d->fleet, .cfg = c};
     if ((d->cluster = kvr_cluster_new(&cc, &st, err, sizeof err)) == NULL) {
-        fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(st));
+        serve_fail(err[0] ? err : kvr_strerror(st));
         return st;
     }
     kvr_nats_t *nats = kvr_cluster_nats(d->cluster);
@@ -522,7 +538,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
              (st = kvr_secret_read("remote_indexer_admin_key_file",
                                    c->remote_indexer_admin_key_file, admin, err, sizeof err)) !=
                  KVR_OK)) {
-            fprintf(stderr, "kvrouter serve: %s\n", err);
+            serve_fail(err);
             return st;
         }
         kvr_remote_ix_config_t rc = {.base = d->base,
@@ -537,7 +553,7 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
                                      .block_size = c->block_size,
                                      .record_decisions = approx};
         if ((d->rix = kvr_remote_ix_new(&rc, &st, err, sizeof err)) == NULL) {
-            fprintf(stderr, "kvrouter serve: %s\n", err[0] ? err : kvr_strerror(st));
+            serve_fail(err[0] ? err : kvr_strerror(st));
             return st;
         }
     }

@@ -1182,6 +1182,23 @@ static void help_field(hbuf_t *b, const field_t *f)
     hput(b, "\n", 1);
 }
 
+size_t kvr_config_spell_flags(const char *msg, char *out, size_t out_len)
+{
+    hbuf_t b = {.out = out, .cap = out_len};
+    if (out != NULL && out_len > 0)
+        out[0] = '\0';
+    for (const char *p = msg; *p != '\0';) {
+        size_t gap = strspn(p, " ");
+        hput(&b, p, gap);
+        p += gap;
+        size_t n = strcspn(p, " ");
+        if (n > 0)
+            (void)word(&b, p, n);
+        p += n;
+    }
+    return b.used;
+}
+
 size_t kvr_config_help(char *out, size_t out_len, bool all)
 {
     hbuf_t b = {.out = out, .cap = out_len};

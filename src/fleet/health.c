@@ -78,7 +78,8 @@ void fleet_remove_probe(kvr_fleet_t *s, uint64_t id)
     }
 }
 
-static void probe_result(probe_t *pr, bool ok)
+/* A probe's outcome: ok, or why not (for the log line that fences the worker). */
+static void probe_result(probe_t *pr, bool ok, const char *why_not)
 {
     kvr_fleet_t *s = pr->f;
     bool fenced = kvr_router_fenced(s->r, pr->worker_id);
@@ -98,8 +99,9 @@ static void probe_result(probe_t *pr, bool ok)
         snprintf(why, sizeof why, "%s and its /health failed", pr->suspect);
         kvr_fleet_fence(s, pr->worker_id, why);
     } else if (!fenced && pr->failures >= s->cfg.health_failures) {
-        char why[64];
-        snprintf(why, sizeof why, "failed %u health checks", pr->failures);
+        char why[160];
+        snprintf(why, sizeof why, "failed %u health checks in a row (last: %s)", pr->failures,
+                 why_not);
         kvr_fleet_fence(s, pr->worker_id, why);
     }
 }
@@ -224,7 +226,12 @@ static void on_probe_done(struct evhttp_request *req, void *arg)
     if (pr->dead)
         return;
     int code = req ? evhttp_request_get_response_code(req) : 0;
-    probe_result(pr, code == 200);
+    char why[64];
+    if (code == 0)
+        snprintf(why, sizeof why, "no answer: refused, reset or timed out");
+    else
+        snprintf(why, sizeof why, "/health answered HTTP %d", code);
+    probe_result(pr, code == 200, why);
     pr->suspect[0] = '\0';
     if (code == 200)
         cap_fetch(pr);
@@ -238,14 +245,14 @@ static void probe_one(probe_t *pr)
         return;
     kvr_url_t u;
     if (kvr_endpoint_parse_url(sp->url, NULL, &u, NULL, 0) != KVR_OK) {
-        probe_result(pr, false);
+        probe_result(pr, false, "its url does not parse");
         return;
     }
     int secs = (int)(s->cfg.health_interval_ms / 1000);
     get_t g = {&pr->conn, &u, secs > 0 ? secs : 1, "/health", PROBE_MAX_BYTES, on_probe_done,
                &pr->in_flight};
     if (send_get(s, &g, pr) == KVR_EIO)
-        probe_result(pr, false);
+        probe_result(pr, false, "the request could not be sent");
 }
 
 void kvr_fleet_suspect(kvr_fleet_t *s, uint64_t worker_id, const char *why)

@@ -310,6 +310,14 @@ static void test_help_lists_every_field(void **s)
             fail_msg("a line of %zu columns: %.*s", len, (int)len, l);
         l += len + (l[len] == '\n');
     }
+    char spelt[200];
+    assert_int_equal(kvr_config_spell_flags("router_replica_sync: needs nats_url (or `peers`)",
+                                            spelt, sizeof spelt),
+                     strlen("--router-replica-sync: needs --nats-url (or `peers`)"));
+    assert_string_equal(spelt, "--router-replica-sync: needs --nats-url (or `peers`)");
+    kvr_config_spell_flags("a plain_word, (block_size) and max_num_batched_tokens=", spelt,
+                           sizeof spelt);
+    assert_string_equal(spelt, "a plain_word, (--block-size) and max_num_batched_tokens=");
     size_t common = kvr_config_help(NULL, 0, false);
     assert_true(common < need); /* --help shows the common groups and names the others */
     free(buf);

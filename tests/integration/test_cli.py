@@ -34,6 +34,10 @@ def main():
         check(f"{sub} {typo}: exit 2, '{want}' suggested, the help named",
               rc == 2 and f"did you mean {want}?" in err and f"kvrouter {sub} --help" in err,
               (rc, err))
+    rc, err = run("serve", "--router-replica-sync")
+    check("serve: a validation error names the flags as typed, not the setting names",
+          rc == 2 and "--router-replica-sync" in err and "--nats-url" in err
+          and "nats_url" not in err, (rc, err))
     rc, err = run("serve", "--block-sise", "16")
     check("serve --block-sise: the setting suggested", rc == 2 and "'--block-size'" in err,
           (rc, err))

@@ -595,12 +595,13 @@ def scenario_shutdown_grace():
 
 
 def scenario_config():
-    for args, env, field in ((["--frontend-max-retries", "17"], {}, "frontend_max_retries"),
+    for args, env, field in ((["--frontend-max-retries", "17"], {}, "--frontend-max-retries"),
                              ([], {"KVR_FRONTEND_FENCE_FAILURES": "0"}, "frontend_fence_failures"),
-                             (["--frontend-upstream-timeout-ms", "5"], {}, "frontend_upstream_timeout_ms"),
+                             (["--frontend-upstream-timeout-ms", "5"], {},
+                              "--frontend-upstream-timeout-ms"),
                              (["--frontend-max-client-buffer-bytes", "0"], {},
-                              "frontend_max_client_buffer_bytes"),
-                             (["--router-mode", "fastest"], {}, "router_mode")):
+                              "--frontend-max-client-buffer-bytes"),
+                             (["--router-mode", "fastest"], {}, "--router-mode")):
         p = subprocess.run([KVR, "serve", "--http-port", "0"] + args, capture_output=True, text=True,
                            stdin=subprocess.DEVNULL, timeout=20, env=dict(os.environ, **env))
         check(f"bad config {args or env} names {field}", p.returncode == 2 and field in p.stderr,

@@ -156,7 +156,7 @@ def scenario_tokens():
     p = subprocess.run([KVR, "serve", "--http-port", "0", "--api-key-file", bad],
                        capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
     check("tokens: a bad key file is refused at start naming the field",
-          p.returncode != 0 and "api_key_file" in p.stderr, (p.returncode, p.stderr[-300:]))
+          p.returncode != 0 and "--api-key-file" in p.stderr, (p.returncode, p.stderr[-300:]))
     os.unlink(bad)
 
 

@@ -600,22 +600,22 @@ def exits(args, code, needle):
 
 
 def scenario_validation():
-    """Every bad combination of the indexer flags exits 2 before anything starts, naming them."""
+    """Every bad combination of the indexer flags exits 2 before anything starts, naming them as typed."""
     exits(["serve", "--serve-indexer", "true", "--remote-indexer", "http://h:1"], 2,
-          "serve_indexer: cannot be combined with remote_indexer")
+          "--serve-indexer: cannot be combined with --remote-indexer")
     exits(["serve", "--serve-indexer", "true", "--router-mode", "round-robin"], 2,
-          "serve_indexer: needs router_mode kv")
+          "--serve-indexer: needs --router-mode kv")
     exits(["serve", "--serve-indexer", "true", "--router-mode", "random"], 2,
-          "serve_indexer: needs router_mode kv")
+          "--serve-indexer: needs --router-mode kv")
     exits(["serve", "--serve-indexer", "true", "--overlap-score-credit", "0"], 2,
-          "serve_indexer: needs overlap_score_credit > 0")
+          "--serve-indexer: needs --overlap-score-credit > 0")
     exits(["serve", "--remote-indexer", "http://h:1", "--overlap-score-credit", "0"], 2,
-          "remote_indexer: needs overlap_score_credit > 0")
+          "--remote-indexer: needs --overlap-score-credit > 0")
     exits(["serve", "--remote-indexer", "http://h:1", "--router-mode", "least-loaded"], 2,
-          "remote_indexer: needs router_mode kv")
-    exits(["serve", "--remote-indexer", "ftp://h:1"], 2, "remote_indexer: 'ftp://h:1'")
-    exits(["serve", "--remote-indexer", "nats"], 2, "remote_indexer: nats needs nats_url")
-    exits(["serve", "--remote-indexer-timeout-ms", "0"], 2, "remote_indexer_timeout_ms")
+          "--remote-indexer: needs --router-mode kv")
+    exits(["serve", "--remote-indexer", "ftp://h:1"], 2, "--remote-indexer: 'ftp://h:1'")
+    exits(["serve", "--remote-indexer", "nats"], 2, "--remote-indexer: nats needs --nats-url")
+    exits(["serve", "--remote-indexer-timeout-ms", "0"], 2, "--remote-indexer-timeout-ms")
     exits(["indexer", "--workers", "1=tcp://127.0.0.1:5557"], 2,
           "--block-size is required with --workers")
     exits(["indexer", "--workers", "x=tcp://h:1", "--block-size", "16"], 2, "--workers")

@@ -136,7 +136,7 @@ def scenario_bad_weight():
         p = subprocess.run([KVR, "serve", "--http-port", "0", "--router-inflight-credit-weight",
                             val], capture_output=True, text=True, timeout=20)
         check(f"weight {val}: refused at start, naming the setting",
-              p.returncode != 0 and "router_inflight_credit_weight" in p.stderr,
+              p.returncode != 0 and "--router-inflight-credit-weight" in p.stderr,
               (p.returncode, p.stderr[-400:]))
 
 

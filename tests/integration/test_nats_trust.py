@@ -562,8 +562,8 @@ def scenario_bad_auth_settings():
         for args, want in (
                 (["--nats-token-file", tok, "--nats-nkey-file", half], "give one"),
                 (["--nats-nkey-file", half], "holds no public key"),
-                (["--nats-token-file", os.path.join(TMP, "absent")], "nats_token_file"),
-                (["--nats-tls-cert", tok], "nats_tls_key")):
+                (["--nats-token-file", os.path.join(TMP, "absent")], "--nats-token-file"),
+                (["--nats-tls-cert", tok], "--nats-tls-key")):
             p = subprocess.run([KVR, "serve", "--http-port", "0", "--nats-url", nats.url] +
                                args + WORKERS, capture_output=True, text=True, timeout=30)
             check(f"bad auth settings: {args[0]}... refused at start naming it",

@@ -264,9 +264,9 @@ def scenario_cost_weights_need_dynamo():
                         ("--router-kv-overlap-score-weight", "3")):
         p = subprocess.run([KVR, "serve", "--http-port", "0", "--worker", "id=1", flag, value],
                            capture_output=True, text=True, timeout=30)
-        name = flag[2:].replace("-", "_").replace("router_kv_", "")
+        name = flag.replace("router-kv-", "")  # the reference's flag: named as ours
         check(f"{flag} {value} under locality: refused at start naming it and the policy",
-              p.returncode == 2 and name in p.stderr and "router_selection_policy locality"
+              p.returncode == 2 and name in p.stderr and "--router-selection-policy locality"
               in p.stderr, (p.returncode, p.stderr))
     r = serve("--worker", "id=1")
     try:

@@ -538,8 +538,8 @@ def scenario_worker_auth():
         p = subprocess.run([KVR, "serve", "--http-port", "0", "--worker-api-key-file",
                             os.path.join(d, "missing")], capture_output=True, text=True,
                            stdin=subprocess.DEVNULL, timeout=20)
-        check("an unreadable worker_api_key_file stops the start, named",
-              p.returncode != 0 and "worker_api_key_file" in p.stderr, (p.returncode, p.stderr))
+        check("an unreadable --worker-api-key-file stops the start, named as typed",
+              p.returncode != 0 and "--worker-api-key-file" in p.stderr, (p.returncode, p.stderr))
     srv.shutdown()
 
 
@@ -622,8 +622,8 @@ def scenario_header_limit():
 
 
 def scenario_bad_config():
-    for args, field in ((["--router-temperature", "nan"], "router_temperature"),
-                        (["--block-size", "0"], "block_size"),
+    for args, field in ((["--router-temperature", "nan"], "--router-temperature"),
+                        (["--block-size", "0"], "--block-size"),
                         (["--worker", "url=http://x"], "id is required")):
         p = subprocess.run([KVR, "serve", "--http-port", "0"] + args, capture_output=True, text=True,
                            stdin=subprocess.DEVNULL, timeout=20)
