@@ -746,6 +746,18 @@ static void plot_data(FILE *f, const sweep_plot_t *sp)
     }
 }
 
+/* A policy's line style: each drawn thinner than the one before it, with its own point shape,
+ * so that two policies with equal figures (kv and approx often are) both show: the later
+ * inside the earlier. */
+static void line_style(FILE *f, size_t k, bool dashed)
+{
+    static const int PT[] = {7, 5, 9, 11, 13, 15, 1, 2, 3};
+    double lw = 4.0 - 0.6 * (double)k;
+    fprintf(f, " with linespoints lw %.1f pt %d ps %.1f lc %zu%s", lw < 1.0 ? 1.0 : lw,
+            PT[k % (sizeof PT / sizeof PT[0])], k < 4 ? 1.6 - 0.3 * (double)k : 0.6, k + 1,
+            dashed ? " dt 2" : "");
+}
+
 static void plot_body(FILE *f, void *arg)
 {
     const sweep_plot_t *sp = arg;
@@ -757,18 +769,22 @@ static void plot_body(FILE *f, void *arg)
     fputs("\nset title 'prefix-cache hit ratio'\nset ylabel 'hit ratio'\nset yrange [0:*]\nplot ",
           f);
     for (size_t k = 0; k < a->n_policies; k++) {
-        fprintf(f, "%s$p%zu using 1:2 with linespoints lw 2 pt 7 lc %zu title ", k ? ", " : "", k,
-                k + 1);
+        fprintf(f, "%s$p%zu using 1:2", k ? ", " : "", k);
+        line_style(f, k, false);
+        fputs(" title ", f);
         kvr_gnuplot_str(f, POLICY_NAMES[a->policies[k]]);
     }
     fputs("\nset title 'time to first token: p50 (solid), p90 (dashed)'\n"
           "set ylabel 'TTFT (ms)'\nset yrange [*:*]\nset logscale y\nplot ",
           f);
     for (size_t k = 0; k < a->n_policies; k++) {
-        fprintf(f, "%s$p%zu using 1:3 with linespoints lw 2 pt 7 lc %zu title ", k ? ", " : "", k,
-                k + 1);
+        fprintf(f, "%s$p%zu using 1:3", k ? ", " : "", k);
+        line_style(f, k, false);
+        fputs(" title ", f);
         kvr_gnuplot_str(f, POLICY_NAMES[a->policies[k]]);
-        fprintf(f, ", $p%zu using 1:4 with linespoints lw 1 dt 2 pt 6 lc %zu notitle", k, k + 1);
+        fprintf(f, ", $p%zu using 1:4", k);
+        line_style(f, k, true);
+        fputs(" notitle", f);
     }
     fputs("\nunset multiplot\n", f);
 }

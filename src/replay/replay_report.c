@@ -353,8 +353,9 @@ int kvr_replay_write_tsv(const char *path, const kvr_replay_sample_t *s, size_t 
     fputs(TSV_HEADER, f);
     for (size_t i = 0; i < n; i++) {
         const kvr_replay_sample_t *x = &s[i];
-        tsv_num(f, x->arrival_s, 6);
-        tsv_num(f, x->sent_s, 6);
+        /* every time on one clock: the engines' (latency_scale) */
+        tsv_num(f, x->arrival_s * latency_scale, 6);
+        tsv_num(f, x->sent_s * latency_scale, 6);
         tsv_num(f, x->ttft_ms * latency_scale, 3);
         tsv_num(f, x->itl_ms * latency_scale, 3);
         tsv_num(f, x->e2e_ms * latency_scale, 3);
@@ -428,7 +429,8 @@ static void replay_plot_body(FILE *f, void *arg)
           f);
     fprintf(f, "set multiplot layout 1,%d title ", p->itl ? 3 : 2);
     kvr_gnuplot_str(f, p->title ? p->title : "kvrouter replay");
-    fputs("\nset title 'TTFT over time'\nset xlabel 'arrival (s since the run started)'\n"
+    fputs("\nset title 'TTFT over time'\n"
+          "set xlabel 'arrival (s since the run started, on the clock of the TTFT axis)'\n"
           "set ylabel 'time to first token (ms)'\nset logscale y\nplot ",
           f);
     plot_each(f, series, n, "1:3 with points pt 7 ps 0.5");

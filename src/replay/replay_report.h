@@ -60,7 +60,8 @@ const char *kvr_replay_status_name(const kvr_replay_sample_t *s, char *buf, size
 
 /* Per-request TSV, a '#' header line then one line per request: arrival_s sent_s ttft_ms
  * itl_ms e2e_ms prompt_tokens cached_tokens output_tokens worker_id status ("-" when
- * unknown). Latencies multiplied by latency_scale. KVR_OK or KVR_EIO (err names the path). */
+ * unknown). Every time (arrivals and latencies) multiplied by latency_scale: one clock, the
+ * engines'. KVR_OK or KVR_EIO (err names the path). */
 int kvr_replay_write_tsv(const char *path, const kvr_replay_sample_t *s, size_t n,
                          double latency_scale, char *err, size_t err_len);
 

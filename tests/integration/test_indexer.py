@@ -1110,7 +1110,7 @@ def scenario_keyed_remote():
         for x in (b0, b1, b2, ix, m1, m2):
             x.stop()
     exits(["serve", "--remote-indexer", "http://h:1", "--remote-indexer-key-file",
-           f"{tmp}/missing"], 1, "remote_indexer_key_file")
+           f"{tmp}/missing"], 1, "--remote-indexer-key-file")
 
 
 class FloodPeer(http.server.BaseHTTPRequestHandler):

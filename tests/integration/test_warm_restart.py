@@ -355,15 +355,15 @@ def scenario_refused_paths(tmp, ev, rp):
     No link target is touched."""
     fifo = os.path.join(tmp, "fifo.state")
     os.mkfifo(fifo)
-    check_refused("FIFO", router_args(ev, rp, fifo), "state_file", fifo, "FIFO")
+    check_refused("FIFO", router_args(ev, rp, fifo), "--state-file", fifo, "FIFO")
     d = os.path.join(tmp, "dir.state")
     os.mkdir(d)
-    check_refused("directory", router_args(ev, rp, d), "state_file", d, "directory")
+    check_refused("directory", router_args(ev, rp, d), "--state-file", d, "directory")
     sock_path = os.path.join(tmp, "sock.state")
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(sock_path)
     try:
-        check_refused("socket", router_args(ev, rp, sock_path), "state_file", sock_path,
+        check_refused("socket", router_args(ev, rp, sock_path), "--state-file", sock_path,
                       "socket")
     finally:
         sock.close()
@@ -372,17 +372,17 @@ def scenario_refused_paths(tmp, ev, rp):
         f.write(b"precious\n")
     link = os.path.join(tmp, "link.state")
     os.symlink(victim, link)
-    check_refused("symbolic link", router_args(ev, rp, link), "state_file", link,
+    check_refused("symbolic link", router_args(ev, rp, link), "--state-file", link,
                   "symbolic link")
     dangling = os.path.join(tmp, "dangling.state")
     os.symlink(os.path.join(tmp, "nowhere"), dangling)
-    check_refused("dangling symbolic link", router_args(ev, rp, dangling), "state_file",
+    check_refused("dangling symbolic link", router_args(ev, rp, dangling), "--state-file",
                   dangling, "symbolic link")
     check("nothing created through the dangling link", not os.path.lexists(
         os.path.join(tmp, "nowhere")))
     locked = os.path.join(tmp, "locklink.state")
     os.symlink(victim, locked + ".lock")
-    check_refused("symbolic link at the lock file", router_args(ev, rp, locked), "state_file",
+    check_refused("symbolic link at the lock file", router_args(ev, rp, locked), "--state-file",
                   locked + ".lock", "symbolic link")
     check("no link target written", read(victim) == b"precious\n", read(victim))
 
@@ -425,7 +425,7 @@ def scenario_two_routers(tmp, ev, rp):
     r = start_router(ev, rp, state, what="first router")
     try:
         check_refused("second router on the same state file", router_args(ev, rp, state),
-                      "state_file", state, "in use", f"pid {r.proc.pid}")
+                      "--state-file", state, "in use", f"pid {r.proc.pid}")
     finally:
         r.kill()  # a crash: the kernel drops the lock
     r = start_router(ev, rp, state, what="router after the holder was killed")
