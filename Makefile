@@ -116,5 +116,8 @@ demo: deps
 clean:
 	rm -rf build build-werror build-asan build-tsan build-fuzz
 
-install: build
+# The library, its headers and kvrouter.pc only: no test is built for an install.
+install: deps
+	$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+	$(CMAKE) --build build -j $(JOBS) --target kvrouter
 	$(CMAKE) --install build --prefix $(PREFIX)
