@@ -3,7 +3,7 @@
 
 For each trace (the generated workloads of `kvrouter trace gen`, and any trace given), the
 loads are found with round-robin in `kvrouter sim`: "unloaded" is round-robin's TTFT p50 at
---speedup 0.01; the "2x" and "4x" loads are the speedups at which round-robin's TTFT p50 is
+--rate-scale 0.01; the "2x" and "4x" loads are the speedups at which round-robin's TTFT p50 is
 about twice and four times that (bisection on the speedup); "light" is half the 2x speedup.
 Then each policy runs at each load, and one row is printed per (trace, load, policy): hit
 ratio, % of the pooled ceiling, TTFT p50 / p90 / p99, ITL p50, the busiest worker's share.
@@ -24,7 +24,7 @@ FLEET = ["--workers", "8", "--num-gpu-blocks", "16384", "--block-size", "16"]
 
 
 def sim(kvr, trace, speedup, args):
-    cmd = [kvr, "sim", "--trace", trace, "--speedup", str(speedup), "--json"] + FLEET + args
+    cmd = [kvr, "sim", "--trace", trace, "--rate-scale", str(speedup), "--json"] + FLEET + args
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)}: {p.stderr}")

@@ -39,7 +39,7 @@ static void usage(FILE *out)
             "       kvrouter replay --plot FILE --compare LABEL=SAMPLES.tsv ...\n\n"
             "Replays a Mooncake trace (JSON lines: timestamp, input_length, output_length,\n"
             "hash_ids) open loop against an OpenAI-compatible endpoint (kvrouter serve, or one\n"
-            "engine): each row is sent at its timestamp / --speedup as a streaming\n"
+            "engine): each row is sent at its timestamp / --rate-scale as a streaming\n"
             "/v1/completions request (prompt token ids made up per hash id, max_tokens = the\n"
             "output length), and TTFT, inter-token latency, end-to-end latency, throughput and\n"
             "the prefix-cache hit ratio (usage cached_tokens) are reported against the trace's\n"
@@ -52,7 +52,8 @@ static void usage(FILE *out)
             "  --trace FILE          [data/traces/conversation_trace.jsonl, from the working\n"
             "                        directory or the binary's ../data/traces]\n"
             "  --requests N          replay the first N rows [all]\n"
-            "  --speedup X           arrivals at timestamp / X [1]\n"
+            "  --rate-scale X        the trace's request rate x X: arrivals at timestamp / X\n"
+            "                        [1] (--speedup: the same)\n"
             "  --seed N              seed of the synthesized prompt tokens [0]\n"
             "  --model NAME          sent as model [the first of GET /v1/models]\n"
             "  --label NAME          the policy name in the report and plot [replay]\n"
@@ -114,7 +115,7 @@ static int parse_option(kvr_cli_t *c, void *args)
     }
     if (kvr_cli_is(c, "--requests"))
         return kvr_cli_u64(c, kvr_cli_value(c), 1, UINT64_MAX, &a->requests);
-    if (kvr_cli_is(c, "--speedup"))
+    if (kvr_cli_is_or_old(c, "--rate-scale", "--speedup"))
         return kvr_cli_pos(c, kvr_cli_value(c), &a->speedup);
     if (kvr_cli_is(c, "--latency-scale"))
         return kvr_cli_pos(c, kvr_cli_value(c), &a->latency_scale);

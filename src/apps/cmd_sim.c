@@ -76,10 +76,11 @@ static void usage(FILE *out)
             "                                soonest, the one caching most of the prompt (the\n"
             "                                second yardstick); or dynamo, lmetric, locality:\n"
             "                                kv with that cost function\n"
-            "  --speedup X[,Y,...]           arrival = trace timestamp / X; the engines keep\n"
-            "                                their modelled times; a list runs every policy at\n"
-            "                                each [1]\n"
-            "  --sweep N                     N loads evenly up to --speedup: X/N, 2X/N, ..., X\n"
+            "  --rate-scale X[,Y,...]        the trace's request rate x X (arrival = timestamp\n"
+            "                                / X; the load, called speedup in the output); the\n"
+            "                                engines keep their modelled times; a list runs\n"
+            "                                every policy at each [1] (--speedup: the same)\n"
+            "  --sweep N                     N loads evenly up to --rate-scale: X/N, ..., X\n"
             "  --plot FILE                   .png or .svg (gnuplot) of a sweep: hit ratio and\n"
             "                                TTFT p50 / p90 against load, a line per policy\n"
             "  --seed N                      the random policy and tie-breaks (prompts never\n"
@@ -242,7 +243,7 @@ static int parse_run_flag(kvr_cli_t *c, sim_args_t *a)
         return kvr_cli_u64(c, kvr_cli_value(c), 1, UINT64_MAX / 8, &a->cfg.kv_bytes_per_block);
     if (kvr_cli_is(c, "--kv-transfer-gbps"))
         return kvr_cli_pos(c, kvr_cli_value(c), &a->cfg.kv_transfer_gbps);
-    if (kvr_cli_is(c, "--speedup"))
+    if (kvr_cli_is_or_old(c, "--rate-scale", "--speedup"))
         return parse_speedups(c, kvr_cli_value(c), a);
     if (kvr_cli_is(c, "--sweep"))
         return kvr_cli_u32(c, kvr_cli_value(c), 2, MAX_SPEEDUPS, &a->sweep);
@@ -343,14 +344,14 @@ static int parse_args(int argc, char **argv, sim_args_t *a)
         a->cfg.link.jitter_ms = a->cfg.link.delay_ms / 2;
     if (a->sweep > 0) {
         if (a->n_speedups != 1)
-            return kvr_cli_fail(&c, "--sweep N takes one --speedup (the highest load)");
+            return kvr_cli_fail(&c, "--sweep N takes one --rate-scale (the highest load)");
         double top = a->speedups[0];
         for (uint32_t k = 0; k < a->sweep; k++)
             a->speedups[k] = top * (double)(k + 1) / (double)a->sweep;
         a->n_speedups = a->sweep;
     }
     if (a->plot != NULL && a->n_speedups < 2)
-        return kvr_cli_fail(&c, "--plot draws against load: give a sweep (--speedup A,B,... or "
+        return kvr_cli_fail(&c, "--plot draws against load: give a sweep (--rate-scale A,B,... or "
                                 "--sweep N)");
     size_t pl = a->plot != NULL ? strlen(a->plot) : 0;
     if (a->plot != NULL && (pl < 4 || (strcasecmp(a->plot + pl - 4, ".png") != 0 &&

@@ -8,6 +8,7 @@
     API and the OpenAI front end alike.
 Usage: test_cli.py <path to kvrouter>.
 """
+import os
 import subprocess
 import sys
 import time
@@ -15,6 +16,8 @@ import time
 from kvr_harness import Child, check, finish, free_ports
 
 KVR = sys.argv[1]
+TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                     "conversation_trace_300.jsonl")
 
 
 def run(*args):
@@ -70,6 +73,11 @@ def names():
         ix.stop()
     check("names: ... with a note naming --model",
           "--model-name is read as --model" in ix.stderr(), ix.stderr()[-300:])
+    rc, err = run("sim", "--trace", TRACE, "--requests", "20", "--workers", "2", "--policy", "kv",
+                  "--speedup", "2", "--json")
+    check("names: sim --speedup is read as --rate-scale (the arrivals; the mocker's --speedup is "
+          "its clock), with a note", rc == 0 and "--speedup is read as --rate-scale" in err,
+          (rc, err))
     rc, err = run("demo", "--policies", "kv", "--workers", "0")
     check("names: demo --policies is read as --policy, with a note",
           "--policies is read as --policy" in err and "unknown option" not in err, (rc, err))
