@@ -34,7 +34,7 @@ static void gen_usage(FILE *out)
                  "         short appended steps, parallel sub-agents (bursts)\n"
                  "  rag    questions over 1-3 long documents of a shared pool (Zipf popularity)\n"
                  "  mix    all three: 40%% chat, 30%% agent, 30%% rag of the rate\n"
-                 "  fanout a new long document with 3-16 questions sent together (within\n"
+                 "  fanout a new long document with 3-17 questions sent together (within\n"
                  "         50 ms, inside one prefill of the document), sometimes a reduce\n"
                  "         call after the answers: the burst KV events report too late\n\n"
                  "  --workload NAME   chat | agent | rag | mix | fanout [chat]\n"

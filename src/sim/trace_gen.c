@@ -401,7 +401,7 @@ static void unit_fanout(gen_t *g, double t, prompt_t *p)
     p->tokens = 0;
     push(g, p, (UINT64_C(1) << 60) | (UINT64_C(2) << 32) | sys, g->sys_len[14 + sys]);
     push(g, p, fresh(g), clamp_len(kvr_draw_lognormal(&g->rng, 6000, 0.5), 1000, 16000));
-    uint32_t calls = 2 + geometric(&g->rng, 3.0, 15); /* 3-16, mean 5 */
+    uint32_t calls = 2 + geometric(&g->rng, 3.0, 15); /* 3-17, mean about 5 */
     prompt_t q = {0}, reduce = {0};
     double end = t;
     bool reduces = kvr_rng_uniform(&g->rng) < 0.3 && copy_prompt(g, &reduce, p);
