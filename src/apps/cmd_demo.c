@@ -20,6 +20,13 @@
  * stderr goes to a log in a temporary directory, printed when something fails. SIGINT /
  * SIGTERM: the replay in progress stops (partial results are not reported), every child gets
  * SIGTERM (SIGKILL after 10 s), exit 130.
+ *
+ * --disagg: kv over --workers aggregated workers, then kv over the same workers split into
+ * prefill and decode pools. The split (unless given as PxD) is the one that loads the busier
+ * pool least, from the slice's modelled work at the demo's load (disagg_work: the mocker's
+ * default timing model over the rows' lengths; O(rows), before anything starts). The report
+ * gives each pool's busiest worker's share of its own legs (each mocker's
+ * vllm:request_success_total, read before the fleet stops) and the TTFT-for-ITL trade-off.
  */
 #define _XOPEN_SOURCE 700 /* mkdtemp */
 #include <errno.h>
@@ -41,6 +48,7 @@
 #include "replay/replay_driver.h"
 #include "kvrouter.h"
 #include "sim/ceilings.h"
+#include "sim/engine.h"
 #include "wire/trace.h"
 
 #define DEFAULT_TRACE "data/traces/conversation_trace.jsonl"
@@ -79,9 +87,13 @@ static void usage(FILE *out)
             "  --load X              arrivals compressed X times more than the engines' time,\n"
             "                        i.e. X times the trace's request rate [4]\n"
             "  --plot FILE           .png or .svg [demo-ttft.png]\n"
-            "  --disagg PxD          e.g. 2P2D: compares P + D aggregated workers (kv) with P\n"
-            "                        prefill and D decode workers (kv/PxD: the prefill leg\n"
-            "                        on the prefill pool, its KV pulled by the decode worker)\n"
+            "  --disagg [auto|PxD]   compares --workers aggregated workers (kv) with the same\n"
+            "                        workers split into P prefill and D decode workers\n"
+            "                        (kv/PxD: the prefill leg on the prefill pool, its KV\n"
+            "                        pulled by the decode worker); auto (also a bare --disagg)\n"
+            "                        splits them in proportion to the slice's modelled prefill\n"
+            "                        and decode work at --load; PxD (e.g. 2P2D) sets the split\n"
+            "                        and the worker count\n"
             "  --keep DIR            keep the logs and per-request samples in DIR\n"
             "  --json                one JSON object per policy (kvrouter replay --json's keys)\n"
             "  --quiet               no progress on stderr\n");
@@ -98,7 +110,8 @@ typedef struct demo_args {
     double mocker_speedup, load;
     bool json, quiet, policies_set;
     uint32_t routers;
-    uint32_t prefill, decode; /* --disagg PxD */
+    bool disagg, disagg_auto; /* --disagg [auto|PxD] */
+    uint32_t prefill, decode; /* the split (auto: chosen once the trace is loaded) */
     char disagg_label[32];
 } demo_args_t;
 
@@ -123,6 +136,26 @@ static int parse_policies(const kvr_cli_t *c, const char *v, demo_args_t *a)
     }
     if (a->n_policies == 0)
         return kvr_cli_bad(c, v, "none given");
+    return 0;
+}
+
+/* --disagg, --disagg auto, --disagg=auto or --disagg PxD: a bare --disagg (the last argument,
+ * or one followed by another option) is auto. */
+static int parse_disagg(kvr_cli_t *c, demo_args_t *a)
+{
+    const char *v = "auto";
+    if (c->eq != NULL || (c->i + 1 < c->argc && strncmp(c->argv[c->i + 1], "--", 2) != 0))
+        v = kvr_cli_value(c);
+    a->disagg = true;
+    a->disagg_auto = strcmp(v, "auto") == 0;
+    if (a->disagg_auto)
+        return 0;
+    unsigned p = 0, d = 0;
+    char tail;
+    if (sscanf(v, "%uP%uD%c", &p, &d, &tail) != 2 || p == 0 || d == 0 || p + d > MAX_WORKERS)
+        return kvr_cli_bad(c, v, "auto, or PxD as in 2P2D (P, D >= 1, P + D <= 16)");
+    a->prefill = p;
+    a->decode = d;
     return 0;
 }
 
@@ -165,17 +198,8 @@ static int parse_option(kvr_cli_t *c, void *args)
         return kvr_cli_str(c, kvr_cli_value(c), &a->plot);
     if (kvr_cli_is(c, "--keep"))
         return kvr_cli_str(c, kvr_cli_value(c), &a->keep);
-    if (kvr_cli_is(c, "--disagg")) {
-        const char *v = kvr_cli_value(c);
-        unsigned p = 0, d = 0;
-        char tail;
-        if (v == NULL || sscanf(v, "%uP%uD%c", &p, &d, &tail) != 2 || p == 0 || d == 0 ||
-            p + d > MAX_WORKERS)
-            return kvr_cli_bad(c, v, "PxD as in 2P2D (P, D >= 1, P + D <= 16)");
-        a->prefill = p;
-        a->decode = d;
-        return 0;
-    }
+    if (kvr_cli_is(c, "--disagg"))
+        return parse_disagg(c, a);
     return -1;
 }
 
@@ -208,17 +232,135 @@ static int parse_args(int argc, char **argv, demo_args_t *a)
     for (size_t i = 0; i < a->n_policies; i++)
         if (strcmp(a->policies[i], "kv+sync") == 0 && a->routers < 2)
             return kvr_cli_fail(&c, "--policy kv+sync needs --routers 2 or more");
-    if (a->prefill > 0) { /* aggregated kv against the same number of workers split */
+    if (a->disagg) { /* aggregated kv against the same number of workers split */
         if (a->routers > 1 || a->policies_set)
             return kvr_cli_fail(&c, "--disagg compares kv with kv/PxD: no --routers or "
                                     "--policy with it");
-        a->workers = a->prefill + a->decode;
+        if (a->disagg_auto && a->workers < 2)
+            return kvr_cli_fail(&c, "--disagg auto needs --workers 2 or more (a prefill and a "
+                                    "decode worker)");
+        if (!a->disagg_auto)
+            a->workers = a->prefill + a->decode;
         snprintf(a->disagg_label, sizeof a->disagg_label, "kv/%uP%uD", a->prefill, a->decode);
         a->policies[0] = "kv";
         a->policies[1] = a->disagg_label;
         a->n_policies = 2;
     }
     return 0;
+}
+
+/* ---- the disaggregated split ------------------------------------------------------------- */
+
+/* The slice's modelled work per modelled second at the demo's load, in workers kept busy, with
+ * the mocker's default engine (the demo passes it no timing or batching flag):
+ *   prefill  each prompt computed cold in max_num_batched_tokens chunks, a chunk of T tokens
+ *            taking a T^2 + b T + c ms (a busy prefill worker runs full chunks back to back);
+ *   decode   each request holds its prompt + output KV blocks on its decode worker for output
+ *            steps of decode(u = 1) ms (a decode worker is sized by its KV: filled, each step
+ *            takes the full-cache time), as a share of one worker's --num-gpu-blocks.
+ * Decode work is KV held, not step time: a step serves every running request at once. */
+typedef struct disagg_work {
+    double prefill, decode; /* workers kept busy */
+    double chunk;           /* tokens per prefill step */
+    double step_ms;         /* decode step at a full cache */
+    kvr_engine_timing_t tm;
+} disagg_work_t;
+
+static double prefill_ms(const disagg_work_t *w, double tokens)
+{
+    double ms = 0;
+    for (double left = tokens; left > 0; left -= w->chunk) {
+        double t = fmin(left, w->chunk);
+        ms += w->tm.prefill_a * t * t + w->tm.prefill_b * t + w->tm.prefill_c;
+    }
+    return ms;
+}
+
+static void disagg_work(const demo_args_t *a, const kvr_trace_t *t, size_t n, double span_s,
+                        disagg_work_t *w)
+{
+    kvr_engine_config_t eng;
+    kvr_engine_config_default(&eng);
+    w->tm = eng.timing;
+    w->chunk = eng.max_num_batched_tokens;
+    w->step_ms = fmax(w->tm.decode_min_ms, w->tm.decode_a + w->tm.decode_b + w->tm.decode_c);
+    double pf_ms = 0, kv_ms = 0; /* kv_ms: worker-ms of KV held (blocks / capacity x ms) */
+    for (size_t i = 0; i < n; i++) {
+        const kvr_trace_row_t *r = &t->rows[i];
+        double blocks = ceil(((double)r->input_length + r->output_length) / a->block_size);
+        pf_ms += prefill_ms(w, r->input_length);
+        kv_ms += blocks / a->num_gpu_blocks * (double)r->output_length * w->step_ms;
+    }
+    /* the engines see the arrivals compressed --load times: modelled seconds of arrivals */
+    double modelled_s = fmax(span_s, 1e-3) / a->load;
+    w->prefill = pf_ms / 1e3 / modelled_s;
+    w->decode = kv_ms / 1e3 / modelled_s;
+}
+
+/* How loaded the busier pool is with p prefill workers of `workers` (1 = at capacity). */
+static double split_load(const disagg_work_t *w, uint32_t workers, uint32_t p)
+{
+    return fmax(w->prefill / p, w->decode / (workers - p));
+}
+
+/* The prefill worker count (1 .. workers - 1) that loads the busier pool least: the workers in
+ * proportion to the two works, rounded the way the bottleneck prefers. */
+static uint32_t best_split(const disagg_work_t *w, uint32_t workers)
+{
+    uint32_t best = 1;
+    for (uint32_t p = 2; p < workers; p++)
+        if (split_load(w, workers, p) < split_load(w, workers, best))
+            best = p;
+    return best;
+}
+
+static const char *plural(uint32_t n) { return n == 1 ? "" : "s"; }
+
+/* The smallest fleet from `workers` up whose best split keeps both pools within capacity
+ * (0: none up to 256), and that split's prefill count. */
+static uint32_t workers_needed(const disagg_work_t *w, uint32_t workers, uint32_t *p)
+{
+    for (uint32_t n = workers; n <= 256; n++)
+        if (split_load(w, n, *p = best_split(w, n)) <= 1.0)
+            return n;
+    return 0;
+}
+
+/* The split line (which, and why: the two estimates) and its legend. */
+static void print_split(const demo_args_t *a, const disagg_work_t *w, FILE *out)
+{
+    uint32_t auto_p = best_split(w, a->workers);
+    fprintf(out,
+            "split %uP%uD (%s): the slice's modelled work at load x%g keeps %.2f workers busy "
+            "with prefill and %.2f with decode, so %u prefill worker%s run%s at %.0f%% and %u "
+            "decode worker%s at %.0f%% of capacity",
+            a->prefill, a->decode, a->disagg_auto ? "auto" : "given", a->load, w->prefill,
+            w->decode, a->prefill, plural(a->prefill), a->prefill == 1 ? "s" : "",
+            100.0 * w->prefill / a->prefill, a->decode, plural(a->decode),
+            100.0 * w->decode / a->decode);
+    if (!a->disagg_auto && auto_p != a->prefill)
+        fprintf(out, " (auto: %uP%uD)", auto_p, a->workers - auto_p);
+    fprintf(out,
+            "\n(prefill: each prompt computed cold in %.0f-token steps of %.3g T^2 + %.3g T + "
+            "%.3g ms;\n decode: each request's prompt + output KV held for output x %.1f ms steps "
+            "(a full cache's),\n as a share of a worker's %u blocks; auto: the split that loads "
+            "the busier pool least)\n",
+            w->chunk, w->tm.prefill_a, w->tm.prefill_b, w->tm.prefill_c, w->step_ms,
+            a->num_gpu_blocks);
+    if (split_load(w, a->workers, a->prefill) <= 1.0)
+        return;
+    bool pf = w->prefill / a->prefill >= w->decode / a->decode;
+    fprintf(out,
+            "(over capacity: the %s pool's queue grows for the whole run, and TTFT with it;\n"
+            " aggregated workers run their decodes inside their prefill steps instead",
+            pf ? "prefill" : "decode");
+    uint32_t p = 0, need = workers_needed(w, a->workers, &p);
+    if (need > 0)
+        fprintf(out,
+                ";\n split, this load needs about %u workers, %uP%uD, for both pools to "
+                "keep up",
+                need, p, need - p);
+    fprintf(out, ")\n");
 }
 
 /* ---- children ---------------------------------------------------------------------------- */
@@ -370,6 +512,9 @@ typedef struct run {
     const char *policy;
     kvr_replay_summary_t m;
     double pool_hit[2]; /* the router's per-pool hit ratio: prefill, decode (NAN: none) */
+    uint32_t n_prefill;         /* prefill workers of the run (0: aggregated) */
+    double served[MAX_WORKERS]; /* disaggregated: legs each mocker finished (NAN: unknown) */
+    double kv_tokens[MAX_WORKERS]; /* ... and prompt tokens it loaded from a prefill worker */
     char tsv[PATH_MAX];
     char url[160];
     char model[256];
@@ -421,6 +566,18 @@ static void pool_hits(const char *url, double out[2])
     free(text);
 }
 
+/* The requests a mocker finished and the prompt tokens it loaded from prefill workers (its one
+ * engine's vllm:request_success_total, kvr_mocker_kv_loaded_tokens_total; NAN: no answer). */
+static void legs_served(const kvr_child_t *mocker, double *requests, double *kv_tokens)
+{
+    int status = 0;
+    char *text = kvr_child_get(mocker, "/metrics", &status);
+    bool ok = text != NULL && status == 200;
+    *requests = ok ? sample(text, "vllm:request_success_total", "engine=\"0\"") : NAN;
+    *kv_tokens = ok ? sample(text, "kvr_mocker_kv_loaded_tokens_total", "engine=\"0\"") : NAN;
+    free(text);
+}
+
 static void fmt_ms(char *buf, size_t len, double x)
 {
     if (isfinite(x))
@@ -429,8 +586,60 @@ static void fmt_ms(char *buf, size_t len, double x)
         snprintf(buf, len, "-");
 }
 
-static void print_comparison(const demo_args_t *a, const run_t *runs, size_t n, size_t rows,
-                             double span_s, double c_inf, double c_pool)
+/* The busiest of mockers [lo, hi)'s share of the requests they finished (NAN: unknown). */
+static double pool_share(const run_t *r, uint32_t lo, uint32_t hi)
+{
+    double sum = 0, most = 0;
+    for (uint32_t i = lo; i < hi; i++) {
+        sum += r->served[i];
+        most = fmax(most, r->served[i]);
+    }
+    return sum > 0 ? most / sum : NAN;
+}
+
+static void print_max_share(const run_t *r, uint32_t workers, char *buf, size_t cap)
+{
+    if (r->n_prefill == 0)
+        snprintf(buf, cap, "%.3f", r->m.r.max_worker_share);
+    else
+        snprintf(buf, cap, "%.2f/%.2f", pool_share(r, 0, r->n_prefill),
+                 pool_share(r, r->n_prefill, workers));
+}
+
+/* "kv/2P2D: requests per worker (...): prefill 1: 295, 2: 305; decode 3: 296, 4: 304"
+ * and the KV each decode worker loaded, which is what its placement balances. */
+static void print_served(const run_t *r, uint32_t workers)
+{
+    printf("%s: requests per worker (each engine's vllm:request_success_total): prefill",
+           r->policy);
+    for (uint32_t i = 0; i < workers; i++)
+        printf("%s%u: %.0f", i == r->n_prefill ? "; decode " : i == 0 ? " " : ", ", i + 1,
+               r->served[i]);
+    printf("\n(a decode leg goes where the requests in flight hold the fewest KV blocks (weighed "
+           "with the engine step under way), not where they are fewest; prompt tokens each "
+           "decode worker loaded:");
+    for (uint32_t i = r->n_prefill; i < workers; i++)
+        printf("%s%u: %.2fM", i == r->n_prefill ? " " : ", ", i + 1, r->kv_tokens[i] / 1e6);
+    printf(")\n");
+}
+
+/* The sentence on what the two rows show: aggregated runs[0], disaggregated runs[1]. */
+static void print_tradeoff(const run_t *runs)
+{
+    const kvr_replay_summary_t *agg = &runs[0].m, *dis = &runs[1].m;
+    bool smoother = dis->r.itl_ms.p90 < 0.9 * agg->r.itl_ms.p90; /* beyond run-to-run noise */
+    printf("Disaggregation trades TTFT for ITL: the decode workers never run a prefill, so\n"
+           "inter-token latency %s (ITL p90 %.0f ms against %.0f ms aggregated, p50 %.0f\n"
+           "against %.0f), while each request pays the KV transfer and the prefill pool's queue\n"
+           "(TTFT p50 %.0f ms against %.0f ms aggregated, p99 %.0f against %.0f).\n",
+           smoother ? "is smoother"
+                    : "is smoother only where prefills stall decode steps, and here few did",
+           dis->r.itl_ms.p90, agg->r.itl_ms.p90, dis->r.itl_ms.p50, agg->r.itl_ms.p50,
+           dis->r.ttft_ms.p50, agg->r.ttft_ms.p50, dis->r.ttft_ms.p99, agg->r.ttft_ms.p99);
+}
+
+static void print_comparison(const demo_args_t *a, const disagg_work_t *work, const run_t *runs,
+                             size_t n, size_t rows, double span_s, double c_inf, double c_pool)
 {
     double speedup = a->mocker_speedup * a->load;
     printf("\nkvrouter demo: %zu requests of %s (%.0f s of arrivals replayed in %.1f s),\n"
@@ -444,12 +653,16 @@ static void print_comparison(const demo_args_t *a, const run_t *runs, size_t n, 
                "requests' load)\n\n",
                a->routers);
     bool dis = a->prefill > 0;
+    if (dis) {
+        print_split(a, work, stdout);
+        printf("\n");
+    }
     printf("%-13s %10s %10s %10s %10s %10s %10s %10s %11s %8s\n", "policy", "TTFT p50",
            "TTFT p90", "TTFT p99", "ITL p50", "ITL p90", "E2E p50", dis ? "hit P/D" : "hit ratio",
            "max share", "errors");
     for (size_t i = 0; i < n; i++) {
         const kvr_replay_summary_t *m = &runs[i].m;
-        char p50[32], p90[32], p99[32], e2e[32], i50[32], i90[32], hit[32];
+        char p50[32], p90[32], p99[32], e2e[32], i50[32], i90[32], hit[32], share[32];
         fmt_ms(p50, sizeof p50, m->r.ttft_ms.p50);
         fmt_ms(p90, sizeof p90, m->r.ttft_ms.p90);
         fmt_ms(p99, sizeof p99, m->r.ttft_ms.p99);
@@ -462,8 +675,9 @@ static void print_comparison(const demo_args_t *a, const run_t *runs, size_t n, 
             snprintf(hit, sizeof hit, "%.3f", runs[i].pool_hit[1]);
         else
             snprintf(hit, sizeof hit, "%.2f/%.2f", runs[i].pool_hit[0], runs[i].pool_hit[1]);
-        printf("%-13s %10s %10s %10s %10s %10s %10s %10s %11.3f %8zu\n", runs[i].policy, p50,
-               p90, p99, i50, i90, e2e, hit, m->r.max_worker_share, m->failed);
+        print_max_share(&runs[i], a->workers, share, sizeof share);
+        printf("%-13s %10s %10s %10s %10s %10s %10s %10s %11s %8zu\n", runs[i].policy, p50,
+               p90, p99, i50, i90, e2e, hit, share, m->failed);
     }
     if (dis)
         printf("(hit P/D: the router's index hit ratio of its placements on the prefill pool / "
@@ -474,8 +688,17 @@ static void print_comparison(const demo_args_t *a, const run_t *runs, size_t n, 
            c_inf);
     printf("(hit ratio: the share of prompt tokens the engines found cached; ceiling: the\n"
            " most any routing could reach, with every block cached forever; max share: the\n"
-           " busiest worker's share of the requests, 1/%u when spread evenly)\n",
+           " busiest worker's share of the requests, 1/%u when spread evenly",
            a->workers);
+    if (dis)
+        printf(";\n P/D: the busiest prefill worker's share of the prefill legs / the busiest\n"
+               " decode worker's share of the decode legs, 1/%u / 1/%u when spread evenly)\n",
+               a->prefill, a->decode);
+    else
+        printf(")\n");
+    for (size_t i = 0; i < n && dis; i++)
+        if (runs[i].n_prefill > 0)
+            print_served(&runs[i], a->workers);
     printf("\nhit-ratio ceilings of the slice: %.3f with an infinite cache, %.3f with one LRU cache "
            "of all %u x %u blocks\n",
            c_inf, c_pool, a->workers, a->num_gpu_blocks);
@@ -485,6 +708,7 @@ static void print_comparison(const demo_args_t *a, const run_t *runs, size_t n, 
                runs[1].policy, runs[0].policy, x->r.ttft_ms.p50 / y->r.ttft_ms.p50,
                x->r.ttft_ms.p99 / y->r.ttft_ms.p99, x->r.itl_ms.p50 / y->r.itl_ms.p50,
                x->r.itl_ms.p90 / y->r.itl_ms.p90, x->r.e2e_ms.p50 / y->r.e2e_ms.p50);
+        print_tradeoff(runs);
     } else if (n >= 2) {
         const kvr_replay_summary_t *x = &runs[0].m, *y = &runs[1].m;
         printf("%s vs %s: TTFT p50 %+.0f%%, p99 %+.0f%%; hit ratio %.3f vs %.3f (%.0f%% vs "
@@ -540,6 +764,15 @@ int kvr_cmd_demo(int argc, char **argv)
     double span_s = (double)(trace.rows[n - 1].timestamp_ms - trace.rows[0].timestamp_ms) /
                     1000.0;
     bool have_gnuplot = kvr_replay_have_gnuplot();
+    disagg_work_t work;
+    disagg_work(&a, &trace, n, span_s, &work);
+    if (a.disagg_auto) {
+        a.prefill = best_split(&work, a.workers);
+        a.decode = a.workers - a.prefill;
+        snprintf(a.disagg_label, sizeof a.disagg_label, "kv/%uP%uD", a.prefill, a.decode);
+    }
+    if (a.disagg && a.json)
+        print_split(&a, &work, stderr);
 
     char dir[PATH_MAX];
     if (a.keep) {
@@ -626,6 +859,9 @@ int kvr_cmd_demo(int argc, char **argv)
             g_stop = 1;
         bool ok = rc == KVR_OK && !g_stop;
         pool_hits(r->url, r->pool_hit);
+        r->n_prefill = strchr(r->policy, '/') != NULL ? a.prefill : 0;
+        for (size_t i = 0; i < fleet.n_mockers && r->n_prefill > 0; i++)
+            legs_served(&fleet.mockers[i], &r->served[i], &r->kv_tokens[i]);
         if (rc != KVR_OK)
             fprintf(stderr, "kvrouter demo: %s: %s\n", r->policy, err);
         fleet_stop(&fleet, ok);
@@ -672,7 +908,7 @@ int kvr_cmd_demo(int argc, char **argv)
                 kvr_replay_print_json(stdout, &runs[i].m, &x);
             }
         } else {
-            print_comparison(&a, runs, done, n, span_s, ceil.infinite, ceil.pooled);
+            print_comparison(&a, &work, runs, done, n, span_s, ceil.infinite, ceil.pooled);
         }
         if (have_gnuplot) {
             kvr_plot_series_t series[MAX_POLICIES];

@@ -11,11 +11,14 @@ makes the failures a run must classify: a 503, a stream without [DONE], a chunk 
 JSON, an error event, a response slower than --timeout. Also: a bad trace line (named), a dead
 URL, usage errors, SIGINT (partial report, exit 130). `kvrouter demo`: the comparison, no
 process left behind, and its kv router getting the mockers' KV events (a repeated prompt hits
-the ceiling on one worker). Every kvrouter child must be free of sanitizer reports. Usage: test_replay.py <path to kvrouter>.
+the ceiling on one worker); `kvrouter demo --disagg`: the automatic split and its estimates, the
+trade-off sentence with the table's figures, neither pool crowding one worker, and --disagg's
+usage errors. Every kvrouter child must be free of sanitizer reports. Usage: test_replay.py <path to kvrouter>.
 """
 import http.server
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -476,6 +479,102 @@ def scenario_demo_kv_events():
     check("demo (repeated prompt): no process left behind", not alive(seen), alive(seen))
 
 
+def table_row(lines, policy):
+    """The demo table's row of policy as (TTFT p50, ITL p90) in ms, or None."""
+    for line in lines:
+        t = line.split()
+        if len(t) >= 13 and t[0] == policy and t[2] == "ms":
+            return float(t[1]), float(t[9])
+    return None
+
+
+def expected_work(out, rows, blocks, load):
+    """(prefill, decode) workers kept busy, recomputed here from the trace rows with the model
+    the split's legend states (its step size, polynomial and full-cache decode step)."""
+    text = " ".join(out.split())
+    m = re.search(r"cold in (\d+)-token steps of ([-\d.e+]+) T\^2 \+ ([-\d.e+]+) T \+ "
+                  r"([-\d.e+]+) ms; decode: .* held for output x ([\d.]+) ms steps", text)
+    if m is None:
+        return None
+    chunk, a, b, c, step = (float(x) for x in m.groups())
+    pf = kv = 0.0
+    for r in rows:
+        left = r["input_length"]
+        while left > 0:
+            t = min(left, chunk)
+            pf += a * t * t + b * t + c
+            left -= t
+        held = -(-(r["input_length"] + r["output_length"]) // 16)  # blocks of 16 tokens
+        kv += held / blocks * r["output_length"] * step
+    span = (rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000 / load
+    return pf / 1e3 / span, kv / 1e3 / span
+
+
+def scenario_demo_disagg():
+    """kvrouter demo --disagg, small: the split it chose from the slice's modelled work (and
+    why), the trade-off sentence filled with the table's own figures, each pool's legs spread
+    over its workers, nothing left behind; and --disagg's usage errors."""
+    for bad, why in ((["--disagg", "3P"], "auto, or PxD"),
+                     (["--disagg", "--workers", "1"], "needs --workers 2"),
+                     (["--disagg", "2P2D", "--policy", "kv"], "no --routers or --policy")):
+        p = subprocess.run([KVR, "demo", *bad], capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=30)
+        check(f"demo {' '.join(bad)}: usage error", p.returncode == 2 and why in p.stderr,
+              (p.returncode, p.stderr))
+    n, workers, blocks, load = 60, 4, 65536, 2
+    args = [KVR, "demo", "--disagg", "--workers", str(workers), "--requests", str(n),
+            "--num-gpu-blocks", str(blocks), "--mocker-speedup", "20", "--load", str(load),
+            "--quiet", "--trace", SLICE, "--plot", os.path.join(TMP, "disagg.png")]
+    rc, out, err, seen = run_watched(args)
+    no_sanitizer("demo --disagg", err)
+    check("demo --disagg exits 0", rc == 0, (rc, err[-3000:]))
+    lines = out.splitlines()
+    split = next((l for l in lines if l.startswith("split ")), "")
+    m = re.match(r"split (\d+)P(\d+)D \(auto\): the slice's modelled work at load x[\d.]+ keeps "
+                 r"([\d.]+) workers busy with prefill and ([\d.]+) with decode", split)
+    check("demo --disagg: the split line, with the two estimates", m is not None, out[:2000])
+    if m is None:
+        return
+    p, d, pf, dec = int(m[1]), int(m[2]), float(m[3]), float(m[4])
+    check("demo --disagg: the split uses every worker, at least one of each", p + d == workers
+          and p >= 1 and d >= 1, split)
+    best = min(range(1, workers), key=lambda k: (max(pf / k, dec / (workers - k)), k))
+    check("demo --disagg: the split loads the busier pool least", p == best, (split, best))
+    with open(SLICE) as f:
+        rows = [json.loads(line) for line, _ in zip(f, range(n))]
+    want = expected_work(out, rows, blocks, load)
+    check("demo --disagg: the estimates are the slice's work under the stated model",
+          want is not None and abs(pf - want[0]) <= 0.01 + 0.01 * want[0]
+          and abs(dec - want[1]) <= 0.01 + 0.01 * want[1], (split, want))
+    label = f"kv/{p}P{d}D"
+    agg, dis = table_row(lines, "kv"), table_row(lines, label)
+    check("demo --disagg: a row for kv and one for the split", agg and dis, out)
+    text = " ".join(out.split())
+    t = re.search(r"Disaggregation trades TTFT for ITL: the decode workers never run a prefill, "
+                  r"so inter-token latency is smoother[^(]*\(ITL p90 (\d+) ms against (\d+) ms "
+                  r"aggregated.*while each request pays the KV transfer and the prefill pool's "
+                  r"queue \(TTFT p50 (\d+) ms against (\d+) ms aggregated", text)
+    check("demo --disagg: the trade-off sentence", t is not None, out[-2500:])
+    if t and agg and dis:
+        check("demo --disagg: the sentence quotes the table (ITL p90, TTFT p50 of both rows)",
+              (float(t[1]), float(t[2]), float(t[3]), float(t[4]))
+              == (dis[1], agg[1], dis[0], agg[0]), (t.groups(), agg, dis))
+    per = next((l for l in lines if l.startswith(label + ": requests per worker")), "")
+    pm = re.search(r"prefill (.*); decode (.*)$", per)
+    check("demo --disagg: requests per worker of each pool", pm is not None, out[-2500:])
+    if pm:
+        legs = [[float(x.split(":")[1]) for x in g.split(",")] for g in pm.groups()]
+        check("demo --disagg: every request had a prefill and a decode leg",
+              [len(legs[0]), len(legs[1])] == [p, d] and sum(legs[0]) == n and sum(legs[1]) == n,
+              per)
+        # spread by active KV blocks, so near 1/D; 1.5/D allows the small run's luck
+        check("demo --disagg: no decode worker takes more than 1.5/D of the decode legs",
+              max(legs[1]) <= 1.5 * n / d, per)
+    check("demo --disagg: the shares are per pool", "P/D: the busiest prefill worker's share"
+          in out, out[-2500:])
+    check("demo --disagg: no process left behind", not alive(seen), alive(seen))
+
+
 def main():
     try:
         scenario_bad_input()
@@ -484,6 +583,7 @@ def main():
         scenario_interrupt()
         scenario_demo()
         scenario_demo_kv_events()
+        scenario_demo_disagg()
     finally:
         for p in CHILDREN:
             if p.poll() is None:
