@@ -1,7 +1,8 @@
 /*
  * cmd_indexer.c: `kvrouter indexer`, the standalone KV indexer daemon (indexer/indexer_server.h),
  * with the reference indexer's flags, and kvrouter's: the pair budget and partition cap, and
- * the key files of `serve` (--api-key-file, --admin-key-file, --peer-key-file). Prints
+ * the key files of `serve` (--api-key-file, --admin-key-file, --peer-key-file). --peers
+ * recovers the index and the registrations (indexer_server.h, "Start-up"). Prints
  * "listening HOST:PORT" on stdout once it answers. SIGINT / SIGTERM close the listener and
  * stop once the answers in flight are out.
  */
@@ -43,8 +44,11 @@ static void usage(FILE *out)
             "  --model NAME          their model name [default] (--model-name: the same)\n"
             "  --routing-group NAME  their routing_group [default]\n"
             "  --peers LIST          http://host:port,... : recover the index from the first\n"
-            "                        whose GET /dump answers, before listening\n"
-            "  --peer-timeout-ms MS  how long a peer's dump may take [10000]\n"
+            "                        whose index reads whole, before listening, with its\n"
+            "                        registrations (GET /workers): their engines are\n"
+            "                        subscribed here too (--workers win for an instance\n"
+            "                        named both ways)\n"
+            "  --peer-timeout-ms MS  how long each answer of a peer may take [10000]\n"
             "  --max-pairs N         (worker rank, block) pairs each partition's index keeps\n"
             "                        [16777216, or --max-total-pairs when less]\n"
             "  --max-total-pairs N   pairs every partition together may keep: a new partition\n"
@@ -56,7 +60,8 @@ static void usage(FILE *out)
             "  --admin-key-file PATH token for every call that changes something (register,\n"
             "                        unregister, record decisions, peers)\n"
             "  --peer-key-file PATH  token accepted for the index copies (/dump, snapshots)\n"
-            "                        besides the admin key, and sent to --peers\n"
+            "                        and GET /workers besides the admin key, and sent to\n"
+            "                        --peers\n"
             "  --router-ttl-secs S   how long a recorded routing decision (POST\n"
             "                        /record_routing_decision, from routers in approximate\n"
             "                        mode) counts as cached [120]\n"
@@ -263,8 +268,9 @@ static int run(indexer_args_t *a)
         event_add(s2, NULL);
     printf("listening %s:%u\n", a->cfg.bind ? a->cfg.bind : "127.0.0.1", kvr_indexer_port(r.x));
     fflush(stdout);
-    kvr_log(KVR_LOG_INFO, "indexer listening on port %u (index: %s)", kvr_indexer_port(r.x),
-            kvr_indexer_origin(r.x));
+    const char *regs = kvr_indexer_registrations(r.x);
+    kvr_log(KVR_LOG_INFO, "indexer listening on port %u (index: %s%s%s)", kvr_indexer_port(r.x),
+            kvr_indexer_origin(r.x), regs[0] ? "; registrations: " : "", regs);
     event_base_dispatch(r.base);
     if (s1)
         event_free(s1);

@@ -24,8 +24,19 @@
  * made; none over PEER_ANSWER_MAX_BYTES (4 GiB, the one bound there was before). A peer
  * sending more is refused unread past that (cold start, counted, logged).
  *
- * Cost: a registration, a partition made or dropped: O(partitions + registrations); the
- * reaper: one stats copy per partition a tick; a query: the partition lookup and the index's.
+ * A peer's registrations (its GET /workers, read by ix_peer_regs.c) are subscribed here before
+ * its index is fetched, so that their live events queue from then on (as --workers' do) and a
+ * rank with a replay socket resumes from the snapshot's cursor (kvr_ingest_load_all_mem). They
+ * are bounded like the rest: PART_MAX_RANKS entries of WORKERS_BYTES_PER_RANK per partition
+ * asked about. An instance --workers registers in a partition is not taken from the peer
+ * there (the command line wins). What the recovered index holds of a rank no registration
+ * here follows goes stale (no events update it): such ranks are kept in `stale` (a gauge, a
+ * /health line) until a registration follows them or their partition goes.
+ *
+ * Cost: a registration, a partition made or dropped: O(partitions + registrations + stale
+ * ranks); the reaper: one stats copy per partition a tick; a query: the partition lookup and
+ * the index's. Start-up with a peer adds one pass over each answer and, per recovered rank, a
+ * look for its registration.
  */
 #include "indexer/indexer_server.h"
 
@@ -44,6 +55,7 @@
 #include "http/http.h"
 #include "events/ingest.h"
 #include "indexer/ix_api.h"
+#include "indexer/ix_peer_regs.h"
 #include "base/log.h"
 #include "wire/api_json.h"
 #include "wire/index_snapshot.h"
@@ -64,6 +76,12 @@
 #define SNAP_FIXED_BYTES ((size_t)KVR_SNAP_MAX_RANKS * 32 + 65536)
 #define DUMP_BYTES_PER_PAIR 400
 #define PEER_ANSWER_MAX_BYTES ((size_t)4 << 30) /* and never more than before the bounds */
+/* (instance, dp_rank) listeners a partition's ingest keeps; and what GET /workers writes for
+ * one: its endpoints, replay endpoints and listener entries (~1 KiB with 255-byte addresses
+ * and the longest last_error), and, for an instance of that one rank, its names (255 bytes
+ * each, up to 6x when escaped) and fields. */
+#define PART_MAX_RANKS KVR_IX_PART_MAX_RANKS
+#define WORKERS_BYTES_PER_RANK 4608
 
 /* per_pair bytes for each of pairs, plus fixed, within PEER_ANSWER_MAX_BYTES. */
 static size_t answer_bound(size_t pairs, size_t per_pair, size_t fixed)
@@ -91,6 +109,14 @@ typedef struct reg {
     char endpoint[KVR_ADDR_BYTES], replay[KVR_ADDR_BYTES];
 } reg_t;
 
+/* A rank the index recovered from a peer holds and no registration here follows: nothing
+ * updates what the index holds of it (kvr_indexer_stale_ranks, /health). */
+typedef struct stale_rank {
+    const part_t *part;
+    uint64_t id;
+    uint32_t rank;
+} stale_rank_t;
+
 typedef struct ix_stats {
     uint64_t registered, register_conflicts, register_refused;
     uint64_t unregistered, unregister_unknown;
@@ -98,6 +124,8 @@ typedef struct ix_stats {
     uint64_t records_full; /* decisions refused: the partition's index has no rank slot left */
     uint64_t unauthorized;
     uint64_t peer_failures; /* peers whose index was not read at start */
+    uint64_t peer_regs_failures; /* peers whose registrations were not read at start */
+    uint64_t peer_regs_subscribed, peer_regs_known, peer_regs_refused; /* theirs, taken how */
 } ix_stats_t;
 
 struct kvr_indexer {
@@ -123,6 +151,11 @@ struct kvr_indexer {
     kvr_prom_t prom;
     kvr_reply_t rep; /* over w, the indexer's error shape */
     char origin[600];
+    bool recovered_at_start; /* --peers given: /health tells how the index and registrations
+                                began */
+    char regs_origin[700];   /* what the peers' registrations gave */
+    stale_rank_t *stale;     /* see stale_rank_t */
+    size_t n_stale, cap_stale;
     ix_stats_t st;
 };
 
@@ -231,7 +264,9 @@ static part_t *part_get(kvr_indexer_t *x, const char *model, size_t ml, const ch
     int st = KVR_OK;
     kvr_index_config_t ic = {.max_pairs = share};
     p->ix = kvr_index_new(&ic, &st);
-    kvr_ingest_config_t gc = {.block_size = block_size, .approx_ttl_ms = x->cfg.decision_ttl_ms};
+    kvr_ingest_config_t gc = {.block_size = block_size,
+                              .approx_ttl_ms = x->cfg.decision_ttl_ms,
+                              .max_ranks = PART_MAX_RANKS};
     p->g = p->ix ? kvr_ingest_new(p->ix, &gc, &st) : NULL;
     if (p->g == NULL || (x->running && part_start(p) != KVR_OK)) {
         part_free(p);
@@ -249,10 +284,24 @@ oom:
     return NULL;
 }
 
+/* The stale ranks of partition p (all of them, or rank (id, rank)) are stale no more: a
+ * registration follows the rank now, or the partition goes. */
+static void stale_forget(kvr_indexer_t *x, const part_t *p, bool all, uint64_t id, uint32_t rank)
+{
+    for (size_t i = 0; i < x->n_stale;) {
+        const stale_rank_t *k = &x->stale[i];
+        if (k->part == p && (all || (k->id == id && k->rank == rank)))
+            x->stale[i] = x->stale[--x->n_stale];
+        else
+            i++;
+    }
+}
+
 /* Drops parts[i] (no registration names it) and gives its reservation back. */
 static void part_drop(kvr_indexer_t *x, size_t i)
 {
     part_t *p = x->parts[i];
+    stale_forget(x, p, true, 0, 0);
     x->parts[i] = x->parts[--x->n_parts];
     x->reserved -= p->max_pairs;
     x->st.parts_dropped++;
@@ -350,12 +399,14 @@ static int do_register(kvr_indexer_t *x, const kvr_ix_register_t *r, char *err, 
     reg_t *g = &x->regs[x->n_regs++];
     *g = (reg_t){.id = r->instance_id, .rank = r->dp_rank, .part = p};
     p->regs++;
+    stale_forget(x, p, false, r->instance_id, r->dp_rank);
     memcpy(g->endpoint, sp.events, sizeof g->endpoint);
     memcpy(g->replay, sp.replay, sizeof g->replay);
     kvr_log(KVR_LOG_INFO,
-            "registered instance %llu dp_rank %u (%s) for model_name=%s "
+            "registered instance %llu dp_rank %u (%s%s%s) for model_name=%s "
             "routing_group=%s",
-            (unsigned long long)r->instance_id, r->dp_rank, g->endpoint, p->model, p->group);
+            (unsigned long long)r->instance_id, r->dp_rank, g->endpoint,
+            g->replay[0] ? ", replay " : "", g->replay, p->model, p->group);
     return KVR_OK;
 }
 
@@ -557,6 +608,24 @@ static void write_listener(kvr_json_writer_t *w, const part_t *p, const reg_t *g
     kvr_json_end_object(w);
 }
 
+/* {"<dp_rank>": address} of the instance of regs[first] (its events, or replay, addresses;
+ * ranks without a replay address are left out of the latter). */
+static void write_endpoints(kvr_indexer_t *x, size_t first, bool replay)
+{
+    const reg_t *g0 = &x->regs[first];
+    kvr_json_begin_object(&x->w);
+    for (size_t i = first; i < x->n_regs; i++) {
+        const reg_t *g = &x->regs[i];
+        if (g->part != g0->part || g->id != g0->id || (replay && g->replay[0] == '\0'))
+            continue;
+        char key[16];
+        snprintf(key, sizeof key, "%u", g->rank);
+        kvr_json_key(&x->w, key);
+        kvr_json_string(&x->w, replay ? g->replay : g->endpoint);
+    }
+    kvr_json_end_object(&x->w);
+}
+
 /* One instance of one partition: its registrations are regs[i] and later ones alike. */
 static void write_instance(kvr_indexer_t *x, size_t first)
 {
@@ -575,17 +644,13 @@ static void write_instance(kvr_indexer_t *x, size_t first)
     kvr_json_key(w, "block_size");
     kvr_json_u64(w, p->block_size);
     kvr_json_key(w, "endpoints");
-    kvr_json_begin_object(w);
-    for (size_t i = first; i < x->n_regs; i++) {
-        const reg_t *g = &x->regs[i];
-        if (g->part != g0->part || g->id != g0->id)
-            continue;
-        char key[16];
-        snprintf(key, sizeof key, "%u", g->rank);
-        kvr_json_key(w, key);
-        kvr_json_string(w, g->endpoint);
-    }
-    kvr_json_end_object(w);
+    write_endpoints(x, first, false);
+    for (size_t i = first; i < x->n_regs; i++) /* listed when a rank has one (ours) */
+        if (x->regs[i].part == g0->part && x->regs[i].id == g0->id && x->regs[i].replay[0]) {
+            kvr_json_key(w, "replay_endpoints");
+            write_endpoints(x, first, true);
+            break;
+        }
     const char *worst = "active";
     kvr_json_key(w, "listeners");
     kvr_json_begin_object(w);
@@ -715,6 +780,12 @@ static void part_metrics(kvr_indexer_t *x, kvr_prom_t *p)
          "Routing decisions recorded in a partition (approximate mode)."},
         {"kvr_indexer_recorded_pairs", "gauge",
          "Of the pairs, those held by recorded decisions (expire after their TTL)."},
+        {"kvr_indexer_ranks_resumed_total", "counter",
+         "Ranks resumed from a saved cursor (a peer's snapshot) and confirmed by their "
+         "engine's replay socket."},
+        {"kvr_indexer_resumes_failed_total", "counter",
+         "Resumed cursors their engine could not confirm (the rank's state was dropped and "
+         "learnt again)."},
     };
     for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
         kvr_prom_family(p, fams[f].name, fams[f].type, fams[f].help);
@@ -725,11 +796,61 @@ static void part_metrics(kvr_indexer_t *x, kvr_prom_t *p)
             double v[] = {(double)gs.index.pairs,       (double)gs.events_applied,
                           (double)gs.events_rejected,   (double)gs.block_size_mismatch,
                           (double)pt->recovered_events, (double)gs.records,
-                          (double)gs.recorded_pairs};
+                          (double)gs.recorded_pairs,    (double)gs.zmq.resumes,
+                          (double)gs.zmq.resumes_failed};
             kvr_prom_label_t l[] = {{"model_name", pt->model}, {"routing_group", pt->group}};
             kvr_prom_sample(p, fams[f].name, l, 2, v[f]);
         }
     }
+}
+
+/* The peers' registrations at start, and the ranks of the recovered index left unfollowed. */
+static void peer_regs_metrics(kvr_indexer_t *x, kvr_prom_t *p)
+{
+    kvr_prom_gauge(p, "kvr_indexer_stale_ranks",
+                   "(worker, dp_rank) ranks the index recovered from a peer holds that no "
+                   "registration here follows: nothing updates what it holds of them (their "
+                   "registrations were not obtained from the peer; /health says why). 0 once "
+                   "each is registered.",
+                   (double)x->n_stale);
+    kvr_prom_counter(p, "kvr_indexer_peer_registrations_failures_total",
+                     "Peers whose registrations (GET /workers) were not read at start (no "
+                     "answer, refused, too large, malformed).",
+                     (double)x->st.peer_regs_failures);
+    const char *name = "kvr_indexer_peer_registrations_total";
+    kvr_prom_family(p, name, "counter",
+                    "Registrations read from a peer at start: subscribed here, already "
+                    "registered here (--workers win), or refused here.");
+    const struct {
+        const char *result;
+        uint64_t v;
+    } rows[] = {{"subscribed", x->st.peer_regs_subscribed},
+                {"known", x->st.peer_regs_known},
+                {"refused", x->st.peer_regs_refused}};
+    for (size_t i = 0; i < 3; i++) {
+        kvr_prom_label_t l = {"result", rows[i].result};
+        kvr_prom_sample(p, name, &l, 1, (double)rows[i].v);
+    }
+}
+
+/* 200 "OK"; after a start with --peers, then "index: <origin>", "registrations: <what the
+ * peers' gave>" and, while ranks of the recovered index are unfollowed, "stale: ...". */
+static void h_health(kvr_indexer_t *x, struct evhttp_request *req)
+{
+    if (!x->recovered_at_start) {
+        reply(x, req, 200, "text/plain", "OK", 2);
+        return;
+    }
+    char b[2048];
+    int n = snprintf(b, sizeof b, "OK\nindex: %s\nregistrations: %s\n", x->origin,
+                     x->regs_origin);
+    if (x->n_stale > 0 && n > 0 && (size_t)n < sizeof b)
+        n += snprintf(b + n, sizeof b - (size_t)n,
+                      "stale: %zu ranks of the recovered index have no registration here: no "
+                      "KV events update what it holds of them (POST /register them)\n",
+                      x->n_stale);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof b ? (size_t)n : sizeof b - 1;
+    reply(x, req, 200, "text/plain", b, len);
 }
 
 static void h_metrics(kvr_indexer_t *x, struct evhttp_request *req)
@@ -783,6 +904,7 @@ static void h_metrics(kvr_indexer_t *x, struct evhttp_request *req)
                      "Peers whose index was not read at start (no answer, refused, too large, "
                      "malformed).",
                      (double)x->st.peer_failures);
+    peer_regs_metrics(x, p);
     part_metrics(x, p);
     kvr_ix_api_metrics(x->api, p);
     kvr_http_guard_metrics_all(&x->guard, 1, p);
@@ -896,6 +1018,10 @@ static void on_request(struct evhttp_request *req, void *arg)
     const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
     int verdict =
         kvr_access_check(&x->access, access_class(path, get, post), false, auth, why, sizeof why);
+    char scratch[200];
+    if (verdict != 0 && get && strcmp(path, "/workers") == 0 &&
+        kvr_access_check(&x->access, KVR_ACCESS_PEER, false, auth, scratch, sizeof scratch) == 0)
+        verdict = 0; /* a peer recovering this index reads its registrations with the peer key */
     if (verdict != 0) { /* 401: no admin listener here, so never the 404 of a wrong one */
         reply_unauthorized(x, req, path, why);
         return;
@@ -921,7 +1047,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     else if (post && strcmp(path, "/reopen_logs") == 0)
         reply_ok(x, req, 200); /* the reference's log rotation hook: no log file to reopen */
     else if (get && strcmp(path, "/health") == 0)
-        reply(x, req, 200, "text/plain", "OK", 2);
+        h_health(x, req);
     else if (get && strcmp(path, "/ready") == 0) /* the listener opens once the index is in */
         reply_ok(x, req, 200);
     else if (get && strcmp(path, "/metrics") == 0)
@@ -1012,6 +1138,35 @@ static int api_dump(void *arg, kvr_json_writer_t *w)
     return kvr_json_writer_status(w);
 }
 
+/* ---- start-up: what a peer's index names ---------------------------------------------- */
+
+/* Rank (id, rank) of partition p is in the index recovered from a peer: stale unless a
+ * registration here follows it (callers give each rank once). */
+static void stale_add(kvr_indexer_t *x, const part_t *p, uint64_t id, uint32_t rank)
+{
+    if (reg_find(x, p, id, rank) != NULL)
+        return;
+    if (kvr_grow((void **)&x->stale, &x->cap_stale, x->n_stale + 1, SIZE_MAX,
+                 sizeof *x->stale) != KVR_OK)
+        return; /* out of memory: the gauge undercounts, nothing else */
+    x->stale[x->n_stale++] = (stale_rank_t){.part = p, .id = id, .rank = rank};
+}
+
+/* The ranks of a snapshot's table (applied to p) into the stale ones. */
+static void stale_add_snapshot(kvr_indexer_t *x, const part_t *p, const uint8_t *buf, size_t len)
+{
+    kvr_snap_reader_t r;
+    char err[200];
+    if (kvr_snap_open(&r, buf, len, err, sizeof err) != KVR_OK)
+        return; /* it was applied: cannot happen */
+    for (uint32_t i = 0; i < r.info.n_ranks; i++) {
+        kvr_snap_rank_t k;
+        kvr_snap_rank(&r, i, &k);
+        stale_add(x, p, k.worker_id, k.dp_rank);
+    }
+    kvr_snap_close(&r);
+}
+
 /* ---- start-up: a peer's dump ---------------------------------------------------------- */
 
 typedef struct recover {
@@ -1019,6 +1174,8 @@ typedef struct recover {
     bool apply; /* false: the checking pass */
     part_t *cur;
     size_t left, n_new; /* the checking pass: the budget and partitions the new ones take */
+    stale_rank_t *seen; /* the applying pass: the distinct ranks its events name */
+    size_t n_seen, cap_seen, last;
     char err[600];
 } recover_t;
 
@@ -1062,11 +1219,31 @@ static int rec_partition(void *ud, const char *key, size_t len, uint32_t block_s
     return rc->cur != NULL ? KVR_OK : KVR_EINVAL;
 }
 
+/* Notes the rank an applied event names (the last one found is checked first: a dump's
+ * events come in runs of one rank's). */
+static void rec_seen(recover_t *rc, kvr_worker_t w)
+{
+    for (size_t k = 0; k <= rc->n_seen; k++) {
+        size_t i = k == 0 ? rc->last : k - 1;
+        const stale_rank_t *s = i < rc->n_seen ? &rc->seen[i] : NULL;
+        if (s != NULL && s->part == rc->cur && s->id == w.worker_id && s->rank == w.dp_rank) {
+            rc->last = i;
+            return;
+        }
+    }
+    if (kvr_grow((void **)&rc->seen, &rc->cap_seen, rc->n_seen + 1, SIZE_MAX,
+                 sizeof *rc->seen) != KVR_OK)
+        return; /* out of memory: the stale gauge undercounts, nothing else */
+    rc->last = rc->n_seen;
+    rc->seen[rc->n_seen++] = (stale_rank_t){.part = rc->cur, .id = w.worker_id, .rank = w.dp_rank};
+}
+
 static int rec_event(void *ud, const kvr_event_t *ev)
 {
     recover_t *rc = ud;
     if (!rc->apply)
         return 0;
+    rec_seen(rc, ev->worker);
     if (kvr_index_apply(rc->cur->ix, ev) == KVR_OK)
         rc->cur->recovered_events++;
     else
@@ -1094,9 +1271,10 @@ static int fetch(const peer_get_t *pg, const char *path, size_t max_bytes, const
                           .magic = magic,
                           .magic_len = magic != NULL ? strlen(magic) : 0};
     *body = NULL;
+    *status = 0;
     int rc = kvr_http_fetch(&q, body, len, status, err, err_len);
     if (rc == KVR_OK && *status != 200) {
-        snprintf(err, err_len, "GET %s answered %d", path, *status);
+        snprintf(err, err_len, "GET %.300s answered %d", path, *status);
         free(*body);
         *body = NULL;
         rc = KVR_EIO;
@@ -1104,9 +1282,161 @@ static int fetch(const peer_get_t *pg, const char *path, size_t max_bytes, const
     return rc;
 }
 
+/* The most pairs the partitions a peer's dump may make or fill here can keep: max_partitions
+ * of max_pairs each, within max_total_pairs. */
+static size_t pairs_recoverable(const kvr_indexer_t *x)
+{
+    size_t cap = x->cfg.max_partitions > SIZE_MAX / x->cfg.max_pairs
+                     ? SIZE_MAX
+                     : x->cfg.max_partitions * x->cfg.max_pairs;
+    return cap < x->cfg.max_total_pairs ? cap : x->cfg.max_total_pairs;
+}
+
+/* The reference's JSON dump (a peer without the binary snapshots, or with a rank that is not
+ * exact), read whole in a checking pass before a second pass applies it; the ranks its events
+ * name that no registration here follows are noted as stale. */
+static int recover_dump(kvr_indexer_t *x, const peer_get_t *pg, char *err, size_t err_len)
+{
+    size_t max = answer_bound(pairs_recoverable(x), DUMP_BYTES_PER_PAIR, 65536);
+    uint8_t *body = NULL;
+    size_t len = 0;
+    int status = 0;
+    int rc = fetch(pg, "/dump", max, "{", &body, &len, &status, err, err_len);
+    recover_t rec = {.x = x, .left = x->cfg.max_total_pairs - x->reserved, .n_new = x->n_parts};
+    kvr_rev_sink_t sink = {rec_partition, rec_event, &rec};
+    kvr_rev_report_t rep;
+    if (rc == KVR_OK) /* the checking pass: nothing is applied unless all of it reads */
+        rc = kvr_rev_decode_dump((const char *)body, len, &sink, &rep, err, err_len);
+    if (rc == KVR_OK) {
+        rec.apply = true;
+        rc = kvr_rev_decode_dump((const char *)body, len, &sink, &rep, err, err_len);
+    }
+    free(body);
+    for (size_t i = 0; rc == KVR_OK && i < rec.n_seen; i++)
+        stale_add(x, rec.seen[i].part, rec.seen[i].id, rec.seen[i].rank);
+    free(rec.seen);
+    if (rc == KVR_OK)
+        snprintf(x->origin, sizeof x->origin, "peer %s: %llu events in %llu partitions", pg->url,
+                 (unsigned long long)rep.events, (unsigned long long)rep.partitions);
+    else if (rec.err[0] != '\0') {
+        size_t n = strlen(err);
+        snprintf(err + n, err_len - n, ": %s", rec.err);
+    }
+    return rc;
+}
+
+/* ---- start-up: a peer's registrations ------------------------------------------------- */
+
+/* What one peer's registrations gave at start. */
+typedef struct regs_try {
+    size_t before;  /* registrations here before this peer's: regs[0..before) */
+    bool asked;     /* its GET /workers was sent */
+    bool missing;   /* ... and (for a partition at least) not read: why says why */
+    size_t subscribed, known, refused; /* subscribed here; already registered here (--workers
+                                          win, or an earlier peer's); refused here */
+    char why[400];  /* the failure, or the first registration refused and why */
+} regs_try_t;
+
+/* Whether instance id of partition p was registered here before this peer's registrations:
+ * --workers win over a peer for the instances they name. */
+static bool instance_known(const kvr_indexer_t *x, const part_t *p, uint64_t id, size_t before)
+{
+    for (size_t i = 0; i < before; i++)
+        if (x->regs[i].part == p && x->regs[i].id == id)
+            return true;
+    return false;
+}
+
+/* One of the peer's registrations, taken as POST /register takes one (counted). */
+static void take_peer_reg(kvr_indexer_t *x, const kvr_ix_peer_reg_t *e, regs_try_t *rt)
+{
+    const kvr_ix_register_t *r = &e->r;
+    part_t *p =
+        part_find(x, r->model_name, r->model_name_len, r->routing_group, r->routing_group_len);
+    if (p != NULL && instance_known(x, p, r->instance_id, rt->before)) {
+        rt->known++;
+        x->st.peer_regs_known++;
+        return;
+    }
+    char err[600] = "";
+    int rc = e->why != NULL ? KVR_EINVAL : do_register(x, r, err, sizeof err);
+    if (rc == KVR_OK) {
+        rt->subscribed++;
+        x->st.peer_regs_subscribed++;
+        return;
+    }
+    rt->refused++;
+    x->st.peer_regs_refused++;
+    kvr_log(KVR_LOG_WARN, "a peer's registration of instance %llu dp_rank %u is not taken: %s",
+            (unsigned long long)r->instance_id, r->dp_rank, e->why != NULL ? e->why : err);
+    if (rt->why[0] == '\0')
+        snprintf(rt->why, sizeof rt->why, "instance %llu dp_rank %u: %.300s",
+                 (unsigned long long)r->instance_id, r->dp_rank, e->why != NULL ? e->why : err);
+}
+
+/* The peer's registrations at path (GET /workers, filtered or not; at most max of them), read
+ * whole, then each subscribed here, before the peer's index is fetched: their live events
+ * queue from then on, and a rank with a replay socket resumes from the snapshot's cursor.
+ * false when they could not be read (rt says why; the recovery goes on without them). */
+static bool learn_regs(kvr_indexer_t *x, const peer_get_t *pg, const char *path, size_t max,
+                       regs_try_t *rt)
+{
+    rt->asked = true;
+    uint8_t *body = NULL;
+    size_t len = 0;
+    int status;
+    char err[300] = "";
+    kvr_ix_peer_reg_t *regs = NULL;
+    size_t n = 0;
+    int rc = fetch(pg, path, answer_bound(max, WORKERS_BYTES_PER_RANK, 65536), "[", &body, &len,
+                   &status, err, sizeof err);
+    if (rc == KVR_OK)
+        rc = kvr_ix_peer_regs_read((const char *)body, len, max, &regs, &n, err, sizeof err);
+    if (rc != KVR_OK) {
+        rt->missing = true;
+        x->st.peer_regs_failures++;
+        snprintf(rt->why, sizeof rt->why, "%s", err);
+        kvr_log(KVR_LOG_WARN,
+                "peer %s: its registrations were not obtained (%s): the engines it follows are "
+                "not subscribed here from it",
+                pg->url, err);
+    }
+    for (size_t i = 0; i < n; i++)
+        take_peer_reg(x, &regs[i], rt);
+    free(regs);
+    free(body);
+    return rc == KVR_OK;
+}
+
+/* x->regs_origin from the registrations of the peer whose index was applied, and the warning
+ * when ranks of that index are left without a registration here. */
+static void regs_outcome(kvr_indexer_t *x, const char *url, const regs_try_t *rt)
+{
+    char *o = x->regs_origin;
+    size_t cap = sizeof x->regs_origin;
+    if (rt->missing && rt->subscribed == 0 && rt->known == 0) {
+        snprintf(o, cap, "none obtained from peer %s (%s)", url, rt->why);
+    } else {
+        int n = snprintf(o, cap, "%zu subscribed from peer %s (%zu already registered here)",
+                         rt->subscribed, url, rt->known);
+        if ((rt->missing || rt->refused > 0) && n > 0 && (size_t)n < cap)
+            snprintf(o + n, cap - (size_t)n, "; %s: %s",
+                     rt->refused > 0 ? "some refused" : "not all obtained", rt->why);
+    }
+    if (x->n_stale > 0)
+        kvr_log(KVR_LOG_WARN,
+                "%zu ranks of the index recovered from %s have no registration here "
+                "(registrations: %s): no KV events will update what the index holds of them, "
+                "so it goes stale; register them (POST /register, or --workers) to follow them",
+                x->n_stale, url, o);
+}
+
+/* ---- start-up: a kvrouter peer's binary snapshots -------------------------------------- */
+
 typedef struct peer_part {
     char model[NAME_BYTES], group[NAME_BYTES];
     uint32_t block_size;
+    part_t *part; /* made here before the registrations are taken */
     uint8_t *snap;
     size_t len;
 } peer_part_t;
@@ -1155,25 +1485,121 @@ static size_t read_partitions(const char *b, size_t len, peer_part_t *out, size_
     return i < len && b[i] == ']' ? n : SIZE_MAX;
 }
 
-/* The most pairs the partitions a peer's dump may make or fill here can keep: max_partitions
- * of max_pairs each, within max_total_pairs. */
-static size_t pairs_recoverable(const kvr_indexer_t *x)
+/* path?model_name=M&routing_group=G for partition pp (names encoded). */
+static void part_path(char *out, size_t cap, const char *path, const peer_part_t *pp)
 {
-    size_t cap = x->cfg.max_partitions > SIZE_MAX / x->cfg.max_pairs
-                     ? SIZE_MAX
-                     : x->cfg.max_partitions * x->cfg.max_pairs;
-    return cap < x->cfg.max_total_pairs ? cap : x->cfg.max_total_pairs;
+    char *m = evhttp_encode_uri(pp->model), *g = evhttp_encode_uri(pp->group);
+    snprintf(out, cap, "%s?model_name=%s&routing_group=%s", path, m ? m : "", g ? g : "");
+    free(m);
+    free(g);
 }
 
-/* A kvrouter peer: every partition's binary snapshot fetched and checked first, then applied
- * (a failure applies nothing). KVR_ENOTFOUND when the peer has no such route (not kvrouter)
- * or holds a rank that is not exact (a snapshot would leave it out): read its dump then.
- * Each answer is bounded: the list by max_partitions entries, a snapshot by the pairs its
- * partition keeps here (its reservation, or the one it would get: the budget left is handed
- * out in the list's order, as part_get will). */
-static int recover_binary(kvr_indexer_t *x, const peer_get_t *pg, char *err, size_t err_len)
+/* Whether the peer's partitions fit here (block sizes, --max-partitions, --max-total-pairs),
+ * judged as part_get will make them, in the list's order: nothing is made unless all do. */
+static int peer_parts_fit(kvr_indexer_t *x, const peer_part_t *pp, size_t n, char *err,
+                          size_t err_len)
 {
-    const char *url = pg->url;
+    size_t left = x->cfg.max_total_pairs - x->reserved, n_new = x->n_parts;
+    for (size_t i = 0; i < n; i++) {
+        const part_t *own =
+            part_find(x, pp[i].model, strlen(pp[i].model), pp[i].group, strlen(pp[i].group));
+        if (own != NULL && own->block_size != pp[i].block_size) {
+            snprintf(err, err_len, "partition %s:%s has block size %u there and %u here",
+                     pp[i].model, pp[i].group, pp[i].block_size, own->block_size);
+            return KVR_EMISMATCH;
+        }
+        if (own != NULL)
+            continue;
+        size_t keep = x->cfg.max_pairs < left ? x->cfg.max_pairs : left;
+        if ((keep < KVR_INDEXER_MIN_PAIRS && keep < x->cfg.max_pairs) ||
+            ++n_new > x->cfg.max_partitions) {
+            snprintf(err, err_len,
+                     "the peer's %zu partitions do not fit here (--max-partitions %zu, "
+                     "--max-total-pairs %zu)",
+                     n, x->cfg.max_partitions, x->cfg.max_total_pairs);
+            return KVR_EFULL;
+        }
+        left -= keep;
+    }
+    return KVR_OK;
+}
+
+/* The peer's partitions made here, in the list's order (as peer_parts_fit judged them). */
+static int peer_parts_make(kvr_indexer_t *x, peer_part_t *pp, size_t n, char *err,
+                           size_t err_len)
+{
+    for (size_t i = 0; i < n; i++) {
+        int st;
+        pp[i].part = part_get(x, pp[i].model, strlen(pp[i].model), pp[i].group,
+                              strlen(pp[i].group), pp[i].block_size, err, err_len, &st);
+        if (pp[i].part == NULL)
+            return st;
+    }
+    return KVR_OK;
+}
+
+/* Each partition's registrations at the peer (GET /workers?model_name=&routing_group=, at
+ * most a partition's ranks), subscribed here; the first that cannot be read ends it (a peer
+ * that does not serve them: one warning, not one per partition). */
+static void peer_parts_regs(kvr_indexer_t *x, const peer_get_t *pg, const peer_part_t *pp,
+                            size_t n, regs_try_t *rt)
+{
+    for (size_t i = 0; i < n; i++) {
+        char path[3 * NAME_BYTES + 64];
+        part_path(path, sizeof path, "/workers", &pp[i]);
+        if (!learn_regs(x, pg, path, PART_MAX_RANKS, rt))
+            return;
+    }
+}
+
+/* Each partition's snapshot, bounded by the pairs it keeps here. KVR_ENOTFOUND when the peer
+ * holds a rank that is not exact (409: its dump has it, a snapshot not). */
+static int peer_parts_fetch(const peer_get_t *pg, peer_part_t *pp, size_t n, char *err,
+                            size_t err_len)
+{
+    for (size_t i = 0; i < n; i++) {
+        char path[3 * NAME_BYTES + 64];
+        part_path(path, sizeof path, "/v1/index/snapshot", &pp[i]);
+        size_t max = answer_bound(pp[i].part->max_pairs, SNAP_BYTES_PER_PAIR, SNAP_FIXED_BYTES);
+        int status;
+        int rc = fetch(pg, path, max, KVR_SNAP_MAGIC, &pp[i].snap, &pp[i].len, &status, err,
+                       err_len);
+        if (rc != KVR_OK)
+            return status == 409 ? KVR_ENOTFOUND : rc;
+    }
+    return KVR_OK;
+}
+
+/* Every snapshot applied (every rank's events; a rank subscribed here with a replay socket
+ * resumes from its cursor: *resumed counts them), and the ranks no registration here follows
+ * noted as stale. */
+static int peer_parts_apply(kvr_indexer_t *x, const peer_part_t *pp, size_t n, uint64_t *events,
+                            uint64_t *resumed, char *err, size_t err_len)
+{
+    for (size_t i = 0; i < n; i++) {
+        part_t *p = pp[i].part;
+        kvr_ingest_snap_report_t rep;
+        int rc = kvr_ingest_load_all_mem(p->g, pp[i].snap, pp[i].len, &rep, err, err_len);
+        if (rc != KVR_OK)
+            return rc;
+        p->recovered_events += rep.events;
+        p->recovered_rejected += rep.events_failed;
+        *events += rep.events;
+        *resumed += rep.ranks;
+        stale_add_snapshot(x, p, pp[i].snap, pp[i].len);
+    }
+    return KVR_OK;
+}
+
+/* A kvrouter peer: its partitions list, checked to fit here; the partitions made and the
+ * peer's registrations of each subscribed; every snapshot fetched and checked, then applied
+ * (a failure before applies nothing). KVR_ENOTFOUND when the peer has no such route (not
+ * kvrouter) or holds a rank that is not exact: read its dump then. Each answer is bounded:
+ * the list by max_partitions entries, a partition's registrations by PART_MAX_RANKS, a
+ * snapshot by the pairs its partition keeps here. */
+static int recover_binary(kvr_indexer_t *x, const peer_get_t *pg, regs_try_t *rt, char *err,
+                          size_t err_len)
+{
     uint8_t *body;
     size_t len;
     int status;
@@ -1184,116 +1610,70 @@ static int recover_binary(kvr_indexer_t *x, const peer_get_t *pg, char *err, siz
     peer_part_t *pp = calloc(x->cfg.max_partitions, sizeof *pp);
     size_t n = pp ? read_partitions((const char *)body, len, pp, x->cfg.max_partitions) : 0;
     free(body);
-    if (n == SIZE_MAX)
+    if (pp == NULL)
+        return snprintf(err, err_len, "out of memory"), KVR_ENOMEM;
+    if (n == SIZE_MAX) {
         snprintf(err, err_len,
                  "GET /v1/index/partitions: not a list of partitions (or more than "
                  "--max-partitions %zu)",
-                 x->cfg.max_partitions),
-            rc = KVR_EPARSE;
-    size_t left = x->cfg.max_total_pairs - x->reserved, n_new = x->n_parts;
-    for (size_t i = 0; rc == KVR_OK && i < n; i++) {
-        char path[3 * NAME_BYTES + 64];
-        char *m = evhttp_encode_uri(pp[i].model), *g = evhttp_encode_uri(pp[i].group);
-        snprintf(path, sizeof path, "/v1/index/snapshot?model_name=%s&routing_group=%s", m ? m : "",
-                 g ? g : "");
-        free(m);
-        free(g);
-        part_t *own =
-            part_find(x, pp[i].model, strlen(pp[i].model), pp[i].group, strlen(pp[i].group));
-        if (own != NULL && own->block_size != pp[i].block_size) {
-            snprintf(err, err_len, "partition %s:%s has block size %u there and %u here",
-                     pp[i].model, pp[i].group, pp[i].block_size, own->block_size);
-            rc = KVR_EMISMATCH;
-            break;
-        }
-        size_t keep = own != NULL               ? own->max_pairs
-                      : x->cfg.max_pairs < left ? x->cfg.max_pairs
-                                                : left;
-        if (own == NULL && ((keep < KVR_INDEXER_MIN_PAIRS && keep < x->cfg.max_pairs) ||
-                            ++n_new > x->cfg.max_partitions)) {
-            snprintf(err, err_len,
-                     "the peer's %zu partitions do not fit here (--max-partitions %zu, "
-                     "--max-total-pairs %zu)",
-                     n, x->cfg.max_partitions, x->cfg.max_total_pairs);
-            rc = KVR_EFULL;
-            break;
-        }
-        if (own == NULL)
-            left -= keep;
-        size_t max = answer_bound(keep, SNAP_BYTES_PER_PAIR, SNAP_FIXED_BYTES);
-        rc = fetch(pg, path, max, KVR_SNAP_MAGIC, &pp[i].snap, &pp[i].len, &status, err, err_len);
-        if (rc != KVR_OK && status == 409)
-            rc = KVR_ENOTFOUND; /* a rank that is not exact: its dump has it, the snapshot not */
+                 x->cfg.max_partitions);
+        free(pp);
+        return KVR_EPARSE;
     }
-    uint64_t events = 0;
-    for (size_t i = 0; rc == KVR_OK && i < n; i++) {
-        part_t *p = part_get(x, pp[i].model, strlen(pp[i].model), pp[i].group, strlen(pp[i].group),
-                             pp[i].block_size, err, err_len, NULL);
-        kvr_ingest_snap_report_t rep;
-        rc = p ? kvr_ingest_load_all_mem(p->g, pp[i].snap, pp[i].len, &rep, err, err_len)
-               : KVR_EINVAL;
-        if (rc == KVR_OK) {
-            p->recovered_events += rep.events;
-            p->recovered_rejected += rep.events_failed;
-            events += rep.events;
-        }
-    }
-    for (size_t i = 0; pp != NULL && i < n && n != SIZE_MAX; i++)
+    uint64_t events = 0, resumed = 0;
+    rc = peer_parts_fit(x, pp, n, err, err_len);
+    if (rc == KVR_OK)
+        rc = peer_parts_make(x, pp, n, err, err_len);
+    if (rc == KVR_OK)
+        peer_parts_regs(x, pg, pp, n, rt);
+    if (rc == KVR_OK)
+        rc = peer_parts_fetch(pg, pp, n, err, err_len);
+    if (rc == KVR_OK)
+        rc = peer_parts_apply(x, pp, n, &events, &resumed, err, err_len);
+    for (size_t i = 0; i < n; i++)
         free(pp[i].snap);
     free(pp);
     if (rc == KVR_OK)
-        snprintf(x->origin, sizeof x->origin, "peer %s: %llu events in %zu partitions (binary)",
-                 url, (unsigned long long)events, n);
+        snprintf(x->origin, sizeof x->origin,
+                 "peer %s: %llu events in %zu partitions, %llu ranks resuming from its cursors "
+                 "(binary)",
+                 pg->url, (unsigned long long)events, n, (unsigned long long)resumed);
     return rc;
 }
 
 /* Applies the first peer's index that reads whole (a kvrouter peer's binary snapshots, else
- * the reference's GET /dump); KVR_OK if one did. */
+ * the reference's GET /dump), with its registrations; KVR_OK if one did. */
 static int recover_from_peers(kvr_indexer_t *x, char *why, size_t why_len)
 {
     uint64_t timeout = x->cfg.peer_timeout_ms ? x->cfg.peer_timeout_ms : 10000;
+    size_t orphans = 0; /* registrations subscribed from peers whose index was not read */
     for (size_t i = 0; i < x->n_peers; i++) {
-        char berr[300] = "";
         peer_get_t pg = {x->peers[i], timeout, x->access.peer_key};
-        int brc = recover_binary(x, &pg, berr, sizeof berr);
-        if (brc == KVR_OK) {
-            kvr_log(KVR_LOG_INFO, "index recovered from %s", x->origin);
-            return KVR_OK;
+        regs_try_t rt = {.before = x->n_regs};
+        char err[700] = "";
+        int rc = recover_binary(x, &pg, &rt, err, sizeof err);
+        if (rc == KVR_ENOTFOUND) { /* not kvrouter's snapshots: the reference's dump */
+            if (!rt.asked)
+                (void)learn_regs(x, &pg, "/workers", x->cfg.max_partitions * PART_MAX_RANKS,
+                                 &rt);
+            err[0] = '\0';
+            rc = recover_dump(x, &pg, err, sizeof err);
         }
-        if (brc != KVR_ENOTFOUND) {
-            x->st.peer_failures++;
-            kvr_log(KVR_LOG_WARN, "peer %s: no index recovered: %s", x->peers[i], berr);
-            snprintf(why, why_len, "%s: %s", x->peers[i], berr);
-            continue;
-        }
-        size_t max = answer_bound(pairs_recoverable(x), DUMP_BYTES_PER_PAIR, 65536);
-        uint8_t *body = NULL;
-        size_t len = 0;
-        int status = 0;
-        char err[300] = "";
-        int rc = fetch(&pg, "/dump", max, "{", &body, &len, &status, err, sizeof err);
-        recover_t rec = {.x = x, .left = x->cfg.max_total_pairs - x->reserved, .n_new = x->n_parts};
-        kvr_rev_sink_t sink = {rec_partition, rec_event, &rec};
-        kvr_rev_report_t rep;
-        if (rc == KVR_OK) /* the checking pass: nothing is applied unless all of it reads */
-            rc = kvr_rev_decode_dump((const char *)body, len, &sink, &rep, err, sizeof err);
         if (rc == KVR_OK) {
-            rec.apply = true;
-            rc = kvr_rev_decode_dump((const char *)body, len, &sink, &rep, err, sizeof err);
-        }
-        free(body);
-        if (rc == KVR_OK) {
-            snprintf(x->origin, sizeof x->origin, "peer %s: %llu events in %llu partitions",
-                     x->peers[i], (unsigned long long)rep.events,
-                     (unsigned long long)rep.partitions);
             kvr_log(KVR_LOG_INFO, "index recovered from %s", x->origin);
+            regs_outcome(x, pg.url, &rt);
             return KVR_OK;
         }
         x->st.peer_failures++;
-        kvr_log(KVR_LOG_WARN, "peer %s: no index recovered: %s%s%s", x->peers[i], err,
-                rec.err[0] ? ": " : "", rec.err);
+        orphans += rt.subscribed;
+        kvr_log(KVR_LOG_WARN, "peer %s: no index recovered: %s", x->peers[i], err);
         snprintf(why, why_len, "%s: %s", x->peers[i], err);
     }
+    if (orphans > 0)
+        snprintf(x->regs_origin, sizeof x->regs_origin,
+                 "%zu subscribed from peers whose index was not read", orphans);
+    else
+        snprintf(x->regs_origin, sizeof x->regs_origin, "none (no peer's index was read)");
     return KVR_ENOTFOUND;
 }
 
@@ -1455,6 +1835,7 @@ kvr_indexer_t *kvr_indexer_new(struct event_base *base, const kvr_indexer_config
     if (register_cli_workers(x, cfg, err, err_len) != KVR_OK)
         goto fail;
     char why[700] = "";
+    x->recovered_at_start = x->n_peers > 0;
     if (x->n_peers > 0 && recover_from_peers(x, why, sizeof why) != KVR_OK) {
         snprintf(x->origin, sizeof x->origin, "cold (no peer's dump read: %.500s)", why);
         kvr_log(KVR_LOG_WARN, "starting with an empty index: no peer's dump read (last: %s)", why);
@@ -1492,6 +1873,7 @@ void kvr_indexer_free(kvr_indexer_t *x)
         part_free(x->parts[i]);
     free(x->parts);
     free(x->regs);
+    free(x->stale);
     for (size_t i = 0; i < x->n_peers; i++)
         free(x->peers[i]);
     kvr_ix_api_free(x->api);
@@ -1505,5 +1887,6 @@ void kvr_indexer_free(kvr_indexer_t *x)
 
 uint16_t kvr_indexer_port(const kvr_indexer_t *x) { return x->port; }
 const char *kvr_indexer_origin(const kvr_indexer_t *x) { return x->origin; }
+const char *kvr_indexer_registrations(const kvr_indexer_t *x) { return x->regs_origin; }
 void kvr_indexer_drain(kvr_indexer_t *x) { kvr_http_guard_drain(x->guard); }
 uint64_t kvr_indexer_busy(const kvr_indexer_t *x) { return kvr_http_guard_busy(x->guard); }

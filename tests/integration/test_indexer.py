@@ -27,17 +27,22 @@ SEED = int(time.time()) % 100000
 RNG = random.Random(SEED)
 
 
-def mocker(model="m", bs=BS):
-    """A mocker publishing KV events (with a replay socket) on free ports."""
+def mocker(model="m", bs=BS, dp=1, extra=()):
+    """A mocker publishing KV events (with a replay socket) on free ports; with dp ranks, rank
+    r publishes on the ports + r (m.rank_events(r), m.rank_replay(r))."""
     def start(ev, rp):
         return Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--model", model,
-                      "--block-size", bs, "--speedup", "200", "--kv-events-config",
+                      "--block-size", bs, "--speedup", "200", "--data-parallel-size", dp,
+                      "--kv-events-config",
                       json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                   "endpoint": f"tcp://*:{ev}",
-                                  "replay_endpoint": f"tcp://*:{rp}"})], f"mocker {model}")
-    (ev, rp), m = with_free_ports(start, 1, 1)
+                                  "replay_endpoint": f"tcp://*:{rp}"})] + list(extra),
+                     f"mocker {model}")
+    (ev, rp), m = with_free_ports(start, dp, dp)
     m.events = f"tcp://127.0.0.1:{ev}"
     m.replay = f"tcp://127.0.0.1:{rp}"
+    m.rank_events = lambda r: f"tcp://127.0.0.1:{ev + r}"
+    m.rank_replay = lambda r: f"tcp://127.0.0.1:{rp + r}"
     return m
 
 
@@ -55,14 +60,20 @@ def prompt(seed, n_blocks, extra=0):
     return [(seed * 7919 + i) % 150000 for i in range(n_blocks * BS + extra)]
 
 
-def complete(m, toks, model="m"):
-    st, a = m.call("POST", "/v1/completions", {"model": model, "prompt": toks, "max_tokens": 2})
+def complete(m, toks, model="m", rank=None):
+    """A completion on m (on data-parallel rank `rank` when given)."""
+    h = None if rank is None else {"x-data-parallel-rank": str(rank)}
+    st, a = m.call("POST", "/v1/completions", {"model": model, "prompt": toks, "max_tokens": 2},
+                   h)
     check("mocker answers a completion", st == 200, (st, a))
     return a
 
 
-def query(ix, toks, model="m", path="/query"):
-    st, a = ix.call("POST", path, {"token_ids": toks, "model_name": model})
+def query(ix, toks, model="m", path="/query", group=None):
+    body = {"token_ids": toks, "model_name": model}
+    if group is not None:
+        body["routing_group"] = group
+    st, a = ix.call("POST", path, body)
     return a if st == 200 else {"status": st, "body": a}
 
 
@@ -75,14 +86,15 @@ def scores(ans):
 WARM = iter(range(50000, 60000))
 
 
-def subscribed(m, worker, *indexes):
+def subscribed(m, worker, *indexes, rank=None, group=None):
     """Sends m new prompts until each index holds one for worker: its subscription is up (a
-    batch published before a subscriber connects is lost to it, as with any ZeroMQ SUB)."""
+    batch published before a subscriber connects is lost to it, as with any ZeroMQ SUB).
+    rank: a data-parallel rank of m (sent there, looked for there); group: a routing_group."""
     def seen():
         toks = prompt(next(WARM), 2)
-        complete(m, toks)
-        return eventually(lambda: all(scores(query(x, toks)).get((worker, 0)) == 2 * BS
-                                      for x in indexes), 1.0)
+        complete(m, toks, rank=rank)
+        return eventually(lambda: all(scores(query(x, toks, group=group)).get(
+            (worker, rank or 0)) == 2 * BS for x in indexes), 1.0)
     ok = eventually(seen, 20, 0.05)
     check(f"worker {worker}'s events reach every index", ok)
     return ok
@@ -261,6 +273,9 @@ def scenario_peer_recovery():
                   d.stderr()[-400:])
             check("a kvrouter peer is read from its binary snapshots", "(binary)" in b.stderr(),
                   b.stderr()[-400:])
+            check("that peer has no GET /workers: the recovered ranks are stale, and /health "
+                  "says so", "stale: 2 ranks" in d.call("GET", "/health")[1] and
+                  d.metric("kvr_indexer_stale_ranks") == 2, d.call("GET", "/health"))
             d.stop()
         finally:
             srv.shutdown()
@@ -307,6 +322,191 @@ def scenario_peer_recovery():
         for x in (c, b, a, m1, m2):
             if x is not None:
                 x.stop()
+
+
+def regs_of(ws):
+    """What POST /register took for each instance, as a GET /workers answer lists it."""
+    return sorted((w["instance_id"], w["model_name"], w["routing_group"], w["block_size"],
+                   sorted(w["endpoints"].items()), sorted(w.get("replay_endpoints", {}).items()))
+                  for w in ws)
+
+
+def dumps_equal(x, y):
+    """Whether two indexes hold the same (worker, rank, tier, block) of every partition."""
+    _, dx = x.call("GET", "/dump")
+    _, dy = y.call("GET", "/dump")
+    return normalized_dump(dx) == normalized_dump(dy)
+
+
+def scenario_peer_registrations():
+    """A second indexer started with --peers and no --workers used to recover the first's
+    index, then answer GET /workers with [] and subscribe to nothing, its index going stale.
+    Now it takes the peer's registrations with the index (instance, endpoints, replay
+    endpoints, dp ranks, model, routing group, block size), subscribes before the copy and
+    resumes each rank from the snapshot's cursor: what the engines store and evict after the
+    copy reaches it. An instance --workers names is taken from the command line, not the peer."""
+    m1 = mocker()
+    m3 = mocker(dp=2, extra=("--num-gpu-blocks", 48))  # two ranks, a small cache: evictions
+    a = indexer()
+    b = c = None
+    try:
+        regs = [{"instance_id": 1, "endpoint": m1.events, "replay_endpoint": m1.replay,
+                 "model_name": "m", "block_size": BS}]
+        regs += [{"instance_id": 3, "dp_rank": r, "endpoint": m3.rank_events(r),
+                  "replay_endpoint": m3.rank_replay(r), "model_name": "m",
+                  "routing_group": "g2", "block_size": BS} for r in (0, 1)]
+        for body in regs:
+            st, r = a.call("POST", "/register", body)
+            check(f"A: instance {body['instance_id']} rank {body.get('dp_rank', 0)} registered",
+                  st == 201, (st, r))
+        subscribed(m1, 1, a)
+        for r in (0, 1):
+            subscribed(m3, 3, a, rank=r, group="g2")
+        early = [prompt(3000 + k, 6) for k in range(3)]  # on m3's rank 1: evicted later
+        for toks in early:
+            complete(m3, toks, rank=1)
+        sent = workload([m1], 10)
+        check("A: the workload applied",
+              eventually(lambda: scores(query(a, sent[-1])).get((1, 0)) and
+                         scores(query(a, early[-1], group="g2")).get((3, 1)) == 6 * BS, 20))
+        st, wa = a.call("GET", "/workers")
+        check("A's GET /workers lists each rank's replay endpoint",
+              st == 200 and sorted(w.get("replay_endpoints", {}).get(k, "") for w in wa
+                                   for k in w["endpoints"]) ==
+              sorted([m1.replay, m3.rank_replay(0), m3.rank_replay(1)]), wa)
+        b = indexer("--peers", a.url)
+        st, wb = b.call("GET", "/workers")
+        check("B (--peers A, no --workers) lists A's registrations",
+              st == 200 and regs_of(wb) == regs_of(wa) and len(regs_of(wb)) == 2,
+              (regs_of(wb), regs_of(wa)))
+        check("B recovered A's index", dumps_equal(a, b))
+        # the check that failed before: blocks stored after the copy reach B
+        for inst, m, rank, group, seed in ((1, m1, None, None, 7000), (3, m3, 0, "g2", 7001),
+                                           (3, m3, 1, "g2", 7002)):
+            toks = prompt(seed, 4)
+            complete(m, toks, rank=rank)
+            check(f"new blocks of instance {inst} rank {rank or 0} ({group or 'default'}) "
+                  "stored after the copy reach B",
+                  eventually(lambda: scores(query(b, toks, group=group)).get(
+                      (inst, rank or 0)) == 4 * BS, 20), query(b, toks, group=group))
+        check("each rank resumed from the snapshot's cursor (confirmed by its engine's replay)",
+              eventually(lambda: b.metric("kvr_indexer_ranks_resumed_total") == 3, 20) and
+              b.metric("kvr_indexer_resumes_failed_total") == 0,
+              (b.metric("kvr_indexer_ranks_resumed_total"),
+               b.metric("kvr_indexer_resumes_failed_total")))
+        # evictions after the copy: m3's rank 1 (48 blocks) fills up with new prompts
+        for k in range(8):
+            complete(m3, prompt(8000 + k, 7), rank=1)
+        check("A saw the early blocks evicted",
+              eventually(lambda: scores(query(a, early[0], group="g2")).get((3, 1), 0) <
+                         6 * BS, 20), query(a, early[0], group="g2"))
+        check("and so did B: both indexes hold the same blocks again",
+              eventually(lambda: dumps_equal(a, b), 20))
+        st, h = b.call("GET", "/health")
+        check("B's /health: where the index and the registrations came from, nothing stale",
+              st == 200 and "index: peer " + a.url in h and
+              "registrations: 3 subscribed from peer " + a.url in h and "stale" not in h, h)
+        check("B's metrics: 3 registrations subscribed from the peer, no stale rank",
+              b.metric("kvr_indexer_peer_registrations_total", result="subscribed") == 3 and
+              b.metric("kvr_indexer_stale_ranks") == 0,
+              (b.metric("kvr_indexer_peer_registrations_total", result="subscribed"),
+               b.metric("kvr_indexer_stale_ranks")))
+        # --workers win for an instance given both ways
+        c = indexer("--peers", a.url, "--workers", f"1={m1.events}", "--block-size", BS,
+                    "--model", "m")
+        st, wc = c.call("GET", "/workers")
+        one = [w for w in wc if w["instance_id"] == 1]
+        check("C (--workers 1=..., --peers A): instance 1 as the command line gives it (no "
+              "replay endpoint), instance 3 from the peer",
+              st == 200 and len(one) == 1 and "replay_endpoints" not in one[0] and
+              regs_of([w for w in wc if w["instance_id"] == 3]) ==
+              regs_of([w for w in wa if w["instance_id"] == 3]), wc)
+        check("C counts the peer's instance 1 as already registered",
+              c.metric("kvr_indexer_peer_registrations_total", result="known") == 1 and
+              c.metric("kvr_indexer_peer_registrations_total", result="subscribed") == 2 and
+              c.metric("kvr_indexer_stale_ranks") == 0)
+        toks = prompt(7100, 3)
+        complete(m1, toks)
+        check("new blocks of the command line's instance 1 reach C",
+              eventually(lambda: scores(query(c, toks)).get((1, 0)) == 3 * BS, 20))
+    finally:
+        for x in (c, b, a, m1, m3):
+            if x is not None:
+                x.stop()
+
+
+class OlderPeer(http.server.BaseHTTPRequestHandler):
+    """A kvrouter peer from before the registrations were recovered, as far as a recovering
+    indexer sees it: the index routes are `a`'s (relayed), GET /workers is 404."""
+    a = None
+
+    def do_GET(self):
+        if self.path.startswith("/v1/index/"):
+            st, _, body = self.a.request("GET", self.path)
+        else:
+            st, body = 404, b'{"error":"no such route"}'
+        self.send_response(st)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def scenario_peer_registrations_unavailable():
+    """A peer whose registrations cannot be had (GET /workers 404, as on an older peer): the
+    indexer still starts with the recovered index, but says that it goes stale and why, in its
+    log, /health and /metrics (kvr_indexer_stale_ranks); registering the worker clears it and
+    its new blocks come in."""
+    m1 = mocker()
+    a = indexer()
+    b = None
+    srv = None
+    try:
+        st, r = a.call("POST", "/register", {"instance_id": 1, "endpoint": m1.events,
+                                             "replay_endpoint": m1.replay, "model_name": "m",
+                                             "block_size": BS})
+        check("A: worker 1 registered", st == 201, (st, r))
+        subscribed(m1, 1, a)
+        sent = workload([m1], 8)
+        check("A: the workload applied",
+              eventually(lambda: scores(query(a, sent[-1])).get((1, 0)), 20))
+        handler = type("Older", (OlderPeer,), {"a": a})
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        peer = f"http://127.0.0.1:{srv.server_address[1]}"
+        b = indexer("--peers", peer)
+        check("B recovered the index from the peer", dumps_equal(a, b))
+        err = b.stderr()
+        check("B's log: the registrations were not obtained, why, and that the index goes stale",
+              "its registrations were not obtained (GET /workers" in err and "answered 404" in err
+              and "goes stale" in err, err[-1500:])
+        st, h = b.call("GET", "/health")
+        check("B's /health says so: no registration, 1 stale rank",
+              st == 200 and h.startswith("OK\n") and
+              "registrations: none obtained from peer " + peer in h and "answered 404" in h and
+              "stale: 1 ranks" in h, h)
+        check("B's metrics: 1 stale rank, the failure counted",
+              b.metric("kvr_indexer_stale_ranks") == 1 and
+              b.metric("kvr_indexer_peer_registrations_failures_total") == 1,
+              (b.metric("kvr_indexer_stale_ranks"),
+               b.metric("kvr_indexer_peer_registrations_failures_total")))
+        check("B's GET /workers: nothing registered", b.call("GET", "/workers") == (200, []))
+        st, r = b.call("POST", "/register", {"instance_id": 1, "endpoint": m1.events,
+                                             "replay_endpoint": m1.replay, "model_name": "m",
+                                             "block_size": BS})
+        check("registering the worker on B clears the stale rank",
+              st == 201 and b.metric("kvr_indexer_stale_ranks") == 0 and
+              "stale" not in b.call("GET", "/health")[1], (st, r, b.call("GET", "/health")))
+        subscribed(m1, 1, a, b)
+    finally:
+        for x in (b, a, m1):
+            if x is not None:
+                x.stop()
+        if srv is not None:
+            srv.shutdown()
 
 
 def scenario_remote_indexer_routing_and_outage():
@@ -970,9 +1170,11 @@ def bearer(token):
 def scenario_access():
     """With --api-key-file, --admin-key-file and --peer-key-file: /health and /ready are open;
     every call that changes something needs the admin key, the index copies the peer key (or
-    the admin key), everything else the api key (or the admin key); a refusal is a 401 in
-    serve's shape, counted. A peer given the peer key recovers from it; one without is told
-    401 and starts cold. Unreadable or shared keys stop the start naming the file."""
+    the admin key), everything else the api key (or the admin key), and GET /workers also the
+    peer key (a recovering peer reads the registrations with it); a refusal is a 401 in
+    serve's shape, counted. A peer given the peer key recovers from it, registrations
+    included; one without is told 401 and starts cold. Unreadable or shared keys stop the start
+    naming the file."""
     import tempfile
     tmp = tempfile.mkdtemp(prefix="kvr-ixkeys-")
     k = key_files(tmp, api="api-token-1", admin="admin-token-2", peer="peer-token-3")
@@ -1014,9 +1216,14 @@ def scenario_access():
                                    ("/metrics", "GET", None)):
             st, r = ix.call(method, path, body)
             st2, r2 = ix.call(method, path, body, peer)
-            refusals += 2
-            check(f"{method} {path} without a token or with the peer key: 401",
-                  st == 401 and st2 == 401, (st, r, st2, r2))
+            if path == "/workers":  # the peer key reads the registrations (peer recovery)
+                refusals += 1
+                check("GET /workers without a token: 401; with the peer key: served",
+                      st == 401 and st2 == 200, (st, r, st2, r2))
+            else:
+                refusals += 2
+                check(f"{method} {path} without a token or with the peer key: 401",
+                      st == 401 and st2 == 401, (st, r, st2, r2))
             check(f"{method} {path} with the api key and with the admin key: served",
                   ix.call(method, path, body, api)[0] == 200 and
                   ix.call(method, path, body, admin)[0] == 200)
@@ -1036,9 +1243,13 @@ def scenario_access():
         check("every refusal is counted",
               metric_as(ix, "kvr_indexer_unauthorized_total", api) == refusals,
               (metric_as(ix, "kvr_indexer_unauthorized_total", api), refusals))
+        st, r = ix.call("POST", "/register", reg, admin)
+        check("a worker registered again", st == 201, (st, r))
         b = indexer("--peers", ix.url, "--peer-key-file", k["peer"])
-        check("a peer sending the peer key recovers the index",
-              "index recovered from peer " + ix.url in b.stderr(), b.stderr()[-600:])
+        check("a peer sending the peer key recovers the index and the registrations",
+              "index recovered from peer " + ix.url in b.stderr() and
+              regs_of(b.call("GET", "/workers")[1]) ==
+              regs_of(ix.call("GET", "/workers", None, api)[1]) != [], b.stderr()[-600:])
         c = indexer("--peers", ix.url)
         check("a peer without it is refused (401) and starts cold, saying so",
               "401" in c.stderr() and "starting with an empty index" in c.stderr(),
@@ -1158,9 +1369,9 @@ def flood_server(routes):
 
 def scenario_peer_answers_are_bounded():
     """A peer answering start-up recovery with an endless body (its partitions list, a
-    snapshot with the right magic, a JSON dump) used to be buffered up to 4 GB: each is now
-    refused past what it can legitimately be; the indexer starts cold, says why, its memory
-    stays small, and it serves."""
+    snapshot with the right magic, a JSON dump, its registrations) used to be buffered up to
+    4 GB: each is now refused past what it can legitimately be; the indexer starts cold, says
+    why, its memory stays small, and it serves."""
     one = b'[{"model_name":"m","routing_group":"default","block_size":16}]'
     cold = indexer("--max-pairs", "1024")  # what the same indexer holds with no peer at all
     cold.call("GET", "/health")
@@ -1171,6 +1382,7 @@ def scenario_peer_answers_are_bounded():
         ("snapshot", {"/v1/index/partitions": (one, False),
                       "/v1/index/snapshot": (b"KVRSNAP1", True)}),
         ("JSON dump (a peer without snapshots)", {"/dump": (b'{"m:default": ', True)}),
+        ("registrations list", {"/v1/index/partitions": (one, False), "/workers": (b"[", True)}),
     ]
     for what, routes in cases:
         srv = flood_server(routes)
@@ -1188,6 +1400,11 @@ def scenario_peer_answers_are_bounded():
             check(f"an endless {what}: the failure is counted",
                   ix.metric("kvr_indexer_peer_recovery_failures_total") == 1,
                   ix.metric("kvr_indexer_peer_recovery_failures_total"))
+            check(f"an endless {what}: the registrations' failure is counted when they were "
+                  "asked for (a 404 is a failure too)",
+                  ix.metric("kvr_indexer_peer_registrations_failures_total") ==
+                  (0 if what == "partitions list" else 1),
+                  ix.metric("kvr_indexer_peer_registrations_failures_total"))
         finally:
             if ix is not None:
                 ix.stop()
@@ -1291,6 +1508,8 @@ if __name__ == "__main__":
     run_scenarios([s for s in [
         ("same_answers_as_a_router", scenario_same_answers_as_a_router),
         ("peer_recovery", scenario_peer_recovery),
+        ("peer_registrations", scenario_peer_registrations),
+        ("peer_registrations_unavailable", scenario_peer_registrations_unavailable),
         ("remote_indexer_routing_and_outage", scenario_remote_indexer_routing_and_outage),
         ("remote_indexer_deadline", scenario_remote_indexer_deadline),
         ("remote_indexer_over_nats", scenario_remote_indexer_over_nats),
