@@ -609,7 +609,10 @@ static int frontend_chat(const kvr_bench_opts_t *o, const kvr_bench_list_t *tl, 
     char speed[32], worker[256], tok[1100];
     snprintf(speed, sizeof speed, "%g", o->speedup);
     snprintf(tok, sizeof tok, "m=%s", o->tokenizer);
-    const char *const m_args[] = {"--tokenizer", o->tokenizer, NULL};
+    /* the engine tokenizes every prompt itself, as vLLM does (it ignores the nvext.token_data
+     * the router adds): each path's added time is then the router's whole work, not that work
+     * less the engine's tokenization it would spare a Dynamo-style backend */
+    const char *const m_args[] = {"--tokenizer", o->tokenizer, "--token-data", "ignore", NULL};
     child_t m = {.out_fd = -1}, ra = {.out_fd = -1}, rb = {.out_fd = -1};
     int rc = 1;
     kvr_bench_rng_t rng;
@@ -618,9 +621,11 @@ static int frontend_chat(const kvr_bench_opts_t *o, const kvr_bench_list_t *tl, 
         goto out;
     snprintf(worker, sizeof worker, "id=1,url=http://127.0.0.1:%d,events=tcp://127.0.0.1:%d,"
              "model=m", m.port, ev);
-    char *a_args[] = {"kvrouter", "serve", "--http-port", "0", "--log-level", "warn",
+    /* what a vLLM fleet runs: no nvext.token_data the engine would only parse and drop */
+    char td[] = "--frontend-chat-token-data", off[] = "false";
+    char *a_args[] = {"kvrouter", "serve", "--http-port", "0", "--log-level", "warn", td, off,
                       "--worker", worker, "--tokenizer", tok, NULL};
-    char *b_args[] = {"kvrouter", "serve", "--http-port", "0", "--log-level", "warn",
+    char *b_args[] = {"kvrouter", "serve", "--http-port", "0", "--log-level", "warn", td, off,
                       "--worker", worker, NULL};
     if (!spawn(a_args, "router (in process)", &ra) || !spawn(b_args, "router (/tokenize)", &rb))
         goto out;
@@ -631,8 +636,10 @@ static int frontend_chat(const kvr_bench_opts_t *o, const kvr_bench_list_t *tl, 
     }
     if (!o->json)
         printf("# TTFT of streaming chats, 1 client: direct to `kvrouter mocker --tokenizer %s "
-               "--speedup %s`, through `kvrouter serve --tokenizer m=DIR` (in process) and "
-               "through `kvrouter serve` asking the mocker's /tokenize; every chat new; %zu "
+               "--token-data ignore --speedup %s` (the engine tokenizes every prompt, as vLLM "
+               "does), through `kvrouter serve --tokenizer m=DIR` (in process) and through "
+               "`kvrouter serve` asking the mocker's /tokenize, both with "
+               "--frontend-chat-token-data false; every chat new; %zu "
                "requests per path per run, %s\n", o->tokenizer, speed, n,
                o->rate_per_s > 0 ? "paced (--rate)" : "back to back");
     kvr_bench_print_header(o, CHAT_COLS, N_CHAT_COLS);

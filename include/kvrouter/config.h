@@ -191,6 +191,7 @@ typedef struct kvr_router_config {
     uint64_t frontend_prefill_timeout_ms;  /* ... on a prefill leg (one token to compute) */
     uint64_t frontend_max_answer_bytes;    /* a non-streaming worker answer above: 502 */
     bool frontend_forward_authorization;   /* client's Authorization header sent to workers */
+    bool frontend_chat_token_data;         /* chats sent to workers carry nvext.token_data */
     bool frontend_trust_kv_transfer;       /* client's kv_transfer_params / bootstrap_* forwarded
                                               (a trusted gateway sets them); off: stripped */
     char worker_api_key_file[512];         /* token sent to workers as Bearer; "" = none */

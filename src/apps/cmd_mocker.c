@@ -62,6 +62,9 @@ static void usage(FILE *out)
         "  --seed N                      generated tokens depend on it [0]\n"
         "  --tokenizer DIR               tokenize text and chats with DIR's tokenizer.json and\n"
         "                                chat template, as vLLM does [a toy tokenizer]\n"
+        "  --token-data use|ignore       a request's nvext.token_data: its ids are the\n"
+        "                                prompt (Dynamo's backends), or it is ignored and\n"
+        "                                the text or chat tokenized here (vLLM) [use]\n"
         "Simulation options:\n"
         "  --speedup X                   the engine's clock: modelled times are divided by X\n"
         "                                (alias --speedup-ratio) [1]; sim and replay scale\n"
@@ -159,6 +162,12 @@ static int parse_disagg(kvr_cli_t *c, kvr_mocker_config_t *m)
     }
     if (kvr_cli_is(c, "--tokenizer"))
         return kvr_cli_copy(c, kvr_cli_value(c), m->tokenizer, sizeof m->tokenizer);
+    if (kvr_cli_is(c, "--token-data")) {
+        static const char *const TOKEN_DATA[] = {"use", "ignore"};
+        if ((rc = kvr_cli_choice(c, kvr_cli_value(c), TOKEN_DATA, 2, &k)) == 0)
+            m->ignore_token_data = k == 1;
+        return rc;
+    }
     if (kvr_cli_is(c, "--kv-host"))
         return kvr_cli_copy(c, kvr_cli_value(c), m->kv_host, sizeof m->kv_host);
     if (kvr_cli_is(c, "--kv-bytes-per-block"))

@@ -374,6 +374,12 @@ static const field_t FIELDS[] = {
      NULL, 0, "false",
      "OpenAI front end: send the client's Authorization header on to the worker (off: a "
      "client's credentials never reach a worker)", G_SECURITY},
+    {"frontend_chat_token_data", T_BOOL, OFF(frontend_chat_token_data), 0, 0, false, NULL, 0,
+     "true",
+     "OpenAI front end: add the prompt's ids to each chat sent to a worker (nvext.token_data), "
+     "as Dynamo-style backends read them; vLLM and SGLang ignore the member and tokenize the "
+     "chat again, so for them false sends the client's body as it came and spares the router "
+     "writing and the engine parsing about 5 bytes a token", G_FRONTEND},
     {"frontend_trust_kv_transfer", T_BOOL, OFF(frontend_trust_kv_transfer), 0, 0, false, NULL, 0,
      "false",
      "OpenAI front end: forward a client's kv_transfer_params, bootstrap_host, bootstrap_port, "

@@ -4,7 +4,8 @@
  *     (found by wire/json_scan.c's object walk, lenient: the OpenAI decoder validated the
  *     body before) but nvext, then nvext's engine priority as the top-level "priority"
  *     vLLM and SGLang read (replacing the client's own), then the ids to run ("prompt" for
- *     completions, nvext.token_data for chat); the KV-transfer members (kv_transfer_params,
+ *     completions, nvext.token_data for chat with frontend_chat_token_data); the KV-transfer
+ *     members (kv_transfer_params,
  *     bootstrap_*) are never taken from a client unless frontend_trust_kv_transfer is on: they
  *     name the host an engine reads KV from or sends it to, so only the router sets them;
  *   - the nvext naming the chosen worker, spliced into a worker's JSON answer or event when
@@ -142,7 +143,7 @@ static int build_body(fe_req_t *p, const char *const *drop, unsigned *seen, cons
             put_ids(&c, p->prompt.tokens, p->prompt.n_tokens);
             first = false;
         }
-    } else {
+    } else if (fe->cfg.frontend_chat_token_data) {
         put_str(&c, first ? "\"nvext\":{\"token_data\":" : ",\"nvext\":{\"token_data\":");
         put_ids(&c, p->prompt.tokens, p->prompt.n_tokens);
         put(&c, "}", 1);

@@ -1412,7 +1412,9 @@ static void h_generate(kvr_frontend_t *fe, struct evhttp_request *req, kvr_oai_e
     bool ids_given = rq.prompt_kind == KVR_OAI_PROMPT_TOKENS;
     p->prompt.drop_prompt = ep == KVR_OAI_COMPLETIONS &&
                             !(rq.given_kind == KVR_OAI_PROMPT_TOKENS && !rq.nvext.has_token_data);
-    p->prompt.rewrite = rq.has_nvext || ep == KVR_OAI_CHAT || p->prompt.drop_prompt ||
+    p->prompt.rewrite = rq.has_nvext ||
+                        (ep == KVR_OAI_CHAT && fe->cfg.frontend_chat_token_data) ||
+                        p->prompt.drop_prompt ||
                         (!fe->cfg.frontend_trust_kv_transfer && fe_body_may_name_kvt(body, len));
     bool ok = ids_given ? fe_set_tokens(p, rq.tokens, rq.n_tokens) : fe_tokenize_body(p, &rq, body, len);
     if (!ok) {

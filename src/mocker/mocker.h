@@ -66,6 +66,9 @@ typedef struct kvr_mocker_config {
     char tokenizer[1024];        /* a folder with tokenizer.json (and tokenizer_config.json):
                                     text and chats are tokenized with it and its chat
                                     template, as vLLM does; "" = the toy tokenizer */
+    bool ignore_token_data;      /* nvext.token_data is not read: text and chats are
+                                    tokenized here, as vLLM does (it ignores nvext); false: the
+                                    ids are taken, as Dynamo's backends take them */
     uint32_t dp_size;            /* ranks, 1..KVR_MOCKER_MAX_DP */
     double speedup;              /* > 0: modelled times are divided by it */
     kvr_kv_events_config_t events;

@@ -255,6 +255,13 @@ static int prompt_tokens(kvr_mocker_t *m, const kvr_oai_request_t *rq, const cha
                          size_t blen, const uint32_t **toks, size_t *n, char *err,
                          size_t errlen)
 {
+    kvr_oai_request_t as_given;
+    if (m->cfg.ignore_token_data && rq->nvext.has_token_data && rq->given_kind != 0 &&
+        rq->given_kind != KVR_OAI_PROMPT_TOKENS) { /* vLLM: nvext is not read */
+        as_given = *rq;
+        as_given.prompt_kind = (kvr_oai_prompt_kind_t)rq->given_kind;
+        rq = &as_given;
+    }
     const char *text = rq->text;
     size_t len = rq->text_len;
     if (rq->prompt_kind == KVR_OAI_PROMPT_TOKENS) {

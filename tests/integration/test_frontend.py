@@ -960,8 +960,44 @@ def scenario_step_clock():
         m.stop()
 
 
+def scenario_chat_token_data():
+    """What a chat carries to its worker. By default (Dynamo's backends) the router adds the ids
+    it routed on as nvext.token_data, and a mocker reading them runs those ids; with
+    --frontend-chat-token-data false (vLLM and SGLang ignore the member) nothing is added and
+    the engine tokenizes the chat itself; a mocker with --token-data ignore (as vLLM) tokenizes
+    the chat whatever it carries."""
+    td = toks(33)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "the text of the chat"}],
+            "max_tokens": 2, "nvext": {"token_data": td}}
+    m = mocker(what="mocker (reads token_data)")
+    mi = mocker("--token-data", "ignore", what="mocker (--token-data ignore)")
+    on = router([spec(1, m)], what="router (token data on)")
+    off = router([spec(1, m)], "--frontend-chat-token-data", "false", what="router (off)")
+    try:
+        st, body = on.call("POST", "/v1/chat/completions", chat)
+        check("token data on: the worker runs the ids the router routed on",
+              st == 200 and body["usage"]["prompt_tokens"] == 33, (st, body))
+        st, body = off.call("POST", "/v1/chat/completions", chat)
+        check("token data off: the worker tokenizes the chat itself (the ids are not sent)",
+              st == 200 and body["usage"]["prompt_tokens"] not in (0, 33), (st, body))
+        st, body = off.call("POST", "/v1/chat/completions",
+                            {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                             "max_tokens": 2})
+        check("token data off: a plain chat is answered", st == 200, (st, body))
+        st, body = mi.call("POST", "/v1/chat/completions", chat)
+        check("mocker --token-data ignore: tokenizes the chat, as vLLM",
+              st == 200 and body["usage"]["prompt_tokens"] not in (0, 33), (st, body))
+        p = subprocess.run([KVR, "mocker", "--token-data", "sometimes"], capture_output=True,
+                           text=True, timeout=20, stdin=subprocess.DEVNULL)
+        check("mocker --token-data sometimes: refused, naming the flag",
+              p.returncode == 2 and "--token-data" in p.stderr, (p.returncode, p.stderr))
+    finally:
+        for c in (on, off, m, mi):
+            c.stop()
+
+
 def main():
-    run_scenarios((("bad_tokenizer", scenario_bad_tokenizer), ("main", scenario_main), ("step_clock", scenario_step_clock), ("queue", scenario_queue),
+    run_scenarios((("bad_tokenizer", scenario_bad_tokenizer), ("chat_token_data", scenario_chat_token_data), ("main", scenario_main), ("step_clock", scenario_step_clock), ("queue", scenario_queue),
                    ("queue_first_token", scenario_queue_first_token),
                    ("faults", scenario_faults), ("dp", scenario_dp), ("urlless", scenario_urlless), ("direct", scenario_direct),
                    ("shutdown", scenario_shutdown),
