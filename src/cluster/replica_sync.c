@@ -783,6 +783,8 @@ static void ext_metrics(void *arg, kvr_prom_t *p)
                    (double)kvr_peer_reqs_count(s->origins));
     kvr_prom_gauge(p, "kvr_sync_joined", "1 once the snapshot join is done",
                    s->join == JOIN_DONE);
+    kvr_prom_family(p, "kvr_sync_lag_seconds", "histogram",
+                    "A peer's sync message: published to applied here, seconds.");
     kvr_prom_hist(p, "kvr_sync_lag_seconds", NULL, 0, &s->lag);
 }
 

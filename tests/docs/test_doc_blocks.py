@@ -8,7 +8,8 @@
     failure too: label it. docs/api.md is left to test_api_doc.py, which runs all of its own;
   - the doc-run blocks of a page run in the page's order, each with bash (`set -eo pipefail`)
     in one scratch directory per page where `./build/kvrouter` and `kvrouter` are the binary
-    under test, with every port the page's run blocks use moved to a free loopback port and
+    under test, with every port the page's run blocks use (host:port, port flags, a `for p in`
+    list of ports) moved to a free loopback port and
     the absolute paths a recipe writes (/etc/kvrouter, /tmp/nats) moved into the scratch
     directory. A block must exit 0; a curl in it must get a 2xx (the wrapper fails it
     otherwise). A command the block leaves running (a line ending in `&`: a mocker, a router,
@@ -101,13 +102,20 @@ def classify(blocks):
 # ---- running a page ------------------------------------------------------------------------
 
 def port_map(runs):
-    ports = sorted({int(p) for b in runs for _, p in PORT_RE.findall(b.text)})
+    ports = sorted({int(p) for b in runs for _, p in PORT_RE.findall(b.text)} |
+                   {int(x) for b in runs for m in LOOP_RE.finditer(b.text) for x in m.group(2).split()})
     base = free_ports(len(ports)) if ports else 0
     return {p: (base if len(ports) == 1 else base + i) for i, p in enumerate(ports)}
 
 
+# A shell loop over ports (`for p in 8001 8002; do ... localhost:$p ...`): its list is ports too.
+LOOP_RE = re.compile(r"(for \w+ in )([\d ]+)(;)")
+
+
 def rewrite(text, ports, scratch):
     text = PORT_RE.sub(lambda m: m.group(1) + str(ports[int(m.group(2))]), text)
+    text = LOOP_RE.sub(lambda m: m.group(1) + " ".join(str(ports[int(x)]) for x in
+                                                       m.group(2).split()) + m.group(3), text)
     for p in PATHS:
         text = text.replace(p, os.path.join(scratch, p.strip("/").replace("/", "-")))
     return text
@@ -174,8 +182,9 @@ def run_page(path, runs):
                 rc = "timed out after 300 s"
             log.seek(0)
             out = log.read()
-            check(f"{b.where} exits 0 ({time.monotonic() - t0:.1f} s)", rc == 0,
-                  f"rc {rc}\n{out[-1500:]}")
+            took = time.monotonic() - t0
+            check(f"{b.where} exits 0 ({took:.1f} s)", rc == 0, f"rc {rc}\n{out[-1500:]}")
+            print(f"  {b.where}: {took:.1f} s", flush=True)
             for port, http in left_running(rewrite(b.text, ports, scratch)):
                 ok = eventually(lambda: answers(port, http), timeout=30, interval=0.05)
                 check(f"{b.where}: what it leaves running answers on its port", ok,
