@@ -189,6 +189,19 @@ def read_events(s, n, got=b"", limit_s=30.0):
 CHILDREN = []  # every Child started, killed by kill_children() if still running
 
 
+def terminate(proc, what, timeout=30.0):
+    """SIGTERM, then SIGKILL after timeout s: a process that needs the kill is a failed check
+    (it must exit on SIGTERM)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        check(f"{what} exits on SIGTERM", False, f"killed after {timeout:.0f} s")
+
+
 class Child:
     """A kvrouter process on loopback that prints `listening host:port`; stderr goes to a file
     scanned for sanitizer reports when it stops."""
@@ -227,14 +240,7 @@ class Child:
         if self.stopped:
             return self.proc.returncode
         self.stopped = True
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            check(f"{self.what} exits on SIGTERM", False, "killed after 30 s")
+        terminate(self.proc, self.what)
         err = self.stderr()
         m = SANITIZER_RE.search(err)
         check(f"{self.what} stderr free of sanitizer reports", m is None,

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ import urllib.request
 from pathlib import Path
 
 from kvr_harness import (Child, NatsServer, check, eventually, free_ports, run_scenarios,
-                         with_free_ports)
+                         with_free_ports, terminate)
 
 KVR = sys.argv[1]
 ROOT = Path(__file__).resolve().parents[2]
@@ -279,14 +278,8 @@ class Prometheus:
         return self.api("query", query=expr)
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-                check("prometheus exits on SIGTERM", False, "killed after 30 s")
+        if self.proc is not None:
+            terminate(self.proc, "prometheus")
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.request
 
-from kvr_harness import RESULTS as results, SANITIZER_RE, check, eventually, read_line
+from kvr_harness import RESULTS as results, SANITIZER_RE, check, eventually, read_line, terminate
 
 KVR = sys.argv[1]
 DATA = os.environ.get("KVR_TEST_DATA") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -71,13 +71,7 @@ class Mocker:
                    if line.startswith("vllm:request_success"))
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        terminate(self.proc, "mocker")
         self.err.seek(0)
         err = self.err.read().decode(errors="replace")
         no_sanitizer("mocker", err)
