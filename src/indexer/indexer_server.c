@@ -1667,7 +1667,7 @@ static int recover_from_peers(kvr_indexer_t *x, char *why, size_t why_len)
         x->st.peer_failures++;
         orphans += rt.subscribed;
         kvr_log(KVR_LOG_WARN, "peer %s: no index recovered: %s", x->peers[i], err);
-        snprintf(why, why_len, "%s: %s", x->peers[i], err);
+        snprintf(why, why_len, "%.200s: %.480s", x->peers[i], err); /* bounded: a peer url, its error */
     }
     if (orphans > 0)
         snprintf(x->regs_origin, sizeof x->regs_origin,
