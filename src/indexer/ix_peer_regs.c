@@ -236,7 +236,7 @@ int kvr_ix_peer_regs_read(const char *b, size_t len, size_t max, kvr_ix_peer_reg
     int rc = i < len && b[i] == '[' ? 0 : KVR_EPARSE;
     i = rc == 0 ? kvr_json_skip_ws(b, len, i + 1) : len;
     while (rc == 0 && i < len && b[i] != ']') { /* entries, one comma between two */
-        size_t close;
+        size_t close = len; /* take_entry sets it when it succeeds */
         rc = b[i] == '{' ? take_entry(&rd, i, &close) : fail(&rd, "not a JSON object");
         i = rc == 0 ? kvr_json_skip_ws(b, len, close + 1) : len;
         if (i < len && b[i] == ',') {
