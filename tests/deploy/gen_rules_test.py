@@ -208,6 +208,9 @@ case("KvrIndexNearBudget",
 case("KvrIndexNearBudget",
      [(s("kvr_index_pairs"), "500x40"), (s("kvr_index_max_pairs"), "1000x40")], "35m", False)
 
+case("KvrIndexerStaleRanks", [(s("kvr_indexer_stale_ranks"), "2x20")], "10m", True, value="2")
+case("KvrIndexerStaleRanks", [(s("kvr_indexer_stale_ranks"), "0x20")], "10m", False)
+
 missing = set(alerts) - {t["alert_rule_test"][0]["alertname"] for t in tests}
 assert not missing, missing
 
