@@ -435,7 +435,32 @@ static void repr_str(struct jbuf *b, const char *p, size_t n)
     jb_putc(b, q);
 }
 
-static void str_or_repr(struct jbuf *b, struct jv v, bool repr)
+/* The containers being printed, outermost first: one met again is a cycle (a namespace set
+ * into itself), printed as Python's repr prints it, "{...}" or "[...]"; nesting past
+ * REPR_DEPTH is refused. */
+#define REPR_DEPTH 200
+struct repr_path {
+    const void *c[REPR_DEPTH];
+    int n;
+};
+
+static bool repr_enter(struct jbuf *b, struct repr_path *path, const void *c, const char *again)
+{
+    for (int i = 0; i < path->n; i++)
+        if (path->c[i] == c) {
+            jb_puts(b, again);
+            return false;
+        }
+    if (path->n == REPR_DEPTH) {
+        if (!b->err)
+            b->err = KVR_ETOOBIG;
+        return false;
+    }
+    path->c[path->n++] = c;
+    return true;
+}
+
+static void str_or_repr_in(struct jbuf *b, struct jv v, bool repr, struct repr_path *path)
 {
     char num[40];
     switch (v.kind) {
@@ -467,29 +492,35 @@ static void str_or_repr(struct jbuf *b, struct jv v, bool repr)
                 b->err = KVR_EINVAL; /* Python prints an address or a view's type: refused */
             break;
         }
+        if (!repr_enter(b, path, v.u.l, v.u.l->kind == JL_TUPLE ? "(...)" : "[...]"))
+            break;
         jb_putc(b, v.u.l->kind == JL_TUPLE ? '(' : '[');
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i)
                 jb_put(b, ", ", 2);
-            str_or_repr(b, v.u.l->a[i], true);
+            str_or_repr_in(b, v.u.l->a[i], true, path);
         }
         if (v.u.l->kind == JL_TUPLE && v.u.l->n == 1)
             jb_putc(b, ',');
         jb_putc(b, v.u.l->kind == JL_TUPLE ? ')' : ']');
+        path->n--;
         break;
     case JV_DICT:
     case JV_NS:
         if (v.kind == JV_NS)
             jb_puts(b, "<Namespace ");
-        jb_putc(b, '{');
-        for (size_t i = 0; i < v.u.d->n; i++) {
-            if (i)
-                jb_put(b, ", ", 2);
-            str_or_repr(b, v.u.d->k[i], true);
-            jb_put(b, ": ", 2);
-            str_or_repr(b, v.u.d->v[i], true);
+        if (repr_enter(b, path, v.u.d, "{...}")) {
+            jb_putc(b, '{');
+            for (size_t i = 0; i < v.u.d->n; i++) {
+                if (i)
+                    jb_put(b, ", ", 2);
+                str_or_repr_in(b, v.u.d->k[i], true, path);
+                jb_put(b, ": ", 2);
+                str_or_repr_in(b, v.u.d->v[i], true, path);
+            }
+            jb_putc(b, '}');
+            path->n--;
         }
-        jb_putc(b, '}');
         if (v.kind == JV_NS)
             jb_putc(b, '>');
         break;
@@ -497,6 +528,13 @@ static void str_or_repr(struct jbuf *b, struct jv v, bool repr)
         jb_puts(b, "<object>");
         break;
     }
+}
+
+static void str_or_repr(struct jbuf *b, struct jv v, bool repr)
+{
+    struct repr_path path;
+    path.n = 0;
+    str_or_repr_in(b, v, repr, &path);
 }
 
 void jv_str_to(struct jbuf *b, struct jv v) { str_or_repr(b, v, false); }

@@ -132,6 +132,11 @@ static void test_loops_and_scope(void **state)
            "{% endfor %}{{ ns.a }}",
            "4");
     expect("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}", "a=1;b=2;");
+    /* a namespace set into itself prints as Python's repr prints a cycle (Jinja2's output) */
+    expect("{% set ns = namespace(n=0, s='') %}{% for i in [1] %}{% set ns.n = ns %}{% endfor %}"
+           "{{ ns.n }}|{{ ns }}",
+           "<Namespace {'n': <Namespace {...}>, 's': ''}>|"
+           "<Namespace {'n': <Namespace {...}>, 's': ''}>");
     expect("{{ messages[::-1][0].content }}{{ messages|length - 1 }}{{ -1|abs }}", "U231");
 }
 
