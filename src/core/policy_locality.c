@@ -10,8 +10,9 @@
  * computing it is still the worker's load (raw counts it), so a burst on a new prefix goes
  * where that prefix is being computed only when waiting there costs no more than computing
  * it elsewhere. Counted twice, such blocks would hide the load of that prefill and pile the
- * burst up behind it (measured on the fanout workload at 2x and 4x round-robin's unloaded
- * TTFT: p50 1.43x and 1.27x the clairvoyant oracle's, against 1.23x and 1.12x once).
+ * burst up behind it (measured with `kvrouter sim` on a fanout trace of 4 requests/s, 300 s,
+ * at --rate-scale 6 and 7.5: p50 1.43x and 1.27x the clairvoyant oracle's, against 1.23x and
+ * 1.12x counted once).
  * Invariants: terms >= 0 in, logit >= 0 out (+Inf on overflow). Threads: any. Cost: O(1).
  */
 #include <math.h>
