@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-from kvr_harness import RESULTS, check, eventually, free_ports  # noqa: E402
+from kvr_harness import check, eventually, free_ports, run_main  # noqa: E402
 
 KVR = os.path.abspath(sys.argv[1])
 SHELL_LANGS = ("sh", "bash", "shell", "console")
@@ -229,11 +229,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as e:  # noqa: BLE001 - a crash is a failed check
-        import traceback
-        traceback.print_exc()
-        check("test_doc_blocks ran to the end", False, repr(e))
-    print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed", flush=True)
-    raise SystemExit(1 if RESULTS["failed"] else 0)
+    run_main(main, "test_doc_blocks")

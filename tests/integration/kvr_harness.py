@@ -39,6 +39,18 @@ def finish():
     raise SystemExit(1 if RESULTS["failed"] else 0)
 
 
+def run_main(main, name):
+    """main() with a crash counted as a failed check (children killed), then finish()."""
+    try:
+        main()
+    except Exception as e:  # noqa: BLE001 - a crash is a failed check
+        import traceback
+        traceback.print_exc()
+        check(f"{name} ran to the end", False, repr(e))
+        kill_children()
+    finish()
+
+
 def eventually(fn, timeout=10.0, interval=0.03):
     """Poll until fn() is truthy or the deadline passes; returns the last value."""
     end = time.monotonic() + timeout

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvr_harness import Child, check, eventually, free_ports, kill_children
+from kvr_harness import Child, check, eventually, free_ports, kill_children, run_main
 
 KVR = os.path.abspath(sys.argv[1])
 ROOT = Path(__file__).resolve().parents[2]
@@ -421,13 +421,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as e:  # noqa: BLE001 - a crash is a failed check
-        import traceback
-        traceback.print_exc()
-        check("test_api_doc ran to the end", False, repr(e))
-        kill_children()
-    from kvr_harness import RESULTS
-    print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed", flush=True)
-    raise SystemExit(1 if RESULTS["failed"] else 0)
+    run_main(main, "test_api_doc")
