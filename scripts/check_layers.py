@@ -28,7 +28,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 SEES = re.compile(r'set\(KVR_SEES_(\w+)\s+([^)]*)\)')
 BASE_PUBLIC = {"kvrouter/status.h"}
 # Services an outsider (another folder of src/) reaches through one header, <folder>/<folder>.h.
-CONTRACTS = {"http", "fleet", "api", "frontend", "cluster", "indexer", "mocker"}
+CONTRACTS = {"http", "fleet", "api", "frontend", "cluster", "indexer", "ui", "mocker"}
 
 
 def read_rules(root):

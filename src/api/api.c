@@ -784,6 +784,12 @@ static void put_prediction(kvr_api_t *s, kvr_json_writer_t *w, kvr_worker_t wk)
     kvr_json_u64(w, v.flagged);
     kvr_json_key(w, "recovered");
     kvr_json_u64(w, v.recovered);
+    kvr_json_key(w, "prompt_tokens"); /* of the answers whose engine reported cached tokens */
+    kvr_json_u64(w, v.tokens.prompt);
+    kvr_json_key(w, "predicted_cached_tokens");
+    kvr_json_u64(w, v.tokens.predicted_cached);
+    kvr_json_key(w, "reported_cached_tokens");
+    kvr_json_u64(w, v.tokens.reported_cached);
     kvr_json_end_object(w);
 }
 
@@ -833,6 +839,11 @@ static void write_worker(kvr_api_t *s, const kvr_worker_spec_t *sp)
         kvr_json_key(w, "bootstrap_port");
         kvr_json_u64(w, sp->bootstrap_port);
     }
+    kvr_json_key(w, "health");
+    kvr_json_begin_object(w);
+    kvr_json_key(w, "probe_failures"); /* consecutive failed GET /health */
+    kvr_json_u64(w, kvr_fleet_probe_failures(s->fleet, sp->worker_id));
+    kvr_json_end_object(w);
     kvr_json_key(w, "taints");
     kvr_json_begin_array(w);
     for (size_t t = 0; t < sp->n_taints; t++)
@@ -849,6 +860,11 @@ static void write_worker(kvr_api_t *s, const kvr_worker_spec_t *sp)
         kvr_json_begin_object(w);
         kvr_json_key(w, "dp_rank");
         kvr_json_u64(w, wk.dp_rank);
+        char why[256];
+        kvr_json_key(w, "state"); /* the one word to show: health, drift, index state */
+        kvr_json_string(w, kvr_fleet_rank_state(s->fleet, sp, wk, &st, why, sizeof why));
+        kvr_json_key(w, "state_why");
+        kvr_json_string(w, why);
         kvr_json_key(w, "index_state");
         kvr_json_string(w, kvr_fleet_index_state(s->fleet, sp, &st));
         kvr_json_key(w, "index_blocks");
@@ -1319,7 +1335,7 @@ kvr_api_t *kvr_api_new(kvr_http_host_t *host, kvr_fleet_t *fleet,
     s->observing = true;
     s->rl_decisions = (kvr_ratelimit_t)KVR_RATELIMIT_INIT(1000, 200);
     kvr_router_set_explain(s->r, kvr_log_enabled(KVR_LOG_DEBUG)); /* --log-level debug */
-    kvr_http_service_t svc = {.handle = handle, .arg = s};
+    kvr_http_service_t svc = {.handle = handle, .metrics = api_metrics, .arg = s};
     if (kvr_http_host_add_service(host, &svc) != KVR_OK) {
         snprintf(err, err_len, "the HTTP host has no room for another service");
         kvr_api_free(s);

@@ -60,5 +60,7 @@ void api_reply_status(kvr_api_t *s, struct evhttp_request *req, int rc, const ch
 
 /* ---- api_metrics.c ----------------------------------------------------------------------- */
 void api_h_metrics(kvr_api_t *s, struct evhttp_request *req);
+/* The router API's families: its service's metrics callback (arg: the kvr_api_t). */
+void api_metrics(void *arg, kvr_prom_t *p);
 
 #endif

@@ -1,8 +1,10 @@
 /*
- * api_metrics.c: GET /metrics for the HTTP API (Prometheus text, wire/prom.h): the routing
- * histograms and counters, the scheduler's queue, the load tracker, the ingest thread's
- * per-rank figures, the workers' health, the host's (errors, 401s, connection guards); then the
- * other services' families. Threads: the HTTP thread. Cost: O(ranks) per scrape.
+ * api_metrics.c: GET /metrics for the HTTP API (Prometheus text, wire/prom.h). The router
+ * API's own families (the routing histograms and counters, the scheduler's queue, the load
+ * tracker, the ingest thread's per-rank figures, the workers' health, prediction drift) are its
+ * service's metrics callback, so that the host's exposition (kvr_http_host_exposition: the
+ * host's families, then every service's) is the whole text, for /metrics and for the live
+ * page's sampler alike. Threads: the HTTP thread. Cost: O(ranks) per scrape.
  */
 #include <stdio.h>
 #include <string.h>
@@ -109,7 +111,6 @@ static void metrics_router(kvr_api_t *s, kvr_prom_t *p)
                           "was told of (event) or the 100 ms tick (a change nothing reported).",
                           "trigger", by, KVR_PROM_N(by));
     }
-    kvr_http_host_metrics(s->host, p);
 }
 
 static void metrics_ingest(kvr_api_t *s, kvr_prom_t *p)
@@ -250,16 +251,21 @@ static void metrics_workers(kvr_api_t *s, kvr_prom_t *p)
                       fetches, KVR_PROM_N(fetches));
 }
 
+void api_metrics(void *arg, kvr_prom_t *p)
+{
+    kvr_api_t *s = arg;
+    kvr_fleet_sync(s->fleet);
+    metrics_router(s, p);
+    if (s->g != NULL)
+        metrics_ingest(s, p);
+    metrics_workers(s, p);
+    kvr_fleet_drift_metrics(s->fleet, p);
+}
+
 void api_h_metrics(kvr_api_t *s, struct evhttp_request *req)
 {
-    kvr_fleet_sync(s->fleet);
     kvr_prom_reset(&s->prom);
-    metrics_router(s, &s->prom);
-    if (s->g != NULL)
-        metrics_ingest(s, &s->prom);
-    metrics_workers(s, &s->prom);
-    kvr_fleet_drift_metrics(s->fleet, &s->prom);
-    kvr_http_host_services_metrics(s->host, &s->prom);
+    kvr_http_host_exposition(s->host, &s->prom);
     kvr_reply_body(s->rep, req, 200, "text/plain; version=0.0.4", s->prom.buf ? s->prom.buf : "",
                    s->prom.len);
 }

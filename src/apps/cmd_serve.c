@@ -29,6 +29,7 @@
 #include "frontend/frontend.h"
 #include "http/http.h"
 #include "indexer/indexer.h"
+#include "ui/ui.h"
 
 extern char **environ;
 
@@ -275,6 +276,7 @@ typedef struct daemon_parts {
     kvr_fleet_t *fleet;
     kvr_api_t *api;
     kvr_frontend_t *fe;
+    kvr_ui_t *ui;
     kvr_cluster_t *cluster;
     kvr_ix_serve_t *ixs;  /* serve_indexer */
     kvr_remote_ix_t *rix; /* remote_indexer */
@@ -349,6 +351,7 @@ static void teardown(daemon_parts_t *d)
      * short (the ingest thread, the NATS entry) and turn exit 0 into death by signal */
     signal(SIGTERM, SIG_IGN);
     signal(SIGINT, SIG_IGN);
+    kvr_ui_free(d->ui);
     kvr_cluster_free(d->cluster); /* sync's last batch, the presence entry, the link */
     kvr_ix_serve_free(d->ixs);
     kvr_remote_ix_free(d->rix); /* before the scheduler: its lookups end without a callback */
@@ -521,6 +524,12 @@ static int build(daemon_parts_t *d, const serve_args_t *a)
     kvr_cluster_config_t cc = {.base = d->base, .host = d->host, .fleet = d->fleet, .cfg = c};
     if ((d->cluster = kvr_cluster_new(&cc, &st, err, sizeof err)) == NULL) {
         serve_fail(err[0] ? err : kvr_strerror(st));
+        return st;
+    }
+    /* the live view last: its first reading sees every service's families */
+    kvr_ui_config_t uc = {.loop = d->base, .host = d->host, .fleet = d->fleet, .cfg = c};
+    if ((d->ui = kvr_ui_new(&uc, &st, err, sizeof err)) == NULL) {
+        serve_fail(err);
         return st;
     }
     kvr_nats_t *nats = kvr_cluster_nats(d->cluster);

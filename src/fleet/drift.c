@@ -24,6 +24,7 @@ typedef struct drank {
     bool drifting;
     uint64_t since_ms;
     uint64_t compared, agreed, unjudged, flagged, recovered;
+    kvr_drift_tokens_t tokens; /* every sample's, judged or not */
 } drank_t;
 
 struct kvr_drift {
@@ -31,6 +32,7 @@ struct kvr_drift {
     drank_t *r;
     size_t n, cap;
     kvr_hist_t h_err;
+    kvr_drift_tokens_t tokens; /* every rank's, removed workers' included */
 };
 
 static const double ERR_BUCKETS[] = {0, 16, 64, 256, 1024, 4096, 16384, 65536};
@@ -124,11 +126,20 @@ static bool trusted(const kvr_drift_t *d, const drank_t *r)
     return (double)r->agreeing >= d->cfg.min_accuracy * (double)r->n - 1e-9;
 }
 
+static void add_tokens(kvr_drift_tokens_t *t, const kvr_drift_sample_t *s)
+{
+    t->prompt += s->prompt_tokens;
+    t->predicted_cached += s->predicted;
+    t->reported_cached += s->reported;
+}
+
 kvr_drift_change_t kvr_drift_observe(kvr_drift_t *d, const kvr_drift_sample_t *s)
 {
     drank_t *r = find_or_add(d, s->w);
     if (r == NULL)
         return KVR_DRIFT_SAME;
+    add_tokens(&r->tokens, s);
+    add_tokens(&d->tokens, s);
     uint32_t bs = s->block_size ? s->block_size : 1;
     if (s->prompt_tokens == 0 || (s->prompt_tokens - 1) / bs == 0) {
         r->unjudged++;
@@ -205,8 +216,11 @@ bool kvr_drift_view(const kvr_drift_t *d, kvr_worker_t w, kvr_drift_view_t *out)
     out->unjudged = r->unjudged;
     out->flagged = r->flagged;
     out->recovered = r->recovered;
+    out->tokens = r->tokens;
     return true;
 }
+
+kvr_drift_tokens_t kvr_drift_tokens(const kvr_drift_t *d) { return d->tokens; }
 
 const kvr_hist_t *kvr_drift_error_hist(const kvr_drift_t *d) { return &d->h_err; }
 

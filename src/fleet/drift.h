@@ -51,6 +51,13 @@ typedef enum kvr_drift_change {
     KVR_DRIFT_RECOVERED, /* it agrees again */
 } kvr_drift_change_t;
 
+/* Token sums over observed samples (judged or not): the prompts, the cached tokens the router
+ * predicted for them and those their engines reported; predicted_cached / prompt and
+ * reported_cached / prompt are the hit ratios as predicted and as reported. */
+typedef struct kvr_drift_tokens {
+    uint64_t prompt, predicted_cached, reported_cached;
+} kvr_drift_tokens_t;
+
 typedef struct kvr_drift_view {
     uint32_t window_samples;  /* judged samples in the window now */
     uint32_t window_agreeing;
@@ -64,6 +71,7 @@ typedef struct kvr_drift_view {
     uint64_t compared, agreed;  /* judged samples ever, and those agreeing */
     uint64_t unjudged;          /* samples too short to say anything */
     uint64_t flagged, recovered; /* times found drifting, times well again */
+    kvr_drift_tokens_t tokens;
 } kvr_drift_view_t;
 
 /* NULL when out of memory or the config is out of range. */
@@ -77,6 +85,8 @@ void kvr_drift_restart(kvr_drift_t *d, kvr_worker_t w);
 void kvr_drift_remove_worker(kvr_drift_t *d, uint64_t worker_id);
 /* w's figures; false when no sample of w was ever observed (*out zeroed, accuracy 1). */
 bool kvr_drift_view(const kvr_drift_t *d, kvr_worker_t w, kvr_drift_view_t *out);
+/* Every sample's token sums (all ranks, removed workers' included). */
+kvr_drift_tokens_t kvr_drift_tokens(const kvr_drift_t *d);
 /* |reported - predicted| in tokens of every judged sample. */
 const kvr_hist_t *kvr_drift_error_hist(const kvr_drift_t *d);
 

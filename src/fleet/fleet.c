@@ -166,6 +166,57 @@ const char *kvr_fleet_index_state(const kvr_fleet_t *f, const kvr_worker_spec_t 
     return sp->events[0] ? kvr_rank_state_name(st->state) : "no_events";
 }
 
+uint32_t kvr_fleet_probe_failures(const kvr_fleet_t *f, uint64_t worker_id)
+{
+    const probe_t *pr = fleet_probe(f, worker_id);
+    return pr != NULL ? pr->failures : 0;
+}
+
+/* Why a rank is in an index state, for the hover of the live page. */
+static const char *index_state_why(const char *state)
+{
+    static const char *const whys[][2] = {
+        {"exact", ""},
+        {"recovering", "a gap in its KV-event sequence is being replayed from its engine"},
+        {"degraded", "events were lost and could not be replayed: its index may miss blocks "
+                     "until the engine's cache turns over"},
+        {"error", "its events could not be applied (see the router's log)"},
+        {"unreachable", "the connection to its KV-event publisher is down"},
+        {"no_events", "no KV events: registered without events=, or none received yet"},
+        {"approximate", "approximate mode: the router's own decisions stand in for events"},
+        {"remote", "its index is kept by a remote indexer"},
+        {"not_indexed", "this mode keeps no index"},
+    };
+    for (size_t i = 0; i < sizeof whys / sizeof whys[0]; i++)
+        if (strcmp(whys[i][0], state) == 0)
+            return whys[i][1];
+    return "";
+}
+
+const char *kvr_fleet_rank_state(const kvr_fleet_t *f, const kvr_worker_spec_t *sp,
+                                 kvr_worker_t w, const kvr_rank_status_t *st, char *why,
+                                 size_t cap)
+{
+    const probe_t *pr = fleet_probe(f, sp->worker_id);
+    if (kvr_router_fenced(f->r, sp->worker_id)) {
+        bool failing = pr != NULL && pr->failures > 0;
+        snprintf(why, cap, "never picked, index state dropped: %s",
+                 pr != NULL && pr->fence_why[0] ? pr->fence_why : "fenced");
+        return failing ? "unreachable" : "fenced";
+    }
+    kvr_drift_view_t v;
+    if (f->drift != NULL && kvr_drift_view(f->drift, w, &v) && v.drifting) {
+        snprintf(why, cap,
+                 "%u of its last %u answers agreed with the cached tokens its engine reported "
+                 "(mean error %.0f tokens)",
+                 v.window_agreeing, v.window_samples, v.mean_error);
+        return "drifting";
+    }
+    const char *state = kvr_fleet_index_state(f, sp, st);
+    snprintf(why, cap, "%s", index_state_why(state));
+    return state;
+}
+
 void kvr_fleet_set_index_origin(kvr_fleet_t *f, const char *origin)
 {
     snprintf(f->index_origin, sizeof f->index_origin, "%s", origin ? origin : "");

@@ -77,6 +77,16 @@ void kvr_fleet_sync(kvr_fleet_t *f);
  * "remote" with a remote indexer; "not_indexed" when the router keeps no index. */
 const char *kvr_fleet_index_state(const kvr_fleet_t *f, const kvr_worker_spec_t *sp,
                                   const kvr_rank_status_t *st);
+/* The one word a rank is shown as (GET /v1/workers' "state", the live page, `kvrouter top`),
+ * health first: "unreachable" (fenced after its /health probes failed), "fenced" (fenced,
+ * its probes not failing now); then "drifting" (its predictions disagree with its engine's
+ * reports); then kvr_fleet_index_state's word. why gets a sentence for it ("" when the state
+ * is "exact" or needs none). */
+const char *kvr_fleet_rank_state(const kvr_fleet_t *f, const kvr_worker_spec_t *sp,
+                                 kvr_worker_t w, const kvr_rank_status_t *st, char *why,
+                                 size_t cap);
+/* Consecutive failed /health probes of a worker (0 when healthy or not probed). */
+uint32_t kvr_fleet_probe_failures(const kvr_fleet_t *f, uint64_t worker_id);
 /* Whether the index is still being loaded at start (a peer's snapshot on its way): the router
  * serves cold meanwhile and does not hand its own snapshot on. */
 void kvr_fleet_set_index_loading(kvr_fleet_t *f, bool loading);

@@ -158,6 +158,16 @@ void kvr_fleet_drift_metrics(const kvr_fleet_t *f, kvr_prom_t *p)
                       "usage.prompt_tokens_details.cached_tokens (vLLM: "
                       "--enable-prompt-tokens-details).",
                       "report", rep, KVR_PROM_N(rep));
+    const kvr_drift_tokens_t tk = kvr_drift_tokens(f->drift);
+    const kvr_prom_by_t tok[] = {{"prompt", (double)tk.prompt},
+                                 {"predicted_cached", (double)tk.predicted_cached},
+                                 {"reported_cached", (double)tk.reported_cached}};
+    kvr_prom_by_label(p, "kvr_prediction_tokens_total", "counter",
+                      "Over the answers whose engine reported cached tokens: their prompt "
+                      "tokens, the tokens the router predicted cached on the chosen rank, and "
+                      "those the engine reported cached (predicted_cached / prompt is the hit "
+                      "ratio as predicted, reported_cached / prompt as reported).",
+                      "kind", tok, KVR_PROM_N(tok));
     const kvr_prom_by_t rs[] = {{"asked", (double)f->resyncs[RESYNC_ASKED]},
                                 {"dropped", (double)f->resyncs[RESYNC_DROPPED]},
                                 {"busy", (double)f->resyncs[RESYNC_BUSY]},

@@ -22,6 +22,7 @@ typedef struct probe {
     bool dead; /* its worker was removed; kept until the fleet goes (a late callback) */
     uint32_t failures;
     char suspect[96]; /* non-empty: a probe sent on other evidence; its failure fences */
+    char fence_why[160]; /* why it was last fenced ("" never) */
     /* its KV-cache size from GET /metrics, when registered without one */
     struct evhttp_connection *cap_conn; /* its own: a health connection may be closing */
     bool cap_in_flight;
@@ -59,6 +60,8 @@ struct kvr_fleet {
 void fleet_add_probe(kvr_fleet_t *f, uint64_t worker_id);
 /* A removed worker's probe is cancelled and kept (a late callback) until the fleet goes. */
 void fleet_remove_probe(kvr_fleet_t *f, uint64_t worker_id);
+/* A live worker's probe, or NULL (no url, or removed). */
+const probe_t *fleet_probe(const kvr_fleet_t *f, uint64_t worker_id);
 void fleet_free_probes(kvr_fleet_t *f);
 /* Probes every live worker's /health. */
 void fleet_probe_all(kvr_fleet_t *f);

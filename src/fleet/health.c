@@ -341,11 +341,22 @@ void fleet_warn_silent_ranks(kvr_fleet_t *s, uint64_t now)
     }
 }
 
+const probe_t *fleet_probe(const kvr_fleet_t *s, uint64_t worker_id)
+{
+    for (size_t i = 0; i < s->n_probes; i++)
+        if (s->probes[i]->worker_id == worker_id)
+            return s->probes[i];
+    return NULL;
+}
+
 void kvr_fleet_fence(kvr_fleet_t *s, uint64_t worker_id, const char *why)
 {
     if (kvr_router_worker(s->r, worker_id) == NULL || kvr_router_fenced(s->r, worker_id))
         return;
     kvr_router_set_fenced(s->r, worker_id, true);
+    probe_t *pr = (probe_t *)fleet_probe(s, worker_id);
+    if (pr != NULL)
+        snprintf(pr->fence_why, sizeof pr->fence_why, "%s", why);
     if (s->g != NULL)
         (void)kvr_ingest_drop_state(s->g, worker_id);
     kvr_log(KVR_LOG_WARN,

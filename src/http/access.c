@@ -3,6 +3,7 @@
  */
 #include "http/access.h"
 
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -23,7 +24,8 @@ kvr_access_class_t kvr_access_class(const char *path, bool get, bool post, bool 
     if (get && strcmp(path, "/v1/index/snapshot") == 0)
         return KVR_ACCESS_PEER;
     if (get && (strcmp(path, "/v1/workers") == 0 || strcmp(path, "/metrics") == 0 ||
-                strcmp(path, "/v1/routers") == 0))
+                strcmp(path, "/v1/routers") == 0 || strcmp(path, "/v1/stats") == 0 ||
+                strcmp(path, "/ui") == 0))
         return KVR_ACCESS_READ;
     return KVR_ACCESS_CLIENT;
 }
@@ -63,6 +65,37 @@ static const char *bearer(const char *authorization)
     return t;
 }
 
+/* The password of "Basic base64(user:password)" (scheme case-insensitive) decoded into buf, or
+ * NULL: malformed, or longer than buf. A browser sends it for a page it was challenged for
+ * (RFC 7617); libcrypto's decoder (already linked for NATS's TLS) does the base64. */
+static const char *basic_password(const char *authorization, char *buf, size_t cap)
+{
+    if (authorization == NULL || strncasecmp(authorization, "Basic ", 6) != 0)
+        return NULL;
+    const char *b = authorization + 6;
+    while (*b == ' ')
+        b++;
+    size_t n = strlen(b);
+    while (n > 0 && b[n - 1] == ' ')
+        n--;
+    unsigned char dec[3 * (KVR_SECRET_MAX + 64) / 4 + 3];
+    if (n == 0 || n % 4 != 0 || n / 4 * 3 > sizeof dec - 1)
+        return NULL;
+    int len = EVP_DecodeBlock(dec, (const unsigned char *)b, (int)n);
+    if (len < 0)
+        return NULL;
+    len -= (b[n - 1] == '=') + (b[n - 2] == '='); /* the decoder counts padding as bytes */
+    const unsigned char *colon = memchr(dec, ':', (size_t)len);
+    if (colon == NULL)
+        return NULL;
+    size_t plen = (size_t)len - (size_t)(colon + 1 - dec);
+    if (plen >= cap || memchr(colon + 1, '\0', plen) != NULL)
+        return NULL;
+    memcpy(buf, colon + 1, plen);
+    buf[plen] = '\0';
+    return buf;
+}
+
 static bool token_is(const char *given, const char *key)
 {
     return key[0] != '\0' && given != NULL &&
@@ -88,6 +121,9 @@ int kvr_access_check(const kvr_access_t *a, kvr_access_class_t cls, bool on_admi
     if (cls == KVR_ACCESS_OPEN)
         return 0;
     const char *given = bearer(authorization);
+    char basic[KVR_SECRET_MAX + 64];
+    if (given == NULL && cls == KVR_ACCESS_READ) /* a browser on the page and its fetches */
+        given = basic_password(authorization, basic, sizeof basic);
     bool ok;
     if (peer && a->peer_key[0] != '\0' && token_is(given, a->peer_key))
         ok = true;
@@ -101,7 +137,10 @@ int kvr_access_check(const kvr_access_t *a, kvr_access_class_t cls, bool on_admi
         ok = true;
     if (ok)
         return 0;
-    snprintf(msg, cap, "%s", given == NULL ? "missing API key: send `Authorization: Bearer <key>`"
+    snprintf(msg, cap, "%s", given == NULL && cls == KVR_ACCESS_READ
+                                 ? "missing API key: send `Authorization: Bearer <key>`, or "
+                                   "from a browser the key as the Basic password"
+                             : given == NULL ? "missing API key: send `Authorization: Bearer <key>`"
                              : peer ? "incorrect API key: this call needs the peer key (peer_key_file) "
                                       "or the admin key"
                              : cls == KVR_ACCESS_ADMIN && a->admin_key[0] != '\0'

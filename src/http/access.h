@@ -3,7 +3,10 @@
  *   open   GET /health, GET /ready: probes; never need a token;
  *   client the OpenAI front end, /v1/route and the request lifecycle, /v1/query, /v1/loads,
  *          POST /router, the indexer API's POST /query and /query_by_hash (serve_indexer);
- *   read   GET /v1/workers, GET /metrics: client calls served on both listeners;
+ *   read   GET /v1/workers, GET /metrics, GET /v1/routers, GET /v1/stats, GET /ui: client
+ *          calls served on both listeners; besides a bearer token they take HTTP Basic
+ *          credentials whose password is the key (any user name), which a browser sends for
+ *          the page once challenged;
  *   admin  fleet changes: POST /v1/workers, DELETE /v1/workers/ID; index copies: GET /v1/dump,
  *          GET /dump; index writes: POST /record_routing_decision; run-time settings: POST
  *          /busy_threshold, POST /v1/log-level;

@@ -37,13 +37,18 @@ struct kvr_http_host {
     size_t n_services;
 };
 
-/* 401 in OpenAI's shape (code "invalid_api_key") with the Bearer challenge. */
-static void reply_unauthorized(kvr_http_host_t *h, struct evhttp_request *req, const char *msg)
+/* 401 in OpenAI's shape (code "invalid_api_key") with the Bearer challenge, and for read calls
+ * the Basic one too: a browser opening /ui then asks for the key (as the password). */
+static void reply_unauthorized(kvr_http_host_t *h, struct evhttp_request *req,
+                               kvr_access_class_t cls, const char *msg)
 {
     h->unauthorized++;
     kvr_json_writer_reset(&h->w);
     (void)kvr_oai_encode_auth_error(&h->w, msg);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+    struct evkeyvalq *out = evhttp_request_get_output_headers(req);
+    evhttp_add_header(out, "WWW-Authenticate", "Bearer");
+    if (cls == KVR_ACCESS_READ)
+        evhttp_add_header(out, "WWW-Authenticate", "Basic realm=\"kvrouter\", charset=\"UTF-8\"");
     kvr_reply_writer(&h->reply, req, 401);
 }
 
@@ -59,10 +64,10 @@ static void serve(kvr_http_host_t *h, struct evhttp_request *req, bool on_admin)
     bool get = m == EVHTTP_REQ_GET, post = m == EVHTTP_REQ_POST, del = m == EVHTTP_REQ_DELETE;
     char why[200];
     const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-    int verdict = kvr_access_check(&h->access, kvr_access_class(path, get, post, del), on_admin,
-                                   auth, why, sizeof why);
+    kvr_access_class_t cls = kvr_access_class(path, get, post, del);
+    int verdict = kvr_access_check(&h->access, cls, on_admin, auth, why, sizeof why);
     if (verdict == 401) {
-        reply_unauthorized(h, req, why);
+        reply_unauthorized(h, req, cls, why);
         return;
     }
     if (verdict != 0) {
@@ -246,6 +251,12 @@ void kvr_http_host_services_metrics(kvr_http_host_t *h, struct kvr_prom *p)
     for (size_t i = 0; i < h->n_services; i++)
         if (h->services[i].metrics != NULL)
             h->services[i].metrics(h->services[i].arg, p);
+}
+
+void kvr_http_host_exposition(kvr_http_host_t *h, struct kvr_prom *p)
+{
+    kvr_http_host_metrics(h, p);
+    kvr_http_host_services_metrics(h, p);
 }
 
 void kvr_http_host_details(const kvr_http_host_t *h,

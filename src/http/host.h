@@ -69,6 +69,8 @@ kvr_reply_t *kvr_http_host_reply(kvr_http_host_t *h);
 /* The host's families (errors, 401s, the guards'), then each service's. */
 void kvr_http_host_metrics(kvr_http_host_t *h, struct kvr_prom *p);
 void kvr_http_host_services_metrics(kvr_http_host_t *h, struct kvr_prom *p);
+/* The whole exposition: the host's families, then each service's (GET /metrics). */
+void kvr_http_host_exposition(kvr_http_host_t *h, struct kvr_prom *p);
 /* Calls fn for each service's detail. */
 void kvr_http_host_details(const kvr_http_host_t *h,
                            void (*fn)(void *arg, const char *key, const char *value), void *arg);
