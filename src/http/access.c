@@ -85,6 +85,8 @@ static const char *basic_password(const char *authorization, char *buf, size_t c
     if (len < 0)
         return NULL;
     len -= (b[n - 1] == '=') + (b[n - 2] == '='); /* the decoder counts padding as bytes */
+    if (len <= 0)
+        return NULL;
     const unsigned char *colon = memchr(dec, ':', (size_t)len);
     if (colon == NULL)
         return NULL;
