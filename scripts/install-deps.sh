@@ -15,6 +15,8 @@ PKGS=(
   libck-dev uthash-dev
   prometheus
   libpcre2-dev python3-jinja2 libunistring-dev
+  libssl-dev                        # libcrypto: HTTP Basic credentials (the live page)
+  chromium python3-websocket tmux   # the live page in a real browser, `kvrouter top` in a terminal
 )
 # Node.js and npm run the tokenizer oracle; a machine that has them keeps its own.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then

@@ -95,6 +95,8 @@ static void usage(FILE *out)
             "                        and decode work at --load; PxD (e.g. 2P2D) sets the split\n"
             "                        and the worker count\n"
             "  --keep DIR            keep the logs and per-request samples in DIR\n"
+            "  --keep-up             after the comparison, keep the first kv run's router and\n"
+            "                        mockers up (its live view at /ui) until Ctrl-C\n"
             "  --json                one JSON object per policy (kvrouter replay --json's keys)\n"
             "  --quiet               no progress on stderr\n");
 }
@@ -107,6 +109,7 @@ typedef struct demo_args {
     uint64_t requests;
     const char *trace, *plot, *keep;
     bool trace_set;
+    bool keep_up; /* the first kv run's fleet stays up after the comparison */
     double mocker_speedup, load;
     bool json, quiet, policies_set;
     uint32_t routers;
@@ -198,6 +201,10 @@ static int parse_option(kvr_cli_t *c, void *args)
         return kvr_cli_str(c, kvr_cli_value(c), &a->plot);
     if (kvr_cli_is(c, "--keep"))
         return kvr_cli_str(c, kvr_cli_value(c), &a->keep);
+    if (strcmp(arg, "--keep-up") == 0) {
+        a->keep_up = true;
+        return 0;
+    }
     if (kvr_cli_is(c, "--disagg"))
         return parse_disagg(c, a);
     return -1;
@@ -504,6 +511,17 @@ static int fleet_start(fleet_t *f, const demo_args_t *a, const char *policy, con
         }
     usleep(200000);
     return KVR_OK;
+}
+
+/* --keep-up: the kept fleet serves its live view until a signal (no test waits on this: it
+ * is for a person at the page). */
+static void keep_up(const fleet_t *f)
+{
+    fprintf(stderr, "kvrouter demo: the kv run's router is still up: its live view at "
+                    "http://%s/ui (Ctrl-C to stop it)\n",
+            f->routers[0].addr);
+    while (!g_stop)
+        pause(); /* a signal ends it; on_signal sets g_stop */
 }
 
 /* ---- the report -------------------------------------------------------------------------- */
@@ -813,6 +831,8 @@ int kvr_cmd_demo(int argc, char **argv)
             nats_up = true;
         }
     }
+    fleet_t kept; /* --keep-up: the first kv run's fleet */
+    bool have_kept = false;
     for (size_t p = 0; p < a.n_policies && code == 0 && !g_stop; p++) {
         run_t *r = &runs[p];
         r->policy = a.policies[p];
@@ -830,6 +850,8 @@ int kvr_cmd_demo(int argc, char **argv)
             break;
         }
         snprintf(r->url, sizeof r->url, "http://%s", fleet.routers[0].addr);
+        if (!a.quiet)
+            fprintf(stderr, "kvrouter demo: %s: live view at %s/ui\n", r->policy, r->url);
         char more[MAX_ROUTERS][160];
         const char *more_urls[MAX_ROUTERS];
         for (size_t k = 1; k < fleet.n_routers; k++) {
@@ -864,7 +886,12 @@ int kvr_cmd_demo(int argc, char **argv)
             legs_served(&fleet.mockers[i], &r->served[i], &r->kv_tokens[i]);
         if (rc != KVR_OK)
             fprintf(stderr, "kvrouter demo: %s: %s\n", r->policy, err);
-        fleet_stop(&fleet, ok);
+        if (ok && a.keep_up && !have_kept && strncmp(r->policy, "kv", 2) == 0) {
+            kept = fleet; /* stopped after the comparison */
+            have_kept = true;
+        } else {
+            fleet_stop(&fleet, ok);
+        }
         if (!ok) {
             code = g_stop ? 130 : 1;
             break;
@@ -942,6 +969,11 @@ int kvr_cmd_demo(int argc, char **argv)
             printf("demo took %.0f s\n", kvr_child_now_s() - t_start);
     }
     fflush(stdout);
+    if (have_kept) {
+        if (code == 0)
+            keep_up(&kept);
+        fleet_stop(&kept, false);
+    }
     if (code != 0 && code != 130)
         fprintf(stderr, "kvrouter demo: logs kept in %s\n", dir);
     else if (!a.keep)
