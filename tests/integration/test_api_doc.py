@@ -49,6 +49,7 @@ SERVERS = [
     ("src/api/", ("serve",)),
     ("src/frontend/", ("serve",)),
     ("src/cluster/", ("serve",)),
+    ("src/ui/", ("serve",)),
     ("src/http/", ("serve",)),  # access.c: serve's access classes
     ("src/mocker/", ("mocker",)),
 ]
