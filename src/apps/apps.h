@@ -18,5 +18,6 @@ int kvr_cmd_trace(int argc, char **argv);
 int kvr_cmd_trace_gen(int argc, char **argv);   /* kvrouter trace gen */
 int kvr_cmd_trace_synth(int argc, char **argv); /* kvrouter trace synth */
 int kvr_cmd_tokenize(int argc, char **argv);    /* kvrouter tokenize */
+int kvr_cmd_top(int argc, char **argv);         /* kvrouter top: the live view of a router */
 
 #endif

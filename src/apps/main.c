@@ -19,6 +19,8 @@ static const subcommand_t SUBCOMMANDS[] = {
      "a simulated vLLM engine: KV cache, batching, timing, KV events, OpenAI HTTP"},
     {"indexer", kvr_cmd_indexer,
      "a standalone KV indexer: per-model prefix indexes fed by KV events, HTTP queries"},
+    {"top", kvr_cmd_top,
+     "a router's live view in the terminal: figures, sparklines, one row per worker rank"},
     {"register", kvr_cmd_register,
      "keep an engine's entry in the NATS discovery bucket until stopped (a sidecar)"},
     {"trace", kvr_cmd_trace,

@@ -7,8 +7,21 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "base/log.h"
 #include "kvrouter/status.h"
+
+/* A key others can read is a key others may have: said once per read, not refused (a
+ * container's mounted secret is often 0644 and only the router can reach it). */
+static void warn_if_shared(FILE *f, const char *field, const char *path)
+{
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 077) != 0)
+        kvr_log(KVR_LOG_WARN, "%s: '%s' is readable by %s (mode %03o): chmod 600 it", field,
+                path, (st.st_mode & 007) != 0 ? "every user" : "its group",
+                (unsigned)(st.st_mode & 0777));
+}
 
 int kvr_secret_read(const char *field, const char *path, char out[KVR_SECRET_MAX], char *err,
                     size_t err_len)
@@ -18,6 +31,7 @@ int kvr_secret_read(const char *field, const char *path, char out[KVR_SECRET_MAX
         snprintf(err, err_len, "%s: cannot read '%s': %s", field, path, strerror(errno));
         return KVR_EIO;
     }
+    warn_if_shared(f, field, path);
     char buf[KVR_SECRET_MAX + 1];
     size_t n = fread(buf, 1, sizeof buf, f);
     int eof = feof(f);

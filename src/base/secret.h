@@ -14,7 +14,8 @@
 
 /* Reads the token in path into out (NUL-terminated; surrounding whitespace dropped).
  * KVR_OK, or KVR_EINVAL / KVR_EIO with err naming field and the problem: unreadable, empty,
- * longer than KVR_SECRET_MAX - 1 bytes, or holding whitespace or control bytes inside. */
+ * longer than KVR_SECRET_MAX - 1 bytes, or holding whitespace or control bytes inside. A file
+ * readable by its group or by others is read, with a warning on the log. */
 int kvr_secret_read(const char *field, const char *path, char out[KVR_SECRET_MAX], char *err,
                     size_t err_len);
 

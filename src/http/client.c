@@ -343,9 +343,17 @@ int kvr_http_get(kvr_http_target_t *t, const char *path, int timeout_ms, size_t 
         snprintf(err, err_len, "cannot connect: %s", strerror(e));
         return KVR_EIO;
     }
-    char head[1024], full[600];
+    char head[2048], full[600], auth[sizeof t->bearer + 32] = "";
     snprintf(full, sizeof full, "%s%s", t->base_path, path);
-    size_t hl = kvr_http_head(head, sizeof head, "GET", full, t->host_hdr, NULL, 0, true);
+    if (t->bearer[0] != '\0')
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", t->bearer);
+    size_t alen = strlen(auth);
+    size_t hl = kvr_http_head(head, sizeof head - alen, "GET", full, t->host_hdr, NULL, 0, true);
+    if (hl >= 2 && alen > 0) { /* before the head's closing blank line */
+        memcpy(head + hl - 2, auth, alen);
+        memcpy(head + hl - 2 + alen, "\r\n", 2);
+        hl += alen;
+    }
     if (hl == 0 || !kvr_http_send_all(fd, head, hl)) {
         close(fd);
         snprintf(err, err_len, "cannot send the request");

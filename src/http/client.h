@@ -34,6 +34,8 @@ typedef struct kvr_http_target {
     char addr[64];       /* numeric address (set by kvr_http_probe / kvr_http_connect) */
     uint16_t port;
     char base_path[260]; /* the URL's path without trailing '/' ("" for none) */
+    char bearer[520];    /* a token kvr_http_get sends as `Authorization: Bearer` ("" none;
+                            kvr_http_target_parse leaves it empty) */
 } kvr_http_target_t;
 
 /* http://host[:port][/base]: KVR_OK, or KVR_EINVAL with err saying why. */
@@ -86,7 +88,7 @@ const char *kvr_http_find(const char *hay, size_t n, const char *needle);
 /* ---- one request ------------------------------------------------------------------------ */
 
 /* GET {base}path on a fresh connection (Connection: close) into r, within timeout_ms, keeping
- * at most max_body bytes of body. KVR_OK (any status: the caller judges r->status); KVR_EIO
+ * at most max_body bytes of body, with t->bearer as its Authorization when set. KVR_OK (any status: the caller judges r->status); KVR_EIO
  * with err ("cannot connect: ...", "timed out", "connection closed before a response") or
  * another status of kvr_http_read_whole. */
 int kvr_http_get(kvr_http_target_t *t, const char *path, int timeout_ms, size_t max_body,
