@@ -37,8 +37,18 @@ struct kvr_http_host {
     size_t n_services;
 };
 
+/* Whether req is a browser opening a page (Sec-Fetch-Mode: navigate) or a client that says
+ * nothing of it (curl, an old browser); not a page's own fetch(), which must get a plain 401
+ * (challenged, a browser holds the fetch while it asks for credentials). */
+static bool navigation(struct evhttp_request *req)
+{
+    const char *m = evhttp_find_header(evhttp_request_get_input_headers(req), "Sec-Fetch-Mode");
+    return m == NULL || strcmp(m, "navigate") == 0;
+}
+
 /* 401 in OpenAI's shape (code "invalid_api_key") with the Bearer challenge, and for read calls
- * the Basic one too: a browser opening /ui then asks for the key (as the password). */
+ * opened as a page the Basic one too: a browser opening /ui then asks for the key (as the
+ * password) and sends it again with the page's own requests. */
 static void reply_unauthorized(kvr_http_host_t *h, struct evhttp_request *req,
                                kvr_access_class_t cls, const char *msg)
 {
@@ -47,7 +57,7 @@ static void reply_unauthorized(kvr_http_host_t *h, struct evhttp_request *req,
     (void)kvr_oai_encode_auth_error(&h->w, msg);
     struct evkeyvalq *out = evhttp_request_get_output_headers(req);
     evhttp_add_header(out, "WWW-Authenticate", "Bearer");
-    if (cls == KVR_ACCESS_READ)
+    if (cls == KVR_ACCESS_READ && navigation(req))
         evhttp_add_header(out, "WWW-Authenticate", "Basic realm=\"kvrouter\", charset=\"UTF-8\"");
     kvr_reply_writer(&h->reply, req, 401);
 }

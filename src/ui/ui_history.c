@@ -62,9 +62,10 @@ static void compute(kvr_ui_point_t *p, const kvr_ui_reading_t *r, const kvr_ui_r
     p->kv_events_per_s = r->has_events ? rate(r->kv_events_applied, prev->kv_events_applied, dt)
                                        : NAN;
     p->kv_gaps = r->has_events ? r->kv_gaps - prev->kv_gaps : NAN;
-    p->has_replicas = r->has_sync;
+    p->has_replicas = r->has_peers || r->has_sync;
+    p->peers = r->has_peers ? r->peers : NAN;
+    p->sync_lag_p50_ms = p->sync_lag_p99_ms = p->sync_events_per_s = p->sync_lost = NAN;
     if (r->has_sync) {
-        p->peers = r->peers;
         p->sync_lag_p50_ms = ms(kvr_ui_hist_quantile(&r->sync_lag, &win->sync_lag, 0.5));
         p->sync_lag_p99_ms = ms(kvr_ui_hist_quantile(&r->sync_lag, &win->sync_lag, 0.99));
         p->sync_events_per_s = rate(r->sync_applied, prev->sync_applied, dt);

@@ -104,6 +104,7 @@ static void read_services(kvr_ui_reading_t *o, const kvr_prom_line_t *l)
         o->has_sync = true;
         bucket(&o->sync_lag, l);
     } else if (kvr_prom_line_is(l, "kvr_replicas_peers")) {
+        o->has_peers = true;
         o->peers = l->value;
     } else if (kvr_prom_line_is(l, "kvr_sync_applied_events_total")) {
         o->sync_applied += l->value;

@@ -40,8 +40,10 @@ typedef struct kvr_ui_reading {
     double fe_5xx;
     bool has_events;
     double kv_events_applied, kv_gaps;
-    bool has_sync; /* NATS replica sync */
-    double peers, sync_applied, sync_lost;
+    bool has_peers; /* NATS replicas (kvr_replicas_peers) */
+    double peers;
+    bool has_sync; /* replica sync over them */
+    double sync_applied, sync_lost;
     kvr_ui_hist_t sync_lag; /* seconds */
     size_t skipped; /* malformed lines (none expected: the text is the router's own) */
 } kvr_ui_reading_t;

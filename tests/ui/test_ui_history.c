@@ -146,6 +146,24 @@ static void test_rates_ratios_and_nulls(void **state)
     kvr_prom_deinit(&p);
 }
 
+static void test_replicas_without_sync(void **state)
+{
+    (void)state;
+    /* NATS replicas seen, replica sync off: the replicas are known, their sync figures not */
+    const char *text = "# TYPE kvr_replicas_peers gauge\nkvr_replicas_peers 2\n";
+    kvr_ui_history_t *h = calloc(1, sizeof *h);
+    kvr_ui_history_init(h);
+    kvr_ui_reading_t r;
+    for (uint64_t t = 1000; t <= 2000; t += 1000) {
+        kvr_ui_reading_parse(text, strlen(text), t, &r);
+        assert_true(kvr_ui_history_add(h, &r));
+    }
+    const kvr_ui_point_t *p = kvr_ui_history_point(h, 0);
+    assert_true(p->has_replicas && p->peers == 2);
+    assert_true(isnan(p->sync_lag_p50_ms) && isnan(p->sync_events_per_s) && isnan(p->sync_lost));
+    free(h);
+}
+
 static void test_ring_keeps_ten_minutes_in_order(void **state)
 {
     (void)state;
@@ -178,6 +196,7 @@ int main(void)
         cmocka_unit_test(test_quantile_as_prometheus),
         cmocka_unit_test(test_reading_sums_labels),
         cmocka_unit_test(test_rates_ratios_and_nulls),
+        cmocka_unit_test(test_replicas_without_sync),
         cmocka_unit_test(test_ring_keeps_ten_minutes_in_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
