@@ -20,19 +20,23 @@
  * kv_transfer_params, then the streaming request to the decode mocker with the answer's
  * parameters), so both paths do the same engine work and the same KV read between the
  * mockers, and the difference is what the router's two legs add; target: <= 150 us at p50.
- * --tokenizer DIR: chats instead (a system prompt and a user turn of random words, about
- * --tokens tokens by DIR's tokenizer, every one new so no cache answers), to a mocker that
- * tokenizes with DIR (`--tokenizer`, as vLLM tokenizes) and through two routers: one that
- * tokenizes in process (`--tokenizer m=DIR`) and one that asks the mocker's POST /tokenize
- * (the router's path without a tokenizer). Three paths, the order rotated; the added figures
- * are the paired medians against the direct path. The mocker's /tokenize costs what our C
- * tokenizer costs plus the HTTP hop: a floor for a real engine, whose API server tokenizes in
- * HF tokenizers under Python (`kvrouter bench tokenize --compare` measures that tokenizer
- * against ours). Target: <= 300 us added by the in-process path at p50.
+ * --tokenizer DIR: chats instead, to a mocker that tokenizes with DIR (`--tokenizer`, as vLLM
+ * tokenizes) and through two routers: one that tokenizes in process (`--tokenizer m=DIR`) and
+ * one that asks the mocker's POST /tokenize (the router's path without a tokenizer). Three
+ * paths, the order rotated; the added figures are the paired medians against the direct path.
+ * Two rows, their runs interleaved: frontend-chat, every chat new (a system prompt and a user
+ * message of random words, about --tokens tokens by DIR's tokenizer: no cache answers), and
+ * frontend-chat-turns, conversations (each path its own: a history of exchanges sent first as
+ * a new chat, not timed, then CONV_TURNS timed turns, each adding a user message to the history
+ * and then the assistant's answer, as chat clients resend the whole history; the timed prompts
+ * average about --tokens). The mocker's /tokenize costs what our C tokenizer costs (its
+ * segment cache included) plus the HTTP hop: a floor for a real engine, whose API server
+ * tokenizes in HF tokenizers under Python (`kvrouter bench tokenize --compare` measures that
+ * tokenizer against ours). Target: <= 300 us added by the in-process path at p50.
  * --rate R paces the requests (both paths together) to R per second: the gap lets the
  * router's ingest thread apply the previous request's KV events before the next is timed,
  * which on a 2-core machine otherwise competes with the request path for a core.
- * Memory: one request body and one response buffer, reused. Threads: one (the children are
+ * Memory: one request body and one response buffer, reused (and each path's conversation). Threads: one (the children are
  * processes). A failed request, a child that does not start within 10 s, or a non-200 answer
  * fails the run (exit 1).
  * Invariants: both paths use the same requests' shape and one keep-alive connection each; only
@@ -56,6 +60,7 @@
 #include <arpa/inet.h>
 
 #include "apps/child.h"
+#include "base/grow.h"
 #include "tokenizer/model.h"
 #include "http/http.h"
 #include "bench.h"
@@ -443,44 +448,42 @@ static size_t make_chat(char **buf, size_t *cap, kvr_bench_rng_t *rng, size_t wo
     return (size_t)(o - *buf);
 }
 
-/* How many words make a chat of about `tokens` tokens by dir's tokenizer and template (two
- * passes of a proportional correction); *measured: the tokens of the last chat sized. 0 when
- * the tokenizer does not load or its template does not render the chat. */
-static size_t calibrate_words(const char *dir, uint64_t tokens, kvr_bench_rng_t *rng,
-                              size_t *measured)
+/* The ids of a chat of messages msgs[0..ml) by m's tokenizer and template: their number, 0
+ * when the template does not render it. */
+static size_t chat_tokens(const kvr_tokmodel_t *m, kvr_tokmodel_scratch_t *s, const char *msgs,
+                          size_t ml)
 {
-    int st;
-    char err[512];
-    kvr_tokmodel_t *m = kvr_tokmodel_load(dir, &st, err, sizeof err);
-    if (m == NULL) {
-        fprintf(stderr, "kvrouter bench frontend: --tokenizer: %s\n", err);
-        return 0;
-    }
-    kvr_tokmodel_scratch_t *s = kvr_tokmodel_scratch_new(m);
-    size_t words = (size_t)tokens, n = 0, cap = 8 * (size_t)tokens + 1024;
-    uint32_t *ids = malloc(cap * sizeof *ids);
-    for (int pass = 0; pass < 2 && s != NULL && ids != NULL; pass++) {
-        char *msgs = malloc(words * 16 + 256), why[256];
+    kvr_tokmodel_input_t in = {
+        .add_special = -1,
+        .chat = {.messages = msgs, .messages_len = ml, .add_generation_prompt = true}};
+    size_t n = 0;
+    char why[256];
+    uint32_t *ids = malloc(((size_t)1 << 20) * sizeof *ids);
+    if (ids == NULL || kvr_tokmodel_ids(m, s, &in, ids, (size_t)1 << 20, &n, NULL, NULL, why,
+                                        sizeof why) != KVR_OK)
+        n = 0;
+    free(ids);
+    return n;
+}
+
+/* How many words make a chat of about `tokens` tokens by m's tokenizer and template (two
+ * passes of a proportional correction); *measured: the tokens of the last chat sized. 0 when
+ * its template does not render the chat. */
+static size_t calibrate_words(const kvr_tokmodel_t *m, kvr_tokmodel_scratch_t *s, uint64_t tokens,
+                              kvr_bench_rng_t *rng, size_t *measured)
+{
+    size_t words = (size_t)tokens, n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        char *msgs = malloc(words * 16 + 256);
         if (msgs == NULL)
             break;
-        size_t ml = (size_t)(put_messages(msgs, rng, words) - msgs);
-        kvr_tokmodel_input_t in = {.add_special = -1,
-                                   .chat = {.messages = msgs, .messages_len = ml,
-                                            .add_generation_prompt = true}};
-        if (kvr_tokmodel_ids(m, s, &in, ids, cap, &n, NULL, NULL, why, sizeof why) != KVR_OK)
-            n = 0;
+        n = chat_tokens(m, s, msgs, (size_t)(put_messages(msgs, rng, words) - msgs));
         free(msgs);
         if (n == 0)
             break;
         words = (size_t)((double)words * (double)tokens / (double)n + 0.5);
     }
     *measured = n;
-    free(ids);
-    kvr_tokmodel_scratch_free(s);
-    kvr_tokmodel_free(m);
-    if (n == 0)
-        fprintf(stderr, "kvrouter bench frontend: --tokenizer: %s's chat template does not "
-                "render the bench's chat\n", dir);
     return n ? words : 0;
 }
 
@@ -488,15 +491,115 @@ typedef struct chat_fig {
     double d50, d99, i50, i99, w50, w99, ipaired, wpaired;
 } chat_fig_t;
 
-/* One run of --tokenizer: n chats on each of the three paths (ports: direct, in-process
- * router, /tokenize router), the order rotated every request. */
-static bool chat_run(const int ports[3], size_t words, uint64_t max_tokens, size_t n,
+/* ---- multi-turn conversations (--tokenizer's second row) ---------------------------------
+ * Each path has its own conversation, all of the same shape: a system prompt and a history of
+ * exchanges (a user message of CONV_USER_WORDS words, an assistant answer of CONV_ANSWER_WORDS)
+ * sent first as a new chat (not timed), then CONV_TURNS timed turns, each adding a user message
+ * to the history and, after it, the assistant's answer: a chat client resends the whole
+ * history every turn. The history starts so that the timed prompts average about --tokens. */
+#define CONV_TURNS 8
+#define CONV_USER_WORDS 100
+#define CONV_ANSWER_WORDS 200
+
+typedef struct conv {
+    char *msgs; /* the messages array so far, without its closing bracket */
+    size_t len, cap;
+} conv_t;
+
+static bool conv_fit(conv_t *c, size_t more)
+{
+    return kvr_grow((void **)&c->msgs, &c->cap, c->len + more + 1, SIZE_MAX, 1) == KVR_OK;
+}
+
+/* Appends a message of `words` random words. */
+static bool conv_add(conv_t *c, const char *role, kvr_bench_rng_t *rng, size_t words)
+{
+    if (!conv_fit(c, words * 16 + 64))
+        return false;
+    char *o = c->msgs + c->len;
+    o += sprintf(o, ",{\"role\":\"%s\",\"content\":\"", role);
+    o = put_words(o, rng, words);
+    o += sprintf(o, "\"}");
+    c->len = (size_t)(o - c->msgs);
+    return true;
+}
+
+/* A new conversation: the system prompt, then exchanges up to about start_words words. */
+static bool conv_start(conv_t *c, kvr_bench_rng_t *rng, size_t start_words)
+{
+    c->len = 0;
+    if (!conv_fit(c, 64))
+        return false;
+    c->len = (size_t)sprintf(c->msgs, "[{\"role\":\"system\",\"content\":\"" CHAT_SYSTEM "\"}");
+    bool ok = true;
+    for (size_t w = 0; ok && w + CONV_USER_WORDS + CONV_ANSWER_WORDS <= start_words;
+         w += CONV_USER_WORDS + CONV_ANSWER_WORDS)
+        ok = conv_add(c, "user", rng, CONV_USER_WORDS) &&
+             conv_add(c, "assistant", rng, CONV_ANSWER_WORDS);
+    return ok;
+}
+
+/* The streaming chat of the conversation so far. */
+static size_t conv_body(const conv_t *c, char **buf, size_t *cap, uint64_t max_tokens)
+{
+    size_t need = c->len + 128;
+    if (*cap < need) {
+        char *b = realloc(*buf, need);
+        if (b == NULL)
+            return 0;
+        *buf = b;
+        *cap = need;
+    }
+    int n = snprintf(*buf, *cap,
+                     "{\"model\":\"m\",\"messages\":%.*s],\"max_tokens\":%llu,"
+                     "\"stream\":true}",
+                     (int)c->len, c->msgs, (unsigned long long)max_tokens);
+    return n > 0 && (size_t)n < *cap ? (size_t)n : 0;
+}
+
+/* The history's words at a conversation's start, so that the timed turns average `words`. */
+static size_t conv_start_words(size_t words)
+{
+    size_t grow = CONV_TURNS * (CONV_USER_WORDS + CONV_ANSWER_WORDS) / 2;
+    return words > grow + CONV_USER_WORDS + CONV_ANSWER_WORDS ? words - grow
+                                                              : CONV_USER_WORDS + CONV_ANSWER_WORDS;
+}
+
+/* The mean ids of a conversation's timed turns (one conversation sized by m), and its
+ * first and last; 0 when the template does not render them. */
+static size_t conv_tokens(const kvr_tokmodel_t *m, kvr_tokmodel_scratch_t *s, size_t words,
+                          kvr_bench_rng_t *rng, size_t *first, size_t *last)
+{
+    conv_t c = {0};
+    size_t sum = 0, n = 0;
+    bool ok = conv_start(&c, rng, conv_start_words(words));
+    for (int turn = 1; ok && turn <= CONV_TURNS; turn++) {
+        ok = conv_add(&c, "user", rng, CONV_USER_WORDS) && conv_fit(&c, 1);
+        if (ok) {
+            c.msgs[c.len] = ']';
+            n = chat_tokens(m, s, c.msgs, c.len + 1);
+            ok = n > 0 && conv_add(&c, "assistant", rng, CONV_ANSWER_WORDS);
+        }
+        if (turn == 1)
+            *first = n;
+        *last = n;
+        sum += n;
+    }
+    free(c.msgs);
+    return ok ? sum / CONV_TURNS : 0;
+}
+
+/* One run of --tokenizer: n timed chats on each of the three paths (ports: direct, in-process
+ * router, /tokenize router), the order rotated every request. turns: every chat new (false),
+ * or the turns of conversations (true; the conversations' first chats are not timed). */
+static bool chat_run(const int ports[3], bool turns, size_t words, uint64_t max_tokens, size_t n,
                      double rate, kvr_bench_rng_t *rng, chat_fig_t *f)
 {
     static const char *const names[3] = {"direct", "router (in process)", "router (/tokenize)"};
     uint64_t gap_ns = rate > 0 ? (uint64_t)(1e9 / rate) : 0, next = kvr_bench_now_ns();
     int fds[3];
     double *lat[3], *diff[2];
+    conv_t cv[3] = {{0}};
     bool ok = true;
     for (int k = 0; k < 3; k++) {
         fds[k] = connect_to(ports[k]);
@@ -507,13 +610,21 @@ static bool chat_run(const int ports[3], size_t words, uint64_t max_tokens, size
     diff[1] = malloc(n * sizeof(double));
     ok = ok && diff[0] && diff[1];
     char *body = NULL, head[256];
-    size_t cap = 0;
+    size_t cap = 0, timed = 0;
     kvr_http_resp_t r = {0};
-    for (size_t i = 0; ok && i < FB_WARMUP + n; i++) {
+    for (size_t i = 0; ok && timed < n; i++) {
+        size_t turn = i % (CONV_TURNS + 1); /* turns: 0 starts a conversation (not timed) */
         uint64_t t[3];
         for (int k = 0; k < 3 && ok; k++) {
             int path = (int)((k + i) % 3);
-            size_t bl = make_chat(&body, &cap, rng, words, max_tokens);
+            size_t bl;
+            if (turns) {
+                ok = (turn > 0 || conv_start(&cv[path], rng, conv_start_words(words))) &&
+                     conv_add(&cv[path], "user", rng, CONV_USER_WORDS);
+                bl = ok ? conv_body(&cv[path], &body, &cap, max_tokens) : 0;
+            } else {
+                bl = make_chat(&body, &cap, rng, words, max_tokens);
+            }
             size_t hl = kvr_http_head(head, sizeof head, "POST", "/v1/chat/completions",
                                       "127.0.0.1", "application/json", bl, false);
             uint64_t now = kvr_bench_now_ns();
@@ -521,13 +632,15 @@ static bool chat_run(const int ports[3], size_t words, uint64_t max_tokens, size
                 kvr_bench_sleep_ns(next - now);
             next = (now > next ? now : next) + gap_ns;
             t[path] = bl && hl ? ttft_once(fds[path], head, hl, body, bl, &r, names[path]) : 0;
-            ok = t[path] != 0;
+            ok = t[path] != 0 &&
+                 (!turns || conv_add(&cv[path], "assistant", rng, CONV_ANSWER_WORDS));
         }
-        if (ok && i >= FB_WARMUP) {
+        if (ok && i >= FB_WARMUP && (!turns || turn > 0)) {
             for (int k = 0; k < 3; k++)
-                lat[k][i - FB_WARMUP] = (double)t[k];
-            diff[0][i - FB_WARMUP] = ((double)t[1] - (double)t[0]) / 1000.0;
-            diff[1][i - FB_WARMUP] = ((double)t[2] - (double)t[0]) / 1000.0;
+                lat[k][timed] = (double)t[k];
+            diff[0][timed] = ((double)t[1] - (double)t[0]) / 1000.0;
+            diff[1][timed] = ((double)t[2] - (double)t[0]) / 1000.0;
+            timed++;
         }
     }
     if (ok) {
@@ -542,6 +655,7 @@ static bool chat_run(const int ports[3], size_t words, uint64_t max_tokens, size
         if (fds[k] >= 0)
             close(fds[k]);
         free(lat[k]);
+        free(cv[k].msgs);
     }
     free(diff[0]);
     free(diff[1]);
@@ -551,13 +665,20 @@ static bool chat_run(const int ports[3], size_t words, uint64_t max_tokens, size
 }
 
 static const kvr_bench_col_t CHAT_COLS[] = {
-    {"bench", KVR_BENCH_STR, 13, 0},           {"tokens", KVR_BENCH_INT, 6, 0},
-    {"runs", KVR_BENCH_INT, 4, 0},             {"requests", KVR_BENCH_INT, 8, 0},
-    {"direct_p50_us", KVR_BENCH_NUM, 13, 1},   {"inproc_p50_us", KVR_BENCH_NUM, 13, 1},
-    {"inproc_p99_us", KVR_BENCH_NUM, 13, 1},   {"inproc_added_us", KVR_BENCH_NUM, 15, 1},
-    {"tokenize_p50_us", KVR_BENCH_NUM, 15, 1}, {"tokenize_p99_us", KVR_BENCH_NUM, 15, 1},
-    {"tokenize_added_us", KVR_BENCH_NUM, 17, 1}, {"target_us", KVR_BENCH_NUM, 9, 0},
-    {"direct_p99_us", KVR_BENCH_NUM, 0, 1},    {"speedup", KVR_BENCH_NUM, 0, 1},
+    {"bench", KVR_BENCH_STR, 19, 0},
+    {"tokens", KVR_BENCH_INT, 6, 0},
+    {"runs", KVR_BENCH_INT, 4, 0},
+    {"requests", KVR_BENCH_INT, 8, 0},
+    {"direct_p50_us", KVR_BENCH_NUM, 13, 1},
+    {"inproc_p50_us", KVR_BENCH_NUM, 13, 1},
+    {"inproc_p99_us", KVR_BENCH_NUM, 13, 1},
+    {"inproc_added_us", KVR_BENCH_NUM, 15, 1},
+    {"tokenize_p50_us", KVR_BENCH_NUM, 15, 1},
+    {"tokenize_p99_us", KVR_BENCH_NUM, 15, 1},
+    {"tokenize_added_us", KVR_BENCH_NUM, 17, 1},
+    {"target_us", KVR_BENCH_NUM, 9, 0},
+    {"direct_p99_us", KVR_BENCH_NUM, 0, 1},
+    {"speedup", KVR_BENCH_NUM, 0, 1},
 };
 #define N_CHAT_COLS (sizeof CHAT_COLS / sizeof CHAT_COLS[0])
 
@@ -614,6 +735,8 @@ static int frontend_chat(const kvr_bench_opts_t *o, const kvr_bench_list_t *tl, 
      * less the engine's tokenization it would spare a Dynamo-style backend */
     const char *const m_args[] = {"--tokenizer", o->tokenizer, "--token-data", "ignore", NULL};
     child_t m = {.out_fd = -1}, ra = {.out_fd = -1}, rb = {.out_fd = -1};
+    kvr_tokmodel_t *tm = NULL;
+    kvr_tokmodel_scratch_t *ts = NULL;
     int rc = 1;
     kvr_bench_rng_t rng;
     kvr_bench_rng_seed(&rng, o->seed);
@@ -634,54 +757,87 @@ static int frontend_chat(const kvr_bench_opts_t *o, const kvr_bench_list_t *tl, 
                 "in-process tokenizer's probe did not agree with the mocker's /tokenize)\n");
         goto out;
     }
+    int st;
+    char err[512];
+    tm = kvr_tokmodel_load(o->tokenizer, &st, err, sizeof err);
+    ts = tm != NULL ? kvr_tokmodel_scratch_new(tm) : NULL;
+    if (ts == NULL) {
+        fprintf(stderr, "kvrouter bench frontend: --tokenizer: %s\n", tm ? "out of memory" : err);
+        goto out;
+    }
     if (!o->json)
         printf("# TTFT of streaming chats, 1 client: direct to `kvrouter mocker --tokenizer %s "
                "--token-data ignore --speedup %s` (the engine tokenizes every prompt, as vLLM "
                "does), through `kvrouter serve --tokenizer m=DIR` (in process) and through "
                "`kvrouter serve` asking the mocker's /tokenize, both with "
-               "--frontend-chat-token-data false; every chat new; %zu "
-               "requests per path per run, %s\n", o->tokenizer, speed, n,
-               o->rate_per_s > 0 ? "paced (--rate)" : "back to back");
-    kvr_bench_print_header(o, CHAT_COLS, N_CHAT_COLS);
+               "--frontend-chat-token-data false; %zu timed requests per path per run, %s; "
+               "*_added_us: the paired median (router minus direct, neighbouring requests)\n"
+               "# frontend-chat: every chat new (a system prompt and one user message of random "
+               "words), so no cache answers\n"
+               "# frontend-chat-turns: conversations, each path its own: a history of exchanges "
+               "(user %d words, assistant %d) sent first as a new chat (not timed), then %d "
+               "timed turns, each adding a user message to the history and then the assistant's "
+               "answer, as chat clients resend the whole history; the mocker's /tokenize and its "
+               "own tokenization keep a segment cache too (a vLLM engine's would not)\n",
+               o->tokenizer, speed, n, o->rate_per_s > 0 ? "paced (--rate)" : "back to back",
+               CONV_USER_WORDS, CONV_ANSWER_WORDS, CONV_TURNS);
     rc = 0;
     for (size_t t = 0; t < tl->n && rc == 0; t++) {
-        size_t measured = 0, words = calibrate_words(o->tokenizer, tl->v[t], &rng, &measured);
-        unsigned runs = o->runs > 64 ? 64 : o->runs;
-        double v[8][64];
-        const int ports[3] = {m.port, ra.port, rb.port};
-        for (unsigned k = 0; k < runs && rc == 0 && words > 0; k++) {
-            chat_fig_t f = {0};
-            if (!chat_run(ports, words, o->max_tokens, n, o->rate_per_s, &rng, &f)) {
-                rc = 1;
-                break;
-            }
-            double row[8] = {f.d50, f.d99, f.i50, f.i99, f.w50, f.w99, f.ipaired, f.wpaired};
-            for (int j = 0; j < 8; j++)
-                v[j][k] = row[j];
-        }
-        if (rc != 0 || words == 0) {
+        size_t measured = 0, words = calibrate_words(tm, ts, tl->v[t], &rng, &measured);
+        size_t first = 0, last = 0,
+               turn_tokens = words ? conv_tokens(tm, ts, words, &rng, &first, &last) : 0;
+        if (words == 0 || turn_tokens == 0) {
+            fprintf(stderr,
+                    "kvrouter bench frontend: --tokenizer: %s's chat template does not "
+                    "render the bench's chats\n",
+                    o->tokenizer);
             rc = 1;
             break;
         }
-        kvr_bench_row_t row;
-        kvr_bench_row_init(&row, CHAT_COLS, N_CHAT_COLS);
-        kvr_bench_set_str(&row, "bench", "frontend-chat");
-        kvr_bench_set_int(&row, "tokens", (int64_t)measured);
-        kvr_bench_set_int(&row, "runs", runs);
-        kvr_bench_set_int(&row, "requests", (int64_t)n);
-        kvr_bench_set_num(&row, "direct_p50_us", kvr_bench_median(v[0], runs));
-        kvr_bench_set_num(&row, "direct_p99_us", kvr_bench_median(v[1], runs));
-        kvr_bench_set_num(&row, "inproc_p50_us", kvr_bench_median(v[2], runs));
-        kvr_bench_set_num(&row, "inproc_p99_us", kvr_bench_median(v[3], runs));
-        kvr_bench_set_num(&row, "tokenize_p50_us", kvr_bench_median(v[4], runs));
-        kvr_bench_set_num(&row, "tokenize_p99_us", kvr_bench_median(v[5], runs));
-        kvr_bench_set_num(&row, "inproc_added_us", kvr_bench_median(v[6], runs));
-        kvr_bench_set_num(&row, "tokenize_added_us", kvr_bench_median(v[7], runs));
-        kvr_bench_set_num(&row, "target_us", FB_CHAT_TARGET_US);
-        kvr_bench_set_num(&row, "speedup", o->speedup);
-        kvr_bench_print_row(o, &row);
+        if (!o->json)
+            printf("# %zu tokens: new chats of %zu tokens; conversation turns of %zu to %zu "
+                   "tokens (mean %zu)\n",
+                   (size_t)tl->v[t], measured, first, last, turn_tokens);
+        if (t == 0)
+            kvr_bench_print_header(o, CHAT_COLS, N_CHAT_COLS);
+        unsigned runs = o->runs > 64 ? 64 : o->runs;
+        double v[2][8][64];
+        const int ports[3] = {m.port, ra.port, rb.port};
+        for (unsigned k = 0; k < runs && rc == 0; k++) {
+            for (int mode = 0; mode < 2 && rc == 0; mode++) { /* new, turns: interleaved */
+                chat_fig_t f = {0};
+                if (!chat_run(ports, mode == 1, words, o->max_tokens, n, o->rate_per_s, &rng, &f)) {
+                    rc = 1;
+                    break;
+                }
+                double row[8] = {f.d50, f.d99, f.i50, f.i99, f.w50, f.w99, f.ipaired, f.wpaired};
+                for (int j = 0; j < 8; j++)
+                    v[mode][j][k] = row[j];
+            }
+        }
+        for (int mode = 0; mode < 2 && rc == 0; mode++) {
+            kvr_bench_row_t row;
+            kvr_bench_row_init(&row, CHAT_COLS, N_CHAT_COLS);
+            kvr_bench_set_str(&row, "bench", mode ? "frontend-chat-turns" : "frontend-chat");
+            kvr_bench_set_int(&row, "tokens", (int64_t)(mode ? turn_tokens : measured));
+            kvr_bench_set_int(&row, "runs", runs);
+            kvr_bench_set_int(&row, "requests", (int64_t)n);
+            kvr_bench_set_num(&row, "direct_p50_us", kvr_bench_median(v[mode][0], runs));
+            kvr_bench_set_num(&row, "direct_p99_us", kvr_bench_median(v[mode][1], runs));
+            kvr_bench_set_num(&row, "inproc_p50_us", kvr_bench_median(v[mode][2], runs));
+            kvr_bench_set_num(&row, "inproc_p99_us", kvr_bench_median(v[mode][3], runs));
+            kvr_bench_set_num(&row, "tokenize_p50_us", kvr_bench_median(v[mode][4], runs));
+            kvr_bench_set_num(&row, "tokenize_p99_us", kvr_bench_median(v[mode][5], runs));
+            kvr_bench_set_num(&row, "inproc_added_us", kvr_bench_median(v[mode][6], runs));
+            kvr_bench_set_num(&row, "tokenize_added_us", kvr_bench_median(v[mode][7], runs));
+            kvr_bench_set_num(&row, "target_us", FB_CHAT_TARGET_US);
+            kvr_bench_set_num(&row, "speedup", o->speedup);
+            kvr_bench_print_row(o, &row);
+        }
     }
 out:
+    kvr_tokmodel_scratch_free(ts);
+    kvr_tokmodel_free(tm);
     reap(&rb);
     reap(&ra);
     reap(&m);

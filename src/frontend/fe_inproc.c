@@ -10,8 +10,9 @@
  * registration's tokenizer is loaded on a job thread (http/offloop.h) that touches only its
  * fe_tokpend, and is abandoned, never waited for, when the front end goes.
  * Cost: a prompt costs a render (chats) and an encode, no allocation once the buffers have
- * grown, but the template's output (one malloc a chat); a probe two calls of a few hundred
- * bytes per model.
+ * grown, but the template's output (one malloc a chat); a conversation's earlier messages come
+ * from the model scratch's segment cache (tokenizer.h), counted in /metrics; a probe two calls
+ * of a few hundred bytes per model.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -608,6 +609,40 @@ void fe_inproc_worker_added(kvr_frontend_t *fe, const kvr_worker_spec_t *w)
 /* ---------------------------------------------------------------------------------------- */
 /* Metrics */
 
+/* Each model's segment cache (tokenizer.h): the text between special tokens, kept by content. */
+static void segcache_metrics(kvr_frontend_t *fe, struct kvr_prom *p)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } fam[] = {
+        {"kvr_frontend_tokenizer_segment_cache_hits_total", "counter",
+         "Segments of text between special tokens (64 bytes or more) whose ids the in-process "
+         "tokenizer's segment cache held."},
+        {"kvr_frontend_tokenizer_segment_cache_misses_total", "counter",
+         "Segments of text between special tokens (64 bytes or more) the in-process tokenizer "
+         "encoded."},
+        {"kvr_frontend_tokenizer_segment_cache_evictions_total", "counter",
+         "Segments dropped from the segment cache to make room."},
+        {"kvr_frontend_tokenizer_segment_cache_served_tokens_total", "counter",
+         "Token ids the segment cache returned instead of encoding."},
+        {"kvr_frontend_tokenizer_segment_cache_tokens", "gauge",
+         "Token ids the segment cache holds."},
+        {"kvr_frontend_tokenizer_segment_cache_capacity_tokens", "gauge",
+         "The segment cache's bound, in token ids."},
+    };
+    for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++) {
+        kvr_prom_family(p, fam[f].name, fam[f].type, fam[f].help);
+        for (size_t i = 0; i < fe->n_tms; i++) {
+            kvr_tok_cache_stats_t st;
+            kvr_tok_scratch_cache_stats(kvr_tokmodel_scratch_tok(fe->tms[i]->s), &st);
+            const uint64_t v[] = {st.hits,          st.misses, st.evictions,
+                                  st.tokens_served, st.tokens, st.capacity};
+            kvr_prom_label_t l = {"model", fe->tms[i]->name};
+            kvr_prom_sample(p, fam[f].name, &l, 1, (double)v[f]);
+        }
+    }
+}
+
 void fe_inproc_metrics(kvr_frontend_t *fe, struct kvr_prom *p)
 {
     kvr_prom_by_t path[] = {{"inprocess", (double)fe->tok_path[FE_TOKP_INPROC]},
@@ -654,4 +689,5 @@ void fe_inproc_metrics(kvr_frontend_t *fe, struct kvr_prom *p)
         kvr_prom_label_t l = {"model", fe->tms[i]->name};
         kvr_prom_sample(p, "kvr_frontend_tokenizer_bytes", &l, 1, (double)fe->tms[i]->bytes);
     }
+    segcache_metrics(fe, p);
 }

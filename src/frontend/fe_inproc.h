@@ -42,7 +42,8 @@ fe_inproc_status_t fe_inproc_ids(kvr_frontend_t *fe, const kvr_oai_request_t *rq
  * and probes its model's tokenizer when it is one of ours, unchecked. */
 void fe_inproc_worker_added(kvr_frontend_t *fe, const kvr_worker_spec_t *w);
 
-/* The /metrics families (tokenize time and tokens, paths, declines, probes). */
+/* The /metrics families (tokenize time and tokens, paths, declines, probes, each model's
+ * segment cache). */
 void fe_inproc_metrics(kvr_frontend_t *fe, struct kvr_prom *p);
 
 #endif

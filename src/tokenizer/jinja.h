@@ -28,6 +28,13 @@ void ja_init(struct jarena *a, size_t cap);
 void ja_free(struct jarena *a);
 void *ja_alloc(struct jarena *a, size_t n); /* 16-aligned; NULL past the cap or on ENOMEM */
 char *ja_strdup(struct jarena *a, const char *p, size_t n);
+/* The arena as it is (mark), and back to it (rollback: what was allocated since freed). */
+struct jmark {
+    struct jchunk *head;
+    size_t used, total;
+};
+void ja_mark(const struct jarena *a, struct jmark *m);
+void ja_rollback(struct jarena *a, const struct jmark *m);
 
 /* --- values ---------------------------------------------------------------------------- */
 enum jv_kind {
@@ -114,6 +121,9 @@ const struct jv *jd_gets(const struct jdict *d, const char *k, size_t n);
 
 bool jv_truthy(struct jv v);
 bool jv_eq(struct jv a, struct jv b);
+/* Strictly the same JSON value: kinds, bytes, number bits, members in order (jv_eq takes
+ * 1 == 1.0 == true): what the JSON reader's checks compare. */
+bool jv_same(struct jv a, struct jv b);
 /* <0, 0, >0 into *out; KVR_EINVAL when Python would raise TypeError. */
 int jv_cmp(struct jv a, struct jv b, int *out);
 size_t utf8_count(const char *p, size_t n);
@@ -126,9 +136,16 @@ void jv_float_repr(double f, char out[40]);
 int jv_tojson(struct jbuf *b, struct jv v, bool ensure_ascii, const char *indent, size_t ilen,
               bool has_indent, const char *item_sep, const char *key_sep, bool sort_keys, int depth,
               char *err, size_t errlen);
-/* JSON text -> value (objects keep member order; integers with no '.', 'e' are ints). */
+/* JSON text -> value (objects keep member order; integers with no '.', 'e' are ints), as yajl
+ * reads it (jinja_json.c). */
 int jv_from_json(struct jarena *a, const char *json, size_t len, struct jv *out, char *err,
                  size_t errlen);
+/* Its two readers (tests compare them): the one-pass reader, KVR_OK or KVR_EPARSE when it
+ * passes the text on (the arena as it was); yajl's tree, which decides what the first does
+ * not take (errors with their message in err). */
+int jv_from_json_text(struct jarena *a, const char *json, size_t len, struct jv *out);
+int jv_from_json_yajl(struct jarena *a, const char *json, size_t len, struct jv *out, char *err,
+                      size_t errlen);
 const char *jv_type_name(struct jv v);
 
 static inline void jb_puts(struct jbuf *b, const char *s)
@@ -141,6 +158,9 @@ static inline void jb_puts(struct jbuf *b, const char *s)
 
 /* Bytes of the Python whitespace character at p (str.isspace), 0 when none. */
 size_t jinja_space_len(const char *p, size_t n);
+/* The first occurrence of q[0..m) (m > 0) in p[0..n), or NULL: glibc's memmem, linear, where
+ * a memcmp at every position cost a chat's render most of its time ('</think>' in content). */
+const char *jinja_find(const char *p, size_t n, const char *q, size_t m);
 
 /* --- tokens ---------------------------------------------------------------------------- */
 enum jtok_kind {

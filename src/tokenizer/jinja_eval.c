@@ -542,11 +542,7 @@ static int contains(struct ev *e, const struct jnode *n, struct jv needle, struc
             *out = true;
             return KVR_OK;
         }
-        for (size_t i = 0; i + needle.u.s.n <= hay.u.s.n; i++)
-            if (memcmp(hay.u.s.p + i, needle.u.s.p, needle.u.s.n) == 0) {
-                *out = true;
-                break;
-            }
+        *out = jinja_find(hay.u.s.p, hay.u.s.n, needle.u.s.p, needle.u.s.n) != NULL;
         return KVR_OK;
     case JV_LIST:
         for (size_t i = hay.u.l->kind == JL_GEN ? hay.u.l->pos : 0; i < hay.u.l->n && !*out; i++)
@@ -789,16 +785,13 @@ static int split(struct ev *e, const struct jnode *n, struct jv s, struct jv sep
         if (!from_right) {
             size_t st = 0;
             int64_t done = 0;
-            for (size_t i = 0; i + m <= len;) {
-                if ((maxs < 0 || done < maxs) && memcmp(p + i, q, m) == 0) {
-                    if (jl_push(e->a, l, jv_str(p + st, i - st)))
-                        return oom(e, n);
-                    i += m;
-                    st = i;
-                    done++;
-                } else {
-                    i++;
-                }
+            const char *hit;
+            while ((maxs < 0 || done < maxs) && (hit = jinja_find(p + st, len - st, q, m))) {
+                size_t i = (size_t)(hit - p);
+                if (jl_push(e->a, l, jv_str(p + st, i - st)))
+                    return oom(e, n);
+                st = i + m;
+                done++;
             }
             if (jl_push(e->a, l, jv_str(p + st, len - st)))
                 return oom(e, n);
@@ -855,15 +848,14 @@ static int replace(struct ev *e, const struct jnode *n, struct jv s, struct jv o
         }
     } else {
         size_t i = 0;
-        while (i < len) {
-            if (i + m <= len && (count < 0 || done < count) && memcmp(p + i, old.u.s.p, m) == 0) {
-                jb_put(&b, neu.u.s.p, neu.u.s.n);
-                i += m;
-                done++;
-            } else {
-                jb_putc(&b, p[i++]);
-            }
+        const char *hit;
+        while ((count < 0 || done < count) && (hit = jinja_find(p + i, len - i, old.u.s.p, m))) {
+            jb_put(&b, p + i, (size_t)(hit - (p + i)));
+            jb_put(&b, neu.u.s.p, neu.u.s.n);
+            i = (size_t)(hit - p) + m;
+            done++;
         }
+        jb_put(&b, p + i, len - i);
     }
     return buf_to_str(e, n, &b, out);
 }
@@ -1005,11 +997,10 @@ static int method(struct ev *e, const struct jnode *n, struct jv *out)
             return fail(e, n, KVR_EINVAL, "find takes one str argument here");
         struct jv nd = a.pos[0];
         *out = jv_int(-1);
-        for (size_t i = 0; i + nd.u.s.n <= obj.u.s.n; i++)
-            if (memcmp(obj.u.s.p + i, nd.u.s.p, nd.u.s.n) == 0) {
-                *out = jv_int((int64_t)utf8_count(obj.u.s.p, i));
-                break;
-            }
+        const char *hit =
+            nd.u.s.n ? jinja_find(obj.u.s.p, obj.u.s.n, nd.u.s.p, nd.u.s.n) : obj.u.s.p;
+        if (hit != NULL)
+            *out = jv_int((int64_t)utf8_count(obj.u.s.p, (size_t)(hit - obj.u.s.p)));
         return KVR_OK;
     }
     default:

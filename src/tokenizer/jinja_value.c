@@ -10,17 +10,21 @@
  * Threads: none (an arena and a buffer belong to one render). Cost: O(size) for each
  * conversion; dict lookup is linear (chat dicts have a handful of keys).
  */
+#define _GNU_SOURCE /* memmem */
 #include "tokenizer/jinja.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <yajl/yajl_tree.h>
 
 #include "base/grow.h"
-#include "wire/json_decode.h"
 #include "kvrouter/status.h"
+
+const char *jinja_find(const char *p, size_t n, const char *q, size_t m)
+{
+    return m <= n ? memmem(p, n, q, m) : NULL;
+}
 
 /* --- arena ----------------------------------------------------------------------------- */
 struct jchunk {
@@ -69,6 +73,23 @@ void *ja_alloc(struct jarena *a, size_t n)
     void *p = c->mem + c->used;
     c->used += n;
     return p;
+}
+
+void ja_mark(const struct jarena *a, struct jmark *m)
+{
+    *m = (struct jmark){a->head, a->head ? a->head->used : 0, a->total};
+}
+
+void ja_rollback(struct jarena *a, const struct jmark *m)
+{
+    while (a->head != m->head) {
+        struct jchunk *c = a->head;
+        a->head = c->next;
+        free(c);
+    }
+    if (a->head)
+        a->head->used = m->used;
+    a->total = m->total;
 }
 
 char *ja_strdup(struct jarena *a, const char *p, size_t n)
@@ -275,6 +296,41 @@ bool jv_eq(struct jv a, struct jv b)
         return a.u.loop == b.u.loop;
     case JV_MACRO:
         return a.u.macro == b.u.macro;
+    default:
+        return false;
+    }
+}
+
+bool jv_same(struct jv a, struct jv b)
+{
+    if (a.kind != b.kind)
+        return false;
+    switch (a.kind) {
+    case JV_BOOL:
+        return a.u.b == b.u.b;
+    case JV_INT:
+        return a.u.i == b.u.i;
+    case JV_FLOAT:
+        return memcmp(&a.u.f, &b.u.f, sizeof a.u.f) == 0;
+    case JV_STR:
+        return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
+    case JV_LIST:
+        if (a.u.l->n != b.u.l->n)
+            return false;
+        for (size_t i = 0; i < a.u.l->n; i++)
+            if (!jv_same(a.u.l->a[i], b.u.l->a[i]))
+                return false;
+        return true;
+    case JV_DICT:
+        if (a.u.d->n != b.u.d->n)
+            return false;
+        for (size_t i = 0; i < a.u.d->n; i++)
+            if (!jv_same(a.u.d->k[i], b.u.d->k[i]) || !jv_same(a.u.d->v[i], b.u.d->v[i]))
+                return false;
+        return true;
+    case JV_NONE:
+    case JV_UNDEF:
+        return true;
     default:
         return false;
     }
@@ -786,108 +842,4 @@ int jv_tojson(struct jbuf *b, struct jv v, bool ensure_ascii, const char *indent
                         .err = err,
                         .errlen = errlen};
     return json_val(b, v, &o, depth);
-}
-
-/* --- JSON in --------------------------------------------------------------------------- */
-static int from_tree(struct jarena *a, yajl_val t, struct jv *out, int depth, char *err,
-                     size_t errlen)
-{
-    if (depth > 128) {
-        snprintf(err, errlen, "JSON nested too deep");
-        return KVR_ETOOBIG;
-    }
-    if (!t || YAJL_IS_NULL(t)) {
-        *out = jv_none();
-    } else if (YAJL_IS_TRUE(t)) {
-        *out = jv_bool(true);
-    } else if (YAJL_IS_FALSE(t)) {
-        *out = jv_bool(false);
-    } else if (YAJL_IS_STRING(t)) {
-        size_t n = strlen(t->u.string);
-        if (!kvr_jd_utf8_ok((const unsigned char *)t->u.string, n)) {
-            snprintf(err, errlen, "JSON string is not valid UTF-8");
-            return KVR_EPARSE;
-        }
-        char *s = ja_strdup(a, t->u.string, n);
-        if (!s)
-            return KVR_ETOOBIG;
-        *out = jv_str(s, n);
-    } else if (YAJL_IS_NUMBER(t)) {
-        const char *r = t->u.number.r;
-        if (strpbrk(r, ".eE")) {
-            if (!(t->u.number.flags & YAJL_NUMBER_DOUBLE_VALID)) {
-                snprintf(err, errlen, "number %s out of range", r);
-                return KVR_ERANGE;
-            }
-            *out = jv_float(t->u.number.d);
-        } else {
-            if (!(t->u.number.flags & YAJL_NUMBER_INT_VALID)) {
-                snprintf(err, errlen, "integer %s out of range", r);
-                return KVR_ERANGE;
-            }
-            *out = jv_int(t->u.number.i);
-        }
-    } else if (YAJL_IS_ARRAY(t)) {
-        struct jlist *l = jl_new(a, t->u.array.len);
-        if (!l)
-            return KVR_ETOOBIG;
-        for (size_t i = 0; i < t->u.array.len; i++) {
-            int rc = from_tree(a, t->u.array.values[i], &l->a[i], depth + 1, err, errlen);
-            if (rc)
-                return rc;
-        }
-        l->n = t->u.array.len;
-        *out = (struct jv){.kind = JV_LIST, .u.l = l};
-    } else if (YAJL_IS_OBJECT(t)) {
-        struct jdict *d = jd_new(a, t->u.object.len);
-        if (!d)
-            return KVR_ETOOBIG;
-        for (size_t i = 0; i < t->u.object.len; i++) {
-            struct jv k, v;
-            size_t n = strlen(t->u.object.keys[i]);
-            if (!kvr_jd_utf8_ok((const unsigned char *)t->u.object.keys[i], n)) {
-                snprintf(err, errlen, "JSON key is not valid UTF-8");
-                return KVR_EPARSE;
-            }
-            char *s = ja_strdup(a, t->u.object.keys[i], n);
-            if (!s)
-                return KVR_ETOOBIG;
-            k = jv_str(s, n);
-            int rc = from_tree(a, t->u.object.values[i], &v, depth + 1, err, errlen);
-            if (rc)
-                return rc;
-            if (jd_set(a, d, k, v) != KVR_OK)
-                return KVR_ETOOBIG;
-        }
-        *out = (struct jv){.kind = JV_DICT, .u.d = d};
-    } else {
-        snprintf(err, errlen, "unexpected JSON value");
-        return KVR_EPARSE;
-    }
-    return KVR_OK;
-}
-
-int jv_from_json(struct jarena *a, const char *json, size_t len, struct jv *out, char *err,
-                 size_t errlen)
-{
-    char *z = malloc(len + 1);
-    if (!z)
-        return KVR_ENOMEM;
-    memcpy(z, json, len);
-    z[len] = 0;
-    if (strlen(z) != len) {
-        free(z);
-        snprintf(err, errlen, "JSON holds a NUL byte");
-        return KVR_EPARSE;
-    }
-    char ebuf[256] = "";
-    yajl_val t = yajl_tree_parse(z, ebuf, sizeof ebuf);
-    free(z);
-    if (!t) {
-        snprintf(err, errlen, "JSON: %.*s", (int)strcspn(ebuf, "\n"), ebuf);
-        return KVR_EPARSE;
-    }
-    int rc = from_tree(a, t, out, 0, err, errlen);
-    yajl_tree_free(t);
-    return rc;
 }

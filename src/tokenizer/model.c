@@ -123,6 +123,8 @@ void kvr_tokmodel_scratch_free(kvr_tokmodel_scratch_t *s)
     free(s);
 }
 
+kvr_tok_scratch_t *kvr_tokmodel_scratch_tok(kvr_tokmodel_scratch_t *s) { return s->tok; }
+
 /* The last occurrence of needle in hay, or NULL. */
 static const char *last_of(const char *hay, size_t hn, const char *needle, size_t nn)
 {

@@ -53,6 +53,8 @@ typedef struct kvr_tokmodel_input {
 typedef struct kvr_tokmodel_scratch kvr_tokmodel_scratch_t;
 kvr_tokmodel_scratch_t *kvr_tokmodel_scratch_new(const kvr_tokmodel_t *m);
 void kvr_tokmodel_scratch_free(kvr_tokmodel_scratch_t *s);
+/* Its encoder scratch (the segment cache's bound and counters: tokenizer.h). */
+kvr_tok_scratch_t *kvr_tokmodel_scratch_tok(kvr_tokmodel_scratch_t *s);
 
 /* The prompt's ids into ids[0..cap), *n their number. rendered (may be NULL) receives the
  * chat's rendered text (valid until the scratch's next use; the text itself for a text

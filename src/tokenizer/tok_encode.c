@@ -8,7 +8,9 @@
  * Invariants: the ids are written in order, never more than cap; *n counts them all.
  * Ownership: the scratch owns every buffer (grown to the largest input, kept); the text and
  * ids are the caller's. Threads: one scratch per thread; the tokenizer is shared read-only.
- * Cost: O(n log n) in the text; allocations only while a buffer grows.
+ * Cost: O(n log n) in the text; a piece between raw added tokens that the scratch's segment
+ * cache holds (tok_segcache.c) costs a hash of its bytes and a copy of its ids; allocations
+ * only while a buffer grows (and the cache's store, once).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,7 @@ kvr_tok_scratch_t *kvr_tok_scratch_new(const kvr_tok_t *t)
         return NULL;
     }
     pcre2_jit_stack_assign(s->mc, NULL, s->js);
+    s->segs.cap_tokens = TOK_SC_DEFAULT_TOKENS; /* the store is made at the first store */
     return s;
 }
 
@@ -43,7 +46,7 @@ void kvr_tok_scratch_free(kvr_tok_scratch_t *s)
     free(s->norm.p);
     free(s->tmp.p);
     free(s->meta.p);
-    kvr_tok_pcache_free(&s->pcache);
+    kvr_tok_sc_free(&s->segs);
     free(s->seg_raw.s);
     free(s->seg_norm.s);
     free(s->pieces.r);
@@ -60,16 +63,17 @@ void kvr_tok_scratch_free(kvr_tok_scratch_t *s)
 static int piece_ids(const kvr_tok_t *t, kvr_tok_scratch_t *sc, const char *p, size_t n,
                      bool at_start, tok_sink_t *k);
 
-/* A piece through the piece cache (tok_pcache.c): its ids found, or made and kept. */
+/* A piece through the segment cache (tok_segcache.c): its ids found, or made and kept. */
 static int piece(const kvr_tok_t *t, kvr_tok_scratch_t *sc, const char *p, size_t n,
                  bool at_start, tok_sink_t *k)
 {
-    if (kvr_tok_pcache_get(&sc->pcache, t, p, n, at_start, k))
+    tok_sc_key_t key;
+    if (kvr_tok_sc_get(&sc->segs, t, p, n, at_start, k, &key))
         return KVR_OK;
     size_t before = k->n;
     int rc = piece_ids(t, sc, p, n, at_start, k);
     if (rc == KVR_OK && k->n <= k->cap)
-        kvr_tok_pcache_put(&sc->pcache, t, p, n, at_start, k->ids + before, k->n - before);
+        kvr_tok_sc_put(&sc->segs, t, &key, k->ids + before, k->n - before);
     return rc;
 }
 

@@ -211,6 +211,8 @@ typedef struct tok_added {
     tok_trie_node_t *nodes;
     size_t n_nodes;
     uint32_t root[256];  /* first level, 0 none */
+    unsigned n_first;    /* distinct first bytes of the tokens */
+    uint8_t first;       /* the last one added (the only one when n_first is 1) */
     pcre2_code *word_re; /* for single_word: [\p{Alphabetic}\p{N}] */
 } tok_added_t;
 int kvr_tok_added_add(tok_added_t *a, uint32_t id, const char *content, size_t len, bool lstrip,
@@ -252,33 +254,48 @@ struct kvr_tok {
     kvr_tok_scratch_t *scratch; /* kvr_tok_encode's */
 };
 
-/* ---- tok_pcache.c: the ids of long pieces between raw added tokens, per scratch ----------- */
-#define TOK_PC_MIN_BYTES 64          /* shorter pieces are not worth a lookup */
-#define TOK_PC_SLOTS 4096            /* direct-mapped */
-#define TOK_PC_RING ((size_t)1 << 20) /* ids kept, 4 MiB, oldest overwritten */
-typedef struct tok_pc_slot {
-    uint64_t key_lo, key_hi; /* XXH3-128 of the piece, seeded with its start flag */
-    uint64_t at;             /* absolute position of its ids in the ring */
-    uint32_t n, len;         /* ids, bytes; len 0: empty */
-} tok_pc_slot_t;
-typedef struct tok_pcache {
-    tok_pc_slot_t *slots; /* NULL until the first store */
-    uint32_t *ring;
-    uint64_t total;     /* ids ever written (the ring's absolute write position) */
-    const void *owner;  /* the tokenizer the ids are of */
-    uint64_t hits, misses;
-} tok_pcache_t;
-/* Emits the cached ids of piece p[0..n) into k: true on a hit. */
-bool kvr_tok_pcache_get(tok_pcache_t *c, const void *owner, const char *p, size_t n,
-                        bool at_start, tok_sink_t *k);
-/* Keeps ids[0..nids) as piece p[0..n)'s (nothing when out of memory or too many ids). */
-void kvr_tok_pcache_put(tok_pcache_t *c, const void *owner, const char *p, size_t n,
-                        bool at_start, const uint32_t *ids, size_t nids);
-void kvr_tok_pcache_free(tok_pcache_t *c);
+/* ---- tok_segcache.c: the ids of long segments between raw added tokens, per scratch ----- */
+#define TOK_SC_MIN_BYTES 64                     /* shorter segments are not worth a lookup */
+#define TOK_SC_CHUNK 64                         /* ids a chunk of the store holds */
+#define TOK_SC_DEFAULT_TOKENS ((size_t)1 << 20) /* the bound of a new scratch: 4 MiB of ids */
+#define TOK_SC_MAX_CHUNKS (1u << 24)            /* indexes stay 32-bit */
+typedef struct tok_sc_key {
+    uint64_t lo, hi; /* XXH3-128 of the segment, seeded with its start flag */
+    uint32_t len;    /* its bytes */
+    bool ok;         /* a key was made (the segment is long enough and the cache on) */
+} tok_sc_key_t;
+typedef struct tok_sc_entry {
+    uint64_t lo, hi;
+    uint32_t len, n;     /* bytes of the segment; its ids (0: a free entry) */
+    uint32_t chunk;      /* its first chunk */
+    uint32_t hnext;      /* the next entry of its bucket (free: of the free list) */
+    uint32_t prev, next; /* the LRU list, head the most recent */
+} tok_sc_entry_t;
+typedef struct tok_segcache {
+    size_t cap_tokens;    /* the bound; below one chunk: off */
+    uint32_t *ids;        /* n_chunks * TOK_SC_CHUNK ids; NULL until the first store */
+    uint32_t *chunk_next; /* an entry's chunk chain, or the free list; NIL ends */
+    tok_sc_entry_t *ent;  /* n_chunks entries */
+    uint32_t *bucket;     /* mask + 1 chains */
+    uint32_t n_chunks, mask, free_chunk, n_free, free_ent, head, tail, n_ent;
+    uint64_t tokens;          /* ids held */
+    const void *owner;        /* the tokenizer the ids are of */
+    kvr_tok_cache_stats_t st; /* the counters (hits, misses, evictions, tokens_served) */
+} tok_segcache_t;
+/* Emits the cached ids of segment p[0..n) into k: true on a hit. Otherwise *key is what
+ * kvr_tok_sc_put stores it under (key->ok false: not cacheable). */
+bool kvr_tok_sc_get(tok_segcache_t *c, const void *owner, const char *p, size_t n, bool at_start,
+                    tok_sink_t *k, tok_sc_key_t *key);
+/* Keeps ids[0..nids) as the segment's of key, evicting the least recently used as needed
+ * (nothing when key->ok is false, out of memory, or the segment needs over half the store). */
+void kvr_tok_sc_put(tok_segcache_t *c, const void *owner, const tok_sc_key_t *key,
+                    const uint32_t *ids, size_t nids);
+void kvr_tok_sc_free(tok_segcache_t *c); /* the store freed; the bound and counters kept */
+int kvr_tok_sc_verify(const tok_segcache_t *c, char *msg, size_t msg_len);
 
 struct kvr_tok_scratch {
     tok_buf_t text, norm, tmp, meta;
-    tok_pcache_t pcache;
+    tok_segcache_t segs;
     tok_segs_t seg_raw, seg_norm;
     tok_ranges_t pieces, ptmp;
     tok_bpe_scratch_t bpe;

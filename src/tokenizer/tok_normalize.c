@@ -5,8 +5,10 @@
  *
  * Invariants: a Replace pattern is non-empty. Ownership: the steps own their strings
  * (kvr_tok_norm_free). Threads: a built normalizer is read-only; run on any thread with that
- * thread's buffers. Cost: O(n) per step; NFC skips text whose code points are all below U+0300
- * (already NFC and never composing), and otherwise allocates only when the buffer is short.
+ * thread's buffers. Cost: O(n) per step; NFC copies text whose code points are all stable
+ * boundaries (below U+0300, Cyrillic letters, kana, CJK ideographs, Hangul syllables: already
+ * NFC and never composing) and runs the library only on the runs of others (with the starter
+ * before each); it allocates only when the buffer is short.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,11 +177,35 @@ static int fit(tok_buf_t *b, size_t need)
     return kvr_grow((void **)&b->p, &b->cap, need + 1, SIZE_MAX / 2, 1);
 }
 
-/* Whether every code point of s is below U+0300 (lead bytes below 0xCC). */
-static bool below_300(const unsigned char *s, size_t n)
+/* Code points from U+0300 up that are stable boundaries as those below it are (combining class
+ * 0, NFC_QC Yes, never the second of a composition; every one checked against Unicode 14 with
+ * Python's unicodedata, which libunistring's data matches; HF's older data has them alike or
+ * unassigned, inert either way): Cyrillic letters, kana, CJK ideographs, Hangul syllables. */
+static bool stable_cp(uint32_t cp)
 {
-    for (size_t i = kvr_ascii_end(s, 0, n); i < n; i = kvr_ascii_end(s, i + 1, n))
-        if (s[i] >= 0xCC)
+    return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0xAC00 && cp <= 0xD7A3) ||
+           (cp >= 0x0400 && cp <= 0x0482) || (cp >= 0x048A && cp <= 0x052F) ||
+           (cp >= 0x3041 && cp <= 0x3096) || (cp >= 0x30A1 && cp <= 0x30FA);
+}
+
+/* The length of the code point at s[i] when it is a stable boundary (below U+0300: lead bytes
+ * below 0xCC; or stable_cp), else 0. s is valid UTF-8. */
+static size_t light_len(const unsigned char *s, size_t n, size_t i)
+{
+    if (s[i] < 0x80)
+        return 1;
+    if (s[i] < 0xCC)
+        return 2;
+    size_t l = 1;
+    uint32_t cp = kvr_tok_utf8_decode(s + i, &l);
+    return i + l <= n && stable_cp(cp) ? l : 0;
+}
+
+/* Whether every code point of s is a stable boundary (its own NFC, nothing composing). */
+static bool all_light(const unsigned char *s, size_t n)
+{
+    for (size_t i = kvr_ascii_end(s, 0, n), l; i < n; i = kvr_ascii_end(s, i + l, n))
+        if ((l = light_len(s, n, i)) == 0)
             return false;
     return true;
 }
@@ -220,12 +246,13 @@ static int copy_append(const char *s, size_t n, tok_buf_t *out)
 }
 
 /* Appends NFC(s[0..n)) to out. A code point below U+0300 is a stable boundary (UAX #15:
- * combining class 0, NFC_QC Yes, never the second of a composition): text may be cut before
- * it, and a run of them is its own NFC. So only the runs of code points from U+0300 up, each
- * with the code point before it (a starter they may compose with), go through the library;
- * the rest is copied. Prose in a Latin script with some CJK or Cyrillic words costs a copy for
- * most of its bytes instead of libunistring's decompose-recompose (about a third of an
- * encoding's time on such text before this). */
+ * combining class 0, NFC_QC Yes, never the second of a composition), and so are those of
+ * stable_cp: text may be cut before one, and a run of them is its own NFC. So only the runs of
+ * other code points, each with the code point before it (a starter they may compose with), go
+ * through the library; the rest is copied. Prose in a Latin script with some CJK or Cyrillic
+ * words costs a copy for most of its bytes instead of libunistring's decompose-recompose
+ * (about a third of an encoding's time on such text before this), and so does Chinese,
+ * Japanese kana, Korean or Russian text since the stable ranges. */
 static int nfc_append(const char *s, size_t n, tok_buf_t *out)
 {
     const unsigned char *u = (const unsigned char *)s;
@@ -237,17 +264,19 @@ static int nfc_append(const char *s, size_t n, tok_buf_t *out)
             i = e;
             continue;
         }
-        if (u[i] < 0xCC) { /* below U+0300 */
+        size_t l = light_len(u, n, i);
+        if (l > 0) { /* a stable boundary */
             prev = i;
-            i += 2;
+            i += l;
             continue;
         }
         size_t from = prev >= light && i > light ? prev : i; /* with the starter before it */
         size_t j = i;
-        while (j < n && u[j] >= 0xCC) { /* the heavy run: up to the next light code point */
-            size_t l = 1;
-            (void)kvr_tok_utf8_decode(u + j, &l);
-            j += l;
+        /* the heavy run: up to the next light code point */
+        while (j < n && u[j] >= 0xCC && light_len(u, n, j) == 0) {
+            size_t cl = 1;
+            (void)kvr_tok_utf8_decode(u + j, &cl);
+            j += cl;
             while (j < n && (u[j] & 0xC0) == 0x80) /* a stray continuation: stays heavy */
                 j++;
         }
@@ -263,7 +292,7 @@ static int run_step(const tok_norm_step_t *st, const char *s, size_t n, tok_buf_
 {
     switch (st->kind) {
     case NORM_NFC: {
-        if (below_300((const unsigned char *)s, n)) {
+        if (all_light((const unsigned char *)s, n)) {
             if (fit(out, n) != KVR_OK)
                 return KVR_ENOMEM;
             memcpy(out->p, s, n);

@@ -59,8 +59,19 @@ size_t kvr_tok_utf8_valid(const unsigned char *s, size_t n)
 {
     size_t i = 0;
     while (i < n) {
-        if (s[i] < 0x80) {
+        unsigned c = s[i];
+        if (c < 0x80) {
             i = kvr_ascii_end(s, i + 1, n);
+            continue;
+        }
+        /* two and three bytes (Latin, Cyrillic, CJK, ...) checked inline; seq_len the rest */
+        if (c >= 0xC2 && c <= 0xDF && i + 1 < n && (s[i + 1] & 0xC0) == 0x80) {
+            i += 2;
+            continue;
+        }
+        if (((c >= 0xE1 && c <= 0xEC) || c >= 0xEE) && c <= 0xEF && i + 2 < n &&
+            (s[i + 1] & 0xC0) == 0x80 && (s[i + 2] & 0xC0) == 0x80) {
+            i += 3;
             continue;
         }
         size_t bad, l = seq_len(s + i, n - i, &bad);

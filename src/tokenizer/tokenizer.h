@@ -17,7 +17,8 @@
  * one thread at a time per tokenizer. kvr_tok_encode_r takes a caller scratch (one per thread)
  * and may run on any number of threads at once on the same tokenizer.
  * Cost: load O(file) (Qwen3, 150K vocab: ~120 ms; Gemma 3, 262K: ~380 ms); encode O(n log n), no
- * allocation once the scratch has grown to the largest input.
+ * allocation once the scratch has grown to the largest input (and its segment cache is made);
+ * a segment the cache holds costs a hash of its bytes and a copy of its ids.
  */
 #ifndef KVR_TOKENIZER_H
 #define KVR_TOKENIZER_H
@@ -50,6 +51,25 @@ kvr_tok_scratch_t *kvr_tok_scratch_new(const kvr_tok_t *t);
 void kvr_tok_scratch_free(kvr_tok_scratch_t *s);
 int kvr_tok_encode_r(const kvr_tok_t *t, kvr_tok_scratch_t *s, const char *text, size_t len,
                      bool add_special, uint32_t *ids, size_t cap, size_t *n);
+
+/* The segment cache of a scratch: the ids of the text between two added tokens (64 bytes or
+ * more), which depend on nothing else, kept by content in a least-recently-used store bounded
+ * in tokens, so that a chat's next turn encodes only its new messages (tok_segcache.c). A new
+ * scratch has one of 1,048,576 tokens (4 MiB of ids, allocated at its first store). A hit
+ * returns exactly the ids encoding would. */
+typedef struct kvr_tok_cache_stats {
+    uint64_t hits, misses;     /* lookups of segments of 64 bytes or more */
+    uint64_t evictions;        /* segments dropped to make room (or the tokenizer changed) */
+    uint64_t tokens_served;    /* ids the hits returned */
+    uint64_t tokens, segments; /* held now */
+    uint64_t capacity;         /* the bound in tokens (0: off) */
+} kvr_tok_cache_stats_t;
+/* Sets the bound (0 turns the cache off); what the cache held is dropped, the counters kept.
+ * Call between encodings. */
+void kvr_tok_scratch_set_cache(kvr_tok_scratch_t *s, size_t max_tokens);
+void kvr_tok_scratch_cache_stats(const kvr_tok_scratch_t *s, kvr_tok_cache_stats_t *st);
+/* The cache's invariants: KVR_OK, or KVR_EINVAL with msg saying which is broken. */
+int kvr_tok_scratch_verify(const kvr_tok_scratch_t *s, char *msg, size_t msg_len);
 
 /* Largest id + 1 (model vocabulary and added tokens). */
 size_t kvr_tok_vocab_size(const kvr_tok_t *t);

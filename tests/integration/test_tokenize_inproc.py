@@ -85,6 +85,9 @@ def conversations():
             msgs.append({"role": "assistant", "content": sentence(12)})
         msgs.append({"role": "user", "content": sentence(15)})
         out.append({"messages": msgs})
+    # the last one's next turn: its history's messages come from the segment cache
+    out.append({"messages": msgs + [{"role": "assistant", "content": sentence(14)},
+                                    {"role": "user", "content": sentence(9)}]})
     out.append({"messages": [{"role": "user", "content": "Weather in Paris? " + sentence(30)}],
                 "tools": tools})
     out.append({"messages": [
@@ -156,6 +159,12 @@ def scenario_same_hashes():
         check("in-process tokenization timed and its tokens counted",
               b.metric("kvr_frontend_tokenize_inprocess_seconds_count") == n and
               (b.metric("kvr_frontend_tokenize_inprocess_tokens_total") or 0) > n * BS)
+        seg = {k: b.metric("kvr_frontend_tokenizer_segment_cache_" + k, model="qwen") or 0
+               for k in ("hits_total", "misses_total", "served_tokens_total", "tokens",
+                         "capacity_tokens")}
+        check("the next turn's history came from the segment cache (its ids checked above), "
+              "counted", seg["hits_total"] > 0 and seg["served_tokens_total"] > BS and
+              seg["misses_total"] > 0 and 0 < seg["tokens"] <= seg["capacity_tokens"], seg)
         # what the builder does not model goes to the worker, counted
         st, body = b.call("POST", "/v1/chat/completions", {
             "model": "qwen", "max_tokens": 2, "chat_template": "{{ messages[0].content }}",

@@ -45,7 +45,11 @@ SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<s>", "</s>", "<unk>
 CONTRACTIONS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'T", "'RE", "'VE", "'M", "'LL", "'D", "'Ll"]
 PUNCT = list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") + ["…", "—", "«", "»", "¿", "¡", "•", "、", "。", "「", "」", "！"]
 SPACES = [" ", "  ", "\t", "\n", "\r\n", "\n\n", "   ", "\u00a0", "\u3000", "\u2009", " \n ", "\t\t", "\u200b", "\u2028"]
-COMBINING = ["e\u0301", "a\u0308", "n\u0303", "o\u0302\u0323", "\u1100\u1161\u11a8", "A\u030a", "\u0915\u093c", "c\u0327"]
+COMBINING = ["e\u0301", "a\u0308", "n\u0303", "o\u0302\u0323", "\u1100\u1161\u11a8", "A\u030a", "\u0915\u093c", "c\u0327",
+             # the normalizer's stable ranges (Cyrillic, kana, CJK, Hangul syllables) before marks
+             # that compose with them or not: ё й が ピ 각, and marks after an ideograph
+             "\u0435\u0308", "\u0438\u0306", "\u304b\u3099", "\u30d2\u309a", "\uac00\u11a8",
+             "\u4e2d\u0301\u0316", "\u0416\u0483"]
 
 C_CODE = """#include <stdio.h>
 
@@ -170,7 +174,8 @@ def marks(r):
         MARKS = [chr(c) for c in range(0x300, 0x1F000) if unicodedata.combining(chr(c))]
     out = []
     for _ in range(r.randint(1, 6)):
-        out.append(r.choice("aeiouAOUnckszhCSZ\u3131\u1100\u0915\u05d0\u0627"))
+        out.append(r.choice("aeiouAOUnckszhCSZ\u3131\u1100\u0915\u05d0\u0627"
+                            "\u0435\u0438\u304b\u30d2\uac00\u4e2d\u0416"))
         out.extend(r.choice(MARKS) for _ in range(r.randint(0, 4)))
         if r.random() < 0.3:
             out.append(" ")
