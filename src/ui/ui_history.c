@@ -28,6 +28,15 @@ static double ratio(double num, double den) { return den > 0 ? num / den : NAN; 
 
 static double ms(double seconds) { return seconds * 1e3; }
 
+/* Requests refused so far: every result but ok and busy, and for busy, with a queue, those the
+ * queue refused (full) or dropped (expired), as a queued request's retries are counted busy
+ * again and again; without a queue, busy is a refusal (429). */
+static double refused(const kvr_ui_reading_t *r)
+{
+    return r->routes_refused +
+           (r->has_queue ? r->queue_rejected + r->queue_expired : r->routes_busy);
+}
+
 /* The point of the latest reading r, with prev the one before it and win the oldest in the
  * ratio window. */
 static void compute(kvr_ui_point_t *p, const kvr_ui_reading_t *r, const kvr_ui_reading_t *prev,
@@ -37,7 +46,7 @@ static void compute(kvr_ui_point_t *p, const kvr_ui_reading_t *r, const kvr_ui_r
     memset(p, 0, sizeof *p);
     p->t_ms = r->t_ms;
     p->decisions_per_s = rate(r->routes_ok, prev->routes_ok, dt);
-    p->refusals_per_s = rate(r->routes_refused, prev->routes_refused, dt);
+    p->refusals_per_s = rate(refused(r), refused(prev), dt);
     p->in_flight = r->in_flight;
     p->queue_pending = r->has_queue ? r->queue_pending : NAN;
     double prompt = 0, cached = 0;

@@ -59,6 +59,8 @@ static bool read_router(kvr_ui_reading_t *o, const kvr_prom_line_t *l)
     if (kvr_prom_line_is(l, "kvr_routes_total")) {
         if (label_is(l, "result", "ok"))
             o->routes_ok += l->value;
+        else if (label_is(l, "result", "busy"))
+            o->routes_busy += l->value;
         else
             o->routes_refused += l->value;
     } else if (kvr_prom_line_is(l, "kvr_requests_in_flight")) {
@@ -66,6 +68,10 @@ static bool read_router(kvr_ui_reading_t *o, const kvr_prom_line_t *l)
     } else if (kvr_prom_line_is(l, "kvr_queue_pending")) {
         o->has_queue = true;
         o->queue_pending = l->value;
+    } else if (kvr_prom_line_is(l, "kvr_queue_rejected_total")) {
+        o->queue_rejected += l->value;
+    } else if (kvr_prom_line_is(l, "kvr_queue_expired_total")) {
+        o->queue_expired += l->value;
     } else if (kvr_prom_line_is(l, "kvr_pool_routed_total") && (pool = pool_of(l)) >= 0) {
         o->pool_routed[pool] += l->value;
     } else if (kvr_prom_line_is(l, "kvr_pool_prompt_tokens_total") && (pool = pool_of(l)) >= 0) {

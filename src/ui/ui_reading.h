@@ -28,10 +28,13 @@ enum { KVR_UI_POOL_PREFILL, KVR_UI_POOL_DECODE, KVR_UI_POOLS };
 
 typedef struct kvr_ui_reading {
     uint64_t t_ms; /* unix ms it was taken */
-    double routes_ok, routes_refused;
+    double routes_ok;
+    double routes_busy;    /* every eligible rank busy: counted per attempt (a queued request
+                              is tried again at each dispatch) */
+    double routes_refused; /* the other results but ok */
     double in_flight;
     bool has_queue;
-    double queue_pending;
+    double queue_pending, queue_rejected, queue_expired;
     double pool_routed[KVR_UI_POOLS], pool_prompt[KVR_UI_POOLS], pool_cached[KVR_UI_POOLS];
     bool has_prediction; /* KV events and drift checking on */
     double pred_prompt, pred_reported_cached;

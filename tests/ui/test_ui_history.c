@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,7 +84,7 @@ static void test_reading_sums_labels(void **state)
     kvr_ui_reading_t r;
     kvr_ui_reading_parse(p.buf, p.len, 5000, &r);
     assert_int_equal(r.t_ms, 5000);
-    assert_true(r.routes_ok == 10 && r.routes_refused == 5);
+    assert_true(r.routes_ok == 10 && r.routes_busy == 3 && r.routes_refused == 2);
     assert_true(r.pool_prompt[KVR_UI_POOL_DECODE] == 1000);
     assert_true(r.pool_cached[KVR_UI_POOL_DECODE] == 250);
     assert_true(r.pool_routed[KVR_UI_POOL_PREFILL] == 0);
@@ -146,6 +147,40 @@ static void test_rates_ratios_and_nulls(void **state)
     kvr_prom_deinit(&p);
 }
 
+/* Refusals a second between two readings of the text made by fmt from (busy, rejected,
+ * expired) at 1 s and then at 2 s. */
+static double refusals(const char *fmt, const double a[3], const double b[3])
+{
+    kvr_ui_history_t *h = calloc(1, sizeof *h);
+    kvr_ui_history_init(h);
+    kvr_ui_reading_t r;
+    char text[1024];
+    snprintf(text, sizeof text, fmt, a[0], a[1], a[2]);
+    kvr_ui_reading_parse(text, strlen(text), 1000, &r);
+    kvr_ui_history_add(h, &r);
+    snprintf(text, sizeof text, fmt, b[0], b[1], b[2]);
+    kvr_ui_reading_parse(text, strlen(text), 2000, &r);
+    kvr_ui_history_add(h, &r);
+    double v = kvr_ui_history_point(h, 0)->refusals_per_s;
+    free(h);
+    return v;
+}
+
+static void test_refusals_with_and_without_a_queue(void **state)
+{
+    (void)state;
+    const char *routes = "kvr_routes_total{result=\"busy\"} %g\n"
+                         "kvr_routes_total{result=\"no_worker\"} 2\n"
+                         "kvr_queue_rejected_total %g\nkvr_queue_expired_total %g\n";
+    char queued[512];
+    snprintf(queued, sizeof queued, "%skvr_queue_pending 4\n", routes);
+    const double a[3] = {3, 0, 0}, b[3] = {100, 1, 1};
+    /* without a queue, every busy answer was a 429: 97 a second */
+    assert_true(fabs(refusals(routes, a, b) - 97) < 1e-9);
+    /* with one, busy is a queued request tried again: only the queue's refusals count */
+    assert_true(fabs(refusals(queued, a, b) - 2) < 1e-9);
+}
+
 static void test_replicas_without_sync(void **state)
 {
     (void)state;
@@ -196,6 +231,7 @@ int main(void)
         cmocka_unit_test(test_quantile_as_prometheus),
         cmocka_unit_test(test_reading_sums_labels),
         cmocka_unit_test(test_rates_ratios_and_nulls),
+        cmocka_unit_test(test_refusals_with_and_without_a_queue),
         cmocka_unit_test(test_replicas_without_sync),
         cmocka_unit_test(test_ring_keeps_ten_minutes_in_order),
     };
