@@ -217,8 +217,11 @@ static void metrics_workers(kvr_api_t *s, kvr_prom_t *p)
                 (void)kvr_router_rank_status(s->r, wk, &st);
                 kvr_load_snapshot_t ls;
                 kvr_load_snapshot(kvr_router_load(s->r), wk, &ls);
-                kvr_prom_label_t l[3] = {
-                    {"worker_id", wid}, {"dp_rank", rk}, {"state", kvr_fleet_index_state(s->fleet, sp, &st)}};
+                kvr_prom_label_t l[5] = {{"worker_id", wid},
+                                         {"dp_rank", rk},
+                                         {"model", sp->model},
+                                         {"role", kvr_worker_role_name(sp->role)},
+                                         {"state", kvr_fleet_index_state(s->fleet, sp, &st)}};
                 double v[] = {(double)st.index_blocks,
                               ls.active_requests,
                               (double)ls.active_prefill_tokens,
@@ -227,7 +230,7 @@ static void metrics_workers(kvr_api_t *s, kvr_prom_t *p)
                               1,
                               (double)st.block_size_mismatches,
                               (double)st.eagle_mismatches};
-                kvr_prom_sample(p, fams[f][0], l, f == 5 ? 3 : 2, v[f]);
+                kvr_prom_sample(p, fams[f][0], l, f == 5 ? 5 : 4, v[f]); /* state: one */
             }
         }
     }
