@@ -18,13 +18,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "base/clock.h"
 #include "base/namelist.h"
 #include "events/kv_publisher.h"
 #include "http/http.h"
@@ -493,6 +496,8 @@ kvr_mocker_t *kvr_mocker_new(struct event_base *base, void *zmq_ctx,
     if (!(m = calloc(1, sizeof *m)))
         goto fail;
     m->cfg = *cfg;
+    if (getrandom(&m->id_state, sizeof m->id_state, 0) != (ssize_t)sizeof m->id_state)
+        m->id_state = kvr_wall_ns() ^ ((uint64_t)getpid() << 32);
     const char *cur = cfg->loras, *l;
     size_t len;
     while (m->n_lora < MAX_LORAS && kvr_namelist_next(&cur, &l, &len)) { /* validated */

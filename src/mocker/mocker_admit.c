@@ -20,6 +20,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "base/rng.h"
 #include "http/http.h"
 #include "kvrouter.h"
 #include "mocker/mocker_kv.h"
@@ -434,7 +435,7 @@ static mreq_t *mreq_new(kvr_mocker_t *m, struct evhttp_request *req, const kvr_o
     q->prompt_tokens = (uint32_t)n_prompt;
     q->created = (uint64_t)time(NULL);
     q->arrival_ns = mk_mono_ns();
-    kvr_oai_make_id(q->rid, q->chat, q->id);
+    kvr_oai_make_id(q->rid, q->chat, kvr_splitmix64(&m->id_state)); /* distinct in a process */
     if (!q->stream && !(q->text = evbuffer_new())) {
         free(q);
         return NULL;

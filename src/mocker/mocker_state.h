@@ -152,6 +152,8 @@ struct kvr_mocker {
     rank_t ranks[KVR_MOCKER_MAX_DP];
     uint32_t rr;            /* round-robin start for ties */
     uint64_t next_id;
+    uint64_t id_state; /* the response ids' generator: random per process, so two mockers
+                          (or one restarted) never answer with the same id, as vLLM's uuids */
     struct event *replay_tick;
     struct event *sweep_tick;  /* probes non-streaming clients for a disconnect */
     mreq_t *waiting_whole;     /* non-streaming requests in flight (list head) */

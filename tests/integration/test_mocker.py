@@ -616,6 +616,29 @@ def scenario_http_shapes():
 # ---------------------------------------------------------------------------------------------
 # 2. Errors
 
+def scenario_ids():
+    """Response ids are unique across engines and restarts, as vLLM's uuids are: a client or
+    a log that keys answers by id never sees two answers with one id."""
+    ms = [start_mocker("--model", "m", "--speedup", "50", what=f"mocker(ids {i})")
+          for i in range(2)]
+    try:
+        ids = []
+        for m in ms:
+            for path, body in (("/v1/completions", {"model": "m", "prompt": "a b", "max_tokens": 1}),
+                               ("/v1/chat/completions",
+                                {"model": "m", "max_tokens": 1,
+                                 "messages": [{"role": "user", "content": "hi"}]})) * 3:
+                st, r = m.call("POST", path, body)
+                ids.append(r.get("id") if st == 200 and isinstance(r, dict) else None)
+        check("ids: every answer has cmpl-/chatcmpl- and 16 hex digits",
+              all(isinstance(i, str) and re.fullmatch(r"(chat)?cmpl-[0-9a-f]{16}", i)
+                  for i in ids), ids)
+        check("ids: 12 answers of two engines, 12 distinct ids", len(set(ids)) == 12, ids)
+    finally:
+        for m in ms:
+            m.stop()
+
+
 def scenario_errors():
     m = start_mocker("--model", "m", "--speedup", "50", "--max-model-len", "128",
                      what="mocker(errors)")
@@ -1212,7 +1235,8 @@ def scenario_connect(ctx):
 def main():
     ctx = zmq.Context()
     try:
-        run_scenarios((("http", scenario_http_shapes), ("errors", scenario_errors),
+        run_scenarios((("http", scenario_http_shapes), ("ids", scenario_ids),
+                       ("errors", scenario_errors),
                        ("prefix+cancel", scenario_prefix_and_cancel),
                        ("events array", lambda: scenario_events(ctx, "array", 200)),
                        ("events map", lambda: scenario_events(ctx, "map", 80)),
