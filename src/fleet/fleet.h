@@ -100,13 +100,15 @@ void kvr_fleet_capacity_fetches(const kvr_fleet_t *f, uint64_t out[3]);
 
 /* The index checking itself (fleet/drift.h): an answer's engine report of the prompt tokens it
  * found cached, against the router's prediction for that rank. Counted as unreported when the
- * answer carried none. A rank found drifting is logged (why: how often its predictions agree,
+ * answer carried none, as not asked when it was not to carry usage (a stream whose client did
+ * not set stream_options.include_usage). A rank found drifting is logged (why: how often its predictions agree,
  * by how much and which way they miss) and, per prediction_drift_action, rebuilt from its
  * engine's replay buffer (at most once a window). No-op when the check is off. */
 typedef struct kvr_fleet_cached_report {
     kvr_worker_t w;
     uint64_t prompt_tokens;
     uint64_t predicted;
+    bool asked; /* the answer was to carry usage */
     bool has_report;
     uint64_t reported;
 } kvr_fleet_cached_report_t;

@@ -128,6 +128,10 @@ void kvr_fleet_report_cached(kvr_fleet_t *f, const kvr_fleet_cached_report_t *r)
     const kvr_worker_spec_t *sp = kvr_router_worker(f->r, r->w.worker_id);
     if (sp == NULL || sp->events[0] == '\0')
         return; /* gone, or not learnt from events: nothing here to check */
+    if (!r->asked) {
+        f->cached_not_asked++; /* the client did not ask: the engine is not to blame */
+        return;
+    }
     if (!r->has_report) {
         f->cached_unreported++;
         return;
@@ -152,11 +156,13 @@ void kvr_fleet_drift_metrics(const kvr_fleet_t *f, kvr_prom_t *p)
                     "|engine-reported - predicted| cached prompt tokens of each answer compared.");
     kvr_prom_hist(p, "kvr_prediction_error_tokens", NULL, 0, kvr_drift_error_hist(f->drift));
     const kvr_prom_by_t rep[] = {{"reported", (double)f->cached_reported},
-                                 {"unreported", (double)f->cached_unreported}};
+                                 {"unreported", (double)f->cached_unreported},
+                                 {"not_asked", (double)f->cached_not_asked}};
     kvr_prom_by_label(p, "kvr_prediction_answers_total", "counter",
                       "Answers of ranks with KV events, by whether their engine reported "
                       "usage.prompt_tokens_details.cached_tokens (vLLM: "
-                      "--enable-prompt-tokens-details).",
+                      "--enable-prompt-tokens-details); not_asked: streams whose client did not "
+                      "set stream_options.include_usage (no usage to carry).",
                       "report", rep, KVR_PROM_N(rep));
     const kvr_drift_tokens_t tk = kvr_drift_tokens(f->drift);
     const kvr_prom_by_t tok[] = {{"prompt", (double)tk.prompt},

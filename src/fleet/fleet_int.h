@@ -51,6 +51,7 @@ struct kvr_fleet {
     kvr_drift_t *drift;
     kvr_ratelimit_t rl_drift;
     uint64_t cached_reported, cached_unreported; /* answers with / without a report */
+    uint64_t cached_not_asked; /* answers that were not to carry usage */
     uint64_t resyncs[4]; /* asked, dropped (no replay socket), busy, failed */
     uint64_t approximations; /* ranks switched to approximate routing */
 };

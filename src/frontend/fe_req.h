@@ -82,6 +82,7 @@ typedef struct fe_client {
     struct evhttp_connection *conn;
     kvr_oai_endpoint_t ep;
     bool stream, want_worker;
+    bool usage_asked;                 /* its answer carries usage (a stream only when asked) */
     bool reply_started;               /* SSE headers sent to the client */
     bool slow_abort;                  /* its pending output passed the cap: aborted from retry_ev */
     fe_keep_t kept;                   /* it left while a call goes on (FE_KEEP_NONE: it did not) */

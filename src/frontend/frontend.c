@@ -879,6 +879,7 @@ static void report_cached(fe_req_t *p)
     kvr_fleet_cached_report_t r = {.w = p->route.worker,
                                    .prompt_tokens = p->prompt.n_tokens,
                                    .predicted = p->route.events_cached_tokens,
+                                   .asked = p->client.usage_asked,
                                    .has_report = p->up.has_cached,
                                    .reported = p->up.cached};
     kvr_fleet_report_cached(p->fe->fleet, &r);
@@ -1323,6 +1324,7 @@ static fe_req_t *req_from_client(kvr_frontend_t *fe, struct evhttp_request *req,
     }
     p->client.model_slot = fe_reqm_slot(fe, rq->model, rq->model_len);
     p->client.stream = rq->stream;
+    p->client.usage_asked = !rq->stream || rq->include_usage;
     p->prompt.client_body = body;
     p->prompt.client_body_len = len;
     if (!copy_routing(p, rq)) {

@@ -161,6 +161,11 @@ case("KvrCachedTokensUnreported",
 case("KvrCachedTokensUnreported",
      [(s(ANS, 'report="reported"'), "0+3x60"), (s(ANS, 'report="unreported"'), "0+1x60")],
      "50m", False)
+# streams whose clients did not ask for usage are not the engines' fault
+case("KvrCachedTokensUnreported",
+     [(s(ANS, 'report="reported"'), "0+1x60"), (s(ANS, 'report="unreported"'), "0+0x60"),
+      (s(ANS, 'report="not_asked"'), "0+9x60")],
+     "50m", False)
 SET = "kvr_inflight_settled_total"
 case("KvrInflightCreditsExpiring",
      [(s(SET, 'outcome="expired"'), "0+1x40"), (s(SET, 'outcome="confirmed"'), "3x40")],

@@ -17,6 +17,7 @@ mockers behind `kvrouter serve`'s OpenAI front end.
 Every wait polls an observable condition under a bound.
 Usage: test_drift.py <path to kvrouter>.
 """
+import http.client
 import json
 import random
 import subprocess
@@ -74,6 +75,23 @@ def ask(r, wid, toks):
                         headers={"x-worker-instance-id": str(wid)})
     assert st == 200 and h.get("x-kvrouter-worker-id") == str(wid), (st, h, a)
     return a
+
+
+def stream(r, wid, toks, usage):
+    """A streamed completion on wid, read to its end; with usage: stream_options asks for it."""
+    body = {"model": "m", "prompt": toks, "max_tokens": 2, "stream": True}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    conn = http.client.HTTPConnection(r.host, r.port, timeout=30)
+    try:
+        conn.request("POST", "/v1/completions", body=json.dumps(body),
+                     headers={"Content-Type": "application/json",
+                              "x-worker-instance-id": str(wid)})
+        resp = conn.getresponse()
+        data = resp.read()
+        assert resp.status == 200 and b"[DONE]" in data, (resp.status, data[:200])
+    finally:
+        conn.close()
 
 
 def healthy_round(r, wid, n_prompts):
@@ -157,6 +175,18 @@ def scenario_wrong_events_resynced():
         check("wrong: answers counted as reported",
               r.metric("kvr_prediction_answers_total", report="reported") >= 4 * WINDOW
               and r.metric("kvr_prediction_answers_total", report="unreported") == 0)
+        ans = {k: r.metric("kvr_prediction_answers_total", report=k)
+               for k in ("reported", "unreported", "not_asked")}
+        for _ in range(3):
+            stream(r, 1, prompt(), usage=False)
+        stream(r, 1, prompt(), usage=True)
+        check("streams without include_usage count as not asked, not as unreported",
+              eventually(lambda: r.metric("kvr_prediction_answers_total", report="not_asked")
+                         == ans["not_asked"] + 3
+                         and r.metric("kvr_prediction_answers_total", report="reported")
+                         == ans["reported"] + 1, timeout=10)
+              and r.metric("kvr_prediction_answers_total", report="unreported") == 0,
+              (ans, r.metric("kvr_prediction_answers_total", report="not_asked")))
         check("wrong: the error histogram has the answers",
               r.metric("kvr_prediction_error_tokens_count") >= 4 * WINDOW)
     finally:
