@@ -33,6 +33,7 @@ import base64
 import http.client
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -40,7 +41,7 @@ import tempfile
 import threading
 import time
 
-from kvr_harness import Child, check, eventually, run_scenarios, with_free_ports
+from kvr_harness import Child, NatsServer, check, eventually, run_scenarios, with_free_ports
 
 KVR = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else None
 SHOT_DIR = (sys.argv[2] if len(sys.argv) > 2 else
@@ -569,6 +570,76 @@ def scenario_live():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def scenario_replicas():
+    """A disaggregated fleet (a prefill and a decode engine) behind two router replicas over a
+    real nats-server: the page of one replica shows both pools' charts and the replicas panel
+    with the other replica in its table."""
+    nats = NatsServer()
+    def engine(role):
+        def start(ev):
+            cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{ev}"}
+            m = Child([KVR, "mocker", "--host", "127.0.0.1", "--port", "0", "--model", "m",
+                       "--block-size", str(BS), "--speedup", "20", "--role", role,
+                       "--kv-transfer", "pull", "--kv-events-config", json.dumps(cfg)],
+                      f"mocker {role}")
+            m.spec = f"url={m.url},events=tcp://127.0.0.1:{ev},role={role},model=m"
+            return m
+        return with_free_ports(start, 1)[1]
+    pf, dc = engine("prefill"), engine("decode")
+    common = ["--nats-url", nats.url, "--router-replica-sync", "true",
+              "--worker", f"id=11,{pf.spec}", "--worker", f"id=13,{dc.spec}"]
+    r1, r2 = serve(*common, what="replica 1"), serve(*common, what="replica 2")
+    b = None
+    try:
+        check("replicas: both engines subscribed", subscribed(pf) and subscribed(dc))
+        check("replicas: the replicas see each other",
+              eventually(lambda: r1.metric("kvr_replicas_peers") == 1
+                         and r2.metric("kvr_replicas_peers") == 1, 20))
+        rng = random.Random(11)
+        def traffic(r, n):
+            for _ in range(n):
+                words = " ".join(rng.choice(("alpha", "beta", "gamma", "delta")) for _ in
+                                 range(80))
+                st, _ = r.call("POST", "/v1/completions",
+                               {"model": "m", "prompt": words, "max_tokens": 3}, timeout=30)
+                if st != 200:
+                    return False
+            return True
+        check("replicas: requests through both replicas answered 200",
+              traffic(r1, 6) and traffic(r2, 3))
+        b = open_browser()
+        check("replicas: the page of replica 1 loads", b.goto(f"http://127.0.0.1:{r1.port}/ui"))
+        shown = eventually(lambda: b.eval("!document.getElementById('pools-sec').hidden"), 10)
+        check("replicas: both pools' charts shown (prefill and decode placed requests)", shown)
+        cur = lambda: (page(b) or {}).get("cur", {})  # noqa: E731
+        check("replicas: both pools' decisions on the page",
+              eventually(lambda: "pool-prefill-decisions_per_s" in cur()
+                         and "pool-decode-decisions_per_s" in cur(), 5), cur())
+        panel = eventually(lambda: b.eval(
+            "!document.getElementById('replicas-sec').hidden && "
+            "document.querySelectorAll('#routers-body tr[data-router]').length === 1"), 10)
+        check("replicas: the replicas panel lists the other replica", panel,
+              b.eval("document.getElementById('replicas-sec').outerHTML.slice(0, 600)"))
+        check("replicas: the page shows one peer, as /v1/stats says",
+              eventually(lambda: cur().get("replicas-peers") in ("1", 1), 5), cur())
+        st, routers = r1.call("GET", "/v1/routers")
+        row = b.eval("document.querySelector('#routers-body tr[data-router]').dataset.router")
+        check("replicas: the row is the other replica's id from /v1/routers",
+              st == 200 and [x["router_id"] for x in routers.get("routers", [])] == [row],
+              (routers, row))
+        check("replicas: no console error", not console_problems(b), console_problems(b))
+        origin = f"http://127.0.0.1:{r1.port}"
+        check("replicas: every request to the router's own origin",
+              all(u.startswith(origin + "/") for u in requests_made(b)), requests_made(b)[:10])
+        screenshot(b, "ui-replicas-1280x800.png")
+    finally:
+        if b is not None:
+            b.close()
+        for c in (r1, r2, pf, dc):
+            c.stop()
+        nats.stop()
+
+
 def scenario_auth():
     tmp = tempfile.mkdtemp(prefix="kvr-ui-auth-")
     key = "ui-test-" + base64.b16encode(os.urandom(8)).decode().lower()
@@ -642,4 +713,5 @@ if __name__ == "__main__":
         sys.exit(0)
     if KVR is None:
         sys.exit("usage: test_ui.py <path to kvrouter> [screenshot directory]")
-    run_scenarios([("live", scenario_live), ("auth", scenario_auth)], 5)
+    run_scenarios([("live", scenario_live), ("replicas", scenario_replicas),
+                   ("auth", scenario_auth)], 5)
