@@ -9,7 +9,10 @@ Then each policy runs at each load, and one row is printed per (trace, load, pol
 ratio, % of the pooled ceiling, TTFT p50 / p90 / p99, ITL p50, the busiest worker's share.
 
 Usage: policy_table.py KVROUTER [--trace FILE ...] [--gen chat,agent,rag,mix] [--rate R]
-       [--duration S] [--policy NAME=ARGS ...] [--markdown]
+       [--duration S] [--seed N] [--arrival poisson|gamma] [--cv X] [--policy NAME=ARGS ...]
+       [--markdown]
+--seed, --arrival and --cv are `kvrouter trace gen`'s (the generated workloads; the runs keep
+`kvrouter sim`'s seed 1).
 A policy is a name and `kvrouter sim` arguments, e.g. "kv=--policy kv" or
 "lmetric=--policy kv --router-selection-policy lmetric".
 """
@@ -31,12 +34,13 @@ def sim(kvr, trace, speedup, args):
     return json.loads(p.stdout.splitlines()[0])
 
 
-def gen_trace(kvr, workload, directory, rate, duration, seed):
-    """`kvrouter trace gen --workload W` into directory/W.jsonl; its path."""
+def gen_trace(kvr, workload, directory, rate, duration, seed, arrival=()):
+    """`kvrouter trace gen --workload W` into directory/W.jsonl; its path. arrival: more
+    `trace gen` arguments (--arrival, --cv)."""
     path = os.path.join(directory, workload + ".jsonl")
     subprocess.run([kvr, "trace", "gen", "--workload", workload, "--rate", str(rate),
-                    "--duration", str(duration), "--seed", str(seed), "--output", path],
-                   check=True)
+                    "--duration", str(duration), "--seed", str(seed), "--output", path]
+                   + list(arrival), check=True)
     return path
 
 
@@ -83,9 +87,12 @@ def main():
     ap.add_argument("--rate", type=float, default=8)
     ap.add_argument("--duration", type=float, default=600)
     ap.add_argument("--seed", default="1")
+    ap.add_argument("--arrival", choices=["poisson", "gamma"])
+    ap.add_argument("--cv")
     ap.add_argument("--policy", action="append", default=[])
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
+    arrival = (["--arrival", a.arrival] if a.arrival else []) + (["--cv", a.cv] if a.cv else [])
     policies = [p.split("=", 1) for p in a.policy] or [
         ["locality (default)", "--policy kv"],
         ["dynamo", "--policy kv --router-selection-policy dynamo"],
@@ -96,7 +103,7 @@ def main():
     tmp = tempfile.mkdtemp()
     traces = [(os.path.basename(t), t) for t in a.trace]
     for w in [x for x in a.gen.split(",") if x]:
-        traces.append((w, gen_trace(a.kvrouter, w, tmp, a.rate, a.duration, a.seed)))
+        traces.append((w, gen_trace(a.kvrouter, w, tmp, a.rate, a.duration, a.seed, arrival)))
     if a.markdown:
         print("| workload | load | policy | hit | % of pooled | TTFT p50 | p90 | p99 | ITL p50 "
               "| max share |")

@@ -399,7 +399,8 @@ typedef struct kvr_route_res {
     uint64_t cached_tokens;
     uint32_t device_blocks;
     uint32_t predicted_blocks;    /* further blocks credited because requests in flight on the
-                                     worker are computing them (router_inflight_credit_weight);
+                                     worker are computing them and this request will find them
+                                     computed when admitted (router_inflight_credit_weight);
                                      its KV events had not reported them */
     uint32_t block_size; /* of the chosen worker's model */
     bool approximate;              /* the rank is routed approximately (set_rank_approximate):
@@ -499,7 +500,8 @@ typedef struct kvr_rank_score {
     kvr_worker_t worker;
     uint32_t device_blocks, host_blocks, disk_blocks;
     uint64_t cached_tokens;    /* what the rank's events report (the tiers, weighted) */
-    uint32_t predicted_blocks; /* further blocks requests in flight there are computing */
+    uint32_t predicted_blocks; /* further blocks requests in flight there are computing, that a
+                                  request booked now would find computed when admitted */
 } kvr_rank_score_t;
 
 /* Scores (and loads) cover every registered rank; out arrays hold kvr_router_n_ranks(). */

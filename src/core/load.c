@@ -12,7 +12,9 @@
  *   workers    a slot per rank with at least one live request (freed with its last request),
  *              found through an open-addressing table keyed by (worker_id, dp_rank). A slot
  *              keeps the rank's sums: block weights, prefill tokens, requests, unique blocks.
- *   blocks     one open-addressing table keyed by (worker slot, hash): refcount and weight.
+ *   blocks     one open-addressing table keyed by (worker slot, hash): refcount and weight,
+ *              and the tag of the request that created the entry (kvr_load_admit_tagged: the
+ *              router's stream position of that request's prompt, core/stepclock.h).
  *
  * Invariants (checked by kvr_load_verify):
  *   - refs(w, h) = occurrences of h in the block lists of w's live requests; an entry exists
@@ -50,7 +52,7 @@
  *   - a hash repeated inside one prompt counts as two references (never with chained hashes).
  *
  * Memory: bounded by max_requests and the blocks they hold; arrays and tables grow by doubling
- * and keep their peak, so add / free / project do not allocate in steady state. About 330
+ * and keep their peak, so add / free / project do not allocate in steady state. About 340
  * bytes per request slot (the id is stored inline) and 56 to 104 bytes per held block (a
  * 24-byte entry in a table 1/4 to 1/2 full, plus 8 bytes in a chunk). An add either reserves all it
  * needs first or fails with nothing changed. Threads: one thread owns a tracker (the event loop);
@@ -86,13 +88,14 @@ typedef struct block {
     uint32_t wslot;
     uint32_t refs;   /* 0 = empty entry */
     uint32_t weight; /* fixed point, W_ONE = 1.0 */
-    uint32_t pad_;
+    uint32_t tag;    /* the block tag of the request that created it (kvr_load_admit_tagged) */
 } block_t;
 
 typedef struct req {
     uint64_t id_hash;
     uint64_t started_ms;
     uint64_t prefill_tokens;
+    uint64_t mark; /* the caller's (kvr_load_admit_tagged) */
     uint32_t wslot;
     uint32_t prev, next;   /* age list; next also links the free list */
     uint32_t wprev, wnext; /* the worker's list */
@@ -413,14 +416,15 @@ static void blk_del(kvr_load_t *lt, block_t *e)
 
 /* ---- blocks (capacity reserved by the caller) ---- */
 
-static void acquire(kvr_load_t *lt, uint32_t wslot, uint64_t h)
+static void acquire(kvr_load_t *lt, uint32_t wslot, uint64_t h, uint32_t tag)
 {
     block_t *e = find_block(lt, wslot, h);
     if (e != NULL) {
         e->refs++;
         return;
     }
-    lt->blk[blk_free_slot(lt->blk, lt->blk_mask, bhash(wslot, h))] = (block_t){.hash = h, .wslot = wslot, .refs = 1, .weight = W_ONE};
+    lt->blk[blk_free_slot(lt->blk, lt->blk_mask, bhash(wslot, h))] =
+        (block_t){.hash = h, .wslot = wslot, .refs = 1, .weight = W_ONE, .tag = tag};
     lt->n_blk++;
     lt->wrk[wslot].units += W_ONE;
     lt->wrk[wslot].n_blocks++;
@@ -722,14 +726,14 @@ static bool opt_on(kvr_load_opt_t o, bool config)
     return o == KVR_LOAD_CONFIG ? config : o == KVR_LOAD_ON;
 }
 
-static void add_prompt_blocks(kvr_load_t *lt, req_t *r, const kvr_load_request_t *rq)
+static void add_prompt_blocks(kvr_load_t *lt, req_t *r, const kvr_load_request_t *rq, uint32_t tag)
 {
     if (!lt->cfg.track_active_blocks)
         return;
     bool reuse = opt_on(rq->assume_kv_reuse, lt->cfg.assume_kv_reuse);
     for (size_t i = 0; i < rq->n_seq; i++) {
         uint64_t h = reuse ? rq->seq[i] : fresh_hash(lt, r->wslot);
-        acquire(lt, r->wslot, h);
+        acquire(lt, r->wslot, h, tag);
         append_hash(lt, r, h);
     }
     r->n_prompt = (uint32_t)rq->n_seq;
@@ -745,8 +749,8 @@ static void add_prefill(kvr_load_t *lt, req_t *r, const kvr_load_request_t *rq)
     lt->prefill_total += r->prefill_tokens;
 }
 
-int kvr_load_admit(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms,
-                   kvr_req_handle_t *handle)
+int kvr_load_admit_tagged(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms,
+                          uint32_t tag, uint64_t mark, kvr_req_handle_t *handle)
 {
     if (handle != NULL)
         *handle = KVR_REQ_HANDLE_NONE;
@@ -770,12 +774,29 @@ int kvr_load_admit(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms
     fill_request(lt, r, rq, now_ms);
     r->wslot = worker_get(lt, rq->worker);
     link_request(lt, s);
-    add_prompt_blocks(lt, r, rq);
+    add_prompt_blocks(lt, r, rq, tag);
+    r->mark = mark;
     count_peer_blocks(lt, r);
     add_prefill(lt, r, rq);
     lt->st.adds++;
     if (handle != NULL)
         *handle = (uint64_t)r->gen << 32 | s;
+    return KVR_OK;
+}
+
+int kvr_load_admit(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms,
+                   kvr_req_handle_t *handle)
+{
+    return kvr_load_admit_tagged(lt, rq, now_ms, 0, 0, handle);
+}
+
+int kvr_load_block_tag(const kvr_load_t *lt, kvr_worker_t worker, uint64_t hash, uint32_t *tag)
+{
+    uint32_t s = lt != NULL ? find_worker(lt, worker) : NONE;
+    const block_t *e = s == NONE ? NULL : find_block(lt, s, hash);
+    if (e == NULL)
+        return KVR_ENOTFOUND;
+    *tag = e->tag;
     return KVR_OK;
 }
 
@@ -802,6 +823,19 @@ static uint32_t lookup(kvr_load_t *lt, const char *id, size_t id_len, kvr_req_ha
     if (s == NONE)
         (*misses)++;
     return s;
+}
+
+int kvr_load_mark(const kvr_load_t *lt, const char *id, size_t id_len, kvr_req_handle_t h,
+                  kvr_worker_t *worker, uint64_t *mark)
+{
+    uint32_t s = NONE;
+    if (lt != NULL)
+        s = id != NULL ? (id_ok(id, id_len) ? find_req(lt, id, id_len) : NONE) : slot_of(lt, h);
+    if (s == NONE)
+        return KVR_ENOTFOUND;
+    *worker = lt->wrk[lt->req[s].wslot].w;
+    *mark = lt->req[s].mark;
+    return KVR_OK;
 }
 
 int kvr_load_handle_id(const kvr_load_t *lt, kvr_req_handle_t h, const char **id, size_t *id_len)
@@ -887,7 +921,7 @@ static int output_block_at(kvr_load_t *lt, uint32_t s, double decay_fraction)
     if (rc != KVR_OK)
         return rc;
     uint64_t h = fresh_hash(lt, r->wslot);
-    acquire(lt, r->wslot, h);
+    acquire(lt, r->wslot, h, 0);
     append_hash(lt, r, h);
     r->n_output++;
     if (!isnan(decay_fraction))

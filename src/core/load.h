@@ -15,6 +15,9 @@
  * first_token / output_block / free_request on an unknown or already freed id return
  * KVR_ENOTFOUND, change nothing and are counted (S25); each request is released exactly once,
  * by free_request, by expiry, or by remove_worker, whichever comes first.
+ * For its caller the tracker also keeps a tag on each prompt block (that of the request that
+ * first held it) and a mark on each request (kvr_load_admit_tagged): the router's positions in
+ * its ranks' prefill streams.
  *
  * Invariants (kvr_load_verify recomputes them): every rank's load is the sum of its live
  * requests'; a block's refcount is the number of live requests of its rank holding it.
@@ -76,6 +79,19 @@ int kvr_load_add(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms);
 /* kvr_load_add that also hands back the request's handle (KVR_REQ_HANDLE_NONE on error). */
 int kvr_load_admit(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms,
                    kvr_req_handle_t *handle);
+/* kvr_load_admit that also keeps two values of the caller's (kvr_load_admit keeps 0s): tag on
+ * each prompt block the request is the first live request of its worker to hold (a block
+ * keeps it while any request holds it; kvr_load_block_tag), and mark on the request
+ * (kvr_load_mark). */
+int kvr_load_admit_tagged(kvr_load_t *lt, const kvr_load_request_t *rq, uint64_t now_ms,
+                          uint32_t tag, uint64_t mark, kvr_req_handle_t *handle);
+/* The tag of block hash held on worker: KVR_OK, or KVR_ENOTFOUND when no live request of the
+ * worker holds it. O(1). */
+int kvr_load_block_tag(const kvr_load_t *lt, kvr_worker_t worker, uint64_t hash, uint32_t *tag);
+/* A live request's worker and mark, found by id (id != NULL) or by handle. KVR_OK, or
+ * KVR_ENOTFOUND (not counted: a query). */
+int kvr_load_mark(const kvr_load_t *lt, const char *id, size_t id_len, kvr_req_handle_t h,
+                  kvr_worker_t *worker, uint64_t *mark);
 /* The first output token: the request's prefill tokens leave its worker's load. Repeats are
  * KVR_OK no-ops. KVR_ENOTFOUND (counted) for an unknown id. */
 int kvr_load_first_token(kvr_load_t *lt, const char *id, size_t id_len, uint64_t now_ms);

@@ -5,29 +5,33 @@
  * below a tenth of what the worker really has to prefill plus one block, so among workers
  * that all hold most of the prompt the load still decides. The engine step under way delays
  * the prefill by the same time whatever the prompt: its wait is priced in blocks
- * (step_wait_weight per ms). A block another request is computing on the worker now (in
- * flight, not reported yet) counts once: it spares this prompt its prefill, but the prefill
- * computing it is still the worker's load (raw counts it), so a burst on a new prefix goes
- * where that prefix is being computed only when waiting there costs no more than computing
- * it elsewhere. Counted twice, such blocks would hide the load of that prefill and pile the
- * burst up behind it (measured with `kvrouter sim` on a fanout trace of 4 requests/s, 300 s,
- * at --rate-scale 6 and 7.5: p50 1.43x and 1.27x the clairvoyant oracle's, against 1.23x and
- * 1.12x counted once).
+ * (step_wait_weight per ms). A block in flight (another request on the worker is computing
+ * it; credited only when this request will find it computed, core/router.c) counts one and a
+ * half times (INFLIGHT_AGAIN): once because it spares this prompt its prefill, and half again
+ * because its prefix stays where the next request with it looks, but the prefill computing it
+ * still stands between this request and its first token (raw counts it), for part of a step
+ * or more. Measured with `kvrouter sim` over 18 fanout runs (seeds 1-3, Poisson and Gamma CV 3
+ * arrivals, 4 to 16 requests/s, three loads each; docs/sim.md, "Choosing the half") with 0,
+ * 0.25, 0.5, 0.75 and 1 again: 0.25 and 0.5 hold TTFT p90 and p99 best, 0.5 with more hits
+ * (1.23x those of the previous credit, against 1.07x) and a lower ITL; 1 (counting it twice,
+ * as a cached block) hits most but piles bursts behind the prefill computing them.
  * Invariants: terms >= 0 in, logit >= 0 out (+Inf on overflow). Threads: any. Cost: O(1).
  */
 #include <math.h>
 
 #include "core/policy.h"
 
+#define INFLIGHT_AGAIN 0.5 /* in-flight blocks count 1 + this; cached ones twice */
+
 static void score(const kvr_select_config_t *k, const kvr_select_candidate_t *c,
                   kvr_select_explain_t *t)
 {
     double real = t->adjusted_prefill_blocks;
     t->step_wait_blocks = k->step_wait_weight * c->step_wait_ms;
-    t->adjusted_prefill_blocks =
-        fmax(t->raw_prefill_blocks - 2.0 * t->overlap_credit_blocks + t->inflight_credit_blocks,
-             0.1 * real + 1.0) +
-        t->step_wait_blocks;
+    t->adjusted_prefill_blocks = fmax(t->raw_prefill_blocks - 2.0 * t->overlap_credit_blocks +
+                                          (1.0 - INFLIGHT_AGAIN) * t->inflight_credit_blocks,
+                                      0.1 * real + 1.0) +
+                                 t->step_wait_blocks;
     t->prefill_cost = t->adjusted_prefill_blocks;
     t->logit = t->adjusted_prefill_blocks * (t->decode_cost_blocks + 1.0);
 }

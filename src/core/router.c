@@ -1,7 +1,9 @@
 /*
  * router.c: the routing decision (see router.h): hash, look up, project load, decide (through
  * the policy table, core/policy.h), book; the request lifecycle. The workers and their ranks
- * are the registry's (core/registry.h).
+ * are the registry's (core/registry.h). A booking also takes its place in its rank's prefill
+ * stream (core/stepclock.h), which decides the blocks in flight a later request is credited
+ * with (inflight_ready).
  *
  * Invariants: the registry's (its rank table lists every registered rank); per-request fields
  * of the rank table are rewritten by every route before use; a decision names an eligible
@@ -747,6 +749,37 @@ static uint32_t inflight_blocks(const kvr_select_candidate_t *c, const kvr_load_
     return p->overlap_blocks > reported ? (uint32_t)(p->overlap_blocks - reported) : 0;
 }
 
+/* Of the blocks held in flight on rank k (inflight_blocks), those this prompt finds cached
+ * when the rank's engine admits it. The live booking that first held them (the block's tag:
+ * the low 32 bits of the rank's stream position of that booking's prompt token 0,
+ * core/stepclock.h) computes them in booking order, a chunk a step; this request is admitted
+ * in the step its own place in the stream reaches, and finds cached only what the steps
+ * before that one computed: a block computed in that same step is computed by this request
+ * again (an engine matches its prefix cache only when it admits a request). So a burst on a
+ * new prefix arriving before the booking computing it has begun gets nothing (it would be
+ * batched with it); arriving while its last chunk is under way, all of it; a long prefix
+ * being computed a chunk a step, what the chunks before its own step hold. The positions
+ * compare modulo 2^32 (a booking 2^31 tokens back reads as not begun: no credit). */
+static uint32_t inflight_ready(kvr_router_t *r, size_t k, const kvr_select_candidate_t *c,
+                               const kvr_load_projection_t *p)
+{
+    uint32_t held = inflight_blocks(c, p);
+    if (held == 0)
+        return 0;
+    uint64_t reported = (uint64_t)c->device_blocks + c->host_blocks + c->disk_blocks;
+    uint32_t tag;
+    if (kvr_load_block_tag(r->load, c->worker, r->cur_seq[reported], &tag) != KVR_OK)
+        return held; /* cannot happen: the tracker holds the prefix it reported */
+    uint64_t before =
+        kvr_stepclock_computed_before(kvr_registry_clock(&r->reg, k), p->active_requests > 0);
+    int32_t computed = (int32_t)((uint32_t)before - tag); /* its prompt tokens by then */
+    uint64_t lo = reported * r->cur.bs, hi = (reported + held) * r->cur.bs;
+    if (computed <= 0 || (uint64_t)computed <= lo)
+        return 0;
+    uint64_t got = (uint64_t)computed < hi ? (uint64_t)computed : hi;
+    return (uint32_t)((got - lo) / r->cur.bs);
+}
+
 /* Projects every rank's load with this prompt and marks busy ranks. */
 static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_blocks, uint64_t isl,
                       bool read_index)
@@ -772,7 +805,7 @@ static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_block
         c->potential_prefill_tokens = p->potential_prefill_tokens;
         /* no index (overlap_score_credit 0, load-only modes): nothing is credited as cached,
          * in flight or not */
-        c->predicted_blocks = read_index && r->ix != NULL ? inflight_blocks(c, p) : 0;
+        c->predicted_blocks = read_index && r->ix != NULL ? inflight_ready(r, i, c, p) : 0;
         if (c->predicted_blocks > 0) { /* the credited blocks are not prefilled again */
             uint64_t left = p->potential_prefill_tokens - p->active_prefill_tokens;
             uint64_t credit = (uint64_t)llround(r->sel.inflight_credit_weight *
@@ -1056,8 +1089,50 @@ static int new_request_id(char *out, size_t cap, size_t *len)
     return KVR_OK;
 }
 
+/* A booking's place in its rank's prefill stream (core/stepclock.h): its uncached prompt
+ * tokens take the next positions. tag (the low 32 bits of the position of its prompt's token
+ * 0) goes on the blocks it is the first to hold, end on the booking (its first token proves
+ * the stream computed up to there). */
+typedef struct stream {
+    kvr_stepclock_t *clock;
+    uint64_t tokens, end;
+    uint32_t tag, chunk;
+    bool idle; /* the rank had nothing in flight */
+} stream_t;
+
+static stream_t stream_place(kvr_router_t *r, size_t k, uint64_t isl, uint64_t cached,
+                             kvr_load_opt_t prefill, bool idle)
+{
+    const kvr_worker_spec_t *s = &r->reg.w[r->reg.rank_widx[k]].spec;
+    stream_t at = {.clock = kvr_registry_clock(&r->reg, k), .idle = idle};
+    if (prefill == KVR_LOAD_OFF ||
+        (prefill == KVR_LOAD_CONFIG && !r->cfg.router_track_prefill_tokens))
+        isl = cached = 0; /* its prompt is not prefilled there (a decode leg: its KV arrives) */
+    uint64_t chunk = s->max_num_batched_tokens;
+    at.chunk = chunk == 0           ? KVR_STEPCLOCK_DEFAULT_CHUNK
+               : chunk > UINT32_MAX ? UINT32_MAX
+                                    : (uint32_t)chunk;
+    cached = cached < isl ? cached : isl;
+    at.tokens = isl - cached;
+    at.tag = (uint32_t)(at.clock->booked - cached);
+    at.end = at.clock->booked + at.tokens;
+    return at;
+}
+
+/* A request's first token: its rank's stream is computed up to its end. */
+static void stream_prefilled(kvr_router_t *r, const char *id, size_t id_len, kvr_req_handle_t h)
+{
+    kvr_worker_t w;
+    uint64_t end;
+    if (kvr_load_mark(r->load, id, id_len, h, &w, &end) != KVR_OK)
+        return;
+    long k = kvr_registry_rank(&r->reg, w);
+    if (k >= 0)
+        kvr_stepclock_prefilled(kvr_registry_clock(&r->reg, (size_t)k), end);
+}
+
 static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint64_t now_ms,
-                kvr_route_res_t *res)
+                const stream_t *at, kvr_route_res_t *res)
 {
     size_t id_len = q->request_id_len;
     if (q->request_id != NULL) {
@@ -1089,7 +1164,9 @@ static int book(kvr_router_t *r, const kvr_route_req_t *q, size_t n_blocks, uint
         .block_size = r->cur.bs,
         .assume_kv_reuse = load_opt(q->has_assume_kv_reuse, q->assume_kv_reuse),
         .track_prefill_tokens = load_opt(q->has_track_prefill_tokens, q->track_prefill_tokens)};
-    int rc = kvr_load_admit(r->load, &lr, now_ms, &res->handle);
+    int rc = kvr_load_admit_tagged(r->load, &lr, now_ms, at->tag, at->end, &res->handle);
+    if (rc == KVR_OK)
+        (void)kvr_stepclock_book(at->clock, at->tokens, at->idle, at->chunk);
     r->last = rc == KVR_OK ? lr : (kvr_load_request_t){0};
     if (rc == KVR_OK && r->approx != NULL && n_blocks > 0)
         rc = kvr_approx_begin(r->approx, res->handle, res->worker, r->cur_lbh, r->cur_seq, n_blocks,
@@ -1214,7 +1291,10 @@ int kvr_router_route(kvr_router_t *r, const kvr_route_req_t *q, uint64_t now_ms,
                                         ? events_cached_tokens(r, sel.worker)
                                         : res->cached_tokens;
         bool idle = c->active_requests == 0;
-        rc = book(r, q, (size_t)n_blocks, now_ms, res);
+        stream_t at =
+            stream_place(r, sel.index, q->n_tokens, res->cached_tokens,
+                         load_opt(q->has_track_prefill_tokens, q->track_prefill_tokens), idle);
+        rc = book(r, q, (size_t)n_blocks, now_ms, &at, res);
         if (rc == KVR_OK && q->update_state && c->predicted_blocks > 0)
             credit_watched(r, c, res->handle, now_ms);
         if (rc == KVR_OK && q->update_state)
@@ -1261,6 +1341,7 @@ static void approx_step(kvr_router_t *r, const char *id, size_t id_len, kvr_req_
 int kvr_router_first_token(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms)
 {
     approx_step(r, id, id_len, 0, APPROX_START, now_ms);
+    stream_prefilled(r, id, id_len, 0);
     return kvr_load_first_token(r->load, id, id_len, now_ms);
 }
 
@@ -1280,6 +1361,7 @@ int kvr_router_free_request(kvr_router_t *r, const char *id, size_t id_len, uint
 int kvr_router_first_token_h(kvr_router_t *r, kvr_req_handle_t h, uint64_t now_ms)
 {
     approx_step(r, NULL, 0, h, APPROX_START, now_ms);
+    stream_prefilled(r, NULL, 0, h);
     return kvr_load_first_token_h(r->load, h, now_ms);
 }
 
@@ -1314,7 +1396,17 @@ int kvr_router_admit(kvr_router_t *r, const kvr_load_request_t *lr, uint64_t now
     kvr_load_request_t own = *lr;
     if (!r->cfg.router_track_active_blocks)
         own.seq = NULL, own.n_seq = 0;
-    return kvr_load_admit(r->load, &own, now_ms, handle);
+    long k = kvr_registry_rank(&r->reg, lr->worker);
+    if (k < 0) /* registered rank of a registered worker: cannot happen */
+        return kvr_load_admit(r->load, &own, now_ms, handle);
+    kvr_load_snapshot_t now;
+    kvr_load_snapshot(r->load, lr->worker, &now);
+    stream_t at = stream_place(r, (size_t)k, lr->isl_tokens, lr->cached_tokens,
+                               lr->track_prefill_tokens, now.active_requests == 0);
+    int rc = kvr_load_admit_tagged(r->load, &own, now_ms, at.tag, at.end, handle);
+    if (rc == KVR_OK)
+        (void)kvr_stepclock_book(at.clock, at.tokens, at.idle, at.chunk);
+    return rc;
 }
 
 void kvr_router_tick(kvr_router_t *r, uint64_t now_ms)

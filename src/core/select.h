@@ -46,7 +46,9 @@ typedef struct kvr_select_candidate {
     uint32_t disk_blocks;              /* further blocks on disk or external storage */
     uint32_t shared_blocks;            /* shared-pool hits at positions >= device_blocks */
     uint32_t predicted_blocks;         /* further blocks that requests in flight on the rank
-                                          are computing and its events have not reported */
+                                          are computing and its events have not reported, and
+                                          that this request will find computed when admitted
+                                          (core/router.c) */
     uint64_t active_prefill_tokens;    /* tracker: prefill tokens in flight now */
     uint64_t potential_prefill_tokens; /* tracker: active + this prompt's uncached tokens (4.5) */
     uint64_t potential_decode_blocks;  /* tracker: active blocks + this prompt's new ones */

@@ -1,9 +1,9 @@
 /*
- * stepclock.c: a rank's step clock (see stepclock.h).
+ * stepclock.c: a rank's step clock and prefill stream (see stepclock.h).
  * Invariants (kvr_stepclock_verify): the mean is finite and >= 0, and 0 until a step is
- * measured; steps <= ends; a predicted wait is in [0, mean]. Debug builds assert them after
- * every end. Ownership: the caller's struct, no allocation. Threads: the caller's lock.
- * Cost: O(1).
+ * measured; steps <= ends; a predicted wait is in [0, mean]; base <= done <= booked, avail <=
+ * booked. Debug builds assert them after every end and booking. Ownership: the caller's
+ * struct, no allocation. Threads: the caller's lock. Cost: O(1).
  */
 #include "core/stepclock.h"
 
@@ -24,6 +24,11 @@ void kvr_stepclock_end(kvr_stepclock_t *c, uint64_t now_us)
     }
     c->last_us = now_us;
     c->ends++;
+    uint64_t step = c->base + c->chunk < c->avail ? c->base + c->chunk : c->avail;
+    if (step > c->done)
+        c->done = step; /* the step computed up to a chunk of what it could see */
+    c->base = c->done;  /* the next one begins */
+    c->avail = c->booked;
     assert(kvr_stepclock_verify(c));
 }
 
@@ -42,6 +47,38 @@ void kvr_stepclock_wake(kvr_stepclock_t *c, uint64_t now_us)
 {
     if (now_us > c->last_us)
         c->last_us = now_us;
+    c->base = c->done;
+    c->avail = c->booked;
+}
+
+uint64_t kvr_stepclock_book(kvr_stepclock_t *c, uint64_t tokens, bool idle, uint32_t chunk)
+{
+    if (idle) /* nothing in flight: all booked before is computed, no step is under way */
+        c->done = c->base = c->avail = c->booked;
+    c->chunk = chunk;
+    uint64_t at = c->booked;
+    c->booked += tokens;
+    assert(kvr_stepclock_verify(c));
+    return at;
+}
+
+void kvr_stepclock_prefilled(kvr_stepclock_t *c, uint64_t end)
+{
+    if (end > c->done && end <= c->booked)
+        c->done = end;
+}
+
+uint64_t kvr_stepclock_computed_before(const kvr_stepclock_t *c, bool busy)
+{
+    uint64_t done = c->done;
+    if (busy) { /* the step under way computes up to a chunk of what it could see */
+        uint64_t step = c->base + c->chunk < c->avail ? c->base + c->chunk : c->avail;
+        done = step > done ? step : done;
+    }
+    if (c->chunk == 0)
+        return done;
+    /* every later step fills its chunk with the stream ahead, oldest first */
+    return done + (c->booked - done) / c->chunk * c->chunk;
 }
 
 double kvr_stepclock_wait_ms(const kvr_stepclock_t *c, uint64_t now_us)
@@ -58,5 +95,6 @@ bool kvr_stepclock_verify(const kvr_stepclock_t *c)
 {
     if (!isfinite(c->mean_us) || c->mean_us < 0)
         return false;
-    return c->steps <= c->ends && (c->steps > 0 || c->mean_us == 0);
+    return c->steps <= c->ends && (c->steps > 0 || c->mean_us == 0) && c->base <= c->done &&
+           c->done <= c->booked && c->avail <= c->booked;
 }

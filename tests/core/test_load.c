@@ -2,7 +2,8 @@
  * test_load.c: the load tracker, one behaviour per test, each asserting what a router user
  * relies on: shared prefixes count once per worker, first tokens drop prefill load, frees and
  * expiry release everything exactly once, bad lifecycles are counted no-ops, projections add
- * exactly the blocks a worker does not already hold, and a full drain leaves zero load.
+ * exactly the blocks a worker does not already hold, a full drain leaves zero load, and a
+ * block keeps the tag of the request that first held it.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -724,6 +725,52 @@ static void test_steady_state_memory_is_flat(void **state)
     kvr_load_free(lt);
 }
 
+/* Tags and marks: a prompt block keeps the tag of the live request that first held it (the
+ * router's stream position of the request computing it), whoever shares it later, until no
+ * request holds it; a request keeps its mark (its stream end), found by id or by handle. */
+static void test_tags_and_marks(void **s)
+{
+    (void)s;
+    kvr_load_config_t cfg = defaults();
+    kvr_load_t *lt = mk(&cfg);
+    kvr_worker_t w = {1, 0};
+    prompt_t a = mkprompt(7, 4, 1, 4), b = mkprompt(7, 4, 2, 6); /* b extends a by 2 blocks */
+    kvr_load_request_t ra = {
+        .id = "a", .id_len = 1, .worker = w, .seq = a.seq, .n_seq = a.n, .isl_tokens = 64};
+    kvr_load_request_t rb = {
+        .id = "b", .id_len = 1, .worker = w, .seq = b.seq, .n_seq = b.n, .isl_tokens = 96};
+    kvr_req_handle_t ha, hb;
+    assert_int_equal(kvr_load_admit_tagged(lt, &ra, 1, 100, 164, &ha), KVR_OK);
+    assert_int_equal(kvr_load_admit_tagged(lt, &rb, 1, 200, 296, &hb), KVR_OK);
+    uint32_t tag;
+    for (size_t i = 0; i < b.n; i++) {
+        assert_int_equal(kvr_load_block_tag(lt, w, b.seq[i], &tag), KVR_OK);
+        assert_int_equal(tag, i < 4 ? 100 : 200);
+    }
+    assert_int_equal(kvr_load_block_tag(lt, (kvr_worker_t){2, 0}, b.seq[0], &tag),
+                     KVR_ENOTFOUND); /* held on worker 1 only */
+    kvr_worker_t got;
+    uint64_t mark;
+    assert_int_equal(kvr_load_mark(lt, "a", 1, 0, &got, &mark), KVR_OK);
+    assert_int_equal(mark, 164);
+    assert_true(got.worker_id == 1 && got.dp_rank == 0);
+    assert_int_equal(kvr_load_mark(lt, NULL, 0, hb, &got, &mark), KVR_OK);
+    assert_int_equal(mark, 296);
+    assert_int_equal(kvr_load_free_h(lt, ha, 2), KVR_OK);
+    assert_int_equal(kvr_load_mark(lt, NULL, 0, ha, &got, &mark), KVR_ENOTFOUND); /* stale */
+    assert_int_equal(kvr_load_mark(lt, "a", 1, 0, &got, &mark), KVR_ENOTFOUND);
+    assert_int_equal(kvr_load_block_tag(lt, w, b.seq[0], &tag), KVR_OK);
+    assert_int_equal(tag, 100); /* b still holds it: the tag stays */
+    assert_int_equal(kvr_load_free_h(lt, hb, 2), KVR_OK);
+    assert_int_equal(kvr_load_block_tag(lt, w, b.seq[0], &tag), KVR_ENOTFOUND);
+    /* the next request to hold the block tags it anew */
+    assert_int_equal(kvr_load_admit_tagged(lt, &rb, 3, 300, 396, &hb), KVR_OK);
+    assert_int_equal(kvr_load_block_tag(lt, w, b.seq[0], &tag), KVR_OK);
+    assert_int_equal(tag, 300);
+    verify(lt);
+    kvr_load_free(lt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -745,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_bad_arguments_change_nothing),
         cmocka_unit_test(test_config_validation),
         cmocka_unit_test(test_steady_state_memory_is_flat),
+        cmocka_unit_test(test_tags_and_marks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

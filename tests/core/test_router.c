@@ -34,9 +34,10 @@ static void prompt(uint32_t base, size_t n)
         toks[i] = base * 100000u + (uint32_t)i;
 }
 
-/* A router of three workers (ids 1-3) in mode (NULL: the default), with one more setting
- * (name NULL: none). */
-static void make_set(fx_t *f, const char *mode, const char *name, const char *value)
+/* A router of three workers (ids 1-3, each spec "id=N" + extra) in mode (NULL: the default),
+ * with one more setting (name NULL: none). */
+static void make_spec(fx_t *f, const char *mode, const char *name, const char *value,
+                      const char *extra)
 {
     kvr_config_defaults(&f->cfg);
     char err[200];
@@ -54,11 +55,16 @@ static void make_set(fx_t *f, const char *mode, const char *name, const char *va
         fail_msg("router: %s", err);
     for (uint64_t id = 1; id <= 3; id++) {
         kvr_worker_spec_t w;
-        char text[64];
-        snprintf(text, sizeof text, "id=%llu", (unsigned long long)id);
+        char text[128];
+        snprintf(text, sizeof text, "id=%llu%s", (unsigned long long)id, extra);
         assert_int_equal(kvr_worker_spec_parse(text, &w, err, sizeof err), KVR_OK);
         assert_int_equal(kvr_router_add_worker(f->r, &w, err, sizeof err), KVR_OK);
     }
+}
+
+static void make_set(fx_t *f, const char *mode, const char *name, const char *value)
+{
+    make_spec(f, mode, name, value, "");
 }
 
 static void make(fx_t *f, const char *mode) { make_set(f, mode, NULL, NULL); }
@@ -383,10 +389,12 @@ static void test_load_overrides_reach_the_booking(void **s)
     kvr_load_snapshot(kvr_router_load(f.r), (kvr_worker_t){1, 0}, &snap);
     assert_int_equal(snap.active_prefill_tokens, 256);
     assert_int_equal(snap.unique_blocks, 48);
-    /* a fourth under the defaults shares the third's blocks, and is credited with them (the
-     * third is computing them: router_inflight_credit_weight 1), so it adds no prefill */
+    /* a fourth under the defaults shares the third's blocks; once a step of worker 1 has ended
+     * (the third's prefill is under way), it is credited with them (the third is computing
+     * them: router_inflight_credit_weight 1), so it adds no prefill */
     q.request_id = "b";
-    assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_OK);
+    assert_int_equal(kvr_router_worker_step(f.r, (kvr_worker_t){1, 0}, 1001000), KVR_OK);
+    assert_int_equal(kvr_router_route(f.r, &q, 1001, &res), KVR_OK);
     assert_int_equal(res.cached_tokens, 256);
     kvr_load_snapshot(kvr_router_load(f.r), (kvr_worker_t){1, 0}, &snap);
     assert_int_equal(snap.unique_blocks, 48);
@@ -480,6 +488,91 @@ static void test_burst_finds_the_prefix_in_flight(void **s)
     burst_second("0", 2, 0, true);
     burst_second("1", 1, 16, true);  /* its events come: confirmed */
     burst_second("1", 1, 16, false); /* they never do: expired after 30 s */
+}
+
+/* The predicted blocks of worker id's rank for the current prompt's first n_tokens. */
+static uint32_t predicted_on(fx_t *f, uint64_t id, size_t n_tokens)
+{
+    kvr_route_req_t q = {.tokens = toks, .n_tokens = n_tokens};
+    kvr_rank_score_t sc[3];
+    size_t n;
+    assert_int_equal(kvr_router_query(f->r, &q, sc, 3, &n), KVR_OK);
+    for (size_t i = 0; i < n; i++)
+        if (sc[i].worker.worker_id == id)
+            return sc[i].predicted_blocks;
+    fail_msg("no rank of worker %llu", (unsigned long long)id);
+    return 0;
+}
+
+static void book_on(fx_t *f, uint64_t id, size_t n_tokens, const char *rid, uint64_t now_ms)
+{
+    kvr_route_req_t q = {.tokens = toks,
+                         .n_tokens = n_tokens,
+                         .update_state = true,
+                         .has_pinned = true,
+                         .pinned = {id, 0},
+                         .request_id = rid,
+                         .request_id_len = strlen(rid)};
+    kvr_route_res_t res;
+    assert_int_equal(kvr_router_route(f->r, &q, now_ms, &res), KVR_OK);
+}
+
+/* A burst on a new prefix is credited only with what its admission will find computed. Worker
+ * 2 runs a step for a short prompt when prompt 7 (1024 tokens) is booked there: its prefill
+ * waits for that step, so a second request with prompt 7 would be batched with it and compute
+ * it again: no credit, and it goes to an idle worker. Once that step has ended (the prefill is
+ * under way, in one step of at most 8192 tokens, the chunk assumed when the worker does not
+ * say), the same request is credited with all 64 blocks and joins it. */
+static void test_burst_waits_for_the_prefill_to_begin(void **s)
+{
+    (void)s;
+    fx_t f;
+    make(&f, NULL);
+    prompt(9, 64);
+    book_on(&f, 2, 64, "c", 1000); /* worker 2 was idle: its step begins now */
+    prompt(7, 1024);
+    book_on(&f, 2, 1024, "a", 1001); /* behind c's step */
+    assert_int_equal(predicted_on(&f, 2, 1024), 0);
+    kvr_route_res_t res;
+    kvr_route_req_t b = {.tokens = toks,
+                         .n_tokens = 1024,
+                         .update_state = true,
+                         .request_id = "b",
+                         .request_id_len = 1};
+    assert_int_equal(kvr_router_route(f.r, &b, 1002, &res), KVR_OK);
+    assert_int_not_equal(res.worker.worker_id, 2);
+    assert_int_equal(res.predicted_blocks, 0);
+    assert_int_equal(kvr_router_free_request(f.r, "b", 1, 1002), KVR_OK);
+    /* c's step ends: a's prefill is the step under way */
+    assert_int_equal(kvr_router_worker_step(f.r, (kvr_worker_t){2, 0}, 1010 * 1000), KVR_OK);
+    assert_int_equal(predicted_on(&f, 2, 1024), 64);
+    assert_int_equal(kvr_router_route(f.r, &b, 1011, &res), KVR_OK);
+    assert_int_equal(res.worker.worker_id, 2);
+    assert_int_equal(res.predicted_blocks, 64);
+    assert_int_equal(res.cached_tokens, 1024);
+    unmake(&f);
+}
+
+/* With a chunk of 128 tokens (max_num_batched_tokens on the worker), a 500-token prompt is
+ * computed over four steps: a request with its prefix booked behind it waits for the three
+ * whole chunks the stream ahead of it fills and finds those cached (24 blocks), not the last
+ * chunk, which the engine computes in the step that admits it (beside it, so computed twice).
+ * When the prompt's first token comes, all of it is computed: the 31 full blocks. */
+static void test_burst_credit_a_chunk_at_a_time(void **s)
+{
+    (void)s;
+    fx_t f;
+    make_spec(&f, NULL, NULL, NULL, ",max_num_batched_tokens=128");
+    prompt(9, 64);
+    book_on(&f, 2, 64, "c", 1000);
+    prompt(7, 500);
+    book_on(&f, 2, 500, "a", 1001);
+    assert_int_equal(predicted_on(&f, 2, 500), 24);
+    assert_int_equal(kvr_router_worker_step(f.r, (kvr_worker_t){2, 0}, 1010 * 1000), KVR_OK);
+    assert_int_equal(predicted_on(&f, 2, 500), 24); /* c's step ended: the same steps remain */
+    assert_int_equal(kvr_router_first_token(f.r, "a", 1, 1100), KVR_OK);
+    assert_int_equal(predicted_on(&f, 2, 500), 31);
+    unmake(&f);
 }
 
 static void test_queue_threshold_does_not_filter(void **s)
@@ -1076,6 +1169,8 @@ int main(void)
         cmocka_unit_test(test_disagg_bypass),
         cmocka_unit_test(test_load_overrides_reach_the_booking),
         cmocka_unit_test(test_burst_finds_the_prefix_in_flight),
+        cmocka_unit_test(test_burst_waits_for_the_prefill_to_begin),
+        cmocka_unit_test(test_burst_credit_a_chunk_at_a_time),
         cmocka_unit_test(test_queue_threshold_does_not_filter),
         cmocka_unit_test(test_sticky_sessions),
         cmocka_unit_test(test_model_pools_and_adapters),

@@ -1,7 +1,8 @@
 /*
  * test_stepclock.c: a rank's step clock (core/stepclock.c): the time a running step has left,
  * the weighted mean of step lengths, the streamed tokens of one step taken as one end however
- * spread, idle time never taken for a step, and time running backwards ignored.
+ * spread, idle time never taken for a step, and time running backwards ignored; the prefill
+ * stream: what a request booked now finds computed when its engine admits it.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -97,6 +98,57 @@ static void test_idle_is_not_a_step(void **s)
     assert_true(kvr_stepclock_verify(&c));
 }
 
+/* An idle rank starts a step for a booking at once: a request booked while that step runs
+ * finds its tokens computed when admitted (after the step). One booked on a busy rank waits
+ * for the step under way: a request booked right behind it is admitted in the same step and
+ * finds none of it. */
+static void test_stream_first_step(void **s)
+{
+    (void)s;
+    kvr_stepclock_t c = {0};
+    assert_int_equal(kvr_stepclock_book(&c, 6000, true, 8192), 0);
+    kvr_stepclock_wake(&c, 10 * MS);
+    assert_int_equal(kvr_stepclock_computed_before(&c, true), 6000);
+    assert_int_equal(kvr_stepclock_book(&c, 60, false, 8192), 6000);
+    assert_int_equal(kvr_stepclock_computed_before(&c, true), 6000);
+    kvr_stepclock_end(&c, 130 * MS); /* its step ends: the 6000 are computed */
+    assert_int_equal(c.done, 6000);
+    /* busy: another 6000 booked now wait for the step under way (the 60, which began
+     * before them), and a request booked behind them is batched with them */
+    assert_int_equal(kvr_stepclock_book(&c, 6000, false, 8192), 6060);
+    assert_int_equal(kvr_stepclock_computed_before(&c, true), 6060);
+    kvr_stepclock_end(&c, 170 * MS); /* the 60's step; the 6000's begins */
+    assert_int_equal(kvr_stepclock_computed_before(&c, true), 12060);
+    assert_true(kvr_stepclock_verify(&c));
+}
+
+/* A prompt longer than a chunk is computed a chunk a step: a request booked behind it finds
+ * what the steps before its own computed; a long stream ahead fills whole steps first. */
+static void test_stream_chunks(void **s)
+{
+    (void)s;
+    kvr_stepclock_t c = {0};
+    (void)kvr_stepclock_book(&c, 20000, true, 8192);
+    kvr_stepclock_wake(&c, 10 * MS);
+    assert_int_equal(kvr_stepclock_computed_before(&c, true), 16384); /* 2 steps, then its */
+    kvr_stepclock_end(&c, 180 * MS);
+    assert_int_equal(c.done, 8192);
+    assert_int_equal(kvr_stepclock_computed_before(&c, true), 16384);
+    kvr_stepclock_end(&c, 350 * MS);
+    assert_int_equal(kvr_stepclock_computed_before(&c, true), 20000);
+    assert_int_equal(kvr_stepclock_computed_before(&c, false), 16384); /* no step under way */
+    /* its first token proves all of it computed, whatever the steps seen */
+    kvr_stepclock_prefilled(&c, 20000);
+    assert_int_equal(c.done, 20000);
+    kvr_stepclock_prefilled(&c, 25000); /* past the stream: not a position of this rank */
+    assert_int_equal(c.done, 20000);
+    /* a booking on an idle rank: all booked before is computed */
+    (void)kvr_stepclock_book(&c, 100, false, 8192);
+    assert_int_equal(kvr_stepclock_book(&c, 100, true, 8192), 20100);
+    assert_int_equal(c.done, 20100);
+    assert_true(kvr_stepclock_verify(&c));
+}
+
 static void test_verify_catches(void **s)
 {
     (void)s;
@@ -104,15 +156,18 @@ static void test_verify_catches(void **s)
     assert_false(kvr_stepclock_verify(&c));
     c = (kvr_stepclock_t){.last_us = 1, .ends = 4, .mean_us = -1, .steps = 3};
     assert_false(kvr_stepclock_verify(&c));
+    c = (kvr_stepclock_t){.booked = 10, .done = 11}; /* computed past the stream */
+    assert_false(kvr_stepclock_verify(&c));
+    c = (kvr_stepclock_t){.booked = 10, .done = 5, .base = 6};
+    assert_false(kvr_stepclock_verify(&c));
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wait_left_in_the_step),
-        cmocka_unit_test(test_one_step_many_tokens),
-        cmocka_unit_test(test_idle_is_not_a_step),
-        cmocka_unit_test(test_verify_catches),
+        cmocka_unit_test(test_wait_left_in_the_step), cmocka_unit_test(test_one_step_many_tokens),
+        cmocka_unit_test(test_idle_is_not_a_step),    cmocka_unit_test(test_stream_first_step),
+        cmocka_unit_test(test_stream_chunks),         cmocka_unit_test(test_verify_catches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

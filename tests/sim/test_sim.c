@@ -677,9 +677,12 @@ static void test_event_delay(void **state)
  * TTFT: KV events report the document only once its first request has prefilled it, so
  * without the in-flight credit kv mode spreads each burst and computes the document again on
  * every worker; with it (router_inflight_credit_weight, the default 1), a burst's later
- * requests go where it is being computed when waiting costs no more than computing it: at
- * least 2x the hits, and the end-to-end time of the median request at most 0.8x (the prefill
- * work saved), without giving up the median TTFT (at most 1.15x). */
+ * requests go where it is being computed when they will find it computed there (admitted
+ * after the steps computing it, not beside them): at least 2x the hits, the end-to-end time
+ * of the median request at most 0.8x (the prefill work saved), and the TTFT lower too: the
+ * median at most 0.9x (measured 0.82x; crediting every block in flight, as before, gave
+ * 1.06x: a request batched with the prefill it was credited for computes it again) and the
+ * p99 at most 0.8x (0.62x). */
 static void test_burst_on_a_new_prefix(void **state)
 {
     (void)state;
@@ -709,10 +712,12 @@ static void test_burst_on_a_new_prefix(void **state)
         check_result(&res[credit], s->in.n);
     }
     if (res[1].hit_ratio < 2.0 * res[0].hit_ratio || res[1].e2e_ms.p50 > 0.8 * res[0].e2e_ms.p50 ||
-        res[1].ttft_ms.p50 > 1.15 * res[0].ttft_ms.p50)
-        fail_msg("credit off: hits %.3f, e2e p50 %.0f ms, ttft p50 %.0f ms; on: %.3f, %.0f, %.0f",
-                 res[0].hit_ratio, res[0].e2e_ms.p50, res[0].ttft_ms.p50, res[1].hit_ratio,
-                 res[1].e2e_ms.p50, res[1].ttft_ms.p50);
+        res[1].ttft_ms.p50 > 0.9 * res[0].ttft_ms.p50 ||
+        res[1].ttft_ms.p99 > 0.8 * res[0].ttft_ms.p99)
+        fail_msg("credit off: hits %.3f, e2e p50 %.0f ms, ttft p50 %.0f p99 %.0f ms; on: %.3f, "
+                 "%.0f, %.0f, %.0f",
+                 res[0].hit_ratio, res[0].e2e_ms.p50, res[0].ttft_ms.p50, res[0].ttft_ms.p99,
+                 res[1].hit_ratio, res[1].e2e_ms.p50, res[1].ttft_ms.p50, res[1].ttft_ms.p99);
     slice_free(s);
 }
 
