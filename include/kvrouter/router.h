@@ -520,6 +520,9 @@ typedef struct kvr_router_stats {
      * rank's events, expired unconfirmed (30 s), still watched */
     uint64_t inflight_credited, inflight_credited_blocks;
     uint64_t inflight_confirmed, inflight_expired, inflight_watched;
+    /* refused because no worker serves the request's model or adapter (a client's error,
+     * answered 404; not in rejected_noworker) */
+    uint64_t rejected_nomodel;
 } kvr_router_stats_t;
 void kvr_router_stats(const kvr_router_t *r, kvr_router_stats_t *out);
 /* A monotonic clock in nanoseconds (any origin), the caller's. */

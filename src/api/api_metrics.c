@@ -18,6 +18,7 @@ static void metrics_router(kvr_api_t *s, kvr_prom_t *p)
     const kvr_prom_by_t results[] = {{"ok", (double)rs.routed},
                                      {"busy", (double)rs.rejected_busy},
                                      {"no_worker", (double)rs.rejected_noworker},
+                                     {"unknown_model", (double)rs.rejected_nomodel},
                                      {"invalid", (double)rs.rejected_invalid},
                                      {"duplicate_id", (double)rs.rejected_duplicate},
                                      {"full", (double)rs.rejected_full},

@@ -1207,8 +1207,10 @@ static void count_reject(kvr_router_t *r, int rc)
         break;
     case KVR_ENOWORKER:
     case KVR_ENOTALLOWED:
-    case KVR_ENOMODEL:
         r->st.rejected_noworker++;
+        break;
+    case KVR_ENOMODEL:
+        r->st.rejected_nomodel++;
         break;
     case KVR_EEXIST:
         r->st.rejected_duplicate++;

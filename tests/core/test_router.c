@@ -761,8 +761,13 @@ static void test_model_pools_and_adapters(void **s)
         assert_int_equal(res.block_size, 16);
     }
     q.model = "c";
+    kvr_router_stats_t before, after;
+    kvr_router_stats(f.r, &before);
     assert_int_equal(kvr_router_route(f.r, &q, 1000, &res), KVR_ENOMODEL);
     assert_non_null(strstr(res.error_field, "model"));
+    kvr_router_stats(f.r, &after); /* a client's wrong model, not a fleet without workers */
+    assert_int_equal(after.rejected_nomodel, before.rejected_nomodel + 1);
+    assert_int_equal(after.rejected_noworker, before.rejected_noworker);
     /* adapters: declared by worker 3 only */
     q = (kvr_route_req_t){.tokens = toks,
                           .n_tokens = 256,
