@@ -569,6 +569,68 @@ def scenario_demo_disagg():
     check("demo --disagg: no process left behind", not alive(seen), alive(seen))
 
 
+def scenario_demo_keep_up():
+    """kvrouter demo --keep-up: each run's live-view URL printed while it runs; after the
+    comparison the kv run's router stays up serving /ui and its history, until Ctrl-C, which
+    stops everything and exits 0."""
+    trace = os.path.join(TMP, "keepup.jsonl")
+    with open(trace, "w") as f:
+        for i in range(6):
+            f.write(json.dumps({"timestamp": 500 * i, "input_length": 1024,
+                                "output_length": 2, "hash_ids": [0, i]}) + "\n")
+    q = subprocess.Popen([KVR, "demo", "--policy", "kv,round-robin", "--workers", "2",
+                          "--requests", "6", "--num-gpu-blocks", "4096", "--mocker-speedup",
+                          "20", "--load", "1", "--keep-up", "--trace", trace, "--plot",
+                          os.path.join(TMP, "keepup.png")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, text=True)
+    CHILDREN.append(q)
+    lines, seen = [], set()
+    t_err = threading.Thread(target=lambda: lines.extend(iter(q.stderr.readline, "")),
+                             daemon=True)
+    t_out = threading.Thread(target=q.stdout.read, daemon=True)
+    t_err.start()
+    t_out.start()
+    def up_url():
+        seen.update(children_of(q.pid))
+        for ln in list(lines):
+            m = re.search(r"still up: its live view at (\S+)/ui", ln)
+            if m:
+                return m.group(1)
+        return None
+    up = eventually(lambda: up_url() is not None or q.poll() is not None, timeout=240)
+    url = up_url() if up else None
+    check("demo --keep-up: each run's live view URL printed while it runs",
+          sum(1 for ln in lines if re.search(r"demo: (kv|round-robin): live view at "
+                                             r"http://127\.0\.0\.1:\d+/ui", ln)) == 2,
+          "".join(lines)[-2000:])
+    check("demo --keep-up: after the comparison the kv router is still up", url is not None
+          and q.poll() is None, "".join(lines)[-2000:])
+    if url is not None:
+        with urllib.request.urlopen(url + "/ui", timeout=10) as r:
+            page = r.read()
+            check("demo --keep-up: its /ui answers the page", r.status == 200 and
+                  r.headers.get("Content-Type", "").startswith("text/html") and
+                  b"<html" in page.lower(), r.status)
+        def decided():
+            with urllib.request.urlopen(url + "/v1/stats", timeout=10) as r:
+                pts = json.loads(r.read())["points"]
+            return sum(p["decisions_per_s"] or 0 for p in pts) > 0
+        # the first point comes a second after the router started: the run may be shorter
+        check("demo --keep-up: its history holds the run's decisions",
+              eventually(decided, timeout=10))
+    q.send_signal(signal.SIGINT)
+    try:
+        rc = q.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        q.kill()
+        rc = None
+    t_err.join(timeout=10)
+    no_sanitizer("demo --keep-up", "".join(lines))
+    check("demo --keep-up: Ctrl-C ends it with status 0", rc == 0, (rc, "".join(lines)[-1500:]))
+    check("demo --keep-up: no process left behind", not alive(seen), alive(seen))
+
+
 def main():
     try:
         scenario_bad_input()
@@ -578,6 +640,7 @@ def main():
         scenario_demo()
         scenario_demo_kv_events()
         scenario_demo_disagg()
+        scenario_demo_keep_up()
     finally:
         for p in CHILDREN:
             if p.poll() is None:
