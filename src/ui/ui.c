@@ -41,6 +41,7 @@ struct kvr_ui {
     kvr_prom_t text;         /* the exposition, reused */
     kvr_ui_history_t *hist;
     uint64_t started_ms;     /* unix ms */
+    uint64_t last_t_ms;      /* the last reading's t */
     uint64_t samples;
     double sample_seconds;   /* spent sampling, in total */
     kvr_ratelimit_t rl_skip; /* malformed exposition lines (a bug if ever) */
@@ -56,13 +57,20 @@ static void sample(kvr_ui_t *u)
     double t0 = kvr_now_s();
     kvr_prom_reset(&u->text);
     kvr_http_host_exposition(u->host, &u->text);
+    /* a point's t is wall time (shown to people, and the `since` of pollers), kept rising
+     * when the wall clock steps back, so the history never stalls and no poller misses a
+     * point */
+    uint64_t t = wall_ms();
+    if (u->hist->n_readings > 0 && t <= u->last_t_ms)
+        t = u->last_t_ms + 1;
+    u->last_t_ms = t;
     kvr_ui_reading_t r;
-    kvr_ui_reading_parse(u->text.buf, u->text.len, wall_ms(), &r);
+    kvr_ui_reading_parse(u->text.buf, u->text.len, t, &r);
     if (r.skipped > 0)
         kvr_log_limited(&u->rl_skip, KVR_LOG_WARN,
                         "live view: %zu lines of the router's own /metrics text did not parse",
                         r.skipped);
-    (void)kvr_ui_history_add(u->hist, &r); /* false: the wall clock stepped back */
+    (void)kvr_ui_history_add(u->hist, &r); /* t always later: never false here */
     u->samples++;
     u->sample_seconds += kvr_now_s() - t0;
 }
