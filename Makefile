@@ -15,6 +15,8 @@
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 15
+# one input running longer than this is a failure (libFuzzer's own default waits 20 minutes)
+FUZZ_INPUT_TIMEOUT ?= 10
 SOAK_SECONDS ?= 1800
 NATS_SOAK_SECONDS ?= 600
 FLAKE_RUNS ?= 10
@@ -91,9 +93,10 @@ test-fuzz: build-fuzz
 	@set -e; for f in build-fuzz/fuzz_*; do \
 	  [ -x "$$f" ] || continue; n=$$(basename $$f); \
 	  echo "== $$n: corpus replay + $(FUZZ_SMOKE_SECONDS)s"; \
-	  $$f -runs=0 fuzz/corpus/$${n#fuzz_} >/dev/null 2>&1 || { $$f -runs=0 fuzz/corpus/$${n#fuzz_}; exit 1; }; \
+	  $$f -runs=0 -timeout=$(FUZZ_INPUT_TIMEOUT) fuzz/corpus/$${n#fuzz_} >/dev/null 2>&1 \
+	    || { $$f -runs=0 -timeout=$(FUZZ_INPUT_TIMEOUT) fuzz/corpus/$${n#fuzz_}; exit 1; }; \
 	  mkdir -p build-fuzz/corpus-$$n; \
-	  $$f -max_total_time=$(FUZZ_SMOKE_SECONDS) -print_final_stats=0 \
+	  $$f -max_total_time=$(FUZZ_SMOKE_SECONDS) -timeout=$(FUZZ_INPUT_TIMEOUT) -print_final_stats=0 \
 	    build-fuzz/corpus-$$n fuzz/corpus/$${n#fuzz_} >build-fuzz/$$n.log 2>&1 \
 	    || { tail -50 build-fuzz/$$n.log; exit 1; }; \
 	done
@@ -101,7 +104,7 @@ test-fuzz: build-fuzz
 fuzz: build-fuzz
 	@set -e; for f in build-fuzz/fuzz_*; do \
 	  [ -x "$$f" ] || continue; n=$$(basename $$f); mkdir -p build-fuzz/corpus-$$n; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-$$n fuzz/corpus/$${n#fuzz_}; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_INPUT_TIMEOUT) build-fuzz/corpus-$$n fuzz/corpus/$${n#fuzz_}; \
 	done
 
 bench: build

@@ -403,6 +403,32 @@ static double fval(struct jv v)
 }
 static int64_t ival(struct jv v) { return v.kind == JV_INT ? v.u.i : (int64_t)v.u.b; }
 
+/* x ** y for y >= 0 by squaring (at most 64 multiplications, whatever y is); false when the
+ * result does not fit 64 bits, as a loop of y multiplications would find only after y steps. */
+static bool int_pow(int64_t x, int64_t y, int64_t *out)
+{
+    if (x == 0 || x == 1) {
+        *out = y == 0 ? 1 : x;
+        return true;
+    }
+    if (x == -1) {
+        *out = (y & 1) ? -1 : 1;
+        return true;
+    }
+    int64_t r = 1, b = x;
+    for (;;) {
+        if ((y & 1) && __builtin_mul_overflow(r, b, &r))
+            return false;
+        y >>= 1;
+        if (y == 0)
+            break;
+        if (__builtin_mul_overflow(b, b, &b))
+            return false;
+    }
+    *out = r;
+    return true;
+}
+
 static int binary(struct ev *e, const struct jnode *n, int op, struct jv a, struct jv b,
                   struct jv *out)
 {
@@ -434,7 +460,7 @@ static int binary(struct ev *e, const struct jnode *n, int op, struct jv a, stru
                       (is_str(b) && (a.kind == JV_INT || a.kind == JV_BOOL)))) {
         struct jv s = is_str(a) ? a : b;
         int64_t k = is_str(a) ? ival(b) : ival(a);
-        if (k <= 0) {
+        if (k <= 0 || s.u.s.n == 0) {
             *out = jv_str("", 0);
             return KVR_OK;
         }
@@ -519,9 +545,7 @@ static int binary(struct ev *e, const struct jnode *n, int op, struct jv a, stru
             *out = jv_float(pow((double)x, (double)y));
             return KVR_OK;
         }
-        r = 1;
-        for (int64_t i = 0; i < y && !ovf; i++)
-            ovf = __builtin_mul_overflow(r, x, &r);
+        ovf = !int_pow(x, y, &r);
         break;
     }
     if (ovf)
@@ -1766,11 +1790,13 @@ static int call(struct ev *e, const struct jnode *n, struct jv *out)
         struct jlist *l = jl_new(e->a, 0);
         if (!l)
             return oom(e, n);
-        for (int64_t i = st; step > 0 ? i < en : i > en; i += step) {
+        for (int64_t i = st; step > 0 ? i < en : i > en;) {
             if (l->n >= 100000) /* the sandbox's MAX_RANGE */
                 return fail(e, n, KVR_ETOOBIG, "range too big");
             if (jl_push(e->a, l, jv_int(i)))
                 return oom(e, n);
+            if (__builtin_add_overflow(i, step, &i))
+                break; /* the next would pass INT64's end, so also the range's */
         }
         l->kind = JL_RANGE;
         *out = mklist(l);

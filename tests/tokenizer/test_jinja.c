@@ -197,6 +197,19 @@ static void test_bounds(void **state)
     assert_int_equal(render_lim(neg, NULL, &out, err, sizeof err), KVR_EPARSE);
     free(neg);
     free(src);
+    /* work independent of an operand's value: an exponent of 10**17 or a repeat count of 10**17
+     * on an empty string answers at once, as Python does (a fuzzer found the loop it used to be) */
+    expect("{{ 1 ** 100000000000000000 }} {{ (-1) ** 999999999999999999 }} "
+           "{{ 0 ** 100000000000000000 }} {{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 3 ** 0 }}|"
+           "{{ '' * 100000000000000000 }}|",
+           "1 -1 0 4611686018427387904 -9223372036854775808 1||");
+    expect("{{ range(922337203685477580 * 10, 922337203685477580 * 10 + 7, 5)|list }}"
+           "{{ range(-922337203685477580 * 10, -922337203685477580 * 10 - 8, -5)|list }}",
+           "[9223372036854775800, 9223372036854775805][-9223372036854775800, "
+           "-9223372036854775805]");
+    assert_int_equal(render_lim("{{ 2 ** 64 }}", NULL, &out, err, sizeof err), KVR_ERANGE);
+    assert_int_equal(render_lim("{{ 3 ** 100000000000000000 }}", NULL, &out, err, sizeof err),
+                     KVR_ERANGE);
     /* huge output: refused at the bound, not truncated */
     struct kvr_tmpl_limits lim = {.max_output = 1000};
     assert_int_equal(render_lim("{% for i in range(100) %}{{ '0123456789abcdef' }}{% endfor %}",
