@@ -9,7 +9,10 @@
  *     handle) until its free is applied or its origin goes; entries whose request the tracker
  *     freed by itself (expiry, worker removal) are swept a slice at a time;
  *   - while joining, peers' batches are held (in order) and applied after the snapshot, so
- *     the state is the snapshot followed by everything published after the request;
+ *     the state is the snapshot followed by everything published after the request; the
+ *     responder's batches held before its first chunk came are in the snapshot already (it
+ *     published them before it answered, and NATS keeps one publisher's order), so they only
+ *     advance its batch numbers: applied again, an add whose free was lost would come back;
  *   - a peer's batch numbers are consecutive: a jump counts the batches lost in between.
  *
  * Trust: anyone who can publish on NATS can send a batch in any router's name, so what a
@@ -57,6 +60,7 @@
 typedef struct held {
     struct held *next;
     size_t len;
+    bool in_snapshot; /* the responder's, held before its snapshot came: already in it */
     uint8_t data[];
 } held_t;
 
@@ -384,7 +388,9 @@ static uint64_t lost_before(kvr_replica_sync_t *s, uint64_t peer, uint64_t seq)
     return 0;
 }
 
-static void apply_batch(kvr_replica_sync_t *s, const uint8_t *data, size_t len)
+/* Applies a peer's batch; with in_snapshot, only takes its number (its events are in the
+ * snapshot just applied). */
+static void apply_batch(kvr_replica_sync_t *s, const uint8_t *data, size_t len, bool in_snapshot)
 {
     kvr_sync_reader_t rd;
     char err[200];
@@ -409,7 +415,7 @@ static void apply_batch(kvr_replica_sync_t *s, const uint8_t *data, size_t len)
     }
     uint64_t now = kvr_now_ms(), wall = (kvr_wall_ns() / 1000u);
     kvr_sync_event_t ev;
-    while (kvr_sync_next(&rd, &ev) == KVR_OK)
+    while (!in_snapshot && kvr_sync_next(&rd, &ev) == KVR_OK)
         apply_event(s, &ev, now, rd.h.router_id);
     uint64_t lag = wall > rd.h.sent_us ? wall - rd.h.sent_us : 0;
     kvr_hist_observe(&s->lag, (double)lag / 1e6);
@@ -427,6 +433,7 @@ static void hold(kvr_replica_sync_t *s, const uint8_t *data, size_t len)
     }
     h->next = NULL;
     h->len = len;
+    h->in_snapshot = false;
     memcpy(h->data, data, len);
     if (s->held_tail != NULL)
         s->held_tail->next = h;
@@ -445,7 +452,7 @@ static void on_events(void *arg, const char *subject, const char *reply, const u
     if (s->join == JOIN_WAITING)
         hold(s, data, len);
     else
-        apply_batch(s, data, len);
+        apply_batch(s, data, len, false);
 }
 
 /* ---- joining: asking for a snapshot ---- */
@@ -457,18 +464,20 @@ static void join_done(kvr_replica_sync_t *s, const char *how)
     s->join = JOIN_DONE;
     event_del(s->join_timer);
     held_t *h = s->held;
-    size_t n = 0;
+    size_t n = 0, known = 0;
     s->held = s->held_tail = NULL;
     s->held_bytes = 0;
     while (h != NULL) {
         held_t *next = h->next;
-        apply_batch(s, h->data, h->len);
+        apply_batch(s, h->data, h->len, h->in_snapshot);
+        known += h->in_snapshot;
         free(h);
         h = next;
         n++;
     }
-    kvr_log(KVR_LOG_INFO, "sync: joined (%s); %zu batches held meanwhile applied, %zu requests "
-            "of peers known", how, n, kvr_peer_reqs_count(s->origins));
+    kvr_log(KVR_LOG_INFO, "sync: joined (%s); %zu batches held meanwhile applied (%zu of them "
+            "the responder's, in its snapshot already), %zu requests of peers known", how,
+            n - known, known, kvr_peer_reqs_count(s->origins));
 }
 
 static void join_start(kvr_replica_sync_t *s)
@@ -511,6 +520,18 @@ static void on_join_timeout(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* The responder's batches held so far: it published them before its snapshot, which has
+ * their effects. */
+static void mark_in_snapshot(kvr_replica_sync_t *s, uint64_t responder)
+{
+    for (held_t *h = s->held; h != NULL; h = h->next) {
+        kvr_sync_reader_t rd;
+        char err[8];
+        h->in_snapshot = kvr_sync_open(&rd, h->data, h->len, err, sizeof err) == KVR_OK &&
+                         rd.h.type == KVR_SYNC_EVENTS && rd.h.router_id == responder;
+    }
+}
+
 static void on_reply(void *arg, const char *subject, const char *reply, const uint8_t *data,
                      size_t len)
 {
@@ -531,6 +552,7 @@ static void on_reply(void *arg, const char *subject, const char *reply, const ui
         return; /* late, or a second responder */
     if (s->responder == 0 && rd.h.seq == 0) {
         s->responder = rd.h.router_id;
+        mark_in_snapshot(s, s->responder);
         if (s->reconnect) { /* what peers told before the break may be stale: start over */
             int st;
             s->freed_reconnect +=
@@ -707,7 +729,8 @@ static void on_state(void *arg, kvr_nats_state_t st)
     if (!s->connected || was)
         return;
     s->max_payload = kvr_nats_max_payload(s->cfg.nats);
-    s->reconnect = s->join == JOIN_DONE;
+    s->reconnect = s->reconnect || s->join == JOIN_DONE; /* once joined, every join is a
+                                              rejoin (a connection may drop again mid-join) */
     s->join = JOIN_IDLE;
     join_start(s);
 }

@@ -6,6 +6,7 @@ and bucket. Usage: test_replicas.py <path to kvrouter>.
 """
 import json
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -59,6 +60,12 @@ def ready(r):
 def peers(r):
     st, body = r.call("GET", "/v1/routers")
     return [p["router_id"] for p in body["routers"]] if st == 200 else []
+
+
+def sync_figures(r):
+    """What a replica's sync counted, for a failure's message."""
+    return {f"{n}{l}": v for n, l, v in r.metrics()
+            if n.startswith("kvr_sync_") and not n.startswith("kvr_sync_lag") and v}
 
 
 def scenario_sync(nats):
@@ -161,11 +168,16 @@ def scenario_nats_outage(nats):
         i = 0
         while not stop.is_set():
             rid = f"{tag}-{i}"
-            st, body = r.call("POST", "/v1/route", {"tokens": tokens(i, 64), "request_id": rid})
-            if st != 200:
-                failures.append((rid, st, body))
-            elif free(r, rid) != 200:
-                failures.append((rid, "free"))
+            try:  # a client that dies is a failure to see, not a silent stop
+                st, body = r.call("POST", "/v1/route", {"tokens": tokens(i, 64),
+                                                        "request_id": rid})
+                if st != 200:
+                    failures.append((rid, st, body))
+                elif free(r, rid) != 200:
+                    failures.append((rid, "free"))
+            except OSError as e:
+                failures.append((rid, repr(e)))
+                return
             done[0] += 1
             i += 1
     try:
@@ -196,9 +208,10 @@ def scenario_nats_outage(nats):
             t.join(timeout=30)
         check("no request failed because of the outage", failures == [], failures[:5])
         check("the replicas reconverge: B sees the request A holds",
-              eventually(lambda: sum(loads(b).values()) == 1, 10), loads(b))
-        free(a, "outage-held")
-        check("... and its free", eventually(lambda: sum(loads(b).values()) == 0, 10), loads(b))
+              eventually(lambda: sum(loads(b).values()) == 1, 10), (loads(b), sync_figures(b)))
+        check("A frees it", free(a, "outage-held") == 200)
+        check("... and B with it", eventually(lambda: sum(loads(b).values()) == 0, 10),
+              (loads(b), sync_figures(b)))
         check("they list each other again",
               eventually(lambda: len(peers(a)) == 1 and len(peers(b)) == 1, 10))
     finally:
@@ -470,6 +483,97 @@ def sync_header(msg_type, router_id, seq, n_events, flags=0):
     return b"KVRS" + struct.pack("<BBHQQQII", 1, msg_type, flags, router_id, seq, 0, n_events, 0)
 
 
+def sync_add(rid, origin, worker_id, isl=32):
+    return (struct.pack("<BBH", 1, 0, len(rid)) + rid +
+            struct.pack("<QQIIQQII", origin, worker_id, 0, 16, isl, 0, 0, 0))
+
+
+def sync_free(rid):
+    return struct.pack("<BBH", 3, 0, len(rid)) + rid
+
+
+class FakeResponder:
+    """A stranger on the bus playing a peer router: subscribed to snapshot requests with NATS's
+    text protocol, it answers the first one as the test says."""
+
+    def __init__(self, nats):
+        self.sock = socket.create_connection(("127.0.0.1", nats.port), timeout=15)
+        self.f = self.sock.makefile("rb")
+        self.f.readline()  # INFO
+        self.sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\n'
+                          b"SUB kvrouter.sync.snapshot 1\r\nPING\r\n")
+        self.expect_pong()
+
+    def expect_pong(self):
+        while True:
+            line = self.f.readline()
+            if line.startswith(b"PONG") or not line:
+                return line.startswith(b"PONG")
+            if line.startswith(b"PING"):
+                self.sock.sendall(b"PONG\r\n")
+
+    def next_request(self):
+        """The reply subject of the next snapshot request."""
+        while True:
+            line = self.f.readline()
+            if not line:
+                raise RuntimeError("nats closed the connection")
+            if line.startswith(b"PING"):
+                self.sock.sendall(b"PONG\r\n")
+            elif line.startswith(b"MSG "):
+                parts = line.split()
+                self.f.read(int(parts[-1]) + 2)
+                return parts[3].decode()
+
+    def publish(self, subject, payload):
+        self.sock.sendall(f"PUB {subject} {len(payload)}\r\n".encode() + payload + b"\r\n")
+
+    def close(self):
+        self.sock.close()
+
+
+def scenario_snapshot_covers_held(nats):
+    """A joining replica holds the batches peers publish while it waits for its snapshot. Those
+    the responder published before answering are in its snapshot already: an add among them
+    whose free was lost (a NATS outage) must not come back after the snapshot and stay booked
+    forever; the responder's later batches apply, their numbers following on without a loss."""
+    fake_id = 0x5EED
+    fake = FakeResponder(nats)
+    b = None
+    try:
+        # the fake never writes a presence entry: a long TTL keeps it a peer through the test
+        b = Child([KVR, "serve", "--http-port", "0", "--block-size", BS, "--nats-url", nats.url,
+                   "--router-replica-sync", "true", "--nats-presence-ttl-ms", 120000,
+                   "--log-level", "info"] + WORKERS, "replica")
+        reply = fake.next_request()
+        # published before the answer: the add reaches B (held); its free never does
+        fake.publish("kvrouter.active_sequences",
+                     sync_header(1, fake_id, 1, 1) + sync_add(b"lost-free", fake_id, 2))
+        fake.publish(reply, sync_header(3, fake_id, 0, 0, flags=1))  # the snapshot: empty
+        fake.sock.sendall(b"PING\r\n")
+        check("nats-server took the responder's messages", fake.expect_pong())
+        check("B joins with the snapshot", eventually(lambda: ready(b), 10), b.stderr()[-800:])
+        check("the add held before the snapshot is not applied over it",
+              sum(loads(b).values()) == 0, loads(b))
+        check("the join's log line says so",
+              eventually(lambda: "1 of them the responder's, in its snapshot already" in
+                         b.stderr(), 5), b.stderr()[-800:])
+        fake.publish("kvrouter.active_sequences",
+                     sync_header(1, fake_id, 2, 1) + sync_add(b"after", fake_id, 3))
+        check("a batch after the snapshot applies",
+              eventually(lambda: loads(b).get(3) == 1, 5), loads(b))
+        fake.publish("kvrouter.active_sequences", sync_header(1, fake_id, 3, 1) +
+                     sync_free(b"after"))
+        check("... and its free", eventually(lambda: sum(loads(b).values()) == 0, 5), loads(b))
+        check("the held batch's number counted: no batch counted lost",
+              (b.metric("kvr_sync_lost_batches_total") or 0) == 0,
+              b.metric("kvr_sync_lost_batches_total"))
+    finally:
+        fake.close()
+        if b is not None:
+            b.stop()
+
+
 def scenario_bad_input(nats):
     """Malformed, truncated and oversized messages on the sync subjects, presence entries that
     are not a router's: counted, logged, never a crash; the replica keeps working."""
@@ -523,6 +627,7 @@ def main():
         scenario_restarted_together(nats)
         scenario_peer_dies(nats)
         scenario_bad_input(nats)
+        scenario_snapshot_covers_held(nats)
         scenario_discovery(nats)
         scenario_nats_outage(nats)
     finally:
