@@ -515,6 +515,21 @@ static void test_lmetric_and_decode_pool(void **s)
     assert_near(ex[0].cost, 8 * 4);
     assert_near(ex[1].cost, 4 * 21);
     assert_int_equal(r.index, 0);
+    /* nothing to prefill (a decode leg: prefill not tracked): the product would be 0 on both
+     * ranks and the pick random; the decode work decides, every time */
+    rq.track_prefill_tokens = false;
+    kvr_select_candidate_t busy = c[0];
+    c[0] = c[1];
+    c[1] = busy; /* the lighter rank second, so a first-wins tie would miss it */
+    for (uint64_t seed = 1; seed <= 20; seed++) { /* the tie-break's draws differ */
+        assert_int_equal(run(&cfg, &rq, &r, ex, seed), KVR_OK);
+        assert_near(ex[0].cost, 20);
+        assert_near(ex[1].cost, 3);
+        assert_int_equal(r.index, 1);
+    }
+    c[1] = c[0];
+    c[0] = busy;
+    rq.track_prefill_tokens = true;
     /* decode pool: max(0, decode - credit) + requests, when prefill is not tracked */
     cfg = defaults();
     cfg.decode_pool = true;
