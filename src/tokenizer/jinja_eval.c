@@ -514,7 +514,7 @@ static int binary(struct ev *e, const struct jnode *n, int op, struct jv a, stru
         *out = jv_float(r);
         return KVR_OK;
     }
-    int64_t x = ival(a), y = ival(b), r;
+    int64_t x = ival(a), y = ival(b), r = 0;
     bool ovf = false;
     switch (op) {
     case '+':
