@@ -14,7 +14,7 @@
 
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
-FUZZ_SMOKE_SECONDS ?= 15
+FUZZ_SMOKE_SECONDS ?= 8
 # one input running longer than this is a failure (libFuzzer's own default waits 20 minutes)
 FUZZ_INPUT_TIMEOUT ?= 10
 SOAK_SECONDS ?= 1800
