@@ -14,6 +14,7 @@
  * at a time. Cost: the ceilings pass plus one simulation per policy; the wall clock is read
  * here only to report run times.
  */
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -86,6 +87,10 @@ static void usage(FILE *out)
             "  --seed N                      the random policy and tie-breaks (prompts never\n"
             "                                change: trace tokens use seed 0) [1]\n"
             "  --json                        one JSON object per policy per line\n"
+            "  --records FILE                every request's story, a JSON line each run and\n"
+            "                                row (policy, speedup, row, arrival, routed, first\n"
+            "                                token and finish ms, worker, outcome, prompt,\n"
+            "                                cached, predicted and best cached tokens, outputs)\n"
             "  --quiet                       no progress on stderr (a run longer than a few\n"
             "                                seconds shows one, as demo and replay do)\n"
             "  --prefill-workers P --decode-workers D  disaggregated: P prefill and D decode\n"
@@ -142,6 +147,8 @@ typedef struct sim_args {
     size_t n_speedups;
     uint32_t sweep;   /* --sweep N: N loads up to the highest speedup */
     const char *plot; /* --plot FILE */
+    const char *records_path; /* --records FILE */
+    FILE *records;            /* open while running: each run's lines appended */
     bool json;
     bool quiet; /* no progress on stderr */
     bool sessions; /* infer sessions from successive turns (--sessions) */
@@ -249,6 +256,8 @@ static int parse_run_flag(kvr_cli_t *c, sim_args_t *a)
         return kvr_cli_u32(c, kvr_cli_value(c), 2, MAX_SPEEDUPS, &a->sweep);
     if (kvr_cli_is(c, "--plot"))
         return kvr_cli_str(c, kvr_cli_value(c), &a->plot);
+    if (kvr_cli_is(c, "--records"))
+        return kvr_cli_str(c, kvr_cli_value(c), &a->records_path);
     if (kvr_cli_is(c, "--event-delay-ms"))
         return nonneg(c, &a->cfg.link.delay_ms);
     if (kvr_cli_is(c, "--event-jitter-ms")) {
@@ -641,6 +650,56 @@ static void on_progress(void *arg, size_t done, size_t n, double virtual_ms)
     kvr_progress_bar_update(&p->bar, &r);
 }
 
+static const char *const OUTCOMES[] = {"pending", "done", "too_long", "rejected", "expired"};
+
+/* One run's records as JSON lines on a->records (virtual ms; null where absent). */
+static int write_records(const sim_args_t *a, const char *policy, const kvr_sim_request_t *reqs,
+                         const kvr_sim_record_t *rec, size_t n, kvr_json_writer_t *w)
+{
+    for (size_t i = 0; i < n; i++) {
+        const kvr_sim_record_t *x = &rec[i];
+        kvr_json_writer_reset(w);
+        kvr_json_begin_object(w);
+        kvr_json_key(w, "policy");
+        kvr_json_string(w, policy);
+        kvr_json_key(w, "speedup");
+        kvr_json_double(w, a->speedup);
+        kvr_json_key(w, "row");
+        kvr_json_u64(w, i);
+        const char *tk[] = {"arrival_ms", "routed_ms", "first_ms", "finish_ms"};
+        const double tv[] = {x->arrival_ms, x->routed_ms, x->first_ms, x->finish_ms};
+        for (size_t k = 0; k < 4; k++) {
+            kvr_json_key(w, tk[k]);
+            kvr_json_double(w, tv[k]); /* NaN: null */
+        }
+        kvr_json_key(w, "worker");
+        x->worker >= 0 ? kvr_json_i64(w, x->worker) : kvr_json_null(w);
+        if (a->cfg.n_prefill > 0) {
+            kvr_json_key(w, "prefill_worker");
+            x->prefill_worker >= 0 ? kvr_json_i64(w, x->prefill_worker) : kvr_json_null(w);
+        }
+        kvr_json_key(w, "outcome");
+        kvr_json_string(w, (size_t)x->outcome < sizeof OUTCOMES / sizeof OUTCOMES[0] ? OUTCOMES[x->outcome] : "?");
+        kvr_json_key(w, "prompt_tokens");
+        kvr_json_u64(w, reqs[i].n_tokens);
+        kvr_json_key(w, "cached_tokens");
+        kvr_json_u64(w, x->cached_tokens);
+        kvr_json_key(w, "predicted_cached_tokens");
+        kvr_json_u64(w, x->predicted_cached_tokens);
+        kvr_json_key(w, "best_cached_tokens");
+        kvr_json_u64(w, x->best_cached_tokens);
+        kvr_json_key(w, "output_tokens");
+        kvr_json_u64(w, x->n_output);
+        kvr_json_end_object(w);
+        const char *data;
+        size_t len;
+        if (kvr_json_writer_finish(w, &data, &len) != KVR_OK ||
+            fwrite(data, 1, len, a->records) != len || fputc('\n', a->records) == EOF)
+            return KVR_EIO;
+    }
+    return KVR_OK;
+}
+
 static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim_request_t *reqs,
                         const kvr_trace_ceilings_t *ceil, points_t *pts)
 {
@@ -678,7 +737,19 @@ static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim
         kvr_progress_bar_init(&prog.bar, plabel);
         in.progress = a->quiet ? NULL : on_progress;
         in.progress_arg = &prog;
-        int rc = kvr_sim_run(&cfg, &in, &r.res, NULL, err, sizeof err);
+        kvr_sim_record_t *rec = a->records ? calloc(t->n_rows ? t->n_rows : 1, sizeof *rec) : NULL;
+        if (a->records && rec == NULL) {
+            fprintf(stderr, "kvrouter sim: %s\n", kvr_strerror(KVR_ENOMEM));
+            code = 1;
+            break;
+        }
+        int rc = kvr_sim_run(&cfg, &in, &r.res, rec, err, sizeof err);
+        if (rc == KVR_OK && rec != NULL &&
+            write_records(a, label, reqs, rec, t->n_rows, &w) != KVR_OK) {
+            fprintf(stderr, "kvrouter sim: --records %s: %s\n", a->records_path, strerror(errno));
+            code = 1;
+        }
+        free(rec);
         if (!a->quiet)
             kvr_progress_bar_end(&prog.bar);
         r.run_s = kvr_now_s() - t0;
@@ -871,9 +942,18 @@ int kvr_cmd_sim(int argc, char **argv)
     static points_t pts;
     pts.n = 0;
     int code = 0;
+    if (a.records_path != NULL && (a.records = fopen(a.records_path, "w")) == NULL) {
+        fprintf(stderr, "kvrouter sim: --records %s: %s\n", a.records_path, strerror(errno));
+        kvr_trace_free(&t);
+        return 2;
+    }
     for (size_t k = 0; k < a.n_speedups && code == 0; k++) {
         a.speedup = a.speedups[k];
         code = run_load(&a, &t, &ceil, &pts);
+    }
+    if (a.records != NULL && fclose(a.records) != 0 && code == 0) {
+        fprintf(stderr, "kvrouter sim: --records %s: %s\n", a.records_path, strerror(errno));
+        code = 1;
     }
     if (code == 0 && a.plot != NULL)
         code = plot_sweep(&a, &t, path, &pts);

@@ -431,7 +431,44 @@ def test_cost_policies():
         check("cost policies: locality is kv's default", strip(rows[0]) == strip(rows[3]))
 
 
+def test_records():
+    """--records writes every request's story, one JSON line per run and row, agreeing with the
+    run's summary; a file it cannot write is named, exit 2."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "rec.jsonl")
+        rc, rows, err = sim_json(["--policy", "kv,round-robin", "--rate-scale", "1,3",
+                                  "--records", path])
+        check("sim --records runs", rc == 0 and len(rows) == 4, (rc, err[-500:]))
+        recs = [json.loads(l) for l in open(path)]
+        check("a line per run and row", len(recs) == 4 * 80, len(recs))
+        for r in rows:
+            mine = [x for x in recs if x["policy"] == r["policy"] and x["speedup"] == r["speedup"]]
+            done = [x for x in mine if x["outcome"] == "done"]
+            check(f"{r['policy']} at {r['speedup']}: rows 0..79 in order",
+                  [x["row"] for x in mine] == list(range(80)))
+            check(f"{r['policy']} at {r['speedup']}: finished as the summary says",
+                  len(done) == r["requests"], (len(done), r["requests"]))
+            mean = sum(x["first_ms"] - x["arrival_ms"] for x in done) / len(done)
+            check(f"{r['policy']} at {r['speedup']}: TTFT mean as the summary's",
+                  abs(mean - r["ttft_mean_ms"]) <= 1e-6 * max(1.0, mean),
+                  (mean, r["ttft_mean_ms"]))
+            hit = sum(x["cached_tokens"] for x in done) / sum(x["prompt_tokens"] for x in done)
+            check(f"{r['policy']} at {r['speedup']}: hit ratio as the summary's",
+                  abs(hit - r["hit_ratio"]) < 1e-9, (hit, r["hit_ratio"]))
+            check(f"{r['policy']} at {r['speedup']}: times in order",
+                  all(x["arrival_ms"] <= x["routed_ms"] <= x["first_ms"] <= x["finish_ms"]
+                      and 0 <= x["worker"] < 4 for x in done))
+        arr1 = [x["arrival_ms"] for x in recs if x["speedup"] == 1 and x["policy"] == "kv"]
+        arr3 = [x["arrival_ms"] for x in recs if x["speedup"] == 3 and x["policy"] == "kv"]
+        check("arrivals scale with the load", all(abs(a - 3 * b) < 1e-6 * max(1, a)
+                                                  for a, b in zip(arr1, arr3)))
+    rc, out, err = run(["--trace", TRACE, "--requests", "5", "--records", "/nonexistent/r.jsonl"])
+    check("an unwritable --records names it, exit 2",
+          rc == 2 and "/nonexistent/r.jsonl" in err, (rc, err))
+
+
 def main():
+    test_records()
     test_cost_policies()
     test_sweep_plot()
     test_event_link()
