@@ -22,6 +22,7 @@ import os
 import struct
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 
@@ -579,21 +580,24 @@ def scenario_bad_auth_settings():
 
 
 def main():
-    scenario_bad_auth_settings()
-    scenario_roles()
-    scenario_tls()
-    nats = NatsServer()
     try:
-        scenario_forged_entry(nats)
-        scenario_forged_frees(nats)
-        scenario_flood(nats)
-        scenario_snapshot_storm(nats)
-        scenario_forged_presence(nats)
-        scenario_worker_hijack(nats)
-        scenario_peer_table(nats)
+        scenario_bad_auth_settings()
+        scenario_roles()
+        scenario_tls()
+        nats = NatsServer()
+        try:
+            scenario_forged_entry(nats)
+            scenario_forged_frees(nats)
+            scenario_flood(nats)
+            scenario_snapshot_storm(nats)
+            scenario_forged_presence(nats)
+            scenario_worker_hijack(nats)
+            scenario_peer_table(nats)
+        finally:
+            kill_children()
+            nats.stop()
     finally:
-        kill_children()
-        nats.stop()
+        shutil.rmtree(TMP, ignore_errors=True)  # its keys and certificates go with the test
     finish()
 
 
