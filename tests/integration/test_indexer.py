@@ -9,6 +9,7 @@ Usage: test_indexer.py <path to kvrouter> [scenario ...] (all when none is named
 import http.client
 import http.server
 import json
+import shutil
 import os
 import random
 import subprocess
@@ -1267,6 +1268,7 @@ def scenario_access():
     exits(["indexer", "--admin-key-file", f"{tmp}/missing"], 2, "admin_key_file")
     exits(["indexer", "--peer-key-file", k["api"], "--api-key-file", k["api"]], 2,
           "peer_key_file: holds the same token as api_key_file")
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def scenario_keyed_remote():
@@ -1322,6 +1324,7 @@ def scenario_keyed_remote():
             x.stop()
     exits(["serve", "--remote-indexer", "http://h:1", "--remote-indexer-key-file",
            f"{tmp}/missing"], 1, "--remote-indexer-key-file")
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 class FloodPeer(http.server.BaseHTTPRequestHandler):

@@ -74,7 +74,8 @@ class Browser:
              "--hide-scrollbars", "--window-size=1280,800", "about:blank"],
             stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL,
             env=dict(os.environ, HOME=self.dir, XDG_CONFIG_HOME=self.dir,  # nothing written
-                     XDG_CACHE_HOME=self.dir))                           # outside it
+                     XDG_CACHE_HOME=self.dir, TMPDIR=self.dir))          # outside it (its
+        # singleton socket's folder too, which a killed Chromium leaves behind)
         self.ws = None
         self.events, self.lock = [], threading.Lock()
         self.pending, self.next_id = {}, 0

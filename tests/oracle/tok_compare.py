@@ -149,6 +149,8 @@ def main():
     if failed:
         print("tok_compare: FAILED (%d runs with mismatches); corpus in %s" % (failed, work))
         return 1
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)  # kept only when asked, or for a failure
     print("tok_compare: all equal")
     return 0
 
