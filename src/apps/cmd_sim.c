@@ -678,18 +678,17 @@ static int write_records(const sim_args_t *a, const char *policy, const kvr_sim_
             kvr_json_key(w, "prefill_worker");
             x->prefill_worker >= 0 ? kvr_json_i64(w, x->prefill_worker) : kvr_json_null(w);
         }
+        bool known = (size_t)x->outcome < sizeof OUTCOMES / sizeof OUTCOMES[0];
         kvr_json_key(w, "outcome");
-        kvr_json_string(w, (size_t)x->outcome < sizeof OUTCOMES / sizeof OUTCOMES[0] ? OUTCOMES[x->outcome] : "?");
-        kvr_json_key(w, "prompt_tokens");
-        kvr_json_u64(w, reqs[i].n_tokens);
-        kvr_json_key(w, "cached_tokens");
-        kvr_json_u64(w, x->cached_tokens);
-        kvr_json_key(w, "predicted_cached_tokens");
-        kvr_json_u64(w, x->predicted_cached_tokens);
-        kvr_json_key(w, "best_cached_tokens");
-        kvr_json_u64(w, x->best_cached_tokens);
-        kvr_json_key(w, "output_tokens");
-        kvr_json_u64(w, x->n_output);
+        kvr_json_string(w, known ? OUTCOMES[x->outcome] : "?");
+        const char *nk[] = {"prompt_tokens", "cached_tokens", "predicted_cached_tokens",
+                            "best_cached_tokens", "output_tokens"};
+        const uint64_t nv[] = {reqs[i].n_tokens, x->cached_tokens, x->predicted_cached_tokens,
+                               x->best_cached_tokens, x->n_output};
+        for (size_t k = 0; k < sizeof nk / sizeof nk[0]; k++) {
+            kvr_json_key(w, nk[k]);
+            kvr_json_u64(w, nv[k]);
+        }
         kvr_json_end_object(w);
         const char *data;
         size_t len;
