@@ -692,8 +692,9 @@ static int write_records(const sim_args_t *a, const char *policy, const kvr_sim_
         kvr_json_end_object(w);
         const char *data;
         size_t len;
-        if (kvr_json_writer_finish(w, &data, &len) != KVR_OK ||
-            fwrite(data, 1, len, a->records) != len || fputc('\n', a->records) == EOF)
+        if (kvr_json_writer_finish(w, &data, &len) != KVR_OK)
+            return KVR_ENOMEM;
+        if (fwrite(data, 1, len, a->records) != len || fputc('\n', a->records) == EOF)
             return KVR_EIO;
     }
     return KVR_OK;
@@ -736,16 +737,18 @@ static int run_policies(const sim_args_t *a, const kvr_trace_t *t, const kvr_sim
         kvr_progress_bar_init(&prog.bar, plabel);
         in.progress = a->quiet ? NULL : on_progress;
         in.progress_arg = &prog;
-        kvr_sim_record_t *rec = a->records ? calloc(t->n_rows ? t->n_rows : 1, sizeof *rec) : NULL;
+        kvr_sim_record_t *rec = a->records ? calloc(t->n_rows, sizeof *rec) : NULL; /* rows>0 */
         if (a->records && rec == NULL) {
             fprintf(stderr, "kvrouter sim: %s\n", kvr_strerror(KVR_ENOMEM));
             code = 1;
             break;
         }
         int rc = kvr_sim_run(&cfg, &in, &r.res, rec, err, sizeof err);
-        if (rc == KVR_OK && rec != NULL &&
-            write_records(a, label, reqs, rec, t->n_rows, &w) != KVR_OK) {
-            fprintf(stderr, "kvrouter sim: --records %s: %s\n", a->records_path, strerror(errno));
+        int wrc = rc == KVR_OK && rec != NULL ? write_records(a, label, reqs, rec, t->n_rows, &w)
+                                              : KVR_OK;
+        if (wrc != KVR_OK) {
+            fprintf(stderr, "kvrouter sim: --records %s: %s\n", a->records_path,
+                    wrc == KVR_EIO ? strerror(errno) : kvr_strerror(wrc));
             code = 1;
         }
         free(rec);
