@@ -11,8 +11,9 @@
  *   - while joining, peers' batches are held (in order) and applied after the snapshot, so
  *     the state is the snapshot followed by everything published after the request; the
  *     responder's batches held before its first chunk came are in the snapshot already (it
- *     published them before it answered, and NATS keeps one publisher's order), so they only
- *     advance its batch numbers: applied again, an add whose free was lost would come back;
+ *     published them before it answered, and NATS keeps one publisher's order), so their
+ *     adds are skipped (applied again, an add whose free was lost would come back); their
+ *     frees are applied (one of a request not in the snapshot is ignored, as unknown);
  *   - a peer's batch numbers are consecutive: a jump counts the batches lost in between.
  *
  * Trust: anyone who can publish on NATS can send a batch in any router's name, so what a
@@ -388,8 +389,9 @@ static uint64_t lost_before(kvr_replica_sync_t *s, uint64_t peer, uint64_t seq)
     return 0;
 }
 
-/* Applies a peer's batch; with in_snapshot, only takes its number (its events are in the
- * snapshot just applied). */
+/* Applies a peer's batch; with in_snapshot, its adds are not (the snapshot just applied has
+ * them, and those whose free was lost must not come back); its frees and first tokens are,
+ * in case the order NATS keeps was not the order the snapshot was taken in. */
 static void apply_batch(kvr_replica_sync_t *s, const uint8_t *data, size_t len, bool in_snapshot)
 {
     kvr_sync_reader_t rd;
@@ -415,8 +417,9 @@ static void apply_batch(kvr_replica_sync_t *s, const uint8_t *data, size_t len, 
     }
     uint64_t now = kvr_now_ms(), wall = (kvr_wall_ns() / 1000u);
     kvr_sync_event_t ev;
-    while (!in_snapshot && kvr_sync_next(&rd, &ev) == KVR_OK)
-        apply_event(s, &ev, now, rd.h.router_id);
+    while (kvr_sync_next(&rd, &ev) == KVR_OK)
+        if (!in_snapshot || ev.kind != KVR_SYNC_ADD) /* a free of one not in it: ignored */
+            apply_event(s, &ev, now, rd.h.router_id);
     uint64_t lag = wall > rd.h.sent_us ? wall - rd.h.sent_us : 0;
     kvr_hist_observe(&s->lag, (double)lag / 1e6);
     kvr_replicas_seen(s->cfg.replicas, rd.h.router_id, lag, lost);
