@@ -429,9 +429,18 @@ int kvr_router_worker_step(kvr_router_t *r, kvr_worker_t w, uint64_t now_us);
  * counter (0 before its first token). The rank's step ends are inferred from which requests
  * get tokens (core/stepclock.h). KVR_ENOTFOUND if the rank is not registered. */
 int kvr_router_worker_token(kvr_router_t *r, kvr_worker_t w, uint64_t *seen, uint64_t now_us);
-/* What the rank's step clock has learnt: steps measured and their weighted mean (ms; 0 while
- * none is). KVR_ENOTFOUND if the rank is not registered. */
-int kvr_router_step_mean(const kvr_router_t *r, kvr_worker_t w, uint64_t *steps, double *mean_ms);
+/* What a rank's step clock has learnt of its engine's steps (weighted means, ms). */
+typedef struct kvr_step_model {
+    uint64_t steps;            /* steps measured */
+    double mean_ms;            /* their mean length (0 while none is) */
+    uint64_t decode_steps;     /* of those, the steps that computed no prompt token */
+    double decode_ms;          /* their mean length (0 while none is) */
+    uint64_t prefill_steps;    /* the others */
+    bool has_slope;            /* a line is fitted to the prefill steps' lengths: */
+    double prefill_ms_per_1k;  /* its slope, ms per 1,000 prompt tokens (0 without) */
+} kvr_step_model_t;
+/* The rank's step model (core/stepclock.h). KVR_ENOTFOUND if the rank is not registered. */
+int kvr_router_step_model(const kvr_router_t *r, kvr_worker_t w, kvr_step_model_t *out);
 
 /* Request lifecycle. KVR_ENOTFOUND for unknown ids (counted, harmless). */
 int kvr_router_first_token(kvr_router_t *r, const char *id, size_t id_len, uint64_t now_ms);

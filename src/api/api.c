@@ -793,6 +793,32 @@ static void put_prediction(kvr_api_t *s, kvr_json_writer_t *w, kvr_worker_t wk)
     kvr_json_end_object(w);
 }
 
+static void json_double_or_null(kvr_json_writer_t *w, bool known, double x)
+{
+    if (known)
+        kvr_json_double(w, x);
+    else
+        kvr_json_null(w);
+}
+
+/* A rank's engine steps as its step clock has learnt them (timed from streamed tokens): what
+ * the locality cost prices a busy rank's running step with. */
+static void step_model_members(kvr_json_writer_t *w, const kvr_router_t *r, kvr_worker_t wk)
+{
+    kvr_step_model_t m = {0};
+    (void)kvr_router_step_model(r, wk, &m);
+    kvr_json_key(w, "steps_timed");
+    kvr_json_u64(w, m.steps);
+    kvr_json_key(w, "step_ms");
+    json_double_or_null(w, m.steps > 0, m.mean_ms);
+    kvr_json_key(w, "decode_step_ms");
+    json_double_or_null(w, m.decode_steps > 0, m.decode_ms);
+    kvr_json_key(w, "prefill_steps_timed");
+    kvr_json_u64(w, m.prefill_steps);
+    kvr_json_key(w, "prefill_ms_per_1k_tokens");
+    json_double_or_null(w, m.has_slope, m.prefill_ms_per_1k);
+}
+
 static void write_worker(kvr_api_t *s, const kvr_worker_spec_t *sp)
 {
     kvr_json_writer_t *w = s->w;
@@ -909,16 +935,7 @@ static void write_worker(kvr_api_t *s, const kvr_worker_spec_t *sp)
         kvr_json_u64(w, ls.active_prefill_tokens);
         kvr_json_key(w, "active_blocks");
         kvr_json_u64(w, ls.active_blocks);
-        uint64_t steps = 0;
-        double step_ms = 0;
-        (void)kvr_router_step_mean(s->r, wk, &steps, &step_ms);
-        kvr_json_key(w, "steps_timed"); /* engine steps seen end (streamed tokens) */
-        kvr_json_u64(w, steps);
-        kvr_json_key(w, "step_ms"); /* their weighted mean: null until one is timed */
-        if (steps > 0)
-            kvr_json_double(w, step_ms);
-        else
-            kvr_json_null(w);
+        step_model_members(w, s->r, wk);
         kvr_json_end_object(w);
     }
     kvr_json_end_array(w);

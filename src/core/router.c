@@ -857,14 +857,20 @@ int kvr_router_worker_token(kvr_router_t *r, kvr_worker_t w, uint64_t *seen, uin
     return KVR_OK;
 }
 
-int kvr_router_step_mean(const kvr_router_t *r, kvr_worker_t w, uint64_t *steps, double *mean_ms)
+int kvr_router_step_model(const kvr_router_t *r, kvr_worker_t w, kvr_step_model_t *out)
 {
     long k = kvr_registry_rank(&r->reg, w);
     if (k < 0)
         return KVR_ENOTFOUND;
     const kvr_stepclock_t *c = kvr_registry_clock(&r->reg, (size_t)k);
-    *steps = c->steps;
-    *mean_ms = c->mean_us / 1000.0;
+    double slope = 0;
+    *out = (kvr_step_model_t){.steps = c->steps,
+                              .mean_ms = c->mean_us / 1000.0,
+                              .decode_steps = c->decode_steps,
+                              .decode_ms = c->decode_us / 1000.0,
+                              .prefill_steps = c->prefill_steps,
+                              .has_slope = kvr_stepclock_slope(c, &slope)};
+    out->prefill_ms_per_1k = out->has_slope ? slope : 0; /* us per token = ms per 1,000 */
     return KVR_OK;
 }
 

@@ -14,8 +14,20 @@
  * a mean step after the last end. Tokens of one step reach the router one request at a time,
  * over a few milliseconds when many run: this rule never takes that spread for steps, where a
  * rule on time alone would, and learn a "step" of the spacing between two streams' tokens.
- * It keeps the time of the last end and an exponentially weighted mean of step durations
- * (weight 1/10 on the newest). The predicted wait is that mean less the time since the last
+ * It keeps the time of the last end and exponentially weighted means (weight 1/10 on the
+ * newest; the model's: the plain mean of the first ten, then 1/10 on the newest): of all
+ * step durations, and a step length model: the mean length of the steps
+ * that computed no prompt token, and for the others a + n b, n being the prompt tokens the
+ * prefill stream (below) estimates the step computed, a and b the least-squares line through
+ * the weighted means of n, length, n^2 and n x length of those steps (their mean length
+ * while their n do not vary enough to fit a slope: a spread under KVR_STEPCLOCK_MIN_SPREAD
+ * tokens). A step's length grows with the prompt tokens it computes (a chunk of 8,192 takes
+ * about ten decode steps), so one mean would take the step of a long prefill for an average
+ * one and tell a newcomer it ends in a few milliseconds when it has 100 left. A line through
+ * the prefill steps, rather than through the decode steps' length, because a step with any
+ * prefill has its own fixed cost (the simulator's reference polynomial: 16.5 ms against a
+ * decode step's 6-15; engines pay one for the prefill kernels' launch). The
+ * predicted wait is the expected length of the step under way less the time since the last
  * end, at least 0. A rank that had no work starts a step when work arrives
  * (kvr_stepclock_wake), so the time it sat idle is never taken for a step's length.
  *
@@ -49,6 +61,9 @@
 
 #define KVR_STEPCLOCK_SAME_US 500u
 #define KVR_STEPCLOCK_MAX_US 10000000u
+/* The standard deviation of the prompt tokens of recent prefill steps, below which the model
+ * fits no slope: those steps' lengths then differ by noise more than by their tokens. */
+#define KVR_STEPCLOCK_MIN_SPREAD 64.0
 /* The chunk assumed when a worker's max_num_batched_tokens is not known: the mocker's default,
  * and vLLM's OpenAI server's on GPUs of 70 GiB or more other than the A100. */
 #define KVR_STEPCLOCK_DEFAULT_CHUNK 8192u
@@ -58,6 +73,14 @@ typedef struct kvr_stepclock {
     uint64_t ends;    /* step ends recorded: the serial of the step under way */
     double mean_us;   /* weighted mean step duration; 0 = no step measured */
     uint64_t steps;   /* step durations measured */
+    /* the step length model (weighted means): steps computing no prompt token last decode_us;
+     * the others a + n b, fitted by least squares to the weighted means of n, length, n^2
+     * and n x length of those steps */
+    double decode_us;       /* of the steps that computed none */
+    double pf_n, pf_us;     /* of the others: prompt tokens computed, length */
+    double pf_nn, pf_nus;   /* ... n^2, n x length */
+    uint64_t decode_steps;  /* steps measured into decode_us */
+    uint64_t prefill_steps; /* steps measured into pf_* */
     /* the prefill stream, in tokens */
     uint64_t booked; /* booked on the rank: the stream's end */
     uint64_t done;   /* computed (an estimate; never past booked) */
@@ -90,10 +113,17 @@ void kvr_stepclock_prefilled(kvr_stepclock_t *c, uint64_t end);
  * for it at once). */
 uint64_t kvr_stepclock_computed_before(const kvr_stepclock_t *c, bool busy);
 
-/* Milliseconds the step under way at now_us is expected still to run (0 when the rank's step
- * length is not known yet, or its mean is over). Only meaningful while the rank has work. */
+/* Milliseconds the step under way at now_us is expected still to run: its expected length
+ * less the time since it began, at least 0 (0 when no step length is known yet). Its length
+ * is the step length model's for the prompt tokens it computes (the stream's estimate), once
+ * the model has measured a step of that kind (one computing prompt tokens, or one computing
+ * none); until then the mean of all steps. Only meaningful while the rank has work. */
 double kvr_stepclock_wait_ms(const kvr_stepclock_t *c, uint64_t now_us);
 
+/* The fitted slope of the prefill steps' length, in us per prompt token: false (and *us
+ * untouched) while none is fitted (no prefill step measured, their tokens spread under
+ * KVR_STEPCLOCK_MIN_SPREAD, or a slope <= 0). */
+bool kvr_stepclock_slope(const kvr_stepclock_t *c, double *us_per_token);
 /* Checks the stated invariants: a finite mean >= 0, no mean without a step, no more steps
  * measured than ends recorded; base <= done <= booked and avail <= booked. */
 bool kvr_stepclock_verify(const kvr_stepclock_t *c);

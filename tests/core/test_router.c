@@ -1046,14 +1046,13 @@ static void test_step_clock_steers(void **s)
     (void)s;
     fx_t f;
     make(&f, NULL);
-    uint64_t steps;
-    double mean;
+    kvr_step_model_t m;
     assert_int_equal(kvr_router_worker_step(f.r, (kvr_worker_t){9, 0}, 1), KVR_ENOTFOUND);
-    assert_int_equal(kvr_router_step_mean(f.r, (kvr_worker_t){9, 0}, &steps, &mean), KVR_ENOTFOUND);
+    assert_int_equal(kvr_router_step_model(f.r, (kvr_worker_t){9, 0}, &m), KVR_ENOTFOUND);
     busy_fleet(&f);
-    assert_int_equal(kvr_router_step_mean(f.r, (kvr_worker_t){1, 0}, &steps, &mean), KVR_OK);
-    assert_int_equal(steps, 34);
-    assert_true(fabs(mean - 30.0) < 1e-9);
+    assert_int_equal(kvr_router_step_model(f.r, (kvr_worker_t){1, 0}, &m), KVR_OK);
+    assert_int_equal(m.steps, 34);
+    assert_true(fabs(m.mean_ms - 30.0) < 1e-9);
     prompt(60, 512);
     kvr_route_req_t q = {.tokens = toks, .n_tokens = 512, .now_us = 2010000};
     kvr_route_res_t res;
@@ -1081,9 +1080,9 @@ static void test_step_clock_steers(void **s)
     assert_int_equal(kvr_router_route(f.r, &b, 1500, &res), KVR_OK);
     uint64_t seen = 0;
     assert_int_equal(kvr_router_worker_token(f.r, (kvr_worker_t){1, 0}, &seen, 1520000), KVR_OK);
-    assert_int_equal(kvr_router_step_mean(f.r, (kvr_worker_t){1, 0}, &steps, &mean), KVR_OK);
-    assert_int_equal(steps, 2);
-    assert_true(fabs(mean - 29.0) < 1e-9); /* 30 + (20 - 30) / 10 */
+    assert_int_equal(kvr_router_step_model(f.r, (kvr_worker_t){1, 0}, &m), KVR_OK);
+    assert_int_equal(m.steps, 2);
+    assert_true(fabs(m.mean_ms - 29.0) < 1e-9); /* 30 + (20 - 30) / 10 */
     unmake(&f);
 }
 

@@ -4,6 +4,7 @@
  * spread, idle time never taken for a step, and time running backwards ignored; the prefill
  * stream: what a request booked now finds computed when its engine admits it.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -149,6 +150,61 @@ static void test_stream_chunks(void **s)
     assert_true(kvr_stepclock_verify(&c));
 }
 
+/* A step's length grows with the prompt tokens it computes: after decode steps of 10 ms and
+ * prefill steps of 1,000 and 3,000 tokens (16 ms + 20 us a token: 36 and 76 ms), the step
+ * computing a 6,000-token prompt is expected to last 136 ms, so a request arriving 1 ms into
+ * it waits 135, not the mean of all steps less 1; a decode step is expected to last 10. */
+static void decode_steps(kvr_stepclock_t *c, uint64_t *t, int n, uint64_t ms)
+{
+    for (int i = 0; i < n; i++) {
+        *t += ms * MS;
+        kvr_stepclock_end(c, *t);
+    }
+}
+
+static void test_step_length_follows_its_prefill(void **s)
+{
+    (void)s;
+    kvr_stepclock_t c = {0};
+    uint64_t t = 10 * MS;
+    (void)kvr_stepclock_book(&c, 1000, true, 8192);
+    kvr_stepclock_wake(&c, t);
+    t += 36 * MS;
+    kvr_stepclock_end(&c, t); /* the 1,000 tokens' step */
+    decode_steps(&c, &t, 5, 10);
+    (void)kvr_stepclock_book(&c, 3000, false, 8192); /* waits for the decode step under way */
+    decode_steps(&c, &t, 1, 10);
+    t += 76 * MS;
+    kvr_stepclock_end(&c, t); /* the 3,000 tokens' step */
+    decode_steps(&c, &t, 5, 10);
+    assert_int_equal(c.decode_steps, 11);
+    assert_int_equal(c.prefill_steps, 2);
+    assert_true(fabs(kvr_stepclock_wait_ms(&c, t + 1 * MS) - 9.0) < 1e-6); /* decode: 10 ms */
+    double mean = c.mean_us / 1000.0;
+    (void)kvr_stepclock_book(&c, 6000, false, 8192);
+    decode_steps(&c, &t, 1, 10); /* the 6,000 tokens' step begins */
+    double w = kvr_stepclock_wait_ms(&c, t + 1 * MS);
+    assert_true(fabs(w - 135.0) < 1e-6);
+    assert_true(mean - 1.0 < 30.0); /* what one mean of all steps would have said */
+    /* prefill steps of one size fit no slope: their mean length stands for every size (decode
+     * steps of 15 ms: one under a quarter of the mean would be taken for the same step's end) */
+    kvr_stepclock_t same = {0};
+    uint64_t u = 10 * MS;
+    for (int i = 0; i < 3; i++) {
+        (void)kvr_stepclock_book(&same, 2000, i == 0, 8192);
+        if (i == 0)
+            kvr_stepclock_wake(&same, u);
+        else
+            decode_steps(&same, &u, 1, 15);
+        u += 50 * MS;
+        kvr_stepclock_end(&same, u);
+    }
+    (void)kvr_stepclock_book(&same, 8000, false, 8192);
+    decode_steps(&same, &u, 1, 15);
+    assert_true(fabs(kvr_stepclock_wait_ms(&same, u) - 50.0) < 1e-6);
+    assert_true(kvr_stepclock_verify(&c) && kvr_stepclock_verify(&same));
+}
+
 static void test_verify_catches(void **s)
 {
     (void)s;
@@ -160,6 +216,12 @@ static void test_verify_catches(void **s)
     assert_false(kvr_stepclock_verify(&c));
     c = (kvr_stepclock_t){.booked = 10, .done = 5, .base = 6};
     assert_false(kvr_stepclock_verify(&c));
+    c = (kvr_stepclock_t){.ends = 2, .steps = 2, .decode_steps = 2, .prefill_steps = 1};
+    assert_false(kvr_stepclock_verify(&c)); /* more steps modelled than measured */
+    c = (kvr_stepclock_t){.ends = 1, .steps = 1, .pf_us = 5}; /* a length with no step */
+    assert_false(kvr_stepclock_verify(&c));
+    c = (kvr_stepclock_t){.ends = 1, .steps = 1, .prefill_steps = 1, .pf_nn = NAN};
+    assert_false(kvr_stepclock_verify(&c));
 }
 
 int main(void)
@@ -167,7 +229,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wait_left_in_the_step), cmocka_unit_test(test_one_step_many_tokens),
         cmocka_unit_test(test_idle_is_not_a_step),    cmocka_unit_test(test_stream_first_step),
-        cmocka_unit_test(test_stream_chunks),         cmocka_unit_test(test_verify_catches),
+        cmocka_unit_test(test_stream_chunks),         cmocka_unit_test(test_step_length_follows_its_prefill),
+        cmocka_unit_test(test_verify_catches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

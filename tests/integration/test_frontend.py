@@ -937,7 +937,10 @@ def scenario_step_clock():
     """The router times each worker's engine steps from whose streamed tokens arrive (the
     locality cost prices the time a busy worker's running step has left): after concurrent
     streams, /v1/workers shows a step length near the mocker's modelled decode step (about
-    6 ms in real time), not the sub-millisecond spacing between the streams' tokens."""
+    6 ms in real time), not the sub-millisecond spacing between the streams' tokens. Then
+    prompts of 256 to 4,096 tokens one at a time: the router fits a step's length to the prompt
+    tokens it computes, and shows the slope near the mocker's (its reference polynomial: about
+    15-17 ms per 1,000 tokens over that range)."""
     m = mocker("--speedup", 1, events=False, what="mocker(steps)")
     r = router([spec(1, m, events=False)], what="router(steps)")
 
@@ -955,6 +958,18 @@ def scenario_step_clock():
               steps is not None and 20 <= got["steps_timed"] <= steps, (got, steps))
         check("steps: their length is the engine's (3-40 ms), not the tokens' spacing",
               got["step_ms"] is not None and 3 <= got["step_ms"] <= 40, got)
+        check("steps: decode steps timed apart (3-40 ms)",
+              got["decode_step_ms"] is not None and 3 <= got["decode_step_ms"] <= 40, got)
+        for n in (256, 1024, 2048, 4096):
+            st, _, chunks, problems = stream(r, "/v1/completions",
+                                             {"model": "m", "prompt": toks(n), "max_tokens": 4})
+            check(f"steps: a {n}-token prompt streams alone", st == 200 and not problems,
+                  (st, problems))
+            eventually(lambda: loads_idle(r), 5)
+        got = rank()
+        check("steps: the prefill steps' length per 1,000 prompt tokens is the engine's (10-30 ms)",
+              got["prefill_steps_timed"] >= 4 and got["prefill_ms_per_1k_tokens"] is not None
+              and 10 <= got["prefill_ms_per_1k_tokens"] <= 30, got)
     finally:
         r.stop()
         m.stop()
