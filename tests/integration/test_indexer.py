@@ -242,7 +242,9 @@ def scenario_peer_recovery():
         check("recovered events are counted",
               (b.metric("kvr_indexer_recovered_events_total") or 0) > 0,
               b.metric("kvr_indexer_recovered_events_total"))
-        # live events keep both in step after the recovery
+        # live events keep both in step after the recovery (once b's SUB to m1 is connected:
+        # a batch published before is lost to it, and b has no replay endpoint to recover it)
+        subscribed(m1, 1, a, b)
         complete(m1, prompt(4242, 6))
         check("a live event after recovery reaches both",
               eventually(lambda: scores(query(b, prompt(4242, 6))) ==
@@ -426,6 +428,9 @@ def scenario_peer_registrations():
               c.metric("kvr_indexer_peer_registrations_total", result="known") == 1 and
               c.metric("kvr_indexer_peer_registrations_total", result="subscribed") == 2 and
               c.metric("kvr_indexer_stale_ranks") == 0)
+        # C's SUB to m1 may not be connected yet (a batch published before is lost to it):
+        # wait until a batch reaches it, as every other new subscriber here does
+        subscribed(m1, 1, c)
         toks = prompt(7100, 3)
         complete(m1, toks)
         check("new blocks of the command line's instance 1 reach C",
