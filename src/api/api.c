@@ -465,21 +465,23 @@ static void h_route(kvr_api_t *s, struct evhttp_request *req)
         route_and_reply(s, req, &q, false, a.strict_priority);
 }
 
+static void json_double_or_null(kvr_json_writer_t *w, bool known, double x)
+{
+    if (known)
+        kvr_json_double(w, x);
+    else
+        kvr_json_null(w);
+}
+
 static void write_busy(kvr_json_writer_t *w, const char *model, const kvr_busy_threshold_t *t)
 {
     kvr_json_begin_object(w);
     kvr_json_key(w, "model");
     kvr_json_string(w, model);
     kvr_json_key(w, "active_prefill_tokens_threshold");
-    if (t->has_prefill_tokens)
-        kvr_json_double(w, t->prefill_tokens);
-    else
-        kvr_json_null(w);
+    json_double_or_null(w, t->has_prefill_tokens, t->prefill_tokens);
     kvr_json_key(w, "active_decode_blocks_threshold");
-    if (t->has_decode_frac)
-        kvr_json_double(w, t->decode_frac);
-    else
-        kvr_json_null(w);
+    json_double_or_null(w, t->has_decode_frac, t->decode_frac);
     kvr_json_end_object(w);
 }
 
@@ -791,14 +793,6 @@ static void put_prediction(kvr_api_t *s, kvr_json_writer_t *w, kvr_worker_t wk)
     kvr_json_key(w, "reported_cached_tokens");
     kvr_json_u64(w, v.tokens.reported_cached);
     kvr_json_end_object(w);
-}
-
-static void json_double_or_null(kvr_json_writer_t *w, bool known, double x)
-{
-    if (known)
-        kvr_json_double(w, x);
-    else
-        kvr_json_null(w);
 }
 
 /* A rank's engine steps as its step clock has learnt them (timed from streamed tokens): what

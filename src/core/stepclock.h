@@ -14,19 +14,18 @@
  * a mean step after the last end. Tokens of one step reach the router one request at a time,
  * over a few milliseconds when many run: this rule never takes that spread for steps, where a
  * rule on time alone would, and learn a "step" of the spacing between two streams' tokens.
- * It keeps the time of the last end and exponentially weighted means (weight 1/10 on the
- * newest; the model's: the plain mean of the first ten, then 1/10 on the newest): of all
- * step durations, and a step length model: the mean length of the steps
- * that computed no prompt token, and for the others a + n b, n being the prompt tokens the
- * prefill stream (below) estimates the step computed, a and b the least-squares line through
- * the weighted means of n, length, n^2 and n x length of those steps (their mean length
- * while their n do not vary enough to fit a slope: a spread under KVR_STEPCLOCK_MIN_SPREAD
- * tokens). A step's length grows with the prompt tokens it computes (a chunk of 8,192 takes
- * about ten decode steps), so one mean would take the step of a long prefill for an average
- * one and tell a newcomer it ends in a few milliseconds when it has 100 left. A line through
- * the prefill steps, rather than through the decode steps' length, because a step with any
- * prefill has its own fixed cost (the simulator's reference polynomial: 16.5 ms against a
- * decode step's 6-15; engines pay one for the prefill kernels' launch). The
+ * It keeps the time of the last end, an exponentially weighted mean of all step durations
+ * (weight 1/10 on the newest), and a step length model. The model's means are the plain
+ * mean of their first ten samples, then 1/10 on the newest. Steps that computed no prompt
+ * token last their mean length; the others a + n b, n being the prompt tokens the prefill
+ * stream (below) estimates the step computed, a and b the least-squares line through the
+ * means of n, length, n^2 and n x length of those steps (their mean length while their n
+ * spread less than KVR_STEPCLOCK_MIN_SPREAD tokens). A step's length grows with the prompt
+ * tokens it computes (in the simulator's reference polynomial a chunk of 8,192 takes 169 ms,
+ * a decode step 6-15), so one mean would take the step of a long prefill for an average one
+ * and tell a newcomer it ends in a few milliseconds when it has 100 left. The line goes
+ * through the prefill steps, not through the decode steps' length, because a step with any
+ * prefill has its own fixed cost (16.5 ms in that polynomial). The
  * predicted wait is the expected length of the step under way less the time since the last
  * end, at least 0. A rank that had no work starts a step when work arrives
  * (kvr_stepclock_wake), so the time it sat idle is never taken for a step's length.
