@@ -185,7 +185,7 @@ static void test_step_length_follows_its_prefill(void **s)
     decode_steps(&c, &t, 1, 10); /* the 6,000 tokens' step begins */
     double w = kvr_stepclock_wait_ms(&c, t + 1 * MS);
     assert_true(fabs(w - 135.0) < 1e-6);
-    assert_true(mean - 1.0 < 30.0); /* what one mean of all steps would have said */
+    assert_true(w > 4.0 * (mean - 1.0)); /* one mean of all steps said a quarter of it */
     /* prefill steps of one size fit no slope: their mean length stands for every size (decode
      * steps of 15 ms: one under a quarter of the mean would be taken for the same step's end) */
     kvr_stepclock_t same = {0};
