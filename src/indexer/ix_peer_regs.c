@@ -209,7 +209,7 @@ static int take_entry(reader_t *rd, size_t i, size_t *close)
     int got = 0, rc = 0;
     kvr_json_object_begin(&it, rd->b, rd->len, i, KVR_JSON_STRICT);
     while (rc == 0 && (got = kvr_json_object_next(&it, &m)) > 0)
-        if (strncmp(rd->b + m.val, "null", 4) != 0) /* null is absent */
+        if (!kvr_json_member_is_null(rd->b, &m)) /* null is absent */
             rc = take_member(rd, &in, &m);
     if (rc != 0)
         return rc;

@@ -168,11 +168,6 @@ static bool tool_calls(conv_t *c, const kvr_json_member_t *m, bool *nomem)
 /* ---------------------------------------------------------------------------------------- */
 /* Messages */
 
-static bool is_null(const char *b, const kvr_json_member_t *m)
-{
-    return m->val_end - m->val == 4 && memcmp(b + m->val, "null", 4) == 0;
-}
-
 static bool role_is(const kvr_oai_message_t *msg, const char *role)
 {
     return msg->role_len == strlen(role) && memcmp(msg->role, role, msg->role_len) == 0;
@@ -228,12 +223,12 @@ static bool write_message(conv_t *c, const kvr_oai_message_t *msg, const msg_ext
     kvr_json_key(w, "content");
     kvr_json_string_n(w, msg->content, msg->content_len);
     if (role_is(msg, "assistant")) {
-        if (x->has_tool_calls && !is_null(c->b, &x->tool_calls) &&
+        if (x->has_tool_calls && !kvr_json_member_is_null(c->b, &x->tool_calls) &&
             !tool_calls(c, &x->tool_calls, nomem)) {
             c->out->unsupported = "a tool_calls that is not a list of calls with a function";
             return false;
         }
-        if (x->has_reasoning && !is_null(c->b, &x->reasoning)) {
+        if (x->has_reasoning && !kvr_json_member_is_null(c->b, &x->reasoning)) {
             raw(c, "reasoning", &x->reasoning);
             raw(c, "reasoning_content", &x->reasoning);
         }
@@ -374,7 +369,7 @@ static bool scan_top(conv_t *c, top_t *t)
             t->has_messages = true;
         } else if (kvr_json_key_is(c->b, &m, "tools")) {
             t->tools = m;
-            t->has_tools = !is_null(c->b, &m);
+            t->has_tools = !kvr_json_member_is_null(c->b, &m);
         } else if (kvr_json_key_is(c->b, &m, "chat_template_kwargs")) {
             t->kwargs = m;
             t->has_kwargs = c->b[m.val] == '{';
@@ -385,10 +380,10 @@ static bool scan_top(conv_t *c, top_t *t)
         } else if (kvr_json_key_is(c->b, &m, "continue_final_message")) {
             o->continue_final = literal(c->b, &m, "true");
         } else if (kvr_json_key_is(c->b, &m, "chat_template")) {
-            if (!is_null(c->b, &m))
+            if (!kvr_json_member_is_null(c->b, &m))
                 o->unsupported = "a request chat_template";
         } else if (kvr_json_key_is(c->b, &m, "documents")) {
-            if (!is_null(c->b, &m))
+            if (!kvr_json_member_is_null(c->b, &m))
                 o->unsupported = "documents";
         }
     }

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define KVR_JSON_BAD SIZE_MAX
 #define KVR_JSON_MAX_DEPTH 64
@@ -28,6 +29,12 @@ typedef struct kvr_json_member {
     size_t key, key_end;
     size_t val, val_end;
 } kvr_json_member_t;
+
+/* Whether member m of b holds the literal null (its value is exactly those four bytes). */
+static inline bool kvr_json_member_is_null(const char *b, const kvr_json_member_t *m)
+{
+    return m->val_end - m->val == 4 && memcmp(b + m->val, "null", 4) == 0;
+}
 
 /* The first index >= i of b[0..n) that is not JSON whitespace (n when none). */
 size_t kvr_json_skip_ws(const char *b, size_t n, size_t i);
