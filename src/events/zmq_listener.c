@@ -12,7 +12,12 @@
  * replay asks from the last applied batch (hash_seq, whose payload hashed to last_hash) when
  * that is the cursor, and that batch must come back first with the same bytes (confirm).
  * peers counts the SUB's live connections, from its monitor's CONNECTED/ACCEPTED and
- * DISCONNECTED events.
+ * DISCONNECTED events. A resume or resync asks for everything after its cursor, so its answer
+ * may bring batches whose live copies the SUB delivers later (two connections, no order
+ * between them): the last REPLAYED_KEPT replayed batches are remembered (slot seq %
+ * REPLAYED_KEPT holds seq + 1 and the payload's hash; 0: empty, cleared on a reset), and a
+ * live batch numbered before the cursor that matches one is a duplicate; any other is a new
+ * process.
  * Threads: the owning thread only. Cost: see the header.
  */
 #include "events/zmq_listener.h"
@@ -33,6 +38,8 @@
 
 #define WAKE_TOKEN UINT64_MAX /* the wake eventfd's epoll data (rank data is slot*4+kind) */
 #define DRAIN_PER_RANK 256 /* messages handled per socket per poll, so no rank starves others */
+#define REPLAYED_KEPT 64   /* replayed batches remembered per rank (1 KiB): their live copies
+                              may still be on their way */
 
 /* The sockets of a rank, as epoll's data names them (rank index * 4 + kind) and as bits of
  * rank_t.hot. */
@@ -62,6 +69,12 @@ typedef struct recovery {
     size_t n_held, held_bytes;  /* within max_held_batches, max_held_bytes */
 } recovery_t;
 
+/* A replayed batch: its number + 1 (0: empty slot) and its payload's hash. */
+typedef struct replayed {
+    uint64_t seq1;
+    uint64_t hash;
+} replayed_t;
+
 typedef struct rank {
     bool used;
     uint64_t worker_id;
@@ -78,6 +91,7 @@ typedef struct rank {
     uint8_t hot;        /* bit per kind: check the socket's ZMQ_EVENTS at the next poll */
     int peers;          /* live connections of the SUB */
     bool verify;        /* reconnected: the next batch may come from a new process */
+    replayed_t replayed[REPLAYED_KEPT]; /* by seq % REPLAYED_KEPT */
     kvr_zmq_rank_info_t info;
     recovery_t rec;
 } rank_t;
@@ -403,6 +417,7 @@ static void reset_rank(kvr_zmq_listener_t *l, rank_t *r, kvr_zmq_reset_reason_t 
     kvr_seq_reset(&r->cur);
     r->has_hash = false;
     r->verify = false;
+    memset(r->replayed, 0, sizeof r->replayed);
     r->info.state = KVR_ZMQ_DEGRADED;
 }
 
@@ -438,6 +453,7 @@ static int call_batch(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const void
     l->st.batches++;
     r->info.batches++;
     if (replayed) {
+        r->replayed[seq % REPLAYED_KEPT] = (replayed_t){.seq1 = seq + 1, .hash = r->last_hash};
         l->st.replayed++;
         r->info.replayed++;
     }
@@ -739,15 +755,25 @@ static void apply_live(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const voi
     (void)start_recovery(l, r, seq, seq + 1, KVR_RESET_UNDECODABLE);
 }
 
+/* A live batch numbered at or before the cursor: a duplicate if its bytes are those of the
+ * last batch applied, or of a replayed one (a resume's or resync's answer came before the
+ * SUB's copy); otherwise a new process numbering from the start again. */
+static kvr_seq_verdict_t judge_old_number(const rank_t *r, uint64_t seq, uint64_t hash)
+{
+    if (r->has_hash && r->hash_seq == seq)
+        return hash == r->last_hash ? KVR_SEQ_DUPLICATE : KVR_SEQ_RESTART;
+    const replayed_t *k = &r->replayed[seq % REPLAYED_KEPT];
+    return k->seq1 == seq + 1 && k->hash == hash ? KVR_SEQ_DUPLICATE : KVR_SEQ_RESTART;
+}
+
 /* A live batch for a rank that is not recovering (it may start a recovery). */
 static void handle_live_now(kvr_zmq_listener_t *l, rank_t *r, uint64_t seq, const void *p,
                             size_t n)
 {
     uint64_t from = 0;
     kvr_seq_verdict_t v = kvr_seq_observe(&r->cur, seq, &from);
-    /* the last number again with other bytes: a new process that has sent one batch so far */
-    if (v == KVR_SEQ_DUPLICATE && kvr_xxh3(p, n, 0) != r->last_hash)
-        v = KVR_SEQ_RESTART;
+    if (v == KVR_SEQ_DUPLICATE || v == KVR_SEQ_RESTART)
+        v = judge_old_number(r, seq, kvr_xxh3(p, n, 0));
     if (v == KVR_SEQ_DUPLICATE) {
         l->st.duplicates++;
         r->info.duplicates++;

@@ -13,7 +13,10 @@
  *     it exact again;
  *   - malformed messages (not 3 frames, seq not 8 bytes) are counted and skipped;
  *   - the last applied number arriving again is a duplicate if its bytes are the same, and a
- *     publisher restart (that has sent one batch so far) if they differ;
+ *     publisher restart (that has sent one batch so far) if they differ; an older number is a
+ *     duplicate only if it is one of the last 64 replayed batches, bytes and all (a resume's
+ *     or resync's answer can come before the SUB's copy of the same batches), and otherwise
+ *     a restart;
  *   - a gap's replay starts one batch early, at the last batch applied, which must come back
  *     with the same bytes: other bytes mean a new process on the same address that has sent
  *     more batches than the old one (its numbers went forward, not back), so it is a restart

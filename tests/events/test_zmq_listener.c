@@ -533,6 +533,45 @@ static void test_resume_confirmed_with_live_batches_first(void **state)
     assert_int_equal(f->rec.n_resets, 0);
 }
 
+static bool duplicates_two(fixture_t *f) { return info(f).duplicates == 2; }
+
+/* A resume asks for everything after the cursor; its answer may bring batches the SUB has not
+ * delivered yet (two connections, no order between them). Their live copies, arriving after
+ * the replay applied newer ones, are duplicates, not a new process numbering from the past. */
+static void test_resume_replay_ahead_of_live(void **state)
+{
+    fixture_t *f = *state;
+    pub_cmd(&f->pub, "keep 0 aa");
+    pub_cmd(&f->pub, "keep 1 ab");
+    pub_cmd(&f->pub, "keep 2 ac");
+    pub_cmd(&f->pub, "keep 3 ad");
+    pub_cmd(&f->pub, "keep 4 ae"); /* published, its live copy still on its way */
+    assert_int_equal(kvr_zmq_listener_resume(f->l, 7, 0, 1, hash_hex("ab")), KVR_OK);
+    pump_until(f, not_recovering);
+    pump(f, 3);
+    pub_cmd(&f->pub, "late 3 ad");
+    pub_cmd(&f->pub, "late 4 ae");
+    pump_until(f, duplicates_two);
+    pub_cmd(&f->pub, "send 5 af");
+    pump(f, 4);
+    uint64_t want[] = {2, 3, 4, 5};
+    bool rep[] = {true, true, true, false};
+    expect_seqs(f, want, rep, 4);
+    kvr_zmq_rank_info_t ri = info(f);
+    assert_int_equal(ri.state, KVR_ZMQ_EXACT);
+    assert_int_equal(ri.resumes, 1);
+    assert_int_equal(ri.duplicates, 2);
+    assert_int_equal(ri.restarts + ri.gaps_lost + ri.resumes_failed, 0);
+    assert_int_equal(f->rec.n_resets, 0);
+    /* an older number with other bytes is still a new process */
+    pub_cmd(&f->pub, "late 4 ee");
+    pump_until(f, not_recovering);
+    pump(f, 5);
+    assert_int_equal(info(f).restarts, 1);
+    assert_int_equal(f->rec.n_resets, 1);
+    assert_int_equal(f->rec.resets[0], KVR_RESET_RESTART);
+}
+
 static void test_resume_refused_by_another_process(void **state)
 {
     fixture_t *f = *state;
@@ -1219,6 +1258,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_add_remove_validation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_confirmed_with_live_batches_first, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_resume_replay_ahead_of_live, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_refused_by_another_process, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_cursor_no_longer_buffered, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_without_answer_or_batch, setup, teardown),

@@ -10,6 +10,8 @@ Both sockets bind to ephemeral loopback ports, printed first as "pub <endpoint>"
 "replay <endpoint>". Then it obeys one command per stdin line and answers "ok" to each:
   send <seq> <hex>   publish a batch and keep it for replay
   keep <seq> <hex>   keep it for replay only (the live message is "lost")
+  late <seq> <hex>   publish a batch kept before (its live copy arrives after a replay
+                     brought it)
   frames <n>         publish a malformed message of n frames (n != 3)
   shortseq           publish a 3-frame message whose seq frame has 7 bytes
   trim <n>           keep only the newest n batches
@@ -93,6 +95,9 @@ def main():
                 kept.append((seq, payload))
             if cmd == "send":
                 pub.send_multipart([b"", struct.pack(">Q", seq), payload])
+        elif cmd == "late":
+            seq, payload = int(words[1]), bytes.fromhex(words[2]) if len(words) > 2 else b""
+            pub.send_multipart([b"", struct.pack(">Q", seq), payload])
         elif cmd == "frames":
             pub.send_multipart([b"x"] * int(words[1]))
         elif cmd == "shortseq":
