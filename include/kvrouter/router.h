@@ -264,8 +264,10 @@ typedef struct kvr_rank_explain {
     kvr_worker_t worker;
     const char *why;       /* "eligible", or the filter or load that excluded it (static) */
     double overlap_blocks; /* effective cached blocks credited */
-    double prefill_blocks; /* adjusted prefill blocks */
+    double prefill_blocks; /* adjusted prefill blocks (with the step wait's and memory's) */
     double decode_blocks;  /* decode load, blocks */
+    double step_wait_blocks; /* of prefill_blocks: the step under way (locality) */
+    double memory_blocks;  /* of prefill_blocks: KV memory booked past 90% (locality) */
     double cost;           /* what the pick compared */
 } kvr_rank_explain_t;
 void kvr_router_set_explain(kvr_router_t *r, bool on);

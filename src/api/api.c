@@ -199,14 +199,16 @@ static void log_decision(kvr_api_t *s, const kvr_sched_event_t *ev)
 {
     kvr_rank_explain_t ex[EXPLAIN_RANKS];
     size_t n = kvr_router_last_explain(s->r, ex, EXPLAIN_RANKS);
-    char ranks[EXPLAIN_RANKS * 96 + 64] = "";
+    char ranks[EXPLAIN_RANKS * 144 + 64] = "";
     size_t used = 0;
     for (size_t i = 0; i < n && i < EXPLAIN_RANKS && used < sizeof ranks; i++)
         used += (size_t)snprintf(ranks + used, sizeof ranks - used,
-                                 "%s %llu/%u %s overlap %.1f prefill %.1f decode %.1f cost %.1f",
+                                 "%s %llu/%u %s overlap %.1f prefill %.1f (step wait %.1f, "
+                                 "memory %.1f) decode %.1f cost %.1f",
                                  i ? ";" : "", (unsigned long long)ex[i].worker.worker_id,
                                  ex[i].worker.dp_rank, ex[i].why, ex[i].overlap_blocks,
-                                 ex[i].prefill_blocks, ex[i].decode_blocks, ex[i].cost);
+                                 ex[i].prefill_blocks, ex[i].step_wait_blocks,
+                                 ex[i].memory_blocks, ex[i].decode_blocks, ex[i].cost);
     if (n > EXPLAIN_RANKS && used < sizeof ranks)
         snprintf(ranks + used, sizeof ranks - used, "; %zu more ranks", n - EXPLAIN_RANKS);
     const kvr_route_res_t *res = ev->res;

@@ -813,6 +813,7 @@ static int fill_loads(kvr_router_t *r, const kvr_route_req_t *rq, size_t n_block
             c->potential_prefill_tokens -= credit < left ? credit : left;
         }
         c->potential_decode_blocks = p->potential_decode_blocks;
+        c->capacity_blocks = s->total_kv_blocks;
         c->active_requests = p->active_requests;
         c->has_load = true;
         kvr_busy_load_t bl = {.active_prefill_tokens = p->active_prefill_tokens,
@@ -1077,6 +1078,8 @@ size_t kvr_router_last_explain(const kvr_router_t *r, kvr_rank_explain_t *out, s
                                       .overlap_blocks = e->effective_overlap_blocks,
                                       .prefill_blocks = e->adjusted_prefill_blocks,
                                       .decode_blocks = e->decode_cost_blocks,
+                                      .step_wait_blocks = e->step_wait_blocks,
+                                      .memory_blocks = e->memory_blocks,
                                       .cost = e->cost};
     }
     return r->n_explain;

@@ -14,6 +14,7 @@
  *                       lmetric adjusted * (potential_decode + 1); locality the same with
  *                       adjusted = max(raw_prefill - 2 credit, adjusted / 10 + 1)
  *                       + step_wait_weight * step_wait_ms
+ *                       + max(potential_decode - 0.9 capacity, 0) (capacity known)
  *   cost              = logit * exp(-tanh(sum of preferred-taint weights present))
  *
  * Pick: temperature 0 takes a minimum cost, ties broken uniformly (reservoir sampling: the
@@ -370,6 +371,7 @@ static void cost_terms(const ctx_t *x, const kvr_select_candidate_t *c, kvr_sele
     const kvr_select_config_t *k = &x->cfg;
     prefill_terms(x, c, t);
     t->step_wait_blocks = 0;
+    t->memory_blocks = 0;
     t->decode_cost_blocks = (double)c->potential_decode_blocks;
     t->active_request_cost = k->decode_active_request_weight * c->active_requests;
     if (x->scorer->decode_pool_rule && k->decode_pool && !x->req->track_prefill_tokens &&

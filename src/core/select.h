@@ -54,6 +54,7 @@ typedef struct kvr_select_candidate {
     uint64_t potential_decode_blocks;  /* tracker: active blocks + this prompt's new ones */
     uint32_t active_requests;
     double step_wait_ms;               /* its engine step under way: time left (stepclock.h) */
+    uint64_t capacity_blocks;          /* its KV cache (spec's total_kv_blocks); 0: unknown */
     const char *const *taints;         /* the worker's taints */
     size_t n_taints;
     bool has_load;                     /* false: the tracker knows nothing (loads read as 0) */
@@ -113,8 +114,11 @@ typedef struct kvr_select_explain {
     double decay;                    /* device-credit decay in (0, 1] */
     double overlap_credit_blocks;    /* of which inflight_credit_blocks: */
     double inflight_credit_blocks;   /* the predicted blocks' part (decayed like the device's) */
-    double adjusted_prefill_blocks;  /* max(raw - credit, 0) (locality: + the step wait's) */
+    double adjusted_prefill_blocks;  /* max(raw - credit, 0) (locality: + the step wait's and
+                                        the memory's) */
     double step_wait_blocks;         /* locality: step_wait_weight * the candidate's wait */
+    double memory_blocks;            /* locality: blocks booked past 90% of the KV cache
+                                        (policy_locality.c) */
     double prefill_cost;             /* prefill_load_scale * adjusted (default policy) */
     double decode_cost_blocks;
     double active_request_cost;

@@ -584,6 +584,48 @@ static void test_step_wait(void **s)
     assert_near(ex[0].cost, 10 + 9);
 }
 
+/* Locality: the blocks booked on a rank with this prompt beyond 90% of its KV cache are
+ * added to its prefill term, one each (an engine queues or preempts past its memory); below
+ * the line, with the capacity unknown, and under the other policies nothing changes. */
+static void test_memory_line(void **s)
+{
+    (void)s;
+    uint64_t isl = 100 * BS;
+    /* both KV caches hold 1,000 blocks; with this prompt worker 1 would be booked to 950,
+     * worker 2 (30 more blocks of prefill queued) to 900 */
+    kvr_select_candidate_t c[2] = {cand(1, 0, 0, 950, isl), cand(2, 0, 30 * BS, 900, isl)};
+    c[0].capacity_blocks = 1000;
+    c[1].capacity_blocks = 1000;
+    kvr_select_request_t rq = request(isl, c, 2);
+    kvr_select_explain_t ex[2];
+    kvr_select_result_t r;
+    kvr_select_config_t cfg = defaults();
+    cfg.policy = KVR_SELECT_POLICY_LOCALITY;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_near(ex[0].memory_blocks, 50);
+    assert_near(ex[0].cost, (100 + 50) * 951.0);
+    assert_near(ex[1].memory_blocks, 0); /* on the line */
+    assert_near(ex[1].cost, 130 * 901.0);
+    assert_int_equal(r.index, 1);
+    /* capacity unknown: no memory term, and the shorter queue wins (100 x 951 < 130 x 901) */
+    c[0].capacity_blocks = 0;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_near(ex[0].memory_blocks, 0);
+    assert_near(ex[0].cost, 100 * 951.0);
+    assert_int_equal(r.index, 0);
+    /* below the line: the same */
+    c[0].capacity_blocks = 2000;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_near(ex[0].memory_blocks, 0);
+    assert_int_equal(r.index, 0);
+    /* lmetric has no memory term */
+    c[0].capacity_blocks = 1000;
+    cfg.policy = KVR_SELECT_POLICY_LMETRIC;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_near(ex[0].memory_blocks, 0);
+    assert_int_equal(r.index, 0);
+}
+
 /* ---- picking ---- */
 
 /* Ties at temperature 0 are broken uniformly: every tied candidate is picked about equally
@@ -981,6 +1023,7 @@ int main(void)
         cmocka_unit_test(test_zero_length_prompt),
         cmocka_unit_test(test_lmetric_and_decode_pool),
         cmocka_unit_test(test_step_wait),
+        cmocka_unit_test(test_memory_line),
         cmocka_unit_test(test_ties_uniform),
         cmocka_unit_test(test_deterministic_given_seed),
         cmocka_unit_test(test_softmax_temperature),
