@@ -227,7 +227,8 @@ def scenario_decision_logs():
         check("decision logs: one line naming the choice and every rank's terms",
               eventually(lambda: re.search(r"debug decision dl-1: worker \d+ rank 0, prompt 4 "
                                            r"blocks, overlap 0 blocks .*ranks: 1/0 eligible "
-                                           r"overlap 0\.0 prefill [\d.]+ decode [\d.]+ cost "
+                                           r"overlap 0\.0 prefill [\d.]+ \(step wait [\d.]+, "
+                                           r"memory 0\.0\) decode [\d.]+ cost "
                                            r"[\d.]+; 2/0 eligible", r.stderr()) is not None, 5),
               r.stderr()[-1500:])
         st, a = r.call("POST", "/v1/log-level", {"level": "info"})
