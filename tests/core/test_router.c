@@ -558,6 +558,46 @@ static void test_burst_waits_for_the_prefill_to_begin(void **s)
  * whole chunks the stream ahead of it fills and finds those cached (24 blocks), not the last
  * chunk, which the engine computes in the step that admits it (beside it, so computed twice).
  * When the prompt's first token comes, all of it is computed: the 31 full blocks. */
+/* KV memory near full: worker 1 has finished prefilling an 85-block prompt, worker 2 is still
+ * prefilling a 25-block one. A 10-block prompt costs (10) x (95 + 1) on worker 1 against
+ * (25 + 10) x (35 + 1) on worker 2 by prefill and decode alone; with both caches registered at
+ * 100 blocks, worker 1 would be booked 5 blocks past 90% of its cache, which count as prefill
+ * (15 x 96 > 35 x 36): the request goes to worker 2. Without a registered capacity, to 1. */
+static uint64_t memory_pick(const char *extra)
+{
+    fx_t f;
+    make_spec(&f, NULL, NULL, NULL, extra);
+    kvr_route_res_t res;
+    uint64_t ex[1] = {3};
+    prompt(1, 85 * BS);
+    kvr_route_req_t a1 = {.tokens = toks, .n_tokens = 85 * BS, .update_state = true,
+                          .has_pinned = true, .pinned = {1, 0}, .request_id = "a1",
+                          .request_id_len = 2};
+    assert_int_equal(kvr_router_route(f.r, &a1, 1000, &res), KVR_OK);
+    assert_int_equal(kvr_router_first_token(f.r, "a1", 2, 1001), KVR_OK);
+    prompt(2, 25 * BS);
+    kvr_route_req_t a2 = {.tokens = toks, .n_tokens = 25 * BS, .update_state = true,
+                          .has_pinned = true, .pinned = {2, 0}, .request_id = "a2",
+                          .request_id_len = 2};
+    assert_int_equal(kvr_router_route(f.r, &a2, 1001, &res), KVR_OK);
+    prompt(3, 10 * BS);
+    kvr_route_req_t b = {.tokens = toks, .n_tokens = 10 * BS, .update_state = true,
+                         .exclude_ids = ex, .n_exclude = 1, .request_id = "b",
+                         .request_id_len = 1};
+    assert_int_equal(kvr_router_route(f.r, &b, 1002, &res), KVR_OK);
+    uint64_t got = res.worker.worker_id;
+    unmake(&f);
+    return got;
+}
+
+static void test_memory_near_full_steers(void **s)
+{
+    (void)s;
+    assert_int_equal(memory_pick(",total_kv_blocks=100"), 2);
+    assert_int_equal(memory_pick(",total_kv_blocks=1000"), 1); /* far below the line */
+    assert_int_equal(memory_pick(""), 1);                      /* capacity unknown */
+}
+
 static void test_burst_credit_a_chunk_at_a_time(void **s)
 {
     (void)s;
@@ -1175,6 +1215,7 @@ int main(void)
         cmocka_unit_test(test_burst_finds_the_prefix_in_flight),
         cmocka_unit_test(test_burst_waits_for_the_prefill_to_begin),
         cmocka_unit_test(test_burst_credit_a_chunk_at_a_time),
+        cmocka_unit_test(test_memory_near_full_steers),
         cmocka_unit_test(test_queue_threshold_does_not_filter),
         cmocka_unit_test(test_sticky_sessions),
         cmocka_unit_test(test_model_pools_and_adapters),
