@@ -18,13 +18,18 @@
  * KV memory: an engine admits a request only when its blocks fit, and past that preempts
  * running requests to grow the others; the prefill and decode terms see neither. So the
  * blocks booked on a rank with this prompt (potential decode blocks) beyond MEMORY_LINE of its
- * KV cache are added to the prefill term, MEMORY_WEIGHT each: the router books prompt blocks,
- * not the output's growth, hence a line below the whole cache. Measured with `kvrouter sim`
- * (docs/sim.md, "KV memory near full") on two traces synthesized from the conversation trace,
- * near the fleet's capacity: lines 0.8, 0.9 and 1 at weight 1 (0.9 had the lowest TTFT p90 at
- * all four loads tried), weights 1 and 2 at 0.9 over twelve loads (within noise of each
- * other; 1 kept the p99 under lmetric's and dynamo's at 11 of 12, 2 at 9); the generated
- * workloads never book past the line and are unchanged. Unknown capacity (0): no term.
+ * KV cache are added to the prefill term, MEMORY_WEIGHT each, times the share of the prompt
+ * no eligible rank holds (held_share): a prompt needs its blocks resident wherever it goes,
+ * so for one a rank holds, moving it to a rank with room costs a recompute the prefill term
+ * already weighs; in overload, where every rank is past the line, the full term traded held
+ * prefixes for differences in queued load (on `agent` with caches of 4,096 blocks, TTFT p50
+ * 78 ms -> 15 s). The router books prompt blocks, not the output's growth, hence a line below
+ * the whole cache. Measured with `kvrouter sim` (docs/sim.md, "KV memory near full") on two
+ * traces synthesized from the conversation trace near the fleet's capacity: lines 0.8, 0.9
+ * and 1 (0.9 had the lowest TTFT p90 at the four loads tried), weights 1 and 2 (within noise
+ * of each other; 1 kept the tail under lmetric's and dynamo's more often); the generated
+ * workloads never book past the line at 16,384 blocks and are unchanged. Unknown capacity
+ * (0): no term.
  * Invariants: terms >= 0 in, logit >= 0 out (+Inf on overflow). Threads: any. Cost: O(1).
  */
 #include <math.h>
@@ -35,12 +40,14 @@
 #define MEMORY_LINE 0.9    /* of a rank's KV cache: booked blocks beyond it are priced */
 #define MEMORY_WEIGHT 1.0  /* prefill blocks per booked block beyond the line */
 
-/* Booked blocks (with this prompt's) beyond MEMORY_LINE of the rank's cache, weighted. */
-static double memory_blocks(const kvr_select_candidate_t *c, double booked)
+/* Booked blocks (with this prompt's) beyond MEMORY_LINE of the rank's cache, weighted, times
+ * the share of the prompt no eligible rank holds. */
+static double memory_blocks(const kvr_select_candidate_t *c, const kvr_select_explain_t *t)
 {
     if (c->capacity_blocks == 0)
         return 0;
-    return MEMORY_WEIGHT * fmax(booked - MEMORY_LINE * (double)c->capacity_blocks, 0.0);
+    double over = fmax(t->decode_cost_blocks - MEMORY_LINE * (double)c->capacity_blocks, 0.0);
+    return MEMORY_WEIGHT * over * (1.0 - t->held_share);
 }
 
 static void score(const kvr_select_config_t *k, const kvr_select_candidate_t *c,
@@ -52,7 +59,7 @@ static void score(const kvr_select_config_t *k, const kvr_select_candidate_t *c,
                                           (1.0 - INFLIGHT_AGAIN) * t->inflight_credit_blocks,
                                       0.1 * real + 1.0) +
                                  t->step_wait_blocks;
-    t->memory_blocks = memory_blocks(c, t->decode_cost_blocks);
+    t->memory_blocks = memory_blocks(c, t);
     t->adjusted_prefill_blocks += t->memory_blocks;
     t->prefill_cost = t->adjusted_prefill_blocks;
     t->logit = t->adjusted_prefill_blocks * (t->decode_cost_blocks + 1.0);

@@ -14,7 +14,9 @@
  *                       lmetric adjusted * (potential_decode + 1); locality the same with
  *                       adjusted = max(raw_prefill - 2 credit, adjusted / 10 + 1)
  *                       + step_wait_weight * step_wait_ms
- *                       + max(potential_decode - 0.9 capacity, 0) (capacity known)
+ *                       + max(potential_decode - 0.9 capacity, 0) x (1 - held_share)
+ *                       (capacity known; held_share: the most of the prompt an eligible
+ *                       candidate holds, cached or in flight)
  *   cost              = logit * exp(-tanh(sum of preferred-taint weights present))
  *
  * Pick: temperature 0 takes a minimum cost, ties broken uniformly (reservoir sampling: the
@@ -269,6 +271,7 @@ typedef struct ctx {
     double bs;
     double request_blocks;   /* >= 1 for the decay's division (S22) */
     double min_active;       /* over eligible candidates */
+    double held_share;       /* the most of the prompt an eligible candidate holds, [0, 1] */
 } ctx_t;
 
 static bool id_allowed(const kvr_select_request_t *r, uint64_t id)
@@ -371,6 +374,7 @@ static void cost_terms(const ctx_t *x, const kvr_select_candidate_t *c, kvr_sele
     const kvr_select_config_t *k = &x->cfg;
     prefill_terms(x, c, t);
     t->step_wait_blocks = 0;
+    t->held_share = x->held_share;
     t->memory_blocks = 0;
     t->decode_cost_blocks = (double)c->potential_decode_blocks;
     t->active_request_cost = k->decode_active_request_weight * c->active_requests;
@@ -534,11 +538,20 @@ static int check_request(const kvr_select_request_t *r, kvr_select_result_t *out
     return KVR_OK;
 }
 
-/* Pass 1: filters, counts and the least active prefill among eligible candidates. */
+/* The share of the prompt candidate c holds: cached in any tier, or credited in flight. */
+static double held_share(const ctx_t *x, const kvr_select_candidate_t *c)
+{
+    double held = (double)c->device_blocks + c->host_blocks + c->disk_blocks + c->predicted_blocks;
+    return fmin(held / x->request_blocks, 1.0);
+}
+
+/* Pass 1: filters, counts, the least active prefill among eligible candidates and the most of
+ * the prompt one holds. */
 static void eligibility_pass(ctx_t *x, kvr_select_result_t *out)
 {
     bool any = false;
     x->min_active = 0;
+    x->held_share = 0;
     for (size_t i = 0; i < x->req->n_cands; i++) {
         const kvr_select_candidate_t *c = &x->req->cands[i];
         kvr_select_why_t why = filter(x->req, c);
@@ -552,6 +565,7 @@ static void eligibility_pass(ctx_t *x, kvr_select_result_t *out)
         out->n_queue_busy += c->queue_busy;
         double a = active_prefill(c);
         x->min_active = any ? fmin(x->min_active, a) : a;
+        x->held_share = fmax(x->held_share, held_share(x, c));
         any = true;
     }
 }

@@ -117,8 +117,10 @@ typedef struct kvr_select_explain {
     double adjusted_prefill_blocks;  /* max(raw - credit, 0) (locality: + the step wait's and
                                         the memory's) */
     double step_wait_blocks;         /* locality: step_wait_weight * the candidate's wait */
-    double memory_blocks;            /* locality: blocks booked past 90% of the KV cache
-                                        (policy_locality.c) */
+    double held_share;               /* the most of the prompt an eligible candidate holds
+                                        (every tier, or in flight), [0, 1]: the same for all */
+    double memory_blocks;            /* locality: blocks booked past 90% of the KV cache,
+                                        times 1 - held_share (policy_locality.c) */
     double prefill_cost;             /* prefill_load_scale * adjusted (default policy) */
     double decode_cost_blocks;
     double active_request_cost;

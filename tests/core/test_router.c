@@ -562,8 +562,9 @@ static void test_burst_waits_for_the_prefill_to_begin(void **s)
  * prefilling a 25-block one. A 10-block prompt costs (10) x (95 + 1) on worker 1 against
  * (25 + 10) x (35 + 1) on worker 2 by prefill and decode alone; with both caches registered at
  * 100 blocks, worker 1 would be booked 5 blocks past 90% of its cache, which count as prefill
- * (15 x 96 > 35 x 36): the request goes to worker 2. Without a registered capacity, to 1. */
-static uint64_t memory_pick(const char *extra)
+ * (15 x 96 > 35 x 36): the request goes to worker 2. Without a registered capacity, to 1;
+ * and to 1 when a rank holds the prompt (the memory term counts what no rank holds). */
+static uint64_t memory_pick(const char *extra, bool held)
 {
     fx_t f;
     make_spec(&f, NULL, NULL, NULL, extra);
@@ -580,9 +581,18 @@ static uint64_t memory_pick(const char *extra)
                           .has_pinned = true, .pinned = {2, 0}, .request_id = "a2",
                           .request_id_len = 2};
     assert_int_equal(kvr_router_route(f.r, &a2, 1001, &res), KVR_OK);
+    if (held) { /* worker 3 prefilling 200 blocks, but holding the whole next prompt */
+        prompt(4, 200 * BS);
+        kvr_route_req_t a3 = {.tokens = toks, .n_tokens = 200 * BS, .update_state = true,
+                              .has_pinned = true, .pinned = {3, 0}, .request_id = "a3",
+                              .request_id_len = 2};
+        assert_int_equal(kvr_router_route(f.r, &a3, 1001, &res), KVR_OK);
+    }
     prompt(3, 10 * BS);
+    if (held)
+        engine_stores(&f, 3, 10);
     kvr_route_req_t b = {.tokens = toks, .n_tokens = 10 * BS, .update_state = true,
-                         .exclude_ids = ex, .n_exclude = 1, .request_id = "b",
+                         .exclude_ids = ex, .n_exclude = held ? 0 : 1, .request_id = "b",
                          .request_id_len = 1};
     assert_int_equal(kvr_router_route(f.r, &b, 1002, &res), KVR_OK);
     uint64_t got = res.worker.worker_id;
@@ -593,9 +603,12 @@ static uint64_t memory_pick(const char *extra)
 static void test_memory_near_full_steers(void **s)
 {
     (void)s;
-    assert_int_equal(memory_pick(",total_kv_blocks=100"), 2);
-    assert_int_equal(memory_pick(",total_kv_blocks=1000"), 1); /* far below the line */
-    assert_int_equal(memory_pick(""), 1);                      /* capacity unknown */
+    assert_int_equal(memory_pick(",total_kv_blocks=100", false), 2);
+    assert_int_equal(memory_pick(",total_kv_blocks=1000", false), 1); /* far below the line */
+    assert_int_equal(memory_pick("", false), 1);                      /* capacity unknown */
+    /* the whole prompt cached on worker 3, eligible but busy: the memory term counts the
+     * share of the prompt no rank holds, none, and worker 1's shorter queue wins again */
+    assert_int_equal(memory_pick(",total_kv_blocks=100", true), 1);
 }
 
 static void test_burst_credit_a_chunk_at_a_time(void **s)

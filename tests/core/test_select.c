@@ -585,7 +585,8 @@ static void test_step_wait(void **s)
 }
 
 /* Locality: the blocks booked on a rank with this prompt beyond 90% of its KV cache are
- * added to its prefill term, one each (an engine queues or preempts past its memory); below
+ * added to its prefill term, one each (an engine queues or preempts past its memory), times
+ * the share of the prompt no rank holds; below
  * the line, with the capacity unknown, and under the other policies nothing changes. */
 static void test_memory_line(void **s)
 {
@@ -606,6 +607,22 @@ static void test_memory_line(void **s)
     assert_near(ex[0].cost, (100 + 50) * 951.0);
     assert_near(ex[1].memory_blocks, 0); /* on the line */
     assert_near(ex[1].cost, 130 * 901.0);
+    assert_int_equal(r.index, 1);
+    /* a third candidate holds 80 of the prompt's 100 blocks (with 500 blocks of prefill
+     * queued, it is not picked): the term counts the 20% no candidate holds */
+    kvr_select_candidate_t c3[3] = {c[0], c[1], cand(3, 80, 500 * BS, 520, isl)};
+    kvr_select_request_t rq3 = request(isl, c3, 3);
+    kvr_select_explain_t ex3[3];
+    assert_int_equal(run(&cfg, &rq3, &r, ex3, 1), KVR_OK);
+    assert_near(ex3[0].held_share, 0.8);
+    assert_near(ex3[0].memory_blocks, 50 * 0.2);
+    assert_int_equal(r.index, 0); /* (100 + 10) x 951 < 130 x 901 */
+    /* excluded, it holds nothing this decision can use: the whole term again */
+    uint64_t three = 3;
+    rq3.exclude_ids = &three;
+    rq3.n_exclude = 1;
+    assert_int_equal(run(&cfg, &rq3, &r, ex3, 1), KVR_OK);
+    assert_near(ex3[0].held_share, 0);
     assert_int_equal(r.index, 1);
     /* capacity unknown: no memory term, and the shorter queue wins (100 x 951 < 130 x 901) */
     c[0].capacity_blocks = 0;
