@@ -14,7 +14,11 @@
  *     published them before it answered, and NATS keeps one publisher's order), so their
  *     adds are skipped (applied again, an add whose free was lost would come back); their
  *     frees are applied (one of a request not in the snapshot is ignored, as unknown);
- *   - a peer's batch numbers are consecutive: a jump counts the batches lost in between.
+ *   - a peer's batch numbers are consecutive: a jump counts the batches lost in between;
+ *   - a join that got no whole snapshot while peers were live (they reconnected to NATS after
+ *     this router asked, or an answer was cut) is asked again when a peer's batch next comes,
+ *     at most JOIN_RETRIES times in a row: without it, requests a peer booked while NATS was
+ *     down stayed unknown here, and its stale ones stayed counted, until they expired.
  *
  * Trust: anyone who can publish on NATS can send a batch in any router's name, so what a
  * message can do is bounded here, whoever sent it:
@@ -57,6 +61,7 @@
 #define SNAP_REFILL_MS 2000
 #define SNAP_SAME_MS 2000
 #define MAX_BLOCK_SIZE 65536u /* the block_size setting's range */
+#define JOIN_RETRIES 3u       /* joins asked again in a row after one got no snapshot */
 
 typedef struct held {
     struct held *next;
@@ -96,6 +101,9 @@ struct kvr_replica_sync {
     join_state_t join;
     bool connected; /* as last told: a join starts on each connection */
     bool reconnect; /* the join follows a reconnect: drop what peers told before */
+    bool retry_join; /* the last join got no whole snapshot while peers were live: ask again
+                        when one is heard from (at most JOIN_RETRIES times in a row) */
+    uint32_t join_retries;
     uint64_t join_deadline_ms, responder, next_chunk;
     struct event *join_timer;
     held_t *held, *held_tail;
@@ -446,12 +454,22 @@ static void hold(kvr_replica_sync_t *s, const uint8_t *data, size_t len)
     s->held_bytes += len;
 }
 
+static void join_start(kvr_replica_sync_t *s);
+
 static void on_events(void *arg, const char *subject, const char *reply, const uint8_t *data,
                       size_t len)
 {
     (void)subject;
     (void)reply;
     kvr_replica_sync_t *s = arg;
+    if (s->join == JOIN_DONE && s->retry_join) { /* held, then applied after the snapshot */
+        s->retry_join = false;
+        s->join_retries++;
+        kvr_log(KVR_LOG_INFO, "sync: a peer is heard from after a join without its snapshot: "
+                "asking again (%u of %u)", s->join_retries, JOIN_RETRIES);
+        s->join = JOIN_IDLE;
+        join_start(s);
+    }
     if (s->join == JOIN_WAITING)
         hold(s, data, len);
     else
@@ -509,18 +527,25 @@ static void on_join_timeout(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     kvr_replica_sync_t *s = arg;
+    bool live = kvr_replicas_live_for(s->cfg.replicas, s->cfg.snapshot_wait_ms) > 0;
     if (s->responder == 0) {
-        if (kvr_replicas_live_for(s->cfg.replicas, s->cfg.snapshot_wait_ms) > 0) {
+        if (live) {
             s->snap_timeouts++;
             kvr_log(KVR_LOG_WARN, "sync: no peer answered the snapshot request within %llu ms; "
-                    "peers' requests already in flight are not counted until they end",
-                    (unsigned long long)s->cfg.snapshot_wait_ms);
+                    "asked again when a peer is heard from%s",
+                    (unsigned long long)s->cfg.snapshot_wait_ms,
+                    s->join_retries < JOIN_RETRIES ? ""
+                                                   : " (not: peers' requests already in flight "
+                                                     "are not counted until they end)");
         }
         join_done(s, "no snapshot: no peer answered");
     } else {
         s->snap_incomplete++;
         join_done(s, "snapshot incomplete: its last chunk did not come in time");
     }
+    /* a peer that reconnected after this router asked (or whose answer was cut) has what the
+     * outage hid: its next batch brings a new join, which asks it */
+    s->retry_join = live && s->join_retries < JOIN_RETRIES;
 }
 
 /* The responder's batches held so far: it published them before its snapshot, which has
@@ -574,6 +599,8 @@ static void on_reply(void *arg, const char *subject, const char *reply, const ui
         }
     }
     if ((rd.h.flags & KVR_SYNC_FLAG_LAST) != 0) {
+        s->join_retries = 0;
+        s->retry_join = false;
         char how[96];
         snprintf(how, sizeof how, "snapshot from router %016llx, %llu chunks",
                  (unsigned long long)s->responder, (unsigned long long)s->next_chunk);
