@@ -528,24 +528,23 @@ static void on_join_timeout(evutil_socket_t fd, short what, void *arg)
     (void)what;
     kvr_replica_sync_t *s = arg;
     bool live = kvr_replicas_live_for(s->cfg.replicas, s->cfg.snapshot_wait_ms) > 0;
+    /* a peer that reconnected after this router asked (or whose answer was cut) has what the
+     * outage hid: its next batch brings a new join, which asks it */
+    bool again = live && s->join_retries < JOIN_RETRIES;
     if (s->responder == 0) {
         if (live) {
             s->snap_timeouts++;
             kvr_log(KVR_LOG_WARN, "sync: no peer answered the snapshot request within %llu ms; "
-                    "asked again when a peer is heard from%s",
-                    (unsigned long long)s->cfg.snapshot_wait_ms,
-                    s->join_retries < JOIN_RETRIES ? ""
-                                                   : " (not: peers' requests already in flight "
-                                                     "are not counted until they end)");
+                    "%s", (unsigned long long)s->cfg.snapshot_wait_ms,
+                    again ? "asked again when a peer is heard from"
+                          : "peers' requests already in flight are not counted until they end");
         }
         join_done(s, "no snapshot: no peer answered");
     } else {
         s->snap_incomplete++;
         join_done(s, "snapshot incomplete: its last chunk did not come in time");
     }
-    /* a peer that reconnected after this router asked (or whose answer was cut) has what the
-     * outage hid: its next batch brings a new join, which asks it */
-    s->retry_join = live && s->join_retries < JOIN_RETRIES;
+    s->retry_join = again;
 }
 
 /* The responder's batches held so far: it published them before its snapshot, which has

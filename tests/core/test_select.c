@@ -586,8 +586,8 @@ static void test_step_wait(void **s)
 
 /* Locality: the blocks booked on a rank with this prompt beyond 90% of its KV cache are
  * added to its prefill term, one each (an engine queues or preempts past its memory), times
- * the share of the prompt no rank holds; below
- * the line, with the capacity unknown, and under the other policies nothing changes. */
+ * the share of the prompt no eligible candidate holds; below the line, with the capacity
+ * unknown, and under the other policies nothing changes. */
 static void test_memory_line(void **s)
 {
     (void)s;
