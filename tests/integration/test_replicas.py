@@ -512,18 +512,27 @@ class FakeResponder:
             if line.startswith(b"PING"):
                 self.sock.sendall(b"PONG\r\n")
 
-    def next_request(self):
-        """The reply subject of the next snapshot request."""
-        while True:
-            line = self.f.readline()
+    def next_request(self, sent_after=0.0):
+        """The reply subject of the next snapshot request sent (its header's wall clock) at or
+        after the time sent_after (time.time()'s): older ones are skipped. None when none
+        comes within the socket's timeout (the connection is then of no more use: later calls
+        return None at once)."""
+        while self.f is not None:
+            try:
+                line = self.f.readline()
+            except socket.timeout:
+                self.f = None
+                return None
             if not line:
                 raise RuntimeError("nats closed the connection")
             if line.startswith(b"PING"):
                 self.sock.sendall(b"PONG\r\n")
             elif line.startswith(b"MSG "):
                 parts = line.split()
-                self.f.read(int(parts[-1]) + 2)
-                return parts[3].decode()
+                body = self.f.read(int(parts[-1]) + 2)
+                sent_us = struct.unpack_from("<Q", body, 24)[0] if len(body) >= 34 else 0
+                if sent_us >= int(sent_after * 1e6):
+                    return parts[3].decode()
 
     def publish(self, subject, payload):
         self.sock.sendall(f"PUB {subject} {len(payload)}\r\n".encode() + payload + b"\r\n")
@@ -570,6 +579,93 @@ def scenario_snapshot_covers_held(nats):
         check("the held batch's number was taken: the missing batch 2 is counted lost",
               b.metric("kvr_sync_lost_batches_total") == 1,
               b.metric("kvr_sync_lost_batches_total"))
+    finally:
+        fake.close()
+        if b is not None:
+            b.stop()
+
+
+def scenario_join_asked_again(nats):
+    """A replica back on NATS before its peers asks for a snapshot nobody answers. A peer heard
+    from afterwards is asked again, and its answer replaces what the replica knew from before
+    the outage: a free lost in it goes, a booking made during it comes. Asked again at most
+    three times in a row, then the replica stops asking until its next connection."""
+    fake_id = 0xA5A5
+    events = "kvrouter.active_sequences"
+    fake = FakeResponder(nats)
+    b = None
+
+    def outage():
+        fake.close()
+        nats.kill()
+        nats.start()
+        return FakeResponder(nats)
+
+    def asks():
+        return b.metric("kvr_sync_snapshot_requests_total") or 0
+
+    def timeouts():
+        return b.metric("kvr_sync_snapshot_timeouts_total") or 0
+
+    try:
+        # the fake never writes a presence entry: a long TTL keeps it a peer through the test
+        b = Child([KVR, "serve", "--http-port", "0", "--block-size", BS, "--nats-url", nats.url,
+                   "--router-replica-sync", "true", "--nats-presence-ttl-ms", 120000,
+                   "--log-level", "info"] + WORKERS, "replica")
+        fake.publish(fake.next_request(), sync_header(3, fake_id, 0, 0, flags=1))
+        check("asked again: B joins with the fake's (empty) snapshot",
+              eventually(lambda: ready(b), 10), b.stderr()[-800:])
+        fake.publish(events, sync_header(1, fake_id, 1, 1) + sync_add(b"freed-in-outage",
+                                                                       fake_id, 1))
+        check("asked again: B counts the fake's booking",
+              eventually(lambda: loads(b).get(1) == 1, 5), loads(b))
+
+        # the outage: the fake frees its booking and books another; neither reaches B
+        fake = outage()
+        check("asked again: B reconnects",
+              eventually(lambda: b.metric("kvr_nats_connected") == 1, 20))
+        # B's join is not answered (the fake may have subscribed after B asked)
+        check("asked again: B's join times out, counted",
+              eventually(lambda: timeouts() == 1, 10), sync_figures(b))
+        check("asked again: B still counts the booking freed in the outage",
+              loads(b).get(1) == 1, loads(b))
+        before, t = asks(), time.time()
+        fake.publish(events, sync_header(1, fake_id, 2, 1) + sync_add(b"after", fake_id, 3))
+        reply = fake.next_request(sent_after=t)
+        check("asked again: the fake's next batch brings a new snapshot request",
+              reply is not None and eventually(lambda: asks() == before + 1, 5),
+              sync_figures(b))
+        fake.publish(reply, sync_header(3, fake_id, 0, 2, flags=1) +
+                     sync_add(b"booked-in-outage", fake_id, 2) + sync_add(b"after", fake_id, 3))
+        check("asked again: the answer replaces B's view of the fake's bookings",
+              eventually(lambda: loads(b) == {1: 0, 2: 1, 3: 1}, 5),
+              (loads(b), sync_figures(b)))
+        check("asked again: the join's log line says so",
+              "asking again (1 of 3)" in b.stderr(), b.stderr()[-1500:])
+
+        # a second outage, after which the fake never answers: three more requests, no fourth
+        fake = outage()
+        check("bounded: B reconnects",
+              eventually(lambda: b.metric("kvr_nats_connected") == 1, 20))
+        check("bounded: B's join times out",
+              eventually(lambda: timeouts() == 2, 10), sync_figures(b))
+        seq = 3
+        for k in range(1, 4):
+            before, t = asks(), time.time()
+            fake.publish(events, sync_header(1, fake_id, seq, 0))
+            seq += 1
+            reply = fake.next_request(sent_after=t)
+            check(f"bounded: asked again ({k} of 3)",
+                  reply is not None and eventually(lambda: asks() == before + 1, 5),
+                  sync_figures(b))
+            check(f"bounded: ... and timed out ({k} of 3)",
+                  eventually(lambda: timeouts() == 2 + k, 10), sync_figures(b))
+        before = asks()
+        fake.publish(events, sync_header(1, fake_id, seq, 1) + sync_add(b"last", fake_id, 1))
+        check("bounded: the fourth batch applies", eventually(lambda: loads(b).get(1) == 1, 5),
+              loads(b))
+        check("bounded: ... without another snapshot request", asks() == before,
+              sync_figures(b))
     finally:
         fake.close()
         if b is not None:
@@ -630,6 +726,7 @@ def main():
         scenario_peer_dies(nats)
         scenario_bad_input(nats)
         scenario_snapshot_covers_held(nats)
+        scenario_join_asked_again(nats)
         scenario_discovery(nats)
         scenario_nats_outage(nats)
     finally:
