@@ -124,8 +124,9 @@ static const field_t FIELDS[] = {
      "locality",
      "locality | dynamo (the reference's cost) | lmetric (docs/sim.md); default = locality", G_ROUTING},
     {"router_step_wait_weight", T_F64, OFF(router_step_wait_weight), 0, 1e6, false, NULL, 0, "1.0",
-     "locality policy: prefill blocks charged per millisecond a worker's engine step under way "
-     "has left (learnt from when its steps end); 0 = off", G_ROUTING},
+     "locality policy: prefill charged per millisecond a worker's engine step under way has "
+     "left (learnt from when its steps end), in 16-token blocks whatever the block size; "
+     "0 = off", G_ROUTING},
     {"router_inflight_credit_weight", T_F64, OFF(router_inflight_credit_weight), 0, 1, false,
      NULL, 0, "1.0",
      "credit per prompt block a worker is computing now for a request routed there but its "

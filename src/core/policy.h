@@ -40,8 +40,8 @@ typedef struct kvr_pick_view {
 typedef struct kvr_policy {
     const char *name;
     /* Scorers: t's prefill terms (effective overlap, raw prefill, credit, adjusted prefill),
-     * decode cost and active-request cost are computed; sets prefill_cost and logit (and the
-     * step wait it prices). NULL for pickers. */
+     * decode cost and active-request cost are computed (and the step wait's price in blocks,
+     * when uses_step_wait); sets prefill_cost and logit. NULL for pickers. */
     void (*score)(const kvr_select_config_t *k, const kvr_select_candidate_t *c,
                   kvr_select_explain_t *t);
     bool decode_pool_rule; /* scorers: the 5.4 decode-pool case (select.c) comes first */

@@ -5,7 +5,10 @@
  * below a tenth of what the worker really has to prefill plus one block, so among workers
  * that all hold most of the prompt the load still decides. The engine step under way delays
  * the prefill by the same time whatever the prompt: its wait is priced in blocks
- * (step_wait_weight per ms). A block in flight (another request on the worker is computing
+ * (step_wait_weight blocks of 16 tokens per ms, priced by the selector: as tokens, so the
+ * price does not change with the block size; at 64-token blocks one block per ms spread
+ * agent's and fanout's traffic: agent's TTFT p90 69-78 ms against lmetric's 54-60, fanout's
+ * hits 0.32-0.33 against 0.44-0.56 priced as tokens; docs/sim.md, "Other block sizes"). A block in flight (another request on the worker is computing
  * it; credited only when this request will find it computed, core/router.c) counts one and a
  * half times (INFLIGHT_AGAIN): once because it spares this prompt its prefill, and half again
  * because its prefix stays where the next request with it looks, but the prefill computing it
@@ -54,7 +57,6 @@ static void score(const kvr_select_config_t *k, const kvr_select_candidate_t *c,
                   kvr_select_explain_t *t)
 {
     double real = t->adjusted_prefill_blocks;
-    t->step_wait_blocks = k->step_wait_weight * c->step_wait_ms;
     t->adjusted_prefill_blocks = fmax(t->raw_prefill_blocks - 2.0 * t->overlap_credit_blocks +
                                           (1.0 - INFLIGHT_AGAIN) * t->inflight_credit_blocks,
                                       0.1 * real + 1.0) +

@@ -13,7 +13,7 @@
  *                       scale * adjusted + potential_decode + request_w * active_requests;
  *                       lmetric adjusted * (potential_decode + 1); locality the same with
  *                       adjusted = max(raw_prefill - 2 credit, adjusted / 10 + 1)
- *                       + step_wait_weight * step_wait_ms
+ *                       + step_wait_weight * step_wait_ms * 16 / bs
  *                       + max(potential_decode - 0.9 capacity, 0) x (1 - held_share)
  *                       (capacity known; held_share: the most of the prompt an eligible
  *                       candidate holds, cached or in flight)
@@ -373,7 +373,11 @@ static void cost_terms(const ctx_t *x, const kvr_select_candidate_t *c, kvr_sele
 {
     const kvr_select_config_t *k = &x->cfg;
     prefill_terms(x, c, t);
-    t->step_wait_blocks = 0;
+    /* a millisecond of wait is priced as prompt tokens, so the price in blocks does not
+     * change with the block size (where a block is 64 tokens, 4 times fewer blocks) */
+    t->step_wait_blocks = x->scorer->uses_step_wait ? k->step_wait_weight * c->step_wait_ms *
+                                                          KVR_SELECT_STEP_WAIT_TOKENS / x->bs
+                                                    : 0.0;
     t->held_share = x->held_share;
     t->memory_blocks = 0;
     t->decode_cost_blocks = (double)c->potential_decode_blocks;

@@ -17,6 +17,10 @@
 #include "base/rng.h"
 #include "kvrouter/router.h"
 
+/* The prompt tokens a millisecond of step wait costs at step_wait_weight 1: the wait is priced
+ * in tokens, then in the request's blocks, so the price does not move with the block size. */
+#define KVR_SELECT_STEP_WAIT_TOKENS 16.0
+
 /* Every knob of the cost function, with the reference defaults (kvr_select_config_default).
  * Validation (kvr_select_config_validate) names the first bad field. */
 typedef struct kvr_select_config {
@@ -30,7 +34,8 @@ typedef struct kvr_select_config {
     double shared_cache_multiplier;      /* 0.0; [0, 1] */
     double temperature;                  /* 0.0 (router_temperature); finite >= 0 */
     double step_wait_weight;             /* 0.0 (router_step_wait_weight); finite >= 0;
-                                            locality policy: blocks per ms of step wait */
+                                            locality policy: a ms of step wait costs this
+                                            x KVR_SELECT_STEP_WAIT_TOKENS prompt tokens */
     double inflight_credit_weight;       /* 0.0 (router_inflight_credit_weight); [0, 1]:
                                             credit per predicted_blocks block */
     kvr_select_policy_t policy;          /* router_selection_policy */
@@ -116,7 +121,8 @@ typedef struct kvr_select_explain {
     double inflight_credit_blocks;   /* the predicted blocks' part (decayed like the device's) */
     double adjusted_prefill_blocks;  /* max(raw - credit, 0) (locality: + the step wait's and
                                         the memory's) */
-    double step_wait_blocks;         /* locality: step_wait_weight * the candidate's wait */
+    double step_wait_blocks;         /* policies that price it: step_wait_weight x the
+                                        candidate's wait x KVR_SELECT_STEP_WAIT_TOKENS / bs */
     double held_share;               /* the most of the prompt an eligible candidate holds
                                         (every tier, or in flight), [0, 1]: the same for all */
     double memory_blocks;            /* locality: blocks booked past 90% of the KV cache,

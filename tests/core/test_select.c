@@ -543,7 +543,7 @@ static void test_lmetric_and_decode_pool(void **s)
 }
 
 /* Locality: the time a worker's running engine step has left is priced at step_wait_weight
- * blocks per ms on top of its prefill term; the other policies ignore it. */
+ * blocks of 16 tokens per ms on top of its prefill term; the other policies ignore it. */
 static void test_step_wait(void **s)
 {
     (void)s;
@@ -582,6 +582,27 @@ static void test_step_wait(void **s)
     assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
     assert_near(ex[0].step_wait_blocks, 0);
     assert_near(ex[0].cost, 10 + 9);
+    /* the wait is priced as tokens (16 a ms at weight 1), so the decision does not change
+     * with the block size: 28 ms more wait on worker 1 against 30 blocks of 16 more queued on
+     * worker 2 picks worker 1 at 16-token blocks (400 against 420) and at 64-token blocks
+     * (100 against 105; priced per block, the wait would cost 30 blocks of 64 and worker 2
+     * would win) */
+    cfg.policy = KVR_SELECT_POLICY_LOCALITY;
+    c[0] = cand(1, 0, 0, 9, isl);
+    c[0].step_wait_ms = 30;
+    c[1] = cand(2, 0, 30 * BS, 9, isl);
+    c[1].step_wait_ms = 2;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_near(ex[0].cost, (10 + 30) * 10);
+    assert_near(ex[1].cost, (40 + 2) * 10);
+    assert_int_equal(r.index, 0);
+    rq.block_size = 4 * BS;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_near(ex[0].step_wait_blocks, 7.5);
+    assert_near(ex[1].step_wait_blocks, 0.5);
+    assert_near(ex[0].cost, (2.5 + 7.5) * 10);
+    assert_near(ex[1].cost, (10 + 0.5) * 10);
+    assert_int_equal(r.index, 0);
 }
 
 /* Locality: the blocks booked on a rank with this prompt beyond 90% of its KV cache are
