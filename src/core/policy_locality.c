@@ -8,7 +8,12 @@
  * (step_wait_weight blocks of 16 tokens per ms, priced by the selector: as tokens, so the
  * price does not change with the block size; at 64-token blocks one block per ms spread
  * agent's and fanout's traffic: agent's TTFT p90 69-78 ms against lmetric's 54-60, fanout's
- * hits 0.32-0.33 against 0.44-0.56 priced as tokens; docs/sim.md, "Other block sizes"). A block in flight (another request on the worker is computing
+ * hits 0.32-0.33 against 0.44-0.56 priced as tokens; docs/sim.md, "Other block sizes"). The
+ * wait is time, as the prefill is, so it is added before the floor and scaled with it: added
+ * after it, a worker holding the whole prompt had its prefill counted a tenth and its wait in
+ * full, and a step of a few tens of ms sent requests away from their cache (agent with
+ * 2,048-token chunks: TTFT p90 60-70 ms against 56-61; docs/sim.md, "The wait and the
+ * floor"). A block in flight (another request on the worker is computing
  * it; credited only when this request will find it computed, core/router.c) counts one and a
  * half times (INFLIGHT_AGAIN): once because it spares this prompt its prefill, and half again
  * because its prefix stays where the next request with it looks, but the prefill computing it
@@ -56,11 +61,12 @@ static double memory_blocks(const kvr_select_candidate_t *c, const kvr_select_ex
 static void score(const kvr_select_config_t *k, const kvr_select_candidate_t *c,
                   kvr_select_explain_t *t)
 {
-    double real = t->adjusted_prefill_blocks;
-    t->adjusted_prefill_blocks = fmax(t->raw_prefill_blocks - 2.0 * t->overlap_credit_blocks +
-                                          (1.0 - INFLIGHT_AGAIN) * t->inflight_credit_blocks,
-                                      0.1 * real + 1.0) +
-                                 t->step_wait_blocks;
+    /* the wait is time like the prefill: inside the floor, scaled with it */
+    double real = t->adjusted_prefill_blocks + t->step_wait_blocks;
+    t->adjusted_prefill_blocks =
+        fmax(t->raw_prefill_blocks + t->step_wait_blocks - 2.0 * t->overlap_credit_blocks +
+                 (1.0 - INFLIGHT_AGAIN) * t->inflight_credit_blocks,
+             0.1 * real + 1.0);
     t->memory_blocks = memory_blocks(c, t);
     t->adjusted_prefill_blocks += t->memory_blocks;
     t->prefill_cost = t->adjusted_prefill_blocks;

@@ -12,9 +12,9 @@
  *   logit             = the policy's (core/policy_<name>.c): dynamo, the reference's,
  *                       scale * adjusted + potential_decode + request_w * active_requests;
  *                       lmetric adjusted * (potential_decode + 1); locality the same with
- *                       adjusted = max(raw_prefill - 2 credit, adjusted / 10 + 1)
- *                       + step_wait_weight * step_wait_ms * 16 / bs
- *                       + max(potential_decode - 0.9 capacity, 0) x (1 - held_share)
+ *                       adjusted = max(raw_prefill + wait - 2 credit, (adjusted + wait) / 10 + 1)
+ *                       + max(potential_decode - 0.9 capacity, 0) x (1 - held_share),
+ *                       wait = step_wait_weight * step_wait_ms * 16 / bs
  *                       (capacity known; held_share: the most of the prompt an eligible
  *                       candidate holds, cached or in flight)
  *   cost              = logit * exp(-tanh(sum of preferred-taint weights present))

@@ -605,6 +605,37 @@ static void test_step_wait(void **s)
     assert_int_equal(r.index, 0);
 }
 
+/* Locality: the step wait is time like the prefill, so it goes inside the floor: a worker
+ * holding the whole prompt has its wait scaled with its prefill (a tenth), and keeps the
+ * request against one holding 30% of it with no wait. Added after the floor, the 45 ms would
+ * count in full (46 x 10 = 460 against 400) and send the prompt away from its cache. */
+static void test_step_wait_in_floor(void **s)
+{
+    (void)s;
+    uint64_t isl = 100 * BS;
+    kvr_select_candidate_t c[2] = {cand(1, 100, 0, 9, isl), cand(2, 30, 0, 9, isl)};
+    c[0].step_wait_ms = 45;
+    kvr_select_request_t rq = request(isl, c, 2);
+    kvr_select_explain_t ex[2];
+    kvr_select_result_t r;
+    kvr_select_config_t cfg = defaults();
+    cfg.policy = KVR_SELECT_POLICY_LOCALITY;
+    cfg.step_wait_weight = 1;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    /* worker 1: max(100 + 45 - 200, (0 + 45) / 10 + 1) = 5.5; worker 2: max(100 - 60, 8) */
+    assert_near(ex[0].step_wait_blocks, 45);
+    assert_near(ex[0].adjusted_prefill_blocks, 5.5);
+    assert_near(ex[0].cost, 5.5 * 10);
+    assert_near(ex[1].cost, 40 * 10);
+    assert_int_equal(r.index, 0);
+    /* where the holder's wait outweighs the whole prefill it saves, it moves: the floor
+     * never hides more than the credit */
+    c[0].step_wait_ms = 150;
+    assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
+    assert_near(ex[0].adjusted_prefill_blocks, 50);
+    assert_int_equal(r.index, 1);
+}
+
 /* Locality: the blocks booked on a rank with this prompt beyond 90% of its KV cache are
  * added to its prefill term, one each (an engine queues or preempts past its memory), times
  * the share of the prompt no eligible candidate holds; below the line, with the capacity
@@ -1061,6 +1092,7 @@ int main(void)
         cmocka_unit_test(test_zero_length_prompt),
         cmocka_unit_test(test_lmetric_and_decode_pool),
         cmocka_unit_test(test_step_wait),
+        cmocka_unit_test(test_step_wait_in_floor),
         cmocka_unit_test(test_memory_line),
         cmocka_unit_test(test_ties_uniform),
         cmocka_unit_test(test_deterministic_given_seed),
