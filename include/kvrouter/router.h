@@ -266,7 +266,8 @@ typedef struct kvr_rank_explain {
     double overlap_blocks; /* effective cached blocks credited */
     double prefill_blocks; /* adjusted prefill blocks (with the step wait's and memory's) */
     double decode_blocks;  /* decode load, blocks */
-    double step_wait_blocks; /* of prefill_blocks: the step under way (locality) */
+    double step_wait_blocks; /* the step under way's price (locality): in prefill_blocks,
+                                a tenth of it where the floor holds (docs/sim.md) */
     double memory_blocks;  /* of prefill_blocks: KV memory booked past 90% (locality) */
     double cost;           /* what the pick compared */
 } kvr_rank_explain_t;

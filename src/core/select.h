@@ -119,8 +119,8 @@ typedef struct kvr_select_explain {
     double decay;                    /* device-credit decay in (0, 1] */
     double overlap_credit_blocks;    /* of which inflight_credit_blocks: */
     double inflight_credit_blocks;   /* the predicted blocks' part (decayed like the device's) */
-    double adjusted_prefill_blocks;  /* max(raw - credit, 0) (locality: + the step wait's and
-                                        the memory's) */
+    double adjusted_prefill_blocks;  /* max(raw - credit, 0) (locality: with the step wait,
+                                        floored, + the memory's; policy_locality.c) */
     double step_wait_blocks;         /* policies that price it: step_wait_weight x the
                                         candidate's wait x KVR_SELECT_STEP_WAIT_TOKENS / bs */
     double held_share;               /* the most of the prompt an eligible candidate holds
