@@ -59,6 +59,15 @@ static kvr_select_config_t defaults(void)
     return cfg;
 }
 
+/* The locality cost with the step wait priced at weight (blocks of 16 tokens per ms). */
+static kvr_select_config_t locality_waits(double weight)
+{
+    kvr_select_config_t cfg = defaults();
+    cfg.policy = KVR_SELECT_POLICY_LOCALITY;
+    cfg.step_wait_weight = weight;
+    return cfg;
+}
+
 static int run(const kvr_select_config_t *cfg, const kvr_select_request_t *rq,
                kvr_select_result_t *out, kvr_select_explain_t *ex, uint64_t seed)
 {
@@ -555,9 +564,7 @@ static void test_step_wait(void **s)
     kvr_select_request_t rq = request(isl, c, 2);
     kvr_select_explain_t ex[2];
     kvr_select_result_t r;
-    kvr_select_config_t cfg = defaults();
-    cfg.policy = KVR_SELECT_POLICY_LOCALITY;
-    cfg.step_wait_weight = 1;
+    kvr_select_config_t cfg = locality_waits(1);
     assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
     assert_near(ex[0].step_wait_blocks, 30);
     assert_near(ex[0].cost, (10 + 30) * 10);
@@ -618,9 +625,7 @@ static void test_step_wait_in_floor(void **s)
     kvr_select_request_t rq = request(isl, c, 2);
     kvr_select_explain_t ex[2];
     kvr_select_result_t r;
-    kvr_select_config_t cfg = defaults();
-    cfg.policy = KVR_SELECT_POLICY_LOCALITY;
-    cfg.step_wait_weight = 1;
+    kvr_select_config_t cfg = locality_waits(1);
     assert_int_equal(run(&cfg, &rq, &r, ex, 1), KVR_OK);
     /* worker 1: max(100 + 45 - 200, (0 + 45) / 10 + 1) = 5.5; worker 2: max(100 - 60, 8) */
     assert_near(ex[0].step_wait_blocks, 45);
